@@ -1,0 +1,88 @@
+//! `accept_logprobs`.
+
+use super::{BatchDims, Check, RowShape};
+use crate::{Buffer, DType, DeviceId, Error, Op, Result};
+
+/// Inputs of `accept_logprobs`.
+#[derive(Clone, Copy, Debug)]
+pub struct LogprobsInputs<'a> {
+    /// `[rows, V]` logits (f32, f16 or bf16).
+    pub logits: &'a Buffer,
+    /// `[rows]` f32 per-row temperature (0: one-hot; device values that are negative or NaN count as 1).
+    pub temperature: &'a Buffer,
+    /// `[max_bsz, S]` i32 from `verify_draft_tokens`.
+    pub accept_tokens: &'a Buffer,
+    /// `[max_bsz]` i32 from `verify_draft_tokens`.
+    pub accept_num: &'a Buffer,
+    /// `[max_bsz]` i32: a prefill slot reads its single row for every token.
+    pub seq_lens_encoder: &'a Buffer,
+    /// `[real_bsz + 1]` i32 from `build_output_layout`.
+    pub cu_seqlens_q_output: &'a Buffer,
+}
+
+/// Outputs of `accept_logprobs`; the packed arrays have `max_bsz · S` entries, the valid ones first.
+#[derive(Debug)]
+pub struct LogprobsOutputs<'a> {
+    /// `[max_bsz + 1]` i32: exclusive prefix sum of the accepted counts.
+    pub cu_accept: &'a mut Buffer,
+    /// `[max_bsz · S]` i32: accepted token ids, packed; -1 beyond the total.
+    pub token_ids: &'a mut Buffer,
+    /// `[max_bsz · S]` f32: log-probability of each accepted token; -inf beyond the total.
+    pub logprobs: &'a mut Buffer,
+    /// `[max_bsz · S]` i32: 1 + the number of strictly larger logits; 0 beyond the total.
+    pub ranks: &'a mut Buffer,
+    /// `[max_bsz · S, K]` i32: the top-K ids of each source row; -1 beyond the total.
+    pub top_ids: &'a mut Buffer,
+    /// `[max_bsz · S, K]` f32: their log-probabilities; -inf beyond the total.
+    pub top_logprobs: &'a mut Buffer,
+}
+
+/// Parameters of `accept_logprobs`.
+#[derive(Clone, Copy, Debug)]
+pub struct LogprobsParams<'a> {
+    /// The batch shape.
+    pub dims: BatchDims,
+    /// The logits shape.
+    pub shape: RowShape,
+    /// `K`, `0 ..= 64`: top log-probabilities per token.
+    pub top_k: usize,
+    /// Host copy of the temperature, for validation.
+    pub host_temperature: Option<&'a [f32]>,
+}
+
+/// Validates `accept_logprobs`; returns the logits dtype.
+pub fn validate_accept_logprobs(
+    device: DeviceId,
+    inputs: &LogprobsInputs<'_>,
+    out: &LogprobsOutputs<'_>,
+    params: &LogprobsParams<'_>,
+) -> Result<DType> {
+    let check = Check::new(Op::AcceptLogprobs, device);
+    let dims = &params.dims;
+    dims.validate(check.op)?;
+    let shape = &params.shape;
+    let dtype = shape.validate_matrix(&check, "logits", inputs.logits)?;
+    if params.top_k > crate::abi::MAX_LOGPROBS_TOP_K {
+        return Err(Error::invalid(
+            check.op,
+            "top_k",
+            format!("0 ..= {}", crate::abi::MAX_LOGPROBS_TOP_K),
+            params.top_k,
+        ));
+    }
+    check.exact("temperature", inputs.temperature, DType::F32, shape.rows)?;
+    check.host_temperature(params.host_temperature, shape.rows)?;
+    let slot_tokens = check.product("accept_tokens", dims.max_bsz, dims.max_step_tokens)?;
+    check.exact("accept_tokens", inputs.accept_tokens, DType::I32, slot_tokens)?;
+    check.exact("accept_num", inputs.accept_num, DType::I32, dims.max_bsz)?;
+    check.exact("seq_lens_encoder", inputs.seq_lens_encoder, DType::I32, dims.max_bsz)?;
+    check.exact("cu_seqlens_q_output", inputs.cu_seqlens_q_output, DType::I32, dims.real_bsz + 1)?;
+    check.exact("cu_accept", out.cu_accept, DType::I32, dims.max_bsz + 1)?;
+    check.exact("token_ids", out.token_ids, DType::I32, slot_tokens)?;
+    check.exact("logprobs", out.logprobs, DType::F32, slot_tokens)?;
+    check.exact("ranks", out.ranks, DType::I32, slot_tokens)?;
+    let top = check.product("top_ids", slot_tokens, params.top_k)?;
+    check.exact("top_ids", out.top_ids, DType::I32, top)?;
+    check.exact("top_logprobs", out.top_logprobs, DType::F32, top)?;
+    Ok(dtype)
+}
