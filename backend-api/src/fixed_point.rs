@@ -56,7 +56,11 @@ pub fn weight(p: f32) -> u64 {
 /// Whether a device-side `top_p` is usable; values outside (0, 1] and NaN count as 1.0.
 #[inline(always)]
 pub fn effective_top_p(top_p: f32) -> f32 {
-    if top_p > 0.0 && top_p <= 1.0 { top_p } else { 1.0 }
+    if top_p > 0.0 && top_p <= 1.0 {
+        top_p
+    } else {
+        1.0
+    }
 }
 
 /// `P = ceil(top_p · 2^24)`, exact, for `top_p` in (0, 1] (others count as 1.0). In `[1, 2^24]`.
@@ -67,7 +71,10 @@ pub fn top_p_fixed(top_p: f32) -> u64 {
     let (mantissa, exp) = if exp == 0 {
         (u64::from(bits & 0x7f_ffff), -126 - 23)
     } else {
-        (u64::from((bits & 0x7f_ffff) | 0x80_0000), exp as i32 - 127 - 23)
+        (
+            u64::from((bits & 0x7f_ffff) | 0x80_0000),
+            exp as i32 - 127 - 23,
+        )
     };
     let shift = exp + TOP_P_BITS as i32;
     if shift >= 0 {
@@ -118,7 +125,11 @@ mod tests {
         assert_eq!(weight(2f32.powi(-41)), 0);
         // A value that is not a dyadic multiple of 2^-40: floor, checked against f64 (exact here).
         for p in [0.1f32, 0.3, 0.7, 1e-7, 0.999_999_9] {
-            assert_eq!(weight(p), (f64::from(p) * 2f64.powi(40)).floor() as u64, "{p}");
+            assert_eq!(
+                weight(p),
+                (f64::from(p) * 2f64.powi(40)).floor() as u64,
+                "{p}"
+            );
         }
     }
 
@@ -131,7 +142,11 @@ mod tests {
         assert_eq!(top_p_fixed(1.5), 1 << 24);
         assert_eq!(top_p_fixed(1e-30), 1);
         for p in [0.9f32, 0.1, 0.7, 0.333] {
-            assert_eq!(top_p_fixed(p), (f64::from(p) * 2f64.powi(24)).ceil() as u64, "{p}");
+            assert_eq!(
+                top_p_fixed(p),
+                (f64::from(p) * 2f64.powi(24)).ceil() as u64,
+                "{p}"
+            );
         }
     }
 

@@ -54,7 +54,10 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 /// `R = x0 | x1 << 32`.
 #[inline]
 pub fn draw(seed: u64, purpose: Purpose) -> u64 {
-    let x = philox4x32_10([purpose as u32, 0, 0, 0], [seed as u32, (seed >> 32) as u32]);
+    let x = philox4x32_10(
+        [purpose as u32, 0, 0, 0],
+        [seed as u32, (seed >> 32) as u32],
+    );
     u64::from(x[0]) | (u64::from(x[1]) << 32)
 }
 
@@ -103,7 +106,10 @@ mod tests {
     fn draw_uses_purpose_as_counter_and_seed_as_key() {
         let s = 0x0123_4567_89ab_cdef_u64;
         let x = philox4x32_10([2, 0, 0, 0], [0x89ab_cdef, 0x0123_4567]);
-        assert_eq!(draw(s, Purpose::Accept), u64::from(x[0]) | u64::from(x[1]) << 32);
+        assert_eq!(
+            draw(s, Purpose::Accept),
+            u64::from(x[0]) | u64::from(x[1]) << 32
+        );
         assert_ne!(draw(s, Purpose::Sample), draw(s, Purpose::Accept));
     }
 

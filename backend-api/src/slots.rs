@@ -25,7 +25,11 @@ pub fn slot_kind(seq_len_this_time: i32, seq_len_encoder: i32) -> SlotKind {
 
 /// The number of output rows of a slot: 0 (empty), 1 (prefill), `min(this_time, S)` (decode).
 #[inline]
-pub fn slot_output_rows(seq_len_this_time: i32, seq_len_encoder: i32, max_step_tokens: usize) -> usize {
+pub fn slot_output_rows(
+    seq_len_this_time: i32,
+    seq_len_encoder: i32,
+    max_step_tokens: usize,
+) -> usize {
     match slot_kind(seq_len_this_time, seq_len_encoder) {
         SlotKind::Empty => 0,
         SlotKind::Prefill => 1,

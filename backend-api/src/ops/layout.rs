@@ -15,8 +15,18 @@ pub struct SlotLens<'a> {
 impl SlotLens<'_> {
     /// Validates both `[max_bsz]` i32 buffers.
     pub fn validate(&self, check: &Check, dims: &BatchDims) -> Result<()> {
-        check.exact("seq_lens_this_time", self.seq_lens_this_time, DType::I32, dims.max_bsz)?;
-        check.exact("seq_lens_encoder", self.seq_lens_encoder, DType::I32, dims.max_bsz)
+        check.exact(
+            "seq_lens_this_time",
+            self.seq_lens_this_time,
+            DType::I32,
+            dims.max_bsz,
+        )?;
+        check.exact(
+            "seq_lens_encoder",
+            self.seq_lens_encoder,
+            DType::I32,
+            dims.max_bsz,
+        )
     }
 }
 
@@ -32,7 +42,12 @@ pub struct OutputLayout<'a> {
 impl OutputLayout<'_> {
     /// Validates the layout buffers and returns the output-row capacity.
     pub fn validate(&self, check: &Check, dims: &BatchDims) -> Result<usize> {
-        check.exact("cu_seqlens_q_output", self.cu_seqlens_q_output, DType::I32, dims.real_bsz + 1)?;
+        check.exact(
+            "cu_seqlens_q_output",
+            self.cu_seqlens_q_output,
+            DType::I32,
+            dims.real_bsz + 1,
+        )?;
         check.at_least(
             "batch_id_per_token_output",
             self.batch_id_per_token_output,
@@ -78,9 +93,24 @@ pub fn validate_build_output_layout(
     if let Some(host) = &params.host {
         host.validate(check.op, dims)?;
     }
-    check.exact("seq_lens_output", out.seq_lens_output, DType::I32, dims.max_bsz)?;
-    check.exact("cu_seqlens_q", out.cu_seqlens_q, DType::I32, dims.real_bsz + 1)?;
-    check.exact("cu_seqlens_q_output", out.cu_seqlens_q_output, DType::I32, dims.real_bsz + 1)?;
+    check.exact(
+        "seq_lens_output",
+        out.seq_lens_output,
+        DType::I32,
+        dims.max_bsz,
+    )?;
+    check.exact(
+        "cu_seqlens_q",
+        out.cu_seqlens_q,
+        DType::I32,
+        dims.real_bsz + 1,
+    )?;
+    check.exact(
+        "cu_seqlens_q_output",
+        out.cu_seqlens_q_output,
+        DType::I32,
+        dims.real_bsz + 1,
+    )?;
     check.at_least(
         "batch_id_per_token_output",
         out.batch_id_per_token_output,
@@ -134,15 +164,20 @@ pub fn validate_gather_next_token(
     let dtype = inputs.hidden_states.dtype();
     let in_len = check.product("hidden_states", params.token_num, params.hidden)?;
     check.exact("hidden_states", inputs.hidden_states, dtype, in_len)?;
-    check.exact("cu_seqlens_q", inputs.cu_seqlens_q, DType::I32, dims.real_bsz + 1)?;
     inputs.lens.validate(&check, dims)?;
+    check.exact(
+        "cu_seqlens_q",
+        inputs.cu_seqlens_q,
+        DType::I32,
+        dims.real_bsz + 1,
+    )?;
     let capacity = inputs.layout.validate(&check, dims)?;
     if let Some(host) = &params.host {
+        host.validate(check.op, dims)?;
         let inputs_needed: usize = host.seq_lens_this_time[..dims.real_bsz]
             .iter()
             .map(|&t| crate::slots::slot_input_tokens(t))
             .sum();
-        host.validate(check.op, dims)?;
         if inputs_needed != params.token_num {
             return Err(Error::invalid(
                 check.op,
@@ -152,7 +187,11 @@ pub fn validate_gather_next_token(
             ));
         }
     }
-    let rows = if params.is_speculative { capacity } else { dims.max_bsz };
+    let rows = if params.is_speculative {
+        capacity
+    } else {
+        dims.max_bsz
+    };
     let out_len = check.product("out", rows, params.hidden)?;
     check.exact("out", out, dtype, out_len)?;
     Ok(rows)

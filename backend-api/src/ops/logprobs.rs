@@ -73,10 +73,25 @@ pub fn validate_accept_logprobs(
     check.exact("temperature", inputs.temperature, DType::F32, shape.rows)?;
     check.host_temperature(params.host_temperature, shape.rows)?;
     let slot_tokens = check.product("accept_tokens", dims.max_bsz, dims.max_step_tokens)?;
-    check.exact("accept_tokens", inputs.accept_tokens, DType::I32, slot_tokens)?;
+    check.exact(
+        "accept_tokens",
+        inputs.accept_tokens,
+        DType::I32,
+        slot_tokens,
+    )?;
     check.exact("accept_num", inputs.accept_num, DType::I32, dims.max_bsz)?;
-    check.exact("seq_lens_encoder", inputs.seq_lens_encoder, DType::I32, dims.max_bsz)?;
-    check.exact("cu_seqlens_q_output", inputs.cu_seqlens_q_output, DType::I32, dims.real_bsz + 1)?;
+    check.exact(
+        "seq_lens_encoder",
+        inputs.seq_lens_encoder,
+        DType::I32,
+        dims.max_bsz,
+    )?;
+    check.exact(
+        "cu_seqlens_q_output",
+        inputs.cu_seqlens_q_output,
+        DType::I32,
+        dims.real_bsz + 1,
+    )?;
     check.exact("cu_accept", out.cu_accept, DType::I32, dims.max_bsz + 1)?;
     check.exact("token_ids", out.token_ids, DType::I32, slot_tokens)?;
     check.exact("logprobs", out.logprobs, DType::F32, slot_tokens)?;

@@ -31,9 +31,10 @@ pub struct BatchDims {
 }
 
 impl BatchDims {
-    /// The number of output rows a step can produce at most: `real_bsz · S`.
+    /// The number of output rows a step can produce at most: `real_bsz · S` (saturating, so an
+    /// absurd shape fails the buffer-size checks instead of overflowing).
     pub fn max_output_rows(&self) -> usize {
-        self.real_bsz * self.max_step_tokens
+        self.real_bsz.saturating_mul(self.max_step_tokens)
     }
 
     /// Validates `real_bsz ≤ max_bsz` and `S ≥ 1`.
@@ -181,7 +182,13 @@ impl Check {
     }
 
     /// A buffer of exactly `len` elements of `dtype` on this device.
-    pub fn exact(&self, arg: &'static str, buffer: &Buffer, dtype: DType, len: usize) -> Result<()> {
+    pub fn exact(
+        &self,
+        arg: &'static str,
+        buffer: &Buffer,
+        dtype: DType,
+        len: usize,
+    ) -> Result<()> {
         self.owner(arg, buffer)?;
         self.dtype(arg, buffer, dtype)?;
         self.len(arg, buffer, len)
@@ -275,7 +282,11 @@ impl Check {
                 actual: temperature.len(),
             });
         }
-        if let Some((i, t)) = temperature.iter().enumerate().find(|(_, t)| !(**t >= 0.0)) {
+        if let Some((i, t)) = temperature
+            .iter()
+            .enumerate()
+            .find(|(_, t)| t.is_nan() || **t < 0.0)
+        {
             return Err(Error::invalid(
                 self.op,
                 "temperature",
@@ -288,7 +299,13 @@ impl Check {
 
     /// The element count `a · b`, or an error when it overflows.
     pub fn product(&self, arg: &'static str, a: usize, b: usize) -> Result<usize> {
-        a.checked_mul(b)
-            .ok_or_else(|| Error::invalid(self.op, arg, "a size that fits in usize", format!("{a} x {b}")))
+        a.checked_mul(b).ok_or_else(|| {
+            Error::invalid(
+                self.op,
+                arg,
+                "a size that fits in usize",
+                format!("{a} x {b}"),
+            )
+        })
     }
 }

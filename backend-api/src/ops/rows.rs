@@ -14,7 +14,12 @@ pub struct RowShape {
 
 impl RowShape {
     /// Checks the vocabulary and a float `[rows, vocab]` buffer; returns its dtype.
-    pub fn validate_matrix(&self, check: &Check, arg: &'static str, buffer: &Buffer) -> Result<DType> {
+    pub fn validate_matrix(
+        &self,
+        check: &Check,
+        arg: &'static str,
+        buffer: &Buffer,
+    ) -> Result<DType> {
         check.vocab(self.vocab)?;
         let len = check.product(arg, self.rows, self.vocab)?;
         check.float(arg, buffer, len)
@@ -22,7 +27,12 @@ impl RowShape {
 }
 
 /// Validates `argmax`; returns the input dtype.
-pub fn validate_argmax(device: DeviceId, input: &Buffer, out: &Buffer, shape: &RowShape) -> Result<DType> {
+pub fn validate_argmax(
+    device: DeviceId,
+    input: &Buffer,
+    out: &Buffer,
+    shape: &RowShape,
+) -> Result<DType> {
     let check = Check::new(Op::Argmax, device);
     let dtype = shape.validate_matrix(&check, "input", input)?;
     check.exact("out", out, DType::I32, shape.rows)?;
@@ -142,7 +152,12 @@ pub fn validate_top_p_candidates(
     check_candidates_count(&check, params.candidates)?;
     check.exact("top_p", inputs.top_p, DType::F32, shape.rows)?;
     if let Some(batch_id) = inputs.batch_id_per_token_output {
-        check.exact("batch_id_per_token_output", batch_id, DType::I32, shape.rows)?;
+        check.exact(
+            "batch_id_per_token_output",
+            batch_id,
+            DType::I32,
+            shape.rows,
+        )?;
     }
     check.host_top_p(params.host_top_p, shape.rows)?;
     let len = check.product("ids", shape.rows, params.candidates)?;

@@ -60,7 +60,12 @@ pub fn validate_update_state(
     dims.validate(check.op)?;
     let n = dims.max_bsz;
     let slot_tokens = check.product("accept_tokens", n, dims.max_step_tokens)?;
-    check.exact("accept_tokens", inputs.accept_tokens, DType::I32, slot_tokens)?;
+    check.exact(
+        "accept_tokens",
+        inputs.accept_tokens,
+        DType::I32,
+        slot_tokens,
+    )?;
     check.exact("is_block_step", inputs.is_block_step, DType::U8, n)?;
     check.exact("prompt_lens", inputs.prompt_lens, DType::I32, n)?;
     check.exact("max_dec_len", inputs.max_dec_len, DType::I32, n)?;

@@ -184,25 +184,46 @@ pub fn validate_verify_draft_tokens(
     let slot_tokens = check.product("draft_tokens", dims.max_bsz, dims.max_step_tokens)?;
     check.exact("draft_tokens", inputs.draft_tokens, DType::I32, slot_tokens)?;
     inputs.lens.validate(&check, dims)?;
-    check.exact("cu_seqlens_q_output", inputs.cu_seqlens_q_output, DType::I32, dims.real_bsz + 1)?;
+    check.exact(
+        "cu_seqlens_q_output",
+        inputs.cu_seqlens_q_output,
+        DType::I32,
+        dims.real_bsz + 1,
+    )?;
     let state = &inputs.state;
     check.exact("stop_flags", state.stop_flags, DType::U8, dims.max_bsz)?;
-    check.exact("is_block_step", state.is_block_step, DType::U8, dims.max_bsz)?;
-    check.exact("reasoning_status", state.reasoning_status, DType::I32, dims.max_bsz)?;
+    check.exact(
+        "is_block_step",
+        state.is_block_step,
+        DType::U8,
+        dims.max_bsz,
+    )?;
+    check.exact(
+        "reasoning_status",
+        state.reasoning_status,
+        DType::I32,
+        dims.max_bsz,
+    )?;
     check.exact("step_idx", state.step_idx, DType::I32, dims.max_bsz)?;
     check.exact("max_dec_len", state.max_dec_len, DType::I32, dims.max_bsz)?;
     check.at_least("end_tokens", state.end_tokens, DType::I32, 1)?;
     if let Some(host) = &params.host {
         let t_out = host.validate(check.op, dims)?;
         if params.rows != t_out {
-            return Err(Error::invalid(check.op, "rows", format!("T_out = {t_out}"), params.rows));
+            return Err(Error::invalid(
+                check.op,
+                "rows",
+                format!("T_out = {t_out}"),
+                params.rows,
+            ));
         }
     }
     let rows = params.rows;
     check.exact("seeds", inputs.seeds, DType::U64, rows)?;
     let mut float_dtypes = None;
     match inputs.strategy {
-        StrategyInputs::Greedy { target_tokens } | StrategyInputs::TargetMatch { target_tokens } => {
+        StrategyInputs::Greedy { target_tokens }
+        | StrategyInputs::TargetMatch { target_tokens } => {
             check.exact("target_tokens", target_tokens, DType::I32, rows)?;
         }
         StrategyInputs::TopP {

@@ -1,0 +1,34 @@
+//! # specula-backend-cpu
+//!
+//! The reference backend of Specula: every op of the contract in plain Rust, parallel over rows
+//! with `rayon`, f16/bf16 widened exactly to f32 with `half`. Every other backend is held to this
+//! one by the conformance suite, so it is written to be read: one module per op under `src/ops`,
+//! mirroring the kernel files of the accelerated backends.
+//!
+//! Sampling never sorts a row: the top-k/top-p threshold is found by a two-level radix
+//! (histogram) selection over the rank keys, and the draw is one prefix scan (see `ops::select`).
+//!
+//! ```
+//! use specula_backend_api::{DeviceExt, Device, ops::{RowShape, SampleInputs, SampleParams}};
+//! let cpu = specula_backend_cpu::CpuDevice::new()?;
+//! let probs = cpu.upload(&[0.1f32, 0.6, 0.3])?;
+//! let top_k = cpu.upload(&[0i32])?;
+//! let top_p = cpu.upload(&[1.0f32])?;
+//! let seed = cpu.upload(&[42u64])?;
+//! let mut token = cpu.alloc::<i32>(1)?;
+//! let shape = RowShape { rows: 1, vocab: 3 };
+//! cpu.top_k_top_p_sample(
+//!     &SampleInputs { probs: &probs, top_k: &top_k, top_p: &top_p, seed: &seed },
+//!     &mut token,
+//!     &SampleParams { shape, host_top_p: None },
+//! )?;
+//! let token = cpu.download::<i32>(&token)?[0];
+//! assert!((0..3).contains(&token));
+//! # Ok::<(), specula_backend_api::Error>(())
+//! ```
+
+mod device;
+mod ops;
+mod storage;
+
+pub use device::CpuDevice;

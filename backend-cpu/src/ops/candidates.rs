@@ -1,0 +1,101 @@
+//! `top_p_candidates` (contract §4.4): the first C tokens in rank order with a nonzero weight, and
+//! the length of the shortest prefix of them that reaches `top_p`.
+
+use rayon::prelude::*;
+use specula_backend_api::fixed_point::{key_weight, rank_key, reaches_top_p, top_p_fixed};
+use specula_backend_api::ops::{CandidatesInputs, CandidatesOutputs, CandidatesParams};
+use specula_backend_api::{DType, FloatElement, Op, Result};
+
+use super::select::{Metric, Prefix, first_in_rank, shortest_prefix, totals, with_scratch};
+use super::with_float;
+use crate::storage::{slice, slice_mut};
+
+/// Fills one row's `ids` and `scores` (length C each) and returns its `lens`.
+pub(crate) fn candidates_row<T: FloatElement>(
+    row: &[T],
+    top_p: f32,
+    ids: &mut [i32],
+    scores: &mut [f32],
+) -> i32 {
+    ids.fill(-1);
+    scores.fill(0.0);
+    let c = ids.len();
+    // The tokens with w > 0 carry the whole weight of the row; the candidates are the first C.
+    let (valid, total) = with_scratch(|s| {
+        let all = totals(row, &Prefix::POSITIVE_WEIGHT, s);
+        let valid = if all.count <= c {
+            Prefix {
+                count: all.count,
+                mass: all.mass,
+                ..Prefix::POSITIVE_WEIGHT
+            }
+        } else {
+            shortest_prefix(row, &Prefix::POSITIVE_WEIGHT, Metric::Count, c as u64, s)
+        };
+        (valid, all.mass)
+    });
+    if valid.count == 0 {
+        ids[0] = first_in_rank(row) as i32;
+        return 1;
+    }
+    let mut chosen: Vec<(u32, u32)> = Vec::with_capacity(valid.count);
+    let mut member = valid.member();
+    for (id, &v) in row.iter().enumerate() {
+        let key = rank_key(v.to_f32());
+        if member.admit(key) {
+            chosen.push((key, id as u32));
+        }
+    }
+    // At most C entries: ordering them is cheap. Stable, so equal keys stay in id order.
+    chosen.sort_by_key(|&(key, _)| std::cmp::Reverse(key));
+    let p = top_p_fixed(top_p);
+    let mut lens = chosen.len() as i32;
+    let mut mass = 0u64;
+    let mut reached = false;
+    for (i, &(key, id)) in chosen.iter().enumerate() {
+        ids[i] = id as i32;
+        scores[i] = f32::from_bits(key);
+        mass += key_weight(key);
+        if !reached && reaches_top_p(mass, p, total) {
+            reached = true;
+            lens = i as i32 + 1;
+        }
+    }
+    lens
+}
+
+pub(crate) fn top_p_candidates(
+    dtype: DType,
+    inputs: &CandidatesInputs<'_>,
+    out: &mut CandidatesOutputs<'_>,
+    params: &CandidatesParams<'_>,
+) -> Result<()> {
+    let vocab = params.shape.vocab;
+    let c = params.candidates;
+    let top_p = slice::<f32>(inputs.top_p)?;
+    let batch_id = match inputs.batch_id_per_token_output {
+        Some(b) => Some(slice::<i32>(b)?),
+        None => None,
+    };
+    let ids = slice_mut::<i32>(out.ids)?;
+    let scores = slice_mut::<f32>(out.scores)?;
+    let lens = slice_mut::<i32>(out.lens)?;
+    with_float!(dtype, Op::TopPCandidates, T => {
+        let probs = slice::<T>(inputs.probs)?;
+        ids.par_chunks_exact_mut(c)
+            .zip(scores.par_chunks_exact_mut(c))
+            .zip(lens.par_iter_mut())
+            .zip(probs.par_chunks_exact(vocab))
+            .enumerate()
+            .for_each(|(r, (((ids, scores), len), row))| {
+                if batch_id.is_some_and(|b| b[r] < 0) {
+                    ids.fill(-1);
+                    scores.fill(0.0);
+                    *len = 0;
+                } else {
+                    *len = candidates_row(row, top_p[r], ids, scores);
+                }
+            });
+        Ok(())
+    })
+}

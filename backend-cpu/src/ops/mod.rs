@@ -1,0 +1,54 @@
+//! One module per op (or tight op family), mirroring the kernel files of the other backends.
+//! Every function here is called after the shared host-side validation of `backend-api`, so shapes
+//! and dtypes are known to be right; buffer *contents* may still be anything and are clamped as the
+//! contract says.
+
+pub(crate) mod argmax;
+pub(crate) mod candidates;
+pub(crate) mod gather;
+pub(crate) mod layout;
+pub(crate) mod logprobs;
+pub(crate) mod ngram;
+pub(crate) mod sample;
+pub(crate) mod select;
+pub(crate) mod softmax;
+pub(crate) mod state;
+pub(crate) mod verify;
+
+/// Runs `$body` with `$T` bound to the Rust type of a float dtype (f32, f16, bf16).
+macro_rules! with_float {
+    ($dtype:expr, $op:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            specula_backend_api::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            specula_backend_api::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            specula_backend_api::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            other => Err(specula_backend_api::Error::Unsupported {
+                backend: specula_backend_api::BackendKind::Cpu,
+                op: $op,
+                what: format!("dtype {other}"),
+            }),
+        }
+    };
+}
+pub(crate) use with_float;
+
+/// Reads an i32 length from device memory as the contract says: negative counts as 0.
+#[inline]
+pub(crate) fn len_or_zero(value: i32) -> usize {
+    value.max(0) as usize
+}
+
+/// A token id as an index into a row of `vocab` entries, or `None` outside `0 .. vocab`.
+#[inline]
+pub(crate) fn token_index(token: i32, vocab: usize) -> Option<usize> {
+    usize::try_from(token).ok().filter(|&t| t < vocab)
+}

@@ -1,0 +1,45 @@
+//! `top_k_top_p_sample` (contract §4.3): exact sampling on fixed-point weights.
+
+use rayon::prelude::*;
+use specula_backend_api::fixed_point::top_p_fixed;
+use specula_backend_api::ops::{RowShape, SampleInputs};
+use specula_backend_api::rng::{Purpose, draw};
+use specula_backend_api::{Buffer, DType, FloatElement, Op, Result};
+
+use super::select::{Kept, draw_in_prefix, first_in_rank, kept_set};
+use super::with_float;
+use crate::storage::{slice, slice_mut};
+
+/// Samples one row: top-k, then top-p on the survivors, then the SAMPLE draw of `seed` over the
+/// kept set in ascending id order.
+pub(crate) fn sample_row<T: FloatElement>(row: &[T], top_k: i32, top_p: f32, seed: u64) -> usize {
+    match kept_set(row, top_k, top_p_fixed(top_p)) {
+        Kept::Degenerate(first) => first,
+        Kept::Prefix(prefix) => draw_in_prefix(row, &prefix, draw(seed, Purpose::Sample))
+            // Unreachable (the draw is below the kept mass); the first token is the safe answer.
+            .unwrap_or_else(|| first_in_rank(row)),
+    }
+}
+
+pub(crate) fn top_k_top_p_sample(
+    dtype: DType,
+    inputs: &SampleInputs<'_>,
+    tokens: &mut Buffer,
+    shape: &RowShape,
+) -> Result<()> {
+    let top_k = slice::<i32>(inputs.top_k)?;
+    let top_p = slice::<f32>(inputs.top_p)?;
+    let seed = slice::<u64>(inputs.seed)?;
+    let tokens = slice_mut::<i32>(tokens)?;
+    with_float!(dtype, Op::TopKTopPSample, T => {
+        let probs = slice::<T>(inputs.probs)?;
+        tokens
+            .par_iter_mut()
+            .zip(probs.par_chunks_exact(shape.vocab))
+            .enumerate()
+            .for_each(|(r, (token, row))| {
+                *token = sample_row(row, top_k[r], top_p[r], seed[r]) as i32;
+            });
+        Ok(())
+    })
+}

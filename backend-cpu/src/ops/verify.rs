@@ -1,0 +1,398 @@
+//! `verify_draft_tokens` (contract §4.5): one independent task per slot.
+
+use rayon::prelude::*;
+use specula_backend_api::abi::REJECTION_MAX_TOTAL_WEIGHT;
+use specula_backend_api::fixed_point::{key_weight, rank_key, scale_draw, top_p_fixed, weight};
+use specula_backend_api::ops::{StrategyInputs, VerifyInputs, VerifyOutputs, VerifyParams};
+use specula_backend_api::rng::{Purpose, draw};
+use specula_backend_api::{DType, FloatElement, Op, Result};
+
+use super::sample::sample_row;
+use super::select::{Kept, Prefix, first_in_rank, kept_set, total_weight, weight_in_prefix};
+use super::{len_or_zero, token_index, with_float};
+use crate::storage::{slice, slice_mut};
+
+/// The strategy inputs as host slices.
+enum Strategy<'a, T, D> {
+    Greedy(&'a [i32]),
+    TargetMatch(&'a [i32]),
+    TopP {
+        ids: &'a [i32],
+        scores: &'a [f32],
+        lens: &'a [i32],
+        candidates: usize,
+    },
+    Rejection {
+        target: &'a [T],
+        draft: &'a [D],
+        top_k: &'a [i32],
+        top_p: &'a [f32],
+    },
+}
+
+/// Everything a slot reads.
+struct Context<'a, T, D> {
+    max_step_tokens: usize,
+    real_bsz: usize,
+    rows: usize,
+    vocab: usize,
+    accept_all: bool,
+    reject_all: bool,
+    draft_tokens: &'a [i32],
+    seq_lens_this_time: &'a [i32],
+    seq_lens_encoder: &'a [i32],
+    cu_seqlens_q_output: &'a [i32],
+    stop_flags: &'a [u8],
+    is_block_step: &'a [u8],
+    reasoning_status: &'a [i32],
+    step_idx: &'a [i32],
+    max_dec_len: &'a [i32],
+    end_tokens: &'a [i32],
+    seeds: &'a [u64],
+    strategy: Strategy<'a, T, D>,
+}
+
+/// The tokens a slot emits, with the stop rules of the contract.
+struct Emitter<'a> {
+    tokens: &'a mut [i32],
+    len: usize,
+    count: i64,
+    max_dec_len: i64,
+    end_tokens: &'a [i32],
+    stopped: bool,
+}
+
+impl Emitter<'_> {
+    /// Emits `token`; an end token is kept and stops the slot, the token that reaches
+    /// `max_dec_len` is replaced by `end_tokens[0]` and stops the slot.
+    fn emit(&mut self, token: i32) {
+        self.count += 1;
+        let token = if self.end_tokens.contains(&token) {
+            self.stopped = true;
+            token
+        } else if self.count >= self.max_dec_len {
+            self.stopped = true;
+            self.end_tokens[0]
+        } else {
+            token
+        };
+        self.tokens[self.len] = token;
+        self.len += 1;
+    }
+}
+
+impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
+    /// Output row `row` as an index, if it exists.
+    fn row(&self, row: i64) -> Option<usize> {
+        usize::try_from(row).ok().filter(|&r| r < self.rows)
+    }
+
+    fn target_row<'t>(&self, target: &'t [T], row: usize) -> &'t [T] {
+        &target[row * self.vocab..(row + 1) * self.vocab]
+    }
+
+    /// The GREEDY / TARGET_MATCH target token of a row, -1 when the row does not exist.
+    fn target_token(tokens: &[i32], row: Option<usize>) -> i32 {
+        row.map_or(-1, |r| tokens[r])
+    }
+
+    /// Whether draft `d` (checked against output row `row`) is accepted, and for REJECTION the
+    /// correction token when it is not.
+    fn check(&self, slot: usize, i: usize, d: i32, row: Option<usize>) -> (bool, Option<i32>) {
+        let Some(d_index) = token_index(d, self.vocab) else {
+            // An out-of-vocabulary draft is never accepted, whatever the strategy or flags.
+            return (false, None);
+        };
+        if self.accept_all {
+            return (true, None);
+        }
+        match &self.strategy {
+            Strategy::Greedy(tokens) | Strategy::TargetMatch(tokens) => {
+                (d == Self::target_token(tokens, row), None)
+            }
+            Strategy::TopP {
+                ids,
+                lens,
+                candidates,
+                ..
+            } => {
+                let Some(r) = row else { return (false, None) };
+                let n = len_or_zero(lens[r]).min(*candidates);
+                (ids[r * candidates..r * candidates + n].contains(&d), None)
+            }
+            Strategy::Rejection {
+                target,
+                draft,
+                top_k,
+                top_p,
+            } => {
+                let Some(r) = row else { return (false, None) };
+                let draft_row_index = slot * (self.max_step_tokens - 1) + i;
+                let q = &draft[draft_row_index * self.vocab..(draft_row_index + 1) * self.vocab];
+                let p = self.target_row(target, r);
+                let (accepted, correction) =
+                    rejection_check(p, q, d_index, top_k[r], top_p[r], self.seeds[r]);
+                (accepted, Some(correction).filter(|_| !accepted))
+            }
+        }
+    }
+
+    /// The phase-2 token from output row `row` (-1 when the row does not exist).
+    fn phase2(&self, row: Option<usize>) -> i32 {
+        match &self.strategy {
+            Strategy::Greedy(tokens) | Strategy::TargetMatch(tokens) => {
+                Self::target_token(tokens, row)
+            }
+            Strategy::TopP {
+                ids,
+                scores,
+                lens,
+                candidates,
+            } => {
+                let Some(r) = row else { return -1 };
+                let c = *candidates;
+                let n = len_or_zero(lens[r]).min(c);
+                let ids = &ids[r * c..(r + 1) * c];
+                let weights: Vec<u64> = scores[r * c..r * c + n]
+                    .iter()
+                    .map(|&s| weight(s))
+                    .collect();
+                let total: u64 = weights.iter().sum();
+                if total == 0 {
+                    return ids[0];
+                }
+                let t = scale_draw(draw(self.seeds[r], Purpose::Candidate), total);
+                let mut cumulative = 0;
+                for (k, w) in weights.iter().enumerate() {
+                    cumulative += w;
+                    if cumulative > t {
+                        return ids[k];
+                    }
+                }
+                ids[0]
+            }
+            Strategy::Rejection {
+                target,
+                top_k,
+                top_p,
+                ..
+            } => {
+                let Some(r) = row else { return -1 };
+                sample_row(
+                    self.target_row(target, r),
+                    top_k[r],
+                    top_p[r],
+                    self.seeds[r],
+                ) as i32
+            }
+        }
+    }
+
+    fn verify_slot(&self, b: usize, tokens: &mut [i32]) -> i32 {
+        tokens.fill(-1);
+        if b >= self.real_bsz || self.stop_flags[b] != 0 || self.is_block_step[b] != 0 {
+            return 0;
+        }
+        let this_time = len_or_zero(self.seq_lens_this_time[b]).min(self.max_step_tokens);
+        if this_time == 0 {
+            return 0;
+        }
+        let s = self.max_step_tokens;
+        let base = i64::from(self.cu_seqlens_q_output[b]);
+        let mut out = Emitter {
+            tokens,
+            len: 0,
+            count: i64::from(self.step_idx[b].max(0)),
+            max_dec_len: i64::from(self.max_dec_len[b]),
+            end_tokens: self.end_tokens,
+            stopped: false,
+        };
+        let skip_phase1 =
+            self.seq_lens_encoder[b] > 0 || self.reasoning_status[b] == 1 || self.reject_all;
+        let mut i = 0;
+        let mut correction = None;
+        if !skip_phase1 {
+            while i + 1 < this_time {
+                let d = self.draft_tokens[b * s + i + 1];
+                let (accepted, rejected_with) = self.check(b, i, d, self.row(base + i as i64));
+                if !accepted {
+                    correction = rejected_with;
+                    break;
+                }
+                out.emit(d);
+                if out.stopped {
+                    return out.len as i32;
+                }
+                i += 1;
+            }
+        }
+        let token = correction.unwrap_or_else(|| self.phase2(self.row(base + i as i64)));
+        // A token outside the vocabulary (a missing row, or candidates a caller made) ends the slot.
+        let token = if token_index(token, self.vocab).is_some() {
+            token
+        } else {
+            self.end_tokens[0]
+        };
+        out.emit(token);
+        out.len as i32
+    }
+}
+
+/// The REJECTION test of draft `d` against target row `p` (filtered by `top_k`/`top_p`) and draft
+/// row `q`, with the draws of `seed`. Returns whether `d` is accepted and otherwise the correction.
+fn rejection_check<T: FloatElement, D: FloatElement>(
+    p: &[T],
+    q: &[D],
+    d: usize,
+    top_k: i32,
+    top_p: f32,
+    seed: u64,
+) -> (bool, i32) {
+    let resample_target = || sample_row(p, top_k, top_p, seed) as i32;
+    let draft_total = total_weight(q);
+    if total_weight(p) >= REJECTION_MAX_TOTAL_WEIGHT || draft_total >= REJECTION_MAX_TOTAL_WEIGHT {
+        // Not distributions: reject and fall back to plain sampling of the target.
+        return (false, resample_target());
+    }
+    let kept = match kept_set(p, top_k, top_p_fixed(top_p)) {
+        Kept::Prefix(prefix) => prefix,
+        // The target weighs nothing: no draft can be accepted, and the residual is empty.
+        Kept::Degenerate(_) => return (false, resample_target()),
+    };
+    let wp_d = u128::from(weight_in_prefix(p, &kept, d));
+    let wq_d = u128::from(key_weight(rank_key(q[d].to_f32())));
+    let (wp_total, wq_total) = (u128::from(kept.mass), u128::from(draft_total));
+    let u = u128::from(draw(seed, Purpose::Accept) >> 32);
+    let accepted = if wq_d == 0 {
+        wp_d > 0
+    } else {
+        u * wq_d * wp_total < (wp_d * wq_total) << 32
+    };
+    if accepted {
+        return (true, d as i32);
+    }
+    (
+        false,
+        residual_sample(p, q, &kept, wp_total, wq_total, seed).unwrap_or_else(resample_target),
+    )
+}
+
+/// Samples `ρ[v] = floor(max(0, wp[v]·Wq − wq[v]·Wp) / 2^41)` with the RESIDUAL draw; `None` when
+/// the residual is empty.
+fn residual_sample<T: FloatElement, D: FloatElement>(
+    p: &[T],
+    q: &[D],
+    kept: &Prefix,
+    wp_total: u128,
+    wq_total: u128,
+    seed: u64,
+) -> Option<i32> {
+    let residual = |wp: u64, v: usize| -> u64 {
+        let wq = u128::from(key_weight(rank_key(q[v].to_f32())));
+        ((u128::from(wp) * wq_total).saturating_sub(wq * wp_total) >> 41) as u64
+    };
+    let mut member = kept.member();
+    let mut total = 0u64;
+    for (v, &x) in p.iter().enumerate() {
+        let key = rank_key(x.to_f32());
+        if member.admit(key) {
+            total += residual(key_weight(key), v);
+        }
+    }
+    if total == 0 {
+        return None;
+    }
+    let t = scale_draw(draw(seed, Purpose::Residual), total);
+    let mut member = kept.member();
+    let mut cumulative = 0u64;
+    for (v, &x) in p.iter().enumerate() {
+        let key = rank_key(x.to_f32());
+        if member.admit(key) {
+            cumulative += residual(key_weight(key), v);
+            if cumulative > t {
+                return Some(v as i32);
+            }
+        }
+    }
+    Some(first_in_rank(p) as i32)
+}
+
+pub(crate) fn verify_draft_tokens(
+    dtypes: Option<(DType, DType)>,
+    inputs: &VerifyInputs<'_>,
+    out: &mut VerifyOutputs<'_>,
+    params: &VerifyParams<'_>,
+) -> Result<()> {
+    match (inputs.strategy, dtypes) {
+        (StrategyInputs::Rejection { .. }, Some((target, draft))) => {
+            with_float!(target, Op::VerifyDraftTokens, T => {
+                with_float!(draft, Op::VerifyDraftTokens, D => run::<T, D>(inputs, out, params))
+            })
+        }
+        _ => run::<f32, f32>(inputs, out, params),
+    }
+}
+
+fn run<T: FloatElement, D: FloatElement>(
+    inputs: &VerifyInputs<'_>,
+    out: &mut VerifyOutputs<'_>,
+    params: &VerifyParams<'_>,
+) -> Result<()> {
+    let strategy = match inputs.strategy {
+        StrategyInputs::Greedy { target_tokens } => Strategy::Greedy(slice::<i32>(target_tokens)?),
+        StrategyInputs::TargetMatch { target_tokens } => {
+            Strategy::TargetMatch(slice::<i32>(target_tokens)?)
+        }
+        StrategyInputs::TopP {
+            candidate_ids,
+            candidate_scores,
+            candidate_lens,
+            candidates,
+        } => Strategy::TopP {
+            ids: slice::<i32>(candidate_ids)?,
+            scores: slice::<f32>(candidate_scores)?,
+            lens: slice::<i32>(candidate_lens)?,
+            candidates,
+        },
+        StrategyInputs::Rejection {
+            target_probs,
+            draft_probs,
+            top_k,
+            top_p,
+        } => Strategy::Rejection {
+            target: slice::<T>(target_probs)?,
+            draft: slice::<D>(draft_probs)?,
+            top_k: slice::<i32>(top_k)?,
+            top_p: slice::<f32>(top_p)?,
+        },
+    };
+    let state = &inputs.state;
+    let context = Context::<T, D> {
+        max_step_tokens: params.dims.max_step_tokens,
+        real_bsz: params.dims.real_bsz,
+        rows: params.rows,
+        vocab: params.vocab,
+        accept_all: params.accept_all && !params.reject_all,
+        reject_all: params.reject_all,
+        draft_tokens: slice(inputs.draft_tokens)?,
+        seq_lens_this_time: slice(inputs.lens.seq_lens_this_time)?,
+        seq_lens_encoder: slice(inputs.lens.seq_lens_encoder)?,
+        cu_seqlens_q_output: slice(inputs.cu_seqlens_q_output)?,
+        stop_flags: slice(state.stop_flags)?,
+        is_block_step: slice(state.is_block_step)?,
+        reasoning_status: slice(state.reasoning_status)?,
+        step_idx: slice(state.step_idx)?,
+        max_dec_len: slice(state.max_dec_len)?,
+        end_tokens: slice(state.end_tokens)?,
+        seeds: slice(inputs.seeds)?,
+        strategy,
+    };
+    let accept_tokens = slice_mut::<i32>(out.accept_tokens)?;
+    let accept_num = slice_mut::<i32>(out.accept_num)?;
+    accept_tokens
+        .par_chunks_exact_mut(params.dims.max_step_tokens)
+        .zip(accept_num.par_iter_mut())
+        .enumerate()
+        .for_each(|(b, (tokens, num))| *num = context.verify_slot(b, tokens));
+    Ok(())
+}
