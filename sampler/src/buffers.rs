@@ -1,0 +1,197 @@
+//! The device buffers of a decoder: the persistent per-slot state and the per-step scratch, both
+//! allocated once and reused across steps.
+
+use specula_backend_api::{Buffer, Device, DeviceExt, Element, Strategy};
+
+use crate::config::SamplerConfig;
+use crate::error::Result;
+
+/// Per-slot state that lives on the device across steps (`[max_bsz]` unless noted).
+#[derive(Debug)]
+pub(crate) struct SlotBuffers {
+    /// `[max_bsz, max_model_len]` i32: prompt then generated tokens.
+    pub token_ids_all: Buffer,
+    pub prompt_lens: Buffer,
+    pub step_idx: Buffer,
+    /// u64.
+    pub infer_seed: Buffer,
+    /// `[max_bsz, S]` i32: the last accepted token, then the drafts.
+    pub draft_tokens: Buffer,
+    pub seq_lens_this_time: Buffer,
+    pub seq_lens_encoder: Buffer,
+    pub seq_lens_decoder: Buffer,
+    /// u8.
+    pub stop_flags: Buffer,
+    /// u8, always 0: this decoder does not schedule KV-cache blocks.
+    pub is_block_step: Buffer,
+    /// i32, always 0: reasoning sections are not tracked.
+    pub reasoning_status: Buffer,
+    pub max_dec_len: Buffer,
+    pub draft_token_num: Buffer,
+    /// f32.
+    pub top_p: Buffer,
+    pub top_k: Buffer,
+    /// f32.
+    pub temperature: Buffer,
+    /// `[E]` i32.
+    pub end_tokens: Buffer,
+}
+
+impl SlotBuffers {
+    pub fn new(device: &dyn Device, config: &SamplerConfig) -> Result<Self> {
+        let n = config.max_bsz;
+        let s = config.max_step_tokens;
+        Ok(SlotBuffers {
+            token_ids_all: device.alloc::<i32>(n * config.max_model_len)?,
+            prompt_lens: device.alloc::<i32>(n)?,
+            step_idx: device.alloc::<i32>(n)?,
+            infer_seed: device.alloc::<u64>(n)?,
+            draft_tokens: device.upload(&vec![-1i32; n * s])?,
+            seq_lens_this_time: device.alloc::<i32>(n)?,
+            seq_lens_encoder: device.alloc::<i32>(n)?,
+            seq_lens_decoder: device.alloc::<i32>(n)?,
+            // Empty slots are stopped, so no op ever touches them.
+            stop_flags: device.upload(&vec![1u8; n])?,
+            is_block_step: device.alloc::<u8>(n)?,
+            reasoning_status: device.alloc::<i32>(n)?,
+            max_dec_len: device.alloc::<i32>(n)?,
+            draft_token_num: device.alloc::<i32>(n)?,
+            top_p: device.upload(&vec![1.0f32; n])?,
+            top_k: device.alloc::<i32>(n)?,
+            temperature: device.upload(&vec![1.0f32; n])?,
+            end_tokens: device.upload(&config.end_tokens)?,
+        })
+    }
+}
+
+/// Candidate outputs of `top_p_candidates` (TOPP only).
+#[derive(Debug)]
+pub(crate) struct CandidateBuffers {
+    /// `[rows, C]` i32.
+    pub ids: Buffer,
+    /// `[rows, C]` f32.
+    pub scores: Buffer,
+    /// `[rows]` i32.
+    pub lens: Buffer,
+}
+
+/// Outputs of `accept_logprobs` (only when log-probabilities are configured).
+#[derive(Debug)]
+pub(crate) struct LogprobBuffers {
+    pub top_k: usize,
+    pub cu_accept: Buffer,
+    pub token_ids: Buffer,
+    pub logprobs: Buffer,
+    pub ranks: Buffer,
+    pub top_ids: Buffer,
+    pub top_logprobs: Buffer,
+}
+
+/// Buffers written and read within one step. Row buffers have `max_bsz · S` rows and are
+/// narrowed with [`Buffer::set_window`] to the rows of the step.
+#[derive(Debug)]
+pub(crate) struct Scratch {
+    pub seq_lens_output: Buffer,
+    /// `[max_bsz + 1]`, windowed to `real_bsz + 1`.
+    pub cu_seqlens_q: Buffer,
+    /// `[max_bsz + 1]`, windowed to `real_bsz + 1`.
+    pub cu_seqlens_q_output: Buffer,
+    /// `[max_bsz · S]`, windowed to `real_bsz · S`.
+    pub batch_id_per_token_output: Buffer,
+    /// Per-row sampling parameters (f32, i32, f32, u64).
+    pub row_top_p: Buffer,
+    pub row_top_k: Buffer,
+    pub row_temperature: Buffer,
+    pub row_seed: Buffer,
+    /// `[rows, V]` f32: the softmax output; allocated on the first step given logits.
+    pub probs: Option<Buffer>,
+    /// `[rows]` i32: argmax or sampled token per row.
+    pub target_tokens: Buffer,
+    pub candidates: Option<CandidateBuffers>,
+    /// `[max_bsz, S]` i32.
+    pub accept_tokens: Buffer,
+    pub accept_num: Buffer,
+    pub logprobs: Option<LogprobBuffers>,
+}
+
+impl Scratch {
+    pub fn new(device: &dyn Device, config: &SamplerConfig) -> Result<Self> {
+        let n = config.max_bsz;
+        let rows = n * config.max_step_tokens;
+        let candidates = if config.strategy == Strategy::TopP {
+            Some(CandidateBuffers {
+                ids: device.alloc::<i32>(rows * config.candidates)?,
+                scores: device.alloc::<f32>(rows * config.candidates)?,
+                lens: device.alloc::<i32>(rows)?,
+            })
+        } else {
+            None
+        };
+        let logprobs = match config.logprobs {
+            Some(k) => Some(LogprobBuffers {
+                top_k: k,
+                cu_accept: device.alloc::<i32>(n + 1)?,
+                token_ids: device.alloc::<i32>(rows)?,
+                logprobs: device.alloc::<f32>(rows)?,
+                ranks: device.alloc::<i32>(rows)?,
+                top_ids: device.alloc::<i32>(rows * k)?,
+                top_logprobs: device.alloc::<f32>(rows * k)?,
+            }),
+            None => None,
+        };
+        Ok(Scratch {
+            seq_lens_output: device.alloc::<i32>(n)?,
+            cu_seqlens_q: device.alloc::<i32>(n + 1)?,
+            cu_seqlens_q_output: device.alloc::<i32>(n + 1)?,
+            batch_id_per_token_output: device.alloc::<i32>(rows)?,
+            row_top_p: device.alloc::<f32>(rows)?,
+            row_top_k: device.alloc::<i32>(rows)?,
+            row_temperature: device.alloc::<f32>(rows)?,
+            row_seed: device.alloc::<u64>(rows)?,
+            probs: None,
+            target_tokens: device.alloc::<i32>(rows)?,
+            candidates,
+            accept_tokens: device.alloc::<i32>(rows)?,
+            accept_num: device.alloc::<i32>(n)?,
+            logprobs,
+        })
+    }
+
+    /// Narrows every per-row buffer to its first `rows` rows.
+    pub fn window_rows(&mut self, rows: usize, vocab: usize, candidates: usize) -> Result<()> {
+        window(&mut self.row_top_p, rows)?;
+        window(&mut self.row_top_k, rows)?;
+        window(&mut self.row_temperature, rows)?;
+        window(&mut self.row_seed, rows)?;
+        window(&mut self.target_tokens, rows)?;
+        if let Some(probs) = &mut self.probs {
+            window(probs, rows * vocab)?;
+        }
+        if let Some(c) = &mut self.candidates {
+            window(&mut c.ids, rows * candidates)?;
+            window(&mut c.scores, rows * candidates)?;
+            window(&mut c.lens, rows)?;
+        }
+        Ok(())
+    }
+}
+
+/// Restricts `buffer` to its first `len` elements.
+pub(crate) fn window(buffer: &mut Buffer, len: usize) -> Result<()> {
+    buffer.set_window(0, len)?;
+    Ok(())
+}
+
+/// Writes `data` at element `offset` of `buffer` (whose window is then restored to the whole
+/// allocation).
+pub(crate) fn write_at<T: Element>(
+    device: &dyn Device,
+    buffer: &mut Buffer,
+    offset: usize,
+    data: &[T],
+) -> Result<()> {
+    buffer.set_window(offset, data.len())?;
+    let written = device.write(buffer, data);
+    buffer.reset_window();
+    Ok(written?)
+}

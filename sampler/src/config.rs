@@ -1,0 +1,282 @@
+//! What a [`Decoder`](crate::Decoder) is built with, and what a request asks for.
+
+use specula_backend_api::Strategy;
+use specula_backend_api::abi::{
+    DEFAULT_NGRAM_THRESHOLD, MAX_CANDIDATES, MAX_LOGPROBS_TOP_K, MAX_VOCAB,
+};
+
+use crate::error::{Result, SamplerError};
+
+/// The n-gram draft proposer (contract §4.7): drafts are the tokens that followed the last
+/// generated n-gram in the prompt or the generated history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NgramConfig {
+    /// The longest n-gram tried.
+    pub max_ngram_size: usize,
+    /// The shortest n-gram tried (`1 ≤ min ≤ max`).
+    pub min_ngram_size: usize,
+    /// Global budget of tokens per step, prefill tokens included (default 128).
+    pub threshold: usize,
+}
+
+impl Default for NgramConfig {
+    /// `max_ngram_size` 3, `min_ngram_size` 1, `threshold` 128.
+    fn default() -> Self {
+        NgramConfig {
+            max_ngram_size: 3,
+            min_ngram_size: 1,
+            threshold: DEFAULT_NGRAM_THRESHOLD,
+        }
+    }
+}
+
+/// The shape and policy of a [`Decoder`](crate::Decoder). Buffers are sized from it once.
+///
+/// Non-speculative decoding is `max_step_tokens == 1` (or no proposer): the same step with zero
+/// drafts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplerConfig {
+    /// How drafts are verified and tokens chosen. GREEDY and TARGET_MATCH are lossless (the tokens
+    /// equal those of non-speculative decoding); TOPP is FastDeploy's lossy mode; REJECTION needs
+    /// a draft model's probabilities (see [`StepScores::with_draft_probs`](crate::StepScores::with_draft_probs)),
+    /// so it cannot be combined with the n-gram proposer.
+    pub strategy: Strategy,
+    /// Number of request slots.
+    pub max_bsz: usize,
+    /// `S`: the most tokens a decode slot feeds in one step (1 + the most drafts). 1 is
+    /// non-speculative decoding.
+    pub max_step_tokens: usize,
+    /// Vocabulary size `V`, `1 ..= 2^20`.
+    pub vocab: usize,
+    /// Room per slot for prompt plus generated tokens; a request stops when it is full.
+    pub max_model_len: usize,
+    /// End tokens (at least one): emitting one stops the request; `end_tokens[0]` replaces the
+    /// token that reaches a request's `max_dec_len`. A model without an end token can pass an id
+    /// it never emits.
+    pub end_tokens: Vec<i32>,
+    /// `C`, candidates per row for the TOPP strategy (`1 ..= 128`, default 8).
+    pub candidates: usize,
+    /// `Some(K)`: return each emitted token's log-probability and rank, plus the top-`K`
+    /// (`K ≤ 64`) alternatives; `None`: no log-probabilities (no work is spent on them).
+    pub logprobs: Option<usize>,
+    /// The n-gram proposer, used when `max_step_tokens > 1`. Without it, drafts come from the
+    /// runner through [`Decoder::set_drafts`](crate::Decoder::set_drafts) (or there are none).
+    pub ngram: Option<NgramConfig>,
+    /// Accept every (in-vocabulary) draft; for benchmarks and dummy runs.
+    pub accept_all: bool,
+    /// Accept no draft; wins over `accept_all`.
+    pub reject_all: bool,
+}
+
+impl SamplerConfig {
+    /// A non-speculative configuration: `S = 1`, no proposer, 8 TOPP candidates, no logprobs.
+    pub fn new(
+        strategy: Strategy,
+        max_bsz: usize,
+        vocab: usize,
+        max_model_len: usize,
+        end_tokens: Vec<i32>,
+    ) -> Self {
+        SamplerConfig {
+            strategy,
+            max_bsz,
+            max_step_tokens: 1,
+            vocab,
+            max_model_len,
+            end_tokens,
+            candidates: 8,
+            logprobs: None,
+            ngram: None,
+            accept_all: false,
+            reject_all: false,
+        }
+    }
+
+    /// The same configuration, speculative with the n-gram proposer and `max_step_tokens` tokens
+    /// per decode step.
+    pub fn with_ngram(mut self, max_step_tokens: usize, ngram: NgramConfig) -> Self {
+        self.max_step_tokens = max_step_tokens;
+        self.ngram = Some(ngram);
+        self
+    }
+
+    /// Whether a step can carry drafts (`S > 1`).
+    pub fn is_speculative(&self) -> bool {
+        self.max_step_tokens > 1
+    }
+
+    /// Checks every field.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &'static str, reason: String| Err(SamplerError::Config { field, reason });
+        if self.max_bsz == 0 {
+            return bad("max_bsz", "must be >= 1".into());
+        }
+        if self.max_step_tokens == 0 {
+            return bad("max_step_tokens", "must be >= 1".into());
+        }
+        if self.vocab == 0 || self.vocab > MAX_VOCAB {
+            return bad("vocab", format!("{} not in 1 ..= {MAX_VOCAB}", self.vocab));
+        }
+        if self.max_model_len < 2 || i32::try_from(self.max_model_len).is_err() {
+            return bad(
+                "max_model_len",
+                format!("{} not in 2 ..= {}", self.max_model_len, i32::MAX),
+            );
+        }
+        let fits = |a: usize, b: usize| a.checked_mul(b).is_some_and(|n| i32::try_from(n).is_ok());
+        if !fits(self.max_bsz, self.max_model_len) || !fits(self.max_bsz, self.max_step_tokens) {
+            return bad("max_bsz", "the batch does not fit in i32 indices".into());
+        }
+        if self.end_tokens.is_empty() {
+            return bad("end_tokens", "at least one end token is required".into());
+        }
+        if let Some(t) = self.end_tokens.iter().find(|&&t| !self.in_vocab(t)) {
+            return bad("end_tokens", format!("{t} not in 0 .. {}", self.vocab));
+        }
+        if self.candidates == 0 || self.candidates > MAX_CANDIDATES {
+            return bad(
+                "candidates",
+                format!("{} not in 1 ..= {MAX_CANDIDATES}", self.candidates),
+            );
+        }
+        if let Some(k) = self.logprobs
+            && k > MAX_LOGPROBS_TOP_K
+        {
+            return bad("logprobs", format!("{k} > {MAX_LOGPROBS_TOP_K}"));
+        }
+        if let Some(ngram) = &self.ngram {
+            if ngram.min_ngram_size == 0 || ngram.min_ngram_size > ngram.max_ngram_size {
+                return bad(
+                    "ngram.min_ngram_size",
+                    format!(
+                        "{} not in 1 ..= max_ngram_size {}",
+                        ngram.min_ngram_size, ngram.max_ngram_size
+                    ),
+                );
+            }
+            if self.strategy == Strategy::Rejection && self.is_speculative() {
+                return bad(
+                    "strategy",
+                    "rejection needs draft probabilities, which the n-gram proposer does not have"
+                        .into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn in_vocab(&self, token: i32) -> bool {
+        usize::try_from(token).is_ok_and(|t| t < self.vocab)
+    }
+}
+
+/// One generation request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    /// Prompt token ids (at least one, each in `0 .. V`, fewer than `max_model_len`).
+    pub prompt: Vec<i32>,
+    /// The request seed. It is reduced modulo `MAX_INFER_SEED` on insert; generated token `n`
+    /// uses the seed `(seed + 4n) mod MAX_INFER_SEED` (see [`crate::seeds`]).
+    pub seed: u64,
+    /// Nucleus threshold in `(0, 1]`; 1 keeps every token.
+    pub top_p: f32,
+    /// Keep only the `top_k` most probable tokens; 0 keeps every token.
+    pub top_k: usize,
+    /// Softmax temperature, ≥ 0; 0 is greedy (one-hot at the argmax).
+    pub temperature: f32,
+    /// The most tokens to generate (≥ 1); the token that reaches it is replaced by
+    /// `end_tokens[0]`.
+    pub max_dec_len: usize,
+    /// The most drafts per step for this request; `None` means `S − 1`.
+    pub max_draft_tokens: Option<usize>,
+}
+
+impl Request {
+    /// A request with seed 0, `top_p` 1, `top_k` 0, temperature 1 and `max_dec_len` as large as
+    /// the device state allows (`i32::MAX`; `max_model_len` still limits it).
+    pub fn new(prompt: Vec<i32>) -> Self {
+        Request {
+            prompt,
+            seed: 0,
+            top_p: 1.0,
+            top_k: 0,
+            temperature: 1.0,
+            max_dec_len: i32::MAX as usize,
+            max_draft_tokens: None,
+        }
+    }
+
+    /// Sets the seed.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Sets `top_p`, `top_k` and the temperature.
+    pub fn with_sampling(mut self, top_p: f32, top_k: usize, temperature: f32) -> Self {
+        self.top_p = top_p;
+        self.top_k = top_k;
+        self.temperature = temperature;
+        self
+    }
+
+    /// Sets `max_dec_len`.
+    pub fn with_max_dec_len(mut self, max_dec_len: usize) -> Self {
+        self.max_dec_len = max_dec_len;
+        self
+    }
+
+    /// Checks the request against a configuration.
+    pub fn validate(&self, config: &SamplerConfig) -> Result<()> {
+        let bad =
+            |field: &'static str, reason: String| Err(SamplerError::Request { field, reason });
+        if self.prompt.is_empty() {
+            return bad("prompt", "must have at least one token".into());
+        }
+        if self.prompt.len() >= config.max_model_len {
+            return bad(
+                "prompt",
+                format!(
+                    "{} tokens leave no room below max_model_len {}",
+                    self.prompt.len(),
+                    config.max_model_len
+                ),
+            );
+        }
+        if let Some((i, t)) = self
+            .prompt
+            .iter()
+            .enumerate()
+            .find(|(_, t)| !config.in_vocab(**t))
+        {
+            return bad(
+                "prompt",
+                format!("token {i} = {t} not in 0 .. {}", config.vocab),
+            );
+        }
+        if self.top_p.is_nan() || self.top_p <= 0.0 || self.top_p > 1.0 {
+            return bad("top_p", format!("{} not in (0, 1]", self.top_p));
+        }
+        if i32::try_from(self.top_k).is_err() {
+            return bad("top_k", format!("{} > {}", self.top_k, i32::MAX));
+        }
+        if self.temperature.is_nan() || self.temperature < 0.0 {
+            return bad(
+                "temperature",
+                format!("{} is negative or NaN", self.temperature),
+            );
+        }
+        if self.max_dec_len == 0 || i32::try_from(self.max_dec_len).is_err() {
+            return bad(
+                "max_dec_len",
+                format!("{} not in 1 ..= {}", self.max_dec_len, i32::MAX),
+            );
+        }
+        if let Some(d) = self.max_draft_tokens
+            && i32::try_from(d).is_err()
+        {
+            return bad("max_draft_tokens", format!("{d} > {}", i32::MAX));
+        }
+        Ok(())
+    }
+}

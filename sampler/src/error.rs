@@ -1,0 +1,89 @@
+//! The sampler's error type.
+
+/// Result alias for the sampler.
+pub type Result<T, E = SamplerError> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while driving a [`Decoder`](crate::Decoder).
+///
+/// Errors of the device itself (a bad argument caught by an op's host-side validation, an
+/// execution fault, an unavailable backend) are carried unchanged in [`SamplerError::Device`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SamplerError {
+    /// An op or a memory operation of the device failed.
+    #[error(transparent)]
+    Device(#[from] specula_backend_api::Error),
+    /// A [`SamplerConfig`](crate::SamplerConfig) field is out of range.
+    #[error("invalid sampler config: {field}: {reason}")]
+    Config {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A [`Request`](crate::Request) field is out of range.
+    #[error("invalid request: {field}: {reason}")]
+    Request {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A slot index is not below `max_bsz`.
+    #[error("slot {slot} out of range (max_bsz {max_bsz})")]
+    SlotOutOfRange {
+        /// The slot asked for.
+        slot: usize,
+        /// The number of slots.
+        max_bsz: usize,
+    },
+    /// The slot already holds a request.
+    #[error("slot {slot} is occupied")]
+    SlotOccupied {
+        /// The slot.
+        slot: usize,
+    },
+    /// The slot holds no request.
+    #[error("slot {slot} is empty")]
+    SlotEmpty {
+        /// The slot.
+        slot: usize,
+    },
+    /// Every slot holds a request.
+    #[error("no free slot (max_bsz {max_bsz})")]
+    NoFreeSlot {
+        /// The number of slots.
+        max_bsz: usize,
+    },
+    /// A method was called in the wrong phase of a step (e.g. `finish` before `plan`, or `insert`
+    /// between `plan` and `finish`).
+    #[error("{call} is not allowed now: the step is {phase}")]
+    Phase {
+        /// The method called.
+        call: &'static str,
+        /// The phase the decoder is in.
+        phase: &'static str,
+    },
+    /// The logits or probabilities given to `finish` do not have the shape of the plan.
+    #[error("scores buffer: {reason}")]
+    ScoresShape {
+        /// What is wrong.
+        reason: String,
+    },
+    /// Drafts given with `set_drafts` do not fit the slot.
+    #[error("drafts for slot {slot}: {reason}")]
+    Drafts {
+        /// The slot.
+        slot: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The REJECTION strategy has drafts to verify this step but no draft probabilities were given.
+    #[error(
+        "the rejection strategy needs the draft model's probabilities for the drafts of this step"
+    )]
+    MissingDraftProbs,
+    /// Log-probabilities were configured but `finish` was given probabilities instead of logits.
+    #[error("logprobs need logits: finish was given probabilities")]
+    LogprobsNeedLogits,
+}

@@ -1,0 +1,74 @@
+//! # specula-sampler
+//!
+//! What an LLM inference runner imports for the sampling side of decoding, on any Specula
+//! [`Device`](specula_backend_api::Device):
+//!
+//! - [`registry`]: open a backend by name (`open("cpu")`, `open("auto")`, `open("wgpu:1")`);
+//! - [`Decoder`]: a batch of request slots and the unified decoding step over them — build the
+//!   layout, gather, softmax with temperature, argmax / sample / candidates per the
+//!   [`Strategy`], verify the drafts and update the state. Non-speculative decoding is the same
+//!   step with zero drafts; with GREEDY or TARGET_MATCH, speculative decoding emits exactly the
+//!   tokens of non-speculative decoding;
+//! - [`seeds`]: the per-token seed schedule (`infer_seed` advances by 4 per emitted token).
+//!
+//! ## A runner's loop
+//!
+//! A toy model whose next-token logits are a function of the prefix, decoded speculatively with
+//! the n-gram proposer:
+//!
+//! ```
+//! use specula_backend_api::{DeviceExt, Strategy};
+//! use specula_sampler::{Decoder, NgramConfig, Request, SamplerConfig, StepScores, registry};
+//!
+//! const V: usize = 16;
+//! // Next-token logits of the toy model: favours (last + 1) mod V.
+//! fn logits(prefix: &[i32]) -> Vec<f32> {
+//!     let last = prefix.last().copied().unwrap_or(0) as usize;
+//!     (0..V).map(|v| if v == (last + 1) % V { 4.0 } else { (v * prefix.len() % 3) as f32 }).collect()
+//! }
+//!
+//! let device = registry::open("cpu")?;
+//! let config = SamplerConfig::new(Strategy::TargetMatch, 4, V, 64, vec![0])
+//!     .with_ngram(4, NgramConfig::default());
+//! let mut decoder = Decoder::new(device.clone(), config)?;
+//! let slot = decoder.insert(Request::new(vec![3, 4, 5, 3, 4]).with_seed(7).with_max_dec_len(12))?;
+//!
+//! while decoder.has_running() {
+//!     let plan = decoder.plan()?;
+//!     // The runner's forward pass: one row of logits per output row of the plan.
+//!     let mut rows = Vec::with_capacity(plan.t_out() * V);
+//!     for row in 0..plan.t_out() {
+//!         rows.extend(logits(&decoder.row_prefix(row)?));
+//!     }
+//!     let logits = device.upload(&rows)?;
+//!     let output = decoder.finish(StepScores::logits(&logits))?;
+//!     for slot_output in &output.slots {
+//!         assert!(!slot_output.tokens.is_empty());
+//!     }
+//! }
+//! let tokens = decoder.remove(slot)?.generated;
+//! assert!(tokens.len() <= 12);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! A runner with a real model feeds [`StepPlan::input_tokens`] at [`StepPlan::input_positions`],
+//! calls [`Decoder::gather_next_token`] on its hidden states, applies its LM head and passes the
+//! logits to [`Decoder::finish`].
+
+mod buffers;
+mod config;
+mod decoder;
+mod error;
+pub mod registry;
+pub mod seeds;
+mod step;
+
+pub use config::{NgramConfig, Request, SamplerConfig};
+pub use decoder::{Decoder, RemovedRequest};
+pub use error::{Result, SamplerError};
+pub use registry::{BackendSpec, Probe, open, probe_all};
+pub use specula_backend_api::Strategy;
+pub use step::{
+    DecodeStats, FinishReason, OutputRow, Scores, SlotOutput, SlotPlan, SlotStepKind, StepOutput,
+    StepPlan, StepScores, TokenLogprob,
+};

@@ -1,0 +1,215 @@
+//! The host-side view of one step: what the runner must compute ([`StepPlan`]), what it hands
+//! back ([`StepScores`]) and what the step produced ([`StepOutput`]).
+
+use std::ops::Range;
+
+use specula_backend_api::Buffer;
+
+/// What a non-empty slot does this step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotStepKind {
+    /// The whole prompt is fed; one output row predicts the first generated token.
+    Prefill,
+    /// The last accepted token plus the drafts are fed; one output row per fed token.
+    Decode,
+}
+
+/// One non-empty slot of a step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotPlan {
+    /// The slot.
+    pub slot: usize,
+    /// Prefill or decode.
+    pub kind: SlotStepKind,
+    /// Its packed input tokens: a range of [`StepPlan::input_tokens`].
+    pub inputs: Range<usize>,
+    /// Sequence position of its first input token (the tokens before it are in the KV cache).
+    pub start_position: usize,
+    /// Number of draft tokens among its inputs (0 for a prefill).
+    pub drafts: usize,
+    /// Its output rows: a range of [`StepPlan::output_rows`].
+    pub rows: Range<usize>,
+}
+
+/// One output row: the prediction of the token after one packed input token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutputRow {
+    /// The slot.
+    pub slot: usize,
+    /// The packed input token it predicts from (an index into [`StepPlan::input_tokens`]).
+    pub input_index: usize,
+    /// That token's sequence position.
+    pub position: usize,
+}
+
+/// What the runner's forward pass must compute this step.
+///
+/// Input tokens are packed without gaps in slot order (contract §1); the runner feeds them, gathers
+/// the hidden state of each output row (with [`Decoder::gather_next_token`](crate::Decoder::gather_next_token)
+/// or its own gather), applies its LM head and hands `[R, V]` logits or probabilities to
+/// [`Decoder::finish`](crate::Decoder::finish), where `T_out ≤ R ≤ gather_rows` and row `t < T_out`
+/// belongs to `output_rows[t]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepPlan {
+    /// The step number (0-based, counting finished steps).
+    pub step: u64,
+    /// Slots `0 .. real_bsz` are described to the ops this step.
+    pub real_bsz: usize,
+    /// Packed input tokens.
+    pub input_tokens: Vec<i32>,
+    /// Sequence position of each packed input token.
+    pub input_positions: Vec<usize>,
+    /// The non-empty slots, in slot order.
+    pub slots: Vec<SlotPlan>,
+    /// The output rows, `T_out` of them.
+    pub output_rows: Vec<OutputRow>,
+    /// Rows of the output of `gather_next_token` (`real_bsz · S`); rows `≥ T_out` are padding.
+    pub gather_rows: usize,
+}
+
+impl StepPlan {
+    /// `T_out`: the number of output rows.
+    pub fn t_out(&self) -> usize {
+        self.output_rows.len()
+    }
+
+    /// Packed input tokens.
+    pub fn token_num(&self) -> usize {
+        self.input_tokens.len()
+    }
+
+    /// Whether there is nothing to compute (no running request).
+    pub fn is_empty(&self) -> bool {
+        self.output_rows.is_empty()
+    }
+
+    /// Draft tokens proposed this step, over all slots.
+    pub fn drafts(&self) -> usize {
+        self.slots.iter().map(|s| s.drafts).sum()
+    }
+}
+
+/// What the runner's LM head produced: `[R, V]` rows, `T_out ≤ R ≤ gather_rows`.
+#[derive(Clone, Copy, Debug)]
+pub enum Scores<'a> {
+    /// Logits (f32, f16 or bf16): the decoder applies the softmax with each request's temperature.
+    Logits(&'a Buffer),
+    /// Probabilities (f32, f16 or bf16) the runner computed itself: temperature is not applied
+    /// again and log-probabilities cannot be computed.
+    Probs(&'a Buffer),
+}
+
+/// The arguments of [`Decoder::finish`](crate::Decoder::finish).
+#[derive(Clone, Copy, Debug)]
+pub struct StepScores<'a> {
+    /// The target model's rows.
+    pub target: Scores<'a>,
+    /// REJECTION only: the draft model's probabilities `[max_bsz · (S − 1), V]`, row
+    /// `b · (S − 1) + i` for draft `i + 1` of slot `b`. Required when a step has drafts.
+    pub draft_probs: Option<&'a Buffer>,
+}
+
+impl<'a> StepScores<'a> {
+    /// Logits of the target model.
+    pub fn logits(logits: &'a Buffer) -> Self {
+        StepScores {
+            target: Scores::Logits(logits),
+            draft_probs: None,
+        }
+    }
+
+    /// Probabilities of the target model.
+    pub fn probs(probs: &'a Buffer) -> Self {
+        StepScores {
+            target: Scores::Probs(probs),
+            draft_probs: None,
+        }
+    }
+
+    /// Adds the draft model's probabilities (REJECTION).
+    pub fn with_draft_probs(mut self, draft_probs: &'a Buffer) -> Self {
+        self.draft_probs = Some(draft_probs);
+        self
+    }
+}
+
+/// Why a request stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FinishReason {
+    /// It emitted an end token.
+    EndToken,
+    /// It reached its `max_dec_len` (the last token was replaced by `end_tokens[0]`).
+    MaxDecLen,
+    /// Prompt plus generated tokens filled `max_model_len`.
+    MaxModelLen,
+}
+
+/// The log-probability of one emitted token (contract §4.8).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// The token.
+    pub token: i32,
+    /// Its log-probability under `log_softmax(logits / temperature)`.
+    pub logprob: f32,
+    /// 1 + the number of tokens with a strictly larger logit.
+    pub rank: i32,
+    /// The top-K alternatives, most probable first: `(token, logprob)`.
+    pub top: Vec<(i32, f32)>,
+}
+
+/// What one slot emitted in a step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlotOutput {
+    /// The slot.
+    pub slot: usize,
+    /// The emitted tokens, in order (accepted drafts, then the correction or bonus token).
+    pub tokens: Vec<i32>,
+    /// Drafts proposed for it this step.
+    pub drafts_proposed: usize,
+    /// Drafts accepted.
+    pub drafts_accepted: usize,
+    /// Set when the request stopped this step.
+    pub finished: Option<FinishReason>,
+    /// Log-probabilities of `tokens`, when configured.
+    pub logprobs: Option<Vec<TokenLogprob>>,
+}
+
+/// What a step produced.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepOutput {
+    /// The step number.
+    pub step: u64,
+    /// One entry per slot that ran this step, in slot order.
+    pub slots: Vec<SlotOutput>,
+}
+
+impl StepOutput {
+    /// Tokens emitted over all slots.
+    pub fn tokens_emitted(&self) -> usize {
+        self.slots.iter().map(|s| s.tokens.len()).sum()
+    }
+}
+
+/// Totals over a decoder's life.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeStats {
+    /// Steps finished (empty steps are not counted).
+    pub steps: u64,
+    /// Tokens emitted.
+    pub tokens_emitted: u64,
+    /// Drafts proposed.
+    pub drafts_proposed: u64,
+    /// Drafts accepted.
+    pub drafts_accepted: u64,
+}
+
+impl DecodeStats {
+    /// Accepted drafts over proposed drafts (0 when none were proposed).
+    pub fn acceptance_rate(&self) -> f64 {
+        if self.drafts_proposed == 0 {
+            0.0
+        } else {
+            self.drafts_accepted as f64 / self.drafts_proposed as f64
+        }
+    }
+}

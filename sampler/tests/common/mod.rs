@@ -1,0 +1,283 @@
+//! A toy target model and a driver loop shared by the integration tests.
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use specula_backend_api::{Buffer, Device, DeviceExt};
+use specula_sampler::{
+    DecodeStats, Decoder, FinishReason, Request, SamplerConfig, SamplerError, StepPlan, StepScores,
+};
+
+/// splitmix64: a small deterministic generator for test cases and the toy model.
+#[derive(Clone, Debug)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        mix(self.0)
+    }
+
+    /// Uniform in `lo ..= hi`.
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
+    }
+
+    pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.range(0, items.len() - 1)]
+    }
+}
+
+pub fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A toy target model: the next-token logits are a pure function of the prefix. The "hidden
+/// state" of a position is `[hash low 24 bits, hash high 24 bits, last token]` (exact in f32), and
+/// the LM head maps it to logits. Most of the mass goes to a deterministic successor of the last
+/// token (so n-gram drafts are often right); a prefix-dependent rival token sometimes wins (so they
+/// are often wrong too).
+#[derive(Clone, Copy, Debug)]
+pub struct ToyModel {
+    pub vocab: usize,
+}
+
+pub const HIDDEN: usize = 3;
+
+impl ToyModel {
+    /// The favoured next token: tokens cycle within blocks of 6 (short cycles, so the generated
+    /// history repeats and n-gram lookups find matches).
+    pub fn successor(&self, token: i32) -> i32 {
+        let token = token.rem_euclid(self.vocab as i32);
+        let base = token / 6 * 6;
+        let len = (self.vocab as i32 - base).min(6);
+        base + (token - base + 1) % len
+    }
+
+    pub fn hidden(&self, prefix: &[i32]) -> [f32; HIDDEN] {
+        let mut h: u64 = 0xCBF2_9CE4_8422_2325;
+        for &t in prefix {
+            h = mix(h ^ t as u64);
+        }
+        let h = h & 0xFFFF_FFFF_FFFF;
+        let last = *prefix.last().expect("non-empty prefix");
+        [(h & 0xFF_FFFF) as f32, (h >> 24) as f32, last as f32]
+    }
+
+    pub fn lm_head(&self, hidden: &[f32]) -> Vec<f32> {
+        let h = hidden[0] as u64 | ((hidden[1] as u64) << 24);
+        let last = hidden[2] as i32;
+        let mut logits: Vec<f32> = (0..self.vocab)
+            .map(|v| {
+                (mix(h ^ (v as u64).wrapping_mul(0x1234_5677)) >> 40) as f32 / (1u64 << 24) as f32
+            })
+            .collect();
+        let favoured = self.successor(last) as usize;
+        logits[favoured] += 5.0;
+        let rival = (mix(h.wrapping_add(1)) % self.vocab as u64) as usize;
+        logits[rival] += (mix(h.wrapping_add(2)) >> 40) as f32 / (1u64 << 24) as f32 * 6.5;
+        logits
+    }
+
+    pub fn logits(&self, prefix: &[i32]) -> Vec<f32> {
+        self.lm_head(&self.hidden(prefix))
+    }
+
+    pub fn softmax(&self, logits: &[f32], temperature: f32) -> Vec<f32> {
+        if temperature == 0.0 {
+            let best = argmax(logits);
+            return (0..logits.len())
+                .map(|v| if v == best { 1.0 } else { 0.0 })
+                .collect();
+        }
+        let m = logits
+            .iter()
+            .fold(f32::NEG_INFINITY, |a, &b| a.max(b / temperature));
+        let e: Vec<f32> = logits
+            .iter()
+            .map(|&x| (x / temperature - m).exp())
+            .collect();
+        let sum: f32 = e.iter().sum();
+        e.iter().map(|x| x / sum).collect()
+    }
+}
+
+pub fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in row.iter().enumerate() {
+        if x > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// How the runner hands its scores back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forward {
+    /// Per row from `row_prefix`, exactly `T_out` rows of logits.
+    Prefix,
+    /// Hidden states per packed token, `gather_next_token`, LM head on all `gather_rows` rows.
+    Gather,
+    /// Host-side probabilities (temperature applied by the runner), `T_out` rows.
+    Probs,
+}
+
+/// The runner's forward pass for one plan.
+pub fn forward(
+    device: &dyn Device,
+    decoder: &Decoder,
+    plan: &StepPlan,
+    model: &ToyModel,
+    mode: Forward,
+) -> Result<Buffer, SamplerError> {
+    let v = model.vocab;
+    match mode {
+        Forward::Prefix => {
+            let mut rows = Vec::with_capacity(plan.t_out() * v);
+            for t in 0..plan.t_out() {
+                rows.extend(model.logits(&decoder.row_prefix(t)?));
+            }
+            Ok(device.upload(&rows)?)
+        }
+        Forward::Probs => {
+            let mut rows = Vec::with_capacity(plan.t_out() * v);
+            for (t, row) in plan.output_rows.iter().enumerate() {
+                let temperature = decoder.request(row.slot).expect("occupied").temperature;
+                rows.extend(model.softmax(&model.logits(&decoder.row_prefix(t)?), temperature));
+            }
+            Ok(device.upload(&rows)?)
+        }
+        Forward::Gather => {
+            let mut hidden = Vec::with_capacity(plan.token_num() * HIDDEN);
+            for j in 0..plan.token_num() {
+                hidden.extend(model.hidden(&decoder.input_prefix(j)?));
+            }
+            let hidden = device.upload(&hidden)?;
+            let mut gathered = device.alloc::<f32>(plan.gather_rows * HIDDEN)?;
+            decoder.gather_next_token(&hidden, HIDDEN, &mut gathered)?;
+            let gathered: Vec<f32> = device.download(&gathered)?;
+            let mut rows = Vec::with_capacity(plan.gather_rows * v);
+            for t in 0..plan.gather_rows {
+                let h = &gathered[t * HIDDEN..(t + 1) * HIDDEN];
+                if t < plan.t_out() {
+                    // The device's gather must agree with the host plan.
+                    assert_eq!(h, model.hidden(&decoder.row_prefix(t)?), "gathered row {t}");
+                } else {
+                    assert!(h.iter().all(|&x| x == 0.0), "padding row {t} not zero");
+                }
+                rows.extend(model.lm_head(h));
+            }
+            Ok(device.upload(&rows)?)
+        }
+    }
+}
+
+/// One request arriving at a given step.
+#[derive(Clone, Debug)]
+pub struct Arrival {
+    pub step: u64,
+    pub request: Request,
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct RunResult {
+    /// Generated tokens per arrival, in arrival order.
+    pub tokens: Vec<Vec<i32>>,
+    pub finished: Vec<Option<FinishReason>>,
+    pub stats: DecodeStats,
+}
+
+/// Runs arrivals through a decoder: a request is inserted at its arrival step (or as soon as a
+/// slot is free, or at once when nothing runs), finished requests are removed after each step.
+pub fn run(
+    device: &Arc<dyn Device>,
+    config: &SamplerConfig,
+    model: &ToyModel,
+    arrivals: &[Arrival],
+    mode: Forward,
+) -> RunResult {
+    let mut decoder = Decoder::new(device.clone(), config.clone()).expect("decoder");
+    let mut pending: VecDeque<(usize, &Arrival)> = arrivals.iter().enumerate().collect();
+    let mut in_slot: Vec<Option<usize>> = vec![None; config.max_bsz];
+    let mut tokens = vec![Vec::new(); arrivals.len()];
+    let mut finished = vec![None; arrivals.len()];
+    let mut guard = 0;
+    loop {
+        while let Some(&(index, arrival)) = pending.front() {
+            let due = arrival.step <= decoder.step_number() || !decoder.has_running();
+            if !due || decoder.free_slots() == 0 {
+                break;
+            }
+            let slot = decoder.insert(arrival.request.clone()).expect("insert");
+            in_slot[slot] = Some(index);
+            pending.pop_front();
+        }
+        if pending.is_empty() && !decoder.has_running() {
+            break;
+        }
+        let plan = decoder.plan().expect("plan");
+        assert!(!plan.is_empty(), "a running request must produce rows");
+        let scores = forward(device.as_ref(), &decoder, &plan, model, mode).expect("forward");
+        let output = match mode {
+            Forward::Probs => decoder.finish(StepScores::probs(&scores)),
+            _ => decoder.finish(StepScores::logits(&scores)),
+        }
+        .expect("finish");
+        for slot_output in &output.slots {
+            assert!(!slot_output.tokens.is_empty() || slot_output.finished.is_some());
+            if slot_output.finished.is_some() {
+                let slot = slot_output.slot;
+                let removed = decoder.remove(slot).expect("remove");
+                let index = in_slot[slot].take().expect("tracked");
+                tokens[index] = removed.generated;
+                finished[index] = removed.finished;
+            }
+        }
+        guard += 1;
+        assert!(guard < 100_000, "decoding does not terminate");
+    }
+    RunResult {
+        tokens,
+        finished,
+        stats: decoder.stats(),
+    }
+}
+
+/// A prompt that follows the model's favoured chain with a few random tokens mixed in, so n-gram
+/// lookups into the prompt find matches from the first decode step.
+pub fn prompt(rng: &mut Rng, model: &ToyModel, len: usize) -> Vec<i32> {
+    let mut prompt = vec![rng.range(1, model.vocab - 1) as i32];
+    while prompt.len() < len {
+        let last = *prompt.last().expect("non-empty");
+        let next = if rng.range(0, 4) == 0 {
+            rng.range(1, model.vocab - 1) as i32
+        } else {
+            model.successor(last)
+        };
+        prompt.push(next);
+    }
+    prompt
+}
+
+/// A random request with varied sampling parameters.
+pub fn request(rng: &mut Rng, model: &ToyModel, max_prompt: usize) -> Request {
+    let len = rng.range(1, max_prompt);
+    let temperature = rng.pick(&[0.0f32, 0.4, 0.8, 1.0, 1.5]);
+    let top_k = rng.pick(&[0usize, 0, 1, 3, 10, 1000]);
+    let top_p = rng.pick(&[1.0f32, 1.0, 0.95, 0.7, 0.3]);
+    let max_dec_len = rng.range(1, 60);
+    let seed = match rng.range(0, 5) {
+        0 => u64::MAX - rng.range(0, 3) as u64,
+        1 => (1u64 << 63) - 2 - rng.range(0, 12) as u64,
+        _ => rng.next_u64(),
+    };
+    Request::new(prompt(rng, model, len))
+        .with_seed(seed)
+        .with_sampling(top_p, top_k, temperature)
+        .with_max_dec_len(max_dec_len)
+}

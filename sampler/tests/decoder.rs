@@ -1,0 +1,443 @@
+//! The decoder's API: the seed schedule, slots, call order, external drafts, strategies and
+//! log-probabilities.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{Forward, Rng, ToyModel, argmax, forward};
+use specula_backend_api::{Device, DeviceExt, Strategy};
+use specula_sampler::seeds::{self, MAX_INFER_SEED};
+use specula_sampler::{
+    Decoder, NgramConfig, Request, SamplerConfig, SamplerError, StepScores, registry,
+};
+
+const VOCAB: usize = 61;
+
+fn device() -> Arc<dyn Device> {
+    registry::open("cpu").expect("cpu device")
+}
+
+fn config(strategy: Strategy, max_bsz: usize, s: usize) -> SamplerConfig {
+    let config = SamplerConfig::new(strategy, max_bsz, VOCAB, 64, vec![0]);
+    if s > 1 {
+        config.with_ngram(s, NgramConfig::default())
+    } else {
+        config
+    }
+}
+
+/// One step with the toy model through `row_prefix`.
+fn step(decoder: &mut Decoder, model: &ToyModel) -> specula_sampler::StepOutput {
+    let device = decoder.device().clone();
+    let plan = decoder.plan().expect("plan");
+    let logits = forward(device.as_ref(), decoder, &plan, model, Forward::Prefix).expect("forward");
+    decoder.finish(StepScores::logits(&logits)).expect("finish")
+}
+
+#[test]
+fn infer_seed_advances_by_four_per_emitted_token() {
+    let device = device();
+    let model = ToyModel { vocab: VOCAB };
+    let seeds_under_test = [
+        0u64,
+        12345,
+        MAX_INFER_SEED - 1,
+        MAX_INFER_SEED - 9,
+        MAX_INFER_SEED,
+        u64::MAX,
+    ];
+    for s in [1, 6] {
+        let mut decoder =
+            Decoder::new(device.clone(), config(Strategy::TargetMatch, 8, s)).expect("decoder");
+        for (i, &seed) in seeds_under_test.iter().enumerate() {
+            let prompt = common::prompt(&mut Rng(i as u64), &model, 5);
+            decoder
+                .insert(Request::new(prompt).with_seed(seed).with_max_dec_len(30))
+                .expect("insert");
+        }
+        while decoder.has_running() {
+            step(&mut decoder, &model);
+            for (slot, &seed) in seeds_under_test.iter().enumerate() {
+                let emitted = decoder.generated(slot).expect("occupied").len() as u64;
+                let expected = seeds::infer_seed_after(seeds::request_seed(seed), emitted);
+                assert_eq!(
+                    decoder.infer_seed(slot).expect("seed"),
+                    expected,
+                    "S {s} slot {slot}"
+                );
+                assert_eq!(
+                    expected,
+                    ((seed % MAX_INFER_SEED) as u128 + 4 * emitted as u128) as u64 % MAX_INFER_SEED
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn slots_and_call_order_are_checked() {
+    let device = device();
+    let model = ToyModel { vocab: VOCAB };
+    let mut decoder =
+        Decoder::new(device.clone(), config(Strategy::Greedy, 2, 4)).expect("decoder");
+    assert!(matches!(
+        decoder.finish(StepScores::logits(
+            &device.alloc::<f32>(VOCAB).expect("alloc")
+        )),
+        Err(SamplerError::Phase { call: "finish", .. })
+    ));
+    // No request: the plan is empty and the decoder stays idle.
+    assert!(decoder.plan().expect("plan").is_empty());
+
+    let bad = |r: Request| {
+        Decoder::new(device.clone(), config(Strategy::Greedy, 2, 4))
+            .expect("decoder")
+            .insert(r)
+    };
+    assert!(matches!(
+        bad(Request::new(vec![])),
+        Err(SamplerError::Request {
+            field: "prompt",
+            ..
+        })
+    ));
+    assert!(matches!(
+        bad(Request::new(vec![VOCAB as i32])),
+        Err(SamplerError::Request {
+            field: "prompt",
+            ..
+        })
+    ));
+    assert!(matches!(
+        bad(Request::new(vec![1; 64])),
+        Err(SamplerError::Request {
+            field: "prompt",
+            ..
+        })
+    ));
+    assert!(matches!(
+        bad(Request::new(vec![1]).with_sampling(0.0, 0, 1.0)),
+        Err(SamplerError::Request { field: "top_p", .. })
+    ));
+    assert!(matches!(
+        bad(Request::new(vec![1]).with_sampling(1.0, 0, f32::NAN)),
+        Err(SamplerError::Request {
+            field: "temperature",
+            ..
+        })
+    ));
+    assert!(matches!(
+        bad(Request::new(vec![1]).with_max_dec_len(0)),
+        Err(SamplerError::Request {
+            field: "max_dec_len",
+            ..
+        })
+    ));
+
+    assert_eq!(decoder.insert(Request::new(vec![5, 6])).expect("insert"), 0);
+    assert!(matches!(
+        decoder.insert_at(0, Request::new(vec![5])),
+        Err(SamplerError::SlotOccupied { slot: 0 })
+    ));
+    assert!(matches!(
+        decoder.insert_at(2, Request::new(vec![5])),
+        Err(SamplerError::SlotOutOfRange {
+            slot: 2,
+            max_bsz: 2
+        })
+    ));
+    assert!(matches!(
+        decoder.remove(1),
+        Err(SamplerError::SlotEmpty { slot: 1 })
+    ));
+
+    let plan = decoder.plan().expect("plan");
+    assert_eq!(plan.t_out(), 1);
+    assert_eq!(plan.input_tokens, vec![5, 6]);
+    assert_eq!(plan.input_positions, vec![0, 1]);
+    assert_eq!(decoder.row_prefix(0).expect("prefix"), vec![5, 6]);
+    assert_eq!(decoder.plan().expect("same plan"), plan);
+    assert!(matches!(
+        decoder.insert(Request::new(vec![1])),
+        Err(SamplerError::Phase { call: "insert", .. })
+    ));
+    // A wrong shape leaves the step planned: finishing again with the right scores works.
+    let wrong = device.alloc::<f32>(VOCAB + 1).expect("alloc");
+    assert!(matches!(
+        decoder.finish(StepScores::logits(&wrong)),
+        Err(SamplerError::ScoresShape { .. })
+    ));
+    let too_many = device
+        .alloc::<f32>(VOCAB * (plan.gather_rows + 1))
+        .expect("alloc");
+    assert!(matches!(
+        decoder.finish(StepScores::logits(&too_many)),
+        Err(SamplerError::ScoresShape { .. })
+    ));
+    let logits =
+        forward(device.as_ref(), &decoder, &plan, &model, Forward::Prefix).expect("forward");
+    let output = decoder.finish(StepScores::logits(&logits)).expect("finish");
+    assert_eq!(output.slots.len(), 1);
+    assert_eq!(output.slots[0].tokens.len(), 1);
+    assert_eq!(
+        decoder.generated(0).expect("slot 0"),
+        output.slots[0].tokens.as_slice()
+    );
+    let removed = decoder.remove(0).expect("remove");
+    assert_eq!(removed.generated, output.slots[0].tokens);
+    assert_eq!(removed.finished, None);
+    assert_eq!(decoder.free_slots(), 2);
+}
+
+#[test]
+fn config_is_validated() {
+    let device = device();
+    let mut c = config(Strategy::Rejection, 2, 4);
+    assert!(matches!(
+        Decoder::new(device.clone(), c.clone()),
+        Err(SamplerError::Config {
+            field: "strategy",
+            ..
+        })
+    ));
+    c.strategy = Strategy::Greedy;
+    c.end_tokens.clear();
+    assert!(matches!(
+        Decoder::new(device.clone(), c.clone()),
+        Err(SamplerError::Config {
+            field: "end_tokens",
+            ..
+        })
+    ));
+    c.end_tokens = vec![0];
+    c.candidates = 129;
+    assert!(matches!(
+        Decoder::new(device.clone(), c.clone()),
+        Err(SamplerError::Config {
+            field: "candidates",
+            ..
+        })
+    ));
+    c.candidates = 8;
+    c.logprobs = Some(65);
+    assert!(matches!(
+        Decoder::new(device, c),
+        Err(SamplerError::Config {
+            field: "logprobs",
+            ..
+        })
+    ));
+}
+
+/// Drafts from the runner: right drafts are all accepted plus a bonus token, a wrong draft is
+/// replaced by the correction token.
+#[test]
+fn external_drafts_are_verified() {
+    let device = device();
+    let model = ToyModel { vocab: VOCAB };
+    let mut c = config(Strategy::Greedy, 2, 5);
+    c.ngram = None;
+    let mut decoder = Decoder::new(device.clone(), c).expect("decoder");
+    let slot = decoder
+        .insert(Request::new(vec![3, 9, 4]).with_sampling(1.0, 0, 0.0))
+        .expect("insert");
+    step(&mut decoder, &model); // prefill
+    let greedy_next = |prefix: &[i32]| argmax(&model.logits(prefix)) as i32;
+    for wrong_at in [None, Some(0), Some(2)] {
+        decoder.propose().expect("propose");
+        let mut context = decoder.context(slot).expect("slot").to_vec();
+        let mut drafts = Vec::new();
+        for i in 0..4 {
+            let next = greedy_next(&context);
+            let draft = if Some(i) == wrong_at {
+                (next + 1) % VOCAB as i32
+            } else {
+                next
+            };
+            drafts.push(draft);
+            context.push(draft);
+        }
+        assert!(matches!(
+            decoder.set_drafts(slot, &[1, 2, 3, 4, 5]),
+            Err(SamplerError::Drafts { .. })
+        ));
+        decoder.set_drafts(slot, &drafts).expect("set drafts");
+        let before = decoder.context(slot).expect("slot").to_vec();
+        let output = step(&mut decoder, &model);
+        let out = &output.slots[0];
+        assert_eq!(out.drafts_proposed, 4);
+        let accepted = wrong_at.unwrap_or(4);
+        assert_eq!(out.drafts_accepted, accepted, "wrong at {wrong_at:?}");
+        assert_eq!(&out.tokens[..accepted], &drafts[..accepted]);
+        assert_eq!(out.tokens.len(), accepted + 1);
+        // The last token is the greedy continuation of what was accepted.
+        let mut prefix = before;
+        prefix.extend_from_slice(&drafts[..accepted]);
+        assert_eq!(out.tokens[accepted], greedy_next(&prefix));
+    }
+    assert!(matches!(
+        decoder.set_drafts(slot, &[1]),
+        Err(SamplerError::Phase {
+            call: "set_drafts",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn rejection_needs_draft_probabilities_when_there_are_drafts() {
+    let device = device();
+    let model = ToyModel { vocab: VOCAB };
+    let s = 4;
+    let mut c = config(Strategy::Rejection, 2, s);
+    c.ngram = None;
+    let mut decoder = Decoder::new(device.clone(), c).expect("decoder");
+    let slot = decoder
+        .insert(Request::new(vec![3, 9, 4]).with_seed(5))
+        .expect("insert");
+    step(&mut decoder, &model); // prefill: no drafts, no draft probabilities needed
+    let mut total_accepted = 0;
+    for _ in 0..6 {
+        decoder.propose().expect("propose");
+        // The draft model is the target model itself (host softmax), drafting its own argmax.
+        let mut context = decoder.context(slot).expect("slot").to_vec();
+        let mut drafts = Vec::new();
+        let mut draft_probs = vec![0.0f32; 2 * (s - 1) * VOCAB];
+        for i in 0..s - 1 {
+            let probs = model.softmax(&model.logits(&context), 1.0);
+            let d = argmax(&probs) as i32;
+            draft_probs[(slot * (s - 1) + i) * VOCAB..][..VOCAB].copy_from_slice(&probs);
+            drafts.push(d);
+            context.push(d);
+        }
+        decoder.set_drafts(slot, &drafts).expect("set drafts");
+        let plan = decoder.plan().expect("plan");
+        let logits =
+            forward(device.as_ref(), &decoder, &plan, &model, Forward::Prefix).expect("forward");
+        assert!(matches!(
+            decoder.finish(StepScores::logits(&logits)),
+            Err(SamplerError::MissingDraftProbs)
+        ));
+        let draft_probs = device.upload(&draft_probs).expect("upload");
+        let output = decoder
+            .finish(StepScores::logits(&logits).with_draft_probs(&draft_probs))
+            .expect("finish");
+        total_accepted += output.slots[0].drafts_accepted;
+        if !decoder.is_running(slot) {
+            break;
+        }
+    }
+    // With q = p, drafts are accepted with probability ~1.
+    assert!(total_accepted > 0);
+}
+
+#[test]
+fn topp_strategy_decodes() {
+    let device = device();
+    let model = ToyModel { vocab: VOCAB };
+    let mut c = config(Strategy::TopP, 3, 5);
+    c.candidates = 4;
+    let mut decoder = Decoder::new(device.clone(), c).expect("decoder");
+    let mut rng = Rng(3);
+    for _ in 0..3 {
+        let prompt = common::prompt(&mut rng, &model, 8);
+        decoder
+            .insert(
+                Request::new(prompt)
+                    .with_sampling(0.8, 0, 1.0)
+                    .with_max_dec_len(20),
+            )
+            .expect("insert");
+    }
+    while decoder.has_running() {
+        step(&mut decoder, &model);
+    }
+    let stats = decoder.stats();
+    assert!(stats.drafts_accepted > 0, "{stats:?}");
+    for slot in 0..3 {
+        let generated = decoder.generated(slot).expect("slot");
+        assert!(!generated.is_empty() && generated.len() <= 20);
+        assert!(generated.iter().all(|&t| (0..VOCAB as i32).contains(&t)));
+        assert!(decoder.finish_reason(slot).is_some());
+    }
+}
+
+#[test]
+fn logprobs_are_reported_per_emitted_token() {
+    let device = device();
+    let model = ToyModel { vocab: VOCAB };
+    let k = 3;
+    let mut c = config(Strategy::TargetMatch, 2, 4);
+    c.logprobs = Some(k);
+    let mut decoder = Decoder::new(device.clone(), c).expect("decoder");
+    decoder
+        .insert(
+            Request::new(vec![4, 31, 12])
+                .with_seed(1)
+                .with_max_dec_len(12),
+        )
+        .expect("insert");
+    decoder
+        .insert(
+            Request::new(vec![7])
+                .with_sampling(1.0, 0, 0.0)
+                .with_max_dec_len(12),
+        )
+        .expect("insert");
+    let mut checked = 0;
+    while decoder.has_running() {
+        let output = step(&mut decoder, &model);
+        for out in &output.slots {
+            let logprobs = out.logprobs.as_ref().expect("configured");
+            assert_eq!(logprobs.len(), out.tokens.len());
+            for lp in logprobs {
+                assert!(lp.logprob <= 0.0, "{lp:?}");
+                assert_eq!(lp.top.len(), k);
+                assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1), "{lp:?}");
+                if lp.rank == 1 {
+                    assert_eq!(lp.top[0].0, lp.token);
+                }
+                if lp.rank >= 1 && lp.rank as usize <= k {
+                    assert_eq!(lp.top[lp.rank as usize - 1].0, lp.token, "{lp:?}");
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 0);
+    assert!(decoder.finish_reason(0).is_some() && decoder.finish_reason(1).is_some());
+}
+
+/// A request removed before its prefill leaves nothing behind: the slot can be reused and the
+/// other requests' tokens are unchanged.
+#[test]
+fn removing_before_prefill_frees_the_slot() {
+    let device = device();
+    let model = ToyModel { vocab: VOCAB };
+    let run_one = |with_ghost: bool| {
+        let mut decoder =
+            Decoder::new(device.clone(), config(Strategy::TargetMatch, 3, 5)).expect("decoder");
+        if with_ghost {
+            let ghost = decoder.insert(Request::new(vec![9; 40])).expect("insert");
+            assert_eq!(
+                decoder.remove(ghost).expect("remove").generated,
+                Vec::<i32>::new()
+            );
+        }
+        let slot = 1;
+        decoder
+            .insert_at(
+                slot,
+                Request::new(vec![1, 2, 3, 4, 5, 6, 1, 2])
+                    .with_seed(11)
+                    .with_max_dec_len(25),
+            )
+            .expect("insert");
+        while decoder.has_running() {
+            step(&mut decoder, &model);
+        }
+        decoder.generated(slot).expect("slot").to_vec()
+    };
+    assert_eq!(run_one(true), run_one(false));
+}

@@ -1,0 +1,92 @@
+//! The backend registry.
+
+use specula_backend_api::{BackendKind, Error};
+use specula_sampler::registry::{self, BackendSpec};
+
+#[test]
+fn cpu_opens_by_name_and_ordinal() {
+    for spec in ["cpu", "cpu:0", " CPU ", "Cpu:0"] {
+        let device = registry::open(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+        assert_eq!(device.info().kind, BackendKind::Cpu, "{spec}");
+        assert_eq!(device.info().ordinal, 0);
+    }
+}
+
+#[test]
+fn auto_opens_the_first_available_backend() {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let device = registry::open("auto").expect("auto");
+    // No accelerated backend is compiled into this build yet.
+    assert_eq!(device.info().kind, BackendKind::Cpu);
+}
+
+#[test]
+fn unknown_names_are_parse_errors() {
+    for spec in [
+        "", "gpu", "cpu:", "cpu:x", "cpu:-1", "auto:0", "cuda:0:1", "vulkan",
+    ] {
+        match registry::open(spec) {
+            Err(Error::Parse { what, input }) => {
+                assert_eq!(what, "backend");
+                assert_eq!(input, spec);
+            }
+            other => panic!("{spec:?}: expected a parse error, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn absent_backends_are_unavailable_with_a_reason() {
+    for (spec, kind) in [
+        ("cuda", BackendKind::Cuda),
+        ("cuda:1", BackendKind::Cuda),
+        ("wgpu", BackendKind::Wgpu),
+        ("wgpu:0", BackendKind::Wgpu),
+        ("xpu-sim", BackendKind::XpuSim),
+        ("xpu-sim:2", BackendKind::XpuSim),
+    ] {
+        match registry::open(spec) {
+            Err(Error::Unavailable { backend, reason }) => {
+                assert_eq!(backend, kind, "{spec}");
+                assert!(reason.contains(kind.name()), "{spec}: {reason}");
+                assert!(!reason.is_empty());
+            }
+            other => panic!("{spec}: expected Unavailable, got {other:?}"),
+        }
+    }
+    match registry::open("cpu:1") {
+        Err(Error::Unavailable { backend, reason }) => {
+            assert_eq!(backend, BackendKind::Cpu);
+            assert!(reason.contains("ordinal 1"), "{reason}");
+        }
+        other => panic!("cpu:1: expected Unavailable, got {other:?}"),
+    }
+}
+
+#[test]
+fn probe_all_reports_every_backend() {
+    let probes = registry::probe_all();
+    let kinds: Vec<_> = probes.iter().map(|p| p.kind).collect();
+    assert_eq!(kinds, BackendKind::ALL);
+    for probe in &probes {
+        match probe.kind {
+            BackendKind::Cpu => {
+                assert!(probe.is_available());
+                let devices = probe.result.as_ref().expect("cpu");
+                assert_eq!(devices[0].kind, BackendKind::Cpu);
+            }
+            _ => {
+                let reason = probe.result.as_ref().expect_err("not compiled");
+                assert!(reason.contains("not compiled"), "{reason}");
+            }
+        }
+    }
+}
+
+#[test]
+fn specs_round_trip() {
+    for spec in ["auto", "cpu", "cpu:0", "wgpu:3", "xpu-sim"] {
+        let parsed: BackendSpec = spec.parse().expect(spec);
+        assert_eq!(parsed.to_string(), spec);
+    }
+}
