@@ -3,7 +3,7 @@
 //! Every op takes its input buffers as a `*Inputs` struct of shared references, its outputs as a
 //! `*Outputs` struct of `&mut` buffers, and a small `Copy` parameter struct. The `validate` function
 //! of each op is called by every backend before launch, so all backends reject the same arguments
-//! with the same typed [`Error`](crate::Error).
+//! with the same typed [`Error`].
 
 mod layout;
 mod logprobs;
