@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job of the README: a speculative and a plain decoding loop on the CPU reference backend,
-# checked to emit the same tokens.
+# The main job of the README: the conformance suite over every backend available on this machine
+# (the CPU reference always), full-size cases; prints the op × backend table and a verdict, and
+# exits non-zero if any trial failed. Extra arguments go to `specula run` (e.g. --quick, --json FILE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo run --release --locked -p specula-sampler --example decode_loop -- "$@"
+cargo run --release --locked -p specula-conformance --bin specula -- run "$@"

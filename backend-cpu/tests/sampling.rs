@@ -550,21 +550,52 @@ fn zero_rows_are_a_valid_no_op() {
     let (empty_i32, empty_u64) = (dev.alloc::<i32>(0).unwrap(), dev.alloc::<u64>(0).unwrap());
     let mut tokens = dev.alloc::<i32>(0).unwrap();
     dev.top_k_top_p_sample(
-        &SampleInputs { probs: &empty_f32, top_k: &empty_i32, top_p: &empty_f32, seed: &empty_u64 },
+        &SampleInputs {
+            probs: &empty_f32,
+            top_k: &empty_i32,
+            top_p: &empty_f32,
+            seed: &empty_u64,
+        },
         &mut tokens,
-        &SampleParams { shape, host_top_p: None },
+        &SampleParams {
+            shape,
+            host_top_p: None,
+        },
     )
     .unwrap();
     dev.argmax(&empty_f32, &mut tokens, &shape).unwrap();
     let mut probs = dev.alloc::<f32>(0).unwrap();
-    dev.softmax(&empty_f32, &empty_f32, &mut probs, &SoftmaxParams { shape, host_temperature: None })
-        .unwrap();
-    let (mut ids, mut scores, mut lens) =
-        (dev.alloc::<i32>(0).unwrap(), dev.alloc::<f32>(0).unwrap(), dev.alloc::<i32>(0).unwrap());
+    dev.softmax(
+        &empty_f32,
+        &empty_f32,
+        &mut probs,
+        &SoftmaxParams {
+            shape,
+            host_temperature: None,
+        },
+    )
+    .unwrap();
+    let (mut ids, mut scores, mut lens) = (
+        dev.alloc::<i32>(0).unwrap(),
+        dev.alloc::<f32>(0).unwrap(),
+        dev.alloc::<i32>(0).unwrap(),
+    );
     dev.top_p_candidates(
-        &CandidatesInputs { probs: &empty_f32, top_p: &empty_f32, batch_id_per_token_output: None },
-        &mut CandidatesOutputs { ids: &mut ids, scores: &mut scores, lens: &mut lens },
-        &CandidatesParams { shape, candidates: 4, host_top_p: None },
+        &CandidatesInputs {
+            probs: &empty_f32,
+            top_p: &empty_f32,
+            batch_id_per_token_output: None,
+        },
+        &mut CandidatesOutputs {
+            ids: &mut ids,
+            scores: &mut scores,
+            lens: &mut lens,
+        },
+        &CandidatesParams {
+            shape,
+            candidates: 4,
+            host_top_p: None,
+        },
     )
     .unwrap();
 }

@@ -1,0 +1,165 @@
+//! Comparing a backend's outputs with the reference's: exact outputs with `==` on their bits, float
+//! outputs within a documented tolerance.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use specula_backend_api::{DType, Op};
+
+use crate::tensor::HostTensor;
+
+/// How an output is compared.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Class {
+    /// Bit-identical (token ids, counts, offsets, flags, seeds, candidate scores, gathered rows).
+    Exact,
+    /// `|a − b| ≤ max(abs, rel · max(|a|, |b|))`; NaN equals NaN and each infinity itself.
+    Float {
+        /// Absolute tolerance.
+        abs: f64,
+        /// Relative tolerance.
+        rel: f64,
+    },
+}
+
+/// Tolerance for `softmax` probabilities (f32 output, f32 accumulation; `exp` differs by backend).
+pub const SOFTMAX_TOLERANCE: Class = Class::Float {
+    abs: 1e-6,
+    rel: 1e-4,
+};
+/// Tolerance for `accept_logprobs` log-probabilities.
+pub const LOGPROB_TOLERANCE: Class = Class::Float {
+    abs: 1e-4,
+    rel: 1e-4,
+};
+
+/// The comparison class of output `tensor` of `op`: the float class of the contract (§0) for
+/// softmax probabilities and log-probability values, exact for everything else.
+pub fn class_of(op: Op, tensor: &str) -> Class {
+    match (op, tensor) {
+        (Op::Softmax, "probs") => SOFTMAX_TOLERANCE,
+        (Op::AcceptLogprobs, "logprobs" | "top_logprobs") => LOGPROB_TOLERANCE,
+        _ => Class::Exact,
+    }
+}
+
+/// The first difference between expected and actual outputs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mismatch {
+    /// The output tensor.
+    pub tensor: String,
+    /// First mismatching element (None: the tensor is missing or has another shape or dtype).
+    pub index: Option<usize>,
+    /// Expected value (or shape).
+    pub expected: String,
+    /// Actual value (or shape).
+    pub actual: String,
+    /// Number of mismatching elements.
+    pub count: usize,
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.index {
+            Some(i) => write!(
+                f,
+                "{}[{i}]: expected {}, got {} ({} mismatching element{})",
+                self.tensor,
+                self.expected,
+                self.actual,
+                self.count,
+                if self.count == 1 { "" } else { "s" }
+            ),
+            None => write!(
+                f,
+                "{}: expected {}, got {}",
+                self.tensor, self.expected, self.actual
+            ),
+        }
+    }
+}
+
+fn float_at(t: &HostTensor, i: usize) -> f64 {
+    let size = t.dtype.size_bytes();
+    let b = &t.bytes[i * size..(i + 1) * size];
+    match t.dtype {
+        DType::F32 => f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        DType::F16 => f64::from(half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+        DType::BF16 => f64::from(half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        _ => f64::NAN,
+    }
+}
+
+fn close(a: f64, b: f64, abs: f64, rel: f64) -> bool {
+    if a.is_nan() || b.is_nan() {
+        return a.is_nan() && b.is_nan();
+    }
+    if a.is_infinite() || b.is_infinite() {
+        return a == b;
+    }
+    (a - b).abs() <= abs.max(rel * a.abs().max(b.abs()))
+}
+
+/// Compares one tensor.
+pub fn compare_tensor(
+    class: Class,
+    name: &str,
+    expected: &HostTensor,
+    actual: &HostTensor,
+) -> Result<(), Mismatch> {
+    if expected.dtype != actual.dtype || expected.shape != actual.shape {
+        return Err(Mismatch {
+            tensor: name.to_owned(),
+            index: None,
+            expected: format!("{} {:?}", expected.dtype, expected.shape),
+            actual: format!("{} {:?}", actual.dtype, actual.shape),
+            count: 0,
+        });
+    }
+    let size = expected.dtype.size_bytes();
+    let differs = |i: usize| match class {
+        Class::Exact => {
+            expected.bytes[i * size..(i + 1) * size] != actual.bytes[i * size..(i + 1) * size]
+        }
+        Class::Float { abs, rel } => !close(float_at(expected, i), float_at(actual, i), abs, rel),
+    };
+    let mut first = None;
+    let mut count = 0;
+    for i in 0..expected.len() {
+        if differs(i) {
+            first.get_or_insert(i);
+            count += 1;
+        }
+    }
+    match first {
+        None => Ok(()),
+        Some(i) => Err(Mismatch {
+            tensor: name.to_owned(),
+            index: Some(i),
+            expected: expected.display_element(i),
+            actual: actual.display_element(i),
+            count,
+        }),
+    }
+}
+
+/// Compares every expected tensor of `op` with the actual one of the same name.
+pub fn compare_outputs(
+    op: Op,
+    expected: &BTreeMap<String, HostTensor>,
+    actual: &BTreeMap<String, HostTensor>,
+) -> Result<(), Mismatch> {
+    for (name, e) in expected {
+        let Some(a) = actual.get(name) else {
+            return Err(Mismatch {
+                tensor: name.clone(),
+                index: None,
+                expected: "an output".to_owned(),
+                actual: "nothing".to_owned(),
+                count: 0,
+            });
+        };
+        compare_tensor(class_of(op, name), name, e, a)?;
+    }
+    Ok(())
+}

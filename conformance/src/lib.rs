@@ -1,0 +1,44 @@
+//! # specula-conformance
+//!
+//! The suite that holds every Specula backend to the CPU reference, in the manner of llama.cpp's
+//! `test-backend-ops`: every op on every available backend, compared with the CPU; skipped with a
+//! reason where a backend is absent, never passed silently.
+//!
+//! - [`case`]: a case is data — an op, its parameters and named input tensors ([`tensor`]);
+//! - [`exec`]: runs a case on a device with guard regions around every output;
+//! - [`compare`]: exact outputs with `==`, float outputs within a documented tolerance.
+
+pub mod backends;
+pub mod case;
+pub mod cases;
+pub mod compare;
+pub mod exec;
+pub mod properties;
+pub mod replay;
+pub mod report;
+pub mod suite;
+pub mod tensor;
+
+/// Errors of the conformance machinery (a failed comparison is not an error: it is a result).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConformanceError {
+    /// A device call failed.
+    #[error(transparent)]
+    Device(#[from] specula_backend_api::Error),
+    /// A case or case file is malformed.
+    #[error("{0}")]
+    Format(String),
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = ConformanceError> = std::result::Result<T, E>;

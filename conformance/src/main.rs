@@ -1,0 +1,428 @@
+//! `specula`: runs the conformance suite on every backend available on this machine, replays a
+//! saved case everywhere, and saves cases to files.
+//!
+//! ```text
+//! specula run    [--backend all|cpu,wgpu,xpu-sim,cuda] [--op OP,...|properties] [--quick]
+//!                [--filter TEXT] [--json FILE]
+//! specula replay FILE.safetensors [--backend ...] [--out OUT.safetensors]
+//! specula dump   --op OP --case NAME --out FILE.safetensors
+//! specula list   [--op OP,...] [--quick]
+//! ```
+//!
+//! Exit status: 0 when everything that ran passed, 1 when a trial failed (or nothing ran), 2 for
+//! bad input (unknown op or backend, missing or malformed file, a named backend unavailable).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use specula_backend_api::{BackendKind, Op};
+use specula_conformance::backends::{self, Backend};
+use specula_conformance::cases::{self, Size};
+use specula_conformance::report::size_name;
+use specula_conformance::suite::{self, CaseEntry, Outcome, PROPERTIES, Plan, Progress, Suite};
+use specula_conformance::tensor::HostTensor;
+use specula_conformance::{ConformanceError, replay};
+
+/// The conformance suite of Specula: every op of every backend, held to the CPU reference.
+#[derive(Debug, Parser)]
+#[command(name = "specula", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run every op and every end-to-end property on every available backend and print an
+    /// op × backend table (full-size cases unless --quick).
+    Run(RunArgs),
+    /// Run one saved case on each backend, compare with the CPU reference, and write the outputs.
+    Replay(ReplayArgs),
+    /// Save a generated case to a safetensors case file.
+    Dump(DumpArgs),
+    /// List the backends (with why each is unavailable) and the cases of each op.
+    List(ListArgs),
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// `all`, or a comma-separated list of cpu, wgpu, xpu-sim, cuda. A backend named here that is
+    /// unavailable is an error; with `all` it is reported as skipped.
+    #[arg(long, default_value = "all", value_name = "BACKENDS", value_parser = parse_backends)]
+    backend: Selection,
+    /// Comma-separated op names (and/or `properties`); all by default.
+    #[arg(long, value_name = "OPS", value_parser = parse_ops)]
+    op: Option<OpSelection>,
+    /// Small cases only (CI, software devices); the default is the full-size suite.
+    #[arg(long)]
+    quick: bool,
+    /// Only trials whose name contains this text.
+    #[arg(long, value_name = "TEXT")]
+    filter: Option<String>,
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct ReplayArgs {
+    /// The case file (safetensors; see docs/conformance.md).
+    file: PathBuf,
+    /// `all`, or a comma-separated list of backends.
+    #[arg(long, default_value = "all", value_name = "BACKENDS", value_parser = parse_backends)]
+    backend: Selection,
+    /// Write the case, the expected outputs and every backend's outputs to this file.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct DumpArgs {
+    /// The op of the case.
+    #[arg(long, value_parser = parse_op)]
+    op: Op,
+    /// The case name (as in `specula list`, without the op).
+    #[arg(long, value_name = "NAME")]
+    case: String,
+    /// The file to write.
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+struct ListArgs {
+    /// Comma-separated op names; all by default.
+    #[arg(long, value_name = "OPS", value_parser = parse_ops)]
+    op: Option<OpSelection>,
+    /// List the quick cases instead of the full-size ones.
+    #[arg(long)]
+    quick: bool,
+}
+
+/// `None` is `all`.
+#[derive(Clone, Debug)]
+struct Selection(Option<Vec<BackendKind>>);
+
+#[derive(Clone, Debug)]
+struct OpSelection {
+    ops: Vec<Op>,
+    properties: bool,
+}
+
+fn parse_backends(value: &str) -> Result<Selection, String> {
+    backends::parse_backend_list(value)
+        .map(Selection)
+        .map_err(|e| e.to_string())
+}
+
+fn op_names() -> String {
+    Op::ALL.map(Op::name).join(", ")
+}
+
+fn parse_op(value: &str) -> Result<Op, String> {
+    value.trim().parse::<Op>().map_err(|_| {
+        format!(
+            "unknown op `{}` (expected one of: {})",
+            value.trim(),
+            op_names()
+        )
+    })
+}
+
+fn parse_ops(value: &str) -> Result<OpSelection, String> {
+    let mut selection = OpSelection {
+        ops: Vec::new(),
+        properties: false,
+    };
+    for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        if name == PROPERTIES {
+            selection.properties = true;
+            continue;
+        }
+        let op = name.parse::<Op>().map_err(|_| {
+            format!(
+                "unknown op `{name}` (expected one of: {}, {PROPERTIES})",
+                op_names()
+            )
+        })?;
+        if !selection.ops.contains(&op) {
+            selection.ops.push(op);
+        }
+    }
+    if selection.ops.is_empty() && !selection.properties {
+        return Err(format!("empty op list (expected some of: {})", op_names()));
+    }
+    Ok(selection)
+}
+
+/// A failure of the command itself (bad input), printed as one line, exit status 2.
+struct CliError(String);
+
+impl From<ConformanceError> for CliError {
+    fn from(e: ConformanceError) -> Self {
+        CliError(e.to_string())
+    }
+}
+
+/// Probes the selected backends; a backend named explicitly must be available.
+fn open_backends(selection: &Selection) -> Result<Vec<Backend>, CliError> {
+    match &selection.0 {
+        None => Ok(backends::probe_all()),
+        Some(kinds) => {
+            let probed = backends::probe_selected(kinds);
+            if let Some(b) = probed.iter().find(|b| b.device().is_none()) {
+                return Err(CliError(format!(
+                    "backend {} is unavailable: {}",
+                    b.name,
+                    b.skip_reason().unwrap_or("no device")
+                )));
+            }
+            Ok(probed)
+        }
+    }
+}
+
+fn run(args: RunArgs) -> Result<ExitCode, CliError> {
+    let size = if args.quick { Size::Quick } else { Size::Full };
+    let backends = open_backends(&args.backend)?;
+    let required = backends::required_from_env()?;
+    let plan = match args.op {
+        None => Plan::everything(),
+        Some(selection) => Plan {
+            ops: selection.ops,
+            properties: selection.properties,
+            filter: None,
+        },
+    };
+    let plan = Plan {
+        filter: args.filter,
+        ..plan
+    };
+    let available: Vec<&str> = backends
+        .iter()
+        .filter(|b| b.device().is_some())
+        .map(|b| b.name.as_str())
+        .collect();
+    eprintln!(
+        "specula run: {} cases on {}",
+        size_name(size),
+        available.join(", ")
+    );
+    let suite = Suite::new(backends, size)?.with_required(required);
+    let bar = ProgressBar::new(0);
+    let style = ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    let report = suite.run_plan(&plan, &mut |progress| match progress {
+        Progress::Planned(n) => bar.inc_length(n as u64),
+        Progress::Started(trial) => bar.set_message(trial.name()),
+        Progress::Finished(result) => {
+            if let Outcome::Failed(message) = &result.outcome {
+                bar.println(format!("FAILED {}: {message}", result.name));
+            }
+            bar.inc(1);
+        }
+    });
+    bar.finish_and_clear();
+    print!("{}", report.render());
+    if let Some(path) = &args.json {
+        report.write_json(path)?;
+        println!("report written to {}", path.display());
+    }
+    Ok(match report.passed() {
+        true => ExitCode::SUCCESS,
+        false => ExitCode::from(1),
+    })
+}
+
+fn replay_case(args: ReplayArgs) -> Result<ExitCode, CliError> {
+    let case = replay::load(&args.file)?;
+    let backends = open_backends(&args.backend)?;
+    let suite = Suite::new(backends, Size::Quick)?;
+    let entry = CaseEntry::new(case);
+    let case = &entry.case;
+    println!(
+        "case {} (op {}, {} input tensors), expected outputs: {}",
+        case.name,
+        case.op(),
+        case.inputs.len(),
+        match case.expected {
+            Some(_) => "golden, from the file",
+            None => "the CPU reference's",
+        }
+    );
+    if let Some(message) = entry.malformed(suite.reference.as_ref()) {
+        return Err(CliError(format!("{}: {message}", args.file.display())));
+    }
+    let reference = entry.reference_outputs(suite.reference.as_ref());
+    if let Err(message) = &reference {
+        println!("reference: {message}");
+    }
+    let width = suite
+        .backends
+        .iter()
+        .map(|b| b.name.len())
+        .max()
+        .unwrap_or(0);
+    let mut outputs = std::collections::BTreeMap::<String, HostTensor>::new();
+    let (mut passed, mut failed) = (0, 0);
+    for backend in &suite.backends {
+        let Some(device) = backend.device() else {
+            println!(
+                "  {:width$}  skipped: {}",
+                backend.name,
+                backend.skip_reason().unwrap_or("unavailable")
+            );
+            continue;
+        };
+        let (outcome, produced) = suite.check_case(device.as_ref(), &entry);
+        match &outcome {
+            Outcome::Passed => {
+                passed += 1;
+                println!("  {:width$}  passed", backend.name);
+            }
+            Outcome::Failed(message) | Outcome::Skipped(message) => {
+                failed += 1;
+                println!("  {:width$}  FAILED: {message}", backend.name);
+            }
+        }
+        for (name, tensor) in produced.map(|o| o.tensors).unwrap_or_default() {
+            outputs.insert(
+                format!("{}{}.{name}", replay::OUTPUT_PREFIX, backend.name),
+                tensor,
+            );
+        }
+    }
+    if let Some(out) = &args.out {
+        let mut saved = case.clone();
+        if saved.expected.is_none()
+            && let Ok(expected) = &reference
+        {
+            saved.expected = Some((*expected).clone());
+        }
+        replay::save_with(out, &saved, &outputs)?;
+        println!("outputs written to {}", out.display());
+    }
+    if failed > 0 {
+        println!("FAIL: {failed} backend(s) differ from the reference");
+        Ok(ExitCode::from(1))
+    } else if passed == 0 {
+        println!("FAIL: no backend ran the case");
+        Ok(ExitCode::from(1))
+    } else {
+        println!("PASS: {passed} backend(s) match the reference");
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+fn dump(args: DumpArgs) -> Result<ExitCode, CliError> {
+    let find = |size| {
+        cases::cases(args.op, size)
+            .into_iter()
+            .find(|c| c.name == args.case)
+    };
+    let case = find(Size::Quick)
+        .or_else(|| find(Size::Full))
+        .ok_or_else(|| {
+            CliError(format!(
+                "op {} has no case named `{}` (see `specula list --op {}`)",
+                args.op, args.case, args.op
+            ))
+        })?;
+    replay::save(&args.out, &case)?;
+    println!(
+        "wrote {}::{} ({} input tensors{}) to {}",
+        args.op,
+        case.name,
+        case.inputs.len(),
+        if case.expected.is_some() {
+            ", golden outputs"
+        } else {
+            ""
+        },
+        args.out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn list(args: ListArgs) -> Result<ExitCode, CliError> {
+    let size = if args.quick { Size::Quick } else { Size::Full };
+    println!("backends:");
+    for backend in backends::probe_all() {
+        println!("  {:8} {}", backend.name, backend.describe());
+    }
+    let selection = args.op.unwrap_or(OpSelection {
+        ops: Op::ALL.to_vec(),
+        properties: true,
+    });
+    for op in selection.ops {
+        let cases = cases::cases(op, size);
+        println!("\n{op} ({} {} cases):", cases.len(), size_name(size));
+        for case in cases {
+            println!("  {op}::{}", case.name);
+        }
+    }
+    if selection.properties {
+        let properties = specula_conformance::properties::properties();
+        println!("\n{PROPERTIES} ({}):", properties.len());
+        for property in properties {
+            println!("  {PROPERTIES}::{}", property.name);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    // Panics inside trials are caught and reported as failures; anything else is reported below
+    // as one line. Either way: no panic message and no backtrace on the terminal.
+    std::panic::set_hook(Box::new(|_| {}));
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            use clap::error::ErrorKind;
+            return match error.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                    let _ = error.print();
+                    ExitCode::SUCCESS
+                }
+                ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                    let _ = error.print();
+                    ExitCode::from(2)
+                }
+                _ => {
+                    let rendered = error.to_string();
+                    let first = rendered.lines().next().unwrap_or("error: bad arguments");
+                    eprintln!("{first} (see `specula --help`)");
+                    ExitCode::from(2)
+                }
+            };
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let result = suite::catch(|| match cli.command {
+        Command::Run(args) => run(args),
+        Command::Replay(args) => replay_case(args),
+        Command::Dump(args) => dump(args),
+        Command::List(args) => list(args),
+    });
+    match result {
+        Ok(Ok(code)) => code,
+        Ok(Err(CliError(message))) => {
+            eprintln!("error: {message}");
+            ExitCode::from(2)
+        }
+        Err(panic) => {
+            eprintln!("error: internal error: {panic}");
+            ExitCode::from(2)
+        }
+    }
+}
