@@ -5,6 +5,7 @@
 
 pub(crate) mod argmax;
 pub(crate) mod candidates;
+pub(crate) mod fast;
 pub(crate) mod gather;
 pub(crate) mod layout;
 pub(crate) mod logprobs;

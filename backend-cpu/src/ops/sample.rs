@@ -6,16 +6,32 @@ use specula_backend_api::ops::{RowShape, SampleInputs};
 use specula_backend_api::rng::{Purpose, draw};
 use specula_backend_api::{Buffer, DType, FloatElement, Op, Result};
 
+use super::fast::sample_row_fast;
 use super::select::{Kept, draw_in_prefix, first_in_rank, kept_set};
 use super::with_float;
 use crate::storage::{slice, slice_mut};
 
 /// Samples one row: top-k, then top-p on the survivors, then the SAMPLE draw of `seed` over the
-/// kept set in ascending id order.
+/// kept set in ascending id order. The single-pass fast path decides when it can; the histogram
+/// path (the reference) otherwise. Both make the same integer decisions.
 pub(crate) fn sample_row<T: FloatElement>(row: &[T], top_k: i32, top_p: f32, seed: u64) -> usize {
+    let r = draw(seed, Purpose::Sample);
+    if let Some(token) = sample_row_fast(row, top_k, top_p, r) {
+        return token;
+    }
+    sample_row_reference(row, top_k, top_p, r)
+}
+
+/// The histogram path of [`sample_row`].
+pub(crate) fn sample_row_reference<T: FloatElement>(
+    row: &[T],
+    top_k: i32,
+    top_p: f32,
+    r: u64,
+) -> usize {
     match kept_set(row, top_k, top_p_fixed(top_p)) {
         Kept::Degenerate(first) => first,
-        Kept::Prefix(prefix) => draw_in_prefix(row, &prefix, draw(seed, Purpose::Sample))
+        Kept::Prefix(prefix) => draw_in_prefix(row, &prefix, r)
             // Unreachable (the draw is below the kept mass); the first token is the safe answer.
             .unwrap_or_else(|| first_in_rank(row)),
     }
