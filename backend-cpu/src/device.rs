@@ -57,6 +57,43 @@ impl CpuDevice {
         self.pool.current_num_threads()
     }
 
+    /// One streaming read of a buffer's window on this device's threads: a wrapping sum of its
+    /// 8-byte words (and trailing bytes). Benchmarks compare every op with this memory floor,
+    /// measured on the same buffer, threads and cache state.
+    pub fn read_floor(&self, buffer: &Buffer) -> Result<u64> {
+        use rayon::prelude::*;
+        Check::new(Op::Memory, self.id).exact("buffer", buffer, buffer.dtype(), buffer.len())?;
+        let bytes = storage::bytes(buffer)?;
+        Ok(self.run(|| {
+            bytes
+                .par_chunks(1 << 16)
+                .map(|chunk| {
+                    let (words, tail) = chunk.split_at(chunk.len() / 8 * 8);
+                    let words: &[u64] = bytemuck::cast_slice(words);
+                    let sum = words.iter().fold(0u64, |a, &w| a.wrapping_add(w));
+                    tail.iter().fold(sum, |a, &b| a.wrapping_add(u64::from(b)))
+                })
+                .reduce(|| 0, u64::wrapping_add)
+        }))
+    }
+
+    /// A parallel copy between two windows of the same size on this device's threads: the memcpy
+    /// reference of benchmarks.
+    pub fn copy_floor(&self, src: &Buffer, dst: &mut Buffer) -> Result<()> {
+        use rayon::prelude::*;
+        let check = Check::new(Op::Memory, self.id);
+        check.exact("src", src, src.dtype(), src.len())?;
+        check.exact("dst", dst, src.dtype(), src.len())?;
+        let from = storage::bytes(src)?;
+        let to = storage::bytes_mut(dst)?;
+        self.run(|| {
+            to.par_chunks_mut(1 << 16)
+                .zip(from.par_chunks(1 << 16))
+                .for_each(|(t, f)| t.copy_from_slice(f))
+        });
+        Ok(())
+    }
+
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.pool.install(f)
     }

@@ -9,6 +9,7 @@
 //! - [`compare`]: exact outputs with `==`, float outputs within a documented tolerance.
 
 pub mod backends;
+pub mod bench;
 pub mod case;
 pub mod cases;
 pub mod compare;

@@ -44,6 +44,37 @@ enum Command {
     Dump(DumpArgs),
     /// List the backends (with why each is unavailable) and the cases of each op.
     List(ListArgs),
+    /// Time each op on each backend next to the memory floor (one streaming read of the same
+    /// input on the same threads, CPU backend) and print the ratios.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// `all`, or a comma-separated list of backends (default: the CPU).
+    #[arg(long, default_value = "cpu", value_name = "BACKENDS", value_parser = parse_backends)]
+    backend: Selection,
+    /// Only ops whose name contains one of these (comma-separated; e.g. `argmax,step`).
+    #[arg(long, value_name = "OPS", value_delimiter = ',')]
+    op: Vec<String>,
+    /// Only the 151936 vocabulary at batches 1 and 64.
+    #[arg(long)]
+    quick: bool,
+    /// Keep the caches warm between repetitions (the default evicts them).
+    #[arg(long)]
+    warm: bool,
+    /// Untimed calls before measuring.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Timed calls per shape.
+    #[arg(long, default_value_t = 15)]
+    repeats: usize,
+    /// Also write the measurements as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Also plot time against batch size (vocabulary 151936) to this SVG file.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -376,6 +407,87 @@ fn list(args: ListArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
+    use specula_conformance::bench::{self, BenchOptions, Measurement};
+    let options = BenchOptions {
+        warmup: args.warmup,
+        repeats: args.repeats,
+        cold: !args.warm,
+        quick: args.quick,
+        ops: args.op.clone(),
+    };
+    let kinds: Vec<BackendKind> = args
+        .backend
+        .0
+        .clone()
+        .unwrap_or_else(|| BackendKind::ALL.to_vec());
+    let mut all: Vec<Measurement> = Vec::new();
+    println!(
+        "specula bench: {} caches, {} warm-up + {} timed calls per shape; floor = one streaming read of the same input on the same threads (memcpy for gather)",
+        if options.cold { "cold" } else { "warm" },
+        options.warmup,
+        options.repeats
+    );
+    println!(
+        "{:<8} {:<32} {:>6} {:>7} {:>2} {:>11} {:>11} {:>8} {:>11} {:>7}",
+        "backend", "op", "batch", "width", "S", "median", "min", "GB/s", "floor", "ratio"
+    );
+    let mut print = |m: &Measurement| {
+        let floor = m
+            .floor_median_s
+            .map_or("-".to_owned(), |f| format!("{:.1} us", f * 1e6));
+        let ratio = m.ratio.map_or("-".to_owned(), |r| format!("{r:.2}x"));
+        println!(
+            "{:<8} {:<32} {:>6} {:>7} {:>2} {:>8.1} us {:>8.1} us {:>8.2} {:>11} {:>7}",
+            m.backend,
+            m.op,
+            m.batch,
+            m.width,
+            m.step_tokens,
+            m.median_s * 1e6,
+            m.min_s * 1e6,
+            m.gbps,
+            floor,
+            ratio
+        );
+    };
+    for kind in kinds {
+        if kind == BackendKind::Cpu {
+            let cpu = std::sync::Arc::new(
+                specula_backend_cpu::CpuDevice::new().map_err(|e| CliError(e.to_string()))?,
+            );
+            let device: std::sync::Arc<dyn specula_backend_api::Device> = cpu.clone();
+            all.extend(
+                bench::run("cpu", &device, Some(&cpu), &options, &mut print)
+                    .map_err(|e| CliError(e.to_string()))?,
+            );
+            continue;
+        }
+        match specula_sampler::registry::open_kind(kind, 0) {
+            Ok(device) => all.extend(
+                bench::run(kind.name(), &device, None, &options, &mut print)
+                    .map_err(|e| CliError(e.to_string()))?,
+            ),
+            Err(e) if args.backend.0.is_none() => println!("{kind}: skipped ({e})"),
+            Err(e) => return Err(CliError(format!("backend {kind} is unavailable: {e}"))),
+        }
+    }
+    if let Some(peak) = bench::peak_rss_bytes() {
+        println!(
+            "peak resident memory: {:.1} MiB",
+            peak as f64 / (1 << 20) as f64
+        );
+    }
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&all).map_err(|e| CliError(e.to_string()))?;
+        std::fs::write(path, json).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
+    }
+    if let Some(path) = &args.plot {
+        bench::plot_svg(path, &all).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn main() -> ExitCode {
     // Panics inside trials are caught and reported as failures; anything else is reported below
     // as one line. Either way: no panic message and no backtrace on the terminal.
@@ -413,6 +525,7 @@ fn main() -> ExitCode {
         Command::Replay(args) => replay_case(args),
         Command::Dump(args) => dump(args),
         Command::List(args) => list(args),
+        Command::Bench(args) => bench(args),
     });
     match result {
         Ok(Ok(code)) => code,

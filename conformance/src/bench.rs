@@ -1,0 +1,627 @@
+//! `specula bench`: time per call of each op on each backend, next to the memory floor.
+//!
+//! Every figure is measured in one run: after a warm-up, each repetition times the op and then,
+//! on the CPU backend, one streaming read of the same input buffer on the same threads
+//! ([`CpuDevice::read_floor`]; for `gather_next_token`, a parallel copy of the same bytes,
+//! [`CpuDevice::copy_floor`]). With `cold` (the default of the command) a 512 MiB buffer is streamed
+//! between repetitions so that neither the op nor the floor finds its input in the caches. The
+//! report gives the median and minimum per call, the effective bandwidth over the bytes the op must
+//! read, and the ratio of the op's median to the floor's median.
+//!
+//! Inputs are LLM-like: probabilities are the softmax of Gaussian logits with standard deviation
+//! 3.5 (a top-p 0.9 set of a few hundred tokens out of 151936), generated deterministically.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use specula_backend_api::ops::*;
+use specula_backend_api::{Buffer, Device, DeviceExt, Result};
+use specula_backend_cpu::CpuDevice;
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// Untimed calls before measuring.
+    pub warmup: usize,
+    /// Timed calls.
+    pub repeats: usize,
+    /// Evict the caches between repetitions.
+    pub cold: bool,
+    /// Only the 151936 vocabulary at batches 1 and 64.
+    pub quick: bool,
+    /// Only ops whose name contains one of these (all when empty).
+    pub ops: Vec<String>,
+}
+
+/// One measured shape of one op on one backend.
+#[derive(Clone, Debug, Serialize)]
+pub struct Measurement {
+    /// Backend name.
+    pub backend: String,
+    /// Op (with its setting, e.g. `top_k_top_p_sample(k=50,p=0.9)`).
+    pub op: String,
+    /// Rows (or slots for the step).
+    pub batch: usize,
+    /// Vocabulary (or hidden size for gather).
+    pub width: usize,
+    /// Tokens per slot for the unified step, 1 otherwise.
+    pub step_tokens: usize,
+    /// Bytes the op must read at least.
+    pub bytes: u64,
+    /// Median seconds per call.
+    pub median_s: f64,
+    /// Minimum seconds per call.
+    pub min_s: f64,
+    /// Effective bandwidth over `bytes` at the median, GB/s.
+    pub gbps: f64,
+    /// Median seconds of the floor (CPU only).
+    pub floor_median_s: Option<f64>,
+    /// `median_s / floor_median_s`.
+    pub ratio: Option<f64>,
+    /// What the floor is (`read` or `memcpy`).
+    pub floor_kind: Option<&'static str>,
+}
+
+/// The floor the CPU backend measures next to an op.
+enum Floor<'a> {
+    Read(&'a Buffer),
+    Copy(&'a Buffer, &'a mut Buffer),
+}
+
+struct Lcg(u64);
+impl Lcg {
+    fn next_unit(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    fn gaussian(&mut self) -> f64 {
+        let (u, v) = (self.next_unit(), self.next_unit());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+}
+
+/// LLM-like probability rows: softmax of Gaussian logits (σ = 3.5).
+pub fn probability_rows(rows: usize, vocab: usize, seed: u64) -> Vec<f32> {
+    let mut g = Lcg(seed);
+    let mut out = Vec::with_capacity(rows * vocab);
+    let mut row = vec![0f64; vocab];
+    for _ in 0..rows {
+        row.iter_mut().for_each(|x| *x = 3.5 * g.gaussian());
+        let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = row.iter().map(|x| (x - max).exp()).sum();
+        out.extend(row.iter().map(|x| ((x - max).exp() / sum) as f32));
+    }
+    out
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Streams a large buffer to push the inputs out of the caches.
+struct Evictor(Vec<u64>);
+impl Evictor {
+    fn new() -> Self {
+        Evictor(vec![1; 64 << 20])
+    }
+    fn evict(&mut self) {
+        let mut acc = 0u64;
+        for w in self.0.iter_mut() {
+            acc = acc.wrapping_add(*w);
+            *w = acc;
+        }
+        std::hint::black_box(acc);
+    }
+}
+
+struct Bencher<'a> {
+    options: &'a BenchOptions,
+    cpu: Option<&'a CpuDevice>,
+    evictor: Option<Evictor>,
+    out: Vec<Measurement>,
+}
+
+impl Bencher<'_> {
+    #[allow(clippy::too_many_arguments)]
+    fn measure(
+        &mut self,
+        backend: &str,
+        device: &dyn Device,
+        op: String,
+        (batch, width, step_tokens): (usize, usize, usize),
+        bytes: u64,
+        mut floor: Option<Floor<'_>>,
+        call: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        for _ in 0..self.options.warmup {
+            call()?;
+            device.synchronize()?;
+        }
+        let (mut times, mut floors) = (Vec::new(), Vec::new());
+        for _ in 0..self.options.repeats.max(1) {
+            if let Some(e) = self.evictor.as_mut() {
+                e.evict();
+            }
+            let start = Instant::now();
+            call()?;
+            device.synchronize()?;
+            times.push(start.elapsed().as_secs_f64());
+            if let (Some(cpu), Some(f)) = (self.cpu, floor.as_mut()) {
+                if let Some(e) = self.evictor.as_mut() {
+                    e.evict();
+                }
+                let start = Instant::now();
+                match f {
+                    Floor::Read(b) => {
+                        std::hint::black_box(cpu.read_floor(b)?);
+                    }
+                    Floor::Copy(src, dst) => cpu.copy_floor(src, dst)?,
+                }
+                floors.push(start.elapsed().as_secs_f64());
+            }
+        }
+        let min_s = times.iter().copied().fold(f64::INFINITY, f64::min);
+        let median_s = median(&mut times);
+        let floor_median_s = (!floors.is_empty()).then(|| median(&mut floors));
+        let floor_kind = match (&floor, floor_median_s) {
+            (Some(Floor::Read(_)), Some(_)) => Some("read"),
+            (Some(Floor::Copy(..)), Some(_)) => Some("memcpy"),
+            _ => None,
+        };
+        self.out.push(Measurement {
+            backend: backend.to_owned(),
+            op,
+            batch,
+            width,
+            step_tokens,
+            bytes,
+            median_s,
+            min_s,
+            gbps: bytes as f64 / median_s / 1e9,
+            floor_median_s,
+            ratio: floor_median_s.map(|f| median_s / f),
+            floor_kind,
+        });
+        Ok(())
+    }
+
+    fn wants(&self, op: &str) -> bool {
+        self.options.ops.is_empty() || self.options.ops.iter().any(|o| op.contains(o.as_str()))
+    }
+}
+
+/// Runs every benchmark on `device` (named `backend`). `cpu` is the same device when it is the
+/// CPU backend, which adds the floor to each figure. `progress` is told each finished measurement.
+pub fn run(
+    backend: &str,
+    device: &Arc<dyn Device>,
+    cpu: Option<&CpuDevice>,
+    options: &BenchOptions,
+    progress: &mut dyn FnMut(&Measurement),
+) -> Result<Vec<Measurement>> {
+    let mut b = Bencher {
+        options,
+        cpu,
+        evictor: options.cold.then(Evictor::new),
+        out: Vec::new(),
+    };
+    let d: &dyn Device = device.as_ref();
+    let (vocabs, batches): (&[usize], &[usize]) = if options.quick {
+        (&[151_936], &[1, 64])
+    } else {
+        (&[32_000, 128_256, 151_936], &[1, 8, 64, 256])
+    };
+    let mut reported = 0;
+    let mut report = |b: &Bencher<'_>, progress: &mut dyn FnMut(&Measurement)| {
+        for m in &b.out[reported..] {
+            progress(m);
+        }
+        reported = b.out.len();
+    };
+    for &vocab in vocabs {
+        for &rows in batches {
+            let shape = RowShape { rows, vocab };
+            let probs = d.upload(&probability_rows(rows, vocab, (rows * vocab) as u64))?;
+            let bytes = (rows * vocab * 4) as u64;
+            let seed = d.upload(&(0..rows as u64).map(|r| r * 4 + 1).collect::<Vec<_>>())?;
+            let mut tokens = d.alloc::<i32>(rows)?;
+            for (k, p) in [(0, 0.9f32), (50, 0.9), (0, 1.0)] {
+                let op = format!("top_k_top_p_sample(k={k},p={p})");
+                if !b.wants(&op) {
+                    continue;
+                }
+                let (top_k, top_p) = (d.upload(&vec![k; rows])?, d.upload(&vec![p; rows])?);
+                let inputs = SampleInputs {
+                    probs: &probs,
+                    top_k: &top_k,
+                    top_p: &top_p,
+                    seed: &seed,
+                };
+                let params = SampleParams {
+                    shape,
+                    host_top_p: None,
+                };
+                b.measure(
+                    backend,
+                    d,
+                    op,
+                    (rows, vocab, 1),
+                    bytes,
+                    Some(Floor::Read(&probs)),
+                    &mut || d.top_k_top_p_sample(&inputs, &mut tokens, &params),
+                )?;
+                report(&b, progress);
+            }
+            if b.wants("argmax") {
+                b.measure(
+                    backend,
+                    d,
+                    "argmax".into(),
+                    (rows, vocab, 1),
+                    bytes,
+                    Some(Floor::Read(&probs)),
+                    &mut || d.argmax(&probs, &mut tokens, &shape),
+                )?;
+                report(&b, progress);
+            }
+            if b.wants("top_p_candidates") {
+                let top_p = d.upload(&vec![0.9f32; rows])?;
+                let (mut ids, mut scores, mut lens) = (
+                    d.alloc::<i32>(rows * 8)?,
+                    d.alloc::<f32>(rows * 8)?,
+                    d.alloc::<i32>(rows)?,
+                );
+                let inputs = CandidatesInputs {
+                    probs: &probs,
+                    top_p: &top_p,
+                    batch_id_per_token_output: None,
+                };
+                let params = CandidatesParams {
+                    shape,
+                    candidates: 8,
+                    host_top_p: None,
+                };
+                b.measure(
+                    backend,
+                    d,
+                    "top_p_candidates(c=8,p=0.9)".into(),
+                    (rows, vocab, 1),
+                    bytes,
+                    Some(Floor::Read(&probs)),
+                    &mut || {
+                        d.top_p_candidates(
+                            &inputs,
+                            &mut CandidatesOutputs {
+                                ids: &mut ids,
+                                scores: &mut scores,
+                                lens: &mut lens,
+                            },
+                            &params,
+                        )
+                    },
+                )?;
+                report(&b, progress);
+            }
+        }
+        // The unified step (TARGET_MATCH): layout, per-row parameters, sampling, verification.
+        let slot_counts: &[usize] = if options.quick { &[64] } else { &[1, 8, 64] };
+        for &slots in slot_counts {
+            for s in [1usize, 4, 6] {
+                if !b.wants("step") {
+                    continue;
+                }
+                step_bench(&mut b, backend, d, slots, s, vocab)?;
+                report(&b, progress);
+            }
+        }
+    }
+    // gather_next_token: 384 rows of 8192 bf16 (64 slots × S = 6).
+    if b.wants("gather_next_token") {
+        gather_bench(&mut b, backend, d)?;
+        report(&b, progress);
+    }
+    Ok(b.out)
+}
+
+fn step_bench(
+    b: &mut Bencher<'_>,
+    backend: &str,
+    d: &dyn Device,
+    slots: usize,
+    s: usize,
+    vocab: usize,
+) -> Result<()> {
+    let rows = slots * s;
+    let dims = BatchDims {
+        max_bsz: slots,
+        real_bsz: slots,
+        max_step_tokens: s,
+    };
+    let probs = d.upload(&probability_rows(rows, vocab, 7))?;
+    let this_time = d.upload(&vec![s as i32; slots])?;
+    let zeros_i32 = d.alloc::<i32>(slots)?;
+    let zeros_u8 = d.alloc::<u8>(slots)?;
+    let drafts = d.upload(
+        &(0..(slots * s) as i32)
+            .map(|i| i % vocab as i32)
+            .collect::<Vec<_>>(),
+    )?;
+    let slot_top_p = d.upload(&vec![0.9f32; slots])?;
+    let slot_top_k = d.upload(&vec![50i32; slots])?;
+    let slot_temperature = d.upload(&vec![1.0f32; slots])?;
+    let infer_seed = d.upload(&(0..slots as u64).map(|i| i * 1000).collect::<Vec<_>>())?;
+    let step_idx = d.upload(&vec![10i32; slots])?;
+    let max_dec_len = d.upload(&vec![1 << 20; slots])?;
+    let end_tokens = d.upload(&[0i32])?;
+    let (mut seq_lens_output, mut cu_q, mut cu_out, mut batch_id) = (
+        d.alloc::<i32>(slots)?,
+        d.alloc::<i32>(slots + 1)?,
+        d.alloc::<i32>(slots + 1)?,
+        d.alloc::<i32>(rows)?,
+    );
+    let (mut row_top_p, mut row_top_k, mut row_temperature, mut row_seed) = (
+        d.alloc::<f32>(rows)?,
+        d.alloc::<i32>(rows)?,
+        d.alloc::<f32>(rows)?,
+        d.alloc::<u64>(rows)?,
+    );
+    let mut targets = d.alloc::<i32>(rows)?;
+    let (mut accept_tokens, mut accept_num) = (d.alloc::<i32>(slots * s)?, d.alloc::<i32>(slots)?);
+    let lens = SlotLens {
+        seq_lens_this_time: &this_time,
+        seq_lens_encoder: &zeros_i32,
+    };
+    let op = format!("step(target_match,S={s})");
+    b.measure(
+        backend,
+        d,
+        op,
+        (slots, vocab, s),
+        (rows * vocab * 4) as u64,
+        None,
+        &mut || {
+            d.build_output_layout(
+                &lens,
+                &mut LayoutOutputs {
+                    seq_lens_output: &mut seq_lens_output,
+                    cu_seqlens_q: &mut cu_q,
+                    cu_seqlens_q_output: &mut cu_out,
+                    batch_id_per_token_output: &mut batch_id,
+                },
+                &LayoutParams { dims, host: None },
+            )?;
+            d.build_sampling_params(
+                &SamplingParamsInputs {
+                    slots: SlotSamplingParams {
+                        top_p: &slot_top_p,
+                        top_k: &slot_top_k,
+                        temperature: &slot_temperature,
+                        infer_seed: &infer_seed,
+                    },
+                    lens,
+                    layout: OutputLayout {
+                        cu_seqlens_q_output: &cu_out,
+                        batch_id_per_token_output: &batch_id,
+                    },
+                },
+                &mut RowSamplingParams {
+                    top_p: &mut row_top_p,
+                    top_k: &mut row_top_k,
+                    temperature: &mut row_temperature,
+                    seed: &mut row_seed,
+                },
+                &SamplingParamsParams {
+                    dims,
+                    host: None,
+                    host_top_p: None,
+                    host_temperature: None,
+                },
+            )?;
+            d.top_k_top_p_sample(
+                &SampleInputs {
+                    probs: &probs,
+                    top_k: &row_top_k,
+                    top_p: &row_top_p,
+                    seed: &row_seed,
+                },
+                &mut targets,
+                &SampleParams {
+                    shape: RowShape { rows, vocab },
+                    host_top_p: None,
+                },
+            )?;
+            d.verify_draft_tokens(
+                &VerifyInputs {
+                    draft_tokens: &drafts,
+                    lens,
+                    cu_seqlens_q_output: &cu_out,
+                    state: VerifySlotState {
+                        stop_flags: &zeros_u8,
+                        is_block_step: &zeros_u8,
+                        reasoning_status: &zeros_i32,
+                        step_idx: &step_idx,
+                        max_dec_len: &max_dec_len,
+                        end_tokens: &end_tokens,
+                    },
+                    seeds: &row_seed,
+                    strategy: StrategyInputs::TargetMatch {
+                        target_tokens: &targets,
+                    },
+                },
+                &mut VerifyOutputs {
+                    accept_tokens: &mut accept_tokens,
+                    accept_num: &mut accept_num,
+                },
+                &VerifyParams {
+                    dims,
+                    rows,
+                    vocab,
+                    accept_all: false,
+                    reject_all: false,
+                    host: None,
+                },
+            )
+        },
+    )?;
+    // The floor of the step: one read of its probabilities, measured the same way.
+    if let Some(cpu) = b.cpu {
+        let floor = {
+            let mut times = Vec::new();
+            for _ in 0..b.options.repeats.max(1) {
+                if let Some(e) = b.evictor.as_mut() {
+                    e.evict();
+                }
+                let start = Instant::now();
+                std::hint::black_box(cpu.read_floor(&probs)?);
+                times.push(start.elapsed().as_secs_f64());
+            }
+            median(&mut times)
+        };
+        if let Some(m) = b.out.last_mut() {
+            m.floor_median_s = Some(floor);
+            m.ratio = Some(m.median_s / floor);
+            m.floor_kind = Some("read");
+        }
+    }
+    Ok(())
+}
+
+fn gather_bench(b: &mut Bencher<'_>, backend: &str, d: &dyn Device) -> Result<()> {
+    let (slots, s, hidden) = (64usize, 6usize, 8192usize);
+    let rows = slots * s;
+    let dims = BatchDims {
+        max_bsz: slots,
+        real_bsz: slots,
+        max_step_tokens: s,
+    };
+    let x: Vec<half::bf16> = (0..rows * hidden)
+        .map(|i| half::bf16::from_bits((i * 2654435761) as u16))
+        .collect();
+    let x = d.upload(&x)?;
+    let this_time = d.upload(&vec![s as i32; slots])?;
+    let encoder = d.alloc::<i32>(slots)?;
+    let cu: Vec<i32> = (0..=slots as i32).map(|b| b * s as i32).collect();
+    let (cu_q, cu_out) = (d.upload(&cu)?, d.upload(&cu)?);
+    let batch_id = d.upload(&(0..rows as i32).map(|t| t / s as i32).collect::<Vec<_>>())?;
+    let mut out = d.alloc::<half::bf16>(rows * hidden)?;
+    let mut copy = d.alloc::<half::bf16>(rows * hidden)?;
+    let inputs = GatherInputs {
+        hidden_states: &x,
+        cu_seqlens_q: &cu_q,
+        lens: SlotLens {
+            seq_lens_this_time: &this_time,
+            seq_lens_encoder: &encoder,
+        },
+        layout: OutputLayout {
+            cu_seqlens_q_output: &cu_out,
+            batch_id_per_token_output: &batch_id,
+        },
+    };
+    let params = GatherParams {
+        dims,
+        token_num: rows,
+        hidden,
+        is_speculative: true,
+        host: None,
+    };
+    let floor = b.cpu.is_some().then_some(Floor::Copy(&x, &mut copy));
+    b.measure(
+        backend,
+        d,
+        "gather_next_token(bf16)".into(),
+        (rows, hidden, s),
+        (rows * hidden * 2) as u64,
+        floor,
+        &mut || d.gather_next_token(&inputs, &mut out, &params),
+    )
+}
+
+/// The process's peak resident memory (Linux `VmHWM`), if known.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Plots median time against batch size for the 151936 vocabulary, one line per backend and op
+/// (log-log), to an SVG file.
+pub fn plot_svg(
+    path: &std::path::Path,
+    measurements: &[Measurement],
+) -> std::result::Result<(), String> {
+    use plotters::prelude::*;
+    let points: Vec<&Measurement> = measurements
+        .iter()
+        .filter(|m| m.width == 151_936 && m.batch > 0)
+        .collect();
+    if points.is_empty() {
+        return Err("no measurement at vocabulary 151936 to plot".to_owned());
+    }
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for m in &points {
+        let label = format!("{} {}", m.backend, m.op);
+        let point = (m.batch as f64, m.median_s * 1e3);
+        match series.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, v)) => v.push(point),
+            None => series.push((label, vec![point])),
+        }
+    }
+    let (x_max, y_min, y_max) =
+        points
+            .iter()
+            .fold((1.0f64, f64::INFINITY, 0.0f64), |(x, lo, hi), m| {
+                (
+                    x.max(m.batch as f64),
+                    lo.min(m.median_s * 1e3),
+                    hi.max(m.median_s * 1e3),
+                )
+            });
+    let root = SVGBackend::new(path, (960, 640)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "specula bench: time per call vs batch (V = 151936)",
+            ("sans-serif", 20),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(
+            (0.8f64..x_max * 1.25).log_scale(),
+            (y_min * 0.8..y_max * 1.25).log_scale(),
+        )
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc("batch (rows, or slots for the step)")
+        .y_desc("median ms per call")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (i, (label, mut pts)) in series.into_iter().enumerate() {
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))
+            .map_err(|e| e.to_string())?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}
