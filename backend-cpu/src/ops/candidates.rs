@@ -10,8 +10,22 @@ use super::select::{Metric, Prefix, first_in_rank, shortest_prefix, totals, with
 use super::with_float;
 use crate::storage::{slice, slice_mut};
 
-/// Fills one row's `ids` and `scores` (length C each) and returns its `lens`.
+/// Fills one row's `ids` and `scores` (length C each) and returns its `lens`: the single-pass fast
+/// path when it applies, the histogram path otherwise (the same decisions).
 pub(crate) fn candidates_row<T: FloatElement>(
+    row: &[T],
+    top_p: f32,
+    ids: &mut [i32],
+    scores: &mut [f32],
+) -> i32 {
+    match super::fast::candidates_row_fast(row, top_p, ids, scores) {
+        Some(lens) => lens,
+        None => candidates_row_reference(row, top_p, ids, scores),
+    }
+}
+
+/// The histogram path of [`candidates_row`].
+pub(crate) fn candidates_row_reference<T: FloatElement>(
     row: &[T],
     top_p: f32,
     ids: &mut [i32],

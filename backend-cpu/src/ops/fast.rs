@@ -133,7 +133,7 @@ pub(crate) fn sample_row_fast<T: FloatElement>(
         let s = &mut *cell.borrow_mut();
         s.candidates.clear();
         s.block_mass.clear();
-        let cap = top_k.map_or(usize::MAX, |k| 4 * k + 4 * BLOCK);
+        let cap = top_k.map_or(vocab / 4, |k| 4 * k + 4 * BLOCK);
         let mut total = 0u64;
         for (b, block) in row.chunks(BLOCK).enumerate() {
             let (mass, max) = block_stats(block);
@@ -147,10 +147,12 @@ pub(crate) fn sample_row_fast<T: FloatElement>(
                         s.candidates.push((key, (base + i) as u32));
                     }
                 }
-                if let Some(k) = top_k
-                    && s.candidates.len() >= cap
-                {
-                    floor = shrink_to_top_k(s, k);
+                if s.candidates.len() >= cap {
+                    match top_k {
+                        Some(k) => floor = shrink_to_top_k(s, k),
+                        // A flat row: most of it is kept, and the histogram path is cheaper.
+                        None => return None,
+                    }
                 }
             }
         }
@@ -257,6 +259,63 @@ fn sample_top_p(s: &mut FastScratch, total: u64, p_fixed: u64, draw: u64) -> Opt
     None
 }
 
+/// `top_p_candidates` for one row on the fast path: the candidates are the first C tokens in rank
+/// order with a positive weight, collected with a floor that rises to the C-th largest key.
+/// Returns `lens`, or `None` for a row that weighs nothing (the reference path handles it).
+pub(crate) fn candidates_row_fast<T: FloatElement>(
+    row: &[T],
+    top_p: f32,
+    ids: &mut [i32],
+    scores: &mut [f32],
+) -> Option<i32> {
+    let c = ids.len();
+    FAST.with(|cell| {
+        let s = &mut *cell.borrow_mut();
+        s.candidates.clear();
+        let mut floor = super::select::MIN_WEIGHT_KEY;
+        let cap = 4 * c + 4 * BLOCK;
+        let mut total = 0u64;
+        for (b, block) in row.chunks(BLOCK).enumerate() {
+            let (mass, max) = block_stats(block);
+            total += mass;
+            if max >= floor {
+                let base = b * BLOCK;
+                for (i, &v) in block.iter().enumerate() {
+                    let key = key_of(v);
+                    if key >= floor {
+                        s.candidates.push((key, (base + i) as u32));
+                    }
+                }
+                if s.candidates.len() >= cap {
+                    floor = shrink_to_top_k(s, c);
+                }
+            }
+        }
+        if total == 0 {
+            return None;
+        }
+        s.candidates
+            .sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let chosen = &s.candidates[..c.min(s.candidates.len())];
+        ids.fill(-1);
+        scores.fill(0.0);
+        let p_fixed = top_p_fixed(top_p);
+        let mut lens = chosen.len() as i32;
+        let mut mass = 0u64;
+        let mut reached = false;
+        for (i, &(key, id)) in chosen.iter().enumerate() {
+            ids[i] = id as i32;
+            scores[i] = f32::from_bits(key);
+            mass += weight_of_key(key);
+            if !reached && specula_backend_api::fixed_point::reaches_top_p(mass, p_fixed, total) {
+                reached = true;
+                lens = i as i32 + 1;
+            }
+        }
+        Some(lens)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,10 +352,16 @@ mod tests {
                             .wrapping_mul(6364136223846793005)
                             .wrapping_add(1442695040888963407);
                         let u = (x >> 40) as f32 / (1u64 << 24) as f32;
-                        let logit = if r % 3 == 0 {
-                            (u * 16.0).floor()
-                        } else {
-                            u * 14.0
+                        x = x
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        let u2 = ((x >> 40) as f32 + 0.5) / (1u64 << 24) as f32;
+                        let gaussian =
+                            (-2.0 * (u + 1e-7).ln()).sqrt() * (std::f32::consts::TAU * u2).cos();
+                        let logit = match r % 3 {
+                            0 => (u * 16.0).floor(),
+                            1 => 3.5 * gaussian, // LLM-like: Gaussian logits
+                            _ => u * 14.0,
                         };
                         (logit - 14.0).exp()
                     })
@@ -320,28 +385,37 @@ mod tests {
             (2000, 0.95),
             (0, 0.3),
         ];
+        let mut top_p_taken = 0;
         for (i, row) in normalized_rows(5, 30, 5003).iter().enumerate() {
             for (j, &(k, p)) in settings.iter().enumerate() {
                 let draw = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul((i * 31 + j) as u64 + 1);
                 let fast = sample_row_fast(row, k, p, draw);
-                assert!(fast.is_some(), "row {i} (k {k}, p {p}) fell back");
-                assert_eq!(
-                    fast,
-                    Some(sample_row_reference(row, k, p, draw)),
-                    "row {i} k {k} p {p}"
-                );
-                let half: Vec<half::bf16> = row.iter().map(|&v| half::bf16::from_f32(v)).collect();
-                if let Some(token) = sample_row_fast(&half, k, p, draw) {
+                // Top-k and top_p = 1 always take the fast path; top-p alone may leave flat rows to
+                // the histogram path, but must be taken on many rows (checked below).
+                if k > 0 || p == 1.0 {
+                    assert!(fast.is_some(), "row {i} (k {k}, p {p}) fell back");
+                } else if fast.is_some() {
+                    top_p_taken += 1;
+                }
+                if let Some(token) = fast {
                     assert_eq!(
                         token,
-                        sample_row_reference(&half, k, p, draw),
-                        "bf16 row {i} k {k} p {p}"
+                        sample_row_reference(row, k, p, draw),
+                        "row {i} k {k} p {p}"
                     );
+                }
+                let half: Vec<half::bf16> = row.iter().map(|&v| half::bf16::from_f32(v)).collect();
+                if let Some(token) = sample_row_fast(&half, k, p, draw) {
+                    let expected = sample_row_reference(&half, k, p, draw);
+                    assert_eq!(token, expected, "bf16 row {i} k {k} p {p}");
                 }
             }
         }
+        assert!(
+            top_p_taken >= 10,
+            "the top-p fast path was taken on {top_p_taken} rows only"
+        );
     }
-
     #[test]
     fn rows_far_from_a_distribution_fall_back() {
         // Total probability 0.01: the floor chosen for a distribution may cut into the kept prefix.
@@ -355,5 +429,23 @@ mod tests {
         }
         // A row that weighs nothing is left to the reference path.
         assert_eq!(sample_row_fast(&[0.0f32; 8], 0, 0.9, draw), None);
+    }
+
+    #[test]
+    fn fast_candidates_agree_with_the_reference() {
+        use crate::ops::candidates::candidates_row_reference;
+        for (i, row) in normalized_rows(9, 20, 3001).iter().enumerate() {
+            for (c, p) in [(1usize, 0.9f32), (8, 0.9), (64, 0.5), (128, 1.0)] {
+                let (mut ids, mut scores) = (vec![0; c], vec![0.0; c]);
+                let lens = candidates_row_fast(row, p, &mut ids, &mut scores).expect("fast path");
+                let (mut e_ids, mut e_scores) = (vec![0; c], vec![0.0; c]);
+                let e_lens = candidates_row_reference(row, p, &mut e_ids, &mut e_scores);
+                assert_eq!(
+                    (lens, &ids, &scores),
+                    (e_lens, &e_ids, &e_scores),
+                    "row {i} c {c} p {p}"
+                );
+            }
+        }
     }
 }
