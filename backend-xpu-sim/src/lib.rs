@@ -1,0 +1,88 @@
+//! # specula-backend-xpu-sim
+//!
+//! Every op of the Specula contract as OpenCL C 1.2 kernels written the way Kunlun XPU kernels are,
+//! run on any OpenCL device (PoCL's CPU device in CI). FastDeploy keeps a separate XPU
+//! implementation of its speculative-decoding ops, and it drifted from the GPU one (other
+//! randomness, another candidate cumulative sum, a verify-window fallback the GPU removed,
+//! uninitialised outputs). This backend exists so that such drift is caught: kernels with the
+//! structure of XPU kernels, held by the conformance suite to the same contract as the CPU
+//! reference, bit for bit on every exact output.
+//!
+//! ## The XPU style
+//!
+//! - **A launch is `clusters × cores`**: OpenCL work-groups × work-items, [`LaunchConfig`]. The
+//!   default is **8 × 64**, the shape of a Kunlun XPU launch `<<<ncluster, 64>>>` on a part with 8
+//!   clusters of 64 cores; `SPECULA_XPU_SIM_LAUNCH=CLUSTERSxCORES` (read by [`open`]) or
+//!   [`XpuSimDevice::with_launch`] pick another (a malformed value makes [`open`] return
+//!   `Unavailable` with the reason, so a CI lane cannot silently run the default). On PoCL's CPU device a cluster runs on one host
+//!   thread, so the default gives both host cores work whenever a batch has two or more rows.
+//! - **Clusters own rows.** Row ops (argmax, softmax, sampling, candidates, logprobs) deal rows
+//!   to clusters (cluster-stride); verify deals slots; the batch bookkeeping ops run on cluster 0,
+//!   as XPU batch kernels do (`if (cluster_id() != 0) return;`), or one slot per core.
+//! - **Cores own slices.** Each core takes one contiguous slice of the row and stages it from
+//!   global memory into its own part of local memory, `TILE` = 32 elements at a time (the XPU
+//!   core's GM→LM copy), then computes partial results: a maximum, a count, a 64-bit weight sum,
+//!   an argmax candidate, histogram contributions.
+//! - **A second stage merges** the partials: core 0 combines the per-core partials in core order
+//!   and broadcasts the result through local memory; `ngram_match` merges the proposals of every
+//!   cluster in a second kernel (the global draft budget), and `accept_logprobs` packs the
+//!   accepted tokens in a first kernel before the clusters score them. Every merge of an exact
+//!   quantity is integer arithmetic, so no exact output depends on the launch shape; the
+//!   conformance suite passes with 8x64, 2x16 and 3x5.
+//! - **No barrier under a branch.** PoCL builds a work-group function by duplicating the code
+//!   after each barrier reached under a branch; the kernels therefore call every row primitive
+//!   unconditionally and select results afterwards (the REJECTION verifier computes the same
+//!   sequence of row quantities for each output row of a slot), which keeps builds to seconds.
+//!
+//! ## Exactness on any OpenCL device
+//!
+//! - f16/bf16 are storage formats only (OpenCL C 1.2 on PoCL has no `cl_khr_fp16`): values are
+//!   widened to the f32 *bit pattern* with integer code. Every decision is made on integer keys
+//!   (rank keys, argmax order keys), so a device that flushes denormals cannot change a token.
+//! - Sampling never sorts: the top-k and top-p thresholds are found by a 4-pass radix selection
+//!   (8 bits per pass, histograms in local memory with 32-bit atomics, 64-bit weight sums kept as
+//!   two words whose carries are counted), the draw by a scan of per-core partial weights.
+//! - Philox4x32-10, the 64×64→128 products (`mul_hi` on `ulong`) and the 128-bit compares of
+//!   the top-p test and the REJECTION acceptance test are in `kernels/common.cl`.
+//! - Constants shared with Rust come from `specula_backend_api::abi` as `-D` options.
+//!
+//! ## Programs
+//!
+//! One file per op under `kernels/` (`common.cl` is prepended to each), embedded with
+//! `include_str!`, built on first use per (file, entry point, dtype, strategy, launch) and cached
+//! for the device's lifetime; a build failure is [`Error::KernelBuild`](specula_backend_api::Error)
+//! with the compiler log. Entry points are `<op>_<dtype>` (the two-stage ops add
+//! `accept_logprobs_pack` and `ngram_match_i32_budget`).
+//!
+//! The OpenCL library is loaded at run time (`opencl3`'s `dynamic` feature), so the crate builds
+//! without OpenCL installed; [`open`] then returns `Unavailable` with the reason.
+//!
+//! ```no_run
+//! use specula_backend_api::{Device, DeviceExt, ops::RowShape};
+//! let device = specula_backend_xpu_sim::open(0)?;
+//! let probs = device.upload(&[0.1f32, 0.6, 0.3])?;
+//! let mut out = device.alloc::<i32>(1)?;
+//! device.argmax(&probs, &mut out, &RowShape { rows: 1, vocab: 3 })?;
+//! assert_eq!(device.download::<i32>(&out)?, vec![1]);
+//! # Ok::<(), specula_backend_api::Error>(())
+//! ```
+
+mod device;
+mod error;
+mod launch;
+mod runtime;
+
+use std::sync::Arc;
+
+use specula_backend_api::{Device, Result};
+
+pub use device::XpuSimDevice;
+pub use error::XpuSimError;
+pub use launch::{LAUNCH_ENV, LaunchConfig, MAX_CLUSTERS, MAX_CORES};
+
+/// Opens OpenCL device `ordinal` (counted over every platform and device type, CPU devices
+/// included; `xpu-sim:0`) with the launch shape of `SPECULA_XPU_SIM_LAUNCH` (default 8x64);
+/// [`specula_backend_api::Error::Unavailable`] with the reason when it cannot.
+pub fn open(ordinal: usize) -> Result<Arc<dyn Device>> {
+    Ok(Arc::new(XpuSimDevice::new(ordinal)?))
+}
