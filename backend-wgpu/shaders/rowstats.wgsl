@@ -1,0 +1,182 @@
+// Softmax statistics of one row under a temperature (contract §4.9), shared by softmax and
+// accept_logprobs. The including shader defines `fn row_bits(i: u32) -> u32` (the f32 bits of
+// element `i` of the current row) and includes select.wgsl (workgroup reductions). Special rows
+// are decided on bit patterns: temperature 0 (one-hot at the argmax), a +inf maximum (uniform over
+// the +inf entries), all -inf (uniform over the row).
+
+const KIND_ONEHOT: u32 = 0u;
+const KIND_POSINF: u32 = 1u;
+const KIND_ALLNEGINF: u32 = 2u;
+const KIND_FINITE: u32 = 3u;
+const POS_INF_BITS: u32 = 0x7f800000u;
+const NEG_INF_BITS: u32 = 0xff800000u;
+
+struct Stats {
+    kind: u32,
+    arg: u32,
+    count: u32,
+    max: f32,
+    sum: f32,
+}
+
+var<workgroup> p_f32: array<f32, WG>;
+var<workgroup> s_f32: f32;
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(NEG_INF_BITS);
+}
+
+/// A device temperature: negative or NaN counts as 1.0 (-0 stays, and means one-hot).
+fn effective_temperature(bits: u32) -> f32 {
+    if is_nan_bits(bits) || ((bits & 0x80000000u) != 0u && bits != 0x80000000u) {
+        return 1.0;
+    }
+    return bitcast<f32>(bits);
+}
+
+/// `x / t` with NaN read as -inf.
+fn scaled(bits: u32, t: f32) -> f32 {
+    let y = bitcast<f32>(bits) / t;
+    if is_nan_bits(bitcast<u32>(y)) {
+        return neg_inf();
+    }
+    return y;
+}
+
+fn wg_max_f32(lid: u32, v: f32) -> f32 {
+    p_f32[lid] = v;
+    workgroupBarrier();
+    if lid == 0u {
+        var m = p_f32[0];
+        for (var g = 1u; g < WG; g++) {
+            if p_f32[g] > m {
+                m = p_f32[g];
+            }
+        }
+        s_f32 = m;
+    }
+    return workgroupUniformLoad(&s_f32);
+}
+
+fn wg_sum_f32(lid: u32, v: f32) -> f32 {
+    p_f32[lid] = v;
+    workgroupBarrier();
+    if lid == 0u {
+        var s = 0.0;
+        for (var g = 0u; g < WG; g++) {
+            s = s + p_f32[g];
+        }
+        s_f32 = s;
+    }
+    return workgroupUniformLoad(&s_f32);
+}
+
+/// `exp(x / t - max)`, 0 for a -inf scaled logit.
+fn exp_term(bits: u32, t: f32, max: f32) -> f32 {
+    let y = scaled(bits, t);
+    if bitcast<u32>(y) == NEG_INF_BITS {
+        return 0.0;
+    }
+    return exp(y - max);
+}
+
+/// The row's statistics under temperature `t` (already effective). Uniform result.
+fn row_stats(lid: u32, vocab: u32, t: f32) -> Stats {
+    if (bitcast<u32>(t) & 0x7fffffffu) == 0u {
+        var bk = 0u;
+        var bi = 0xffffffffu;
+        for (var i = lid; i < vocab; i += WG) {
+            let k = order_key(row_bits(i));
+            if k > bk || (k == bk && i < bi) {
+                bk = k;
+                bi = i;
+            }
+        }
+        let best = wg_best(lid, bk, bi);
+        return Stats(KIND_ONEHOT, select(best.y, 0u, best.y == 0xffffffffu), 0u, 0.0, 0.0);
+    }
+    var m = neg_inf();
+    var inf_count = 0u;
+    for (var i = lid; i < vocab; i += WG) {
+        let y = scaled(row_bits(i), t);
+        if y > m {
+            m = y;
+        }
+        if bitcast<u32>(y) == POS_INF_BITS {
+            inf_count = inf_count + 1u;
+        }
+    }
+    let count = wg_sum32(lid, inf_count);
+    let max = wg_max_f32(lid, m);
+    if bitcast<u32>(max) == POS_INF_BITS {
+        return Stats(KIND_POSINF, 0u, count, max, 0.0);
+    }
+    if bitcast<u32>(max) == NEG_INF_BITS {
+        return Stats(KIND_ALLNEGINF, 0u, 0u, max, 0.0);
+    }
+    // The normaliser in the reference's summation order (8 sequential lanes over whole groups of
+    // 8, then the remainder, then remainder + the lanes in order): when one term dominates, f32
+    // rounding of many tiny terms is order-dependent far beyond the tolerance, so the order is
+    // part of the contract in practice.
+    let full = vocab / 8u * 8u;
+    var s = 0.0;
+    if lid < 8u {
+        for (var i = lid; i < full; i += 8u) {
+            s = s + exp_term(row_bits(i), t, max);
+        }
+    } else if lid == 8u {
+        for (var i = full; i < vocab; i++) {
+            s = s + exp_term(row_bits(i), t, max);
+        }
+    }
+    p_f32[lid] = s;
+    workgroupBarrier();
+    if lid == 0u {
+        var lanes = 0.0;
+        for (var l = 0u; l < 8u; l++) {
+            lanes = lanes + p_f32[l];
+        }
+        s_f32 = p_f32[8] + lanes;
+    }
+    let sum = workgroupUniformLoad(&s_f32);
+    return Stats(KIND_FINITE, 0u, 0u, max, sum);
+}
+
+/// The probability of element `i` (scaled logit `y`).
+fn stats_prob(st: Stats, i: u32, y: f32, vocab: u32) -> f32 {
+    switch st.kind {
+        case 0u: {
+            return select(0.0, 1.0, i == st.arg);
+        }
+        case 1u: {
+            return select(0.0, 1.0 / f32(st.count), bitcast<u32>(y) == POS_INF_BITS);
+        }
+        case 2u: {
+            return 1.0 / f32(vocab);
+        }
+        default: {
+            if bitcast<u32>(y) == NEG_INF_BITS {
+                return 0.0;
+            }
+            return exp(y - st.max) / st.sum;
+        }
+    }
+}
+
+/// The log-probability of element `i` (scaled logit `y`).
+fn stats_logprob(st: Stats, i: u32, y: f32, vocab: u32) -> f32 {
+    switch st.kind {
+        case 0u: {
+            return select(neg_inf(), 0.0, i == st.arg);
+        }
+        case 1u: {
+            return select(neg_inf(), -log(f32(st.count)), bitcast<u32>(y) == POS_INF_BITS);
+        }
+        case 2u: {
+            return -log(f32(vocab));
+        }
+        default: {
+            return (y - st.max) - log(st.sum);
+        }
+    }
+}

@@ -1,0 +1,398 @@
+// Rank-order selection without sorting (contract §3, §4.3): one workgroup per row.
+//
+// The including shader defines `fn row_key(i: u32) -> u32`, the key of element `i` of the current
+// row (rank keys of probabilities, or `order_key`s of logits). A set of tokens described by a
+// `Sel` is a prefix of the row in rank order: every token whose key is above `key`, plus the first
+// `take` tokens (by id) whose key equals it.
+//
+// `select_prefix` finds the shortest prefix reaching a goal count or mass with a radix
+// selection: up to four passes over the row, each building a 1024-bin histogram (counts, and masses
+// as u32 limb pairs with an explicit carry) of the next 10 key bits among the tokens that match the
+// bits found so far, and one walk from the top bin down to the bin where the goal is crossed. The
+// take inside the final key group is computed exactly. `draw_in_prefix` then walks the members in
+// ascending id order with one chunked pass and a scan of per-thread partial masses.
+
+const HIST_BITS: u32 = 10u;
+const HIST_BINS: u32 = 1024u;
+
+struct Sel {
+    key: u32,
+    take: u32,
+    count: u32,
+    found: u32,
+    mass: vec2<u32>,
+}
+
+struct SelState {
+    prefix_val: u32,
+    prefix_mask: u32,
+    above_count: u32,
+    eq_count: u32,
+    above_mass: vec2<u32>,
+    first: u32,
+    result: u32,
+    cum: vec2<u32>,
+    sel_key: u32,
+    sel_take: u32,
+    sel_count: u32,
+    sel_found: u32,
+    sel_mass: vec2<u32>,
+}
+
+var<workgroup> h_count: array<atomic<u32>, 1024>;
+var<workgroup> h_mlo: array<atomic<u32>, 1024>;
+var<workgroup> h_mhi: array<atomic<u32>, 1024>;
+var<workgroup> p_count: array<u32, WG>;
+var<workgroup> p_aux: array<u32, WG>;
+var<workgroup> p_mass: array<vec2<u32>, WG>;
+var<workgroup> s_state: SelState;
+
+/// Metric of `select_prefix`: count tokens (masses not accumulated).
+const METRIC_COUNT: u32 = 0u;
+/// Count tokens, and also report the mass of the selected prefix.
+const METRIC_COUNT_MASS: u32 = 1u;
+/// Accumulate weights.
+const METRIC_MASS: u32 = 2u;
+
+fn chunk_range(lid: u32, n: u32) -> vec2<u32> {
+    let size = (n + WG - 1u) / WG;
+    let start = min(lid * size, n);
+    return vec2<u32>(start, min(start + size, n));
+}
+
+fn hist_bin_mass(b: u32) -> vec2<u32> {
+    return vec2<u32>(atomicLoad(&h_mlo[b]), atomicLoad(&h_mhi[b]));
+}
+
+fn sel_reached(metric: u32, goal: vec2<u32>, c: u32, m: vec2<u32>) -> bool {
+    if metric == METRIC_MASS {
+        return ge64(m, goal);
+    }
+    return c >= goal.x;
+}
+
+/// The sum over the workgroup of one u64 per thread (uniform result).
+fn wg_sum64(lid: u32, v: vec2<u32>) -> vec2<u32> {
+    p_mass[lid] = v;
+    workgroupBarrier();
+    if lid == 0u {
+        var s = vec2<u32>(0u);
+        for (var g = 0u; g < WG; g++) {
+            s = add64(s, p_mass[g]);
+        }
+        s_state.cum = s;
+    }
+    let st = workgroupUniformLoad(&s_state);
+    return st.cum;
+}
+
+/// The sum over the workgroup of one u32 per thread (uniform result).
+fn wg_sum32(lid: u32, v: u32) -> u32 {
+    p_count[lid] = v;
+    workgroupBarrier();
+    if lid == 0u {
+        var s = 0u;
+        for (var g = 0u; g < WG; g++) {
+            s = s + p_count[g];
+        }
+        s_state.result = s;
+    }
+    let st = workgroupUniformLoad(&s_state);
+    return st.result;
+}
+
+/// The best (largest key, then lowest id) of one candidate per thread; `key` 0 with id 0xffffffff
+/// means "none". Returns the winning id (uniform).
+fn wg_best(lid: u32, key: u32, id: u32) -> vec2<u32> {
+    p_count[lid] = key;
+    p_aux[lid] = id;
+    workgroupBarrier();
+    if lid == 0u {
+        var bk = 0u;
+        var bi = 0xffffffffu;
+        for (var g = 0u; g < WG; g++) {
+            let k = p_count[g];
+            let i = p_aux[g];
+            if k > bk || (k == bk && i < bi) {
+                bk = k;
+                bi = i;
+            }
+        }
+        s_state.result = bi;
+        s_state.first = bk;
+    }
+    let st = workgroupUniformLoad(&s_state);
+    return vec2<u32>(st.first, st.result);
+}
+
+/// The first token of the row in rank order (largest key, lowest id; 0 for an empty row).
+fn first_in_rank(lid: u32, vocab: u32) -> u32 {
+    var bk = 0u;
+    var bi = 0xffffffffu;
+    for (var i = lid; i < vocab; i += WG) {
+        let k = row_key(i);
+        if k > bk || (k == bk && i < bi) {
+            bk = k;
+            bi = i;
+        }
+    }
+    let best = wg_best(lid, bk, bi);
+    if best.y == 0xffffffffu {
+        return 0u;
+    }
+    return best.y;
+}
+
+/// Count and mass (u64) of the tokens with `key >= min_key` (uniform).
+fn totals(lid: u32, vocab: u32, min_key: u32) -> Sel {
+    var c = 0u;
+    var m = vec2<u32>(0u);
+    for (var i = lid; i < vocab; i += WG) {
+        let k = row_key(i);
+        if k >= min_key {
+            c = c + 1u;
+            m = add64(m, key_weight(k));
+        }
+    }
+    let total_c = wg_sum32(lid, c);
+    let total_m = wg_sum64(lid, m);
+    return Sel(0u, 0xffffffffu, total_c, 1u, total_m);
+}
+
+/// The shortest prefix, in rank order, of the tokens with `key >= min_key` whose metric reaches
+/// `goal` (which must be reachable and nonzero). `key_bits` is the width of the keys (30 for
+/// rank keys of sanitized probabilities, 32 for order keys). Uniform result.
+fn select_prefix(lid: u32, vocab: u32, min_key: u32, metric: u32, goal: vec2<u32>, key_bits: u32) -> Sel {
+    var prefix_val = 0u;
+    var prefix_mask = 0u;
+    var remaining = key_bits;
+    if lid == 0u {
+        s_state.above_count = 0u;
+        s_state.above_mass = vec2<u32>(0u);
+    }
+    let with_mass = metric != METRIC_COUNT;
+    loop {
+        if remaining == 0u {
+            break;
+        }
+        var shift = 0u;
+        if remaining > HIST_BITS {
+            shift = remaining - HIST_BITS;
+        }
+        let nb = 1u << (remaining - shift);
+        for (var b = lid; b < HIST_BINS; b += WG) {
+            atomicStore(&h_count[b], 0u);
+            atomicStore(&h_mlo[b], 0u);
+            atomicStore(&h_mhi[b], 0u);
+        }
+        workgroupBarrier();
+        for (var i = lid; i < vocab; i += WG) {
+            let k = row_key(i);
+            if k < min_key || (k & prefix_mask) != prefix_val {
+                continue;
+            }
+            let d = (k >> shift) & (nb - 1u);
+            atomicAdd(&h_count[d], 1u);
+            if with_mass {
+                let w = key_weight(k);
+                if !is_zero64(w) {
+                    let old = atomicAdd(&h_mlo[d], w.x);
+                    let hi = w.y + select(0u, 1u, old + w.x < old);
+                    if hi != 0u {
+                        atomicAdd(&h_mhi[d], hi);
+                    }
+                }
+            }
+        }
+        workgroupBarrier();
+        // Partial sums of four bins per thread.
+        let per = HIST_BINS / WG;
+        var pc = 0u;
+        var pm = vec2<u32>(0u);
+        for (var j = 0u; j < per; j++) {
+            let b = lid * per + j;
+            pc = pc + atomicLoad(&h_count[b]);
+            pm = add64(pm, hist_bin_mass(b));
+        }
+        p_count[lid] = pc;
+        p_mass[lid] = pm;
+        workgroupBarrier();
+        if lid == 0u {
+            var c = s_state.above_count;
+            var m = s_state.above_mass;
+            var group = 0u;
+            for (var gi = 0u; gi < WG; gi++) {
+                let g = WG - 1u - gi;
+                let nc = c + p_count[g];
+                let nm = add64(m, p_mass[g]);
+                if sel_reached(metric, goal, nc, nm) {
+                    group = g;
+                    break;
+                }
+                c = nc;
+                m = nm;
+            }
+            var digit = group * per;
+            for (var ji = 0u; ji < per; ji++) {
+                let b = group * per + per - 1u - ji;
+                let bc = atomicLoad(&h_count[b]);
+                let bm = hist_bin_mass(b);
+                if sel_reached(metric, goal, c + bc, add64(m, bm)) {
+                    digit = b;
+                    s_state.eq_count = bc;
+                    break;
+                }
+                c = c + bc;
+                m = add64(m, bm);
+            }
+            s_state.above_count = c;
+            s_state.above_mass = m;
+            s_state.prefix_val = prefix_val | (digit << shift);
+            s_state.prefix_mask = prefix_mask | ((nb - 1u) << shift);
+        }
+        let st = workgroupUniformLoad(&s_state);
+        prefix_val = st.prefix_val;
+        prefix_mask = st.prefix_mask;
+        remaining = shift;
+    }
+    if lid == 0u {
+        let key = s_state.prefix_val;
+        let eq = s_state.eq_count;
+        let c = s_state.above_count;
+        let m = s_state.above_mass;
+        let w = key_weight(key);
+        var take = 1u;
+        if metric == METRIC_MASS {
+            // The least take in [1, eq] with m + w·take >= goal.
+            let need = sub64(goal, m);
+            var lo = 1u;
+            var hi = max(eq, 1u);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2u;
+                if ge64(mul64x32(w, mid), need) {
+                    hi = mid;
+                } else {
+                    lo = mid + 1u;
+                }
+            }
+            take = lo;
+        } else {
+            take = goal.x - c;
+        }
+        s_state.sel_key = key;
+        s_state.sel_take = take;
+        s_state.sel_count = c + take;
+        s_state.sel_found = 1u;
+        s_state.sel_mass = add64(m, mul64x32(w, take));
+    }
+    let st = workgroupUniformLoad(&s_state);
+    return Sel(st.sel_key, st.sel_take, st.sel_count, st.sel_found, st.sel_mass);
+}
+
+/// Per-thread chunk statistics of a prefix: the number of tokens of the chunk whose key equals
+/// `sel.key` goes to `p_count` (then scanned, exclusive), and the returned value is the number of
+/// equal-key tokens before this thread's chunk. Tokens below `min_key` are never members.
+fn eq_base(lid: u32, vocab: u32, sel: Sel) -> u32 {
+    let r = chunk_range(lid, vocab);
+    var eq = 0u;
+    for (var i = r.x; i < r.y; i++) {
+        if row_key(i) == sel.key {
+            eq = eq + 1u;
+        }
+    }
+    p_count[lid] = eq;
+    workgroupBarrier();
+    if lid == 0u {
+        var acc = 0u;
+        for (var g = 0u; g < WG; g++) {
+            let v = p_count[g];
+            p_count[g] = acc;
+            acc = acc + v;
+        }
+    }
+    workgroupBarrier();
+    return p_count[lid];
+}
+
+/// Whether a token with key `k` is a member, given how many equal-key tokens came before it
+/// (`seen`, updated).
+fn admit(k: u32, sel: Sel, min_key: u32, seen: ptr<function, u32>) -> bool {
+    if k < min_key {
+        return false;
+    }
+    if k > sel.key {
+        return true;
+    }
+    if k == sel.key && *seen < sel.take {
+        *seen = *seen + 1u;
+        return true;
+    }
+    return false;
+}
+
+/// Draws in a prefix: the member, in ascending id order, whose cumulative weight first exceeds
+/// `t` (`t < sel.mass`). Uniform result; 0xffffffff if none (unreachable for a valid t).
+fn draw_in_prefix(lid: u32, vocab: u32, sel: Sel, t: vec2<u32>) -> u32 {
+    let base = eq_base(lid, vocab, sel);
+    let r = chunk_range(lid, vocab);
+    var m = vec2<u32>(0u);
+    var seen = base;
+    for (var i = r.x; i < r.y; i++) {
+        let k = row_key(i);
+        if admit(k, sel, 0u, &seen) {
+            m = add64(m, key_weight(k));
+        }
+    }
+    p_mass[lid] = m;
+    workgroupBarrier();
+    if lid == 0u {
+        var cum = vec2<u32>(0u);
+        s_state.first = WG;
+        s_state.result = 0xffffffffu;
+        for (var g = 0u; g < WG; g++) {
+            let nc = add64(cum, p_mass[g]);
+            if lt64(t, nc) {
+                s_state.first = g;
+                s_state.cum = cum;
+                break;
+            }
+            cum = nc;
+        }
+    }
+    let st = workgroupUniformLoad(&s_state);
+    if lid == st.first {
+        var cum = st.cum;
+        var seen2 = base;
+        for (var i = r.x; i < r.y; i++) {
+            let k = row_key(i);
+            if admit(k, sel, 0u, &seen2) {
+                cum = add64(cum, key_weight(k));
+                if lt64(t, cum) {
+                    s_state.result = i;
+                    break;
+                }
+            }
+        }
+    }
+    let st2 = workgroupUniformLoad(&s_state);
+    return st2.result;
+}
+
+/// The kept set of `top_k_top_p_sample` (contract §4.3 steps 1-2): `found == 0` means the survivors
+/// weigh nothing (degenerate: the result is the first token in rank order).
+fn kept_set(lid: u32, vocab: u32, top_k: i32, top_p_bits: u32) -> Sel {
+    var w: vec2<u32>;
+    if top_k > 0 && u32(top_k) < vocab {
+        let s = select_prefix(lid, vocab, 0u, METRIC_COUNT_MASS, u64_from(u32(top_k)), 30u);
+        w = s.mass;
+    } else {
+        w = totals(lid, vocab, 0u).mass;
+    }
+    if is_zero64(w) {
+        return Sel(0u, 0u, 0u, 0u, vec2<u32>(0u));
+    }
+    // The kept set is the shortest prefix of the whole row reaching the goal: it lies within the
+    // survivors because their whole mass reaches it.
+    let goal = top_p_target_mass(top_p_fixed(top_p_bits), w);
+    return select_prefix(lid, vocab, 0u, METRIC_MASS, goal, 30u);
+}

@@ -1,0 +1,95 @@
+// top_k_top_p_sample (contract §4.3): one workgroup per row, no sort.
+// top-k by a radix count selection, top-p by a radix mass selection over the whole row (the
+// shortest prefix reaching the target lies within the top-k survivors), then the SAMPLE draw by
+// one chunked prefix scan in ascending id order. All decisions are integer arithmetic on limbs.
+// With `with_aux` the kept set and the row's total weight are also written (REJECTION uses them).
+
+struct Params {
+    rows: u32,
+    vocab: u32,
+    row0: u32,
+    probs_off: u32,
+    top_k_off: u32,
+    top_p_off: u32,
+    seed_off: u32,
+    tokens_off: u32,
+    aux_off: u32,
+    with_aux: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> probs: array<u32>;
+@group(0) @binding(2) var<storage, read> top_k: array<i32>;
+@group(0) @binding(3) var<storage, read> top_p: array<u32>;
+@group(0) @binding(4) var<storage, read> seeds: array<u32>;
+@group(0) @binding(5) var<storage, read_write> tokens: array<i32>;
+@group(0) @binding(6) var<storage, read_write> aux: array<u32>;
+
+var<private> g_dt: u32;
+var<private> g_base: u32;
+var<workgroup> wg_row: vec4<u32>;
+
+fn row_key(i: u32) -> u32 {
+    let e = g_base + i;
+    return rank_key(widen_bits(probs[word_of(e, g_dt)], e, g_dt));
+}
+
+fn sample_main(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, dt: u32) {
+    let g = group_index(wid, nwg);
+    if g >= p.rows {
+        return;
+    }
+    g_dt = dt;
+    g_base = p.probs_off + g * p.vocab;
+    let row = p.row0 + g;
+    if lid == 0u {
+        let s = p.seed_off + 2u * row;
+        wg_row = vec4<u32>(bitcast<u32>(top_k[p.top_k_off + row]), top_p[p.top_p_off + row], seeds[s], seeds[s + 1u]);
+    }
+    let rp = workgroupUniformLoad(&wg_row);
+    let vocab = p.vocab;
+    let kept = kept_set(lid, vocab, bitcast<i32>(rp.x), rp.y);
+    var token = 0u;
+    if kept.found == 0u {
+        token = first_in_rank(lid, vocab);
+    } else {
+        let t = scale_draw(draw(rp.zw, PURPOSE_SAMPLE), kept.mass);
+        token = draw_in_prefix(lid, vocab, kept, t);
+        if token == 0xffffffffu {
+            token = first_in_rank(lid, vocab);
+        }
+    }
+    var total = vec2<u32>(0u);
+    if p.with_aux != 0u {
+        total = totals(lid, vocab, 0u).mass;
+    }
+    if lid == 0u {
+        tokens[p.tokens_off + row] = i32(token);
+        if p.with_aux != 0u {
+            let a = p.aux_off + 8u * row;
+            aux[a] = kept.found;
+            aux[a + 1u] = kept.key;
+            aux[a + 2u] = kept.take;
+            aux[a + 3u] = kept.mass.x;
+            aux[a + 4u] = kept.mass.y;
+            aux[a + 5u] = total.x;
+            aux[a + 6u] = total.y;
+            aux[a + 7u] = 0u;
+        }
+    }
+}
+
+@compute @workgroup_size(WG)
+fn top_k_top_p_sample_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    sample_main(wid, nwg, lid, DT_F32);
+}
+
+@compute @workgroup_size(WG)
+fn top_k_top_p_sample_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    sample_main(wid, nwg, lid, DT_F16);
+}
+
+@compute @workgroup_size(WG)
+fn top_k_top_p_sample_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    sample_main(wid, nwg, lid, DT_BF16);
+}
