@@ -1,0 +1,575 @@
+// Rank-order selection without sorting a row (the CUDA mirror of backend-cpu/src/ops/select.rs).
+//
+// Every set the sampling ops use (top-k survivors, top-p kept set, the first C candidates, the
+// logprob top-K) is a *prefix* of the row's rank order "key descending, then id ascending": all
+// tokens whose key is above a threshold key, plus the first `take` tokens (by id) whose key equals
+// it. A prefix reaching a target (a count, or a mass) is found by a three-pass radix selection on
+// the 32-bit keys (digits of 11, 11 and 10 bits, histograms of counts and exact u64 masses in
+// shared memory), then `take` follows from integer arithmetic on the one group of equal keys where
+// the target is crossed. A draw is one id-order prefix scan. Nothing is sorted.
+//
+// A row is read by one block (`nblocks == 1`) or, for a large vocabulary and a small batch, by
+// several blocks that each read a contiguous slice: their histograms meet in global memory
+// (atomics into a fresh, zeroed region per pass) behind a grid barrier, so every block then makes
+// the same decision from the same totals. The split kernels are launched cooperatively, which
+// guarantees that the blocks of the grid are co-resident, so the barrier cannot hang.
+
+#define SEL_BLOCK SPECULA_SELECT_BLOCK
+#define SEL_ITEMS SPECULA_SELECT_ITEMS
+#define SEL_CHUNK (SEL_ITEMS * SEL_BLOCK)
+#define SEL_BINS 2048
+#define SEL_MAX_PASSES SPECULA_SELECT_MAX_PASSES
+
+// The share of a row one block reads, and the global state the blocks of a split row share.
+struct RowPart {
+    u32 begin;    // first element of this block's slice (a multiple of SEL_ITEMS)
+    u32 end;      // one past its last element
+    bool vec;     // the row start is aligned for 4-element vector loads
+    u32 nblocks;  // blocks per row (1: no global state is used)
+    u32 block;    // this block's index within the row
+    u32 generation;  // grid barriers passed so far
+    u32 pass;        // global histogram regions used so far
+    u32* barrier;    // arrival counter (split rows only)
+    u64* first;      // packed (key, id) maximum (split rows only)
+    u32* g_count;    // [SEL_MAX_PASSES][SEL_BINS]
+    u64* g_mass;     // [SEL_MAX_PASSES][SEL_BINS]
+    u64* x_mass;     // [nblocks] per-block exchange
+    u32* x_count;    // [nblocks] per-block exchange
+};
+
+// Bytes of the global state of one split row; the Rust side computes the same value
+// (`launch::split_row_scratch_bytes`), and passes `stride` = this rounded up to 256.
+#define SEL_SPLIT_FIXED_BYTES 16
+__device__ __forceinline__ RowPart row_part_split(unsigned char* scratch, u64 stride, u32 row,
+                                                  u32 nblocks, u32 block, u32 vocab, bool vec) {
+    RowPart p;
+    const u32 slice = ((vocab + nblocks - 1) / nblocks + SEL_CHUNK - 1) / SEL_CHUNK * SEL_CHUNK;
+    const u64 b = (u64)block * slice;
+    p.begin = b < vocab ? (u32)b : vocab;
+    const u64 e = b + slice;
+    p.end = e < vocab ? (u32)e : vocab;
+    p.vec = vec;
+    p.nblocks = nblocks;
+    p.block = block;
+    p.generation = 0;
+    p.pass = 0;
+    unsigned char* base = scratch + stride * row;
+    p.barrier = reinterpret_cast<u32*>(base);
+    p.first = reinterpret_cast<u64*>(base + 8);
+    p.g_count = reinterpret_cast<u32*>(base + SEL_SPLIT_FIXED_BYTES);
+    p.g_mass = reinterpret_cast<u64*>(base + SEL_SPLIT_FIXED_BYTES + 4ull * SEL_MAX_PASSES * SEL_BINS);
+    p.x_mass = reinterpret_cast<u64*>(base + SEL_SPLIT_FIXED_BYTES + 12ull * SEL_MAX_PASSES * SEL_BINS);
+    p.x_count = reinterpret_cast<u32*>(base + SEL_SPLIT_FIXED_BYTES + 12ull * SEL_MAX_PASSES * SEL_BINS +
+                                       8ull * nblocks);
+    return p;
+}
+
+__device__ __forceinline__ RowPart row_part_single(u32 vocab, bool vec) {
+    RowPart p;
+    p.begin = 0;
+    p.end = vocab;
+    p.vec = vec;
+    p.nblocks = 1;
+    p.block = 0;
+    p.generation = 0;
+    p.pass = 0;
+    p.barrier = 0;
+    p.first = 0;
+    p.g_count = 0;
+    p.g_mass = 0;
+    p.x_mass = 0;
+    p.x_count = 0;
+    return p;
+}
+
+struct SelShared {
+    u32 count[SEL_BINS];
+    u64 mass[SEL_BINS];
+    u64 sa[SEL_BLOCK / 32];
+    u32 sb[SEL_BLOCK / 32];
+    u32 found;
+    u32 bin;
+    u32 bin_count_before;
+    u64 bin_mass_before;
+    i32 token;
+};
+
+// Waits for every block of a split row (a plain __syncthreads for a single block).
+__device__ __forceinline__ void grid_barrier(RowPart& p) {
+    __syncthreads();
+    if (p.nblocks <= 1) return;
+    p.generation += 1;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(p.barrier, 1u);
+        const u32 want = p.generation * p.nblocks;
+        while (*reinterpret_cast<volatile u32*>(p.barrier) < want) __nanosleep(64);
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// Keys of probability rows: the bits of sanitize(p); weights are the fixed-point weights.
+struct ProbKeys {
+    static const bool has_mass = true;
+    static __device__ __forceinline__ u32 key(float x) { return rank_key(x); }
+};
+
+// Loads this thread's SEL_ITEMS consecutive elements of the chunk starting at `base`.
+template <class E>
+__device__ __forceinline__ void load_items(const typename E::raw* __restrict__ row, u32 base,
+                                           const RowPart& p, float v[SEL_ITEMS]) {
+    const u32 i0 = base + threadIdx.x * SEL_ITEMS;
+#pragma unroll
+    for (int q = 0; q < SEL_ITEMS / 4; ++q) load4<E>(row, i0 + 4 * q, p.end, p.vec, v + 4 * q);
+}
+
+// Histogram of the keys of this row (restricted to keys > lo whose masked bits equal pval) by
+// the digit (key >> shift) & dmask; for a split row the block histograms are summed globally and
+// every block ends with the row's histogram in shared memory.
+template <class E, class K>
+__device__ __noinline__ void hist_pass(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s, i64 lo,
+                          u32 pmask, u32 pval, u32 shift, u32 dmask) {
+    for (u32 i = threadIdx.x; i < SEL_BINS; i += SEL_BLOCK) {
+        s.count[i] = 0;
+        s.mass[i] = 0;
+    }
+    __syncthreads();
+    for (u32 base = p.begin; base < p.end; base += SEL_CHUNK) {
+        float v[SEL_ITEMS];
+        load_items<E>(row, base, p, v);
+        const u32 i0 = base + threadIdx.x * SEL_ITEMS;
+#pragma unroll 1
+        for (int j = 0; j < SEL_ITEMS; ++j) {
+            if (i0 + j >= p.end) break;
+            const u32 key = K::key(v[j]);
+            if ((i64)key > lo && (key & pmask) == pval) {
+                const u32 bin = (key >> shift) & dmask;
+                atomicAdd(&s.count[bin], 1u);
+                if (K::has_mass) {
+                    const u64 w = key_weight(key);
+                    if (w != 0) atomicAdd(&s.mass[bin], w);
+                }
+            }
+        }
+    }
+    __syncthreads();
+    if (p.nblocks > 1) {
+        u32* gc = p.g_count + (u64)p.pass * SEL_BINS;
+        u64* gm = p.g_mass + (u64)p.pass * SEL_BINS;
+        for (u32 i = threadIdx.x; i < SEL_BINS; i += SEL_BLOCK) {
+            if (s.count[i] != 0) atomicAdd(&gc[i], s.count[i]);
+            if (s.mass[i] != 0) atomicAdd(&gm[i], s.mass[i]);
+        }
+        grid_barrier(p);
+        for (u32 i = threadIdx.x; i < SEL_BINS; i += SEL_BLOCK) {
+            s.count[i] = __ldcg(&gc[i]);
+            s.mass[i] = __ldcg(&gm[i]);
+        }
+        __syncthreads();
+    }
+    p.pass += 1;
+}
+
+// Totals of the histogram in shared memory (every thread gets them).
+__device__ __forceinline__ void hist_totals(SelShared& s, u32& count, u64& mass) {
+    u64 m = 0;
+    u32 c = 0;
+    for (u32 i = threadIdx.x; i < SEL_BINS; i += SEL_BLOCK) {
+        m += s.mass[i];
+        c += s.count[i];
+    }
+    u64 ex_m, tot_m;
+    u32 ex_c, tot_c;
+    block_scan_pair<SEL_BLOCK>(m, c, ex_m, ex_c, tot_m, tot_c, s.sa, s.sb);
+    count = tot_c;
+    mass = tot_m;
+}
+
+// Scans the histogram from the top bin down and finds the first bin where the running total
+// (starting from `above_count`/`above_mass`) reaches `target`. Returns false when it never does.
+// `count_before`/`mass_before` are the running totals just above the found bin.
+__device__ __noinline__ bool hist_walk(SelShared& s, bool by_mass, u64 target, u32 above_count, u64 above_mass,
+                          u32& bin, u32& count_before, u64& mass_before) {
+    const u32 per = SEL_BINS / SEL_BLOCK;
+    // Thread t owns bins hi, hi - 1, ..., hi - per + 1: thread order is descending bin order.
+    const u32 hi = SEL_BINS - 1 - threadIdx.x * per;
+    u64 m = 0;
+    u32 c = 0;
+    for (u32 k = 0; k < per; ++k) {
+        m += s.mass[hi - k];
+        c += s.count[hi - k];
+    }
+    u64 ex_m, tot_m;
+    u32 ex_c, tot_c;
+    block_scan_pair<SEL_BLOCK>(m, c, ex_m, ex_c, tot_m, tot_c, s.sa, s.sb);
+    if (threadIdx.x == 0) s.found = 0;
+    __syncthreads();
+    u64 cm = above_mass + ex_m;
+    u64 cc = (u64)above_count + ex_c;
+    for (u32 k = 0; k < per; ++k) {
+        const u32 b = hi - k;
+        const u64 nm = cm + s.mass[b];
+        const u64 nc = cc + s.count[b];
+        const bool before = by_mass ? cm >= target : cc >= target;
+        const bool after = by_mass ? nm >= target : nc >= target;
+        if (after && !before) {
+            // Unique: the running total is monotone, so exactly one bin crosses the target.
+            s.found = 1;
+            s.bin = b;
+            s.bin_count_before = (u32)cc;
+            s.bin_mass_before = cm;
+        }
+        cm = nm;
+        cc = nc;
+    }
+    __syncthreads();
+    const bool found = s.found != 0;
+    bin = s.bin;
+    count_before = s.bin_count_before;
+    mass_before = s.bin_mass_before;
+    __syncthreads();
+    return found;
+}
+
+// A prefix of a row in rank order (see the file comment); `count` and `mass` are its totals.
+struct Sel {
+    u32 key;
+    u32 take;  // SPECULA_U32_MAX: the whole group of `key`
+    u32 count;
+    u64 mass;
+    bool reached;
+    u64 within_mass;  // the mass of the `within` set the prefix was selected from
+};
+
+__device__ __forceinline__ u64 ceil_div_u64(u64 a, u64 b) { return a / b + (a % b != 0 ? 1ull : 0ull); }
+
+// The shortest prefix of `within` (itself a prefix: keys > wkey, plus the first wtake of key wkey,
+// or the whole wkey group when wtake == SPECULA_U32_MAX) whose count reaches `count_target`
+// (by_mass false) or whose mass reaches top_p (fixed `p_fixed`) of the mass of `within` (by_mass
+// true). When the target is not reached, or a mass target equals the whole mass, `within` itself
+// is returned with its totals (for a mass target the two have the same members of positive
+// weight, which is all any caller uses).
+template <class E, class K>
+__device__ __noinline__ Sel select_prefix(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s,
+                             u32 wkey, u32 wtake, bool by_mass, u64 count_target, u64 p_fixed) {
+    const bool whole_group = wtake == SPECULA_U32_MAX;
+    const i64 lo = whole_group ? (i64)wkey - 1 : (i64)wkey;
+    const u64 bw = K::has_mass ? key_weight(wkey) : 0;
+    const u32 bcount = whole_group ? 0u : wtake;
+    const u64 bmass = (u64)bcount * bw;
+
+    hist_pass<E, K>(row, p, s, lo, 0u, 0u, 21u, 0x7ffu);
+    u32 hc;
+    u64 hm;
+    hist_totals(s, hc, hm);
+    Sel whole;
+    whole.key = wkey;
+    whole.take = wtake;
+    whole.count = hc + bcount;
+    whole.mass = hm + bmass;
+    whole.reached = false;
+    whole.within_mass = whole.mass;
+
+    const u64 target = by_mass ? top_p_target_mass(p_fixed, whole.mass) : count_target;
+    if (target == 0) {
+        Sel empty;
+        empty.key = SPECULA_U32_MAX;
+        empty.take = 0;
+        empty.count = 0;
+        empty.mass = 0;
+        empty.reached = true;
+        empty.within_mass = whole.mass;
+        return empty;
+    }
+    if (by_mass && target == whole.mass) {
+        whole.reached = true;
+        return whole;
+    }
+    const bool reached_h = by_mass ? hm >= target : (u64)hc >= target;
+    if (!reached_h) {
+        const bool reached_w = by_mass ? whole.mass >= target : (u64)whole.count >= target;
+        if (!whole_group && reached_w) {
+            // Crossed inside the boundary group of `within`.
+            const u64 need = target - (by_mass ? hm : (u64)hc);
+            const u64 take = by_mass ? ceil_div_u64(need, bw) : need;
+            Sel r;
+            r.key = wkey;
+            r.take = (u32)take;
+            r.count = hc + (u32)take;
+            r.mass = hm + take * bw;
+            r.reached = true;
+            r.within_mass = whole.mass;
+            return r;
+        }
+        return whole;
+    }
+    u32 above_c = 0;
+    u64 above_m = 0;
+    u32 pmask = 0, pval = 0;
+    const u32 shifts[3] = {21u, 10u, 0u};
+    const u32 dmasks[3] = {0x7ffu, 0x7ffu, 0x3ffu};
+    for (int pass = 0; pass < 3; ++pass) {
+        if (pass > 0) hist_pass<E, K>(row, p, s, lo, pmask, pval, shifts[pass], dmasks[pass]);
+        u32 bin, cb;
+        u64 mb;
+        hist_walk(s, by_mass, target, above_c, above_m, bin, cb, mb);
+        above_c = cb;
+        above_m = mb;
+        pval |= bin << shifts[pass];
+        pmask |= dmasks[pass] << shifts[pass];
+    }
+    const u64 w = K::has_mass ? key_weight(pval) : 0;
+    const u64 take = by_mass ? ceil_div_u64(target - above_m, w) : target - above_c;
+    Sel r;
+    r.key = pval;
+    r.take = (u32)take;
+    r.count = above_c + (u32)take;
+    r.mass = above_m + take * w;
+    r.reached = true;
+    r.within_mass = whole.mass;
+    return r;
+}
+
+// The total weight of a row (every block of a split row gets the row's total).
+template <class E>
+__device__ __noinline__ u64 row_total_weight(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s) {
+    u64 m = 0;
+    for (u32 base = p.begin; base < p.end; base += SEL_CHUNK) {
+        float v[SEL_ITEMS];
+        load_items<E>(row, base, p, v);
+        const u32 i0 = base + threadIdx.x * SEL_ITEMS;
+#pragma unroll 1
+        for (int j = 0; j < SEL_ITEMS; ++j)
+            if (i0 + j < p.end) m += prob_weight(v[j]);
+    }
+    u64 total = block_sum_u64<SEL_BLOCK>(m, s.sa);
+    if (p.nblocks > 1) {
+        u64* slot = p.g_mass + (u64)p.pass * SEL_BINS;
+        if (threadIdx.x == 0 && total != 0) atomicAdd(slot, total);
+        grid_barrier(p);
+        total = __ldcg(slot);
+        __syncthreads();
+    }
+    p.pass += 1;
+    return total;
+}
+
+// The first token of the row in rank order: the largest key, lowest id (0 for an all-zero row).
+template <class E, class K>
+__device__ __noinline__ u32 first_in_rank(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s) {
+    u64 best = 0;
+    for (u32 base = p.begin; base < p.end; base += SEL_CHUNK) {
+        float v[SEL_ITEMS];
+        load_items<E>(row, base, p, v);
+        const u32 i0 = base + threadIdx.x * SEL_ITEMS;
+#pragma unroll 1
+        for (int j = 0; j < SEL_ITEMS; ++j) {
+            if (i0 + j >= p.end) break;
+            const u64 packed = pack_key_id(K::key(v[j]), i0 + j);
+            best = packed > best ? packed : best;
+        }
+    }
+    best = block_max_u64<SEL_BLOCK>(best, s.sa);
+    if (p.nblocks > 1) {
+        if (threadIdx.x == 0) atomicMax(p.first, best);
+        grid_barrier(p);
+        best = __ldcg(p.first);
+        __syncthreads();
+    }
+    // An empty slice or row keeps 0, which is pack_key_id(0, U32_MAX): map it to id 0.
+    return best == 0 ? 0u : packed_id(best);
+}
+
+// The member of prefix (pkey, ptake) whose cumulative weight, in ascending id order, first
+// exceeds t (t < the prefix mass). Returns the id, or -1 when this block's slice does not hold it
+// (for a split row exactly one block returns an id).
+template <class E>
+__device__ __noinline__ i32 draw_in_prefix(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s,
+                              u32 pkey, u32 ptake, u64 t) {
+    const u64 wb = key_weight(pkey);
+    // Weight of members above the boundary key before this block's slice, and boundary tokens
+    // (key == pkey) before it.
+    u64 carry_m = 0;
+    u64 carry_b = 0;
+    if (p.nblocks > 1) {
+        u64 m = 0;
+        u32 b = 0;
+        for (u32 base = p.begin; base < p.end; base += SEL_CHUNK) {
+            float v[SEL_ITEMS];
+            load_items<E>(row, base, p, v);
+            const u32 i0 = base + threadIdx.x * SEL_ITEMS;
+#pragma unroll 1
+            for (int j = 0; j < SEL_ITEMS; ++j) {
+                if (i0 + j >= p.end) break;
+                const u32 key = rank_key(v[j]);
+                if (key > pkey) m += key_weight(key);
+                b += key == pkey ? 1u : 0u;
+            }
+        }
+        u64 ex_m, tot_m;
+        u32 ex_b, tot_b;
+        block_scan_pair<SEL_BLOCK>(m, b, ex_m, ex_b, tot_m, tot_b, s.sa, s.sb);
+        if (threadIdx.x == 0) {
+            p.x_mass[p.block] = tot_m;
+            p.x_count[p.block] = tot_b;
+        }
+        grid_barrier(p);
+        for (u32 k = 0; k < p.block; ++k) {
+            carry_m += __ldcg(&p.x_mass[k]);
+            carry_b += __ldcg(&p.x_count[k]);
+        }
+    }
+    if (threadIdx.x == 0) s.token = -1;
+    __syncthreads();
+    i32 result = -1;
+    for (u32 base = p.begin; base < p.end; base += SEL_CHUNK) {
+        float v[SEL_ITEMS];
+        load_items<E>(row, base, p, v);
+        const u32 i0 = base + threadIdx.x * SEL_ITEMS;
+        // Per item: its weight above the boundary key (0 otherwise), and whether it is a
+        // boundary token (bit j of `boundary`).
+        u64 above[SEL_ITEMS];
+        u32 boundary = 0;
+        u64 m = 0;
+#pragma unroll
+        for (int j = 0; j < SEL_ITEMS; ++j) {
+            const bool valid = i0 + j < p.end;
+            const u32 key = valid ? rank_key(v[j]) : 0u;
+            above[j] = (valid && key > pkey) ? key_weight(key) : 0ull;
+            boundary |= (valid && key == pkey) ? (1u << j) : 0u;
+            m += above[j];
+        }
+        const u32 b = __popc(boundary);
+        u64 ex_m, tot_m;
+        u32 ex_b, tot_b;
+        block_scan_pair<SEL_BLOCK>(m, b, ex_m, ex_b, tot_m, tot_b, s.sa, s.sb);
+        u64 cm = carry_m + ex_m;
+        u64 cb = carry_b + ex_b;
+#pragma unroll
+        for (int j = 0; j < SEL_ITEMS; ++j) {
+            const bool is_boundary = (boundary >> j) & 1u;
+            const u64 w = is_boundary ? (cb < ptake ? wb : 0ull) : above[j];
+            const u64 before = cm + (cb < ptake ? cb : (u64)ptake) * wb;
+            if (w != 0 && before <= t && t - before < w) s.token = (i32)(i0 + j);
+            cm += above[j];
+            cb += is_boundary ? 1u : 0u;
+        }
+        __syncthreads();
+        result = s.token;
+        __syncthreads();
+        if (result >= 0) break;
+        carry_m += tot_m;
+        carry_b += tot_b;
+    }
+    return result;
+}
+
+// The kept set of top_k_top_p_sample for one row (contract §4.3 steps 1-2), or, when the
+// survivors weigh nothing, `degenerate` with the first token in rank order.
+struct Kept {
+    Sel prefix;
+    bool degenerate;
+    u32 first;
+};
+
+template <class E>
+__device__ __noinline__ Kept kept_set(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s, u32 vocab,
+                         i32 top_k, u64 p_fixed) {
+    Kept k;
+    k.degenerate = false;
+    k.first = 0;
+    Sel survivors;
+    const bool full_top_p = p_fixed >= (1ull << SPECULA_TOP_P_BITS);
+    if (top_k > 0 && (u32)top_k < vocab) {
+        survivors = select_prefix<E, ProbKeys>(row, p, s, 0u, SPECULA_U32_MAX, false, (u64)top_k, 0);
+    } else if (full_top_p) {
+        survivors.key = 0;
+        survivors.take = SPECULA_U32_MAX;
+        survivors.count = vocab;
+        survivors.mass = row_total_weight<E>(row, p, s);
+        survivors.reached = true;
+        survivors.within_mass = survivors.mass;
+    } else {
+        // No top-k: top-p directly over the whole row (its first pass also gives the total).
+        const Sel kept = select_prefix<E, ProbKeys>(row, p, s, 0u, SPECULA_U32_MAX, true, 0, p_fixed);
+        if (kept.mass == 0) {
+            k.degenerate = true;
+            k.first = first_in_rank<E, ProbKeys>(row, p, s);
+        }
+        k.prefix = kept;
+        return k;
+    }
+    if (survivors.mass == 0) {
+        k.degenerate = true;
+        k.first = first_in_rank<E, ProbKeys>(row, p, s);
+        k.prefix = survivors;
+        return k;
+    }
+    if (full_top_p) {
+        k.prefix = survivors;
+        return k;
+    }
+    k.prefix = select_prefix<E, ProbKeys>(row, p, s, survivors.key, survivors.take, true, 0, p_fixed);
+    return k;
+}
+
+// Appends the members of prefix (pkey, ptake) to out_keys/out_ids (unordered; at most `cap` are
+// stored, `*out_n` counts them all). Single-block rows only.
+template <class E, class K>
+__device__ __noinline__ void gather_prefix(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s,
+                              u32 pkey, u32 ptake, u32* out_keys, u32* out_ids, u32* out_n, u32 cap) {
+    u64 carry_b = 0;
+    for (u32 base = p.begin; base < p.end; base += SEL_CHUNK) {
+        float v[SEL_ITEMS];
+        load_items<E>(row, base, p, v);
+        const u32 i0 = base + threadIdx.x * SEL_ITEMS;
+        u32 keys[SEL_ITEMS];
+        u32 b = 0;
+#pragma unroll
+        for (int j = 0; j < SEL_ITEMS; ++j) {
+            keys[j] = (i0 + j < p.end) ? K::key(v[j]) : 0u;
+            b += (i0 + j < p.end && keys[j] == pkey) ? 1u : 0u;
+        }
+        u64 ex_m, tot_m;
+        u32 ex_b, tot_b;
+        block_scan_pair<SEL_BLOCK>(0ull, b, ex_m, ex_b, tot_m, tot_b, s.sa, s.sb);
+        u64 cb = carry_b + ex_b;
+#pragma unroll
+        for (int j = 0; j < SEL_ITEMS; ++j) {
+            if (i0 + j >= p.end) break;
+            bool member = keys[j] > pkey;
+            if (keys[j] == pkey) {
+                member = cb < ptake;
+                cb += 1;
+            }
+            if (member) {
+                const u32 slot = atomicAdd(out_n, 1u);
+                if (slot < cap) {
+                    out_keys[slot] = keys[j];
+                    out_ids[slot] = i0 + j;
+                }
+            }
+        }
+        carry_b += tot_b;
+    }
+    __syncthreads();
+}
+
+// Orders up to `n` gathered (key, id) entries in rank order (key descending, id ascending) by
+// counting, for each entry, the entries ranked before it. n <= SEL_BLOCK.
+__device__ __forceinline__ void rank_order_small(const u32* keys, const u32* ids, u32 n, u32* sorted_keys,
+                                                 u32* sorted_ids) {
+    const u32 i = threadIdx.x;
+    if (i < n) {
+        const u32 ki = keys[i], ii = ids[i];
+        u32 rank = 0;
+        for (u32 j = 0; j < n; ++j) {
+            const u32 kj = keys[j];
+            rank += (kj > ki || (kj == ki && ids[j] < ii)) ? 1u : 0u;
+        }
+        sorted_keys[rank] = ki;
+        sorted_ids[rank] = ii;
+    }
+    __syncthreads();
+}

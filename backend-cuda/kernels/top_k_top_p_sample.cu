@@ -1,0 +1,57 @@
+// top_k_top_p_sample (contract §4.3): exact sampling on fixed-point weights, no sort.
+//
+// One block per row (`top_k_top_p_sample_<t>`), or, for a few rows of a large vocabulary, several
+// blocks per row launched cooperatively (`top_k_top_p_sample_split_<t>`). The kept set is found by
+// the radix selection of select.cuh (top-k on counts, then top-p on exact masses) and the token by
+// one id-order prefix scan of the kept weights against t = floor(R · C / 2^64).
+
+struct SampleArgs {
+    const typename SPECULA_T::raw* probs;  // [rows, vocab]
+    const i32* top_k;                      // [rows]
+    const float* top_p;                    // [rows]
+    const u64* seed;                       // [rows]
+    i32* tokens;                           // [rows]
+    unsigned char* scratch;                // split rows: [rows][stride]
+    u64 scratch_stride;
+    u32 rows;
+    u32 vocab;
+    u32 vec;     // rows are aligned for 4-element loads
+    u32 splits;  // blocks per row (split kernel only)
+};
+
+template <class E>
+__device__ void sample_one_row(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s,
+                               u32 vocab, i32 top_k, float top_p, u64 seed, i32* out) {
+    const Kept k = kept_set<E>(row, p, s, vocab, top_k, top_p_fixed(top_p));
+    if (k.degenerate) {
+        if (p.block == 0 && threadIdx.x == 0) *out = (i32)k.first;
+        return;
+    }
+    const u64 t = scale_draw(specula_draw(seed, SPECULA_PURPOSE_SAMPLE), k.prefix.mass);
+    i32 id = draw_in_prefix<E>(row, p, s, k.prefix.key, k.prefix.take, t);
+    if (p.nblocks == 1 && id < 0) {
+        // Unreachable (t < the kept mass); the first token is the safe answer.
+        id = (i32)first_in_rank<E, ProbKeys>(row, p, s);
+    }
+    if (id >= 0 && threadIdx.x == 0) *out = id;
+}
+
+extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
+    SPECULA_ENTRY(top_k_top_p_sample)(const SampleArgs a) {
+    __shared__ SelShared s;
+    const u32 r = blockIdx.x;
+    if (r >= a.rows) return;
+    RowPart p = row_part_single(a.vocab, a.vec != 0);
+    const typename SPECULA_T::raw* row = a.probs + (u64)r * a.vocab;
+    sample_one_row<SPECULA_T>(row, p, s, a.vocab, a.top_k[r], a.top_p[r], a.seed[r], a.tokens + r);
+}
+
+extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
+    SPECULA_ENTRY(top_k_top_p_sample_split)(const SampleArgs a) {
+    __shared__ SelShared s;
+    const u32 r = blockIdx.y;
+    if (r >= a.rows) return;
+    RowPart p = row_part_split(a.scratch, a.scratch_stride, r, a.splits, blockIdx.x, a.vocab, a.vec != 0);
+    const typename SPECULA_T::raw* row = a.probs + (u64)r * a.vocab;
+    sample_one_row<SPECULA_T>(row, p, s, a.vocab, a.top_k[r], a.top_p[r], a.seed[r], a.tokens + r);
+}

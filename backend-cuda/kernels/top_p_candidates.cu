@@ -1,0 +1,78 @@
+// top_p_candidates (contract §4.4): the first C tokens in rank order with a nonzero weight, and
+// the length of the shortest prefix of them whose mass reaches top_p of the row's whole weight.
+//
+// One block per row: a count selection of C among the keys of positive weight (select.cuh), one
+// id-order pass that gathers the (at most 128) members into shared memory, a rank-by-counting
+// order of those few, and the exact 128-bit top-p test over their prefix masses.
+
+struct CandidatesArgs {
+    const typename SPECULA_T::raw* probs;  // [rows, vocab]
+    const float* top_p;                    // [rows]
+    const i32* batch_id;                   // [rows] or null
+    i32* ids;                              // [rows, C]
+    float* scores;                         // [rows, C]
+    i32* lens;                             // [rows]
+    u32 rows;
+    u32 vocab;
+    u32 candidates;
+    u32 vec;
+};
+
+extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
+    SPECULA_ENTRY(top_p_candidates)(const CandidatesArgs a) {
+    __shared__ SelShared s;
+    __shared__ u32 keys[SPECULA_MAX_CANDIDATES], ids[SPECULA_MAX_CANDIDATES];
+    __shared__ u32 sorted_keys[SPECULA_MAX_CANDIDATES], sorted_ids[SPECULA_MAX_CANDIDATES];
+    __shared__ u32 n_gathered;
+    const u32 r = blockIdx.x;
+    if (r >= a.rows) return;
+    const u32 c = a.candidates;
+    i32* out_ids = a.ids + (u64)r * c;
+    float* out_scores = a.scores + (u64)r * c;
+    if (a.batch_id != 0 && a.batch_id[r] < 0) {
+        for (u32 i = threadIdx.x; i < c; i += SEL_BLOCK) {
+            out_ids[i] = -1;
+            out_scores[i] = 0.0f;
+        }
+        if (threadIdx.x == 0) a.lens[r] = 0;
+        return;
+    }
+    const typename SPECULA_T::raw* row = a.probs + (u64)r * a.vocab;
+    RowPart p = row_part_single(a.vocab, a.vec != 0);
+    const Sel valid =
+        select_prefix<SPECULA_T, ProbKeys>(row, p, s, SPECULA_MIN_WEIGHT_KEY, SPECULA_U32_MAX, false, c, 0);
+    const u32 n = valid.count < c ? valid.count : c;
+    if (n == 0) {
+        const u32 first = first_in_rank<SPECULA_T, ProbKeys>(row, p, s);
+        for (u32 i = threadIdx.x; i < c; i += SEL_BLOCK) {
+            out_ids[i] = i == 0 ? (i32)first : -1;
+            out_scores[i] = 0.0f;
+        }
+        if (threadIdx.x == 0) a.lens[r] = 1;
+        return;
+    }
+    if (threadIdx.x == 0) n_gathered = 0;
+    __syncthreads();
+    gather_prefix<SPECULA_T, ProbKeys>(row, p, s, valid.key, valid.take, keys, ids, &n_gathered,
+                                       SPECULA_MAX_CANDIDATES);
+    const u32 m = n_gathered < n ? n_gathered : n;  // equal by construction
+    rank_order_small(keys, ids, m, sorted_keys, sorted_ids);
+    for (u32 i = threadIdx.x; i < c; i += SEL_BLOCK) {
+        out_ids[i] = i < m ? (i32)sorted_ids[i] : -1;
+        out_scores[i] = i < m ? __uint_as_float(sorted_keys[i]) : 0.0f;
+    }
+    if (threadIdx.x == 0) {
+        const u64 p_fixed = top_p_fixed(a.top_p[r]);
+        const u64 total = valid.within_mass;
+        i32 len = (i32)m;
+        u64 mass = 0;
+        for (u32 i = 0; i < m; ++i) {
+            mass += key_weight(sorted_keys[i]);
+            if (reaches_top_p(mass, p_fixed, total)) {
+                len = (i32)(i + 1);
+                break;
+            }
+        }
+        a.lens[r] = len;
+    }
+}

@@ -1,0 +1,429 @@
+// verify_draft_tokens (contract §4.5): draft checks and the correction/bonus token, per slot.
+//
+// GREEDY, TARGET_MATCH and TOPP: `verify_draft_tokens_<t>`, one thread per slot; every decision
+// reads a handful of values, so the whole step runs without a host round-trip.
+// REJECTION: `verify_draft_tokens_rejection_prepare_<t>` computes, one block per row, each target
+// row's raw total weight and its top-k/top-p kept set (select.cuh) and each draft row's total;
+// `verify_draft_tokens_rejection_<t>` then runs one block per slot: the slot's control flow is
+// executed by every thread of the block identically (it reads the same values), and the row-wide
+// parts (the boundary count of weight_in_prefix, the residual draw, the target draw) are block
+// collectives. Only thread 0 writes the slot's tokens.
+
+struct VerifyArgs {
+    const i32* draft_tokens;  // [max_bsz, S]
+    const i32* this_time;     // [max_bsz]
+    const i32* encoder;       // [max_bsz]
+    const i32* cu_out;        // [real_bsz + 1]
+    const u8* stop_flags;     // [max_bsz]
+    const u8* is_block_step;  // [max_bsz]
+    const i32* reasoning;     // [max_bsz]
+    const i32* step_idx;      // [max_bsz]
+    const i32* max_dec_len;   // [max_bsz]
+    const i32* end_tokens;    // [n_end]
+    const u64* seeds;         // [rows]
+    const i32* target_tokens;  // GREEDY / TARGET_MATCH: [rows]
+    const i32* cand_ids;       // TOPP: [rows, C]
+    const float* cand_scores;  // TOPP: [rows, C]
+    const i32* cand_lens;      // TOPP: [rows]
+    const SPECULA_T::raw* target_probs;  // REJECTION: [rows, vocab]
+    const SPECULA_D::raw* draft_probs;   // REJECTION: [max_bsz · (S − 1), vocab]
+    const i32* top_k;                    // REJECTION: [rows]
+    const float* top_p;                  // REJECTION: [rows]
+    unsigned char* stats;                // REJECTION scratch: [rows] TargetStats, then [draft rows] u64
+    i32* accept_tokens;                  // [max_bsz, S]
+    i32* accept_num;                     // [max_bsz]
+    u64 rows;
+    u64 max_step_tokens;
+    u64 n_end;
+    u64 candidates;
+    u64 draft_rows;
+    u32 max_bsz;
+    u32 real_bsz;
+    u32 vocab;
+    u32 strategy;
+    u32 accept_all;  // already false when reject_all
+    u32 reject_all;
+    u32 vec_target;
+    u32 vec_draft;
+};
+
+// Per target row, what REJECTION needs (written by the prepare kernel).
+struct TargetStats {
+    u64 raw_total;  // total weight before filtering
+    u64 kept_mass;  // Wp
+    u32 kept_key;
+    u32 kept_take;
+    u32 degenerate;  // the survivors weigh nothing
+    u32 first;       // then: the first token in rank order
+};
+
+__device__ __forceinline__ const TargetStats* target_stats(const VerifyArgs& a) {
+    return reinterpret_cast<const TargetStats*>(a.stats);
+}
+
+__device__ __forceinline__ u64* draft_totals(const VerifyArgs& a) {
+    return reinterpret_cast<u64*>(a.stats + sizeof(TargetStats) * a.rows);
+}
+
+// The tokens a slot emits, with the stop rules of the contract.
+struct Emitter {
+    i32* tokens;
+    u32 len;
+    i64 count;
+    i64 max_dec_len;
+    const i32* end_tokens;
+    u64 n_end;
+    bool stopped;
+    bool writer;
+};
+
+__device__ __forceinline__ bool is_end_token(const i32* end_tokens, u64 n_end, i32 token) {
+    bool found = false;
+    for (u64 e = 0; e < n_end; ++e) found = found || end_tokens[e] == token;
+    return found;
+}
+
+// An end token is kept and stops the slot; the token that reaches max_dec_len is replaced by
+// end_tokens[0] and stops the slot.
+__device__ __forceinline__ void emit(Emitter& e, i32 token) {
+    e.count += 1;
+    i32 out = token;
+    if (is_end_token(e.end_tokens, e.n_end, token)) {
+        e.stopped = true;
+    } else if (e.count >= e.max_dec_len) {
+        e.stopped = true;
+        out = e.end_tokens[0];
+    }
+    if (e.writer) e.tokens[e.len] = out;
+    e.len += 1;
+}
+
+// Output row `row` as an index, or -1 when it does not exist.
+__device__ __forceinline__ i64 existing_row(const VerifyArgs& a, i64 row) {
+    return (row >= 0 && (u64)row < a.rows) ? row : -1;
+}
+
+__device__ __forceinline__ bool in_vocab(const VerifyArgs& a, i32 token) {
+    return token >= 0 && (u32)token < a.vocab;
+}
+
+// The outcome of checking one draft.
+struct Check {
+    bool accepted;
+    bool has_correction;  // REJECTION: the token to emit instead
+    i32 correction;
+};
+
+// GREEDY, TARGET_MATCH, TOPP: every decision is a few scalar reads.
+struct ScalarPolicy {
+    __device__ Check check(const VerifyArgs& a, u32 slot, u64 i, i32 d, i64 row) const {
+        Check c;
+        c.accepted = false;
+        c.has_correction = false;
+        c.correction = -1;
+        if (a.strategy == SPECULA_STRATEGY_TOPP) {
+            if (row < 0) return c;
+            const u64 cnum = a.candidates;
+            u64 n = len_or_zero(a.cand_lens[row]);
+            n = n < cnum ? n : cnum;
+            const i32* ids = a.cand_ids + (u64)row * cnum;
+            for (u64 k = 0; k < n; ++k) c.accepted = c.accepted || ids[k] == d;
+            return c;
+        }
+        c.accepted = d == (row < 0 ? -1 : a.target_tokens[row]);
+        return c;
+    }
+
+    __device__ i32 phase2(const VerifyArgs& a, i64 row) const {
+        if (row < 0) return -1;
+        if (a.strategy != SPECULA_STRATEGY_TOPP) return a.target_tokens[row];
+        const u64 cnum = a.candidates;
+        u64 n = len_or_zero(a.cand_lens[row]);
+        n = n < cnum ? n : cnum;
+        const i32* ids = a.cand_ids + (u64)row * cnum;
+        const float* scores = a.cand_scores + (u64)row * cnum;
+        u64 total = 0;
+        for (u64 k = 0; k < n; ++k) total += prob_weight(scores[k]);
+        if (total == 0) return ids[0];
+        const u64 t = scale_draw(specula_draw(a.seeds[row], SPECULA_PURPOSE_CANDIDATE), total);
+        u64 cumulative = 0;
+        for (u64 k = 0; k < n; ++k) {
+            cumulative += prob_weight(scores[k]);
+            if (cumulative > t) return ids[k];
+        }
+        return ids[0];
+    }
+};
+
+// REJECTION: block collectives over the target and draft rows.
+struct RejectionPolicy {
+    SelShared* s;
+
+    __device__ const SPECULA_T::raw* target_row(const VerifyArgs& a, u64 r) const {
+        return a.target_probs + r * a.vocab;
+    }
+
+    // sample_row of the target row r (contract §4.3) from its prepared kept set.
+    __device__ i32 sample_target(const VerifyArgs& a, u64 r) const {
+        const TargetStats st = target_stats(a)[r];
+        if (st.degenerate) return (i32)st.first;
+        RowPart p = row_part_single(a.vocab, a.vec_target != 0);
+        const u64 t = scale_draw(specula_draw(a.seeds[r], SPECULA_PURPOSE_SAMPLE), st.kept_mass);
+        i32 id = draw_in_prefix<SPECULA_T>(target_row(a, r), p, *s, st.kept_key, st.kept_take, t);
+        if (id < 0) id = (i32)first_in_rank<SPECULA_T, ProbKeys>(target_row(a, r), p, *s);
+        return id;
+    }
+
+    // Tokens with key `key` among ids [0, d) of row r.
+    __device__ u64 count_key_before(const VerifyArgs& a, u64 r, u32 key, u32 d) const {
+        const SPECULA_T::raw* row = target_row(a, r);
+        const bool vec = a.vec_target != 0;
+        u64 c = 0;
+        for (u32 i = 4 * threadIdx.x; i < d; i += 4 * SEL_BLOCK) {
+            float v[4];
+            load4<SPECULA_T>(row, i, d, vec, v);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (i + j < d && rank_key(v[j]) == key) c += 1;
+        }
+        return block_sum_u64<SEL_BLOCK>(c, s->sa);
+    }
+
+    // ρ[v] = floor(max(0, wp·Wq − wq·Wp) / 2^41) over the kept members in ascending id order:
+    // returns the total (find = false), or the member whose running total first exceeds t.
+    __device__ __noinline__ u64 residual(const VerifyArgs& a, u64 r, u64 qrow, const TargetStats& st, u64 wq_total, bool find,
+                            u64 t) const {
+        const SPECULA_T::raw* prow = target_row(a, r);
+        const SPECULA_D::raw* q = a.draft_probs + qrow * a.vocab;
+        RowPart pp = row_part_single(a.vocab, a.vec_target != 0);
+        RowPart qp = row_part_single(a.vocab, a.vec_draft != 0);
+        const u32 pkey = st.kept_key;
+        const u64 ptake = st.kept_take;
+        const u64 wb = key_weight(pkey);
+        u64 carry_b = 0, carry_rho = 0;
+        if (threadIdx.x == 0) s->token = -1;
+        __syncthreads();
+        for (u32 base = 0; base < a.vocab; base += SEL_CHUNK) {
+            float pv[SEL_ITEMS], qv[SEL_ITEMS];
+            load_items<SPECULA_T>(prow, base, pp, pv);
+            load_items<SPECULA_D>(q, base, qp, qv);
+            const u32 i0 = base + threadIdx.x * SEL_ITEMS;
+            u32 bcount = 0;
+#pragma unroll
+            for (int j = 0; j < SEL_ITEMS; ++j)
+                bcount += (i0 + j < a.vocab && rank_key(pv[j]) == pkey) ? 1u : 0u;
+            u64 ex_b, tot_b, dummy_ex, dummy_tot;
+            block_scan_pair<SEL_BLOCK, u64, u64>((u64)bcount, 0ull, ex_b, dummy_ex, tot_b, dummy_tot, s->sa,
+                                                 reinterpret_cast<u64*>(s->mass));
+            u64 cb = carry_b + ex_b;
+            u64 rho[SEL_ITEMS];
+            u64 local = 0;
+#pragma unroll
+            for (int j = 0; j < SEL_ITEMS; ++j) {
+                rho[j] = 0;
+                if (i0 + j >= a.vocab) continue;
+                const u32 key = rank_key(pv[j]);
+                u64 wp = 0;
+                if (key > pkey) {
+                    wp = key_weight(key);
+                } else if (key == pkey) {
+                    wp = cb < ptake ? wb : 0;
+                    cb += 1;
+                }
+                if (wp == 0) continue;  // not a member, or a member of zero weight: ρ = 0
+                const u128 lhs = mul_64x64(wp, wq_total);
+                const u128 rhs = mul_64x64(prob_weight(qv[j]), st.kept_mass);
+                rho[j] = u128_lt(rhs, lhs) ? u128_shr_lo(u128_sub(lhs, rhs), 41) : 0;
+                local += rho[j];
+            }
+            u64 ex_r, tot_r, ex2, tot2;
+            block_scan_pair<SEL_BLOCK, u64, u64>(local, 0ull, ex_r, ex2, tot_r, tot2, s->sa,
+                                                 reinterpret_cast<u64*>(s->mass));
+            if (find) {
+                u64 before = carry_rho + ex_r;
+#pragma unroll
+                for (int j = 0; j < SEL_ITEMS; ++j) {
+                    if (rho[j] != 0 && before <= t && t < before + rho[j]) s->token = (i32)(i0 + j);
+                    before += rho[j];
+                }
+                __syncthreads();
+                const i32 found = s->token;
+                __syncthreads();
+                if (found >= 0) return (u64)found;
+            }
+            carry_b += tot_b;
+            carry_rho += tot_r;
+        }
+        return find ? SPECULA_U32_MAX : carry_rho;
+    }
+
+    __device__ Check check(const VerifyArgs& a, u32 slot, u64 i, i32 d, i64 row) const {
+        Check c;
+        c.accepted = false;
+        c.has_correction = false;
+        c.correction = -1;
+        if (row < 0) return c;
+        const u64 r = (u64)row;
+        const u64 qrow = (u64)slot * (a.max_step_tokens - 1) + i;
+        const TargetStats st = target_stats(a)[r];
+        const u64 wq_total = draft_totals(a)[qrow];
+        c.has_correction = true;
+        if (st.raw_total >= SPECULA_REJECTION_MAX_TOTAL_WEIGHT || wq_total >= SPECULA_REJECTION_MAX_TOTAL_WEIGHT ||
+            st.degenerate) {
+            // Not distributions, or a target that weighs nothing: reject, sample the target.
+            c.correction = sample_target(a, r);
+            return c;
+        }
+        const u32 du = (u32)d;
+        const u32 key_d = rank_key(SPECULA_T::widen(target_row(a, r)[du]));
+        u64 wp_d = 0;
+        if (key_d > st.kept_key) {
+            wp_d = key_weight(key_d);
+        } else if (key_d == st.kept_key) {
+            wp_d = count_key_before(a, r, key_d, du) < (u64)st.kept_take ? key_weight(key_d) : 0;
+        }
+        const u64 wq_d = prob_weight(SPECULA_D::widen(a.draft_probs[qrow * a.vocab + du]));
+        const u64 seed = a.seeds[r];
+        const u64 u = specula_draw(seed, SPECULA_PURPOSE_ACCEPT) >> 32;
+        bool accepted;
+        if (wq_d == 0) {
+            accepted = wp_d > 0;
+        } else {
+            // u · wq[d] · Wp < 2^32 · wp[d] · Wq, both sides < 2^113.
+            const u128 lhs = u128_mul_u64(mul_64x64(u, wq_d), st.kept_mass);
+            const u128 rhs = u128_shl(mul_64x64(wp_d, wq_total), 32);
+            accepted = u128_lt(lhs, rhs);
+        }
+        if (accepted) {
+            c.accepted = true;
+            c.has_correction = false;
+            return c;
+        }
+        const u64 total = residual(a, r, qrow, st, wq_total, false, 0);
+        if (total == 0) {
+            c.correction = sample_target(a, r);
+            return c;
+        }
+        const u64 t = scale_draw(specula_draw(seed, SPECULA_PURPOSE_RESIDUAL), total);
+        const u64 v = residual(a, r, qrow, st, wq_total, true, t);
+        if (v == SPECULA_U32_MAX) {
+            // Unreachable (t < the residual total); the first token is the safe answer.
+            RowPart p = row_part_single(a.vocab, a.vec_target != 0);
+            c.correction = (i32)first_in_rank<SPECULA_T, ProbKeys>(target_row(a, r), p, *s);
+        } else {
+            c.correction = (i32)v;
+        }
+        return c;
+    }
+
+    __device__ i32 phase2(const VerifyArgs& a, i64 row) const {
+        if (row < 0) return -1;
+        return sample_target(a, (u64)row);
+    }
+};
+
+// One slot (contract §4.5). Every caller thread runs it with the same inputs; `writer` threads
+// store the tokens (the caller has filled the row with -1 and synchronised).
+template <class P>
+__device__ i32 verify_slot(const VerifyArgs& a, u32 b, const P& policy, bool writer) {
+    if (b >= a.real_bsz || a.stop_flags[b] != 0 || a.is_block_step[b] != 0) return 0;
+    const u64 s = a.max_step_tokens;
+    u64 this_time = len_or_zero(a.this_time[b]);
+    this_time = this_time < s ? this_time : s;
+    if (this_time == 0) return 0;
+    const i64 base = a.cu_out[b];
+    Emitter out;
+    out.tokens = a.accept_tokens + (u64)b * s;
+    out.len = 0;
+    out.count = a.step_idx[b] > 0 ? a.step_idx[b] : 0;
+    out.max_dec_len = a.max_dec_len[b];
+    out.end_tokens = a.end_tokens;
+    out.n_end = a.n_end;
+    out.stopped = false;
+    out.writer = writer;
+    const bool skip_phase1 = a.encoder[b] > 0 || a.reasoning[b] == 1 || a.reject_all != 0;
+    u64 i = 0;
+    bool has_correction = false;
+    i32 correction = -1;
+    if (!skip_phase1) {
+        while (i + 1 < this_time) {
+            const i32 d = a.draft_tokens[(u64)b * s + i + 1];
+            Check c;
+            if (!in_vocab(a, d)) {
+                // An out-of-vocabulary draft is never accepted, whatever the strategy or flags.
+                c.accepted = false;
+                c.has_correction = false;
+            } else if (a.accept_all != 0) {
+                c.accepted = true;
+                c.has_correction = false;
+            } else {
+                c = policy.check(a, b, i, d, existing_row(a, base + (i64)i));
+            }
+            if (!c.accepted) {
+                has_correction = c.has_correction;
+                correction = c.correction;
+                break;
+            }
+            emit(out, d);
+            if (out.stopped) return (i32)out.len;
+            i += 1;
+        }
+    }
+    i32 token = has_correction ? correction : policy.phase2(a, existing_row(a, base + (i64)i));
+    // A token outside the vocabulary (a missing row, or candidates a caller made) ends the slot.
+    if (!in_vocab(a, token)) token = a.end_tokens[0];
+    emit(out, token);
+    return (i32)out.len;
+}
+
+extern "C" __global__ void __launch_bounds__(SPECULA_BATCH_BLOCK)
+    SPECULA_ENTRY(verify_draft_tokens)(const VerifyArgs a) {
+    const u32 b = blockIdx.x * SPECULA_BATCH_BLOCK + threadIdx.x;
+    if (b >= a.max_bsz) return;
+    i32* row = a.accept_tokens + (u64)b * a.max_step_tokens;
+    for (u64 k = 0; k < a.max_step_tokens; ++k) row[k] = -1;
+    ScalarPolicy policy;
+    a.accept_num[b] = verify_slot(a, b, policy, true);
+}
+
+extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
+    SPECULA_ENTRY(verify_draft_tokens_rejection_prepare)(const VerifyArgs a) {
+    __shared__ SelShared s;
+    const u64 blk = blockIdx.x;
+    if (blk < a.rows) {
+        const u64 r = blk;
+        const SPECULA_T::raw* row = a.target_probs + r * a.vocab;
+        RowPart p = row_part_single(a.vocab, a.vec_target != 0);
+        const u64 raw_total = row_total_weight<SPECULA_T>(row, p, s);
+        const Kept k = kept_set<SPECULA_T>(row, p, s, a.vocab, a.top_k[r], top_p_fixed(a.top_p[r]));
+        if (threadIdx.x == 0) {
+            TargetStats st;
+            st.raw_total = raw_total;
+            st.kept_mass = k.prefix.mass;
+            st.kept_key = k.prefix.key;
+            st.kept_take = k.prefix.take;
+            st.degenerate = k.degenerate ? 1u : 0u;
+            st.first = k.first;
+            reinterpret_cast<TargetStats*>(a.stats)[r] = st;
+        }
+    } else if (blk < a.rows + a.draft_rows) {
+        const u64 qrow = blk - a.rows;
+        RowPart p = row_part_single(a.vocab, a.vec_draft != 0);
+        const u64 total = row_total_weight<SPECULA_D>(a.draft_probs + qrow * a.vocab, p, s);
+        if (threadIdx.x == 0) draft_totals(a)[qrow] = total;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
+    SPECULA_ENTRY(verify_draft_tokens_rejection)(const VerifyArgs a) {
+    __shared__ SelShared s;
+    const u32 b = blockIdx.x;
+    if (b >= a.max_bsz) return;
+    i32* row = a.accept_tokens + (u64)b * a.max_step_tokens;
+    for (u64 k = threadIdx.x; k < a.max_step_tokens; k += SEL_BLOCK) row[k] = -1;
+    __syncthreads();
+    RejectionPolicy policy;
+    policy.s = &s;
+    const i32 n = verify_slot(a, b, policy, threadIdx.x == 0);
+    if (threadIdx.x == 0) a.accept_num[b] = n;
+}

@@ -1,0 +1,439 @@
+//! `CudaDevice`: the `Device` implementation (probing, memory, the kernel cache, launches).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
+    PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+use specula_backend_api::{
+    BackendKind, Buffer, Capabilities, DType, DeviceId, DeviceInfo, Error, Op, Result,
+};
+
+use crate::error::CudaError;
+use crate::kernels::{Instance, KernelFile, compile_options};
+use crate::nvrtc;
+use crate::storage::{self, CudaStorage};
+
+/// The oldest driver API this build's bindings (`cuda-12080`) are used with.
+const MIN_DRIVER_VERSION: i32 = 12_000;
+/// The kernels use `__nanosleep` and independent thread scheduling: compute capability 7.0+.
+const MIN_COMPUTE_CAPABILITY: i32 = 70;
+
+fn unavailable(reason: impl Into<String>) -> Error {
+    Error::Unavailable {
+        backend: BackendKind::Cuda,
+        reason: reason.into(),
+    }
+}
+
+/// One loaded module and the functions looked up in it.
+struct LoadedModule {
+    module: Arc<CudaModule>,
+    functions: HashMap<String, CudaFunction>,
+}
+
+/// One NVIDIA GPU: a context, one stream every op is enqueued on, and the kernels built for the
+/// device's architecture (compiled by NVRTC at first use, cached per file and element types).
+pub struct CudaDevice {
+    id: DeviceId,
+    info: DeviceInfo,
+    capabilities: Capabilities,
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    target: String,
+    pub(crate) multiprocessors: u32,
+    pub(crate) cooperative: bool,
+    modules: Mutex<HashMap<(KernelFile, Instance), LoadedModule>>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("id", &self.id)
+            .field("info", &self.info)
+            .field("target", &self.target)
+            .field("multiprocessors", &self.multiprocessors)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CudaDevice {
+    /// Opens device `ordinal`. Every missing piece is reported as [`Error::Unavailable`] with the
+    /// reason, never a panic: libcuda and libnvrtc are probed before cudarc touches them (its
+    /// loaders panic when a library is absent).
+    pub fn new(ordinal: usize) -> Result<Self> {
+        // SAFETY: only tries to open the library.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(unavailable(
+                "libcuda not found (no NVIDIA driver on this machine)",
+            ));
+        }
+        let mut driver_version = 0;
+        // SAFETY: libcuda is present; cuDriverGetVersion needs no initialisation.
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) }
+            .result()
+            .map_err(|e| unavailable(format!("cuDriverGetVersion failed: {e}")))?;
+        if driver_version < MIN_DRIVER_VERSION {
+            return Err(unavailable(format!(
+                "the NVIDIA driver supports CUDA {}.{}, this backend needs 12.0 or newer",
+                driver_version / 1000,
+                driver_version % 1000 / 10
+            )));
+        }
+        let nvrtc_version = nvrtc::probe().map_err(unavailable)?;
+        cudarc::driver::result::init().map_err(|e| unavailable(format!("cuInit failed: {e}")))?;
+        let count = cudarc::driver::result::device::get_count()
+            .map_err(|e| unavailable(format!("cannot count CUDA devices: {e}")))?;
+        if ordinal >= usize::try_from(count).unwrap_or(0) {
+            return Err(unavailable(format!(
+                "no CUDA device {ordinal} ({count} found)"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| {
+            unavailable(format!("cannot create a context on device {ordinal}: {e}"))
+        })?;
+        // One stream carries every op, so cudarc's cross-stream event tracking is not needed.
+        // SAFETY: no buffer has been allocated in this context by this device yet, and all later
+        // work of this device runs on the one stream created below.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| unavailable(format!("cannot create a stream: {e}")))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| unavailable(format!("cannot read the compute capability: {e}")))?;
+        let cc = major * 10 + minor;
+        if cc < MIN_COMPUTE_CAPABILITY {
+            return Err(unavailable(format!(
+                "compute capability {major}.{minor}; the kernels need 7.0 or newer (Volta)"
+            )));
+        }
+        let archs = nvrtc::supported_archs().map_err(|e| unavailable(e.to_string()))?;
+        let target = nvrtc::target_for(cc, &archs).ok_or_else(|| {
+            unavailable(format!(
+                "NVRTC {}.{} cannot generate code for compute capability {major}.{minor}",
+                nvrtc_version.0, nvrtc_version.1
+            ))
+        })?;
+        let name = ctx
+            .name()
+            .unwrap_or_else(|_| format!("CUDA device {ordinal}"));
+        let attribute = |a: CUdevice_attribute| ctx.attribute(a).unwrap_or(0);
+        let multiprocessors = u32::try_from(attribute(
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        ))
+        .unwrap_or(1)
+        .max(1);
+        let cooperative =
+            attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH) != 0;
+        let total_mem = ctx.total_mem().ok().map(|b| b as u64);
+        Ok(CudaDevice {
+            id: DeviceId::next(),
+            info: DeviceInfo {
+                kind: BackendKind::Cuda,
+                ordinal,
+                name,
+                driver: format!(
+                    "CUDA driver {}.{}, NVRTC {}.{}, compute capability {major}.{minor}, kernels for {target}",
+                    driver_version / 1000,
+                    driver_version % 1000 / 10,
+                    nvrtc_version.0,
+                    nvrtc_version.1
+                ),
+            },
+            capabilities: Capabilities {
+                float_dtypes: DType::FLOATS.to_vec(),
+                max_buffer_bytes: total_mem,
+            },
+            ctx,
+            stream,
+            target,
+            multiprocessors,
+            cooperative,
+            modules: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The architecture kernels are built for (`sm_90`, or `compute_XY` for a newer device).
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// The function `stem` of `file` built for `instance`, compiling and loading the module at
+    /// first use. An NVRTC error is [`Error::KernelBuild`](specula_backend_api::Error::KernelBuild) with the log.
+    pub(crate) fn function(
+        &self,
+        file: KernelFile,
+        instance: Instance,
+        stem: &str,
+    ) -> Result<CudaFunction> {
+        let entry = instance.entry(stem);
+        let mut modules = self
+            .modules
+            .lock()
+            .map_err(|_| CudaError::Poisoned.into_api(file.op().name()))?;
+        let loaded = match modules.entry((file, instance)) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                let _span = tracing::debug_span!(
+                    "nvrtc",
+                    backend = "cuda",
+                    file = %file.file_name(),
+                    dtype = instance.suffix.name(),
+                    target = %self.target
+                )
+                .entered();
+                let kernel = format!(
+                    "{} [{}/{}] for {}",
+                    file.file_name(),
+                    instance.target,
+                    instance.draft,
+                    self.target
+                );
+                let compiled = nvrtc::compile(
+                    &file.source(),
+                    &file.file_name(),
+                    &compile_options(&instance, &self.target),
+                )
+                .map_err(|e| match e {
+                    CudaError::Compile { log, .. } => Error::KernelBuild {
+                        backend: BackendKind::Cuda,
+                        kernel: kernel.clone(),
+                        log,
+                    },
+                    other => other.into_api(file.op().name()),
+                })?;
+                if !compiled.log.is_empty() {
+                    tracing::debug!(log = %compiled.log, "nvrtc log");
+                }
+                let ptx = match compiled.image {
+                    nvrtc::Image::Cubin(bytes) => Ptx::from_binary(bytes),
+                    nvrtc::Image::Ptx(bytes) => Ptx::from_src(nvrtc::ptx_text(&bytes)),
+                };
+                let module = self.ctx.load_module(ptx).map_err(|e| {
+                    CudaError::driver("cuModuleLoadData", e).into_api(file.op().name())
+                })?;
+                slot.insert(LoadedModule {
+                    module,
+                    functions: HashMap::new(),
+                })
+            }
+        };
+        if let Some(f) = loaded.functions.get(&entry) {
+            return Ok(f.clone());
+        }
+        let f = loaded
+            .module
+            .load_function(&entry)
+            .map_err(|e| CudaError::driver("cuModuleGetFunction", e).into_api(file.op().name()))?;
+        loaded.functions.insert(entry, f.clone());
+        Ok(f)
+    }
+
+    /// Launches `f` with one argument block on the device's stream.
+    pub(crate) fn launch<A: DeviceRepr>(
+        &self,
+        op: Op,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &A,
+    ) -> Result<()> {
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut builder = self.stream.launch_builder(f);
+        builder.arg(args);
+        // SAFETY: `args` mirrors the kernel's argument struct (checked by `args::tests`); every
+        // pointer in it is a window of a validated buffer of this device, or scratch that lives
+        // until the stream has consumed it (freed stream-ordered on drop).
+        unsafe { builder.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| CudaError::driver("cuLaunchKernel", e).into_api(op.name()))
+    }
+
+    /// Launches `f` cooperatively (all blocks co-resident); `Ok(false)` when the grid does not
+    /// fit the device at once, so the caller can fall back.
+    pub(crate) fn launch_cooperative<A: DeviceRepr>(
+        &self,
+        op: Op,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &A,
+    ) -> Result<bool> {
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut builder = self.stream.launch_builder(f);
+        builder.arg(args);
+        // SAFETY: as in `launch`.
+        match unsafe { builder.launch_cooperative(cfg) } {
+            Ok(_) => Ok(true),
+            Err(cudarc::driver::DriverError(
+                cudarc::driver::sys::CUresult::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
+            )) => Ok(false),
+            Err(e) => Err(CudaError::driver("cuLaunchCooperativeKernel", e).into_api(op.name())),
+        }
+    }
+
+    /// Zeroed scratch memory for one op (freed, stream-ordered, when dropped).
+    pub(crate) fn scratch(&self, op: Op, bytes: u64) -> Result<CudaSlice<u8>> {
+        let bytes = usize::try_from(bytes.max(8)).map_err(|_| Error::OutOfMemory {
+            backend: BackendKind::Cuda,
+            requested_bytes: usize::MAX,
+        })?;
+        self.stream
+            .alloc_zeros::<u8>(bytes)
+            .map_err(|e| CudaError::driver("cuMemAllocAsync", e).into_api(op.name()))
+    }
+
+    /// The device address of a scratch allocation.
+    pub(crate) fn scratch_ptr(&self, scratch: &CudaSlice<u8>) -> u64 {
+        use cudarc::driver::DevicePtr;
+        let (ptr, _guard) = scratch.device_ptr(&self.stream);
+        ptr
+    }
+
+    /// The window address of a validated buffer.
+    pub(crate) fn ptr(&self, op: Op, buffer: &Buffer) -> Result<u64> {
+        storage::window_ptr(buffer, &self.stream).map_err(|e| e.into_api(op.name()))
+    }
+
+    /// The window address of an optional validated buffer (0 when absent).
+    pub(crate) fn opt_ptr(&self, op: Op, buffer: Option<&Buffer>) -> Result<u64> {
+        storage::optional_ptr(buffer, &self.stream).map_err(|e| e.into_api(op.name()))
+    }
+
+    pub(crate) fn id_value(&self) -> DeviceId {
+        self.id
+    }
+
+    pub(crate) fn info_ref(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    pub(crate) fn capabilities_ref(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    fn check_size(dtype: DType, bytes: &[u8]) -> Result<usize> {
+        if !bytes.len().is_multiple_of(dtype.size_bytes()) {
+            return Err(Error::invalid(
+                Op::Memory,
+                "bytes",
+                format!("a multiple of {} ({dtype})", dtype.size_bytes()),
+                bytes.len(),
+            ));
+        }
+        Ok(bytes.len() / dtype.size_bytes())
+    }
+
+    pub(crate) fn alloc_zeroed_impl(&self, dtype: DType, len: usize) -> Result<Buffer> {
+        let oom = |requested_bytes| Error::OutOfMemory {
+            backend: BackendKind::Cuda,
+            requested_bytes,
+        };
+        let bytes = len
+            .checked_mul(dtype.size_bytes())
+            .ok_or_else(|| oom(usize::MAX))?;
+        let alloc = CudaStorage::allocation_bytes(bytes).ok_or_else(|| oom(usize::MAX))?;
+        let slice = self.stream.alloc_zeros::<u8>(alloc).map_err(|e| match e {
+            cudarc::driver::DriverError(
+                cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            ) => oom(alloc),
+            other => CudaError::driver("cuMemAlloc", other).into_api("alloc"),
+        })?;
+        Ok(Buffer::from_storage(
+            dtype,
+            len,
+            self.id,
+            Box::new(CudaStorage { slice }),
+        ))
+    }
+
+    pub(crate) fn upload_bytes_impl(&self, dtype: DType, bytes: &[u8]) -> Result<Buffer> {
+        let len = Self::check_size(dtype, bytes)?;
+        let mut buffer = self.alloc_zeroed_impl(dtype, len)?;
+        if !bytes.is_empty() {
+            self.copy_into_window(&mut buffer, bytes)?;
+        }
+        Ok(buffer)
+    }
+
+    /// Copies `bytes` (exactly the window's size) into the window and waits for the copy.
+    fn copy_into_window(&self, dst: &mut Buffer, bytes: &[u8]) -> Result<()> {
+        let (start, end) = storage::window_bytes(dst);
+        let s = storage::storage_mut(dst).map_err(|e| e.into_api("upload"))?;
+        let mut view = s
+            .slice
+            .try_slice_mut(start..end)
+            .ok_or_else(|| CudaError::TooLarge { what: "window" }.into_api("upload"))?;
+        self.stream
+            .memcpy_htod(bytes, &mut view)
+            .map_err(|e| CudaError::driver("cuMemcpyHtoDAsync", e).into_api("upload"))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| CudaError::driver("cuStreamSynchronize", e).into_api("upload"))
+    }
+
+    pub(crate) fn write_bytes_impl(&self, dst: &mut Buffer, bytes: &[u8]) -> Result<()> {
+        let supplied = Self::check_size(dst.dtype(), bytes)?;
+        specula_backend_api::ops::Check::new(Op::Memory, self.id).exact(
+            "dst",
+            dst,
+            dst.dtype(),
+            dst.len(),
+        )?;
+        if supplied != dst.len() {
+            return Err(Error::ShapeMismatch {
+                op: Op::Memory,
+                arg: "bytes",
+                expected: dst.len(),
+                actual: supplied,
+            });
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.copy_into_window(dst, bytes)
+    }
+
+    pub(crate) fn download_bytes_impl(&self, src: &Buffer) -> Result<Vec<u8>> {
+        specula_backend_api::ops::Check::new(Op::Memory, self.id).exact(
+            "src",
+            src,
+            src.dtype(),
+            src.len(),
+        )?;
+        let (start, end) = storage::window_bytes(src);
+        let mut out = vec![0u8; end - start];
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let s = storage::storage(src).map_err(|e| e.into_api("download"))?;
+        let view = s
+            .slice
+            .try_slice(start..end)
+            .ok_or_else(|| CudaError::TooLarge { what: "window" }.into_api("download"))?;
+        self.stream
+            .memcpy_dtoh(&view, &mut out)
+            .map_err(|e| CudaError::driver("cuMemcpyDtoHAsync", e).into_api("download"))?;
+        self.synchronize_impl()?;
+        Ok(out)
+    }
+
+    pub(crate) fn synchronize_impl(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| CudaError::driver("cuStreamSynchronize", e).into_api("synchronize"))
+    }
+}

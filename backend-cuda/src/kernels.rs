@@ -1,0 +1,351 @@
+//! The kernel sources, their entry points and the NVRTC options they are built with.
+//!
+//! Every op has one file under `kernels/` (embedded with `include_str!`), built on the shared
+//! `common.cuh` (types, 128-bit helpers, Philox, weights, block collectives) and, for the ops that
+//! select in rank order, `select.cuh`. The headers are prepended as text, so no include path is
+//! needed. Constants shared with the Rust side come from [`specula_backend_api::abi`] as `-D`
+//! defines ([`defines`]); the element types as `-DSPECULA_T=F32|F16|BF16` (and `SPECULA_D` for
+//! REJECTION's draft rows); `-DSPECULA_SUFFIX` names the entry points (`argmax_f32`).
+//!
+//! The runtime ([`crate::CudaDevice`]) and the compile check (`nvrtc-check`) both build through
+//! [`KernelFile::source`] and [`compile_options`], so CI checks exactly what a GPU runs.
+
+use specula_backend_api::abi;
+use specula_backend_api::rng::Purpose;
+use specula_backend_api::{DType, Op};
+
+use crate::launch;
+
+/// The shared header of every kernel file.
+pub const COMMON: &str = include_str!("../kernels/common.cuh");
+/// The rank-order selection shared by the sampling kernels.
+pub const SELECT: &str = include_str!("../kernels/select.cuh");
+
+/// One kernel file: one op (or tight op family).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KernelFile {
+    /// `kernels/build_output_layout.cu`.
+    BuildOutputLayout,
+    /// `kernels/gather_next_token.cu`.
+    GatherNextToken,
+    /// `kernels/build_sampling_params.cu`.
+    BuildSamplingParams,
+    /// `kernels/argmax.cu`.
+    Argmax,
+    /// `kernels/softmax.cu`.
+    Softmax,
+    /// `kernels/top_k_top_p_sample.cu`.
+    TopKTopPSample,
+    /// `kernels/top_p_candidates.cu`.
+    TopPCandidates,
+    /// `kernels/verify_draft_tokens.cu`.
+    VerifyDraftTokens,
+    /// `kernels/update_state.cu`.
+    UpdateState,
+    /// `kernels/ngram_match.cu`.
+    NgramMatch,
+    /// `kernels/accept_logprobs.cu`.
+    AcceptLogprobs,
+}
+
+impl KernelFile {
+    /// Every kernel file.
+    pub const ALL: [KernelFile; 11] = [
+        KernelFile::BuildOutputLayout,
+        KernelFile::GatherNextToken,
+        KernelFile::BuildSamplingParams,
+        KernelFile::Argmax,
+        KernelFile::Softmax,
+        KernelFile::TopKTopPSample,
+        KernelFile::TopPCandidates,
+        KernelFile::VerifyDraftTokens,
+        KernelFile::UpdateState,
+        KernelFile::NgramMatch,
+        KernelFile::AcceptLogprobs,
+    ];
+
+    /// The op this file implements.
+    pub const fn op(self) -> Op {
+        match self {
+            KernelFile::BuildOutputLayout => Op::BuildOutputLayout,
+            KernelFile::GatherNextToken => Op::GatherNextToken,
+            KernelFile::BuildSamplingParams => Op::BuildSamplingParams,
+            KernelFile::Argmax => Op::Argmax,
+            KernelFile::Softmax => Op::Softmax,
+            KernelFile::TopKTopPSample => Op::TopKTopPSample,
+            KernelFile::TopPCandidates => Op::TopPCandidates,
+            KernelFile::VerifyDraftTokens => Op::VerifyDraftTokens,
+            KernelFile::UpdateState => Op::UpdateState,
+            KernelFile::NgramMatch => Op::NgramMatch,
+            KernelFile::AcceptLogprobs => Op::AcceptLogprobs,
+        }
+    }
+
+    /// The file name under `kernels/`.
+    pub fn file_name(self) -> String {
+        format!("{}.cu", self.op().name())
+    }
+
+    /// The op's own source (without the shared headers).
+    pub const fn body(self) -> &'static str {
+        match self {
+            KernelFile::BuildOutputLayout => include_str!("../kernels/build_output_layout.cu"),
+            KernelFile::GatherNextToken => include_str!("../kernels/gather_next_token.cu"),
+            KernelFile::BuildSamplingParams => include_str!("../kernels/build_sampling_params.cu"),
+            KernelFile::Argmax => include_str!("../kernels/argmax.cu"),
+            KernelFile::Softmax => include_str!("../kernels/softmax.cu"),
+            KernelFile::TopKTopPSample => include_str!("../kernels/top_k_top_p_sample.cu"),
+            KernelFile::TopPCandidates => include_str!("../kernels/top_p_candidates.cu"),
+            KernelFile::VerifyDraftTokens => include_str!("../kernels/verify_draft_tokens.cu"),
+            KernelFile::UpdateState => include_str!("../kernels/update_state.cu"),
+            KernelFile::NgramMatch => include_str!("../kernels/ngram_match.cu"),
+            KernelFile::AcceptLogprobs => include_str!("../kernels/accept_logprobs.cu"),
+        }
+    }
+
+    /// Whether the file uses the rank-order selection header.
+    pub const fn uses_select(self) -> bool {
+        matches!(
+            self,
+            KernelFile::TopKTopPSample
+                | KernelFile::TopPCandidates
+                | KernelFile::VerifyDraftTokens
+                | KernelFile::AcceptLogprobs
+        )
+    }
+
+    /// The complete translation unit NVRTC compiles: the headers, then the op's file.
+    pub fn source(self) -> String {
+        let mut src = String::with_capacity(COMMON.len() + SELECT.len() + self.body().len() + 64);
+        src.push_str(COMMON);
+        src.push('\n');
+        if self.uses_select() {
+            src.push_str(SELECT);
+            src.push('\n');
+        }
+        src.push_str(self.body());
+        src
+    }
+
+    /// Entry-point stems of the file; each is suffixed with the instance's dtype name
+    /// (`top_k_top_p_sample` → `top_k_top_p_sample_f32`).
+    pub const fn entry_stems(self) -> &'static [&'static str] {
+        match self {
+            KernelFile::BuildOutputLayout => &["build_output_layout"],
+            KernelFile::GatherNextToken => &["gather_next_token"],
+            KernelFile::BuildSamplingParams => &["build_sampling_params"],
+            KernelFile::Argmax => &["argmax"],
+            KernelFile::Softmax => &["softmax"],
+            KernelFile::TopKTopPSample => &["top_k_top_p_sample", "top_k_top_p_sample_split"],
+            KernelFile::TopPCandidates => &["top_p_candidates"],
+            KernelFile::VerifyDraftTokens => &[
+                "verify_draft_tokens",
+                "verify_draft_tokens_rejection_prepare",
+                "verify_draft_tokens_rejection",
+            ],
+            KernelFile::UpdateState => &["update_state"],
+            KernelFile::NgramMatch => &["ngram_match_propose", "ngram_match"],
+            KernelFile::AcceptLogprobs => &["accept_logprobs_pack", "accept_logprobs"],
+        }
+    }
+
+    /// The element-type instances this file is built for: `(suffix dtype, T, D)`.
+    ///
+    /// Integer-only files have one instance named `i32` (`u8` for the byte copy of gather); float
+    /// files one per float dtype; verify one per (target, draft) pair of the REJECTION strategy.
+    pub fn instances(self) -> Vec<Instance> {
+        match self {
+            KernelFile::BuildOutputLayout
+            | KernelFile::BuildSamplingParams
+            | KernelFile::UpdateState
+            | KernelFile::NgramMatch => vec![Instance::integer(DType::I32)],
+            KernelFile::GatherNextToken => vec![Instance::integer(DType::U8)],
+            KernelFile::Argmax
+            | KernelFile::Softmax
+            | KernelFile::TopKTopPSample
+            | KernelFile::TopPCandidates
+            | KernelFile::AcceptLogprobs => DType::FLOATS
+                .iter()
+                .map(|&t| Instance::float(t, t))
+                .collect(),
+            KernelFile::VerifyDraftTokens => DType::FLOATS
+                .iter()
+                .flat_map(|&t| DType::FLOATS.iter().map(move |&d| Instance::float(t, d)))
+                .collect(),
+        }
+    }
+}
+
+/// One compiled instance of a kernel file: the entry-point suffix and the element types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Instance {
+    /// The dtype that names the entry points (`_f32`).
+    pub suffix: DType,
+    /// The element type of the probabilities/logits (`SPECULA_T`).
+    pub target: DType,
+    /// The element type of REJECTION's draft rows (`SPECULA_D`).
+    pub draft: DType,
+}
+
+impl Instance {
+    /// An integer-only kernel (the float types are unused and set to f32).
+    pub const fn integer(suffix: DType) -> Self {
+        Instance {
+            suffix,
+            target: DType::F32,
+            draft: DType::F32,
+        }
+    }
+
+    /// A float kernel over `target` rows (and `draft` rows for REJECTION).
+    pub const fn float(target: DType, draft: DType) -> Self {
+        Instance {
+            suffix: target,
+            target,
+            draft,
+        }
+    }
+
+    /// The entry point of `stem` in this instance (`argmax` → `argmax_f32`).
+    pub fn entry(&self, stem: &str) -> String {
+        format!("{stem}_{}", self.suffix.name())
+    }
+}
+
+/// The CUDA element-type tag of a float dtype (`F32`, `F16`, `BF16`).
+fn element_tag(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F16 => "F16",
+        DType::BF16 => "BF16",
+        _ => "F32",
+    }
+}
+
+/// The `-D` defines shared with the Rust side, generated from [`abi`] and the launch constants.
+pub fn defines() -> Vec<(String, String)> {
+    let d = |name: &str, value: String| (format!("SPECULA_{name}"), value);
+    vec![
+        d("PHILOX_M0", format!("{:#x}u", abi::PHILOX_M0)),
+        d("PHILOX_M1", format!("{:#x}u", abi::PHILOX_M1)),
+        d("PHILOX_W0", format!("{:#x}u", abi::PHILOX_W0)),
+        d("PHILOX_W1", format!("{:#x}u", abi::PHILOX_W1)),
+        d("PHILOX_ROUNDS", abi::PHILOX_ROUNDS.to_string()),
+        d("MAX_INFER_SEED", format!("{}ull", abi::MAX_INFER_SEED)),
+        d("SEED_STRIDE", format!("{}ull", abi::SEED_STRIDE)),
+        d("WEIGHT_BITS", abi::WEIGHT_BITS.to_string()),
+        d("TOP_P_BITS", abi::TOP_P_BITS.to_string()),
+        d("MAX_VOCAB", format!("{}u", abi::MAX_VOCAB)),
+        d("MAX_CANDIDATES", abi::MAX_CANDIDATES.to_string()),
+        d("MAX_LOGPROBS_TOP_K", abi::MAX_LOGPROBS_TOP_K.to_string()),
+        d(
+            "REJECTION_MAX_TOTAL_WEIGHT",
+            format!("{}ull", abi::REJECTION_MAX_TOTAL_WEIGHT),
+        ),
+        d("PURPOSE_SAMPLE", format!("{}u", Purpose::Sample as u32)),
+        d(
+            "PURPOSE_CANDIDATE",
+            format!("{}u", Purpose::Candidate as u32),
+        ),
+        d("PURPOSE_ACCEPT", format!("{}u", Purpose::Accept as u32)),
+        d("PURPOSE_RESIDUAL", format!("{}u", Purpose::Residual as u32)),
+        d("SELECT_BLOCK", launch::SELECT_BLOCK.to_string()),
+        d("SELECT_ITEMS", launch::SELECT_ITEMS.to_string()),
+        d("SELECT_MAX_PASSES", launch::SELECT_MAX_PASSES.to_string()),
+        d("ROW_BLOCK", launch::ROW_BLOCK.to_string()),
+        d("BATCH_BLOCK", launch::BATCH_BLOCK.to_string()),
+        d("STRATEGY_GREEDY", launch::STRATEGY_GREEDY.to_string()),
+        d(
+            "STRATEGY_TARGET_MATCH",
+            launch::STRATEGY_TARGET_MATCH.to_string(),
+        ),
+        d("STRATEGY_TOPP", launch::STRATEGY_TOPP.to_string()),
+        d("STRATEGY_REJECTION", launch::STRATEGY_REJECTION.to_string()),
+    ]
+}
+
+/// The NVRTC options of an instance for a target (`sm_90` for a CUBIN, `compute_90` for PTX).
+///
+/// No fast math and no FMA contraction: the float ops (softmax, logprobs) stay as close to the
+/// CPU reference as the hardware's correctly rounded operations allow, and every exact op is
+/// integer arithmetic anyway.
+pub fn compile_options(instance: &Instance, arch: &str) -> Vec<String> {
+    let mut options = vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_owned(),
+        "--fmad=false".to_owned(),
+        "--prec-div=true".to_owned(),
+        "--prec-sqrt=true".to_owned(),
+        "--ftz=false".to_owned(),
+        format!("-DSPECULA_T={}", element_tag(instance.target)),
+        format!("-DSPECULA_D={}", element_tag(instance.draft)),
+        format!("-DSPECULA_SUFFIX={}", instance.suffix.name()),
+    ];
+    options.extend(
+        defines()
+            .into_iter()
+            .map(|(name, value)| format!("-D{name}={value}")),
+    );
+    options
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_file_has_its_entry_points_in_its_source() {
+        for file in KernelFile::ALL {
+            let body = file.body();
+            for stem in file.entry_stems() {
+                assert!(
+                    body.contains(&format!("SPECULA_ENTRY({stem})")),
+                    "{} lacks entry {stem}",
+                    file.file_name()
+                );
+            }
+            assert!(
+                file.entry_stems().contains(&file.op().name()),
+                "{} has no entry named after its op",
+                file.file_name()
+            );
+        }
+    }
+
+    #[test]
+    fn entry_points_follow_the_op_naming() {
+        let i = Instance::float(DType::BF16, DType::F16);
+        assert_eq!(i.entry("softmax"), Op::Softmax.entry_point(DType::BF16));
+        assert_eq!(
+            Instance::integer(DType::I32).entry("update_state"),
+            Op::UpdateState.entry_point(DType::I32)
+        );
+    }
+
+    #[test]
+    fn sources_use_only_injected_constants() {
+        // Every SPECULA_* macro a kernel reads is either defined in the headers or injected.
+        let injected: Vec<String> = defines().into_iter().map(|(n, _)| n).collect();
+        let all = format!(
+            "{COMMON}{SELECT}{}",
+            KernelFile::ALL.map(|f| f.body()).concat()
+        );
+        for word in all.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if !word.starts_with("SPECULA_") {
+                continue;
+            }
+            let defined_in_source = all.contains(&format!("#define {word}"));
+            let builtin = matches!(word, "SPECULA_T" | "SPECULA_D" | "SPECULA_SUFFIX");
+            assert!(
+                defined_in_source || builtin || injected.iter().any(|n| n == word),
+                "{word} is neither defined nor injected"
+            );
+        }
+    }
+
+    #[test]
+    fn instances_cover_every_float_dtype() {
+        assert_eq!(KernelFile::Argmax.instances().len(), 3);
+        assert_eq!(KernelFile::VerifyDraftTokens.instances().len(), 9);
+        assert_eq!(KernelFile::UpdateState.instances().len(), 1);
+    }
+}

@@ -1,0 +1,70 @@
+//! Device memory behind CUDA buffers, and the raw window pointers kernels receive.
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use specula_backend_api::Buffer;
+
+use crate::error::CudaError;
+
+/// The storage of a CUDA buffer: one byte allocation (at least 8 bytes, a multiple of 8, so every
+/// element type is aligned and a zero-length buffer still has a valid address).
+pub(crate) struct CudaStorage {
+    pub(crate) slice: CudaSlice<u8>,
+}
+
+impl CudaStorage {
+    /// Bytes to allocate for `bytes` of payload.
+    pub(crate) fn allocation_bytes(bytes: usize) -> Option<usize> {
+        bytes.max(8).checked_next_multiple_of(8)
+    }
+}
+
+/// The storage of a buffer validated to belong to this device.
+pub(crate) fn storage(buffer: &Buffer) -> Result<&CudaStorage, CudaError> {
+    buffer
+        .storage::<CudaStorage>()
+        .ok_or(CudaError::ForeignBuffer)
+}
+
+/// The storage of a buffer, mutably.
+pub(crate) fn storage_mut(buffer: &mut Buffer) -> Result<&mut CudaStorage, CudaError> {
+    buffer
+        .storage_mut::<CudaStorage>()
+        .ok_or(CudaError::ForeignBuffer)
+}
+
+/// The byte range of a buffer's window within its allocation.
+pub(crate) fn window_bytes(buffer: &Buffer) -> (usize, usize) {
+    let size = buffer.dtype().size_bytes();
+    (
+        buffer.offset() * size,
+        (buffer.offset() + buffer.len()) * size,
+    )
+}
+
+/// The device address of the first element of a buffer's window: what a kernel receives, so that
+/// every op honours windows by construction.
+pub(crate) fn window_ptr(buffer: &Buffer, stream: &CudaStream) -> Result<u64, CudaError> {
+    let s = storage(buffer)?;
+    // Event tracking is off for this context (one stream), so the guard records nothing.
+    let (base, _guard) = s.slice.device_ptr(stream);
+    Ok(base + window_bytes(buffer).0 as u64)
+}
+
+/// The window pointer of an optional buffer, 0 (a null pointer) when absent.
+pub(crate) fn optional_ptr(buffer: Option<&Buffer>, stream: &CudaStream) -> Result<u64, CudaError> {
+    buffer.map_or(Ok(0), |b| window_ptr(b, stream))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocations_are_whole_words() {
+        assert_eq!(CudaStorage::allocation_bytes(0), Some(8));
+        assert_eq!(CudaStorage::allocation_bytes(1), Some(8));
+        assert_eq!(CudaStorage::allocation_bytes(9), Some(16));
+        assert_eq!(CudaStorage::allocation_bytes(64), Some(64));
+        assert_eq!(CudaStorage::allocation_bytes(usize::MAX), None);
+    }
+}
