@@ -24,3 +24,40 @@ cargo run --locked -p specula-sampler --example decode_loop
 
 step "specula run --quick (the conformance command, quick cases, every available backend)"
 cargo run --locked -p specula-conformance --bin specula -- run --quick
+
+# A backend listed in SPECULA_REQUIRE must run; otherwise an unavailable one is skipped.
+required() { case ",${SPECULA_REQUIRE:-}," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+
+run_backend() { # run_backend NAME [ENV=VALUE ...]: the quick suite on one backend, in a variant
+  local name=$1
+  shift
+  local status=0
+  env "$@" cargo run -q --locked -p specula-conformance --bin specula -- run --quick --backend "$name" || status=$?
+  if [ "$status" = 2 ] && ! required "$name"; then
+    echo "($name unavailable here: skipped)"
+  elif [ "$status" != 0 ]; then
+    return "$status"
+  fi
+}
+
+step "xpu-sim in a second launch configuration (2 clusters x 16 cores)"
+run_backend xpu-sim SPECULA_XPU_SIM_LAUNCH=2x16
+
+step "wgpu with storage bindings limited to 1 MiB (every large input is processed in chunks)"
+run_backend wgpu SPECULA_WGPU_MAX_BINDING_BYTES=1048576
+
+step "CUDA kernels: NVRTC compile check for sm_80 and sm_90"
+status=0
+cargo run -q --locked --release -p specula-backend-cuda --bin nvrtc-check -- --arch sm_80,sm_90 ${SPECULA_PTXAS:+--ptxas "$SPECULA_PTXAS"} || status=$?
+if [ "$status" = 2 ] && [ "${SPECULA_REQUIRE_NVRTC:-0}" != 1 ]; then
+  echo "(NVRTC not found here: skipped; .ci/run installs it)"
+elif [ "$status" != 0 ]; then
+  exit "$status"
+fi
+
+step "CUDA kernels on the host emulator (real .cu sources with g++, compared with the CPU reference)"
+if command -v g++ >/dev/null 2>&1; then
+  cargo test -q --locked -p specula-backend-cuda --test emulated_kernels -- --ignored
+else
+  echo "(g++ not found: skipped)"
+fi

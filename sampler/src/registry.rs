@@ -104,6 +104,13 @@ pub fn open_kind(kind: BackendKind, ordinal: usize) -> Result<Arc<dyn Device>> {
             }
             Ok(Arc::new(CpuDevice::new()?))
         }
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => specula_backend_cuda::open(ordinal),
+        #[cfg(feature = "wgpu")]
+        BackendKind::Wgpu => specula_backend_wgpu::open(ordinal),
+        #[cfg(feature = "xpu-sim")]
+        BackendKind::XpuSim => specula_backend_xpu_sim::open(ordinal),
+        #[allow(unreachable_patterns)] // every kind may be compiled in
         other => Err(Error::Unavailable {
             backend: other,
             reason: not_compiled_reason(other),
@@ -111,15 +118,19 @@ pub fn open_kind(kind: BackendKind, ordinal: usize) -> Result<Arc<dyn Device>> {
     }
 }
 
-/// Whether `kind` is compiled into this build (today only the CPU backend is).
+/// Whether `kind` is compiled into this build (the CPU backend always is; the others with the cargo
+/// feature of their name).
 pub fn is_compiled(kind: BackendKind) -> bool {
-    kind == BackendKind::Cpu
+    match kind {
+        BackendKind::Cpu => true,
+        BackendKind::Cuda => cfg!(feature = "cuda"),
+        BackendKind::Wgpu => cfg!(feature = "wgpu"),
+        BackendKind::XpuSim => cfg!(feature = "xpu-sim"),
+    }
 }
 
 fn not_compiled_reason(kind: BackendKind) -> String {
-    format!(
-        "not compiled into this build (this version of specula-sampler has no {kind} backend yet)"
-    )
+    format!("not compiled into this build (enable the `{kind}` feature of specula-sampler)")
 }
 
 fn open_auto() -> Result<Arc<dyn Device>> {
