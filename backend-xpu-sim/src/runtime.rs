@@ -150,6 +150,18 @@ fn unavailable(reason: impl Into<String>) -> Error {
     }
 }
 
+/// Serialises OpenCL platform discovery, context creation and program builds across the process:
+/// PoCL can crash when two threads initialise it or compile at the same time (seen with two
+/// devices opened concurrently).
+static OPENCL_INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn init_lock() -> std::sync::MutexGuard<'static, ()> {
+    // A panic while holding the lock leaves nothing half-initialised that we rely on.
+    OPENCL_INIT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Every OpenCL device of every platform, in platform order (CPU devices included).
 fn all_devices() -> Result<Vec<(String, ClDevice)>> {
     let platforms = get_platforms().map_err(|e| {
@@ -171,6 +183,7 @@ fn all_devices() -> Result<Vec<(String, ClDevice)>> {
 impl Runtime {
     /// Opens OpenCL device `ordinal` (over all platforms and device types) with `launch`.
     pub(crate) fn open(ordinal: usize, launch: LaunchConfig) -> Result<Self> {
+        let _guard = init_lock();
         let devices = all_devices()?;
         let count = devices.len();
         let (platform, device) = devices.into_iter().nth(ordinal).ok_or_else(|| {
@@ -348,6 +361,7 @@ impl Runtime {
     }
 
     fn build(&self, key: &ProgramKey, name: &str) -> Result<Program> {
+        let _guard = init_lock();
         let mut options = self.base_options.clone();
         for (define, value) in &key.defines {
             options.push_str(&format!(" -D {define}={value}"));
