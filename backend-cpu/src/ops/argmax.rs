@@ -22,16 +22,7 @@ pub(crate) fn ranks_above(a: f32, b: f32) -> bool {
 /// The argmax of one row (0 for an empty or all-NaN row).
 #[inline]
 pub(crate) fn row_argmax<T: FloatElement>(row: &[T]) -> usize {
-    let mut best = 0;
-    let mut best_value = f32::NAN;
-    for (i, v) in row.iter().enumerate() {
-        let v = v.to_f32();
-        if ranks_above(v, best_value) {
-            best = i;
-            best_value = v;
-        }
-    }
-    best
+    super::kernels::argmax_row(row)
 }
 
 /// Writes the argmax of each `[vocab]` row of `input` to `out` (i32).

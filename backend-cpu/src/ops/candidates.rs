@@ -17,8 +17,9 @@ pub(crate) fn candidates_row<T: FloatElement>(
     top_p: f32,
     ids: &mut [i32],
     scores: &mut [f32],
+    parts: usize,
 ) -> i32 {
-    match super::fast::candidates_row_fast(row, top_p, ids, scores) {
+    match super::fast::candidates_row_fast(row, top_p, ids, scores, parts) {
         Some(lens) => lens,
         None => candidates_row_reference(row, top_p, ids, scores),
     }
@@ -96,6 +97,7 @@ pub(crate) fn top_p_candidates(
     let lens = slice_mut::<i32>(out.lens)?;
     with_float!(dtype, Op::TopPCandidates, T => {
         let probs = slice::<T>(inputs.probs)?;
+        let parts = super::parts_per_row(probs.len() / vocab);
         ids.par_chunks_exact_mut(c)
             .zip(scores.par_chunks_exact_mut(c))
             .zip(lens.par_iter_mut())
@@ -107,7 +109,7 @@ pub(crate) fn top_p_candidates(
                     scores.fill(0.0);
                     *len = 0;
                 } else {
-                    *len = candidates_row(row, top_p[r], ids, scores);
+                    *len = candidates_row(row, top_p[r], ids, scores, parts);
                 }
             });
         Ok(())

@@ -1,135 +1,191 @@
-//! The single-pass fast path of `top_k_top_p_sample` (exact; falls back to `select` when its
-//! precondition does not hold).
+//! The fast path of `top_k_top_p_sample` and `top_p_candidates` (exact; returns `None` when its
+//! precondition does not hold, and the histogram path of `select` decides instead).
 //!
-//! One streaming pass over the row computes, per block of [`BLOCK`] tokens, the exact block weight
-//! and the largest rank key; only blocks whose largest key reaches a *floor* are scanned again
-//! (while still in L1) to collect their candidate tokens. Every later decision works on the
-//! candidates alone:
+//! One streaming pass over the row ([`kernels::scan`]) gives the exact total weight, the exact
+//! weight of each block of 256 tokens and the two largest rank keys of each *group* of 16 tokens
+//! (the tokens of a block that share a vector lane): a sample of distinct tokens, two per group,
+//! that holds the heaviest ones. That is enough to find, without sorting, a *floor* key that every
+//! token of the kept set reaches:
 //!
-//! - top-k: the floor rises during the pass to the k-th largest candidate key seen so far, so the
-//!   candidates always hold the top k (ties at the floor included);
-//! - top-p without top-k: the floor is `(1 − top_p) / (2V)`; after the pass, the exact mass of the
-//!   candidates is checked against the top-p target. If they reach it, the kept prefix lies among
-//!   them (it is a prefix of the rank order, and so are the candidates); if not (rows that are far
-//!   from summing to 1), the histogram path runs instead;
-//! - top_p = 1 without top-k keeps every positive-weight token: the draw locates its block from the
-//!   block weights and rescans that block only.
+//! - top-k: the k-th largest sampled key. k distinct tokens are at or above it, so the k-th
+//!   largest key of the row is at or above it too;
+//! - top-p without top-k: the floor is where the sampled keys, largest first, reach the target
+//!   mass. The sampled tokens at or above it are row tokens at or above it, so those tokens reach
+//!   the target too and the kept prefix lies among them. A peaked row gets a floor at its top token;
+//!   an LLM-like row about as many candidates as its kept set;
+//! - top_p = 1 without top-k keeps every positive-weight token: the draw locates its block from
+//!   the block weights and scans that block only.
 //!
-//! The decisions are the same integer decisions as the reference path; the test suite compares both
-//! with a sort-based implementation of the contract.
+//! A second pass ([`kernels::collect`], reading the row from cache) gathers the tokens at or above
+//! the floor, from the sub-blocks whose maximum reaches it. Every later decision works on those few
+//! candidates: a selection for the k-th key, a three-digit radix selection for the shortest prefix
+//! by mass, and a scan in id order for the draw. The decisions are the same integer decisions as
+//! the histogram path; the tests compare both with a sort-based implementation of the contract.
+//!
+//! A row may be scanned by several threads at once (`parts > 1`) when there are fewer rows than
+//! threads, so that a single row does not wait on one core.
 
+use rayon::prelude::*;
 use specula_backend_api::FloatElement;
-use specula_backend_api::fixed_point::{rank_key, scale_draw, top_p_fixed, top_p_target_mass};
+use specula_backend_api::fixed_point::{reaches_top_p, scale_draw, top_p_fixed, top_p_target_mass};
 
-use super::select::{Metric, Prefix, shortest_prefix, with_scratch};
+use super::kernels::{self, BLOCK, Want, block_counts, collect, floor_for, weight_of_key};
+use super::select::{MIN_WEIGHT_KEY, Prefix};
 
-/// Tokens per block of the streaming pass.
-pub(crate) const BLOCK: usize = 256;
 /// The largest top-k the fast path handles (larger ones use the histogram path).
 const MAX_FAST_K: usize = 2048;
-
-/// The weight of a rank key, branch-free so the block loop vectorizes. Keys of sanitized values are
-/// at most `1.0f32.to_bits()`, so the exponent is at most 127.
-#[inline(always)]
-fn weight_of_key(key: u32) -> u64 {
-    let exp = key >> 23;
-    let mantissa = u64::from((key & 0x7f_ffff) | 0x80_0000);
-    let shift = 127 - exp;
-    // value = mantissa · 2^(exp − 150); weight = floor(value · 2^40) = (mantissa << 17) >> (127 − exp).
-    if shift < 64 {
-        (mantissa << 17) >> shift
-    } else {
-        0
-    }
-}
-
-#[inline(always)]
-fn key_of<T: FloatElement>(v: T) -> u32 {
-    rank_key(v.to_f32())
-}
-
-/// Exact weight and largest key of a block, in eight independent lanes so that the loop
-/// vectorizes. Weights are computed as `floor(p · 2^40)` in f64, which is exact (a sanitized f32
-/// times a power of two), and summed in f64, which is exact too: every term is an integer below
-/// 2^40 and a block's sum stays below 2^53.
-#[inline(always)]
-fn block_stats_generic<T: FloatElement>(block: &[T]) -> (u64, u32) {
-    const LANES: usize = 8;
-    const SCALE: f64 = (1u64 << 40) as f64;
-    let mut mass = [0f64; LANES];
-    let mut max = [0u32; LANES];
-    let mut chunks = block.chunks_exact(LANES);
-    for chunk in &mut chunks {
-        for lane in 0..LANES {
-            let p = chunk[lane].to_f32();
-            // sanitize: NaN, zeros and negatives to +0, above 1 to 1 (never -0: its bits rank high).
-            let p = if p > 0.0 { p.min(1.0) } else { 0.0 };
-            max[lane] = max[lane].max(p.to_bits());
-            mass[lane] += (f64::from(p) * SCALE).floor();
-        }
-    }
-    let mut total = mass.iter().sum::<f64>() as u64;
-    let mut top = max.iter().copied().max().unwrap_or(0);
-    for &v in chunks.remainder() {
-        let key = key_of(v);
-        top = top.max(key);
-        total += weight_of_key(key);
-    }
-    (total, top)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn block_stats_avx2<T: FloatElement>(block: &[T]) -> (u64, u32) {
-    block_stats_generic(block)
-}
-
-#[inline]
-fn block_stats<T: FloatElement>(block: &[T]) -> (u64, u32) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
-            // SAFETY: the CPU supports the features the function is compiled for.
-            return unsafe { block_stats_avx2(block) };
-        }
-    }
-    block_stats_generic(block)
-}
+/// Rows shorter than this are never split across threads.
+const SPLIT_MIN: usize = 64 * BLOCK;
 
 /// A candidate: rank key and token id.
 type Candidate = (u32, u32);
 
-/// Per-thread buffers of the fast path.
+/// Per-thread buffers of the fast path, allocated on first use and reused for every row.
 #[derive(Default)]
 struct FastScratch {
     candidates: Vec<Candidate>,
     keys: Vec<u32>,
     block_mass: Vec<u64>,
-    values: Vec<f32>,
+    group_max: Vec<u32>,
+    bins: Vec<u64>,
 }
 
 thread_local! {
     static FAST: std::cell::RefCell<FastScratch> = std::cell::RefCell::new(FastScratch::default());
 }
 
-/// Raises the floor to the k-th largest candidate key and drops the candidates below it.
-fn shrink_to_top_k(s: &mut FastScratch, k: usize) -> u32 {
+/// Runs `f` with this thread's scratch. The buffers are moved out for the duration, so a nested
+/// parallel section that runs another row on this thread finds fresh (empty) ones instead of a
+/// borrowed cell.
+fn with_fast<R>(f: impl FnOnce(&mut FastScratch) -> R) -> R {
+    let mut scratch = FAST.with(|cell| cell.take());
+    let result = f(&mut scratch);
+    FAST.with(|cell| *cell.borrow_mut() = scratch);
+    result
+}
+
+/// The first pass over a row, split into `parts` segments scanned in parallel when the row is long.
+fn scan_row<T: FloatElement>(row: &[T], s: &mut FastScratch, parts: usize) -> u64 {
+    let (blocks, subs) = block_counts(row.len());
+    s.block_mass.clear();
+    s.block_mass.resize(blocks, 0);
+    s.group_max.clear();
+    s.group_max.resize(subs, 0);
+    if parts <= 1 || row.len() < SPLIT_MIN {
+        return kernels::scan(row, &mut s.block_mass, &mut s.group_max);
+    }
+    let blocks_per_part = blocks.div_ceil(parts);
+    row.par_chunks(blocks_per_part * BLOCK)
+        .zip(s.block_mass.par_chunks_mut(blocks_per_part))
+        .zip(
+            s.group_max
+                .par_chunks_mut(blocks_per_part * kernels::GROUP_KEYS),
+        )
+        .map(|((segment, block_mass), group_max)| kernels::scan(segment, block_mass, group_max))
+        .sum()
+}
+
+/// A floor that at least k sampled keys (two per group) reach, so that the k-th largest key of the
+/// row reaches it too; `MIN_WEIGHT_KEY` when the sample does not say.
+fn count_floor(s: &FastScratch, k: usize) -> u32 {
+    floor_for(&s.group_max, Want::Count(k)).unwrap_or(0)
+}
+
+/// Keeps the first `k` candidates in rank order (key descending, id ascending), in id order.
+fn keep_top_k(s: &mut FastScratch, k: usize) {
+    if s.candidates.len() <= k {
+        return;
+    }
     s.keys.clear();
     s.keys.extend(s.candidates.iter().map(|c| c.0));
-    let (_, kth, _) = s.keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
-    let floor = *kth;
-    s.candidates.retain(|c| c.0 >= floor);
-    floor
+    let kth = *s.keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a)).1;
+    let above = s.candidates.iter().filter(|c| c.0 > kth).count();
+    let mut member = Prefix {
+        key: kth,
+        take: k - above,
+        count: k,
+        mass: u64::MAX,
+    }
+    .member();
+    s.candidates.retain(|c| member.admit(c.0));
+}
+
+/// The shortest prefix (in rank order) of `candidates` whose mass reaches `target` > 0; `None` when
+/// all of them do not reach it.
+fn prefix_by_mass(
+    candidates: &[Candidate],
+    target: u64,
+    keys: &mut Vec<u32>,
+    bins: &mut Vec<u64>,
+) -> Option<Prefix> {
+    keys.clear();
+    keys.extend(candidates.iter().map(|c| c.0));
+    prefix_of_keys(keys, target, bins)
+}
+
+/// The shortest prefix (keys descending) of the multiset `keys` whose mass reaches `target` > 0, by
+/// a radix selection in three digits of 11, 11 and 10 bits (`keys` is consumed); `None` when all
+/// of them do not reach it.
+fn prefix_of_keys(keys: &mut Vec<u32>, target: u64, bins: &mut Vec<u64>) -> Option<Prefix> {
+    const DIGITS: [(u32, u32); 3] = [(21, 11), (10, 11), (0, 10)];
+    let mut before = 0u64;
+    let mut key = 0u32;
+    for (shift, bits) in DIGITS {
+        let mask = (1u32 << bits) - 1;
+        bins.clear();
+        bins.resize(1 << bits, 0);
+        for &k in keys.iter() {
+            bins[((k >> shift) & mask) as usize] += weight_of_key(k);
+        }
+        let mut crossing = None;
+        for (bin, &mass) in bins.iter().enumerate().rev() {
+            if before + mass >= target {
+                crossing = Some(bin as u32);
+                break;
+            }
+            before += mass;
+        }
+        let digit = crossing?;
+        key |= digit << shift;
+        keys.retain(|&k| (k >> shift) & mask == digit);
+    }
+    let weight = weight_of_key(key);
+    if weight == 0 {
+        return None; // unreachable for a positive target: zero weights never cross it
+    }
+    let take = (target - before).div_ceil(weight);
+    Some(Prefix {
+        key,
+        take: take as usize,
+        count: usize::MAX,
+        mass: before + take * weight,
+    })
+}
+
+/// Draws among the candidates (in id order) that are members of `prefix`.
+fn draw_among(candidates: &[Candidate], prefix: &Prefix, draw: u64) -> Option<usize> {
+    let t = scale_draw(draw, prefix.mass);
+    let mut member = prefix.member();
+    let mut cumulative = 0u64;
+    for &(key, id) in candidates {
+        if member.admit(key) {
+            cumulative += weight_of_key(key);
+            if cumulative > t {
+                return Some(id as usize);
+            }
+        }
+    }
+    None
 }
 
 /// Samples a row on the fast path, or returns `None` when the histogram path must decide.
+/// `parts > 1` lets the first pass use that many threads.
 pub(crate) fn sample_row_fast<T: FloatElement>(
     row: &[T],
     top_k: i32,
     top_p: f32,
     draw: u64,
+    parts: usize,
 ) -> Option<usize> {
     let vocab = row.len();
     let top_k = usize::try_from(top_k).ok().filter(|&k| k > 0 && k < vocab);
@@ -138,41 +194,8 @@ pub(crate) fn sample_row_fast<T: FloatElement>(
     }
     let p_fixed = top_p_fixed(top_p);
     let keep_all = top_k.is_none() && p_fixed == 1 << 24;
-    let mut floor = match top_k {
-        Some(_) => 0,
-        None if keep_all => u32::MAX,
-        None => {
-            let tau = (1.0 - f64::from(top_p.clamp(0.0, 1.0))) / (2.0 * vocab as f64);
-            rank_key(tau as f32).max(super::select::MIN_WEIGHT_KEY)
-        }
-    };
-    FAST.with(|cell| {
-        let s = &mut *cell.borrow_mut();
-        s.candidates.clear();
-        s.block_mass.clear();
-        let cap = top_k.map_or(vocab / 4, |k| 4 * k + 4 * BLOCK);
-        let mut total = 0u64;
-        for (b, block) in row.chunks(BLOCK).enumerate() {
-            let (mass, max) = block_stats(block);
-            total += mass;
-            s.block_mass.push(mass);
-            if max >= floor {
-                let base = b * BLOCK;
-                for (i, &v) in block.iter().enumerate() {
-                    let key = key_of(v);
-                    if key >= floor {
-                        s.candidates.push((key, (base + i) as u32));
-                    }
-                }
-                if s.candidates.len() >= cap {
-                    match top_k {
-                        Some(k) => floor = shrink_to_top_k(s, k),
-                        // A flat row: most of it is kept, and the histogram path is cheaper.
-                        None => return None,
-                    }
-                }
-            }
-        }
+    with_fast(|s| {
+        let total = scan_row(row, s, parts);
         if total == 0 {
             return None; // degenerate rows: the reference path finds the first token in rank order
         }
@@ -180,8 +203,8 @@ pub(crate) fn sample_row_fast<T: FloatElement>(
             return draw_from_blocks(row, &s.block_mass, total, draw);
         }
         match top_k {
-            Some(k) => sample_top_k(s, k, p_fixed, draw),
-            None => sample_top_p(s, total, p_fixed, draw),
+            Some(k) => sample_top_k(row, s, k, p_fixed, draw),
+            None => sample_top_p(row, s, total, p_fixed, draw),
         }
     })
 }
@@ -199,7 +222,7 @@ fn draw_from_blocks<T: FloatElement>(
         if before + mass > t {
             let mut cumulative = before;
             for (i, &v) in row[b * BLOCK..].iter().take(BLOCK).enumerate() {
-                cumulative += weight_of_key(key_of(v));
+                cumulative += weight_of_key(kernels::key_of(v));
                 if cumulative > t {
                     return Some(b * BLOCK + i);
                 }
@@ -211,120 +234,116 @@ fn draw_from_blocks<T: FloatElement>(
     None
 }
 
-/// top-k (then top-p): the candidates hold the top k in id order.
-fn sample_top_k(s: &mut FastScratch, k: usize, p_fixed: u64, draw: u64) -> Option<usize> {
-    if s.candidates.len() > k {
-        shrink_to_top_k(s, k);
+/// top-k (then top-p): the candidates are the tokens at or above the k-th sampled key.
+fn sample_top_k<T: FloatElement>(
+    row: &[T],
+    s: &mut FastScratch,
+    k: usize,
+    p_fixed: u64,
+    draw: u64,
+) -> Option<usize> {
+    let floor = count_floor(s, k);
+    s.candidates.clear();
+    if !collect(row, 0, &s.group_max, floor, 4 * k + 4096, &mut s.candidates) {
+        return None; // many ties at the floor: the histogram path decides
     }
-    // Rank order of the few candidates: key descending, id ascending.
-    s.candidates
-        .sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    let n = k.min(s.candidates.len());
-    let survivors = &mut s.candidates[..n];
-    let survivor_mass: u64 = survivors.iter().map(|c| weight_of_key(c.0)).sum();
-    if survivor_mass == 0 {
-        return Some(survivors[0].1 as usize);
-    }
-    let target = top_p_target_mass(p_fixed, survivor_mass);
-    let mut mass = 0u64;
-    let mut kept = survivors.len();
-    for (i, c) in survivors.iter().enumerate() {
-        mass += weight_of_key(c.0);
-        if mass >= target {
-            kept = i + 1;
-            break;
-        }
-    }
-    let kept = &mut survivors[..kept];
-    kept.sort_unstable_by_key(|c| c.1);
-    let t = scale_draw(draw, mass);
-    let mut cumulative = 0u64;
-    for c in kept.iter() {
-        cumulative += weight_of_key(c.0);
-        if cumulative > t {
-            return Some(c.1 as usize);
-        }
-    }
-    None
+    keep_top_k(s, k);
+    draw_top_p(&s.candidates, &mut s.keys, &mut s.bins, p_fixed, draw)
 }
 
-/// top-p only: the candidates are every token at or above the floor, in id order.
-fn sample_top_p(s: &mut FastScratch, total: u64, p_fixed: u64, draw: u64) -> Option<usize> {
+/// Top-p over a set of survivors (in id order), then the draw.
+fn draw_top_p(
+    survivors: &[Candidate],
+    keys: &mut Vec<u32>,
+    bins: &mut Vec<u64>,
+    p_fixed: u64,
+    draw: u64,
+) -> Option<usize> {
+    let mass: u64 = survivors.iter().map(|c| weight_of_key(c.0)).sum();
+    if mass == 0 {
+        // Every survivor weighs nothing: the first in rank order (largest key, then lowest id).
+        let first = survivors
+            .iter()
+            .copied()
+            .reduce(|best, c| if c.0 > best.0 { c } else { best })?;
+        return Some(first.1 as usize);
+    }
+    let target = top_p_target_mass(p_fixed, mass);
+    let prefix = prefix_by_mass(survivors, target, keys, bins)?;
+    draw_among(survivors, &prefix, draw)
+}
+
+/// top-p only. The floor is a key at which the *sampled keys* (two per group) at or above it reach
+/// the target mass: the tokens at or above it include those sampled tokens, so their mass reaches
+/// the target too, and the kept prefix lies among them. The sample's mass is an f32/f64 estimate,
+/// so the exact mass of the collected tokens is checked before it is relied on.
+fn sample_top_p<T: FloatElement>(
+    row: &[T],
+    s: &mut FastScratch,
+    total: u64,
+    p_fixed: u64,
+    draw: u64,
+) -> Option<usize> {
     let target = top_p_target_mass(p_fixed, total);
-    let candidate_mass: u64 = s.candidates.iter().map(|c| weight_of_key(c.0)).sum();
-    if candidate_mass < target {
-        return None; // the kept prefix reaches below the floor
+    // A little above the target, for the rounding of the estimate.
+    let wanted = target as f64 / (1u64 << 40) as f64 * (1.0 + 1e-5);
+    // When the sample falls short, every positive weight is needed.
+    let floor = floor_for(&s.group_max, Want::Mass(wanted))
+        .map_or(MIN_WEIGHT_KEY, |key| key.max(MIN_WEIGHT_KEY));
+    s.candidates.clear();
+    if !collect(
+        row,
+        0,
+        &s.group_max,
+        floor,
+        row.len() / 4,
+        &mut s.candidates,
+    ) {
+        return None; // a flat row: the histogram path is cheaper
     }
-    // The candidates as a row of their own (position order = id order), for the exact selection.
-    s.values.clear();
-    s.values
-        .extend(s.candidates.iter().map(|c| f32::from_bits(c.0)));
-    let prefix: Prefix = with_scratch(|scratch| {
-        shortest_prefix(&s.values, &Prefix::ALL, Metric::Mass, target, scratch)
-    });
-    let t = scale_draw(draw, prefix.mass);
-    let mut member = prefix.member();
-    let mut cumulative = 0u64;
-    for c in &s.candidates {
-        if member.admit(c.0) {
-            cumulative += weight_of_key(c.0);
-            if cumulative > t {
-                return Some(c.1 as usize);
-            }
-        }
+    if std::env::var("DBG").is_ok() {
+        eprintln!("floor {:#x} cands {}", floor, s.candidates.len());
     }
-    None
+    // `None` when the estimate was wrong (rows far from a distribution): the histogram path decides.
+    let prefix = prefix_by_mass(&s.candidates, target, &mut s.keys, &mut s.bins)?;
+    draw_among(&s.candidates, &prefix, draw)
 }
 
 /// `top_p_candidates` for one row on the fast path: the candidates are the first C tokens in rank
-/// order with a positive weight, collected with a floor that rises to the C-th largest key.
-/// Returns `lens`, or `None` for a row that weighs nothing (the reference path handles it).
+/// order with a positive weight, collected above the C-th sampled key.
+/// Returns `lens`, or `None` for a row the histogram path must handle.
 pub(crate) fn candidates_row_fast<T: FloatElement>(
     row: &[T],
     top_p: f32,
     ids: &mut [i32],
     scores: &mut [f32],
+    parts: usize,
 ) -> Option<i32> {
     let c = ids.len();
-    FAST.with(|cell| {
-        let s = &mut *cell.borrow_mut();
-        s.candidates.clear();
-        let mut floor = super::select::MIN_WEIGHT_KEY;
-        let cap = 4 * c + 4 * BLOCK;
-        let mut total = 0u64;
-        for (b, block) in row.chunks(BLOCK).enumerate() {
-            let (mass, max) = block_stats(block);
-            total += mass;
-            if max >= floor {
-                let base = b * BLOCK;
-                for (i, &v) in block.iter().enumerate() {
-                    let key = key_of(v);
-                    if key >= floor {
-                        s.candidates.push((key, (base + i) as u32));
-                    }
-                }
-                if s.candidates.len() >= cap {
-                    floor = shrink_to_top_k(s, c);
-                }
-            }
-        }
-        if total == 0 {
+    with_fast(|s| {
+        let total = scan_row(row, s, parts);
+        if total == 0 || c == 0 {
             return None;
         }
+        let floor = count_floor(s, c).max(MIN_WEIGHT_KEY);
+        s.candidates.clear();
+        if !collect(row, 0, &s.group_max, floor, 4 * c + 4096, &mut s.candidates) {
+            return None;
+        }
+        keep_top_k(s, c);
         s.candidates
             .sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        let chosen = &s.candidates[..c.min(s.candidates.len())];
         ids.fill(-1);
         scores.fill(0.0);
         let p_fixed = top_p_fixed(top_p);
-        let mut lens = chosen.len() as i32;
+        let mut lens = s.candidates.len() as i32;
         let mut mass = 0u64;
         let mut reached = false;
-        for (i, &(key, id)) in chosen.iter().enumerate() {
+        for (i, &(key, id)) in s.candidates.iter().enumerate() {
             ids[i] = id as i32;
             scores[i] = f32::from_bits(key);
             mass += weight_of_key(key);
-            if !reached && specula_backend_api::fixed_point::reaches_top_p(mass, p_fixed, total) {
+            if !reached && reaches_top_p(mass, p_fixed, total) {
                 reached = true;
                 lens = i as i32 + 1;
             }
@@ -336,27 +355,6 @@ pub(crate) fn candidates_row_fast<T: FloatElement>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use specula_backend_api::fixed_point::key_weight;
-
-    #[test]
-    fn branch_free_weight_matches_the_reference() {
-        let mut key = 0u32;
-        while key <= 0x3f80_0000 {
-            assert_eq!(weight_of_key(key), key_weight(key), "key {key:#x}");
-            key += 0x1357;
-        }
-        for key in [
-            0,
-            1,
-            0x2b80_0000,
-            0x2b7f_ffff,
-            0x3f00_0000,
-            0x3f7f_ffff,
-            0x3f80_0000,
-        ] {
-            assert_eq!(weight_of_key(key), key_weight(key), "key {key:#x}");
-        }
-    }
 
     /// Softmax-like rows that sum to about 1, with exact ties, in f32.
     fn normalized_rows(seed: u64, rows: usize, vocab: usize) -> Vec<Vec<f32>> {
@@ -406,7 +404,7 @@ mod tests {
         for (i, row) in normalized_rows(5, 30, 5003).iter().enumerate() {
             for (j, &(k, p)) in settings.iter().enumerate() {
                 let draw = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul((i * 31 + j) as u64 + 1);
-                let fast = sample_row_fast(row, k, p, draw);
+                let fast = sample_row_fast(row, k, p, draw, 1);
                 // Top-k and top_p = 1 always take the fast path; top-p alone may leave flat rows to
                 // the histogram path, but must be taken on many rows (checked below).
                 if k > 0 || p == 1.0 {
@@ -422,7 +420,7 @@ mod tests {
                     );
                 }
                 let half: Vec<half::bf16> = row.iter().map(|&v| half::bf16::from_f32(v)).collect();
-                if let Some(token) = sample_row_fast(&half, k, p, draw) {
+                if let Some(token) = sample_row_fast(&half, k, p, draw, 1) {
                     let expected = sample_row_reference(&half, k, p, draw);
                     assert_eq!(token, expected, "bf16 row {i} k {k} p {p}");
                 }
@@ -438,14 +436,14 @@ mod tests {
         // Total probability 0.01: the floor chosen for a distribution may cut into the kept prefix.
         let row: Vec<f32> = (0..1000).map(|i| 1e-5 * (1.0 + (i % 7) as f32)).collect();
         let draw = 12345;
-        if let Some(token) = sample_row_fast(&row, 0, 0.9, draw) {
+        if let Some(token) = sample_row_fast(&row, 0, 0.9, draw, 1) {
             assert_eq!(
                 token,
                 crate::ops::sample::sample_row_reference(&row, 0, 0.9, draw)
             );
         }
         // A row that weighs nothing is left to the reference path.
-        assert_eq!(sample_row_fast(&[0.0f32; 8], 0, 0.9, draw), None);
+        assert_eq!(sample_row_fast(&[0.0f32; 8], 0, 0.9, draw, 1), None);
     }
 
     #[test]
@@ -454,7 +452,8 @@ mod tests {
         for (i, row) in normalized_rows(9, 20, 3001).iter().enumerate() {
             for (c, p) in [(1usize, 0.9f32), (8, 0.9), (64, 0.5), (128, 1.0)] {
                 let (mut ids, mut scores) = (vec![0; c], vec![0.0; c]);
-                let lens = candidates_row_fast(row, p, &mut ids, &mut scores).expect("fast path");
+                let lens =
+                    candidates_row_fast(row, p, &mut ids, &mut scores, 1).expect("fast path");
                 let (mut e_ids, mut e_scores) = (vec![0; c], vec![0.0; c]);
                 let e_lens = candidates_row_reference(row, p, &mut e_ids, &mut e_scores);
                 assert_eq!(

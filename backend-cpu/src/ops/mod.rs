@@ -7,6 +7,7 @@ pub(crate) mod argmax;
 pub(crate) mod candidates;
 pub(crate) mod fast;
 pub(crate) mod gather;
+pub(crate) mod kernels;
 pub(crate) mod layout;
 pub(crate) mod logprobs;
 pub(crate) mod ngram;
@@ -52,4 +53,11 @@ pub(crate) fn len_or_zero(value: i32) -> usize {
 #[inline]
 pub(crate) fn token_index(token: i32, vocab: usize) -> Option<usize> {
     usize::try_from(token).ok().filter(|&t| t < vocab)
+}
+
+/// How many threads one row's first pass may use: the pool's threads shared among the rows, so
+/// that a batch smaller than the pool still uses every core.
+#[inline]
+pub(crate) fn parts_per_row(rows: usize) -> usize {
+    (rayon::current_num_threads() / rows.max(1)).max(1)
 }

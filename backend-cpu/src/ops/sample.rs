@@ -13,10 +13,17 @@ use crate::storage::{slice, slice_mut};
 
 /// Samples one row: top-k, then top-p on the survivors, then the SAMPLE draw of `seed` over the
 /// kept set in ascending id order. The single-pass fast path decides when it can; the histogram
-/// path (the reference) otherwise. Both make the same integer decisions.
-pub(crate) fn sample_row<T: FloatElement>(row: &[T], top_k: i32, top_p: f32, seed: u64) -> usize {
+/// path (the reference) otherwise. Both make the same integer decisions. `parts > 1` lets the
+/// fast path scan the row on that many threads.
+pub(crate) fn sample_row<T: FloatElement>(
+    row: &[T],
+    top_k: i32,
+    top_p: f32,
+    seed: u64,
+    parts: usize,
+) -> usize {
     let r = draw(seed, Purpose::Sample);
-    if let Some(token) = sample_row_fast(row, top_k, top_p, r) {
+    if let Some(token) = sample_row_fast(row, top_k, top_p, r, parts) {
         return token;
     }
     sample_row_reference(row, top_k, top_p, r)
@@ -49,12 +56,13 @@ pub(crate) fn top_k_top_p_sample(
     let tokens = slice_mut::<i32>(tokens)?;
     with_float!(dtype, Op::TopKTopPSample, T => {
         let probs = slice::<T>(inputs.probs)?;
+        let parts = super::parts_per_row(shape.rows);
         tokens
             .par_iter_mut()
             .zip(probs.par_chunks_exact(shape.vocab))
             .enumerate()
             .for_each(|(r, (token, row))| {
-                *token = sample_row(row, top_k[r], top_p[r], seed[r]) as i32;
+                *token = sample_row(row, top_k[r], top_p[r], seed[r], parts) as i32;
             });
         Ok(())
     })

@@ -183,6 +183,7 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
                     top_k[r],
                     top_p[r],
                     self.seeds[r],
+                    1,
                 ) as i32
             }
         }
@@ -248,7 +249,7 @@ fn rejection_check<T: FloatElement, D: FloatElement>(
     top_p: f32,
     seed: u64,
 ) -> (bool, i32) {
-    let resample_target = || sample_row(p, top_k, top_p, seed) as i32;
+    let resample_target = || sample_row(p, top_k, top_p, seed, 1) as i32;
     let draft_total = total_weight(q);
     if total_weight(p) >= REJECTION_MAX_TOTAL_WEIGHT || draft_total >= REJECTION_MAX_TOTAL_WEIGHT {
         // Not distributions: reject and fall back to plain sampling of the target.

@@ -1,0 +1,836 @@
+//! The streaming loops of the CPU backend's fast paths, written so that the compiler vectorizes
+//! them, and compiled three times: for AVX-512, for AVX2 and for the baseline target. The variant is
+//! chosen at run time; all three compute the same integers (the tests compare them).
+//!
+//! - [`scan`]: one pass over a row that yields its exact total weight, the exact weight of every
+//!   [`BLOCK`] of tokens and the two largest rank keys of every *group*: the 16 tokens of a block
+//!   that share a vector lane (ids `b·256 + 16q + l`, q = 0 … 15, for lane l), so that they fall out
+//!   of the vector loop without any horizontal reduction;
+//! - [`collect`]: the tokens whose key reaches a floor, from the sub-blocks that can hold one;
+//! - [`argmax_row`]: the first token with the largest value in argmax order.
+
+use specula_backend_api::{DType, FloatElement};
+
+/// Tokens per block of exact weight.
+pub(crate) const BLOCK: usize = 256;
+/// Tokens per bit mask in [`collect`].
+const SUB: usize = 64;
+/// Groups per block: one per vector lane.
+pub(crate) const GROUPS: usize = 16;
+/// Keys [`scan`] keeps per block: the largest key of each group, then the second largest.
+pub(crate) const GROUP_KEYS: usize = 2 * GROUPS;
+/// Vector lanes the loops are written for (16 × f32 = one AVX-512 register).
+const LANES: usize = 16;
+
+/// `sanitize(p)` as a branch-free select (the same value as `fixed_point::sanitize`): NaN, zeros
+/// and negatives to +0, above 1 to 1.
+#[inline(always)]
+fn sanitized<T: FloatElement>(v: T) -> f32 {
+    let p = v.to_f32();
+    if p > 0.0 { p.min(1.0) } else { 0.0 }
+}
+
+/// The rank key of a value.
+#[inline(always)]
+pub(crate) fn key_of<T: FloatElement>(v: T) -> u32 {
+    sanitized(v).to_bits()
+}
+
+/// The weight of a rank key, branch-free. Keys of sanitized values are at most
+/// `1.0f32.to_bits()`, so the exponent is at most 127.
+#[inline(always)]
+pub(crate) fn weight_of_key(key: u32) -> u64 {
+    let exp = key >> 23;
+    let mantissa = u64::from((key & 0x7f_ffff) | 0x80_0000);
+    let shift = 127 - exp;
+    // value = mantissa · 2^(exp − 150); weight = floor(value · 2^40) = (mantissa << 17) >> (127 − exp).
+    if shift < 64 {
+        (mantissa << 17) >> shift
+    } else {
+        0
+    }
+}
+
+/// One full block: exact weight (returned) and the two largest keys of each group.
+///
+/// The weight of a token is `floor(p · 2^40)`, computed in f32 (exact: a power-of-two scaling of a
+/// sanitized value, then a floor) and summed in f64 (exact: integers below 2^40, 256 of them).
+/// Two f64 accumulators per lane keep the adds off the critical path.
+#[inline(always)]
+fn scan_block<T: FloatElement>(block: &[T], group_max: &mut [u32]) -> u64 {
+    const SCALE: f32 = (1u64 << 40) as f32;
+    let mut mass = [[0f64; LANES]; 2];
+    let mut max = [0u32; LANES];
+    let mut second = [0u32; LANES];
+    for pair in block.chunks_exact(2 * LANES) {
+        for half in 0..2 {
+            let chunk = &pair[half * LANES..(half + 1) * LANES];
+            for lane in 0..LANES {
+                let p = sanitized(chunk[lane]);
+                let key = p.to_bits();
+                second[lane] = second[lane].max(max[lane].min(key));
+                max[lane] = max[lane].max(key);
+                mass[half][lane] += f64::from((p * SCALE).floor());
+            }
+        }
+    }
+    group_max[..GROUPS].copy_from_slice(&max);
+    group_max[GROUPS..GROUP_KEYS].copy_from_slice(&second);
+    (mass[0].iter().sum::<f64>() + mass[1].iter().sum::<f64>()) as u64
+}
+
+/// A segment of a row that starts on a block boundary: see [`scan`].
+#[inline(always)]
+fn scan_generic<T: FloatElement>(row: &[T], block_mass: &mut [u64], group_max: &mut [u32]) -> u64 {
+    let mut total = 0u64;
+    let full = row.len() / BLOCK;
+    for (b, block) in row.chunks_exact(BLOCK).enumerate() {
+        let mass = scan_block::<T>(block, &mut group_max[b * GROUP_KEYS..]);
+        block_mass[b] = mass;
+        total += mass;
+    }
+    // The partial block at the end, token by token.
+    let tail = &row[full * BLOCK..];
+    if !tail.is_empty() {
+        let mut mass = 0u64;
+        let keys = &mut group_max[full * GROUP_KEYS..(full + 1) * GROUP_KEYS];
+        keys.fill(0);
+        let (max, second) = keys.split_at_mut(GROUPS);
+        for (i, &v) in tail.iter().enumerate() {
+            let key = key_of(v);
+            let lane = i % GROUPS;
+            second[lane] = second[lane].max(max[lane].min(key));
+            max[lane] = max[lane].max(key);
+            mass += weight_of_key(key);
+        }
+        block_mass[full] = mass;
+        total += mass;
+    }
+    total
+}
+
+/// Runs the best compiled variant of a generic loop for this CPU.
+macro_rules! dispatch {
+    ($generic:ident::<$($g:tt),*>($($arg:expr),*) via $avx512:ident, $avx2:ident) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512dq")
+            {
+                // SAFETY: the CPU supports the features the variant is compiled for.
+                return unsafe { $avx512::<$($g),*>($($arg),*) };
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
+                // SAFETY: as above.
+                return unsafe { $avx2::<$($g),*>($($arg),*) };
+            }
+        }
+        $generic::<$($g),*>($($arg),*)
+    }};
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+fn scan_avx512<T: FloatElement>(row: &[T], block_mass: &mut [u64], group_max: &mut [u32]) -> u64 {
+    scan_generic::<T>(row, block_mass, group_max)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scan_avx2<T: FloatElement>(row: &[T], block_mass: &mut [u64], group_max: &mut [u32]) -> u64 {
+    scan_generic::<T>(row, block_mass, group_max)
+}
+
+/// Hand-written AVX-512 loops for f32 rows, the common case (the compiler keeps the generic loops
+/// in 256-bit registers and spills their accumulators).
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{BLOCK, GROUP_KEYS, GROUPS, ROUND};
+    use std::arch::x86_64::*;
+
+    /// How far ahead the scan prefetches, in blocks (4 KiB).
+    const PREFETCH_BLOCKS: usize = 4;
+
+    /// Whether this CPU runs the loops of this module.
+    pub(super) fn available() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+
+    /// `sanitize` on 16 lanes: NaN, zeros and negatives to +0 (the compare is false for NaN),
+    /// above 1 to 1.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn sanitize(v: __m512) -> __m512 {
+        let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(v, _mm512_setzero_ps());
+        _mm512_maskz_min_ps(positive, v, _mm512_set1_ps(1.0))
+    }
+
+    /// `floor(p · 2^40)` of 16 sanitized values, exact in f32, widened exactly to two f64 vectors.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn weights(p: __m512, scale: __m512) -> (__m512d, __m512d) {
+        let w = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(p, scale),
+        );
+        let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(w));
+        let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+            _mm512_castps_pd(w),
+        )));
+        (lo, hi)
+    }
+
+    /// [`super::scan`] over the full blocks of an f32 row segment; the caller handles the tail.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `block_mass` must hold `row.len() / BLOCK` entries and
+    /// `group_max` `row.len() / BLOCK * GROUP_KEYS`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scan_full_blocks(
+        row: &[f32],
+        block_mass: &mut [u64],
+        group_max: &mut [u32],
+    ) -> u64 {
+        let scale = _mm512_set1_ps((1u64 << 40) as f32);
+        let mut total = 0u64;
+        for (b, block) in row.chunks_exact(BLOCK).enumerate() {
+            // Ask for the block PREFETCH_BLOCKS ahead (a hint: never faults, even past the end).
+            let ahead = block.as_ptr().wrapping_add(PREFETCH_BLOCKS * BLOCK).cast::<i8>();
+            for line in 0..BLOCK * 4 / 64 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
+            }
+            let (mut acc0, mut acc1, mut acc2, mut acc3) = (
+                _mm512_setzero_pd(),
+                _mm512_setzero_pd(),
+                _mm512_setzero_pd(),
+                _mm512_setzero_pd(),
+            );
+            let mut max = _mm512_setzero_si512();
+            let mut second = _mm512_setzero_si512();
+            for pair in block.chunks_exact(32) {
+                // SAFETY: `pair` holds 32 f32; unaligned loads are allowed.
+                let (v0, v1) = unsafe {
+                    (
+                        _mm512_loadu_ps(pair.as_ptr()),
+                        _mm512_loadu_ps(pair.as_ptr().add(16)),
+                    )
+                };
+                let (p0, p1) = (sanitize(v0), sanitize(v1));
+                for key in [_mm512_castps_si512(p0), _mm512_castps_si512(p1)] {
+                    second = _mm512_max_epu32(second, _mm512_min_epu32(max, key));
+                    max = _mm512_max_epu32(max, key);
+                }
+                let (lo0, hi0) = weights(p0, scale);
+                let (lo1, hi1) = weights(p1, scale);
+                acc0 = _mm512_add_pd(acc0, lo0);
+                acc1 = _mm512_add_pd(acc1, hi0);
+                acc2 = _mm512_add_pd(acc2, lo1);
+                acc3 = _mm512_add_pd(acc3, hi1);
+            }
+            let out = &mut group_max[b * GROUP_KEYS..(b + 1) * GROUP_KEYS];
+            // SAFETY: `out` holds 32 u32.
+            unsafe {
+                _mm512_storeu_si512(out.as_mut_ptr().cast(), max);
+                _mm512_storeu_si512(out.as_mut_ptr().add(GROUPS).cast(), second);
+            }
+            let sum = _mm512_add_pd(_mm512_add_pd(acc0, acc1), _mm512_add_pd(acc2, acc3));
+            // Exact: integers below 2^40, 256 of them.
+            let mass = _mm512_reduce_add_pd(sum) as u64;
+            block_mass[b] = mass;
+            total += mass;
+        }
+        total
+    }
+
+    /// [`super::level_totals_generic`] with mask registers.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn level_totals(
+        keys: &[u32],
+        levels: &[u32; ROUND],
+    ) -> ([u32; ROUND], [f64; ROUND]) {
+        let level: [__m512i; ROUND] = std::array::from_fn(|j| _mm512_set1_epi32(levels[j] as i32));
+        let one = _mm512_set1_epi32(1);
+        let mut count = [_mm512_setzero_si512(); ROUND];
+        let mut mass = [_mm512_setzero_pd(); ROUND];
+        let mut vectors = keys.chunks_exact(16);
+        let mut pending = 0;
+        let mut partial = [_mm512_setzero_ps(); ROUND];
+        for v in &mut vectors {
+            // SAFETY: `v` holds 16 u32.
+            let k = unsafe { _mm512_loadu_si512(v.as_ptr().cast()) };
+            let value = _mm512_castsi512_ps(k);
+            for j in 0..ROUND {
+                let at_or_above = _mm512_cmpge_epu32_mask(k, level[j]);
+                count[j] = _mm512_mask_add_epi32(count[j], at_or_above, count[j], one);
+                partial[j] = _mm512_mask_add_ps(partial[j], at_or_above, partial[j], value);
+            }
+            pending += 1;
+            if pending == 64 {
+                flush(&mut partial, &mut mass);
+                pending = 0;
+            }
+        }
+        flush(&mut partial, &mut mass);
+        let mut out_count = [0u32; ROUND];
+        let mut out_mass = [0f64; ROUND];
+        for j in 0..ROUND {
+            out_count[j] = _mm512_reduce_add_epi32(count[j]) as u32;
+            out_mass[j] = _mm512_reduce_add_pd(mass[j]);
+            for &k in vectors.remainder() {
+                if k >= levels[j] {
+                    out_count[j] += 1;
+                    out_mass[j] += f64::from(f32::from_bits(k));
+                }
+            }
+        }
+        (out_count, out_mass)
+    }
+
+    /// Adds f32 partial sums into f64 totals and clears them.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn flush(partial: &mut [__m512; ROUND], mass: &mut [__m512d; ROUND]) {
+        for j in 0..ROUND {
+            let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(partial[j]));
+            let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                _mm512_castps_pd(partial[j]),
+            )));
+            mass[j] = _mm512_add_pd(mass[j], _mm512_add_pd(lo, hi));
+            partial[j] = _mm512_setzero_ps();
+        }
+    }
+
+    /// The bit mask of the tokens of a full sub-block of 64 f32 whose key reaches `floor`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `sub` must hold 64 values.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn floor_mask(sub: &[f32], floor: u32) -> u64 {
+        let floor = _mm512_set1_epi32(floor as i32);
+        let mut mask = 0u64;
+        for (c, chunk) in sub.chunks_exact(16).enumerate() {
+            // SAFETY: `chunk` holds 16 f32.
+            let v = unsafe { _mm512_loadu_ps(chunk.as_ptr()) };
+            let key = _mm512_castps_si512(sanitize(v));
+            mask |= u64::from(_mm512_cmpge_epu32_mask(key, floor)) << (16 * c);
+        }
+        mask
+    }
+}
+
+/// The number of blocks of `len` tokens and of group keys [`scan`] keeps for them.
+pub(crate) fn block_counts(len: usize) -> (usize, usize) {
+    let blocks = len.div_ceil(BLOCK);
+    (blocks, blocks * GROUP_KEYS)
+}
+
+/// One streaming pass over a segment of a row that starts on a block boundary: writes the exact
+/// weight of each block to `block_mass` and the two largest keys of each group to `group_max` (per
+/// block: the 16 largest, then the 16 second largest; sized by [`block_counts`]), and returns the
+/// exact total weight.
+pub(crate) fn scan<T: FloatElement>(
+    row: &[T],
+    block_mass: &mut [u64],
+    group_max: &mut [u32],
+) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if let (DType::F32, Ok(values)) = (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(row)) {
+        if avx512::available() {
+            let full = values.len() / BLOCK;
+            let (head, tail) = values.split_at(full * BLOCK);
+            let (head_mass, tail_mass) = block_mass.split_at_mut(full);
+            let (head_max, tail_max) = group_max.split_at_mut(full * GROUP_KEYS);
+            // SAFETY: AVX-512F is present; the slices are sized as the function requires.
+            let head_total = unsafe { avx512::scan_full_blocks(head, head_mass, head_max) };
+            return head_total + scan_generic::<f32>(tail, tail_mass, tail_max);
+        }
+    }
+    dispatch!(scan_generic::<T>(row, block_mass, group_max) via scan_avx512, scan_avx2)
+}
+
+/// The bit mask of the tokens of a sub-block (at most 64) whose key reaches `floor`.
+#[inline(always)]
+fn floor_mask<T: FloatElement>(sub: &[T], floor: u32) -> u64 {
+    let mut mask = 0u64;
+    let mut chunks = sub.chunks_exact(LANES);
+    for (c, chunk) in (&mut chunks).enumerate() {
+        let mut m = 0u32;
+        for lane in 0..LANES {
+            m |= u32::from(key_of(chunk[lane]) >= floor) << lane;
+        }
+        mask |= u64::from(m) << (c * LANES);
+    }
+    let base = sub.len() - chunks.remainder().len();
+    for (i, &v) in chunks.remainder().iter().enumerate() {
+        mask |= u64::from(key_of(v) >= floor) << (base + i);
+    }
+    mask
+}
+
+/// [`floor_mask`], by the AVX-512 loop for full f32 sub-blocks where the CPU has it.
+#[inline(always)]
+fn sub_floor_mask<T: FloatElement>(sub: &[T], floor: u32) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if sub.len() == SUB && T::DTYPE == DType::F32 && avx512::available() {
+        if let Ok(values) = bytemuck::try_cast_slice::<T, f32>(sub) {
+            // SAFETY: AVX-512F is present and `values` holds 64 f32.
+            return unsafe { avx512::floor_mask(values, floor) };
+        }
+    }
+    floor_mask(sub, floor)
+}
+
+#[inline(always)]
+fn collect_generic<T: FloatElement>(
+    row: &[T],
+    offset: usize,
+    group_max: &[u32],
+    floor: u32,
+    cap: usize,
+    out: &mut Vec<(u32, u32)>,
+) -> bool {
+    for (b, keys) in group_max.chunks_exact(GROUP_KEYS).enumerate() {
+        if keys[..GROUPS].iter().all(|&m| m < floor) {
+            continue;
+        }
+        let block_start = b * BLOCK;
+        let block = &row[block_start..row.len().min(block_start + BLOCK)];
+        for (c, sub) in block.chunks(SUB).enumerate() {
+            let start = block_start + c * SUB;
+            let mut mask = sub_floor_mask(sub, floor);
+            while mask != 0 {
+                let i = mask.trailing_zeros() as usize;
+                mask &= mask - 1;
+                out.push((key_of(sub[i]), (offset + start + i) as u32));
+            }
+        }
+        if out.len() > cap {
+            return false;
+        }
+    }
+    true
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+fn collect_avx512<T: FloatElement>(
+    row: &[T],
+    offset: usize,
+    group_max: &[u32],
+    floor: u32,
+    cap: usize,
+    out: &mut Vec<(u32, u32)>,
+) -> bool {
+    collect_generic::<T>(row, offset, group_max, floor, cap, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn collect_avx2<T: FloatElement>(
+    row: &[T],
+    offset: usize,
+    group_max: &[u32],
+    floor: u32,
+    cap: usize,
+    out: &mut Vec<(u32, u32)>,
+) -> bool {
+    collect_generic::<T>(row, offset, group_max, floor, cap, out)
+}
+
+/// Appends `(key, offset + id)` for every token of `row` whose key reaches `floor`, in id order,
+/// visiting only the blocks where a group maximum (`group_max`, from [`scan`]) reaches it. Returns
+/// `false` as soon as `out` holds more than `cap` entries.
+pub(crate) fn collect<T: FloatElement>(
+    row: &[T],
+    offset: usize,
+    group_max: &[u32],
+    floor: u32,
+    cap: usize,
+    out: &mut Vec<(u32, u32)>,
+) -> bool {
+    dispatch!(collect_generic::<T>(row, offset, group_max, floor, cap, out) via collect_avx512, collect_avx2)
+}
+
+/// Levels per round of [`level_totals`].
+pub(crate) const ROUND: usize = 8;
+
+/// For each of `levels`, the number of `keys` at or above it and their approximate mass (the sum of
+/// the values the keys stand for: f32 partial sums over at most 64 keys per lane, added in f64).
+#[inline(always)]
+fn level_totals_generic(keys: &[u32], levels: &[u32; ROUND]) -> ([u32; ROUND], [f64; ROUND]) {
+    let mut count = [0u32; ROUND];
+    let mut mass = [0f64; ROUND];
+    for chunk in keys.chunks(LANES * 64) {
+        let mut c = [[0u32; LANES]; ROUND];
+        let mut m = [[0f32; LANES]; ROUND];
+        let mut vectors = chunk.chunks_exact(LANES);
+        for v in &mut vectors {
+            for j in 0..ROUND {
+                for lane in 0..LANES {
+                    let at_or_above = v[lane] >= levels[j];
+                    c[j][lane] += u32::from(at_or_above);
+                    m[j][lane] += if at_or_above {
+                        f32::from_bits(v[lane])
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
+        for j in 0..ROUND {
+            count[j] += c[j].iter().sum::<u32>();
+            mass[j] += f64::from(m[j].iter().sum::<f32>());
+            for &k in vectors.remainder() {
+                if k >= levels[j] {
+                    count[j] += 1;
+                    mass[j] += f64::from(f32::from_bits(k));
+                }
+            }
+        }
+    }
+    (count, mass)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn level_totals_avx2(keys: &[u32], levels: &[u32; ROUND]) -> ([u32; ROUND], [f64; ROUND]) {
+    level_totals_generic(keys, levels)
+}
+
+/// See [`level_totals_generic`].
+fn level_totals(keys: &[u32], levels: &[u32; ROUND]) -> ([u32; ROUND], [f64; ROUND]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+        {
+            // SAFETY: the CPU supports the features the variant is compiled for.
+            return unsafe { avx512::level_totals(keys, levels) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            // SAFETY: as above.
+            return unsafe { level_totals_avx2(keys, levels) };
+        }
+    }
+    level_totals_generic(keys, levels)
+}
+
+/// What a floor must let through.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Want {
+    /// At least this many keys.
+    Count(usize),
+    /// At least this much probability mass (approximate).
+    Mass(f64),
+}
+
+/// A high floor key such that the `keys` at or above it reach `want`: searched on a grid of keys
+/// (rank keys are monotone in the value, and linear steps in them are nearly geometric steps in
+/// the value) in three rounds of [`ROUND`] levels — 4 binary orders of magnitude apart from 1.0
+/// down to 2^-28, then an eighth, then a sixty-fourth of that — so the floor is within a factor
+/// 2^(1/16) of the highest possible one. `None` when even 2^-28 does not reach it.
+pub(crate) fn floor_for(keys: &[u32], want: Want) -> Option<u32> {
+    const ONE: u32 = 0x3f80_0000;
+    let reaches = |count: u32, mass: f64| match want {
+        Want::Count(k) => count as usize >= k,
+        Want::Mass(m) => mass >= m,
+    };
+    let mut top = ONE;
+    let mut step = 4u32 << 23;
+    let mut floor = None;
+    for round in 0..3 {
+        let levels: [u32; ROUND] = std::array::from_fn(|j| top.saturating_sub(j as u32 * step));
+        let (count, mass) = level_totals(keys, &levels);
+        let Some(j) = (0..ROUND).find(|&j| reaches(count[j], mass[j])) else {
+            // Past the first round, the previous round's level is reached.
+            return floor;
+        };
+        floor = Some(levels[j]);
+        if j == 0 || round == 2 {
+            break;
+        }
+        // The highest reaching floor lies in [levels[j], levels[j − 1]).
+        step /= 8;
+        top = levels[j - 1] - step;
+    }
+    floor
+}
+
+/// The argmax order as an unsigned key: NaN lowest (0), −0.0 equal to +0.0, otherwise the order of
+/// the values.
+#[inline(always)]
+pub(crate) fn argmax_key<T: FloatElement>(v: T) -> u32 {
+    // Adding +0.0 turns −0.0 into +0.0 and leaves every other value as it is.
+    let v = v.to_f32() + 0.0;
+    let bits = v.to_bits();
+    // Negative values: all bits flipped; non-negative: the sign bit set.
+    let key = bits ^ (((bits as i32) >> 31) as u32 | 0x8000_0000);
+    if v.is_nan() { 0 } else { key }
+}
+
+#[inline(always)]
+fn argmax_generic<T: FloatElement>(row: &[T]) -> usize {
+    let mut best_key = 0u32;
+    let mut best_block = 0usize;
+    let mut found = false;
+    for (b, block) in row.chunks(BLOCK).enumerate() {
+        let mut max = [0u32; LANES];
+        let mut chunks = block.chunks_exact(LANES);
+        for chunk in &mut chunks {
+            for lane in 0..LANES {
+                max[lane] = max[lane].max(argmax_key(chunk[lane]));
+            }
+        }
+        let mut block_max = max.iter().copied().fold(0, u32::max);
+        for &v in chunks.remainder() {
+            block_max = block_max.max(argmax_key(v));
+        }
+        if !found || block_max > best_key {
+            found = true;
+            best_key = block_max;
+            best_block = b;
+        }
+    }
+    let start = best_block * BLOCK;
+    row[start..]
+        .iter()
+        .take(BLOCK)
+        .position(|&v| argmax_key(v) == best_key)
+        .map_or(0, |i| start + i)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+fn argmax_avx512<T: FloatElement>(row: &[T]) -> usize {
+    argmax_generic::<T>(row)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn argmax_avx2<T: FloatElement>(row: &[T]) -> usize {
+    argmax_generic::<T>(row)
+}
+
+/// The first token of `row` with the largest value in argmax order (0 for an all-NaN or empty
+/// row): a block maximum per [`BLOCK`] tokens, then one scan of the first block holding it.
+pub(crate) fn argmax_row<T: FloatElement>(row: &[T]) -> usize {
+    dispatch!(argmax_generic::<T>(row) via argmax_avx512, argmax_avx2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specula_backend_api::fixed_point::{key_weight, rank_key};
+
+    #[test]
+    fn branch_free_weight_matches_the_reference() {
+        let mut key = 0u32;
+        while key <= 0x3f80_0000 {
+            assert_eq!(weight_of_key(key), key_weight(key), "key {key:#x}");
+            key += 0x1357;
+        }
+        for key in [
+            0,
+            1,
+            0x2b80_0000,
+            0x2b7f_ffff,
+            0x3f00_0000,
+            0x3f7f_ffff,
+            0x3f80_0000,
+        ] {
+            assert_eq!(weight_of_key(key), key_weight(key), "key {key:#x}");
+        }
+    }
+
+    /// Hostile values: NaN, infinities, negatives, −0, subnormals, values above 1, ties.
+    fn hostile_row(seed: u64, len: usize) -> Vec<f32> {
+        let mut x = seed;
+        (0..len)
+            .map(|i| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let u = (x >> 40) as f32 / (1u64 << 24) as f32;
+                match i % 11 {
+                    0 => f32::NAN,
+                    1 => -u,
+                    2 => f32::from_bits((x >> 45) as u32), // subnormal or tiny
+                    3 => 1.0 + u,
+                    4 => 0.125,
+                    5 if u < 0.01 => f32::INFINITY,
+                    6 if u < 0.01 => f32::NEG_INFINITY,
+                    7 => -0.0,
+                    _ => u.powi(4) / 64.0,
+                }
+            })
+            .collect()
+    }
+
+    fn reference_scan(row: &[f32]) -> (u64, Vec<u64>, Vec<u32>) {
+        let block_mass = row
+            .chunks(BLOCK)
+            .map(|b| b.iter().map(|&v| key_weight(rank_key(v))).sum())
+            .collect::<Vec<u64>>();
+        let mut group_max = vec![0u32; block_mass.len() * GROUP_KEYS];
+        for (b, block) in row.chunks(BLOCK).enumerate() {
+            for lane in 0..GROUPS {
+                let mut keys: Vec<u32> = block
+                    .iter()
+                    .skip(lane)
+                    .step_by(GROUPS)
+                    .map(|&v| rank_key(v))
+                    .collect();
+                keys.sort_unstable_by(|a, b| b.cmp(a));
+                group_max[b * GROUP_KEYS + lane] = keys.first().copied().unwrap_or(0);
+                group_max[b * GROUP_KEYS + GROUPS + lane] = keys.get(1).copied().unwrap_or(0);
+            }
+        }
+        (block_mass.iter().sum(), block_mass, group_max)
+    }
+
+    #[test]
+    fn every_variant_of_scan_matches_the_definition() {
+        for (seed, len) in [
+            (1u64, 1usize),
+            (2, 63),
+            (3, 256),
+            (4, 1000),
+            (5, 5003),
+            (6, 4096),
+        ] {
+            let row = hostile_row(seed, len);
+            let (total, blocks, subs) = reference_scan(&row);
+            let (nb, ns) = block_counts(len);
+            let (mut bm, mut sm) = (vec![0; nb], vec![0; ns]);
+            assert_eq!(scan(&row, &mut bm, &mut sm), total, "seed {seed}");
+            assert_eq!((&bm, &sm), (&blocks, &subs), "seed {seed}");
+            let (mut gbm, mut gsm) = (vec![0; nb], vec![0; ns]);
+            assert_eq!(scan_generic(&row, &mut gbm, &mut gsm), total, "seed {seed}");
+            assert_eq!((&gbm, &gsm), (&blocks, &subs), "seed {seed}");
+            let half: Vec<half::f16> = row.iter().map(|&v| half::f16::from_f32(v)).collect();
+            let (mut hbm, mut hsm) = (vec![0; nb], vec![0; ns]);
+            let widened: Vec<f32> = half.iter().map(|v| v.to_f32()).collect();
+            let (h_total, h_blocks, h_subs) = reference_scan(&widened);
+            assert_eq!(scan(&half, &mut hbm, &mut hsm), h_total, "f16 seed {seed}");
+            assert_eq!((&hbm, &hsm), (&h_blocks, &h_subs), "f16 seed {seed}");
+        }
+    }
+
+    #[test]
+    fn collect_finds_every_token_at_or_above_the_floor() {
+        let row = hostile_row(9, 3001);
+        let (nb, ns) = block_counts(row.len());
+        let (mut bm, mut sm) = (vec![0; nb], vec![0; ns]);
+        scan(&row, &mut bm, &mut sm);
+        for floor in [
+            0u32,
+            1,
+            0x2b80_0000,
+            0x3c00_0000,
+            0x3e00_0000,
+            0x3f80_0000,
+            u32::MAX,
+        ] {
+            let mut got = Vec::new();
+            assert!(collect(&row, 7, &sm, floor, usize::MAX, &mut got));
+            let expected: Vec<(u32, u32)> = row
+                .iter()
+                .enumerate()
+                .filter(|&(_, &v)| rank_key(v) >= floor)
+                .map(|(i, &v)| (rank_key(v), i as u32 + 7))
+                .collect();
+            assert_eq!(got, expected, "floor {floor:#x}");
+            let mut generic = Vec::new();
+            collect_generic(&row, 7, &sm, floor, usize::MAX, &mut generic);
+            assert_eq!(generic, expected);
+        }
+        let mut capped = Vec::new();
+        assert!(!collect(&row, 0, &sm, 0, 10, &mut capped));
+    }
+
+    #[test]
+    fn floor_for_is_a_floor_that_reaches_the_want() {
+        let row = hostile_row(21, 20_000);
+        let keys: Vec<u32> = row.iter().map(|&v| rank_key(v)).collect();
+        let above = |floor: u32| keys.iter().filter(|&&k| k >= floor).count();
+        let mass = |floor: u32| -> f64 {
+            keys.iter()
+                .filter(|&&k| k >= floor)
+                .map(|&k| f64::from(f32::from_bits(k)))
+                .sum()
+        };
+        for k in [1usize, 2, 50, 1000, 5000] {
+            let floor = floor_for(&keys, Want::Count(k)).expect("reachable");
+            assert!(above(floor) >= k, "k {k}");
+            // Within a factor 2^(1/16) of the k-th largest key.
+            let mut sorted = keys.clone();
+            sorted.sort_unstable_by(|a, b| b.cmp(a));
+            assert!(
+                f32::from_bits(floor) * 1.05 >= f32::from_bits(sorted[k - 1]),
+                "k {k}"
+            );
+        }
+        let total = mass(0);
+        for frac in [0.01, 0.5, 0.9, 0.999] {
+            let want = total * frac;
+            let floor = floor_for(&keys, Want::Mass(want)).expect("reachable");
+            assert!(mass(floor) >= want * (1.0 - 1e-5), "frac {frac}");
+        }
+        assert_eq!(floor_for(&keys, Want::Count(keys.len() + 1)), None);
+        // The generic loop agrees with the dispatched one.
+        let levels: [u32; ROUND] = std::array::from_fn(|j| 0x3f80_0000 - (j as u32) * (3 << 23));
+        let (c1, m1) = level_totals(&keys, &levels);
+        let (c2, m2) = level_totals_generic(&keys, &levels);
+        assert_eq!(c1, c2);
+        for j in 0..ROUND {
+            assert!((m1[j] - m2[j]).abs() <= 1e-6 * m2[j].max(1.0));
+        }
+        assert_eq!(floor_for(&[], Want::Count(1)), None);
+    }
+
+    #[test]
+    fn argmax_follows_the_total_order() {
+        let cases: Vec<(Vec<f32>, usize)> = vec![
+            (vec![], 0),
+            (vec![f32::NAN; 300], 0),
+            (vec![f32::NAN, f32::NEG_INFINITY, f32::NAN], 1),
+            (vec![-0.0, 0.0, -1.0], 0),
+            (vec![-1.0, 0.0, -0.0], 1),
+            (vec![1.0, f32::INFINITY, f32::INFINITY], 1),
+        ];
+        for (row, expected) in cases {
+            assert_eq!(argmax_row(&row), expected, "{row:?}");
+            assert_eq!(argmax_generic(&row), expected, "{row:?}");
+        }
+        for seed in 0..20 {
+            let row = hostile_row(seed, 1 + seed as usize * 397);
+            let mut best = 0;
+            for i in 0..row.len() {
+                if argmax_key(row[i]) > argmax_key(row[best]) {
+                    best = i;
+                }
+            }
+            assert_eq!(argmax_row(&row), best, "seed {seed}");
+            let half: Vec<half::bf16> = row.iter().map(|&v| half::bf16::from_f32(v)).collect();
+            let mut best = 0;
+            for i in 0..half.len() {
+                if argmax_key(half[i]) > argmax_key(half[best]) {
+                    best = i;
+                }
+            }
+            assert_eq!(argmax_row(&half), best, "bf16 seed {seed}");
+        }
+    }
+}
