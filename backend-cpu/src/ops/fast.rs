@@ -29,16 +29,15 @@ use rayon::prelude::*;
 use specula_backend_api::FloatElement;
 use specula_backend_api::fixed_point::{reaches_top_p, scale_draw, top_p_fixed, top_p_target_mass};
 
-use super::kernels::{self, BLOCK, Want, block_counts, collect, floor_for, weight_of_key};
+use super::kernels::{
+    self, BLOCK, Candidate, Want, block_counts, collect, floor_for, weight_of_key,
+};
 use super::select::{MIN_WEIGHT_KEY, Prefix};
 
 /// The largest top-k the fast path handles (larger ones use the histogram path).
 const MAX_FAST_K: usize = 2048;
 /// Rows shorter than this are never split across threads.
 const SPLIT_MIN: usize = 64 * BLOCK;
-
-/// A candidate: rank key and token id.
-type Candidate = (u32, u32);
 
 /// Per-thread buffers of the fast path, allocated on first use and reused for every row.
 #[derive(Default)]
@@ -97,9 +96,9 @@ fn keep_top_k(s: &mut FastScratch, k: usize) {
         return;
     }
     s.keys.clear();
-    s.keys.extend(s.candidates.iter().map(|c| c.0));
+    s.keys.extend(s.candidates.iter().map(|c| c.key));
     let kth = *s.keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a)).1;
-    let above = s.candidates.iter().filter(|c| c.0 > kth).count();
+    let above = s.candidates.iter().filter(|c| c.key > kth).count();
     let mut member = Prefix {
         key: kth,
         take: k - above,
@@ -107,7 +106,7 @@ fn keep_top_k(s: &mut FastScratch, k: usize) {
         mass: u64::MAX,
     }
     .member();
-    s.candidates.retain(|c| member.admit(c.0));
+    s.candidates.retain(|c| member.admit(c.key));
 }
 
 /// The shortest prefix (in rank order) of `candidates` whose mass reaches `target` > 0; `None` when
@@ -119,7 +118,7 @@ fn prefix_by_mass(
     bins: &mut Vec<u64>,
 ) -> Option<Prefix> {
     keys.clear();
-    keys.extend(candidates.iter().map(|c| c.0));
+    keys.extend(candidates.iter().map(|c| c.key));
     prefix_of_keys(keys, target, bins)
 }
 
@@ -167,7 +166,7 @@ fn draw_among(candidates: &[Candidate], prefix: &Prefix, draw: u64) -> Option<us
     let t = scale_draw(draw, prefix.mass);
     let mut member = prefix.member();
     let mut cumulative = 0u64;
-    for &(key, id) in candidates {
+    for &Candidate { key, id } in candidates {
         if member.admit(key) {
             cumulative += weight_of_key(key);
             if cumulative > t {
@@ -259,14 +258,14 @@ fn draw_top_p(
     p_fixed: u64,
     draw: u64,
 ) -> Option<usize> {
-    let mass: u64 = survivors.iter().map(|c| weight_of_key(c.0)).sum();
+    let mass: u64 = survivors.iter().map(|c| weight_of_key(c.key)).sum();
     if mass == 0 {
         // Every survivor weighs nothing: the first in rank order (largest key, then lowest id).
         let first = survivors
             .iter()
             .copied()
-            .reduce(|best, c| if c.0 > best.0 { c } else { best })?;
-        return Some(first.1 as usize);
+            .reduce(|best, c| if c.key > best.key { c } else { best })?;
+        return Some(first.id as usize);
     }
     let target = top_p_target_mass(p_fixed, mass);
     let prefix = prefix_by_mass(survivors, target, keys, bins)?;
@@ -332,14 +331,14 @@ pub(crate) fn candidates_row_fast<T: FloatElement>(
         }
         keep_top_k(s, c);
         s.candidates
-            .sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+            .sort_unstable_by(|a, b| b.key.cmp(&a.key).then(a.id.cmp(&b.id)));
         ids.fill(-1);
         scores.fill(0.0);
         let p_fixed = top_p_fixed(top_p);
         let mut lens = s.candidates.len() as i32;
         let mut mass = 0u64;
         let mut reached = false;
-        for (i, &(key, id)) in s.candidates.iter().enumerate() {
+        for (i, &Candidate { key, id }) in s.candidates.iter().enumerate() {
             ids[i] = id as i32;
             scores[i] = f32::from_bits(key);
             mass += weight_of_key(key);

@@ -13,6 +13,19 @@ use specula_backend_api::{DType, FloatElement};
 
 /// Tokens per block of exact weight.
 pub(crate) const BLOCK: usize = 256;
+/// A token at or above a floor: its rank key and id. `repr(C)`, key first, so that the AVX-512
+/// loop can write one as a 64-bit lane (key in the low half).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Candidate {
+    /// Rank key.
+    pub key: u32,
+    /// Token id.
+    pub id: u32,
+}
+
+/// The rank key of 1.0, the largest one.
+pub(crate) const ONE_KEY: u32 = 0x3f80_0000;
 /// Tokens per bit mask in [`collect`].
 const SUB: usize = 64;
 /// Groups per block: one per vector lane.
@@ -150,7 +163,7 @@ fn scan_avx2<T: FloatElement>(row: &[T], block_mass: &mut [u64], group_max: &mut
 /// in 256-bit registers and spills their accumulators).
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{BLOCK, GROUP_KEYS, GROUPS, ROUND};
+    use super::{BLOCK, Candidate, GROUP_KEYS, GROUPS, ROUND};
     use std::arch::x86_64::*;
 
     /// How far ahead the scan prefetches, in blocks (4 KiB).
@@ -199,7 +212,10 @@ mod avx512 {
         let mut total = 0u64;
         for (b, block) in row.chunks_exact(BLOCK).enumerate() {
             // Ask for the block PREFETCH_BLOCKS ahead (a hint: never faults, even past the end).
-            let ahead = block.as_ptr().wrapping_add(PREFETCH_BLOCKS * BLOCK).cast::<i8>();
+            let ahead = block
+                .as_ptr()
+                .wrapping_add(PREFETCH_BLOCKS * BLOCK)
+                .cast::<i8>();
             for line in 0..BLOCK * 4 / 64 {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
             }
@@ -251,7 +267,7 @@ mod avx512 {
     /// # Safety
     /// The CPU must support AVX-512F.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn level_totals(
+    pub(super) unsafe fn level_totals<const MASS: bool>(
         keys: &[u32],
         levels: &[u32; ROUND],
     ) -> ([u32; ROUND], [f64; ROUND]) {
@@ -268,11 +284,14 @@ mod avx512 {
             let value = _mm512_castsi512_ps(k);
             for j in 0..ROUND {
                 let at_or_above = _mm512_cmpge_epu32_mask(k, level[j]);
-                count[j] = _mm512_mask_add_epi32(count[j], at_or_above, count[j], one);
-                partial[j] = _mm512_mask_add_ps(partial[j], at_or_above, partial[j], value);
+                if MASS {
+                    partial[j] = _mm512_mask_add_ps(partial[j], at_or_above, partial[j], value);
+                } else {
+                    count[j] = _mm512_mask_add_epi32(count[j], at_or_above, count[j], one);
+                }
             }
             pending += 1;
-            if pending == 64 {
+            if MASS && pending == 64 {
                 flush(&mut partial, &mut mass);
                 pending = 0;
             }
@@ -307,21 +326,79 @@ mod avx512 {
         }
     }
 
-    /// The bit mask of the tokens of a full sub-block of 64 f32 whose key reaches `floor`.
+    /// [`super::collect`] over the full blocks of an f32 row (the caller handles the tail);
+    /// `floor` is a positive key at most that of 1.0, so `key(p) ≥ floor` is `p ≥ value(floor)`
+    /// as an ordered float compare (false for NaN and for every p ≤ 0, true above 1).
     ///
     /// # Safety
-    /// The CPU must support AVX-512F; `sub` must hold 64 values.
+    /// The CPU must support AVX-512F; `group_max` must hold `GROUP_KEYS` keys per full block.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn floor_mask(sub: &[f32], floor: u32) -> u64 {
-        let floor = _mm512_set1_epi32(floor as i32);
-        let mut mask = 0u64;
-        for (c, chunk) in sub.chunks_exact(16).enumerate() {
-            // SAFETY: `chunk` holds 16 f32.
-            let v = unsafe { _mm512_loadu_ps(chunk.as_ptr()) };
-            let key = _mm512_castps_si512(sanitize(v));
-            mask |= u64::from(_mm512_cmpge_epu32_mask(key, floor)) << (16 * c);
+    pub(super) unsafe fn collect_blocks(
+        row: &[f32],
+        offset: usize,
+        group_max: &[u32],
+        floor: u32,
+        cap: usize,
+        out: &mut Vec<Candidate>,
+    ) -> bool {
+        let threshold = _mm512_set1_ps(f32::from_bits(floor));
+        let floor_key = _mm512_set1_epi32(floor as i32);
+        let iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        for (b, (block, keys)) in row
+            .chunks_exact(BLOCK)
+            .zip(group_max.chunks_exact(GROUP_KEYS))
+            .enumerate()
+        {
+            // SAFETY: `keys` holds at least 16 u32.
+            let maxima = unsafe { _mm512_loadu_si512(keys.as_ptr().cast()) };
+            if _mm512_cmpge_epu32_mask(maxima, floor_key) == 0 {
+                continue;
+            }
+            // Room for a whole block, plus one vector of slack for the full-width stores.
+            out.reserve(BLOCK + 8);
+            let len = out.len();
+            let dst = out.as_mut_ptr().wrapping_add(len).cast::<u64>();
+            let mut written = 0usize;
+            for (q, chunk) in block.chunks_exact(16).enumerate() {
+                // SAFETY: `chunk` holds 16 f32.
+                let v = unsafe { _mm512_loadu_ps(chunk.as_ptr()) };
+                let mask = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, threshold);
+                if mask == 0 {
+                    continue;
+                }
+                let keys = _mm512_castps_si512(sanitize(v));
+                let first = (offset + b * BLOCK + q * 16) as i32;
+                let ids = _mm512_add_epi32(iota, _mm512_set1_epi32(first));
+                for half in 0..2 {
+                    let (k, i) = if half == 0 {
+                        (_mm512_castsi512_si256(keys), _mm512_castsi512_si256(ids))
+                    } else {
+                        (
+                            _mm512_extracti64x4_epi64::<1>(keys),
+                            _mm512_extracti64x4_epi64::<1>(ids),
+                        )
+                    };
+                    let m = (mask >> (8 * half)) as u8;
+                    // (key, id) as one 64-bit lane: key low, id high (`Candidate` is repr(C)).
+                    let pairs = _mm512_or_si512(
+                        _mm512_cvtepu32_epi64(k),
+                        _mm512_slli_epi64::<32>(_mm512_cvtepu32_epi64(i)),
+                    );
+                    let packed = _mm512_maskz_compress_epi64(m, pairs);
+                    // SAFETY: `written` ≤ 248 here and the capacity holds BLOCK + 8 more entries
+                    // past `len`; the lanes past the packed ones are overwritten or left beyond
+                    // the length.
+                    unsafe { _mm512_storeu_si512(dst.wrapping_add(written).cast(), packed) };
+                    written += m.count_ones() as usize;
+                }
+            }
+            // SAFETY: the first `written` entries past `len` were just initialized.
+            unsafe { out.set_len(len + written) };
+            if out.len() > cap {
+                return false;
+            }
         }
-        mask
+        true
     }
 }
 
@@ -374,19 +451,6 @@ fn floor_mask<T: FloatElement>(sub: &[T], floor: u32) -> u64 {
     mask
 }
 
-/// [`floor_mask`], by the AVX-512 loop for full f32 sub-blocks where the CPU has it.
-#[inline(always)]
-fn sub_floor_mask<T: FloatElement>(sub: &[T], floor: u32) -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    if sub.len() == SUB && T::DTYPE == DType::F32 && avx512::available() {
-        if let Ok(values) = bytemuck::try_cast_slice::<T, f32>(sub) {
-            // SAFETY: AVX-512F is present and `values` holds 64 f32.
-            return unsafe { avx512::floor_mask(values, floor) };
-        }
-    }
-    floor_mask(sub, floor)
-}
-
 #[inline(always)]
 fn collect_generic<T: FloatElement>(
     row: &[T],
@@ -394,7 +458,7 @@ fn collect_generic<T: FloatElement>(
     group_max: &[u32],
     floor: u32,
     cap: usize,
-    out: &mut Vec<(u32, u32)>,
+    out: &mut Vec<Candidate>,
 ) -> bool {
     for (b, keys) in group_max.chunks_exact(GROUP_KEYS).enumerate() {
         if keys[..GROUPS].iter().all(|&m| m < floor) {
@@ -404,11 +468,14 @@ fn collect_generic<T: FloatElement>(
         let block = &row[block_start..row.len().min(block_start + BLOCK)];
         for (c, sub) in block.chunks(SUB).enumerate() {
             let start = block_start + c * SUB;
-            let mut mask = sub_floor_mask(sub, floor);
+            let mut mask = floor_mask(sub, floor);
             while mask != 0 {
                 let i = mask.trailing_zeros() as usize;
                 mask &= mask - 1;
-                out.push((key_of(sub[i]), (offset + start + i) as u32));
+                out.push(Candidate {
+                    key: key_of(sub[i]),
+                    id: (offset + start + i) as u32,
+                });
             }
         }
         if out.len() > cap {
@@ -426,7 +493,7 @@ fn collect_avx512<T: FloatElement>(
     group_max: &[u32],
     floor: u32,
     cap: usize,
-    out: &mut Vec<(u32, u32)>,
+    out: &mut Vec<Candidate>,
 ) -> bool {
     collect_generic::<T>(row, offset, group_max, floor, cap, out)
 }
@@ -439,7 +506,7 @@ fn collect_avx2<T: FloatElement>(
     group_max: &[u32],
     floor: u32,
     cap: usize,
-    out: &mut Vec<(u32, u32)>,
+    out: &mut Vec<Candidate>,
 ) -> bool {
     collect_generic::<T>(row, offset, group_max, floor, cap, out)
 }
@@ -453,8 +520,21 @@ pub(crate) fn collect<T: FloatElement>(
     group_max: &[u32],
     floor: u32,
     cap: usize,
-    out: &mut Vec<(u32, u32)>,
+    out: &mut Vec<Candidate>,
 ) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let (DType::F32, Ok(values)) = (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(row)) {
+        if avx512::available() && floor > 0 && floor <= ONE_KEY {
+            let full = values.len() / BLOCK;
+            let (head, tail) = values.split_at(full * BLOCK);
+            let (head_keys, tail_keys) = group_max.split_at(full * GROUP_KEYS);
+            // SAFETY: AVX-512F is present; `head_keys` holds GROUP_KEYS keys per block of `head`;
+            // the floor is positive and at most the key of 1.0.
+            let done = unsafe { avx512::collect_blocks(head, offset, head_keys, floor, cap, out) };
+            return done
+                && collect_generic::<f32>(tail, offset + full * BLOCK, tail_keys, floor, cap, out);
+        }
+    }
     dispatch!(collect_generic::<T>(row, offset, group_max, floor, cap, out) via collect_avx512, collect_avx2)
 }
 
@@ -504,8 +584,9 @@ fn level_totals_avx2(keys: &[u32], levels: &[u32; ROUND]) -> ([u32; ROUND], [f64
     level_totals_generic(keys, levels)
 }
 
-/// See [`level_totals_generic`].
-fn level_totals(keys: &[u32], levels: &[u32; ROUND]) -> ([u32; ROUND], [f64; ROUND]) {
+/// See [`level_totals_generic`]; with `mass` false only the counts are right (the AVX-512 loop
+/// skips the masses), with `mass` true only the masses.
+fn level_totals(keys: &[u32], levels: &[u32; ROUND], mass: bool) -> ([u32; ROUND], [f64; ROUND]) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f")
@@ -514,7 +595,13 @@ fn level_totals(keys: &[u32], levels: &[u32; ROUND]) -> ([u32; ROUND], [f64; ROU
             && std::arch::is_x86_feature_detected!("avx512dq")
         {
             // SAFETY: the CPU supports the features the variant is compiled for.
-            return unsafe { avx512::level_totals(keys, levels) };
+            return unsafe {
+                if mass {
+                    avx512::level_totals::<true>(keys, levels)
+                } else {
+                    avx512::level_totals::<false>(keys, levels)
+                }
+            };
         }
         if std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
@@ -542,17 +629,16 @@ pub(crate) enum Want {
 /// down to 2^-28, then an eighth, then a sixty-fourth of that — so the floor is within a factor
 /// 2^(1/16) of the highest possible one. `None` when even 2^-28 does not reach it.
 pub(crate) fn floor_for(keys: &[u32], want: Want) -> Option<u32> {
-    const ONE: u32 = 0x3f80_0000;
     let reaches = |count: u32, mass: f64| match want {
         Want::Count(k) => count as usize >= k,
         Want::Mass(m) => mass >= m,
     };
-    let mut top = ONE;
+    let mut top = ONE_KEY;
     let mut step = 4u32 << 23;
     let mut floor = None;
     for round in 0..3 {
         let levels: [u32; ROUND] = std::array::from_fn(|j| top.saturating_sub(j as u32 * step));
-        let (count, mass) = level_totals(keys, &levels);
+        let (count, mass) = level_totals(keys, &levels, matches!(want, Want::Mass(_)));
         let Some(j) = (0..ROUND).find(|&j| reaches(count[j], mass[j])) else {
             // Past the first round, the previous round's level is reached.
             return floor;
@@ -745,11 +831,14 @@ mod tests {
         ] {
             let mut got = Vec::new();
             assert!(collect(&row, 7, &sm, floor, usize::MAX, &mut got));
-            let expected: Vec<(u32, u32)> = row
+            let expected: Vec<Candidate> = row
                 .iter()
                 .enumerate()
                 .filter(|&(_, &v)| rank_key(v) >= floor)
-                .map(|(i, &v)| (rank_key(v), i as u32 + 7))
+                .map(|(i, &v)| Candidate {
+                    key: rank_key(v),
+                    id: i as u32 + 7,
+                })
                 .collect();
             assert_eq!(got, expected, "floor {floor:#x}");
             let mut generic = Vec::new();
@@ -791,7 +880,8 @@ mod tests {
         assert_eq!(floor_for(&keys, Want::Count(keys.len() + 1)), None);
         // The generic loop agrees with the dispatched one.
         let levels: [u32; ROUND] = std::array::from_fn(|j| 0x3f80_0000 - (j as u32) * (3 << 23));
-        let (c1, m1) = level_totals(&keys, &levels);
+        let (c1, _) = level_totals(&keys, &levels, false);
+        let (_, m1) = level_totals(&keys, &levels, true);
         let (c2, m2) = level_totals_generic(&keys, &levels);
         assert_eq!(c1, c2);
         for j in 0..ROUND {
