@@ -30,7 +30,7 @@ use specula_backend_api::FloatElement;
 use specula_backend_api::fixed_point::{reaches_top_p, scale_draw, top_p_fixed, top_p_target_mass};
 
 use super::kernels::{
-    self, BLOCK, Candidate, Want, block_counts, collect, floor_for, weight_of_key,
+    self, BLOCK, Candidate, GroupSample, Want, block_counts, collect, floor_for, weight_of_key,
 };
 use super::select::{MIN_WEIGHT_KEY, Prefix};
 
@@ -43,9 +43,11 @@ const SPLIT_MIN: usize = 64 * BLOCK;
 #[derive(Default)]
 struct FastScratch {
     candidates: Vec<Candidate>,
+    block: Vec<Candidate>,
     keys: Vec<u32>,
     block_mass: Vec<u64>,
     group_max: Vec<u32>,
+    group_pos: Vec<u8>,
     bins: Vec<u64>,
 }
 
@@ -65,22 +67,29 @@ fn with_fast<R>(f: impl FnOnce(&mut FastScratch) -> R) -> R {
 
 /// The first pass over a row, split into `parts` segments scanned in parallel when the row is long.
 fn scan_row<T: FloatElement>(row: &[T], s: &mut FastScratch, parts: usize) -> u64 {
-    let (blocks, subs) = block_counts(row.len());
+    let (blocks, keys) = block_counts(row.len());
     s.block_mass.clear();
     s.block_mass.resize(blocks, 0);
     s.group_max.clear();
-    s.group_max.resize(subs, 0);
+    s.group_max.resize(keys, 0);
+    s.group_pos.clear();
+    s.group_pos.resize(keys, 0);
     if parts <= 1 || row.len() < SPLIT_MIN {
-        return kernels::scan(row, &mut s.block_mass, &mut s.group_max);
+        let sample = GroupSample {
+            keys: &mut s.group_max,
+            pos: &mut s.group_pos,
+        };
+        return kernels::scan(row, &mut s.block_mass, sample);
     }
     let blocks_per_part = blocks.div_ceil(parts);
+    let keys_per_part = blocks_per_part * kernels::GROUP_KEYS;
     row.par_chunks(blocks_per_part * BLOCK)
         .zip(s.block_mass.par_chunks_mut(blocks_per_part))
-        .zip(
-            s.group_max
-                .par_chunks_mut(blocks_per_part * kernels::GROUP_KEYS),
-        )
-        .map(|((segment, block_mass), group_max)| kernels::scan(segment, block_mass, group_max))
+        .zip(s.group_max.par_chunks_mut(keys_per_part))
+        .zip(s.group_pos.par_chunks_mut(keys_per_part))
+        .map(|(((segment, block_mass), keys), pos)| {
+            kernels::scan(segment, block_mass, GroupSample { keys, pos })
+        })
         .sum()
 }
 
@@ -90,7 +99,47 @@ fn count_floor(s: &FastScratch, k: usize) -> u32 {
     floor_for(&s.group_max, Want::Count(k)).unwrap_or(0)
 }
 
-/// Keeps the first `k` candidates in rank order (key descending, id ascending), in id order.
+/// A [`Prefix`] over candidates that are grouped by block but not in id order within a block: the
+/// tokens with a key above `key`, and those with `key` itself up to id `last_id`.
+#[derive(Clone, Copy, Debug)]
+struct Boundary {
+    key: u32,
+    last_id: u32,
+}
+
+impl Boundary {
+    /// The boundary of `prefix` among `candidates` (which hold every token at its key).
+    fn of(prefix: &Prefix, candidates: &[Candidate], ids: &mut Vec<u32>) -> Boundary {
+        ids.clear();
+        ids.extend(
+            candidates
+                .iter()
+                .filter(|c| c.key == prefix.key)
+                .map(|c| c.id),
+        );
+        let last_id = match prefix.take {
+            0 => {
+                return Boundary {
+                    key: prefix.key.saturating_add(1),
+                    last_id: 0,
+                };
+            }
+            take if take > ids.len() => u32::MAX,
+            take => *ids.select_nth_unstable(take - 1).1,
+        };
+        Boundary {
+            key: prefix.key,
+            last_id,
+        }
+    }
+
+    #[inline(always)]
+    fn contains(&self, c: &Candidate) -> bool {
+        c.key > self.key || (c.key == self.key && c.id <= self.last_id)
+    }
+}
+
+/// Keeps the first `k` candidates in rank order (key descending, id ascending).
 fn keep_top_k(s: &mut FastScratch, k: usize) {
     if s.candidates.len() <= k {
         return;
@@ -99,14 +148,14 @@ fn keep_top_k(s: &mut FastScratch, k: usize) {
     s.keys.extend(s.candidates.iter().map(|c| c.key));
     let kth = *s.keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a)).1;
     let above = s.candidates.iter().filter(|c| c.key > kth).count();
-    let mut member = Prefix {
+    let prefix = Prefix {
         key: kth,
         take: k - above,
         count: k,
         mass: u64::MAX,
-    }
-    .member();
-    s.candidates.retain(|c| member.admit(c.key));
+    };
+    let boundary = Boundary::of(&prefix, &s.candidates, &mut s.keys);
+    s.candidates.retain(|c| boundary.contains(c));
 }
 
 /// The shortest prefix (in rank order) of `candidates` whose mass reaches `target` > 0; `None` when
@@ -161,18 +210,46 @@ fn prefix_of_keys(keys: &mut Vec<u32>, target: u64, bins: &mut Vec<u64>) -> Opti
     })
 }
 
-/// Draws among the candidates (in id order) that are members of `prefix`.
-fn draw_among(candidates: &[Candidate], prefix: &Prefix, draw: u64) -> Option<usize> {
+/// Draws among the candidates that are members of `prefix` (of mass `prefix.mass`), in ascending
+/// id order. The candidates are grouped by block: the block where the draw falls is found from
+/// the blocks' kept masses, and only its few candidates are put in id order.
+fn draw_among(
+    candidates: &[Candidate],
+    prefix: &Prefix,
+    draw: u64,
+    ids: &mut Vec<u32>,
+    block: &mut Vec<Candidate>,
+) -> Option<usize> {
+    let boundary = Boundary::of(prefix, candidates, ids);
     let t = scale_draw(draw, prefix.mass);
-    let mut member = prefix.member();
     let mut cumulative = 0u64;
-    for &Candidate { key, id } in candidates {
-        if member.admit(key) {
-            cumulative += weight_of_key(key);
-            if cumulative > t {
-                return Some(id as usize);
+    let mut rest = candidates;
+    while let Some(first) = rest.first() {
+        let b = first.id / BLOCK as u32;
+        let run = rest
+            .iter()
+            .position(|c| c.id / BLOCK as u32 != b)
+            .unwrap_or(rest.len());
+        let (here, next) = rest.split_at(run);
+        let mass: u64 = here
+            .iter()
+            .filter(|c| boundary.contains(c))
+            .map(|c| weight_of_key(c.key))
+            .sum();
+        if cumulative + mass > t {
+            block.clear();
+            block.extend(here.iter().filter(|c| boundary.contains(c)));
+            block.sort_unstable_by_key(|c| c.id);
+            for c in block.iter() {
+                cumulative += weight_of_key(c.key);
+                if cumulative > t {
+                    return Some(c.id as usize);
+                }
             }
+            return None;
         }
+        cumulative += mass;
+        rest = next;
     }
     None
 }
@@ -243,33 +320,33 @@ fn sample_top_k<T: FloatElement>(
 ) -> Option<usize> {
     let floor = count_floor(s, k);
     s.candidates.clear();
-    if !collect(row, 0, &s.group_max, floor, 4 * k + 4096, &mut s.candidates) {
+    if !collect(
+        row,
+        &s.group_max,
+        &s.group_pos,
+        floor,
+        4 * k + 4096,
+        &mut s.candidates,
+    ) {
         return None; // many ties at the floor: the histogram path decides
     }
     keep_top_k(s, k);
-    draw_top_p(&s.candidates, &mut s.keys, &mut s.bins, p_fixed, draw)
-}
-
-/// Top-p over a set of survivors (in id order), then the draw.
-fn draw_top_p(
-    survivors: &[Candidate],
-    keys: &mut Vec<u32>,
-    bins: &mut Vec<u64>,
-    p_fixed: u64,
-    draw: u64,
-) -> Option<usize> {
+    let survivors = &s.candidates;
     let mass: u64 = survivors.iter().map(|c| weight_of_key(c.key)).sum();
     if mass == 0 {
         // Every survivor weighs nothing: the first in rank order (largest key, then lowest id).
-        let first = survivors
-            .iter()
-            .copied()
-            .reduce(|best, c| if c.key > best.key { c } else { best })?;
+        let first = survivors.iter().copied().reduce(|best, c| {
+            if (c.key, std::cmp::Reverse(c.id)) > (best.key, std::cmp::Reverse(best.id)) {
+                c
+            } else {
+                best
+            }
+        })?;
         return Some(first.id as usize);
     }
     let target = top_p_target_mass(p_fixed, mass);
-    let prefix = prefix_by_mass(survivors, target, keys, bins)?;
-    draw_among(survivors, &prefix, draw)
+    let prefix = prefix_by_mass(survivors, target, &mut s.keys, &mut s.bins)?;
+    draw_among(survivors, &prefix, draw, &mut s.keys, &mut s.block)
 }
 
 /// top-p only. The floor is a key at which the *sampled keys* (two per group) at or above it reach
@@ -290,22 +367,20 @@ fn sample_top_p<T: FloatElement>(
     let floor = floor_for(&s.group_max, Want::Mass(wanted))
         .map_or(MIN_WEIGHT_KEY, |key| key.max(MIN_WEIGHT_KEY));
     s.candidates.clear();
+    let cap = row.len() / 4;
     if !collect(
         row,
-        0,
         &s.group_max,
+        &s.group_pos,
         floor,
-        row.len() / 4,
+        cap,
         &mut s.candidates,
     ) {
         return None; // a flat row: the histogram path is cheaper
     }
-    if std::env::var("DBG").is_ok() {
-        eprintln!("floor {:#x} cands {}", floor, s.candidates.len());
-    }
     // `None` when the estimate was wrong (rows far from a distribution): the histogram path decides.
     let prefix = prefix_by_mass(&s.candidates, target, &mut s.keys, &mut s.bins)?;
-    draw_among(&s.candidates, &prefix, draw)
+    draw_among(&s.candidates, &prefix, draw, &mut s.keys, &mut s.block)
 }
 
 /// `top_p_candidates` for one row on the fast path: the candidates are the first C tokens in rank
@@ -326,7 +401,15 @@ pub(crate) fn candidates_row_fast<T: FloatElement>(
         }
         let floor = count_floor(s, c).max(MIN_WEIGHT_KEY);
         s.candidates.clear();
-        if !collect(row, 0, &s.group_max, floor, 4 * c + 4096, &mut s.candidates) {
+        let cap = 4 * c + 4096;
+        if !collect(
+            row,
+            &s.group_max,
+            &s.group_pos,
+            floor,
+            cap,
+            &mut s.candidates,
+        ) {
             return None;
         }
         keep_top_k(s, c);

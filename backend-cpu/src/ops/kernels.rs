@@ -26,8 +26,6 @@ pub(crate) struct Candidate {
 
 /// The rank key of 1.0, the largest one.
 pub(crate) const ONE_KEY: u32 = 0x3f80_0000;
-/// Tokens per bit mask in [`collect`].
-const SUB: usize = 64;
 /// Groups per block: one per vector lane.
 pub(crate) const GROUPS: usize = 16;
 /// Keys [`scan`] keeps per block: the largest key of each group, then the second largest.
@@ -64,41 +62,97 @@ pub(crate) fn weight_of_key(key: u32) -> u64 {
     }
 }
 
+/// Where [`scan`] writes what it keeps of a row's groups: per block, [`GROUP_KEYS`] keys (the
+/// largest key of each group, then the second largest) and as many positions (the vector index
+/// `q` of the token holding each of them).
+pub(crate) struct GroupSample<'a> {
+    /// The two largest keys of each group.
+    pub keys: &'a mut [u32],
+    /// The position (`q`, 0 … 15) of each of those keys within its group.
+    pub pos: &'a mut [u8],
+}
+
+impl GroupSample<'_> {
+    /// The part of the sample from block `b` on.
+    fn at_block(&mut self, b: usize) -> GroupSample<'_> {
+        GroupSample {
+            keys: &mut self.keys[b * GROUP_KEYS..],
+            pos: &mut self.pos[b * GROUP_KEYS..],
+        }
+    }
+}
+
+/// Folds token `key` at position `q` into a group's two largest keys and their positions. Ties
+/// keep the earlier token as the largest, so the two are always distinct tokens.
+#[inline(always)]
+fn keep_two(key: u32, q: u32, max: &mut u32, second: &mut u32, pos1: &mut u32, pos2: &mut u32) {
+    let above_first = key > *max;
+    let above_second = key > *second;
+    *second = if above_first {
+        *max
+    } else if above_second {
+        key
+    } else {
+        *second
+    };
+    *pos2 = if above_first {
+        *pos1
+    } else if above_second {
+        q
+    } else {
+        *pos2
+    };
+    if above_first {
+        *max = key;
+        *pos1 = q;
+    }
+}
+
 /// One full block: exact weight (returned) and the two largest keys of each group.
 ///
 /// The weight of a token is `floor(p · 2^40)`, computed in f32 (exact: a power-of-two scaling of a
 /// sanitized value, then a floor) and summed in f64 (exact: integers below 2^40, 256 of them).
-/// Two f64 accumulators per lane keep the adds off the critical path.
 #[inline(always)]
-fn scan_block<T: FloatElement>(block: &[T], group_max: &mut [u32]) -> u64 {
+fn scan_block<T: FloatElement>(block: &[T], sample: GroupSample<'_>) -> u64 {
     const SCALE: f32 = (1u64 << 40) as f32;
-    let mut mass = [[0f64; LANES]; 2];
-    let mut max = [0u32; LANES];
-    let mut second = [0u32; LANES];
-    for pair in block.chunks_exact(2 * LANES) {
-        for half in 0..2 {
-            let chunk = &pair[half * LANES..(half + 1) * LANES];
-            for lane in 0..LANES {
-                let p = sanitized(chunk[lane]);
-                let key = p.to_bits();
-                second[lane] = second[lane].max(max[lane].min(key));
-                max[lane] = max[lane].max(key);
-                mass[half][lane] += f64::from((p * SCALE).floor());
-            }
+    let mut mass = [0f64; LANES];
+    let (mut max, mut second) = ([0u32; LANES], [0u32; LANES]);
+    let (mut pos1, mut pos2) = ([0u32; LANES], [0u32; LANES]);
+    for (q, chunk) in block.chunks_exact(LANES).enumerate() {
+        for lane in 0..LANES {
+            let p = sanitized(chunk[lane]);
+            let (m, s) = (&mut max[lane], &mut second[lane]);
+            keep_two(
+                p.to_bits(),
+                q as u32,
+                m,
+                s,
+                &mut pos1[lane],
+                &mut pos2[lane],
+            );
+            mass[lane] += f64::from((p * SCALE).floor());
         }
     }
-    group_max[..GROUPS].copy_from_slice(&max);
-    group_max[GROUPS..GROUP_KEYS].copy_from_slice(&second);
-    (mass[0].iter().sum::<f64>() + mass[1].iter().sum::<f64>()) as u64
+    sample.keys[..GROUPS].copy_from_slice(&max);
+    sample.keys[GROUPS..GROUP_KEYS].copy_from_slice(&second);
+    for lane in 0..LANES {
+        sample.pos[lane] = pos1[lane] as u8;
+        sample.pos[GROUPS + lane] = pos2[lane] as u8;
+    }
+    mass.iter().sum::<f64>() as u64
 }
 
 /// A segment of a row that starts on a block boundary: see [`scan`].
 #[inline(always)]
-fn scan_generic<T: FloatElement>(row: &[T], block_mass: &mut [u64], group_max: &mut [u32]) -> u64 {
+fn scan_generic<T: FloatElement>(
+    row: &[T],
+    block_mass: &mut [u64],
+    mut sample: GroupSample<'_>,
+) -> u64 {
     let mut total = 0u64;
     let full = row.len() / BLOCK;
     for (b, block) in row.chunks_exact(BLOCK).enumerate() {
-        let mass = scan_block::<T>(block, &mut group_max[b * GROUP_KEYS..]);
+        let mass = scan_block::<T>(block, sample.at_block(b));
         block_mass[b] = mass;
         total += mass;
     }
@@ -106,15 +160,21 @@ fn scan_generic<T: FloatElement>(row: &[T], block_mass: &mut [u64], group_max: &
     let tail = &row[full * BLOCK..];
     if !tail.is_empty() {
         let mut mass = 0u64;
-        let keys = &mut group_max[full * GROUP_KEYS..(full + 1) * GROUP_KEYS];
-        keys.fill(0);
-        let (max, second) = keys.split_at_mut(GROUPS);
+        let (mut max, mut second) = ([0u32; LANES], [0u32; LANES]);
+        let (mut pos1, mut pos2) = ([0u32; LANES], [0u32; LANES]);
         for (i, &v) in tail.iter().enumerate() {
             let key = key_of(v);
-            let lane = i % GROUPS;
-            second[lane] = second[lane].max(max[lane].min(key));
-            max[lane] = max[lane].max(key);
+            let (lane, q) = (i % GROUPS, (i / GROUPS) as u32);
+            let (m, s) = (&mut max[lane], &mut second[lane]);
+            keep_two(key, q, m, s, &mut pos1[lane], &mut pos2[lane]);
             mass += weight_of_key(key);
+        }
+        let out = sample.at_block(full);
+        out.keys[..GROUPS].copy_from_slice(&max);
+        out.keys[GROUPS..GROUP_KEYS].copy_from_slice(&second);
+        for lane in 0..LANES {
+            out.pos[lane] = pos1[lane] as u8;
+            out.pos[GROUPS + lane] = pos2[lane] as u8;
         }
         block_mass[full] = mass;
         total += mass;
@@ -149,21 +209,22 @@ macro_rules! dispatch {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-fn scan_avx512<T: FloatElement>(row: &[T], block_mass: &mut [u64], group_max: &mut [u32]) -> u64 {
-    scan_generic::<T>(row, block_mass, group_max)
+fn scan_avx512<T: FloatElement>(row: &[T], block_mass: &mut [u64], sample: GroupSample<'_>) -> u64 {
+    scan_generic::<T>(row, block_mass, sample)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scan_avx2<T: FloatElement>(row: &[T], block_mass: &mut [u64], group_max: &mut [u32]) -> u64 {
-    scan_generic::<T>(row, block_mass, group_max)
+fn scan_avx2<T: FloatElement>(row: &[T], block_mass: &mut [u64], sample: GroupSample<'_>) -> u64 {
+    scan_generic::<T>(row, block_mass, sample)
 }
 
 /// Hand-written AVX-512 loops for f32 rows, the common case (the compiler keeps the generic loops
 /// in 256-bit registers and spills their accumulators).
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{BLOCK, Candidate, GROUP_KEYS, GROUPS, ROUND};
+    use super::{BLOCK, Candidate, GROUP_KEYS, GROUPS, GroupSample, ROUND};
+    use specula_backend_api::FloatElement;
     use std::arch::x86_64::*;
 
     /// How far ahead the scan prefetches, in blocks (4 KiB).
@@ -201,12 +262,12 @@ mod avx512 {
     ///
     /// # Safety
     /// The CPU must support AVX-512F; `block_mass` must hold `row.len() / BLOCK` entries and
-    /// `group_max` `row.len() / BLOCK * GROUP_KEYS`.
+    /// `sample` `row.len() / BLOCK * GROUP_KEYS` keys and positions.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn scan_full_blocks(
         row: &[f32],
         block_mass: &mut [u64],
-        group_max: &mut [u32],
+        sample: GroupSample<'_>,
     ) -> u64 {
         let scale = _mm512_set1_ps((1u64 << 40) as f32);
         let mut total = 0u64;
@@ -227,7 +288,9 @@ mod avx512 {
             );
             let mut max = _mm512_setzero_si512();
             let mut second = _mm512_setzero_si512();
-            for pair in block.chunks_exact(32) {
+            let mut pos1 = _mm512_setzero_si512();
+            let mut pos2 = _mm512_setzero_si512();
+            for (i, pair) in block.chunks_exact(32).enumerate() {
                 // SAFETY: `pair` holds 32 f32; unaligned loads are allowed.
                 let (v0, v1) = unsafe {
                     (
@@ -236,9 +299,26 @@ mod avx512 {
                     )
                 };
                 let (p0, p1) = (sanitize(v0), sanitize(v1));
-                for key in [_mm512_castps_si512(p0), _mm512_castps_si512(p1)] {
-                    second = _mm512_max_epu32(second, _mm512_min_epu32(max, key));
-                    max = _mm512_max_epu32(max, key);
+                for (j, key) in [_mm512_castps_si512(p0), _mm512_castps_si512(p1)]
+                    .into_iter()
+                    .enumerate()
+                {
+                    // `keep_two` on 16 lanes.
+                    let q = _mm512_set1_epi32((2 * i + j) as i32);
+                    let above_first = _mm512_cmpgt_epu32_mask(key, max);
+                    let above_second = _mm512_cmpgt_epu32_mask(key, second);
+                    second = _mm512_mask_mov_epi32(
+                        _mm512_mask_mov_epi32(second, above_second, key),
+                        above_first,
+                        max,
+                    );
+                    pos2 = _mm512_mask_mov_epi32(
+                        _mm512_mask_mov_epi32(pos2, above_second, q),
+                        above_first,
+                        pos1,
+                    );
+                    max = _mm512_mask_mov_epi32(max, above_first, key);
+                    pos1 = _mm512_mask_mov_epi32(pos1, above_first, q);
                 }
                 let (lo0, hi0) = weights(p0, scale);
                 let (lo1, hi1) = weights(p1, scale);
@@ -247,11 +327,17 @@ mod avx512 {
                 acc2 = _mm512_add_pd(acc2, lo1);
                 acc3 = _mm512_add_pd(acc3, hi1);
             }
-            let out = &mut group_max[b * GROUP_KEYS..(b + 1) * GROUP_KEYS];
-            // SAFETY: `out` holds 32 u32.
+            let keys = &mut sample.keys[b * GROUP_KEYS..(b + 1) * GROUP_KEYS];
+            let pos = &mut sample.pos[b * GROUP_KEYS..(b + 1) * GROUP_KEYS];
+            // SAFETY: `keys` holds 32 u32 and `pos` 32 u8.
             unsafe {
-                _mm512_storeu_si512(out.as_mut_ptr().cast(), max);
-                _mm512_storeu_si512(out.as_mut_ptr().add(GROUPS).cast(), second);
+                _mm512_storeu_si512(keys.as_mut_ptr().cast(), max);
+                _mm512_storeu_si512(keys.as_mut_ptr().add(GROUPS).cast(), second);
+                _mm_storeu_si128(pos.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(pos1));
+                _mm_storeu_si128(
+                    pos.as_mut_ptr().add(GROUPS).cast(),
+                    _mm512_cvtepi32_epi8(pos2),
+                );
             }
             let sum = _mm512_add_pd(_mm512_add_pd(acc0, acc1), _mm512_add_pd(acc2, acc3));
             // Exact: integers below 2^40, 256 of them.
@@ -260,6 +346,98 @@ mod avx512 {
             total += mass;
         }
         total
+    }
+
+    /// [`super::collect`]: the single tokens of the groups come out of the sample with one
+    /// compress per half block, the groups holding several are read from the row.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `keys` and `pos` hold `GROUP_KEYS` entries per block of
+    /// `row` (as [`super::scan`] writes them).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn collect<T: FloatElement>(
+        row: &[T],
+        keys: &[u32],
+        pos: &[u8],
+        floor: u32,
+        cap: usize,
+        out: &mut Vec<Candidate>,
+    ) -> bool {
+        let floor_v = _mm512_set1_epi32(floor as i32);
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        for (b, (keys, pos)) in keys
+            .chunks_exact(GROUP_KEYS)
+            .zip(pos.chunks_exact(GROUP_KEYS))
+            .enumerate()
+        {
+            // SAFETY: `keys` holds 32 u32 and `pos` 32 u8.
+            let (max, second, first_pos) = unsafe {
+                (
+                    _mm512_loadu_si512(keys.as_ptr().cast()),
+                    _mm512_loadu_si512(keys.as_ptr().add(GROUPS).cast()),
+                    _mm_loadu_si128(pos.as_ptr().cast()),
+                )
+            };
+            let first = _mm512_cmpge_epu32_mask(max, floor_v);
+            if first == 0 {
+                continue;
+            }
+            let several = _mm512_cmpge_epu32_mask(second, floor_v);
+            let single = first & !several;
+            let base = b * BLOCK;
+            if single != 0 {
+                // ids = base + 16·pos + lane
+                let ids = _mm512_add_epi32(
+                    _mm512_set1_epi32(base as i32),
+                    _mm512_add_epi32(
+                        _mm512_slli_epi32::<4>(_mm512_cvtepu8_epi32(first_pos)),
+                        lanes,
+                    ),
+                );
+                out.reserve(2 * 8);
+                let len = out.len();
+                let dst = out.as_mut_ptr().wrapping_add(len).cast::<u64>();
+                let mut written = 0usize;
+                for half in 0..2 {
+                    let (k, i) = if half == 0 {
+                        (_mm512_castsi512_si256(max), _mm512_castsi512_si256(ids))
+                    } else {
+                        (
+                            _mm512_extracti64x4_epi64::<1>(max),
+                            _mm512_extracti64x4_epi64::<1>(ids),
+                        )
+                    };
+                    let m = (single >> (8 * half)) as u8;
+                    // (key, id) as one 64-bit lane: key low, id high (`Candidate` is repr(C)).
+                    let pairs = _mm512_or_si512(
+                        _mm512_cvtepu32_epi64(k),
+                        _mm512_slli_epi64::<32>(_mm512_cvtepu32_epi64(i)),
+                    );
+                    let packed = _mm512_maskz_compress_epi64(m, pairs);
+                    // SAFETY: `written` ≤ 8 and the capacity holds 16 entries past `len`; lanes
+                    // past the packed ones are overwritten or left beyond the length.
+                    unsafe { _mm512_storeu_si512(dst.wrapping_add(written).cast(), packed) };
+                    written += m.count_ones() as usize;
+                }
+                // SAFETY: the first `written` entries past `len` were just initialized.
+                unsafe { out.set_len(len + written) };
+            }
+            let mut several = u32::from(several);
+            while several != 0 {
+                let lane = several.trailing_zeros() as usize;
+                several &= several - 1;
+                for t in (base + lane..row.len().min(base + BLOCK)).step_by(GROUPS) {
+                    let key = super::key_of(row[t]);
+                    if key >= floor {
+                        out.push(Candidate { key, id: t as u32 });
+                    }
+                }
+            }
+            if out.len() > cap {
+                return false;
+            }
+        }
+        true
     }
 
     /// [`super::level_totals_generic`] with mask registers.
@@ -325,81 +503,6 @@ mod avx512 {
             partial[j] = _mm512_setzero_ps();
         }
     }
-
-    /// [`super::collect`] over the full blocks of an f32 row (the caller handles the tail);
-    /// `floor` is a positive key at most that of 1.0, so `key(p) ≥ floor` is `p ≥ value(floor)`
-    /// as an ordered float compare (false for NaN and for every p ≤ 0, true above 1).
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F; `group_max` must hold `GROUP_KEYS` keys per full block.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn collect_blocks(
-        row: &[f32],
-        offset: usize,
-        group_max: &[u32],
-        floor: u32,
-        cap: usize,
-        out: &mut Vec<Candidate>,
-    ) -> bool {
-        let threshold = _mm512_set1_ps(f32::from_bits(floor));
-        let floor_key = _mm512_set1_epi32(floor as i32);
-        let iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        for (b, (block, keys)) in row
-            .chunks_exact(BLOCK)
-            .zip(group_max.chunks_exact(GROUP_KEYS))
-            .enumerate()
-        {
-            // SAFETY: `keys` holds at least 16 u32.
-            let maxima = unsafe { _mm512_loadu_si512(keys.as_ptr().cast()) };
-            if _mm512_cmpge_epu32_mask(maxima, floor_key) == 0 {
-                continue;
-            }
-            // Room for a whole block, plus one vector of slack for the full-width stores.
-            out.reserve(BLOCK + 8);
-            let len = out.len();
-            let dst = out.as_mut_ptr().wrapping_add(len).cast::<u64>();
-            let mut written = 0usize;
-            for (q, chunk) in block.chunks_exact(16).enumerate() {
-                // SAFETY: `chunk` holds 16 f32.
-                let v = unsafe { _mm512_loadu_ps(chunk.as_ptr()) };
-                let mask = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, threshold);
-                if mask == 0 {
-                    continue;
-                }
-                let keys = _mm512_castps_si512(sanitize(v));
-                let first = (offset + b * BLOCK + q * 16) as i32;
-                let ids = _mm512_add_epi32(iota, _mm512_set1_epi32(first));
-                for half in 0..2 {
-                    let (k, i) = if half == 0 {
-                        (_mm512_castsi512_si256(keys), _mm512_castsi512_si256(ids))
-                    } else {
-                        (
-                            _mm512_extracti64x4_epi64::<1>(keys),
-                            _mm512_extracti64x4_epi64::<1>(ids),
-                        )
-                    };
-                    let m = (mask >> (8 * half)) as u8;
-                    // (key, id) as one 64-bit lane: key low, id high (`Candidate` is repr(C)).
-                    let pairs = _mm512_or_si512(
-                        _mm512_cvtepu32_epi64(k),
-                        _mm512_slli_epi64::<32>(_mm512_cvtepu32_epi64(i)),
-                    );
-                    let packed = _mm512_maskz_compress_epi64(m, pairs);
-                    // SAFETY: `written` ≤ 248 here and the capacity holds BLOCK + 8 more entries
-                    // past `len`; the lanes past the packed ones are overwritten or left beyond
-                    // the length.
-                    unsafe { _mm512_storeu_si512(dst.wrapping_add(written).cast(), packed) };
-                    written += m.count_ones() as usize;
-                }
-            }
-            // SAFETY: the first `written` entries past `len` were just initialized.
-            unsafe { out.set_len(len + written) };
-            if out.len() > cap {
-                return false;
-            }
-        }
-        true
-    }
 }
 
 /// The number of blocks of `len` tokens and of group keys [`scan`] keeps for them.
@@ -409,73 +512,132 @@ pub(crate) fn block_counts(len: usize) -> (usize, usize) {
 }
 
 /// One streaming pass over a segment of a row that starts on a block boundary: writes the exact
-/// weight of each block to `block_mass` and the two largest keys of each group to `group_max` (per
-/// block: the 16 largest, then the 16 second largest; sized by [`block_counts`]), and returns the
-/// exact total weight.
+/// weight of each block to `block_mass` and the two largest keys of each group, with their
+/// positions, to `sample` (sized by [`block_counts`]), and returns the exact total weight.
 pub(crate) fn scan<T: FloatElement>(
     row: &[T],
     block_mass: &mut [u64],
-    group_max: &mut [u32],
+    mut sample: GroupSample<'_>,
 ) -> u64 {
     #[cfg(target_arch = "x86_64")]
-    if let (DType::F32, Ok(values)) = (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(row)) {
-        if avx512::available() {
+    if let (DType::F32, Ok(values), true) = (
+        T::DTYPE,
+        bytemuck::try_cast_slice::<T, f32>(row),
+        avx512::available(),
+    ) {
+        {
             let full = values.len() / BLOCK;
             let (head, tail) = values.split_at(full * BLOCK);
             let (head_mass, tail_mass) = block_mass.split_at_mut(full);
-            let (head_max, tail_max) = group_max.split_at_mut(full * GROUP_KEYS);
             // SAFETY: AVX-512F is present; the slices are sized as the function requires.
-            let head_total = unsafe { avx512::scan_full_blocks(head, head_mass, head_max) };
-            return head_total + scan_generic::<f32>(tail, tail_mass, tail_max);
+            let head_total =
+                unsafe { avx512::scan_full_blocks(head, head_mass, sample.at_block(0)) };
+            return head_total + scan_generic::<f32>(tail, tail_mass, sample.at_block(full));
         }
     }
-    dispatch!(scan_generic::<T>(row, block_mass, group_max) via scan_avx512, scan_avx2)
+    dispatch!(scan_generic::<T>(row, block_mass, sample) via scan_avx512, scan_avx2)
 }
 
-/// The bit mask of the tokens of a sub-block (at most 64) whose key reaches `floor`.
+/// The lanes (bit l for group l) whose key in `keys` (at least 16) reaches `floor`.
 #[inline(always)]
-fn floor_mask<T: FloatElement>(sub: &[T], floor: u32) -> u64 {
-    let mut mask = 0u64;
-    let mut chunks = sub.chunks_exact(LANES);
-    for (c, chunk) in (&mut chunks).enumerate() {
-        let mut m = 0u32;
-        for lane in 0..LANES {
-            m |= u32::from(key_of(chunk[lane]) >= floor) << lane;
-        }
-        mask |= u64::from(m) << (c * LANES);
-    }
-    let base = sub.len() - chunks.remainder().len();
-    for (i, &v) in chunks.remainder().iter().enumerate() {
-        mask |= u64::from(key_of(v) >= floor) << (base + i);
+fn lanes_at_or_above(keys: &[u32], floor: u32) -> u32 {
+    let keys: &[u32; GROUPS] = match keys.get(..GROUPS).and_then(|k| k.try_into().ok()) {
+        Some(k) => k,
+        None => return 0,
+    };
+    let mut mask = 0u32;
+    for (lane, &key) in keys.iter().enumerate() {
+        mask |= u32::from(key >= floor) << lane;
     }
     mask
+}
+
+/// Appends every token of `row` whose key reaches `floor` to `out`, block by block (ascending
+/// blocks; within a block in no particular order), from the
+/// sample [`scan`] kept (`keys` and `pos`): a group whose largest key is below the floor holds no
+/// such token; one whose second largest is below it holds exactly one, at the recorded position;
+/// only the rest (groups with two or more) are read from the row again. Returns `false` as soon as
+/// `out` holds more than `cap` entries.
+pub(crate) fn collect<T: FloatElement>(
+    row: &[T],
+    keys: &[u32],
+    pos: &[u8],
+    floor: u32,
+    cap: usize,
+    out: &mut Vec<Candidate>,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if avx512::available() {
+        // SAFETY: AVX-512F is present.
+        return unsafe { avx512::collect(row, keys, pos, floor, cap, out) };
+    }
+    dispatch!(collect_generic::<T>(row, keys, pos, floor, cap, out) via collect_avx512, collect_avx2)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+fn collect_avx512<T: FloatElement>(
+    row: &[T],
+    keys: &[u32],
+    pos: &[u8],
+    floor: u32,
+    cap: usize,
+    out: &mut Vec<Candidate>,
+) -> bool {
+    collect_generic::<T>(row, keys, pos, floor, cap, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn collect_avx2<T: FloatElement>(
+    row: &[T],
+    keys: &[u32],
+    pos: &[u8],
+    floor: u32,
+    cap: usize,
+    out: &mut Vec<Candidate>,
+) -> bool {
+    collect_generic::<T>(row, keys, pos, floor, cap, out)
 }
 
 #[inline(always)]
 fn collect_generic<T: FloatElement>(
     row: &[T],
-    offset: usize,
-    group_max: &[u32],
+    keys: &[u32],
+    pos: &[u8],
     floor: u32,
     cap: usize,
     out: &mut Vec<Candidate>,
 ) -> bool {
-    for (b, keys) in group_max.chunks_exact(GROUP_KEYS).enumerate() {
-        if keys[..GROUPS].iter().all(|&m| m < floor) {
+    for (b, (keys, pos)) in keys
+        .chunks_exact(GROUP_KEYS)
+        .zip(pos.chunks_exact(GROUP_KEYS))
+        .enumerate()
+    {
+        let first = lanes_at_or_above(&keys[..GROUPS], floor);
+        if first == 0 {
             continue;
         }
-        let block_start = b * BLOCK;
-        let block = &row[block_start..row.len().min(block_start + BLOCK)];
-        for (c, sub) in block.chunks(SUB).enumerate() {
-            let start = block_start + c * SUB;
-            let mut mask = floor_mask(sub, floor);
-            while mask != 0 {
-                let i = mask.trailing_zeros() as usize;
-                mask &= mask - 1;
-                out.push(Candidate {
-                    key: key_of(sub[i]),
-                    id: (offset + start + i) as u32,
-                });
+        let several = lanes_at_or_above(&keys[GROUPS..], floor);
+        let base = b * BLOCK;
+        let mut single = first & !several;
+        while single != 0 {
+            let lane = single.trailing_zeros() as usize;
+            single &= single - 1;
+            out.push(Candidate {
+                key: keys[lane],
+                id: (base + usize::from(pos[lane]) * GROUPS + lane) as u32,
+            });
+        }
+        let mut several = several;
+        while several != 0 {
+            let lane = several.trailing_zeros() as usize;
+            several &= several - 1;
+            for t in (base + lane..row.len().min(base + BLOCK)).step_by(GROUPS) {
+                let key = key_of(row[t]);
+                if key >= floor {
+                    out.push(Candidate { key, id: t as u32 });
+                }
             }
         }
         if out.len() > cap {
@@ -483,59 +645,6 @@ fn collect_generic<T: FloatElement>(
         }
     }
     true
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-fn collect_avx512<T: FloatElement>(
-    row: &[T],
-    offset: usize,
-    group_max: &[u32],
-    floor: u32,
-    cap: usize,
-    out: &mut Vec<Candidate>,
-) -> bool {
-    collect_generic::<T>(row, offset, group_max, floor, cap, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn collect_avx2<T: FloatElement>(
-    row: &[T],
-    offset: usize,
-    group_max: &[u32],
-    floor: u32,
-    cap: usize,
-    out: &mut Vec<Candidate>,
-) -> bool {
-    collect_generic::<T>(row, offset, group_max, floor, cap, out)
-}
-
-/// Appends `(key, offset + id)` for every token of `row` whose key reaches `floor`, in id order,
-/// visiting only the blocks where a group maximum (`group_max`, from [`scan`]) reaches it. Returns
-/// `false` as soon as `out` holds more than `cap` entries.
-pub(crate) fn collect<T: FloatElement>(
-    row: &[T],
-    offset: usize,
-    group_max: &[u32],
-    floor: u32,
-    cap: usize,
-    out: &mut Vec<Candidate>,
-) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if let (DType::F32, Ok(values)) = (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(row)) {
-        if avx512::available() && floor > 0 && floor <= ONE_KEY {
-            let full = values.len() / BLOCK;
-            let (head, tail) = values.split_at(full * BLOCK);
-            let (head_keys, tail_keys) = group_max.split_at(full * GROUP_KEYS);
-            // SAFETY: AVX-512F is present; `head_keys` holds GROUP_KEYS keys per block of `head`;
-            // the floor is positive and at most the key of 1.0.
-            let done = unsafe { avx512::collect_blocks(head, offset, head_keys, floor, cap, out) };
-            return done
-                && collect_generic::<f32>(tail, offset + full * BLOCK, tail_keys, floor, cap, out);
-        }
-    }
-    dispatch!(collect_generic::<T>(row, offset, group_max, floor, cap, out) via collect_avx512, collect_avx2)
 }
 
 /// Levels per round of [`level_totals`].
@@ -769,7 +878,7 @@ mod tests {
             .chunks(BLOCK)
             .map(|b| b.iter().map(|&v| key_weight(rank_key(v))).sum())
             .collect::<Vec<u64>>();
-        let mut group_max = vec![0u32; block_mass.len() * GROUP_KEYS];
+        let mut group_keys = vec![0u32; block_mass.len() * GROUP_KEYS];
         for (b, block) in row.chunks(BLOCK).enumerate() {
             for lane in 0..GROUPS {
                 let mut keys: Vec<u32> = block
@@ -779,11 +888,49 @@ mod tests {
                     .map(|&v| rank_key(v))
                     .collect();
                 keys.sort_unstable_by(|a, b| b.cmp(a));
-                group_max[b * GROUP_KEYS + lane] = keys.first().copied().unwrap_or(0);
-                group_max[b * GROUP_KEYS + GROUPS + lane] = keys.get(1).copied().unwrap_or(0);
+                group_keys[b * GROUP_KEYS + lane] = keys.first().copied().unwrap_or(0);
+                group_keys[b * GROUP_KEYS + GROUPS + lane] = keys.get(1).copied().unwrap_or(0);
             }
         }
-        (block_mass.iter().sum(), block_mass, group_max)
+        (block_mass.iter().sum(), block_mass, group_keys)
+    }
+
+    /// Runs `scan` (or the generic loop) and checks it against the definition, positions
+    /// included: the recorded tokens hold the recorded keys and are distinct.
+    fn check_scan<T: FloatElement>(row: &[T], generic: bool) -> (Vec<u32>, Vec<u8>) {
+        let widened: Vec<f32> = row.iter().map(|v| v.to_f32()).collect();
+        let (total, blocks, keys) = reference_scan(&widened);
+        let (nb, nk) = block_counts(row.len());
+        let (mut bm, mut gk, mut gp) = (vec![0; nb], vec![0; nk], vec![0u8; nk]);
+        let sample = GroupSample {
+            keys: &mut gk,
+            pos: &mut gp,
+        };
+        let got = if generic {
+            scan_generic(row, &mut bm, sample)
+        } else {
+            scan(row, &mut bm, sample)
+        };
+        assert_eq!((got, &bm, &gk), (total, &blocks, &keys));
+        for b in 0..nb {
+            for lane in 0..GROUPS {
+                let id = |slot: usize| {
+                    b * BLOCK + usize::from(gp[b * GROUP_KEYS + slot]) * GROUPS + lane
+                };
+                let (first, second) = (id(lane), id(GROUPS + lane));
+                if first < row.len() {
+                    assert_eq!(rank_key(widened[first]), gk[b * GROUP_KEYS + lane]);
+                }
+                if gk[b * GROUP_KEYS + GROUPS + lane] > 0 {
+                    assert_ne!(first, second);
+                    assert_eq!(
+                        rank_key(widened[second]),
+                        gk[b * GROUP_KEYS + GROUPS + lane]
+                    );
+                }
+            }
+        }
+        (gk, gp)
     }
 
     #[test]
@@ -797,29 +944,28 @@ mod tests {
             (6, 4096),
         ] {
             let row = hostile_row(seed, len);
-            let (total, blocks, subs) = reference_scan(&row);
-            let (nb, ns) = block_counts(len);
-            let (mut bm, mut sm) = (vec![0; nb], vec![0; ns]);
-            assert_eq!(scan(&row, &mut bm, &mut sm), total, "seed {seed}");
-            assert_eq!((&bm, &sm), (&blocks, &subs), "seed {seed}");
-            let (mut gbm, mut gsm) = (vec![0; nb], vec![0; ns]);
-            assert_eq!(scan_generic(&row, &mut gbm, &mut gsm), total, "seed {seed}");
-            assert_eq!((&gbm, &gsm), (&blocks, &subs), "seed {seed}");
+            check_scan(&row, false);
+            check_scan(&row, true);
             let half: Vec<half::f16> = row.iter().map(|&v| half::f16::from_f32(v)).collect();
-            let (mut hbm, mut hsm) = (vec![0; nb], vec![0; ns]);
-            let widened: Vec<f32> = half.iter().map(|v| v.to_f32()).collect();
-            let (h_total, h_blocks, h_subs) = reference_scan(&widened);
-            assert_eq!(scan(&half, &mut hbm, &mut hsm), h_total, "f16 seed {seed}");
-            assert_eq!((&hbm, &hsm), (&h_blocks, &h_subs), "f16 seed {seed}");
+            check_scan(&half, false);
+            // Ties: a row of a few distinct values.
+            let ties: Vec<f32> = row
+                .iter()
+                .map(|&v| if v > 0.01 { 0.25 } else { 0.0 })
+                .collect();
+            check_scan(&ties, false);
+            check_scan(&ties, true);
         }
     }
 
     #[test]
     fn collect_finds_every_token_at_or_above_the_floor() {
-        let row = hostile_row(9, 3001);
-        let (nb, ns) = block_counts(row.len());
-        let (mut bm, mut sm) = (vec![0; nb], vec![0; ns]);
-        scan(&row, &mut bm, &mut sm);
+        let mut row = hostile_row(9, 3001);
+        // Ties within groups, so that groups hold two or more tokens at the floor.
+        for i in (0..row.len()).step_by(37) {
+            row[i] = 0.125;
+        }
+        let (keys, pos) = check_scan(&row, false);
         for floor in [
             0u32,
             1,
@@ -830,23 +976,42 @@ mod tests {
             u32::MAX,
         ] {
             let mut got = Vec::new();
-            assert!(collect(&row, 7, &sm, floor, usize::MAX, &mut got));
+            assert!(collect(&row, &keys, &pos, floor, usize::MAX, &mut got));
+            // Grouped by block, in ascending blocks.
+            assert!(
+                got.windows(2)
+                    .all(|w| w[0].id / BLOCK as u32 <= w[1].id / BLOCK as u32)
+            );
+            let mut generic = Vec::new();
+            assert!(collect_generic(
+                &row,
+                &keys,
+                &pos,
+                floor,
+                usize::MAX,
+                &mut generic
+            ));
+            assert!(
+                generic
+                    .windows(2)
+                    .all(|w| w[0].id / BLOCK as u32 <= w[1].id / BLOCK as u32)
+            );
+            got.sort_unstable_by_key(|c| c.id);
+            generic.sort_unstable_by_key(|c| c.id);
+            assert_eq!(generic, got, "floor {floor:#x}");
             let expected: Vec<Candidate> = row
                 .iter()
                 .enumerate()
                 .filter(|&(_, &v)| rank_key(v) >= floor)
                 .map(|(i, &v)| Candidate {
                     key: rank_key(v),
-                    id: i as u32 + 7,
+                    id: i as u32,
                 })
                 .collect();
             assert_eq!(got, expected, "floor {floor:#x}");
-            let mut generic = Vec::new();
-            collect_generic(&row, 7, &sm, floor, usize::MAX, &mut generic);
-            assert_eq!(generic, expected);
         }
         let mut capped = Vec::new();
-        assert!(!collect(&row, 0, &sm, 0, 10, &mut capped));
+        assert!(!collect(&row, &keys, &pos, 0, 10, &mut capped));
     }
 
     #[test]
