@@ -95,8 +95,8 @@ fn scan_row<T: FloatElement>(row: &[T], s: &mut FastScratch, parts: usize) -> u6
 
 /// A floor that at least k sampled keys (two per group) reach, so that the k-th largest key of the
 /// row reaches it too; `MIN_WEIGHT_KEY` when the sample does not say.
-fn count_floor(s: &FastScratch, k: usize) -> u32 {
-    floor_for(&s.group_max, Want::Count(k)).unwrap_or(0)
+fn count_floor(s: &mut FastScratch, k: usize) -> u32 {
+    floor_for(&s.group_max, Want::Count(k), &mut s.keys).unwrap_or(0)
 }
 
 /// A [`Prefix`] over candidates that are grouped by block but not in id order within a block: the
@@ -364,7 +364,7 @@ fn sample_top_p<T: FloatElement>(
     // A little above the target, for the rounding of the estimate.
     let wanted = target as f64 / (1u64 << 40) as f64 * (1.0 + 1e-5);
     // When the sample falls short, every positive weight is needed.
-    let floor = floor_for(&s.group_max, Want::Mass(wanted))
+    let floor = floor_for(&s.group_max, Want::Mass(wanted), &mut s.keys)
         .map_or(MIN_WEIGHT_KEY, |key| key.max(MIN_WEIGHT_KEY));
     s.candidates.clear();
     let cap = row.len() / 4;

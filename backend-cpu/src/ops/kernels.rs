@@ -440,6 +440,45 @@ mod avx512 {
         true
     }
 
+    /// [`super::band_of`] with one compress per 16 keys.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn band_of(keys: &[u32], low: u32, high: u32, band: &mut Vec<u32>) {
+        let (low_v, high_v) = (
+            _mm512_set1_epi32(low as i32),
+            _mm512_set1_epi32(high as i32),
+        );
+        let mut vectors = keys.chunks_exact(16);
+        for v in &mut vectors {
+            // SAFETY: `v` holds 16 u32.
+            let k = unsafe { _mm512_loadu_si512(v.as_ptr().cast()) };
+            let inside = _mm512_cmpge_epu32_mask(k, low_v) & _mm512_cmplt_epu32_mask(k, high_v);
+            if inside == 0 {
+                continue;
+            }
+            band.reserve(16);
+            let len = band.len();
+            // SAFETY: the capacity holds 16 entries past `len`; the lanes past the packed ones
+            // stay beyond the length.
+            unsafe {
+                _mm512_storeu_si512(
+                    band.as_mut_ptr().add(len).cast(),
+                    _mm512_maskz_compress_epi32(inside, k),
+                );
+                band.set_len(len + inside.count_ones() as usize);
+            }
+        }
+        band.extend(
+            vectors
+                .remainder()
+                .iter()
+                .copied()
+                .filter(|&k| k >= low && k < high),
+        );
+    }
+
     /// [`super::level_totals_generic`] with mask registers.
     ///
     /// # Safety
@@ -525,15 +564,12 @@ pub(crate) fn scan<T: FloatElement>(
         bytemuck::try_cast_slice::<T, f32>(row),
         avx512::available(),
     ) {
-        {
-            let full = values.len() / BLOCK;
-            let (head, tail) = values.split_at(full * BLOCK);
-            let (head_mass, tail_mass) = block_mass.split_at_mut(full);
-            // SAFETY: AVX-512F is present; the slices are sized as the function requires.
-            let head_total =
-                unsafe { avx512::scan_full_blocks(head, head_mass, sample.at_block(0)) };
-            return head_total + scan_generic::<f32>(tail, tail_mass, sample.at_block(full));
-        }
+        let full = values.len() / BLOCK;
+        let (head, tail) = values.split_at(full * BLOCK);
+        let (head_mass, tail_mass) = block_mass.split_at_mut(full);
+        // SAFETY: AVX-512F is present; the slices are sized as the function requires.
+        let head_total = unsafe { avx512::scan_full_blocks(head, head_mass, sample.at_block(0)) };
+        return head_total + scan_generic::<f32>(tail, tail_mass, sample.at_block(full));
     }
     dispatch!(scan_generic::<T>(row, block_mass, sample) via scan_avx512, scan_avx2)
 }
@@ -737,30 +773,55 @@ pub(crate) enum Want {
 /// the value) in three rounds of [`ROUND`] levels — 4 binary orders of magnitude apart from 1.0
 /// down to 2^-28, then an eighth, then a sixty-fourth of that — so the floor is within a factor
 /// 2^(1/16) of the highest possible one. `None` when even 2^-28 does not reach it.
-pub(crate) fn floor_for(keys: &[u32], want: Want) -> Option<u32> {
+pub(crate) fn floor_for(keys: &[u32], want: Want, band: &mut Vec<u32>) -> Option<u32> {
+    let mass_wanted = matches!(want, Want::Mass(_));
     let reaches = |count: u32, mass: f64| match want {
         Want::Count(k) => count as usize >= k,
         Want::Mass(m) => mass >= m,
     };
-    let mut top = ONE_KEY;
     let mut step = 4u32 << 23;
-    let mut floor = None;
-    for round in 0..3 {
+    let levels: [u32; ROUND] = std::array::from_fn(|j| ONE_KEY.saturating_sub(j as u32 * step));
+    let (count, mass) = level_totals(keys, &levels, mass_wanted);
+    let j = (0..ROUND).find(|&j| reaches(count[j], mass[j]))?;
+    if j == 0 {
+        return Some(levels[0]);
+    }
+    // The highest reaching floor lies in [levels[j], levels[j − 1]): the later rounds look only
+    // at the keys in that band, on top of the keys above it.
+    let (low, high) = (levels[j], levels[j - 1]);
+    let (above_count, above_mass) = (count[j - 1], mass[j - 1]);
+    band_of(keys, low, high, band);
+    let mut floor = low;
+    let mut top = high;
+    for _ in 0..2 {
+        step /= 8;
+        top -= step;
         let levels: [u32; ROUND] = std::array::from_fn(|j| top.saturating_sub(j as u32 * step));
-        let (count, mass) = level_totals(keys, &levels, matches!(want, Want::Mass(_)));
-        let Some(j) = (0..ROUND).find(|&j| reaches(count[j], mass[j])) else {
-            // Past the first round, the previous round's level is reached.
-            return floor;
+        let (count, mass) = level_totals(band, &levels, mass_wanted);
+        let Some(j) = (0..ROUND).find(|&j| reaches(above_count + count[j], above_mass + mass[j]))
+        else {
+            // The estimate rounds differently from the first round's: keep its level.
+            return Some(floor);
         };
-        floor = Some(levels[j]);
-        if j == 0 || round == 2 {
+        floor = levels[j];
+        if j == 0 {
             break;
         }
-        // The highest reaching floor lies in [levels[j], levels[j − 1]).
-        step /= 8;
-        top = levels[j - 1] - step;
+        top = levels[j - 1];
     }
-    floor
+    Some(floor)
+}
+
+/// The keys in `[low, high)`, into `band`.
+fn band_of(keys: &[u32], low: u32, high: u32, band: &mut Vec<u32>) {
+    band.clear();
+    #[cfg(target_arch = "x86_64")]
+    if avx512::available() {
+        // SAFETY: AVX-512F is present.
+        unsafe { avx512::band_of(keys, low, high, band) };
+        return;
+    }
+    band.extend(keys.iter().copied().filter(|&k| k >= low && k < high));
 }
 
 /// The argmax order as an unsigned key: NaN lowest (0), −0.0 equal to +0.0, otherwise the order of
@@ -1026,7 +1087,7 @@ mod tests {
                 .sum()
         };
         for k in [1usize, 2, 50, 1000, 5000] {
-            let floor = floor_for(&keys, Want::Count(k)).expect("reachable");
+            let floor = floor_for(&keys, Want::Count(k), &mut Vec::new()).expect("reachable");
             assert!(above(floor) >= k, "k {k}");
             // Within a factor 2^(1/16) of the k-th largest key.
             let mut sorted = keys.clone();
@@ -1039,10 +1100,13 @@ mod tests {
         let total = mass(0);
         for frac in [0.01, 0.5, 0.9, 0.999] {
             let want = total * frac;
-            let floor = floor_for(&keys, Want::Mass(want)).expect("reachable");
+            let floor = floor_for(&keys, Want::Mass(want), &mut Vec::new()).expect("reachable");
             assert!(mass(floor) >= want * (1.0 - 1e-5), "frac {frac}");
         }
-        assert_eq!(floor_for(&keys, Want::Count(keys.len() + 1)), None);
+        assert_eq!(
+            floor_for(&keys, Want::Count(keys.len() + 1), &mut Vec::new()),
+            None
+        );
         // The generic loop agrees with the dispatched one.
         let levels: [u32; ROUND] = std::array::from_fn(|j| 0x3f80_0000 - (j as u32) * (3 << 23));
         let (c1, _) = level_totals(&keys, &levels, false);
@@ -1052,7 +1116,7 @@ mod tests {
         for j in 0..ROUND {
             assert!((m1[j] - m2[j]).abs() <= 1e-6 * m2[j].max(1.0));
         }
-        assert_eq!(floor_for(&[], Want::Count(1)), None);
+        assert_eq!(floor_for(&[], Want::Count(1), &mut Vec::new()), None);
     }
 
     #[test]
