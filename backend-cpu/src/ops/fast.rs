@@ -546,4 +546,68 @@ mod tests {
             }
         }
     }
+
+    /// Rows of every shape the fast path meets: LLM-like, peaked (one token holds 95 %), flat,
+    /// with long runs of ties, and far from a distribution (total 0.01).
+    fn shaped_rows(vocab: usize) -> Vec<Vec<f32>> {
+        let mut rows = normalized_rows(17, 3, vocab);
+        // A tail of distinct small values under one token of 0.95.
+        let tail = 0.05 / (vocab - 1) as f32;
+        let mut peaked: Vec<f32> = (0..vocab)
+            .map(|i| tail * (0.5 + (i * 7919 % 1000) as f32 / 1000.0))
+            .collect();
+        peaked[vocab / 3] = 0.95;
+        rows.push(peaked);
+        rows.push(vec![1.0 / vocab as f32; vocab]);
+        let ties: Vec<f32> = (0..vocab).map(|i| [0.0, 1e-6, 2e-5, 4e-5][i % 4]).collect();
+        rows.push(ties);
+        let small: Vec<f32> = rows[1].iter().map(|v| v * 0.01).collect();
+        rows.push(small);
+        rows
+    }
+
+    #[test]
+    fn split_rows_and_every_row_shape_agree_with_the_reference() {
+        use crate::ops::candidates::candidates_row_reference;
+        use crate::ops::sample::sample_row_reference;
+        // Long enough to be split across threads.
+        let vocab = SPLIT_MIN * 2 + 77;
+        for (i, row) in shaped_rows(vocab).iter().enumerate() {
+            let half: Vec<half::f16> = row.iter().map(|&v| half::f16::from_f32(v)).collect();
+            for (j, &(k, p)) in [(0, 0.9f32), (0, 0.5), (0, 0.99), (50, 0.9), (1, 1.0), (0, 1.0)]
+                .iter()
+                .enumerate()
+            {
+                let draw = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul((i * 7 + j) as u64 + 3);
+                let expected = sample_row_reference(row, k, p, draw);
+                for parts in [1, 2, 3] {
+                    if let Some(token) = sample_row_fast(row, k, p, draw, parts) {
+                        assert_eq!(token, expected, "row {i} k {k} p {p} parts {parts}");
+                    }
+                }
+                let expected = sample_row_reference(&half, k, p, draw);
+                if let Some(token) = sample_row_fast(&half, k, p, draw, 2) {
+                    assert_eq!(token, expected, "f16 row {i} k {k} p {p}");
+                }
+            }
+            // LLM-like (Gaussian logits) and peaked rows must take the fast path; rows whose kept
+            // set holds more than two tokens of most groups (long runs of ties) may not.
+            if i == 1 || i == 3 {
+                assert!(sample_row_fast(row, 0, 0.9, 12345, 2).is_some(), "row {i}");
+                assert!(sample_row_fast(row, 50, 0.9, 12345, 1).is_some(), "row {i}");
+            }
+            for (c, p) in [(1usize, 0.9f32), (8, 0.9), (64, 0.5)] {
+                let (mut ids, mut scores) = (vec![0; c], vec![0.0; c]);
+                let (mut e_ids, mut e_scores) = (vec![0; c], vec![0.0; c]);
+                let e_lens = candidates_row_reference(row, p, &mut e_ids, &mut e_scores);
+                if let Some(lens) = candidates_row_fast(row, p, &mut ids, &mut scores, 2) {
+                    assert_eq!(
+                        (lens, &ids, &scores),
+                        (e_lens, &e_ids, &e_scores),
+                        "row {i} c {c} p {p}"
+                    );
+                }
+            }
+        }
+    }
 }
