@@ -5,8 +5,13 @@
 //! one by the conformance suite, so it is written to be read: one module per op under `src/ops`,
 //! mirroring the kernel files of the accelerated backends.
 //!
-//! Sampling never sorts a row: the top-k/top-p threshold is found by a two-level radix
-//! (histogram) selection over the rank keys, and the draw is one prefix scan (see `ops::select`).
+//! Sampling never sorts a row. The fast path (`ops::fast`, loops in `ops::kernels`) reads a row
+//! once: exact block weights and the two largest keys of every 16-token lane group; from that
+//! sample it derives a floor every kept token reaches, collects the few tokens above it and makes
+//! the top-k/top-p decisions and the draw on them. Rows it cannot decide (long runs of ties,
+//! `top_k > 2048`, rows far from summing to 1) go to the histogram path (`ops::select`): a
+//! two-level radix selection over the rank keys and one prefix scan. Both make the same integer
+//! decisions; `docs/performance.md` has the algorithms and the measurements.
 //!
 //! ```
 //! use specula_backend_api::{DeviceExt, Device, ops::{RowShape, SampleInputs, SampleParams}};
