@@ -30,7 +30,8 @@ use specula_backend_api::FloatElement;
 use specula_backend_api::fixed_point::{reaches_top_p, scale_draw, top_p_fixed, top_p_target_mass};
 
 use super::kernels::{
-    self, BLOCK, Candidate, GroupSample, Want, block_counts, collect, floor_for, weight_of_key,
+    self, BLOCK, Candidate, GroupSample, Need, Want, block_counts, collect, floor_for,
+    weight_of_key,
 };
 use super::select::{MIN_WEIGHT_KEY, Prefix};
 
@@ -66,20 +67,18 @@ fn with_fast<R>(f: impl FnOnce(&mut FastScratch) -> R) -> R {
 }
 
 /// The first pass over a row, split into `parts` segments scanned in parallel when the row is long.
-fn scan_row<T: FloatElement>(row: &[T], s: &mut FastScratch, parts: usize) -> u64 {
+fn scan_row<T: FloatElement>(row: &[T], s: &mut FastScratch, parts: usize, need: Need) -> u64 {
+    // Sized, not cleared: the pass writes every entry it is asked for.
     let (blocks, keys) = block_counts(row.len());
-    s.block_mass.clear();
     s.block_mass.resize(blocks, 0);
-    s.group_max.clear();
     s.group_max.resize(keys, 0);
-    s.group_pos.clear();
     s.group_pos.resize(keys, 0);
     if parts <= 1 || row.len() < SPLIT_MIN {
         let sample = GroupSample {
             keys: &mut s.group_max,
             pos: &mut s.group_pos,
         };
-        return kernels::scan(row, &mut s.block_mass, sample);
+        return kernels::scan(row, &mut s.block_mass, sample, need);
     }
     let blocks_per_part = blocks.div_ceil(parts);
     let keys_per_part = blocks_per_part * kernels::GROUP_KEYS;
@@ -88,7 +87,7 @@ fn scan_row<T: FloatElement>(row: &[T], s: &mut FastScratch, parts: usize) -> u6
         .zip(s.group_max.par_chunks_mut(keys_per_part))
         .zip(s.group_pos.par_chunks_mut(keys_per_part))
         .map(|(((segment, block_mass), keys), pos)| {
-            kernels::scan(segment, block_mass, GroupSample { keys, pos })
+            kernels::scan(segment, block_mass, GroupSample { keys, pos }, need)
         })
         .sum()
 }
@@ -180,15 +179,23 @@ fn prefix_of_keys(keys: &mut Vec<u32>, target: u64, bins: &mut Vec<u64>) -> Opti
     let mut key = 0u32;
     for (shift, bits) in DIGITS {
         let mask = (1u32 << bits) - 1;
+        // Bins only over the digits present (candidates above a floor span a narrow range).
+        let (low, high) = keys.iter().fold((mask, 0), |(low, high), &k| {
+            let d = (k >> shift) & mask;
+            (low.min(d), high.max(d))
+        });
+        if low > high {
+            return None; // no keys
+        }
         bins.clear();
-        bins.resize(1 << bits, 0);
+        bins.resize((high - low + 1) as usize, 0);
         for &k in keys.iter() {
-            bins[((k >> shift) & mask) as usize] += weight_of_key(k);
+            bins[(((k >> shift) & mask) - low) as usize] += weight_of_key(k);
         }
         let mut crossing = None;
         for (bin, &mass) in bins.iter().enumerate().rev() {
             if before + mass >= target {
-                crossing = Some(bin as u32);
+                crossing = Some(low + bin as u32);
                 break;
             }
             before += mass;
@@ -271,16 +278,20 @@ pub(crate) fn sample_row_fast<T: FloatElement>(
     let p_fixed = top_p_fixed(top_p);
     let keep_all = top_k.is_none() && p_fixed == 1 << 24;
     with_fast(|s| {
-        let total = scan_row(row, s, parts);
+        if let Some(k) = top_k {
+            // Top-k decides on its candidates' weights alone: no row total needed.
+            scan_row(row, s, parts, Need::Sample);
+            return sample_top_k(row, s, k, p_fixed, draw);
+        }
+        let need = if keep_all { Need::Weights } else { Need::Both };
+        let total = scan_row(row, s, parts, need);
         if total == 0 {
             return None; // degenerate rows: the reference path finds the first token in rank order
         }
         if keep_all {
-            return draw_from_blocks(row, &s.block_mass, total, draw);
-        }
-        match top_k {
-            Some(k) => sample_top_k(row, s, k, p_fixed, draw),
-            None => sample_top_p(row, s, total, p_fixed, draw),
+            draw_from_blocks(row, &s.block_mass, total, draw)
+        } else {
+            sample_top_p(row, s, total, p_fixed, draw)
         }
     })
 }
@@ -395,7 +406,7 @@ pub(crate) fn candidates_row_fast<T: FloatElement>(
 ) -> Option<i32> {
     let c = ids.len();
     with_fast(|s| {
-        let total = scan_row(row, s, parts);
+        let total = scan_row(row, s, parts, Need::Both);
         if total == 0 || c == 0 {
             return None;
         }
@@ -574,9 +585,16 @@ mod tests {
         let vocab = SPLIT_MIN * 2 + 77;
         for (i, row) in shaped_rows(vocab).iter().enumerate() {
             let half: Vec<half::f16> = row.iter().map(|&v| half::f16::from_f32(v)).collect();
-            for (j, &(k, p)) in [(0, 0.9f32), (0, 0.5), (0, 0.99), (50, 0.9), (1, 1.0), (0, 1.0)]
-                .iter()
-                .enumerate()
+            for (j, &(k, p)) in [
+                (0, 0.9f32),
+                (0, 0.5),
+                (0, 0.99),
+                (50, 0.9),
+                (1, 1.0),
+                (0, 1.0),
+            ]
+            .iter()
+            .enumerate()
             {
                 let draw = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul((i * 7 + j) as u64 + 3);
                 let expected = sample_row_reference(row, k, p, draw);

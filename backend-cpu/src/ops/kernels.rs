@@ -113,7 +113,10 @@ fn keep_two(key: u32, q: u32, max: &mut u32, second: &mut u32, pos1: &mut u32, p
 /// The weight of a token is `floor(p · 2^40)`, computed in f32 (exact: a power-of-two scaling of a
 /// sanitized value, then a floor) and summed in f64 (exact: integers below 2^40, 256 of them).
 #[inline(always)]
-fn scan_block<T: FloatElement>(block: &[T], sample: GroupSample<'_>) -> u64 {
+fn scan_block<T: FloatElement, const W: bool, const S: bool>(
+    block: &[T],
+    sample: GroupSample<'_>,
+) -> u64 {
     const SCALE: f32 = (1u64 << 40) as f32;
     let mut mass = [0f64; LANES];
     let (mut max, mut second) = ([0u32; LANES], [0u32; LANES]);
@@ -121,30 +124,36 @@ fn scan_block<T: FloatElement>(block: &[T], sample: GroupSample<'_>) -> u64 {
     for (q, chunk) in block.chunks_exact(LANES).enumerate() {
         for lane in 0..LANES {
             let p = sanitized(chunk[lane]);
-            let (m, s) = (&mut max[lane], &mut second[lane]);
-            keep_two(
-                p.to_bits(),
-                q as u32,
-                m,
-                s,
-                &mut pos1[lane],
-                &mut pos2[lane],
-            );
-            mass[lane] += f64::from((p * SCALE).floor());
+            if S {
+                let (m, s) = (&mut max[lane], &mut second[lane]);
+                keep_two(
+                    p.to_bits(),
+                    q as u32,
+                    m,
+                    s,
+                    &mut pos1[lane],
+                    &mut pos2[lane],
+                );
+            }
+            if W {
+                mass[lane] += f64::from((p * SCALE).floor());
+            }
         }
     }
-    sample.keys[..GROUPS].copy_from_slice(&max);
-    sample.keys[GROUPS..GROUP_KEYS].copy_from_slice(&second);
-    for lane in 0..LANES {
-        sample.pos[lane] = pos1[lane] as u8;
-        sample.pos[GROUPS + lane] = pos2[lane] as u8;
+    if S {
+        sample.keys[..GROUPS].copy_from_slice(&max);
+        sample.keys[GROUPS..GROUP_KEYS].copy_from_slice(&second);
+        for lane in 0..LANES {
+            sample.pos[lane] = pos1[lane] as u8;
+            sample.pos[GROUPS + lane] = pos2[lane] as u8;
+        }
     }
     mass.iter().sum::<f64>() as u64
 }
 
 /// A segment of a row that starts on a block boundary: see [`scan`].
 #[inline(always)]
-fn scan_generic<T: FloatElement>(
+fn scan_generic<T: FloatElement, const W: bool, const S: bool>(
     row: &[T],
     block_mass: &mut [u64],
     mut sample: GroupSample<'_>,
@@ -152,7 +161,7 @@ fn scan_generic<T: FloatElement>(
     let mut total = 0u64;
     let full = row.len() / BLOCK;
     for (b, block) in row.chunks_exact(BLOCK).enumerate() {
-        let mass = scan_block::<T>(block, sample.at_block(b));
+        let mass = scan_block::<T, W, S>(block, sample.at_block(b));
         block_mass[b] = mass;
         total += mass;
     }
@@ -209,14 +218,22 @@ macro_rules! dispatch {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-fn scan_avx512<T: FloatElement>(row: &[T], block_mass: &mut [u64], sample: GroupSample<'_>) -> u64 {
-    scan_generic::<T>(row, block_mass, sample)
+fn scan_avx512<T: FloatElement, const W: bool, const S: bool>(
+    row: &[T],
+    block_mass: &mut [u64],
+    sample: GroupSample<'_>,
+) -> u64 {
+    scan_generic::<T, W, S>(row, block_mass, sample)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scan_avx2<T: FloatElement>(row: &[T], block_mass: &mut [u64], sample: GroupSample<'_>) -> u64 {
-    scan_generic::<T>(row, block_mass, sample)
+fn scan_avx2<T: FloatElement, const W: bool, const S: bool>(
+    row: &[T],
+    block_mass: &mut [u64],
+    sample: GroupSample<'_>,
+) -> u64 {
+    scan_generic::<T, W, S>(row, block_mass, sample)
 }
 
 /// Hand-written AVX-512 loops for f32 rows, the common case (the compiler keeps the generic loops
@@ -264,7 +281,7 @@ mod avx512 {
     /// The CPU must support AVX-512F; `block_mass` must hold `row.len() / BLOCK` entries and
     /// `sample` `row.len() / BLOCK * GROUP_KEYS` keys and positions.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn scan_full_blocks(
+    pub(super) unsafe fn scan_full_blocks<const W: bool, const S: bool>(
         row: &[f32],
         block_mass: &mut [u64],
         sample: GroupSample<'_>,
@@ -302,6 +319,7 @@ mod avx512 {
                 for (j, key) in [_mm512_castps_si512(p0), _mm512_castps_si512(p1)]
                     .into_iter()
                     .enumerate()
+                    .filter(|_| S)
                 {
                     // `keep_two` on 16 lanes.
                     let q = _mm512_set1_epi32((2 * i + j) as i32);
@@ -320,24 +338,31 @@ mod avx512 {
                     max = _mm512_mask_mov_epi32(max, above_first, key);
                     pos1 = _mm512_mask_mov_epi32(pos1, above_first, q);
                 }
-                let (lo0, hi0) = weights(p0, scale);
-                let (lo1, hi1) = weights(p1, scale);
-                acc0 = _mm512_add_pd(acc0, lo0);
-                acc1 = _mm512_add_pd(acc1, hi0);
-                acc2 = _mm512_add_pd(acc2, lo1);
-                acc3 = _mm512_add_pd(acc3, hi1);
+                if W {
+                    let (lo0, hi0) = weights(p0, scale);
+                    let (lo1, hi1) = weights(p1, scale);
+                    acc0 = _mm512_add_pd(acc0, lo0);
+                    acc1 = _mm512_add_pd(acc1, hi0);
+                    acc2 = _mm512_add_pd(acc2, lo1);
+                    acc3 = _mm512_add_pd(acc3, hi1);
+                }
             }
             let keys = &mut sample.keys[b * GROUP_KEYS..(b + 1) * GROUP_KEYS];
             let pos = &mut sample.pos[b * GROUP_KEYS..(b + 1) * GROUP_KEYS];
-            // SAFETY: `keys` holds 32 u32 and `pos` 32 u8.
-            unsafe {
-                _mm512_storeu_si512(keys.as_mut_ptr().cast(), max);
-                _mm512_storeu_si512(keys.as_mut_ptr().add(GROUPS).cast(), second);
-                _mm_storeu_si128(pos.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(pos1));
-                _mm_storeu_si128(
-                    pos.as_mut_ptr().add(GROUPS).cast(),
-                    _mm512_cvtepi32_epi8(pos2),
-                );
+            if S {
+                // SAFETY: `keys` holds 32 u32 and `pos` 32 u8.
+                unsafe {
+                    _mm512_storeu_si512(keys.as_mut_ptr().cast(), max);
+                    _mm512_storeu_si512(keys.as_mut_ptr().add(GROUPS).cast(), second);
+                    _mm_storeu_si128(pos.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(pos1));
+                    _mm_storeu_si128(
+                        pos.as_mut_ptr().add(GROUPS).cast(),
+                        _mm512_cvtepi32_epi8(pos2),
+                    );
+                }
+            }
+            if !W {
+                continue;
             }
             let sum = _mm512_add_pd(_mm512_add_pd(acc0, acc1), _mm512_add_pd(acc2, acc3));
             // Exact: integers below 2^40, 256 of them.
@@ -346,6 +371,43 @@ mod avx512 {
             total += mass;
         }
         total
+    }
+
+    /// Appends the lanes `mask` of `(keys, ids)` to `out` as candidates, with one compress per
+    /// half vector.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn push_pairs(keys: __m512i, ids: __m512i, mask: u16, out: &mut Vec<Candidate>) {
+        out.reserve(2 * 8);
+        let len = out.len();
+        let dst = out.as_mut_ptr().wrapping_add(len).cast::<u64>();
+        let mut written = 0usize;
+        for half in 0..2 {
+            let (k, i) = if half == 0 {
+                (_mm512_castsi512_si256(keys), _mm512_castsi512_si256(ids))
+            } else {
+                (
+                    _mm512_extracti64x4_epi64::<1>(keys),
+                    _mm512_extracti64x4_epi64::<1>(ids),
+                )
+            };
+            let m = (mask >> (8 * half)) as u8;
+            // (key, id) as one 64-bit lane: key low, id high (`Candidate` is repr(C)).
+            let pairs = _mm512_or_si512(
+                _mm512_cvtepu32_epi64(k),
+                _mm512_slli_epi64::<32>(_mm512_cvtepu32_epi64(i)),
+            );
+            let packed = _mm512_maskz_compress_epi64(m, pairs);
+            // SAFETY: `written` ≤ 8 and the capacity holds 16 entries past `len`; lanes past the
+            // packed ones are overwritten or left beyond the length.
+            unsafe { _mm512_storeu_si512(dst.wrapping_add(written).cast(), packed) };
+            written += m.count_ones() as usize;
+        }
+        // SAFETY: the first `written` entries past `len` were just initialized.
+        unsafe { out.set_len(len + written) };
     }
 
     /// [`super::collect`]: the single tokens of the groups come out of the sample with one
@@ -365,6 +427,13 @@ mod avx512 {
     ) -> bool {
         let floor_v = _mm512_set1_epi32(floor as i32);
         let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let threshold = _mm512_set1_ps(f32::from_bits(floor));
+        // f32 rows re-read whole vectors; the float compare stands for the key compare only for a
+        // positive floor at most the key of 1.0.
+        let values = match (T::DTYPE, floor > 0 && floor <= super::ONE_KEY) {
+            (specula_backend_api::DType::F32, true) => bytemuck::try_cast_slice::<T, f32>(row).ok(),
+            _ => None,
+        };
         for (b, (keys, pos)) in keys
             .chunks_exact(GROUP_KEYS)
             .zip(pos.chunks_exact(GROUP_KEYS))
@@ -394,42 +463,41 @@ mod avx512 {
                         lanes,
                     ),
                 );
-                out.reserve(2 * 8);
-                let len = out.len();
-                let dst = out.as_mut_ptr().wrapping_add(len).cast::<u64>();
-                let mut written = 0usize;
-                for half in 0..2 {
-                    let (k, i) = if half == 0 {
-                        (_mm512_castsi512_si256(max), _mm512_castsi512_si256(ids))
-                    } else {
-                        (
-                            _mm512_extracti64x4_epi64::<1>(max),
-                            _mm512_extracti64x4_epi64::<1>(ids),
-                        )
-                    };
-                    let m = (single >> (8 * half)) as u8;
-                    // (key, id) as one 64-bit lane: key low, id high (`Candidate` is repr(C)).
-                    let pairs = _mm512_or_si512(
-                        _mm512_cvtepu32_epi64(k),
-                        _mm512_slli_epi64::<32>(_mm512_cvtepu32_epi64(i)),
-                    );
-                    let packed = _mm512_maskz_compress_epi64(m, pairs);
-                    // SAFETY: `written` ≤ 8 and the capacity holds 16 entries past `len`; lanes
-                    // past the packed ones are overwritten or left beyond the length.
-                    unsafe { _mm512_storeu_si512(dst.wrapping_add(written).cast(), packed) };
-                    written += m.count_ones() as usize;
-                }
-                // SAFETY: the first `written` entries past `len` were just initialized.
-                unsafe { out.set_len(len + written) };
+                // SAFETY: as `push_pairs` requires.
+                unsafe { push_pairs(max, ids, single, out) };
             }
-            let mut several = u32::from(several);
-            while several != 0 {
-                let lane = several.trailing_zeros() as usize;
-                several &= several - 1;
-                for t in (base + lane..row.len().min(base + BLOCK)).step_by(GROUPS) {
-                    let key = super::key_of(row[t]);
-                    if key >= floor {
-                        out.push(Candidate { key, id: t as u32 });
+            if several != 0 {
+                match values {
+                    Some(values) if base + BLOCK <= values.len() => {
+                        // A full f32 block: compare every vector and keep the lanes of the groups
+                        // holding several tokens (`floor` is a positive key at most that of 1.0,
+                        // so `key(p) ≥ floor` is the ordered compare `p ≥ value(floor)`).
+                        for q in 0..GROUPS {
+                            let at = base + q * GROUPS;
+                            // SAFETY: `at + 16 ≤ base + BLOCK ≤ values.len()`.
+                            let v = unsafe { _mm512_loadu_ps(values.as_ptr().add(at)) };
+                            let m = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, threshold) & several;
+                            if m == 0 {
+                                continue;
+                            }
+                            let ids = _mm512_add_epi32(_mm512_set1_epi32(at as i32), lanes);
+                            let keys = _mm512_castps_si512(sanitize(v));
+                            // SAFETY: as `push_pairs` requires.
+                            unsafe { push_pairs(keys, ids, m, out) };
+                        }
+                    }
+                    _ => {
+                        let mut several = u32::from(several);
+                        while several != 0 {
+                            let lane = several.trailing_zeros() as usize;
+                            several &= several - 1;
+                            for t in (base + lane..row.len().min(base + BLOCK)).step_by(GROUPS) {
+                                let key = super::key_of(row[t]);
+                                if key >= floor {
+                                    out.push(Candidate { key, id: t as u32 });
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -550,10 +618,35 @@ pub(crate) fn block_counts(len: usize) -> (usize, usize) {
     (blocks, blocks * GROUP_KEYS)
 }
 
+/// What [`scan`] must compute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Need {
+    /// Block weights and the total (top_p = 1).
+    Weights,
+    /// The group sample (top-k).
+    Sample,
+    /// Both (top-p, candidates).
+    Both,
+}
+
 /// One streaming pass over a segment of a row that starts on a block boundary: writes the exact
 /// weight of each block to `block_mass` and the two largest keys of each group, with their
-/// positions, to `sample` (sized by [`block_counts`]), and returns the exact total weight.
+/// positions, to `sample` (sized by [`block_counts`]; only what `need` asks for), and returns the
+/// exact total weight (0 when weights are not asked for).
 pub(crate) fn scan<T: FloatElement>(
+    row: &[T],
+    block_mass: &mut [u64],
+    sample: GroupSample<'_>,
+    need: Need,
+) -> u64 {
+    match need {
+        Need::Weights => scan_with::<T, true, false>(row, block_mass, sample),
+        Need::Sample => scan_with::<T, false, true>(row, block_mass, sample),
+        Need::Both => scan_with::<T, true, true>(row, block_mass, sample),
+    }
+}
+
+fn scan_with<T: FloatElement, const W: bool, const S: bool>(
     row: &[T],
     block_mass: &mut [u64],
     mut sample: GroupSample<'_>,
@@ -568,10 +661,21 @@ pub(crate) fn scan<T: FloatElement>(
         let (head, tail) = values.split_at(full * BLOCK);
         let (head_mass, tail_mass) = block_mass.split_at_mut(full);
         // SAFETY: AVX-512F is present; the slices are sized as the function requires.
-        let head_total = unsafe { avx512::scan_full_blocks(head, head_mass, sample.at_block(0)) };
-        return head_total + scan_generic::<f32>(tail, tail_mass, sample.at_block(full));
+        let head_total =
+            unsafe { avx512::scan_full_blocks::<W, S>(head, head_mass, sample.at_block(0)) };
+        let tail_total = scan_generic::<f32, W, S>(tail, tail_mass, sample.at_block(full));
+        return if W { head_total + tail_total } else { 0 };
     }
-    dispatch!(scan_generic::<T>(row, block_mass, sample) via scan_avx512, scan_avx2)
+    let total = dispatch_scan::<T, W, S>(row, block_mass, sample);
+    if W { total } else { 0 }
+}
+
+fn dispatch_scan<T: FloatElement, const W: bool, const S: bool>(
+    row: &[T],
+    block_mass: &mut [u64],
+    sample: GroupSample<'_>,
+) -> u64 {
+    dispatch!(scan_generic::<T, W, S>(row, block_mass, sample) via scan_avx512, scan_avx2)
 }
 
 /// The lanes (bit l for group l) whose key in `keys` (at least 16) reaches `floor`.
@@ -968,11 +1072,34 @@ mod tests {
             pos: &mut gp,
         };
         let got = if generic {
-            scan_generic(row, &mut bm, sample)
+            scan_generic::<T, true, true>(row, &mut bm, sample)
         } else {
-            scan(row, &mut bm, sample)
+            scan(row, &mut bm, sample, Need::Both)
         };
         assert_eq!((got, &bm, &gk), (total, &blocks, &keys));
+        // The partial passes compute their part the same way.
+        let (mut bm2, mut gk2, mut gp2) = (vec![0; nb], vec![0; nk], vec![0u8; nk]);
+        let only_weights = scan(
+            row,
+            &mut bm2,
+            GroupSample {
+                keys: &mut gk2,
+                pos: &mut gp2,
+            },
+            Need::Weights,
+        );
+        assert_eq!((only_weights, &bm2), (total, &blocks));
+        let (mut gk3, mut gp3) = (vec![0; nk], vec![0u8; nk]);
+        scan(
+            row,
+            &mut bm2,
+            GroupSample {
+                keys: &mut gk3,
+                pos: &mut gp3,
+            },
+            Need::Sample,
+        );
+        assert_eq!((&gk3, &gp3), (&gk, &gp));
         for b in 0..nb {
             for lane in 0..GROUPS {
                 let id = |slot: usize| {
