@@ -92,10 +92,10 @@ fn main() -> ExitCode {
             report.size,
             report.render_table()
         );
-        if let Ok(path) = std::env::var("SPECULA_REPORT") {
-            if let Err(e) = report.write_json(std::path::Path::new(&path)) {
-                eprintln!("SPECULA_REPORT: {e}");
-            }
+        if let Ok(path) = std::env::var("SPECULA_REPORT")
+            && let Err(e) = report.write_json(std::path::Path::new(&path))
+        {
+            eprintln!("SPECULA_REPORT: {e}");
         }
     }
     conclusion.exit_code()
