@@ -147,6 +147,15 @@ pub enum CaseParams {
 }
 
 impl CaseParams {
+    /// The length of the rows a float output is reduced over (the vocabulary of `softmax` and
+    /// `accept_logprobs`; 1 for the other ops, whose outputs are exact).
+    pub fn reduction_width(&self) -> usize {
+        match self {
+            CaseParams::Softmax { vocab, .. } | CaseParams::AcceptLogprobs { vocab, .. } => *vocab,
+            _ => 1,
+        }
+    }
+
     /// The op these parameters are for.
     pub fn op(&self) -> Op {
         match self {

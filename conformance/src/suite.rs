@@ -440,7 +440,8 @@ impl Suite {
                 if !outputs.guard_violations.is_empty() {
                     problems.push(guard_message(&outputs));
                 }
-                if let Err(mismatch) = compare_outputs(op, expected, &outputs.tensors) {
+                let width = entry.case.params.reduction_width();
+                if let Err(mismatch) = compare_outputs(op, width, expected, &outputs.tensors) {
                     problems.push(format!("mismatch: {mismatch}"));
                 }
                 let outcome = match problems.is_empty() {

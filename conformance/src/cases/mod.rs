@@ -117,7 +117,8 @@ mod tests {
                 let out =
                     run_case(&cpu, &case).unwrap_or_else(|e| panic!("{op}::{}: {e}", case.name));
                 assert!(out.guard_violations.is_empty(), "{op}::{}", case.name);
-                if let Err(m) = compare_outputs(op, expected, &out.tensors) {
+                let width = case.params.reduction_width();
+                if let Err(m) = compare_outputs(op, width, expected, &out.tensors) {
                     failures.push(format!("{op}::{}: {m}", case.name));
                 }
             }
