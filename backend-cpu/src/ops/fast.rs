@@ -157,24 +157,18 @@ fn keep_top_k(s: &mut FastScratch, k: usize) {
     s.candidates.retain(|c| boundary.contains(c));
 }
 
-/// The shortest prefix (in rank order) of `candidates` whose mass reaches `target` > 0; `None` when
-/// all of them do not reach it.
+/// The shortest prefix (in rank order) of `candidates` whose mass reaches `target` > 0, by a radix
+/// selection on their keys in three digits of 11, 11 and 10 bits; `None` when all of them do not
+/// reach it.
 fn prefix_by_mass(
     candidates: &[Candidate],
     target: u64,
     keys: &mut Vec<u32>,
     bins: &mut Vec<u64>,
 ) -> Option<Prefix> {
+    const DIGITS: [(u32, u32); 3] = [(21, 11), (10, 11), (0, 10)];
     keys.clear();
     keys.extend(candidates.iter().map(|c| c.key));
-    prefix_of_keys(keys, target, bins)
-}
-
-/// The shortest prefix (keys descending) of the multiset `keys` whose mass reaches `target` > 0, by
-/// a radix selection in three digits of 11, 11 and 10 bits (`keys` is consumed); `None` when all
-/// of them do not reach it.
-fn prefix_of_keys(keys: &mut Vec<u32>, target: u64, bins: &mut Vec<u64>) -> Option<Prefix> {
-    const DIGITS: [(u32, u32); 3] = [(21, 11), (10, 11), (0, 10)];
     let mut before = 0u64;
     let mut key = 0u32;
     for (shift, bits) in DIGITS {

@@ -191,50 +191,69 @@ fn scan_generic<T: FloatElement, const W: bool, const S: bool>(
     total
 }
 
+/// Whether this CPU runs the AVX-512 variants (and the hand-written loops of `avx512`).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn has_avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+}
+
+/// Whether this CPU runs the AVX2 variants.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn has_avx2() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
+/// Defines `$name`: the generic loop `$generic` compiled for AVX-512 or AVX2 (x86_64 only), to be
+/// called where [`has_avx512`] or [`has_avx2`] holds.
+macro_rules! compiled_for {
+    (avx512, $($rest:tt)*) => {
+        compiled_for!(@ "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c", $($rest)*);
+    };
+    (avx2, $($rest:tt)*) => {
+        compiled_for!(@ "avx2,fma,f16c", $($rest)*);
+    };
+    (@ $features:literal, fn $name:ident [$($gp:tt)*] ($($arg:ident: $ty:ty),*) -> $ret:ty
+        = $generic:ident [$($ga:tt)*]) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        fn $name<$($gp)*>($($arg: $ty),*) -> $ret {
+            $generic::<$($ga)*>($($arg),*)
+        }
+    };
+}
+
 /// Runs the best compiled variant of a generic loop for this CPU.
 macro_rules! dispatch {
     ($generic:ident::<$($g:tt),*>($($arg:expr),*) via $avx512:ident, $avx2:ident) => {{
         #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512vl")
-                && std::arch::is_x86_feature_detected!("avx512dq")
-            {
-                // SAFETY: the CPU supports the features the variant is compiled for.
-                return unsafe { $avx512::<$($g),*>($($arg),*) };
-            }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c")
-            {
-                // SAFETY: as above.
-                return unsafe { $avx2::<$($g),*>($($arg),*) };
-            }
-        }
-        $generic::<$($g),*>($($arg),*)
+        let result = if has_avx512() {
+            // SAFETY: the CPU supports the features the variant is compiled for.
+            unsafe { $avx512::<$($g),*>($($arg),*) }
+        } else if has_avx2() {
+            // SAFETY: as above.
+            unsafe { $avx2::<$($g),*>($($arg),*) }
+        } else {
+            $generic::<$($g),*>($($arg),*)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let result = $generic::<$($g),*>($($arg),*);
+        result
     }};
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-fn scan_avx512<T: FloatElement, const W: bool, const S: bool>(
-    row: &[T],
-    block_mass: &mut [u64],
-    sample: GroupSample<'_>,
-) -> u64 {
-    scan_generic::<T, W, S>(row, block_mass, sample)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn scan_avx2<T: FloatElement, const W: bool, const S: bool>(
-    row: &[T],
-    block_mass: &mut [u64],
-    sample: GroupSample<'_>,
-) -> u64 {
-    scan_generic::<T, W, S>(row, block_mass, sample)
-}
+compiled_for!(avx512, fn scan_avx512 [T: FloatElement, const W: bool, const S: bool]
+    (row: &[T], block_mass: &mut [u64], sample: GroupSample<'_>) -> u64
+    = scan_generic [T, W, S]);
+compiled_for!(avx2, fn scan_avx2 [T: FloatElement, const W: bool, const S: bool]
+    (row: &[T], block_mass: &mut [u64], sample: GroupSample<'_>) -> u64
+    = scan_generic [T, W, S]);
 
 /// Hand-written AVX-512 loops for f32 rows, the common case (the compiler keeps the generic loops
 /// in 256-bit registers and spills their accumulators).
@@ -246,11 +265,6 @@ mod avx512 {
 
     /// How far ahead the scan prefetches, in blocks (4 KiB).
     const PREFETCH_BLOCKS: usize = 4;
-
-    /// Whether this CPU runs the loops of this module.
-    pub(super) fn available() -> bool {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
 
     /// `sanitize` on 16 lanes: NaN, zeros and negatives to +0 (the compare is false for NaN),
     /// above 1 to 1.
@@ -655,7 +669,7 @@ fn scan_with<T: FloatElement, const W: bool, const S: bool>(
     if let (DType::F32, Ok(values), true) = (
         T::DTYPE,
         bytemuck::try_cast_slice::<T, f32>(row),
-        avx512::available(),
+        has_avx512(),
     ) {
         let full = values.len() / BLOCK;
         let (head, tail) = values.split_at(full * BLOCK);
@@ -666,16 +680,9 @@ fn scan_with<T: FloatElement, const W: bool, const S: bool>(
         let tail_total = scan_generic::<f32, W, S>(tail, tail_mass, sample.at_block(full));
         return if W { head_total + tail_total } else { 0 };
     }
-    let total = dispatch_scan::<T, W, S>(row, block_mass, sample);
+    let total =
+        dispatch!(scan_generic::<T, W, S>(row, block_mass, sample) via scan_avx512, scan_avx2);
     if W { total } else { 0 }
-}
-
-fn dispatch_scan<T: FloatElement, const W: bool, const S: bool>(
-    row: &[T],
-    block_mass: &mut [u64],
-    sample: GroupSample<'_>,
-) -> u64 {
-    dispatch!(scan_generic::<T, W, S>(row, block_mass, sample) via scan_avx512, scan_avx2)
 }
 
 /// The lanes (bit l for group l) whose key in `keys` (at least 16) reaches `floor`.
@@ -707,38 +714,22 @@ pub(crate) fn collect<T: FloatElement>(
     out: &mut Vec<Candidate>,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if avx512::available() {
-        // SAFETY: AVX-512F is present.
-        return unsafe { avx512::collect(row, keys, pos, floor, cap, out) };
+    {
+        if has_avx512() {
+            // SAFETY: AVX-512F is present.
+            return unsafe { avx512::collect(row, keys, pos, floor, cap, out) };
+        }
+        if has_avx2() {
+            // SAFETY: the CPU supports the features the variant is compiled for.
+            return unsafe { collect_avx2(row, keys, pos, floor, cap, out) };
+        }
     }
-    dispatch!(collect_generic::<T>(row, keys, pos, floor, cap, out) via collect_avx512, collect_avx2)
+    collect_generic(row, keys, pos, floor, cap, out)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-fn collect_avx512<T: FloatElement>(
-    row: &[T],
-    keys: &[u32],
-    pos: &[u8],
-    floor: u32,
-    cap: usize,
-    out: &mut Vec<Candidate>,
-) -> bool {
-    collect_generic::<T>(row, keys, pos, floor, cap, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn collect_avx2<T: FloatElement>(
-    row: &[T],
-    keys: &[u32],
-    pos: &[u8],
-    floor: u32,
-    cap: usize,
-    out: &mut Vec<Candidate>,
-) -> bool {
-    collect_generic::<T>(row, keys, pos, floor, cap, out)
-}
+compiled_for!(avx2, fn collect_avx2 [T: FloatElement]
+    (row: &[T], keys: &[u32], pos: &[u8], floor: u32, cap: usize, out: &mut Vec<Candidate>) -> bool
+    = collect_generic [T]);
 
 #[inline(always)]
 fn collect_generic<T: FloatElement>(
@@ -827,23 +818,16 @@ fn level_totals_generic(keys: &[u32], levels: &[u32; ROUND]) -> ([u32; ROUND], [
     (count, mass)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn level_totals_avx2(keys: &[u32], levels: &[u32; ROUND]) -> ([u32; ROUND], [f64; ROUND]) {
-    level_totals_generic(keys, levels)
-}
+compiled_for!(avx2, fn level_totals_avx2 [] (keys: &[u32], levels: &[u32; ROUND])
+    -> ([u32; ROUND], [f64; ROUND]) = level_totals_generic []);
 
 /// See [`level_totals_generic`]; with `mass` false only the counts are right (the AVX-512 loop
 /// skips the masses), with `mass` true only the masses.
 fn level_totals(keys: &[u32], levels: &[u32; ROUND], mass: bool) -> ([u32; ROUND], [f64; ROUND]) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx512dq")
-        {
-            // SAFETY: the CPU supports the features the variant is compiled for.
+        if has_avx512() {
+            // SAFETY: the CPU supports the features the loop is compiled for.
             return unsafe {
                 if mass {
                     avx512::level_totals::<true>(keys, levels)
@@ -852,10 +836,7 @@ fn level_totals(keys: &[u32], levels: &[u32; ROUND], mass: bool) -> ([u32; ROUND
                 }
             };
         }
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
+        if has_avx2() {
             // SAFETY: as above.
             return unsafe { level_totals_avx2(keys, levels) };
         }
@@ -920,7 +901,7 @@ pub(crate) fn floor_for(keys: &[u32], want: Want, band: &mut Vec<u32>) -> Option
 fn band_of(keys: &[u32], low: u32, high: u32, band: &mut Vec<u32>) {
     band.clear();
     #[cfg(target_arch = "x86_64")]
-    if avx512::available() {
+    if has_avx512() {
         // SAFETY: AVX-512F is present.
         unsafe { avx512::band_of(keys, low, high, band) };
         return;
@@ -971,17 +952,9 @@ fn argmax_generic<T: FloatElement>(row: &[T]) -> usize {
         .map_or(0, |i| start + i)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-fn argmax_avx512<T: FloatElement>(row: &[T]) -> usize {
-    argmax_generic::<T>(row)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn argmax_avx2<T: FloatElement>(row: &[T]) -> usize {
-    argmax_generic::<T>(row)
-}
+compiled_for!(avx512, fn argmax_avx512 [T: FloatElement] (row: &[T]) -> usize
+    = argmax_generic [T]);
+compiled_for!(avx2, fn argmax_avx2 [T: FloatElement] (row: &[T]) -> usize = argmax_generic [T]);
 
 /// The first token of `row` with the largest value in argmax order (0 for an all-NaN or empty
 /// row): a block maximum per [`BLOCK`] tokens, then one scan of the first block holding it.
