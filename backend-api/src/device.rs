@@ -1,8 +1,10 @@
-//! The `Device` trait every backend implements, and typed helpers over it.
+//! The `Device` trait a runner calls, its one implementation for every [`Backend`], and typed
+//! helpers over it.
 
-use std::fmt::Debug;
+use tracing::debug_span;
 
-use crate::ops::*;
+use crate::backend::{Alloc, AnyCall, Backend, Download, Upload, Write};
+use crate::ops::{self, *};
 use crate::{Buffer, Capabilities, DType, DeviceId, DeviceInfo, Element, Error, Op, Result};
 
 /// One opened device of one backend: memory plus every op of the contract.
@@ -12,113 +14,233 @@ use crate::{Buffer, Capabilities, DType, DeviceId, DeviceInfo, Element, Error, O
 /// executing surface at the next [`Device::synchronize`] or download. Outputs are caller-allocated
 /// `&mut` buffers, so they can be reused across steps. Typed helpers are in [`DeviceExt`].
 ///
-/// Every op is a required method, so a backend cannot silently omit one; a dtype a backend does not
-/// support is [`Error::Unsupported`], predicted by [`Device::capabilities`]. The semantics of each
-/// op are in the contract and the project's `docs/semantics.md`.
-pub trait Device: Send + Sync + Debug {
+/// Every device is a [`Backend`], and every `Backend` is a `Device` through one blanket
+/// implementation that overrides nothing: the methods below are the validating front of every
+/// backend, written once. Each checks the arguments (`docs/semantics.md` §6), opens a `specula_op`
+/// tracing span (fields `op`, `backend`, `rows`, `width`) and skips the launch of an op with
+/// nothing to do, then calls [`Backend::run`] with a validated call. A dtype a backend does not
+/// support is [`Error::Unsupported`], predicted by [`Device::capabilities`].
+pub trait Device: Backend {
     /// What this device is.
-    fn info(&self) -> &DeviceInfo;
+    fn info(&self) -> &DeviceInfo {
+        &self.desc().info
+    }
     /// The id every buffer of this device carries.
-    fn id(&self) -> DeviceId;
+    fn id(&self) -> DeviceId {
+        self.desc().id
+    }
     /// What this device supports.
-    fn capabilities(&self) -> &Capabilities;
+    fn capabilities(&self) -> &Capabilities {
+        &self.desc().capabilities
+    }
 
     /// Allocates `len` zeroed elements of `dtype`.
-    fn alloc_zeroed(&self, dtype: DType, len: usize) -> Result<Buffer>;
+    fn alloc_zeroed(&self, dtype: DType, len: usize) -> Result<Buffer> {
+        self.run_alloc_zeroed(checked_alloc(self.desc(), dtype, len)?)
+    }
     /// Allocates a buffer holding `bytes` (a whole number of `dtype` elements). Blocks until copied.
-    fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<Buffer>;
+    fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<Buffer> {
+        let len = whole_elements(dtype, bytes)?;
+        let alloc = checked_alloc(self.desc(), dtype, len)?;
+        self.run_upload(Upload::new(alloc, bytes))
+    }
     /// Overwrites the window of `dst` with `bytes` (exactly its size). Blocks until copied.
-    fn write_bytes(&self, dst: &mut Buffer, bytes: &[u8]) -> Result<()>;
+    fn write_bytes(&self, dst: &mut Buffer, bytes: &[u8]) -> Result<()> {
+        let supplied = whole_elements(dst.dtype(), bytes)?;
+        let check = Check::new(Op::Memory, self.desc());
+        check.exact("dst", dst, dst.dtype(), dst.len())?;
+        if supplied != dst.len() {
+            return Err(Error::ShapeMismatch {
+                op: Op::Memory,
+                arg: "bytes",
+                expected: dst.len(),
+                actual: supplied,
+            });
+        }
+        self.run_write(Write::new(dst, bytes))
+    }
     /// Copies the window of `src` to the host. Blocks until the device has finished writing it.
-    fn download_bytes(&self, src: &Buffer) -> Result<Vec<u8>>;
+    fn download_bytes(&self, src: &Buffer) -> Result<Vec<u8>> {
+        Check::new(Op::Memory, self.desc()).exact("src", src, src.dtype(), src.len())?;
+        self.run_download(Download::new(src))
+    }
     /// Waits for every enqueued op; reports execution faults.
-    fn synchronize(&self) -> Result<()>;
+    fn synchronize(&self) -> Result<()> {
+        self.run_synchronize()
+    }
 
-    /// Computes the output layout of §1: rows per slot, the input and output prefix sums and the
+    /// Computes the output layout (§5.1): rows per slot, the input and output prefix sums and the
     /// slot of each output row.
     fn build_output_layout(
         &self,
         lens: &SlotLens<'_>,
         out: &mut LayoutOutputs<'_>,
         params: &LayoutParams<'_>,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let call = ops::build_output_layout::validate(self.desc(), lens, out, params)?;
+        front(self, AnyCall::BuildOutputLayout(call))
+    }
 
-    /// Gathers the hidden-state row each output row predicts from (§4.1). Bit-exact copy.
+    /// Gathers the hidden-state row each output row predicts from (§5.2). Bit-exact copy.
     fn gather_next_token(
         &self,
         inputs: &GatherInputs<'_>,
         out: &mut Buffer,
         params: &GatherParams<'_>,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let call = ops::gather_next_token::validate(self.desc(), inputs, out, params)?;
+        front(self, AnyCall::GatherNextToken(call))
+    }
 
     /// Expands per-slot `top_p`, `top_k`, temperature and `infer_seed` into per-output-row arrays
-    /// with the seed rule of §2.
+    /// with the seed rule (§5.3).
     fn build_sampling_params(
         &self,
         inputs: &SamplingParamsInputs<'_>,
         out: &mut RowSamplingParams<'_>,
         params: &SamplingParamsParams<'_>,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let call = ops::build_sampling_params::validate(self.desc(), inputs, out, params)?;
+        front(self, AnyCall::BuildSamplingParams(call))
+    }
 
-    /// Per-row argmax (§4.2): NaN below every number, −0 equal to +0, ties to the lowest id.
-    fn argmax(&self, input: &Buffer, out: &mut Buffer, shape: &RowShape) -> Result<()>;
+    /// Per-row argmax (§5.4): NaN below every number, −0 equal to +0, ties to the lowest id.
+    fn argmax(&self, input: &Buffer, out: &mut Buffer, shape: &RowShape) -> Result<()> {
+        let call = ops::argmax::validate(self.desc(), input, out, shape)?;
+        front(self, AnyCall::Argmax(call))
+    }
 
-    /// `probs = softmax(logits / temperature)` per row, f32 output (§4.9).
+    /// `probs = softmax(logits / temperature)` per row, f32 output (§5.5).
     fn softmax(
         &self,
         logits: &Buffer,
         temperature: &Buffer,
         probs: &mut Buffer,
         params: &SoftmaxParams<'_>,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let inputs = SoftmaxInputs {
+            logits,
+            temperature,
+        };
+        let call = ops::softmax::validate(self.desc(), inputs, probs, params)?;
+        front(self, AnyCall::Softmax(call))
+    }
 
-    /// Exact top-k/top-p sampling with per-row seeds (§4.3).
+    /// Exact top-k/top-p sampling with per-row seeds (§5.6).
     fn top_k_top_p_sample(
         &self,
         inputs: &SampleInputs<'_>,
         tokens: &mut Buffer,
         params: &SampleParams<'_>,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let call = ops::top_k_top_p_sample::validate(self.desc(), inputs, tokens, params)?;
+        front(self, AnyCall::TopKTopPSample(call))
+    }
 
-    /// The first `C` tokens in rank order and the top-p prefix length (§4.4).
+    /// The first `C` tokens in rank order and the top-p prefix length (§5.7).
     fn top_p_candidates(
         &self,
         inputs: &CandidatesInputs<'_>,
         out: &mut CandidatesOutputs<'_>,
         params: &CandidatesParams<'_>,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let call = ops::top_p_candidates::validate(self.desc(), inputs, out, params)?;
+        front(self, AnyCall::TopPCandidates(call))
+    }
 
-    /// Verifies draft tokens and emits the correction or bonus token (§4.5).
+    /// Verifies draft tokens and emits the correction or bonus token (§5.8).
     fn verify_draft_tokens(
         &self,
         inputs: &VerifyInputs<'_>,
         out: &mut VerifyOutputs<'_>,
         params: &VerifyParams<'_>,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let call = ops::verify_draft_tokens::validate(self.desc(), inputs, out, params)?;
+        front(self, AnyCall::VerifyDraftTokens(call))
+    }
 
-    /// Appends the emitted tokens and advances the per-slot state (§4.6).
+    /// Appends the emitted tokens and advances the per-slot state (§5.9).
     fn update_state(
         &self,
         inputs: &UpdateStateInputs<'_>,
         state: &mut DecodeState<'_>,
         params: &UpdateStateParams,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let call = ops::update_state::validate(self.desc(), inputs, state, params)?;
+        front(self, AnyCall::UpdateState(call))
+    }
 
-    /// Proposes drafts by n-gram lookup in the prompt and the generated history (§4.7).
+    /// Proposes drafts by n-gram lookup in the prompt and the generated history (§5.10).
     fn ngram_match(
         &self,
         inputs: &NgramInputs<'_>,
         out: &mut NgramOutputs<'_>,
         params: &NgramParams,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let call = ops::ngram_match::validate(self.desc(), inputs, out, params)?;
+        front(self, AnyCall::NgramMatch(call))
+    }
 
-    /// Log-probabilities, ranks and top-K of the accepted tokens (§4.8).
+    /// Log-probabilities, ranks and top-K of the accepted tokens (§5.11).
     fn accept_logprobs(
         &self,
         inputs: &LogprobsInputs<'_>,
         out: &mut LogprobsOutputs<'_>,
         params: &LogprobsParams<'_>,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let call = ops::accept_logprobs::validate(self.desc(), inputs, out, params)?;
+        front(self, AnyCall::AcceptLogprobs(call))
+    }
+}
+
+/// Runs a validated call: the span, the zero-row rule, then the backend.
+fn front<'c, 'o: 'c, B: Backend + ?Sized>(backend: &B, call: AnyCall<'c, 'o>) -> Result<()> {
+    let (rows, width) = call.extent();
+    let _span = debug_span!(
+        "specula_op",
+        op = call.op().name(),
+        backend = backend.desc().info.kind.name(),
+        rows,
+        width
+    )
+    .entered();
+    if call.launches_nothing() {
+        return Ok(());
+    }
+    backend.run(call)
+}
+
+/// The one implementation: every [`Backend`] is a [`Device`], with the front above.
+impl<B: Backend + ?Sized> Device for B {}
+
+/// The element count of `bytes` as `dtype` elements, or an error when they are not whole.
+fn whole_elements(dtype: DType, bytes: &[u8]) -> Result<usize> {
+    let size = dtype.size_bytes();
+    if !bytes.len().is_multiple_of(size) {
+        return Err(Error::invalid(
+            Op::Memory,
+            "bytes",
+            format!("a multiple of {size} ({dtype})"),
+            bytes.len(),
+        ));
+    }
+    Ok(bytes.len() / size)
+}
+
+/// An allocation of `len` elements of `dtype`, or `OutOfMemory` when its size overflows or exceeds
+/// the device's largest buffer.
+fn checked_alloc(desc: &crate::backend::DeviceDesc, dtype: DType, len: usize) -> Result<Alloc> {
+    let out_of_memory = |requested_bytes| Error::OutOfMemory {
+        backend: desc.info.kind,
+        requested_bytes,
+    };
+    let bytes = len
+        .checked_mul(dtype.size_bytes())
+        .ok_or(out_of_memory(usize::MAX))?;
+    match desc.capabilities.max_buffer_bytes {
+        Some(max) if bytes as u64 > max => Err(out_of_memory(bytes)),
+        _ => Ok(Alloc::new(dtype, len, bytes)),
+    }
 }
 
 /// Typed helpers over any [`Device`]; kept out of the trait so it stays object-safe.

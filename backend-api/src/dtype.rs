@@ -1,7 +1,5 @@
 //! Element types that live in device buffers.
 
-use std::fmt;
-
 /// The element type of a [`Buffer`](crate::Buffer).
 ///
 /// Token ids, lengths, counts and indices are `I32`; seeds are `U64`; probabilities and logits are
@@ -68,25 +66,7 @@ impl DType {
     }
 }
 
-impl fmt::Display for DType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for DType {
-    type Err = crate::Error;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        DType::ALL
-            .into_iter()
-            .find(|d| d.name() == s)
-            .ok_or_else(|| crate::Error::Parse {
-                what: "dtype",
-                input: s.to_owned(),
-            })
-    }
-}
+impl_named!(DType, "dtype");
 
 /// A Rust type that can be stored in a buffer: the link between host slices and [`DType`].
 pub trait Element: bytemuck::Pod + Send + Sync + 'static {

@@ -9,8 +9,40 @@
 //! - [`slots`]: slot kinds and output-row counts of the batch layout;
 //! - [`abi`]: constants shared with every kernel language.
 //!
-//! Host-side validation of each op lives in [`ops`], so every backend rejects the same bad
-//! arguments with the same error before launching anything.
+//! The layers: a runner calls [`Device`]; its one implementation, for every [`Backend`], is the
+//! validating front — the host-side validation of each op ([`ops`], one file per op), the tracing
+//! span and the zero-row rule, written once — which then calls the backend's `run_*` method with
+//! a [`backend::Call`] that only validation can build. The ops are listed once, in the op table
+//! ([`op`], [`for_each_op!`]); kernel registries and conformance cases are derived from it.
+
+#![forbid(unsafe_code)]
+
+/// `Display` and `FromStr` through an enum's `name()` and `ALL`: for the enums whose names appear in
+/// errors, spans, trial names and case files (`Op`, `BackendKind`, `DType`, `Strategy`). An unknown
+/// name is [`Error::Parse`] with `what`.
+macro_rules! impl_named {
+    ($ty:ty, $what:literal) => {
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl std::str::FromStr for $ty {
+            type Err = crate::Error;
+
+            fn from_str(s: &str) -> Result<Self, crate::Error> {
+                <$ty>::ALL
+                    .into_iter()
+                    .find(|x| x.name() == s)
+                    .ok_or_else(|| crate::Error::Parse {
+                        what: $what,
+                        input: s.to_owned(),
+                    })
+            }
+        }
+    };
+}
 
 mod buffer;
 mod device;
@@ -19,14 +51,22 @@ mod error;
 mod kind;
 
 pub mod abi;
+pub mod backend;
 pub mod fixed_point;
+pub mod host;
+pub mod logit_weights;
+pub mod op;
 pub mod ops;
 pub mod rng;
 pub mod slots;
+#[cfg(feature = "testing")]
+pub mod testing;
 
+pub use backend::Backend;
 pub use buffer::{Buffer, DeviceId};
 pub use device::{Device, DeviceExt};
 pub use dtype::{DType, Element, FloatElement};
 pub use error::{Error, Result};
-pub use kind::{BackendKind, Capabilities, DeviceInfo, Op};
+pub use kind::{BackendKind, Capabilities, DeviceInfo};
+pub use op::{Exactness, Op, OpSpec};
 pub use ops::Strategy;

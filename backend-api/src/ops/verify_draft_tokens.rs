@@ -1,10 +1,25 @@
-//! `verify_draft_tokens` and its strategies.
+//! `verify_draft_tokens` (`docs/semantics.md` §5.8) and its strategies: arguments and validation.
 
-use std::fmt;
-use std::str::FromStr;
+use super::{BatchDims, Check, HostSlotLens, RowShape, Scores, SlotLens, check_candidates_count};
+use crate::backend::{Call, DeviceDesc};
+use crate::{Buffer, DType, Error, Op, Result};
 
-use super::{BatchDims, Check, HostSlotLens, SlotLens};
-use crate::{Buffer, DType, DeviceId, Error, Op, Result};
+/// A validated `verify_draft_tokens`. Nothing to launch when `max_bsz == 0` (with `max_bsz > 0`
+/// every slot's `accept_num` is written, live or not).
+pub type VerifyDraftTokensCall<'c, 'o> =
+    Call<'c, VerifyInputs<'c>, VerifyOutputs<'o>, VerifyParams<'c>, VerifyFacts>;
+
+/// The op's validated call under the uniform name the op table uses ([`AnyCall`](crate::backend::AnyCall)).
+pub type OpCall<'c, 'o> = VerifyDraftTokensCall<'c, 'o>;
+
+/// What validation derived for `verify_draft_tokens`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VerifyFacts {
+    /// The float dtypes of the REJECTION rows `(target, draft)`; `None` for the other strategies.
+    pub rejection_dtypes: Option<(DType, DType)>,
+    /// The REJECTION rows are logits (weighed by §4b) rather than probabilities.
+    pub logits: bool,
+}
 
 /// How drafts are checked and the phase-2 token chosen (contract §4.5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -39,25 +54,7 @@ impl Strategy {
     }
 }
 
-impl fmt::Display for Strategy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Strategy {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        Strategy::ALL
-            .into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| Error::Parse {
-                what: "strategy",
-                input: s.to_owned(),
-            })
-    }
-}
+impl_named!(Strategy, "strategy");
 
 /// The strategy and its per-row inputs (`rows` = the number of output rows given to the op).
 #[derive(Clone, Copy, Debug)]
@@ -83,13 +80,15 @@ pub enum StrategyInputs<'a> {
         /// `C`, candidates per row.
         candidates: usize,
     },
-    /// Target probabilities `[rows, V]`, draft probabilities `[max_bsz · (S − 1), V]` (same dtype
-    /// family, f32/f16/bf16 each), and the target's per-row `top_k` i32 / `top_p` f32 filter.
+    /// Target rows `[rows, V]` and draft rows `[max_bsz · (S − 1), V]` (f32/f16/bf16 each), and the
+    /// target's per-row `top_k` i32 / `top_p` f32 filter.
     Rejection {
-        /// Target probabilities.
-        target_probs: &'a Buffer,
-        /// Draft probabilities; row `b · (S − 1) + i` is draft `i + 1` of slot `b`.
-        draft_probs: &'a Buffer,
+        /// Target rows: probabilities, or logits with their per-row temperature.
+        target: Scores<'a>,
+        /// Draft rows of the same kind as the target (logits are weighed at the temperature of
+        /// the output row they are checked against); row `b · (S − 1) + i` is draft `i + 1` of
+        /// slot `b`.
+        draft: &'a Buffer,
         /// Per-row `top_k` of the target filter.
         top_k: &'a Buffer,
         /// Per-row `top_p` of the target filter.
@@ -169,14 +168,13 @@ pub struct VerifyOutputs<'a> {
     pub accept_num: &'a mut Buffer,
 }
 
-/// Validates `verify_draft_tokens`; returns the float dtypes of the REJECTION inputs (target, draft)
-/// when that strategy is used.
-pub fn validate_verify_draft_tokens(
-    device: DeviceId,
-    inputs: &VerifyInputs<'_>,
-    out: &VerifyOutputs<'_>,
-    params: &VerifyParams<'_>,
-) -> Result<Option<(DType, DType)>> {
+/// Validates `verify_draft_tokens`.
+pub(crate) fn validate<'c, 'o>(
+    device: &DeviceDesc,
+    inputs: &VerifyInputs<'c>,
+    out: &'c mut VerifyOutputs<'o>,
+    params: &VerifyParams<'c>,
+) -> Result<VerifyDraftTokensCall<'c, 'o>> {
     let check = Check::new(Op::VerifyDraftTokens, device);
     let dims = &params.dims;
     dims.validate(check.op)?;
@@ -221,6 +219,7 @@ pub fn validate_verify_draft_tokens(
     let rows = params.rows;
     check.exact("seeds", inputs.seeds, DType::U64, rows)?;
     let mut float_dtypes = None;
+    let mut logits = false;
     match inputs.strategy {
         StrategyInputs::Greedy { target_tokens }
         | StrategyInputs::TargetMatch { target_tokens } => {
@@ -232,29 +231,45 @@ pub fn validate_verify_draft_tokens(
             candidate_lens,
             candidates,
         } => {
-            super::rows::check_candidates_count(&check, candidates)?;
+            check_candidates_count(&check, candidates)?;
             let len = check.product("candidate_ids", rows, candidates)?;
             check.exact("candidate_ids", candidate_ids, DType::I32, len)?;
             check.exact("candidate_scores", candidate_scores, DType::F32, len)?;
             check.exact("candidate_lens", candidate_lens, DType::I32, rows)?;
         }
         StrategyInputs::Rejection {
-            target_probs,
-            draft_probs,
+            target,
+            draft,
             top_k,
             top_p,
         } => {
-            let target_len = check.product("target_probs", rows, params.vocab)?;
-            let target = check.float("target_probs", target_probs, target_len)?;
+            let shape = RowShape {
+                rows,
+                vocab: params.vocab,
+            };
+            let kind = target.validate(&check, ("target_probs", "target_logits"), &shape)?;
+            let draft_arg = if kind.logits {
+                "draft_logits"
+            } else {
+                "draft_probs"
+            };
             let draft_rows = dims.max_bsz * (dims.max_step_tokens - 1);
-            let draft_len = check.product("draft_probs", draft_rows, params.vocab)?;
-            let draft = check.float("draft_probs", draft_probs, draft_len)?;
+            let draft_len = check.product(draft_arg, draft_rows, params.vocab)?;
+            let draft = check.float(draft_arg, draft, draft_len)?;
             check.exact("top_k", top_k, DType::I32, rows)?;
             check.exact("top_p", top_p, DType::F32, rows)?;
-            float_dtypes = Some((target, draft));
+            float_dtypes = Some((kind.dtype, draft));
+            logits = kind.logits;
         }
     }
     check.exact("accept_tokens", out.accept_tokens, DType::I32, slot_tokens)?;
     check.exact("accept_num", out.accept_num, DType::I32, dims.max_bsz)?;
-    Ok(float_dtypes)
+    let facts = VerifyFacts {
+        rejection_dtypes: float_dtypes,
+        logits,
+    };
+    let call = Call::new(*inputs, out, *params, facts);
+    Ok(call
+        .with_extent(params.rows, params.vocab)
+        .launching_nothing_if(params.dims.max_bsz == 0))
 }

@@ -1,7 +1,16 @@
-//! `accept_logprobs`.
+//! `accept_logprobs` (`docs/semantics.md` §5.11): arguments and validation.
 
 use super::{BatchDims, Check, RowShape};
-use crate::{Buffer, DType, DeviceId, Error, Op, Result};
+use crate::backend::{Call, DeviceDesc};
+use crate::{Buffer, DType, Error, Op, Result};
+
+/// A validated `accept_logprobs`. Facts: the logits dtype. Always launched: the packed offsets
+/// `cu_accept` have `max_bsz + 1` entries even when nothing was accepted.
+pub type AcceptLogprobsCall<'c, 'o> =
+    Call<'c, LogprobsInputs<'c>, LogprobsOutputs<'o>, LogprobsParams<'c>, DType>;
+
+/// The op's validated call under the uniform name the op table uses ([`AnyCall`](crate::backend::AnyCall)).
+pub type OpCall<'c, 'o> = AcceptLogprobsCall<'c, 'o>;
 
 /// Inputs of `accept_logprobs`.
 #[derive(Clone, Copy, Debug)]
@@ -50,13 +59,13 @@ pub struct LogprobsParams<'a> {
     pub host_temperature: Option<&'a [f32]>,
 }
 
-/// Validates `accept_logprobs`; returns the logits dtype.
-pub fn validate_accept_logprobs(
-    device: DeviceId,
-    inputs: &LogprobsInputs<'_>,
-    out: &LogprobsOutputs<'_>,
-    params: &LogprobsParams<'_>,
-) -> Result<DType> {
+/// Validates `accept_logprobs`.
+pub(crate) fn validate<'c, 'o>(
+    device: &DeviceDesc,
+    inputs: &LogprobsInputs<'c>,
+    out: &'c mut LogprobsOutputs<'o>,
+    params: &LogprobsParams<'c>,
+) -> Result<AcceptLogprobsCall<'c, 'o>> {
     let check = Check::new(Op::AcceptLogprobs, device);
     let dims = &params.dims;
     dims.validate(check.op)?;
@@ -99,5 +108,8 @@ pub fn validate_accept_logprobs(
     let top = check.product("top_ids", slot_tokens, params.top_k)?;
     check.exact("top_ids", out.top_ids, DType::I32, top)?;
     check.exact("top_logprobs", out.top_logprobs, DType::F32, top)?;
-    Ok(dtype)
+    let call = Call::new(*inputs, out, *params, dtype);
+    Ok(call
+        .with_extent(params.shape.rows, params.shape.vocab)
+        .launching_nothing_if(false))
 }

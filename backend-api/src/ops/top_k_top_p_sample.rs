@@ -1,0 +1,55 @@
+//! `top_k_top_p_sample` (`docs/semantics.md` §5.6): arguments and validation.
+
+use super::{Check, RowShape, Scores, ScoresKind};
+use crate::backend::{Call, DeviceDesc};
+use crate::{Buffer, DType, Op, Result};
+
+/// A validated `top_k_top_p_sample`: output `tokens [rows]` i32. Facts: the scores' dtype and
+/// kind. Nothing to launch when `rows == 0`.
+pub type TopKTopPSampleCall<'c> = Call<'c, SampleInputs<'c>, Buffer, SampleParams<'c>, ScoresKind>;
+
+/// The op's validated call under the uniform name the op table uses ([`AnyCall`](crate::backend::AnyCall)).
+pub type OpCall<'c, 'o> = TopKTopPSampleCall<'c>;
+
+/// Inputs of `top_k_top_p_sample`.
+#[derive(Clone, Copy, Debug)]
+pub struct SampleInputs<'a> {
+    /// `[rows, vocab]` probabilities, or logits with their per-row temperature.
+    pub scores: Scores<'a>,
+    /// `[rows]` i32 `top_k` (0 or ≥ V: no top-k).
+    pub top_k: &'a Buffer,
+    /// `[rows]` f32 `top_p` (device values outside (0, 1] count as 1.0).
+    pub top_p: &'a Buffer,
+    /// `[rows]` u64 per-token seeds.
+    pub seed: &'a Buffer,
+}
+
+/// Parameters of `top_k_top_p_sample`.
+#[derive(Clone, Copy, Debug)]
+pub struct SampleParams<'a> {
+    /// The matrix shape.
+    pub shape: RowShape,
+    /// Host copy of `top_p`, for validation (each in (0, 1]).
+    pub host_top_p: Option<&'a [f32]>,
+}
+
+/// Validates `top_k_top_p_sample`.
+pub(crate) fn validate<'c>(
+    device: &DeviceDesc,
+    inputs: &SampleInputs<'c>,
+    tokens: &'c mut Buffer,
+    params: &SampleParams<'c>,
+) -> Result<TopKTopPSampleCall<'c>> {
+    let check = Check::new(Op::TopKTopPSample, device);
+    let shape = &params.shape;
+    let kind = inputs.scores.validate(&check, ("probs", "logits"), shape)?;
+    check.exact("top_k", inputs.top_k, DType::I32, shape.rows)?;
+    check.exact("top_p", inputs.top_p, DType::F32, shape.rows)?;
+    check.exact("seed", inputs.seed, DType::U64, shape.rows)?;
+    check.host_top_p(params.host_top_p, shape.rows)?;
+    check.exact("tokens", tokens, DType::I32, shape.rows)?;
+    let call = Call::new(*inputs, tokens, *params, kind);
+    Ok(call
+        .with_extent(shape.rows, shape.vocab)
+        .launching_nothing_if(shape.rows == 0))
+}

@@ -1,0 +1,82 @@
+//! Test support for the backend crates (feature `testing`): a test that needs a device, a driver or
+//! a tool is **ignored with its reason** when that is absent — never passed silently — and
+//! **fails** when the environment variable [`REQUIRE_VAR`] names it (the CI lanes that must have
+//! the device).
+//!
+//! A test file declares `harness = false` and hands its tests to [`run`]:
+//!
+//! ```no_run
+//! use specula_backend_api::testing::{self, Needs};
+//! fn main() -> std::process::ExitCode {
+//!     let needs = Needs::new("wgpu", Err("no adapter".to_owned()));
+//!     testing::run(&needs, vec![("reads_large_rows", Box::new(|| Ok(())))])
+//! }
+//! ```
+
+use std::process::ExitCode;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+
+/// Lists what must be available (`SPECULA_REQUIRE=cpu,wgpu,xpu-sim`, or `all`).
+pub const REQUIRE_VAR: &str = "SPECULA_REQUIRE";
+
+/// Whether [`REQUIRE_VAR`] names `requirement` (or is `all`).
+pub fn required(requirement: &str) -> bool {
+    std::env::var(REQUIRE_VAR).is_ok_and(|list| {
+        list.split(',')
+            .map(str::trim)
+            .any(|name| name.eq_ignore_ascii_case(requirement) || name.eq_ignore_ascii_case("all"))
+    })
+}
+
+/// What a group of tests needs: a name (as in [`REQUIRE_VAR`]) and whether it is there.
+#[derive(Clone, Debug)]
+pub struct Needs {
+    name: String,
+    availability: Result<(), String>,
+}
+
+impl Needs {
+    /// `availability` is `Err(reason)` when `name` is absent.
+    pub fn new(name: impl Into<String>, availability: Result<(), String>) -> Self {
+        Needs {
+            name: name.into(),
+            availability,
+        }
+    }
+
+    /// Why the tests cannot run, if they cannot.
+    pub fn missing(&self) -> Option<&str> {
+        self.availability.as_ref().err().map(String::as_str)
+    }
+}
+
+/// A test body: `Err(message)` fails it (panics fail it too).
+pub type TestFn = Box<dyn FnOnce() -> Result<(), String> + Send>;
+
+/// Runs `tests` with libtest's command line (filters, `--ignored`, ...). When `needs` is missing,
+/// every test is listed as ignored with the reason in its name — and fails instead when
+/// [`REQUIRE_VAR`] names it, or when it is forced to run with `--include-ignored`.
+pub fn run(needs: &Needs, tests: Vec<(&str, TestFn)>) -> ExitCode {
+    let args = Arguments::from_args();
+    let trials = tests
+        .into_iter()
+        .map(|(name, body)| trial(needs, name, body))
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+fn trial(needs: &Needs, name: &str, body: TestFn) -> Trial {
+    let Some(reason) = needs.missing() else {
+        return Trial::test(name, move || body().map_err(Failed::from));
+    };
+    let message = format!("{} unavailable: {reason}", needs.name);
+    if required(&needs.name) {
+        let message = format!("{message} ({REQUIRE_VAR} requires it)");
+        return Trial::test(name, move || Err(Failed::from(message)));
+    }
+    Trial::test(format!("[skipped: {message}] {name}"), move || {
+        Err(Failed::from(message))
+    })
+    .with_ignored_flag(true)
+}
