@@ -50,7 +50,7 @@ fn bench(c: &mut Criterion) {
                 cpu.upload(&vec![p; batch]).unwrap(),
             );
             let inputs = SampleInputs {
-                probs: &probs,
+                scores: Scores::Probs(&probs),
                 top_k: &top_k,
                 top_p: &top_p,
                 seed: &seed,

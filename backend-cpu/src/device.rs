@@ -1,20 +1,17 @@
 //! `CpuDevice`: the `Device` implementation.
 
-use specula_backend_api::ops::*;
+use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
 use specula_backend_api::{
-    BackendKind, Buffer, Capabilities, DType, Device, DeviceId, DeviceInfo, Error, Op, Result,
+    BackendKind, Buffer, Capabilities, DType, Device, DeviceInfo, Error, Op, Result,
 };
-use tracing::debug_span;
 
 use crate::ops;
-use crate::storage::{self, CpuStorage};
+use specula_backend_api::host;
 
 /// The CPU reference device. Ops run on its own `rayon` pool.
 #[derive(Debug)]
 pub struct CpuDevice {
-    id: DeviceId,
-    info: DeviceInfo,
-    capabilities: Capabilities,
+    desc: DeviceDesc,
     pool: rayon::ThreadPool,
 }
 
@@ -36,18 +33,19 @@ impl CpuDevice {
                 backend: BackendKind::Cpu,
                 reason: format!("cannot start the thread pool: {e}"),
             })?;
+        let info = DeviceInfo {
+            kind: BackendKind::Cpu,
+            ordinal: 0,
+            name: format!("cpu ({threads} threads)"),
+            driver: "rayon".to_owned(),
+        };
+        let capabilities = Capabilities {
+            float_dtypes: DType::FLOATS.to_vec(),
+            max_buffer_bytes: None,
+            logits: false,
+        };
         Ok(CpuDevice {
-            id: DeviceId::next(),
-            info: DeviceInfo {
-                kind: BackendKind::Cpu,
-                ordinal: 0,
-                name: format!("cpu ({threads} threads)"),
-                driver: "rayon".to_owned(),
-            },
-            capabilities: Capabilities {
-                float_dtypes: DType::FLOATS.to_vec(),
-                max_buffer_bytes: None,
-            },
+            desc: DeviceDesc::new(info, capabilities),
             pool,
         })
     }
@@ -62,9 +60,9 @@ impl CpuDevice {
     /// measured on the same buffer, threads and cache state.
     pub fn read_floor(&self, buffer: &Buffer) -> Result<u64> {
         use rayon::prelude::*;
-        Check::new(Op::Memory, self.id).exact("buffer", buffer, buffer.dtype(), buffer.len())?;
-        let bytes = storage::bytes(buffer)?;
-        Ok(self.run(|| {
+        self.check_owner("buffer", buffer)?;
+        let bytes = host::bytes(buffer)?;
+        Ok(self.install(|| {
             bytes
                 .par_chunks(1 << 16)
                 .map(|chunk| {
@@ -81,12 +79,19 @@ impl CpuDevice {
     /// reference of benchmarks.
     pub fn copy_floor(&self, src: &Buffer, dst: &mut Buffer) -> Result<()> {
         use rayon::prelude::*;
-        let check = Check::new(Op::Memory, self.id);
-        check.exact("src", src, src.dtype(), src.len())?;
-        check.exact("dst", dst, src.dtype(), src.len())?;
-        let from = storage::bytes(src)?;
-        let to = storage::bytes_mut(dst)?;
-        self.run(|| {
+        self.check_owner("src", src)?;
+        self.check_owner("dst", dst)?;
+        if dst.dtype() != src.dtype() || dst.len() != src.len() {
+            return Err(Error::ShapeMismatch {
+                op: Op::Memory,
+                arg: "dst",
+                expected: src.size_bytes(),
+                actual: dst.size_bytes(),
+            });
+        }
+        let from = host::bytes(src)?;
+        let to = host::bytes_mut(dst)?;
+        self.install(|| {
             to.par_chunks_mut(1 << 16)
                 .zip(from.par_chunks(1 << 16))
                 .for_each(|(t, f)| t.copy_from_slice(f))
@@ -94,254 +99,52 @@ impl CpuDevice {
         Ok(())
     }
 
-    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+    /// Runs `f` on this device's thread pool.
+    pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.pool.install(f)
     }
-}
 
-fn check_size(dtype: DType, bytes: &[u8]) -> Result<usize> {
-    if !bytes.len().is_multiple_of(dtype.size_bytes()) {
-        return Err(Error::invalid(
-            Op::Memory,
-            "bytes",
-            format!("a multiple of {} ({dtype})", dtype.size_bytes()),
-            bytes.len(),
-        ));
-    }
-    Ok(bytes.len() / dtype.size_bytes())
-}
-
-impl Device for CpuDevice {
-    fn info(&self) -> &DeviceInfo {
-        &self.info
-    }
-
-    fn id(&self) -> DeviceId {
-        self.id
-    }
-
-    fn capabilities(&self) -> &Capabilities {
-        &self.capabilities
-    }
-
-    fn alloc_zeroed(&self, dtype: DType, len: usize) -> Result<Buffer> {
-        let bytes = len
-            .checked_mul(dtype.size_bytes())
-            .ok_or(Error::OutOfMemory {
-                backend: BackendKind::Cpu,
-                requested_bytes: usize::MAX,
-            })?;
-        let storage = CpuStorage::zeroed(bytes);
-        Ok(Buffer::from_storage(dtype, len, self.id, Box::new(storage)))
-    }
-
-    fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<Buffer> {
-        let len = check_size(dtype, bytes)?;
-        let mut buffer = self.alloc_zeroed(dtype, len)?;
-        storage::bytes_mut(&mut buffer)?.copy_from_slice(bytes);
-        Ok(buffer)
-    }
-
-    fn write_bytes(&self, dst: &mut Buffer, bytes: &[u8]) -> Result<()> {
-        let supplied = check_size(dst.dtype(), bytes)?;
-        Check::new(Op::Memory, self.id).exact("dst", dst, dst.dtype(), dst.len())?;
-        if supplied != dst.len() {
-            return Err(Error::ShapeMismatch {
+    /// `DeviceMismatch` unless `buffer` belongs to this device (for the benchmark helpers, which
+    /// are not ops and so do not pass through the front).
+    fn check_owner(&self, arg: &'static str, buffer: &Buffer) -> Result<()> {
+        if buffer.device() != self.id() {
+            return Err(Error::DeviceMismatch {
                 op: Op::Memory,
-                arg: "bytes",
-                expected: dst.len(),
-                actual: supplied,
+                arg,
+                expected: self.id().0,
+                actual: buffer.device().0,
             });
         }
-        storage::bytes_mut(dst)?.copy_from_slice(bytes);
+        Ok(())
+    }
+}
+
+impl Backend for CpuDevice {
+    fn desc(&self) -> &DeviceDesc {
+        &self.desc
+    }
+
+    fn run_alloc_zeroed(&self, alloc: Alloc) -> Result<Buffer> {
+        host::alloc_zeroed(&self.desc, alloc)
+    }
+
+    fn run_upload(&self, upload: Upload<'_>) -> Result<Buffer> {
+        host::upload(&self.desc, upload)
+    }
+
+    fn run_write(&self, write: Write<'_, '_>) -> Result<()> {
+        host::write(write)
+    }
+
+    fn run_download(&self, download: Download<'_>) -> Result<Vec<u8>> {
+        host::download(download)
+    }
+
+    fn run_synchronize(&self) -> Result<()> {
         Ok(())
     }
 
-    fn download_bytes(&self, src: &Buffer) -> Result<Vec<u8>> {
-        Check::new(Op::Memory, self.id).exact("src", src, src.dtype(), src.len())?;
-        Ok(storage::bytes(src)?.to_vec())
-    }
-
-    fn synchronize(&self) -> Result<()> {
-        Ok(())
-    }
-
-    fn build_output_layout(
-        &self,
-        lens: &SlotLens<'_>,
-        out: &mut LayoutOutputs<'_>,
-        params: &LayoutParams<'_>,
-    ) -> Result<()> {
-        validate_build_output_layout(self.id, lens, out, params)?;
-        let _span = debug_span!(
-            "build_output_layout",
-            backend = "cpu",
-            max_bsz = params.dims.max_bsz
-        )
-        .entered();
-        ops::layout::build_output_layout(lens, out, params)
-    }
-
-    fn gather_next_token(
-        &self,
-        inputs: &GatherInputs<'_>,
-        out: &mut Buffer,
-        params: &GatherParams<'_>,
-    ) -> Result<()> {
-        let rows = validate_gather_next_token(self.id, inputs, out, params)?;
-        let _span = debug_span!(
-            "gather_next_token",
-            backend = "cpu",
-            rows,
-            hidden = params.hidden
-        )
-        .entered();
-        self.run(|| ops::gather::gather_next_token(inputs, out, params))
-    }
-
-    fn build_sampling_params(
-        &self,
-        inputs: &SamplingParamsInputs<'_>,
-        out: &mut RowSamplingParams<'_>,
-        params: &SamplingParamsParams<'_>,
-    ) -> Result<()> {
-        let rows = validate_build_sampling_params(self.id, inputs, out, params)?;
-        let _span = debug_span!("build_sampling_params", backend = "cpu", rows).entered();
-        ops::layout::build_sampling_params(inputs, out, params)
-    }
-
-    fn argmax(&self, input: &Buffer, out: &mut Buffer, shape: &RowShape) -> Result<()> {
-        let dtype = validate_argmax(self.id, input, out, shape)?;
-        let _span = debug_span!(
-            "argmax",
-            backend = "cpu",
-            rows = shape.rows,
-            vocab = shape.vocab
-        )
-        .entered();
-        self.run(|| ops::argmax::argmax(dtype, input, out, shape))
-    }
-
-    fn softmax(
-        &self,
-        logits: &Buffer,
-        temperature: &Buffer,
-        probs: &mut Buffer,
-        params: &SoftmaxParams<'_>,
-    ) -> Result<()> {
-        let dtype = validate_softmax(self.id, logits, temperature, probs, params)?;
-        let shape = &params.shape;
-        let _span = debug_span!(
-            "softmax",
-            backend = "cpu",
-            rows = shape.rows,
-            vocab = shape.vocab
-        )
-        .entered();
-        self.run(|| ops::softmax::softmax(dtype, logits, temperature, probs, shape))
-    }
-
-    fn top_k_top_p_sample(
-        &self,
-        inputs: &SampleInputs<'_>,
-        tokens: &mut Buffer,
-        params: &SampleParams<'_>,
-    ) -> Result<()> {
-        let dtype = validate_top_k_top_p_sample(self.id, inputs, tokens, params)?;
-        let shape = &params.shape;
-        let _span = debug_span!(
-            "top_k_top_p_sample",
-            backend = "cpu",
-            rows = shape.rows,
-            vocab = shape.vocab
-        )
-        .entered();
-        self.run(|| ops::sample::top_k_top_p_sample(dtype, inputs, tokens, shape))
-    }
-
-    fn top_p_candidates(
-        &self,
-        inputs: &CandidatesInputs<'_>,
-        out: &mut CandidatesOutputs<'_>,
-        params: &CandidatesParams<'_>,
-    ) -> Result<()> {
-        let dtype = validate_top_p_candidates(self.id, inputs, out, params)?;
-        let shape = &params.shape;
-        let _span = debug_span!(
-            "top_p_candidates",
-            backend = "cpu",
-            rows = shape.rows,
-            vocab = shape.vocab,
-            candidates = params.candidates
-        )
-        .entered();
-        self.run(|| ops::candidates::top_p_candidates(dtype, inputs, out, params))
-    }
-
-    fn verify_draft_tokens(
-        &self,
-        inputs: &VerifyInputs<'_>,
-        out: &mut VerifyOutputs<'_>,
-        params: &VerifyParams<'_>,
-    ) -> Result<()> {
-        let dtypes = validate_verify_draft_tokens(self.id, inputs, out, params)?;
-        let _span = debug_span!(
-            "verify_draft_tokens",
-            backend = "cpu",
-            strategy = inputs.strategy.strategy().name(),
-            max_bsz = params.dims.max_bsz,
-            rows = params.rows
-        )
-        .entered();
-        self.run(|| ops::verify::verify_draft_tokens(dtypes, inputs, out, params))
-    }
-
-    fn update_state(
-        &self,
-        inputs: &UpdateStateInputs<'_>,
-        state: &mut DecodeState<'_>,
-        params: &UpdateStateParams,
-    ) -> Result<()> {
-        validate_update_state(self.id, inputs, state, params)?;
-        let _span = debug_span!(
-            "update_state",
-            backend = "cpu",
-            max_bsz = params.dims.max_bsz
-        )
-        .entered();
-        ops::state::update_state(inputs, state, params)
-    }
-
-    fn ngram_match(
-        &self,
-        inputs: &NgramInputs<'_>,
-        out: &mut NgramOutputs<'_>,
-        params: &NgramParams,
-    ) -> Result<()> {
-        validate_ngram_match(self.id, inputs, out, params)?;
-        let _span = debug_span!(
-            "ngram_match",
-            backend = "cpu",
-            max_bsz = params.dims.max_bsz
-        )
-        .entered();
-        self.run(|| ops::ngram::ngram_match(inputs, out, params))
-    }
-
-    fn accept_logprobs(
-        &self,
-        inputs: &LogprobsInputs<'_>,
-        out: &mut LogprobsOutputs<'_>,
-        params: &LogprobsParams<'_>,
-    ) -> Result<()> {
-        let dtype = validate_accept_logprobs(self.id, inputs, out, params)?;
-        let _span = debug_span!(
-            "accept_logprobs",
-            backend = "cpu",
-            rows = params.shape.rows,
-            top_k = params.top_k
-        )
-        .entered();
-        self.run(|| ops::logprobs::accept_logprobs(dtype, inputs, out, params))
+    fn run(&self, call: AnyCall<'_, '_>) -> Result<()> {
+        specula_backend_api::dispatch_ops!(self, call)
     }
 }

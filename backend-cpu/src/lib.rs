@@ -14,7 +14,7 @@
 //! decisions; `docs/performance.md` has the algorithms and the measurements.
 //!
 //! ```
-//! use specula_backend_api::{DeviceExt, Device, ops::{RowShape, SampleInputs, SampleParams}};
+//! use specula_backend_api::{DeviceExt, Device, ops::{RowShape, SampleInputs, SampleParams, Scores}};
 //! let cpu = specula_backend_cpu::CpuDevice::new()?;
 //! let probs = cpu.upload(&[0.1f32, 0.6, 0.3])?;
 //! let top_k = cpu.upload(&[0i32])?;
@@ -23,7 +23,7 @@
 //! let mut token = cpu.alloc::<i32>(1)?;
 //! let shape = RowShape { rows: 1, vocab: 3 };
 //! cpu.top_k_top_p_sample(
-//!     &SampleInputs { probs: &probs, top_k: &top_k, top_p: &top_p, seed: &seed },
+//!     &SampleInputs { scores: Scores::Probs(&probs), top_k: &top_k, top_p: &top_p, seed: &seed },
 //!     &mut token,
 //!     &SampleParams { shape, host_top_p: None },
 //! )?;
@@ -34,6 +34,6 @@
 
 mod device;
 mod ops;
-mod storage;
+mod sampling;
 
 pub use device::CpuDevice;

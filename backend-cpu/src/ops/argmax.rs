@@ -6,10 +6,12 @@
 
 use rayon::prelude::*;
 use specula_backend_api::ops::RowShape;
+use specula_backend_api::ops::argmax::OpCall;
 use specula_backend_api::{Buffer, DType, FloatElement, Op, Result};
 
 use super::with_float;
-use crate::storage::{slice, slice_mut};
+use crate::CpuDevice;
+use specula_backend_api::host::{slice, slice_mut};
 
 /// Whether `a` ranks strictly above `b` in argmax order (NaN lowest, −0 == +0).
 ///
@@ -22,7 +24,7 @@ pub(crate) fn ranks_above(a: f32, b: f32) -> bool {
 /// The argmax of one row (0 for an empty or all-NaN row).
 #[inline]
 pub(crate) fn row_argmax<T: FloatElement>(row: &[T]) -> usize {
-    super::kernels::argmax_row(row)
+    crate::sampling::scan::argmax_row(row)
 }
 
 /// Writes the argmax of each `[vocab]` row of `input` to `out` (i32).
@@ -41,4 +43,10 @@ pub(crate) fn argmax(
             .for_each(|(o, row)| *o = row_argmax(row) as i32);
         Ok(())
     })
+}
+
+/// Runs a validated `argmax` call (the front has checked every argument).
+pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
+    let (input, out, shape, dtype) = call.parts();
+    device.install(|| argmax(*dtype, input, out, shape))
 }

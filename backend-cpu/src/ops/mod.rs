@@ -1,21 +1,20 @@
-//! One module per op (or tight op family), mirroring the kernel files of the other backends.
+//! One module per op, named as the op, mirroring the kernel files of the other backends
+//! (`kernels/<op>.cu`, `kernels/<op>.cl`, `shaders/<op>.wgsl`).
 //! Every function here is called after the shared host-side validation of `backend-api`, so shapes
 //! and dtypes are known to be right; buffer *contents* may still be anything and are clamped as the
 //! contract says.
 
+pub(crate) mod accept_logprobs;
 pub(crate) mod argmax;
-pub(crate) mod candidates;
-pub(crate) mod fast;
-pub(crate) mod gather;
-pub(crate) mod kernels;
-pub(crate) mod layout;
-pub(crate) mod logprobs;
-pub(crate) mod ngram;
-pub(crate) mod sample;
-pub(crate) mod select;
+pub(crate) mod build_output_layout;
+pub(crate) mod build_sampling_params;
+pub(crate) mod gather_next_token;
+pub(crate) mod ngram_match;
 pub(crate) mod softmax;
-pub(crate) mod state;
-pub(crate) mod verify;
+pub(crate) mod top_k_top_p_sample;
+pub(crate) mod top_p_candidates;
+pub(crate) mod update_state;
+pub(crate) mod verify_draft_tokens;
 
 /// Runs `$body` with `$T` bound to the Rust type of a float dtype (f32, f16, bf16).
 macro_rules! with_float {
@@ -60,4 +59,13 @@ pub(crate) fn token_index(token: i32, vocab: usize) -> Option<usize> {
 #[inline]
 pub(crate) fn parts_per_row(rows: usize) -> usize {
     (rayon::current_num_threads() / rows.max(1)).max(1)
+}
+
+/// Sampling from logits rows (§4b) is not implemented on this backend yet.
+pub(crate) fn logits_unsupported(op: specula_backend_api::Op) -> specula_backend_api::Error {
+    specula_backend_api::Error::Unsupported {
+        backend: specula_backend_api::BackendKind::Cpu,
+        op,
+        what: "logits rows".to_owned(),
+    }
 }

@@ -1,17 +1,21 @@
-//! `softmax` (contract §4.9): `probs = softmax(logits / temperature)` per row, f32 out.
+//! `softmax` (`docs/semantics.md` §5.5): `probs = softmax(logits / temperature)` per row, f32 out.
 //!
 //! Rows run in parallel; each row is two passes over the logits (max, then exp and sum) and one
-//! over the output (normalise), all f32. The special rows have fixed answers so that every backend
-//! agrees without relying on how `exp` treats infinities: temperature 0 is one-hot at the argmax,
-//! a row whose maximum is +inf is uniform over its +inf entries, a row of all −inf is uniform.
+//! over the output (normalise), all f32. The scaled logit is `(l − m) / T` with `m` the row's
+//! maximum logit — subtract first, then divide — so nothing overflows and a tiny `T` tends to the
+//! one-hot of `T = 0`. The special rows have fixed answers so that every backend agrees without
+//! relying on how `exp` treats infinities: temperature 0 is one-hot at the argmax, a row whose
+//! maximum is +inf is uniform over its +inf entries, a row of all −inf (or NaN) is uniform.
 
 use rayon::prelude::*;
 use specula_backend_api::ops::RowShape;
+use specula_backend_api::ops::softmax::OpCall;
 use specula_backend_api::{Buffer, DType, FloatElement, Op, Result};
 
 use super::argmax::row_argmax;
 use super::with_float;
-use crate::storage::{slice, slice_mut};
+use crate::CpuDevice;
+use specula_backend_api::host::{slice, slice_mut};
 
 /// Independent f32 accumulators in the sums: the loop vectorises and the rounding error grows with
 /// `V / LANES` instead of `V`.
@@ -24,10 +28,19 @@ pub(crate) fn effective_temperature(t: f32) -> f32 {
     if t >= 0.0 { t } else { 1.0 }
 }
 
-/// `x / t` with NaN mapped to −inf, the scaled logit every softmax rule is stated on.
+/// `(x − m) / t` with NaN mapped to −inf: the scaled logit of a row whose maximum logit is the
+/// finite `m`. At `t = +inf` every finite logit scales to 0 (the limit, also when `x − m`
+/// overflowed to −inf), and −inf stays −inf.
 #[inline(always)]
-pub(crate) fn scaled(x: f32, t: f32) -> f32 {
-    let y = x / t;
+pub(crate) fn scaled(x: f32, m: f32, t: f32) -> f32 {
+    if t == f32::INFINITY {
+        return if x.is_finite() {
+            0.0
+        } else {
+            f32::NEG_INFINITY
+        };
+    }
+    let y = (x - m) / t;
     if y.is_nan() { f32::NEG_INFINITY } else { y }
 }
 
@@ -36,18 +49,18 @@ pub(crate) fn scaled(x: f32, t: f32) -> f32 {
 pub(crate) enum RowStats {
     /// Temperature 0: everything on the argmax.
     OneHot(usize),
-    /// The maximum scaled logit is +inf: uniform over the `count` entries equal to it.
+    /// The maximum logit is +inf: uniform over the `count` entries equal to it.
     PosInf {
-        /// How many scaled logits are +inf.
+        /// How many logits are +inf.
         count: usize,
     },
-    /// Every scaled logit is −inf: uniform over the row.
+    /// Every logit is −inf or NaN: uniform over the row.
     AllNegInf,
-    /// The ordinary case: `exp(y − max) / sum`.
+    /// The ordinary case: `exp(scaled(l, max, t)) / sum`.
     Finite {
-        /// The maximum scaled logit.
+        /// The maximum logit (NaN ignored).
         max: f32,
-        /// `Σ exp(y − max)`, ≥ 1.
+        /// `Σ exp(scaled(l, max, t))`, ≥ 1.
         sum: f32,
     },
 }
@@ -60,9 +73,10 @@ pub(crate) fn row_stats<T: FloatElement>(row: &[T], t: f32) -> RowStats {
     let mut max = f32::NEG_INFINITY;
     let mut inf_count = 0usize;
     for v in row {
-        let y = scaled(v.to_f32(), t);
-        max = max.max(y);
-        inf_count += usize::from(y == f32::INFINITY);
+        // `f32::max` ignores a NaN operand: NaN counts as −inf.
+        let x = v.to_f32();
+        max = max.max(x);
+        inf_count += usize::from(x == f32::INFINITY);
     }
     if max == f32::INFINITY {
         return RowStats::PosInf { count: inf_count };
@@ -74,13 +88,13 @@ pub(crate) fn row_stats<T: FloatElement>(row: &[T], t: f32) -> RowStats {
     let mut chunks = row.chunks_exact(LANES);
     for chunk in &mut chunks {
         for (acc, v) in lanes.iter_mut().zip(chunk) {
-            *acc += (scaled(v.to_f32(), t) - max).exp();
+            *acc += scaled(v.to_f32(), max, t).exp();
         }
     }
     let mut sum: f32 = chunks
         .remainder()
         .iter()
-        .map(|v| (scaled(v.to_f32(), t) - max).exp())
+        .map(|v| scaled(v.to_f32(), max, t).exp())
         .sum();
     sum += lanes.iter().sum::<f32>();
     RowStats::Finite { max, sum }
@@ -98,17 +112,13 @@ fn row_softmax<T: FloatElement>(row: &[T], t: f32, out: &mut [f32]) {
         RowStats::PosInf { count } => {
             let p = 1.0 / count as f32;
             for (o, v) in out.iter_mut().zip(row) {
-                *o = if scaled(v.to_f32(), t) == f32::INFINITY {
-                    p
-                } else {
-                    0.0
-                };
+                *o = if v.to_f32() == f32::INFINITY { p } else { 0.0 };
             }
         }
         RowStats::AllNegInf => out.fill(1.0 / row.len() as f32),
         RowStats::Finite { max, sum } => {
             for (o, v) in out.iter_mut().zip(row) {
-                *o = (scaled(v.to_f32(), t) - max).exp() / sum;
+                *o = scaled(v.to_f32(), max, t).exp() / sum;
             }
         }
     }
@@ -134,4 +144,11 @@ pub(crate) fn softmax(
             .for_each(|((out, row), &t)| row_softmax(row, effective_temperature(t), out));
         Ok(())
     })
+}
+
+/// Runs a validated `softmax` call (the front has checked every argument).
+pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
+    let (inputs, probs, params, dtype) = call.parts();
+    let (logits, temperature) = (inputs.logits, inputs.temperature);
+    device.install(|| softmax(*dtype, logits, temperature, probs, &params.shape))
 }

@@ -1,17 +1,19 @@
-//! `build_output_layout` and `build_sampling_params` (contract §1, §2).
+//! `build_output_layout` (`docs/semantics.md` §5.1).
 //!
-//! Both are batch-level bookkeeping over `max_bsz` slots, so they run sequentially on the calling
-//! thread: the work is a few prefix sums, far below the cost of a rayon dispatch.
+//! Batch-level bookkeeping over `max_bsz` slots, so it runs sequentially on the calling thread:
+//! the work is a few prefix sums, far below the cost of a rayon dispatch.
 //!
-//! [`LayoutView::row_source`] is the one place that maps an output row back to its slot and position; gather
-//! uses it too, so every op agrees on which rows are valid and which are padding.
+//! [`LayoutView::row_source`] is the one place that maps an output row back to its slot and
+//! position; `gather_next_token` and `build_sampling_params` use it too, so every op agrees on
+//! which rows are valid and which are padding.
 
 use specula_backend_api::Result;
+use specula_backend_api::ops::build_output_layout::OpCall;
 use specula_backend_api::ops::*;
-use specula_backend_api::rng::row_seed;
 use specula_backend_api::slots::{slot_input_tokens, slot_output_rows};
 
-use crate::storage::{slice, slice_mut};
+use crate::CpuDevice;
+use specula_backend_api::host::{slice, slice_mut};
 
 /// Where an output row comes from: its slot `b` and its position `k` among the slot's output rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,48 +140,8 @@ pub(crate) fn build_output_layout(
     Ok(())
 }
 
-/// Expands per-slot `top_p`, `top_k`, temperature and `infer_seed` into per-output-row arrays.
-///
-/// Row `j` of slot `b` gets seed `(infer_seed[b] + 4·j) mod MAX_INFER_SEED` (prefill: `j = 0`), the
-/// other values copied raw; padding rows get `top_p` 1.0, `top_k` 0, temperature 1.0, seed 0, so a
-/// consumer that processes every row sees a harmless neutral setting there.
-pub(crate) fn build_sampling_params(
-    inputs: &SamplingParamsInputs<'_>,
-    out: &mut RowSamplingParams<'_>,
-    params: &SamplingParamsParams<'_>,
-) -> Result<()> {
-    let view = LayoutView::new(&inputs.lens, &inputs.layout, &params.dims)?;
-    let slot_top_p = slice::<f32>(inputs.slots.top_p)?;
-    let slot_top_k = slice::<i32>(inputs.slots.top_k)?;
-    let slot_temperature = slice::<f32>(inputs.slots.temperature)?;
-    let slot_seed = slice::<u64>(inputs.slots.infer_seed)?;
-
-    let top_p = slice_mut::<f32>(out.top_p)?;
-    let top_k = slice_mut::<i32>(out.top_k)?;
-    let temperature = slice_mut::<f32>(out.temperature)?;
-    let seed = slice_mut::<u64>(out.seed)?;
-    let outputs = top_p
-        .iter_mut()
-        .zip(top_k.iter_mut())
-        .zip(temperature.iter_mut())
-        .zip(seed.iter_mut());
-    for (t, (((top_p, top_k), temperature), seed)) in outputs.enumerate() {
-        // Slot-indexed reads go through `get`: `row_source` bounds `b` by real_bsz ≤ max_bsz, but
-        // a checked read costs nothing here and keeps the function obviously panic-free.
-        let row = view.row_source(t).and_then(|src| {
-            let b = src.slot;
-            Some((
-                *slot_top_p.get(b)?,
-                *slot_top_k.get(b)?,
-                *slot_temperature.get(b)?,
-                row_seed(*slot_seed.get(b)?, src.pos as u64),
-            ))
-        });
-        let (p, k, temp, s) = row.unwrap_or((1.0, 0, 1.0, 0));
-        *top_p = p;
-        *top_k = k;
-        *temperature = temp;
-        *seed = s;
-    }
-    Ok(())
+/// Runs a validated `build_output_layout` call (the front has checked every argument).
+pub(crate) fn run(_device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
+    let (lens, out, params, _) = call.parts();
+    build_output_layout(lens, out, params)
 }

@@ -1,7 +1,7 @@
 //! The fast path of `top_k_top_p_sample` and `top_p_candidates` (exact; returns `None` when its
 //! precondition does not hold, and the histogram path of `select` decides instead).
 //!
-//! One streaming pass over the row ([`kernels::scan`]) gives the exact total weight, the exact
+//! One streaming pass over the row ([`scan::scan`]) gives the exact total weight, the exact
 //! weight of each block of 256 tokens and the two largest rank keys of each *group* of 16 tokens
 //! (the tokens of a block that share a vector lane): a sample of distinct tokens, two per group,
 //! that holds the heaviest ones. That is enough to find, without sorting, a *floor* key that every
@@ -16,7 +16,7 @@
 //! - top_p = 1 without top-k keeps every positive-weight token: the draw locates its block from
 //!   the block weights and scans that block only.
 //!
-//! A second pass ([`kernels::collect`], reading the row from cache) gathers the tokens at or above
+//! A second pass ([`scan::collect`], reading the row from cache) gathers the tokens at or above
 //! the floor, from the sub-blocks whose maximum reaches it. Every later decision works on those few
 //! candidates: a selection for the k-th key, a three-digit radix selection for the shortest prefix
 //! by mass, and a scan in id order for the draw. The decisions are the same integer decisions as
@@ -29,11 +29,11 @@ use rayon::prelude::*;
 use specula_backend_api::FloatElement;
 use specula_backend_api::fixed_point::{reaches_top_p, scale_draw, top_p_fixed, top_p_target_mass};
 
-use super::kernels::{
+use super::histogram::{MIN_WEIGHT_KEY, Prefix};
+use super::scan::{
     self, BLOCK, Candidate, GroupSample, Need, Want, block_counts, collect, floor_for,
     weight_of_key,
 };
-use super::select::{MIN_WEIGHT_KEY, Prefix};
 
 /// The largest top-k the fast path handles (larger ones use the histogram path).
 const MAX_FAST_K: usize = 2048;
@@ -78,16 +78,16 @@ fn scan_row<T: FloatElement>(row: &[T], s: &mut FastScratch, parts: usize, need:
             keys: &mut s.group_max,
             pos: &mut s.group_pos,
         };
-        return kernels::scan(row, &mut s.block_mass, sample, need);
+        return scan::scan(row, &mut s.block_mass, sample, need);
     }
     let blocks_per_part = blocks.div_ceil(parts);
-    let keys_per_part = blocks_per_part * kernels::GROUP_KEYS;
+    let keys_per_part = blocks_per_part * scan::GROUP_KEYS;
     row.par_chunks(blocks_per_part * BLOCK)
         .zip(s.block_mass.par_chunks_mut(blocks_per_part))
         .zip(s.group_max.par_chunks_mut(keys_per_part))
         .zip(s.group_pos.par_chunks_mut(keys_per_part))
         .map(|(((segment, block_mass), keys), pos)| {
-            kernels::scan(segment, block_mass, GroupSample { keys, pos }, need)
+            scan::scan(segment, block_mass, GroupSample { keys, pos }, need)
         })
         .sum()
 }
@@ -303,7 +303,7 @@ fn draw_from_blocks<T: FloatElement>(
         if before + mass > t {
             let mut cumulative = before;
             for (i, &v) in row[b * BLOCK..].iter().take(BLOCK).enumerate() {
-                cumulative += weight_of_key(kernels::key_of(v));
+                cumulative += weight_of_key(scan::key_of(v));
                 if cumulative > t {
                     return Some(b * BLOCK + i);
                 }
@@ -477,7 +477,7 @@ mod tests {
 
     #[test]
     fn fast_path_agrees_with_the_reference_and_is_taken_on_normalized_rows() {
-        use crate::ops::sample::sample_row_reference;
+        use crate::ops::top_k_top_p_sample::sample_row_histogram;
         let settings = [
             (0, 0.9f32),
             (50, 0.9),
@@ -502,13 +502,13 @@ mod tests {
                 if let Some(token) = fast {
                     assert_eq!(
                         token,
-                        sample_row_reference(row, k, p, draw),
+                        sample_row_histogram(row, k, p, draw),
                         "row {i} k {k} p {p}"
                     );
                 }
                 let half: Vec<half::bf16> = row.iter().map(|&v| half::bf16::from_f32(v)).collect();
                 if let Some(token) = sample_row_fast(&half, k, p, draw, 1) {
-                    let expected = sample_row_reference(&half, k, p, draw);
+                    let expected = sample_row_histogram(&half, k, p, draw);
                     assert_eq!(token, expected, "bf16 row {i} k {k} p {p}");
                 }
             }
@@ -526,7 +526,7 @@ mod tests {
         if let Some(token) = sample_row_fast(&row, 0, 0.9, draw, 1) {
             assert_eq!(
                 token,
-                crate::ops::sample::sample_row_reference(&row, 0, 0.9, draw)
+                crate::ops::top_k_top_p_sample::sample_row_histogram(&row, 0, 0.9, draw)
             );
         }
         // A row that weighs nothing is left to the reference path.
@@ -535,14 +535,14 @@ mod tests {
 
     #[test]
     fn fast_candidates_agree_with_the_reference() {
-        use crate::ops::candidates::candidates_row_reference;
+        use crate::ops::top_p_candidates::candidates_row_histogram;
         for (i, row) in normalized_rows(9, 20, 3001).iter().enumerate() {
             for (c, p) in [(1usize, 0.9f32), (8, 0.9), (64, 0.5), (128, 1.0)] {
                 let (mut ids, mut scores) = (vec![0; c], vec![0.0; c]);
                 let lens =
                     candidates_row_fast(row, p, &mut ids, &mut scores, 1).expect("fast path");
                 let (mut e_ids, mut e_scores) = (vec![0; c], vec![0.0; c]);
-                let e_lens = candidates_row_reference(row, p, &mut e_ids, &mut e_scores);
+                let e_lens = candidates_row_histogram(row, p, &mut e_ids, &mut e_scores);
                 assert_eq!(
                     (lens, &ids, &scores),
                     (e_lens, &e_ids, &e_scores),
@@ -573,8 +573,8 @@ mod tests {
 
     #[test]
     fn split_rows_and_every_row_shape_agree_with_the_reference() {
-        use crate::ops::candidates::candidates_row_reference;
-        use crate::ops::sample::sample_row_reference;
+        use crate::ops::top_k_top_p_sample::sample_row_histogram;
+        use crate::ops::top_p_candidates::candidates_row_histogram;
         // Long enough to be split across threads.
         let vocab = SPLIT_MIN * 2 + 77;
         for (i, row) in shaped_rows(vocab).iter().enumerate() {
@@ -591,13 +591,13 @@ mod tests {
             .enumerate()
             {
                 let draw = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul((i * 7 + j) as u64 + 3);
-                let expected = sample_row_reference(row, k, p, draw);
+                let expected = sample_row_histogram(row, k, p, draw);
                 for parts in [1, 2, 3] {
                     if let Some(token) = sample_row_fast(row, k, p, draw, parts) {
                         assert_eq!(token, expected, "row {i} k {k} p {p} parts {parts}");
                     }
                 }
-                let expected = sample_row_reference(&half, k, p, draw);
+                let expected = sample_row_histogram(&half, k, p, draw);
                 if let Some(token) = sample_row_fast(&half, k, p, draw, 2) {
                     assert_eq!(token, expected, "f16 row {i} k {k} p {p}");
                 }
@@ -611,7 +611,7 @@ mod tests {
             for (c, p) in [(1usize, 0.9f32), (8, 0.9), (64, 0.5)] {
                 let (mut ids, mut scores) = (vec![0; c], vec![0.0; c]);
                 let (mut e_ids, mut e_scores) = (vec![0; c], vec![0.0; c]);
-                let e_lens = candidates_row_reference(row, p, &mut e_ids, &mut e_scores);
+                let e_lens = candidates_row_histogram(row, p, &mut e_ids, &mut e_scores);
                 if let Some(lens) = candidates_row_fast(row, p, &mut ids, &mut scores, 2) {
                     assert_eq!(
                         (lens, &ids, &scores),

@@ -3,14 +3,19 @@
 use rayon::prelude::*;
 use specula_backend_api::abi::REJECTION_MAX_TOTAL_WEIGHT;
 use specula_backend_api::fixed_point::{key_weight, rank_key, scale_draw, top_p_fixed, weight};
+use specula_backend_api::ops::verify_draft_tokens::OpCall;
 use specula_backend_api::ops::{StrategyInputs, VerifyInputs, VerifyOutputs, VerifyParams};
 use specula_backend_api::rng::{Purpose, draw};
 use specula_backend_api::{DType, FloatElement, Op, Result};
 
-use super::sample::sample_row;
-use super::select::{Kept, Prefix, first_in_rank, kept_set, total_weight, weight_in_prefix};
+use super::top_k_top_p_sample::sample_row;
 use super::{len_or_zero, token_index, with_float};
-use crate::storage::{slice, slice_mut};
+use crate::CpuDevice;
+use crate::ops::logits_unsupported;
+use crate::sampling::histogram::{
+    Kept, Prefix, first_in_rank, kept_set, total_weight, weight_in_prefix,
+};
+use specula_backend_api::host::{slice, slice_mut};
 
 /// The strategy inputs as host slices.
 enum Strategy<'a, T, D> {
@@ -97,26 +102,28 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
     }
 
     /// Whether draft `d` (checked against output row `row`) is accepted, and for REJECTION the
-    /// correction token when it is not.
+    /// correction token when it is not. An id outside the vocabulary is never accepted; under
+    /// REJECTION it weighs 0 in both rows and is rejected like any other draft (the correction
+    /// comes from the residual).
     fn check(&self, slot: usize, i: usize, d: i32, row: Option<usize>) -> (bool, Option<i32>) {
-        let Some(d_index) = token_index(d, self.vocab) else {
-            // An out-of-vocabulary draft is never accepted, whatever the strategy or flags.
-            return (false, None);
-        };
-        if self.accept_all {
+        let d_index = token_index(d, self.vocab);
+        if self.accept_all && d_index.is_some() {
             return (true, None);
         }
         match &self.strategy {
-            Strategy::Greedy(tokens) | Strategy::TargetMatch(tokens) => {
-                (d == Self::target_token(tokens, row), None)
-            }
+            Strategy::Greedy(tokens) | Strategy::TargetMatch(tokens) => (
+                d_index.is_some() && d == Self::target_token(tokens, row),
+                None,
+            ),
             Strategy::TopP {
                 ids,
                 lens,
                 candidates,
                 ..
             } => {
-                let Some(r) = row else { return (false, None) };
+                let Some(r) = row.filter(|_| d_index.is_some()) else {
+                    return (false, None);
+                };
                 let n = len_or_zero(lens[r]).min(*candidates);
                 (ids[r * candidates..r * candidates + n].contains(&d), None)
             }
@@ -240,11 +247,12 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
 }
 
 /// The REJECTION test of draft `d` against target row `p` (filtered by `top_k`/`top_p`) and draft
-/// row `q`, with the draws of `seed`. Returns whether `d` is accepted and otherwise the correction.
+/// row `q`, with the draws of `seed`; `d` is `None` outside the vocabulary (weight 0 in both rows).
+/// Returns whether `d` is accepted and otherwise the correction.
 fn rejection_check<T: FloatElement, D: FloatElement>(
     p: &[T],
     q: &[D],
-    d: usize,
+    d: Option<usize>,
     top_k: i32,
     top_p: f32,
     seed: u64,
@@ -260,8 +268,8 @@ fn rejection_check<T: FloatElement, D: FloatElement>(
         // The target weighs nothing: no draft can be accepted, and the residual is empty.
         Kept::Degenerate(_) => return (false, resample_target()),
     };
-    let wp_d = u128::from(weight_in_prefix(p, &kept, d));
-    let wq_d = u128::from(key_weight(rank_key(q[d].to_f32())));
+    let wp_d = d.map_or(0, |d| u128::from(weight_in_prefix(p, &kept, d)));
+    let wq_d = d.map_or(0, |d| u128::from(key_weight(rank_key(q[d].to_f32()))));
     let (wp_total, wq_total) = (u128::from(kept.mass), u128::from(draft_total));
     let u = u128::from(draw(seed, Purpose::Accept) >> 32);
     let accepted = if wq_d == 0 {
@@ -269,7 +277,7 @@ fn rejection_check<T: FloatElement, D: FloatElement>(
     } else {
         u * wq_d * wp_total < (wp_d * wq_total) << 32
     };
-    if accepted {
+    if let (true, Some(d)) = (accepted, d) {
         return (true, d as i32);
     }
     (
@@ -327,14 +335,14 @@ pub(crate) fn verify_draft_tokens(
     match (inputs.strategy, dtypes) {
         (StrategyInputs::Rejection { .. }, Some((target, draft))) => {
             with_float!(target, Op::VerifyDraftTokens, T => {
-                with_float!(draft, Op::VerifyDraftTokens, D => run::<T, D>(inputs, out, params))
+                with_float!(draft, Op::VerifyDraftTokens, D => verify_slots::<T, D>(inputs, out, params))
             })
         }
-        _ => run::<f32, f32>(inputs, out, params),
+        _ => verify_slots::<f32, f32>(inputs, out, params),
     }
 }
 
-fn run<T: FloatElement, D: FloatElement>(
+fn verify_slots<T: FloatElement, D: FloatElement>(
     inputs: &VerifyInputs<'_>,
     out: &mut VerifyOutputs<'_>,
     params: &VerifyParams<'_>,
@@ -356,13 +364,13 @@ fn run<T: FloatElement, D: FloatElement>(
             candidates,
         },
         StrategyInputs::Rejection {
-            target_probs,
-            draft_probs,
+            target,
+            draft,
             top_k,
             top_p,
         } => Strategy::Rejection {
-            target: slice::<T>(target_probs)?,
-            draft: slice::<D>(draft_probs)?,
+            target: slice::<T>(target.matrix())?,
+            draft: slice::<D>(draft)?,
             top_k: slice::<i32>(top_k)?,
             top_p: slice::<f32>(top_p)?,
         },
@@ -396,4 +404,14 @@ fn run<T: FloatElement, D: FloatElement>(
         .enumerate()
         .for_each(|(b, (tokens, num))| *num = context.verify_slot(b, tokens));
     Ok(())
+}
+
+/// Runs a validated `verify_draft_tokens` call (the front has checked every argument).
+pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
+    let (inputs, out, params, facts) = call.parts();
+    if facts.logits {
+        return Err(logits_unsupported(Op::VerifyDraftTokens));
+    }
+    let dtypes = facts.rejection_dtypes;
+    device.install(|| verify_draft_tokens(dtypes, inputs, out, params))
 }

@@ -6,11 +6,13 @@
 //! The work is O(max_bsz · S) scalar bookkeeping, so it runs sequentially.
 
 use specula_backend_api::Result;
+use specula_backend_api::ops::update_state::OpCall;
 use specula_backend_api::ops::*;
 use specula_backend_api::rng::advance_seed;
 
 use super::len_or_zero;
-use crate::storage::{slice, slice_mut};
+use crate::CpuDevice;
+use specula_backend_api::host::{slice, slice_mut};
 
 /// Saturating i64 → i32, for sums of untrusted lengths.
 #[inline]
@@ -91,4 +93,10 @@ pub(crate) fn update_state(
         }
     }
     Ok(())
+}
+
+/// Runs a validated `update_state` call (the front has checked every argument).
+pub(crate) fn run(_device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
+    let (inputs, state, params, _) = call.parts();
+    update_state(inputs, state, params)
 }

@@ -2,14 +2,17 @@
 
 use rayon::prelude::*;
 use specula_backend_api::fixed_point::top_p_fixed;
+use specula_backend_api::ops::top_k_top_p_sample::OpCall;
 use specula_backend_api::ops::{RowShape, SampleInputs};
 use specula_backend_api::rng::{Purpose, draw};
 use specula_backend_api::{Buffer, DType, FloatElement, Op, Result};
 
-use super::fast::sample_row_fast;
-use super::select::{Kept, draw_in_prefix, first_in_rank, kept_set};
 use super::with_float;
-use crate::storage::{slice, slice_mut};
+use crate::CpuDevice;
+use crate::ops::logits_unsupported;
+use crate::sampling::fast::sample_row_fast;
+use crate::sampling::histogram::{Kept, draw_in_prefix, first_in_rank, kept_set};
+use specula_backend_api::host::{slice, slice_mut};
 
 /// Samples one row: top-k, then top-p on the survivors, then the SAMPLE draw of `seed` over the
 /// kept set in ascending id order. The single-pass fast path decides when it can; the histogram
@@ -26,11 +29,11 @@ pub(crate) fn sample_row<T: FloatElement>(
     if let Some(token) = sample_row_fast(row, top_k, top_p, r, parts) {
         return token;
     }
-    sample_row_reference(row, top_k, top_p, r)
+    sample_row_histogram(row, top_k, top_p, r)
 }
 
 /// The histogram path of [`sample_row`].
-pub(crate) fn sample_row_reference<T: FloatElement>(
+pub(crate) fn sample_row_histogram<T: FloatElement>(
     row: &[T],
     top_k: i32,
     top_p: f32,
@@ -55,7 +58,7 @@ pub(crate) fn top_k_top_p_sample(
     let seed = slice::<u64>(inputs.seed)?;
     let tokens = slice_mut::<i32>(tokens)?;
     with_float!(dtype, Op::TopKTopPSample, T => {
-        let probs = slice::<T>(inputs.probs)?;
+        let probs = slice::<T>(inputs.scores.matrix())?;
         let parts = super::parts_per_row(shape.rows);
         tokens
             .par_iter_mut()
@@ -66,4 +69,13 @@ pub(crate) fn top_k_top_p_sample(
             });
         Ok(())
     })
+}
+
+/// Runs a validated `top_k_top_p_sample` call (the front has checked every argument).
+pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
+    let (inputs, tokens, params, kind) = call.parts();
+    if kind.logits {
+        return Err(logits_unsupported(Op::TopKTopPSample));
+    }
+    device.install(|| top_k_top_p_sample(kind.dtype, inputs, tokens, &params.shape))
 }

@@ -10,11 +10,13 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 use specula_backend_api::Result;
+use specula_backend_api::ops::ngram_match::OpCall;
 use specula_backend_api::ops::*;
 use specula_backend_api::slots::{SlotKind, slot_kind};
 
 use super::len_or_zero;
-use crate::storage::{slice, slice_mut};
+use crate::CpuDevice;
+use specula_backend_api::host::{slice, slice_mut};
 
 /// The leftmost start of `pattern` in `haystack`, if any.
 #[inline]
@@ -129,4 +131,10 @@ pub(crate) fn ngram_match(
         this_time[b] = 1 + give as i32;
     }
     Ok(())
+}
+
+/// Runs a validated `ngram_match` call (the front has checked every argument).
+pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
+    let (inputs, out, params, _) = call.parts();
+    device.install(|| ngram_match(inputs, out, params))
 }

@@ -3,12 +3,17 @@
 
 use rayon::prelude::*;
 use specula_backend_api::fixed_point::{key_weight, rank_key, reaches_top_p, top_p_fixed};
+use specula_backend_api::ops::top_p_candidates::OpCall;
 use specula_backend_api::ops::{CandidatesInputs, CandidatesOutputs, CandidatesParams};
 use specula_backend_api::{DType, FloatElement, Op, Result};
 
-use super::select::{Metric, Prefix, first_in_rank, shortest_prefix, totals, with_scratch};
 use super::with_float;
-use crate::storage::{slice, slice_mut};
+use crate::CpuDevice;
+use crate::ops::logits_unsupported;
+use crate::sampling::histogram::{
+    Metric, Prefix, first_in_rank, shortest_prefix, totals, with_scratch,
+};
+use specula_backend_api::host::{slice, slice_mut};
 
 /// Fills one row's `ids` and `scores` (length C each) and returns its `lens`: the single-pass fast
 /// path when it applies, the histogram path otherwise (the same decisions).
@@ -19,14 +24,14 @@ pub(crate) fn candidates_row<T: FloatElement>(
     scores: &mut [f32],
     parts: usize,
 ) -> i32 {
-    match super::fast::candidates_row_fast(row, top_p, ids, scores, parts) {
+    match crate::sampling::fast::candidates_row_fast(row, top_p, ids, scores, parts) {
         Some(lens) => lens,
-        None => candidates_row_reference(row, top_p, ids, scores),
+        None => candidates_row_histogram(row, top_p, ids, scores),
     }
 }
 
 /// The histogram path of [`candidates_row`].
-pub(crate) fn candidates_row_reference<T: FloatElement>(
+pub(crate) fn candidates_row_histogram<T: FloatElement>(
     row: &[T],
     top_p: f32,
     ids: &mut [i32],
@@ -96,7 +101,7 @@ pub(crate) fn top_p_candidates(
     let scores = slice_mut::<f32>(out.scores)?;
     let lens = slice_mut::<i32>(out.lens)?;
     with_float!(dtype, Op::TopPCandidates, T => {
-        let probs = slice::<T>(inputs.probs)?;
+        let probs = slice::<T>(inputs.scores.matrix())?;
         let parts = super::parts_per_row(probs.len() / vocab);
         ids.par_chunks_exact_mut(c)
             .zip(scores.par_chunks_exact_mut(c))
@@ -114,4 +119,13 @@ pub(crate) fn top_p_candidates(
             });
         Ok(())
     })
+}
+
+/// Runs a validated `top_p_candidates` call (the front has checked every argument).
+pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
+    let (inputs, out, params, kind) = call.parts();
+    if kind.logits {
+        return Err(logits_unsupported(Op::TopPCandidates));
+    }
+    device.install(|| top_p_candidates(kind.dtype, inputs, out, params))
 }

@@ -1,4 +1,4 @@
-//! `accept_logprobs` (contract §4.8): log-probabilities, ranks and top-K of the accepted tokens.
+//! `accept_logprobs` (`docs/semantics.md` §5.11): log-probabilities, ranks and top-K of the accepted tokens.
 //!
 //! The accepted counts are packed first (a short sequential prefix sum); then every packed entry is
 //! independent and runs in parallel. Per entry the source row is read twice: one pass for the
@@ -7,13 +7,15 @@
 //! (same temperature handling and special rows), so `exp(logprob)` is what `softmax` returns.
 
 use rayon::prelude::*;
+use specula_backend_api::ops::accept_logprobs::OpCall;
 use specula_backend_api::ops::*;
 use specula_backend_api::{DType, FloatElement, Op, Result};
 
 use super::argmax::ranks_above;
 use super::softmax::{RowStats, effective_temperature, row_stats, scaled};
 use super::{len_or_zero, token_index, with_float};
-use crate::storage::{slice, slice_mut};
+use crate::CpuDevice;
+use specula_backend_api::host::{slice, slice_mut};
 
 /// Where a packed entry comes from.
 #[derive(Clone, Copy, Debug)]
@@ -24,9 +26,9 @@ struct Entry {
     row: Option<usize>,
 }
 
-/// The log-probability of scaled logit `y` (entry `i` of the row) under `stats`.
+/// The log-probability of logit `x` (entry `i` of the row, temperature `t`) under `stats`.
 #[inline]
-fn logprob(stats: &RowStats, i: usize, y: f32, vocab: usize) -> f32 {
+fn logprob(stats: &RowStats, i: usize, x: f32, t: f32, vocab: usize) -> f32 {
     match *stats {
         RowStats::OneHot(arg) => {
             if i == arg {
@@ -36,14 +38,14 @@ fn logprob(stats: &RowStats, i: usize, y: f32, vocab: usize) -> f32 {
             }
         }
         RowStats::PosInf { count } => {
-            if y == f32::INFINITY {
+            if x == f32::INFINITY {
                 -(count as f32).ln()
             } else {
                 f32::NEG_INFINITY
             }
         }
         RowStats::AllNegInf => -(vocab as f32).ln(),
-        RowStats::Finite { max, sum } => (y - max) - sum.ln(),
+        RowStats::Finite { max, sum } => scaled(x, max, t) - sum.ln(),
     }
 }
 
@@ -86,7 +88,7 @@ fn score_entry<T: FloatElement>(
     let stats = row_stats(row, t);
     let lp = |i: usize| -> f32 {
         let x = row.get(i).map_or(f32::NEG_INFINITY, |v| v.to_f32());
-        logprob(&stats, i, scaled(x, t), vocab)
+        logprob(&stats, i, x, t, vocab)
     };
 
     let k = top_ids.len();
@@ -224,4 +226,10 @@ pub(crate) fn accept_logprobs(
             });
         Ok(())
     })
+}
+
+/// Runs a validated `accept_logprobs` call (the front has checked every argument).
+pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
+    let (inputs, out, params, dtype) = call.parts();
+    device.install(|| accept_logprobs(*dtype, inputs, out, params))
 }

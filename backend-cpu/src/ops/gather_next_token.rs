@@ -6,12 +6,14 @@
 //! source cannot be resolved from the (untrusted) device layout is zeros.
 
 use rayon::prelude::*;
+use specula_backend_api::ops::gather_next_token::OpCall;
 use specula_backend_api::ops::*;
 use specula_backend_api::slots::{SlotKind, slot_kind};
 use specula_backend_api::{Buffer, Result};
 
-use super::layout::LayoutView;
-use crate::storage::{bytes, bytes_mut, slice};
+use super::build_output_layout::LayoutView;
+use crate::CpuDevice;
+use specula_backend_api::host::{bytes, bytes_mut, slice};
 
 /// Below this many bytes per task, rayon's scheduling costs more than the copy.
 const MIN_TASK_BYTES: usize = 64 * 1024;
@@ -68,4 +70,10 @@ pub(crate) fn gather_next_token(
             }
         });
     Ok(())
+}
+
+/// Runs a validated `gather_next_token` call (the front has checked every argument).
+pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
+    let (inputs, out, params, _) = call.parts();
+    device.install(|| gather_next_token(inputs, out, params))
 }
