@@ -6,19 +6,9 @@
 // Logits larger than one storage binding are processed in row chunks: an entry is scored in the
 // dispatch whose chunk holds its row; entries without a row are written by the first dispatch.
 
-struct PackParams {
-    max_bsz: u32,
-    real_bsz: u32,
-    step_tokens: u32,
-    rows: u32,
-    accept_tokens_off: u32,
-    accept_num_off: u32,
-    encoder_off: u32,
-    cu_out_off: u32,
-    cu_accept_off: u32,
-}
+// `struct AcceptLogprobsPackArgs` is generated from its `kernel_args!` declaration in src/ops/accept_logprobs.rs.
 
-@group(0) @binding(9) var<uniform> pk: PackParams;
+@group(0) @binding(9) var<uniform> pk: AcceptLogprobsPackArgs;
 @group(0) @binding(10) var<storage, read> accept_tokens: array<i32>;
 @group(0) @binding(11) var<storage, read> accept_num: array<i32>;
 @group(0) @binding(12) var<storage, read> encoder: array<i32>;
@@ -42,16 +32,9 @@ fn accept_logprobs_pack_i32() {
             base = cu_out[pk.cu_out_off + b];
         }
         for (var k = 0u; k < n; k++) {
-            var row = -1;
-            if base >= 0 {
-                var r = u32(base);
-                if !prefill {
-                    r = r + k;
-                }
-                if r < pk.rows {
-                    row = i32(r);
-                }
-            }
+            // Decode: row base + k; prefill: its single row base. Missing outside [0, rows).
+            let r = row_at(base, select(k, 0u, prefill), pk.rows);
+            let row = select(i32(r), -1, r == NO_ROW);
             entries_out[2u * total] = accept_tokens[pk.accept_tokens_off + b * s + k];
             entries_out[2u * total + 1u] = row;
             total = total + 1u;
@@ -64,24 +47,11 @@ fn accept_logprobs_pack_i32() {
     }
 }
 
-struct Params {
-    entries: u32,
-    vocab: u32,
-    top_k: u32,
-    first_chunk: u32,
-    row_lo: u32,
-    row_hi: u32,
-    logits_off: u32,
-    temperature_off: u32,
-    token_ids_off: u32,
-    logprobs_off: u32,
-    ranks_off: u32,
-    top_ids_off: u32,
-    top_logprobs_off: u32,
-}
+// `struct AcceptLogprobsArgs` is generated from its `kernel_args!` declaration in src/ops/accept_logprobs.rs.
 
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> logits: array<u32>;
+@group(0) @binding(0) var<uniform> p: AcceptLogprobsArgs;
+// logits [rows, vocab]
+@group(0) @binding(1) var<storage, read> row_words: array<u32>;
 @group(0) @binding(2) var<storage, read> temperature: array<u32>;
 @group(0) @binding(3) var<storage, read> entries: array<i32>;
 @group(0) @binding(4) var<storage, read_write> token_ids: array<i32>;
@@ -90,28 +60,26 @@ struct Params {
 @group(0) @binding(7) var<storage, read_write> top_ids: array<i32>;
 @group(0) @binding(8) var<storage, read_write> top_logprobs: array<f32>;
 
-var<private> g_dt: u32;
-var<private> g_base: u32;
 // is_active, token, row (as u32, 0xffffffff none), temperature bits
 var<workgroup> wg_entry: vec4<u32>;
-var<workgroup> top_key: array<u32, MAX_LOGPROBS_TOP_K>;
-var<workgroup> top_id: array<u32, MAX_LOGPROBS_TOP_K>;
-
-fn row_bits(i: u32) -> u32 {
-    let e = g_base + i;
-    return widen_bits(logits[word_of(e, g_dt)], e, g_dt);
-}
 
 fn row_key(i: u32) -> u32 {
     return order_key(row_bits(i));
 }
 
-fn logprobs_main(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, dt: u32) {
-    let e = group_index(wid, nwg);
+/// Writes the empty top-K entries `first .. k` of entry `e`.
+fn clear_top(lid: u32, e: u32, k: u32, first: u32) {
+    for (var j = first + lid; j < k; j += WG) {
+        top_ids[p.top_ids_off + e * k + j] = -1;
+        top_logprobs[p.top_logprobs_off + e * k + j] = neg_inf();
+    }
+}
+
+// Entry points `accept_logprobs_<dtype>` (generated, kernels.rs).
+fn accept_logprobs_main(e: u32, lid: u32, dt: u32) {
     if e >= p.entries {
         return;
     }
-    g_dt = dt;
     let k = p.top_k;
     if lid == 0u {
         let token = entries[2u * e];
@@ -142,14 +110,11 @@ fn logprobs_main(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, dt: u32) {
             logprobs[p.logprobs_off + e] = neg_inf();
             ranks[p.ranks_off + e] = 0;
         }
-        for (var j = lid; j < k; j += WG) {
-            top_ids[p.top_ids_off + e * k + j] = -1;
-            top_logprobs[p.top_logprobs_off + e * k + j] = neg_inf();
-        }
+        clear_top(lid, e, k, 0u);
         return;
     }
     let vocab = p.vocab;
-    g_base = p.logits_off + (ent.z - p.row_lo) * vocab;
+    begin_row(dt, p.logits_off + (ent.z - p.row_lo) * vocab);
     let t = effective_temperature(ent.w);
     let st = row_stats(lid, vocab, t);
     let valid = token >= 0 && u32(token) < vocab;
@@ -168,7 +133,7 @@ fn logprobs_main(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, dt: u32) {
         token_ids[p.token_ids_off + e] = token;
         if valid {
             let ti = u32(token);
-            logprobs[p.logprobs_off + e] = stats_logprob(st, ti, scaled(row_bits(ti), t), vocab);
+            logprobs[p.logprobs_off + e] = stats_logprob(st, ti, row_bits(ti), t, vocab);
             ranks[p.ranks_off + e] = i32(min(above + 1u, 0x7fffffffu));
         } else {
             logprobs[p.logprobs_off + e] = neg_inf();
@@ -178,79 +143,23 @@ fn logprobs_main(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, dt: u32) {
     if k == 0u {
         return;
     }
-    // Top-K in argmax order: a count selection of the K-th order key, then the members.
+    // Top-K in argmax order: a count selection of the K-th order key, then the members (at most
+    // K <= MAX_LOGPROBS_TOP_K) ordered among themselves.
     var sel = Sel(0u, 0xffffffffu, vocab, 1u, vec2<u32>(0u));
     if k < vocab {
         sel = select_prefix(lid, vocab, 0u, METRIC_COUNT, u64_from(k), 32u);
     }
     let n = min(sel.count, k);
-    let base = eq_base(lid, vocab, sel);
-    let r = chunk_range(lid, vocab);
-    var seen = base;
-    var members = 0u;
-    for (var i = r.x; i < r.y; i++) {
-        if admit(row_key(i), sel, 0u, &seen) {
-            members = members + 1u;
-        }
-    }
-    p_aux[lid] = members;
-    workgroupBarrier();
-    if lid == 0u {
-        var acc = 0u;
-        for (var g = 0u; g < WG; g++) {
-            let v = p_aux[g];
-            p_aux[g] = acc;
-            acc = acc + v;
-        }
-    }
-    workgroupBarrier();
-    var pos = p_aux[lid];
-    seen = base;
-    for (var i = r.x; i < r.y; i++) {
-        let key = row_key(i);
-        if admit(key, sel, 0u, &seen) {
-            if pos < MAX_LOGPROBS_TOP_K {
-                top_key[pos] = key;
-                top_id[pos] = i;
-            }
-            pos = pos + 1u;
-        }
-    }
-    workgroupBarrier();
+    gather_members(lid, vocab, sel, 0u);
     for (var j = lid; j < n; j += WG) {
-        let kj = top_key[j];
-        let ij = top_id[j];
-        var rank = 0u;
-        for (var m = 0u; m < n; m++) {
-            let km = top_key[m];
-            if km > kj || (km == kj && top_id[m] < ij) {
-                rank = rank + 1u;
-            }
-        }
-        var y = 0.0;
+        let rank = member_rank(j, n);
+        let ij = m_id[j];
+        var bits = 0u;
         if st.kind != KIND_ONEHOT {
-            y = scaled(row_bits(ij), t);
+            bits = row_bits(ij);
         }
         top_ids[p.top_ids_off + e * k + rank] = i32(ij);
-        top_logprobs[p.top_logprobs_off + e * k + rank] = stats_logprob(st, ij, y, vocab);
+        top_logprobs[p.top_logprobs_off + e * k + rank] = stats_logprob(st, ij, bits, t, vocab);
     }
-    for (var j = n + lid; j < k; j += WG) {
-        top_ids[p.top_ids_off + e * k + j] = -1;
-        top_logprobs[p.top_logprobs_off + e * k + j] = neg_inf();
-    }
-}
-
-@compute @workgroup_size(WG)
-fn accept_logprobs_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    logprobs_main(wid, nwg, lid, DT_F32);
-}
-
-@compute @workgroup_size(WG)
-fn accept_logprobs_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    logprobs_main(wid, nwg, lid, DT_F16);
-}
-
-@compute @workgroup_size(WG)
-fn accept_logprobs_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    logprobs_main(wid, nwg, lid, DT_BF16);
+    clear_top(lid, e, k, n);
 }

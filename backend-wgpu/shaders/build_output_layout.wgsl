@@ -2,34 +2,14 @@
 // slot and both prefix sums, saturating at i32::MAX; `build_output_layout_rows_i32` then writes
 // the slot of every output row in parallel by a binary search over `cu_seqlens_q_output`.
 
-struct Params {
-    max_bsz: u32,
-    real_bsz: u32,
-    step_tokens: u32,
-    this_time_off: u32,
-    encoder_off: u32,
-    seq_lens_output_off: u32,
-    cu_q_off: u32,
-    cu_out_off: u32,
-}
+// `struct BuildOutputLayoutArgs` is generated from its `kernel_args!` declaration in src/ops/build_output_layout.rs.
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(0) var<uniform> p: BuildOutputLayoutArgs;
 @group(0) @binding(1) var<storage, read> this_time: array<i32>;
 @group(0) @binding(2) var<storage, read> encoder: array<i32>;
 @group(0) @binding(3) var<storage, read_write> seq_lens_output: array<i32>;
 @group(0) @binding(4) var<storage, read_write> cu_q: array<i32>;
 @group(0) @binding(5) var<storage, read_write> cu_out: array<i32>;
-
-/// Output rows of a slot: 0 (empty), 1 (prefill), min(this_time, S) (decode).
-fn slot_output_rows(t: i32, e: i32, s: u32) -> u32 {
-    if t <= 0 {
-        return 0u;
-    }
-    if e > 0 {
-        return 1u;
-    }
-    return min(u32(t), s);
-}
 
 fn sat_add(a: u32, b: u32) -> u32 {
     let s = a + b;
@@ -62,20 +42,15 @@ fn build_output_layout_i32() {
     }
 }
 
-struct RowParams {
-    real_bsz: u32,
-    capacity: u32,
-    cu_out_off: u32,
-    batch_id_off: u32,
-}
+// `struct BuildOutputLayoutRowsArgs` is generated from its `kernel_args!` declaration in src/ops/build_output_layout.rs.
 
-@group(0) @binding(6) var<uniform> rp: RowParams;
+@group(0) @binding(6) var<uniform> rp: BuildOutputLayoutRowsArgs;
 @group(0) @binding(7) var<storage, read> row_cu_out: array<i32>;
 @group(0) @binding(8) var<storage, read_write> batch_id: array<i32>;
 
 @compute @workgroup_size(WG)
 fn build_output_layout_rows_i32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = gid.x + gid.y * nwg.x * WG;
+    let t = invocation_index(gid, nwg);
     if t >= rp.capacity {
         return;
     }

@@ -2,25 +2,9 @@
 // are resolved from the (untrusted) layout exactly as every op does, the seed is
 // `(infer_seed + 4·j) mod MAX_INFER_SEED` in 64-bit limbs.
 
-struct Params {
-    rows: u32,
-    real_bsz: u32,
-    step_tokens: u32,
-    top_p_off: u32,
-    top_k_off: u32,
-    temperature_off: u32,
-    infer_seed_off: u32,
-    this_time_off: u32,
-    encoder_off: u32,
-    cu_out_off: u32,
-    batch_id_off: u32,
-    out_top_p_off: u32,
-    out_top_k_off: u32,
-    out_temperature_off: u32,
-    out_seed_off: u32,
-}
+// `struct BuildSamplingParamsArgs` is generated from its `kernel_args!` declaration in src/ops/build_sampling_params.rs.
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(0) var<uniform> p: BuildSamplingParamsArgs;
 @group(0) @binding(1) var<storage, read> slot_top_p: array<u32>;
 @group(0) @binding(2) var<storage, read> slot_top_k: array<i32>;
 @group(0) @binding(3) var<storage, read> slot_temperature: array<u32>;
@@ -34,19 +18,9 @@ struct Params {
 @group(0) @binding(11) var<storage, read_write> out_temperature: array<u32>;
 @group(0) @binding(12) var<storage, read_write> out_seed: array<u32>;
 
-fn slot_output_rows(t: i32, e: i32, s: u32) -> u32 {
-    if t <= 0 {
-        return 0u;
-    }
-    if e > 0 {
-        return 1u;
-    }
-    return min(u32(t), s);
-}
-
 @compute @workgroup_size(WG)
 fn build_sampling_params_i32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = gid.x + gid.y * nwg.x * WG;
+    let t = invocation_index(gid, nwg);
     if t >= p.rows {
         return;
     }
@@ -54,20 +28,16 @@ fn build_sampling_params_i32(@builtin(global_invocation_id) gid: vec3<u32>, @bui
     var top_k = 0;
     var temperature = 0x3f800000u;
     var seed = vec2<u32>(0u);
-    let b = batch_id[p.batch_id_off + t];
-    if b >= 0 && u32(b) < p.real_bsz {
-        let slot = u32(b);
-        let start = cu_out[p.cu_out_off + slot];
-        if start <= i32(t) {
-            let pos = t - bitcast<u32>(start);
-            let rows = slot_output_rows(this_time[p.this_time_off + slot], encoder[p.encoder_off + slot], p.step_tokens);
-            if pos < rows {
-                top_p = slot_top_p[p.top_p_off + slot];
-                top_k = slot_top_k[p.top_k_off + slot];
-                temperature = slot_temperature[p.temperature_off + slot];
-                let s = p.infer_seed_off + 2u * slot;
-                seed = row_seed(vec2<u32>(infer_seed[s], infer_seed[s + 1u]), pos);
-            }
+    let slot = slot_of_row(batch_id[p.batch_id_off + t], p.real_bsz);
+    if slot != NO_SLOT {
+        let rows = slot_output_rows(this_time[p.this_time_off + slot], encoder[p.encoder_off + slot], p.step_tokens);
+        let pos = position_in_slot(t, cu_out[p.cu_out_off + slot], rows);
+        if pos != NO_ROW {
+            top_p = slot_top_p[p.top_p_off + slot];
+            top_k = slot_top_k[p.top_k_off + slot];
+            temperature = slot_temperature[p.temperature_off + slot];
+            let s = p.infer_seed_off + 2u * slot;
+            seed = row_seed(vec2<u32>(infer_seed[s], infer_seed[s + 1u]), pos);
         }
     }
     out_top_p[p.out_top_p_off + t] = top_p;

@@ -350,6 +350,34 @@ fn len_or_zero(v: i32) -> u32 {
     return u32(max(v, 0));
 }
 
+/// No row: what `row_at` returns outside [0, rows).
+const NO_ROW: u32 = 0xffffffffu;
+
+/// The row `base + k` (a device offset plus a position), computed exactly as an integer: NO_ROW
+/// unless it lies in [0, rows). A negative `base` is not "no rows": `base + k` may still be a
+/// row. Nothing wraps: a sum at or above 2^32 is detected, a difference is taken only when
+/// k >= |base|.
+fn row_at(base: i32, k: u32, rows: u32) -> u32 {
+    var r: u32;
+    if base >= 0 {
+        r = u32(base) + k;
+        if r < k {
+            return NO_ROW;
+        }
+    } else {
+        // The magnitude of base as u32 (2^31 for i32::MIN).
+        let neg = 0u - bitcast<u32>(base);
+        if k < neg {
+            return NO_ROW;
+        }
+        r = k - neg;
+    }
+    if r >= rows {
+        return NO_ROW;
+    }
+    return r;
+}
+
 /// A byte of a u8 buffer stored as u32 words (`i` is the byte index within the binding).
 fn byte_of(word: u32, i: u32) -> u32 {
     return (word >> ((i & 3u) * 8u)) & 0xffu;
@@ -358,4 +386,48 @@ fn byte_of(word: u32, i: u32) -> u32 {
 /// The flat workgroup index of a dispatch that may be two-dimensional (more than 65535 groups).
 fn group_index(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.x + wid.y * nwg.x;
+}
+
+/// The flat invocation index of a dispatch of WG-wide workgroups that may be two-dimensional.
+fn invocation_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return gid.x + gid.y * nwg.x * WG;
+}
+
+// ---- Slots and output rows (contract §1) ------------------------------------------------------
+
+/// Output rows of a slot from its `seq_lens_this_time` and `seq_lens_encoder`: 0 (empty), 1
+/// (prefill), min(this_time, S) (decode).
+fn slot_output_rows(this_time: i32, encoder: i32, step_tokens: u32) -> u32 {
+    if this_time <= 0 {
+        return 0u;
+    }
+    if encoder > 0 {
+        return 1u;
+    }
+    return min(u32(this_time), step_tokens);
+}
+
+/// No slot: what `slot_of_row` returns for a batch id outside [0, real_bsz).
+const NO_SLOT: u32 = 0xffffffffu;
+
+/// The slot an output row names in `batch_id_per_token_output` (untrusted): NO_SLOT unless it
+/// lies in [0, real_bsz).
+fn slot_of_row(batch_id: i32, real_bsz: u32) -> u32 {
+    if batch_id < 0 || u32(batch_id) >= real_bsz {
+        return NO_SLOT;
+    }
+    return u32(batch_id);
+}
+
+/// The position of output row `t` in its slot, whose output rows start at `start`
+/// (`cu_seqlens_q_output`, untrusted) and number `rows`: NO_ROW unless it lies in [0, rows).
+fn position_in_slot(t: u32, start: i32, rows: u32) -> u32 {
+    if start > i32(t) {
+        return NO_ROW;
+    }
+    let pos = t - bitcast<u32>(start);
+    if pos >= rows {
+        return NO_ROW;
+    }
+    return pos;
 }

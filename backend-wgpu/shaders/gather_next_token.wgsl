@@ -4,29 +4,9 @@
 // than one storage binding are gathered in input-row chunks: a dispatch copies only the bytes whose
 // source row lies in its chunk, and the first dispatch writes the zero rows.
 
-struct Params {
-    row_bytes: u32,
-    out_rows: u32,
-    out_byte_off: u32,
-    out_bytes: u32,
-    out_first_word: u32,
-    out_words: u32,
-    in_byte_off: u32,
-    in_row_lo: u32,
-    in_row_hi: u32,
-    first_chunk: u32,
-    token_num: u32,
-    real_bsz: u32,
-    step_tokens: u32,
-    is_speculative: u32,
-    cu_q_off: u32,
-    this_time_off: u32,
-    encoder_off: u32,
-    cu_out_off: u32,
-    batch_id_off: u32,
-}
+// `struct GatherNextTokenArgs` is generated from its `kernel_args!` declaration in src/ops/gather_next_token.rs.
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(0) var<uniform> p: GatherNextTokenArgs;
 @group(0) @binding(1) var<storage, read> hidden: array<u32>;
 @group(0) @binding(2) var<storage, read> cu_q: array<i32>;
 @group(0) @binding(3) var<storage, read> this_time: array<i32>;
@@ -35,38 +15,9 @@ struct Params {
 @group(0) @binding(6) var<storage, read> batch_id: array<i32>;
 @group(0) @binding(7) var<storage, read_write> out: array<u32>;
 
-const NO_ROW: u32 = 0xffffffffu;
-
-fn slot_output_rows(t: i32, e: i32, s: u32) -> u32 {
-    if t <= 0 {
-        return 0u;
-    }
-    if e > 0 {
-        return 1u;
-    }
-    return min(u32(t), s);
-}
-
 /// The packed input row `cu_q[b] + pos`, or NO_ROW outside [0, token_num).
 fn packed_row(b: u32, pos: u32) -> u32 {
-    let cu = cu_q[p.cu_q_off + b];
-    var row: u32;
-    if cu >= 0 {
-        row = u32(cu) + pos;
-        if row < u32(cu) {
-            return NO_ROW;
-        }
-    } else {
-        let neg = 0u - bitcast<u32>(cu);
-        if pos < neg {
-            return NO_ROW;
-        }
-        row = pos - neg;
-    }
-    if row >= p.token_num {
-        return NO_ROW;
-    }
-    return row;
+    return row_at(cu_q[p.cu_q_off + b], pos, p.token_num);
 }
 
 /// The last packed token of slot b (its this_time is > 0 here).
@@ -76,19 +27,14 @@ fn last_row(b: u32) -> u32 {
 
 fn source(t: u32) -> u32 {
     if p.is_speculative != 0u {
-        let b = batch_id[p.batch_id_off + t];
-        if b < 0 || u32(b) >= p.real_bsz {
+        let slot = slot_of_row(batch_id[p.batch_id_off + t], p.real_bsz);
+        if slot == NO_SLOT {
             return NO_ROW;
         }
-        let slot = u32(b);
-        let start = cu_out[p.cu_out_off + slot];
-        if start > i32(t) {
-            return NO_ROW;
-        }
-        let pos = t - bitcast<u32>(start);
-        let tt = this_time[p.this_time_off + slot];
         let e = encoder[p.encoder_off + slot];
-        if pos >= slot_output_rows(tt, e, p.step_tokens) {
+        let rows = slot_output_rows(this_time[p.this_time_off + slot], e, p.step_tokens);
+        let pos = position_in_slot(t, cu_out[p.cu_out_off + slot], rows);
+        if pos == NO_ROW {
             return NO_ROW;
         }
         if e > 0 {
@@ -107,7 +53,7 @@ fn source(t: u32) -> u32 {
 
 @compute @workgroup_size(WG)
 fn gather_next_token_i32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let k = gid.x + gid.y * nwg.x * WG;
+    let k = invocation_index(gid, nwg);
     if k >= p.out_words {
         return;
     }

@@ -4,24 +4,9 @@
 // an atomic), and records the drafts it proposes. `ngram_match_budget_i32` (one invocation) then
 // grants the global token budget in ascending slot order and writes the drafts.
 
-struct Params {
-    real_bsz: u32,
-    step_tokens: u32,
-    max_model_len: u32,
-    min_ngram: u32,
-    max_ngram: u32,
-    threshold: u32,
-    token_ids_all_off: u32,
-    prompt_lens_off: u32,
-    step_idx_off: u32,
-    draft_token_num_off: u32,
-    encoder_off: u32,
-    max_dec_len_off: u32,
-    this_time_off: u32,
-    draft_tokens_off: u32,
-}
+// `struct NgramMatchArgs` is generated from its `kernel_args!` declaration in src/ops/ngram_match.rs.
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(0) var<uniform> p: NgramMatchArgs;
 @group(0) @binding(1) var<storage, read> token_ids_all: array<i32>;
 @group(0) @binding(2) var<storage, read> prompt_lens: array<i32>;
 @group(0) @binding(3) var<storage, read> step_idx: array<i32>;
@@ -143,18 +128,9 @@ fn ngram_match_i32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     }
 }
 
-struct BudgetParams {
-    real_bsz: u32,
-    step_tokens: u32,
-    max_model_len: u32,
-    threshold: u32,
-    token_ids_all_off: u32,
-    encoder_off: u32,
-    this_time_off: u32,
-    draft_tokens_off: u32,
-}
+// `struct NgramMatchBudgetArgs` is generated from its `kernel_args!` declaration in src/ops/ngram_match.rs.
 
-@group(0) @binding(10) var<uniform> bp: BudgetParams;
+@group(0) @binding(10) var<uniform> bp: NgramMatchBudgetArgs;
 @group(0) @binding(11) var<storage, read> budget_token_ids_all: array<i32>;
 @group(0) @binding(12) var<storage, read> budget_encoder: array<i32>;
 @group(0) @binding(13) var<storage, read> budget_proposals: array<u32>;
@@ -163,18 +139,20 @@ struct BudgetParams {
 
 @compute @workgroup_size(1)
 fn ngram_match_budget_i32() {
-    var mandatory = 0u;
+    // Exact 64-bit counts, as the host's usize: real_bsz < 2^32 slots of at most 2^31 - 1 tokens
+    // each stay below 2^63.
+    var mandatory = vec2<u32>(0u);
     for (var b = 0u; b < bp.real_bsz; b++) {
         if budget_encoder[bp.encoder_off + b] > 0 {
-            let s = mandatory + len_or_zero(this_time[bp.this_time_off + b]);
-            mandatory = select(s, 0xffffffffu, s < mandatory);
+            mandatory = add64(mandatory, u64_from(len_or_zero(this_time[bp.this_time_off + b])));
         } else if budget_proposals[3u * b] != 0u {
-            mandatory = select(mandatory + 1u, 0xffffffffu, mandatory == 0xffffffffu);
+            mandatory = add64(mandatory, u64_from(1u));
         }
     }
-    var left = 0u;
-    if bp.threshold > mandatory {
-        left = bp.threshold - mandatory;
+    let threshold = vec2<u32>(bp.threshold_lo, bp.threshold_hi);
+    var left = vec2<u32>(0u);
+    if lt64(mandatory, threshold) {
+        left = sub64(threshold, mandatory);
     }
     let s = bp.step_tokens;
     for (var b = 0u; b < bp.real_bsz; b++) {
@@ -182,8 +160,10 @@ fn ngram_match_budget_i32() {
             continue;
         }
         let first = budget_proposals[3u * b + 1u];
-        let give = min(budget_proposals[3u * b + 2u], left);
-        left = left - give;
+        let count = budget_proposals[3u * b + 2u];
+        // min(count, left): below count, left fits in its low word.
+        let give = select(count, left.x, lt64(left, u64_from(count)));
+        left = sub64(left, u64_from(give));
         for (var k = 0u; k < give; k++) {
             draft_tokens[bp.draft_tokens_off + b * s + 1u + k] =
                 budget_token_ids_all[bp.token_ids_all_off + b * bp.max_model_len + first + k];

@@ -1,8 +1,10 @@
 // Softmax statistics of one row under a temperature (contract §4.9), shared by softmax and
-// accept_logprobs. The including shader defines `fn row_bits(i: u32) -> u32` (the f32 bits of
-// element `i` of the current row) and includes select.wgsl (workgroup reductions). Special rows
-// are decided on bit patterns: temperature 0 (one-hot at the argmax), a +inf maximum (uniform over
-// the +inf entries), all -inf (uniform over the row).
+// accept_logprobs. Needs select.wgsl (the current row `row_bits`, workgroup reductions); the
+// including shader's `row_key` is `order_key(row_bits(i))` (argmax order). Special rows
+// are decided on bit patterns of the raw logits (NaN read as -inf): temperature 0 (one-hot at the
+// argmax), a +inf maximum (uniform over the +inf entries), all -inf (uniform over the row).
+// Otherwise the scaled logit is `(l - m) / t` with `m` the row maximum: subtract first, then
+// divide.
 
 const KIND_ONEHOT: u32 = 0u;
 const KIND_POSINF: u32 = 1u;
@@ -34,13 +36,27 @@ fn effective_temperature(bits: u32) -> f32 {
     return bitcast<f32>(bits);
 }
 
-/// `x / t` with NaN read as -inf.
-fn scaled(bits: u32, t: f32) -> f32 {
-    let y = bitcast<f32>(bits) / t;
-    if is_nan_bits(bitcast<u32>(y)) {
+/// A logit's value with NaN read as -inf.
+fn logit_value(bits: u32) -> f32 {
+    if is_nan_bits(bits) {
         return neg_inf();
     }
-    return y;
+    return bitcast<f32>(bits);
+}
+
+/// The scaled logit `(l - m) / t` of a row whose maximum `m` is finite: subtract first, then
+/// divide, in f32 (no scaled logit exceeds 0, and a tiny `t` tends to the one-hot of `t = 0`).
+/// A -inf (or NaN) logit stays -inf; at `t = +inf` every finite logit scales to 0 (the limit,
+/// where a gap that overflowed to -inf would give NaN).
+fn scaled(bits: u32, m: f32, t: f32) -> f32 {
+    let l = logit_value(bits);
+    if bitcast<u32>(l) == NEG_INF_BITS {
+        return neg_inf();
+    }
+    if bitcast<u32>(t) == POS_INF_BITS {
+        return 0.0;
+    }
+    return (l - m) / t;
 }
 
 fn wg_max_f32(lid: u32, v: f32) -> f32 {
@@ -71,38 +87,30 @@ fn wg_sum_f32(lid: u32, v: f32) -> f32 {
     return workgroupUniformLoad(&s_f32);
 }
 
-/// `exp(x / t - max)`, 0 for a -inf scaled logit.
+/// `exp((x - max) / t)`, 0 for a -inf scaled logit.
 fn exp_term(bits: u32, t: f32, max: f32) -> f32 {
-    let y = scaled(bits, t);
+    let y = scaled(bits, max, t);
     if bitcast<u32>(y) == NEG_INF_BITS {
         return 0.0;
     }
-    return exp(y - max);
+    return exp(y);
 }
 
 /// The row's statistics under temperature `t` (already effective). Uniform result.
 fn row_stats(lid: u32, vocab: u32, t: f32) -> Stats {
     if (bitcast<u32>(t) & 0x7fffffffu) == 0u {
-        var bk = 0u;
-        var bi = 0xffffffffu;
-        for (var i = lid; i < vocab; i += WG) {
-            let k = order_key(row_bits(i));
-            if k > bk || (k == bk && i < bi) {
-                bk = k;
-                bi = i;
-            }
-        }
-        let best = wg_best(lid, bk, bi);
-        return Stats(KIND_ONEHOT, select(best.y, 0u, best.y == 0xffffffffu), 0u, 0.0, 0.0);
+        return Stats(KIND_ONEHOT, first_in_rank(lid, vocab), 0u, 0.0, 0.0);
     }
+    // The maximum of the raw logits (a positive temperature does not change which entries are
+    // the largest, +inf or -inf).
     var m = neg_inf();
     var inf_count = 0u;
     for (var i = lid; i < vocab; i += WG) {
-        let y = scaled(row_bits(i), t);
-        if y > m {
-            m = y;
+        let l = logit_value(row_bits(i));
+        if l > m {
+            m = l;
         }
-        if bitcast<u32>(y) == POS_INF_BITS {
+        if bitcast<u32>(l) == POS_INF_BITS {
             inf_count = inf_count + 1u;
         }
     }
@@ -142,41 +150,39 @@ fn row_stats(lid: u32, vocab: u32, t: f32) -> Stats {
     return Stats(KIND_FINITE, 0u, 0u, max, sum);
 }
 
-/// The probability of element `i` (scaled logit `y`).
-fn stats_prob(st: Stats, i: u32, y: f32, vocab: u32) -> f32 {
+/// The probability of element `i`, whose logit has the f32 bits `bits` (unread for a one-hot row).
+fn stats_prob(st: Stats, i: u32, bits: u32, t: f32, vocab: u32) -> f32 {
     switch st.kind {
         case 0u: {
             return select(0.0, 1.0, i == st.arg);
         }
         case 1u: {
-            return select(0.0, 1.0 / f32(st.count), bitcast<u32>(y) == POS_INF_BITS);
+            return select(0.0, 1.0 / f32(st.count), bits == POS_INF_BITS);
         }
         case 2u: {
             return 1.0 / f32(vocab);
         }
         default: {
-            if bitcast<u32>(y) == NEG_INF_BITS {
-                return 0.0;
-            }
-            return exp(y - st.max) / st.sum;
+            return exp_term(bits, t, st.max) / st.sum;
         }
     }
 }
 
-/// The log-probability of element `i` (scaled logit `y`).
-fn stats_logprob(st: Stats, i: u32, y: f32, vocab: u32) -> f32 {
+/// The log-probability of element `i`, whose logit has the f32 bits `bits` (unread for a one-hot
+/// row).
+fn stats_logprob(st: Stats, i: u32, bits: u32, t: f32, vocab: u32) -> f32 {
     switch st.kind {
         case 0u: {
             return select(neg_inf(), 0.0, i == st.arg);
         }
         case 1u: {
-            return select(neg_inf(), -log(f32(st.count)), bitcast<u32>(y) == POS_INF_BITS);
+            return select(neg_inf(), -log(f32(st.count)), bits == POS_INF_BITS);
         }
         case 2u: {
             return -log(f32(vocab));
         }
         default: {
-            return (y - st.max) - log(st.sum);
+            return scaled(bits, st.max, t) - log(st.sum);
         }
     }
 }

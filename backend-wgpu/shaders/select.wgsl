@@ -1,9 +1,11 @@
 // Rank-order selection without sorting (contract §3, §4.3): one workgroup per row.
 //
-// The including shader defines `fn row_key(i: u32) -> u32`, the key of element `i` of the current
-// row (rank keys of probabilities, or `order_key`s of logits). A set of tokens described by a
-// `Sel` is a prefix of the row in rank order: every token whose key is above `key`, plus the first
-// `take` tokens (by id) whose key equals it.
+// The including shader binds its `[rows, vocab]` float matrix (f32 words, or packed f16/bf16) as
+// `row_words`, starts each row with `begin_row`, and defines `fn row_key(i: u32) -> u32`, the key
+// of element `i` of the current row from `row_bits(i)` (rank keys of probabilities, or
+// `order_key`s of logits). A set of tokens described by a `Sel` is a prefix of the row in rank
+// order: every token whose key is above `key`, plus the first `take` tokens (by id) whose key
+// equals it.
 //
 // `select_prefix` finds the shortest prefix reaching a goal count or mass with a radix
 // selection: up to four passes over the row, each building a 1024-bin histogram (counts, and masses
@@ -47,6 +49,30 @@ var<workgroup> p_aux: array<u32, WG>;
 var<workgroup> p_mass: array<vec2<u32>, WG>;
 var<workgroup> s_state: SelState;
 
+/// The gathered members of a selection (`gather_members`), at most MAX_CANDIDATES (which is at
+/// least MAX_LOGPROBS_TOP_K, checked in kernels.rs).
+var<workgroup> m_key: array<u32, MAX_CANDIDATES>;
+var<workgroup> m_id: array<u32, MAX_CANDIDATES>;
+
+// ---- The current row ----------------------------------------------------------------------------
+
+var<private> g_dt: u32;
+var<private> g_base: u32;
+
+/// Starts reading the row of dtype `dt` whose first element is element `base` of `row_words`.
+fn begin_row(dt: u32, base: u32) {
+    g_dt = dt;
+    g_base = base;
+}
+
+/// The f32 bits of element `i` of the current row.
+fn row_bits(i: u32) -> u32 {
+    let e = g_base + i;
+    return widen_bits(row_words[word_of(e, g_dt)], e, g_dt);
+}
+
+// ---- Selection ----------------------------------------------------------------------------------
+
 /// Metric of `select_prefix`: count tokens (masses not accumulated).
 const METRIC_COUNT: u32 = 0u;
 /// Count tokens, and also report the mass of the selected prefix.
@@ -86,17 +112,59 @@ fn wg_sum64(lid: u32, v: vec2<u32>) -> vec2<u32> {
     return st.cum;
 }
 
-/// The sum over the workgroup of one u32 per thread (uniform result).
+/// The sum over the workgroup of one u32 per thread, modulo 2^32 (uniform result).
 fn wg_sum32(lid: u32, v: u32) -> u32 {
+    return wg_sum64(lid, u64_from(v)).x;
+}
+
+/// The exclusive prefix sum over the workgroup, in thread order, of one u32 per thread.
+fn wg_exclusive_scan(lid: u32, v: u32) -> u32 {
     p_count[lid] = v;
     workgroupBarrier();
     if lid == 0u {
-        var s = 0u;
+        var acc = 0u;
         for (var g = 0u; g < WG; g++) {
-            s = s + p_count[g];
+            let x = p_count[g];
+            p_count[g] = acc;
+            acc = acc + x;
         }
-        s_state.result = s;
     }
+    workgroupBarrier();
+    return p_count[lid];
+}
+
+/// Where a scan in thread order of one u64 mass per thread crosses the draw `t`: the thread whose
+/// chunk holds it (WG when none) and the mass of the chunks before it.
+struct Crossing {
+    thread: u32,
+    before: vec2<u32>,
+}
+
+/// The crossing of `t` by the per-thread masses `m` (uniform). Clears the result that the crossing
+/// thread then posts in `s_state.result` and `wg_result` returns (0xffffffff when none).
+fn wg_crossing(lid: u32, m: vec2<u32>, t: vec2<u32>) -> Crossing {
+    p_mass[lid] = m;
+    workgroupBarrier();
+    if lid == 0u {
+        var cum = vec2<u32>(0u);
+        s_state.first = WG;
+        s_state.result = 0xffffffffu;
+        for (var g = 0u; g < WG; g++) {
+            let nc = add64(cum, p_mass[g]);
+            if lt64(t, nc) {
+                s_state.first = g;
+                s_state.cum = cum;
+                break;
+            }
+            cum = nc;
+        }
+    }
+    let st = workgroupUniformLoad(&s_state);
+    return Crossing(st.first, st.cum);
+}
+
+/// The result posted by the crossing thread after `wg_crossing` (uniform).
+fn wg_result() -> u32 {
     let st = workgroupUniformLoad(&s_state);
     return st.result;
 }
@@ -300,18 +368,7 @@ fn eq_base(lid: u32, vocab: u32, sel: Sel) -> u32 {
             eq = eq + 1u;
         }
     }
-    p_count[lid] = eq;
-    workgroupBarrier();
-    if lid == 0u {
-        var acc = 0u;
-        for (var g = 0u; g < WG; g++) {
-            let v = p_count[g];
-            p_count[g] = acc;
-            acc = acc + v;
-        }
-    }
-    workgroupBarrier();
-    return p_count[lid];
+    return wg_exclusive_scan(lid, eq);
 }
 
 /// Whether a token with key `k` is a member, given how many equal-key tokens came before it
@@ -343,25 +400,9 @@ fn draw_in_prefix(lid: u32, vocab: u32, sel: Sel, t: vec2<u32>) -> u32 {
             m = add64(m, key_weight(k));
         }
     }
-    p_mass[lid] = m;
-    workgroupBarrier();
-    if lid == 0u {
-        var cum = vec2<u32>(0u);
-        s_state.first = WG;
-        s_state.result = 0xffffffffu;
-        for (var g = 0u; g < WG; g++) {
-            let nc = add64(cum, p_mass[g]);
-            if lt64(t, nc) {
-                s_state.first = g;
-                s_state.cum = cum;
-                break;
-            }
-            cum = nc;
-        }
-    }
-    let st = workgroupUniformLoad(&s_state);
-    if lid == st.first {
-        var cum = st.cum;
+    let crossing = wg_crossing(lid, m, t);
+    if lid == crossing.thread {
+        var cum = crossing.before;
         var seen2 = base;
         for (var i = r.x; i < r.y; i++) {
             let k = row_key(i);
@@ -374,8 +415,49 @@ fn draw_in_prefix(lid: u32, vocab: u32, sel: Sel, t: vec2<u32>) -> u32 {
             }
         }
     }
-    let st2 = workgroupUniformLoad(&s_state);
-    return st2.result;
+    return wg_result();
+}
+
+/// Gathers the members of `sel` (none below `min_key`) in ascending id order into `m_key` and
+/// `m_id` (the first MAX_CANDIDATES of them).
+fn gather_members(lid: u32, vocab: u32, sel: Sel, min_key: u32) {
+    let base = eq_base(lid, vocab, sel);
+    let r = chunk_range(lid, vocab);
+    var seen = base;
+    var members = 0u;
+    for (var i = r.x; i < r.y; i++) {
+        if admit(row_key(i), sel, min_key, &seen) {
+            members = members + 1u;
+        }
+    }
+    var pos = wg_exclusive_scan(lid, members);
+    seen = base;
+    for (var i = r.x; i < r.y; i++) {
+        let k = row_key(i);
+        if admit(k, sel, min_key, &seen) {
+            if pos < MAX_CANDIDATES {
+                m_key[pos] = k;
+                m_id[pos] = i;
+            }
+            pos = pos + 1u;
+        }
+    }
+    workgroupBarrier();
+}
+
+/// The rank of gathered member `j` among the first `n` in rank order: key descending, then id
+/// ascending.
+fn member_rank(j: u32, n: u32) -> u32 {
+    let kj = m_key[j];
+    let ij = m_id[j];
+    var rank = 0u;
+    for (var m = 0u; m < n; m++) {
+        let km = m_key[m];
+        if km > kj || (km == kj && m_id[m] < ij) {
+            rank = rank + 1u;
+        }
+    }
+    return rank;
 }
 
 /// The kept set of `top_k_top_p_sample` (contract §4.3 steps 1-2): `found == 0` means the survivors

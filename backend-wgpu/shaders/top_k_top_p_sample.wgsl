@@ -4,43 +4,29 @@
 // one chunked prefix scan in ascending id order. All decisions are integer arithmetic on limbs.
 // With `with_aux` the kept set and the row's total weight are also written (REJECTION uses them).
 
-struct Params {
-    rows: u32,
-    vocab: u32,
-    row0: u32,
-    probs_off: u32,
-    top_k_off: u32,
-    top_p_off: u32,
-    seed_off: u32,
-    tokens_off: u32,
-    aux_off: u32,
-    with_aux: u32,
-}
+// `struct TopKTopPSampleArgs` is generated from its `kernel_args!` declaration in src/ops/top_k_top_p_sample.rs.
 
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> probs: array<u32>;
+@group(0) @binding(0) var<uniform> p: TopKTopPSampleArgs;
+// probs [rows, vocab]
+@group(0) @binding(1) var<storage, read> row_words: array<u32>;
 @group(0) @binding(2) var<storage, read> top_k: array<i32>;
 @group(0) @binding(3) var<storage, read> top_p: array<u32>;
 @group(0) @binding(4) var<storage, read> seeds: array<u32>;
 @group(0) @binding(5) var<storage, read_write> tokens: array<i32>;
 @group(0) @binding(6) var<storage, read_write> aux: array<u32>;
 
-var<private> g_dt: u32;
-var<private> g_base: u32;
 var<workgroup> wg_row: vec4<u32>;
 
 fn row_key(i: u32) -> u32 {
-    let e = g_base + i;
-    return rank_key(widen_bits(probs[word_of(e, g_dt)], e, g_dt));
+    return rank_key(row_bits(i));
 }
 
-fn sample_main(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, dt: u32) {
-    let g = group_index(wid, nwg);
+// Entry points `top_k_top_p_sample_<dtype>` (generated, kernels.rs).
+fn top_k_top_p_sample_main(g: u32, lid: u32, dt: u32) {
     if g >= p.rows {
         return;
     }
-    g_dt = dt;
-    g_base = p.probs_off + g * p.vocab;
+    begin_row(dt, p.probs_off + g * p.vocab);
     let row = p.row0 + g;
     if lid == 0u {
         let s = p.seed_off + 2u * row;
@@ -77,19 +63,4 @@ fn sample_main(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, dt: u32) {
             aux[a + 7u] = 0u;
         }
     }
-}
-
-@compute @workgroup_size(WG)
-fn top_k_top_p_sample_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    sample_main(wid, nwg, lid, DT_F32);
-}
-
-@compute @workgroup_size(WG)
-fn top_k_top_p_sample_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    sample_main(wid, nwg, lid, DT_F16);
-}
-
-@compute @workgroup_size(WG)
-fn top_k_top_p_sample_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    sample_main(wid, nwg, lid, DT_BF16);
 }

@@ -3,47 +3,38 @@
 // with a chunked scan, ordered among themselves (C <= 128) by a rank count, and the top-p length
 // is an exact prefix walk over at most C weights.
 
-struct Params {
-    rows: u32,
-    vocab: u32,
-    row0: u32,
-    probs_off: u32,
-    top_p_off: u32,
-    batch_id_off: u32,
-    has_batch_id: u32,
-    ids_off: u32,
-    scores_off: u32,
-    lens_off: u32,
-    candidates: u32,
-}
+// `struct TopPCandidatesArgs` is generated from its `kernel_args!` declaration in src/ops/top_p_candidates.rs.
 
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> probs: array<u32>;
+@group(0) @binding(0) var<uniform> p: TopPCandidatesArgs;
+// probs [rows, vocab]
+@group(0) @binding(1) var<storage, read> row_words: array<u32>;
 @group(0) @binding(2) var<storage, read> top_p: array<u32>;
 @group(0) @binding(3) var<storage, read> batch_id: array<i32>;
 @group(0) @binding(4) var<storage, read_write> ids: array<i32>;
 @group(0) @binding(5) var<storage, read_write> scores: array<u32>;
 @group(0) @binding(6) var<storage, read_write> lens: array<i32>;
 
-var<private> g_dt: u32;
-var<private> g_base: u32;
 var<workgroup> wg_row: vec2<u32>;
-var<workgroup> cand_key: array<u32, MAX_CANDIDATES>;
-var<workgroup> cand_id: array<u32, MAX_CANDIDATES>;
 var<workgroup> sorted_key: array<u32, MAX_CANDIDATES>;
 
 fn row_key(i: u32) -> u32 {
-    let e = g_base + i;
-    return rank_key(widen_bits(probs[word_of(e, g_dt)], e, g_dt));
+    return rank_key(row_bits(i));
 }
 
-fn candidates_main(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, dt: u32) {
-    let g = group_index(wid, nwg);
+/// Writes the empty candidates `first .. c` of the row whose output starts at `out`.
+fn clear_candidates(lid: u32, out: u32, first: u32, c: u32) {
+    for (var j = first + lid; j < c; j += WG) {
+        ids[p.ids_off + out + j] = -1;
+        scores[p.scores_off + out + j] = 0u;
+    }
+}
+
+// Entry points `top_p_candidates_<dtype>` (generated, kernels.rs).
+fn top_p_candidates_main(g: u32, lid: u32, dt: u32) {
     if g >= p.rows {
         return;
     }
-    g_dt = dt;
-    g_base = p.probs_off + g * p.vocab;
+    begin_row(dt, p.probs_off + g * p.vocab);
     let row = p.row0 + g;
     let c = p.candidates;
     let out = row * c;
@@ -56,10 +47,7 @@ fn candidates_main(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, dt: u32) {
     }
     let rp = workgroupUniformLoad(&wg_row);
     if rp.x != 0u {
-        for (var j = lid; j < c; j += WG) {
-            ids[p.ids_off + out + j] = -1;
-            scores[p.scores_off + out + j] = 0u;
-        }
+        clear_candidates(lid, out, 0u, c);
         if lid == 0u {
             lens[p.lens_off + row] = 0;
         }
@@ -83,59 +71,15 @@ fn candidates_main(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, dt: u32) {
         sel = select_prefix(lid, vocab, MIN_WEIGHT_KEY, METRIC_COUNT, u64_from(c), 30u);
     }
     let n = sel.count;
-    // Gather the members in id order.
-    let base = eq_base(lid, vocab, sel);
-    let r = chunk_range(lid, vocab);
-    var seen = base;
-    var members = 0u;
-    for (var i = r.x; i < r.y; i++) {
-        if admit(row_key(i), sel, MIN_WEIGHT_KEY, &seen) {
-            members = members + 1u;
-        }
-    }
-    p_aux[lid] = members;
-    workgroupBarrier();
-    if lid == 0u {
-        var acc = 0u;
-        for (var t = 0u; t < WG; t++) {
-            let v = p_aux[t];
-            p_aux[t] = acc;
-            acc = acc + v;
-        }
-    }
-    workgroupBarrier();
-    var pos = p_aux[lid];
-    seen = base;
-    for (var i = r.x; i < r.y; i++) {
-        let k = row_key(i);
-        if admit(k, sel, MIN_WEIGHT_KEY, &seen) {
-            if pos < MAX_CANDIDATES {
-                cand_key[pos] = k;
-                cand_id[pos] = i;
-            }
-            pos = pos + 1u;
-        }
-    }
-    workgroupBarrier();
+    gather_members(lid, vocab, sel, MIN_WEIGHT_KEY);
     // Order the (at most C) candidates: key descending, id ascending.
     for (var j = lid; j < n; j += WG) {
-        let kj = cand_key[j];
-        let ij = cand_id[j];
-        var rank = 0u;
-        for (var m = 0u; m < n; m++) {
-            let km = cand_key[m];
-            if km > kj || (km == kj && cand_id[m] < ij) {
-                rank = rank + 1u;
-            }
-        }
-        ids[p.ids_off + out + rank] = i32(ij);
-        scores[p.scores_off + out + rank] = kj;
-        sorted_key[rank] = kj;
+        let rank = member_rank(j, n);
+        ids[p.ids_off + out + rank] = i32(m_id[j]);
+        scores[p.scores_off + out + rank] = m_key[j];
+        sorted_key[rank] = m_key[j];
     }
-    for (var j = n + lid; j < c; j += WG) {
-        ids[p.ids_off + out + j] = -1;
-        scores[p.scores_off + out + j] = 0u;
-    }
+    clear_candidates(lid, out, n, c);
     workgroupBarrier();
     if lid == 0u {
         let pf = top_p_fixed(rp.y);
@@ -150,19 +94,4 @@ fn candidates_main(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, dt: u32) {
         }
         lens[p.lens_off + row] = i32(len);
     }
-}
-
-@compute @workgroup_size(WG)
-fn top_p_candidates_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    candidates_main(wid, nwg, lid, DT_F32);
-}
-
-@compute @workgroup_size(WG)
-fn top_p_candidates_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    candidates_main(wid, nwg, lid, DT_F16);
-}
-
-@compute @workgroup_size(WG)
-fn top_p_candidates_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    candidates_main(wid, nwg, lid, DT_BF16);
 }

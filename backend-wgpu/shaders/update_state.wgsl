@@ -2,27 +2,9 @@
 // set through atomics on the u32 word that holds them (a running slot's flag byte is 0, so setting
 // it is an atomic OR of 1), which leaves the neighbouring bytes untouched.
 
-struct Params {
-    real_bsz: u32,
-    step_tokens: u32,
-    max_model_len: u32,
-    end_count: u32,
-    accept_tokens_off: u32,
-    is_block_off: u32,
-    prompt_lens_off: u32,
-    max_dec_len_off: u32,
-    end_tokens_off: u32,
-    accept_num_off: u32,
-    stop_flags_off: u32,
-    token_ids_all_off: u32,
-    step_idx_off: u32,
-    infer_seed_off: u32,
-    draft_tokens_off: u32,
-    encoder_off: u32,
-    decoder_off: u32,
-}
+// `struct UpdateStateArgs` is generated from its `kernel_args!` declaration in src/ops/update_state.rs.
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(0) var<uniform> p: UpdateStateArgs;
 @group(0) @binding(1) var<storage, read> accept_tokens: array<i32>;
 @group(0) @binding(2) var<storage, read> is_block: array<u32>;
 @group(0) @binding(3) var<storage, read> prompt_lens: array<i32>;
@@ -54,7 +36,7 @@ fn sat_add_i32(a: i32, n: u32) -> i32 {
     return -i32(neg - n);
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(SLOT_WG)
 fn update_state_i32(@builtin(global_invocation_id) gid: vec3<u32>) {
     let b = gid.x;
     if b >= p.real_bsz {

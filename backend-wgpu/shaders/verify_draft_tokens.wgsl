@@ -6,39 +6,12 @@
 //
 // REJECTION runs before it: the target rows are sampled by `top_k_top_p_sample` (which also
 // records each row's kept set and total weight), then `verify_draft_tokens_pair_<dtype>` tests
-// every (draft row, target row) pair with one workgroup: the acceptance test
+// every (draft row, target row) pair with one workgroup (an id outside [0, V) weighs 0 in both
+// rows, so it is rejected and corrected from the residual like any other draft): the acceptance test
 // `U · wq[d] · Wp < 2^32 · wp[d] · Wq` in 128-bit limbs, and on rejection the residual draw by a
 // chunked prefix scan. The slot walk then reads the pair results.
 
-struct Params {
-    max_bsz: u32,
-    real_bsz: u32,
-    step_tokens: u32,
-    rows: u32,
-    vocab: u32,
-    accept_all: u32,
-    reject_all: u32,
-    strategy: u32,
-    candidates: u32,
-    end_count: u32,
-    draft_tokens_off: u32,
-    this_time_off: u32,
-    encoder_off: u32,
-    cu_out_off: u32,
-    stop_flags_off: u32,
-    is_block_off: u32,
-    reasoning_off: u32,
-    step_idx_off: u32,
-    max_dec_len_off: u32,
-    end_tokens_off: u32,
-    seeds_off: u32,
-    targets_off: u32,
-    cand_ids_off: u32,
-    cand_scores_off: u32,
-    cand_lens_off: u32,
-    accept_tokens_off: u32,
-    accept_num_off: u32,
-}
+// `struct VerifyDraftTokensArgs` is generated from its `kernel_args!` declaration in src/ops/verify_draft_tokens.rs.
 
 const STRATEGY_GREEDY: u32 = 0u;
 const STRATEGY_TARGET_MATCH: u32 = 1u;
@@ -49,7 +22,7 @@ const PAIR_ACCEPTED: u32 = 1u;
 const PAIR_REJECTED: u32 = 2u;
 const PAIR_RESAMPLE_TARGET: u32 = 3u;
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(0) var<uniform> p: VerifyDraftTokensArgs;
 @group(0) @binding(1) var<storage, read> draft_tokens: array<i32>;
 @group(0) @binding(2) var<storage, read> this_time: array<i32>;
 @group(0) @binding(3) var<storage, read> encoder: array<i32>;
@@ -101,20 +74,13 @@ fn in_vocab(token: i32) -> bool {
     return token >= 0 && u32(token) < p.vocab;
 }
 
-/// The output row `base + i`, or 0xffffffff when it does not exist.
+/// The output row `base + i`, or NO_ROW (0xffffffff) when it is outside [0, rows).
 fn out_row(base: i32, i: u32) -> u32 {
-    if base < 0 {
-        return 0xffffffffu;
-    }
-    let r = u32(base) + i;
-    if r >= p.rows {
-        return 0xffffffffu;
-    }
-    return r;
+    return row_at(base, i, p.rows);
 }
 
 fn target_token(row: u32) -> i32 {
-    if row == 0xffffffffu {
+    if row == NO_ROW {
         return -1;
     }
     return targets[p.targets_off + row];
@@ -126,7 +92,7 @@ fn candidate_len(row: u32) -> u32 {
 
 /// The phase-2 token of a row (-1 when the row does not exist).
 fn phase2(row: u32) -> i32 {
-    if row == 0xffffffffu {
+    if row == NO_ROW {
         return -1;
     }
     if p.strategy == STRATEGY_TOPP {
@@ -155,7 +121,7 @@ fn phase2(row: u32) -> i32 {
     return target_token(row);
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(SLOT_WG)
 fn verify_draft_tokens_i32(@builtin(global_invocation_id) gid: vec3<u32>) {
     let b = gid.x;
     if b >= p.max_bsz {
@@ -194,22 +160,12 @@ fn verify_draft_tokens_i32(@builtin(global_invocation_id) gid: vec3<u32>) {
             let d = draft_tokens[p.draft_tokens_off + b * s + i + 1u];
             let row = out_row(base, i);
             var accepted = false;
-            if !in_vocab(d) {
-                accepted = false;
-            } else if p.accept_all != 0u {
+            if p.accept_all != 0u && in_vocab(d) {
                 accepted = true;
-            } else if p.strategy == STRATEGY_TOPP {
-                if row != 0xffffffffu {
-                    let len = candidate_len(row);
-                    for (var k = 0u; k < len; k++) {
-                        if cand_ids[p.cand_ids_off + row * p.candidates + k] == d {
-                            accepted = true;
-                            break;
-                        }
-                    }
-                }
             } else if p.strategy == STRATEGY_REJECTION {
-                if row != 0xffffffffu {
+                // Tested by the pair kernel; an id outside [0, V) weighs 0 in both rows and is
+                // rejected like any other draft (accept_all accepts only ids in [0, V)).
+                if row != NO_ROW {
                     let j = 2u * (b * (s - 1u) + i);
                     let status = pairs[j];
                     if status == PAIR_ACCEPTED {
@@ -220,6 +176,18 @@ fn verify_draft_tokens_i32(@builtin(global_invocation_id) gid: vec3<u32>) {
                     } else {
                         has_correction = true;
                         correction = target_token(row);
+                    }
+                }
+            } else if !in_vocab(d) {
+                accepted = false;
+            } else if p.strategy == STRATEGY_TOPP {
+                if row != NO_ROW {
+                    let len = candidate_len(row);
+                    for (var k = 0u; k < len; k++) {
+                        if cand_ids[p.cand_ids_off + row * p.candidates + k] == d {
+                            accepted = true;
+                            break;
+                        }
                     }
                 }
             } else {
@@ -249,27 +217,11 @@ fn verify_draft_tokens_i32(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 // ---- REJECTION pairs ----------------------------------------------------------------------------
 
-struct PairParams {
-    max_bsz: u32,
-    real_bsz: u32,
-    step_tokens: u32,
-    rows: u32,
-    vocab: u32,
-    target_row_lo: u32,
-    target_row_hi: u32,
-    target_off: u32,
-    draft_row_lo: u32,
-    draft_off: u32,
-    draft_dtype: u32,
-    pairs_in_dispatch: u32,
-    draft_tokens_off: u32,
-    this_time_off: u32,
-    cu_out_off: u32,
-    seeds_off: u32,
-}
+// `struct VerifyDraftTokensPairArgs` is generated from its `kernel_args!` declaration in src/ops/verify_draft_tokens.rs.
 
-@group(0) @binding(20) var<uniform> pp: PairParams;
-@group(0) @binding(21) var<storage, read> target_probs: array<u32>;
+@group(0) @binding(20) var<uniform> pp: VerifyDraftTokensPairArgs;
+// target_probs [rows, vocab]
+@group(0) @binding(21) var<storage, read> row_words: array<u32>;
 @group(0) @binding(22) var<storage, read> draft_probs: array<u32>;
 @group(0) @binding(23) var<storage, read> pair_draft_tokens: array<i32>;
 @group(0) @binding(24) var<storage, read> pair_this_time: array<i32>;
@@ -290,21 +242,24 @@ struct Pair {
     total: vec2<u32>,
 }
 
-var<private> g_dt: u32;
-var<private> g_base: u32;
 var<private> g_qbase: u32;
 var<workgroup> wg_pair: Pair;
 var<workgroup> wg_decision: vec2<u32>;
 
 fn row_key(i: u32) -> u32 {
-    let e = g_base + i;
-    return rank_key(widen_bits(target_probs[word_of(e, g_dt)], e, g_dt));
+    return rank_key(row_bits(i));
 }
 
 fn q_key(i: u32) -> u32 {
     let e = g_qbase + i;
     let dt = pp.draft_dtype;
     return rank_key(widen_bits(draft_probs[word_of(e, dt)], e, dt));
+}
+
+/// Records the test of draft row `j`: its status (`PAIR_*`) and token.
+fn post_pair(j: u32, status: u32, token: u32) {
+    pairs_out[2u * j] = status;
+    pairs_out[2u * j + 1u] = token;
 }
 
 /// `floor(max(0, wp·Wq − wq·Wp) / 2^41)`.
@@ -318,12 +273,11 @@ fn residual(wp: vec2<u32>, wq: vec2<u32>, wq_total: vec2<u32>, wp_total: vec2<u3
     return vec2<u32>((d.y >> 9u) | (d.z << 23u), (d.z >> 9u) | (d.w << 23u));
 }
 
-fn pair_main(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, dt: u32) {
-    let g = group_index(wid, nwg);
+// Entry points `verify_draft_tokens_pair_<dtype>` (generated, kernels.rs).
+fn verify_draft_tokens_pair_main(g: u32, lid: u32, dt: u32) {
     if g >= pp.pairs_in_dispatch {
         return;
     }
-    g_dt = dt;
     let j = pp.draft_row_lo + g;
     let s = pp.step_tokens;
     let vocab = pp.vocab;
@@ -334,14 +288,16 @@ fn pair_main(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, dt: u32) {
             let i = j % (s - 1u);
             if b < pp.real_bsz {
                 let n = min(len_or_zero(pair_this_time[pp.this_time_off + b]), s);
-                let base = pair_cu_out[pp.cu_out_off + b];
-                if i + 1u < n && base >= 0 {
-                    let r = u32(base) + i;
-                    let d = pair_draft_tokens[pp.draft_tokens_off + b * s + i + 1u];
-                    if r < pp.rows && r >= pp.target_row_lo && r < pp.target_row_hi && d >= 0 && u32(d) < vocab {
+                let r = row_at(pair_cu_out[pp.cu_out_off + b], i, pp.rows);
+                if i + 1u < n && r != NO_ROW {
+                    // An id outside [0, V) (also negative, as u32) weighs 0 in both rows and is
+                    // tested like any other; accept_all accepts the ids in [0, V) untested.
+                    let d = bitcast<u32>(pair_draft_tokens[pp.draft_tokens_off + b * s + i + 1u]);
+                    let tested = pp.accept_all == 0u || d >= vocab;
+                    if r >= pp.target_row_lo && r < pp.target_row_hi && tested {
                         let a = 8u * r;
                         let sd = pp.seeds_off + 2u * r;
-                        pr = Pair(1u, r, u32(d), kept_aux[a], kept_aux[a + 1u], kept_aux[a + 2u],
+                        pr = Pair(1u, r, d, kept_aux[a], kept_aux[a + 1u], kept_aux[a + 2u],
                             vec2<u32>(pair_seeds[sd], pair_seeds[sd + 1u]),
                             vec2<u32>(kept_aux[a + 3u], kept_aux[a + 4u]),
                             vec2<u32>(kept_aux[a + 5u], kept_aux[a + 6u]));
@@ -355,7 +311,7 @@ fn pair_main(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, dt: u32) {
     if pr.is_active == 0u {
         return;
     }
-    g_base = pp.target_off + (pr.row - pp.target_row_lo) * vocab;
+    begin_row(dt, pp.target_off + (pr.row - pp.target_row_lo) * vocab);
     g_qbase = pp.draft_off + g * vocab;
     let limit = vec2<u32>(REJECTION_MAX_TOTAL_WEIGHT_LO, REJECTION_MAX_TOTAL_WEIGHT_HI);
     // The draft row's total weight.
@@ -366,15 +322,18 @@ fn pair_main(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, dt: u32) {
     let wq_total = wg_sum64(lid, wq_part);
     if ge64(pr.total, limit) || ge64(wq_total, limit) || pr.found == 0u {
         if lid == 0u {
-            pairs_out[2u * j] = PAIR_RESAMPLE_TARGET;
-            pairs_out[2u * j + 1u] = 0u;
+            post_pair(j, PAIR_RESAMPLE_TARGET, 0u);
         }
         return;
     }
     let sel = Sel(pr.key, pr.take, 0u, 1u, pr.kept_mass);
     let base = eq_base(lid, vocab, sel);
     let r = chunk_range(lid, vocab);
-    // The weight of the draft token within the kept set, by the thread whose chunk holds it.
+    // The weight of the draft token within the kept set, by the thread whose chunk holds it. An
+    // id outside [0, V) is in no chunk: wq[d] = wp[d] = 0, so it is rejected.
+    if lid == 0u && pr.draft >= vocab {
+        wg_decision = vec2<u32>(0u);
+    }
     if pr.draft >= r.x && pr.draft < r.y {
         let d = pr.draft;
         let kd = row_key(d);
@@ -408,8 +367,7 @@ fn pair_main(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, dt: u32) {
     let decision = workgroupUniformLoad(&wg_decision);
     if decision.x == 1u {
         if lid == 0u {
-            pairs_out[2u * j] = PAIR_ACCEPTED;
-            pairs_out[2u * j + 1u] = pr.draft;
+            post_pair(j, PAIR_ACCEPTED, pr.draft);
         }
         return;
     }
@@ -422,68 +380,35 @@ fn pair_main(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, dt: u32) {
             m = add64(m, residual(key_weight(k), key_weight(q_key(i)), wq_total, pr.kept_mass));
         }
     }
-    p_mass[lid] = m;
-    workgroupBarrier();
-    if lid == 0u {
-        var total = vec2<u32>(0u);
-        for (var t = 0u; t < WG; t++) {
-            total = add64(total, p_mass[t]);
+    let total = wg_sum64(lid, m);
+    if is_zero64(total) {
+        if lid == 0u {
+            post_pair(j, PAIR_RESAMPLE_TARGET, 0u);
         }
-        s_state.first = WG;
-        s_state.result = 0xffffffffu;
-        if !is_zero64(total) {
-            let t = scale_draw(draw(pr.seed, PURPOSE_RESIDUAL), total);
-            s_state.cum = t;
-            var cum = vec2<u32>(0u);
-            for (var th = 0u; th < WG; th++) {
-                let nc = add64(cum, p_mass[th]);
-                if lt64(t, nc) {
-                    s_state.first = th;
-                    s_state.above_mass = cum;
-                    break;
-                }
-                cum = nc;
-            }
-        }
+        return;
     }
-    let st = workgroupUniformLoad(&s_state);
-    if lid == st.first {
-        var cum = st.above_mass;
+    let t = scale_draw(draw(pr.seed, PURPOSE_RESIDUAL), total);
+    let crossing = wg_crossing(lid, m, t);
+    if lid == crossing.thread {
+        var cum = crossing.before;
         var seen2 = base;
         for (var i = r.x; i < r.y; i++) {
             let k = row_key(i);
             if admit(k, sel, 0u, &seen2) {
                 cum = add64(cum, residual(key_weight(k), key_weight(q_key(i)), wq_total, pr.kept_mass));
-                if lt64(st.cum, cum) {
+                if lt64(t, cum) {
                     s_state.result = i;
                     break;
                 }
             }
         }
     }
-    let st2 = workgroupUniformLoad(&s_state);
+    let result = wg_result();
     if lid == 0u {
-        if st2.result == 0xffffffffu {
-            pairs_out[2u * j] = PAIR_RESAMPLE_TARGET;
-            pairs_out[2u * j + 1u] = 0u;
+        if result == 0xffffffffu {
+            post_pair(j, PAIR_RESAMPLE_TARGET, 0u);
         } else {
-            pairs_out[2u * j] = PAIR_REJECTED;
-            pairs_out[2u * j + 1u] = st2.result;
+            post_pair(j, PAIR_REJECTED, result);
         }
     }
-}
-
-@compute @workgroup_size(WG)
-fn verify_draft_tokens_pair_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    pair_main(wid, nwg, lid, DT_F32);
-}
-
-@compute @workgroup_size(WG)
-fn verify_draft_tokens_pair_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    pair_main(wid, nwg, lid, DT_F16);
-}
-
-@compute @workgroup_size(WG)
-fn verify_draft_tokens_pair_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    pair_main(wid, nwg, lid, DT_BF16);
 }

@@ -40,7 +40,8 @@ pub(crate) struct Dispatch {
     pub(crate) kernel: Kernel,
     pub(crate) entry: String,
     pub(crate) params_binding: u32,
-    pub(crate) params: Vec<u32>,
+    /// The bytes of the kernel's argument struct (a `KernelArgs`), bound as the uniform.
+    pub(crate) params: Vec<u8>,
     pub(crate) bindings: Vec<(u32, Bound)>,
     /// Workgroups (split into two dimensions above 65535).
     pub(crate) groups: u32,
@@ -280,17 +281,18 @@ impl Gpu {
             return Ok(m.clone());
         }
         let source = shader_source(kernel);
+        let file = kernel.file();
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self
             .device
             .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(kernel.file()),
+                label: Some(&file),
                 source: wgpu::ShaderSource::Wgsl(source.into()),
             });
         if let Some(error) = pollster::block_on(scope.pop()) {
             return Err(Error::KernelBuild {
                 backend: BackendKind::Wgpu,
-                kernel: kernel.file().to_owned(),
+                kernel: file,
                 log: error.to_string(),
             });
         }
@@ -350,13 +352,11 @@ impl Gpu {
                 timestamp_writes: None,
             });
             for (d, pipeline) in dispatches.iter().zip(&prepared) {
-                let mut words = d.params.clone();
-                words.resize(d.params.len().div_ceil(4).max(1) * 4, 0);
                 let uniform = self
                     .device
                     .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                         label: Some("specula params"),
-                        contents: bytemuck::cast_slice(&words),
+                        contents: &d.params,
                         usage: wgpu::BufferUsages::UNIFORM,
                     });
                 let mut entries = vec![wgpu::BindGroupEntry {

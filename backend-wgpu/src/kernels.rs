@@ -1,7 +1,11 @@
 //! The WGSL kernel files, embedded with `include_str!`, and the generated prelude that injects the
-//! constants shared with Rust (`backend_api::abi`) into every module.
+//! constants shared with Rust (`backend_api::abi`) and the kernels' argument structs (declared in
+//! Rust with `kernel_args!`) into every module.
 
-use specula_backend_api::abi;
+use std::fmt::Write as _;
+use std::marker::PhantomData;
+
+use specula_backend_api::abi::{self, KernelArgs, KernelField};
 use specula_backend_api::{DType, Op};
 
 /// Workgroup size of the row kernels (one workgroup per row).
@@ -13,54 +17,59 @@ const COMMON: &str = include_str!("../shaders/common.wgsl");
 const SELECT: &str = include_str!("../shaders/select.wgsl");
 const ROWSTATS: &str = include_str!("../shaders/rowstats.wgsl");
 
-/// One shader module: an op's file (plus the shared files it needs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Kernel {
-    BuildOutputLayout,
-    GatherNextToken,
-    BuildSamplingParams,
-    Argmax,
-    Softmax,
-    TopKTopPSample,
-    TopPCandidates,
-    VerifyDraftTokens,
-    UpdateState,
-    NgramMatch,
-    AcceptLogprobs,
+macro_rules! kernel_registry {
+    ($($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*) => {
+        /// One shader module per op of the table (`shaders/<op>.wgsl`, plus the shared files it
+        /// needs). Generated from [`specula_backend_api::for_each_op!`], so an op without its
+        /// shader file does not compile.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub(crate) enum Kernel {
+            $(
+                #[doc = concat!("`shaders/", stringify!($name), ".wgsl`.")]
+                $variant,
+            )*
+        }
+
+        impl Kernel {
+            /// The kernel of a contract op (`None` for [`Op::Memory`]).
+            #[cfg(test)]
+            pub(crate) fn of(op: Op) -> Option<Kernel> {
+                match op {
+                    $(Op::$variant => Some(Kernel::$variant),)*
+                    Op::Memory => None,
+                }
+            }
+
+            /// The op this module implements.
+            pub(crate) fn op(self) -> Op {
+                match self {
+                    $(Kernel::$variant => Op::$variant,)*
+                }
+            }
+
+            /// The op's own shader file.
+            fn body(self) -> &'static str {
+                match self {
+                    $(Kernel::$variant => include_str!(concat!("../shaders/", stringify!($name), ".wgsl")),)*
+                }
+            }
+
+            /// The argument structs of the module's kernels (`ARGS` of `src/ops/<op>.rs`).
+            pub(crate) fn args(self) -> &'static [ArgsStruct] {
+                match self {
+                    $(Kernel::$variant => crate::ops::$name::ARGS,)*
+                }
+            }
+        }
+    };
 }
 
-impl Kernel {
-    /// The file name under `shaders/`.
-    pub(crate) fn file(self) -> &'static str {
-        match self {
-            Kernel::BuildOutputLayout => "build_output_layout.wgsl",
-            Kernel::GatherNextToken => "gather_next_token.wgsl",
-            Kernel::BuildSamplingParams => "build_sampling_params.wgsl",
-            Kernel::Argmax => "argmax.wgsl",
-            Kernel::Softmax => "softmax.wgsl",
-            Kernel::TopKTopPSample => "top_k_top_p_sample.wgsl",
-            Kernel::TopPCandidates => "top_p_candidates.wgsl",
-            Kernel::VerifyDraftTokens => "verify_draft_tokens.wgsl",
-            Kernel::UpdateState => "update_state.wgsl",
-            Kernel::NgramMatch => "ngram_match.wgsl",
-            Kernel::AcceptLogprobs => "accept_logprobs.wgsl",
-        }
-    }
+specula_backend_api::for_each_op!(kernel_registry);
 
-    fn body(self) -> &'static str {
-        match self {
-            Kernel::BuildOutputLayout => include_str!("../shaders/build_output_layout.wgsl"),
-            Kernel::GatherNextToken => include_str!("../shaders/gather_next_token.wgsl"),
-            Kernel::BuildSamplingParams => include_str!("../shaders/build_sampling_params.wgsl"),
-            Kernel::Argmax => include_str!("../shaders/argmax.wgsl"),
-            Kernel::Softmax => include_str!("../shaders/softmax.wgsl"),
-            Kernel::TopKTopPSample => include_str!("../shaders/top_k_top_p_sample.wgsl"),
-            Kernel::TopPCandidates => include_str!("../shaders/top_p_candidates.wgsl"),
-            Kernel::VerifyDraftTokens => include_str!("../shaders/verify_draft_tokens.wgsl"),
-            Kernel::UpdateState => include_str!("../shaders/update_state.wgsl"),
-            Kernel::NgramMatch => include_str!("../shaders/ngram_match.wgsl"),
-            Kernel::AcceptLogprobs => include_str!("../shaders/accept_logprobs.wgsl"),
-        }
+impl Kernel {
+    /// The file name under `shaders/` (`argmax.wgsl`).
+    pub(crate) fn file(self) -> String {
+        self.op().kernel_file("wgsl")
     }
 
     /// The shared files this module needs besides `common.wgsl`.
@@ -71,7 +80,30 @@ impl Kernel {
             | Kernel::TopPCandidates
             | Kernel::VerifyDraftTokens => &[SELECT],
             Kernel::Softmax | Kernel::AcceptLogprobs => &[SELECT, ROWSTATS],
-            _ => &[],
+            Kernel::BuildOutputLayout
+            | Kernel::GatherNextToken
+            | Kernel::BuildSamplingParams
+            | Kernel::UpdateState
+            | Kernel::NgramMatch => &[],
+        }
+    }
+
+    /// The module's float kernels, one workgroup per row (or entry): for each suffix, the
+    /// entry point `<op>[_<suffix>]_<dtype>` of every float dtype is generated
+    /// ([`float_entry_points`]), calling `<op>[_<suffix>]_main` of the op's file.
+    fn float_kernels(self) -> &'static [Option<&'static str>] {
+        match self {
+            Kernel::Argmax
+            | Kernel::Softmax
+            | Kernel::TopKTopPSample
+            | Kernel::TopPCandidates
+            | Kernel::AcceptLogprobs => &[None],
+            Kernel::VerifyDraftTokens => &[Some("pair")],
+            Kernel::BuildOutputLayout
+            | Kernel::GatherNextToken
+            | Kernel::BuildSamplingParams
+            | Kernel::UpdateState
+            | Kernel::NgramMatch => &[],
         }
     }
 }
@@ -85,6 +117,33 @@ pub(crate) fn entry(op: Op, suffix: Option<&str>, dtype: DType) -> String {
     }
 }
 
+/// The entry points of `kernel`'s float kernels, named as [`entry`] names them: for each float
+/// dtype, `<op>[_<suffix>]_<dtype>` runs `<op>[_<suffix>]_main(group, lid, DT_<DTYPE>)` with one
+/// workgroup of [`WG`] invocations per group (`group` flattened by `group_index`).
+fn float_entry_points(kernel: Kernel) -> String {
+    let op = kernel.op();
+    let mut out = String::new();
+    for &suffix in kernel.float_kernels() {
+        let main = match suffix {
+            None => format!("{}_main", op.name()),
+            Some(s) => format!("{}_{s}_main", op.name()),
+        };
+        for dtype in DType::FLOATS {
+            let name = entry(op, suffix, dtype);
+            let dt = dtype.name().to_uppercase();
+            // Writing to a String cannot fail.
+            let _ = write!(
+                out,
+                "\n@compute @workgroup_size(WG)\n\
+                 fn {name}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n    \
+                 {main}(group_index(wid, nwg), lid, DT_{dt});\n\
+                 }}\n"
+            );
+        }
+    }
+    out
+}
+
 /// The index of a float dtype in the kernels (`DT_*`).
 pub(crate) fn float_code(dtype: DType) -> u32 {
     match dtype {
@@ -94,12 +153,17 @@ pub(crate) fn float_code(dtype: DType) -> u32 {
     }
 }
 
+// select.wgsl gathers the members of a selection (top-p candidates, logprobs top-K) into arrays of
+// MAX_CANDIDATES entries.
+const _: () = assert!(abi::MAX_LOGPROBS_TOP_K <= abi::MAX_CANDIDATES);
+
 /// The constants every module sees, from `backend_api::abi` (never re-typed in WGSL).
 pub(crate) fn prelude() -> String {
     let min_weight_key = (2f32).powi(-(abi::WEIGHT_BITS as i32)).to_bits();
     format!(
         "// Generated by specula-backend-wgpu from backend_api::abi.\n\
          const WG: u32 = {WG}u;\n\
+         const SLOT_WG: u32 = {SLOT_WG}u;\n\
          const PHILOX_M0: u32 = {m0}u;\n\
          const PHILOX_M1: u32 = {m1}u;\n\
          const PHILOX_W0: u32 = {w0}u;\n\
@@ -137,49 +201,283 @@ pub(crate) fn prelude() -> String {
     )
 }
 
-/// The whole source of a module: prelude, common helpers, libraries, the op's file.
+/// A kernel of a module: the entry points `<op>[_<suffix>]_<dtype>` of `kernel`'s module, whose
+/// uniform at `args_binding` is an `A` (its [`kernel_args!`](specula_backend_api::kernel_args)
+/// struct). Declared once per kernel beside its host code; dispatches and the module's generated
+/// argument structs both come from it.
+#[derive(Debug)]
+pub(crate) struct Entry<A> {
+    kernel: Kernel,
+    suffix: Option<&'static str>,
+    args_binding: u32,
+    args: PhantomData<fn() -> A>,
+}
+
+impl<A: KernelArgs> Entry<A> {
+    /// The kernel `<op>[_<suffix>]` of `kernel`'s module, its arguments bound at `args_binding`.
+    pub(crate) const fn new(
+        kernel: Kernel,
+        suffix: Option<&'static str>,
+        args_binding: u32,
+    ) -> Self {
+        Entry {
+            kernel,
+            suffix,
+            args_binding,
+            args: PhantomData,
+        }
+    }
+
+    /// The module.
+    pub(crate) fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+
+    /// The entry point for `dtype`.
+    pub(crate) fn name(&self, dtype: DType) -> String {
+        entry(self.kernel.op(), self.suffix, dtype)
+    }
+
+    /// The binding of the argument struct.
+    pub(crate) fn args_binding(&self) -> u32 {
+        self.args_binding
+    }
+
+    /// The argument struct, as generated into the module.
+    pub(crate) const fn args(&self) -> ArgsStruct {
+        ArgsStruct::of::<A>(self.args_binding)
+    }
+}
+
+/// A kernel's argument struct as the shaders see it, taken from its Rust declaration
+/// ([`KernelArgs::STRUCT`] and [`KernelArgs::FIELDS`]): the WGSL struct is generated from it, so
+/// the uniform's layout is defined once.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ArgsStruct {
+    /// The struct's name, in Rust and in WGSL.
+    pub(crate) name: &'static str,
+    /// Its fields, in order, every one a `u32`.
+    pub(crate) fields: &'static [KernelField],
+    /// The size of the Rust struct in bytes (checked against the shader by the tests).
+    #[cfg(test)]
+    pub(crate) bytes: usize,
+    /// The binding of the uniform that holds it (checked against the shader by the tests).
+    #[cfg(test)]
+    pub(crate) binding: u32,
+}
+
+impl ArgsStruct {
+    /// The struct of `A`, bound at `binding`. WGSL has no 64-bit integers, so every field must be
+    /// a `u32` (a 64-bit host value is a `*_lo`, `*_hi` pair); used in a constant, another size
+    /// fails to compile.
+    pub(crate) const fn of<A: KernelArgs>(binding: u32) -> Self {
+        let mut i = 0;
+        while i < A::FIELDS.len() {
+            assert!(A::FIELDS[i].bytes == 4, "WGSL argument fields are u32");
+            i += 1;
+        }
+        #[cfg(not(test))]
+        let _ = binding;
+        ArgsStruct {
+            name: A::STRUCT,
+            fields: A::FIELDS,
+            #[cfg(test)]
+            bytes: std::mem::size_of::<A>(),
+            #[cfg(test)]
+            binding,
+        }
+    }
+
+    /// The WGSL declaration: `struct Name {\n    field: u32,\n    ...\n}`.
+    pub(crate) fn wgsl(&self) -> String {
+        let mut out = format!("struct {} {{\n", self.name);
+        for field in self.fields {
+            // Writing to a String cannot fail.
+            let _ = writeln!(out, "    {}: u32,", field.name);
+        }
+        out.push_str("}\n");
+        out
+    }
+}
+
+/// The whole source of a module: prelude, argument structs, common helpers, libraries, the op's
+/// file, the generated entry points of its float kernels.
 pub(crate) fn shader_source(kernel: Kernel) -> String {
     let mut source = prelude();
+    for args in kernel.args() {
+        source.push_str(&args.wgsl());
+    }
     source.push_str(COMMON);
     for library in kernel.libraries() {
         source.push_str(library);
     }
     source.push_str(kernel.body());
+    source.push_str(&float_entry_points(kernel));
     source
+}
+
+/// Reflection of the shader modules with naga, for the tests: every module validates, and every
+/// uniform it binds is a generated [`ArgsStruct`] with the layout of its Rust twin.
+#[cfg(test)]
+pub(crate) mod reflect {
+    use wgpu::naga;
+
+    use super::{ArgsStruct, Kernel, shader_source};
+
+    /// The parsed module of `source` (panics with the compiler's message, under `what`, when it
+    /// does not parse).
+    pub(crate) fn parse(what: &str, source: &str) -> naga::Module {
+        match naga::front::wgsl::parse_str(source) {
+            Ok(m) => m,
+            Err(e) => panic!("{what}: {}", e.emit_to_string(source)),
+        }
+    }
+
+    /// The parsed module of `kernel`.
+    pub(crate) fn module(kernel: Kernel) -> naga::Module {
+        parse(&kernel.file(), &shader_source(kernel))
+    }
+
+    /// The uniforms of `module`: their binding and the name of their struct.
+    pub(crate) fn uniform_structs(module: &naga::Module) -> Vec<(u32, String)> {
+        module
+            .global_variables
+            .iter()
+            .filter(|(_, var)| var.space == naga::AddressSpace::Uniform)
+            .map(|(_, var)| {
+                let binding = var.binding.as_ref().map_or(u32::MAX, |b| b.binding);
+                let name = module.types[var.ty].name.clone().unwrap_or_default();
+                (binding, name)
+            })
+            .collect()
+    }
+
+    /// Checks the WGSL struct named as `args` in `module` against the Rust struct: the same member
+    /// names in the same order, every member a `u32` at offset `4·i` (uniform layout of an
+    /// all-u32 struct), and the same total size.
+    pub(crate) fn check_layout(module: &naga::Module, args: &ArgsStruct) -> Result<(), String> {
+        let name = args.name;
+        let (members, span) = module
+            .types
+            .iter()
+            .find_map(|(_, ty)| match &ty.inner {
+                naga::TypeInner::Struct { members, span } if ty.name.as_deref() == Some(name) => {
+                    Some((members, *span))
+                }
+                _ => None,
+            })
+            .ok_or_else(|| format!("struct {name} is not in the shader"))?;
+        let u32_scalar = naga::TypeInner::Scalar(naga::Scalar::U32);
+        let found: Vec<(String, u32, bool)> = members
+            .iter()
+            .map(|m| {
+                let is_u32 = module.types[m.ty].inner == u32_scalar;
+                (m.name.clone().unwrap_or_default(), m.offset, is_u32)
+            })
+            .collect();
+        let expected: Vec<(String, u32, bool)> = (0u32..)
+            .zip(args.fields)
+            .map(|(i, f)| (f.name.to_owned(), 4 * i, f.bytes == 4))
+            .collect();
+        if found != expected {
+            return Err(format!(
+                "struct {name}: the shader has (name, offset, u32) {found:?}, Rust has {expected:?}"
+            ));
+        }
+        if usize::try_from(span).ok() != Some(args.bytes) {
+            return Err(format!(
+                "struct {name}: {span} bytes in the shader, {} in Rust",
+                args.bytes
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
+    use wgpu::naga;
+
     use super::*;
 
     #[test]
-    fn every_module_parses_and_validates_with_naga() {
-        for kernel in [
-            Kernel::BuildOutputLayout,
-            Kernel::GatherNextToken,
-            Kernel::BuildSamplingParams,
-            Kernel::Argmax,
-            Kernel::Softmax,
-            Kernel::TopKTopPSample,
-            Kernel::TopPCandidates,
-            Kernel::VerifyDraftTokens,
-            Kernel::UpdateState,
-            Kernel::NgramMatch,
-            Kernel::AcceptLogprobs,
-        ] {
-            let source = shader_source(kernel);
-            let module = match wgpu::naga::front::wgsl::parse_str(&source) {
-                Ok(m) => m,
-                Err(e) => panic!("{}: {}", kernel.file(), e.emit_to_string(&source)),
-            };
-            let mut validator = wgpu::naga::valid::Validator::new(
-                wgpu::naga::valid::ValidationFlags::all(),
-                wgpu::naga::valid::Capabilities::default(),
+    fn every_op_has_a_module_that_validates_with_naga() {
+        for op in Op::ALL {
+            let kernel = Kernel::of(op).expect("every op of the table has a kernel");
+            assert_eq!(kernel.op(), op);
+            assert_eq!(kernel.file(), format!("{}.wgsl", op.name()));
+            let module = reflect::module(kernel);
+            let mut validator = naga::valid::Validator::new(
+                naga::valid::ValidationFlags::all(),
+                naga::valid::Capabilities::default(),
             );
             if let Err(e) = validator.validate(&module) {
-                panic!("{}: {}", kernel.file(), e.emit_to_string(&source));
+                panic!(
+                    "{}: {}",
+                    kernel.file(),
+                    e.emit_to_string(&shader_source(kernel))
+                );
+            }
+            assert!(
+                module
+                    .entry_points
+                    .iter()
+                    .any(|e| e.name.starts_with(op.name())),
+                "{}: no entry point named after the op",
+                kernel.file()
+            );
+            for &suffix in kernel.float_kernels() {
+                for dtype in DType::FLOATS {
+                    let name = entry(op, suffix, dtype);
+                    assert!(
+                        module.entry_points.iter().any(|e| e.name == name),
+                        "{}: no entry point {name}",
+                        kernel.file()
+                    );
+                }
             }
         }
+        assert_eq!(Kernel::of(Op::Memory), None);
+    }
+
+    #[test]
+    fn every_uniform_is_a_generated_args_struct() {
+        for op in Op::ALL {
+            let kernel = Kernel::of(op).expect("a contract op");
+            let module = reflect::module(kernel);
+            for args in kernel.args() {
+                if let Err(e) = reflect::check_layout(&module, args) {
+                    panic!("{}: {e}", kernel.file());
+                }
+            }
+            let uniforms: BTreeSet<(u32, String)> =
+                reflect::uniform_structs(&module).into_iter().collect();
+            let generated: BTreeSet<(u32, String)> = kernel
+                .args()
+                .iter()
+                .map(|a| (a.binding, a.name.to_owned()))
+                .collect();
+            assert_eq!(uniforms, generated, "{}: uniform structs", kernel.file());
+        }
+    }
+
+    #[test]
+    fn a_mismatched_struct_is_reported() {
+        specula_backend_api::kernel_args! {
+            /// A struct of two fields.
+            struct PairArgs { rows: u32, vocab: u32 }
+        }
+        let args = ArgsStruct::of::<PairArgs>(0);
+        let generated = reflect::parse("generated", &args.wgsl());
+        assert_eq!(reflect::check_layout(&generated, &args), Ok(()));
+        let swapped = reflect::parse("swapped", "struct PairArgs { vocab: u32, rows: u32 }");
+        assert!(reflect::check_layout(&swapped, &args).is_err());
+        let wide = reflect::parse("wide", "struct PairArgs { rows: u32, vocab: vec2<u32> }");
+        assert!(reflect::check_layout(&wide, &args).is_err());
+        let other = reflect::parse("other", "struct OtherArgs { rows: u32, vocab: u32 }");
+        assert!(reflect::check_layout(&other, &args).is_err());
     }
 
     #[test]

@@ -23,14 +23,22 @@
 //!   relies on the adapter's offset alignment. Matrices larger than the largest storage binding
 //!   (128 MiB on lavapipe) are processed in row chunks, one dispatch per chunk in the same
 //!   submission; [`MAX_BINDING_VAR`] lowers that limit to exercise the chunked paths.
+//! - **A backend behind the validating front.** [`WgpuDevice`] implements
+//!   [`Backend`](specula_backend_api::Backend): `backend-api` validates every call, opens its span
+//!   and skips ops with nothing to do before the backend runs. The host code of each op is
+//!   `src/ops/<op>.rs` beside `shaders/<op>.wgsl`, the kernel registry is generated from the op
+//!   table, and each kernel's uniform parameters are one typed `kernel_args!` struct from which
+//!   the WGSL struct of the same name is generated.
 //! - **One submission per op.** An op records all its dispatches (one to a few) into one compute
 //!   pass and submits once; nothing is read back until the caller downloads. Pipelines are compiled
 //!   once per entry point (`<op>_<dtype>`) and cached, scratch buffers are kept and reused, and
-//!   validation and out-of-memory errors are captured with error scopes and returned as typed
+//!   wgpu's validation and out-of-memory errors are captured with error scopes and returned as typed
 //!   errors (`Execution` with the wgpu error as source, `KernelBuild` with the compiler log).
 //!
 //! Adapters are enumerated from `wgpu::Instance` (honouring `WGPU_BACKEND`); `open(n)` opens the
 //! n-th adapter that can run compute shaders with enough storage bindings.
+
+#![forbid(unsafe_code)]
 
 mod device;
 mod error;

@@ -2,12 +2,14 @@
 //! rejected: 384 rows × 151936 f32 probabilities (233 MB, above lavapipe's 128 MiB binding limit)
 //! sampled and argmaxed on wgpu, compared with the CPU reference.
 //!
-//! Slow on a software adapter (about a minute on lavapipe), so it is ignored by default:
-//! `cargo test -p specula-backend-wgpu --test large_inputs -- --ignored`.
+//! Without a usable adapter the test is listed as ignored with the reason, and fails under
+//! `SPECULA_REQUIRE=wgpu` (`specula_backend_api::testing`).
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+use std::process::ExitCode;
+use std::sync::Arc;
 
-use specula_backend_api::ops::{RowShape, SampleInputs, SampleParams};
+use specula_backend_api::ops::{RowShape, SampleInputs, SampleParams, Scores};
+use specula_backend_api::testing::{self, Needs, TestFn};
 use specula_backend_api::{Device, DeviceExt, Error};
 
 fn probabilities(rows: usize, vocab: usize) -> Vec<f32> {
@@ -24,69 +26,83 @@ fn probabilities(rows: usize, vocab: usize) -> Vec<f32> {
     out
 }
 
-#[test]
-#[ignore = "233 MB on a software adapter: run with --ignored"]
-fn rows_beyond_the_largest_binding_are_chunked() {
-    let wgpu = match specula_backend_wgpu::open(0) {
-        Ok(device) => device,
-        Err(Error::Unavailable { reason, .. }) => {
-            eprintln!("skipped: wgpu unavailable: {reason}");
-            return;
-        }
-        Err(other) => panic!("{other}"),
-    };
-    let cpu = specula_backend_cpu::CpuDevice::new().unwrap();
-    let (rows, vocab) = (384, 151_936);
-    let probs = probabilities(rows, vocab);
-    assert!(
-        (probs.len() * 4) as u64
-            > wgpu
-                .capabilities()
-                .max_buffer_bytes
-                .unwrap_or(u64::MAX)
-                .min(128 << 20),
-        "the input must exceed the binding limit"
-    );
-    let top_k: Vec<i32> = (0..rows as i32)
-        .map(|r| [0, 1, 50, 1000][r as usize % 4])
-        .collect();
+/// The sampled tokens and the argmax of every row, as `device` computes them.
+fn sample_and_argmax(
+    device: &dyn Device,
+    probs: &[f32],
+    shape: RowShape,
+) -> specula_backend_api::Result<(Vec<i32>, Vec<i32>)> {
+    let rows = shape.rows;
+    let top_k: Vec<i32> = (0..rows).map(|r| [0, 1, 50, 1000][r % 4]).collect();
     let top_p: Vec<f32> = (0..rows).map(|r| [1.0, 0.9, 0.5][r % 3]).collect();
     let seed: Vec<u64> = (0..rows as u64).map(|r| r * 0x1234_5678_9abc + 7).collect();
-    let shape = RowShape { rows, vocab };
-    let mut results = Vec::new();
-    for device in [&cpu as &dyn Device, wgpu.as_ref()] {
-        let p = device.upload(&probs).unwrap();
-        let (k, tp, s) = (
-            device.upload(&top_k).unwrap(),
-            device.upload(&top_p).unwrap(),
-            device.upload(&seed).unwrap(),
-        );
-        let mut tokens = device.alloc::<i32>(rows).unwrap();
-        let mut argmax = device.alloc::<i32>(rows).unwrap();
-        let start = std::time::Instant::now();
-        device
-            .top_k_top_p_sample(
-                &SampleInputs {
-                    probs: &p,
-                    top_k: &k,
-                    top_p: &tp,
-                    seed: &s,
-                },
-                &mut tokens,
-                &SampleParams {
-                    shape,
-                    host_top_p: None,
-                },
-            )
-            .unwrap();
-        device.argmax(&p, &mut argmax, &shape).unwrap();
-        device.synchronize().unwrap();
-        eprintln!("{}: {:?}", device.info().name, start.elapsed());
-        results.push((
-            device.download::<i32>(&tokens).unwrap(),
-            device.download::<i32>(&argmax).unwrap(),
+    let p = device.upload(probs)?;
+    let (k, tp, s) = (
+        device.upload(&top_k)?,
+        device.upload(&top_p)?,
+        device.upload(&seed)?,
+    );
+    let mut tokens = device.alloc::<i32>(rows)?;
+    let mut argmax = device.alloc::<i32>(rows)?;
+    let start = std::time::Instant::now();
+    device.top_k_top_p_sample(
+        &SampleInputs {
+            scores: Scores::Probs(&p),
+            top_k: &k,
+            top_p: &tp,
+            seed: &s,
+        },
+        &mut tokens,
+        &SampleParams {
+            shape,
+            host_top_p: None,
+        },
+    )?;
+    device.argmax(&p, &mut argmax, &shape)?;
+    device.synchronize()?;
+    eprintln!("{}: {:?}", device.info().name, start.elapsed());
+    Ok((device.download(&tokens)?, device.download(&argmax)?))
+}
+
+fn rows_beyond_the_largest_binding_are_chunked(wgpu: Arc<dyn Device>) -> Result<(), String> {
+    let cpu = specula_backend_cpu::CpuDevice::new().map_err(|e| e.to_string())?;
+    let (rows, vocab) = (384, 151_936);
+    let probs = probabilities(rows, vocab);
+    let limit = wgpu
+        .capabilities()
+        .max_buffer_bytes
+        .unwrap_or(u64::MAX)
+        .min(128 << 20);
+    if (probs.len() * 4) as u64 <= limit {
+        return Err(format!(
+            "the input must exceed the binding limit ({limit} bytes)"
         ));
     }
-    assert_eq!(results[0].1, results[1].1, "argmax");
-    assert_eq!(results[0].0, results[1].0, "top_k_top_p_sample");
+    let shape = RowShape { rows, vocab };
+    let expected = sample_and_argmax(&cpu, &probs, shape).map_err(|e| e.to_string())?;
+    let actual = sample_and_argmax(wgpu.as_ref(), &probs, shape).map_err(|e| e.to_string())?;
+    if actual.1 != expected.1 {
+        return Err("argmax differs from the CPU".to_owned());
+    }
+    if actual.0 != expected.0 {
+        return Err("top_k_top_p_sample differs from the CPU".to_owned());
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let opened = specula_backend_wgpu::open(0);
+    let availability = match &opened {
+        Err(Error::Unavailable { reason, .. }) => Err(reason.clone()),
+        _ => Ok(()),
+    };
+    let needs = Needs::new("wgpu", availability);
+    let test: TestFn = Box::new(move || {
+        let wgpu = opened.map_err(|e| format!("opening wgpu: {e}"))?;
+        rows_beyond_the_largest_binding_are_chunked(wgpu)
+    });
+    testing::run(
+        &needs,
+        vec![("rows_beyond_the_largest_binding_are_chunked", test)],
+    )
 }

@@ -1,20 +1,42 @@
-//! Host code of each op: validated arguments become bindings, uniform parameters and dispatches,
-//! recorded and submitted together (one submission per op call; nothing is read back).
+//! Host code of each op, one file per op, named as the op (mirroring `shaders/<op>.wgsl`): the
+//! validated call becomes bindings, one typed argument struct per kernel and dispatches, recorded
+//! and submitted together (one submission per op call; nothing is read back).
+//!
+//! Every kernel's uniform parameters are a [`kernel_args!`](specula_backend_api::kernel_args)
+//! struct declared beside the op's host code with the kernel's [`Entry`] (entry point and uniform
+//! binding); the module's `ARGS` lists them, and the WGSL `struct` of the same name is generated
+//! from each into the shader module (`kernels.rs`, checked with naga by its tests). WGSL has no
+//! 64-bit integers, so a 64-bit value is two `u32` fields `*_lo`, `*_hi`; every field is a `u32`,
+//! so the uniform layout is `4·i` with no padding.
 
-pub(crate) mod layout;
-pub(crate) mod logprobs;
-pub(crate) mod rows;
-pub(crate) mod state;
-pub(crate) mod verify;
+pub(crate) mod accept_logprobs;
+pub(crate) mod argmax;
+pub(crate) mod build_output_layout;
+pub(crate) mod build_sampling_params;
+pub(crate) mod gather_next_token;
+pub(crate) mod ngram_match;
+pub(crate) mod softmax;
+pub(crate) mod top_k_top_p_sample;
+pub(crate) mod top_p_candidates;
+pub(crate) mod update_state;
+pub(crate) mod verify_draft_tokens;
 
-use specula_backend_api::{Buffer, Op, Result};
+use specula_backend_api::abi::KernelArgs;
+use specula_backend_api::ops::RowShape;
+use specula_backend_api::{Buffer, DType, Op, Result};
 
-use crate::gpu::{Bound, Dispatch};
-use crate::kernels::{Kernel, WG};
+use crate::WgpuDevice;
+use crate::gpu::{Bound, Dispatch, WgpuStorage};
+use crate::kernels::{Entry, WG};
 
 /// A count as a kernel parameter (inputs are validated far below `u32::MAX`; saturate anyway).
 pub(crate) fn u(x: usize) -> u32 {
     u32::try_from(x).unwrap_or(u32::MAX)
+}
+
+/// The low and high 32-bit halves of a 64-bit host value, for a `*_lo`, `*_hi` field pair.
+pub(crate) fn split_u64(x: u64) -> (u32, u32) {
+    (x as u32, (x >> 32) as u32)
 }
 
 /// Workgroups for `n` invocations of `per` each.
@@ -22,64 +44,119 @@ pub(crate) fn groups_for(n: usize, per: u32) -> u32 {
     u(n.div_ceil(per as usize))
 }
 
-/// Collects the bindings of one dispatch and their element offsets (passed as parameters, so any
+/// Workgroups of a per-element kernel with WG invocations per group.
+pub(crate) fn element_groups(n: usize) -> u32 {
+    groups_for(n, WG)
+}
+
+/// Row chunks of a `[rows, row_len]` matrix, or one empty chunk when there are no rows (for the
+/// ops whose first dispatch must still run to write the outputs of rows without a source).
+pub(crate) fn chunks_or_empty(
+    device: &WgpuDevice,
+    matrix: &Buffer,
+    rows: usize,
+    row_len: usize,
+) -> Vec<(usize, usize)> {
+    let chunks = device.gpu.row_chunks(matrix, rows, row_len);
+    if chunks.is_empty() {
+        vec![(0, 0)]
+    } else {
+        chunks
+    }
+}
+
+/// Collects the bindings of one dispatch. Each binding method returns the element offset of the
+/// window inside its binding, which the caller stores in the kernel's argument struct (so any
 /// window works whatever the adapter's binding-offset alignment).
 pub(crate) struct Binder<'d> {
-    device: &'d crate::WgpuDevice,
+    device: &'d WgpuDevice,
     op: Op,
-    pub(crate) bindings: Vec<(u32, Bound)>,
-    pub(crate) offsets: Vec<u32>,
+    bindings: Vec<(u32, Bound)>,
 }
 
 impl<'d> Binder<'d> {
-    pub(crate) fn new(device: &'d crate::WgpuDevice, op: Op) -> Self {
+    pub(crate) fn new(device: &'d WgpuDevice, op: Op) -> Self {
         Binder {
             device,
             op,
             bindings: Vec::new(),
-            offsets: Vec::new(),
         }
     }
 
-    /// Binds a whole buffer window and records its offset parameter.
-    pub(crate) fn buffer(&mut self, binding: u32, buffer: &Buffer) -> Result<()> {
+    /// Binds a whole buffer window; returns its element offset.
+    pub(crate) fn buffer(&mut self, binding: u32, buffer: &Buffer) -> Result<u32> {
         let bound = self.device.gpu.bind(self.op, buffer)?;
-        self.offsets.push(bound.index);
+        Ok(self.bound(binding, bound))
+    }
+
+    /// Binds rows `lo .. hi` of a `[rows, row_len]` matrix; returns their element offset.
+    pub(crate) fn rows(
+        &mut self,
+        binding: u32,
+        matrix: &Buffer,
+        row_len: usize,
+        chunk: (usize, usize),
+    ) -> Result<u32> {
+        let bound = self.device.gpu.bind_rows(self.op, matrix, row_len, chunk)?;
+        Ok(self.bound(binding, bound))
+    }
+
+    /// Binds an already computed range; returns its element offset.
+    pub(crate) fn bound(&mut self, binding: u32, bound: Bound) -> u32 {
+        let index = bound.index;
         self.bindings.push((binding, bound));
-        Ok(())
+        index
     }
 
-    /// Binds an already computed range and records its offset parameter.
-    pub(crate) fn bound(&mut self, binding: u32, bound: Bound) {
-        self.offsets.push(bound.index);
-        self.bindings.push((binding, bound));
+    /// Binds a whole internal scratch buffer (offset 0).
+    pub(crate) fn scratch(&mut self, binding: u32, storage: &WgpuStorage) {
+        self.bindings
+            .push((binding, self.device.gpu.bind_scratch(storage)));
     }
 
-    /// Binds a placeholder (no offset parameter).
-    pub(crate) fn dummy(&mut self, binding: u32) {
-        self.bindings.push((binding, self.device.gpu.dummy()));
+    /// Binds a placeholder for a binding this call does not use; returns its offset (0).
+    pub(crate) fn dummy(&mut self, binding: u32) -> u32 {
+        self.bound(binding, self.device.gpu.dummy())
     }
 
-    pub(crate) fn dispatch(
+    /// The dispatch of `kernel`'s entry point for `dtype` over `groups` workgroups, with `args`
+    /// as its uniform.
+    pub(crate) fn dispatch<A: KernelArgs + bytemuck::Pod>(
         self,
-        kernel: Kernel,
-        entry: String,
-        params_binding: u32,
-        params: Vec<u32>,
+        kernel: &Entry<A>,
+        dtype: DType,
+        args: &A,
         groups: u32,
     ) -> Dispatch {
         Dispatch {
-            kernel,
-            entry,
-            params_binding,
-            params,
+            kernel: kernel.kernel(),
+            entry: kernel.name(dtype),
+            params_binding: kernel.args_binding(),
+            params: bytemuck::bytes_of(args).to_vec(),
             bindings: self.bindings,
             groups,
         }
     }
 }
 
-/// Workgroups of a per-element kernel with WG invocations per group.
-pub(crate) fn element_groups(n: usize) -> u32 {
-    groups_for(n, WG)
+/// The dispatches of a kernel with one workgroup per row, recorded for `op`: one per row chunk of
+/// the `[rows, vocab]` matrix `matrix` (chunks that fit the largest binding). `args` binds the
+/// chunk's buffers and returns the kernel's arguments.
+pub(crate) fn row_chunk_dispatches<A: KernelArgs + bytemuck::Pod>(
+    device: &WgpuDevice,
+    op: Op,
+    (kernel, dtype): (&Entry<A>, DType),
+    matrix: &Buffer,
+    shape: &RowShape,
+    mut args: impl FnMut(&mut Binder<'_>, (usize, usize)) -> Result<A>,
+) -> Result<Vec<Dispatch>> {
+    let chunks = device.gpu.row_chunks(matrix, shape.rows, shape.vocab);
+    chunks
+        .into_iter()
+        .map(|chunk| {
+            let mut b = Binder::new(device, op);
+            let chunk_args = args(&mut b, chunk)?;
+            Ok(b.dispatch(kernel, dtype, &chunk_args, u(chunk.1 - chunk.0)))
+        })
+        .collect()
 }

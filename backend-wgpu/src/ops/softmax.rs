@@ -1,0 +1,46 @@
+//! `softmax` (`shaders/softmax.wgsl`): one workgroup per row, one dispatch per row chunk.
+
+use specula_backend_api::ops::SoftmaxCall;
+use specula_backend_api::{Op, Result};
+
+use super::{row_chunk_dispatches, u};
+use crate::WgpuDevice;
+use crate::kernels::{ArgsStruct, Entry, Kernel};
+
+specula_backend_api::kernel_args! {
+    /// `softmax_<dtype>`: rows `row0 ..` of the chunks bound at `logits` and `probs`.
+    pub(crate) struct SoftmaxArgs {
+        rows: u32,
+        vocab: u32,
+        row0: u32,
+        logits_off: u32,
+        temperature_off: u32,
+        probs_off: u32,
+    }
+}
+
+/// `softmax_<dtype>`.
+const SOFTMAX: Entry<SoftmaxArgs> = Entry::new(Kernel::Softmax, None, 0);
+
+/// The argument structs of `shaders/softmax.wgsl`, generated into its module.
+pub(crate) const ARGS: &[ArgsStruct] = &[SOFTMAX.args()];
+
+/// Records and submits one dispatch per row chunk.
+pub(crate) fn run(device: &WgpuDevice, mut call: SoftmaxCall<'_>) -> Result<()> {
+    let op = Op::Softmax;
+    let (inputs, probs, params, &dtype) = call.parts();
+    let shape = &params.shape;
+    let kernel = (&SOFTMAX, dtype);
+    // Chunks must fit both the logits and the f32 output.
+    let dispatches = row_chunk_dispatches(device, op, kernel, probs, shape, |b, chunk| {
+        Ok(SoftmaxArgs {
+            rows: u(chunk.1 - chunk.0),
+            vocab: u(shape.vocab),
+            row0: u(chunk.0),
+            logits_off: b.rows(1, inputs.logits, shape.vocab, chunk)?,
+            temperature_off: b.buffer(2, inputs.temperature)?,
+            probs_off: b.rows(3, probs, shape.vocab, chunk)?,
+        })
+    })?;
+    device.gpu.run(op, dispatches)
+}

@@ -1,0 +1,83 @@
+//! `top_k_top_p_sample` (`shaders/top_k_top_p_sample.wgsl`): one workgroup per row, one dispatch
+//! per row chunk. REJECTION (`verify_draft_tokens`) samples its target rows with the same kernel.
+
+use specula_backend_api::ops::{RowShape, SampleInputs, TopKTopPSampleCall};
+use specula_backend_api::{DType, Op, Result};
+
+use super::{row_chunk_dispatches, u};
+use crate::WgpuDevice;
+use crate::gpu::{Bound, Dispatch};
+use crate::kernels::{ArgsStruct, Entry, Kernel};
+
+specula_backend_api::kernel_args! {
+    /// `top_k_top_p_sample_<dtype>`: rows `row0 ..` of the chunk bound at `probs`; with `with_aux`
+    /// each row's kept set and total weight are written to `aux` (8 words per row).
+    pub(crate) struct TopKTopPSampleArgs {
+        rows: u32,
+        vocab: u32,
+        row0: u32,
+        probs_off: u32,
+        top_k_off: u32,
+        top_p_off: u32,
+        seed_off: u32,
+        tokens_off: u32,
+        aux_off: u32,
+        with_aux: u32,
+    }
+}
+
+/// `top_k_top_p_sample_<dtype>`.
+const SAMPLE: Entry<TopKTopPSampleArgs> = Entry::new(Kernel::TopKTopPSample, None, 0);
+
+/// The argument structs of `shaders/top_k_top_p_sample.wgsl`, generated into its module.
+pub(crate) const ARGS: &[ArgsStruct] = &[SAMPLE.args()];
+
+/// The dispatches sampling every row of `inputs.scores` into `tokens` (and, with `aux`, recording
+/// each row's kept set and total weight for REJECTION). `op` is the op they are recorded for.
+pub(crate) fn sample_dispatches(
+    device: &WgpuDevice,
+    op: Op,
+    dtype: DType,
+    inputs: &SampleInputs<'_>,
+    tokens: Bound,
+    aux: Option<Bound>,
+    shape: &RowShape,
+) -> Result<Vec<Dispatch>> {
+    let kernel = (&SAMPLE, dtype);
+    row_chunk_dispatches(
+        device,
+        op,
+        kernel,
+        inputs.scores.matrix(),
+        shape,
+        |b, chunk| {
+            Ok(TopKTopPSampleArgs {
+                rows: u(chunk.1 - chunk.0),
+                vocab: u(shape.vocab),
+                row0: u(chunk.0),
+                probs_off: b.rows(1, inputs.scores.matrix(), shape.vocab, chunk)?,
+                top_k_off: b.buffer(2, inputs.top_k)?,
+                top_p_off: b.buffer(3, inputs.top_p)?,
+                seed_off: b.buffer(4, inputs.seed)?,
+                tokens_off: b.bound(5, tokens.clone()),
+                aux_off: match &aux {
+                    Some(a) => b.bound(6, a.clone()),
+                    None => b.dummy(6),
+                },
+                with_aux: u32::from(aux.is_some()),
+            })
+        },
+    )
+}
+
+/// Records and submits one dispatch per row chunk.
+pub(crate) fn run(device: &WgpuDevice, mut call: TopKTopPSampleCall<'_>) -> Result<()> {
+    let op = Op::TopKTopPSample;
+    let (inputs, tokens, params, &kind) = call.parts();
+    if kind.logits {
+        return Err(crate::error::unsupported(op, "logits rows"));
+    }
+    let out = device.gpu.bind(op, tokens)?;
+    let dispatches = sample_dispatches(device, op, kind.dtype, inputs, out, None, &params.shape)?;
+    device.gpu.run(op, dispatches)
+}

@@ -1,0 +1,69 @@
+//! `top_p_candidates` (`shaders/top_p_candidates.wgsl`): one workgroup per row, one dispatch per
+//! row chunk.
+
+use specula_backend_api::ops::TopPCandidatesCall;
+use specula_backend_api::{Op, Result};
+
+use super::{row_chunk_dispatches, u};
+use crate::WgpuDevice;
+use crate::kernels::{ArgsStruct, Entry, Kernel};
+
+specula_backend_api::kernel_args! {
+    /// `top_p_candidates_<dtype>`: rows `row0 ..` of the chunk bound at `probs`, `C` candidates.
+    pub(crate) struct TopPCandidatesArgs {
+        rows: u32,
+        vocab: u32,
+        row0: u32,
+        probs_off: u32,
+        top_p_off: u32,
+        batch_id_off: u32,
+        has_batch_id: u32,
+        ids_off: u32,
+        scores_off: u32,
+        lens_off: u32,
+        candidates: u32,
+    }
+}
+
+/// `top_p_candidates_<dtype>`.
+const TOP_P_CANDIDATES: Entry<TopPCandidatesArgs> = Entry::new(Kernel::TopPCandidates, None, 0);
+
+/// The argument structs of `shaders/top_p_candidates.wgsl`, generated into its module.
+pub(crate) const ARGS: &[ArgsStruct] = &[TOP_P_CANDIDATES.args()];
+
+/// Records and submits one dispatch per row chunk.
+pub(crate) fn run(device: &WgpuDevice, mut call: TopPCandidatesCall<'_, '_>) -> Result<()> {
+    let op = Op::TopPCandidates;
+    let (inputs, out, params, &kind) = call.parts();
+    if kind.logits {
+        return Err(crate::error::unsupported(op, "logits rows"));
+    }
+    let shape = &params.shape;
+    let kernel = (&TOP_P_CANDIDATES, kind.dtype);
+    let dispatches = row_chunk_dispatches(
+        device,
+        op,
+        kernel,
+        inputs.scores.matrix(),
+        shape,
+        |b, chunk| {
+            Ok(TopPCandidatesArgs {
+                rows: u(chunk.1 - chunk.0),
+                vocab: u(shape.vocab),
+                row0: u(chunk.0),
+                probs_off: b.rows(1, inputs.scores.matrix(), shape.vocab, chunk)?,
+                top_p_off: b.buffer(2, inputs.top_p)?,
+                batch_id_off: match inputs.batch_id_per_token_output {
+                    Some(batch_id) => b.buffer(3, batch_id)?,
+                    None => b.dummy(3),
+                },
+                has_batch_id: u32::from(inputs.batch_id_per_token_output.is_some()),
+                ids_off: b.buffer(4, out.ids)?,
+                scores_off: b.buffer(5, out.scores)?,
+                lens_off: b.buffer(6, out.lens)?,
+                candidates: u(params.candidates),
+            })
+        },
+    )?;
+    device.gpu.run(op, dispatches)
+}

@@ -1,0 +1,319 @@
+//! `verify_draft_tokens` (`shaders/verify_draft_tokens.wgsl`): one slot-walk dispatch; REJECTION
+//! first samples the target rows (`top_k_top_p_sample`'s kernel) and tests every (target row,
+//! draft row) pair, all recorded in the same submission.
+
+use std::sync::Arc;
+
+use specula_backend_api::ops::{
+    RowShape, SampleInputs, Scores, StrategyInputs, VerifyDraftTokensCall, VerifyInputs,
+    VerifyParams,
+};
+use specula_backend_api::{Buffer, DType, Op, Result, Strategy};
+
+use super::top_k_top_p_sample::sample_dispatches;
+use super::{Binder, groups_for, u};
+use crate::WgpuDevice;
+use crate::gpu::{Dispatch, WgpuStorage};
+use crate::kernels::{ArgsStruct, Entry, Kernel, SLOT_WG, float_code};
+
+specula_backend_api::kernel_args! {
+    /// `verify_draft_tokens_i32`: the slot walk.
+    pub(crate) struct VerifyDraftTokensArgs {
+        max_bsz: u32,
+        real_bsz: u32,
+        step_tokens: u32,
+        rows: u32,
+        vocab: u32,
+        accept_all: u32,
+        reject_all: u32,
+        strategy: u32,
+        candidates: u32,
+        end_count: u32,
+        draft_tokens_off: u32,
+        this_time_off: u32,
+        encoder_off: u32,
+        cu_out_off: u32,
+        stop_flags_off: u32,
+        is_block_off: u32,
+        reasoning_off: u32,
+        step_idx_off: u32,
+        max_dec_len_off: u32,
+        end_tokens_off: u32,
+        seeds_off: u32,
+        targets_off: u32,
+        cand_ids_off: u32,
+        cand_scores_off: u32,
+        cand_lens_off: u32,
+        accept_tokens_off: u32,
+        accept_num_off: u32,
+    }
+
+    /// `verify_draft_tokens_pair_<dtype>`: the REJECTION test of the drafts whose rows lie in
+    /// one target chunk and one draft chunk.
+    pub(crate) struct VerifyDraftTokensPairArgs {
+        real_bsz: u32,
+        step_tokens: u32,
+        rows: u32,
+        vocab: u32,
+        accept_all: u32,
+        target_row_lo: u32,
+        target_row_hi: u32,
+        target_off: u32,
+        draft_row_lo: u32,
+        draft_off: u32,
+        draft_dtype: u32,
+        pairs_in_dispatch: u32,
+        draft_tokens_off: u32,
+        this_time_off: u32,
+        cu_out_off: u32,
+        seeds_off: u32,
+    }
+}
+
+/// `verify_draft_tokens_i32`.
+const WALK: Entry<VerifyDraftTokensArgs> = Entry::new(Kernel::VerifyDraftTokens, None, 0);
+/// `verify_draft_tokens_pair_<dtype>`.
+const PAIR: Entry<VerifyDraftTokensPairArgs> =
+    Entry::new(Kernel::VerifyDraftTokens, Some("pair"), 20);
+
+/// The argument structs of `shaders/verify_draft_tokens.wgsl`, generated into its module.
+pub(crate) const ARGS: &[ArgsStruct] = &[WALK.args(), PAIR.args()];
+
+/// The strategy's code in the shader (`STRATEGY_*`).
+fn strategy_code(strategy: Strategy) -> u32 {
+    match strategy {
+        Strategy::Greedy => 0,
+        Strategy::TargetMatch => 1,
+        Strategy::TopP => 2,
+        Strategy::Rejection => 3,
+    }
+}
+
+/// REJECTION's intermediate results, read by the slot walk.
+struct Rejection {
+    /// `[rows]` i32: each target row sampled as 4.3.
+    targets: Arc<WgpuStorage>,
+    /// `[max_bsz · (S − 1)]` (status, token) pairs: the test of every draft.
+    pairs: Arc<WgpuStorage>,
+}
+
+/// The REJECTION inputs of a call.
+struct RejectionRows<'a> {
+    target_probs: &'a Buffer,
+    draft_probs: &'a Buffer,
+    top_k: &'a Buffer,
+    top_p: &'a Buffer,
+    target_dtype: DType,
+    draft_dtype: DType,
+}
+
+/// Records the sampling of the target rows and, unless `reject_all`, the test of the drafts (an
+/// id outside [0, V) weighs 0 in both rows and is tested like any other, under accept_all too);
+/// returns the scratch buffers the slot walk reads.
+fn rejection_dispatches(
+    device: &WgpuDevice,
+    inputs: &VerifyInputs<'_>,
+    params: &VerifyParams<'_>,
+    rejection: &RejectionRows<'_>,
+    dispatches: &mut Vec<Dispatch>,
+) -> Result<Rejection> {
+    let op = Op::VerifyDraftTokens;
+    let gpu = &device.gpu;
+    let dims = &params.dims;
+    let rows = params.rows;
+    let draft_rows = dims.max_bsz * (dims.max_step_tokens - 1);
+    let targets = device.scratch("verify targets", (rows * 4) as u64)?;
+    let aux = device.scratch("verify kept sets", (rows * 32) as u64)?;
+    let pairs = device.scratch("verify pairs", (draft_rows * 8) as u64)?;
+    let sample = SampleInputs {
+        scores: Scores::Probs(rejection.target_probs),
+        top_k: rejection.top_k,
+        top_p: rejection.top_p,
+        seed: inputs.seeds,
+    };
+    let shape = RowShape {
+        rows,
+        vocab: params.vocab,
+    };
+    dispatches.extend(sample_dispatches(
+        device,
+        op,
+        rejection.target_dtype,
+        &sample,
+        gpu.bind_scratch(&targets),
+        Some(gpu.bind_scratch(&aux)),
+        &shape,
+    )?);
+    // Under accept_all only the drafts outside [0, V) are tested; reject_all tests none.
+    if !params.reject_all && draft_rows > 0 {
+        for tc in gpu.row_chunks(rejection.target_probs, rows, params.vocab) {
+            for dc in gpu.row_chunks(rejection.draft_probs, draft_rows, params.vocab) {
+                dispatches.push(pair_dispatch(
+                    device,
+                    inputs,
+                    params,
+                    rejection,
+                    (&aux, &pairs),
+                    tc,
+                    dc,
+                )?);
+            }
+        }
+    }
+    Ok(Rejection { targets, pairs })
+}
+
+/// The pair test of the draft rows in chunk `dc` against the target rows in chunk `tc`.
+fn pair_dispatch(
+    device: &WgpuDevice,
+    inputs: &VerifyInputs<'_>,
+    params: &VerifyParams<'_>,
+    rejection: &RejectionRows<'_>,
+    (aux, pairs): (&WgpuStorage, &WgpuStorage),
+    tc: (usize, usize),
+    dc: (usize, usize),
+) -> Result<Dispatch> {
+    let op = Op::VerifyDraftTokens;
+    let dims = &params.dims;
+    let vocab = params.vocab;
+    let mut b = Binder::new(device, op);
+    b.scratch(27, aux);
+    b.scratch(28, pairs);
+    let args = VerifyDraftTokensPairArgs {
+        real_bsz: u(dims.real_bsz),
+        step_tokens: u(dims.max_step_tokens),
+        rows: u(params.rows),
+        vocab: u(vocab),
+        accept_all: u32::from(params.accept_all),
+        target_row_lo: u(tc.0),
+        target_row_hi: u(tc.1),
+        target_off: b.rows(21, rejection.target_probs, vocab, tc)?,
+        draft_row_lo: u(dc.0),
+        draft_off: b.rows(22, rejection.draft_probs, vocab, dc)?,
+        draft_dtype: float_code(rejection.draft_dtype),
+        pairs_in_dispatch: u(dc.1 - dc.0),
+        draft_tokens_off: b.buffer(23, inputs.draft_tokens)?,
+        this_time_off: b.buffer(24, inputs.lens.seq_lens_this_time)?,
+        cu_out_off: b.buffer(25, inputs.cu_seqlens_q_output)?,
+        seeds_off: b.buffer(26, inputs.seeds)?,
+    };
+    Ok(b.dispatch(&PAIR, rejection.target_dtype, &args, args.pairs_in_dispatch))
+}
+
+/// Binds the strategy's inputs (12 targets, 13–15 candidates, 16 pairs); returns the offsets of
+/// targets, candidate ids, scores and lens, and `C`.
+fn bind_strategy(
+    b: &mut Binder<'_>,
+    strategy: &StrategyInputs<'_>,
+    rejection: Option<&Rejection>,
+) -> Result<([u32; 4], usize)> {
+    match *strategy {
+        StrategyInputs::Greedy { target_tokens }
+        | StrategyInputs::TargetMatch { target_tokens } => {
+            let targets = b.buffer(12, target_tokens)?;
+            let unused = [b.dummy(13), b.dummy(14), b.dummy(15)];
+            b.dummy(16);
+            Ok(([targets, unused[0], unused[1], unused[2]], 1))
+        }
+        StrategyInputs::TopP {
+            candidate_ids,
+            candidate_scores,
+            candidate_lens,
+            candidates,
+        } => {
+            let targets = b.dummy(12);
+            let ids = b.buffer(13, candidate_ids)?;
+            let scores = b.buffer(14, candidate_scores)?;
+            let lens = b.buffer(15, candidate_lens)?;
+            b.dummy(16);
+            Ok(([targets, ids, scores, lens], candidates))
+        }
+        StrategyInputs::Rejection { .. } => {
+            let Some(rejection) = rejection else {
+                return Err(crate::error::unsupported(
+                    Op::VerifyDraftTokens,
+                    "REJECTION without float inputs",
+                ));
+            };
+            b.scratch(12, &rejection.targets);
+            let unused = [b.dummy(13), b.dummy(14), b.dummy(15)];
+            b.scratch(16, &rejection.pairs);
+            Ok(([0, unused[0], unused[1], unused[2]], 1))
+        }
+    }
+}
+
+/// Records and submits the REJECTION dispatches (if any) and the slot walk.
+pub(crate) fn run(device: &WgpuDevice, mut call: VerifyDraftTokensCall<'_, '_>) -> Result<()> {
+    let op = Op::VerifyDraftTokens;
+    let (inputs, out, params, facts) = call.parts();
+    let dims = &params.dims;
+    let mut dispatches = Vec::new();
+    let rejection = match (inputs.strategy, facts.rejection_dtypes) {
+        (
+            StrategyInputs::Rejection {
+                target,
+                draft,
+                top_k,
+                top_p,
+            },
+            Some((target_dtype, draft_dtype)),
+        ) => {
+            if facts.logits {
+                return Err(crate::error::unsupported(op, "logits rows"));
+            }
+            let rows = RejectionRows {
+                target_probs: target.matrix(),
+                draft_probs: draft,
+                top_k,
+                top_p,
+                target_dtype,
+                draft_dtype,
+            };
+            Some(rejection_dispatches(
+                device,
+                inputs,
+                params,
+                &rows,
+                &mut dispatches,
+            )?)
+        }
+        _ => None,
+    };
+
+    let mut b = Binder::new(device, op);
+    let ([targets_off, cand_ids_off, cand_scores_off, cand_lens_off], candidates) =
+        bind_strategy(&mut b, &inputs.strategy, rejection.as_ref())?;
+    let args = VerifyDraftTokensArgs {
+        max_bsz: u(dims.max_bsz),
+        real_bsz: u(dims.real_bsz),
+        step_tokens: u(dims.max_step_tokens),
+        rows: u(params.rows),
+        vocab: u(params.vocab),
+        accept_all: u32::from(params.accept_all && !params.reject_all),
+        reject_all: u32::from(params.reject_all),
+        strategy: strategy_code(inputs.strategy.strategy()),
+        candidates: u(candidates),
+        end_count: u(inputs.state.end_tokens.len()),
+        draft_tokens_off: b.buffer(1, inputs.draft_tokens)?,
+        this_time_off: b.buffer(2, inputs.lens.seq_lens_this_time)?,
+        encoder_off: b.buffer(3, inputs.lens.seq_lens_encoder)?,
+        cu_out_off: b.buffer(4, inputs.cu_seqlens_q_output)?,
+        stop_flags_off: b.buffer(5, inputs.state.stop_flags)?,
+        is_block_off: b.buffer(6, inputs.state.is_block_step)?,
+        reasoning_off: b.buffer(7, inputs.state.reasoning_status)?,
+        step_idx_off: b.buffer(8, inputs.state.step_idx)?,
+        max_dec_len_off: b.buffer(9, inputs.state.max_dec_len)?,
+        end_tokens_off: b.buffer(10, inputs.state.end_tokens)?,
+        seeds_off: b.buffer(11, inputs.seeds)?,
+        targets_off,
+        cand_ids_off,
+        cand_scores_off,
+        cand_lens_off,
+        accept_tokens_off: b.buffer(17, out.accept_tokens)?,
+        accept_num_off: b.buffer(18, out.accept_num)?,
+    };
+    let groups = groups_for(dims.max_bsz, SLOT_WG);
+    dispatches.push(b.dispatch(&WALK, DType::I32, &args, groups));
+    device.gpu.run(op, dispatches)
+}
