@@ -74,12 +74,14 @@ struct LogitKeys {
 
 __device__ __forceinline__ float rank_value(float x) { return isnan(x) ? -SPECULA_INF : x; }
 
-__device__ __forceinline__ float entry_logprob(const RowStats& st, u32 i, float y, u32 vocab) {
+// The log-probability of logit x (entry i of the row, temperature t) under the row's stats: the
+// scaled logit (x - max) / t minus log(sum), as softmax.cu computes the probability.
+__device__ __forceinline__ float entry_logprob(const RowStats& st, u32 i, float x, float t, u32 vocab) {
     switch (st.kind) {
         case ROW_STATS_ONE_HOT: return i == st.arg ? 0.0f : -SPECULA_INF;
-        case ROW_STATS_POS_INF: return y == SPECULA_INF ? -logf((float)st.inf_count) : -SPECULA_INF;
+        case ROW_STATS_POS_INF: return x == SPECULA_INF ? -logf((float)st.inf_count) : -SPECULA_INF;
         case ROW_STATS_ALL_NEG_INF: return -logf((float)vocab);
-        default: return (y - st.max) - logf(st.sum);
+        default: return scaled_logit(x, st.max, t) - logf(st.sum);
     }
 }
 
@@ -131,17 +133,13 @@ extern "C" __global__ void __launch_bounds__(SEL_BLOCK) SPECULA_ENTRY(accept_log
         const float x_token = SPECULA_T::widen(row[token]);
         const float tv = rank_value(x_token);
         u64 larger = 0;
-        for (u32 i = 4 * threadIdx.x; i < a.vocab; i += 4 * SEL_BLOCK) {
-            float v[4];
-            load4<SPECULA_T>(row, i, a.vocab, vec, v);
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                if (i + j < a.vocab && rank_value(v[j]) > tv) larger += 1;
-        }
+        for_row_elements<SPECULA_T, SEL_BLOCK>(row, a.vocab, vec, [&](u32, float x) {
+            if (rank_value(x) > tv) larger += 1;
+        });
         larger = block_sum_u64<SEL_BLOCK>(larger, s.sa);
         if (threadIdx.x == 0) {
             a.token_ids[p] = token;
-            a.logprobs[p] = entry_logprob(st, (u32)token, scaled_logit(x_token, t), a.vocab);
+            a.logprobs[p] = entry_logprob(st, (u32)token, x_token, t, a.vocab);
             const u64 rank = larger + 1;
             a.ranks[p] = rank > (u64)SPECULA_I32_MAX ? SPECULA_I32_MAX : (i32)rank;
         }
@@ -164,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(SEL_BLOCK) SPECULA_ENTRY(accept_log
         if (i < m) {
             const u32 id = sorted_ids[i];
             out_ids[i] = (i32)id;
-            out_lps[i] = entry_logprob(st, id, scaled_logit(SPECULA_T::widen(row[id]), t), a.vocab);
+            out_lps[i] = entry_logprob(st, id, SPECULA_T::widen(row[id]), t, a.vocab);
         } else {
             out_ids[i] = -1;
             out_lps[i] = -SPECULA_INF;

@@ -259,52 +259,53 @@ __device__ __forceinline__ i32 clamp_i32(i64 v) {
 // ---------------------------------------------------------------------------------------------
 // Warp and block collectives. `BLOCK` is a multiple of 32 and at most 1024.
 
-__device__ __forceinline__ u64 warp_sum_u64(u64 v) {
+// The combining operations of the reductions: `op(acc, x)` folds x into the running acc.
+struct SumOp {
+    template <class T>
+    __device__ __forceinline__ T operator()(T acc, T x) const { return acc + x; }
+};
+
+struct MaxOp {
+    template <class T>
+    __device__ __forceinline__ T operator()(T acc, T x) const { return x > acc ? x : acc; }
+};
+
+// fmaxf ignores a NaN operand: NaN counts as -inf.
+struct FMaxOp {
+    __device__ __forceinline__ float operator()(float acc, float x) const { return fmaxf(acc, x); }
+};
+
+// The reduction of `v` over the warp; every lane gets it.
+template <class T, class Op>
+__device__ __forceinline__ T warp_reduce(T v, Op op) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-__device__ __forceinline__ u32 warp_sum_u32(u32 v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ __forceinline__ u64 warp_max_u64(u64 v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const u64 w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = w > v ? w : v;
-    }
-    return v;
-}
-
-// Block-wide sums; every thread gets the result. `scratch` holds BLOCK / 32 entries.
-template <int BLOCK>
-__device__ __forceinline__ u64 block_sum_u64(u64 v, u64* scratch) {
-    v = warp_sum_u64(v);
+// The reduction of `v` over the block, the warps' results folded in warp order onto `identity`;
+// every thread gets it. `scratch` holds BLOCK / 32 entries.
+template <int BLOCK, class T, class Op>
+__device__ __forceinline__ T block_reduce(T v, T* scratch, T identity, Op op) {
+    v = warp_reduce(v, op);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     __syncthreads();
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    u64 total = 0;
+    T r = identity;
 #pragma unroll
-    for (int w = 0; w < BLOCK / 32; ++w) total += scratch[w];
-    return total;
+    for (int w = 0; w < BLOCK / 32; ++w) r = op(r, scratch[w]);
+    return r;
+}
+
+template <int BLOCK>
+__device__ __forceinline__ u64 block_sum_u64(u64 v, u64* scratch) {
+    return block_reduce<BLOCK>(v, scratch, 0ull, SumOp());
 }
 
 template <int BLOCK>
 __device__ __forceinline__ u64 block_max_u64(u64 v, u64* scratch) {
-    v = warp_max_u64(v);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    u64 best = 0;
-#pragma unroll
-    for (int w = 0; w < BLOCK / 32; ++w) best = scratch[w] > best ? scratch[w] : best;
-    return best;
+    return block_reduce<BLOCK>(v, scratch, 0ull, MaxOp());
 }
 
 // Exclusive block scan of a pair of unsigned sums in thread order; also returns the block totals.
@@ -369,22 +370,32 @@ __device__ __forceinline__ bool argmax_better(float a, u32 ia, float b, u32 ib) 
     return ia < ib;
 }
 
+// Calls f(i, x) for each of this thread's elements of a row of `end` elements, read four at a time
+// when `vec`: elements 4t .. 4t + 3 of thread t, then 4(t + BLOCK) .., in ascending order.
+template <class E, int BLOCK, class F>
+__device__ __forceinline__ void for_row_elements(const typename E::raw* __restrict__ row, u32 end, bool vec,
+                                                 F f) {
+    for (u32 i = 4 * threadIdx.x; i < end; i += 4 * BLOCK) {
+        float v[4];
+        load4<E>(row, i, end, vec, v);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (i + j < end) f(i + j, v[j]);
+    }
+}
+
 template <class E, int BLOCK>
 __device__ u32 block_row_argmax(const typename E::raw* __restrict__ row, u32 vocab, bool vec) {
     __shared__ float sv[BLOCK / 32];
     __shared__ u32 si[BLOCK / 32];
     float best = __uint_as_float(0x7fc00000u);  // NaN: below every number
     u32 best_i = SPECULA_U32_MAX;
-    for (u32 i = 4 * threadIdx.x; i < vocab; i += 4 * BLOCK) {
-        float v[4];
-        load4<E>(row, i, vocab, vec, v);
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            if (i + j < vocab && argmax_better(v[j], i + j, best, best_i)) {
-                best = v[j];
-                best_i = i + j;
-            }
-    }
+    for_row_elements<E, BLOCK>(row, vocab, vec, [&](u32 i, float x) {
+        if (argmax_better(x, i, best, best_i)) {
+            best = x;
+            best_i = i;
+        }
+    });
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, best, o);
@@ -416,19 +427,21 @@ __device__ u32 block_row_argmax(const typename E::raw* __restrict__ row, u32 voc
 // A device-side temperature: negative or NaN counts as 1.0.
 __device__ __forceinline__ float effective_temperature(float t) { return t >= 0.0f ? t : 1.0f; }
 
-// x / t with NaN read as -inf: the scaled logit every softmax rule is stated on.
-__device__ __forceinline__ float scaled_logit(float x, float t) {
-    const float y = x / t;
+// (x - m) / t with NaN read as -inf: the scaled logit of contract §4.9 in a row whose maximum
+// logit is the finite m. Subtract first, then divide (f32), so nothing overflows and a tiny t
+// tends to the one-hot of t = 0; at t = +inf a -inf logit gives NaN, hence -inf too.
+__device__ __forceinline__ float scaled_logit(float x, float m, float t) {
+    const float y = (x - m) / t;
     return isnan(y) ? -SPECULA_INF : y;
 }
 
 // What a row's softmax needs (contract §4.9).
 struct RowStats {
-    int kind;  // 0 finite, 1 one-hot, 2 +inf maximum, 3 all -inf
-    u32 arg;   // one-hot: the argmax
-    u32 inf_count;
-    float max;
-    float sum;
+    int kind;       // 0 finite, 1 one-hot, 2 +inf maximum, 3 all -inf (or NaN)
+    u32 arg;        // one-hot: the argmax
+    u32 inf_count;  // +inf maximum: how many logits are +inf
+    float max;      // the maximum logit (NaN ignored)
+    float sum;      // finite: sum of exp(scaled_logit(x, max, t)), >= 1
 };
 
 #define ROW_STATS_FINITE 0
@@ -453,35 +466,12 @@ __device__ RowStats block_row_stats(const typename E::raw* __restrict__ row, u32
     }
     float m = -SPECULA_INF;
     u32 c = 0;
-    for (u32 i = 4 * threadIdx.x; i < vocab; i += 4 * BLOCK) {
-        float v[4];
-        load4<E>(row, i, vocab, vec, v);
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            if (i + j < vocab) {
-                const float y = scaled_logit(v[j], t);
-                m = fmaxf(m, y);
-                c += y == SPECULA_INF ? 1u : 0u;
-            }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        c += __shfl_xor_sync(0xffffffffu, c, o);
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) {
-        smax[warp] = m;
-        scount[warp] = c;
-    }
-    __syncthreads();
-    m = -SPECULA_INF;
-    c = 0;
-    for (int w = 0; w < BLOCK / 32; ++w) {
-        m = fmaxf(m, smax[w]);
-        c += scount[w];
-    }
+    for_row_elements<E, BLOCK>(row, vocab, vec, [&](u32, float x) {
+        m = fmaxf(m, x);  // fmaxf ignores a NaN operand: NaN counts as -inf
+        c += x == SPECULA_INF ? 1u : 0u;
+    });
+    m = block_reduce<BLOCK>(m, smax, -SPECULA_INF, FMaxOp());
+    c = block_reduce<BLOCK>(c, scount, 0u, SumOp());
     st.max = m;
     st.inf_count = c;
     if (m == SPECULA_INF) {
@@ -493,21 +483,8 @@ __device__ RowStats block_row_stats(const typename E::raw* __restrict__ row, u32
         return st;
     }
     float sum = 0.0f;
-    for (u32 i = 4 * threadIdx.x; i < vocab; i += 4 * BLOCK) {
-        float v[4];
-        load4<E>(row, i, vocab, vec, v);
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            if (i + j < vocab) sum += expf(scaled_logit(v[j], t) - m);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    __syncthreads();
-    if (lane == 0) ssum[warp] = sum;
-    __syncthreads();
-    sum = 0.0f;
-    for (int w = 0; w < BLOCK / 32; ++w) sum += ssum[w];
-    __syncthreads();
+    for_row_elements<E, BLOCK>(row, vocab, vec, [&](u32, float x) { sum += expf(scaled_logit(x, m, t)); });
+    sum = block_reduce<BLOCK>(sum, ssum, 0.0f, SumOp());
     st.kind = ROW_STATS_FINITE;
     st.sum = sum;
     return st;

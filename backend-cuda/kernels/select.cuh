@@ -40,19 +40,26 @@ struct RowPart {
 // Bytes of the global state of one split row; the Rust side computes the same value
 // (`launch::split_row_scratch_bytes`), and passes `stride` = this rounded up to 256.
 #define SEL_SPLIT_FIXED_BYTES 16
+
+// A whole row read by one block: no global state.
+__device__ __forceinline__ RowPart row_part_single(u32 vocab, bool vec) {
+    RowPart p = {};
+    p.end = vocab;
+    p.vec = vec;
+    p.nblocks = 1;
+    return p;
+}
+
 __device__ __forceinline__ RowPart row_part_split(unsigned char* scratch, u64 stride, u32 row,
                                                   u32 nblocks, u32 block, u32 vocab, bool vec) {
-    RowPart p;
+    RowPart p = row_part_single(vocab, vec);
     const u32 slice = ((vocab + nblocks - 1) / nblocks + SEL_CHUNK - 1) / SEL_CHUNK * SEL_CHUNK;
     const u64 b = (u64)block * slice;
     p.begin = b < vocab ? (u32)b : vocab;
     const u64 e = b + slice;
     p.end = e < vocab ? (u32)e : vocab;
-    p.vec = vec;
     p.nblocks = nblocks;
     p.block = block;
-    p.generation = 0;
-    p.pass = 0;
     unsigned char* base = scratch + stride * row;
     p.barrier = reinterpret_cast<u32*>(base);
     p.first = reinterpret_cast<u64*>(base + 8);
@@ -61,24 +68,6 @@ __device__ __forceinline__ RowPart row_part_split(unsigned char* scratch, u64 st
     p.x_mass = reinterpret_cast<u64*>(base + SEL_SPLIT_FIXED_BYTES + 12ull * SEL_MAX_PASSES * SEL_BINS);
     p.x_count = reinterpret_cast<u32*>(base + SEL_SPLIT_FIXED_BYTES + 12ull * SEL_MAX_PASSES * SEL_BINS +
                                        8ull * nblocks);
-    return p;
-}
-
-__device__ __forceinline__ RowPart row_part_single(u32 vocab, bool vec) {
-    RowPart p;
-    p.begin = 0;
-    p.end = vocab;
-    p.vec = vec;
-    p.nblocks = 1;
-    p.block = 0;
-    p.generation = 0;
-    p.pass = 0;
-    p.barrier = 0;
-    p.first = 0;
-    p.g_count = 0;
-    p.g_mass = 0;
-    p.x_mass = 0;
-    p.x_count = 0;
     return p;
 }
 
@@ -124,6 +113,22 @@ __device__ __forceinline__ void load_items(const typename E::raw* __restrict__ r
     for (int q = 0; q < SEL_ITEMS / 4; ++q) load4<E>(row, i0 + 4 * q, p.end, p.vec, v + 4 * q);
 }
 
+// Calls f(i, x) for each element of this block's slice: per chunk of SEL_CHUNK elements, thread t
+// takes SEL_ITEMS consecutive ones, in ascending order.
+template <class E, class F>
+__device__ __forceinline__ void for_slice_items(const typename E::raw* __restrict__ row, const RowPart& p, F f) {
+    for (u32 base = p.begin; base < p.end; base += SEL_CHUNK) {
+        float v[SEL_ITEMS];
+        load_items<E>(row, base, p, v);
+        const u32 i0 = base + threadIdx.x * SEL_ITEMS;
+#pragma unroll 1
+        for (int j = 0; j < SEL_ITEMS; ++j) {
+            if (i0 + j >= p.end) break;
+            f(i0 + j, v[j]);
+        }
+    }
+}
+
 // Histogram of the keys of this row (restricted to keys > lo whose masked bits equal pval) by
 // the digit (key >> shift) & dmask; for a split row the block histograms are summed globally and
 // every block ends with the row's histogram in shared memory.
@@ -135,24 +140,17 @@ __device__ __noinline__ void hist_pass(const typename E::raw* __restrict__ row, 
         s.mass[i] = 0;
     }
     __syncthreads();
-    for (u32 base = p.begin; base < p.end; base += SEL_CHUNK) {
-        float v[SEL_ITEMS];
-        load_items<E>(row, base, p, v);
-        const u32 i0 = base + threadIdx.x * SEL_ITEMS;
-#pragma unroll 1
-        for (int j = 0; j < SEL_ITEMS; ++j) {
-            if (i0 + j >= p.end) break;
-            const u32 key = K::key(v[j]);
-            if ((i64)key > lo && (key & pmask) == pval) {
-                const u32 bin = (key >> shift) & dmask;
-                atomicAdd(&s.count[bin], 1u);
-                if (K::has_mass) {
-                    const u64 w = key_weight(key);
-                    if (w != 0) atomicAdd(&s.mass[bin], w);
-                }
+    for_slice_items<E>(row, p, [&](u32, float x) {
+        const u32 key = K::key(x);
+        if ((i64)key > lo && (key & pmask) == pval) {
+            const u32 bin = (key >> shift) & dmask;
+            atomicAdd(&s.count[bin], 1u);
+            if (K::has_mass) {
+                const u64 w = key_weight(key);
+                if (w != 0) atomicAdd(&s.mass[bin], w);
             }
         }
-    }
+    });
     __syncthreads();
     if (p.nblocks > 1) {
         u32* gc = p.g_count + (u64)p.pass * SEL_BINS;
@@ -242,6 +240,10 @@ struct Sel {
     u64 within_mass;  // the mass of the `within` set the prefix was selected from
 };
 
+__device__ __forceinline__ Sel make_sel(u32 key, u32 take, u32 count, u64 mass, bool reached, u64 within_mass) {
+    return Sel{key, take, count, mass, reached, within_mass};
+}
+
 __device__ __forceinline__ u64 ceil_div_u64(u64 a, u64 b) { return a / b + (a % b != 0 ? 1ull : 0ull); }
 
 // The shortest prefix of `within` (itself a prefix: keys > wkey, plus the first wtake of key wkey,
@@ -263,25 +265,10 @@ __device__ __noinline__ Sel select_prefix(const typename E::raw* __restrict__ ro
     u32 hc;
     u64 hm;
     hist_totals(s, hc, hm);
-    Sel whole;
-    whole.key = wkey;
-    whole.take = wtake;
-    whole.count = hc + bcount;
-    whole.mass = hm + bmass;
-    whole.reached = false;
-    whole.within_mass = whole.mass;
+    Sel whole = make_sel(wkey, wtake, hc + bcount, hm + bmass, false, hm + bmass);
 
     const u64 target = by_mass ? top_p_target_mass(p_fixed, whole.mass) : count_target;
-    if (target == 0) {
-        Sel empty;
-        empty.key = SPECULA_U32_MAX;
-        empty.take = 0;
-        empty.count = 0;
-        empty.mass = 0;
-        empty.reached = true;
-        empty.within_mass = whole.mass;
-        return empty;
-    }
+    if (target == 0) return make_sel(SPECULA_U32_MAX, 0, 0, 0, true, whole.mass);
     if (by_mass && target == whole.mass) {
         whole.reached = true;
         return whole;
@@ -293,14 +280,7 @@ __device__ __noinline__ Sel select_prefix(const typename E::raw* __restrict__ ro
             // Crossed inside the boundary group of `within`.
             const u64 need = target - (by_mass ? hm : (u64)hc);
             const u64 take = by_mass ? ceil_div_u64(need, bw) : need;
-            Sel r;
-            r.key = wkey;
-            r.take = (u32)take;
-            r.count = hc + (u32)take;
-            r.mass = hm + take * bw;
-            r.reached = true;
-            r.within_mass = whole.mass;
-            return r;
+            return make_sel(wkey, (u32)take, hc + (u32)take, hm + take * bw, true, whole.mass);
         }
         return whole;
     }
@@ -321,28 +301,14 @@ __device__ __noinline__ Sel select_prefix(const typename E::raw* __restrict__ ro
     }
     const u64 w = K::has_mass ? key_weight(pval) : 0;
     const u64 take = by_mass ? ceil_div_u64(target - above_m, w) : target - above_c;
-    Sel r;
-    r.key = pval;
-    r.take = (u32)take;
-    r.count = above_c + (u32)take;
-    r.mass = above_m + take * w;
-    r.reached = true;
-    r.within_mass = whole.mass;
-    return r;
+    return make_sel(pval, (u32)take, above_c + (u32)take, above_m + take * w, true, whole.mass);
 }
 
 // The total weight of a row (every block of a split row gets the row's total).
 template <class E>
 __device__ __noinline__ u64 row_total_weight(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s) {
     u64 m = 0;
-    for (u32 base = p.begin; base < p.end; base += SEL_CHUNK) {
-        float v[SEL_ITEMS];
-        load_items<E>(row, base, p, v);
-        const u32 i0 = base + threadIdx.x * SEL_ITEMS;
-#pragma unroll 1
-        for (int j = 0; j < SEL_ITEMS; ++j)
-            if (i0 + j < p.end) m += prob_weight(v[j]);
-    }
+    for_slice_items<E>(row, p, [&](u32, float x) { m += prob_weight(x); });
     u64 total = block_sum_u64<SEL_BLOCK>(m, s.sa);
     if (p.nblocks > 1) {
         u64* slot = p.g_mass + (u64)p.pass * SEL_BINS;
@@ -359,17 +325,10 @@ __device__ __noinline__ u64 row_total_weight(const typename E::raw* __restrict__
 template <class E, class K>
 __device__ __noinline__ u32 first_in_rank(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s) {
     u64 best = 0;
-    for (u32 base = p.begin; base < p.end; base += SEL_CHUNK) {
-        float v[SEL_ITEMS];
-        load_items<E>(row, base, p, v);
-        const u32 i0 = base + threadIdx.x * SEL_ITEMS;
-#pragma unroll 1
-        for (int j = 0; j < SEL_ITEMS; ++j) {
-            if (i0 + j >= p.end) break;
-            const u64 packed = pack_key_id(K::key(v[j]), i0 + j);
-            best = packed > best ? packed : best;
-        }
-    }
+    for_slice_items<E>(row, p, [&](u32 i, float x) {
+        const u64 packed = pack_key_id(K::key(x), i);
+        best = packed > best ? packed : best;
+    });
     best = block_max_u64<SEL_BLOCK>(best, s.sa);
     if (p.nblocks > 1) {
         if (threadIdx.x == 0) atomicMax(p.first, best);
@@ -395,18 +354,11 @@ __device__ __noinline__ i32 draw_in_prefix(const typename E::raw* __restrict__ r
     if (p.nblocks > 1) {
         u64 m = 0;
         u32 b = 0;
-        for (u32 base = p.begin; base < p.end; base += SEL_CHUNK) {
-            float v[SEL_ITEMS];
-            load_items<E>(row, base, p, v);
-            const u32 i0 = base + threadIdx.x * SEL_ITEMS;
-#pragma unroll 1
-            for (int j = 0; j < SEL_ITEMS; ++j) {
-                if (i0 + j >= p.end) break;
-                const u32 key = rank_key(v[j]);
-                if (key > pkey) m += key_weight(key);
-                b += key == pkey ? 1u : 0u;
-            }
-        }
+        for_slice_items<E>(row, p, [&](u32, float x) {
+            const u32 key = rank_key(x);
+            if (key > pkey) m += key_weight(key);
+            b += key == pkey ? 1u : 0u;
+        });
         u64 ex_m, tot_m;
         u32 ex_b, tot_b;
         block_scan_pair<SEL_BLOCK>(m, b, ex_m, ex_b, tot_m, tot_b, s.sa, s.sb);
@@ -484,12 +436,8 @@ __device__ __noinline__ Kept kept_set(const typename E::raw* __restrict__ row, R
     if (top_k > 0 && (u32)top_k < vocab) {
         survivors = select_prefix<E, ProbKeys>(row, p, s, 0u, SPECULA_U32_MAX, false, (u64)top_k, 0);
     } else if (full_top_p) {
-        survivors.key = 0;
-        survivors.take = SPECULA_U32_MAX;
-        survivors.count = vocab;
-        survivors.mass = row_total_weight<E>(row, p, s);
-        survivors.reached = true;
-        survivors.within_mass = survivors.mass;
+        const u64 total = row_total_weight<E>(row, p, s);
+        survivors = make_sel(0, SPECULA_U32_MAX, vocab, total, true, total);
     } else {
         // No top-k: top-p directly over the whole row (its first pass also gives the total).
         const Sel kept = select_prefix<E, ProbKeys>(row, p, s, 0u, SPECULA_U32_MAX, true, 0, p_fixed);

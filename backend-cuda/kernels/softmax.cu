@@ -1,5 +1,6 @@
 // softmax (contract §4.9): probs = softmax(logits / temperature) per row, f32 out, f32 sums.
-// One block per row. Temperature 0 is one-hot at the argmax; a row whose maximum is +inf is
+// One block per row. The scaled logit is (l - m) / T with m the row's maximum logit (subtract
+// first, then divide). Temperature 0 is one-hot at the argmax; a row whose maximum is +inf is
 // uniform over its +inf entries; a row of all -inf is uniform; NaN logits count as -inf.
 
 struct SoftmaxArgs {
@@ -21,20 +22,14 @@ extern "C" __global__ void __launch_bounds__(SPECULA_ROW_BLOCK) SPECULA_ENTRY(so
     const RowStats st = block_row_stats<SPECULA_T, SPECULA_ROW_BLOCK>(row, a.vocab, a.vec != 0, t);
     const float inv_count = 1.0f / (float)st.inf_count;
     const float uniform = 1.0f / (float)a.vocab;
-    for (u32 i = 4 * threadIdx.x; i < a.vocab; i += 4 * SPECULA_ROW_BLOCK) {
-        float v[4];
-        load4<SPECULA_T>(row, i, a.vocab, a.vec != 0, v);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            if (i + j >= a.vocab) break;
-            float p;
-            switch (st.kind) {
-                case ROW_STATS_ONE_HOT: p = (i + j == st.arg) ? 1.0f : 0.0f; break;
-                case ROW_STATS_POS_INF: p = scaled_logit(v[j], t) == SPECULA_INF ? inv_count : 0.0f; break;
-                case ROW_STATS_ALL_NEG_INF: p = uniform; break;
-                default: p = expf(scaled_logit(v[j], t) - st.max) / st.sum; break;
-            }
-            out[i + j] = p;
+    for_row_elements<SPECULA_T, SPECULA_ROW_BLOCK>(row, a.vocab, a.vec != 0, [&](u32 i, float x) {
+        float p;
+        switch (st.kind) {
+            case ROW_STATS_ONE_HOT: p = (i == st.arg) ? 1.0f : 0.0f; break;
+            case ROW_STATS_POS_INF: p = x == SPECULA_INF ? inv_count : 0.0f; break;
+            case ROW_STATS_ALL_NEG_INF: p = uniform; break;
+            default: p = expf(scaled_logit(x, st.max, t)) / st.sum; break;
         }
-    }
+        out[i] = p;
+    });
 }

@@ -19,21 +19,22 @@ struct SampleArgs {
     u32 splits;  // blocks per row (split kernel only)
 };
 
-template <class E>
-__device__ void sample_one_row(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s,
-                               u32 vocab, i32 top_k, float top_p, u64 seed, i32* out) {
-    const Kept k = kept_set<E>(row, p, s, vocab, top_k, top_p_fixed(top_p));
+// Samples row r into tokens[r]; `p` is this block's part of the row.
+__device__ void sample_one_row(const SampleArgs& a, u32 r, RowPart& p, SelShared& s) {
+    typedef SPECULA_T E;
+    const typename E::raw* row = a.probs + (u64)r * a.vocab;
+    const Kept k = kept_set<E>(row, p, s, a.vocab, a.top_k[r], top_p_fixed(a.top_p[r]));
     if (k.degenerate) {
-        if (p.block == 0 && threadIdx.x == 0) *out = (i32)k.first;
+        if (p.block == 0 && threadIdx.x == 0) a.tokens[r] = (i32)k.first;
         return;
     }
-    const u64 t = scale_draw(specula_draw(seed, SPECULA_PURPOSE_SAMPLE), k.prefix.mass);
+    const u64 t = scale_draw(specula_draw(a.seed[r], SPECULA_PURPOSE_SAMPLE), k.prefix.mass);
     i32 id = draw_in_prefix<E>(row, p, s, k.prefix.key, k.prefix.take, t);
     if (p.nblocks == 1 && id < 0) {
         // Unreachable (t < the kept mass); the first token is the safe answer.
         id = (i32)first_in_rank<E, ProbKeys>(row, p, s);
     }
-    if (id >= 0 && threadIdx.x == 0) *out = id;
+    if (id >= 0 && threadIdx.x == 0) a.tokens[r] = id;
 }
 
 extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
@@ -42,8 +43,7 @@ extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
     const u32 r = blockIdx.x;
     if (r >= a.rows) return;
     RowPart p = row_part_single(a.vocab, a.vec != 0);
-    const typename SPECULA_T::raw* row = a.probs + (u64)r * a.vocab;
-    sample_one_row<SPECULA_T>(row, p, s, a.vocab, a.top_k[r], a.top_p[r], a.seed[r], a.tokens + r);
+    sample_one_row(a, r, p, s);
 }
 
 extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
@@ -52,6 +52,5 @@ extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
     const u32 r = blockIdx.y;
     if (r >= a.rows) return;
     RowPart p = row_part_split(a.scratch, a.scratch_stride, r, a.splits, blockIdx.x, a.vocab, a.vec != 0);
-    const typename SPECULA_T::raw* row = a.probs + (u64)r * a.vocab;
-    sample_one_row<SPECULA_T>(row, p, s, a.vocab, a.top_k[r], a.top_p[r], a.seed[r], a.tokens + r);
+    sample_one_row(a, r, p, s);
 }

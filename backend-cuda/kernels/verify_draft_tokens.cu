@@ -114,19 +114,29 @@ struct Check {
     i32 correction;
 };
 
+// A rejected draft without a correction of its own: the phase-2 token follows.
+__device__ __forceinline__ Check rejected() {
+    Check c;
+    c.accepted = false;
+    c.has_correction = false;
+    c.correction = -1;
+    return c;
+}
+
+// The candidates of output row `row` that count (TOPP): its length, clamped to [0, C].
+__device__ __forceinline__ u64 candidate_count(const VerifyArgs& a, i64 row) {
+    const u64 n = len_or_zero(a.cand_lens[row]);
+    return n < a.candidates ? n : a.candidates;
+}
+
 // GREEDY, TARGET_MATCH, TOPP: every decision is a few scalar reads.
 struct ScalarPolicy {
     __device__ Check check(const VerifyArgs& a, u32 slot, u64 i, i32 d, i64 row) const {
-        Check c;
-        c.accepted = false;
-        c.has_correction = false;
-        c.correction = -1;
+        Check c = rejected();
         if (a.strategy == SPECULA_STRATEGY_TOPP) {
             if (row < 0) return c;
-            const u64 cnum = a.candidates;
-            u64 n = len_or_zero(a.cand_lens[row]);
-            n = n < cnum ? n : cnum;
-            const i32* ids = a.cand_ids + (u64)row * cnum;
+            const u64 n = candidate_count(a, row);
+            const i32* ids = a.cand_ids + (u64)row * a.candidates;
             for (u64 k = 0; k < n; ++k) c.accepted = c.accepted || ids[k] == d;
             return c;
         }
@@ -134,14 +144,15 @@ struct ScalarPolicy {
         return c;
     }
 
+    // A draft outside [0, V): rejected, and the phase-2 token follows.
+    __device__ Check reject_out_of_vocab(const VerifyArgs&, u32, u64, i64) const { return rejected(); }
+
     __device__ i32 phase2(const VerifyArgs& a, i64 row) const {
         if (row < 0) return -1;
         if (a.strategy != SPECULA_STRATEGY_TOPP) return a.target_tokens[row];
-        const u64 cnum = a.candidates;
-        u64 n = len_or_zero(a.cand_lens[row]);
-        n = n < cnum ? n : cnum;
-        const i32* ids = a.cand_ids + (u64)row * cnum;
-        const float* scores = a.cand_scores + (u64)row * cnum;
+        const u64 n = candidate_count(a, row);
+        const i32* ids = a.cand_ids + (u64)row * a.candidates;
+        const float* scores = a.cand_scores + (u64)row * a.candidates;
         u64 total = 0;
         for (u64 k = 0; k < n; ++k) total += prob_weight(scores[k]);
         if (total == 0) return ids[0];
@@ -176,16 +187,10 @@ struct RejectionPolicy {
 
     // Tokens with key `key` among ids [0, d) of row r.
     __device__ u64 count_key_before(const VerifyArgs& a, u64 r, u32 key, u32 d) const {
-        const SPECULA_T::raw* row = target_row(a, r);
-        const bool vec = a.vec_target != 0;
         u64 c = 0;
-        for (u32 i = 4 * threadIdx.x; i < d; i += 4 * SEL_BLOCK) {
-            float v[4];
-            load4<SPECULA_T>(row, i, d, vec, v);
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                if (i + j < d && rank_key(v[j]) == key) c += 1;
-        }
+        for_row_elements<SPECULA_T, SEL_BLOCK>(target_row(a, r), d, a.vec_target != 0, [&](u32, float x) {
+            if (rank_key(x) == key) c += 1;
+        });
         return block_sum_u64<SEL_BLOCK>(c, s->sa);
     }
 
@@ -258,10 +263,7 @@ struct RejectionPolicy {
     }
 
     __device__ Check check(const VerifyArgs& a, u32 slot, u64 i, i32 d, i64 row) const {
-        Check c;
-        c.accepted = false;
-        c.has_correction = false;
-        c.correction = -1;
+        Check c = rejected();
         if (row < 0) return c;
         const u64 r = (u64)row;
         const u64 qrow = (u64)slot * (a.max_step_tokens - 1) + i;
@@ -274,15 +276,18 @@ struct RejectionPolicy {
             c.correction = sample_target(a, r);
             return c;
         }
-        const u32 du = (u32)d;
-        const u32 key_d = rank_key(SPECULA_T::widen(target_row(a, r)[du]));
-        u64 wp_d = 0;
-        if (key_d > st.kept_key) {
-            wp_d = key_weight(key_d);
-        } else if (key_d == st.kept_key) {
-            wp_d = count_key_before(a, r, key_d, du) < (u64)st.kept_take ? key_weight(key_d) : 0;
+        // An id outside [0, V) weighs 0 in both rows (the same branch for the whole block).
+        u64 wp_d = 0, wq_d = 0;
+        if (in_vocab(a, d)) {
+            const u32 du = (u32)d;
+            const u32 key_d = rank_key(SPECULA_T::widen(target_row(a, r)[du]));
+            if (key_d > st.kept_key) {
+                wp_d = key_weight(key_d);
+            } else if (key_d == st.kept_key) {
+                wp_d = count_key_before(a, r, key_d, du) < (u64)st.kept_take ? key_weight(key_d) : 0;
+            }
+            wq_d = prob_weight(SPECULA_D::widen(a.draft_probs[qrow * a.vocab + du]));
         }
-        const u64 wq_d = prob_weight(SPECULA_D::widen(a.draft_probs[qrow * a.vocab + du]));
         const u64 seed = a.seeds[r];
         const u64 u = specula_draw(seed, SPECULA_PURPOSE_ACCEPT) >> 32;
         bool accepted;
@@ -314,6 +319,13 @@ struct RejectionPolicy {
             c.correction = (i32)v;
         }
         return c;
+    }
+
+    // A draft outside [0, V) weighs 0 in both rows: the check rejects it and the correction comes
+    // from the residual (RESIDUAL draw; SAMPLE only when the residual is empty), like any rejected
+    // draft (contract §4.5).
+    __device__ Check reject_out_of_vocab(const VerifyArgs& a, u32 slot, u64 i, i64 row) const {
+        return check(a, slot, i, -1, row);
     }
 
     __device__ i32 phase2(const VerifyArgs& a, i64 row) const {
@@ -351,8 +363,7 @@ __device__ i32 verify_slot(const VerifyArgs& a, u32 b, const P& policy, bool wri
             Check c;
             if (!in_vocab(a, d)) {
                 // An out-of-vocabulary draft is never accepted, whatever the strategy or flags.
-                c.accepted = false;
-                c.has_correction = false;
+                c = policy.reject_out_of_vocab(a, b, i, existing_row(a, base + (i64)i));
             } else if (a.accept_all != 0) {
                 c.accepted = true;
                 c.has_correction = false;

@@ -1,115 +1,88 @@
-//! Kernel argument blocks: one `#[repr(C)]` struct per kernel file, passed by value, mirroring the
-//! `*Args` struct at the top of the `.cu` file field for field (pointers as `u64` device
-//! addresses, pointers first, then `u64` scalars, then `u32` scalars in pairs, so neither side
-//! has padding to disagree on). The size of each is checked against the CUDA side in the
-//! compile check (`tests::sizes_match_the_kernel_structs`).
+//! Kernel argument blocks: one [`kernel_args!`](specula_backend_api::kernel_args) struct per
+//! kernel file, passed by value, mirrored field for field (same names, order and sizes) by the
+//! struct of the same name at the top of the `.cu` file: pointers as `u64` device addresses first,
+//! then `u64` scalars, then `u32` scalars in pairs, so neither side has padding to disagree on
+//! (`bytemuck::Pod` refuses padding at compile time). `tests::every_struct_matches_its_kernel_file`
+//! checks every struct against its kernel source.
 
 use cudarc::driver::DeviceRepr;
 
-macro_rules! kernel_args {
-    ($(#[$meta:meta])* $name:ident { $($field:ident : $ty:ty),* $(,)? }) => {
-        $(#[$meta])*
-        #[repr(C)]
-        #[derive(Clone, Copy, Debug, Default)]
-        pub(crate) struct $name {
-            $(pub(crate) $field: $ty,)*
-        }
-        // SAFETY: plain old data of u64/u32 fields with C layout, mirrored by the kernel.
-        unsafe impl DeviceRepr for $name {}
-    };
-}
-
-kernel_args!(
+specula_backend_api::kernel_args! {
     /// `argmax.cu`.
-    ArgmaxArgs { input: u64, out: u64, rows: u32, vocab: u32, vec: u32, pad: u32 }
-);
+    pub(crate) struct ArgmaxArgs { input: u64, out: u64, rows: u32, vocab: u32, vec: u32, pad: u32 }
 
-kernel_args!(
     /// `softmax.cu`.
-    SoftmaxArgs { logits: u64, temperature: u64, probs: u64, rows: u32, vocab: u32, vec: u32, pad: u32 }
-);
+    pub(crate) struct SoftmaxArgs {
+        logits: u64, temperature: u64, probs: u64,
+        rows: u32, vocab: u32, vec: u32, pad: u32,
+    }
 
-kernel_args!(
     /// `gather_next_token.cu`.
-    GatherArgs {
-        src: u64, dst: u64, cu_seqlens_q: u64, this_time: u64, encoder: u64, cu_out: u64, batch_id: u64,
+    pub(crate) struct GatherArgs {
+        src: u64, dst: u64, cu_seqlens_q: u64, this_time: u64, encoder: u64, cu_out: u64,
+        batch_id: u64,
         row_bytes: u64, token_num: u64, max_step_tokens: u64,
         out_rows: u32, real_bsz: u32, speculative: u32, unit: u32,
     }
-);
 
-kernel_args!(
     /// `build_output_layout.cu`.
-    LayoutArgs {
-        this_time: u64, encoder: u64, seq_lens_output: u64, cu_in: u64, cu_out: u64, batch_id: u64,
+    pub(crate) struct LayoutArgs {
+        this_time: u64, encoder: u64, seq_lens_output: u64, cu_in: u64, cu_out: u64,
+        batch_id: u64,
         capacity: u64, max_step_tokens: u64,
         max_bsz: u32, real_bsz: u32,
     }
-);
 
-kernel_args!(
     /// `build_sampling_params.cu`.
-    SamplingParamsArgs {
+    pub(crate) struct SamplingParamsArgs {
         slot_top_p: u64, slot_top_k: u64, slot_temperature: u64, slot_seed: u64,
         this_time: u64, encoder: u64, cu_out: u64, batch_id: u64,
         top_p: u64, top_k: u64, temperature: u64, seed: u64,
         rows: u64, max_step_tokens: u64,
         real_bsz: u32, pad: u32,
     }
-);
 
-kernel_args!(
     /// `update_state.cu`.
-    UpdateStateArgs {
-        accept_tokens: u64, is_block_step: u64, prompt_lens: u64, max_dec_len: u64, end_tokens: u64,
-        accept_num: u64, stop_flags: u64, token_ids_all: u64, step_idx: u64, infer_seed: u64,
-        draft_tokens: u64, encoder: u64, decoder: u64,
+    pub(crate) struct UpdateStateArgs {
+        accept_tokens: u64, is_block_step: u64, prompt_lens: u64, max_dec_len: u64,
+        end_tokens: u64, accept_num: u64, stop_flags: u64, token_ids_all: u64, step_idx: u64,
+        infer_seed: u64, draft_tokens: u64, encoder: u64, decoder: u64,
         max_model_len: u64, max_step_tokens: u64, n_end: u64,
         real_bsz: u32, pad: u32,
     }
-);
 
-kernel_args!(
     /// `ngram_match.cu`.
-    NgramArgs {
+    pub(crate) struct NgramArgs {
         token_ids_all: u64, prompt_lens: u64, step_idx: u64, draft_token_num: u64, encoder: u64,
         max_dec_len: u64, draft_tokens: u64, this_time: u64, proposals: u64,
         max_model_len: u64, max_step_tokens: u64, threshold: u64,
         real_bsz: u32, min_ngram: u32, max_ngram: u32, pad: u32,
     }
-);
 
-kernel_args!(
     /// `accept_logprobs.cu`.
-    LogprobsArgs {
-        logits: u64, temperature: u64, accept_tokens: u64, accept_num: u64, encoder: u64, cu_out: u64,
-        cu_accept: u64, token_ids: u64, logprobs: u64, ranks: u64, top_ids: u64, top_logprobs: u64,
-        entries: u64,
+    pub(crate) struct LogprobsArgs {
+        logits: u64, temperature: u64, accept_tokens: u64, accept_num: u64, encoder: u64,
+        cu_out: u64, cu_accept: u64, token_ids: u64, logprobs: u64, ranks: u64, top_ids: u64,
+        top_logprobs: u64, entries: u64,
         rows: u64, max_step_tokens: u64,
         max_bsz: u32, real_bsz: u32, vocab: u32, top_k: u32, vec: u32, pad: u32,
     }
-);
 
-kernel_args!(
     /// `top_k_top_p_sample.cu`.
-    SampleArgs {
+    pub(crate) struct SampleArgs {
         probs: u64, top_k: u64, top_p: u64, seed: u64, tokens: u64, scratch: u64,
         scratch_stride: u64,
         rows: u32, vocab: u32, vec: u32, splits: u32,
     }
-);
 
-kernel_args!(
     /// `top_p_candidates.cu`.
-    CandidatesArgs {
+    pub(crate) struct CandidatesArgs {
         probs: u64, top_p: u64, batch_id: u64, ids: u64, scores: u64, lens: u64,
         rows: u32, vocab: u32, candidates: u32, vec: u32,
     }
-);
 
-kernel_args!(
     /// `verify_draft_tokens.cu`.
-    VerifyArgs {
+    pub(crate) struct VerifyArgs {
         draft_tokens: u64, this_time: u64, encoder: u64, cu_out: u64, stop_flags: u64,
         is_block_step: u64, reasoning: u64, step_idx: u64, max_dec_len: u64, end_tokens: u64,
         seeds: u64, target_tokens: u64, cand_ids: u64, cand_scores: u64, cand_lens: u64,
@@ -119,78 +92,91 @@ kernel_args!(
         max_bsz: u32, real_bsz: u32, vocab: u32, strategy: u32, accept_all: u32, reject_all: u32,
         vec_target: u32, vec_draft: u32,
     }
-);
+}
 
-/// Bytes of one `TargetStats` entry of the REJECTION scratch (`verify_draft_tokens.cu`).
-pub(crate) const TARGET_STATS_BYTES: u64 = 32;
+/// Makes each argument struct a kernel parameter and lists it with the kernel file that mirrors
+/// it (`MIRRORS`, checked by the tests).
+macro_rules! device_args {
+    ($($file:ident => $name:ident),* $(,)?) => {
+        $(
+            // SAFETY: a `kernel_args!` struct: `#[repr(C)]` plain old data of u64/u32 fields
+            // without padding (`bytemuck::Pod`), mirrored field for field by the kernel's struct
+            // (checked by `tests::every_struct_matches_its_kernel_file`).
+            unsafe impl DeviceRepr for $name {}
+        )*
+
+        /// Every argument struct: the kernel file that mirrors it, its name, and the check of its
+        /// fields against that file's source.
+        #[cfg(test)]
+        pub(crate) const MIRRORS: &[(
+            crate::kernels::KernelFile,
+            &str,
+            fn(&str) -> Result<(), String>,
+        )] = &[$(
+            (
+                crate::kernels::KernelFile::$file,
+                stringify!($name),
+                specula_backend_api::abi::check_c_struct::<$name>,
+            ),
+        )*];
+    };
+}
+
+device_args! {
+    Argmax => ArgmaxArgs,
+    Softmax => SoftmaxArgs,
+    GatherNextToken => GatherArgs,
+    BuildOutputLayout => LayoutArgs,
+    BuildSamplingParams => SamplingParamsArgs,
+    UpdateState => UpdateStateArgs,
+    NgramMatch => NgramArgs,
+    AcceptLogprobs => LogprobsArgs,
+    TopKTopPSample => SampleArgs,
+    TopPCandidates => CandidatesArgs,
+    VerifyDraftTokens => VerifyArgs,
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::mem::size_of;
+    use crate::kernels::KernelFile;
 
-    /// Counts the fields of a kernel's `*Args` struct in its source: `(pointers, u64, u32)`.
-    fn kernel_struct_fields(source: &str, name: &str) -> (usize, usize, usize) {
-        let start = source
-            .find(&format!("struct {name} {{"))
-            .unwrap_or_else(|| panic!("{name} not found"));
-        let body = &source[start..];
-        let end = body.find("};").expect("struct end");
-        let (mut pointers, mut wide, mut narrow) = (0, 0, 0);
-        for line in body[..end].lines().skip(1) {
-            let code = line.split("//").next().unwrap_or("").trim();
-            if code.is_empty() {
-                continue;
-            }
-            let names = code.matches(',').count() + 1;
-            if code.contains('*') {
-                pointers += names;
-            } else if code.starts_with("u64") {
-                wide += names;
-            } else if code.starts_with("u32") {
-                narrow += names;
-            } else {
-                panic!("{name}: unexpected field line {code:?}");
-            }
-        }
-        (pointers, wide, narrow)
+    /// The names of the `struct *Args {` declarations of a kernel source.
+    fn declared_args(source: &str) -> Vec<&str> {
+        source
+            .lines()
+            .filter_map(|line| line.strip_prefix("struct "))
+            .filter_map(|rest| rest.strip_suffix(" {"))
+            .filter(|name| name.ends_with("Args"))
+            .collect()
     }
 
     #[test]
-    fn sizes_match_the_kernel_structs() {
-        use crate::kernels::KernelFile as F;
-        let cases: [(F, &str, usize); 11] = [
-            (F::Argmax, "ArgmaxArgs", size_of::<ArgmaxArgs>()),
-            (F::Softmax, "SoftmaxArgs", size_of::<SoftmaxArgs>()),
-            (F::GatherNextToken, "GatherArgs", size_of::<GatherArgs>()),
-            (F::BuildOutputLayout, "LayoutArgs", size_of::<LayoutArgs>()),
-            (
-                F::BuildSamplingParams,
-                "SamplingParamsArgs",
-                size_of::<SamplingParamsArgs>(),
-            ),
-            (
-                F::UpdateState,
-                "UpdateStateArgs",
-                size_of::<UpdateStateArgs>(),
-            ),
-            (F::NgramMatch, "NgramArgs", size_of::<NgramArgs>()),
-            (F::AcceptLogprobs, "LogprobsArgs", size_of::<LogprobsArgs>()),
-            (F::TopKTopPSample, "SampleArgs", size_of::<SampleArgs>()),
-            (
-                F::TopPCandidates,
-                "CandidatesArgs",
-                size_of::<CandidatesArgs>(),
-            ),
-            (F::VerifyDraftTokens, "VerifyArgs", size_of::<VerifyArgs>()),
-        ];
-        for (file, name, rust_size) in cases {
-            let (pointers, wide, narrow) = kernel_struct_fields(file.body(), name);
-            assert_eq!(narrow % 2, 0, "{name}: u32 fields come in pairs");
+    fn every_struct_matches_its_kernel_file() {
+        let failures: Vec<String> = MIRRORS
+            .iter()
+            .filter_map(|(file, _, check)| {
+                check(file.body())
+                    .err()
+                    .map(|e| format!("{}: {e}", file.file_name()))
+            })
+            .collect();
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    #[test]
+    fn every_kernel_file_has_exactly_its_argument_struct() {
+        for file in KernelFile::ALL {
+            let rust: Vec<&str> = MIRRORS
+                .iter()
+                .filter(|(f, _, _)| *f == file)
+                .map(|(_, name, _)| *name)
+                .collect();
             assert_eq!(
-                8 * (pointers + wide) + 4 * narrow,
-                rust_size,
-                "{name}: the Rust and CUDA argument structs differ"
+                declared_args(file.body()),
+                rust,
+                "{}: the kernel's argument structs and the Rust ones differ",
+                file.file_name()
             );
         }
     }

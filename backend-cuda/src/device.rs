@@ -1,22 +1,25 @@
-//! `CudaDevice`: the `Device` implementation (probing, memory, the kernel cache, launches).
+//! `CudaDevice`: probing, the kernel cache, launches, and the [`Backend`] implementation (memory
+//! here, each op in `ops/<op>.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, DriverError,
+    LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
+use specula_backend_api::abi::KernelArgs;
+use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
 use specula_backend_api::{
-    BackendKind, Buffer, Capabilities, DType, DeviceId, DeviceInfo, Error, Op, Result,
+    BackendKind, Buffer, Capabilities, DType, DeviceInfo, Error, Op, Result,
 };
 
 use crate::error::CudaError;
 use crate::kernels::{Instance, KernelFile, compile_options};
-use crate::nvrtc;
 use crate::storage::{self, CudaStorage};
+use crate::{launch, nvrtc, ops};
 
 /// The oldest driver API this build's bindings (`cuda-12080`) are used with.
 const MIN_DRIVER_VERSION: i32 = 12_000;
@@ -39,9 +42,7 @@ struct LoadedModule {
 /// One NVIDIA GPU: a context, one stream every op is enqueued on, and the kernels built for the
 /// device's architecture (compiled by NVRTC at first use, cached per file and element types).
 pub struct CudaDevice {
-    id: DeviceId,
-    info: DeviceInfo,
-    capabilities: Capabilities,
+    desc: DeviceDesc,
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
     target: String,
@@ -53,8 +54,7 @@ pub struct CudaDevice {
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaDevice")
-            .field("id", &self.id)
-            .field("info", &self.info)
+            .field("desc", &self.desc)
             .field("target", &self.target)
             .field("multiprocessors", &self.multiprocessors)
             .finish_non_exhaustive()
@@ -131,24 +131,25 @@ impl CudaDevice {
         let cooperative =
             attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH) != 0;
         let total_mem = ctx.total_mem().ok().map(|b| b as u64);
+        let info = DeviceInfo {
+            kind: BackendKind::Cuda,
+            ordinal,
+            name,
+            driver: format!(
+                "CUDA driver {}.{}, NVRTC {}.{}, compute capability {major}.{minor}, kernels for {target}",
+                driver_version / 1000,
+                driver_version % 1000 / 10,
+                nvrtc_version.0,
+                nvrtc_version.1
+            ),
+        };
+        let capabilities = Capabilities {
+            float_dtypes: DType::FLOATS.to_vec(),
+            max_buffer_bytes: total_mem,
+            logits: false,
+        };
         Ok(CudaDevice {
-            id: DeviceId::next(),
-            info: DeviceInfo {
-                kind: BackendKind::Cuda,
-                ordinal,
-                name,
-                driver: format!(
-                    "CUDA driver {}.{}, NVRTC {}.{}, compute capability {major}.{minor}, kernels for {target}",
-                    driver_version / 1000,
-                    driver_version % 1000 / 10,
-                    nvrtc_version.0,
-                    nvrtc_version.1
-                ),
-            },
-            capabilities: Capabilities {
-                float_dtypes: DType::FLOATS.to_vec(),
-                max_buffer_bytes: total_mem,
-            },
+            desc: DeviceDesc::new(info, capabilities),
             ctx,
             stream,
             target,
@@ -164,13 +165,8 @@ impl CudaDevice {
     }
 
     /// The function `stem` of `file` built for `instance`, compiling and loading the module at
-    /// first use. An NVRTC error is [`Error::KernelBuild`](specula_backend_api::Error::KernelBuild) with the log.
-    pub(crate) fn function(
-        &self,
-        file: KernelFile,
-        instance: Instance,
-        stem: &str,
-    ) -> Result<CudaFunction> {
+    /// first use. An NVRTC error is [`Error::KernelBuild`] with the log.
+    fn function(&self, file: KernelFile, instance: Instance, stem: &str) -> Result<CudaFunction> {
         let entry = instance.entry(stem);
         let mut modules = self
             .modules
@@ -179,48 +175,7 @@ impl CudaDevice {
         let loaded = match modules.entry((file, instance)) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(slot) => {
-                let _span = tracing::debug_span!(
-                    "nvrtc",
-                    backend = "cuda",
-                    file = %file.file_name(),
-                    dtype = instance.suffix.name(),
-                    target = %self.target
-                )
-                .entered();
-                let kernel = format!(
-                    "{} [{}/{}] for {}",
-                    file.file_name(),
-                    instance.target,
-                    instance.draft,
-                    self.target
-                );
-                let compiled = nvrtc::compile(
-                    &file.source(),
-                    &file.file_name(),
-                    &compile_options(&instance, &self.target),
-                )
-                .map_err(|e| match e {
-                    CudaError::Compile { log, .. } => Error::KernelBuild {
-                        backend: BackendKind::Cuda,
-                        kernel: kernel.clone(),
-                        log,
-                    },
-                    other => other.into_api(file.op().name()),
-                })?;
-                if !compiled.log.is_empty() {
-                    tracing::debug!(log = %compiled.log, "nvrtc log");
-                }
-                let ptx = match compiled.image {
-                    nvrtc::Image::Cubin(bytes) => Ptx::from_binary(bytes),
-                    nvrtc::Image::Ptx(bytes) => Ptx::from_src(nvrtc::ptx_text(&bytes)),
-                };
-                let module = self.ctx.load_module(ptx).map_err(|e| {
-                    CudaError::driver("cuModuleLoadData", e).into_api(file.op().name())
-                })?;
-                slot.insert(LoadedModule {
-                    module,
-                    functions: HashMap::new(),
-                })
+                slot.insert(self.build_module(file, instance)?)
             }
         };
         if let Some(f) = loaded.functions.get(&entry) {
@@ -234,40 +189,71 @@ impl CudaDevice {
         Ok(f)
     }
 
-    /// Launches `f` with one argument block on the device's stream.
-    pub(crate) fn launch<A: DeviceRepr>(
-        &self,
-        op: Op,
-        f: &CudaFunction,
-        grid: (u32, u32, u32),
-        block: u32,
-        args: &A,
-    ) -> Result<()> {
-        let cfg = LaunchConfig {
-            grid_dim: grid,
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+    /// Compiles `file` for `instance` with NVRTC and loads it into the context.
+    fn build_module(&self, file: KernelFile, instance: Instance) -> Result<LoadedModule> {
+        let _span = tracing::debug_span!(
+            "nvrtc",
+            backend = "cuda",
+            file = %file.file_name(),
+            dtype = instance.suffix.name(),
+            target = %self.target
+        )
+        .entered();
+        let kernel = format!(
+            "{} [{}/{}] for {}",
+            file.file_name(),
+            instance.target,
+            instance.draft,
+            self.target
+        );
+        let compiled = nvrtc::compile(
+            &file.source(),
+            &file.file_name(),
+            &compile_options(&instance, &self.target),
+        )
+        .map_err(|e| match e {
+            CudaError::Compile { log, .. } => Error::KernelBuild {
+                backend: BackendKind::Cuda,
+                kernel,
+                log,
+            },
+            other => other.into_api(file.op().name()),
+        })?;
+        if !compiled.log.is_empty() {
+            tracing::debug!(log = %compiled.log, "nvrtc log");
+        }
+        let ptx = match compiled.image {
+            nvrtc::Image::Cubin(bytes) => Ptx::from_binary(bytes),
+            nvrtc::Image::Ptx(bytes) => Ptx::from_src(nvrtc::ptx_text(&bytes)),
         };
-        let mut builder = self.stream.launch_builder(f);
-        builder.arg(args);
-        // SAFETY: `args` mirrors the kernel's argument struct (checked by `args::tests`); every
-        // pointer in it is a window of a validated buffer of this device, or scratch that lives
-        // until the stream has consumed it (freed stream-ordered on drop).
-        unsafe { builder.launch(cfg) }
-            .map(|_| ())
-            .map_err(|e| CudaError::driver("cuLaunchKernel", e).into_api(op.name()))
+        let module = self
+            .ctx
+            .load_module(ptx)
+            .map_err(|e| CudaError::driver("cuModuleLoadData", e).into_api(file.op().name()))?;
+        Ok(LoadedModule {
+            module,
+            functions: HashMap::new(),
+        })
     }
 
-    /// Launches `f` cooperatively (all blocks co-resident); `Ok(false)` when the grid does not
-    /// fit the device at once, so the caller can fall back.
-    pub(crate) fn launch_cooperative<A: DeviceRepr>(
+    /// The kernels of `file` built for `instance`, to launch (compiled at first use).
+    pub(crate) fn kernels(&self, file: KernelFile, instance: Instance) -> Kernels<'_> {
+        Kernels {
+            device: self,
+            file,
+            instance,
+        }
+    }
+
+    /// Enqueues `f` with one argument block on the device's stream, cooperatively or not.
+    fn enqueue<A: KernelArgs + DeviceRepr>(
         &self,
-        op: Op,
         f: &CudaFunction,
         grid: (u32, u32, u32),
         block: u32,
         args: &A,
-    ) -> Result<bool> {
+        cooperative: bool,
+    ) -> std::result::Result<(), DriverError> {
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (block, 1, 1),
@@ -275,14 +261,18 @@ impl CudaDevice {
         };
         let mut builder = self.stream.launch_builder(f);
         builder.arg(args);
-        // SAFETY: as in `launch`.
-        match unsafe { builder.launch_cooperative(cfg) } {
-            Ok(_) => Ok(true),
-            Err(cudarc::driver::DriverError(
-                cudarc::driver::sys::CUresult::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
-            )) => Ok(false),
-            Err(e) => Err(CudaError::driver("cuLaunchCooperativeKernel", e).into_api(op.name())),
-        }
+        // SAFETY: `args` is a `kernel_args!` struct that mirrors the kernel's argument struct field
+        // for field (checked by `args::tests`); every pointer in it is a window of a validated
+        // buffer of this device, or scratch that lives until the stream has consumed it (freed
+        // stream-ordered on drop).
+        let launched = unsafe {
+            if cooperative {
+                builder.launch_cooperative(cfg)
+            } else {
+                builder.launch(cfg)
+            }
+        };
+        launched.map(|_| ())
     }
 
     /// Zeroed scratch memory for one op (freed, stream-ordered, when dropped).
@@ -313,64 +303,22 @@ impl CudaDevice {
         storage::optional_ptr(buffer, &self.stream).map_err(|e| e.into_api(op.name()))
     }
 
-    pub(crate) fn id_value(&self) -> DeviceId {
-        self.id
-    }
-
-    pub(crate) fn info_ref(&self) -> &DeviceInfo {
-        &self.info
-    }
-
-    pub(crate) fn capabilities_ref(&self) -> &Capabilities {
-        &self.capabilities
-    }
-
-    fn check_size(dtype: DType, bytes: &[u8]) -> Result<usize> {
-        if !bytes.len().is_multiple_of(dtype.size_bytes()) {
-            return Err(Error::invalid(
-                Op::Memory,
-                "bytes",
-                format!("a multiple of {} ({dtype})", dtype.size_bytes()),
-                bytes.len(),
-            ));
-        }
-        Ok(bytes.len() / dtype.size_bytes())
-    }
-
-    pub(crate) fn alloc_zeroed_impl(&self, dtype: DType, len: usize) -> Result<Buffer> {
-        let oom = |requested_bytes| Error::OutOfMemory {
-            backend: BackendKind::Cuda,
-            requested_bytes,
-        };
-        let bytes = len
-            .checked_mul(dtype.size_bytes())
-            .ok_or_else(|| oom(usize::MAX))?;
-        let alloc = CudaStorage::allocation_bytes(bytes).ok_or_else(|| oom(usize::MAX))?;
-        let slice = self.stream.alloc_zeros::<u8>(alloc).map_err(|e| match e {
-            cudarc::driver::DriverError(
-                cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
-            ) => oom(alloc),
-            other => CudaError::driver("cuMemAlloc", other).into_api("alloc"),
-        })?;
-        Ok(Buffer::from_storage(
-            dtype,
-            len,
-            self.id,
-            Box::new(CudaStorage { slice }),
-        ))
-    }
-
-    pub(crate) fn upload_bytes_impl(&self, dtype: DType, bytes: &[u8]) -> Result<Buffer> {
-        let len = Self::check_size(dtype, bytes)?;
-        let mut buffer = self.alloc_zeroed_impl(dtype, len)?;
-        if !bytes.is_empty() {
-            self.copy_into_window(&mut buffer, bytes)?;
-        }
-        Ok(buffer)
+    /// The kernels' `vec` flag for `[vocab]` rows of `buffer`: 1 when they can be read four
+    /// elements at a time.
+    pub(crate) fn vec_ok(&self, op: Op, buffer: &Buffer, vocab: usize) -> Result<u32> {
+        let ptr = self.ptr(op, buffer)?;
+        Ok(u32::from(launch::vector_loads_ok(
+            ptr,
+            buffer.dtype().size_bytes(),
+            vocab,
+        )))
     }
 
     /// Copies `bytes` (exactly the window's size) into the window and waits for the copy.
     fn copy_into_window(&self, dst: &mut Buffer, bytes: &[u8]) -> Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
         let (start, end) = storage::window_bytes(dst);
         let s = storage::storage_mut(dst).map_err(|e| e.into_api("upload"))?;
         let mut view = s
@@ -384,36 +332,92 @@ impl CudaDevice {
             .synchronize()
             .map_err(|e| CudaError::driver("cuStreamSynchronize", e).into_api("upload"))
     }
+}
 
-    pub(crate) fn write_bytes_impl(&self, dst: &mut Buffer, bytes: &[u8]) -> Result<()> {
-        let supplied = Self::check_size(dst.dtype(), bytes)?;
-        specula_backend_api::ops::Check::new(Op::Memory, self.id).exact(
-            "dst",
-            dst,
-            dst.dtype(),
-            dst.len(),
-        )?;
-        if supplied != dst.len() {
-            return Err(Error::ShapeMismatch {
-                op: Op::Memory,
-                arg: "bytes",
-                expected: dst.len(),
-                actual: supplied,
-            });
+/// The kernels of one file built for one instance on a device: what an op launches.
+pub(crate) struct Kernels<'d> {
+    device: &'d CudaDevice,
+    file: KernelFile,
+    instance: Instance,
+}
+
+impl Kernels<'_> {
+    /// Launches entry `stem`: `grid` blocks of `block` threads, one argument block, on the
+    /// device's stream.
+    pub(crate) fn launch<A: KernelArgs + DeviceRepr>(
+        &self,
+        stem: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &A,
+    ) -> Result<()> {
+        let f = self.device.function(self.file, self.instance, stem)?;
+        self.device
+            .enqueue(&f, grid, block, args, false)
+            .map_err(|e| CudaError::driver("cuLaunchKernel", e).into_api(self.file.op().name()))
+    }
+
+    /// As [`launch`](Self::launch), cooperatively (all blocks co-resident); `Ok(false)` when the
+    /// grid does not fit the device at once, so the caller can fall back.
+    pub(crate) fn launch_cooperative<A: KernelArgs + DeviceRepr>(
+        &self,
+        stem: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &A,
+    ) -> Result<bool> {
+        let f = self.device.function(self.file, self.instance, stem)?;
+        match self.device.enqueue(&f, grid, block, args, true) {
+            Ok(()) => Ok(true),
+            Err(cudarc::driver::DriverError(
+                cudarc::driver::sys::CUresult::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
+            )) => Ok(false),
+            Err(e) => {
+                Err(CudaError::driver("cuLaunchCooperativeKernel", e)
+                    .into_api(self.file.op().name()))
+            }
         }
-        if bytes.is_empty() {
-            return Ok(());
-        }
+    }
+}
+
+impl Backend for CudaDevice {
+    fn desc(&self) -> &DeviceDesc {
+        &self.desc
+    }
+
+    fn run_alloc_zeroed(&self, alloc: Alloc) -> Result<Buffer> {
+        let oom = |requested_bytes| Error::OutOfMemory {
+            backend: BackendKind::Cuda,
+            requested_bytes,
+        };
+        let bytes = CudaStorage::allocation_bytes(alloc.bytes()).ok_or_else(|| oom(usize::MAX))?;
+        let slice = self.stream.alloc_zeros::<u8>(bytes).map_err(|e| match e {
+            cudarc::driver::DriverError(
+                cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            ) => oom(bytes),
+            other => CudaError::driver("cuMemAlloc", other).into_api("alloc"),
+        })?;
+        Ok(Buffer::from_storage(
+            alloc.dtype(),
+            alloc.len(),
+            self.desc.id,
+            Box::new(CudaStorage { slice }),
+        ))
+    }
+
+    fn run_upload(&self, upload: Upload<'_>) -> Result<Buffer> {
+        let mut buffer = self.run_alloc_zeroed(upload.alloc())?;
+        self.copy_into_window(&mut buffer, upload.bytes())?;
+        Ok(buffer)
+    }
+
+    fn run_write(&self, mut write: Write<'_, '_>) -> Result<()> {
+        let (dst, bytes) = write.parts();
         self.copy_into_window(dst, bytes)
     }
 
-    pub(crate) fn download_bytes_impl(&self, src: &Buffer) -> Result<Vec<u8>> {
-        specula_backend_api::ops::Check::new(Op::Memory, self.id).exact(
-            "src",
-            src,
-            src.dtype(),
-            src.len(),
-        )?;
+    fn run_download(&self, download: Download<'_>) -> Result<Vec<u8>> {
+        let src = download.src();
         let (start, end) = storage::window_bytes(src);
         let mut out = vec![0u8; end - start];
         if out.is_empty() {
@@ -427,13 +431,17 @@ impl CudaDevice {
         self.stream
             .memcpy_dtoh(&view, &mut out)
             .map_err(|e| CudaError::driver("cuMemcpyDtoHAsync", e).into_api("download"))?;
-        self.synchronize_impl()?;
+        self.run_synchronize()?;
         Ok(out)
     }
 
-    pub(crate) fn synchronize_impl(&self) -> Result<()> {
+    fn run_synchronize(&self) -> Result<()> {
         self.stream
             .synchronize()
             .map_err(|e| CudaError::driver("cuStreamSynchronize", e).into_api("synchronize"))
+    }
+
+    fn run(&self, call: AnyCall<'_, '_>) -> Result<()> {
+        specula_backend_api::dispatch_ops!(self, call)
     }
 }

@@ -1,8 +1,10 @@
 //! The kernel sources, their entry points and the NVRTC options they are built with.
 //!
-//! Every op has one file under `kernels/` (embedded with `include_str!`), built on the shared
-//! `common.cuh` (types, 128-bit helpers, Philox, weights, block collectives) and, for the ops that
-//! select in rank order, `select.cuh`. The headers are prepended as text, so no include path is
+//! Every op has one file under `kernels/`, named as the op and embedded with `include_str!`; the
+//! list of files ([`KernelFile`]) is generated from the op table of `specula-backend-api`, so an op
+//! without its kernel file is a compile error. Every file is built on the shared `common.cuh`
+//! (types, 128-bit helpers, Philox, weights, block collectives) and, for the ops that select in
+//! rank order, `select.cuh`. The headers are prepended as text, so no include path is
 //! needed. Constants shared with the Rust side come from [`specula_backend_api::abi`] as `-D`
 //! defines ([`defines`]); the element types as `-DSPECULA_T=F32|F16|BF16` (and `SPECULA_D` for
 //! REJECTION's draft rows); `-DSPECULA_SUFFIX` names the entry points (`argmax_f32`).
@@ -21,86 +23,50 @@ pub const COMMON: &str = include_str!("../kernels/common.cuh");
 /// The rank-order selection shared by the sampling kernels.
 pub const SELECT: &str = include_str!("../kernels/select.cuh");
 
-/// One kernel file: one op (or tight op family).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum KernelFile {
-    /// `kernels/build_output_layout.cu`.
-    BuildOutputLayout,
-    /// `kernels/gather_next_token.cu`.
-    GatherNextToken,
-    /// `kernels/build_sampling_params.cu`.
-    BuildSamplingParams,
-    /// `kernels/argmax.cu`.
-    Argmax,
-    /// `kernels/softmax.cu`.
-    Softmax,
-    /// `kernels/top_k_top_p_sample.cu`.
-    TopKTopPSample,
-    /// `kernels/top_p_candidates.cu`.
-    TopPCandidates,
-    /// `kernels/verify_draft_tokens.cu`.
-    VerifyDraftTokens,
-    /// `kernels/update_state.cu`.
-    UpdateState,
-    /// `kernels/ngram_match.cu`.
-    NgramMatch,
-    /// `kernels/accept_logprobs.cu`.
-    AcceptLogprobs,
+/// Declares [`KernelFile`] from the op table: one variant per op, whose source is
+/// `kernels/<op>.cu`, so an op without its kernel file does not compile.
+macro_rules! kernel_files {
+    ($($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*) => {
+        /// One kernel file per op of the contract (`kernels/<op>.cu`), generated from the op table
+        /// ([`specula_backend_api::for_each_op!`]).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum KernelFile {
+            $(
+                #[doc = concat!("`kernels/", stringify!($name), ".cu` (§", $section, ").")]
+                $variant,
+            )*
+        }
+
+        impl KernelFile {
+            /// Every kernel file, in the order of the op table.
+            pub const ALL: [KernelFile; [$(stringify!($name)),*].len()] =
+                [$(KernelFile::$variant),*];
+
+            /// The op this file implements.
+            pub const fn op(self) -> Op {
+                match self {
+                    $(KernelFile::$variant => Op::$variant,)*
+                }
+            }
+
+            /// The op's own source (without the shared headers).
+            pub const fn body(self) -> &'static str {
+                match self {
+                    $(KernelFile::$variant => {
+                        include_str!(concat!("../kernels/", stringify!($name), ".cu"))
+                    })*
+                }
+            }
+        }
+    };
 }
 
+specula_backend_api::for_each_op!(kernel_files);
+
 impl KernelFile {
-    /// Every kernel file.
-    pub const ALL: [KernelFile; 11] = [
-        KernelFile::BuildOutputLayout,
-        KernelFile::GatherNextToken,
-        KernelFile::BuildSamplingParams,
-        KernelFile::Argmax,
-        KernelFile::Softmax,
-        KernelFile::TopKTopPSample,
-        KernelFile::TopPCandidates,
-        KernelFile::VerifyDraftTokens,
-        KernelFile::UpdateState,
-        KernelFile::NgramMatch,
-        KernelFile::AcceptLogprobs,
-    ];
-
-    /// The op this file implements.
-    pub const fn op(self) -> Op {
-        match self {
-            KernelFile::BuildOutputLayout => Op::BuildOutputLayout,
-            KernelFile::GatherNextToken => Op::GatherNextToken,
-            KernelFile::BuildSamplingParams => Op::BuildSamplingParams,
-            KernelFile::Argmax => Op::Argmax,
-            KernelFile::Softmax => Op::Softmax,
-            KernelFile::TopKTopPSample => Op::TopKTopPSample,
-            KernelFile::TopPCandidates => Op::TopPCandidates,
-            KernelFile::VerifyDraftTokens => Op::VerifyDraftTokens,
-            KernelFile::UpdateState => Op::UpdateState,
-            KernelFile::NgramMatch => Op::NgramMatch,
-            KernelFile::AcceptLogprobs => Op::AcceptLogprobs,
-        }
-    }
-
-    /// The file name under `kernels/`.
+    /// The file name under `kernels/` (`<op>.cu`).
     pub fn file_name(self) -> String {
-        format!("{}.cu", self.op().name())
-    }
-
-    /// The op's own source (without the shared headers).
-    pub const fn body(self) -> &'static str {
-        match self {
-            KernelFile::BuildOutputLayout => include_str!("../kernels/build_output_layout.cu"),
-            KernelFile::GatherNextToken => include_str!("../kernels/gather_next_token.cu"),
-            KernelFile::BuildSamplingParams => include_str!("../kernels/build_sampling_params.cu"),
-            KernelFile::Argmax => include_str!("../kernels/argmax.cu"),
-            KernelFile::Softmax => include_str!("../kernels/softmax.cu"),
-            KernelFile::TopKTopPSample => include_str!("../kernels/top_k_top_p_sample.cu"),
-            KernelFile::TopPCandidates => include_str!("../kernels/top_p_candidates.cu"),
-            KernelFile::VerifyDraftTokens => include_str!("../kernels/verify_draft_tokens.cu"),
-            KernelFile::UpdateState => include_str!("../kernels/update_state.cu"),
-            KernelFile::NgramMatch => include_str!("../kernels/ngram_match.cu"),
-            KernelFile::AcceptLogprobs => include_str!("../kernels/accept_logprobs.cu"),
-        }
+        self.op().kernel_file("cu")
     }
 
     /// Whether the file uses the rank-order selection header.
@@ -309,6 +275,12 @@ mod tests {
                 file.file_name()
             );
         }
+    }
+
+    #[test]
+    fn one_file_per_op_in_table_order() {
+        assert_eq!(KernelFile::ALL.map(KernelFile::op), Op::ALL);
+        assert_eq!(KernelFile::Argmax.file_name(), "argmax.cu");
     }
 
     #[test]

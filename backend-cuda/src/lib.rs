@@ -40,8 +40,10 @@
 //!
 //! Kernels receive the device address of each buffer's *window*, so offsets are honoured by
 //! construction. Every index read from a buffer is range-checked on the device with the fallbacks
-//! of the contract, exactly as in the CPU reference. Host-side validation is the shared
-//! `validate_*` of `specula-backend-api`, called first.
+//! of the contract, exactly as in the CPU reference. [`CudaDevice`] implements
+//! [`Backend`](specula_backend_api::backend::Backend): host-side validation, the tracing span and
+//! the zero-row rule are done once, by the validating front of `specula-backend-api`, before an op
+//! of this crate runs (one host file per op, `src/ops/<op>.rs`, beside `kernels/<op>.cu`).
 
 pub mod kernels;
 pub mod launch;

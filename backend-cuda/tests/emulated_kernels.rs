@@ -1,32 +1,88 @@
-//! The sampling kernels (`top_k_top_p_sample`, including the cooperative split path,
-//! `top_p_candidates`, `argmax`) run on a host emulation of CUDA (`tests/emulator`) and compared
-//! with the CPU reference on ordinary, tied and hostile rows, in f32, f16 and bf16, with aligned
-//! and misaligned windows. The real kernel sources are compiled with g++; skipped (with a message)
-//! when no C++20 compiler is found.
+//! The kernels run on a host emulation of CUDA (`tests/emulator`) and are compared with the CPU
+//! reference: the sampling kernels (`top_k_top_p_sample`, including the cooperative split path,
+//! `top_p_candidates`, `argmax`) on ordinary, tied and hostile rows, in f32, f16 and bf16, with
+//! aligned and misaligned windows; `verify_draft_tokens` with every strategy; `accept_logprobs`;
+//! the batch ops and `softmax`. The real kernel sources (every `kernels/<op>.cu` of the op table)
+//! are compiled with a C++20 compiler (`g++`, `c++` or `clang++`).
+//!
+//! The emulation takes minutes, so these tests run only when `SPECULA_REQUIRE` names
+//! `cuda-emulator` (the CUDA CI lanes); otherwise they are listed as ignored with the reason, as
+//! they are when no compiler is found. With `SPECULA_REQUIRE=cuda-emulator` and no compiler they
+//! fail.
 
+#[path = "emulator/host.rs"]
+mod host;
+
+use std::fmt::{Debug, Display};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitCode};
 
 use half::{bf16, f16};
-use specula_backend_api::ops::{
-    CandidatesInputs, CandidatesOutputs, CandidatesParams, RowShape, SampleInputs, SampleParams,
-};
-use specula_backend_api::{DType, Device, DeviceExt};
+use specula_backend_api::ops::*;
+use specula_backend_api::testing::{self, Needs, TestFn};
+use specula_backend_api::{Buffer, DType, Device, DeviceExt, Element};
 use specula_backend_cpu::CpuDevice;
-use specula_backend_cuda::kernels::{COMMON, KernelFile, SELECT, defines};
+use specula_backend_cuda::kernels::{KernelFile, SELECT};
 use specula_backend_cuda::launch;
+
+use host::Lcg;
 
 const SHIM: &str = include_str!("emulator/shim.hpp");
 const DRIVER: &str = include_str!("emulator/driver.cpp");
 
-fn compiler() -> Option<&'static str> {
-    ["g++", "clang++"].into_iter().find(|c| {
-        Command::new(c)
-            .args(["-std=c++20", "-x", "c++", "-fsyntax-only", "-"])
-            .stdin(std::process::Stdio::null())
-            .output()
-            .is_ok_and(|o| o.status.success())
+/// What these tests need, as `SPECULA_REQUIRE` names it.
+const NEED: &str = "cuda-emulator";
+
+/// The C++ standard the emulator needs (`std::barrier`).
+const STD: &str = "c++20";
+
+fn main() -> ExitCode {
+    let tests: Vec<(&str, TestFn)> = vec![
+        (
+            "sampling_kernels_match_the_cpu_reference_on_the_host_emulator",
+            panicking(sampling_kernels_match_the_cpu_reference),
+        ),
+        (
+            "verify_kernels_match_the_cpu_reference_on_the_host_emulator",
+            panicking(verify_kernels_match_the_cpu_reference),
+        ),
+        (
+            "logprob_kernels_match_the_cpu_reference_on_the_host_emulator",
+            panicking(logprob_kernels_match_the_cpu_reference),
+        ),
+        (
+            "batch_kernels_match_the_cpu_reference_on_the_host_emulator",
+            panicking(batch_kernels_match_the_cpu_reference),
+        ),
+        (
+            "scaled_logits_subtract_the_row_maximum_first_on_the_host_emulator",
+            panicking(scaled_logits_subtract_the_row_maximum_first),
+        ),
+    ];
+    testing::run(&needs(), tests)
+}
+
+/// A test body that fails by panicking.
+fn panicking(body: fn()) -> TestFn {
+    Box::new(move || {
+        body();
+        Ok(())
     })
+}
+
+/// The emulator runs when a compiler is found and `SPECULA_REQUIRE` asks for it.
+fn needs() -> Needs {
+    let availability = host::compiler(STD).map(|_| ()).and_then(|()| {
+        if testing::required(NEED) {
+            Ok(())
+        } else {
+            Err(format!(
+                "not requested (the host emulation takes minutes): set {}={NEED} to run it",
+                testing::REQUIRE_VAR
+            ))
+        }
+    });
+    Needs::new(NEED, availability)
 }
 
 /// Builds the emulator driver for `dtype` once per test process.
@@ -43,94 +99,129 @@ fn driver(dtype: DType) -> PathBuf {
     p
 }
 
+/// The defines, the emulator, the headers and every kernel file, then the driver, for `dtype`.
 fn build_driver(dir: &Path, dtype: DType) -> PathBuf {
     let tag = match dtype {
         DType::F16 => "F16",
         DType::BF16 => "BF16",
         _ => "F32",
     };
-    let mut src: String = defines()
-        .into_iter()
-        .map(|(n, v)| format!("#define {n} {v}\n"))
-        .collect();
+    let mut src = host::defines();
     src += &format!(
         "#define SPECULA_T {tag}\n#define SPECULA_D {tag}\n#define SPECULA_SUFFIX {}\n",
         dtype.name()
     );
+    src += host::INTRINSICS;
     src += SHIM;
-    src += &COMMON.replace(
-        "asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h));",
-        "f = shim_half_to_float(h);",
-    );
+    src += &host::host_common();
     src += SELECT;
-    for file in [
-        KernelFile::TopKTopPSample,
-        KernelFile::TopPCandidates,
-        KernelFile::Argmax,
-        KernelFile::VerifyDraftTokens,
-        KernelFile::AcceptLogprobs,
-        KernelFile::BuildOutputLayout,
-        KernelFile::BuildSamplingParams,
-        KernelFile::GatherNextToken,
-        KernelFile::UpdateState,
-        KernelFile::NgramMatch,
-        KernelFile::Softmax,
-    ] {
+    for file in KernelFile::ALL {
         src += file.body();
     }
     src += DRIVER;
-    let cpp = dir.join(format!("driver_{}.cpp", dtype.name()));
-    let bin = dir.join(format!("driver_{}", dtype.name()));
-    std::fs::write(&cpp, src).expect("write driver");
-    let compiler = compiler().expect("checked by the caller");
-    let out = Command::new(compiler)
-        .args(["-std=c++20", "-O1", "-pthread", "-w", "-o"])
-        .arg(&bin)
-        .arg(&cpp)
-        .output()
-        .expect("run the compiler");
-    assert!(
-        out.status.success(),
-        "emulator build failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    bin
+    let compiler = host::compiler(STD).expect("checked before the tests run");
+    let name = format!("driver_{}", dtype.name());
+    host::build(compiler, STD, &["-pthread"], dir, &name, &src)
+        .unwrap_or_else(|e| panic!("emulator: {e}"))
 }
 
-fn run(bin: &Path, args: &[String]) {
-    let out = Command::new(bin)
-        .args(args)
-        .output()
-        .expect("run the driver");
-    assert!(
-        out.status.success(),
-        "driver {args:?} failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+/// The directory a driver run reads its inputs (`*.bin`) from and writes its outputs (`*.out`)
+/// to; removed when dropped.
+struct Workdir(PathBuf);
 
-fn read_i32(path: &Path) -> Vec<i32> {
-    bytemuck::pod_collect_to_vec(&std::fs::read(path).expect("read output"))
-}
-
-fn read_f32(path: &Path) -> Vec<f32> {
-    bytemuck::pod_collect_to_vec(&std::fs::read(path).expect("read output"))
-}
-
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 ^ (self.0 >> 31)
+impl Workdir {
+    fn new(test: &str) -> Self {
+        let name = format!("specula-emulated-{test}-{}", std::process::id());
+        let dir = std::env::temp_dir().join(name);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Workdir(dir)
     }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+
+    /// Writes the input file `name`.
+    fn write<T: bytemuck::Pod>(&self, name: &str, data: &[T]) {
+        std::fs::write(self.0.join(name), bytemuck::cast_slice(data)).expect("write");
     }
+
+    /// The output file `name`, as `T` values.
+    fn read<T: bytemuck::Pod>(&self, name: &str) -> Vec<T> {
+        bytemuck::pod_collect_to_vec(&std::fs::read(self.0.join(name)).expect("read output"))
+    }
+
+    /// Runs the driver `bin` as `driver KIND DIR ARGS...` (see `emulator/driver.cpp`).
+    fn run(&self, bin: &Path, kind: &str, args: &[&dyn Display]) {
+        let out = Command::new(bin)
+            .arg(kind)
+            .arg(&self.0)
+            .args(args.iter().map(|a| a.to_string()))
+            .output()
+            .expect("run the driver");
+        assert!(
+            out.status.success(),
+            "driver {kind} {:?} failed:\n{}{}",
+            args.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Workdir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The driver's outputs of one case against the CPU reference's buffers.
+struct Expect<'a> {
+    work: &'a Workdir,
+    cpu: &'a CpuDevice,
+    label: String,
+}
+
+impl<'a> Expect<'a> {
+    fn new(work: &'a Workdir, cpu: &'a CpuDevice, label: String) -> Self {
+        Expect { work, cpu, label }
+    }
+
+    /// The reference buffer's contents as `T` values (`u32` for the bits of an f32 buffer).
+    fn want<T: bytemuck::Pod>(&self, buffer: &Buffer) -> Vec<T> {
+        bytemuck::pod_collect_to_vec(&self.cpu.download_bytes(buffer).expect("download"))
+    }
+
+    /// Output `file` equals `want` element for element, read as `T`.
+    fn same<T: bytemuck::Pod + PartialEq + Debug>(&self, file: &str, want: &Buffer, what: &str) {
+        let got = self.work.read::<T>(file);
+        assert_eq!(got, self.want::<T>(want), "{}: {what}", self.label);
+    }
+
+    /// Output `file` (f32) is `close` to `want`, element for element.
+    fn close(&self, file: &str, want: &Buffer, what: &str, close: fn(f32, f32) -> bool) {
+        let (got, want) = (self.work.read::<f32>(file), self.want::<f32>(want));
+        assert_eq!(got.len(), want.len(), "{}: {what} length", self.label);
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                close(g, w),
+                "{}: {what}[{i}] emulated {g} cpu {w}",
+                self.label
+            );
+        }
+    }
+}
+
+fn cpu() -> CpuDevice {
+    CpuDevice::with_threads(1).expect("cpu")
+}
+
+fn up<T: Element>(cpu: &CpuDevice, data: &[T]) -> Buffer {
+    cpu.upload(data).expect("upload")
+}
+
+fn down<T: Element>(cpu: &CpuDevice, buffer: &Buffer) -> Vec<T> {
+    cpu.download(buffer).expect("download")
+}
+
+fn unit(rng: &mut Lcg) -> f32 {
+    (rng.next() >> 40) as f32 / (1u64 << 24) as f32
 }
 
 /// Rows of every kind: softmax-like, heavy-tailed, tied, hostile, all-zero, tiny, one-hot.
@@ -140,7 +231,7 @@ fn rows(rng: &mut Lcg, count: usize, vocab: usize) -> Vec<f32> {
         let kind = r % 8;
         let mut row: Vec<f32> = (0..vocab)
             .map(|_| {
-                let u = rng.unit();
+                let u = unit(rng);
                 match kind {
                     0 => u * u * u * u,
                     1 => (u * 8.0).floor() / 64.0,
@@ -193,7 +284,9 @@ fn to_bytes(dtype: DType, values: &[f32]) -> Vec<u8> {
     }
 }
 
+/// The rows and per-row parameters of one sampling case.
 struct Case {
+    dtype: DType,
     rows: usize,
     vocab: usize,
     probs: Vec<u8>,
@@ -202,92 +295,117 @@ struct Case {
     seed: Vec<u64>,
 }
 
-fn case(rng: &mut Lcg, dtype: DType, rows_n: usize, vocab: usize) -> Case {
-    let values = rows(rng, rows_n, vocab);
-    let ks = [
-        0,
-        1,
-        2,
-        5,
-        50,
-        -3,
-        vocab as i32 - 1,
-        vocab as i32,
-        vocab as i32 + 7,
-        17,
-    ];
-    let ps = [
-        1.0,
-        0.9,
-        0.5,
-        0.1,
-        1e-7,
-        f32::NAN,
-        0.0,
-        1.5,
-        -1.0,
-        0.999,
-        0.3,
-    ];
-    Case {
-        rows: rows_n,
-        vocab,
-        probs: to_bytes(dtype, &values),
-        top_k: (0..rows_n)
-            .map(|r| ks[(r * 7 + r / 3) % ks.len()])
-            .collect(),
-        top_p: (0..rows_n)
-            .map(|r| ps[(r * 5 + r / 2) % ps.len()])
-            .collect(),
-        seed: (0..rows_n).map(|_| rng.next()).collect(),
+impl Case {
+    fn new(rng: &mut Lcg, dtype: DType, rows_n: usize, vocab: usize) -> Self {
+        let values = rows(rng, rows_n, vocab);
+        let ks = [
+            0,
+            1,
+            2,
+            5,
+            50,
+            -3,
+            vocab as i32 - 1,
+            vocab as i32,
+            vocab as i32 + 7,
+            17,
+        ];
+        let ps = [
+            1.0,
+            0.9,
+            0.5,
+            0.1,
+            1e-7,
+            f32::NAN,
+            0.0,
+            1.5,
+            -1.0,
+            0.999,
+            0.3,
+        ];
+        Case {
+            dtype,
+            rows: rows_n,
+            vocab,
+            probs: to_bytes(dtype, &values),
+            top_k: (0..rows_n)
+                .map(|r| ks[(r * 7 + r / 3) % ks.len()])
+                .collect(),
+            top_p: (0..rows_n)
+                .map(|r| ps[(r * 5 + r / 2) % ps.len()])
+                .collect(),
+            seed: (0..rows_n).map(|_| rng.next()).collect(),
+        }
+    }
+
+    fn shape(&self) -> RowShape {
+        RowShape {
+            rows: self.rows,
+            vocab: self.vocab,
+        }
+    }
+
+    /// The rows on the CPU.
+    fn probs(&self, cpu: &CpuDevice) -> Buffer {
+        cpu.upload_bytes(self.dtype, &self.probs).expect("upload")
+    }
+
+    fn write(&self, work: &Workdir) {
+        work.write("probs.bin", &self.probs);
+        work.write("top_k.bin", &self.top_k);
+        work.write("top_p.bin", &self.top_p);
+        work.write("seed.bin", &self.seed);
     }
 }
 
-fn cpu_sample(cpu: &CpuDevice, dtype: DType, c: &Case) -> Vec<i32> {
-    let probs = cpu.upload_bytes(dtype, &c.probs).expect("upload");
-    let top_k = cpu.upload(&c.top_k).expect("upload");
-    let top_p = cpu.upload(&c.top_p).expect("upload");
-    let seed = cpu.upload(&c.seed).expect("upload");
-    let mut tokens = cpu.alloc::<i32>(c.rows).expect("alloc");
-    cpu.top_k_top_p_sample(
-        &SampleInputs {
-            probs: &probs,
-            top_k: &top_k,
-            top_p: &top_p,
-            seed: &seed,
+fn cpu_argmax(cpu: &CpuDevice, probs: &Buffer, shape: RowShape) -> Buffer {
+    let mut out = cpu.alloc::<i32>(shape.rows).expect("alloc");
+    cpu.argmax(probs, &mut out, &shape).expect("cpu argmax");
+    out
+}
+
+fn cpu_sample(cpu: &CpuDevice, inputs: &SampleInputs<'_>, shape: RowShape) -> Buffer {
+    let mut tokens = cpu.alloc::<i32>(shape.rows).expect("alloc");
+    let params = SampleParams {
+        shape,
+        host_top_p: None,
+    };
+    cpu.top_k_top_p_sample(inputs, &mut tokens, &params)
+        .expect("cpu sample");
+    tokens
+}
+
+/// `top_p_candidates` on the CPU: `[ids, scores, lens]`.
+fn cpu_candidates(
+    cpu: &CpuDevice,
+    inputs: &CandidatesInputs<'_>,
+    shape: RowShape,
+    candidates: usize,
+) -> [Buffer; 3] {
+    let mut ids = cpu.alloc::<i32>(shape.rows * candidates).expect("alloc");
+    let mut scores = cpu.alloc::<f32>(shape.rows * candidates).expect("alloc");
+    let mut lens = cpu.alloc::<i32>(shape.rows).expect("alloc");
+    cpu.top_p_candidates(
+        inputs,
+        &mut CandidatesOutputs {
+            ids: &mut ids,
+            scores: &mut scores,
+            lens: &mut lens,
         },
-        &mut tokens,
-        &SampleParams {
-            shape: RowShape {
-                rows: c.rows,
-                vocab: c.vocab,
-            },
+        &CandidatesParams {
+            shape,
+            candidates,
             host_top_p: None,
         },
     )
-    .expect("cpu sample");
-    cpu.download(&tokens).expect("download")
+    .expect("cpu candidates");
+    [ids, scores, lens]
 }
 
-fn write_case(dir: &Path, c: &Case) {
-    std::fs::write(dir.join("probs.bin"), &c.probs).expect("write");
-    std::fs::write(dir.join("top_k.bin"), bytemuck::cast_slice(&c.top_k)).expect("write");
-    std::fs::write(dir.join("top_p.bin"), bytemuck::cast_slice(&c.top_p)).expect("write");
-    std::fs::write(dir.join("seed.bin"), bytemuck::cast_slice(&c.seed)).expect("write");
-}
-
-#[test]
-#[ignore = "slow (minutes): host emulation of the CUDA kernels; run with --ignored in the CUDA CI lane"]
-fn sampling_kernels_match_the_cpu_reference_on_the_host_emulator() {
-    if compiler().is_none() {
-        eprintln!("skipped: no C++20 compiler for the host emulation of the kernels");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("specula-emulated-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let cpu = CpuDevice::with_threads(1).expect("cpu");
+fn sampling_kernels_match_the_cpu_reference() {
+    let work = Workdir::new("sampling");
+    let cpu = cpu();
     let mut rng = Lcg(0xC0DA);
-    let d = dir.to_string_lossy().into_owned();
     for dtype in DType::FLOATS {
         let bin = driver(dtype);
         // (rows, vocab, window offset in elements, splits)
@@ -301,29 +419,34 @@ fn sampling_kernels_match_the_cpu_reference_on_the_host_emulator() {
             (4, split_vocab, 0, 1),
         ];
         for (rows_n, vocab, offset, splits) in shapes {
-            let mut c = case(&mut rng, dtype, rows_n, vocab);
+            let mut c = Case::new(&mut rng, dtype, rows_n, vocab);
             if vocab == split_vocab {
                 // Top-p (mass selection across blocks, with and without top-k), a degenerate
                 // all-zero row (first in rank order across blocks), and plain top-k.
                 c.top_p = vec![0.9, 0.3, 0.7, 1.0];
                 c.top_k = vec![0, 50, 0, 3];
             }
-            write_case(&dir, &c);
+            c.write(&work);
             let stride = launch::split_row_scratch_bytes(splits);
-            run(
+            work.run(
                 &bin,
-                &[
-                    "sample".into(),
-                    d.clone(),
-                    rows_n.to_string(),
-                    vocab.to_string(),
-                    offset.to_string(),
-                    splits.to_string(),
-                    stride.to_string(),
-                ],
+                "sample",
+                &[&rows_n, &vocab, &offset, &splits, &stride],
             );
-            let got = read_i32(&dir.join("tokens.out"));
-            let want = cpu_sample(&cpu, dtype, &c);
+            let got = work.read::<i32>("tokens.out");
+            let (probs, top_k, top_p, seed) = (
+                c.probs(&cpu),
+                up(&cpu, &c.top_k),
+                up(&cpu, &c.top_p),
+                up(&cpu, &c.seed),
+            );
+            let inputs = SampleInputs {
+                scores: Scores::Probs(&probs),
+                top_k: &top_k,
+                top_p: &top_p,
+                seed: &seed,
+            };
+            let want = down::<i32>(&cpu, &cpu_sample(&cpu, &inputs, c.shape()));
             for r in 0..rows_n {
                 assert_eq!(
                     got[r], want[r],
@@ -331,112 +454,47 @@ fn sampling_kernels_match_the_cpu_reference_on_the_host_emulator() {
                     c.top_k[r], c.top_p[r]
                 );
             }
-
-            // argmax on the same rows.
             if splits == 1 {
-                run(
-                    &bin,
-                    &[
-                        "argmax".into(),
-                        d.clone(),
-                        rows_n.to_string(),
-                        vocab.to_string(),
-                        offset.to_string(),
-                    ],
-                );
-                let got = read_i32(&dir.join("tokens.out"));
-                let input = cpu.upload_bytes(dtype, &c.probs).expect("upload");
-                let mut out = cpu.alloc::<i32>(rows_n).expect("alloc");
-                cpu.argmax(
-                    &input,
-                    &mut out,
-                    &RowShape {
-                        rows: rows_n,
-                        vocab,
-                    },
-                )
-                .expect("cpu argmax");
-                assert_eq!(
-                    got,
-                    cpu.download::<i32>(&out).expect("download"),
-                    "{dtype} argmax {rows_n}x{vocab}"
-                );
-            }
-
-            // top_p_candidates with a few widths and padding rows.
-            if splits == 1 {
+                // argmax and top_p_candidates (a few widths, padding rows) on the same rows.
+                work.run(&bin, "argmax", &[&rows_n, &vocab, &offset]);
+                let label = format!("{dtype} argmax {rows_n}x{vocab}");
+                let want = cpu_argmax(&cpu, &probs, c.shape());
+                Expect::new(&work, &cpu, label).same::<i32>("tokens.out", &want, "tokens");
                 for cands in [1usize, 7, 128] {
-                    let batch_id: Vec<i32> = (0..rows_n as i32)
-                        .map(|r| if r % 5 == 4 { -1 } else { r })
-                        .collect();
-                    std::fs::write(dir.join("batch_id.bin"), bytemuck::cast_slice(&batch_id))
-                        .expect("write");
-                    run(
-                        &bin,
-                        &[
-                            "candidates".into(),
-                            d.clone(),
-                            rows_n.to_string(),
-                            vocab.to_string(),
-                            offset.to_string(),
-                            cands.to_string(),
-                        ],
-                    );
-                    let probs = cpu.upload_bytes(dtype, &c.probs).expect("upload");
-                    let top_p = cpu.upload(&c.top_p).expect("upload");
-                    let bid = cpu.upload(&batch_id).expect("upload");
-                    let mut ids = cpu.alloc::<i32>(rows_n * cands).expect("alloc");
-                    let mut scores = cpu.alloc::<f32>(rows_n * cands).expect("alloc");
-                    let mut lens = cpu.alloc::<i32>(rows_n).expect("alloc");
-                    cpu.top_p_candidates(
-                        &CandidatesInputs {
-                            probs: &probs,
-                            top_p: &top_p,
-                            batch_id_per_token_output: Some(&bid),
-                        },
-                        &mut CandidatesOutputs {
-                            ids: &mut ids,
-                            scores: &mut scores,
-                            lens: &mut lens,
-                        },
-                        &CandidatesParams {
-                            shape: RowShape {
-                                rows: rows_n,
-                                vocab,
-                            },
-                            candidates: cands,
-                            host_top_p: None,
-                        },
-                    )
-                    .expect("cpu candidates");
-                    let label =
-                        format!("{dtype} candidates C={cands} {rows_n}x{vocab} offset {offset}");
-                    assert_eq!(
-                        read_i32(&dir.join("ids.out")),
-                        cpu.download::<i32>(&ids).expect("d"),
-                        "{label}: ids"
-                    );
-                    let want_scores: Vec<u32> = cpu
-                        .download::<f32>(&scores)
-                        .expect("d")
-                        .iter()
-                        .map(|x| x.to_bits())
-                        .collect();
-                    let got_scores: Vec<u32> = read_f32(&dir.join("scores.out"))
-                        .iter()
-                        .map(|x| x.to_bits())
-                        .collect();
-                    assert_eq!(got_scores, want_scores, "{label}: scores");
-                    assert_eq!(
-                        read_i32(&dir.join("lens.out")),
-                        cpu.download::<i32>(&lens).expect("d"),
-                        "{label}: lens"
-                    );
+                    check_candidates(&work, &bin, &cpu, &c, offset, cands);
                 }
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `top_p_candidates` of width `cands` on the rows of `c`, every fifth row padding.
+fn check_candidates(
+    work: &Workdir,
+    bin: &Path,
+    cpu: &CpuDevice,
+    c: &Case,
+    offset: usize,
+    cands: usize,
+) {
+    let batch_id: Vec<i32> = (0..c.rows as i32)
+        .map(|r| if r % 5 == 4 { -1 } else { r })
+        .collect();
+    work.write("batch_id.bin", &batch_id);
+    work.run(bin, "candidates", &[&c.rows, &c.vocab, &offset, &cands]);
+    let (probs, top_p, bid) = (c.probs(cpu), up(cpu, &c.top_p), up(cpu, &batch_id));
+    let inputs = CandidatesInputs {
+        scores: Scores::Probs(&probs),
+        top_p: &top_p,
+        batch_id_per_token_output: Some(&bid),
+    };
+    let [ids, scores, lens] = cpu_candidates(cpu, &inputs, c.shape(), cands);
+    let (dtype, rows, vocab) = (c.dtype, c.rows, c.vocab);
+    let label = format!("{dtype} candidates C={cands} {rows}x{vocab} offset {offset}");
+    let expect = Expect::new(work, cpu, label);
+    expect.same::<i32>("ids.out", &ids, "ids");
+    expect.same::<u32>("scores.out", &scores, "scores");
+    expect.same::<i32>("lens.out", &lens, "lens");
 }
 
 /// The output rows of a slot (the layout rule), for building consistent batches.
@@ -450,19 +508,27 @@ fn slot_rows(this_time: i32, encoder: i32, s: usize) -> usize {
     }
 }
 
-fn write<T: bytemuck::Pod>(dir: &Path, name: &str, data: &[T]) {
-    std::fs::write(dir.join(name), bytemuck::cast_slice(data)).expect("write");
+/// `cu_seqlens_q_output` of the first `real_bsz` slots.
+fn output_offsets(this_time: &[i32], encoder: &[i32], real_bsz: usize, s: usize) -> Vec<i32> {
+    let mut cu_out = vec![0i32; real_bsz + 1];
+    for b in 0..real_bsz {
+        cu_out[b + 1] = cu_out[b] + slot_rows(this_time[b], encoder[b], s) as i32;
+    }
+    cu_out
 }
 
+/// Probability rows with a few peaks; the last id weighs 0 in every row (see
+/// [`as_zero_weight`]).
 fn peaked_rows(rng: &mut Lcg, count: usize, vocab: usize, hostile: bool) -> Vec<f32> {
     let mut out = Vec::with_capacity(count * vocab);
     for r in 0..count {
-        let mut row: Vec<f32> = (0..vocab).map(|_| rng.unit().powi(8)).collect();
+        let mut row: Vec<f32> = (0..vocab).map(|_| unit(rng).powi(8)).collect();
         for _ in 0..3 {
             row[(rng.next() as usize) % vocab] += 2.0;
         }
         let sum: f32 = row.iter().sum();
         row.iter_mut().for_each(|x| *x /= sum);
+        row[vocab - 1] = 0.0;
         if hostile && r % 4 == 3 {
             row[1] = f32::NAN;
             row[2] = -1.0;
@@ -476,20 +542,50 @@ fn peaked_rows(rng: &mut Lcg, count: usize, vocab: usize, hostile: bool) -> Vec<
     out
 }
 
-#[test]
-#[ignore = "slow (minutes): host emulation of the CUDA kernels; run with --ignored in the CUDA CI lane"]
-fn verify_kernels_match_the_cpu_reference_on_the_host_emulator() {
-    use specula_backend_api::ops::*;
-    if compiler().is_none() {
-        eprintln!("skipped: no C++20 compiler for the host emulation of the kernels");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("specula-emulated-verify-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let d = dir.to_string_lossy().into_owned();
-    let cpu = CpuDevice::with_threads(1).expect("cpu");
+/// REJECTION gives a draft outside `[0, V)` weight 0 in both rows (contract §4.5): it is rejected
+/// and corrected from the residual like any rejected draft. The id `V − 1`, which weighs 0 in
+/// every row of [`peaked_rows`], takes the same path, so a reference given it in place of each
+/// out-of-vocabulary draft must agree with the kernel given the original drafts.
+fn as_zero_weight(drafts: &[i32], vocab: usize) -> Vec<i32> {
+    let zero_weight = vocab as i32 - 1;
+    drafts
+        .iter()
+        .map(|&d| {
+            if (0..zero_weight).contains(&d) {
+                d
+            } else {
+                zero_weight
+            }
+        })
+        .collect()
+}
+
+/// `verify_draft_tokens` on the CPU: `(accept_tokens, accept_num)`.
+fn cpu_verify(cpu: &CpuDevice, inputs: &VerifyInputs<'_>, params: &VerifyParams) -> [Buffer; 2] {
+    let dims = params.dims;
+    let mut accept_tokens = cpu
+        .alloc::<i32>(dims.max_bsz * dims.max_step_tokens)
+        .expect("alloc");
+    let mut accept_num = cpu.alloc::<i32>(dims.max_bsz).expect("alloc");
+    let mut outputs = VerifyOutputs {
+        accept_tokens: &mut accept_tokens,
+        accept_num: &mut accept_num,
+    };
+    cpu.verify_draft_tokens(inputs, &mut outputs, params)
+        .expect("cpu verify");
+    [accept_tokens, accept_num]
+}
+
+fn verify_kernels_match_the_cpu_reference() {
+    let work = Workdir::new("verify");
+    let cpu = cpu();
     let mut rng = Lcg(0xBEEF);
     let (max_bsz, real_bsz, s, vocab, cands) = (8usize, 7usize, 4usize, 300usize, 8usize);
+    let dims = BatchDims {
+        max_bsz,
+        real_bsz,
+        max_step_tokens: s,
+    };
     let end_tokens = [7i32, 13];
     for dtype in [DType::F32, DType::BF16] {
         let bin = driver(dtype);
@@ -517,10 +613,7 @@ fn verify_kernels_match_the_cpu_reference_on_the_host_emulator() {
             let encoder: Vec<i32> = (0..max_bsz)
                 .map(|b| if (b + trial) % 8 == 2 { 5 } else { 0 })
                 .collect();
-            let mut cu_out = vec![0i32; real_bsz + 1];
-            for b in 0..real_bsz {
-                cu_out[b + 1] = cu_out[b] + slot_rows(this_time[b], encoder[b], s) as i32;
-            }
+            let mut cu_out = output_offsets(&this_time, &encoder, real_bsz, s);
             let rows = cu_out[real_bsz] as usize;
             if trial == 11 {
                 cu_out[2] = -5; // hostile layout: rows outside the buffers
@@ -546,63 +639,29 @@ fn verify_kernels_match_the_cpu_reference_on_the_host_emulator() {
             let top_p: Vec<f32> = (0..rows)
                 .map(|r| [1.0, 0.8, 0.3, f32::NAN][(r + trial) % 4])
                 .collect();
-            let target_buf = cpu
-                .upload_bytes(dtype, &to_bytes(dtype, &target))
-                .expect("u");
-            let draft_buf = cpu
-                .upload_bytes(dtype, &to_bytes(dtype, &draft))
-                .expect("u");
+            let (target_bytes, draft_bytes) = (to_bytes(dtype, &target), to_bytes(dtype, &draft));
+            let target_buf = cpu.upload_bytes(dtype, &target_bytes).expect("u");
+            let draft_buf = cpu.upload_bytes(dtype, &draft_bytes).expect("u");
             // Strategy inputs from the CPU: argmax, samples and candidates of the target rows.
             let shape = RowShape { rows, vocab };
-            let mut greedy = cpu.alloc::<i32>(rows).expect("a");
-            cpu.argmax(&target_buf, &mut greedy, &shape)
-                .expect("argmax");
-            let greedy = cpu.download::<i32>(&greedy).expect("d");
-            let (tk, tp, sd) = (
-                cpu.upload(&top_k).expect("u"),
-                cpu.upload(&top_p).expect("u"),
-                cpu.upload(&seeds).expect("u"),
-            );
-            let mut sampled = cpu.alloc::<i32>(rows).expect("a");
-            cpu.top_k_top_p_sample(
-                &SampleInputs {
-                    probs: &target_buf,
-                    top_k: &tk,
-                    top_p: &tp,
-                    seed: &sd,
-                },
-                &mut sampled,
-                &SampleParams {
-                    shape,
-                    host_top_p: None,
-                },
-            )
-            .expect("sample");
-            let sampled = cpu.download::<i32>(&sampled).expect("d");
-            let mut ids = cpu.alloc::<i32>(rows * cands).expect("a");
-            let mut scores = cpu.alloc::<f32>(rows * cands).expect("a");
-            let mut lens = cpu.alloc::<i32>(rows).expect("a");
-            cpu.top_p_candidates(
-                &CandidatesInputs {
-                    probs: &target_buf,
-                    top_p: &tp,
-                    batch_id_per_token_output: None,
-                },
-                &mut CandidatesOutputs {
-                    ids: &mut ids,
-                    scores: &mut scores,
-                    lens: &mut lens,
-                },
-                &CandidatesParams {
-                    shape,
-                    candidates: cands,
-                    host_top_p: None,
-                },
-            )
-            .expect("candidates");
-            let mut cand_ids = cpu.download::<i32>(&ids).expect("d");
-            let cand_scores = cpu.download::<f32>(&scores).expect("d");
-            let mut cand_lens = cpu.download::<i32>(&lens).expect("d");
+            let greedy = down::<i32>(&cpu, &cpu_argmax(&cpu, &target_buf, shape));
+            let (tk, tp, sd) = (up(&cpu, &top_k), up(&cpu, &top_p), up(&cpu, &seeds));
+            let sample = SampleInputs {
+                scores: Scores::Probs(&target_buf),
+                top_k: &tk,
+                top_p: &tp,
+                seed: &sd,
+            };
+            let sampled = down::<i32>(&cpu, &cpu_sample(&cpu, &sample, shape));
+            let candidates = CandidatesInputs {
+                scores: Scores::Probs(&target_buf),
+                top_p: &tp,
+                batch_id_per_token_output: None,
+            };
+            let [ids, scores, lens] = cpu_candidates(&cpu, &candidates, shape, cands);
+            let mut cand_ids = down::<i32>(&cpu, &ids);
+            let cand_scores = down::<f32>(&cpu, &scores);
+            let mut cand_lens = down::<i32>(&cpu, &lens);
             if trial % 6 == 5 {
                 // Candidates a caller made itself: garbage lengths and ids.
                 cand_lens
@@ -625,6 +684,45 @@ fn verify_kernels_match_the_cpu_reference_on_the_host_emulator() {
                     };
                 }
             }
+            for (name, data) in [
+                ("this_time.bin", &this_time),
+                ("encoder.bin", &encoder),
+                ("cu_out.bin", &cu_out),
+                ("reasoning.bin", &reasoning),
+                ("step_idx.bin", &step_idx),
+                ("max_dec_len.bin", &max_dec_len),
+                ("top_k.bin", &top_k),
+                ("cand_ids.bin", &cand_ids),
+                ("cand_lens.bin", &cand_lens),
+            ] {
+                work.write(name, data);
+            }
+            work.write("end_tokens.bin", &end_tokens);
+            work.write("stop_flags.bin", &stop_flags);
+            work.write("is_block_step.bin", &is_block);
+            work.write("seeds.bin", &seeds);
+            work.write("top_p.bin", &top_p);
+            work.write("cand_scores.bin", &cand_scores);
+            work.write("target_probs.bin", &target_bytes);
+            work.write("draft_probs.bin", &draft_bytes);
+            // The CPU side of every strategy.
+            let (tt, en, co) = (up(&cpu, &this_time), up(&cpu, &encoder), up(&cpu, &cu_out));
+            let (sf, bs, rs) = (
+                up(&cpu, &stop_flags),
+                up(&cpu, &is_block),
+                up(&cpu, &reasoning),
+            );
+            let (si, md, et) = (
+                up(&cpu, &step_idx),
+                up(&cpu, &max_dec_len),
+                up(&cpu, &end_tokens),
+            );
+            let (ci, cs, cl) = (
+                up(&cpu, &cand_ids),
+                up(&cpu, &cand_scores),
+                up(&cpu, &cand_lens),
+            );
+            let (greedy_buf, sampled_buf) = (up(&cpu, &greedy), up(&cpu, &sampled));
             for (strategy_code, strategy) in [
                 (0u32, Strategy::Greedy),
                 (1, Strategy::TargetMatch),
@@ -637,76 +735,51 @@ fn verify_kernels_match_the_cpu_reference_on_the_host_emulator() {
                     0 if strategy_code == 3 => (true, true),
                     _ => (false, false),
                 };
-                for (name, data) in [
-                    ("draft_tokens.bin", &draft_tokens),
-                    ("this_time.bin", &this_time),
-                    ("encoder.bin", &encoder),
-                    ("cu_out.bin", &cu_out),
-                    ("reasoning.bin", &reasoning),
-                    ("step_idx.bin", &step_idx),
-                    ("max_dec_len.bin", &max_dec_len),
-                    ("top_k.bin", &top_k),
-                    ("cand_ids.bin", &cand_ids),
-                    ("cand_lens.bin", &cand_lens),
-                ] {
-                    write(&dir, name, data);
-                }
-                write(&dir, "end_tokens.bin", &end_tokens);
-                write(&dir, "stop_flags.bin", &stop_flags);
-                write(&dir, "is_block_step.bin", &is_block);
-                write(&dir, "seeds.bin", &seeds);
-                write(&dir, "top_p.bin", &top_p);
-                write(&dir, "cand_scores.bin", &cand_scores);
+                // The REJECTION reference sees out-of-vocabulary drafts as V − 1. `accept_all`
+                // accepts that in-vocabulary id but never an out-of-vocabulary one, so under it
+                // the kernel gets V − 1 too.
+                let rejection = strategy == Strategy::Rejection;
+                let cpu_drafts = if rejection {
+                    as_zero_weight(&draft_tokens, vocab)
+                } else {
+                    draft_tokens.clone()
+                };
+                let kernel_drafts = if rejection && accept_all && !reject_all {
+                    &cpu_drafts
+                } else {
+                    &draft_tokens
+                };
                 let targets = if strategy_code == 0 {
                     &greedy
                 } else {
                     &sampled
                 };
-                write(&dir, "target_tokens.bin", targets);
-                std::fs::write(dir.join("target_probs.bin"), to_bytes(dtype, &target)).expect("w");
-                std::fs::write(dir.join("draft_probs.bin"), to_bytes(dtype, &draft)).expect("w");
-                run(
-                    &bin,
-                    &[
-                        "verify".into(),
-                        d.clone(),
-                        rows.to_string(),
-                        vocab.to_string(),
-                        "0".into(),
-                        max_bsz.to_string(),
-                        real_bsz.to_string(),
-                        s.to_string(),
-                        strategy_code.to_string(),
-                        u32::from(accept_all && !reject_all).to_string(),
-                        u32::from(reject_all).to_string(),
-                        cands.to_string(),
-                        end_tokens.len().to_string(),
-                    ],
-                );
-                // The CPU reference.
-                let up = |v: &[i32]| cpu.upload(v).expect("u");
-                let (dt, tt, en, co) =
-                    (up(&draft_tokens), up(&this_time), up(&encoder), up(&cu_out));
-                let (sf, bs) = (
-                    cpu.upload(&stop_flags).expect("u"),
-                    cpu.upload(&is_block).expect("u"),
-                );
-                let (rs, si, md, et) = (
-                    up(&reasoning),
-                    up(&step_idx),
-                    up(&max_dec_len),
-                    up(&end_tokens),
-                );
-                let tt_buf = up(targets);
-                let (ci, cl) = (up(&cand_ids), up(&cand_lens));
-                let cs = cpu.upload(&cand_scores).expect("u");
+                work.write("draft_tokens.bin", kernel_drafts);
+                work.write("target_tokens.bin", targets);
+                let accept_every = u32::from(accept_all && !reject_all);
+                let reject_every = u32::from(reject_all);
+                let args: [&dyn Display; 11] = [
+                    &rows,
+                    &vocab,
+                    &0,
+                    &max_bsz,
+                    &real_bsz,
+                    &s,
+                    &strategy_code,
+                    &accept_every,
+                    &reject_every,
+                    &cands,
+                    &end_tokens.len(),
+                ];
+                work.run(&bin, "verify", &args);
+                let target_tokens = if strategy_code == 0 {
+                    &greedy_buf
+                } else {
+                    &sampled_buf
+                };
                 let strategy_inputs = match strategy {
-                    Strategy::Greedy => StrategyInputs::Greedy {
-                        target_tokens: &tt_buf,
-                    },
-                    Strategy::TargetMatch => StrategyInputs::TargetMatch {
-                        target_tokens: &tt_buf,
-                    },
+                    Strategy::Greedy => StrategyInputs::Greedy { target_tokens },
+                    Strategy::TargetMatch => StrategyInputs::TargetMatch { target_tokens },
                     Strategy::TopP => StrategyInputs::TopP {
                         candidate_ids: &ci,
                         candidate_scores: &cs,
@@ -714,97 +787,109 @@ fn verify_kernels_match_the_cpu_reference_on_the_host_emulator() {
                         candidates: cands,
                     },
                     Strategy::Rejection => StrategyInputs::Rejection {
-                        target_probs: &target_buf,
-                        draft_probs: &draft_buf,
+                        target: Scores::Probs(&target_buf),
+                        draft: &draft_buf,
                         top_k: &tk,
                         top_p: &tp,
                     },
                 };
-                let mut accept_tokens = cpu.alloc::<i32>(max_bsz * s).expect("a");
-                let mut accept_num = cpu.alloc::<i32>(max_bsz).expect("a");
-                cpu.verify_draft_tokens(
-                    &VerifyInputs {
-                        draft_tokens: &dt,
-                        lens: SlotLens {
-                            seq_lens_this_time: &tt,
-                            seq_lens_encoder: &en,
-                        },
-                        cu_seqlens_q_output: &co,
-                        state: VerifySlotState {
-                            stop_flags: &sf,
-                            is_block_step: &bs,
-                            reasoning_status: &rs,
-                            step_idx: &si,
-                            max_dec_len: &md,
-                            end_tokens: &et,
-                        },
-                        seeds: &sd,
-                        strategy: strategy_inputs,
+                let dt = up(&cpu, &cpu_drafts);
+                let inputs = VerifyInputs {
+                    draft_tokens: &dt,
+                    lens: SlotLens {
+                        seq_lens_this_time: &tt,
+                        seq_lens_encoder: &en,
                     },
-                    &mut VerifyOutputs {
-                        accept_tokens: &mut accept_tokens,
-                        accept_num: &mut accept_num,
+                    cu_seqlens_q_output: &co,
+                    state: VerifySlotState {
+                        stop_flags: &sf,
+                        is_block_step: &bs,
+                        reasoning_status: &rs,
+                        step_idx: &si,
+                        max_dec_len: &md,
+                        end_tokens: &et,
                     },
-                    &VerifyParams {
-                        dims: BatchDims {
-                            max_bsz,
-                            real_bsz,
-                            max_step_tokens: s,
-                        },
-                        rows,
-                        vocab,
-                        accept_all,
-                        reject_all,
-                        host: None,
-                    },
-                )
-                .expect("cpu verify");
+                    seeds: &sd,
+                    strategy: strategy_inputs,
+                };
+                let params = VerifyParams {
+                    dims,
+                    rows,
+                    vocab,
+                    accept_all,
+                    reject_all,
+                    host: None,
+                };
+                let [accept_tokens, accept_num] = cpu_verify(&cpu, &inputs, &params);
                 let label = format!(
                     "{dtype} {} trial {trial} (accept_all {accept_all}, reject_all {reject_all})",
                     strategy.name()
                 );
-                assert_eq!(
-                    read_i32(&dir.join("accept_num.out")),
-                    cpu.download::<i32>(&accept_num).expect("d"),
-                    "{label}: accept_num"
-                );
-                assert_eq!(
-                    read_i32(&dir.join("accept_tokens.out")),
-                    cpu.download::<i32>(&accept_tokens).expect("d"),
-                    "{label}: accept_tokens"
-                );
+                let expect = Expect::new(&work, &cpu, label);
+                expect.same::<i32>("accept_num.out", &accept_num, "accept_num");
+                expect.same::<i32>("accept_tokens.out", &accept_tokens, "accept_tokens");
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-#[ignore = "slow (minutes): host emulation of the CUDA kernels; run with --ignored in the CUDA CI lane"]
-fn logprob_kernels_match_the_cpu_reference_on_the_host_emulator() {
-    use specula_backend_api::ops::*;
-    if compiler().is_none() {
-        eprintln!("skipped: no C++20 compiler for the host emulation of the kernels");
-        return;
-    }
-    let dir =
-        std::env::temp_dir().join(format!("specula-emulated-logprobs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let d = dir.to_string_lossy().into_owned();
-    let cpu = CpuDevice::with_threads(1).expect("cpu");
+/// Whether an emulated logprob is the CPU's: both NaN, equal, or within the f32 rounding of `exp`
+/// and `log` over a row.
+fn logprob_close(x: f32, y: f32) -> bool {
+    (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= 1e-4 * (1.0 + y.abs())
+}
+
+/// `accept_logprobs` on the CPU: `[cu_accept, token_ids, logprobs, ranks, top_ids,
+/// top_logprobs]`.
+fn cpu_logprobs(
+    cpu: &CpuDevice,
+    inputs: &LogprobsInputs<'_>,
+    params: &LogprobsParams,
+) -> [Buffer; 6] {
+    let (dims, k) = (params.dims, params.top_k);
+    let entries = dims.max_bsz * dims.max_step_tokens;
+    let mut cu_accept = cpu.alloc::<i32>(dims.max_bsz + 1).expect("a");
+    let mut token_ids = cpu.alloc::<i32>(entries).expect("a");
+    let mut logprobs = cpu.alloc::<f32>(entries).expect("a");
+    let mut ranks = cpu.alloc::<i32>(entries).expect("a");
+    let mut top_ids = cpu.alloc::<i32>(entries * k).expect("a");
+    let mut top_logprobs = cpu.alloc::<f32>(entries * k).expect("a");
+    cpu.accept_logprobs(
+        inputs,
+        &mut LogprobsOutputs {
+            cu_accept: &mut cu_accept,
+            token_ids: &mut token_ids,
+            logprobs: &mut logprobs,
+            ranks: &mut ranks,
+            top_ids: &mut top_ids,
+            top_logprobs: &mut top_logprobs,
+        },
+        params,
+    )
+    .expect("cpu logprobs");
+    [cu_accept, token_ids, logprobs, ranks, top_ids, top_logprobs]
+}
+
+fn logprob_kernels_match_the_cpu_reference() {
+    let work = Workdir::new("logprobs");
+    let cpu = cpu();
     let mut rng = Lcg(0x10C);
     let (max_bsz, real_bsz, s) = (5usize, 4usize, 3usize);
+    let dims = BatchDims {
+        max_bsz,
+        real_bsz,
+        max_step_tokens: s,
+    };
     for dtype in [DType::F32, DType::F16] {
         let bin = driver(dtype);
         for (vocab, k) in [(50usize, 64usize), (300, 5), (300, 0), (1, 3)] {
             let encoder = vec![0i32, 4, 0, 0, 0];
             let this_time = [3i32, 4, 2, 3, 3];
-            let mut cu_out = vec![0i32; real_bsz + 1];
-            for b in 0..real_bsz {
-                cu_out[b + 1] = cu_out[b] + slot_rows(this_time[b], encoder[b], s) as i32;
-            }
+            let cu_out = output_offsets(&this_time, &encoder, real_bsz, s);
             let rows = cu_out[real_bsz] as usize;
-            let mut logits: Vec<f32> = (0..rows * vocab).map(|_| rng.unit() * 10.0 - 5.0).collect();
+            let mut logits: Vec<f32> = (0..rows * vocab)
+                .map(|_| unit(&mut rng) * 10.0 - 5.0)
+                .collect();
             // Hostile rows: NaN, ±inf, ties.
             if vocab > 4 && rows > 3 {
                 logits[vocab] = f32::NAN;
@@ -833,127 +918,66 @@ fn logprob_kernels_match_the_cpu_reference_on_the_host_emulator() {
                     _ => (rng.next() % vocab as u64) as i32,
                 })
                 .collect();
-            std::fs::write(dir.join("probs.bin"), &bytes).expect("w");
-            write(&dir, "temperature.bin", &temperature);
-            write(&dir, "accept_tokens.bin", &accept_tokens);
-            write(&dir, "accept_num.bin", &accept_num);
-            write(&dir, "encoder.bin", &encoder);
-            write(&dir, "cu_out.bin", &cu_out);
-            run(
-                &bin,
-                &[
-                    "logprobs".into(),
-                    d.clone(),
-                    rows.to_string(),
-                    vocab.to_string(),
-                    "0".into(),
-                    max_bsz.to_string(),
-                    real_bsz.to_string(),
-                    s.to_string(),
-                    k.to_string(),
-                ],
-            );
-            let lg = cpu.upload_bytes(dtype, &bytes).expect("u");
-            let temp = cpu.upload(&temperature).expect("u");
-            let (at, an, en, co) = (
-                cpu.upload(&accept_tokens).expect("u"),
-                cpu.upload(&accept_num).expect("u"),
-                cpu.upload(&encoder).expect("u"),
-                cpu.upload(&cu_out).expect("u"),
-            );
-            let entries = max_bsz * s;
-            let mut cu_accept = cpu.alloc::<i32>(max_bsz + 1).expect("a");
-            let mut token_ids = cpu.alloc::<i32>(entries).expect("a");
-            let mut lps = cpu.alloc::<f32>(entries).expect("a");
-            let mut ranks = cpu.alloc::<i32>(entries).expect("a");
-            let mut top_ids = cpu.alloc::<i32>(entries * k).expect("a");
-            let mut top_lps = cpu.alloc::<f32>(entries * k).expect("a");
-            cpu.accept_logprobs(
-                &LogprobsInputs {
-                    logits: &lg,
-                    temperature: &temp,
-                    accept_tokens: &at,
-                    accept_num: &an,
-                    seq_lens_encoder: &en,
-                    cu_seqlens_q_output: &co,
-                },
-                &mut LogprobsOutputs {
-                    cu_accept: &mut cu_accept,
-                    token_ids: &mut token_ids,
-                    logprobs: &mut lps,
-                    ranks: &mut ranks,
-                    top_ids: &mut top_ids,
-                    top_logprobs: &mut top_lps,
-                },
-                &LogprobsParams {
-                    dims: BatchDims {
-                        max_bsz,
-                        real_bsz,
-                        max_step_tokens: s,
-                    },
-                    shape: RowShape { rows, vocab },
-                    top_k: k,
-                    host_temperature: None,
-                },
-            )
-            .expect("cpu logprobs");
-            let label = format!("{dtype} logprobs V={vocab} K={k}");
-            assert_eq!(
-                read_i32(&dir.join("cu_accept.out")),
-                cpu.download::<i32>(&cu_accept).expect("d"),
-                "{label}: cu_accept"
-            );
-            assert_eq!(
-                read_i32(&dir.join("token_ids.out")),
-                cpu.download::<i32>(&token_ids).expect("d"),
-                "{label}: token_ids"
-            );
-            assert_eq!(
-                read_i32(&dir.join("ranks.out")),
-                cpu.download::<i32>(&ranks).expect("d"),
-                "{label}: ranks"
-            );
-            assert_eq!(
-                read_i32(&dir.join("top_ids.out")),
-                cpu.download::<i32>(&top_ids).expect("d"),
-                "{label}: top_ids"
-            );
-            let close = |a: &[f32], b: &[f32], what: &str| {
-                assert_eq!(a.len(), b.len());
-                for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                    let ok = (x.is_nan() && y.is_nan())
-                        || x == y
-                        || (x - y).abs() <= 1e-4 * (1.0 + y.abs());
-                    assert!(ok, "{label}: {what}[{i}] emulated {x} cpu {y}");
-                }
+            work.write("probs.bin", &bytes);
+            work.write("temperature.bin", &temperature);
+            work.write("accept_tokens.bin", &accept_tokens);
+            work.write("accept_num.bin", &accept_num);
+            work.write("encoder.bin", &encoder);
+            work.write("cu_out.bin", &cu_out);
+            let args: [&dyn Display; 7] = [&rows, &vocab, &0, &max_bsz, &real_bsz, &s, &k];
+            work.run(&bin, "logprobs", &args);
+            let logits = cpu.upload_bytes(dtype, &bytes).expect("u");
+            let temperature = up(&cpu, &temperature);
+            let (at, an) = (up(&cpu, &accept_tokens), up(&cpu, &accept_num));
+            let (en, co) = (up(&cpu, &encoder), up(&cpu, &cu_out));
+            let inputs = LogprobsInputs {
+                logits: &logits,
+                temperature: &temperature,
+                accept_tokens: &at,
+                accept_num: &an,
+                seq_lens_encoder: &en,
+                cu_seqlens_q_output: &co,
             };
-            close(
-                &read_f32(&dir.join("logprobs.out")),
-                &cpu.download::<f32>(&lps).expect("d"),
-                "logprobs",
-            );
-            close(
-                &read_f32(&dir.join("top_logprobs.out")),
-                &cpu.download::<f32>(&top_lps).expect("d"),
-                "top_logprobs",
-            );
+            let params = LogprobsParams {
+                dims,
+                shape: RowShape { rows, vocab },
+                top_k: k,
+                host_temperature: None,
+            };
+            let [cu_accept, token_ids, lps, ranks, top_ids, top_lps] =
+                cpu_logprobs(&cpu, &inputs, &params);
+            let expect = Expect::new(&work, &cpu, format!("{dtype} logprobs V={vocab} K={k}"));
+            expect.same::<i32>("cu_accept.out", &cu_accept, "cu_accept");
+            expect.same::<i32>("token_ids.out", &token_ids, "token_ids");
+            expect.same::<i32>("ranks.out", &ranks, "ranks");
+            expect.same::<i32>("top_ids.out", &top_ids, "top_ids");
+            expect.close("logprobs.out", &lps, "logprobs", logprob_close);
+            expect.close("top_logprobs.out", &top_lps, "top_logprobs", logprob_close);
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-#[ignore = "slow (minutes): host emulation of the CUDA kernels; run with --ignored in the CUDA CI lane"]
-fn batch_kernels_match_the_cpu_reference_on_the_host_emulator() {
-    use specula_backend_api::ops::*;
-    if compiler().is_none() {
-        eprintln!("skipped: no C++20 compiler for the host emulation of the kernels");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("specula-emulated-batch-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let d = dir.to_string_lossy().into_owned();
-    let cpu = CpuDevice::with_threads(1).expect("cpu");
+/// The per-slot state of one batch trial (`max_bsz` slots).
+struct BatchState {
+    this_time: Vec<i32>,
+    encoder: Vec<i32>,
+    accept_tokens: Vec<i32>,
+    accept_num: Vec<i32>,
+    stop_flags: Vec<u8>,
+    is_block: Vec<u8>,
+    prompt_lens: Vec<i32>,
+    step_idx: Vec<i32>,
+    max_dec_len: Vec<i32>,
+    infer_seed: Vec<u64>,
+    draft_tokens: Vec<i32>,
+    decoder: Vec<i32>,
+    token_ids_all: Vec<i32>,
+    draft_token_num: Vec<i32>,
+}
+
+fn batch_kernels_match_the_cpu_reference() {
+    let work = Workdir::new("batch");
+    let cpu = cpu();
     let mut rng = Lcg(0xBA7C);
     let bin = driver(DType::F32);
     let (s, hidden, max_model_len) = (4usize, 6usize, 24usize);
@@ -1009,37 +1033,42 @@ fn batch_kernels_match_the_cpu_reference_on_the_host_emulator() {
             })
             .collect();
         // update_state / ngram state
-        let accept_tokens: Vec<i32> = (0..max_bsz * s)
-            .map(|i| [3, 5, 8, 9, 1, 2][(i + trial) % 6])
-            .collect();
-        let accept_num: Vec<i32> = (0..max_bsz)
-            .map(|b| (b as i32 + trial as i32) % (s as i32 + 3) - 1)
-            .collect();
-        let stop_flags: Vec<u8> = (0..max_bsz)
-            .map(|b| u8::from(b == 2 && trial % 2 == 0))
-            .collect();
-        let is_block: Vec<u8> = (0..max_bsz).map(|b| u8::from(b == 3)).collect();
-        let prompt_lens: Vec<i32> = (0..max_bsz)
-            .map(|b| [6, 10, 0, 30, -1, 8, 12, 5, 7][b])
-            .collect();
-        let step_idx: Vec<i32> = (0..max_bsz)
-            .map(|b| [4, 3, 0, 2, 5, 20, 9, 1, 6][(b + trial) % 9])
-            .collect();
-        let max_dec_len: Vec<i32> = (0..max_bsz)
-            .map(|b| [10, 5, 100, 7, 6, 3, 12, 2, 30][b])
-            .collect();
-        let infer_seed: Vec<u64> = slot_seed.clone();
-        let draft_tokens: Vec<i32> = (0..max_bsz * s).map(|i| 100 + i as i32).collect();
-        let decoder: Vec<i32> = (0..max_bsz)
-            .map(|b| if b == 1 { i32::MAX - 1 } else { b as i32 * 10 })
-            .collect();
         let alphabet = [10, 20, 30, 40, 50];
-        let token_ids_all: Vec<i32> = (0..max_bsz * max_model_len)
-            .map(|_| alphabet[(rng.next() % alphabet.len() as u64) as usize])
-            .collect();
-        let draft_token_num: Vec<i32> = (0..max_bsz)
-            .map(|b| [3, 1, 0, 5, -1, 3, 2, 3, 3][b])
-            .collect();
+        let state = BatchState {
+            accept_tokens: (0..max_bsz * s)
+                .map(|i| [3, 5, 8, 9, 1, 2][(i + trial) % 6])
+                .collect(),
+            accept_num: (0..max_bsz)
+                .map(|b| (b as i32 + trial as i32) % (s as i32 + 3) - 1)
+                .collect(),
+            stop_flags: (0..max_bsz)
+                .map(|b| u8::from(b == 2 && trial % 2 == 0))
+                .collect(),
+            is_block: (0..max_bsz).map(|b| u8::from(b == 3)).collect(),
+            prompt_lens: (0..max_bsz)
+                .map(|b| [6, 10, 0, 30, -1, 8, 12, 5, 7][b])
+                .collect(),
+            step_idx: (0..max_bsz)
+                .map(|b| [4, 3, 0, 2, 5, 20, 9, 1, 6][(b + trial) % 9])
+                .collect(),
+            max_dec_len: (0..max_bsz)
+                .map(|b| [10, 5, 100, 7, 6, 3, 12, 2, 30][b])
+                .collect(),
+            infer_seed: slot_seed.clone(),
+            draft_tokens: (0..max_bsz * s).map(|i| 100 + i as i32).collect(),
+            decoder: (0..max_bsz)
+                .map(|b| if b == 1 { i32::MAX - 1 } else { b as i32 * 10 })
+                .collect(),
+            token_ids_all: (0..max_bsz * max_model_len)
+                .map(|_| alphabet[(rng.next() % alphabet.len() as u64) as usize])
+                .collect(),
+            draft_token_num: (0..max_bsz)
+                .map(|b| [3, 1, 0, 5, -1, 3, 2, 3, 3][b])
+                .collect(),
+            this_time,
+            encoder,
+        };
+        let (this_time, encoder) = (&state.this_time, &state.encoder);
         // Mandatory tokens (prefill tokens + one per decode slot), then a budget that binds.
         let mandatory: usize = (0..real_bsz)
             .map(|b| {
@@ -1056,55 +1085,50 @@ fn batch_kernels_match_the_cpu_reference_on_the_host_emulator() {
         let (min_n, max_n) = [(1usize, 3usize), (2, 2), (1, 1), (3, 5)][trial % 4];
 
         for (name, data) in [
-            ("this_time.bin", &this_time),
-            ("encoder.bin", &encoder),
+            ("this_time.bin", this_time),
+            ("encoder.bin", encoder),
             ("slot_top_k.bin", &slot_top_k),
-            ("accept_tokens.bin", &accept_tokens),
-            ("prompt_lens.bin", &prompt_lens),
-            ("max_dec_len.bin", &max_dec_len),
-            ("accept_num.bin", &accept_num),
-            ("token_ids_all.bin", &token_ids_all),
-            ("step_idx.bin", &step_idx),
-            ("draft_tokens.bin", &draft_tokens),
-            ("decoder.bin", &decoder),
-            ("draft_token_num.bin", &draft_token_num),
+            ("accept_tokens.bin", &state.accept_tokens),
+            ("prompt_lens.bin", &state.prompt_lens),
+            ("max_dec_len.bin", &state.max_dec_len),
+            ("accept_num.bin", &state.accept_num),
+            ("token_ids_all.bin", &state.token_ids_all),
+            ("step_idx.bin", &state.step_idx),
+            ("draft_tokens.bin", &state.draft_tokens),
+            ("decoder.bin", &state.decoder),
+            ("draft_token_num.bin", &state.draft_token_num),
         ] {
-            write(&dir, name, data);
+            work.write(name, data);
         }
-        write(&dir, "end_tokens.bin", &end_tokens);
-        write(&dir, "slot_top_p.bin", &slot_top_p);
-        write(&dir, "slot_temperature.bin", &slot_temperature);
-        write(&dir, "slot_seed.bin", &slot_seed);
-        write(&dir, "infer_seed.bin", &infer_seed);
-        write(&dir, "stop_flags.bin", &stop_flags);
-        write(&dir, "is_block_step.bin", &is_block);
-        std::fs::write(dir.join("hidden.bin"), &hidden_bytes).expect("w");
-        run(
-            &bin,
-            &[
-                "batch".into(),
-                d.clone(),
-                max_bsz.to_string(),
-                real_bsz.to_string(),
-                s.to_string(),
-                capacity.to_string(),
-                (hidden * 4).to_string(),
-                token_num.to_string(),
-                max_model_len.to_string(),
-                threshold.to_string(),
-                min_n.to_string(),
-                max_n.to_string(),
-                end_tokens.len().to_string(),
-            ],
-        );
-        let label = format!("batch trial {trial}");
+        work.write("end_tokens.bin", &end_tokens);
+        work.write("slot_top_p.bin", &slot_top_p);
+        work.write("slot_temperature.bin", &slot_temperature);
+        work.write("slot_seed.bin", &slot_seed);
+        work.write("infer_seed.bin", &state.infer_seed);
+        work.write("stop_flags.bin", &state.stop_flags);
+        work.write("is_block_step.bin", &state.is_block);
+        work.write("hidden.bin", &hidden_bytes);
+        let args: [&dyn Display; 11] = [
+            &max_bsz,
+            &real_bsz,
+            &s,
+            &capacity,
+            &(hidden * 4),
+            &token_num,
+            &max_model_len,
+            &threshold,
+            &min_n,
+            &max_n,
+            &end_tokens.len(),
+        ];
+        work.run(&bin, "batch", &args);
+        let expect = Expect::new(&work, &cpu, format!("batch trial {trial}"));
         let dims = BatchDims {
             max_bsz,
             real_bsz,
             max_step_tokens: s,
         };
-        let up = |v: &[i32]| cpu.upload(v).expect("u");
-        let (tt, en) = (up(&this_time), up(&encoder));
+        let (tt, en) = (up(&cpu, this_time), up(&cpu, encoder));
         let lens = SlotLens {
             seq_lens_this_time: &tt,
             seq_lens_encoder: &en,
@@ -1124,37 +1148,17 @@ fn batch_kernels_match_the_cpu_reference_on_the_host_emulator() {
             &LayoutParams { dims, host: None },
         )
         .expect("layout");
-        let dl = |b: &specula_backend_api::Buffer| cpu.download::<i32>(b).expect("d");
-        assert_eq!(
-            read_i32(&dir.join("seq_lens_output.out")),
-            dl(&seq_lens_output),
-            "{label}: seq_lens_output"
-        );
-        assert_eq!(
-            read_i32(&dir.join("cu_in.out")),
-            dl(&cu_in),
-            "{label}: cu_seqlens_q"
-        );
-        assert_eq!(
-            read_i32(&dir.join("cu_out.out")),
-            dl(&cu_out),
-            "{label}: cu_seqlens_q_output"
-        );
-        assert_eq!(
-            read_i32(&dir.join("batch_id.out")),
-            dl(&batch_id),
-            "{label}: batch_id"
-        );
+        expect.same::<i32>("seq_lens_output.out", &seq_lens_output, "seq_lens_output");
+        expect.same::<i32>("cu_in.out", &cu_in, "cu_seqlens_q");
+        expect.same::<i32>("cu_out.out", &cu_out, "cu_seqlens_q_output");
+        expect.same::<i32>("batch_id.out", &batch_id, "batch_id");
         let layout = OutputLayout {
             cu_seqlens_q_output: &cu_out,
             batch_id_per_token_output: &batch_id,
         };
 
-        let (stp, stk) = (cpu.upload(&slot_top_p).expect("u"), up(&slot_top_k));
-        let (stt, sts) = (
-            cpu.upload(&slot_temperature).expect("u"),
-            cpu.upload(&slot_seed).expect("u"),
-        );
+        let (stp, stk) = (up(&cpu, &slot_top_p), up(&cpu, &slot_top_k));
+        let (stt, sts) = (up(&cpu, &slot_temperature), up(&cpu, &slot_seed));
         let mut top_p = cpu.alloc::<f32>(capacity).expect("a");
         let mut top_k = cpu.alloc::<i32>(capacity).expect("a");
         let mut temperature = cpu.alloc::<f32>(capacity).expect("a");
@@ -1184,29 +1188,10 @@ fn batch_kernels_match_the_cpu_reference_on_the_host_emulator() {
             },
         )
         .expect("sampling params");
-        let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
-        assert_eq!(
-            bits(read_f32(&dir.join("top_p.out"))),
-            bits(cpu.download::<f32>(&top_p).expect("d")),
-            "{label}: top_p"
-        );
-        assert_eq!(
-            read_i32(&dir.join("top_k.out")),
-            dl(&top_k),
-            "{label}: top_k"
-        );
-        assert_eq!(
-            bits(read_f32(&dir.join("temperature.out"))),
-            bits(cpu.download::<f32>(&temperature).expect("d")),
-            "{label}: temperature"
-        );
-        let seeds: Vec<u64> =
-            bytemuck::pod_collect_to_vec(&std::fs::read(dir.join("seed.out")).expect("r"));
-        assert_eq!(
-            seeds,
-            cpu.download::<u64>(&seed).expect("d"),
-            "{label}: seeds"
-        );
+        expect.same::<u32>("top_p.out", &top_p, "top_p");
+        expect.same::<i32>("top_k.out", &top_k, "top_k");
+        expect.same::<u32>("temperature.out", &temperature, "temperature");
+        expect.same::<u64>("seed.out", &seed, "seeds");
 
         let hidden_buf = cpu.upload_bytes(DType::F32, &hidden_bytes).expect("u");
         for speculative in [true, false] {
@@ -1234,148 +1219,131 @@ fn batch_kernels_match_the_cpu_reference_on_the_host_emulator() {
             } else {
                 "gather_plain.out"
             };
-            assert_eq!(
-                std::fs::read(dir.join(file)).expect("r"),
-                cpu.download_bytes(&out).expect("d"),
-                "{label}: gather (speculative {speculative})"
-            );
+            let what = format!("gather (speculative {speculative})");
+            expect.same::<u8>(file, &out, &what);
         }
-
-        // update_state on fresh copies.
-        let (at, ib, pl, md, et) = (
-            up(&accept_tokens),
-            cpu.upload(&is_block).expect("u"),
-            up(&prompt_lens),
-            up(&max_dec_len),
-            up(&end_tokens),
-        );
-        let mut an = up(&accept_num);
-        let mut sf = cpu.upload(&stop_flags).expect("u");
-        let mut tia = up(&token_ids_all);
-        let mut si = up(&step_idx);
-        let mut is = cpu.upload(&infer_seed).expect("u");
-        let mut dt = up(&draft_tokens);
-        let mut enc = up(&encoder);
-        let mut dec = up(&decoder);
-        cpu.update_state(
-            &UpdateStateInputs {
-                accept_tokens: &at,
-                is_block_step: &ib,
-                prompt_lens: &pl,
-                max_dec_len: &md,
-                end_tokens: &et,
-            },
-            &mut DecodeState {
-                accept_num: &mut an,
-                stop_flags: &mut sf,
-                token_ids_all: &mut tia,
-                step_idx: &mut si,
-                infer_seed: &mut is,
-                draft_tokens: &mut dt,
-                seq_lens_encoder: &mut enc,
-                seq_lens_decoder: &mut dec,
-            },
-            &UpdateStateParams {
-                dims,
-                max_model_len,
-            },
-        )
-        .expect("update_state");
-        assert_eq!(
-            read_i32(&dir.join("u_accept_num.out")),
-            dl(&an),
-            "{label}: accept_num"
-        );
-        assert_eq!(
-            std::fs::read(dir.join("u_stop_flags.out")).expect("r"),
-            cpu.download::<u8>(&sf).expect("d"),
-            "{label}: stop_flags"
-        );
-        assert_eq!(
-            read_i32(&dir.join("u_token_ids_all.out")),
-            dl(&tia),
-            "{label}: token_ids_all"
-        );
-        assert_eq!(
-            read_i32(&dir.join("u_step_idx.out")),
-            dl(&si),
-            "{label}: step_idx"
-        );
-        let got_seed: Vec<u64> =
-            bytemuck::pod_collect_to_vec(&std::fs::read(dir.join("u_infer_seed.out")).expect("r"));
-        assert_eq!(
-            got_seed,
-            cpu.download::<u64>(&is).expect("d"),
-            "{label}: infer_seed"
-        );
-        assert_eq!(
-            read_i32(&dir.join("u_draft_tokens.out")),
-            dl(&dt),
-            "{label}: draft_tokens"
-        );
-        assert_eq!(
-            read_i32(&dir.join("u_encoder.out")),
-            dl(&enc),
-            "{label}: encoder"
-        );
-        assert_eq!(
-            read_i32(&dir.join("u_decoder.out")),
-            dl(&dec),
-            "{label}: decoder"
-        );
-
-        // ngram_match on fresh copies.
-        let (tia, pl, si, dtn, en2, md) = (
-            up(&token_ids_all),
-            up(&prompt_lens),
-            up(&step_idx),
-            up(&draft_token_num),
-            up(&encoder),
-            up(&max_dec_len),
-        );
-        let mut dt = up(&draft_tokens);
-        let mut tt2 = up(&this_time);
-        cpu.ngram_match(
-            &NgramInputs {
-                token_ids_all: &tia,
-                prompt_lens: &pl,
-                step_idx: &si,
-                draft_token_num: &dtn,
-                seq_lens_encoder: &en2,
-                max_dec_len: &md,
-            },
-            &mut NgramOutputs {
-                draft_tokens: &mut dt,
-                seq_lens_this_time: &mut tt2,
-            },
-            &NgramParams {
-                dims,
-                max_model_len,
-                max_ngram_size: max_n,
-                min_ngram_size: min_n,
-                threshold,
-            },
-        )
-        .expect("ngram");
-        assert_eq!(
-            read_i32(&dir.join("n_draft_tokens.out")),
-            dl(&dt),
-            "{label}: ngram draft_tokens"
-        );
-        assert_eq!(
-            read_i32(&dir.join("n_this_time.out")),
-            dl(&tt2),
-            "{label}: ngram seq_lens_this_time"
+        check_update_state(&expect, &state, dims, max_model_len, &end_tokens);
+        check_ngram_match(
+            &expect,
+            &state,
+            dims,
+            max_model_len,
+            (min_n, max_n, threshold),
         );
     }
+    softmax_kernels_match_the_cpu_reference(&work, &cpu, &mut rng);
+}
 
-    // softmax, tolerance-compared.
+/// `update_state` on fresh copies of the trial's state: the driver's `u_*` outputs.
+fn check_update_state(
+    expect: &Expect<'_>,
+    state: &BatchState,
+    dims: BatchDims,
+    max_model_len: usize,
+    end_tokens: &[i32],
+) {
+    let cpu = expect.cpu;
+    let (at, ib, pl) = (
+        up(cpu, &state.accept_tokens),
+        up(cpu, &state.is_block),
+        up(cpu, &state.prompt_lens),
+    );
+    let (md, et) = (up(cpu, &state.max_dec_len), up(cpu, end_tokens));
+    let mut an = up(cpu, &state.accept_num);
+    let mut sf = up(cpu, &state.stop_flags);
+    let mut tia = up(cpu, &state.token_ids_all);
+    let mut si = up(cpu, &state.step_idx);
+    let mut is = up(cpu, &state.infer_seed);
+    let mut dt = up(cpu, &state.draft_tokens);
+    let mut enc = up(cpu, &state.encoder);
+    let mut dec = up(cpu, &state.decoder);
+    cpu.update_state(
+        &UpdateStateInputs {
+            accept_tokens: &at,
+            is_block_step: &ib,
+            prompt_lens: &pl,
+            max_dec_len: &md,
+            end_tokens: &et,
+        },
+        &mut DecodeState {
+            accept_num: &mut an,
+            stop_flags: &mut sf,
+            token_ids_all: &mut tia,
+            step_idx: &mut si,
+            infer_seed: &mut is,
+            draft_tokens: &mut dt,
+            seq_lens_encoder: &mut enc,
+            seq_lens_decoder: &mut dec,
+        },
+        &UpdateStateParams {
+            dims,
+            max_model_len,
+        },
+    )
+    .expect("update_state");
+    expect.same::<i32>("u_accept_num.out", &an, "accept_num");
+    expect.same::<u8>("u_stop_flags.out", &sf, "stop_flags");
+    expect.same::<i32>("u_token_ids_all.out", &tia, "token_ids_all");
+    expect.same::<i32>("u_step_idx.out", &si, "step_idx");
+    expect.same::<u64>("u_infer_seed.out", &is, "infer_seed");
+    expect.same::<i32>("u_draft_tokens.out", &dt, "draft_tokens");
+    expect.same::<i32>("u_encoder.out", &enc, "encoder");
+    expect.same::<i32>("u_decoder.out", &dec, "decoder");
+}
+
+/// `ngram_match` on fresh copies of the trial's state: the driver's `n_*` outputs.
+fn check_ngram_match(
+    expect: &Expect<'_>,
+    state: &BatchState,
+    dims: BatchDims,
+    max_model_len: usize,
+    (min_ngram_size, max_ngram_size, threshold): (usize, usize, usize),
+) {
+    let cpu = expect.cpu;
+    let (tia, pl, si) = (
+        up(cpu, &state.token_ids_all),
+        up(cpu, &state.prompt_lens),
+        up(cpu, &state.step_idx),
+    );
+    let (dtn, en, md) = (
+        up(cpu, &state.draft_token_num),
+        up(cpu, &state.encoder),
+        up(cpu, &state.max_dec_len),
+    );
+    let mut dt = up(cpu, &state.draft_tokens);
+    let mut tt = up(cpu, &state.this_time);
+    cpu.ngram_match(
+        &NgramInputs {
+            token_ids_all: &tia,
+            prompt_lens: &pl,
+            step_idx: &si,
+            draft_token_num: &dtn,
+            seq_lens_encoder: &en,
+            max_dec_len: &md,
+        },
+        &mut NgramOutputs {
+            draft_tokens: &mut dt,
+            seq_lens_this_time: &mut tt,
+        },
+        &NgramParams {
+            dims,
+            max_model_len,
+            max_ngram_size,
+            min_ngram_size,
+            threshold,
+        },
+    )
+    .expect("ngram");
+    expect.same::<i32>("n_draft_tokens.out", &dt, "ngram draft_tokens");
+    expect.same::<i32>("n_this_time.out", &tt, "ngram seq_lens_this_time");
+}
+
+/// `softmax`, tolerance-compared.
+fn softmax_kernels_match_the_cpu_reference(work: &Workdir, cpu: &CpuDevice, rng: &mut Lcg) {
     for dtype in [DType::F32, DType::BF16] {
         let bin = driver(dtype);
         let (rows, vocab) = (6usize, 333usize);
-        let mut logits: Vec<f32> = (0..rows * vocab)
-            .map(|_| rng.unit() * 20.0 - 10.0)
-            .collect();
+        let mut logits: Vec<f32> = (0..rows * vocab).map(|_| unit(rng) * 20.0 - 10.0).collect();
         logits[vocab + 5] = f32::INFINITY;
         logits[vocab + 9] = f32::INFINITY;
         logits[2 * vocab..3 * vocab]
@@ -1384,20 +1352,11 @@ fn batch_kernels_match_the_cpu_reference_on_the_host_emulator() {
         logits[3 * vocab + 7] = f32::NAN;
         let bytes = to_bytes(dtype, &logits);
         let temperature = vec![1.0f32, 0.5, 1.0, 0.0, f32::NAN, f32::INFINITY];
-        std::fs::write(dir.join("probs.bin"), &bytes).expect("w");
-        write(&dir, "temperature.bin", &temperature);
-        run(
-            &bin,
-            &[
-                "softmax".into(),
-                d.clone(),
-                rows.to_string(),
-                vocab.to_string(),
-                "0".into(),
-            ],
-        );
+        work.write("probs.bin", &bytes);
+        work.write("temperature.bin", &temperature);
+        work.run(&bin, "softmax", &[&rows, &vocab, &0]);
         let lg = cpu.upload_bytes(dtype, &bytes).expect("u");
-        let tp = cpu.upload(&temperature).expect("u");
+        let tp = up(cpu, &temperature);
         let mut probs = cpu.alloc::<f32>(rows * vocab).expect("a");
         cpu.softmax(
             &lg,
@@ -1409,17 +1368,92 @@ fn batch_kernels_match_the_cpu_reference_on_the_host_emulator() {
             },
         )
         .expect("softmax");
-        let want = cpu.download::<f32>(&probs).expect("d");
-        for (i, (g, w)) in read_f32(&dir.join("probs.out"))
-            .iter()
-            .zip(&want)
-            .enumerate()
-        {
+        let close = |g: f32, w: f32| (g - w).abs() <= 1e-6 + 1e-5 * w.abs();
+        Expect::new(work, cpu, format!("{dtype} softmax")).close(
+            "probs.out",
+            &probs,
+            "probs",
+            close,
+        );
+    }
+}
+
+/// Contract §4.9's scaled logit of `x` in a row whose maximum logit is `m`: `(x − m) / t` in f32,
+/// NaN read as −inf.
+fn contract_scaled(x: f32, m: f32, t: f32) -> f32 {
+    let y = (x - m) / t;
+    if y.is_nan() { f32::NEG_INFINITY } else { y }
+}
+
+/// Whether an emulated value is the contract's: equal (infinities and zeros exactly), or within
+/// the f32 rounding of `exp` and `log`.
+fn close_to(got: f32, want: f32) -> bool {
+    got == want || (got - want).abs() <= 1e-6 * want.abs()
+}
+
+/// `softmax` and `accept_logprobs` scale `(l − m) / T`, subtracting the row maximum first (contract
+/// §4.9): with a temperature so small that `l / T` overflows, the row still tends to the one-hot
+/// of `T = 0` (uniform over a tied maximum) instead of spreading over every overflowing entry.
+fn scaled_logits_subtract_the_row_maximum_first() {
+    let work = Workdir::new("scaling");
+    let bin = driver(DType::F32);
+    let vocab = 8usize;
+    // Row 0: a unique maximum at id 5; row 1: the maximum tied at ids 2 and 6. Every positive
+    // logit divided by its row's temperature first would be +inf.
+    let logits: Vec<f32> = vec![
+        1e9, 2e9, 3e9, 4e9, 5e9, 9e9, 6e9, 7e9, //
+        10.0, 20.0, 50.0, 30.0, 40.0, 5.0, 50.0, 45.0,
+    ];
+    let temperature = [1e-30f32, 1e-37];
+    let rows = temperature.len();
+    let stats: Vec<(f32, f32)> = logits
+        .chunks(vocab)
+        .zip(temperature)
+        .map(|(row, t)| {
+            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let sum = row.iter().map(|&x| contract_scaled(x, m, t).exp()).sum();
+            (m, sum)
+        })
+        .collect();
+    work.write("probs.bin", &logits);
+    work.write("temperature.bin", &temperature);
+
+    work.run(&bin, "softmax", &[&rows, &vocab, &0]);
+    let probs = work.read::<f32>("probs.out");
+    assert_eq!(&probs[..vocab], &[0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]);
+    assert_eq!(&probs[vocab..], &[0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.5, 0.0]);
+
+    // accept_logprobs: slot b (decode, one row) accepted the token `tokens[b]`, with the top 3.
+    let (tokens, k) = ([5i32, 2], 3usize);
+    work.write("accept_tokens.bin", &tokens);
+    work.write("accept_num.bin", &[1i32, 1]);
+    work.write("encoder.bin", &[0i32, 0]);
+    work.write("cu_out.bin", &[0i32, 1, 2]);
+    work.run(&bin, "logprobs", &[&rows, &vocab, &0, &rows, &rows, &1, &k]);
+    let logprob = |r: usize, id: usize| {
+        let (m, sum) = stats[r];
+        contract_scaled(logits[r * vocab + id], m, temperature[r]) - sum.ln()
+    };
+    let lps = work.read::<f32>("logprobs.out");
+    let top_ids = work.read::<i32>("top_ids.out");
+    let top_lps = work.read::<f32>("top_logprobs.out");
+    assert_eq!(work.read::<i32>("ranks.out"), vec![1, 1]);
+    assert_eq!(top_ids, vec![5, 7, 6, 2, 6, 7]);
+    for r in 0..rows {
+        let want = logprob(r, tokens[r] as usize);
+        assert!(
+            close_to(lps[r], want),
+            "row {r}: logprob {} != {want}",
+            lps[r]
+        );
+        for (j, &id) in top_ids[r * k..(r + 1) * k].iter().enumerate() {
+            let (got, want) = (top_lps[r * k + j], logprob(r, id as usize));
             assert!(
-                (g - w).abs() <= 1e-6 + 1e-5 * w.abs(),
-                "{dtype} softmax[{i}] emulated {g} cpu {w}"
+                close_to(got, want),
+                "row {r}: top logprob of {id} {got} != {want}"
             );
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(lps[0], 0.0, "the unique maximum holds all the mass");
+    assert_eq!(top_lps[1], f32::NEG_INFINITY, "(7e9 − 9e9) / 1e-30 is −inf");
 }

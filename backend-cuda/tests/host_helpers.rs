@@ -1,43 +1,30 @@
 //! The exact-arithmetic helpers of `kernels/common.cuh` (Philox, draws, seeds, fixed-point
-//! weights, top-p, the 128-bit helpers) compiled for the host with g++ behind a small shim, and
+//! weights, top-p, the 128-bit helpers) compiled for the host behind the emulator's intrinsics, and
 //! compared bit for bit with `specula-backend-api` on many inputs. This runs on machines without a
-//! GPU; it is skipped (with a message) when no C++ compiler is found.
+//! GPU. It needs a C++17 compiler (`g++`, `c++` or `clang++`): without one the test is ignored with
+//! the reason, and fails when `SPECULA_REQUIRE` names `g++`.
 
-use std::process::{Command, Stdio};
+#[path = "emulator/host.rs"]
+mod host;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+use specula_backend_api::testing::{self, Needs};
 
 use specula_backend_api::fixed_point::{
     key_weight, rank_key, reaches_top_p, scale_draw, top_p_fixed, top_p_target_mass,
 };
 use specula_backend_api::rng::{Purpose, draw, row_seed};
 
-const SHIM: &str = r#"
-#include <cstdint>
-#include <cstring>
-#include <cmath>
-#include <cstdio>
-#define __device__
-#define __forceinline__ inline
-#define __restrict__
-#define __shared__ static
-#include <math.h>
-struct Dim3 { unsigned x, y, z; };
-static Dim3 threadIdx, blockIdx, blockDim;
+use host::Lcg;
+
+/// One host thread calls the helpers: the block collectives of `common.cuh` compile against
+/// these and are never called.
+const ONE_THREAD: &str = r#"
 inline void __syncthreads() {}
 template <class T> T __shfl_xor_sync(unsigned, T v, int) { return v; }
 template <class T> T __shfl_up_sync(unsigned, T v, int) { return v; }
-struct uint4 { unsigned x, y, z, w; };
-struct uint2 { unsigned x, y; };
-struct float4 { float x, y, z, w; };
-inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
-inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
-inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
-inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
-    return (unsigned long long)(((unsigned __int128)a * b) >> 64);
-}
-inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
-inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
-inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
-using std::isnan;
 "#;
 
 const MAIN: &str = r#"
@@ -71,58 +58,31 @@ int main() {
 }
 "#;
 
-fn defines() -> String {
-    specula_backend_cuda::kernels::defines()
-        .into_iter()
-        .map(|(name, value)| format!("#define {name} {value}\n"))
-        .collect()
+fn main() -> ExitCode {
+    let compiler = host::compiler("c++17");
+    let needs = Needs::new("g++", compiler.clone().map(|_| ()));
+    testing::run(
+        &needs,
+        vec![(
+            "common_helpers_match_the_reference_bit_for_bit",
+            Box::new(move || common_helpers_match_the_reference_bit_for_bit(compiler?)),
+        )],
+    )
 }
 
-/// A deterministic stream of u64 values.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let x = self.0;
-        x ^ (x >> 29)
-    }
+/// Builds `common.cuh` for one host thread, with the query loop, into `dir`; returns the binary.
+fn build_helpers(compiler: &str, dir: &Path) -> Result<PathBuf, String> {
+    let source = format!(
+        "{}{}{ONE_THREAD}{}{MAIN}",
+        host::defines(),
+        host::INTRINSICS,
+        host::host_common()
+    );
+    host::build(compiler, "c++17", &[], dir, "helpers", &source)
 }
 
-#[test]
-fn common_helpers_match_the_reference_bit_for_bit() {
-    let compiler = ["g++", "c++", "clang++"]
-        .into_iter()
-        .find(|c| Command::new(c).arg("--version").output().is_ok());
-    let Some(compiler) = compiler else {
-        eprintln!("skipped: no C++ compiler found for the host build of common.cuh");
-        return;
-    };
-    let common = specula_backend_cuda::kernels::COMMON.replace(
-        "asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h));",
-        "f = 0.0f; (void)h;",
-    );
-    let source = format!("{}{SHIM}{common}{MAIN}", defines());
-    let dir = std::env::temp_dir().join(format!("specula-host-helpers-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let src = dir.join("helpers.cpp");
-    let bin = dir.join("helpers");
-    std::fs::write(&src, source).expect("write source");
-    let built = Command::new(compiler)
-        .args(["-std=c++17", "-O1", "-w", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .expect("run the compiler");
-    assert!(
-        built.status.success(),
-        "host build of common.cuh failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-
+/// The queries for the helper binary (one per line) and the answers the reference gives.
+fn queries() -> (String, Vec<String>) {
     let mut rng = Lcg(0x5eed);
     let mut input = String::new();
     let mut expected: Vec<String> = Vec::new();
@@ -201,23 +161,31 @@ fn common_helpers_match_the_reference_bit_for_bit() {
         expected.push(u8::from(lhs < rhs).to_string());
     }
 
+    (input, expected)
+}
+
+fn common_helpers_match_the_reference_bit_for_bit(compiler: &str) -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("specula-host-helpers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("temp dir: {e}"))?;
+    let bin = build_helpers(compiler, &dir)?;
+    let (input, expected) = queries();
     // Inputs go through a file: feeding a pipe while the child fills the other would deadlock.
     let queries_path = dir.join("queries.txt");
-    std::fs::write(&queries_path, &input).expect("write queries");
+    std::fs::write(&queries_path, &input).map_err(|e| format!("write queries: {e}"))?;
+    let stdin = std::fs::File::open(&queries_path).map_err(|e| format!("open queries: {e}"))?;
     let output = Command::new(&bin)
-        .stdin(Stdio::from(
-            std::fs::File::open(&queries_path).expect("open queries"),
-        ))
+        .stdin(Stdio::from(stdin))
         .output()
-        .expect("run the helper binary");
+        .map_err(|e| format!("run the helper binary: {e}"))?;
     let _ = std::fs::remove_dir_all(&dir);
     let got: Vec<&str> = std::str::from_utf8(&output.stdout)
-        .expect("utf8")
+        .map_err(|e| format!("helper output: {e}"))?
         .lines()
         .collect();
-    let queries: Vec<&str> = input.lines().collect();
+    let lines: Vec<&str> = input.lines().collect();
     assert_eq!(got.len(), expected.len(), "one answer per query");
     for (k, (g, e)) in got.iter().zip(&expected).enumerate() {
-        assert_eq!(g, e, "query {:?}", queries[k]);
+        assert_eq!(g, e, "query {:?}", lines[k]);
     }
+    Ok(())
 }

@@ -1,12 +1,20 @@
-// Runs one Specula kernel on the host emulator (shim.hpp). Prepended by the test with the defines,
-// the shim, common.cuh, select.cuh and the kernel files.
+// Runs Specula kernels on the host emulator (shim.hpp). Prepended by the test with the defines,
+// the emulator, common.cuh, select.cuh and the kernel files. Inputs are DIR/<name>.bin, outputs
+// DIR/<name>.out; OFFSET is the window offset, in elements, of the probability or logit rows.
 //
 //   driver sample     DIR ROWS VOCAB OFFSET SPLITS STRIDE   (probs top_k top_p seed -> tokens)
-//   driver candidates DIR ROWS VOCAB OFFSET C               (probs top_p -> ids scores lens)
+//   driver candidates DIR ROWS VOCAB OFFSET C               (probs top_p batch_id -> ids scores lens)
 //   driver argmax     DIR ROWS VOCAB OFFSET                 (probs -> tokens)
-//   driver logprobs   DIR ROWS VOCAB OFFSET K  (logits temperature tokens -> logprobs ranks top_ids top_logprobs)
+//   driver softmax    DIR ROWS VOCAB OFFSET                 (probs temperature -> probs)
+//   driver verify     DIR ROWS VOCAB OFFSET MAX_BSZ REAL_BSZ S STRATEGY ACCEPT_ALL REJECT_ALL C N_END
+//   driver logprobs   DIR ROWS VOCAB OFFSET MAX_BSZ REAL_BSZ S K
+//   driver batch      DIR MAX_BSZ REAL_BSZ S CAPACITY ROW_BYTES TOKEN_NUM MAX_MODEL_LEN THRESHOLD
+//                     MIN_N MAX_N N_END   (layout, sampling params, gather, update_state, ngram)
 
 #include <string>
+
+typedef SPECULA_T::raw raw;
+typedef SPECULA_D::raw draft_raw;
 
 static std::vector<unsigned char> read_file(const std::string& path) {
     FILE* f = fopen(path.c_str(), "rb");
@@ -26,298 +34,370 @@ static void write_file(const std::string& path, const void* p, size_t bytes) {
     fclose(f);
 }
 
-template <class T> static T* upload(const std::string& path, size_t offset_elems = 0) {
-    const std::vector<unsigned char> data = read_file(path);
-    T* p = dalloc<T>(data.size() / sizeof(T) + offset_elems + 1) + offset_elems;
-    memcpy(p, data.data(), data.size());
-    return p;
-}
+// One run: its directory and its numeric arguments (argv[3] on).
+struct Run {
+    std::string dir;
+    int argc;
+    char** argv;
+
+    u64 arg(int i) const {
+        if (i >= argc) { fprintf(stderr, "argument %d missing\n", i); exit(2); }
+        return (u64)atoll(argv[i]);
+    }
+
+    // Input `name` in device memory, `offset` elements into its allocation.
+    template <class T> T* in(const char* name, size_t offset = 0) const {
+        const std::vector<unsigned char> data = read_file(dir + name + ".bin");
+        T* p = dalloc<T>(data.size() / sizeof(T) + offset + 1) + offset;
+        memcpy(p, data.data(), data.size());
+        return p;
+    }
+
+    // Output `name`: the `n` elements at `p`.
+    template <class T> void out(const char* name, const T* p, u64 n) const {
+        write_file(dir + name + ".out", p, sizeof(T) * n);
+    }
+
+    // The rows of the row kinds: ROWS VOCAB OFFSET.
+    u32 rows() const { return (u32)arg(3); }
+    u32 vocab() const { return (u32)arg(4); }
+    size_t offset() const { return (size_t)arg(5); }
+};
 
 static u32 vec_ok(const void* p, size_t elem, u32 vocab) {
     return ((uintptr_t)p % (4 * elem) == 0 && vocab % 4 == 0) ? 1u : 0u;
 }
 
-int main(int argc, char** argv) {
-    if (argc < 6) { fprintf(stderr, "usage\n"); return 2; }
-    const std::string kind = argv[1], dir = std::string(argv[2]) + "/";
-    const u32 rows = (u32)atoi(argv[3]), vocab = (u32)atoi(argv[4]);
-    const size_t offset = (size_t)atoi(argv[5]);
-    arena_init((size_t)1 << 31);
-    typedef SPECULA_T::raw raw;
-    if (kind == "sample") {
-        const u32 splits = (u32)atoi(argv[6]);
-        const u64 stride = (u64)atoll(argv[7]);
-        SampleArgs a;
-        a.probs = upload<raw>(dir + "probs.bin", offset);
-        a.top_k = upload<i32>(dir + "top_k.bin");
-        a.top_p = upload<float>(dir + "top_p.bin");
-        a.seed = upload<u64>(dir + "seed.bin");
-        a.tokens = dalloc<i32>(rows);
-        for (u32 r = 0; r < rows; ++r) a.tokens[r] = -7;
-        a.rows = rows;
-        a.vocab = vocab;
-        a.vec = vec_ok(a.probs, sizeof(raw), vocab);
-        a.splits = splits;
-        a.scratch_stride = stride;
-        a.scratch = splits > 1 ? dalloc<unsigned char>(stride * rows) : nullptr;
-        if (splits > 1)
-            launch(SPECULA_ENTRY(top_k_top_p_sample_split), splits, rows, SEL_BLOCK, a, splits * rows);
-        else
-            launch(SPECULA_ENTRY(top_k_top_p_sample), rows, 1, SEL_BLOCK, a, 2);
-        write_file(dir + "tokens.out", a.tokens, 4ull * rows);
-    } else if (kind == "candidates") {
-        const u32 c = (u32)atoi(argv[6]);
-        CandidatesArgs a;
-        a.probs = upload<raw>(dir + "probs.bin", offset);
-        a.top_p = upload<float>(dir + "top_p.bin");
-        a.batch_id = upload<i32>(dir + "batch_id.bin");
-        a.ids = dalloc<i32>((u64)rows * c);
-        a.scores = dalloc<float>((u64)rows * c);
-        a.lens = dalloc<i32>(rows);
-        a.rows = rows;
-        a.vocab = vocab;
-        a.candidates = c;
-        a.vec = vec_ok(a.probs, sizeof(raw), vocab);
-        launch(SPECULA_ENTRY(top_p_candidates), rows, 1, SEL_BLOCK, a, 2);
-        write_file(dir + "ids.out", a.ids, 4ull * rows * c);
-        write_file(dir + "scores.out", a.scores, 4ull * rows * c);
-        write_file(dir + "lens.out", a.lens, 4ull * rows);
-    } else if (kind == "argmax") {
-        ArgmaxArgs a;
-        a.input = upload<raw>(dir + "probs.bin", offset);
-        a.out = dalloc<i32>(rows);
-        a.rows = rows;
-        a.vocab = vocab;
-        a.vec = vec_ok(a.input, sizeof(raw), vocab);
-        launch(SPECULA_ENTRY(argmax), rows, 1, SPECULA_ROW_BLOCK, a, 2);
-        write_file(dir + "tokens.out", a.out, 4ull * rows);
-    } else if (kind == "verify") {
-        // argv: ... OFFSET MAX_BSZ REAL_BSZ S STRATEGY ACCEPT_ALL REJECT_ALL C N_END
-        VerifyArgs a;
-        memset(&a, 0, sizeof a);
-        const u32 max_bsz = (u32)atoi(argv[6]), real_bsz = (u32)atoi(argv[7]);
-        const u64 s = (u64)atoll(argv[8]);
-        a.strategy = (u32)atoi(argv[9]);
-        a.accept_all = (u32)atoi(argv[10]);
-        a.reject_all = (u32)atoi(argv[11]);
-        a.candidates = (u64)atoll(argv[12]);
-        a.n_end = (u64)atoll(argv[13]);
-        a.rows = rows;
-        a.vocab = vocab;
-        a.max_bsz = max_bsz;
-        a.real_bsz = real_bsz;
-        a.max_step_tokens = s;
-        a.draft_tokens = upload<i32>(dir + "draft_tokens.bin");
-        a.this_time = upload<i32>(dir + "this_time.bin");
-        a.encoder = upload<i32>(dir + "encoder.bin");
-        a.cu_out = upload<i32>(dir + "cu_out.bin");
-        a.stop_flags = upload<u8>(dir + "stop_flags.bin");
-        a.is_block_step = upload<u8>(dir + "is_block_step.bin");
-        a.reasoning = upload<i32>(dir + "reasoning.bin");
-        a.step_idx = upload<i32>(dir + "step_idx.bin");
-        a.max_dec_len = upload<i32>(dir + "max_dec_len.bin");
-        a.end_tokens = upload<i32>(dir + "end_tokens.bin");
-        a.seeds = upload<u64>(dir + "seeds.bin");
-        a.accept_tokens = dalloc<i32>(max_bsz * s);
-        a.accept_num = dalloc<i32>(max_bsz);
-        for (u64 i = 0; i < max_bsz * s; ++i) a.accept_tokens[i] = -9;
-        if (a.strategy == SPECULA_STRATEGY_REJECTION) {
-            a.target_probs = upload<raw>(dir + "target_probs.bin", offset);
-            a.draft_probs = upload<typename SPECULA_D::raw>(dir + "draft_probs.bin");
-            a.top_k = upload<i32>(dir + "top_k.bin");
-            a.top_p = upload<float>(dir + "top_p.bin");
-            a.draft_rows = (u64)max_bsz * (s - 1);
-            a.vec_target = vec_ok(a.target_probs, sizeof(raw), vocab);
-            a.vec_draft = vec_ok(a.draft_probs, sizeof(typename SPECULA_D::raw), vocab);
-            a.stats = dalloc<unsigned char>(32 * rows + 8 * a.draft_rows + 8);
-            if (rows + a.draft_rows > 0)
-                launch(SPECULA_ENTRY(verify_draft_tokens_rejection_prepare), (u32)(rows + a.draft_rows), 1, SEL_BLOCK, a, 2);
-            launch(SPECULA_ENTRY(verify_draft_tokens_rejection), max_bsz, 1, SEL_BLOCK, a, 2);
-        } else {
-            a.target_tokens = upload<i32>(dir + "target_tokens.bin");
-            a.cand_ids = upload<i32>(dir + "cand_ids.bin");
-            a.cand_scores = upload<float>(dir + "cand_scores.bin");
-            a.cand_lens = upload<i32>(dir + "cand_lens.bin");
-            launch(SPECULA_ENTRY(verify_draft_tokens), (max_bsz + SPECULA_BATCH_BLOCK - 1) / SPECULA_BATCH_BLOCK, 1,
-                   SPECULA_BATCH_BLOCK, a, 1);
-        }
-        write_file(dir + "accept_tokens.out", a.accept_tokens, 4ull * max_bsz * s);
-        write_file(dir + "accept_num.out", a.accept_num, 4ull * max_bsz);
-    } else if (kind == "logprobs") {
-        // argv: ... OFFSET MAX_BSZ REAL_BSZ S K
-        LogprobsArgs a;
-        memset(&a, 0, sizeof a);
-        const u32 max_bsz = (u32)atoi(argv[6]), real_bsz = (u32)atoi(argv[7]);
-        const u64 s = (u64)atoll(argv[8]);
-        const u32 k = (u32)atoi(argv[9]);
-        const u64 entries = (u64)max_bsz * s;
-        a.logits = upload<raw>(dir + "probs.bin", offset);
-        a.temperature = upload<float>(dir + "temperature.bin");
-        a.accept_tokens = upload<i32>(dir + "accept_tokens.bin");
-        a.accept_num = upload<i32>(dir + "accept_num.bin");
-        a.encoder = upload<i32>(dir + "encoder.bin");
-        a.cu_out = upload<i32>(dir + "cu_out.bin");
-        a.cu_accept = dalloc<i32>(max_bsz + 1);
-        a.token_ids = dalloc<i32>(entries);
-        a.logprobs = dalloc<float>(entries);
-        a.ranks = dalloc<i32>(entries);
-        a.top_ids = dalloc<i32>(entries * k + 1);
-        a.top_logprobs = dalloc<float>(entries * k + 1);
-        a.entries = dalloc<u32>(2 * entries + 1);
-        a.rows = rows;
-        a.max_step_tokens = s;
-        a.max_bsz = max_bsz;
-        a.real_bsz = real_bsz;
-        a.vocab = vocab;
-        a.top_k = k;
-        a.vec = vec_ok(a.logits, sizeof(raw), vocab);
-        launch(SPECULA_ENTRY(accept_logprobs_pack), 1, 1, SPECULA_BATCH_BLOCK, a, 1);
-        if (entries > 0) launch(SPECULA_ENTRY(accept_logprobs), (u32)entries, 1, SEL_BLOCK, a, 2);
-        write_file(dir + "cu_accept.out", a.cu_accept, 4ull * (max_bsz + 1));
-        write_file(dir + "token_ids.out", a.token_ids, 4ull * entries);
-        write_file(dir + "logprobs.out", a.logprobs, 4ull * entries);
-        write_file(dir + "ranks.out", a.ranks, 4ull * entries);
-        write_file(dir + "top_ids.out", a.top_ids, 4ull * entries * k);
-        write_file(dir + "top_logprobs.out", a.top_logprobs, 4ull * entries * k);
-    } else if (kind == "batch") {
-        // argv: DIR MAX_BSZ REAL_BSZ S CAPACITY ROW_BYTES TOKEN_NUM MAX_MODEL_LEN THRESHOLD MIN_N MAX_N N_END
-        const u32 max_bsz = rows, real_bsz = vocab;  // (positional reuse)
-        const u64 s = (u64)atoll(argv[5]), capacity = (u64)atoll(argv[6]), row_bytes = (u64)atoll(argv[7]);
-        const u64 token_num = (u64)atoll(argv[8]), max_model_len = (u64)atoll(argv[9]), threshold = (u64)atoll(argv[10]);
-        const u32 min_n = (u32)atoi(argv[11]), max_n = (u32)atoi(argv[12]);
-        const u64 n_end = (u64)atoll(argv[13]);
-        const i32* this_time = upload<i32>(dir + "this_time.bin");
-        const i32* encoder = upload<i32>(dir + "encoder.bin");
-        // build_output_layout
-        LayoutArgs l;
-        l.this_time = this_time;
-        l.encoder = encoder;
-        l.seq_lens_output = dalloc<i32>(max_bsz);
-        l.cu_in = dalloc<i32>(real_bsz + 1);
-        l.cu_out = dalloc<i32>(real_bsz + 1);
-        l.batch_id = dalloc<i32>(capacity);
-        l.capacity = capacity;
-        l.max_step_tokens = s;
-        l.max_bsz = max_bsz;
-        l.real_bsz = real_bsz;
-        launch(SPECULA_ENTRY(build_output_layout), 1, 1, SPECULA_BATCH_BLOCK, l, 1);
-        write_file(dir + "seq_lens_output.out", l.seq_lens_output, 4ull * max_bsz);
-        write_file(dir + "cu_in.out", l.cu_in, 4ull * (real_bsz + 1));
-        write_file(dir + "cu_out.out", l.cu_out, 4ull * (real_bsz + 1));
-        write_file(dir + "batch_id.out", l.batch_id, 4ull * capacity);
-        // build_sampling_params over the layout just built
-        SamplingParamsArgs p;
-        p.slot_top_p = upload<float>(dir + "slot_top_p.bin");
-        p.slot_top_k = upload<i32>(dir + "slot_top_k.bin");
-        p.slot_temperature = upload<float>(dir + "slot_temperature.bin");
-        p.slot_seed = upload<u64>(dir + "slot_seed.bin");
-        p.this_time = this_time;
-        p.encoder = encoder;
-        p.cu_out = l.cu_out;
-        p.batch_id = l.batch_id;
-        p.top_p = dalloc<float>(capacity);
-        p.top_k = dalloc<i32>(capacity);
-        p.temperature = dalloc<float>(capacity);
-        p.seed = dalloc<u64>(capacity);
-        p.rows = capacity;
-        p.max_step_tokens = s;
-        p.real_bsz = real_bsz;
-        p.pad = 0;
-        if (capacity > 0)
-            launch(SPECULA_ENTRY(build_sampling_params), (u32)((capacity + SPECULA_BATCH_BLOCK - 1) / SPECULA_BATCH_BLOCK), 1,
-                   SPECULA_BATCH_BLOCK, p, 1);
-        write_file(dir + "top_p.out", p.top_p, 4ull * capacity);
-        write_file(dir + "top_k.out", p.top_k, 4ull * capacity);
-        write_file(dir + "temperature.out", p.temperature, 4ull * capacity);
-        write_file(dir + "seed.out", p.seed, 8ull * capacity);
-        // gather_next_token, speculative then not
-        for (int spec = 1; spec >= 0; --spec) {
-            GatherArgs g;
-            g.src = upload<u8>(dir + "hidden.bin");
-            const u64 out_rows = spec ? capacity : max_bsz;
-            g.dst = dalloc<u8>(out_rows * row_bytes + 1);
-            memset(g.dst, 0xAB, out_rows * row_bytes);
-            g.cu_seqlens_q = l.cu_in;
-            g.this_time = this_time;
-            g.encoder = encoder;
-            g.cu_out = l.cu_out;
-            g.batch_id = l.batch_id;
-            g.row_bytes = row_bytes;
-            g.token_num = token_num;
-            g.max_step_tokens = s;
-            g.out_rows = (u32)out_rows;
-            g.real_bsz = real_bsz;
-            g.speculative = (u32)spec;
-            g.unit = (row_bytes % 4 == 0) ? 4 : 2;
-            if (out_rows > 0) launch(SPECULA_ENTRY(gather_next_token), (u32)out_rows, 1, SPECULA_BATCH_BLOCK, g, 4);
-            write_file(dir + (spec ? "gather_spec.out" : "gather_plain.out"), g.dst, out_rows * row_bytes);
-        }
-        // update_state
-        UpdateStateArgs u;
-        u.accept_tokens = upload<i32>(dir + "accept_tokens.bin");
-        u.is_block_step = upload<u8>(dir + "is_block_step.bin");
-        u.prompt_lens = upload<i32>(dir + "prompt_lens.bin");
-        u.max_dec_len = upload<i32>(dir + "max_dec_len.bin");
-        u.end_tokens = upload<i32>(dir + "end_tokens.bin");
-        u.accept_num = upload<i32>(dir + "accept_num.bin");
-        u.stop_flags = upload<u8>(dir + "stop_flags.bin");
-        u.token_ids_all = upload<i32>(dir + "token_ids_all.bin");
-        u.step_idx = upload<i32>(dir + "step_idx.bin");
-        u.infer_seed = upload<u64>(dir + "infer_seed.bin");
-        u.draft_tokens = upload<i32>(dir + "draft_tokens.bin");
-        u.encoder = upload<i32>(dir + "encoder.bin");
-        u.decoder = upload<i32>(dir + "decoder.bin");
-        u.max_model_len = max_model_len;
-        u.max_step_tokens = s;
-        u.n_end = n_end;
-        u.real_bsz = real_bsz;
-        u.pad = 0;
-        if (real_bsz > 0)
-            launch(SPECULA_ENTRY(update_state), (real_bsz + SPECULA_BATCH_BLOCK - 1) / SPECULA_BATCH_BLOCK, 1, SPECULA_BATCH_BLOCK, u, 1);
-        write_file(dir + "u_accept_num.out", u.accept_num, 4ull * max_bsz);
-        write_file(dir + "u_stop_flags.out", u.stop_flags, 1ull * max_bsz);
-        write_file(dir + "u_token_ids_all.out", u.token_ids_all, 4ull * max_bsz * max_model_len);
-        write_file(dir + "u_step_idx.out", u.step_idx, 4ull * max_bsz);
-        write_file(dir + "u_infer_seed.out", u.infer_seed, 8ull * max_bsz);
-        write_file(dir + "u_draft_tokens.out", u.draft_tokens, 4ull * max_bsz * s);
-        write_file(dir + "u_encoder.out", u.encoder, 4ull * max_bsz);
-        write_file(dir + "u_decoder.out", u.decoder, 4ull * max_bsz);
-        // ngram_match on the history before update_state (fresh copies)
-        NgramArgs n;
-        n.token_ids_all = upload<i32>(dir + "token_ids_all.bin");
-        n.prompt_lens = upload<i32>(dir + "prompt_lens.bin");
-        n.step_idx = upload<i32>(dir + "step_idx.bin");
-        n.draft_token_num = upload<i32>(dir + "draft_token_num.bin");
-        n.encoder = upload<i32>(dir + "encoder.bin");
-        n.max_dec_len = upload<i32>(dir + "max_dec_len.bin");
-        n.draft_tokens = upload<i32>(dir + "draft_tokens.bin");
-        n.this_time = upload<i32>(dir + "this_time.bin");
-        n.proposals = dalloc<u64>(2 * real_bsz + 1);
-        n.max_model_len = max_model_len;
-        n.max_step_tokens = s;
-        n.threshold = threshold;
-        n.real_bsz = real_bsz;
-        n.min_ngram = min_n;
-        n.max_ngram = max_n;
-        n.pad = 0;
-        if (real_bsz > 0) {
-            launch(SPECULA_ENTRY(ngram_match_propose), real_bsz, 1, SPECULA_BATCH_BLOCK, n, 4);
-            launch(SPECULA_ENTRY(ngram_match), 1, 1, SPECULA_BATCH_BLOCK, n, 1);
-        }
-        write_file(dir + "n_draft_tokens.out", n.draft_tokens, 4ull * max_bsz * s);
-        write_file(dir + "n_this_time.out", n.this_time, 4ull * max_bsz);
-    } else if (kind == "softmax") {
-        SoftmaxArgs a;
-        a.logits = upload<raw>(dir + "probs.bin", offset);
-        a.temperature = upload<float>(dir + "temperature.bin");
-        a.probs = dalloc<float>((u64)rows * vocab);
-        a.rows = rows;
-        a.vocab = vocab;
-        a.vec = vec_ok(a.logits, sizeof(raw), vocab);
-        a.pad = 0;
-        launch(SPECULA_ENTRY(softmax), rows, 1, SPECULA_ROW_BLOCK, a, 2);
-        write_file(dir + "probs.out", a.probs, 4ull * rows * vocab);
+static u32 blocks_for(u64 n, u32 block) { return (u32)((n + block - 1) / block); }
+
+static void run_sample(const Run& run) {
+    const u32 rows = run.rows(), vocab = run.vocab(), splits = (u32)run.arg(6);
+    const u64 stride = run.arg(7);
+    SampleArgs a;
+    a.probs = run.in<raw>("probs", run.offset());
+    a.top_k = run.in<i32>("top_k");
+    a.top_p = run.in<float>("top_p");
+    a.seed = run.in<u64>("seed");
+    a.tokens = dalloc<i32>(rows);
+    for (u32 r = 0; r < rows; ++r) a.tokens[r] = -7;
+    a.rows = rows;
+    a.vocab = vocab;
+    a.vec = vec_ok(a.probs, sizeof(raw), vocab);
+    a.splits = splits;
+    a.scratch_stride = stride;
+    a.scratch = splits > 1 ? dalloc<unsigned char>(stride * rows) : nullptr;
+    if (splits > 1)
+        launch(SPECULA_ENTRY(top_k_top_p_sample_split), splits, rows, SEL_BLOCK, a, splits * rows);
+    else
+        launch(SPECULA_ENTRY(top_k_top_p_sample), rows, 1, SEL_BLOCK, a, 2);
+    run.out("tokens", a.tokens, rows);
+}
+
+static void run_candidates(const Run& run) {
+    const u32 rows = run.rows(), vocab = run.vocab(), c = (u32)run.arg(6);
+    CandidatesArgs a;
+    a.probs = run.in<raw>("probs", run.offset());
+    a.top_p = run.in<float>("top_p");
+    a.batch_id = run.in<i32>("batch_id");
+    a.ids = dalloc<i32>((u64)rows * c);
+    a.scores = dalloc<float>((u64)rows * c);
+    a.lens = dalloc<i32>(rows);
+    a.rows = rows;
+    a.vocab = vocab;
+    a.candidates = c;
+    a.vec = vec_ok(a.probs, sizeof(raw), vocab);
+    launch(SPECULA_ENTRY(top_p_candidates), rows, 1, SEL_BLOCK, a, 2);
+    run.out("ids", a.ids, (u64)rows * c);
+    run.out("scores", a.scores, (u64)rows * c);
+    run.out("lens", a.lens, rows);
+}
+
+static void run_argmax(const Run& run) {
+    const u32 rows = run.rows(), vocab = run.vocab();
+    ArgmaxArgs a;
+    a.input = run.in<raw>("probs", run.offset());
+    a.out = dalloc<i32>(rows);
+    a.rows = rows;
+    a.vocab = vocab;
+    a.vec = vec_ok(a.input, sizeof(raw), vocab);
+    launch(SPECULA_ENTRY(argmax), rows, 1, SPECULA_ROW_BLOCK, a, 2);
+    run.out("tokens", a.out, rows);
+}
+
+static void run_softmax(const Run& run) {
+    const u32 rows = run.rows(), vocab = run.vocab();
+    SoftmaxArgs a;
+    a.logits = run.in<raw>("probs", run.offset());
+    a.temperature = run.in<float>("temperature");
+    a.probs = dalloc<float>((u64)rows * vocab);
+    a.rows = rows;
+    a.vocab = vocab;
+    a.vec = vec_ok(a.logits, sizeof(raw), vocab);
+    a.pad = 0;
+    launch(SPECULA_ENTRY(softmax), rows, 1, SPECULA_ROW_BLOCK, a, 2);
+    run.out("probs", a.probs, (u64)rows * vocab);
+}
+
+static void run_verify(const Run& run) {
+    const u32 rows = run.rows(), vocab = run.vocab();
+    VerifyArgs a;
+    memset(&a, 0, sizeof a);
+    const u32 max_bsz = (u32)run.arg(6), real_bsz = (u32)run.arg(7);
+    const u64 s = run.arg(8);
+    a.strategy = (u32)run.arg(9);
+    a.accept_all = (u32)run.arg(10);
+    a.reject_all = (u32)run.arg(11);
+    a.candidates = run.arg(12);
+    a.n_end = run.arg(13);
+    a.rows = rows;
+    a.vocab = vocab;
+    a.max_bsz = max_bsz;
+    a.real_bsz = real_bsz;
+    a.max_step_tokens = s;
+    a.draft_tokens = run.in<i32>("draft_tokens");
+    a.this_time = run.in<i32>("this_time");
+    a.encoder = run.in<i32>("encoder");
+    a.cu_out = run.in<i32>("cu_out");
+    a.stop_flags = run.in<u8>("stop_flags");
+    a.is_block_step = run.in<u8>("is_block_step");
+    a.reasoning = run.in<i32>("reasoning");
+    a.step_idx = run.in<i32>("step_idx");
+    a.max_dec_len = run.in<i32>("max_dec_len");
+    a.end_tokens = run.in<i32>("end_tokens");
+    a.seeds = run.in<u64>("seeds");
+    a.accept_tokens = dalloc<i32>(max_bsz * s);
+    a.accept_num = dalloc<i32>(max_bsz);
+    for (u64 i = 0; i < max_bsz * s; ++i) a.accept_tokens[i] = -9;
+    if (a.strategy == SPECULA_STRATEGY_REJECTION) {
+        a.target_probs = run.in<raw>("target_probs", run.offset());
+        a.draft_probs = run.in<draft_raw>("draft_probs");
+        a.top_k = run.in<i32>("top_k");
+        a.top_p = run.in<float>("top_p");
+        a.draft_rows = (u64)max_bsz * (s - 1);
+        a.vec_target = vec_ok(a.target_probs, sizeof(raw), vocab);
+        a.vec_draft = vec_ok(a.draft_probs, sizeof(draft_raw), vocab);
+        a.stats = dalloc<unsigned char>(32 * rows + 8 * a.draft_rows + 8);
+        if (rows + a.draft_rows > 0)
+            launch(SPECULA_ENTRY(verify_draft_tokens_rejection_prepare), (u32)(rows + a.draft_rows), 1, SEL_BLOCK, a, 2);
+        launch(SPECULA_ENTRY(verify_draft_tokens_rejection), max_bsz, 1, SEL_BLOCK, a, 2);
     } else {
+        a.target_tokens = run.in<i32>("target_tokens");
+        a.cand_ids = run.in<i32>("cand_ids");
+        a.cand_scores = run.in<float>("cand_scores");
+        a.cand_lens = run.in<i32>("cand_lens");
+        launch(SPECULA_ENTRY(verify_draft_tokens), blocks_for(max_bsz, SPECULA_BATCH_BLOCK), 1, SPECULA_BATCH_BLOCK, a,
+               1);
+    }
+    run.out("accept_tokens", a.accept_tokens, max_bsz * s);
+    run.out("accept_num", a.accept_num, max_bsz);
+}
+
+static void run_logprobs(const Run& run) {
+    const u32 rows = run.rows(), vocab = run.vocab();
+    LogprobsArgs a;
+    memset(&a, 0, sizeof a);
+    const u32 max_bsz = (u32)run.arg(6), real_bsz = (u32)run.arg(7);
+    const u64 s = run.arg(8);
+    const u32 k = (u32)run.arg(9);
+    const u64 entries = (u64)max_bsz * s;
+    a.logits = run.in<raw>("probs", run.offset());
+    a.temperature = run.in<float>("temperature");
+    a.accept_tokens = run.in<i32>("accept_tokens");
+    a.accept_num = run.in<i32>("accept_num");
+    a.encoder = run.in<i32>("encoder");
+    a.cu_out = run.in<i32>("cu_out");
+    a.cu_accept = dalloc<i32>(max_bsz + 1);
+    a.token_ids = dalloc<i32>(entries);
+    a.logprobs = dalloc<float>(entries);
+    a.ranks = dalloc<i32>(entries);
+    a.top_ids = dalloc<i32>(entries * k + 1);
+    a.top_logprobs = dalloc<float>(entries * k + 1);
+    a.entries = dalloc<u32>(2 * entries + 1);
+    a.rows = rows;
+    a.max_step_tokens = s;
+    a.max_bsz = max_bsz;
+    a.real_bsz = real_bsz;
+    a.vocab = vocab;
+    a.top_k = k;
+    a.vec = vec_ok(a.logits, sizeof(raw), vocab);
+    launch(SPECULA_ENTRY(accept_logprobs_pack), 1, 1, SPECULA_BATCH_BLOCK, a, 1);
+    if (entries > 0) launch(SPECULA_ENTRY(accept_logprobs), (u32)entries, 1, SEL_BLOCK, a, 2);
+    run.out("cu_accept", a.cu_accept, max_bsz + 1);
+    run.out("token_ids", a.token_ids, entries);
+    run.out("logprobs", a.logprobs, entries);
+    run.out("ranks", a.ranks, entries);
+    run.out("top_ids", a.top_ids, entries * k);
+    run.out("top_logprobs", a.top_logprobs, entries * k);
+}
+
+// The batch ops on one batch: DIR MAX_BSZ REAL_BSZ S CAPACITY ROW_BYTES TOKEN_NUM MAX_MODEL_LEN
+// THRESHOLD MIN_N MAX_N N_END.
+struct Batch {
+    u32 max_bsz, real_bsz;
+    u64 s, capacity, row_bytes, token_num, max_model_len, threshold;
+    u32 min_n, max_n;
+    u64 n_end;
+
+    explicit Batch(const Run& run)
+        : max_bsz((u32)run.arg(3)), real_bsz((u32)run.arg(4)), s(run.arg(5)), capacity(run.arg(6)),
+          row_bytes(run.arg(7)), token_num(run.arg(8)), max_model_len(run.arg(9)), threshold(run.arg(10)),
+          min_n((u32)run.arg(11)), max_n((u32)run.arg(12)), n_end(run.arg(13)) {}
+};
+
+static LayoutArgs run_layout(const Run& run, const Batch& b, const i32* this_time, const i32* encoder) {
+    LayoutArgs l;
+    l.this_time = this_time;
+    l.encoder = encoder;
+    l.seq_lens_output = dalloc<i32>(b.max_bsz);
+    l.cu_in = dalloc<i32>(b.real_bsz + 1);
+    l.cu_out = dalloc<i32>(b.real_bsz + 1);
+    l.batch_id = dalloc<i32>(b.capacity);
+    l.capacity = b.capacity;
+    l.max_step_tokens = b.s;
+    l.max_bsz = b.max_bsz;
+    l.real_bsz = b.real_bsz;
+    launch(SPECULA_ENTRY(build_output_layout), 1, 1, SPECULA_BATCH_BLOCK, l, 1);
+    run.out("seq_lens_output", l.seq_lens_output, b.max_bsz);
+    run.out("cu_in", l.cu_in, b.real_bsz + 1);
+    run.out("cu_out", l.cu_out, b.real_bsz + 1);
+    run.out("batch_id", l.batch_id, b.capacity);
+    return l;
+}
+
+// build_sampling_params over the layout just built.
+static void run_sampling_params(const Run& run, const Batch& b, const LayoutArgs& l) {
+    SamplingParamsArgs p;
+    p.slot_top_p = run.in<float>("slot_top_p");
+    p.slot_top_k = run.in<i32>("slot_top_k");
+    p.slot_temperature = run.in<float>("slot_temperature");
+    p.slot_seed = run.in<u64>("slot_seed");
+    p.this_time = l.this_time;
+    p.encoder = l.encoder;
+    p.cu_out = l.cu_out;
+    p.batch_id = l.batch_id;
+    p.top_p = dalloc<float>(b.capacity);
+    p.top_k = dalloc<i32>(b.capacity);
+    p.temperature = dalloc<float>(b.capacity);
+    p.seed = dalloc<u64>(b.capacity);
+    p.rows = b.capacity;
+    p.max_step_tokens = b.s;
+    p.real_bsz = b.real_bsz;
+    p.pad = 0;
+    if (b.capacity > 0)
+        launch(SPECULA_ENTRY(build_sampling_params), blocks_for(b.capacity, SPECULA_BATCH_BLOCK), 1,
+               SPECULA_BATCH_BLOCK, p, 1);
+    run.out("top_p", p.top_p, b.capacity);
+    run.out("top_k", p.top_k, b.capacity);
+    run.out("temperature", p.temperature, b.capacity);
+    run.out("seed", p.seed, b.capacity);
+}
+
+// gather_next_token over the layout, speculative then not.
+static void run_gather(const Run& run, const Batch& b, const LayoutArgs& l) {
+    for (int spec = 1; spec >= 0; --spec) {
+        GatherArgs g;
+        g.src = run.in<u8>("hidden");
+        const u64 out_rows = spec ? b.capacity : b.max_bsz;
+        g.dst = dalloc<u8>(out_rows * b.row_bytes + 1);
+        memset(g.dst, 0xAB, out_rows * b.row_bytes);
+        g.cu_seqlens_q = l.cu_in;
+        g.this_time = l.this_time;
+        g.encoder = l.encoder;
+        g.cu_out = l.cu_out;
+        g.batch_id = l.batch_id;
+        g.row_bytes = b.row_bytes;
+        g.token_num = b.token_num;
+        g.max_step_tokens = b.s;
+        g.out_rows = (u32)out_rows;
+        g.real_bsz = b.real_bsz;
+        g.speculative = (u32)spec;
+        g.unit = (b.row_bytes % 4 == 0) ? 4 : 2;
+        if (out_rows > 0) launch(SPECULA_ENTRY(gather_next_token), (u32)out_rows, 1, SPECULA_BATCH_BLOCK, g, 4);
+        run.out(spec ? "gather_spec" : "gather_plain", g.dst, out_rows * b.row_bytes);
+    }
+}
+
+static void run_update_state(const Run& run, const Batch& b) {
+    UpdateStateArgs u;
+    u.accept_tokens = run.in<i32>("accept_tokens");
+    u.is_block_step = run.in<u8>("is_block_step");
+    u.prompt_lens = run.in<i32>("prompt_lens");
+    u.max_dec_len = run.in<i32>("max_dec_len");
+    u.end_tokens = run.in<i32>("end_tokens");
+    u.accept_num = run.in<i32>("accept_num");
+    u.stop_flags = run.in<u8>("stop_flags");
+    u.token_ids_all = run.in<i32>("token_ids_all");
+    u.step_idx = run.in<i32>("step_idx");
+    u.infer_seed = run.in<u64>("infer_seed");
+    u.draft_tokens = run.in<i32>("draft_tokens");
+    u.encoder = run.in<i32>("encoder");
+    u.decoder = run.in<i32>("decoder");
+    u.max_model_len = b.max_model_len;
+    u.max_step_tokens = b.s;
+    u.n_end = b.n_end;
+    u.real_bsz = b.real_bsz;
+    u.pad = 0;
+    if (b.real_bsz > 0)
+        launch(SPECULA_ENTRY(update_state), blocks_for(b.real_bsz, SPECULA_BATCH_BLOCK), 1, SPECULA_BATCH_BLOCK, u, 1);
+    run.out("u_accept_num", u.accept_num, b.max_bsz);
+    run.out("u_stop_flags", u.stop_flags, b.max_bsz);
+    run.out("u_token_ids_all", u.token_ids_all, b.max_bsz * b.max_model_len);
+    run.out("u_step_idx", u.step_idx, b.max_bsz);
+    run.out("u_infer_seed", u.infer_seed, b.max_bsz);
+    run.out("u_draft_tokens", u.draft_tokens, b.max_bsz * b.s);
+    run.out("u_encoder", u.encoder, b.max_bsz);
+    run.out("u_decoder", u.decoder, b.max_bsz);
+}
+
+// ngram_match on the history before update_state (fresh copies).
+static void run_ngram(const Run& run, const Batch& b) {
+    NgramArgs n;
+    n.token_ids_all = run.in<i32>("token_ids_all");
+    n.prompt_lens = run.in<i32>("prompt_lens");
+    n.step_idx = run.in<i32>("step_idx");
+    n.draft_token_num = run.in<i32>("draft_token_num");
+    n.encoder = run.in<i32>("encoder");
+    n.max_dec_len = run.in<i32>("max_dec_len");
+    n.draft_tokens = run.in<i32>("draft_tokens");
+    n.this_time = run.in<i32>("this_time");
+    n.proposals = dalloc<u64>(2 * b.real_bsz + 1);
+    n.max_model_len = b.max_model_len;
+    n.max_step_tokens = b.s;
+    n.threshold = b.threshold;
+    n.real_bsz = b.real_bsz;
+    n.min_ngram = b.min_n;
+    n.max_ngram = b.max_n;
+    n.pad = 0;
+    if (b.real_bsz > 0) {
+        launch(SPECULA_ENTRY(ngram_match_propose), b.real_bsz, 1, SPECULA_BATCH_BLOCK, n, 4);
+        launch(SPECULA_ENTRY(ngram_match), 1, 1, SPECULA_BATCH_BLOCK, n, 1);
+    }
+    run.out("n_draft_tokens", n.draft_tokens, b.max_bsz * b.s);
+    run.out("n_this_time", n.this_time, b.max_bsz);
+}
+
+static void run_batch(const Run& run) {
+    const Batch b(run);
+    const LayoutArgs l = run_layout(run, b, run.in<i32>("this_time"), run.in<i32>("encoder"));
+    run_sampling_params(run, b, l);
+    run_gather(run, b, l);
+    run_update_state(run, b);
+    run_ngram(run, b);
+}
+
+int main(int argc, char** argv) {
+    if (argc < 3) { fprintf(stderr, "usage: driver KIND DIR ARGS...\n"); return 2; }
+    const std::string kind = argv[1];
+    const Run run{std::string(argv[2]) + "/", argc, argv};
+    arena_init((size_t)1 << 31);
+    if (kind == "sample") run_sample(run);
+    else if (kind == "candidates") run_candidates(run);
+    else if (kind == "argmax") run_argmax(run);
+    else if (kind == "softmax") run_softmax(run);
+    else if (kind == "verify") run_verify(run);
+    else if (kind == "logprobs") run_logprobs(run);
+    else if (kind == "batch") run_batch(run);
+    else {
         fprintf(stderr, "unknown kind %s\n", kind.c_str());
         return 2;
     }

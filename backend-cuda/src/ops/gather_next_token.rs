@@ -1,0 +1,43 @@
+//! `gather_next_token` (contract §4.1): a bit-exact copy of the hidden-state row each output row
+//! predicts from, one block per output row (`kernels/gather_next_token.cu`).
+
+use specula_backend_api::ops::GatherNextTokenCall;
+use specula_backend_api::{DType, Op, Result};
+
+use super::{flag, grid_x, to_u32};
+use crate::args::GatherArgs;
+use crate::device::CudaDevice;
+use crate::kernels::{Instance, KernelFile};
+use crate::launch::{self, BATCH_BLOCK};
+
+/// Launches `gather_next_token` over the `rows` output rows validation derived.
+pub(crate) fn run(device: &CudaDevice, mut call: GatherNextTokenCall<'_>) -> Result<()> {
+    let op = Op::GatherNextToken;
+    let (inputs, out, params, &rows) = call.parts();
+    let row_bytes = (params.hidden * inputs.hidden_states.dtype().size_bytes()) as u64;
+    let src = device.ptr(op, inputs.hidden_states)?;
+    let dst = device.ptr(op, out)?;
+    let args = GatherArgs {
+        src,
+        dst,
+        cu_seqlens_q: device.ptr(op, inputs.cu_seqlens_q)?,
+        this_time: device.ptr(op, inputs.lens.seq_lens_this_time)?,
+        encoder: device.ptr(op, inputs.lens.seq_lens_encoder)?,
+        cu_out: device.ptr(op, inputs.layout.cu_seqlens_q_output)?,
+        batch_id: device.ptr(op, inputs.layout.batch_id_per_token_output)?,
+        row_bytes,
+        token_num: params.token_num as u64,
+        max_step_tokens: params.dims.max_step_tokens as u64,
+        out_rows: grid_x(op, rows)?,
+        real_bsz: to_u32(op, "real_bsz", params.dims.real_bsz)?,
+        speculative: flag(params.is_speculative),
+        unit: launch::copy_unit(src, dst, row_bytes),
+    };
+    let kernels = device.kernels(KernelFile::GatherNextToken, Instance::integer(DType::U8));
+    kernels.launch(
+        "gather_next_token",
+        (args.out_rows, 1, 1),
+        BATCH_BLOCK,
+        &args,
+    )
+}

@@ -1,0 +1,39 @@
+//! One module per op, named as the op, beside its kernel file `kernels/<op>.cu`: each turns a
+//! validated call into the op's argument block (window pointers and sizes) and launches the
+//! kernels. Validation, the tracing span and the zero-row rule are the front's
+//! ([`specula_backend_api::Device`]): a module here only runs when its op has something to do.
+
+pub(crate) mod accept_logprobs;
+pub(crate) mod argmax;
+pub(crate) mod build_output_layout;
+pub(crate) mod build_sampling_params;
+pub(crate) mod gather_next_token;
+pub(crate) mod ngram_match;
+pub(crate) mod softmax;
+pub(crate) mod top_k_top_p_sample;
+pub(crate) mod top_p_candidates;
+pub(crate) mod update_state;
+pub(crate) mod verify_draft_tokens;
+
+use specula_backend_api::{Op, Result};
+
+use crate::error::CudaError;
+use crate::launch;
+
+/// A size as a `u32` kernel argument, or an error naming it.
+pub(crate) fn to_u32(op: Op, what: &'static str, value: usize) -> Result<u32> {
+    u32::try_from(value).map_err(|_| CudaError::TooLarge { what }.into_api(op.name()))
+}
+
+/// A grid dimension x of `value` blocks.
+pub(crate) fn grid_x(op: Op, value: usize) -> Result<u32> {
+    if value > launch::MAX_GRID_X {
+        return Err(CudaError::TooLarge { what: "grid" }.into_api(op.name()));
+    }
+    to_u32(op, "grid", value)
+}
+
+/// A flag as a `u32` kernel argument.
+pub(crate) fn flag(b: bool) -> u32 {
+    u32::from(b)
+}

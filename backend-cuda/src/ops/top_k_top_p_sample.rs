@@ -1,0 +1,61 @@
+//! `top_k_top_p_sample` (contract §4.3): exact top-k/top-p sampling with per-row seeds
+//! (`kernels/top_k_top_p_sample.cu`). One block per row, or, for a few rows of a large vocabulary
+//! on a device that launches cooperatively, several cooperating blocks per row.
+
+use specula_backend_api::ops::TopKTopPSampleCall;
+use specula_backend_api::{Op, Result};
+
+use super::{grid_x, to_u32};
+use crate::args::SampleArgs;
+use crate::device::CudaDevice;
+use crate::kernels::{Instance, KernelFile};
+use crate::launch::{self, SELECT_BLOCK};
+
+/// Launches `top_k_top_p_sample` over the call's rows.
+pub(crate) fn run(device: &CudaDevice, mut call: TopKTopPSampleCall<'_>) -> Result<()> {
+    let op = Op::TopKTopPSample;
+    let (inputs, tokens, params, &kind) = call.parts();
+    if kind.logits {
+        return Err(specula_backend_api::Error::Unsupported {
+            backend: specula_backend_api::BackendKind::Cuda,
+            op,
+            what: "logits rows".to_owned(),
+        });
+    }
+    let dtype = kind.dtype;
+    let shape = &params.shape;
+    let kernels = device.kernels(KernelFile::TopKTopPSample, Instance::float(dtype, dtype));
+    let mut args = SampleArgs {
+        probs: device.ptr(op, inputs.scores.matrix())?,
+        top_k: device.ptr(op, inputs.top_k)?,
+        top_p: device.ptr(op, inputs.top_p)?,
+        seed: device.ptr(op, inputs.seed)?,
+        tokens: device.ptr(op, tokens)?,
+        scratch: 0,
+        scratch_stride: 0,
+        rows: grid_x(op, shape.rows)?,
+        vocab: to_u32(op, "vocab", shape.vocab)?,
+        vec: device.vec_ok(op, inputs.scores.matrix(), shape.vocab)?,
+        splits: 1,
+    };
+    let splits = if device.cooperative {
+        launch::sample_splits(shape.rows, shape.vocab, device.multiprocessors)
+    } else {
+        1
+    };
+    if splits > 1 {
+        // A few rows of a large vocabulary: several cooperating blocks per row.
+        let stride = launch::split_row_scratch_bytes(splits);
+        let scratch = device.scratch(op, stride * shape.rows as u64)?;
+        args.scratch = device.scratch_ptr(&scratch);
+        args.scratch_stride = stride;
+        args.splits = splits;
+        let grid = (splits, args.rows, 1);
+        if kernels.launch_cooperative("top_k_top_p_sample_split", grid, SELECT_BLOCK, &args)? {
+            return Ok(());
+        }
+        // The grid does not fit at once (the device is shared): one block per row.
+        args.splits = 1;
+    }
+    kernels.launch("top_k_top_p_sample", (args.rows, 1, 1), SELECT_BLOCK, &args)
+}

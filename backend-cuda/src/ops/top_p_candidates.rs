@@ -1,0 +1,40 @@
+//! `top_p_candidates` (contract §4.4): the first `C` tokens in rank order and the top-p prefix
+//! length, one block per row (`kernels/top_p_candidates.cu`).
+
+use specula_backend_api::ops::TopPCandidatesCall;
+use specula_backend_api::{Op, Result};
+
+use super::{grid_x, to_u32};
+use crate::args::CandidatesArgs;
+use crate::device::CudaDevice;
+use crate::kernels::{Instance, KernelFile};
+use crate::launch::SELECT_BLOCK;
+
+/// Launches `top_p_candidates` over the call's rows.
+pub(crate) fn run(device: &CudaDevice, mut call: TopPCandidatesCall<'_, '_>) -> Result<()> {
+    let op = Op::TopPCandidates;
+    let (inputs, out, params, &kind) = call.parts();
+    if kind.logits {
+        return Err(specula_backend_api::Error::Unsupported {
+            backend: specula_backend_api::BackendKind::Cuda,
+            op,
+            what: "logits rows".to_owned(),
+        });
+    }
+    let dtype = kind.dtype;
+    let shape = &params.shape;
+    let args = CandidatesArgs {
+        probs: device.ptr(op, inputs.scores.matrix())?,
+        top_p: device.ptr(op, inputs.top_p)?,
+        batch_id: device.opt_ptr(op, inputs.batch_id_per_token_output)?,
+        ids: device.ptr(op, out.ids)?,
+        scores: device.ptr(op, out.scores)?,
+        lens: device.ptr(op, out.lens)?,
+        rows: grid_x(op, shape.rows)?,
+        vocab: to_u32(op, "vocab", shape.vocab)?,
+        candidates: to_u32(op, "candidates", params.candidates)?,
+        vec: device.vec_ok(op, inputs.scores.matrix(), shape.vocab)?,
+    };
+    let kernels = device.kernels(KernelFile::TopPCandidates, Instance::float(dtype, dtype));
+    kernels.launch("top_p_candidates", (args.rows, 1, 1), SELECT_BLOCK, &args)
+}

@@ -1,0 +1,41 @@
+//! `update_state` (contract §4.6): appends the emitted tokens and advances the per-slot state, one
+//! thread per slot (`kernels/update_state.cu`).
+
+use specula_backend_api::ops::UpdateStateCall;
+use specula_backend_api::{DType, Op, Result};
+
+use super::to_u32;
+use crate::args::UpdateStateArgs;
+use crate::device::CudaDevice;
+use crate::kernels::{Instance, KernelFile};
+use crate::launch::{self, BATCH_BLOCK};
+
+/// Launches `update_state` over slots `0 .. real_bsz`.
+pub(crate) fn run(device: &CudaDevice, mut call: UpdateStateCall<'_, '_>) -> Result<()> {
+    let op = Op::UpdateState;
+    let (inputs, state, params, ()) = call.parts();
+    let dims = &params.dims;
+    let args = UpdateStateArgs {
+        accept_tokens: device.ptr(op, inputs.accept_tokens)?,
+        is_block_step: device.ptr(op, inputs.is_block_step)?,
+        prompt_lens: device.ptr(op, inputs.prompt_lens)?,
+        max_dec_len: device.ptr(op, inputs.max_dec_len)?,
+        end_tokens: device.ptr(op, inputs.end_tokens)?,
+        accept_num: device.ptr(op, state.accept_num)?,
+        stop_flags: device.ptr(op, state.stop_flags)?,
+        token_ids_all: device.ptr(op, state.token_ids_all)?,
+        step_idx: device.ptr(op, state.step_idx)?,
+        infer_seed: device.ptr(op, state.infer_seed)?,
+        draft_tokens: device.ptr(op, state.draft_tokens)?,
+        encoder: device.ptr(op, state.seq_lens_encoder)?,
+        decoder: device.ptr(op, state.seq_lens_decoder)?,
+        max_model_len: params.max_model_len as u64,
+        max_step_tokens: dims.max_step_tokens as u64,
+        n_end: inputs.end_tokens.len() as u64,
+        real_bsz: to_u32(op, "real_bsz", dims.real_bsz)?,
+        pad: 0,
+    };
+    let kernels = device.kernels(KernelFile::UpdateState, Instance::integer(DType::I32));
+    let blocks = launch::blocks_for(dims.real_bsz, BATCH_BLOCK);
+    kernels.launch("update_state", (blocks, 1, 1), BATCH_BLOCK, &args)
+}

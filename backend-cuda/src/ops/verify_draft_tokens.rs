@@ -1,0 +1,137 @@
+//! `verify_draft_tokens` (contract §4.5): draft checks and the correction or bonus token
+//! (`kernels/verify_draft_tokens.cu`). GREEDY, TARGET_MATCH and TOPP run one thread per slot;
+//! REJECTION runs a per-row pre-pass (target kept sets, draft totals) and then one block per slot.
+
+use specula_backend_api::ops::{Strategy, StrategyInputs, VerifyDraftTokensCall};
+use specula_backend_api::{DType, Op, Result};
+
+use super::{flag, grid_x, to_u32};
+use crate::args::VerifyArgs;
+use crate::device::CudaDevice;
+use crate::kernels::{Instance, KernelFile};
+use crate::launch::{self, BATCH_BLOCK, SELECT_BLOCK};
+
+/// The kernel file of this op.
+const FILE: KernelFile = KernelFile::VerifyDraftTokens;
+
+/// Bytes of one `TargetStats` entry of the REJECTION scratch (`verify_draft_tokens.cu`).
+const TARGET_STATS_BYTES: u64 = 32;
+/// Bytes of one draft row's total weight in the REJECTION scratch.
+const DRAFT_TOTAL_BYTES: u64 = 8;
+
+/// Launches the strategy's kernels over slots `0 .. max_bsz`.
+pub(crate) fn run(device: &CudaDevice, mut call: VerifyDraftTokensCall<'_, '_>) -> Result<()> {
+    let op = Op::VerifyDraftTokens;
+    let (inputs, out, params, facts) = call.parts();
+    let dims = &params.dims;
+    let state = &inputs.state;
+    let mut args = VerifyArgs {
+        draft_tokens: device.ptr(op, inputs.draft_tokens)?,
+        this_time: device.ptr(op, inputs.lens.seq_lens_this_time)?,
+        encoder: device.ptr(op, inputs.lens.seq_lens_encoder)?,
+        cu_out: device.ptr(op, inputs.cu_seqlens_q_output)?,
+        stop_flags: device.ptr(op, state.stop_flags)?,
+        is_block_step: device.ptr(op, state.is_block_step)?,
+        reasoning: device.ptr(op, state.reasoning_status)?,
+        step_idx: device.ptr(op, state.step_idx)?,
+        max_dec_len: device.ptr(op, state.max_dec_len)?,
+        end_tokens: device.ptr(op, state.end_tokens)?,
+        seeds: device.ptr(op, inputs.seeds)?,
+        accept_tokens: device.ptr(op, out.accept_tokens)?,
+        accept_num: device.ptr(op, out.accept_num)?,
+        rows: params.rows as u64,
+        max_step_tokens: dims.max_step_tokens as u64,
+        n_end: state.end_tokens.len() as u64,
+        max_bsz: to_u32(op, "max_bsz", dims.max_bsz)?,
+        real_bsz: to_u32(op, "real_bsz", dims.real_bsz)?,
+        vocab: to_u32(op, "vocab", params.vocab)?,
+        accept_all: flag(params.accept_all && !params.reject_all),
+        reject_all: flag(params.reject_all),
+        ..VerifyArgs::default()
+    };
+    match inputs.strategy {
+        StrategyInputs::Greedy { target_tokens }
+        | StrategyInputs::TargetMatch { target_tokens } => {
+            args.target_tokens = device.ptr(op, target_tokens)?;
+            args.strategy = if inputs.strategy.strategy() == Strategy::Greedy {
+                launch::STRATEGY_GREEDY
+            } else {
+                launch::STRATEGY_TARGET_MATCH
+            };
+        }
+        StrategyInputs::TopP {
+            candidate_ids,
+            candidate_scores,
+            candidate_lens,
+            candidates,
+        } => {
+            args.cand_ids = device.ptr(op, candidate_ids)?;
+            args.cand_scores = device.ptr(op, candidate_scores)?;
+            args.cand_lens = device.ptr(op, candidate_lens)?;
+            args.candidates = candidates as u64;
+            args.strategy = launch::STRATEGY_TOPP;
+        }
+        StrategyInputs::Rejection {
+            target,
+            draft,
+            top_k,
+            top_p,
+        } => {
+            if facts.logits {
+                return Err(specula_backend_api::Error::Unsupported {
+                    backend: specula_backend_api::BackendKind::Cuda,
+                    op,
+                    what: "logits rows".to_owned(),
+                });
+            }
+            let (target_probs, draft_probs) = (target.matrix(), draft);
+            args.target_probs = device.ptr(op, target_probs)?;
+            args.draft_probs = device.ptr(op, draft_probs)?;
+            args.top_k = device.ptr(op, top_k)?;
+            args.top_p = device.ptr(op, top_p)?;
+            args.strategy = launch::STRATEGY_REJECTION;
+            args.vec_target = device.vec_ok(op, target_probs, params.vocab)?;
+            args.vec_draft = device.vec_ok(op, draft_probs, params.vocab)?;
+            let (target, draft) = facts.rejection_dtypes.unwrap_or((DType::F32, DType::F32));
+            return rejection(device, &mut args, Instance::float(target, draft));
+        }
+    }
+    let kernels = device.kernels(FILE, Instance::float(DType::F32, DType::F32));
+    let blocks = launch::blocks_for(dims.max_bsz, BATCH_BLOCK);
+    kernels.launch("verify_draft_tokens", (blocks, 1, 1), BATCH_BLOCK, &args)
+}
+
+/// REJECTION: the pre-pass over every target and draft row (into scratch), then one block per
+/// slot.
+fn rejection(device: &CudaDevice, args: &mut VerifyArgs, instance: Instance) -> Result<()> {
+    let op = Op::VerifyDraftTokens;
+    let draft_rows = u64::from(args.max_bsz) * (args.max_step_tokens - 1);
+    args.draft_rows = draft_rows;
+    let scratch_bytes = TARGET_STATS_BYTES * args.rows + DRAFT_TOTAL_BYTES * draft_rows;
+    let scratch = device.scratch(op, scratch_bytes)?;
+    args.stats = device.scratch_ptr(&scratch);
+    let kernels = device.kernels(FILE, instance);
+    let prepare_blocks = args.rows + draft_rows;
+    if prepare_blocks > 0 {
+        let blocks = usize::try_from(prepare_blocks).unwrap_or(usize::MAX);
+        let grid = (grid_x(op, blocks)?, 1, 1);
+        let prepare = "verify_draft_tokens_rejection_prepare";
+        kernels.launch(prepare, grid, SELECT_BLOCK, args)?;
+    }
+    let grid = (args.max_bsz, 1, 1);
+    kernels.launch("verify_draft_tokens_rejection", grid, SELECT_BLOCK, args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_stats_bytes_match_the_kernel_struct() {
+        let body = FILE.body();
+        let fields = specula_backend_api::abi::c_struct_fields(body, "TargetStats")
+            .expect("TargetStats in verify_draft_tokens.cu");
+        let bytes: usize = fields.iter().map(|(_, b)| b).sum();
+        assert_eq!(bytes as u64, TARGET_STATS_BYTES);
+    }
+}
