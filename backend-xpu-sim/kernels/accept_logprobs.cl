@@ -4,11 +4,13 @@
 // row) and a share of the padding entries.
 // Stage 2 (ENTRY): one cluster per packed entry: the softmax statistics of its source row, the
 // token's rank (integer keys), and the top-K by a radix count selection on the logit order keys.
+
+// struct AcceptLogprobsPackArgs: generated from src/ops/accept_logprobs.rs.
+// struct AcceptLogprobsArgs: generated from src/ops/accept_logprobs.rs.
 __kernel void accept_logprobs_pack(BUF(const int, accept_tokens), BUF(const int, accept_num),
                                    BUF(const int, encoder), BUF(const int, cu_out),
                                    BUF(int, cu_accept), BUF(int, token_ids), BUF(int, entry_row),
-                                   const uint max_bsz, const uint real_bsz, const uint s,
-                                   const uint rows) {
+                                   const struct AcceptLogprobsPackArgs args) {
     BIND(const int, accept_tokens);
     BIND(const int, accept_num);
     BIND(const int, encoder);
@@ -16,8 +18,9 @@ __kernel void accept_logprobs_pack(BUF(const int, accept_tokens), BUF(const int,
     BIND(int, cu_accept);
     BIND(int, token_ids);
     BIND(int, entry_row);
-    __local Scratch scratch;
-    __local Scratch* S = &scratch;
+    const uint max_bsz = args.max_bsz, real_bsz = args.real_bsz;
+    const uint s = args.max_step_tokens, rows = args.rows;
+    __local Scratch S[1];
     if (GRP != 0u) return;
     uint lo, hi;
     core_slice(max_bsz, &lo, &hi);
@@ -25,21 +28,9 @@ __kernel void accept_logprobs_pack(BUF(const int, accept_tokens), BUF(const int,
     for (uint b = lo; b < hi; b++) {
         count += b < real_bsz ? (ulong)min((uint)max(accept_num[b], 0), s) : 0ul;
     }
-    S->part_mass[LID] = count;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (LID == 0u) {
-        ulong a = 0ul;
-        for (uint c = 0; c < CORES; c++) {
-            ulong x = S->part_mass[c];
-            S->part_mass[c] = a;
-            a += x;
-        }
-        S->bc_u64[0] = a;
-        cu_accept[0] = 0;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    ulong at = S->part_mass[LID];
-    ulong total = S->bc_u64[0];
+    ulong total;
+    ulong at = cluster_scan(count, S, &total);
+    if (LID == 0u) cu_accept[0] = 0;
     for (uint b = lo; b < hi; b++) {
         uint n = b < real_bsz ? min((uint)max(accept_num[b], 0), s) : 0u;
         bool prefill = encoder[b] > 0;
@@ -58,17 +49,19 @@ __kernel void accept_logprobs_pack(BUF(const int, accept_tokens), BUF(const int,
     }
 }
 
-inline float logprob_of(SoftmaxStats st, uint i, float y, uint V) {
+// The log-probability of entry i (logit bits `bits`) of a row under `st` at temperature t: the
+// softmax rules, with the same scaled logit (l - m) / t.
+inline float logprob_of(SoftmaxStats st, uint i, uint bits, float t, uint V) {
     if (st.kind == STATS_ONE_HOT) return i == st.arg ? 0.0f : -INFINITY;
-    if (st.kind == STATS_POS_INF) return y == INFINITY ? -log((float)st.count) : -INFINITY;
+    if (st.kind == STATS_POS_INF) return logit_value(bits) == INFINITY ? -log((float)st.count) : -INFINITY;
     if (st.kind == STATS_ALL_NEG_INF) return -log((float)V);
-    return (y - st.max) - log(st.sum);
+    return scaled(bits, st.max, t) - log(st.sum);
 }
 
 __kernel void ENTRY(BUF(const T_STORE, logits), BUF(const float, temperature),
                     BUF(const int, token_ids), BUF(const int, entry_row), BUF(float, logprobs),
                     BUF(int, ranks), BUF(int, top_ids), BUF(float, top_logprobs),
-                    const uint entries, const uint V, const uint K) {
+                    const struct AcceptLogprobsArgs args) {
     BIND(const T_STORE, logits);
     BIND(const float, temperature);
     BIND(const int, token_ids);
@@ -77,11 +70,11 @@ __kernel void ENTRY(BUF(const T_STORE, logits), BUF(const float, temperature),
     BIND(int, ranks);
     BIND(int, top_ids);
     BIND(float, top_logprobs);
-    __local Scratch scratch;
-    __local Scratch* S = &scratch;
+    const uint entries = args.entries, V = args.vocab, K = args.top_k;
+    __local Scratch S[1];
     // Every phase runs for every entry (no barrier under a branch); an entry without a source row
     // is handled as a row of zero length and its outputs are the fallbacks.
-    for (uint p = GRP; p < entries; p += NGRP) {
+    FOR_CLUSTER_ROWS(p, entries) {
         int r = entry_row[p];
         bool row_ok = r >= 0;
         uint V_row = row_ok ? V : 0u;
@@ -97,29 +90,26 @@ __kernel void ENTRY(BUF(const T_STORE, logits), BUF(const float, temperature),
         core_slice(V_row, &lo, &hi);
         uint larger = 0u;
         for (uint i = lo; i < hi && valid; i++) larger += rank_value_key(LOAD_T(row, i)) > tk ? 1u : 0u;
-        S->part_count[LID] = larger;
-        barrier(CLK_LOCAL_MEM_FENCE);
+        ulong total = cluster_sum((ulong)larger, S);
         if (LID == 0u) {
-            ulong total = 0ul;
-            for (uint c = 0; c < CORES; c++) total += S->part_count[c];
             if (valid) {
                 ranks[p] = total + 1ul > 2147483647ul ? 2147483647 : (int)(total + 1ul);
-                logprobs[p] = logprob_of(st, (uint)token, scaled(LOAD_T(row, (uint)token), t), V);
+                logprobs[p] = logprob_of(st, (uint)token, LOAD_T(row, (uint)token), t, V);
             } else {
                 ranks[p] = 0;
                 logprobs[p] = -INFINITY;
             }
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
         uint n = min(K, V_row);
-        Prefix sel = select_prefix(row, V_row, S, KEY_ORDER, METRIC_COUNT, (ulong)n, false);
+        Prefix sel =
+            select_prefix(row, V_row, S, KEY_ORDER, by_key(), METRIC_COUNT, (ulong)n, false);
         sel.count = n;
-        gather_sorted(row, n == 0u ? 0u : V_row, S, KEY_ORDER, sel);
-        for (uint j = LID; j < K; j += CORES) {
+        gather_sorted(row, n == 0u ? 0u : V_row, S, KEY_ORDER, by_key(), sel);
+        FOR_CORE_ITEMS(j, K) {
             if (j < n) {
                 uint id = S->sorted_id[j];
                 ids[j] = (int)id;
-                lps[j] = logprob_of(st, id, scaled(LOAD_T(row, id), t), V);
+                lps[j] = logprob_of(st, id, LOAD_T(row, id), t, V);
             } else {
                 ids[j] = -1;
                 lps[j] = -INFINITY;

@@ -2,9 +2,12 @@
 //
 // Injected with -D by the host (backend_api::abi, never re-typed here): PHILOX_M0, PHILOX_M1,
 // PHILOX_W0, PHILOX_W1, PHILOX_ROUNDS, MAX_INFER_SEED, SEED_STRIDE, WEIGHT_BITS, TOP_P_BITS,
-// REJECTION_MAX_TOTAL_WEIGHT, MAX_CANDIDATES, MAX_LOGPROBS_TOP_K; the launch shape CORES (work-items
-// per work-group = cores per cluster) and TILE (elements one core stages into its local tile at a
-// time); the float storage formats T_DTYPE / D_DTYPE (0 f32, 1 f16, 2 bf16).
+// REJECTION_MAX_TOTAL_WEIGHT, MAX_CANDIDATES, MAX_LOGPROBS_TOP_K; the logits constants of
+// backend_api::logit_weights (LOG2E_Q63, GAP_FRACTION_BITS, GAP_LIMIT, EXP2_COEFFICIENTS) and the
+// bounds of its sanitize_logit (LOGIT_TINY_BITS, LOGIT_HUGE_BITS); the launch shape CORES
+// (work-items per work-group = cores per cluster) and TILE (elements one core stages into its local
+// tile at a time); the float storage formats T_DTYPE / D_DTYPE (0 f32, 1 f16, 2 bf16); LOGITS (1:
+// the sampling ops' rows are logits weighed by contract 3b, 0: probabilities).
 //
 // XPU style: a launch is clusters x cores. A cluster (work-group) owns a row (or a slot) at a time,
 // walking rows cluster-stride; each core owns one contiguous slice of the row, copies it from global
@@ -33,21 +36,49 @@
 #ifndef D_DTYPE
 #define D_DTYPE 0
 #endif
+#ifndef LOGITS
+#define LOGITS 0
+#endif
+
+// The one float operation an exact output depends on (the gap of contract 3b step 4) is a single
+// f32 subtraction: it must stay one IEEE operation rounded to nearest even. No fast-math option is
+// passed, and nothing may be contracted into it.
+#pragma OPENCL FP_CONTRACT OFF
 
 #define LID ((uint)get_local_id(0))
 #define GRP ((uint)get_group_id(0))
 #define NGRP ((uint)get_num_groups(0))
 
-// Every buffer argument is (base pointer, element offset of the buffer's window).
-#define BUF(T, name) __global T* name##_b, const ulong name##_o
-#define BIND(T, name) __global T* name = name##_b + name##_o
+// The ways a kernel deals work, as loop heads:
+// rows (or slots) to clusters, cluster-stride: the cluster owns rows GRP, GRP + NGRP, ...
+#define FOR_CLUSTER_ROWS(r, n) for (uint r = GRP; r < (n); r += NGRP)
+// the items of one row to the cores of the cluster, core-stride
+#define FOR_CORE_ITEMS(i, n) for (uint i = LID; i < (n); i += CORES)
+// one item per core across every cluster (global-stride)
+#define FOR_EVERY_CORE(i, n) for (uint i = GRP * CORES + LID; i < (n); i += NGRP * CORES)
+
+// Kernel parameters: the buffers are positional pointer arguments (BUF), then one struct passed by
+// value as the last argument, always named `args`: `const struct <Op>Args args`. The host writes
+// the struct into the program (after this file, before the op's file) from the Rust
+// `kernel_args!` struct of the same name: its 64-bit fields as ulong, its 32-bit ones as uint, in
+// the same order (64-bit first, then 32-bit in pairs, so neither side pads). It holds the element
+// offset of every buffer's window (`<name>_offset`) and the op's scalars.
+#define BUF(T, name) __global T* name##_b
+#define BIND(T, name) __global T* name = name##_b + args.name##_offset
 
 // The most members gather_sorted orders: C of top_p_candidates, K of accept_logprobs (K <= C).
 #define SEL_MAX MAX_CANDIDATES
-#define MIN_WEIGHT_KEY 0x2b800000u
 #define ONE_KEY 0x3f800000u
 #define NEG_INF_BITS 0xff800000u
 #define POS_INF_BITS 0x7f800000u
+
+// Output rows of a slot: 0 when it feeds nothing, 1 for a prefill slot, min(this_time, S) for a
+// decode slot.
+inline uint slot_output_rows(int this_time, int encoder, uint s) {
+    if (this_time <= 0) return 0u;
+    if (encoder > 0) return 1u;
+    return min((uint)this_time, s);
+}
 
 // ---- f16 / bf16 as storage formats -------------------------------------------------------------
 
@@ -93,19 +124,39 @@ inline uint f16_bits_to_f32_bits(uint h) {
 typedef struct { ulong hi; ulong lo; } u128;
 
 inline u128 mul_64x64(ulong a, ulong b) { u128 r; r.hi = mul_hi(a, b); r.lo = a * b; return r; }
-// (a * b) where the product is known to fit in 128 bits and a.hi * b fits in 64.
-inline u128 mul_128x64(u128 a, ulong b) {
-    u128 r = mul_64x64(a.lo, b);
-    r.hi += a.hi * b;
-    return r;
-}
-inline u128 shl_128(u128 a, uint s) { // 0 < s < 64
-    u128 r; r.hi = (a.hi << s) | (a.lo >> (64u - s)); r.lo = a.lo << s; return r;
-}
 inline bool lt_128(u128 a, u128 b) { return a.hi < b.hi || (a.hi == b.hi && a.lo < b.lo); }
 inline bool le_128(u128 a, u128 b) { return !lt_128(b, a); }
 inline u128 sub_128(u128 a, u128 b) {
     u128 r; r.lo = a.lo - b.lo; r.hi = a.hi - b.hi - (a.lo < b.lo ? 1ul : 0ul); return r;
+}
+// floor(a / 2^s), known to fit in 64 bits (s < 64).
+inline ulong shr_128(u128 a, uint s) { return s == 0u ? a.lo : (a.hi << (64u - s)) | (a.lo >> s); }
+
+// Three 64-bit limbs: the REJECTION acceptance test's products reach 2^133 on logits rows.
+typedef struct { ulong hi; ulong mid; ulong lo; } u192;
+
+// a * b, in full.
+inline u192 mul_128x64(u128 a, ulong b) {
+    u128 l = mul_64x64(a.lo, b);
+    u128 h = mul_64x64(a.hi, b);
+    u192 r;
+    r.lo = l.lo;
+    r.mid = l.hi + h.lo;
+    r.hi = h.hi + (r.mid < l.hi ? 1ul : 0ul);
+    return r;
+}
+// a * 2^s, 0 < s < 64.
+inline u192 shl_128(u128 a, uint s) {
+    u192 r;
+    r.hi = a.hi >> (64u - s);
+    r.mid = (a.hi << s) | (a.lo >> (64u - s));
+    r.lo = a.lo << s;
+    return r;
+}
+inline bool lt_192(u192 a, u192 b) {
+    if (a.hi != b.hi) return a.hi < b.hi;
+    if (a.mid != b.mid) return a.mid < b.mid;
+    return a.lo < b.lo;
 }
 
 // ---- Philox4x32-10 and seeds --------------------------------------------------------------------
@@ -206,14 +257,165 @@ inline bool reaches_top_p(ulong c, ulong p, ulong w) {
 
 inline ulong scale_draw(ulong r, ulong mass) { return mul_hi(r, mass); }
 
+// ---- weights from logits (contract 3b): backend_api::logit_weights, step for step --------------
+
+// A logit as the rules read it (step 1), on f32 bits: NaN is -inf; a finite |l| below the bound of
+// sanitize_logit (LOGIT_TINY_BITS, about 2^-76) is +0; a finite |l| above 2^64 is +-2^64.
+inline uint sanitize_logit(uint b) {
+    uint a = b & 0x7fffffffu;
+    if (a > POS_INF_BITS) return NEG_INF_BITS;
+    if (a == POS_INF_BITS) return b;
+    if (a < LOGIT_TINY_BITS) return 0u;
+    if (a > LOGIT_HUGE_BITS) return (b & 0x80000000u) | LOGIT_HUGE_BITS;
+    return b;
+}
+
+#define NEG_INF_LOGIT_KEY 0x007fffffu  // logit_rank_key(-inf), the smallest key (NaN has it too)
+#define POS_INF_LOGIT_KEY 0xff800000u  // logit_rank_key(+inf), the largest
+
+// The rank key of a logit: an order-preserving uint of the sanitized value (+0 and -0 one key).
+// The rank order of a logits row is key descending, then id ascending. Never 0.
+inline uint logit_rank_key(uint b) {
+    uint s = sanitize_logit(b);
+    if (s == 0x80000000u) s = 0u;
+    return (s & 0x80000000u) ? ~s : (s | 0x80000000u);
+}
+
+// The sanitized logit of a rank key.
+inline float logit_of_key(uint key) {
+    return as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+// x = M * 2^E with M the integer significand (subnormals included), for finite x > 0 (f32 bits).
+inline ulong significand(uint bits, int* e) {
+    uint exp = (bits >> 23) & 0xffu;
+    ulong mantissa = (ulong)(bits & 0x7fffffu);
+    if (exp == 0u) { *e = -149; return mantissa; }
+    *e = (int)exp - 150;
+    return mantissa | 0x800000ul;
+}
+
+// How the tokens of a row weigh. A probability row weighs w(p) by its rank key (WEIGH_KEYS; the
+// argmax and logprob selections order by key alone too); a logits row by the 3b steps, from its
+// maximum and temperature.
+#define WEIGH_KEYS 0u     // weights from the keys (key_weight), or none needed
+#define WEIGH_ZERO 1u     // every logit -inf or NaN (step 2): every weight 0
+#define WEIGH_POS_INF 2u  // some logit +inf (step 2): those weigh 2^40, the rest 0
+#define WEIGH_ARGMAX 3u   // T == 0 (step 3): the first maximum weighs 2^40, the rest 0
+#define WEIGH_UNIFORM 4u  // T == +inf (step 3): every finite logit weighs 2^40
+#define WEIGH_SCALED 5u   // otherwise: exp2_weight(gap(m, l, c32, e)) (steps 4, 5)
+
+typedef struct {
+    ulong c32;     // SCALED: c = c32 * 2^e ~ log2(e) / T, c32 in [2^31, 2^32)
+    int e;
+    uint kind;
+    uint max_key;  // logits: the rank key of the row maximum m
+    uint first;    // ARGMAX: the first token keyed max_key, the only one that keeps that key
+} Weigh;
+
+// The weighing of probability rows and of selections by key alone.
+inline Weigh by_key(void) {
+    Weigh w;
+    w.c32 = 0ul;
+    w.e = 0;
+    w.kind = WEIGH_KEYS;
+    w.max_key = 0u;
+    w.first = 0u;
+    return w;
+}
+
+// Steps 2 and 3: the weighing of a logits row from the rank key of its maximum (0: an empty row),
+// the first id holding it, and its (device) temperature, as f32 bits. The temperature counts as
+// 1.0 when NaN or negative (-0 is 0); then one 64-by-24-bit division gives the scale.
+inline Weigh logits_weigh(uint max_key, uint first, uint t_bits) {
+    Weigh w = by_key();
+    w.max_key = max_key;
+    w.first = first;
+    uint t = t_bits;
+    bool negative = (t & 0x80000000u) != 0u && (t & 0x7fffffffu) != 0u;
+    if ((t & 0x7fffffffu) > POS_INF_BITS || negative) t = ONE_KEY;
+    t &= 0x7fffffffu;
+    if (max_key == POS_INF_LOGIT_KEY) {
+        w.kind = WEIGH_POS_INF;
+    } else if (max_key <= NEG_INF_LOGIT_KEY) {
+        w.kind = WEIGH_ZERO;
+    } else if (t == 0u) {
+        w.kind = WEIGH_ARGMAX;
+    } else if (t == POS_INF_BITS) {
+        w.kind = WEIGH_UNIFORM;
+    } else {
+        int e_t;
+        ulong m_t = significand(t, &e_t);
+        ulong q = (ulong)LOG2E_Q63 / m_t;
+        int b = 64 - (int)clz(q);
+        w.kind = WEIGH_SCALED;
+        w.c32 = q >> (b - 32);
+        w.e = b - 95 - e_t;
+    }
+    return w;
+}
+
+// Step 4: the gap X = min(floor(M_D * C32 * 2^(E_D + e + F)), 40 * 2^F) of a finite sanitized logit
+// l below the row maximum m, with D = m - l: one f32 subtraction rounded to nearest even (D >= 0,
+// never subnormal after step 1).
+inline ulong gap(float m, float l, ulong c32, int e) {
+    float d = m - l;
+    uint d_bits = as_uint(d);
+    if ((d_bits & 0x7fffffffu) == 0u) return 0ul;
+    int e_d;
+    ulong product = significand(d_bits, &e_d) * c32;  // < 2^56: a shift below 8 cannot overflow
+    int s = e_d + e + GAP_FRACTION_BITS;
+    ulong x = 0ul;
+    if (s >= 8) return (ulong)GAP_LIMIT;
+    if (s >= 0) x = product << s;
+    else if (s > -64) x = product >> (-s);
+    return min(x, (ulong)GAP_LIMIT);
+}
+
+// The coefficients of the polynomial for 2^g, g in (0, 1], in Q30 (they sum to 2^31).
+__constant ulong EXP2_A[7] = {EXP2_COEFFICIENTS};
+
+// Step 5: the weight of gap x, 2^40 * 2^(-x / 2^F) in integers, 0 from 40 * 2^F on. The maximum's
+// P(2^F) = 2^31, so it weighs 2^31 << 9 = 2^40.
+inline ulong exp2_weight(ulong x) {
+    if (x >= (ulong)GAP_LIMIT) return 0ul;
+    uint n = (uint)(x >> GAP_FRACTION_BITS);
+    ulong g = (1ul << GAP_FRACTION_BITS) - (x & ((1ul << GAP_FRACTION_BITS) - 1ul));
+    ulong p = EXP2_A[6];
+    for (int k = 5; k >= 0; k--) p = EXP2_A[k] + ((p * g) >> GAP_FRACTION_BITS);
+    return n <= 9u ? p << (9u - n) : p >> (n - 9u);
+}
+
+// The weight of a logit of rank key `key` in a row weighed by w (any kind but WEIGH_KEYS).
+inline ulong logit_key_weight(Weigh w, uint key) {
+    ulong full = 1ul << WEIGHT_BITS;
+    bool finite = key != NEG_INF_LOGIT_KEY && key != POS_INF_LOGIT_KEY;
+    if (w.kind == WEIGH_SCALED) {
+        return finite ? exp2_weight(gap(logit_of_key(w.max_key), logit_of_key(key), w.c32, w.e)) : 0ul;
+    }
+    if (w.kind == WEIGH_UNIFORM) return finite ? full : 0ul;
+    if (w.kind == WEIGH_POS_INF) return key == POS_INF_LOGIT_KEY ? full : 0ul;
+    if (w.kind == WEIGH_ARGMAX) return key == w.max_key ? full : 0ul;
+    return 0ul;
+}
+
+// The rank key of token `id` (f32 bits `bits`) of a logits row weighed by w. At T == 0 only the
+// first maximum weighs anything: the other maxima are keyed one below it, so that every weight is a
+// function of the key (the order among tokens of weight 0 decides nothing).
+inline uint logit_row_key(Weigh w, uint bits, uint id) {
+    uint k = logit_rank_key(bits);
+    return (w.kind == WEIGH_ARGMAX && k == w.max_key && id != w.first) ? k - 1u : k;
+}
+
 // ---- per-core slices, local scratch, broadcasts -------------------------------------------------
 
+// The local memory of one cluster. A kernel declares it as `__local Scratch S[1];` (kernel scope)
+// and hands S to the primitives below.
 typedef struct {
     uint hist_count[256];
     uint hist_lo[256];
     uint hist_hi[256];
     ulong part_mass[CORES];
-    ulong part_mass2[CORES];
     uint part_count[CORES];
     uint part_eq[CORES];
     uint part_key[CORES];
@@ -241,15 +443,35 @@ inline void core_slice(uint n, uint* lo, uint* hi) {
 #define KEY_RANK 0u
 #define KEY_ORDER 1u
 
-inline uint key_of(uint mode, uint bits) { return mode == KEY_RANK ? rank_key(bits) : order_key(bits); }
+// The key of token `id` (f32 bits `bits`) of a row weighed by w: its rank key (KEY_RANK: the
+// sanitized probability, or the rank key of the logit) or its argmax order key (KEY_ORDER).
+inline uint row_key(Weigh w, uint mode, uint bits, uint id) {
+    if (mode == KEY_ORDER) return order_key(bits);
+#if LOGITS
+    return logit_row_key(w, bits, id);
+#else
+    return rank_key(bits);
+#endif
+}
 
-// Walks this core's slice [lo, hi) of `row` a tile at a time: the keys of TILE elements are staged
-// into the core's own part of local memory, then BODY runs for each (key, id) of the tile.
-#define FOR_STAGED_KEYS(row, lo, hi, mode, key, id, ...)                                          \
+// The weight of a token of rank key `key` in a row weighed by w.
+inline ulong weight_of(Weigh w, uint key) {
+#if LOGITS
+    return logit_key_weight(w, key);
+#else
+    return key_weight(key);
+#endif
+}
+
+// Walks this core's slice [lo, hi) of `row` (weighed by w) a tile at a time: the keys of TILE
+// elements are staged into the core's own part of local memory, then BODY runs for each (key, id)
+// of the tile.
+#define FOR_STAGED_KEYS(row, lo, hi, mode, w, key, id, ...)                                       \
     for (uint t0_ = (lo); t0_ < (hi); t0_ += TILE) {                                               \
         uint n_ = min((uint)TILE, (hi) - t0_);                                                     \
         __local uint* tile_ = S->tiles + LID * TILE;                                               \
-        for (uint j_ = 0; j_ < n_; j_++) tile_[j_] = key_of((mode), LOAD_T((row), t0_ + j_));      \
+        for (uint j_ = 0; j_ < n_; j_++)                                                           \
+            tile_[j_] = row_key((w), (mode), LOAD_T((row), t0_ + j_), t0_ + j_);                    \
         for (uint j_ = 0; j_ < n_; j_++) {                                                         \
             uint key = tile_[j_];                                                                  \
             uint id = t0_ + j_;                                                                    \
@@ -267,6 +489,125 @@ inline void bin_add_mass(volatile __local uint* lo, volatile __local uint* hi, u
     if (wh != 0u) atomic_add(hi, wh);
 }
 
+// ---- cluster collectives: core 0 merges the per-core partials in core order and broadcasts -------
+// Every core of the cluster calls them (uniform control flow). They end with a barrier, so the
+// scratch they use (part_*, bc_*[0]) is free again when they return.
+
+// The sum of every core's `v`.
+inline ulong cluster_sum(ulong v, __local Scratch* S) {
+    S->part_mass[LID] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (LID == 0u) {
+        ulong total = 0ul;
+        for (uint c = 0; c < CORES; c++) total += S->part_mass[c];
+        S->bc_u64[0] = total;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ulong total = S->bc_u64[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return total;
+}
+
+// The sum of the `v` of the cores before this one (an exclusive scan in core order); *total gets
+// the sum over every core.
+inline ulong cluster_scan(ulong v, __local Scratch* S, ulong* total) {
+    S->part_mass[LID] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (LID == 0u) {
+        ulong before = 0ul;
+        for (uint c = 0; c < CORES; c++) {
+            ulong x = S->part_mass[c];
+            S->part_mass[c] = before;
+            before += x;
+        }
+        S->bc_u64[0] = before;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ulong mine = S->part_mass[LID];
+    *total = S->bc_u64[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return mine;
+}
+
+// The smallest of every core's `v`.
+inline uint cluster_min(uint v, __local Scratch* S) {
+    S->part_id[LID] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (LID == 0u) {
+        uint m = 0xffffffffu;
+        for (uint c = 0; c < CORES; c++) m = min(m, S->part_id[c]);
+        S->bc_u32[0] = m;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint r = S->bc_u32[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+
+typedef struct {
+    uint key;
+    uint id;
+} KeyId;
+
+// The largest of every core's `key` and the `id` of the first core holding it (key and id 0 when
+// every key is 0): with contiguous slices in core order, the lowest id among the largest keys of
+// the row.
+inline KeyId cluster_max(uint key, uint id, __local Scratch* S) {
+    S->part_key[LID] = key;
+    S->part_id[LID] = id;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (LID == 0u) {
+        uint bk = 0u, bi = 0u;
+        for (uint c = 0; c < CORES; c++) {
+            if (S->part_key[c] > bk) { bk = S->part_key[c]; bi = S->part_id[c]; }
+        }
+        S->bc_u32[0] = bi;
+        S->bc_u32[1] = bk;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    KeyId r;
+    r.id = S->bc_u32[0];
+    r.key = S->bc_u32[1];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+
+// The `id` of cluster_max.
+inline uint cluster_best(uint key, uint id, __local Scratch* S) { return cluster_max(key, id, S).id; }
+
+// ---- weighing a row -----------------------------------------------------------------------------
+
+// The weighing of a logits row whose cores found their largest rank key `best_key` (0 if none)
+// first at `best_id`: the row maximum as a cluster collective (steps 1 and 2), then the scale of the
+// row's temperature t_bits (step 3).
+inline Weigh weigh_logits_row(uint best_key, uint best_id, uint t_bits, __local Scratch* S) {
+    KeyId m = cluster_max(best_key, best_id, S);
+    return logits_weigh(m.key, m.id, t_bits);
+}
+
+// How the tokens of `row` weigh: by key for probability rows; for logits rows, from the row
+// maximum and the temperature t_bits (f32 bits).
+inline Weigh row_weigh(__global const T_STORE* row, uint V, __local Scratch* S, uint t_bits) {
+#if LOGITS
+    uint lo, hi;
+    core_slice(V, &lo, &hi);
+    uint best_key = 0u, best_id = 0u;
+    FOR_STAGED_KEYS(row, lo, hi, KEY_RANK, by_key(), key, id, {
+        if (key > best_key) { best_key = key; best_id = id; }
+    })
+    return weigh_logits_row(best_key, best_id, t_bits, S);
+#else
+    return by_key();
+#endif
+}
+
+// The temperature of row r as f32 bits (1.0 for probability rows, which have none).
+#if LOGITS
+#define ROW_TEMPERATURE(temperature, r) ((temperature)[r])
+#else
+#define ROW_TEMPERATURE(temperature, r) ONE_KEY
+#endif
+
 // ---- row primitives (every core of the cluster calls them with the same arguments) --------------
 
 typedef struct {
@@ -275,39 +616,21 @@ typedef struct {
     uint first;   // the first token in rank order (largest key, lowest id)
 } RowStats;
 
-inline RowStats row_stats(__global const T_STORE* row, uint V, __local Scratch* S) {
+inline RowStats row_stats(__global const T_STORE* row, uint V, __local Scratch* S, Weigh w) {
     uint lo, hi;
     core_slice(V, &lo, &hi);
     ulong mass = 0ul;
     uint valid = 0u, best_key = 0u, best_id = 0u;
-    FOR_STAGED_KEYS(row, lo, hi, KEY_RANK, key, id, {
-        mass += key_weight(key);
-        valid += key >= MIN_WEIGHT_KEY ? 1u : 0u;
+    FOR_STAGED_KEYS(row, lo, hi, KEY_RANK, w, key, id, {
+        ulong weight = weight_of(w, key);
+        mass += weight;
+        valid += weight != 0ul ? 1u : 0u;
         if (key > best_key) { best_key = key; best_id = id; }
     })
-    S->part_mass[LID] = mass;
-    S->part_count[LID] = valid;
-    S->part_key[LID] = best_key;
-    S->part_id[LID] = best_id;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (LID == 0u) {
-        ulong m = 0ul;
-        uint v = 0u, bk = 0u, bi = 0u;
-        for (uint c = 0; c < CORES; c++) {
-            m += S->part_mass[c];
-            v += S->part_count[c];
-            if (S->part_key[c] > bk) { bk = S->part_key[c]; bi = S->part_id[c]; }
-        }
-        S->bc_u64[0] = m;
-        S->bc_u32[0] = v;
-        S->bc_u32[1] = bi;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
     RowStats r;
-    r.mass = S->bc_u64[0];
-    r.valid = S->bc_u32[0];
-    r.first = S->bc_u32[1];
-    barrier(CLK_LOCAL_MEM_FENCE);
+    r.mass = cluster_sum(mass, S);
+    r.valid = (uint)cluster_sum((ulong)valid, S);
+    r.first = cluster_best(best_key, best_id, S);
     return r;
 }
 
@@ -327,21 +650,21 @@ typedef struct {
 // (1 <= target <= the row's total): a radix selection of the threshold key, 8 bits per pass, with
 // cluster-wide histograms; no pass orders anything.
 inline Prefix select_prefix(__global const T_STORE* row, uint V, __local Scratch* S, uint mode,
-                            uint metric, ulong target, bool want_mass) {
+                            Weigh w, uint metric, ulong target, bool want_mass) {
     uint lo, hi;
     core_slice(V, &lo, &hi);
     uint prefix = 0u, mask = 0u;
     ulong c_above = 0ul, m_above = 0ul;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (uint i = LID; i < 256u; i += CORES) {
+        FOR_CORE_ITEMS(i, 256u) {
             S->hist_count[i] = 0u; S->hist_lo[i] = 0u; S->hist_hi[i] = 0u;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        FOR_STAGED_KEYS(row, lo, hi, mode, key, id, {
+        FOR_STAGED_KEYS(row, lo, hi, mode, w, key, id, {
             if ((key & mask) == prefix) {
                 uint bin = (key >> shift) & 255u;
                 atomic_inc(&S->hist_count[bin]);
-                if (want_mass) bin_add_mass(&S->hist_lo[bin], &S->hist_hi[bin], key_weight(key));
+                if (want_mass) bin_add_mass(&S->hist_lo[bin], &S->hist_hi[bin], weight_of(w, key));
             }
         })
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -370,17 +693,17 @@ inline Prefix select_prefix(__global const T_STORE* row, uint V, __local Scratch
     }
     Prefix p;
     p.key = prefix;
-    ulong w = mode == KEY_RANK ? key_weight(prefix) : 0ul;
+    ulong wk = mode == KEY_RANK ? weight_of(w, prefix) : 0ul;  // every token keyed `prefix` weighs wk
     ulong take;
     if (metric == METRIC_COUNT) {
         take = target > c_above ? target - c_above : 0ul;
     } else {
         ulong need = target > m_above ? target - m_above : 0ul;
-        take = w == 0ul ? 0ul : (need + w - 1ul) / w;
+        take = wk == 0ul ? 0ul : (need + wk - 1ul) / wk;
     }
     p.take = (uint)take;
     p.count = (uint)(c_above + take);
-    p.mass = m_above + take * w;
+    p.mass = m_above + take * wk;
     return p;
 }
 
@@ -388,13 +711,13 @@ inline Prefix select_prefix(__global const T_STORE* row, uint V, __local Scratch
 // Leaves in part_eq[c] the number of p.key tokens before core c's slice, in part_count[c] the
 // members of the prefix before core c's slice; returns the prefix's member count.
 inline void prefix_scan_counts(__global const T_STORE* row, uint V, __local Scratch* S, uint mode,
-                               Prefix p, uint limit) {
+                               Weigh w, Prefix p, uint limit) {
     uint lo, hi;
     core_slice(V, &lo, &hi);
     hi = min(hi, limit);
     lo = min(lo, hi);
     uint gt = 0u, eq = 0u;
-    FOR_STAGED_KEYS(row, lo, hi, mode, key, id, {
+    FOR_STAGED_KEYS(row, lo, hi, mode, w, key, id, {
         gt += key > p.key ? 1u : 0u;
         eq += key == p.key ? 1u : 0u;
     })
@@ -417,66 +740,76 @@ inline void prefix_scan_counts(__global const T_STORE* row, uint V, __local Scra
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 
-// The weight of token d within prefix p (0 for non-members).
-inline ulong weight_in_prefix(__global const T_STORE* row, uint V, __local Scratch* S, Prefix p,
-                              uint d) {
-    prefix_scan_counts(row, V, S, KEY_RANK, p, d);
+// The weight of token d within prefix p of a row weighed by w (0 for non-members).
+inline ulong weight_in_prefix(__global const T_STORE* row, uint V, __local Scratch* S, Weigh w,
+                              Prefix p, uint d) {
+    prefix_scan_counts(row, V, S, KEY_RANK, w, p, d);
     uint eq_before_d = S->bc_u32[1];
     barrier(CLK_LOCAL_MEM_FENCE);
     if (d >= V) return 0ul;
-    uint key = rank_key(LOAD_T(row, d));
-    if (key > p.key) return key_weight(key);
+    uint key = row_key(w, KEY_RANK, LOAD_T(row, d), d);
+    if (key > p.key) return weight_of(w, key);
     if (key < p.key) return 0ul;
-    return eq_before_d < p.take ? key_weight(key) : 0ul;
+    return eq_before_d < p.take ? weight_of(w, key) : 0ul;
 }
 
-// Residual weight of REJECTION: floor(max(0, wp * Wq - wq * Wp) / 2^41).
-inline ulong residual_weight(ulong wp, ulong wq, ulong wq_total, ulong wp_total) {
-    u128 a = mul_64x64(wp, wq_total);
-    u128 b = mul_64x64(wq, wp_total);
+// What prefix_draw weighs its members by: their own weights, or (on) the REJECTION residual
+// against draft row q (weighed by w, total wq_total) with the target's kept mass wp_total, scaled
+// down by 2^shift.
+typedef struct {
+    __global const D_STORE* q;
+    Weigh w;
+    ulong wq_total;
+    ulong wp_total;
+    uint shift;
+    uint on;
+} Residual;
+
+// The weighing by the members' own weights.
+inline Residual no_residual(void) {
+    Residual rs;
+    rs.q = (__global const D_STORE*)0;
+    rs.w = by_key();
+    rs.wq_total = 0ul;
+    rs.wp_total = 0ul;
+    rs.shift = 0u;
+    rs.on = 0u;
+    return rs;
+}
+
+// The weight of kept target token `id` of weight wp in the draw: wp itself, or its residual
+// floor(max(0, wp * Wq - wq * Wp) / 2^shift).
+inline ulong member_weight(ulong wp, uint id, Residual rs) {
+    if (rs.on == 0u) return wp;
+    ulong wq = weight_of(rs.w, row_key(rs.w, KEY_RANK, LOAD_D(rs.q, id), id));
+    u128 a = mul_64x64(wp, rs.wq_total);
+    u128 b = mul_64x64(wq, rs.wp_total);
     if (le_128(a, b)) return 0ul;
-    u128 d = sub_128(a, b);
-    return (d.hi << 23) | (d.lo >> 41);
+    return shr_128(sub_128(a, b), rs.shift);
 }
 
-#define WEIGHT_KEY 0u
-#define WEIGHT_RESIDUAL 1u
-
-// Draws within the members of prefix p: the member, in ascending id order, whose running weight
-// first exceeds floor(r * M / 2^64), M the members' total weight. Weights are the key weights, or
-// the REJECTION residual against draft row q. Returns -2 when M == 0, -1 if nothing was found.
-inline int prefix_draw(__global const T_STORE* row, uint V, __local Scratch* S, Prefix p, ulong r,
-                       uint wmode, __global const D_STORE* q, ulong wq_total, ulong wp_total) {
-    prefix_scan_counts(row, V, S, KEY_RANK, p, V);
+// Draws within the members of prefix p of a row weighed by w: the member, in ascending id order,
+// whose running weight first exceeds floor(r * M / 2^64), M the members' total weight. Weights are
+// the members' own, or the REJECTION residual (member_weight). Returns -2 when M == 0, -1 if
+// nothing was found.
+inline int prefix_draw(__global const T_STORE* row, uint V, __local Scratch* S, Weigh w, Prefix p,
+                       ulong r, Residual rs) {
+    prefix_scan_counts(row, V, S, KEY_RANK, w, p, V);
     uint lo, hi;
     core_slice(V, &lo, &hi);
     uint eq_idx = S->part_eq[LID];
     barrier(CLK_LOCAL_MEM_FENCE);
     ulong mass = 0ul;
-    FOR_STAGED_KEYS(row, lo, hi, KEY_RANK, key, id, {
+    FOR_STAGED_KEYS(row, lo, hi, KEY_RANK, w, key, id, {
         bool member = key > p.key;
         if (key == p.key) { member = eq_idx < p.take; eq_idx++; }
-        if (member) {
-            ulong w = key_weight(key);
-            if (wmode == WEIGHT_RESIDUAL) w = residual_weight(w, key_weight(rank_key(LOAD_D(q, id))), wq_total, wp_total);
-            mass += w;
-        }
+        if (member) mass += member_weight(weight_of(w, key), id, rs);
     })
-    S->part_mass[LID] = mass;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (LID == 0u) {
-        ulong before = 0ul;
-        for (uint c = 0; c < CORES; c++) {
-            ulong m = S->part_mass[c];
-            S->part_mass[c] = before;
-            before += m;
-        }
-        S->bc_u64[0] = before;
-        S->bc_u32[2] = 0xffffffffu;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    ulong total = S->bc_u64[0];
-    ulong start = S->part_mass[LID];
+    // bc_u32[2]: the id found by the one core whose range holds the draw (the scan's barriers order
+    // this reset before it).
+    if (LID == 0u) S->bc_u32[2] = 0xffffffffu;
+    ulong total;
+    ulong start = cluster_scan(mass, S, &total);
     int result = -2;
     if (total != 0ul) {
         ulong t = scale_draw(r, total);
@@ -484,13 +817,11 @@ inline int prefix_draw(__global const T_STORE* row, uint V, __local Scratch* S, 
             ulong cum = start;
             uint eq2 = S->part_eq[LID];
             bool found = false;
-            FOR_STAGED_KEYS(row, lo, hi, KEY_RANK, key, id, {
+            FOR_STAGED_KEYS(row, lo, hi, KEY_RANK, w, key, id, {
                 bool member = key > p.key;
                 if (key == p.key) { member = eq2 < p.take; eq2++; }
                 if (member && !found) {
-                    ulong w = key_weight(key);
-                    if (wmode == WEIGHT_RESIDUAL) w = residual_weight(w, key_weight(rank_key(LOAD_D(q, id))), wq_total, wp_total);
-                    cum += w;
+                    cum += member_weight(weight_of(w, key), id, rs);
                     if (cum > t) { found = true; S->bc_u32[2] = id; }
                 }
             })
@@ -508,22 +839,22 @@ inline int prefix_draw(__global const T_STORE* row, uint V, __local Scratch* S, 
 // Gathers the n = p.count members of prefix p (n <= SEL_MAX) into sorted_key / sorted_id in key
 // order (key descending, id ascending).
 inline void gather_sorted(__global const T_STORE* row, uint V, __local Scratch* S, uint mode,
-                          Prefix p) {
-    prefix_scan_counts(row, V, S, mode, p, V);
+                          Weigh w, Prefix p) {
+    prefix_scan_counts(row, V, S, mode, w, p, V);
     uint lo, hi;
     core_slice(V, &lo, &hi);
     uint at = S->part_count[LID];
     uint eq_idx = S->part_eq[LID];
     uint n = min(S->bc_u32[0], (uint)SEL_MAX);
     barrier(CLK_LOCAL_MEM_FENCE);
-    FOR_STAGED_KEYS(row, lo, hi, mode, key, id, {
+    FOR_STAGED_KEYS(row, lo, hi, mode, w, key, id, {
         bool member = key > p.key;
         if (key == p.key) { member = eq_idx < p.take; eq_idx++; }
         if (member && at < SEL_MAX) { S->sel_key[at] = key; S->sel_id[at] = id; at++; }
     })
     barrier(CLK_LOCAL_MEM_FENCE);
     // The members arrived in id order; a member's place is the number of members ranking before it.
-    for (uint i = LID; i < n; i += CORES) {
+    FOR_CORE_ITEMS(i, n) {
         uint ki = S->sel_key[i];
         uint pos = 0u;
         for (uint j = 0; j < n; j++) {
@@ -541,39 +872,41 @@ inline void gather_sorted(__global const T_STORE* row, uint V, __local Scratch* 
 // kernel has no barrier under a branch: PoCL's work-group compiler duplicates the code after each
 // conditional barrier, and uniform straight-line phases keep the build fast.
 typedef struct {
+    Weigh weigh;           // how the row's tokens weigh
     RowStats stats;
     ulong survivors_mass;  // W: mass of the top-k survivors (the whole row without top-k)
     Prefix kept;           // the top-p kept set (meaningless when W == 0)
 } KeptSet;
 
-inline KeptSet kept_set(__global const T_STORE* row, uint V, __local Scratch* S, int top_k,
-                        uint top_p_bits) {
+inline KeptSet kept_set(__global const T_STORE* row, uint V, __local Scratch* S, Weigh w,
+                        int top_k, uint top_p_bits) {
     KeptSet k;
-    k.stats = row_stats(row, V, S);
+    k.weigh = w;
+    k.stats = row_stats(row, V, S, w);
     bool use_k = top_k > 0 && (uint)top_k < V;
-    Prefix survivors = select_prefix(row, V, S, KEY_RANK, METRIC_COUNT,
+    Prefix survivors = select_prefix(row, V, S, KEY_RANK, w, METRIC_COUNT,
                                      use_k ? (ulong)top_k : (ulong)V, true);
     k.survivors_mass = use_k ? survivors.mass : k.stats.mass;
-    ulong w = k.survivors_mass;
-    ulong target = w == 0ul ? 1ul : top_p_target_mass(top_p_fixed(top_p_bits), w);
+    ulong total = k.survivors_mass;
+    ulong target = total == 0ul ? 1ul : top_p_target_mass(top_p_fixed(top_p_bits), total);
     // The kept set is the shortest rank prefix of the whole row reaching the target: the survivors
     // reach it, so it lies inside them.
-    k.kept = select_prefix(row, V, S, KEY_RANK, METRIC_MASS, target, true);
+    k.kept = select_prefix(row, V, S, KEY_RANK, w, METRIC_MASS, target, true);
     return k;
 }
 
 // The sampled token of a row from its kept set.
 inline int sample_kept(__global const T_STORE* row, uint V, __local Scratch* S, KeptSet k,
                        ulong seed) {
-    int id = prefix_draw(row, V, S, k.kept, draw64(seed, PURPOSE_SAMPLE), WEIGHT_KEY,
-                         (__global const D_STORE*)0, 0ul, 0ul);
+    int id = prefix_draw(row, V, S, k.weigh, k.kept, draw64(seed, PURPOSE_SAMPLE), no_residual());
     if (k.survivors_mass == 0ul || id < 0) return (int)k.stats.first;
     return id;
 }
 
-inline int sample_row(__global const T_STORE* row, uint V, __local Scratch* S, int top_k,
-                      uint top_p_bits, ulong seed) {
-    KeptSet k = kept_set(row, V, S, top_k, top_p_bits);
+// top_k_top_p_sample of one row at temperature t_bits (logits rows).
+inline int sample_row(__global const T_STORE* row, uint V, __local Scratch* S, uint t_bits,
+                      int top_k, uint top_p_bits, ulong seed) {
+    KeptSet k = kept_set(row, V, S, row_weigh(row, V, S, t_bits), top_k, top_p_bits);
     return sample_kept(row, V, S, k, seed);
 }
 
@@ -582,23 +915,10 @@ inline uint row_argmax(__global const T_STORE* row, uint V, __local Scratch* S) 
     uint lo, hi;
     core_slice(V, &lo, &hi);
     uint best_key = 0u, best_id = 0u;
-    FOR_STAGED_KEYS(row, lo, hi, KEY_ORDER, key, id, {
+    FOR_STAGED_KEYS(row, lo, hi, KEY_ORDER, by_key(), key, id, {
         if (key > best_key) { best_key = key; best_id = id; }
     })
-    S->part_key[LID] = best_key;
-    S->part_id[LID] = best_id;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (LID == 0u) {
-        uint bk = 0u, bi = 0u;
-        for (uint c = 0; c < CORES; c++) {
-            if (S->part_key[c] > bk) { bk = S->part_key[c]; bi = S->part_id[c]; }
-        }
-        S->bc_u32[0] = bi;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    uint r = S->bc_u32[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
+    return cluster_best(best_key, best_id, S);
 }
 
 // ---- softmax statistics (float class) -----------------------------------------------------------
@@ -611,16 +931,27 @@ inline uint row_argmax(__global const T_STORE* row, uint V, __local Scratch* S) 
 typedef struct {
     int kind;
     uint arg;     // ONE_HOT: the argmax
-    uint count;   // POS_INF: entries equal to +inf
-    float max;    // FINITE
-    float sum;    // FINITE
+    uint count;   // POS_INF: logits equal to +inf
+    float max;    // FINITE: the row maximum m of the logits
+    float sum;    // FINITE: the sum of exp((l - m) / t), >= 1
 } SoftmaxStats;
 
 inline float effective_temperature(float t) { return t >= 0.0f ? t : 1.0f; }
 
-// x / t with NaN read as -inf.
-inline float scaled(uint bits, float t) {
-    float y = as_float(bits) / t;
+// A logit as the softmax rules read it: NaN counts as -inf.
+inline float logit_value(uint bits) {
+    float x = as_float(bits);
+    return isnan(x) ? -INFINITY : x;
+}
+
+// The scaled logit of the contract (4.9): (l - m) / t, the row maximum m subtracted first and the
+// difference then divided by t, in f32, so nothing overflows and a tiny t tends to the one-hot of
+// t = 0. At t = +inf every finite logit scales to 0 (also where l - m overflowed); NaN (a NaN
+// logit) reads as -inf.
+inline float scaled(uint bits, float m, float t) {
+    float x = logit_value(bits);
+    if (isinf(t)) return isfinite(x) ? 0.0f : -INFINITY;
+    float y = (x - m) / t;
     return isnan(y) ? -INFINITY : y;
 }
 
@@ -634,12 +965,13 @@ inline SoftmaxStats softmax_stats(__global const T_STORE* row, uint V, __local S
     float tt = t == 0.0f ? 1.0f : t;
     uint lo, hi;
     core_slice(V, &lo, &hi);
+    // The row maximum of the logits themselves (the temperature scales differences from it).
     float m = -INFINITY;
     uint inf = 0u;
     for (uint i = lo; i < hi; i++) {
-        float y = scaled(LOAD_T(row, i), tt);
-        m = fmax(m, y);
-        inf += y == INFINITY ? 1u : 0u;
+        float x = logit_value(LOAD_T(row, i));
+        m = fmax(m, x);
+        inf += x == INFINITY ? 1u : 0u;
     }
     S->part_f[LID] = m;
     S->part_count[LID] = inf;
@@ -659,7 +991,7 @@ inline SoftmaxStats softmax_stats(__global const T_STORE* row, uint V, __local S
     bool finite = m != INFINITY && m != -INFINITY;
     float sum = 0.0f, comp = 0.0f;
     for (uint i = lo; i < hi && finite; i++) {
-        float v = exp(scaled(LOAD_T(row, i), tt) - m) - comp;
+        float v = exp(scaled(LOAD_T(row, i), m, tt)) - comp;
         float s2 = sum + v;
         comp = (s2 - sum) - v;
         sum = s2;

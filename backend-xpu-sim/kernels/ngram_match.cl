@@ -4,6 +4,10 @@
 // minimum of the per-core partials. The proposal (start, length) goes to a scratch buffer.
 // Stage 2 (ngram_match_i32_budget): one cluster merges the proposals of all clusters in slot order
 // under the global token budget and writes the drafts.
+
+// struct NgramMatchArgs: generated from src/ops/ngram_match.rs.
+// struct NgramMatchBudgetArgs: generated from src/ops/ngram_match.rs.
+
 inline bool is_decode(int this_time, int encoder) { return this_time > 0 && encoder <= 0; }
 
 // Leftmost start i in [0, positions) where hay[i .. i + n) == pat[0 .. n), or 0xffffffff.
@@ -17,25 +21,14 @@ inline uint leftmost_match(__global const int* hay, uint positions, __global con
         for (uint j = 0; j < n && eq; j++) eq = hay[i + j] == pat[j];
         if (eq) found = i;
     }
-    S->part_id[LID] = found;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (LID == 0u) {
-        uint m = 0xffffffffu;
-        for (uint c = 0; c < CORES; c++) m = min(m, S->part_id[c]);
-        S->bc_u32[0] = m;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    uint r = S->bc_u32[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
+    return cluster_min(found, S);
 }
 
 __kernel void ngram_match_i32(BUF(const int, token_ids_all), BUF(const int, prompt_lens),
                               BUF(const int, step_idx), BUF(const int, draft_token_num),
                               BUF(const int, encoder), BUF(const int, max_dec_len),
-                              BUF(const int, this_time), BUF(int, proposal), const uint real_bsz,
-                              const uint s, const ulong max_model_len, const uint min_n,
-                              const ulong max_n) {
+                              BUF(const int, this_time), BUF(int, proposal),
+                              const struct NgramMatchArgs args) {
     BIND(const int, token_ids_all);
     BIND(const int, prompt_lens);
     BIND(const int, step_idx);
@@ -44,9 +37,10 @@ __kernel void ngram_match_i32(BUF(const int, token_ids_all), BUF(const int, prom
     BIND(const int, max_dec_len);
     BIND(const int, this_time);
     BIND(int, proposal);
-    __local Scratch scratch;
-    __local Scratch* S = &scratch;
-    for (uint b = GRP; b < real_bsz; b += NGRP) {
+    const uint real_bsz = args.real_bsz, s = args.max_step_tokens, min_n = args.min_ngram_size;
+    const ulong max_model_len = args.max_model_len, max_n = args.max_ngram_size;
+    __local Scratch S[1];
+    FOR_CLUSTER_ROWS(b, real_bsz) {
         // proposal[3b .. 3b + 3): decode flag, start within the row, length.
         int start = 0, len = 0;
         bool decode = is_decode(this_time[b], encoder[b]);
@@ -94,15 +88,16 @@ __kernel void ngram_match_i32(BUF(const int, token_ids_all), BUF(const int, prom
 
 __kernel void ngram_match_i32_budget(BUF(const int, token_ids_all), BUF(const int, encoder),
                                      BUF(const int, proposal), BUF(int, draft_tokens),
-                                     BUF(int, this_time), const uint real_bsz, const uint s,
-                                     const ulong max_model_len, const ulong threshold) {
+                                     BUF(int, this_time),
+                                     const struct NgramMatchBudgetArgs args) {
     BIND(const int, token_ids_all);
     BIND(const int, encoder);
     BIND(const int, proposal);
     BIND(int, draft_tokens);
     BIND(int, this_time);
-    __local Scratch scratch;
-    __local Scratch* S = &scratch;
+    const uint real_bsz = args.real_bsz, s = args.max_step_tokens;
+    const ulong max_model_len = args.max_model_len, threshold = args.threshold;
+    __local Scratch S[1];
     if (GRP != 0u) return;
     // Per-core partials over contiguous slot slices: mandatory tokens and proposed drafts.
     uint lo, hi;
@@ -113,23 +108,11 @@ __kernel void ngram_match_i32_budget(BUF(const int, token_ids_all), BUF(const in
         else if (proposal[3ul * b] != 0) mandatory += 1ul;
         if (proposal[3ul * b] != 0) drafts += (ulong)proposal[3ul * b + 2ul];
     }
-    S->part_mass[LID] = mandatory;
-    S->part_mass2[LID] = drafts;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (LID == 0u) {
-        ulong m = 0ul, d = 0ul;
-        for (uint c = 0; c < CORES; c++) {
-            m += S->part_mass[c];
-            ulong x = S->part_mass2[c];
-            S->part_mass2[c] = d;
-            d += x;
-        }
-        S->bc_u64[0] = threshold > m ? threshold - m : 0ul;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
+    ulong m = cluster_sum(mandatory, S);
+    ulong all_drafts;
+    ulong before = cluster_scan(drafts, S, &all_drafts);
     // Greedy in slot order: slot b gets clamp(remaining - drafts before it, 0, its drafts).
-    ulong remaining = S->bc_u64[0];
-    ulong before = S->part_mass2[LID];
+    ulong remaining = threshold > m ? threshold - m : 0ul;
     for (uint b = lo; b < hi; b++) {
         if (proposal[3ul * b] == 0) continue;
         ulong len = (ulong)proposal[3ul * b + 2ul];

@@ -1,5 +1,8 @@
 // update_state (contract 4.6): per-slot bookkeeping, one slot per core across every cluster (slots
 // are independent; the work per slot is at most S tokens).
+
+// struct UpdateStateArgs: generated from src/ops/update_state.rs.
+
 inline int clamp_i32_from_i64(long v) {
     return v > 2147483647l ? 2147483647 : (v < -2147483648l ? (int)0x80000000u : (int)v);
 }
@@ -10,8 +13,7 @@ __kernel void update_state_i32(BUF(const int, accept_tokens), BUF(const uchar, i
                                BUF(uchar, stop_flags), BUF(int, token_ids_all), BUF(int, step_idx),
                                BUF(ulong, infer_seed), BUF(int, draft_tokens),
                                BUF(int, seq_lens_encoder), BUF(int, seq_lens_decoder),
-                               const uint real_bsz, const uint s, const ulong max_model_len,
-                               const uint num_end) {
+                               const struct UpdateStateArgs args) {
     BIND(const int, accept_tokens);
     BIND(const uchar, is_block_step);
     BIND(const int, prompt_lens);
@@ -25,7 +27,9 @@ __kernel void update_state_i32(BUF(const int, accept_tokens), BUF(const uchar, i
     BIND(int, draft_tokens);
     BIND(int, seq_lens_encoder);
     BIND(int, seq_lens_decoder);
-    for (uint b = GRP * CORES + LID; b < real_bsz; b += NGRP * CORES) {
+    const uint real_bsz = args.real_bsz, s = args.max_step_tokens, num_end = args.num_end;
+    const ulong max_model_len = args.max_model_len;
+    FOR_EVERY_CORE(b, real_bsz) {
         if (stop_flags[b] != 0 || is_block_step[b] != 0) continue;
         ulong n = (ulong)min((uint)max(accept_num[b], 0), s);
         if (n == 0ul) continue;

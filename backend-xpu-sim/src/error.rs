@@ -24,14 +24,6 @@ pub enum XpuSimError {
     /// A program built without the kernel the host asked for.
     #[error("kernel {0} missing from its program")]
     MissingKernel(String),
-    /// A size does not fit the 32-bit kernel argument it is passed as.
-    #[error("{what} = {value} does not fit in 32 bits")]
-    TooLarge {
-        /// Which size.
-        what: &'static str,
-        /// Its value.
-        value: usize,
-    },
 }
 
 impl XpuSimError {

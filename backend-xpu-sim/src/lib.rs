@@ -42,17 +42,33 @@
 //! - Sampling never sorts: the top-k and top-p thresholds are found by a 4-pass radix selection
 //!   (8 bits per pass, histograms in local memory with 32-bit atomics, 64-bit weight sums kept as
 //!   two words whose carries are counted), the draw by a scan of per-core partial weights.
-//! - Philox4x32-10, the 64×64→128 products (`mul_hi` on `ulong`) and the 128-bit compares of
-//!   the top-p test and the REJECTION acceptance test are in `kernels/common.cl`.
+//! - Philox4x32-10, the 64×64→128 products (`mul_hi` on `ulong`), the 128-bit compares of the
+//!   top-p test and the 192-bit ones of the REJECTION acceptance test are in `kernels/common.cl`.
+//! - Logits rows (contract §3b) are weighed as `specula_backend_api::logit_weights` weighs them,
+//!   step for step: the logit sanitized and keyed on its bits, the row maximum a cluster
+//!   collective, the row's scale one 64-by-24-bit `ulong` division, the gap one f32 subtraction
+//!   (no fast-math build option, `FP_CONTRACT OFF`), the polynomial in `ulong`. Every weight is then
+//!   a function of the token's rank key (at temperature 0 the maxima after the first are keyed one
+//!   below), so the radix selections and draws are those of probability rows. Logits and
+//!   probability rows are separate programs (`LOGITS`).
 //! - Constants shared with Rust come from `specula_backend_api::abi` as `-D` options.
 //!
 //! ## Programs
 //!
-//! One file per op under `kernels/` (`common.cl` is prepended to each), embedded with
-//! `include_str!`, built on first use per (file, entry point, dtype, strategy, launch) and cached
-//! for the device's lifetime; a build failure is [`Error::KernelBuild`](specula_backend_api::Error)
-//! with the compiler log. Entry points are `<op>_<dtype>` (the two-stage ops add
-//! `accept_logprobs_pack` and `ngram_match_i32_budget`).
+//! One kernel file per op, named as the op (`kernels/<op>.cl`; `common.cl` is prepended to each),
+//! with its host code beside it in `src/ops/<op>.rs`. The files are embedded with `include_str!`
+//! by a registry generated from the op table of `backend-api` (`for_each_op!`), so an op without
+//! its kernel file does not compile. A program is built on first use per (op, entry point, dtype,
+//! strategy, kind of rows, launch) and cached for the device's lifetime; a build failure is
+//! [`Error::KernelBuild`](specula_backend_api::Error) with the compiler log. Entry points are
+//! `<op>_<dtype>` (the two-stage ops add `accept_logprobs_pack` and `ngram_match_i32_budget`).
+//!
+//! Kernel parameters follow one convention: the buffers are positional arguments, then one
+//! argument struct per kernel (`specula_backend_api::kernel_args!`, e.g. `ArgmaxArgs`) passed by
+//! value, holding the window offset of every buffer and the scalars. The kernel files do not
+//! re-type these structs: the runtime writes each one as OpenCL C from its Rust declaration into
+//! the program, between `common.cl` and the op's file. Validation happens once, in the front of
+//! `backend-api`, before any of this runs.
 //!
 //! The OpenCL library is loaded at run time (`opencl3`'s `dynamic` feature), so the crate builds
 //! without OpenCL installed; [`open`] then returns `Unavailable` with the reason.
@@ -70,6 +86,7 @@
 mod device;
 mod error;
 mod launch;
+mod ops;
 mod runtime;
 
 use std::sync::Arc;

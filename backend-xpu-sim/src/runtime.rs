@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::ptr;
 use std::sync::Mutex;
 
+use bytemuck::Pod;
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
 use opencl3::device::{CL_DEVICE_TYPE_ALL, Device as ClDevice};
@@ -16,10 +17,13 @@ use opencl3::memory::{Buffer as ClBuffer, CL_MEM_READ_WRITE, ClMem};
 use opencl3::platform::get_platforms;
 use opencl3::program::Program;
 use opencl3::types::{CL_BLOCKING, cl_mem};
-use specula_backend_api::{BackendKind, Buffer, DType, Error, Result, abi};
+use specula_backend_api::abi::{self, KernelArgs};
+use specula_backend_api::logit_weights::{self, sanitize_logit};
+use specula_backend_api::{BackendKind, Buffer, Error, Op, Result};
 
 use crate::error::XpuSimError;
 use crate::launch::LaunchConfig;
+use crate::ops::ArgsStruct;
 
 /// Elements one core stages into its local tile at a time (the XPU GM→LM copy size).
 pub(crate) const TILE: usize = 32;
@@ -27,36 +31,46 @@ pub(crate) const TILE: usize = 32;
 /// The common kernel file: Philox, 128-bit helpers, keys, row primitives.
 const COMMON: &str = include_str!("../kernels/common.cl");
 
-/// One kernel source file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Source {
-    Layout,
-    Gather,
-    Argmax,
-    Softmax,
-    Sample,
-    Candidates,
-    Verify,
-    UpdateState,
-    Ngram,
-    Logprobs,
+/// The largest buffer this backend allocates: `4 · (2^32 − 1)` bytes, or the device's own limit when
+/// that is lower (reported as `Capabilities::max_buffer_bytes`, so the front refuses larger buffers).
+/// Kernels take element counts as 32-bit `uint`s: with this bound a buffer of 4-byte (or wider)
+/// elements has fewer than 2^32 of them, so every count the host passes fits (see
+/// [`crate::ops::count`]).
+pub(crate) const MAX_BUFFER_BYTES: u64 = 4 * u32::MAX as u64;
+
+macro_rules! kernel_sources {
+    ($($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*) => {
+        /// The kernel file of `op`, `kernels/<op>.cl`, embedded (`None` for [`Op::Memory`]).
+        /// Generated from the op table, so an op without its kernel file does not compile.
+        pub(crate) fn kernel_source(op: Op) -> Option<&'static str> {
+            match op {
+                Op::Memory => None,
+                $(Op::$variant => Some(include_str!(concat!("../kernels/", stringify!($name), ".cl"))),)*
+            }
+        }
+
+        /// The argument structs of `op`'s kernels (`ops::<op>::ARGS`; none for [`Op::Memory`]).
+        pub(crate) fn kernel_args(op: Op) -> &'static [ArgsStruct] {
+            match op {
+                Op::Memory => &[],
+                $(Op::$variant => crate::ops::$name::ARGS,)*
+            }
+        }
+    };
 }
 
-impl Source {
-    fn text(self) -> &'static str {
-        match self {
-            Source::Layout => include_str!("../kernels/layout.cl"),
-            Source::Gather => include_str!("../kernels/gather_next_token.cl"),
-            Source::Argmax => include_str!("../kernels/argmax.cl"),
-            Source::Softmax => include_str!("../kernels/softmax.cl"),
-            Source::Sample => include_str!("../kernels/top_k_top_p_sample.cl"),
-            Source::Candidates => include_str!("../kernels/top_p_candidates.cl"),
-            Source::Verify => include_str!("../kernels/verify_draft_tokens.cl"),
-            Source::UpdateState => include_str!("../kernels/update_state.cl"),
-            Source::Ngram => include_str!("../kernels/ngram_match.cl"),
-            Source::Logprobs => include_str!("../kernels/accept_logprobs.cl"),
-        }
-    }
+specula_backend_api::for_each_op!(kernel_sources);
+
+/// The whole program of `op` as it is built: `common.cl`, the OpenCL C declarations of the op's
+/// argument structs (generated from their `kernel_args!` declarations), then the kernel file
+/// (`None` for [`Op::Memory`]).
+pub(crate) fn program_source(op: Op) -> Option<String> {
+    let text = kernel_source(op)?;
+    let structs: String = kernel_args(op)
+        .iter()
+        .map(ArgsStruct::declaration)
+        .collect();
+    Some(format!("{COMMON}\n{structs}\n{text}\n"))
 }
 
 /// The storage behind an xpu-sim [`Buffer`]: one OpenCL buffer (at least 8 bytes, since OpenCL
@@ -66,61 +80,56 @@ pub(crate) struct ClStorage {
 }
 
 impl ClStorage {
-    fn raw(&self) -> cl_mem {
+    /// The OpenCL memory object, as a kernel argument.
+    pub(crate) fn raw(&self) -> cl_mem {
         self.mem.get()
     }
 }
 
-/// A kernel argument.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Arg {
-    /// A buffer: its `cl_mem` and the element offset of its window.
-    Mem(cl_mem, u64),
-    U32(u32),
-    U64(u64),
-}
+/// The buffer parameters of one launch, in the kernel's order, collected while its argument struct
+/// is written: each `bind` appends a buffer and returns the element offset of its window, the
+/// struct's `<name>_offset` field. The fields of a struct expression are evaluated in the order
+/// they are written, so `XArgs { a_offset: buffers.bind(a)?, b_offset: buffers.bind(b)?, .. }`
+/// lists each buffer once, where its offset goes, in the kernel's parameter order.
+#[derive(Default)]
+pub(crate) struct KernelBuffers(Vec<cl_mem>);
 
-/// The arguments of one launch, built before the cache lock is taken.
-#[derive(Debug, Default)]
-pub(crate) struct Args(Vec<Arg>);
-
-impl Args {
-    pub(crate) fn new() -> Self {
-        Args(Vec::with_capacity(32))
-    }
-
-    /// A buffer argument (its window offset travels with it).
-    pub(crate) fn buf(&mut self, buffer: &Buffer) -> Result<&mut Self> {
-        let storage = buffer
+impl KernelBuffers {
+    /// Appends an xpu-sim buffer; returns its window offset.
+    pub(crate) fn bind(&mut self, buffer: &Buffer) -> Result<u64> {
+        let mem = buffer
             .storage::<ClStorage>()
+            .map(ClStorage::raw)
             .ok_or_else(|| XpuSimError::ForeignStorage.into_execution("kernel arguments"))?;
-        self.0.push(Arg::Mem(storage.raw(), buffer.offset() as u64));
-        Ok(self)
+        self.0.push(mem);
+        Ok(buffer.offset() as u64)
     }
 
-    /// A raw buffer with window offset 0 (scratch and placeholder buffers).
-    pub(crate) fn storage(&mut self, storage: &ClStorage) -> &mut Self {
-        self.0.push(Arg::Mem(storage.raw(), 0));
-        self
+    /// Appends a whole scratch buffer (offset 0).
+    pub(crate) fn bind_scratch(&mut self, scratch: &ClStorage) -> u64 {
+        self.0.push(scratch.raw());
+        0
     }
 
-    pub(crate) fn u32(&mut self, what: &'static str, value: usize) -> Result<&mut Self> {
-        let v = u32::try_from(value)
-            .map_err(|_| XpuSimError::TooLarge { what, value }.into_execution(what))?;
-        self.0.push(Arg::U32(v));
-        Ok(self)
-    }
-
-    pub(crate) fn u64(&mut self, value: u64) -> &mut Self {
-        self.0.push(Arg::U64(value));
-        self
+    /// Appends `buffer`, or the runtime's placeholder (offset 0) for a parameter the call does not
+    /// use.
+    pub(crate) fn bind_optional(
+        &mut self,
+        runtime: &Runtime,
+        buffer: Option<&Buffer>,
+    ) -> Result<u64> {
+        match buffer {
+            Some(buffer) => self.bind(buffer),
+            None => Ok(self.bind_scratch(runtime.placeholder())),
+        }
     }
 }
 
-/// What a program is built from: the file and the build options (launch shape, dtypes, strategy).
+/// What a program is built from: the op's kernel file and the build options (entry point, dtypes,
+/// strategy; the launch shape and shared constants are in every program's base options).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct ProgramKey {
-    pub(crate) source: Source,
+    pub(crate) op: Op,
     pub(crate) defines: Vec<(&'static str, String)>,
 }
 
@@ -195,7 +204,10 @@ impl Runtime {
         launch.check(max_wg)?;
         let name = device.name().unwrap_or_else(|_| "OpenCL device".to_owned());
         let version = device.version().unwrap_or_default();
-        let max_alloc = device.max_mem_alloc_size().unwrap_or(u64::MAX);
+        let max_alloc = device
+            .max_mem_alloc_size()
+            .unwrap_or(u64::MAX)
+            .min(MAX_BUFFER_BYTES);
         let context = Context::from_device(&device)
             .map_err(|e| unavailable(format!("cannot create an OpenCL context on {name}: {e}")))?;
         #[allow(deprecated)]
@@ -303,13 +315,45 @@ impl Runtime {
     }
 
     /// Enqueues kernel `name` of the program `key` over `clusters × cores`, building the program
-    /// on first use.
-    pub(crate) fn launch(&self, key: &ProgramKey, name: &str, args: &Args) -> Result<()> {
+    /// on first use. The kernel's parameters are `buffers` (positional, in the kernel's order), then
+    /// `args` by value: the struct of the same name, which the program declares from `A`.
+    pub(crate) fn launch<A: KernelArgs + Pod>(
+        &self,
+        key: &ProgramKey,
+        name: &str,
+        buffers: &KernelBuffers,
+        args: &A,
+    ) -> Result<()> {
+        debug_assert_eq!(
+            buffers.0.len(),
+            A::FIELDS
+                .iter()
+                .filter(|f| f.name.ends_with("_offset"))
+                .count(),
+            "{name}: one buffer per offset field of {}",
+            A::STRUCT
+        );
         let mut cache = self
             .cache
             .lock()
             .map_err(|_| XpuSimError::Poisoned.into_execution(name))?;
-        let cache = &mut *cache;
+        let kernel = self.kernel(&mut cache, key, name)?;
+        set_args(kernel, &buffers.0, args).map_err(|e| e.into_execution(name))?;
+        let local = self.launch.cores;
+        let global = self.launch.clusters * local;
+        // SAFETY: every argument is set; the buffers stay alive until the command completes
+        // (OpenCL retains memory objects used by enqueued commands).
+        unsafe {
+            self.queue
+                .enqueue_nd_range_kernel(kernel.get(), 1, ptr::null(), &global, &local, &[])
+                .map_err(XpuSimError::cl("clEnqueueNDRangeKernel"))
+                .map_err(|e| e.into_execution(name))?;
+        }
+        Ok(())
+    }
+
+    /// Kernel `name` of the program `key`, built and created on first use.
+    fn kernel<'c>(&self, cache: &'c mut Cache, key: &ProgramKey, name: &str) -> Result<&'c Kernel> {
         if !cache.programs.contains_key(key) {
             let program = self.build(key, name)?;
             cache.programs.insert(key.clone(), program);
@@ -324,40 +368,10 @@ impl Runtime {
                 .map_err(|e| e.into_execution(name))?;
             cache.kernels.insert(kernel_key.clone(), kernel);
         }
-        let Some(kernel) = cache.kernels.get(&kernel_key) else {
-            return Err(XpuSimError::MissingKernel(name.to_owned()).into_execution(name));
-        };
-        let mut index = 0u32;
-        for arg in &args.0 {
-            // SAFETY: each argument has the size and kind the kernel declares (the host code and
-            // the kernel signatures are kept in step; OpenCL checks the sizes of scalars).
-            let result = unsafe {
-                match arg {
-                    Arg::Mem(mem, offset) => {
-                        let first = kernel.set_arg(index, mem);
-                        index += 1;
-                        first.and_then(|()| kernel.set_arg(index, offset))
-                    }
-                    Arg::U32(v) => kernel.set_arg(index, v),
-                    Arg::U64(v) => kernel.set_arg(index, v),
-                }
-            };
-            index += 1;
-            result
-                .map_err(XpuSimError::cl("clSetKernelArg"))
-                .map_err(|e| e.into_execution(name))?;
-        }
-        let local = self.launch.cores;
-        let global = self.launch.clusters * local;
-        // SAFETY: every argument is set; the buffers stay alive until the command completes
-        // (OpenCL retains memory objects used by enqueued commands).
-        unsafe {
-            self.queue
-                .enqueue_nd_range_kernel(kernel.get(), 1, ptr::null(), &global, &local, &[])
-                .map_err(XpuSimError::cl("clEnqueueNDRangeKernel"))
-                .map_err(|e| e.into_execution(name))?;
-        }
-        Ok(())
+        cache
+            .kernels
+            .get(&kernel_key)
+            .ok_or_else(|| XpuSimError::MissingKernel(name.to_owned()).into_execution(name))
     }
 
     fn build(&self, key: &ProgramKey, name: &str) -> Result<Program> {
@@ -367,7 +381,9 @@ impl Runtime {
             options.push_str(&format!(" -D {define}={value}"));
         }
         // One NUL-terminated source: cl3 passes no lengths, so OpenCL reads up to the NUL.
-        let source = format!("{COMMON}\n{}\n\0", key.source.text());
+        let mut source = program_source(key.op)
+            .ok_or_else(|| XpuSimError::MissingKernel(name.to_owned()).into_execution(name))?;
+        source.push('\0');
         let mut program = Program::create_from_sources(&self.context, &[source.as_str()])
             .map_err(XpuSimError::cl("clCreateProgramWithSource"))
             .map_err(|e| e.into_execution(name))?;
@@ -400,6 +416,26 @@ impl Runtime {
     }
 }
 
+/// Sets the kernel's parameters: the buffers, then the argument struct by value.
+fn set_args<A: KernelArgs + Pod>(
+    kernel: &Kernel,
+    buffers: &[cl_mem],
+    args: &A,
+) -> std::result::Result<(), XpuSimError> {
+    let mut index = 0;
+    for buffer in buffers {
+        // SAFETY: a live OpenCL memory object for a `__global` pointer parameter; the host code
+        // passes the buffers in the order of the kernel's parameters.
+        unsafe { kernel.set_arg(index, buffer) }.map_err(XpuSimError::cl("clSetKernelArg"))?;
+        index += 1;
+    }
+    // SAFETY: `A` is `#[repr(C)]` plain old data without padding (`Pod`), and the struct the kernel
+    // takes by value after its buffers is generated from it (`program_source`; `ops::tests` checks
+    // every struct against the program); OpenCL checks the size.
+    unsafe { kernel.set_arg(index, args) }.map_err(XpuSimError::cl("clSetKernelArg"))?;
+    Ok(())
+}
+
 fn create_buffer(context: &Context, bytes: usize) -> std::result::Result<ClStorage, XpuSimError> {
     let size = bytes.max(8).next_multiple_of(8);
     // SAFETY: no host pointer is passed; the buffer is owned by the returned storage.
@@ -429,28 +465,73 @@ fn base_options(launch: LaunchConfig) -> String {
         ("CORES", launch.cores.to_string()),
         ("TILE", TILE.to_string()),
     ];
+    // No fast-math option: the gap of contract §3b is one IEEE f32 subtraction (common.cl).
     let mut options = String::from("-cl-std=CL1.2 -cl-fp32-correctly-rounded-divide-sqrt");
-    for (name, value) in defines {
+    for (name, value) in defines.into_iter().chain(logits_defines()) {
         options.push_str(&format!(" -D {name}={value}"));
     }
     options
 }
 
-/// The storage-format code of a float dtype in kernels (`T_DTYPE` / `D_DTYPE`).
-pub(crate) fn float_code(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F16 => "1",
-        DType::BF16 => "2",
-        _ => "0",
-    }
+/// The `-D` options of contract §3b: the constants of `backend_api::logit_weights` and the bounds
+/// of its `sanitize_logit` as f32 bit patterns.
+fn logits_defines() -> [(&'static str, String); 6] {
+    let coefficients: Vec<String> = logit_weights::EXP2_COEFFICIENTS
+        .iter()
+        .map(|a| format!("{a}ul"))
+        .collect();
+    [
+        ("LOG2E_Q63", format!("{:#x}ul", logit_weights::LOG2E_Q63)),
+        (
+            "GAP_FRACTION_BITS",
+            logit_weights::GAP_FRACTION_BITS.to_string(),
+        ),
+        ("GAP_LIMIT", format!("{}ul", logit_weights::GAP_LIMIT)),
+        ("EXP2_COEFFICIENTS", coefficients.join(",")),
+        ("LOGIT_TINY_BITS", format!("{:#x}u", logit_tiny_bits())),
+        (
+            "LOGIT_HUGE_BITS",
+            format!("{:#x}u", sanitize_logit(f32::MAX).to_bits()),
+        ),
+    ]
 }
 
-/// The unsigned integer type of a dtype's size (`ELEM` of gather).
-pub(crate) fn elem_type(dtype: DType) -> &'static str {
-    match dtype.size_bytes() {
-        1 => "uchar",
-        2 => "ushort",
-        8 => "ulong",
-        _ => "uint",
+/// The least positive f32 bit pattern that `sanitize_logit` does not flush to 0 (a positive finite
+/// magnitude below it counts as +0): found by bisection over the positive finite patterns, on
+/// which the function flushes exactly a lower range.
+fn logit_tiny_bits() -> u32 {
+    let (mut lo, mut hi) = (0u32, f32::INFINITY.to_bits());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if sanitize_logit(f32::from_bits(mid)) == 0.0 {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_logit_bounds_are_those_of_sanitize_logit() {
+        let tiny = logit_tiny_bits();
+        assert!(tiny > 0 && tiny < 1f32.to_bits());
+        for bits in [tiny - 1, tiny / 2, 1] {
+            assert_eq!(sanitize_logit(f32::from_bits(bits)).to_bits(), 0);
+            assert_eq!(sanitize_logit(-f32::from_bits(bits)).to_bits(), 0);
+        }
+        for bits in [tiny, tiny + 1, 1f32.to_bits()] {
+            let l = f32::from_bits(bits);
+            assert_eq!(sanitize_logit(l), l);
+            assert_eq!(sanitize_logit(-l), -l);
+        }
+        let huge = f32::from_bits(sanitize_logit(f32::MAX).to_bits());
+        assert_eq!(sanitize_logit(f32::from_bits(huge.to_bits() + 1)), huge);
+        assert_eq!(sanitize_logit(huge), huge);
+        assert_eq!(sanitize_logit(-f32::MAX), -huge);
     }
 }

@@ -1,0 +1,91 @@
+//! `accept_logprobs` (contract §4.8, `kernels/accept_logprobs.cl`), two kernels:
+//! `accept_logprobs_pack` (cluster 0 packs the accepted tokens and writes `cu_accept`; it runs on
+//! every call, even one without rows, since the front never skips this op), then
+//! `accept_logprobs_<dtype>` (one cluster per packed entry scores it).
+
+use specula_backend_api::Result;
+use specula_backend_api::ops::AcceptLogprobsCall;
+
+use super::{ArgsStruct, count, float_program, scratch_i32};
+use crate::runtime::{KernelBuffers, Runtime};
+
+specula_backend_api::kernel_args! {
+    /// The parameters of `accept_logprobs_pack`.
+    pub(crate) struct AcceptLogprobsPackArgs {
+        accept_tokens_offset: u64,
+        accept_num_offset: u64,
+        encoder_offset: u64,
+        cu_out_offset: u64,
+        cu_accept_offset: u64,
+        token_ids_offset: u64,
+        entry_row_offset: u64,
+        max_bsz: u32,
+        real_bsz: u32,
+        max_step_tokens: u32,
+        rows: u32,
+    }
+
+    /// The parameters of `accept_logprobs_<dtype>` (`pad`: explicit padding to a multiple of
+    /// 8 bytes, always 0).
+    pub(crate) struct AcceptLogprobsArgs {
+        logits_offset: u64,
+        temperature_offset: u64,
+        token_ids_offset: u64,
+        entry_row_offset: u64,
+        logprobs_offset: u64,
+        ranks_offset: u64,
+        top_ids_offset: u64,
+        top_logprobs_offset: u64,
+        entries: u32,
+        vocab: u32,
+        top_k: u32,
+        pad: u32,
+    }
+}
+
+/// The argument structs of `kernels/accept_logprobs.cl`, declared in its program from the Rust above.
+pub(crate) const ARGS: &[ArgsStruct] = &[
+    ArgsStruct::of::<AcceptLogprobsPackArgs>(),
+    ArgsStruct::of::<AcceptLogprobsArgs>(),
+];
+
+/// Launches the pack, then the scoring; the source row of each packed entry passes between them
+/// in a scratch buffer.
+pub(crate) fn run(runtime: &Runtime, mut call: AcceptLogprobsCall<'_, '_>) -> Result<()> {
+    let (inputs, out, params, dtype) = call.parts();
+    let dims = &params.dims;
+    let entries = dims.max_bsz.saturating_mul(dims.max_step_tokens);
+    let (key, entry) = float_program(specula_backend_api::Op::AcceptLogprobs, *dtype);
+    let entry_row = scratch_i32(runtime, entries)?;
+    let mut buffers = KernelBuffers::default();
+    let pack = AcceptLogprobsPackArgs {
+        accept_tokens_offset: buffers.bind(inputs.accept_tokens)?,
+        accept_num_offset: buffers.bind(inputs.accept_num)?,
+        encoder_offset: buffers.bind(inputs.seq_lens_encoder)?,
+        cu_out_offset: buffers.bind(inputs.cu_seqlens_q_output)?,
+        cu_accept_offset: buffers.bind(out.cu_accept)?,
+        token_ids_offset: buffers.bind(out.token_ids)?,
+        entry_row_offset: buffers.bind_scratch(&entry_row),
+        max_bsz: count(dims.max_bsz),
+        real_bsz: count(dims.real_bsz),
+        max_step_tokens: count(dims.max_step_tokens),
+        rows: count(params.shape.rows),
+    };
+    runtime.launch(&key, "accept_logprobs_pack", &buffers, &pack)?;
+    let mut buffers = KernelBuffers::default();
+    let score = AcceptLogprobsArgs {
+        logits_offset: buffers.bind(inputs.logits)?,
+        temperature_offset: buffers.bind(inputs.temperature)?,
+        token_ids_offset: buffers.bind(out.token_ids)?,
+        entry_row_offset: buffers.bind_scratch(&entry_row),
+        logprobs_offset: buffers.bind(out.logprobs)?,
+        ranks_offset: buffers.bind(out.ranks)?,
+        top_ids_offset: buffers.bind(out.top_ids)?,
+        top_logprobs_offset: buffers.bind(out.top_logprobs)?,
+        entries: count(entries),
+        vocab: count(params.shape.vocab),
+        top_k: count(params.top_k),
+        pad: 0,
+    };
+    runtime.launch(&key, &entry, &buffers, &score)
+}

@@ -1,0 +1,34 @@
+//! `argmax` (contract §4.2, `kernels/argmax.cl`): one cluster per row.
+
+use specula_backend_api::ops::ArgmaxCall;
+use specula_backend_api::{Op, Result};
+
+use super::{ArgsStruct, count, float_program};
+use crate::runtime::{KernelBuffers, Runtime};
+
+specula_backend_api::kernel_args! {
+    /// The parameters of `argmax_<dtype>`.
+    pub(crate) struct ArgmaxArgs {
+        input_offset: u64,
+        out_offset: u64,
+        rows: u32,
+        vocab: u32,
+    }
+}
+
+/// The argument structs of `kernels/argmax.cl`, declared in its program from the Rust above.
+pub(crate) const ARGS: &[ArgsStruct] = &[ArgsStruct::of::<ArgmaxArgs>()];
+
+/// Launches `argmax_<dtype>`.
+pub(crate) fn run(runtime: &Runtime, mut call: ArgmaxCall<'_>) -> Result<()> {
+    let (input, out, shape, dtype) = call.parts();
+    let (key, entry) = float_program(Op::Argmax, *dtype);
+    let mut buffers = KernelBuffers::default();
+    let args = ArgmaxArgs {
+        input_offset: buffers.bind(input)?,
+        out_offset: buffers.bind(out)?,
+        rows: count(shape.rows),
+        vocab: count(shape.vocab),
+    };
+    runtime.launch(&key, &entry, &buffers, &args)
+}

@@ -1,0 +1,48 @@
+//! `build_output_layout` (contract §1–2, `kernels/build_output_layout.cl`): a batch kernel on
+//! cluster 0.
+
+use specula_backend_api::ops::BuildOutputLayoutCall;
+use specula_backend_api::{Op, Result};
+
+use super::{ArgsStruct, batch_program, count};
+use crate::runtime::{KernelBuffers, Runtime};
+
+specula_backend_api::kernel_args! {
+    /// The parameters of `build_output_layout_i32`.
+    pub(crate) struct BuildOutputLayoutArgs {
+        this_time_offset: u64,
+        encoder_offset: u64,
+        seq_lens_output_offset: u64,
+        cu_seqlens_q_offset: u64,
+        cu_seqlens_q_output_offset: u64,
+        batch_id_offset: u64,
+        max_bsz: u32,
+        real_bsz: u32,
+        max_step_tokens: u32,
+        capacity: u32,
+    }
+}
+
+/// The argument structs of `kernels/build_output_layout.cl`, declared in its program from the Rust above.
+pub(crate) const ARGS: &[ArgsStruct] = &[ArgsStruct::of::<BuildOutputLayoutArgs>()];
+
+/// Launches `build_output_layout_i32`.
+pub(crate) fn run(runtime: &Runtime, mut call: BuildOutputLayoutCall<'_, '_>) -> Result<()> {
+    let (lens, out, params, capacity) = call.parts();
+    let dims = &params.dims;
+    let mut buffers = KernelBuffers::default();
+    let args = BuildOutputLayoutArgs {
+        this_time_offset: buffers.bind(lens.seq_lens_this_time)?,
+        encoder_offset: buffers.bind(lens.seq_lens_encoder)?,
+        seq_lens_output_offset: buffers.bind(out.seq_lens_output)?,
+        cu_seqlens_q_offset: buffers.bind(out.cu_seqlens_q)?,
+        cu_seqlens_q_output_offset: buffers.bind(out.cu_seqlens_q_output)?,
+        batch_id_offset: buffers.bind(out.batch_id_per_token_output)?,
+        max_bsz: count(dims.max_bsz),
+        real_bsz: count(dims.real_bsz),
+        max_step_tokens: count(dims.max_step_tokens),
+        capacity: count(*capacity),
+    };
+    let (key, entry) = batch_program(Op::BuildOutputLayout);
+    runtime.launch(&key, &entry, &buffers, &args)
+}

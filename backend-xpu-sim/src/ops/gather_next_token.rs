@@ -1,0 +1,69 @@
+//! `gather_next_token` (contract §4.1, `kernels/gather_next_token.cl`): one cluster per output row,
+//! a bit copy.
+
+use specula_backend_api::ops::GatherNextTokenCall;
+use specula_backend_api::{DType, Op, Result};
+
+use super::{ArgsStruct, count, flag, program};
+use crate::runtime::{KernelBuffers, Runtime};
+
+specula_backend_api::kernel_args! {
+    /// The parameters of `gather_next_token_<dtype>`.
+    pub(crate) struct GatherNextTokenArgs {
+        hidden_states_offset: u64,
+        cu_in_offset: u64,
+        this_time_offset: u64,
+        encoder_offset: u64,
+        cu_out_offset: u64,
+        batch_id_offset: u64,
+        out_offset: u64,
+        token_num: u64,
+        hidden: u64,
+        real_bsz: u32,
+        max_step_tokens: u32,
+        rows: u32,
+        is_speculative: u32,
+    }
+}
+
+/// The argument structs of `kernels/gather_next_token.cl`, declared in its program from the Rust above.
+pub(crate) const ARGS: &[ArgsStruct] = &[ArgsStruct::of::<GatherNextTokenArgs>()];
+
+/// The unsigned integer type of a dtype's size (`ELEM`): the kernel moves bits, not values.
+fn elem_type(dtype: DType) -> &'static str {
+    match dtype.size_bytes() {
+        1 => "uchar",
+        2 => "ushort",
+        8 => "ulong",
+        _ => "uint",
+    }
+}
+
+/// Launches `gather_next_token_<dtype>`.
+pub(crate) fn run(runtime: &Runtime, mut call: GatherNextTokenCall<'_>) -> Result<()> {
+    let (inputs, out, params, rows) = call.parts();
+    let dtype = inputs.hidden_states.dtype();
+    let entry = Op::GatherNextToken.entry_point(dtype);
+    let key = program(
+        Op::GatherNextToken,
+        &[("ENTRY", &entry), ("ELEM", elem_type(dtype))],
+    );
+    let (lens, layout) = (&inputs.lens, &inputs.layout);
+    let mut buffers = KernelBuffers::default();
+    let args = GatherNextTokenArgs {
+        hidden_states_offset: buffers.bind(inputs.hidden_states)?,
+        cu_in_offset: buffers.bind(inputs.cu_seqlens_q)?,
+        this_time_offset: buffers.bind(lens.seq_lens_this_time)?,
+        encoder_offset: buffers.bind(lens.seq_lens_encoder)?,
+        cu_out_offset: buffers.bind(layout.cu_seqlens_q_output)?,
+        batch_id_offset: buffers.bind(layout.batch_id_per_token_output)?,
+        out_offset: buffers.bind(out)?,
+        token_num: params.token_num as u64,
+        hidden: params.hidden as u64,
+        real_bsz: count(params.dims.real_bsz),
+        max_step_tokens: count(params.dims.max_step_tokens),
+        rows: count(*rows),
+        is_speculative: flag(params.is_speculative),
+    };
+    runtime.launch(&key, &entry, &buffers, &args)
+}

@@ -1,0 +1,195 @@
+//! One module per op, named as the op, beside its kernel file `kernels/<op>.cl`.
+//!
+//! Every function here runs after the shared validation of `backend-api` (and only when the op has
+//! something to do), so shapes, dtypes, devices and host scalars are known to be right; buffer
+//! *contents* may still be anything, and the kernels clamp them as the contract says.
+//!
+//! Kernel parameters follow one convention: the buffers are positional arguments, then one
+//! [`kernel_args!`](specula_backend_api::kernel_args) struct per kernel, passed by value, holding
+//! the element offset of every buffer's window and the scalars. The kernel files do not declare
+//! these structs: each module lists its own in `ARGS`, and the runtime writes them as OpenCL C into
+//! the program between `common.cl` and the kernel file ([`ArgsStruct::declaration`]). Each offset
+//! field is written by [`KernelBuffers::bind`](crate::runtime::KernelBuffers::bind), which collects
+//! the buffer for the launch at the same time, so each buffer is named once.
+
+pub(crate) mod accept_logprobs;
+pub(crate) mod argmax;
+pub(crate) mod build_output_layout;
+pub(crate) mod build_sampling_params;
+pub(crate) mod gather_next_token;
+pub(crate) mod ngram_match;
+pub(crate) mod softmax;
+pub(crate) mod top_k_top_p_sample;
+pub(crate) mod top_p_candidates;
+pub(crate) mod update_state;
+pub(crate) mod verify_draft_tokens;
+
+use specula_backend_api::abi::{self, KernelArgs, KernelField};
+use specula_backend_api::ops::ScoresKind;
+use specula_backend_api::{DType, Op, Result};
+
+use crate::runtime::{ClStorage, ProgramKey, Runtime};
+
+/// A kernel argument struct as its program declares it: the name and fields of a
+/// [`kernel_args!`](specula_backend_api::kernel_args) struct.
+pub(crate) struct ArgsStruct {
+    name: &'static str,
+    fields: &'static [KernelField],
+}
+
+impl ArgsStruct {
+    /// The struct `A`.
+    pub(crate) const fn of<A: KernelArgs>() -> Self {
+        ArgsStruct {
+            name: A::STRUCT,
+            fields: A::FIELDS,
+        }
+    }
+
+    /// Its OpenCL C declaration: `ulong` for the 64-bit fields, `uint` for the 32-bit ones.
+    pub(crate) fn declaration(&self) -> String {
+        abi::c_struct_declaration(self.name, self.fields, "ulong", "uint")
+    }
+}
+
+/// A count the kernels take as a 32-bit `uint`.
+///
+/// Every count passed this way is bounded before it gets here: by validation (`S` and the n-gram
+/// sizes ≤ `i32::MAX`, `V` ≤ 2^20, `C` ≤ 128, `K` ≤ 64), or as the element count of a buffer of the
+/// same call whose elements are 4 bytes or wider (`rows`, `max_bsz`, `real_bsz` ≤ `max_bsz`, the
+/// number of end tokens, a capacity), and this backend allocates no buffer above
+/// [`MAX_BUFFER_BYTES`](crate::runtime::MAX_BUFFER_BYTES) = 4 · (2^32 − 1) bytes, so such a buffer
+/// has fewer than 2^32 elements. The saturation is never reached; it only makes the conversion
+/// total.
+pub(crate) fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// A flag as the kernels take it (`uint`, 0 or 1).
+pub(crate) fn flag(value: bool) -> u32 {
+    u32::from(value)
+}
+
+/// The program of `op`'s kernel file with the `-D` options `defines` (beyond the shared ones).
+pub(crate) fn program(op: Op, defines: &[(&'static str, &str)]) -> ProgramKey {
+    ProgramKey {
+        op,
+        defines: defines.iter().map(|&(k, v)| (k, v.to_owned())).collect(),
+    }
+}
+
+/// The program and entry point (`<op>_<dtype>`) of a row op over one float storage format.
+pub(crate) fn float_program(op: Op, dtype: DType) -> (ProgramKey, String) {
+    let entry = op.entry_point(dtype);
+    let key = program(op, &[("ENTRY", &entry), ("T_DTYPE", float_code(dtype))]);
+    (key, entry)
+}
+
+/// The program and entry point (`<op>_<dtype>`) of a sampling op over `kind`'s rows: probabilities,
+/// or logits (`LOGITS=1`: each row weighed by contract §3b at its temperature).
+pub(crate) fn scores_program(op: Op, kind: ScoresKind) -> (ProgramKey, String) {
+    let entry = op.entry_point(kind.dtype);
+    let key = program(
+        op,
+        &[
+            ("ENTRY", &entry),
+            ("T_DTYPE", float_code(kind.dtype)),
+            ("LOGITS", logits_code(kind.logits)),
+        ],
+    );
+    (key, entry)
+}
+
+/// The program and entry point (`<op>_i32`) of an integer batch op.
+pub(crate) fn batch_program(op: Op) -> (ProgramKey, String) {
+    (program(op, &[]), op.entry_point(DType::I32))
+}
+
+/// The storage-format code of a float dtype in kernels (`T_DTYPE` / `D_DTYPE`).
+pub(crate) fn float_code(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F16 => "1",
+        DType::BF16 => "2",
+        _ => "0",
+    }
+}
+
+/// The kind of the sampling rows in kernels (`LOGITS`): 1 for logits, 0 for probabilities.
+pub(crate) fn logits_code(logits: bool) -> &'static str {
+    if logits { "1" } else { "0" }
+}
+
+/// A scratch buffer of `len` i32 entries (uninitialised; the first stage of a two-stage op writes
+/// it before the second reads it).
+pub(crate) fn scratch_i32(runtime: &Runtime, len: usize) -> Result<ClStorage> {
+    runtime.alloc(len.saturating_mul(4))
+}
+
+#[cfg(test)]
+mod tests {
+    use specula_backend_api::Op;
+
+    use super::*;
+    use crate::runtime::{kernel_args, kernel_source, program_source};
+
+    /// What is wrong with `args` in `op`'s program, if anything: it must be declared once, with
+    /// the fields of its Rust declaration, and taken by the kernel file (`const struct <Name> args`).
+    fn check(op: Op, args: &ArgsStruct) -> Option<String> {
+        let source = program_source(op).unwrap_or_default();
+        let kernel = kernel_source(op).unwrap_or_default();
+        let declared = source.matches(&format!("struct {} {{", args.name)).count();
+        let fields = abi::c_struct_fields(&source, args.name);
+        let rust: Vec<(String, usize)> = args
+            .fields
+            .iter()
+            .map(|f| (f.name.to_owned(), f.bytes))
+            .collect();
+        let taken = kernel.contains(&format!("const struct {} args", args.name));
+        (declared != 1 || fields.as_ref() != Some(&rust) || !taken).then(|| {
+            format!(
+                "{op}: struct {} declared {declared} times, taken by the kernel: {taken}, fields {fields:?}, Rust {rust:?}",
+                args.name
+            )
+        })
+    }
+
+    #[test]
+    fn every_args_struct_is_in_its_program() {
+        let mut failures: Vec<String> = Op::ALL
+            .into_iter()
+            .flat_map(|op| {
+                kernel_args(op)
+                    .iter()
+                    .filter_map(move |args| check(op, args))
+            })
+            .collect();
+        failures.extend(
+            Op::ALL
+                .into_iter()
+                .filter(|&op| kernel_args(op).is_empty())
+                .map(|op| format!("{op} has no argument struct")),
+        );
+        assert!(failures.is_empty(), "{failures:#?}");
+    }
+
+    #[test]
+    fn every_op_has_its_kernel_file() {
+        for op in Op::ALL {
+            let source = kernel_source(op).unwrap_or_default();
+            assert!(
+                source.starts_with(&format!("// {op} ")),
+                "kernels/{} does not describe {op} first",
+                op.kernel_file("cl")
+            );
+        }
+        assert!(kernel_source(Op::Memory).is_none());
+    }
+
+    #[test]
+    fn counts_never_truncate() {
+        assert_eq!(count(0), 0);
+        assert_eq!(count(i32::MAX as usize), i32::MAX as u32);
+        assert_eq!(count(usize::MAX), u32::MAX);
+        assert_eq!((flag(false), flag(true)), (0, 1));
+    }
+}

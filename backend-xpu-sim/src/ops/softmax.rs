@@ -1,0 +1,36 @@
+//! `softmax` (contract §4.9, `kernels/softmax.cl`): one cluster per row, f32 throughout.
+
+use specula_backend_api::ops::SoftmaxCall;
+use specula_backend_api::{Op, Result};
+
+use super::{ArgsStruct, count, float_program};
+use crate::runtime::{KernelBuffers, Runtime};
+
+specula_backend_api::kernel_args! {
+    /// The parameters of `softmax_<dtype>`.
+    pub(crate) struct SoftmaxArgs {
+        logits_offset: u64,
+        temperature_offset: u64,
+        probs_offset: u64,
+        rows: u32,
+        vocab: u32,
+    }
+}
+
+/// The argument structs of `kernels/softmax.cl`, declared in its program from the Rust above.
+pub(crate) const ARGS: &[ArgsStruct] = &[ArgsStruct::of::<SoftmaxArgs>()];
+
+/// Launches `softmax_<dtype>`.
+pub(crate) fn run(runtime: &Runtime, mut call: SoftmaxCall<'_>) -> Result<()> {
+    let (inputs, probs, params, dtype) = call.parts();
+    let (key, entry) = float_program(Op::Softmax, *dtype);
+    let mut buffers = KernelBuffers::default();
+    let args = SoftmaxArgs {
+        logits_offset: buffers.bind(inputs.logits)?,
+        temperature_offset: buffers.bind(inputs.temperature)?,
+        probs_offset: buffers.bind(probs)?,
+        rows: count(params.shape.rows),
+        vocab: count(params.shape.vocab),
+    };
+    runtime.launch(&key, &entry, &buffers, &args)
+}

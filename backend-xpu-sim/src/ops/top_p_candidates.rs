@@ -1,0 +1,52 @@
+//! `top_p_candidates` (contract §4.4, `kernels/top_p_candidates.cl`): one cluster per row; rows of
+//! probabilities or of logits (§3b).
+
+use specula_backend_api::ops::TopPCandidatesCall;
+use specula_backend_api::{Op, Result};
+
+use super::{ArgsStruct, count, flag, scores_program};
+use crate::runtime::{KernelBuffers, Runtime};
+
+specula_backend_api::kernel_args! {
+    /// The parameters of `top_p_candidates_<dtype>` (`temperature`: logits rows only).
+    pub(crate) struct TopPCandidatesArgs {
+        matrix_offset: u64,
+        temperature_offset: u64,
+        top_p_offset: u64,
+        batch_id_offset: u64,
+        ids_offset: u64,
+        scores_offset: u64,
+        lens_offset: u64,
+        has_batch_id: u32,
+        rows: u32,
+        vocab: u32,
+        candidates: u32,
+    }
+}
+
+/// The argument structs of `kernels/top_p_candidates.cl`, declared in its program from the Rust above.
+pub(crate) const ARGS: &[ArgsStruct] = &[ArgsStruct::of::<TopPCandidatesArgs>()];
+
+/// Launches `top_p_candidates_<dtype>` built for the rows' kind; without
+/// `batch_id_per_token_output` (or temperatures, for probability rows) the kernel gets the
+/// placeholder buffer, and `has_batch_id = 0`.
+pub(crate) fn run(runtime: &Runtime, mut call: TopPCandidatesCall<'_, '_>) -> Result<()> {
+    let (inputs, out, params, kind) = call.parts();
+    let (key, entry) = scores_program(Op::TopPCandidates, *kind);
+    let batch_id = inputs.batch_id_per_token_output;
+    let mut buffers = KernelBuffers::default();
+    let args = TopPCandidatesArgs {
+        matrix_offset: buffers.bind(inputs.scores.matrix())?,
+        temperature_offset: buffers.bind_optional(runtime, inputs.scores.temperature())?,
+        top_p_offset: buffers.bind(inputs.top_p)?,
+        batch_id_offset: buffers.bind_optional(runtime, batch_id)?,
+        ids_offset: buffers.bind(out.ids)?,
+        scores_offset: buffers.bind(out.scores)?,
+        lens_offset: buffers.bind(out.lens)?,
+        has_batch_id: flag(batch_id.is_some()),
+        rows: count(params.shape.rows),
+        vocab: count(params.shape.vocab),
+        candidates: count(params.candidates),
+    };
+    runtime.launch(&key, &entry, &buffers, &args)
+}

@@ -1,0 +1,183 @@
+//! `verify_draft_tokens` (contract §4.5, `kernels/verify_draft_tokens.cl`): one cluster per slot;
+//! the strategy is a build option (`STRATEGY`), and so is the kind of REJECTION's rows
+//! (`LOGITS`: logits weighed by §3b, the draft rows at the temperature of their output row).
+
+use specula_backend_api::ops::{Strategy, StrategyInputs, VerifyDraftTokensCall};
+use specula_backend_api::{Buffer, DType, Op, Result};
+
+use super::{ArgsStruct, count, flag, float_code, logits_code, program};
+use crate::runtime::{KernelBuffers, Runtime};
+
+specula_backend_api::kernel_args! {
+    /// The parameters of `verify_draft_tokens_<dtype>` (`pad`: explicit padding to a multiple of
+    /// 8 bytes, always 0).
+    pub(crate) struct VerifyDraftTokensArgs {
+        draft_tokens_offset: u64,
+        this_time_offset: u64,
+        encoder_offset: u64,
+        cu_out_offset: u64,
+        stop_flags_offset: u64,
+        is_block_step_offset: u64,
+        reasoning_status_offset: u64,
+        step_idx_offset: u64,
+        max_dec_len_offset: u64,
+        end_tokens_offset: u64,
+        seeds_offset: u64,
+        target_tokens_offset: u64,
+        cand_ids_offset: u64,
+        cand_scores_offset: u64,
+        cand_lens_offset: u64,
+        target_scores_offset: u64,
+        temperature_offset: u64,
+        draft_scores_offset: u64,
+        rj_top_k_offset: u64,
+        rj_top_p_offset: u64,
+        accept_tokens_offset: u64,
+        accept_num_offset: u64,
+        max_bsz: u32,
+        real_bsz: u32,
+        max_step_tokens: u32,
+        rows: u32,
+        vocab: u32,
+        num_end: u32,
+        candidates: u32,
+        accept_all: u32,
+        reject_all: u32,
+        pad: u32,
+    }
+}
+
+/// The argument structs of `kernels/verify_draft_tokens.cl`, declared in its program from the Rust above.
+pub(crate) const ARGS: &[ArgsStruct] = &[ArgsStruct::of::<VerifyDraftTokensArgs>()];
+
+/// The strategy's code in the kernel (`STRATEGY`).
+fn strategy_code(strategy: Strategy) -> &'static str {
+    match strategy {
+        Strategy::Greedy => "0",
+        Strategy::TargetMatch => "1",
+        Strategy::TopP => "2",
+        Strategy::Rejection => "3",
+    }
+}
+
+/// The kernel's nine strategy buffers, in parameter order (`target_tokens`, `cand_ids`,
+/// `cand_scores`, `cand_lens`, `target_scores`, `temperature`, `draft_scores`, `rj_top_k`,
+/// `rj_top_p`): those the strategy uses, `None` for the others (`temperature` for logits rows only).
+fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 9] {
+    match *strategy {
+        StrategyInputs::Greedy { target_tokens }
+        | StrategyInputs::TargetMatch { target_tokens } => [
+            Some(target_tokens),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        ],
+        StrategyInputs::TopP {
+            candidate_ids,
+            candidate_scores,
+            candidate_lens,
+            ..
+        } => [
+            None,
+            Some(candidate_ids),
+            Some(candidate_scores),
+            Some(candidate_lens),
+            None,
+            None,
+            None,
+            None,
+            None,
+        ],
+        StrategyInputs::Rejection {
+            target,
+            draft,
+            top_k,
+            top_p,
+        } => [
+            None,
+            None,
+            None,
+            None,
+            Some(target.matrix()),
+            target.temperature(),
+            Some(draft),
+            Some(top_k),
+            Some(top_p),
+        ],
+    }
+}
+
+/// Launches `verify_draft_tokens_<dtype>` built for the call's strategy (and, for REJECTION, the
+/// target and draft storage formats and the rows' kind).
+pub(crate) fn run(runtime: &Runtime, mut call: VerifyDraftTokensCall<'_, '_>) -> Result<()> {
+    let (inputs, out, params, facts) = call.parts();
+    let (target_dtype, draft_dtype) = facts.rejection_dtypes.unwrap_or((DType::F32, DType::F32));
+    let entry = Op::VerifyDraftTokens.entry_point(target_dtype);
+    let key = program(
+        Op::VerifyDraftTokens,
+        &[
+            ("ENTRY", &entry),
+            ("STRATEGY", strategy_code(inputs.strategy.strategy())),
+            ("T_DTYPE", float_code(target_dtype)),
+            ("D_DTYPE", float_code(draft_dtype)),
+            ("LOGITS", logits_code(facts.logits)),
+        ],
+    );
+    let candidates = match inputs.strategy {
+        StrategyInputs::TopP { candidates, .. } => candidates,
+        _ => 0,
+    };
+    let [
+        target_tokens,
+        cand_ids,
+        cand_scores,
+        cand_lens,
+        target_scores,
+        temperature,
+        draft_scores,
+        rj_top_k,
+        rj_top_p,
+    ] = strategy_buffers(&inputs.strategy);
+    let (lens, state, dims) = (&inputs.lens, &inputs.state, &params.dims);
+    let mut buffers = KernelBuffers::default();
+    let args = VerifyDraftTokensArgs {
+        draft_tokens_offset: buffers.bind(inputs.draft_tokens)?,
+        this_time_offset: buffers.bind(lens.seq_lens_this_time)?,
+        encoder_offset: buffers.bind(lens.seq_lens_encoder)?,
+        cu_out_offset: buffers.bind(inputs.cu_seqlens_q_output)?,
+        stop_flags_offset: buffers.bind(state.stop_flags)?,
+        is_block_step_offset: buffers.bind(state.is_block_step)?,
+        reasoning_status_offset: buffers.bind(state.reasoning_status)?,
+        step_idx_offset: buffers.bind(state.step_idx)?,
+        max_dec_len_offset: buffers.bind(state.max_dec_len)?,
+        end_tokens_offset: buffers.bind(state.end_tokens)?,
+        seeds_offset: buffers.bind(inputs.seeds)?,
+        target_tokens_offset: buffers.bind_optional(runtime, target_tokens)?,
+        cand_ids_offset: buffers.bind_optional(runtime, cand_ids)?,
+        cand_scores_offset: buffers.bind_optional(runtime, cand_scores)?,
+        cand_lens_offset: buffers.bind_optional(runtime, cand_lens)?,
+        target_scores_offset: buffers.bind_optional(runtime, target_scores)?,
+        temperature_offset: buffers.bind_optional(runtime, temperature)?,
+        draft_scores_offset: buffers.bind_optional(runtime, draft_scores)?,
+        rj_top_k_offset: buffers.bind_optional(runtime, rj_top_k)?,
+        rj_top_p_offset: buffers.bind_optional(runtime, rj_top_p)?,
+        accept_tokens_offset: buffers.bind(out.accept_tokens)?,
+        accept_num_offset: buffers.bind(out.accept_num)?,
+        max_bsz: count(dims.max_bsz),
+        real_bsz: count(dims.real_bsz),
+        max_step_tokens: count(dims.max_step_tokens),
+        rows: count(params.rows),
+        vocab: count(params.vocab),
+        num_end: count(state.end_tokens.len()),
+        candidates: count(candidates),
+        accept_all: flag(params.accept_all),
+        reject_all: flag(params.reject_all),
+        pad: 0,
+    };
+    runtime.launch(&key, &entry, &buffers, &args)
+}
