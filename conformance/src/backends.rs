@@ -95,6 +95,16 @@ impl Backend {
     }
 }
 
+/// The names of the available backends among `backends`, comma-separated (`cpu, wgpu`).
+pub fn available_names(backends: &[Backend]) -> String {
+    let names: Vec<&str> = backends
+        .iter()
+        .filter(|b| b.device().is_some())
+        .map(|b| b.name.as_str())
+        .collect();
+    names.join(", ")
+}
+
 /// Opens device 0 of `kind` through the sampler's registry, once.
 pub fn probe(kind: BackendKind) -> Backend {
     let status = match registry::open_kind(kind, 0) {

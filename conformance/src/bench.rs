@@ -66,8 +66,23 @@ pub struct Measurement {
 
 /// The floor the CPU backend measures next to an op.
 enum Floor<'a> {
+    /// One streaming read of the buffer after each timed call.
     Read(&'a Buffer),
+    /// One streaming read of the buffer, timed in repetitions of its own after the op's (the
+    /// unified step).
+    ReadAfter(&'a Buffer),
+    /// A parallel copy of the same bytes after each timed call.
     Copy(&'a Buffer, &'a mut Buffer),
+}
+
+impl Floor<'_> {
+    /// What the floor is, as reported.
+    fn kind(&self) -> &'static str {
+        match self {
+            Floor::Read(_) | Floor::ReadAfter(_) => "read",
+            Floor::Copy(..) => "memcpy",
+        }
+    }
 }
 
 struct Lcg(u64);
@@ -120,62 +135,77 @@ impl Evictor {
     }
 }
 
+/// Measures the ops of one backend and tells `progress` each measurement.
 struct Bencher<'a> {
     options: &'a BenchOptions,
+    backend: &'a str,
+    device: &'a dyn Device,
     cpu: Option<&'a CpuDevice>,
     evictor: Option<Evictor>,
     out: Vec<Measurement>,
+    progress: &'a mut dyn FnMut(&Measurement),
 }
 
 impl Bencher<'_> {
-    #[allow(clippy::too_many_arguments)]
+    /// Pushes the inputs out of the caches (cold runs).
+    fn evict(&mut self) {
+        if let Some(e) = self.evictor.as_mut() {
+            e.evict();
+        }
+    }
+
+    /// Seconds of one floor measurement on the CPU backend.
+    fn time_floor(&mut self, cpu: &CpuDevice, floor: &mut Floor<'_>) -> Result<f64> {
+        self.evict();
+        let start = Instant::now();
+        match floor {
+            Floor::Read(b) | Floor::ReadAfter(b) => {
+                std::hint::black_box(cpu.read_floor(b)?);
+            }
+            Floor::Copy(src, dst) => cpu.copy_floor(src, dst)?,
+        }
+        Ok(start.elapsed().as_secs_f64())
+    }
+
+    /// Times `call` (after the warm-up) and, on the CPU backend, `floor`; records and reports the
+    /// measurement of `op` at `(batch, width, step_tokens)`, which must read `bytes`.
     fn measure(
         &mut self,
-        backend: &str,
-        device: &dyn Device,
         op: String,
         (batch, width, step_tokens): (usize, usize, usize),
         bytes: u64,
         mut floor: Option<Floor<'_>>,
         call: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
+        let device = self.device;
         for _ in 0..self.options.warmup {
             call()?;
             device.synchronize()?;
         }
+        let repeats = self.options.repeats.max(1);
         let (mut times, mut floors) = (Vec::new(), Vec::new());
-        for _ in 0..self.options.repeats.max(1) {
-            if let Some(e) = self.evictor.as_mut() {
-                e.evict();
-            }
+        for _ in 0..repeats {
+            self.evict();
             let start = Instant::now();
             call()?;
             device.synchronize()?;
             times.push(start.elapsed().as_secs_f64());
-            if let (Some(cpu), Some(f)) = (self.cpu, floor.as_mut()) {
-                if let Some(e) = self.evictor.as_mut() {
-                    e.evict();
-                }
-                let start = Instant::now();
-                match f {
-                    Floor::Read(b) => {
-                        std::hint::black_box(cpu.read_floor(b)?);
-                    }
-                    Floor::Copy(src, dst) => cpu.copy_floor(src, dst)?,
-                }
-                floors.push(start.elapsed().as_secs_f64());
+            if let (Some(cpu), Some(f)) = (self.cpu, floor.as_mut())
+                && !matches!(f, Floor::ReadAfter(_))
+            {
+                floors.push(self.time_floor(cpu, f)?);
+            }
+        }
+        if let (Some(cpu), Some(f @ Floor::ReadAfter(_))) = (self.cpu, floor.as_mut()) {
+            for _ in 0..repeats {
+                floors.push(self.time_floor(cpu, f)?);
             }
         }
         let min_s = times.iter().copied().fold(f64::INFINITY, f64::min);
         let median_s = median(&mut times);
         let floor_median_s = (!floors.is_empty()).then(|| median(&mut floors));
-        let floor_kind = match (&floor, floor_median_s) {
-            (Some(Floor::Read(_)), Some(_)) => Some("read"),
-            (Some(Floor::Copy(..)), Some(_)) => Some("memcpy"),
-            _ => None,
-        };
-        self.out.push(Measurement {
-            backend: backend.to_owned(),
+        let measurement = Measurement {
+            backend: self.backend.to_owned(),
             op,
             batch,
             width,
@@ -186,13 +216,37 @@ impl Bencher<'_> {
             gbps: bytes as f64 / median_s / 1e9,
             floor_median_s,
             ratio: floor_median_s.map(|f| median_s / f),
-            floor_kind,
-        });
+            floor_kind: floor_median_s.and(floor.as_ref().map(Floor::kind)),
+        };
+        (self.progress)(&measurement);
+        self.out.push(measurement);
         Ok(())
+    }
+
+    /// Measures a row op over the `[rows, vocab]` f32 `probs` it reads, next to one read of them.
+    fn measure_rows(
+        &mut self,
+        op: String,
+        probs: &Buffer,
+        (rows, vocab): (usize, usize),
+        call: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        let bytes = (rows * vocab * 4) as u64;
+        let floor = Some(Floor::Read(probs));
+        self.measure(op, (rows, vocab, 1), bytes, floor, call)
     }
 
     fn wants(&self, op: &str) -> bool {
         self.options.ops.is_empty() || self.options.ops.iter().any(|o| op.contains(o.as_str()))
+    }
+}
+
+/// Every slot of a batch of `slots` slots described, `s` tokens each at most.
+fn full_batch(slots: usize, s: usize) -> BatchDims {
+    BatchDims {
+        max_bsz: slots,
+        real_bsz: slots,
+        max_step_tokens: s,
     }
 }
 
@@ -205,144 +259,111 @@ pub fn run(
     options: &BenchOptions,
     progress: &mut dyn FnMut(&Measurement),
 ) -> Result<Vec<Measurement>> {
+    let d: &dyn Device = device.as_ref();
     let mut b = Bencher {
         options,
+        backend,
+        device: d,
         cpu,
         evictor: options.cold.then(Evictor::new),
         out: Vec::new(),
+        progress,
     };
-    let d: &dyn Device = device.as_ref();
     let (vocabs, batches): (&[usize], &[usize]) = if options.quick {
         (&[151_936], &[1, 64])
     } else {
         (&[32_000, 128_256, 151_936], &[1, 8, 64, 256])
     };
-    let mut reported = 0;
-    let mut report = |b: &Bencher<'_>, progress: &mut dyn FnMut(&Measurement)| {
-        for m in &b.out[reported..] {
-            progress(m);
-        }
-        reported = b.out.len();
-    };
     for &vocab in vocabs {
         for &rows in batches {
-            let shape = RowShape { rows, vocab };
-            let probs = d.upload(&probability_rows(rows, vocab, (rows * vocab) as u64))?;
-            let bytes = (rows * vocab * 4) as u64;
-            let seed = d.upload(&(0..rows as u64).map(|r| r * 4 + 1).collect::<Vec<_>>())?;
-            let mut tokens = d.alloc::<i32>(rows)?;
-            for (k, p) in [(0, 0.9f32), (50, 0.9), (0, 1.0)] {
-                let op = format!("top_k_top_p_sample(k={k},p={p})");
-                if !b.wants(&op) {
-                    continue;
-                }
-                let (top_k, top_p) = (d.upload(&vec![k; rows])?, d.upload(&vec![p; rows])?);
-                let inputs = SampleInputs {
-                    probs: &probs,
-                    top_k: &top_k,
-                    top_p: &top_p,
-                    seed: &seed,
-                };
-                let params = SampleParams {
-                    shape,
-                    host_top_p: None,
-                };
-                b.measure(
-                    backend,
-                    d,
-                    op,
-                    (rows, vocab, 1),
-                    bytes,
-                    Some(Floor::Read(&probs)),
-                    &mut || d.top_k_top_p_sample(&inputs, &mut tokens, &params),
-                )?;
-                report(&b, progress);
-            }
-            if b.wants("argmax") {
-                b.measure(
-                    backend,
-                    d,
-                    "argmax".into(),
-                    (rows, vocab, 1),
-                    bytes,
-                    Some(Floor::Read(&probs)),
-                    &mut || d.argmax(&probs, &mut tokens, &shape),
-                )?;
-                report(&b, progress);
-            }
-            if b.wants("top_p_candidates") {
-                let top_p = d.upload(&vec![0.9f32; rows])?;
-                let (mut ids, mut scores, mut lens) = (
-                    d.alloc::<i32>(rows * 8)?,
-                    d.alloc::<f32>(rows * 8)?,
-                    d.alloc::<i32>(rows)?,
-                );
-                let inputs = CandidatesInputs {
-                    probs: &probs,
-                    top_p: &top_p,
-                    batch_id_per_token_output: None,
-                };
-                let params = CandidatesParams {
-                    shape,
-                    candidates: 8,
-                    host_top_p: None,
-                };
-                b.measure(
-                    backend,
-                    d,
-                    "top_p_candidates(c=8,p=0.9)".into(),
-                    (rows, vocab, 1),
-                    bytes,
-                    Some(Floor::Read(&probs)),
-                    &mut || {
-                        d.top_p_candidates(
-                            &inputs,
-                            &mut CandidatesOutputs {
-                                ids: &mut ids,
-                                scores: &mut scores,
-                                lens: &mut lens,
-                            },
-                            &params,
-                        )
-                    },
-                )?;
-                report(&b, progress);
-            }
+            row_benches(&mut b, rows, vocab)?;
         }
         // The unified step (TARGET_MATCH): layout, per-row parameters, sampling, verification.
         let slot_counts: &[usize] = if options.quick { &[64] } else { &[1, 8, 64] };
         for &slots in slot_counts {
             for s in [1usize, 4, 6] {
-                if !b.wants("step") {
-                    continue;
+                if b.wants("step") {
+                    step_bench(&mut b, slots, s, vocab)?;
                 }
-                step_bench(&mut b, backend, d, slots, s, vocab)?;
-                report(&b, progress);
             }
         }
     }
     // gather_next_token: 384 rows of 8192 bf16 (64 slots × S = 6).
     if b.wants("gather_next_token") {
-        gather_bench(&mut b, backend, d)?;
-        report(&b, progress);
+        gather_bench(&mut b)?;
     }
     Ok(b.out)
 }
 
-fn step_bench(
-    b: &mut Bencher<'_>,
-    backend: &str,
-    d: &dyn Device,
-    slots: usize,
-    s: usize,
-    vocab: usize,
-) -> Result<()> {
+/// The row ops (sampling in three settings, argmax, candidates) over `[rows, vocab]`
+/// probabilities.
+fn row_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
+    let d = b.device;
+    let shape = RowShape { rows, vocab };
+    let probs = d.upload(&probability_rows(rows, vocab, (rows * vocab) as u64))?;
+    let seed = d.upload(&(0..rows as u64).map(|r| r * 4 + 1).collect::<Vec<_>>())?;
+    let mut tokens = d.alloc::<i32>(rows)?;
+    for (k, p) in [(0, 0.9f32), (50, 0.9), (0, 1.0)] {
+        let op = format!("top_k_top_p_sample(k={k},p={p})");
+        if !b.wants(&op) {
+            continue;
+        }
+        let (top_k, top_p) = (d.upload(&vec![k; rows])?, d.upload(&vec![p; rows])?);
+        let inputs = SampleInputs {
+            scores: Scores::Probs(&probs),
+            top_k: &top_k,
+            top_p: &top_p,
+            seed: &seed,
+        };
+        let params = SampleParams {
+            shape,
+            host_top_p: None,
+        };
+        b.measure_rows(op, &probs, (rows, vocab), &mut || {
+            d.top_k_top_p_sample(&inputs, &mut tokens, &params)
+        })?;
+    }
+    if b.wants("argmax") {
+        b.measure_rows("argmax".into(), &probs, (rows, vocab), &mut || {
+            d.argmax(&probs, &mut tokens, &shape)
+        })?;
+    }
+    if b.wants("top_p_candidates") {
+        let top_p = d.upload(&vec![0.9f32; rows])?;
+        let (mut ids, mut scores, mut lens) = (
+            d.alloc::<i32>(rows * 8)?,
+            d.alloc::<f32>(rows * 8)?,
+            d.alloc::<i32>(rows)?,
+        );
+        let inputs = CandidatesInputs {
+            scores: Scores::Probs(&probs),
+            top_p: &top_p,
+            batch_id_per_token_output: None,
+        };
+        let params = CandidatesParams {
+            shape,
+            candidates: 8,
+            host_top_p: None,
+        };
+        let op = "top_p_candidates(c=8,p=0.9)".to_owned();
+        b.measure_rows(op, &probs, (rows, vocab), &mut || {
+            let mut outputs = CandidatesOutputs {
+                ids: &mut ids,
+                scores: &mut scores,
+                lens: &mut lens,
+            };
+            d.top_p_candidates(&inputs, &mut outputs, &params)
+        })?;
+    }
+    Ok(())
+}
+
+/// The unified step of `slots` decode slots of `s` tokens over `vocab`, next to one read of its
+/// probabilities.
+fn step_bench(b: &mut Bencher<'_>, slots: usize, s: usize, vocab: usize) -> Result<()> {
+    let d = b.device;
     let rows = slots * s;
-    let dims = BatchDims {
-        max_bsz: slots,
-        real_bsz: slots,
-        max_step_tokens: s,
-    };
+    let dims = full_batch(slots, s);
     let probs = d.upload(&probability_rows(rows, vocab, 7))?;
     let this_time = d.upload(&vec![s as i32; slots])?;
     let zeros_i32 = d.alloc::<i32>(slots)?;
@@ -379,12 +400,10 @@ fn step_bench(
     };
     let op = format!("step(target_match,S={s})");
     b.measure(
-        backend,
-        d,
         op,
         (slots, vocab, s),
         (rows * vocab * 4) as u64,
-        None,
+        Some(Floor::ReadAfter(&probs)),
         &mut || {
             d.build_output_layout(
                 &lens,
@@ -425,7 +444,7 @@ fn step_bench(
             )?;
             d.top_k_top_p_sample(
                 &SampleInputs {
-                    probs: &probs,
+                    scores: Scores::Probs(&probs),
                     top_k: &row_top_k,
                     top_p: &row_top_p,
                     seed: &row_seed,
@@ -468,38 +487,15 @@ fn step_bench(
                 },
             )
         },
-    )?;
-    // The floor of the step: one read of its probabilities, measured the same way.
-    if let Some(cpu) = b.cpu {
-        let floor = {
-            let mut times = Vec::new();
-            for _ in 0..b.options.repeats.max(1) {
-                if let Some(e) = b.evictor.as_mut() {
-                    e.evict();
-                }
-                let start = Instant::now();
-                std::hint::black_box(cpu.read_floor(&probs)?);
-                times.push(start.elapsed().as_secs_f64());
-            }
-            median(&mut times)
-        };
-        if let Some(m) = b.out.last_mut() {
-            m.floor_median_s = Some(floor);
-            m.ratio = Some(m.median_s / floor);
-            m.floor_kind = Some("read");
-        }
-    }
-    Ok(())
+    )
 }
 
-fn gather_bench(b: &mut Bencher<'_>, backend: &str, d: &dyn Device) -> Result<()> {
+/// `gather_next_token` of 64 slots × S = 6 rows of 8192 bf16, next to a copy of the same bytes.
+fn gather_bench(b: &mut Bencher<'_>) -> Result<()> {
+    let d = b.device;
     let (slots, s, hidden) = (64usize, 6usize, 8192usize);
     let rows = slots * s;
-    let dims = BatchDims {
-        max_bsz: slots,
-        real_bsz: slots,
-        max_step_tokens: s,
-    };
+    let dims = full_batch(slots, s);
     let x: Vec<half::bf16> = (0..rows * hidden)
         .map(|i| half::bf16::from_bits((i * 2654435761) as u16))
         .collect();
@@ -532,8 +528,6 @@ fn gather_bench(b: &mut Bencher<'_>, backend: &str, d: &dyn Device) -> Result<()
     };
     let floor = b.cpu.is_some().then_some(Floor::Copy(&x, &mut copy));
     b.measure(
-        backend,
-        d,
         "gather_next_token(bf16)".into(),
         (rows, hidden, s),
         (rows * hidden * 2) as u64,

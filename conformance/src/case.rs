@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use specula_backend_api::Op;
 use specula_backend_api::ops::BatchDims;
+use specula_backend_api::{DType, Error, Op};
 
+pub use crate::cases::CaseParams;
 use crate::tensor::HostTensor;
 
 /// The batch shape, as stored in case files.
@@ -30,150 +31,6 @@ impl From<Dims> for BatchDims {
     }
 }
 
-/// The op of a case and its scalar parameters (the JSON header of a case file).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
-pub enum CaseParams {
-    /// Inputs `seq_lens_this_time`, `seq_lens_encoder`.
-    BuildOutputLayout {
-        /// Batch shape.
-        dims: Dims,
-        /// Rows of `batch_id_per_token_output` (≥ `real_bsz · S`).
-        rows: usize,
-    },
-    /// Inputs `hidden_states`, `cu_seqlens_q`, `seq_lens_this_time`, `seq_lens_encoder`,
-    /// `cu_seqlens_q_output`, `batch_id_per_token_output`.
-    GatherNextToken {
-        /// Batch shape.
-        dims: Dims,
-        /// Rows of `hidden_states`.
-        token_num: usize,
-        /// Row width.
-        hidden: usize,
-        /// Speculative (per output row) or not (per slot).
-        is_speculative: bool,
-    },
-    /// Inputs `top_p`, `top_k`, `temperature`, `infer_seed` (per slot), `seq_lens_this_time`,
-    /// `seq_lens_encoder`, `cu_seqlens_q_output`, `batch_id_per_token_output`.
-    BuildSamplingParams {
-        /// Batch shape.
-        dims: Dims,
-    },
-    /// Input `input`.
-    Argmax {
-        /// Rows.
-        rows: usize,
-        /// Vocabulary.
-        vocab: usize,
-    },
-    /// Inputs `logits`, `temperature`.
-    Softmax {
-        /// Rows.
-        rows: usize,
-        /// Vocabulary.
-        vocab: usize,
-    },
-    /// Inputs `probs`, `top_k`, `top_p`, `seed`.
-    TopKTopPSample {
-        /// Rows.
-        rows: usize,
-        /// Vocabulary.
-        vocab: usize,
-    },
-    /// Inputs `probs`, `top_p`, optional `batch_id_per_token_output`.
-    TopPCandidates {
-        /// Rows.
-        rows: usize,
-        /// Vocabulary.
-        vocab: usize,
-        /// Candidates per row.
-        candidates: usize,
-    },
-    /// Inputs `draft_tokens`, `seq_lens_this_time`, `seq_lens_encoder`, `cu_seqlens_q_output`,
-    /// `stop_flags`, `is_block_step`, `reasoning_status`, `step_idx`, `max_dec_len`, `end_tokens`,
-    /// `seeds`, and per strategy `target_tokens` | `candidate_ids`, `candidate_scores`,
-    /// `candidate_lens` | `target_probs`, `draft_probs`, `top_k`, `top_p`.
-    VerifyDraftTokens {
-        /// Batch shape.
-        dims: Dims,
-        /// Output rows of the per-row inputs.
-        rows: usize,
-        /// Vocabulary.
-        vocab: usize,
-        /// `greedy`, `target_match`, `topp` or `rejection`.
-        strategy: String,
-        /// Candidates per row (TOPP).
-        candidates: usize,
-        /// Accept every in-vocabulary draft.
-        accept_all: bool,
-        /// Accept no draft.
-        reject_all: bool,
-    },
-    /// Inputs `accept_tokens`, `is_block_step`, `prompt_lens`, `max_dec_len`, `end_tokens`; in/out
-    /// `accept_num`, `stop_flags`, `token_ids_all`, `step_idx`, `infer_seed`, `draft_tokens`,
-    /// `seq_lens_encoder`, `seq_lens_decoder`.
-    UpdateState {
-        /// Batch shape.
-        dims: Dims,
-        /// Row length of `token_ids_all`.
-        max_model_len: usize,
-    },
-    /// Inputs `token_ids_all`, `prompt_lens`, `step_idx`, `draft_token_num`, `seq_lens_encoder`,
-    /// `max_dec_len`; in/out `draft_tokens`, `seq_lens_this_time`.
-    NgramMatch {
-        /// Batch shape.
-        dims: Dims,
-        /// Row length of `token_ids_all`.
-        max_model_len: usize,
-        /// Longest n-gram.
-        max_ngram_size: usize,
-        /// Shortest n-gram.
-        min_ngram_size: usize,
-        /// Global token budget.
-        threshold: usize,
-    },
-    /// Inputs `logits`, `temperature`, `accept_tokens`, `accept_num`, `seq_lens_encoder`,
-    /// `cu_seqlens_q_output`.
-    AcceptLogprobs {
-        /// Batch shape.
-        dims: Dims,
-        /// Rows of `logits`.
-        rows: usize,
-        /// Vocabulary.
-        vocab: usize,
-        /// Top-K width.
-        top_k: usize,
-    },
-}
-
-impl CaseParams {
-    /// The length of the rows a float output is reduced over (the vocabulary of `softmax` and
-    /// `accept_logprobs`; 1 for the other ops, whose outputs are exact).
-    pub fn reduction_width(&self) -> usize {
-        match self {
-            CaseParams::Softmax { vocab, .. } | CaseParams::AcceptLogprobs { vocab, .. } => *vocab,
-            _ => 1,
-        }
-    }
-
-    /// The op these parameters are for.
-    pub fn op(&self) -> Op {
-        match self {
-            CaseParams::BuildOutputLayout { .. } => Op::BuildOutputLayout,
-            CaseParams::GatherNextToken { .. } => Op::GatherNextToken,
-            CaseParams::BuildSamplingParams { .. } => Op::BuildSamplingParams,
-            CaseParams::Argmax { .. } => Op::Argmax,
-            CaseParams::Softmax { .. } => Op::Softmax,
-            CaseParams::TopKTopPSample { .. } => Op::TopKTopPSample,
-            CaseParams::TopPCandidates { .. } => Op::TopPCandidates,
-            CaseParams::VerifyDraftTokens { .. } => Op::VerifyDraftTokens,
-            CaseParams::UpdateState { .. } => Op::UpdateState,
-            CaseParams::NgramMatch { .. } => Op::NgramMatch,
-            CaseParams::AcceptLogprobs { .. } => Op::AcceptLogprobs,
-        }
-    }
-}
-
 /// One case.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Case {
@@ -183,19 +40,51 @@ pub struct Case {
     pub params: CaseParams,
     /// The input tensors by name (the in/out buffers' initial contents included).
     pub inputs: BTreeMap<String, HostTensor>,
-    /// Hand-computed outputs (golden cases); otherwise the CPU reference's outputs are expected.
+    /// Hand-computed outputs (golden cases); otherwise the reference device's outputs are
+    /// expected.
     pub expected: Option<BTreeMap<String, HostTensor>>,
+    /// The error every device (the reference included) must reject the case with (`invalid::`
+    /// cases); `None`: the case must run.
+    pub expected_error: Option<ExpectedError>,
+    /// The inputs hold hostile device contents that host validation would reject (negative
+    /// lengths, slot rules broken): the case runs without host copies. Otherwise the host-side
+    /// tensors (slot lengths, `top_p`, temperatures) are also passed as host copies, so that host
+    /// validation runs as it does for a runner.
+    pub device_only: bool,
+    /// Inputs uploaded to another device than the one under test (a `DeviceMismatch` case).
+    pub foreign: Vec<String>,
 }
 
 impl Case {
     /// A case without expected outputs.
-    pub fn new(name: impl Into<String>, params: CaseParams) -> Self {
+    pub fn new(name: impl Into<String>, params: impl Into<CaseParams>) -> Self {
         Case {
             name: name.into(),
-            params,
+            params: params.into(),
             inputs: BTreeMap::new(),
             expected: None,
+            expected_error: None,
+            device_only: false,
+            foreign: Vec::new(),
         }
+    }
+
+    /// Marks the inputs as device-only contents (no host copies, no host validation).
+    pub fn device_only(mut self) -> Self {
+        self.device_only = true;
+        self
+    }
+
+    /// Makes this an `invalid::` case: every device must reject it with `error`.
+    pub fn rejects(mut self, error: ExpectedError) -> Self {
+        self.expected_error = Some(error);
+        self
+    }
+
+    /// Uploads input `name` to another device than the one under test.
+    pub fn foreign(mut self, name: &str) -> Self {
+        self.foreign.push(name.to_owned());
+        self
     }
 
     /// Adds an input tensor.
@@ -215,5 +104,232 @@ impl Case {
     /// The op of this case.
     pub fn op(&self) -> Op {
         self.params.op()
+    }
+}
+
+/// The kind of a host-side rejection, as written in case files (`shape_mismatch`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// [`Error::InvalidArgument`].
+    InvalidArgument,
+    /// [`Error::ShapeMismatch`].
+    ShapeMismatch,
+    /// [`Error::DTypeMismatch`].
+    DtypeMismatch,
+    /// [`Error::DeviceMismatch`].
+    DeviceMismatch,
+    /// [`Error::Unsupported`].
+    Unsupported,
+    /// [`Error::OutOfMemory`].
+    OutOfMemory,
+}
+
+impl ErrorKind {
+    const ALL: [ErrorKind; 6] = [
+        ErrorKind::InvalidArgument,
+        ErrorKind::ShapeMismatch,
+        ErrorKind::DtypeMismatch,
+        ErrorKind::DeviceMismatch,
+        ErrorKind::Unsupported,
+        ErrorKind::OutOfMemory,
+    ];
+
+    /// The snake_case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidArgument => "invalid_argument",
+            ErrorKind::ShapeMismatch => "shape_mismatch",
+            ErrorKind::DtypeMismatch => "dtype_mismatch",
+            ErrorKind::DeviceMismatch => "device_mismatch",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::OutOfMemory => "out_of_memory",
+        }
+    }
+}
+
+/// The rejection an `invalid::` case expects: the error's kind and the argument it names
+/// (`shape_mismatch:top_p`; written so in case files as `expected.error`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ExpectedError {
+    /// The error variant.
+    pub kind: ErrorKind,
+    /// The argument the error names (empty for kinds that name none).
+    pub arg: String,
+}
+
+impl ExpectedError {
+    /// `kind` naming `arg`.
+    pub fn new(kind: ErrorKind, arg: &str) -> Self {
+        ExpectedError {
+            kind,
+            arg: arg.to_owned(),
+        }
+    }
+
+    /// The kind and argument of a device error, if it is a host-side rejection.
+    pub fn of(error: &Error) -> Option<Self> {
+        let (kind, arg) = match error {
+            Error::InvalidArgument { arg, .. } => (ErrorKind::InvalidArgument, *arg),
+            Error::ShapeMismatch { arg, .. } => (ErrorKind::ShapeMismatch, *arg),
+            Error::DTypeMismatch { arg, .. } => (ErrorKind::DtypeMismatch, *arg),
+            Error::DeviceMismatch { arg, .. } => (ErrorKind::DeviceMismatch, *arg),
+            Error::Unsupported { .. } => (ErrorKind::Unsupported, ""),
+            Error::OutOfMemory { .. } => (ErrorKind::OutOfMemory, ""),
+            _ => return None,
+        };
+        Some(ExpectedError::new(kind, arg))
+    }
+}
+
+impl std::fmt::Display for ExpectedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.kind.name(), self.arg)
+    }
+}
+
+impl std::str::FromStr for ExpectedError {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (kind, arg) = s.split_once(':').unwrap_or((s, ""));
+        let kind = ErrorKind::ALL
+            .into_iter()
+            .find(|k| k.name() == kind.trim())
+            .ok_or_else(|| {
+                let kinds: Vec<_> = ErrorKind::ALL.map(ErrorKind::name).to_vec();
+                format!(
+                    "unknown error kind `{kind}` (expected one of {})",
+                    kinds.join(", ")
+                )
+            })?;
+        Ok(ExpectedError::new(kind, arg.trim()))
+    }
+}
+
+/// The dtype an input tensor of an op must have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Want {
+    /// Exactly this dtype.
+    Is(DType),
+    /// f32, f16 or bf16.
+    Float,
+    /// Any dtype (a bit-exact copy).
+    Any,
+}
+
+/// One input tensor of an op, as the op's table declares it: name, dtype, element count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// The tensor name (the op's argument name).
+    pub name: &'static str,
+    /// Its dtype.
+    pub dtype: Want,
+    /// Its element count, exactly.
+    pub len: usize,
+    /// Whether its element count is a minimum rather than exact.
+    pub at_least: bool,
+    /// Whether the tensor may be absent.
+    pub optional: bool,
+}
+
+impl TensorSpec {
+    /// `len` elements of `dtype`.
+    pub fn new(name: &'static str, dtype: Want, len: usize) -> Self {
+        TensorSpec {
+            name,
+            dtype,
+            len,
+            at_least: false,
+            optional: false,
+        }
+    }
+
+    /// `len` elements of `i32`.
+    pub fn i32(name: &'static str, len: usize) -> Self {
+        TensorSpec::new(name, Want::Is(DType::I32), len)
+    }
+
+    /// At least `len` elements.
+    pub fn at_least(mut self) -> Self {
+        self.at_least = true;
+        self
+    }
+
+    /// The tensor may be absent.
+    pub fn optional(mut self) -> Self {
+        self.optional = true;
+        self
+    }
+
+    /// Why `tensor` does not fit this spec, if it does not.
+    fn mismatch(&self, tensor: &HostTensor) -> Option<String> {
+        let dtype_ok = match self.dtype {
+            Want::Is(dtype) => tensor.dtype == dtype,
+            Want::Float => tensor.dtype.is_float(),
+            Want::Any => true,
+        };
+        if !dtype_ok {
+            let want = match self.dtype {
+                Want::Is(dtype) => dtype.name().to_owned(),
+                Want::Float => "f32|f16|bf16".to_owned(),
+                Want::Any => "any".to_owned(),
+            };
+            return Some(format!("has dtype {}, expected {want}", tensor.dtype));
+        }
+        let len = tensor.len();
+        let len_ok = match self.at_least {
+            true => len >= self.len,
+            false => len == self.len,
+        };
+        (!len_ok).then(|| {
+            let bound = if self.at_least { "at least " } else { "" };
+            format!("has {len} elements, expected {bound}{}", self.len)
+        })
+    }
+}
+
+impl Case {
+    /// Checks every input tensor against the op's table ([`CaseParams::tensors`]): each declared
+    /// tensor present (unless optional) with its dtype and element count, and no other tensor.
+    /// `Err` names the tensor.
+    pub fn check_tensors(&self) -> Result<(), String> {
+        let specs = self.params.tensors();
+        for spec in &specs {
+            match self.inputs.get(spec.name) {
+                None if spec.optional => {}
+                None => return Err(format!("tensor `{}` is missing", spec.name)),
+                Some(tensor) => {
+                    if let Some(why) = spec.mismatch(tensor) {
+                        return Err(format!("tensor `{}` {why}", spec.name));
+                    }
+                }
+            }
+        }
+        match self
+            .inputs
+            .keys()
+            .find(|n| !specs.iter().any(|s| s.name == n.as_str()))
+        {
+            Some(extra) => Err(format!("tensor `{extra}` is not an input of {}", self.op())),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The tensors of a sampling op's scores: `names.0` (probabilities, `[rows, vocab]`), or with
+/// `logits` the logits `names.1` and their `temperature` (`[rows]` f32).
+pub fn scores_specs(
+    logits: bool,
+    names: (&'static str, &'static str),
+    rows: usize,
+    vocab: usize,
+) -> Vec<TensorSpec> {
+    match logits {
+        false => vec![TensorSpec::new(names.0, Want::Float, rows * vocab)],
+        true => vec![
+            TensorSpec::new(names.1, Want::Float, rows * vocab),
+            TensorSpec::new("temperature", Want::Is(DType::F32), rows),
+        ],
     }
 }

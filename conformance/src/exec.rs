@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use specula_backend_api::ops::*;
-use specula_backend_api::{Buffer, DType, Device, Strategy};
+use specula_backend_api::ops::{HostSlotLens, OutputLayout, SlotLens};
+use specula_backend_api::ops::{Logits, Scores};
+use specula_backend_api::{Buffer, DType, Device, Element};
 
-use crate::case::{Case, CaseParams};
+use crate::case::{Case, TensorSpec};
 use crate::tensor::HostTensor;
 use crate::{ConformanceError, Result};
 
@@ -42,13 +43,56 @@ struct Guarded {
     buffer: Buffer,
 }
 
-struct Runner<'a> {
+/// What each op's case module implements: how to run its case through a [`Runner`].
+pub(crate) trait OpCase {
+    /// Uploads the case's inputs, calls the op with guarded outputs.
+    fn run(&self, r: &mut Runner<'_>) -> Result<()>;
+
+    /// The op's input tensors: names, dtypes, element counts (what a case file must hold).
+    fn tensors(&self) -> Vec<TensorSpec>;
+
+    /// The row length float outputs are reduced over (1 for ops whose outputs are exact).
+    fn reduction_width(&self) -> usize {
+        1
+    }
+}
+
+/// The rows a sampling op draws from, uploaded: probabilities, or logits with their temperatures
+/// (and the host copy of the temperatures unless the case is device-only).
+pub(crate) struct ScoreBuffers {
+    matrix: Buffer,
+    temperature: Option<(Buffer, Option<Vec<f32>>)>,
+}
+
+impl ScoreBuffers {
+    /// The buffers as the op's [`Scores`].
+    pub(crate) fn scores(&self) -> Scores<'_> {
+        match &self.temperature {
+            None => Scores::Probs(&self.matrix),
+            Some((temperature, host)) => Scores::Logits(Logits {
+                logits: &self.matrix,
+                temperature,
+                host_temperature: host.as_deref(),
+            }),
+        }
+    }
+}
+
+/// Runs one case on one device: uploads inputs, allocates guarded outputs, collects them.
+pub(crate) struct Runner<'a> {
     device: &'a dyn Device,
+    /// The device that holds the case's `foreign` inputs (opened on first use).
+    foreign: Option<Box<dyn Device>>,
     case: &'a Case,
     guarded: Vec<Guarded>,
 }
 
 impl<'a> Runner<'a> {
+    /// The device under test.
+    pub(crate) fn device(&self) -> &'a dyn Device {
+        self.device
+    }
+
     fn tensor(&self, name: &str) -> Result<&'a HostTensor> {
         self.case.inputs.get(name).ok_or_else(|| {
             ConformanceError::Format(format!(
@@ -59,18 +103,89 @@ impl<'a> Runner<'a> {
         })
     }
 
-    /// Uploads an input tensor as a plain buffer.
-    fn input(&self, name: &str) -> Result<Buffer> {
+    /// Uploads an input tensor as a plain buffer (to the foreign device when the case says so).
+    pub(crate) fn input(&mut self, name: &str) -> Result<Buffer> {
         let t = self.tensor(name)?;
+        if self.case.foreign.iter().any(|f| f == name) {
+            let foreign = match &mut self.foreign {
+                Some(device) => device,
+                slot => slot.insert(Box::new(specula_reference::ReferenceDevice::new())),
+            };
+            return Ok(foreign.upload_bytes(t.dtype, &t.bytes)?);
+        }
         Ok(self.device.upload_bytes(t.dtype, &t.bytes)?)
     }
 
     /// Uploads an optional input tensor.
-    fn optional(&self, name: &str) -> Result<Option<Buffer>> {
+    pub(crate) fn optional(&mut self, name: &str) -> Result<Option<Buffer>> {
         match self.case.inputs.contains_key(name) {
             true => self.input(name).map(Some),
             false => Ok(None),
         }
+    }
+
+    /// The scores of a sampling op: the tensor `probs_name`, or with `logits` the tensor
+    /// `logits_name` and the temperatures `temperature`.
+    pub(crate) fn scores(
+        &mut self,
+        logits: bool,
+        probs_name: &str,
+        logits_name: &str,
+    ) -> Result<ScoreBuffers> {
+        if !logits {
+            let matrix = self.input(probs_name)?;
+            return Ok(ScoreBuffers {
+                matrix,
+                temperature: None,
+            });
+        }
+        let host = self.host::<f32>("temperature")?;
+        let [matrix, temperature] = self.inputs([logits_name, "temperature"])?;
+        Ok(ScoreBuffers {
+            matrix,
+            temperature: Some((temperature, host)),
+        })
+    }
+
+    /// The host copy of an input tensor, unless the case holds device-only contents (then the op
+    /// gets no host copy and skips host validation).
+    pub(crate) fn host<T: Element>(&self, name: &str) -> Result<Option<Vec<T>>> {
+        if self.case.device_only {
+            return Ok(None);
+        }
+        Ok(Some(self.tensor(name)?.to_vec::<T>()?))
+    }
+
+    /// Host copies of `seq_lens_this_time` and `seq_lens_encoder` (see [`Runner::host`]).
+    pub(crate) fn host_lens(&self) -> Result<Option<HostLens>> {
+        let this_time = self.host::<i32>("seq_lens_this_time")?;
+        let encoder = self.host::<i32>("seq_lens_encoder")?;
+        Ok(this_time
+            .zip(encoder)
+            .map(|(this_time, encoder)| HostLens { this_time, encoder }))
+    }
+
+    /// Uploads the input tensors `names`, in order (see [`Runner::input`]).
+    pub(crate) fn inputs<const N: usize>(&mut self, names: [&str; N]) -> Result<[Buffer; N]> {
+        let buffers: Vec<Buffer> = names
+            .iter()
+            .map(|name| self.input(name))
+            .collect::<Result<_>>()?;
+        Ok(buffers
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("one buffer per name")))
+    }
+
+    /// Uploads `seq_lens_this_time` and `seq_lens_encoder`.
+    pub(crate) fn lens(&mut self) -> Result<LensBuffers> {
+        self.inputs(["seq_lens_this_time", "seq_lens_encoder"])
+            .map(LensBuffers)
+    }
+
+    /// Uploads `cu_seqlens_q_output` and `batch_id_per_token_output`.
+    pub(crate) fn layout(&mut self) -> Result<LayoutBuffers> {
+        self.inputs(["cu_seqlens_q_output", "batch_id_per_token_output"])
+            .map(LayoutBuffers)
     }
 
     fn guarded(
@@ -98,15 +213,42 @@ impl<'a> Runner<'a> {
         Ok(self.guarded.len() - 1)
     }
 
-    /// A guarded output, filled with the canary before the op.
-    fn output(&mut self, name: &str, dtype: DType, shape: &[usize]) -> Result<usize> {
-        self.guarded(name, dtype, shape, None)
+    /// Guarded outputs `(name, dtype, shape)`, filled with the canary before the op, as disjoint
+    /// `&mut` borrows.
+    pub(crate) fn outputs<const N: usize>(
+        &mut self,
+        specs: [(&str, DType, &[usize]); N],
+    ) -> Result<[&mut Buffer; N]> {
+        let mut indices = [0; N];
+        for (index, (name, dtype, shape)) in indices.iter_mut().zip(specs) {
+            *index = self.guarded(name, dtype, shape, None)?;
+        }
+        Ok(self.pick(indices))
     }
 
-    /// A guarded in/out buffer holding the input tensor of the same name.
-    fn inout(&mut self, name: &str) -> Result<usize> {
-        let t = self.tensor(name)?;
-        self.guarded(name, t.dtype, &t.shape.clone(), Some(&t.bytes.clone()))
+    /// Guarded in/out buffers, each holding the input tensor of the same name, as disjoint `&mut`
+    /// borrows.
+    pub(crate) fn inouts<const N: usize>(&mut self, names: [&str; N]) -> Result<[&mut Buffer; N]> {
+        let mut indices = [0; N];
+        for (index, name) in indices.iter_mut().zip(names) {
+            let t = self.tensor(name)?;
+            *index = self.guarded(name, t.dtype, &t.shape, Some(&t.bytes))?;
+        }
+        Ok(self.pick(indices))
+    }
+
+    /// The guarded buffers `indices` as disjoint `&mut` borrows.
+    fn pick<const N: usize>(&mut self, indices: [usize; N]) -> [&mut Buffer; N] {
+        let mut refs: Vec<Option<&mut Buffer>> = self
+            .guarded
+            .iter_mut()
+            .map(|g| Some(&mut g.buffer))
+            .collect();
+        indices.map(|i| {
+            refs[i]
+                .take()
+                .unwrap_or_else(|| unreachable!("each guarded buffer is picked once"))
+        })
     }
 
     /// Downloads every guarded buffer and checks its guards.
@@ -138,435 +280,64 @@ impl<'a> Runner<'a> {
     }
 }
 
-/// Splits the guarded buffers into disjoint `&mut` borrows by index.
-fn pick<const N: usize>(guarded: &mut [Guarded], indices: [usize; N]) -> [&mut Buffer; N] {
-    let mut refs: Vec<Option<&mut Buffer>> =
-        guarded.iter_mut().map(|g| Some(&mut g.buffer)).collect();
-    indices.map(|i| {
-        refs[i]
-            .take()
-            .unwrap_or_else(|| unreachable!("each guarded buffer is picked once"))
-    })
+/// Host copies of a case's slot lengths (from [`Runner::host_lens`]).
+pub(crate) struct HostLens {
+    this_time: Vec<i32>,
+    encoder: Vec<i32>,
+}
+
+impl HostLens {
+    /// The copies as an op's host-side lengths.
+    pub(crate) fn slot_lens(&self) -> HostSlotLens<'_> {
+        HostSlotLens {
+            seq_lens_this_time: &self.this_time,
+            seq_lens_encoder: &self.encoder,
+        }
+    }
+}
+
+/// `seq_lens_this_time` and `seq_lens_encoder` on the device (from [`Runner::lens`]).
+pub(crate) struct LensBuffers([Buffer; 2]);
+
+impl LensBuffers {
+    /// The buffers as an op's slot lengths.
+    pub(crate) fn slot_lens(&self) -> SlotLens<'_> {
+        let [this_time, encoder] = &self.0;
+        SlotLens {
+            seq_lens_this_time: this_time,
+            seq_lens_encoder: encoder,
+        }
+    }
+}
+
+/// `cu_seqlens_q_output` and `batch_id_per_token_output` on the device (from
+/// [`Runner::layout`]).
+pub(crate) struct LayoutBuffers([Buffer; 2]);
+
+impl LayoutBuffers {
+    /// The buffers as an op's output layout.
+    pub(crate) fn output_layout(&self) -> OutputLayout<'_> {
+        let [cu_seqlens_q_output, batch_id_per_token_output] = &self.0;
+        OutputLayout {
+            cu_seqlens_q_output,
+            batch_id_per_token_output,
+        }
+    }
+
+    /// The rows of `batch_id_per_token_output`.
+    pub(crate) fn rows(&self) -> usize {
+        self.0[1].len()
+    }
 }
 
 /// Runs `case` on `device` and returns its outputs and any guard violation.
 pub fn run_case(device: &dyn Device, case: &Case) -> Result<Outputs> {
-    let mut r = Runner {
+    let mut runner = Runner {
         device,
+        foreign: None,
         case,
         guarded: Vec::new(),
     };
-    let i32s = DType::I32;
-    match &case.params {
-        CaseParams::BuildOutputLayout { dims, rows } => {
-            let (this_time, encoder) =
-                (r.input("seq_lens_this_time")?, r.input("seq_lens_encoder")?);
-            let a = r.output("seq_lens_output", i32s, &[dims.max_bsz])?;
-            let b = r.output("cu_seqlens_q", i32s, &[dims.real_bsz + 1])?;
-            let c = r.output("cu_seqlens_q_output", i32s, &[dims.real_bsz + 1])?;
-            let d = r.output("batch_id_per_token_output", i32s, &[*rows])?;
-            let [a, b, c, d] = pick(&mut r.guarded, [a, b, c, d]);
-            device.build_output_layout(
-                &SlotLens {
-                    seq_lens_this_time: &this_time,
-                    seq_lens_encoder: &encoder,
-                },
-                &mut LayoutOutputs {
-                    seq_lens_output: a,
-                    cu_seqlens_q: b,
-                    cu_seqlens_q_output: c,
-                    batch_id_per_token_output: d,
-                },
-                &LayoutParams {
-                    dims: (*dims).into(),
-                    host: None,
-                },
-            )?;
-        }
-        CaseParams::GatherNextToken {
-            dims,
-            token_num,
-            hidden,
-            is_speculative,
-        } => {
-            let x = r.input("hidden_states")?;
-            let cu_q = r.input("cu_seqlens_q")?;
-            let (this_time, encoder) =
-                (r.input("seq_lens_this_time")?, r.input("seq_lens_encoder")?);
-            let (cu_out, batch_id) = (
-                r.input("cu_seqlens_q_output")?,
-                r.input("batch_id_per_token_output")?,
-            );
-            let rows = if *is_speculative {
-                batch_id.len()
-            } else {
-                dims.max_bsz
-            };
-            let o = r.output("out", x.dtype(), &[rows, *hidden])?;
-            let [o] = pick(&mut r.guarded, [o]);
-            device.gather_next_token(
-                &GatherInputs {
-                    hidden_states: &x,
-                    cu_seqlens_q: &cu_q,
-                    lens: SlotLens {
-                        seq_lens_this_time: &this_time,
-                        seq_lens_encoder: &encoder,
-                    },
-                    layout: OutputLayout {
-                        cu_seqlens_q_output: &cu_out,
-                        batch_id_per_token_output: &batch_id,
-                    },
-                },
-                o,
-                &GatherParams {
-                    dims: (*dims).into(),
-                    token_num: *token_num,
-                    hidden: *hidden,
-                    is_speculative: *is_speculative,
-                    host: None,
-                },
-            )?;
-        }
-        CaseParams::BuildSamplingParams { dims } => {
-            let (top_p, top_k) = (r.input("top_p")?, r.input("top_k")?);
-            let (temperature, infer_seed) = (r.input("temperature")?, r.input("infer_seed")?);
-            let (this_time, encoder) =
-                (r.input("seq_lens_this_time")?, r.input("seq_lens_encoder")?);
-            let (cu_out, batch_id) = (
-                r.input("cu_seqlens_q_output")?,
-                r.input("batch_id_per_token_output")?,
-            );
-            let rows = batch_id.len();
-            let a = r.output("row_top_p", DType::F32, &[rows])?;
-            let b = r.output("row_top_k", i32s, &[rows])?;
-            let c = r.output("row_temperature", DType::F32, &[rows])?;
-            let d = r.output("row_seed", DType::U64, &[rows])?;
-            let [a, b, c, d] = pick(&mut r.guarded, [a, b, c, d]);
-            device.build_sampling_params(
-                &SamplingParamsInputs {
-                    slots: SlotSamplingParams {
-                        top_p: &top_p,
-                        top_k: &top_k,
-                        temperature: &temperature,
-                        infer_seed: &infer_seed,
-                    },
-                    lens: SlotLens {
-                        seq_lens_this_time: &this_time,
-                        seq_lens_encoder: &encoder,
-                    },
-                    layout: OutputLayout {
-                        cu_seqlens_q_output: &cu_out,
-                        batch_id_per_token_output: &batch_id,
-                    },
-                },
-                &mut RowSamplingParams {
-                    top_p: a,
-                    top_k: b,
-                    temperature: c,
-                    seed: d,
-                },
-                &SamplingParamsParams {
-                    dims: (*dims).into(),
-                    host: None,
-                    host_top_p: None,
-                    host_temperature: None,
-                },
-            )?;
-        }
-        CaseParams::Argmax { rows, vocab } => {
-            let input = r.input("input")?;
-            let o = r.output("out", i32s, &[*rows])?;
-            let [o] = pick(&mut r.guarded, [o]);
-            device.argmax(
-                &input,
-                o,
-                &RowShape {
-                    rows: *rows,
-                    vocab: *vocab,
-                },
-            )?;
-        }
-        CaseParams::Softmax { rows, vocab } => {
-            let (logits, temperature) = (r.input("logits")?, r.input("temperature")?);
-            let o = r.output("probs", DType::F32, &[*rows, *vocab])?;
-            let [o] = pick(&mut r.guarded, [o]);
-            let params = SoftmaxParams {
-                shape: RowShape {
-                    rows: *rows,
-                    vocab: *vocab,
-                },
-                host_temperature: None,
-            };
-            device.softmax(&logits, &temperature, o, &params)?;
-        }
-        CaseParams::TopKTopPSample { rows, vocab } => {
-            let (probs, top_k) = (r.input("probs")?, r.input("top_k")?);
-            let (top_p, seed) = (r.input("top_p")?, r.input("seed")?);
-            let o = r.output("tokens", i32s, &[*rows])?;
-            let [o] = pick(&mut r.guarded, [o]);
-            device.top_k_top_p_sample(
-                &SampleInputs {
-                    probs: &probs,
-                    top_k: &top_k,
-                    top_p: &top_p,
-                    seed: &seed,
-                },
-                o,
-                &SampleParams {
-                    shape: RowShape {
-                        rows: *rows,
-                        vocab: *vocab,
-                    },
-                    host_top_p: None,
-                },
-            )?;
-        }
-        CaseParams::TopPCandidates {
-            rows,
-            vocab,
-            candidates,
-        } => {
-            let (probs, top_p) = (r.input("probs")?, r.input("top_p")?);
-            let batch_id = r.optional("batch_id_per_token_output")?;
-            let a = r.output("ids", i32s, &[*rows, *candidates])?;
-            let b = r.output("scores", DType::F32, &[*rows, *candidates])?;
-            let c = r.output("lens", i32s, &[*rows])?;
-            let [a, b, c] = pick(&mut r.guarded, [a, b, c]);
-            device.top_p_candidates(
-                &CandidatesInputs {
-                    probs: &probs,
-                    top_p: &top_p,
-                    batch_id_per_token_output: batch_id.as_ref(),
-                },
-                &mut CandidatesOutputs {
-                    ids: a,
-                    scores: b,
-                    lens: c,
-                },
-                &CandidatesParams {
-                    shape: RowShape {
-                        rows: *rows,
-                        vocab: *vocab,
-                    },
-                    candidates: *candidates,
-                    host_top_p: None,
-                },
-            )?;
-        }
-        CaseParams::VerifyDraftTokens {
-            dims,
-            rows,
-            vocab,
-            strategy,
-            candidates,
-            accept_all,
-            reject_all,
-        } => {
-            let strategy: Strategy = strategy.parse()?;
-            let draft_tokens = r.input("draft_tokens")?;
-            let (this_time, encoder) =
-                (r.input("seq_lens_this_time")?, r.input("seq_lens_encoder")?);
-            let cu_out = r.input("cu_seqlens_q_output")?;
-            let (stop, blocked) = (r.input("stop_flags")?, r.input("is_block_step")?);
-            let (reasoning, step_idx) = (r.input("reasoning_status")?, r.input("step_idx")?);
-            let (max_dec_len, end_tokens) = (r.input("max_dec_len")?, r.input("end_tokens")?);
-            let seeds = r.input("seeds")?;
-            let names: &[&str] = match strategy {
-                Strategy::Greedy | Strategy::TargetMatch => &["target_tokens"],
-                Strategy::TopP => &["candidate_ids", "candidate_scores", "candidate_lens"],
-                Strategy::Rejection => &["target_probs", "draft_probs", "top_k", "top_p"],
-            };
-            let extra = names
-                .iter()
-                .map(|n| r.input(n))
-                .collect::<Result<Vec<_>>>()?;
-            let strategy_inputs = match strategy {
-                Strategy::Greedy => StrategyInputs::Greedy {
-                    target_tokens: &extra[0],
-                },
-                Strategy::TargetMatch => StrategyInputs::TargetMatch {
-                    target_tokens: &extra[0],
-                },
-                Strategy::TopP => StrategyInputs::TopP {
-                    candidate_ids: &extra[0],
-                    candidate_scores: &extra[1],
-                    candidate_lens: &extra[2],
-                    candidates: *candidates,
-                },
-                Strategy::Rejection => StrategyInputs::Rejection {
-                    target_probs: &extra[0],
-                    draft_probs: &extra[1],
-                    top_k: &extra[2],
-                    top_p: &extra[3],
-                },
-            };
-            let a = r.output("accept_tokens", i32s, &[dims.max_bsz, dims.max_step_tokens])?;
-            let b = r.output("accept_num", i32s, &[dims.max_bsz])?;
-            let [a, b] = pick(&mut r.guarded, [a, b]);
-            device.verify_draft_tokens(
-                &VerifyInputs {
-                    draft_tokens: &draft_tokens,
-                    lens: SlotLens {
-                        seq_lens_this_time: &this_time,
-                        seq_lens_encoder: &encoder,
-                    },
-                    cu_seqlens_q_output: &cu_out,
-                    state: VerifySlotState {
-                        stop_flags: &stop,
-                        is_block_step: &blocked,
-                        reasoning_status: &reasoning,
-                        step_idx: &step_idx,
-                        max_dec_len: &max_dec_len,
-                        end_tokens: &end_tokens,
-                    },
-                    seeds: &seeds,
-                    strategy: strategy_inputs,
-                },
-                &mut VerifyOutputs {
-                    accept_tokens: a,
-                    accept_num: b,
-                },
-                &VerifyParams {
-                    dims: (*dims).into(),
-                    rows: *rows,
-                    vocab: *vocab,
-                    accept_all: *accept_all,
-                    reject_all: *reject_all,
-                    host: None,
-                },
-            )?;
-        }
-        CaseParams::UpdateState {
-            dims,
-            max_model_len,
-        } => {
-            let accept_tokens = r.input("accept_tokens")?;
-            let (blocked, prompt_lens) = (r.input("is_block_step")?, r.input("prompt_lens")?);
-            let (max_dec_len, end_tokens) = (r.input("max_dec_len")?, r.input("end_tokens")?);
-            let names = [
-                "accept_num",
-                "stop_flags",
-                "token_ids_all",
-                "step_idx",
-                "infer_seed",
-                "draft_tokens",
-                "seq_lens_encoder",
-                "seq_lens_decoder",
-            ];
-            let mut idx = [0; 8];
-            for (slot, name) in idx.iter_mut().zip(names) {
-                *slot = r.inout(name)?;
-            }
-            let [a, b, c, d, e, f, g, h] = pick(&mut r.guarded, idx);
-            device.update_state(
-                &UpdateStateInputs {
-                    accept_tokens: &accept_tokens,
-                    is_block_step: &blocked,
-                    prompt_lens: &prompt_lens,
-                    max_dec_len: &max_dec_len,
-                    end_tokens: &end_tokens,
-                },
-                &mut DecodeState {
-                    accept_num: a,
-                    stop_flags: b,
-                    token_ids_all: c,
-                    step_idx: d,
-                    infer_seed: e,
-                    draft_tokens: f,
-                    seq_lens_encoder: g,
-                    seq_lens_decoder: h,
-                },
-                &UpdateStateParams {
-                    dims: (*dims).into(),
-                    max_model_len: *max_model_len,
-                },
-            )?;
-        }
-        CaseParams::NgramMatch {
-            dims,
-            max_model_len,
-            max_ngram_size,
-            min_ngram_size,
-            threshold,
-        } => {
-            let token_ids_all = r.input("token_ids_all")?;
-            let (prompt_lens, step_idx) = (r.input("prompt_lens")?, r.input("step_idx")?);
-            let (draft_token_num, encoder) =
-                (r.input("draft_token_num")?, r.input("seq_lens_encoder")?);
-            let max_dec_len = r.input("max_dec_len")?;
-            let a = r.inout("draft_tokens")?;
-            let b = r.inout("seq_lens_this_time")?;
-            let [a, b] = pick(&mut r.guarded, [a, b]);
-            device.ngram_match(
-                &NgramInputs {
-                    token_ids_all: &token_ids_all,
-                    prompt_lens: &prompt_lens,
-                    step_idx: &step_idx,
-                    draft_token_num: &draft_token_num,
-                    seq_lens_encoder: &encoder,
-                    max_dec_len: &max_dec_len,
-                },
-                &mut NgramOutputs {
-                    draft_tokens: a,
-                    seq_lens_this_time: b,
-                },
-                &NgramParams {
-                    dims: (*dims).into(),
-                    max_model_len: *max_model_len,
-                    max_ngram_size: *max_ngram_size,
-                    min_ngram_size: *min_ngram_size,
-                    threshold: *threshold,
-                },
-            )?;
-        }
-        CaseParams::AcceptLogprobs {
-            dims,
-            rows,
-            vocab,
-            top_k,
-        } => {
-            let (logits, temperature) = (r.input("logits")?, r.input("temperature")?);
-            let (accept_tokens, accept_num) = (r.input("accept_tokens")?, r.input("accept_num")?);
-            let (encoder, cu_out) = (
-                r.input("seq_lens_encoder")?,
-                r.input("cu_seqlens_q_output")?,
-            );
-            let packed = dims.max_bsz * dims.max_step_tokens;
-            let a = r.output("cu_accept", i32s, &[dims.max_bsz + 1])?;
-            let b = r.output("token_ids", i32s, &[packed])?;
-            let c = r.output("logprobs", DType::F32, &[packed])?;
-            let d = r.output("ranks", i32s, &[packed])?;
-            let e = r.output("top_ids", i32s, &[packed, *top_k])?;
-            let f = r.output("top_logprobs", DType::F32, &[packed, *top_k])?;
-            let [a, b, c, d, e, f] = pick(&mut r.guarded, [a, b, c, d, e, f]);
-            device.accept_logprobs(
-                &LogprobsInputs {
-                    logits: &logits,
-                    temperature: &temperature,
-                    accept_tokens: &accept_tokens,
-                    accept_num: &accept_num,
-                    seq_lens_encoder: &encoder,
-                    cu_seqlens_q_output: &cu_out,
-                },
-                &mut LogprobsOutputs {
-                    cu_accept: a,
-                    token_ids: b,
-                    logprobs: c,
-                    ranks: d,
-                    top_ids: e,
-                    top_logprobs: f,
-                },
-                &LogprobsParams {
-                    dims: (*dims).into(),
-                    shape: RowShape {
-                        rows: *rows,
-                        vocab: *vocab,
-                    },
-                    top_k: *top_k,
-                    host_temperature: None,
-                },
-            )?;
-        }
-    }
-    r.finish()
+    case.params.run(&mut runner)?;
+    runner.finish()
 }

@@ -8,12 +8,15 @@
 //! - [`exec`]: runs a case on a device with guard regions around every output;
 //! - [`compare`]: exact outputs with `==`, float outputs within a documented tolerance.
 
+#![forbid(unsafe_code)]
+
 pub mod backends;
 pub mod bench;
 pub mod case;
 pub mod cases;
 pub mod compare;
 pub mod exec;
+pub mod fuzz;
 pub mod properties;
 pub mod replay;
 pub mod report;

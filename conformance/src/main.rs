@@ -7,10 +7,16 @@
 //! specula replay FILE.safetensors [--backend ...] [--out OUT.safetensors]
 //! specula dump   --op OP --case NAME --out FILE.safetensors
 //! specula list   [--op OP,...] [--quick]
+//! specula fuzz   [--seconds N] [--seed S] [--cases N] [--backend ...] [--out-dir DIR]
+//! specula bench  [--backend ...] [--op OPS] [--quick] [--warm] [--json FILE] [--plot FILE]
 //! ```
 //!
 //! Exit status: 0 when everything that ran passed, 1 when a trial failed (or nothing ran), 2 for
-//! bad input (unknown op or backend, missing or malformed file, a named backend unavailable).
+//! bad input (unknown op or backend, missing or malformed file, a named backend unavailable), 3
+//! when `replay` is given a case that every device rejects before running it (`rejected: <error>`,
+//! naming the argument) and the file does not say it expects that rejection.
+
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,12 +26,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 use specula_backend_api::{BackendKind, Op};
 use specula_conformance::backends::{self, Backend};
 use specula_conformance::cases::{self, Size};
-use specula_conformance::report::size_name;
+use specula_conformance::report::{column_width, size_name};
 use specula_conformance::suite::{self, CaseEntry, Outcome, PROPERTIES, Plan, Progress, Suite};
 use specula_conformance::tensor::HostTensor;
 use specula_conformance::{ConformanceError, replay};
 
-/// The conformance suite of Specula: every op of every backend, held to the CPU reference.
+/// The conformance suite of Specula: every op of every backend, held to the reference device.
 #[derive(Debug, Parser)]
 #[command(name = "specula", version, about, long_about = None)]
 struct Cli {
@@ -38,12 +44,16 @@ enum Command {
     /// Run every op and every end-to-end property on every available backend and print an
     /// op × backend table (full-size cases unless --quick).
     Run(RunArgs),
-    /// Run one saved case on each backend, compare with the CPU reference, and write the outputs.
+    /// Run one saved case on each backend, compare with the reference device, and write the outputs.
     Replay(ReplayArgs),
     /// Save a generated case to a safetensors case file.
     Dump(DumpArgs),
     /// List the backends (with why each is unavailable) and the cases of each op.
     List(ListArgs),
+    /// Mutate small cases with hostile device contents and run them on every available backend
+    /// against the reference device, then random memory operations, for a bounded time; prints
+    /// the throughput, saves any failing case as a replay file.
+    Fuzz(FuzzArgs),
     /// Time each op on each backend next to the memory floor (one streaming read of the same
     /// input on the same threads, CPU backend) and print the ratios.
     Bench(BenchArgs),
@@ -95,6 +105,25 @@ struct RunArgs {
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct FuzzArgs {
+    /// Time budget in seconds (half for op cases, half for memory operations).
+    #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
+    seconds: f64,
+    /// The seed every mutation derives from.
+    #[arg(long, default_value_t = 1, value_name = "SEED")]
+    seed: u64,
+    /// Stop the op phase after this many cases.
+    #[arg(long, value_name = "N")]
+    cases: Option<usize>,
+    /// `all`, or a comma-separated list of backends.
+    #[arg(long, default_value = "all", value_name = "BACKENDS", value_parser = parse_backends)]
+    backend: Selection,
+    /// Where failing cases are saved (default `target/fuzz-failures`).
+    #[arg(long, value_name = "DIR")]
+    out_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -215,6 +244,42 @@ fn open_backends(selection: &Selection) -> Result<Vec<Backend>, CliError> {
     }
 }
 
+fn fuzz(args: FuzzArgs) -> Result<ExitCode, CliError> {
+    if !(args.seconds.is_finite() && args.seconds > 0.0) {
+        return Err(CliError(format!(
+            "--seconds must be a positive number, got {}",
+            args.seconds
+        )));
+    }
+    let backends = open_backends(&args.backend)?;
+    let suite = Suite::new(backends, Size::Quick)?;
+    println!(
+        "specula fuzz: seed {}, {} s, on {} against the reference",
+        args.seed,
+        args.seconds,
+        backends::available_names(&suite.backends)
+    );
+    let config = specula_conformance::fuzz::FuzzConfig {
+        seed: args.seed,
+        budget: std::time::Duration::from_secs_f64(args.seconds),
+        max_cases: args.cases,
+        out_dir: args
+            .out_dir
+            .unwrap_or_else(specula_conformance::fuzz::default_out_dir),
+    };
+    let report = specula_conformance::fuzz::run(&suite, &config);
+    print!("{}", report.render());
+    if report.failures.is_empty() {
+        println!("PASS: nothing found");
+        return Ok(ExitCode::SUCCESS);
+    }
+    for failure in report.failures.iter().take(20) {
+        println!("  {failure}");
+    }
+    println!("FAIL: {} failure(s)", report.failures.len());
+    Ok(ExitCode::from(1))
+}
+
 fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     let size = if args.quick { Size::Quick } else { Size::Full };
     let backends = open_backends(&args.backend)?;
@@ -231,15 +296,10 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         filter: args.filter,
         ..plan
     };
-    let available: Vec<&str> = backends
-        .iter()
-        .filter(|b| b.device().is_some())
-        .map(|b| b.name.as_str())
-        .collect();
     eprintln!(
         "specula run: {} cases on {}",
         size_name(size),
-        available.join(", ")
+        backends::available_names(&backends)
     );
     let suite = Suite::new(backends, size)?.with_required(required);
     let bar = ProgressBar::new(0);
@@ -283,22 +343,22 @@ fn replay_case(args: ReplayArgs) -> Result<ExitCode, CliError> {
         case.inputs.len(),
         match case.expected {
             Some(_) => "golden, from the file",
-            None => "the CPU reference's",
+            None if case.expected_error.is_some() => "a rejection on every device",
+            None => "the reference device's",
         }
     );
     if let Some(message) = entry.malformed(suite.reference.as_ref()) {
         return Err(CliError(format!("{}: {message}", args.file.display())));
     }
+    if let Some(message) = entry.unexpected_rejection(suite.reference.as_ref()) {
+        println!("{message}");
+        return Ok(ExitCode::from(3));
+    }
     let reference = entry.reference_outputs(suite.reference.as_ref());
     if let Err(message) = &reference {
         println!("reference: {message}");
     }
-    let width = suite
-        .backends
-        .iter()
-        .map(|b| b.name.len())
-        .max()
-        .unwrap_or(0);
+    let width = column_width(suite.backends.iter().map(|b| b.name.as_str()));
     let mut outputs = std::collections::BTreeMap::<String, HostTensor>::new();
     let (mut passed, mut failed) = (0, 0);
     for backend in &suite.backends {
@@ -526,6 +586,7 @@ fn main() -> ExitCode {
         Command::Dump(args) => dump(args),
         Command::List(args) => list(args),
         Command::Bench(args) => bench(args),
+        Command::Fuzz(args) => fuzz(args),
     });
     match result {
         Ok(Ok(code)) => code,

@@ -3,26 +3,46 @@
 //!
 //! - `spec_equals_plain::{target_match, greedy}`: speculative decoding with the n-gram proposer
 //!   (S = 4 … 6) emits token for token what plain decoding (S = 1) emits, for a toy target model
-//!   whose probabilities are a pure function of the prefix, in mixed batches where prefills arrive
-//!   at different steps (contract principle 4);
-//! - `rejection_preserves_target`: the first token REJECTION emits is distributed as the target's
-//!   filtered distribution, whatever the draft distribution (a chi-square test with fixed seeds, so
-//!   the verdict is deterministic);
+//!   whose logits are a pure function of the prefix, in mixed batches where prefills arrive at
+//!   different steps (contract principle 4); the runner hands the decoder probabilities (its own
+//!   `softmax` on the device, at each request's temperature);
+//! - `spec_equals_plain::logits::{target_match, greedy}`: the same, the runner handing the decoder
+//!   its logits, which it samples from directly (contract §3b);
+//! - `logits_sampling_frequencies`: `top_k_top_p_sample` of logits rows at T = 1 (no top-k, no
+//!   top-p) draws each token with softmax's frequencies (a chi-square test);
+//! - `rejection_preserves_target` and `rejection_preserves_target::logits`: the first token
+//!   REJECTION emits is distributed as the target's filtered distribution, whatever the draft
+//!   distribution, from probability rows and from logits rows (a chi-square test);
 //! - `batch_invariance::requests` and `batch_invariance::rows`: a request's tokens, and a row's
-//!   sampled token, candidates and argmax, do not depend on the rest of the batch (principle 3).
+//!   sampled token, candidates and argmax, do not depend on the rest of the batch (principle 3);
+//! - `invalid_memory_arguments`: memory operations (alloc, upload, write, download) reject bad
+//!   arguments in the validating front with the documented error, write nothing and never abort
+//!   (the ops' rejections are the `invalid::` cases).
+//!
+//! The chi-square tests draw with fixed seeds, so each verdict is deterministic (and, the draws
+//! being exact, the same on every backend); the threshold is the critical value at p = 0.001.
+//! Properties that weigh logits rows ([`Property::logits`]) run only on backends whose
+//! `Capabilities::logits` holds, and are skipped with the reason elsewhere.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use specula_backend_api::abi::MAX_INFER_SEED;
-use specula_backend_api::{Buffer, DType, Device, DeviceExt, Strategy};
+use specula_backend_api::ops::{RowShape, SoftmaxParams};
+use specula_backend_api::{Buffer, DType, Device, DeviceExt, Op, Strategy};
 use specula_sampler::{
     Decoder, FinishReason, NgramConfig, Request, SamplerConfig, StepPlan, StepScores,
 };
 
-use crate::case::{Case, CaseParams, Dims};
-use crate::cases::Size;
-use crate::cases::generate::{Rng, f32s, float_tensor, i32s, mix, prob_row, round_to, u8s, u64s};
+use crate::case::ErrorKind::{
+    DeviceMismatch, DtypeMismatch, InvalidArgument, OutOfMemory, ShapeMismatch,
+};
+use crate::case::{Case, CaseParams, ErrorKind, ExpectedError};
+use crate::cases::generate::{
+    Batch, FLOAT_DTYPES, Rng, dims, f32s, float_tensor, i32s, mix, prob_row, round_to,
+    sample_index, softmax_f64,
+};
+use crate::cases::{Size, argmax, top_k_top_p_sample, top_p_candidates, verify_draft_tokens};
 use crate::exec::run_case;
 use crate::tensor::HostTensor;
 
@@ -31,32 +51,67 @@ use crate::tensor::HostTensor;
 pub struct Property {
     /// Trial name segment, e.g. `spec_equals_plain::target_match`.
     pub name: &'static str,
+    /// It has ops weigh logits rows (contract §3b), so it runs only where
+    /// `Capabilities::logits` holds.
+    pub logits: bool,
     /// Checks the property on a device; `Err` explains the failure.
     pub check: fn(&Arc<dyn Device>, crate::cases::Size) -> Result<(), String>,
 }
 
 /// Every property.
 pub fn properties() -> Vec<Property> {
+    use RowKind::{Logits, Probs};
     vec![
         Property {
             name: "spec_equals_plain::target_match",
-            check: |device, size| spec_equals_plain(device, size, Strategy::TargetMatch),
+            logits: false,
+            check: |device, size| spec_equals_plain(device, size, Strategy::TargetMatch, Probs),
         },
         Property {
             name: "spec_equals_plain::greedy",
-            check: |device, size| spec_equals_plain(device, size, Strategy::Greedy),
+            logits: false,
+            check: |device, size| spec_equals_plain(device, size, Strategy::Greedy, Probs),
+        },
+        Property {
+            name: "spec_equals_plain::logits::target_match",
+            logits: true,
+            check: |device, size| spec_equals_plain(device, size, Strategy::TargetMatch, Logits),
+        },
+        // GREEDY's targets are the `argmax` of the logits, which every backend takes.
+        Property {
+            name: "spec_equals_plain::logits::greedy",
+            logits: false,
+            check: |device, size| spec_equals_plain(device, size, Strategy::Greedy, Logits),
+        },
+        Property {
+            name: "logits_sampling_frequencies",
+            logits: true,
+            check: logits_sampling_frequencies,
         },
         Property {
             name: "rejection_preserves_target",
+            logits: false,
             check: rejection_preserves_target,
         },
         Property {
+            name: "rejection_preserves_target::logits",
+            logits: true,
+            check: rejection_from_logits_preserves_target,
+        },
+        Property {
             name: "batch_invariance::requests",
+            logits: false,
             check: batch_invariance_requests,
         },
         Property {
             name: "batch_invariance::rows",
+            logits: false,
             check: batch_invariance_rows,
+        },
+        Property {
+            name: "invalid_memory_arguments",
+            logits: false,
+            check: invalid_memory_arguments,
         },
     ]
 }
@@ -122,6 +177,16 @@ enum Forward {
     Gather,
 }
 
+/// What the runner hands the decoder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RowKind {
+    /// Probabilities: the runner's own `softmax` of its logits on the device, at each output
+    /// row's temperature (1 for padding rows).
+    Probs,
+    /// The logits themselves.
+    Logits,
+}
+
 /// One request arriving at a step.
 #[derive(Clone, Debug)]
 struct Arrival {
@@ -176,6 +241,53 @@ fn forward(
     }
 }
 
+/// `softmax` of the runner's `[R, V]` logits at each output row's temperature (1 for padding
+/// rows), on the device.
+fn runner_softmax(
+    device: &dyn Device,
+    decoder: &Decoder,
+    plan: &StepPlan,
+    logits: &Buffer,
+) -> Result<Buffer, String> {
+    let rows = logits.len() / VOCAB;
+    let temperature: Vec<f32> = (0..rows)
+        .map(|t| match plan.output_rows.get(t) {
+            Some(row) => decoder.request(row.slot).map_or(1.0, |r| r.temperature),
+            None => 1.0,
+        })
+        .collect();
+    let mut probs = device.alloc::<f32>(rows * VOCAB).map_err(err)?;
+    device
+        .softmax(
+            logits,
+            &device.upload(&temperature).map_err(err)?,
+            &mut probs,
+            &SoftmaxParams {
+                shape: RowShape { rows, vocab: VOCAB },
+                host_temperature: Some(&temperature),
+            },
+        )
+        .map_err(err)?;
+    Ok(probs)
+}
+
+/// Finishes the planned step with the runner's logits, handed over as `kind` says.
+fn finish(
+    device: &dyn Device,
+    decoder: &mut Decoder,
+    plan: &StepPlan,
+    logits: &Buffer,
+    kind: RowKind,
+) -> Result<specula_sampler::StepOutput, String> {
+    match kind {
+        RowKind::Logits => decoder.finish(StepScores::logits(logits)).map_err(err),
+        RowKind::Probs => {
+            let probs = runner_softmax(device, decoder, plan, logits)?;
+            decoder.finish(StepScores::probs(&probs)).map_err(err)
+        }
+    }
+}
+
 /// Runs arrivals through a decoder: a request is inserted at its arrival step (or as soon as a
 /// slot is free, or at once when nothing runs); finished requests are removed after each step.
 fn run(
@@ -183,6 +295,7 @@ fn run(
     config: &SamplerConfig,
     arrivals: &[Arrival],
     mode: Forward,
+    kind: RowKind,
 ) -> Result<RunResult, String> {
     let mut decoder = Decoder::new(device.clone(), config.clone()).map_err(err)?;
     let mut pending: VecDeque<(usize, &Arrival)> = arrivals.iter().enumerate().collect();
@@ -212,8 +325,8 @@ fn run(
         if plan.is_empty() {
             return Err("a running request produced no output row".into());
         }
-        let scores = forward(device.as_ref(), &decoder, &plan, mode)?;
-        let output = decoder.finish(StepScores::logits(&scores)).map_err(err)?;
+        let logits = forward(device.as_ref(), &decoder, &plan, mode)?;
+        let output = finish(device.as_ref(), &mut decoder, &plan, &logits, kind)?;
         for slot_output in &output.slots {
             if slot_output.tokens.is_empty() && slot_output.finished.is_none() {
                 return Err(format!(
@@ -325,11 +438,13 @@ fn same_tokens(
     Ok(())
 }
 
-/// Speculative (S = 4 … 6, n-gram drafts) and plain (S = 1) decoding emit the same tokens.
+/// Speculative (S = 4 … 6, n-gram drafts) and plain (S = 1) decoding emit the same tokens, the
+/// runner handing the decoder rows of `kind`.
 fn spec_equals_plain(
     device: &Arc<dyn Device>,
     size: Size,
     strategy: Strategy,
+    kind: RowKind,
 ) -> Result<(), String> {
     let cases = if size == Size::Quick { 6 } else { 40 };
     let (mut plain_steps, mut spec_steps, mut proposed, mut accepted) = (0, 0, 0, 0);
@@ -347,8 +462,8 @@ fn spec_equals_plain(
         } else {
             Forward::Gather
         };
-        let a = run(device, &plain, &arrivals, mode)?;
-        let b = run(device, &spec, &arrivals, mode)?;
+        let a = run(device, &plain, &arrivals, mode, kind)?;
+        let b = run(device, &spec, &arrivals, mode, kind)?;
         let label =
             format!("case {case} (bsz {max_bsz}, S {s}, max_model_len {max_model_len}, {mode:?})");
         same_tokens(&label, &arrivals, &a, &b)?;
@@ -382,7 +497,7 @@ fn batch_invariance_requests(device: &Arc<dyn Device>, size: Size) -> Result<(),
         } else {
             spec_config(&mut rng, strategy, 4, 40, 5)
         };
-        let batched = run(device, &config, &arrivals, Forward::Gather)?;
+        let batched = run(device, &config, &arrivals, Forward::Gather, RowKind::Probs)?;
         for (i, arrival) in arrivals.iter().enumerate() {
             let alone = [Arrival {
                 step: 0,
@@ -392,7 +507,7 @@ fn batch_invariance_requests(device: &Arc<dyn Device>, size: Size) -> Result<(),
                 max_bsz: 1,
                 ..config.clone()
             };
-            let solo = run(device, &single, &alone, Forward::Prefix)?;
+            let solo = run(device, &single, &alone, Forward::Prefix, RowKind::Probs)?;
             if solo.tokens[0] != batched.tokens[i] {
                 return Err(format!(
                     "case {case}: request {i} alone {:?}, in a batch {:?}",
@@ -412,7 +527,7 @@ fn batch_invariance_rows(device: &Arc<dyn Device>, size: Size) -> Result<(), Str
         (48, 32000)
     };
     let mut rng = Rng::new("batch_invariance/rows", 0);
-    for dtype in [DType::F32, DType::F16, DType::BF16] {
+    for dtype in FLOAT_DTYPES {
         let probs: Vec<Vec<f32>> = (0..rows).map(|_| prob_row(&mut rng, vocab)).collect();
         let top_k: Vec<i32> = (0..rows)
             .map(|_| rng.pick(&[0, 1, 5, 50, vocab as i32]))
@@ -421,55 +536,20 @@ fn batch_invariance_rows(device: &Arc<dyn Device>, size: Size) -> Result<(), Str
             .map(|_| rng.pick(&[1.0, 0.9, 0.5, 0.99]))
             .collect();
         let seed: Vec<u64> = (0..rows).map(|_| rng.next_u64() % MAX_INFER_SEED).collect();
+        // The cases of the rows `idx`, in that order.
+        let flat = |idx: &[usize]| -> Vec<f32> {
+            idx.iter().flat_map(|&r| probs[r].iter().copied()).collect()
+        };
         let sample = |idx: &[usize]| -> Case {
-            let flat: Vec<f32> = idx.iter().flat_map(|&r| probs[r].iter().copied()).collect();
-            Case::new(
-                "sample",
-                CaseParams::TopKTopPSample {
-                    rows: idx.len(),
-                    vocab,
-                },
-            )
-            .with("probs", float_tensor(dtype, &[idx.len(), vocab], &flat))
-            .with(
-                "top_k",
-                i32s(&idx.iter().map(|&r| top_k[r]).collect::<Vec<_>>()),
-            )
-            .with(
-                "top_p",
-                f32s(&idx.iter().map(|&r| top_p[r]).collect::<Vec<_>>()),
-            )
-            .with(
-                "seed",
-                u64s(&idx.iter().map(|&r| seed[r]).collect::<Vec<_>>()),
-            )
+            let (k, p, s) = (pick(&top_k, idx), pick(&top_p, idx), pick(&seed, idx));
+            top_k_top_p_sample::case("sample".into(), dtype, vocab, &flat(idx), &k, &p, &s)
         };
         let candidates = |idx: &[usize]| -> Case {
-            let flat: Vec<f32> = idx.iter().flat_map(|&r| probs[r].iter().copied()).collect();
-            Case::new(
-                "candidates",
-                CaseParams::TopPCandidates {
-                    rows: idx.len(),
-                    vocab,
-                    candidates: 16,
-                },
-            )
-            .with("probs", float_tensor(dtype, &[idx.len(), vocab], &flat))
-            .with(
-                "top_p",
-                f32s(&idx.iter().map(|&r| top_p[r]).collect::<Vec<_>>()),
-            )
+            let p = pick(&top_p, idx);
+            top_p_candidates::case("candidates".into(), dtype, vocab, 16, &flat(idx), &p, None)
         };
         let argmax = |idx: &[usize]| -> Case {
-            let flat: Vec<f32> = idx.iter().flat_map(|&r| probs[r].iter().copied()).collect();
-            Case::new(
-                "argmax",
-                CaseParams::Argmax {
-                    rows: idx.len(),
-                    vocab,
-                },
-            )
-            .with("input", float_tensor(dtype, &[idx.len(), vocab], &flat))
+            argmax::case("argmax".into(), dtype, idx.len(), vocab, &flat(idx))
         };
         let all: Vec<usize> = (0..rows).collect();
         // The rows in another order, each twice: a different batch around every row.
@@ -521,11 +601,36 @@ fn batch_invariance_rows(device: &Arc<dyn Device>, size: Size) -> Result<(), Str
     Ok(())
 }
 
-// ---------------------------------------------------------------------------------------------
-// REJECTION preserves the target distribution.
+/// The entries `idx` of `values`, in that order.
+fn pick<T: Copy>(values: &[T], idx: &[usize]) -> Vec<T> {
+    idx.iter().map(|&r| values[r]).collect()
+}
 
-/// The target's distribution after top-k and top-p, in f64, from the values the device reads.
-fn filtered(p: &[f32], top_k: usize, top_p: f64) -> Vec<f64> {
+// ---------------------------------------------------------------------------------------------
+// Chi-square tests: REJECTION preserves the target distribution; logits rows are sampled with
+// softmax's frequencies.
+
+/// The distribution rows stand for, from the values the device reads (unnormalised): probability
+/// rows as they are, logits rows through a softmax at `temperature` (f64; NaN counts as −inf).
+fn distribution(read: &[f32], temperature: Option<f32>) -> Vec<f64> {
+    let Some(t) = temperature else {
+        return read.iter().map(|&p| f64::from(p)).collect();
+    };
+    let logit = |l: f32| {
+        if l.is_nan() {
+            f64::NEG_INFINITY
+        } else {
+            f64::from(l)
+        }
+    };
+    let m = read.iter().fold(f64::NEG_INFINITY, |m, &l| m.max(logit(l)));
+    read.iter()
+        .map(|&l| ((logit(l) - m) / f64::from(t)).exp())
+        .collect()
+}
+
+/// The distribution `p` (unnormalised) after top-k and top-p, ranking tokens by value, then id.
+fn filtered(p: &[f64], top_k: usize, top_p: f64) -> Vec<f64> {
     let mut order: Vec<usize> = (0..p.len()).collect();
     order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
     let k = if top_k > 0 && top_k < p.len() {
@@ -534,19 +639,19 @@ fn filtered(p: &[f32], top_k: usize, top_p: f64) -> Vec<f64> {
         p.len()
     };
     let survivors = &order[..k];
-    let total: f64 = survivors.iter().map(|&v| f64::from(p[v])).sum();
+    let total: f64 = survivors.iter().map(|&v| p[v]).sum();
     let mut kept = Vec::new();
     let mut mass = 0.0;
     for &v in survivors {
         kept.push(v);
-        mass += f64::from(p[v]);
+        mass += p[v];
         if mass >= top_p * total - 1e-12 {
             break;
         }
     }
     let mut out = vec![0.0; p.len()];
     for &v in &kept {
-        out[v] = f64::from(p[v]) / mass;
+        out[v] = p[v] / mass;
     }
     out
 }
@@ -559,159 +664,411 @@ fn chi_square_critical(df: usize) -> f64 {
     df * (1.0 - a + z * a.sqrt()).powi(3)
 }
 
-/// REJECTION's first emitted token follows the target's filtered distribution, for draft
-/// distributions near, far from and equal to the target, in every dtype.
+/// Token counts against `expected` probabilities: a token of probability 0 is never drawn, and
+/// the chi-square statistic over the others stays below the critical value at p = 0.001.
+fn chi_square(label: &str, counts: &[u64], expected: &[f64]) -> Result<(), String> {
+    let n: u64 = counts.iter().sum();
+    let mut chi2 = 0.0;
+    let mut df = 0;
+    for (v, (&count, &p)) in counts.iter().zip(expected).enumerate() {
+        if p == 0.0 {
+            if count != 0 {
+                return Err(format!(
+                    "{label}: token {v} has probability 0 but was drawn {count} times"
+                ));
+            }
+            continue;
+        }
+        let e = p * n as f64;
+        chi2 += (count as f64 - e).powi(2) / e;
+        df += 1;
+    }
+    let critical = chi_square_critical(df.max(2) - 1);
+    if chi2 > critical {
+        return Err(format!(
+            "{label}: chi-square {chi2:.2} > {critical:.2} (df {}): counts {counts:?}, expected {:?}",
+            df.max(2) - 1,
+            expected
+                .iter()
+                .map(|p| (p * n as f64).round())
+                .collect::<Vec<_>>()
+        ));
+    }
+    Ok(())
+}
+
+/// Counts of each token id in `0 .. vocab`; an id outside it is an error.
+fn token_counts(
+    label: &str,
+    tokens: impl Iterator<Item = i32>,
+    vocab: usize,
+) -> Result<Vec<u64>, String> {
+    let mut counts = vec![0u64; vocab];
+    for t in tokens {
+        let v = usize::try_from(t)
+            .ok()
+            .filter(|&v| v < vocab)
+            .ok_or(format!("{label}: token {t}"))?;
+        counts[v] += 1;
+    }
+    Ok(counts)
+}
+
+/// `top_k_top_p_sample` of one logits row repeated over many rows with fixed, distinct seeds, at
+/// T = 1 without top-k or top-p, draws each token with its softmax probability: in every dtype,
+/// with ties at the maximum, NaN and −inf logits (never drawn) and, in f32, the row shifted by
+/// 10^4 (the weights depend on the gaps to the maximum only).
+fn logits_sampling_frequencies(device: &Arc<dyn Device>, size: Size) -> Result<(), String> {
+    let n = if size == Size::Quick { 20_000 } else { 200_000 };
+    let row: Vec<f32> = [
+        2.0, 1.5, 1.5, 0.7, 0.0, -0.3, -1.0, -1.2, -2.0, -2.5, -3.0, -3.3, -4.0,
+    ]
+    .into_iter()
+    .chain([f32::NEG_INFINITY, 1.9, f32::NAN])
+    .collect();
+    let vocab = row.len();
+    let shifted: Vec<f32> = row.iter().map(|&l| l + 1e4).collect();
+    let configs = [
+        ("f32", DType::F32, &row[..]),
+        ("f16", DType::F16, &row[..]),
+        ("bf16", DType::BF16, &row[..]),
+        ("f32_shifted_1e4", DType::F32, &shifted[..]),
+    ];
+    let seeds: Vec<u64> = (0..n as u64)
+        .map(|r| mix(r ^ 0x106175) % MAX_INFER_SEED)
+        .collect();
+    for (label, dtype, row) in configs {
+        let logits: Vec<f32> = (0..n).flat_map(|_| row.iter().copied()).collect();
+        let case = top_k_top_p_sample::logits_case(
+            label.into(),
+            dtype,
+            vocab,
+            &logits,
+            &vec![1.0; n],
+            &vec![0; n],
+            &vec![1.0; n],
+            &seeds,
+        );
+        let out = run_case(device.as_ref(), &case).map_err(err)?;
+        let tokens: Vec<i32> = out
+            .tensors
+            .get("tokens")
+            .ok_or("top_k_top_p_sample output missing")?
+            .to_vec()
+            .map_err(err)?;
+        let counts = token_counts(label, tokens.into_iter(), vocab)?;
+        let weights = distribution(&round_to(dtype, row), Some(1.0));
+        let expected = filtered(&weights, 0, 1.0);
+        chi_square(label, &counts, &expected)?;
+    }
+    Ok(())
+}
+
+/// One REJECTION configuration of a chi-square test.
+struct RejectionConfig<'a> {
+    label: &'static str,
+    /// Dtypes of the target and draft rows.
+    dtypes: (DType, DType),
+    /// The draft row (probabilities, or logits at `temperature`).
+    draft: &'a [f32],
+    /// The target's filter.
+    top_k: usize,
+    top_p: f32,
+    /// `Some(T)`: target and draft rows are logits at temperature T; `None`: probabilities.
+    temperature: Option<f32>,
+}
+
+/// REJECTION's first emitted token follows the target's filtered distribution, for probability
+/// rows and draft distributions near, far from and equal to the target, in every dtype.
 fn rejection_preserves_target(device: &Arc<dyn Device>, size: Size) -> Result<(), String> {
-    let trials = if size == Size::Quick { 12_000 } else { 100_000 };
-    let vocab = 10;
     let p: Vec<f32> = vec![0.3, 0.2, 0.15, 0.1, 0.08, 0.07, 0.05, 0.03, 0.015, 0.005];
-    let uniform = vec![0.1f32; vocab];
+    let uniform = vec![0.1f32; p.len()];
     let reversed: Vec<f32> = p.iter().rev().copied().collect();
     let skewed: Vec<f32> = vec![0.02, 0.02, 0.02, 0.3, 0.3, 0.04, 0.1, 0.1, 0.05, 0.05];
+    let config = |label, dtypes, draft, top_k, top_p| RejectionConfig {
+        label,
+        dtypes,
+        draft,
+        top_k,
+        top_p,
+        temperature: None,
+    };
+    let (f32, f16, bf16) = (DType::F32, DType::F16, DType::BF16);
     let configs = [
-        ("uniform_draft", DType::F32, DType::F32, &uniform, 0, 1.0f32),
-        (
-            "reversed_draft_top_k6",
-            DType::F32,
-            DType::F32,
+        config("uniform_draft", (f32, f32), &uniform, 0, 1.0),
+        config("reversed_draft_top_k6", (f32, f32), &reversed, 6, 1.0),
+        config("same_draft", (f16, f16), &p, 0, 1.0),
+        config("skewed_draft_top_p07", (bf16, f16), &skewed, 0, 0.7),
+        config("skewed_draft_top_k4_top_p09", (f32, bf16), &skewed, 4, 0.9),
+    ];
+    rejection_trials(device.as_ref(), size, &p, &configs)
+}
+
+/// REJECTION's first emitted token follows the target's filtered distribution for logits rows
+/// (target and draft weighed at the row's temperature, contract §3b), for draft logits near, far
+/// from and equal to the target's, in every dtype and at several temperatures. The top-p cuts
+/// fall at least 0.03 of mass away from the kept prefix's edges, so the f64 softmax keeps the
+/// same tokens as the exact weights.
+fn rejection_from_logits_preserves_target(
+    device: &Arc<dyn Device>,
+    size: Size,
+) -> Result<(), String> {
+    let l: Vec<f32> = vec![1.2, 0.8, 0.5, 0.1, -0.1, -0.3, -0.6, -1.1, -1.8, -2.9];
+    let uniform = vec![0.0f32; l.len()];
+    let reversed: Vec<f32> = l.iter().rev().copied().collect();
+    let skewed: Vec<f32> = vec![-2.0, -2.0, -2.0, 1.0, 1.0, -1.5, 0.0, 0.0, -0.7, -0.7];
+    let config = |label, dtypes, draft, top_k, top_p, t| RejectionConfig {
+        label,
+        dtypes,
+        draft,
+        top_k,
+        top_p,
+        temperature: Some(t),
+    };
+    let (f32, f16, bf16) = (DType::F32, DType::F16, DType::BF16);
+    let configs = [
+        config("uniform_draft", (f32, f32), &uniform, 0, 1.0, 1.0),
+        config(
+            "reversed_draft_top_k6_t07",
+            (f32, f32),
             &reversed,
             6,
             1.0,
+            0.7,
         ),
-        ("same_draft", DType::F16, DType::F16, &p, 0, 1.0),
-        (
-            "skewed_draft_top_p07",
-            DType::BF16,
-            DType::F16,
+        config("same_draft", (f16, f16), &l, 0, 1.0, 1.0),
+        config(
+            "skewed_draft_top_p07_t16",
+            (bf16, f16),
             &skewed,
             0,
             0.7,
+            1.6,
         ),
-        (
+        config(
             "skewed_draft_top_k4_top_p09",
-            DType::F32,
-            DType::BF16,
+            (f32, bf16),
             &skewed,
             4,
             0.9,
+            1.0,
         ),
     ];
-    for (label, target_dtype, draft_dtype, q, top_k, top_p) in configs {
-        let mut rng = Rng::new("rejection_preserves_target", trials as u64);
-        let p_read = round_to(target_dtype, &p);
-        let q_read = round_to(draft_dtype, q);
-        let expected = filtered(&p_read, top_k, f64::from(top_p));
-        // One slot per trial: the last token and one draft drawn from q; rows 2j (check and
-        // correction) and 2j + 1 (bonus).
-        let s = 2;
-        let n = trials;
-        let mut draft_tokens = Vec::with_capacity(n * s);
-        for _ in 0..n {
-            draft_tokens.push(1);
-            draft_tokens.push(crate::cases::generate::sample_index(&mut rng, &q_read) as i32);
-        }
-        let rows = 2 * n;
-        let seeds: Vec<u64> = (0..rows as u64)
-            .map(|r| mix(r ^ 0x5EED) % MAX_INFER_SEED)
-            .collect();
-        let target: Vec<f32> = (0..rows).flat_map(|_| p.iter().copied()).collect();
-        let draft: Vec<f32> = (0..n).flat_map(|_| q.iter().copied()).collect();
-        let cu: Vec<i32> = (0..=n).map(|b| 2 * b as i32).collect();
-        let dims = Dims {
-            max_bsz: n,
-            real_bsz: n,
-            max_step_tokens: s,
-        };
-        let case = Case::new(
-            label,
-            CaseParams::VerifyDraftTokens {
-                dims,
-                rows,
-                vocab,
-                strategy: "rejection".into(),
-                candidates: 0,
-                accept_all: false,
-                reject_all: false,
-            },
-        )
-        .with("draft_tokens", i32s(&draft_tokens))
-        .with("seq_lens_this_time", i32s(&vec![2; n]))
-        .with("seq_lens_encoder", i32s(&vec![0; n]))
-        .with("cu_seqlens_q_output", i32s(&cu))
-        .with("stop_flags", u8s(&vec![0; n]))
-        .with("is_block_step", u8s(&vec![0; n]))
-        .with("reasoning_status", i32s(&vec![0; n]))
-        .with("step_idx", i32s(&vec![0; n]))
-        .with("max_dec_len", i32s(&vec![1000; n]))
-        .with("end_tokens", i32s(&[vocab as i32 + 1]))
-        .with("seeds", u64s(&seeds))
-        .with(
-            "target_probs",
-            float_tensor(target_dtype, &[rows, vocab], &target),
-        )
-        .with(
-            "draft_probs",
-            float_tensor(draft_dtype, &[n, vocab], &draft),
-        )
-        .with("top_k", i32s(&vec![top_k as i32; rows]))
-        .with("top_p", f32s(&vec![top_p; rows]));
-        let out = run_case(device.as_ref(), &case).map_err(err)?;
-        let (Some(tokens), Some(nums)) = (
-            out.tensors.get("accept_tokens"),
-            out.tensors.get("accept_num"),
-        ) else {
-            return Err("verify_draft_tokens outputs missing".into());
-        };
-        let tokens: Vec<i32> = tokens.to_vec().map_err(err)?;
-        let nums: Vec<i32> = nums.to_vec().map_err(err)?;
-        let mut counts = vec![0u64; vocab];
-        let mut accepted = 0;
-        for j in 0..n {
-            if nums[j] < 1 || nums[j] > 2 {
-                return Err(format!("{label}: slot {j} emitted {} tokens", nums[j]));
-            }
-            accepted += usize::from(nums[j] == 2);
-            let t = tokens[j * s];
-            let t = usize::try_from(t)
-                .ok()
-                .filter(|&t| t < vocab)
-                .ok_or(format!("{label}: token {t}"))?;
-            counts[t] += 1;
-        }
-        let mut chi2 = 0.0;
-        let mut df = 0;
-        for v in 0..vocab {
-            let e = expected[v] * n as f64;
-            if expected[v] == 0.0 {
-                if counts[v] != 0 {
-                    return Err(format!(
-                        "{label}: token {v} is filtered out but was emitted {} times",
-                        counts[v]
-                    ));
-                }
-                continue;
-            }
-            chi2 += (counts[v] as f64 - e).powi(2) / e;
-            df += 1;
-        }
-        let critical = chi_square_critical(df.max(2) - 1);
-        if chi2 > critical {
-            return Err(format!(
-                "{label}: chi-square {chi2:.2} > {critical:.2} (df {}): counts {counts:?}, expected {:?}",
-                df - 1,
-                expected
-                    .iter()
-                    .map(|e| (e * n as f64).round())
-                    .collect::<Vec<_>>()
-            ));
-        }
-        if label != "same_draft" && (accepted == 0 || accepted == n) {
-            return Err(format!(
-                "{label}: {accepted}/{n} drafts accepted; the test does not exercise both branches"
-            ));
-        }
+    rejection_trials(device.as_ref(), size, &l, &configs)
+}
+
+/// Runs each REJECTION configuration against the `target` row (see [`rejection_trial`]).
+fn rejection_trials(
+    device: &dyn Device,
+    size: Size,
+    target: &[f32],
+    configs: &[RejectionConfig<'_>],
+) -> Result<(), String> {
+    let trials = if size == Size::Quick { 12_000 } else { 100_000 };
+    for config in configs {
+        rejection_trial(device, trials, target, config)?;
     }
     Ok(())
+}
+
+/// One slot per trial, each with one draft drawn from the draft distribution: the first emitted
+/// token (the accepted draft or the correction) must follow the target's filtered distribution,
+/// and, unless the draft equals the target, drafts must be both accepted and rejected.
+fn rejection_trial(
+    device: &dyn Device,
+    n: usize,
+    target_row: &[f32],
+    c: &RejectionConfig<'_>,
+) -> Result<(), String> {
+    let (label, vocab) = (c.label, target_row.len());
+    let stream = match c.temperature {
+        None => "rejection_preserves_target".to_owned(),
+        Some(_) => format!("rejection_preserves_target/logits/{label}"),
+    };
+    let mut rng = Rng::new(&stream, n as u64);
+    let target_read = round_to(c.dtypes.0, target_row);
+    let draft_read = round_to(c.dtypes.1, c.draft);
+    let expected = filtered(
+        &distribution(&target_read, c.temperature),
+        c.top_k,
+        f64::from(c.top_p),
+    );
+    let draft_distribution: Vec<f32> = match c.temperature {
+        None => draft_read,
+        Some(t) => softmax_f64(&draft_read.iter().map(|&l| l / t).collect::<Vec<_>>()),
+    };
+    // Rows 2j (check and correction) and 2j + 1 (bonus) of slot j: the last token, then a draft.
+    let s = 2;
+    let mut draft_tokens = Vec::with_capacity(n * s);
+    for _ in 0..n {
+        draft_tokens.push(1);
+        draft_tokens.push(sample_index(&mut rng, &draft_distribution) as i32);
+    }
+    let rows = 2 * n;
+    let case = rejection_case(c, n, rows, draft_tokens, target_row);
+    let out = run_case(device, &case).map_err(err)?;
+    let (Some(tokens), Some(nums)) = (
+        out.tensors.get("accept_tokens"),
+        out.tensors.get("accept_num"),
+    ) else {
+        return Err("verify_draft_tokens outputs missing".into());
+    };
+    let tokens: Vec<i32> = tokens.to_vec().map_err(err)?;
+    let nums: Vec<i32> = nums.to_vec().map_err(err)?;
+    if let Some(j) = nums.iter().position(|&k| !(1..=2).contains(&k)) {
+        return Err(format!("{label}: slot {j} emitted {} tokens", nums[j]));
+    }
+    let accepted = nums.iter().filter(|&&k| k == 2).count();
+    let counts = token_counts(label, (0..n).map(|j| tokens[j * s]), vocab)?;
+    chi_square(label, &counts, &expected)?;
+    if !label.starts_with("same_draft") && (accepted == 0 || accepted == n) {
+        return Err(format!(
+            "{label}: {accepted}/{n} drafts accepted; the test does not exercise both branches"
+        ));
+    }
+    Ok(())
+}
+
+/// The `verify_draft_tokens` case of a REJECTION trial: `n` slots of one draft each, `rows`
+/// output rows of the target row, the draft row for every slot, fixed seeds.
+fn rejection_case(
+    c: &RejectionConfig<'_>,
+    n: usize,
+    rows: usize,
+    draft_tokens: Vec<i32>,
+    target_row: &[f32],
+) -> Case {
+    let vocab = target_row.len();
+    let seeds: Vec<u64> = (0..rows as u64)
+        .map(|r| mix(r ^ 0x5EED) % MAX_INFER_SEED)
+        .collect();
+    let target: Vec<f32> = (0..rows).flat_map(|_| target_row.iter().copied()).collect();
+    let draft: Vec<f32> = (0..n).flat_map(|_| c.draft.iter().copied()).collect();
+    let batch = Batch::new(dims(n, n, 2), vec![2; n], vec![0; n]);
+    let mut state = verify_draft_tokens::State::new(batch, vocab, rows);
+    state.draft_tokens = draft_tokens;
+    state.end_tokens = vec![vocab as i32 + 1];
+    state.seeds = seeds;
+    let (target_name, draft_name) = match c.temperature {
+        None => ("target_probs", "draft_probs"),
+        Some(_) => ("target_logits", "draft_logits"),
+    };
+    let mut case = state
+        .case(c.label.into(), Strategy::Rejection, 0, false, false)
+        .with(
+            target_name,
+            float_tensor(c.dtypes.0, &[rows, vocab], &target),
+        )
+        .with(draft_name, float_tensor(c.dtypes.1, &[n, vocab], &draft))
+        .with("top_k", i32s(&vec![c.top_k as i32; rows]))
+        .with("top_p", f32s(&vec![c.top_p; rows]));
+    if let Some(t) = c.temperature {
+        case = case.with("temperature", f32s(&vec![t; rows]));
+        if let CaseParams::VerifyDraftTokens(params) = &mut case.params {
+            params.logits = true;
+        }
+    }
+    case
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory operations: validated once, in the front, for every backend.
+
+/// `result` must be the host-side rejection `kind` naming `arg`, by a memory operation; `what`
+/// names the call.
+fn rejected<T>(
+    what: &str,
+    result: specula_backend_api::Result<T>,
+    kind: ErrorKind,
+    arg: &str,
+) -> Result<(), String> {
+    let expected = ExpectedError::new(kind, arg);
+    match result {
+        Ok(_) => Err(format!("{what}: succeeded, expected {expected}")),
+        Err(e) if ExpectedError::of(&e).as_ref() != Some(&expected) => {
+            Err(format!("{what}: `{e}`, expected {expected}"))
+        }
+        Err(e) if kind != OutOfMemory && !e.to_string().contains(Op::Memory.name()) => {
+            Err(format!("{what}: `{e}` does not name the memory operations"))
+        }
+        Err(_) => Ok(()),
+    }
+}
+
+/// `upload_bytes` and `write_bytes` of a byte count that is not whole elements, `write_bytes` of
+/// another length than the window (nothing is written), a buffer of another device to `write_bytes` and
+/// `download_bytes`, `alloc_zeroed` whose byte size overflows `usize` or of 2^40 f32 (4 TiB:
+/// `OutOfMemory`, never an abort), typed `write` / `download` of another dtype.
+fn invalid_memory_arguments(device: &Arc<dyn Device>, _size: Size) -> Result<(), String> {
+    let device = device.as_ref();
+    rejected(
+        "upload_bytes of 6 bytes as f32",
+        device.upload_bytes(DType::F32, &[0; 6]),
+        InvalidArgument,
+        "bytes",
+    )?;
+    let mut buffer = device.alloc_zeroed(DType::I32, 6).map_err(err)?;
+    buffer.set_window(2, 3).map_err(err)?;
+    rejected(
+        "write_bytes of 11 bytes into an i32 window",
+        device.write_bytes(&mut buffer, &[1; 11]),
+        InvalidArgument,
+        "bytes",
+    )?;
+    for elements in [2, 6] {
+        rejected(
+            &format!("write_bytes of {elements} elements into a 3-element window"),
+            device.write_bytes(&mut buffer, &vec![1; 4 * elements]),
+            ShapeMismatch,
+            "bytes",
+        )?;
+    }
+    rejected(
+        "write::<u32> into an i32 buffer",
+        device.write(&mut buffer, &[1u32; 3]),
+        DtypeMismatch,
+        "buffer",
+    )?;
+    buffer.reset_window();
+    let contents: Vec<i32> = device.download(&buffer).map_err(err)?;
+    if contents != [0; 6] {
+        return Err(format!("rejected writes changed the buffer: {contents:?}"));
+    }
+    let other = specula_backend_cpu::CpuDevice::with_threads(1).map_err(err)?;
+    let mut foreign = other.alloc_zeroed(DType::I32, 4).map_err(err)?;
+    rejected(
+        "write_bytes to a buffer of another device",
+        device.write_bytes(&mut foreign, &[0; 16]),
+        DeviceMismatch,
+        "dst",
+    )?;
+    rejected(
+        "download_bytes of a buffer of another device",
+        device.download_bytes(&foreign),
+        DeviceMismatch,
+        "src",
+    )?;
+    rejected(
+        "alloc_zeroed of usize::MAX / 2 f32 (the byte size overflows usize)",
+        device.alloc_zeroed(DType::F32, usize::MAX / 2),
+        OutOfMemory,
+        "",
+    )?;
+    // 2^48 bytes: more than any x86-64 or AArch64 process can map, so no device can hand it out
+    // (4 TiB, the size an outside fuzzer used, could be granted lazily under overcommit).
+    rejected(
+        "alloc_zeroed of 2^46 f32 (2^48 bytes)",
+        device.alloc_zeroed(DType::F32, 1 << 46),
+        OutOfMemory,
+        "",
+    )?;
+    let floats = device.upload(&[1.0f32, 2.0]).map_err(err)?;
+    rejected(
+        "download::<i32> of an f32 buffer",
+        device.download::<i32>(&floats),
+        DtypeMismatch,
+        "buffer",
+    )
 }
 
 #[cfg(test)]
@@ -721,15 +1078,35 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn every_property_holds_on_the_cpu() {
-        let device: Arc<dyn Device> = Arc::new(specula_backend_cpu::CpuDevice::new().unwrap());
+    /// Every property `device` supports holds on it; returns the names of those it skips.
+    fn every_supported_property_holds(device: Arc<dyn Device>) -> Vec<&'static str> {
+        let mut skipped = Vec::new();
         for property in properties() {
+            if crate::suite::property_unsupported(device.as_ref(), &property).is_some() {
+                skipped.push(property.name);
+                continue;
+            }
             let start = Instant::now();
             let result = (property.check)(&device, Size::Quick);
             eprintln!("{}: {:?}", property.name, start.elapsed());
             assert!(result.is_ok(), "{}: {}", property.name, result.unwrap_err());
         }
+        skipped
+    }
+
+    #[test]
+    fn every_property_holds_on_the_cpu() {
+        let device = Arc::new(specula_backend_cpu::CpuDevice::new().unwrap());
+        let skipped = every_supported_property_holds(device);
+        eprintln!("skipped (no logits rows on this CPU backend): {skipped:?}");
+    }
+
+    /// The reference device weighs logits rows: every property, those from logits included.
+    #[test]
+    fn every_property_holds_on_the_reference_device() {
+        let device = Arc::new(specula_reference::ReferenceDevice::new());
+        assert!(device.capabilities().logits);
+        assert_eq!(every_supported_property_holds(device), Vec::<&str>::new());
     }
 
     #[test]

@@ -13,8 +13,8 @@
 //!   is [`CaseParams`] in its serde form.
 //!
 //! ```
-//! use specula_conformance::{case::{Case, CaseParams}, replay, tensor::HostTensor};
-//! let case = Case::new("f32::2x3", CaseParams::Argmax { rows: 2, vocab: 3 })
+//! use specula_conformance::{case::Case, cases::argmax, replay, tensor::HostTensor};
+//! let case = Case::new("f32::2x3", argmax::Params { rows: 2, vocab: 3 })
 //!     .with("input", HostTensor::new(&[2, 3], &[0.1f32, 0.7, 0.2, 0.5, 0.4, 0.1]));
 //! let bytes = replay::to_bytes(&case)?;
 //! assert_eq!(replay::from_bytes(&bytes, "memory")?, case);
@@ -51,6 +51,19 @@ struct Header {
     version: u32,
     name: String,
     params: CaseParams,
+    /// The rejection every device must give (`"shape_mismatch:top_p"`); absent: the case runs.
+    #[serde(
+        rename = "expected.error",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    expected_error: Option<String>,
+    /// The inputs are device-only contents: no host copies, no host validation.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    device_only: bool,
+    /// Inputs uploaded to another device than the one under test (`DeviceMismatch` cases).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    foreign: Vec<String>,
 }
 
 fn to_safetensors_dtype(dtype: DType) -> Dtype {
@@ -89,6 +102,9 @@ pub fn to_bytes_with(case: &Case, extra: &BTreeMap<String, HostTensor>) -> Resul
         version: VERSION,
         name: case.name.clone(),
         params: case.params.clone(),
+        expected_error: case.expected_error.as_ref().map(ToString::to_string),
+        device_only: case.device_only,
+        foreign: case.foreign.clone(),
     };
     let header = serde_json::to_string(&header)
         .map_err(|e| format_error(&case.name, format!("cannot serialise the header: {e}")))?;
@@ -157,6 +173,14 @@ pub fn from_bytes(bytes: &[u8], source: &str) -> Result<Case> {
     let header: Header = serde_json::from_value(value)
         .map_err(|e| format_error(source, format!("bad case header ({e})")))?;
     let mut case = Case::new(header.name, header.params);
+    case.device_only = header.device_only;
+    case.foreign = header.foreign;
+    if let Some(error) = &header.expected_error {
+        let error = error
+            .parse()
+            .map_err(|e| format_error(source, format!("expected.error: {e}")))?;
+        case = case.rejects(error);
+    }
     for (name, view) in file.iter() {
         if name.starts_with(OUTPUT_PREFIX) {
             continue;
@@ -179,6 +203,11 @@ pub fn from_bytes(bytes: &[u8], source: &str) -> Result<Case> {
     }
     if case.inputs.is_empty() {
         return Err(format_error(source, "case file has no input tensors"));
+    }
+    // An `invalid::` case holds wrong tensors on purpose: the devices must reject them.
+    if case.expected_error.is_none() {
+        case.check_tensors()
+            .map_err(|why| format_error(source, format!("{} case: {why}", case.op())))?;
     }
     Ok(case)
 }

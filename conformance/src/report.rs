@@ -96,12 +96,19 @@ pub struct Cell {
 pub struct Report {
     /// `quick` or `full`.
     pub size: &'static str,
+    /// The device every backend is compared with (name and driver).
+    pub oracle: String,
     /// The backends, in table order.
     pub backends: Vec<BackendSummary>,
     /// Every trial's result, in the order they ended.
     pub results: Vec<TrialResult>,
     /// Wall time of the whole run.
     pub seconds: f64,
+}
+
+/// The width of a left-aligned column holding `texts`: the length of the longest.
+pub fn column_width<'a>(texts: impl IntoIterator<Item = &'a str>) -> usize {
+    texts.into_iter().map(str::len).max().unwrap_or(0)
 }
 
 /// The name of a case size in reports (`quick`, `full`).
@@ -113,10 +120,11 @@ pub fn size_name(size: Size) -> &'static str {
 }
 
 impl Report {
-    /// An empty report over `backends`.
-    pub fn new(backends: &[Backend], size: Size) -> Self {
+    /// An empty report over `backends`, compared with `oracle` (a one-line description).
+    pub fn new(backends: &[Backend], size: Size, oracle: &str) -> Self {
         Report {
             size: size_name(size),
+            oracle: oracle.to_owned(),
             backends: backends
                 .iter()
                 .map(|b| BackendSummary {
@@ -261,12 +269,8 @@ impl Report {
     /// and the verdict.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let width = self
-            .backends
-            .iter()
-            .map(|b| b.name.len())
-            .max()
-            .unwrap_or(0);
+        let width = column_width(self.backends.iter().map(|b| b.name.as_str()));
+        let _ = writeln!(out, "oracle: {}", self.oracle);
         out.push_str("backends:\n");
         for b in &self.backends {
             let what = match (&b.device, &b.unavailable) {
@@ -355,12 +359,7 @@ impl Report {
             rows.push(total);
         }
         let widths: Vec<usize> = (0..rows[0].len())
-            .map(|i| {
-                rows.iter()
-                    .map(|r| r.get(i).map_or(0, String::len))
-                    .max()
-                    .unwrap_or(0)
-            })
+            .map(|i| column_width(rows.iter().map(|r| r.get(i).map_or("", String::as_str))))
             .collect();
         let mut out = String::new();
         for (n, row) in rows.iter().enumerate() {
@@ -392,6 +391,7 @@ impl Report {
             format: &'static str,
             version: u32,
             size: &'static str,
+            oracle: &'a str,
             seconds: f64,
             passed: bool,
             verdict: String,
@@ -404,6 +404,7 @@ impl Report {
             format: "specula-report",
             version: REPORT_VERSION,
             size: self.size,
+            oracle: &self.oracle,
             seconds: self.seconds,
             passed: self.passed(),
             verdict: self.verdict(),

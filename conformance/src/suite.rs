@@ -1,5 +1,6 @@
 //! The suite: one named trial per backend × op × case (and per backend × end-to-end property), run
-//! against the CPU reference, with one [`Outcome`] each.
+//! against the oracle — the plain reference device (`specula-reference`) — with one [`Outcome`]
+//! each.
 //!
 //! The `specula` command, the `cargo test` harness and the tests that prove the suite catches a
 //! broken backend all go through this module, so they agree on names, references and verdicts.
@@ -7,10 +8,11 @@
 //! - A trial's name is `<backend>::<op>::<case>` (`cpu::verify_draft_tokens::target_match::bs64_s6`)
 //!   or `<backend>::properties::<property>`.
 //! - The expected outputs of a case are its golden `expected` tensors where it has them, and
-//!   otherwise the outputs of a separate CPU reference device (for the `cpu` backend itself that is
-//!   a second, independent CPU device: still a check of the guard regions and of determinism).
-//! - A case the reference rejects with an error must be rejected by the backend with an error of
-//!   the same kind.
+//!   otherwise the outputs of the reference device: every op written the obvious way, independent
+//!   of every backend's code — the fast CPU backend is held to it like the others.
+//! - An `invalid::` case carries the error it expects; the reference and every backend must
+//!   reject it with that kind of error, naming that argument. A case the reference rejects without
+//!   expecting it fails (`rejected: …`).
 //! - A trial of an unavailable backend is [`Outcome::Skipped`] with the reason, or
 //!   [`Outcome::Failed`] when the backend is required ([`crate::backends::REQUIRE_VAR`]).
 //!
@@ -24,16 +26,14 @@
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::mem::{Discriminant, discriminant};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use specula_backend_api::{BackendKind, Device, Error, Op};
-use specula_sampler::registry;
+use specula_backend_api::{Device, Error, Op};
 
 use crate::backends::Backend;
-use crate::case::Case;
+use crate::case::{Case, ExpectedError};
 use crate::cases::{self, Size};
 use crate::compare::compare_outputs;
 use crate::exec::{self, Outputs};
@@ -81,10 +81,15 @@ pub enum Skip {
 #[derive(Debug)]
 enum Reference {
     Outputs(BTreeMap<String, HostTensor>),
+    /// The reference rejects the case on the host, as its `expected_error` says.
     Rejected {
-        variant: Discriminant<Error>,
+        error: ExpectedError,
         message: String,
     },
+    /// The reference rejects the case on the host though the case expects outputs: every
+    /// backend should reject it too, and the case is reported as `rejected: …`.
+    Unexpected(String),
+    /// The case is broken: it cannot run, or the reference does not do what it expects.
     Broken(String),
 }
 
@@ -107,30 +112,39 @@ impl CaseEntry {
 
     fn reference(&self, reference_device: &dyn Device) -> &Reference {
         self.reference.get_or_init(|| {
-            if let Some(expected) = &self.case.expected {
+            let expected_error = &self.case.expected_error;
+            if let (Some(expected), None) = (&self.case.expected, expected_error) {
                 return Reference::Outputs(expected.clone());
             }
-            match catch(|| exec::run_case(reference_device, &self.case)) {
-                Ok(Ok(outputs)) => Reference::Outputs(outputs.tensors),
-                // A parameter that does not parse (a strategy name) is the case's fault.
-                Ok(Err(ConformanceError::Device(error @ Error::Parse { .. }))) => {
-                    Reference::Broken(format!("malformed case: {error}"))
+            let run = catch(|| exec::run_case(reference_device, &self.case));
+            match (run, expected_error) {
+                (Ok(Ok(outputs)), None) => Reference::Outputs(outputs.tensors),
+                (Ok(Ok(_)), Some(expected)) => Reference::Broken(format!(
+                    "the case expects the rejection `{expected}`, but the reference runs it"
+                )),
+                (Ok(Err(ConformanceError::Device(error))), expected) => {
+                    rejected(&error, expected.as_ref())
                 }
-                Ok(Err(ConformanceError::Device(error))) => Reference::Rejected {
-                    variant: discriminant(&error),
-                    message: error.to_string(),
-                },
-                Ok(Err(other)) => Reference::Broken(format!("malformed case: {other}")),
-                Err(panic) => Reference::Broken(format!("the CPU reference panicked: {panic}")),
+                (Ok(Err(other)), _) => Reference::Broken(format!("malformed case: {other}")),
+                (Err(panic), _) => Reference::Broken(format!("the reference panicked: {panic}")),
             }
         })
     }
 
     /// Why the case cannot run at all (a missing input tensor, a bad strategy name), if it cannot:
-    /// a broken case, rather than one the reference rejects with a device error.
+    /// a broken case, rather than one the reference rejects as it expects.
     pub fn malformed(&self, reference_device: &dyn Device) -> Option<&str> {
         match self.reference(reference_device) {
             Reference::Broken(message) => Some(message),
+            _ => None,
+        }
+    }
+
+    /// `rejected: <error>` when the reference rejects a case that expects outputs (an invalid
+    /// layout in a replay file, say).
+    pub fn unexpected_rejection(&self, reference_device: &dyn Device) -> Option<&str> {
+        match self.reference(reference_device) {
+            Reference::Unexpected(message) => Some(message),
             _ => None,
         }
     }
@@ -146,8 +160,27 @@ impl CaseEntry {
             Reference::Rejected { message, .. } => {
                 Err(format!("the reference rejects the case: {message}"))
             }
-            Reference::Broken(message) => Err(message.clone()),
+            Reference::Unexpected(message) | Reference::Broken(message) => Err(message.clone()),
         }
+    }
+}
+
+/// What a rejection by the reference means for a case that expects `expected` (or outputs).
+fn rejected(error: &Error, expected: Option<&ExpectedError>) -> Reference {
+    let message = error.to_string();
+    match (ExpectedError::of(error), expected) {
+        (Some(kind), Some(expected)) if kind == *expected => Reference::Rejected {
+            error: kind,
+            message,
+        },
+        (_, Some(expected)) => Reference::Broken(format!(
+            "the case expects the rejection `{expected}`, but the reference says `{message}`"
+        )),
+        (Some(kind), None) => Reference::Unexpected(format!(
+            "rejected: {message} (the case expects outputs; if the rejection is intended, the case \
+             says expected.error = \"{kind}\")"
+        )),
+        (None, None) => Reference::Broken(format!("the reference fails: {message}")),
     }
 }
 
@@ -273,7 +306,8 @@ pub enum Progress<'a> {
 pub struct Suite {
     /// The backends under test, in report order.
     pub backends: Vec<Backend>,
-    /// The CPU device expected outputs are computed on (never one of the devices under test).
+    /// The oracle: the device expected outputs are computed on (the reference device, never one
+    /// of the devices under test).
     pub reference: Arc<dyn Device>,
     /// The size of the generated cases and of the property checks.
     pub size: Size,
@@ -282,15 +316,21 @@ pub struct Suite {
 }
 
 impl Suite {
-    /// A suite over `backends`, with a fresh CPU reference device from the registry.
+    /// A suite over `backends`, with the reference device as the oracle.
     pub fn new(backends: Vec<Backend>, size: Size) -> Result<Self> {
-        let reference = registry::open_kind(BackendKind::Cpu, 0)?;
+        let reference: Arc<dyn Device> = Arc::new(specula_reference::ReferenceDevice::new());
         Ok(Suite {
             backends,
             reference,
             size,
             required: BTreeSet::new(),
         })
+    }
+
+    /// The oracle in one line: its name and driver.
+    pub fn oracle(&self) -> String {
+        let info = self.reference.info();
+        format!("{} ({})", info.name, info.driver)
     }
 
     /// Makes the absence of these backends a failure.
@@ -304,7 +344,7 @@ impl Suite {
             Err(reason) => Some(Skip::Unavailable(reason.clone())),
             Ok(device) => match &subject {
                 Subject::Case(entry) => unsupported(device.as_ref(), &entry.case),
-                Subject::Property(_) => None,
+                Subject::Property(property) => property_unsupported(device.as_ref(), property),
             },
         };
         Trial {
@@ -416,15 +456,29 @@ impl Suite {
         let op = entry.case.op();
         match (actual, reference) {
             (Err(panic), _) => (Outcome::Failed(format!("panicked: {panic}")), None),
-            (Ok(Err(error)), Reference::Rejected { variant, message }) => {
+            (
+                Ok(Err(error)),
+                Reference::Rejected {
+                    error: expected,
+                    message,
+                },
+            ) => {
                 let outcome = match &error {
-                    ConformanceError::Device(e) if discriminant(e) == *variant => Outcome::Passed,
+                    ConformanceError::Device(e)
+                        if ExpectedError::of(e).as_ref() == Some(expected) =>
+                    {
+                        Outcome::Passed
+                    }
                     _ => Outcome::Failed(format!(
-                        "error `{error}`, but the reference rejects the case with `{message}`"
+                        "error `{error}`, but the reference rejects the case with `{message}` ({expected})"
                     )),
                 };
                 (outcome, None)
             }
+            (Ok(Err(error)), Reference::Unexpected(message) | Reference::Broken(message)) => (
+                Outcome::Failed(format!("{message}; this backend: {error}")),
+                None,
+            ),
             (Ok(Err(error)), _) => (Outcome::Failed(format!("error: {error}")), None),
             (Ok(Ok(outputs)), Reference::Rejected { message, .. }) => (
                 Outcome::Failed(format!(
@@ -432,7 +486,7 @@ impl Suite {
                 )),
                 Some(outputs),
             ),
-            (Ok(Ok(outputs)), Reference::Broken(message)) => {
+            (Ok(Ok(outputs)), Reference::Unexpected(message) | Reference::Broken(message)) => {
                 (Outcome::Failed(message.clone()), Some(outputs))
             }
             (Ok(Ok(outputs)), Reference::Outputs(expected)) => {
@@ -457,7 +511,7 @@ impl Suite {
     /// and then dropped), then the properties; returns the report.
     pub fn run_plan(&self, plan: &Plan, on_progress: &mut dyn FnMut(Progress<'_>)) -> Report {
         let start = Instant::now();
-        let mut report = Report::new(&self.backends, self.size);
+        let mut report = Report::new(&self.backends, self.size, &self.oracle());
         for &op in &plan.ops {
             let batches: Vec<Vec<Trial>> = case_entries(op, self.size)
                 .into_iter()
@@ -506,15 +560,25 @@ fn plan_keeps(plan: &Plan, trial: &Trial) -> bool {
         .is_none_or(|filter| trial.name().contains(filter.as_str()))
 }
 
-/// The first float dtype among the case's inputs that the device does not support for its op.
-fn unsupported(device: &dyn Device, case: &Case) -> Option<Skip> {
+/// Why `device` cannot run `case`, if its capabilities exclude it: the first float dtype among the
+/// case's inputs it does not support for the op, or logits rows.
+pub(crate) fn unsupported(device: &dyn Device, case: &Case) -> Option<Skip> {
     let capabilities = device.capabilities();
     let op = case.op();
+    if case.params.logits() && !capabilities.logits {
+        return Some(Skip::Unsupported("logits rows".to_owned()));
+    }
     case.inputs
         .values()
         .map(|t| t.dtype)
         .find(|&dtype| dtype.is_float() && !capabilities.supports(op, dtype))
         .map(|dtype| Skip::Unsupported(format!("dtype {dtype}")))
+}
+
+/// Why `device` cannot run `property`, if its capabilities exclude it: logits rows.
+pub(crate) fn property_unsupported(device: &dyn Device, property: &Property) -> Option<Skip> {
+    (property.logits && !device.capabilities().logits)
+        .then(|| Skip::Unsupported("logits rows".to_owned()))
 }
 
 /// Describes every guard region an op overwrote.

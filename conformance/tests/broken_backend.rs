@@ -4,16 +4,18 @@
 //! and the mismatch or the guard violation. The unbroken copy passes the same trials.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use std::sync::Arc;
 
+use common::verify_case;
+use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
 use specula_backend_api::ops::*;
-use specula_backend_api::{
-    Buffer, Capabilities, DType, Device, DeviceExt, DeviceId, DeviceInfo, Op, Result,
-};
+use specula_backend_api::{Buffer, Device, DeviceExt, Op, Result};
 use specula_backend_cpu::CpuDevice;
-use specula_conformance::backends::Backend;
-use specula_conformance::case::{Case, CaseParams, Dims};
-use specula_conformance::cases::Size;
+use specula_conformance::backends::Backend as BackendUnderTest;
+use specula_conformance::case::Case;
+use specula_conformance::cases::{Size, argmax};
 use specula_conformance::report::Report;
 use specula_conformance::suite::{CaseEntry, Outcome, Plan, Suite};
 use specula_conformance::tensor::HostTensor;
@@ -41,183 +43,75 @@ impl BrokenDevice {
         })
     }
 
+    /// Applies the bug to the outputs of `verify_draft_tokens` (`s` tokens per slot).
+    fn break_verify(&self, out: &mut VerifyOutputs<'_>, s: usize) -> Result<()> {
+        match self.bug {
+            Bug::None => Ok(()),
+            Bug::FlipAcceptedToken => {
+                let accept_num: Vec<i32> = self.inner.download(out.accept_num)?;
+                let mut tokens: Vec<i32> = self.inner.download(out.accept_tokens)?;
+                if let Some(slot) = accept_num.iter().position(|&n| n > 0) {
+                    tokens[slot * s] ^= 1;
+                    self.inner.write(out.accept_tokens, &tokens)?;
+                }
+                Ok(())
+            }
+            Bug::WritePastOutput => self.write_past(out.accept_num),
+        }
+    }
+
     /// Writes one element just past `buffer`'s window, through the public `Buffer` API.
     fn write_past(&self, buffer: &mut Buffer) -> Result<()> {
         let (offset, len) = (buffer.offset(), buffer.len());
         buffer.set_window(offset + len, 1)?;
         let junk = vec![0x5A; buffer.dtype().size_bytes()];
-        let written = self.inner.write_bytes(buffer, &junk);
+        let written = Device::write_bytes(&self.inner, buffer, &junk);
         buffer.set_window(offset, len)?;
         written
     }
 }
 
-impl Device for BrokenDevice {
-    fn info(&self) -> &DeviceInfo {
-        self.inner.info()
+impl Backend for BrokenDevice {
+    fn desc(&self) -> &DeviceDesc {
+        self.inner.desc()
     }
-    fn id(&self) -> DeviceId {
-        self.inner.id()
+    fn run_alloc_zeroed(&self, alloc: Alloc) -> Result<Buffer> {
+        self.inner.run_alloc_zeroed(alloc)
     }
-    fn capabilities(&self) -> &Capabilities {
-        self.inner.capabilities()
+    fn run_upload(&self, upload: Upload<'_>) -> Result<Buffer> {
+        self.inner.run_upload(upload)
     }
-    fn alloc_zeroed(&self, dtype: DType, len: usize) -> Result<Buffer> {
-        self.inner.alloc_zeroed(dtype, len)
+    fn run_write(&self, write: Write<'_, '_>) -> Result<()> {
+        self.inner.run_write(write)
     }
-    fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<Buffer> {
-        self.inner.upload_bytes(dtype, bytes)
+    fn run_download(&self, download: Download<'_>) -> Result<Vec<u8>> {
+        self.inner.run_download(download)
     }
-    fn write_bytes(&self, dst: &mut Buffer, bytes: &[u8]) -> Result<()> {
-        self.inner.write_bytes(dst, bytes)
+    fn run_synchronize(&self) -> Result<()> {
+        self.inner.run_synchronize()
     }
-    fn download_bytes(&self, src: &Buffer) -> Result<Vec<u8>> {
-        self.inner.download_bytes(src)
-    }
-    fn synchronize(&self) -> Result<()> {
-        self.inner.synchronize()
-    }
-    fn build_output_layout(
-        &self,
-        lens: &SlotLens<'_>,
-        out: &mut LayoutOutputs<'_>,
-        params: &LayoutParams<'_>,
-    ) -> Result<()> {
-        self.inner.build_output_layout(lens, out, params)
-    }
-    fn gather_next_token(
-        &self,
-        inputs: &GatherInputs<'_>,
-        out: &mut Buffer,
-        params: &GatherParams<'_>,
-    ) -> Result<()> {
-        self.inner.gather_next_token(inputs, out, params)
-    }
-    fn build_sampling_params(
-        &self,
-        inputs: &SamplingParamsInputs<'_>,
-        out: &mut RowSamplingParams<'_>,
-        params: &SamplingParamsParams<'_>,
-    ) -> Result<()> {
-        self.inner.build_sampling_params(inputs, out, params)
-    }
-    fn argmax(&self, input: &Buffer, out: &mut Buffer, shape: &RowShape) -> Result<()> {
-        self.inner.argmax(input, out, shape)?;
-        if self.bug == Bug::WritePastOutput {
-            self.write_past(out)?;
-        }
-        Ok(())
-    }
-    fn softmax(
-        &self,
-        logits: &Buffer,
-        temperature: &Buffer,
-        probs: &mut Buffer,
-        params: &SoftmaxParams<'_>,
-    ) -> Result<()> {
-        self.inner.softmax(logits, temperature, probs, params)
-    }
-    fn top_k_top_p_sample(
-        &self,
-        inputs: &SampleInputs<'_>,
-        tokens: &mut Buffer,
-        params: &SampleParams<'_>,
-    ) -> Result<()> {
-        self.inner.top_k_top_p_sample(inputs, tokens, params)
-    }
-    fn top_p_candidates(
-        &self,
-        inputs: &CandidatesInputs<'_>,
-        out: &mut CandidatesOutputs<'_>,
-        params: &CandidatesParams<'_>,
-    ) -> Result<()> {
-        self.inner.top_p_candidates(inputs, out, params)
-    }
-    fn verify_draft_tokens(
-        &self,
-        inputs: &VerifyInputs<'_>,
-        out: &mut VerifyOutputs<'_>,
-        params: &VerifyParams<'_>,
-    ) -> Result<()> {
-        self.inner.verify_draft_tokens(inputs, out, params)?;
-        match self.bug {
-            Bug::None => {}
-            Bug::FlipAcceptedToken => {
-                let accept_num: Vec<i32> = self.inner.download(out.accept_num)?;
-                let mut tokens: Vec<i32> = self.inner.download(out.accept_tokens)?;
-                let s = params.dims.max_step_tokens;
-                if let Some(slot) = accept_num.iter().position(|&n| n > 0) {
-                    tokens[slot * s] ^= 1;
-                    self.inner.write(out.accept_tokens, &tokens)?;
+    fn run(&self, call: AnyCall<'_, '_>) -> Result<()> {
+        match call {
+            AnyCall::Argmax(mut call) => {
+                let (input, out, shape, _) = call.parts();
+                Device::argmax(&self.inner, input, out, shape)?;
+                if self.bug == Bug::WritePastOutput {
+                    self.write_past(out)?;
                 }
+                Ok(())
             }
-            Bug::WritePastOutput => self.write_past(out.accept_num)?,
+            AnyCall::VerifyDraftTokens(mut call) => {
+                let (inputs, out, params, _) = call.parts();
+                Device::verify_draft_tokens(&self.inner, inputs, out, params)?;
+                self.break_verify(out, params.dims.max_step_tokens)
+            }
+            other => self.inner.run(other),
         }
-        Ok(())
     }
-    fn update_state(
-        &self,
-        inputs: &UpdateStateInputs<'_>,
-        state: &mut DecodeState<'_>,
-        params: &UpdateStateParams,
-    ) -> Result<()> {
-        self.inner.update_state(inputs, state, params)
-    }
-    fn ngram_match(
-        &self,
-        inputs: &NgramInputs<'_>,
-        out: &mut NgramOutputs<'_>,
-        params: &NgramParams,
-    ) -> Result<()> {
-        self.inner.ngram_match(inputs, out, params)
-    }
-    fn accept_logprobs(
-        &self,
-        inputs: &LogprobsInputs<'_>,
-        out: &mut LogprobsOutputs<'_>,
-        params: &LogprobsParams<'_>,
-    ) -> Result<()> {
-        self.inner.accept_logprobs(inputs, out, params)
-    }
-}
-
-/// Two slots: slot 0 verifies two drafts that the target confirms (3 tokens emitted), slot 1 has
-/// no draft (1 token).
-fn verify_case() -> Case {
-    let dims = Dims {
-        max_bsz: 2,
-        real_bsz: 2,
-        max_step_tokens: 3,
-    };
-    let params = CaseParams::VerifyDraftTokens {
-        dims,
-        rows: 4,
-        vocab: 1000,
-        strategy: "target_match".to_owned(),
-        candidates: 0,
-        accept_all: false,
-        reject_all: false,
-    };
-    Case::new("hand::bs2_s3", params)
-        .with(
-            "draft_tokens",
-            HostTensor::new(&[2, 3], &[10i32, 11, 12, 20, -1, -1]),
-        )
-        .with("seq_lens_this_time", HostTensor::vector(&[3i32, 1]))
-        .with("seq_lens_encoder", HostTensor::vector(&[0i32, 0]))
-        .with("cu_seqlens_q_output", HostTensor::vector(&[0i32, 3, 4]))
-        .with("stop_flags", HostTensor::vector(&[0u8, 0]))
-        .with("is_block_step", HostTensor::vector(&[0u8, 0]))
-        .with("reasoning_status", HostTensor::vector(&[0i32, 0]))
-        .with("step_idx", HostTensor::vector(&[5i32, 5]))
-        .with("max_dec_len", HostTensor::vector(&[100i32, 100]))
-        .with("end_tokens", HostTensor::vector(&[999i32]))
-        .with("seeds", HostTensor::vector(&[1u64, 5, 9, 13]))
-        .with("target_tokens", HostTensor::vector(&[11i32, 12, 13, 21]))
 }
 
 fn argmax_case() -> Case {
-    Case::new("hand::f32::2x5", CaseParams::Argmax { rows: 2, vocab: 5 }).with(
+    Case::new("hand::f32::2x5", argmax::Params { rows: 2, vocab: 5 }).with(
         "input",
         HostTensor::new(
             &[2, 5],
@@ -227,7 +121,11 @@ fn argmax_case() -> Case {
 }
 
 fn suite_over(device: Arc<dyn Device>) -> Suite {
-    Suite::new(vec![Backend::available("broken", device)], Size::Quick).unwrap()
+    Suite::new(
+        vec![BackendUnderTest::available("broken", device)],
+        Size::Quick,
+    )
+    .unwrap()
 }
 
 /// Runs the hand-written cases on `device` through the suite; returns every outcome by trial name.
@@ -320,10 +218,15 @@ fn a_write_past_an_output_fails() {
     );
     assert!(!report.passed(), "{}", report.render());
     let cells = report.cells();
-    for op in ["argmax", "verify_draft_tokens"] {
-        let cell = cells.iter().find(|c| c.op == op).expect(op);
+    for op in [Op::Argmax, Op::VerifyDraftTokens] {
+        let cell = cells.iter().find(|c| c.op == op.name()).unwrap();
+        // Only the `invalid::` cases pass: they are rejected before the op runs.
+        let invalid = specula_conformance::cases::cases(op, Size::Quick)
+            .iter()
+            .filter(|c| c.expected_error.is_some())
+            .count();
         assert!(
-            cell.counts.failed > 0 && cell.counts.passed == 0,
+            cell.counts.failed > 0 && cell.counts.passed == invalid,
             "{op}: {}",
             report.render()
         );
@@ -333,8 +236,8 @@ fn a_write_past_an_output_fails() {
 #[test]
 fn an_absent_backend_is_skipped_with_its_reason_or_fails_when_required() {
     let backends = vec![
-        Backend::available("cpu", BrokenDevice::open(Bug::None)),
-        Backend::unavailable("ghost", "library not found"),
+        BackendUnderTest::available("cpu", BrokenDevice::open(Bug::None)),
+        BackendUnderTest::unavailable("ghost", "library not found"),
     ];
     let entries = vec![CaseEntry::new(argmax_case())];
     let suite = Suite::new(backends.clone(), Size::Quick).unwrap();

@@ -80,7 +80,7 @@ fn main() -> ExitCode {
 
     let conclusion = libtest_mimic::run(&args, trials);
     if !args.list {
-        let mut report = Report::new(&suite.backends, size);
+        let mut report = Report::new(&suite.backends, size, &suite.oracle());
         for result in results.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
             report.push(result);
         }

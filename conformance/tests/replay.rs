@@ -3,14 +3,17 @@
 //! error and a non-zero exit, never a panic.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::verify_case;
 use specula_backend_api::Op;
 use specula_backend_cpu::CpuDevice;
-use specula_conformance::case::{Case, CaseParams, Dims};
-use specula_conformance::cases::{self, Size};
+use specula_conformance::case::Case;
+use specula_conformance::cases::{self, Size, argmax, softmax};
 use specula_conformance::exec::run_case;
 use specula_conformance::replay;
 use specula_conformance::tensor::HostTensor;
@@ -55,44 +58,11 @@ fn assert_clean_error(o: &Output, needle: &str) {
     );
 }
 
-fn verify_case() -> Case {
-    let dims = Dims {
-        max_bsz: 2,
-        real_bsz: 2,
-        max_step_tokens: 3,
-    };
-    let params = CaseParams::VerifyDraftTokens {
-        dims,
-        rows: 4,
-        vocab: 1000,
-        strategy: "target_match".to_owned(),
-        candidates: 0,
-        accept_all: false,
-        reject_all: false,
-    };
-    Case::new("hand::bs2_s3", params)
-        .with(
-            "draft_tokens",
-            HostTensor::new(&[2, 3], &[10i32, 11, 12, 20, -1, -1]),
-        )
-        .with("seq_lens_this_time", HostTensor::vector(&[3i32, 1]))
-        .with("seq_lens_encoder", HostTensor::vector(&[0i32, 0]))
-        .with("cu_seqlens_q_output", HostTensor::vector(&[0i32, 3, 4]))
-        .with("stop_flags", HostTensor::vector(&[0u8, 0]))
-        .with("is_block_step", HostTensor::vector(&[0u8, 0]))
-        .with("reasoning_status", HostTensor::vector(&[0i32, 0]))
-        .with("step_idx", HostTensor::vector(&[5i32, 5]))
-        .with("max_dec_len", HostTensor::vector(&[100i32, 100]))
-        .with("end_tokens", HostTensor::vector(&[999i32]))
-        .with("seeds", HostTensor::vector(&[1u64, 5, 9, 13]))
-        .with("target_tokens", HostTensor::vector(&[11i32, 12, 13, 21]))
-}
-
 fn softmax_case() -> Case {
     let logits: Vec<half::bf16> = (0..21)
         .map(|i| half::bf16::from_f32(i as f32 * 0.37 - 3.0))
         .collect();
-    Case::new("hand::bf16::3x7", CaseParams::Softmax { rows: 3, vocab: 7 })
+    Case::new("hand::bf16::3x7", softmax::Params { rows: 3, vocab: 7 })
         .with("logits", HostTensor::new(&[3, 7], &logits))
         .with("temperature", HostTensor::vector(&[1.0f32, 0.5, 2.0]))
 }
@@ -133,7 +103,7 @@ fn saved_cases_load_identical_and_give_identical_outputs() {
 
 #[test]
 fn golden_outputs_round_trip_as_expected_tensors() {
-    let case = Case::new("golden::f32::1x3", CaseParams::Argmax { rows: 1, vocab: 3 })
+    let case = Case::new("golden::f32::1x3", argmax::Params { rows: 1, vocab: 3 })
         .with("input", HostTensor::new(&[1, 3], &[0.0f32, 2.0, 1.0]))
         .expect("out", HostTensor::vector(&[1i32]));
     let bytes = replay::to_bytes(&case).unwrap();
@@ -309,7 +279,7 @@ fn malformed_files_give_clear_errors() {
     replay::save(&path, &case).unwrap();
     assert_clean_error(
         &specula(&["replay", path.to_str().unwrap()]),
-        "has no input tensor `input`",
+        "tensor `input` is missing",
     );
 }
 
@@ -367,4 +337,74 @@ fn specula_require_turns_a_skip_into_a_failure() {
         );
         assert!(text.contains("FAIL:"), "{text}");
     }
+}
+
+/// A replayed layout that host validation rejects (a decode slot with this_time 9 > S 3) is
+/// reported as `rejected: …` naming the argument, with exit status 3 — not as a pass.
+#[test]
+fn an_invalid_layout_is_reported_as_rejected() {
+    let mut case = verify_case();
+    case.inputs.insert(
+        "seq_lens_this_time".to_owned(),
+        HostTensor::vector(&[9i32, 1]),
+    );
+    let path = tmp("invalid_layout.safetensors");
+    replay::save(&path, &case).unwrap();
+    let o = specula(&["replay", path.to_str().unwrap(), "--backend", "cpu"]);
+    let out = stdout(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "stdout: {out}\nstderr: {}",
+        stderr(&o)
+    );
+    assert!(out.contains("rejected: "), "{out}");
+    assert!(out.contains("seq_lens_this_time"), "{out}");
+    assert!(!out.contains("PASS"), "{out}");
+
+    // The same file with expected.error passes: every device rejects it that way.
+    let expected = "invalid_argument:seq_lens_this_time".parse().unwrap();
+    replay::save(&path, &case.rejects(expected)).unwrap();
+    let o = specula(&["replay", path.to_str().unwrap(), "--backend", "cpu"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stdout(&o).contains("PASS"), "{}", stdout(&o));
+}
+
+/// Loading checks every tensor against the op's table and names the tensor: a `seeds` tensor of
+/// the wrong dtype does not load (it used to load and then "pass" as a rejected case).
+#[test]
+fn loading_checks_dtypes_and_element_counts() {
+    let path = tmp("wrong-dtype-seeds.safetensors");
+    let mut case = verify_case();
+    case.inputs.insert(
+        "seeds".to_owned(),
+        HostTensor::vector(&[1.0f32, 5.0, 9.0, 13.0]),
+    );
+    replay::save(&path, &case).unwrap();
+    let error = replay::load(&path).unwrap_err().to_string();
+    assert!(
+        error.contains("tensor `seeds` has dtype f32, expected u64"),
+        "{error}"
+    );
+    assert_clean_error(&specula(&["replay", path.to_str().unwrap()]), "`seeds`");
+
+    let mut case = verify_case();
+    case.inputs
+        .insert("stop_flags".to_owned(), HostTensor::vector(&[0u8, 0, 0]));
+    replay::save(&path, &case).unwrap();
+    let error = replay::load(&path).unwrap_err().to_string();
+    assert!(
+        error.contains("tensor `stop_flags` has 3 elements, expected 2"),
+        "{error}"
+    );
+
+    let mut case = verify_case();
+    case.inputs
+        .insert("stray".to_owned(), HostTensor::vector(&[0u8]));
+    replay::save(&path, &case).unwrap();
+    let error = replay::load(&path).unwrap_err().to_string();
+    assert!(
+        error.contains("tensor `stray` is not an input of verify_draft_tokens"),
+        "{error}"
+    );
 }

@@ -1,13 +1,110 @@
 //! Cases of `accept_logprobs` (contract §4.8).
 
+use serde::{Deserialize, Serialize};
 use specula_backend_api::DType;
+use specula_backend_api::ops::*;
 
 use super::Size;
 use super::generate::{
     Batch, FLOAT_DTYPES, Kind, Rng, batch_name, dims, f32s, float_tensor, i32s, logit_row,
 };
-use crate::case::{Case, CaseParams};
+use crate::Result;
+use crate::case::{Case, Dims, TensorSpec, Want};
+use crate::exec::{OpCase, Runner};
 use crate::tensor::HostTensor;
+
+/// The parameters of a `accept_logprobs` case (the JSON header of a case file, beside `"op"`).
+/// Inputs `logits`, `temperature`, `accept_tokens`, `accept_num`, `seq_lens_encoder`,
+/// `cu_seqlens_q_output`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Params {
+    /// Batch shape.
+    pub dims: Dims,
+    /// Rows of `logits`.
+    pub rows: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+    /// Top-K width.
+    pub top_k: usize,
+}
+
+impl OpCase for Params {
+    fn tensors(&self) -> Vec<TensorSpec> {
+        let d = &self.dims;
+        vec![
+            TensorSpec::new("logits", Want::Float, self.rows * self.vocab),
+            TensorSpec::new("temperature", Want::Is(DType::F32), self.rows),
+            TensorSpec::i32("accept_tokens", d.max_bsz * d.max_step_tokens),
+            TensorSpec::i32("accept_num", d.max_bsz),
+            TensorSpec::i32("seq_lens_encoder", d.max_bsz),
+            TensorSpec::i32("cu_seqlens_q_output", d.real_bsz + 1),
+        ]
+    }
+
+    fn run(&self, r: &mut Runner<'_>) -> Result<()> {
+        let Params {
+            dims,
+            rows,
+            vocab,
+            top_k,
+        } = *self;
+        let device = r.device();
+        let host_temperature = r.host::<f32>("temperature")?;
+        let [
+            logits,
+            temperature,
+            accept_tokens,
+            accept_num,
+            encoder,
+            cu_out,
+        ] = r.inputs([
+            "logits",
+            "temperature",
+            "accept_tokens",
+            "accept_num",
+            "seq_lens_encoder",
+            "cu_seqlens_q_output",
+        ])?;
+        let packed = dims.max_bsz * dims.max_step_tokens;
+        let [cu_accept, token_ids, logprobs, ranks, top_ids, top_logprobs] = r.outputs([
+            ("cu_accept", DType::I32, &[dims.max_bsz + 1]),
+            ("token_ids", DType::I32, &[packed]),
+            ("logprobs", DType::F32, &[packed]),
+            ("ranks", DType::I32, &[packed]),
+            ("top_ids", DType::I32, &[packed, top_k]),
+            ("top_logprobs", DType::F32, &[packed, top_k]),
+        ])?;
+        device.accept_logprobs(
+            &LogprobsInputs {
+                logits: &logits,
+                temperature: &temperature,
+                accept_tokens: &accept_tokens,
+                accept_num: &accept_num,
+                seq_lens_encoder: &encoder,
+                cu_seqlens_q_output: &cu_out,
+            },
+            &mut LogprobsOutputs {
+                cu_accept,
+                token_ids,
+                logprobs,
+                ranks,
+                top_ids,
+                top_logprobs,
+            },
+            &LogprobsParams {
+                dims: dims.into(),
+                shape: RowShape { rows, vocab },
+                top_k,
+                host_temperature: host_temperature.as_deref(),
+            },
+        )?;
+        Ok(())
+    }
+
+    fn reduction_width(&self) -> usize {
+        self.vocab
+    }
+}
 
 /// A case over `batch` with `logits` of `rows` rows.
 #[allow(clippy::too_many_arguments)]
@@ -23,7 +120,7 @@ fn case(
     accept_num: &[i32],
 ) -> Case {
     let rows = temperature.len();
-    let params = CaseParams::AcceptLogprobs {
+    let params = Params {
         dims: batch.dims,
         rows,
         vocab,
@@ -188,6 +285,30 @@ fn golden() -> Vec<Case> {
             "top_logprobs",
             HostTensor::new(&[2, 1], &[quarter, quarter]),
         ),
+    );
+    // cu_seqlens_q_output[0] = -1: row base + 0 is missing (−inf, rank 0) but row base + 1 = 0
+    // exists; rows are computed in 64 bits and missing only outside [0, rows).
+    out.push(
+        case(
+            "golden::negative_base_back_in_range".into(),
+            &batch,
+            DType::F32,
+            2,
+            0,
+            &[1.0, 0.0],
+            &[1.0],
+            &[0, 0],
+            &[2],
+        )
+        .device_only()
+        .with("cu_seqlens_q_output", i32s(&[-1, 1]))
+        .expect("cu_accept", i32s(&[0, 2]))
+        .expect("token_ids", i32s(&[0, 0]))
+        .expect(
+            "logprobs",
+            f32s(&[-inf, -(1.0 + (-1.0f64).exp()).ln() as f32]),
+        )
+        .expect("ranks", i32s(&[0, 1])),
     );
     out
 }

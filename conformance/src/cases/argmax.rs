@@ -1,13 +1,49 @@
 //! Cases of `argmax` (contract §4.2).
 
+use serde::{Deserialize, Serialize};
 use specula_backend_api::DType;
+use specula_backend_api::ops::*;
 
-use super::generate::{FLOAT_DTYPES, Rng, add_ties, float_tensor, i32s, logit_row, prob_row};
-use super::{Size, full_shape_for, row_shapes};
-use crate::case::{Case, CaseParams};
+use super::generate::{
+    FLOAT_DTYPES, Rng, float_tensor, i32s, logit_row, prob_row, rows_with_ties, spoiled_rows,
+};
+use super::{Size, row_gens};
+use crate::Result;
+use crate::case::{Case, TensorSpec, Want};
+use crate::exec::{OpCase, Runner};
 
-fn case(name: String, dtype: DType, rows: usize, vocab: usize, values: &[f32]) -> Case {
-    Case::new(name, CaseParams::Argmax { rows, vocab })
+/// The parameters of a `argmax` case (the JSON header of a case file, beside `"op"`).
+/// Input `input`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Params {
+    /// Rows.
+    pub rows: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+}
+
+impl OpCase for Params {
+    fn tensors(&self) -> Vec<TensorSpec> {
+        vec![TensorSpec::new(
+            "input",
+            Want::Float,
+            self.rows * self.vocab,
+        )]
+    }
+
+    fn run(&self, r: &mut Runner<'_>) -> Result<()> {
+        let Params { rows, vocab } = *self;
+        let device = r.device();
+        let [input] = r.inputs(["input"])?;
+        let [out] = r.outputs([("out", DType::I32, &[rows])])?;
+        device.argmax(&input, out, &RowShape { rows, vocab })?;
+        Ok(())
+    }
+}
+
+/// An `argmax` case of `[rows, vocab]` `values` in `dtype`.
+pub(crate) fn case(name: String, dtype: DType, rows: usize, vocab: usize, values: &[f32]) -> Case {
+    Case::new(name, Params { rows, vocab })
         .with("input", float_tensor(dtype, &[rows, vocab], values))
 }
 
@@ -15,34 +51,13 @@ fn case(name: String, dtype: DType, rows: usize, vocab: usize, values: &[f32]) -
 pub fn cases(size: Size) -> Vec<Case> {
     let mut out = golden();
     for dtype in FLOAT_DTYPES {
-        for (rows, vocab) in row_shapes(size) {
-            if !full_shape_for(dtype, rows, vocab) {
-                continue;
-            }
-            let mut rng = Rng::new(
-                &format!("argmax/{dtype}"),
-                (rows * 1_000_003 + vocab) as u64,
-            );
-            let mut values = Vec::with_capacity(rows * vocab);
-            for r in 0..rows {
-                // Logits and probabilities alternate; every third row gets runs of ties.
-                let mut row = if r % 2 == 0 {
-                    logit_row(&mut rng, vocab)
-                } else {
-                    prob_row(&mut rng, vocab)
-                };
-                if r % 3 == 1 {
-                    add_ties(&mut rng, &mut row);
-                }
-                values.extend(row);
-            }
-            out.push(case(
-                format!("{dtype}::{rows}x{vocab}"),
-                dtype,
-                rows,
-                vocab,
-                &values,
-            ));
+        for mut g in row_gens(size, "argmax", dtype) {
+            // Logits and probabilities alternate; every third row gets runs of ties.
+            let values = rows_with_ties(&mut g.rng, g.rows, |rng, r| match r % 2 {
+                0 => logit_row(rng, g.vocab),
+                _ => prob_row(rng, g.vocab),
+            });
+            out.push(case(g.name(), dtype, g.rows, g.vocab, &values));
         }
     }
     out.extend(hostile());
@@ -112,24 +127,23 @@ fn golden() -> Vec<Case> {
 
 fn hostile() -> Vec<Case> {
     let mut rng = Rng::new("argmax/hostile", 1);
-    let vocab = 1031;
-    let rows = 6;
-    let mut values = Vec::new();
-    for r in 0..rows {
-        let mut row = logit_row(&mut rng, vocab);
-        for x in row.iter_mut() {
-            match (r, rng.below(5)) {
-                (0, 0) => *x = f32::NAN,
-                (1, _) => *x = f32::NAN,
-                (2, 0) => *x = f32::NEG_INFINITY,
-                (3, _) => *x = f32::from_bits(rng.next_u64() as u32),
-                (4, 1) => *x = f32::MIN_POSITIVE / 8.0,
-                (5, _) => *x = f32::MAX,
-                _ => {}
-            }
-        }
-        values.extend(row);
-    }
+    let (rows, vocab) = (6, 1031);
+    let values = spoiled_rows(
+        &mut rng,
+        rows,
+        vocab,
+        logit_row,
+        5,
+        |rng, r, draw, x| match (r, draw) {
+            (0, 0) => *x = f32::NAN,
+            (1, _) => *x = f32::NAN,
+            (2, 0) => *x = f32::NEG_INFINITY,
+            (3, _) => *x = f32::from_bits(rng.next_u64() as u32),
+            (4, 1) => *x = f32::MIN_POSITIVE / 8.0,
+            (5, _) => *x = f32::MAX,
+            _ => {}
+        },
+    );
     FLOAT_DTYPES
         .into_iter()
         .map(|dtype| {

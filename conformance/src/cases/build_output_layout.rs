@@ -1,11 +1,69 @@
 //! Cases of `build_output_layout` (contract §1).
 
+use serde::{Deserialize, Serialize};
+use specula_backend_api::DType;
+use specula_backend_api::ops::*;
+
 use super::Size;
 use super::generate::{Batch, Rng, batch_name, dims, i32s};
-use crate::case::{Case, CaseParams, Dims};
+use crate::Result;
+use crate::case::{Case, Dims, TensorSpec};
+use crate::exec::{HostLens, OpCase, Runner};
+
+/// The parameters of a `build_output_layout` case (the JSON header of a case file, beside `"op"`).
+/// Inputs `seq_lens_this_time`, `seq_lens_encoder`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Params {
+    /// Batch shape.
+    pub dims: Dims,
+    /// Rows of `batch_id_per_token_output` (≥ `real_bsz · S`).
+    pub rows: usize,
+}
+
+impl OpCase for Params {
+    fn tensors(&self) -> Vec<TensorSpec> {
+        let n = self.dims.max_bsz;
+        vec![
+            TensorSpec::i32("seq_lens_this_time", n),
+            TensorSpec::i32("seq_lens_encoder", n),
+        ]
+    }
+
+    fn run(&self, r: &mut Runner<'_>) -> Result<()> {
+        let Params { dims, rows } = *self;
+        let device = r.device();
+        let host_lens = r.host_lens()?;
+        let lens = r.lens()?;
+        let [
+            seq_lens_output,
+            cu_seqlens_q,
+            cu_seqlens_q_output,
+            batch_id_per_token_output,
+        ] = r.outputs([
+            ("seq_lens_output", DType::I32, &[dims.max_bsz]),
+            ("cu_seqlens_q", DType::I32, &[dims.real_bsz + 1]),
+            ("cu_seqlens_q_output", DType::I32, &[dims.real_bsz + 1]),
+            ("batch_id_per_token_output", DType::I32, &[rows]),
+        ])?;
+        device.build_output_layout(
+            &lens.slot_lens(),
+            &mut LayoutOutputs {
+                seq_lens_output,
+                cu_seqlens_q,
+                cu_seqlens_q_output,
+                batch_id_per_token_output,
+            },
+            &LayoutParams {
+                dims: dims.into(),
+                host: host_lens.as_ref().map(HostLens::slot_lens),
+            },
+        )?;
+        Ok(())
+    }
+}
 
 fn case(name: String, dims: Dims, rows: usize, this_time: &[i32], encoder: &[i32]) -> Case {
-    Case::new(name, CaseParams::BuildOutputLayout { dims, rows })
+    Case::new(name, Params { dims, rows })
         .with("seq_lens_this_time", i32s(this_time))
         .with("seq_lens_encoder", i32s(encoder))
 }
@@ -114,6 +172,7 @@ fn golden() -> Vec<Case> {
             &[-3, 9, 2, i32::MAX, 3, 77],
             &[0, 0, -1, 1, 5, 0],
         )
+        .device_only()
         .expect("seq_lens_output", i32s(&[0, 4, 2, 1, 1, 0]))
         .expect("cu_seqlens_q", i32s(&[0, 0, 9, 11, i32::MAX, i32::MAX]))
         .expect("cu_seqlens_q_output", i32s(&[0, 0, 4, 6, 7, 8]))

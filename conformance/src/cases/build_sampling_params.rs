@@ -1,10 +1,85 @@
 //! Cases of `build_sampling_params` (contract §2).
 
+use serde::{Deserialize, Serialize};
+use specula_backend_api::DType;
+use specula_backend_api::ops::*;
+
 use super::Size;
 use super::build_output_layout::batch_shapes;
 use super::generate::{Batch, EDGE_SEEDS, Rng, batch_name, dims, f32s, i32s, u64s};
 use super::top_k_top_p_sample::{pick_top_k, pick_top_p};
-use crate::case::{Case, CaseParams};
+use crate::Result;
+use crate::case::{Case, Dims, TensorSpec, Want};
+use crate::exec::{HostLens, OpCase, Runner};
+
+/// The parameters of a `build_sampling_params` case (the JSON header of a case file, beside `"op"`).
+/// Inputs `top_p`, `top_k`, `temperature`, `infer_seed` (per slot), `seq_lens_this_time`,
+/// `seq_lens_encoder`, `cu_seqlens_q_output`, `batch_id_per_token_output`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Params {
+    /// Batch shape.
+    pub dims: Dims,
+}
+
+impl OpCase for Params {
+    fn tensors(&self) -> Vec<TensorSpec> {
+        let d = &self.dims;
+        let n = d.max_bsz;
+        vec![
+            TensorSpec::new("top_p", Want::Is(DType::F32), n),
+            TensorSpec::i32("top_k", n),
+            TensorSpec::new("temperature", Want::Is(DType::F32), n),
+            TensorSpec::new("infer_seed", Want::Is(DType::U64), n),
+            TensorSpec::i32("seq_lens_this_time", n),
+            TensorSpec::i32("seq_lens_encoder", n),
+            TensorSpec::i32("cu_seqlens_q_output", d.real_bsz + 1),
+            TensorSpec::i32("batch_id_per_token_output", d.real_bsz * d.max_step_tokens).at_least(),
+        ]
+    }
+
+    fn run(&self, r: &mut Runner<'_>) -> Result<()> {
+        let dims = self.dims.into();
+        let device = r.device();
+        let host_lens = r.host_lens()?;
+        let host_top_p = r.host::<f32>("top_p")?;
+        let host_temperature = r.host::<f32>("temperature")?;
+        let [top_p, top_k, temperature, infer_seed] =
+            r.inputs(["top_p", "top_k", "temperature", "infer_seed"])?;
+        let (lens, layout) = (r.lens()?, r.layout()?);
+        let rows = layout.rows();
+        let [row_top_p, row_top_k, row_temperature, row_seed] = r.outputs([
+            ("row_top_p", DType::F32, &[rows]),
+            ("row_top_k", DType::I32, &[rows]),
+            ("row_temperature", DType::F32, &[rows]),
+            ("row_seed", DType::U64, &[rows]),
+        ])?;
+        device.build_sampling_params(
+            &SamplingParamsInputs {
+                slots: SlotSamplingParams {
+                    top_p: &top_p,
+                    top_k: &top_k,
+                    temperature: &temperature,
+                    infer_seed: &infer_seed,
+                },
+                lens: lens.slot_lens(),
+                layout: layout.output_layout(),
+            },
+            &mut RowSamplingParams {
+                top_p: row_top_p,
+                top_k: row_top_k,
+                temperature: row_temperature,
+                seed: row_seed,
+            },
+            &SamplingParamsParams {
+                dims,
+                host: host_lens.as_ref().map(HostLens::slot_lens),
+                host_top_p: host_top_p.as_deref(),
+                host_temperature: host_temperature.as_deref(),
+            },
+        )?;
+        Ok(())
+    }
+}
 
 /// Per-slot sampling parameters.
 struct Slots {
@@ -16,10 +91,7 @@ struct Slots {
 
 fn case(name: String, batch: &Batch, rows: usize, slots: &Slots) -> Case {
     batch
-        .with_lens(Case::new(
-            name,
-            CaseParams::BuildSamplingParams { dims: batch.dims },
-        ))
+        .with_lens(Case::new(name, Params { dims: batch.dims }))
         .with("top_p", f32s(&slots.top_p))
         .with("top_k", i32s(&slots.top_k))
         .with("temperature", f32s(&slots.temperature))
@@ -90,12 +162,14 @@ fn golden() -> Vec<Case> {
         temperature: vec![-1.0, 1.0, 0.25],
         infer_seed: vec![m - 4, u64::MAX, m - 1],
     };
+    // Raw device values (NaN top_p, negative temperature) are copied as they are: device-only.
     let wrap = case(
         "golden::seed_wrap_raw_values".into(),
         &batch2,
         12 + pad,
         &slots2,
     )
+    .device_only()
     .expect(
         "row_seed",
         u64s(

@@ -1,12 +1,81 @@
 //! Cases of `gather_next_token` (contract §4.1).
 
+use serde::{Deserialize, Serialize};
 use specula_backend_api::DType;
+use specula_backend_api::ops::*;
 
 use super::Size;
 use super::build_output_layout::batch_shapes;
 use super::generate::{Batch, FLOAT_DTYPES, Rng, batch_name, dims, float_tensor, i32s};
-use crate::case::{Case, CaseParams};
+use crate::Result;
+use crate::case::{Case, CaseParams, Dims, TensorSpec, Want};
+use crate::exec::{HostLens, OpCase, Runner};
 use crate::tensor::HostTensor;
+
+/// The parameters of a `gather_next_token` case (the JSON header of a case file, beside `"op"`).
+/// Inputs `hidden_states`, `cu_seqlens_q`, `seq_lens_this_time`, `seq_lens_encoder`,
+/// `cu_seqlens_q_output`, `batch_id_per_token_output`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Params {
+    /// Batch shape.
+    pub dims: Dims,
+    /// Rows of `hidden_states`.
+    pub token_num: usize,
+    /// Row width.
+    pub hidden: usize,
+    /// Speculative (per output row) or not (per slot).
+    pub is_speculative: bool,
+}
+
+impl OpCase for Params {
+    fn tensors(&self) -> Vec<TensorSpec> {
+        let d = &self.dims;
+        let bytes = self.token_num.saturating_mul(self.hidden);
+        vec![
+            TensorSpec::new("hidden_states", Want::Any, bytes),
+            TensorSpec::i32("cu_seqlens_q", d.real_bsz + 1),
+            TensorSpec::i32("seq_lens_this_time", d.max_bsz),
+            TensorSpec::i32("seq_lens_encoder", d.max_bsz),
+            TensorSpec::i32("cu_seqlens_q_output", d.real_bsz + 1),
+            TensorSpec::i32("batch_id_per_token_output", d.real_bsz * d.max_step_tokens).at_least(),
+        ]
+    }
+
+    fn run(&self, r: &mut Runner<'_>) -> Result<()> {
+        let Params {
+            dims,
+            token_num,
+            hidden,
+            is_speculative,
+        } = *self;
+        let device = r.device();
+        let host_lens = r.host_lens()?;
+        let [x, cu_q] = r.inputs(["hidden_states", "cu_seqlens_q"])?;
+        let (lens, layout) = (r.lens()?, r.layout()?);
+        let rows = match is_speculative {
+            true => layout.rows(),
+            false => dims.max_bsz,
+        };
+        let [out] = r.outputs([("out", x.dtype(), &[rows, hidden])])?;
+        device.gather_next_token(
+            &GatherInputs {
+                hidden_states: &x,
+                cu_seqlens_q: &cu_q,
+                lens: lens.slot_lens(),
+                layout: layout.output_layout(),
+            },
+            out,
+            &GatherParams {
+                dims: dims.into(),
+                token_num,
+                hidden,
+                is_speculative,
+                host: host_lens.as_ref().map(HostLens::slot_lens),
+            },
+        )?;
+        Ok(())
+    }
+}
 
 /// Rows of `hidden` values of `dtype`: floats with distinct bit patterns, or raw integers.
 fn hidden_states(rng: &mut Rng, dtype: DType, rows: usize, hidden: usize) -> HostTensor {
@@ -39,7 +108,7 @@ fn case(
     x: HostTensor,
 ) -> Case {
     let token_num = x.shape[0];
-    let params = CaseParams::GatherNextToken {
+    let params = Params {
         dims: batch.dims,
         token_num,
         hidden,
@@ -157,7 +226,7 @@ fn hostile() -> Vec<Case> {
         for spec in [true, false] {
             let mode = if spec { "spec" } else { "plain" };
             let mut c = base.clone();
-            if let CaseParams::GatherNextToken { is_speculative, .. } = &mut c.params {
+            if let CaseParams::GatherNextToken(Params { is_speculative, .. }) = &mut c.params {
                 *is_speculative = spec;
             }
             let mut offsets = c.clone();

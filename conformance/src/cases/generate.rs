@@ -25,6 +25,11 @@ impl Rng {
         Rng(mix(h ^ seed))
     }
 
+    /// A generator for `[rows, vocab]` values of `stream`, seeded by the shape.
+    pub fn for_rows(stream: &str, rows: usize, vocab: usize) -> Self {
+        Rng::new(stream, (rows * 1_000_003 + vocab) as u64)
+    }
+
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -134,6 +139,50 @@ pub fn logit_row(rng: &mut Rng, vocab: usize) -> Vec<f32> {
     logits.iter().map(|&x| x as f32).collect()
 }
 
+/// Temperatures a runner uses, for logits cases (host-valid: ≥ 0, not NaN): the argmax, a tiny
+/// one, sharp, ordinary and flat ones, and +inf.
+pub const TEMPERATURES: [f32; 7] = [0.0, 1e-30, 0.05, 0.7, 1.0, 2.5, f32::INFINITY];
+
+/// A temperature of [`TEMPERATURES`] (mostly the ordinary ones).
+pub fn pick_temperature(rng: &mut Rng) -> f32 {
+    rng.pick(&[
+        TEMPERATURES[0],
+        TEMPERATURES[1],
+        TEMPERATURES[2],
+        TEMPERATURES[3],
+        TEMPERATURES[3],
+        TEMPERATURES[4],
+        TEMPERATURES[4],
+        TEMPERATURES[4],
+        TEMPERATURES[5],
+        TEMPERATURES[6],
+    ])
+}
+
+/// Hostile logits: NaN, ±inf, magnitudes beyond 2^64, subnormals, ties at the maximum, and rows
+/// of all −inf, spread over `rows` rows of [`logit_row`]s.
+pub fn hostile_logit_rows(rng: &mut Rng, rows: usize, vocab: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows * vocab);
+    for r in 0..rows {
+        let mut row = logit_row(rng, vocab);
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for x in row.iter_mut() {
+            match (r % 8, rng.below(6)) {
+                (0, 0) => *x = f32::NAN,
+                (1, 0) => *x = f32::INFINITY,
+                (2, _) => *x = f32::NEG_INFINITY,
+                (3, 1) => *x = rng.pick(&[3e38, -3e38, 1e20, -1e25]),
+                (4, _) => *x = f32::from_bits(rng.next_u64() as u32),
+                (5, 2) => *x = rng.pick(&[1e-40, -1e-30, 1e-23, 0.0, -0.0]),
+                (6, 3) => *x = max,
+                _ => {}
+            }
+        }
+        out.extend(row);
+    }
+    out
+}
+
 /// A probability row that sums to ~1: the softmax of [`logit_row`] (long tail, peaks, ties).
 pub fn prob_row(rng: &mut Rng, vocab: usize) -> Vec<f32> {
     let logits = logit_row(rng, vocab);
@@ -161,6 +210,60 @@ pub fn add_ties(rng: &mut Rng, row: &mut [f32]) {
             row[(start + k) % v] = row[a];
         }
     }
+}
+
+/// `rows` rows made by `row(rng, r)`, every third one (rows 1, 4, 7, …) given more exact ties
+/// ([`add_ties`]), one after the other.
+pub fn rows_with_ties(
+    rng: &mut Rng,
+    rows: usize,
+    mut row: impl FnMut(&mut Rng, usize) -> Vec<f32>,
+) -> Vec<f32> {
+    let mut values = Vec::new();
+    for r in 0..rows {
+        let mut values_of_row = row(rng, r);
+        if r % 3 == 1 {
+            add_ties(rng, &mut values_of_row);
+        }
+        values.extend(values_of_row);
+    }
+    values
+}
+
+/// `rows` rows of `row(rng, vocab)` with hostile values: every element `x` of row `r` is passed to
+/// `spoil(rng, r, draw, x)` with a fresh `draw` in `0 .. draws`.
+pub fn spoiled_rows(
+    rng: &mut Rng,
+    rows: usize,
+    vocab: usize,
+    row: fn(&mut Rng, usize) -> Vec<f32>,
+    draws: usize,
+    spoil: impl Fn(&mut Rng, usize, usize, &mut f32),
+) -> Vec<f32> {
+    let mut values = Vec::with_capacity(rows * vocab);
+    for r in 0..rows {
+        let mut values_of_row = row(rng, vocab);
+        for x in values_of_row.iter_mut() {
+            let draw = rng.below(draws);
+            spoil(rng, r, draw, x);
+        }
+        values.extend(values_of_row);
+    }
+    values
+}
+
+/// `n` hostile i32 values (lengths, offsets, ids): each `i32::MIN`, -1, `i32::MAX` or random bits
+/// with probability 1/7, otherwise in `0 ..= hi`.
+pub fn garbage_i32(rng: &mut Rng, n: usize, hi: usize) -> Vec<i32> {
+    (0..n)
+        .map(|_| match rng.below(7) {
+            0 => i32::MIN,
+            1 => -1,
+            2 => i32::MAX,
+            3 => rng.next_u64() as i32,
+            _ => rng.below(hi + 1) as i32,
+        })
+        .collect()
 }
 
 /// Samples an index proportionally to the (non-negative) values of `row`.

@@ -7,22 +7,104 @@
 //! mixed, every strategy and the dtypes f32 / f16 / bf16. Names are stable: the same op and size
 //! always give the same cases, names and bytes.
 
-mod accept_logprobs;
-mod argmax;
-mod build_output_layout;
-mod build_sampling_params;
-mod gather_next_token;
 pub mod generate;
-mod ngram_match;
-mod softmax;
-mod top_k_top_p_sample;
-mod top_p_candidates;
-mod update_state;
-mod verify_draft_tokens;
+mod invalid;
 
-use specula_backend_api::Op;
+use serde::{Deserialize, Serialize};
+use specula_backend_api::{DType, Op};
 
 use crate::case::Case;
+use crate::exec::{OpCase, Runner};
+
+/// Declares the case module of every op, [`CaseParams`] and the registry, from the op table:
+/// an op without a case module (`cases/<op>.rs` with `Params`, `cases`) does not compile.
+macro_rules! case_registry {
+    ($($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*) => {
+        $(pub mod $name;)*
+
+        /// The op of a case and its scalar parameters (the JSON header of a case file:
+        /// `{"op": "argmax", "rows": 2, "vocab": 3}`). One variant per op of the op table.
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+        #[serde(tag = "op", rename_all = "snake_case")]
+        pub enum CaseParams {
+            $(
+                #[doc = concat!("`", stringify!($name), "` (its parameters: [`", stringify!($name), "::Params`]).")]
+                $variant($name::Params),
+            )*
+        }
+
+        $(
+            impl From<$name::Params> for CaseParams {
+                fn from(params: $name::Params) -> Self {
+                    CaseParams::$variant(params)
+                }
+            }
+        )*
+
+        impl CaseParams {
+            /// The op these parameters are for.
+            pub fn op(&self) -> Op {
+                match self {
+                    $(CaseParams::$variant(_) => Op::$variant,)*
+                }
+            }
+
+            fn op_case(&self) -> &dyn OpCase {
+                match self {
+                    $(CaseParams::$variant(params) => params,)*
+                }
+            }
+        }
+
+        /// Every case of `op` at `size`, in a stable order with unique names. `hostile::` cases
+        /// hold device contents that host validation rejects, so they run device-only. The
+        /// `invalid::` cases come last: every device must reject them on the host.
+        pub fn cases(op: Op, size: Size) -> Vec<Case> {
+            let cases = match op {
+                $(Op::$variant => $name::cases(size),)*
+                Op::Memory => Vec::new(),
+            };
+            cases.into_iter().chain(invalid::cases(op)).map(mark_hostile).collect()
+        }
+    };
+}
+
+specula_backend_api::for_each_op!(case_registry);
+
+fn mark_hostile(case: Case) -> Case {
+    match case.name.starts_with("hostile::") {
+        true => case.device_only(),
+        false => case,
+    }
+}
+
+impl CaseParams {
+    /// The length of the rows a float output is reduced over (the vocabulary of `softmax` and
+    /// `accept_logprobs`; 1 for the other ops, whose outputs are exact).
+    pub fn reduction_width(&self) -> usize {
+        self.op_case().reduction_width()
+    }
+
+    /// Whether the case samples from logits rows (§4b) rather than probabilities.
+    pub fn logits(&self) -> bool {
+        match self {
+            CaseParams::TopKTopPSample(p) => p.logits,
+            CaseParams::TopPCandidates(p) => p.logits,
+            CaseParams::VerifyDraftTokens(p) => p.logits,
+            _ => false,
+        }
+    }
+
+    /// The op's input tensors (names, dtypes, element counts) for these parameters.
+    pub fn tensors(&self) -> Vec<crate::case::TensorSpec> {
+        self.op_case().tensors()
+    }
+
+    /// Runs the op of these parameters through `runner`.
+    pub(crate) fn run(&self, runner: &mut Runner<'_>) -> crate::Result<()> {
+        self.op_case().run(runner)
+    }
+}
 
 /// How big the generated cases are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -35,28 +117,10 @@ pub enum Size {
     Full,
 }
 
-/// Every case of `op` at `size`, in a stable order with unique names.
-pub fn cases(op: Op, size: Size) -> Vec<Case> {
-    match op {
-        Op::BuildOutputLayout => build_output_layout::cases(size),
-        Op::GatherNextToken => gather_next_token::cases(size),
-        Op::BuildSamplingParams => build_sampling_params::cases(size),
-        Op::Argmax => argmax::cases(size),
-        Op::Softmax => softmax::cases(size),
-        Op::TopKTopPSample => top_k_top_p_sample::cases(size),
-        Op::TopPCandidates => top_p_candidates::cases(size),
-        Op::VerifyDraftTokens => verify_draft_tokens::cases(size),
-        Op::UpdateState => update_state::cases(size),
-        Op::NgramMatch => ngram_match::cases(size),
-        Op::AcceptLogprobs => accept_logprobs::cases(size),
-        Op::Memory => Vec::new(),
-    }
-}
-
-/// `(rows, vocab, label)` of the row ops (`argmax`, `softmax`, sampling, candidates): 1, primes,
+/// `(rows, vocab)` of the row ops (`argmax`, `softmax`, sampling, candidates): 1, primes,
 /// non-multiples of any workgroup size, several workgroups; the real vocabularies at one or two
 /// rows in Quick and at batches up to 256 in Full.
-pub(crate) fn row_shapes(size: Size) -> Vec<(usize, usize)> {
+fn row_shapes(size: Size) -> Vec<(usize, usize)> {
     let mut shapes = vec![
         (1, 1),
         (1, 2),
@@ -80,8 +144,7 @@ pub(crate) fn row_shapes(size: Size) -> Vec<(usize, usize)> {
 
 /// Whether a Full-only shape is too big for a dtype (keeps Full's memory in check: the largest
 /// shapes are generated in one dtype each).
-pub(crate) fn full_shape_for(dtype: specula_backend_api::DType, rows: usize, vocab: usize) -> bool {
-    use specula_backend_api::DType;
+fn full_shape_for(dtype: DType, rows: usize, vocab: usize) -> bool {
     match (rows, vocab) {
         (256, 32000) => dtype == DType::F32,
         (64, 128256) => dtype == DType::F16,
@@ -89,6 +152,47 @@ pub(crate) fn full_shape_for(dtype: specula_backend_api::DType, rows: usize, voc
         (256, 151936) => dtype == DType::BF16,
         _ => true,
     }
+}
+
+/// Where a generated case of a row op starts: a dtype, a shape of [`row_shapes`] and a generator
+/// seeded for both.
+pub(crate) struct RowGen {
+    /// The position of the shape in [`row_shapes`].
+    pub index: usize,
+    /// The dtype of the float input.
+    pub dtype: DType,
+    /// Rows.
+    pub rows: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+    /// The generator of this dtype and shape.
+    pub rng: generate::Rng,
+}
+
+impl RowGen {
+    /// The case name, `{dtype}::{rows}x{vocab}`.
+    pub fn name(&self) -> String {
+        format!("{}::{}x{}", self.dtype, self.rows, self.vocab)
+    }
+}
+
+/// The generated cases of a row op in `dtype`: every shape of [`row_shapes`] (the largest Full
+/// shapes in one dtype each), with a generator of the stream `{stream}/{dtype}` seeded by the
+/// shape.
+pub(crate) fn row_gens(size: Size, stream: &str, dtype: DType) -> Vec<RowGen> {
+    let stream = format!("{stream}/{dtype}");
+    row_shapes(size)
+        .into_iter()
+        .enumerate()
+        .filter(|&(_, (rows, vocab))| full_shape_for(dtype, rows, vocab))
+        .map(|(index, (rows, vocab))| RowGen {
+            index,
+            dtype,
+            rows,
+            vocab,
+            rng: generate::Rng::for_rows(&stream, rows, vocab),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -114,6 +218,9 @@ mod tests {
                     continue;
                 };
                 assert!(case.name.starts_with("golden::"), "{op}::{}", case.name);
+                if case.params.logits() && !specula_backend_api::Device::capabilities(&cpu).logits {
+                    continue;
+                }
                 let out =
                     run_case(&cpu, &case).unwrap_or_else(|e| panic!("{op}::{}: {e}", case.name));
                 assert!(out.guard_violations.is_empty(), "{op}::{}", case.name);
@@ -170,14 +277,27 @@ mod tests {
     }
 
     #[test]
+    fn every_case_holds_the_tensors_of_its_op() {
+        for op in Op::ALL {
+            for case in cases(op, Size::Quick) {
+                if case.expected_error.is_none() {
+                    let checked = case.check_tensors();
+                    assert_eq!(checked, Ok(()), "{op}::{}", case.name);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn cases_are_deterministic() {
         for op in [Op::VerifyDraftTokens, Op::TopKTopPSample, Op::NgramMatch] {
             assert_eq!(cases(op, Size::Quick), cases(op, Size::Quick), "{op}");
         }
     }
 
-    /// Every Quick case passes host validation on the CPU, writes nothing outside its outputs and
-    /// gives the same outputs twice; prints the time of the whole CPU run.
+    /// Every Quick case but the `invalid::` ones (which must be rejected) passes host validation
+    /// on the CPU, writes nothing outside its outputs and gives the same outputs twice; prints
+    /// the time of the whole CPU run.
     #[test]
     fn every_quick_case_runs_on_the_cpu() {
         let cpu = CpuDevice::new().unwrap();
@@ -188,7 +308,12 @@ mod tests {
             let op_start = Instant::now();
             let cases = cases(op, Size::Quick);
             let generated = op_start.elapsed();
-            for case in &cases {
+            let runnable = |c: &&Case| {
+                c.expected_error.is_none()
+                    && (specula_backend_api::Device::capabilities(&cpu).logits
+                        || !c.params.logits())
+            };
+            for case in cases.iter().filter(runnable) {
                 bytes += case.inputs.values().map(|t| t.bytes.len()).sum::<usize>();
                 let a = run_case(&cpu, case).unwrap_or_else(|e| panic!("{op}::{}: {e}", case.name));
                 assert!(
@@ -245,7 +370,11 @@ mod full_tests {
                 .flat_map(|c| c.inputs.values())
                 .map(|t| t.bytes.len())
                 .sum();
-            for case in &cases {
+            for case in cases.iter().filter(|c| {
+                c.expected_error.is_none()
+                    && (specula_backend_api::Device::capabilities(&cpu).logits
+                        || !c.params.logits())
+            }) {
                 let out =
                     run_case(&cpu, case).unwrap_or_else(|e| panic!("{op}::{}: {e}", case.name));
                 assert!(out.guard_violations.is_empty(), "{op}::{}", case.name);

@@ -1,9 +1,98 @@
 //! Cases of `ngram_match` (contract §4.7).
 
+use serde::{Deserialize, Serialize};
+use specula_backend_api::ops::*;
+
 use super::Size;
 use super::build_output_layout::batch_shapes;
-use super::generate::{Rng, batch_name, dims, i32s};
-use crate::case::{Case, CaseParams, Dims};
+use super::generate::{Rng, batch_name, dims, garbage_i32, i32s};
+use crate::Result;
+use crate::case::{Case, Dims, TensorSpec};
+use crate::exec::{OpCase, Runner};
+
+/// The parameters of a `ngram_match` case (the JSON header of a case file, beside `"op"`).
+/// Inputs `token_ids_all`, `prompt_lens`, `step_idx`, `draft_token_num`, `seq_lens_encoder`,
+/// `max_dec_len`; in/out `draft_tokens`, `seq_lens_this_time`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Params {
+    /// Batch shape.
+    pub dims: Dims,
+    /// Row length of `token_ids_all`.
+    pub max_model_len: usize,
+    /// Longest n-gram.
+    pub max_ngram_size: usize,
+    /// Shortest n-gram.
+    pub min_ngram_size: usize,
+    /// Global token budget.
+    pub threshold: usize,
+}
+
+impl OpCase for Params {
+    fn tensors(&self) -> Vec<TensorSpec> {
+        let d = &self.dims;
+        let n = d.max_bsz;
+        vec![
+            TensorSpec::i32("token_ids_all", n * self.max_model_len),
+            TensorSpec::i32("prompt_lens", n),
+            TensorSpec::i32("step_idx", n),
+            TensorSpec::i32("draft_token_num", n),
+            TensorSpec::i32("seq_lens_encoder", n),
+            TensorSpec::i32("max_dec_len", n),
+            TensorSpec::i32("draft_tokens", n * d.max_step_tokens),
+            TensorSpec::i32("seq_lens_this_time", n),
+        ]
+    }
+
+    fn run(&self, r: &mut Runner<'_>) -> Result<()> {
+        let Params {
+            dims,
+            max_model_len,
+            max_ngram_size,
+            min_ngram_size,
+            threshold,
+        } = *self;
+        let device = r.device();
+        let [
+            token_ids_all,
+            prompt_lens,
+            step_idx,
+            draft_token_num,
+            encoder,
+            max_dec_len,
+        ] = r.inputs([
+            "token_ids_all",
+            "prompt_lens",
+            "step_idx",
+            "draft_token_num",
+            "seq_lens_encoder",
+            "max_dec_len",
+        ])?;
+        let [draft_tokens, seq_lens_this_time] =
+            r.inouts(["draft_tokens", "seq_lens_this_time"])?;
+        device.ngram_match(
+            &NgramInputs {
+                token_ids_all: &token_ids_all,
+                prompt_lens: &prompt_lens,
+                step_idx: &step_idx,
+                draft_token_num: &draft_token_num,
+                seq_lens_encoder: &encoder,
+                max_dec_len: &max_dec_len,
+            },
+            &mut NgramOutputs {
+                draft_tokens,
+                seq_lens_this_time,
+            },
+            &NgramParams {
+                dims: dims.into(),
+                max_model_len,
+                max_ngram_size,
+                min_ngram_size,
+                threshold,
+            },
+        )?;
+        Ok(())
+    }
+}
 
 /// The inputs of an `ngram_match` case.
 #[derive(Clone, Debug)]
@@ -28,7 +117,7 @@ impl State {
         min_ngram_size: usize,
         threshold: usize,
     ) -> Case {
-        let params = CaseParams::NgramMatch {
+        let params = Params {
             dims: self.dims,
             max_model_len: self.max_model_len,
             max_ngram_size,
@@ -178,7 +267,26 @@ fn golden() -> Vec<Case> {
             ),
         )
         .expect("seq_lens_this_time", i32s(&[2, 1, 5, 1]));
-    vec![contract, budget]
+    // The budget in 64 bits: two prefill slots of i32::MAX tokens make the mandatory count
+    // 2^32 − 1; with threshold usize::MAX the decode slot still gets its drafts.
+    let wide_state = State {
+        dims: dims(3, 3, 3),
+        max_model_len: 4,
+        token_ids_all: vec![0, 0, 0, 0, 0, 0, 0, 0, 7, 7, 7, 7],
+        prompt_lens: vec![1, 1, 0],
+        step_idx: vec![0, 0, 4],
+        draft_token_num: vec![2, 2, 2],
+        seq_lens_encoder: vec![1, 1, 0],
+        max_dec_len: vec![100, 100, 100],
+        draft_tokens: vec![0; 9],
+        seq_lens_this_time: vec![i32::MAX, i32::MAX, 1],
+    };
+    let wide = wide_state
+        .case("golden::budget_beyond_32_bits".into(), 2, 1, usize::MAX)
+        .device_only()
+        .expect("seq_lens_this_time", i32s(&[i32::MAX, i32::MAX, 3]))
+        .expect("draft_tokens", i32s(&[0, 0, 0, 0, 0, 0, 0, 7, 7]));
+    vec![contract, budget, wide]
 }
 
 fn hostile() -> Vec<Case> {
@@ -187,17 +295,7 @@ fn hostile() -> Vec<Case> {
         let mut rng = Rng::new("ngram/hostile", i as u64);
         let mut st = State::random(&mut rng, d, 48);
         let n = d.max_bsz;
-        let garbage = |rng: &mut Rng, hi: usize| -> Vec<i32> {
-            (0..n)
-                .map(|_| match rng.below(7) {
-                    0 => i32::MIN,
-                    1 => -1,
-                    2 => i32::MAX,
-                    3 => rng.next_u64() as i32,
-                    _ => rng.below(hi + 1) as i32,
-                })
-                .collect()
-        };
+        let garbage = |rng: &mut Rng, hi| garbage_i32(rng, n, hi);
         st.prompt_lens = garbage(&mut rng, 60);
         st.step_idx = garbage(&mut rng, 60);
         st.draft_token_num = garbage(&mut rng, 10);

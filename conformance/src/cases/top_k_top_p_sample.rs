@@ -1,14 +1,69 @@
 //! Cases of `top_k_top_p_sample` (contract §4.3).
 
+use serde::{Deserialize, Serialize};
 use specula_backend_api::DType;
+use specula_backend_api::ops::*;
 
 use super::generate::{
-    EDGE_SEEDS, FLOAT_DTYPES, Rng, add_ties, f32s, float_tensor, i32s, prob_row, u64s,
+    EDGE_SEEDS, FLOAT_DTYPES, Rng, f32s, float_tensor, hostile_logit_rows, i32s, logit_row,
+    pick_temperature, prob_row, rows_with_ties, spoiled_rows, u64s,
 };
-use super::{Size, full_shape_for, row_shapes};
-use crate::case::{Case, CaseParams};
+use super::{Size, row_gens};
+use crate::Result;
+use crate::case::{Case, TensorSpec, Want, scores_specs};
+use crate::exec::{OpCase, Runner};
 
-fn case(
+/// The parameters of a `top_k_top_p_sample` case (the JSON header of a case file, beside `"op"`).
+/// Inputs `probs`, `top_k`, `top_p`, `seed`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Params {
+    /// Rows.
+    pub rows: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+    /// Logits with per-row temperatures (tensors `logits`, `temperature`) instead of `probs`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub logits: bool,
+}
+
+impl OpCase for Params {
+    fn tensors(&self) -> Vec<TensorSpec> {
+        let rows = self.rows;
+        let mut specs = scores_specs(self.logits, ("probs", "logits"), rows, self.vocab);
+        specs.extend([
+            TensorSpec::i32("top_k", rows),
+            TensorSpec::new("top_p", Want::Is(DType::F32), rows),
+            TensorSpec::new("seed", Want::Is(DType::U64), rows),
+        ]);
+        specs
+    }
+
+    fn run(&self, r: &mut Runner<'_>) -> Result<()> {
+        let Params { rows, vocab, .. } = *self;
+        let device = r.device();
+        let host_top_p = r.host::<f32>("top_p")?;
+        let scores = r.scores(self.logits, "probs", "logits")?;
+        let [top_k, top_p, seed] = r.inputs(["top_k", "top_p", "seed"])?;
+        let [tokens] = r.outputs([("tokens", DType::I32, &[rows])])?;
+        device.top_k_top_p_sample(
+            &SampleInputs {
+                scores: scores.scores(),
+                top_k: &top_k,
+                top_p: &top_p,
+                seed: &seed,
+            },
+            tokens,
+            &SampleParams {
+                shape: RowShape { rows, vocab },
+                host_top_p: host_top_p.as_deref(),
+            },
+        )?;
+        Ok(())
+    }
+}
+
+/// A case of `probs` in `dtype`, one row per entry of `top_k`.
+pub(crate) fn case(
     name: String,
     dtype: DType,
     vocab: usize,
@@ -18,8 +73,39 @@ fn case(
     seed: &[u64],
 ) -> Case {
     let rows = top_k.len();
-    Case::new(name, CaseParams::TopKTopPSample { rows, vocab })
+    let params = Params {
+        rows,
+        vocab,
+        logits: false,
+    };
+    Case::new(name, params)
         .with("probs", float_tensor(dtype, &[rows, vocab], probs))
+        .with("top_k", i32s(top_k))
+        .with("top_p", f32s(top_p))
+        .with("seed", u64s(seed))
+}
+
+/// A case of `logits` in `dtype` at the per-row `temperature`, one row per entry of `top_k`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn logits_case(
+    name: String,
+    dtype: DType,
+    vocab: usize,
+    logits: &[f32],
+    temperature: &[f32],
+    top_k: &[i32],
+    top_p: &[f32],
+    seed: &[u64],
+) -> Case {
+    let rows = top_k.len();
+    let params = Params {
+        rows,
+        vocab,
+        logits: true,
+    };
+    Case::new(name, params)
+        .with("logits", float_tensor(dtype, &[rows, vocab], logits))
+        .with("temperature", f32s(temperature))
         .with("top_k", i32s(top_k))
         .with("top_p", f32s(top_p))
         .with("seed", u64s(seed))
@@ -40,34 +126,13 @@ pub(crate) fn pick_top_p(rng: &mut Rng) -> f32 {
 pub fn cases(size: Size) -> Vec<Case> {
     let mut out = golden();
     for dtype in FLOAT_DTYPES {
-        for (rows, vocab) in row_shapes(size) {
-            if !full_shape_for(dtype, rows, vocab) {
-                continue;
-            }
-            let mut rng = Rng::new(
-                &format!("sample/{dtype}"),
-                (rows * 1_000_003 + vocab) as u64,
-            );
-            let mut probs = Vec::with_capacity(rows * vocab);
-            for r in 0..rows {
-                let mut row = prob_row(&mut rng, vocab);
-                if r % 3 == 1 {
-                    add_ties(&mut rng, &mut row);
-                }
-                probs.extend(row);
-            }
-            let top_k: Vec<i32> = (0..rows).map(|_| pick_top_k(&mut rng, vocab)).collect();
-            let top_p: Vec<f32> = (0..rows).map(|_| pick_top_p(&mut rng)).collect();
+        for mut g in row_gens(size, "sample", dtype) {
+            let (rng, rows, vocab) = (&mut g.rng, g.rows, g.vocab);
+            let probs = rows_with_ties(rng, rows, |rng, _| prob_row(rng, vocab));
+            let top_k: Vec<i32> = (0..rows).map(|_| pick_top_k(rng, vocab)).collect();
+            let top_p: Vec<f32> = (0..rows).map(|_| pick_top_p(rng)).collect();
             let seed: Vec<u64> = (0..rows).map(|_| rng.seed()).collect();
-            out.push(case(
-                format!("{dtype}::{rows}x{vocab}"),
-                dtype,
-                vocab,
-                &probs,
-                &top_k,
-                &top_p,
-                &seed,
-            ));
+            out.push(case(g.name(), dtype, vocab, &probs, &top_k, &top_p, &seed));
         }
         // Many rows of one distribution with distinct seeds: every kept token gets drawn.
         let (rows, vocab) = (512, 7);
@@ -85,8 +150,86 @@ pub fn cases(size: Size) -> Vec<Case> {
             &seed,
         ));
     }
+    out.extend(logits_cases(size));
     out.extend(hostile());
     out
+}
+
+/// Logits rows (§4b) at every temperature, in every dtype and shape; then hostile logits.
+fn logits_cases(size: Size) -> Vec<Case> {
+    let mut out = Vec::new();
+    for dtype in FLOAT_DTYPES {
+        for mut g in row_gens(size, "sample/logits", dtype) {
+            let (rng, rows, vocab) = (&mut g.rng, g.rows, g.vocab);
+            let logits = rows_with_ties(rng, rows, |rng, _| logit_row(rng, vocab));
+            let temperature: Vec<f32> = (0..rows).map(|_| pick_temperature(rng)).collect();
+            let top_k: Vec<i32> = (0..rows).map(|_| pick_top_k(rng, vocab)).collect();
+            let top_p: Vec<f32> = (0..rows).map(|_| pick_top_p(rng)).collect();
+            let seed: Vec<u64> = (0..rows).map(|_| rng.seed()).collect();
+            let name = format!("logits::{}", g.name());
+            out.push(logits_case(
+                name,
+                dtype,
+                vocab,
+                &logits,
+                &temperature,
+                &top_k,
+                &top_p,
+                &seed,
+            ));
+        }
+        let mut rng = Rng::new(&format!("sample/logits/hostile/{dtype}"), 1);
+        let (rows, vocab) = (24, 1031);
+        let logits = hostile_logit_rows(&mut rng, rows, vocab);
+        let hostile_t = [f32::NAN, -1.0, 0.0, 1e-30, f32::INFINITY, f32::MIN_POSITIVE];
+        let temperature: Vec<f32> = (0..rows)
+            .map(|r| match r % 3 {
+                0 => hostile_t[r / 3 % hostile_t.len()],
+                _ => pick_temperature(&mut rng),
+            })
+            .collect();
+        let top_k: Vec<i32> = (0..rows).map(|_| pick_top_k(&mut rng, vocab)).collect();
+        let top_p: Vec<f32> = (0..rows).map(|_| pick_top_p(&mut rng)).collect();
+        let seed: Vec<u64> = (0..rows)
+            .map(|r| EDGE_SEEDS[r % EDGE_SEEDS.len()])
+            .collect();
+        out.push(logits_case(
+            format!("hostile::logits_{dtype}"),
+            dtype,
+            vocab,
+            &logits,
+            &temperature,
+            &top_k,
+            &top_p,
+            &seed,
+        ));
+    }
+    out.push(logits_known_answers());
+    out
+}
+
+/// The contract's known-answer row (§3b) at T = 1, 0.7, 2.5, 0 and +inf: with top-k 1 or a tiny
+/// top-p the token is the first in rank order (id 0, the lower of the two maxima), whatever the
+/// draw; with T = 0 only the argmax weighs anything, whatever top-k and top-p keep.
+fn logits_known_answers() -> Case {
+    let row = [2.0, 1.0, 0.0, -1.5, f32::NEG_INFINITY, f32::NAN, 2.0, -30.0];
+    let temperature = [1.0, 0.7, 2.5, 0.0, f32::INFINITY, 0.0];
+    let rows = temperature.len();
+    let logits: Vec<f32> = (0..rows).flat_map(|_| row).collect();
+    let top_k = [1, 0, 1, 0, 1, 5];
+    let top_p = [1.0, 1e-6, 1.0, 1.0, 1.0, 1.0];
+    let seed: Vec<u64> = (0..rows as u64).map(|r| 17 + 4 * r).collect();
+    logits_case(
+        "golden::logits_known_answer_row".into(),
+        DType::F32,
+        row.len(),
+        &logits,
+        &temperature,
+        &top_k,
+        &top_p,
+        &seed,
+    )
+    .expect("tokens", i32s(&[0; 6]))
 }
 
 fn golden() -> Vec<Case> {
@@ -130,23 +273,23 @@ fn hostile() -> Vec<Case> {
     let mut rng = Rng::new("sample/hostile", 1);
     let vocab = 1031;
     let rows = 16;
-    let mut probs = Vec::new();
-    for r in 0..rows {
-        let mut row = prob_row(&mut rng, vocab);
-        for x in row.iter_mut() {
-            match (r % 8, rng.below(4)) {
-                (0, 0) => *x = f32::NAN,
-                (1, 0) => *x = f32::INFINITY,
-                (2, _) => *x = -*x,
-                (3, _) => *x = 0.0,
-                (4, _) => *x = 1.0,
-                (5, 1) => *x = -0.0,
-                (6, _) => *x = f32::from_bits(rng.next_u64() as u32),
-                _ => {}
-            }
-        }
-        probs.extend(row);
-    }
+    let probs = spoiled_rows(
+        &mut rng,
+        rows,
+        vocab,
+        prob_row,
+        4,
+        |rng, r, draw, x| match (r % 8, draw) {
+            (0, 0) => *x = f32::NAN,
+            (1, 0) => *x = f32::INFINITY,
+            (2, _) => *x = -*x,
+            (3, _) => *x = 0.0,
+            (4, _) => *x = 1.0,
+            (5, 1) => *x = -0.0,
+            (6, _) => *x = f32::from_bits(rng.next_u64() as u32),
+            _ => {}
+        },
+    );
     let v = vocab as i32;
     let top_k = [
         -1,

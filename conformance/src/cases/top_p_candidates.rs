@@ -1,13 +1,82 @@
 //! Cases of `top_p_candidates` (contract §4.4).
 
+use serde::{Deserialize, Serialize};
 use specula_backend_api::DType;
+use specula_backend_api::ops::*;
 
-use super::generate::{FLOAT_DTYPES, Rng, add_ties, f32s, float_tensor, i32s, prob_row};
+use super::generate::{
+    FLOAT_DTYPES, Rng, f32s, float_tensor, hostile_logit_rows, i32s, logit_row, pick_temperature,
+    prob_row, rows_with_ties, spoiled_rows,
+};
 use super::top_k_top_p_sample::pick_top_p;
-use super::{Size, full_shape_for, row_shapes};
-use crate::case::{Case, CaseParams};
+use super::{Size, row_gens};
+use crate::Result;
+use crate::case::{Case, TensorSpec, Want, scores_specs};
+use crate::exec::{OpCase, Runner};
+use crate::tensor::HostTensor;
 
-fn case(
+/// The parameters of a `top_p_candidates` case (the JSON header of a case file, beside `"op"`).
+/// Inputs `probs`, `top_p`, optional `batch_id_per_token_output`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Params {
+    /// Rows.
+    pub rows: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+    /// Candidates per row.
+    pub candidates: usize,
+    /// Logits with per-row temperatures (tensors `logits`, `temperature`) instead of `probs`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub logits: bool,
+}
+
+impl OpCase for Params {
+    fn tensors(&self) -> Vec<TensorSpec> {
+        let rows = self.rows;
+        let mut specs = scores_specs(self.logits, ("probs", "logits"), rows, self.vocab);
+        specs.extend([
+            TensorSpec::new("top_p", Want::Is(DType::F32), rows),
+            TensorSpec::i32("batch_id_per_token_output", rows).optional(),
+        ]);
+        specs
+    }
+
+    fn run(&self, r: &mut Runner<'_>) -> Result<()> {
+        let Params {
+            rows,
+            vocab,
+            candidates,
+            ..
+        } = *self;
+        let device = r.device();
+        let host_top_p = r.host::<f32>("top_p")?;
+        let rows_in = r.scores(self.logits, "probs", "logits")?;
+        let [top_p] = r.inputs(["top_p"])?;
+        let batch_id = r.optional("batch_id_per_token_output")?;
+        let [ids, scores, lens] = r.outputs([
+            ("ids", DType::I32, &[rows, candidates]),
+            ("scores", DType::F32, &[rows, candidates]),
+            ("lens", DType::I32, &[rows]),
+        ])?;
+        device.top_p_candidates(
+            &CandidatesInputs {
+                scores: rows_in.scores(),
+                top_p: &top_p,
+                batch_id_per_token_output: batch_id.as_ref(),
+            },
+            &mut CandidatesOutputs { ids, scores, lens },
+            &CandidatesParams {
+                shape: RowShape { rows, vocab },
+                candidates,
+                host_top_p: host_top_p.as_deref(),
+            },
+        )?;
+        Ok(())
+    }
+}
+
+/// A case of `probs` in `dtype`, one row per entry of `top_p`.
+pub(crate) fn case(
     name: String,
     dtype: DType,
     vocab: usize,
@@ -19,10 +88,11 @@ fn case(
     let rows = top_p.len();
     let mut case = Case::new(
         name,
-        CaseParams::TopPCandidates {
+        Params {
             rows,
             vocab,
             candidates,
+            logits: false,
         },
     )
     .with("probs", float_tensor(dtype, &[rows, vocab], probs))
@@ -33,29 +103,167 @@ fn case(
     case
 }
 
+/// A case of `logits` in `dtype` at the per-row `temperature`, one row per entry of `top_p`.
+#[allow(clippy::too_many_arguments)]
+fn logits_case(
+    name: String,
+    dtype: DType,
+    vocab: usize,
+    candidates: usize,
+    logits: &[f32],
+    temperature: &[f32],
+    top_p: &[f32],
+    batch_id: Option<&[i32]>,
+) -> Case {
+    let rows = top_p.len();
+    let params = Params {
+        rows,
+        vocab,
+        candidates,
+        logits: true,
+    };
+    let mut case = Case::new(name, params)
+        .with("logits", float_tensor(dtype, &[rows, vocab], logits))
+        .with("temperature", f32s(temperature))
+        .with("top_p", f32s(top_p));
+    if let Some(batch_id) = batch_id {
+        case = case.with("batch_id_per_token_output", i32s(batch_id));
+    }
+    case
+}
+
+/// Logits rows (§4b) at every temperature, in every dtype and shape, hostile logits, and the
+/// contract's known-answer row with its exact scores.
+fn logits_cases(size: Size) -> Vec<Case> {
+    let counts = [1, 8, 20, 64, 128];
+    let mut out = vec![logits_known_answers()];
+    for dtype in FLOAT_DTYPES {
+        for mut g in row_gens(size, "candidates/logits", dtype) {
+            let (i, rng, rows, vocab) = (g.index, &mut g.rng, g.rows, g.vocab);
+            let c = counts[i % counts.len()];
+            let logits = rows_with_ties(rng, rows, |rng, _| logit_row(rng, vocab));
+            let temperature: Vec<f32> = (0..rows).map(|_| pick_temperature(rng)).collect();
+            let top_p: Vec<f32> = (0..rows).map(|_| pick_top_p(rng)).collect();
+            let name = format!("logits::{}_c{c}", g.name());
+            out.push(logits_case(
+                name,
+                dtype,
+                vocab,
+                c,
+                &logits,
+                &temperature,
+                &top_p,
+                None,
+            ));
+        }
+        let mut rng = Rng::new(&format!("candidates/logits/hostile/{dtype}"), 1);
+        let (rows, vocab) = (16, 1031);
+        let logits = hostile_logit_rows(&mut rng, rows, vocab);
+        let temperature: Vec<f32> = (0..rows)
+            .map(|r| [f32::NAN, -2.0, 0.0, 1.0, f32::INFINITY, 1e-30, 0.7, 2.5][r % 8])
+            .collect();
+        let top_p: Vec<f32> = (0..rows).map(|_| pick_top_p(&mut rng)).collect();
+        let batch_id: Vec<i32> = (0..rows as i32)
+            .map(|r| if r % 5 == 4 { -1 } else { r })
+            .collect();
+        out.push(logits_case(
+            format!("hostile::logits_{dtype}"),
+            dtype,
+            vocab,
+            20,
+            &logits,
+            &temperature,
+            &top_p,
+            Some(&batch_id),
+        ));
+    }
+    out
+}
+
+/// The exact score of a logits candidate (§3b): `q = floor(w · 2^40 / W)` cut to its 24 most
+/// significant bits, as the f32 `q · 2^-40`.
+fn exact_share(w: u64, total: u64) -> f32 {
+    let q = ((u128::from(w) << 40) / u128::from(total)) as u64;
+    let cut = (64 - q.leading_zeros()).saturating_sub(24);
+    ((q >> cut << cut) as f64 / (1u64 << 40) as f64) as f32
+}
+
+/// The contract's known-answer row at T = 1 (top_p 1 and 0.5) and 2.5: the candidates in rank
+/// order (the two maxima by id), their exact shares of the contract's weights, and lens.
+fn logits_known_answers() -> Case {
+    const F: u64 = 1 << 40;
+    let row = [2.0, 1.0, 0.0, -1.5, f32::NEG_INFINITY, f32::NAN, 2.0, -30.0];
+    let at_1 = [
+        F,
+        404_487_729_152,
+        148_802_721_408,
+        33_202_374_448,
+        0,
+        0,
+        F,
+        0,
+    ];
+    let at_2_5 = [
+        F,
+        737_024_699_904,
+        494_042_421_504,
+        271_136_238_848,
+        0,
+        0,
+        F,
+        3_035_501,
+    ];
+    let order = [0usize, 6, 1, 2, 3, 7, 4, 5];
+    let scores_of = |w: &[u64; 8], n: usize| -> Vec<f32> {
+        let total: u64 = w.iter().sum();
+        (0..8)
+            .map(|k| {
+                if k < n {
+                    exact_share(w[order[k]], total)
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    };
+    let ids = |n: usize| -> Vec<i32> {
+        (0..8)
+            .map(|k| if k < n { order[k] as i32 } else { -1 })
+            .collect()
+    };
+    let logits: Vec<f32> = (0..3).flat_map(|_| row).collect();
+    let expected_ids = [ids(5), ids(5), ids(6)].concat();
+    let expected_scores = [
+        scores_of(&at_1, 5),
+        scores_of(&at_1, 5),
+        scores_of(&at_2_5, 6),
+    ]
+    .concat();
+    logits_case(
+        "golden::logits_known_answer_row".into(),
+        DType::F32,
+        8,
+        8,
+        &logits,
+        &[1.0, 1.0, 2.5],
+        &[1.0, 0.5, 1.0],
+        None,
+    )
+    .expect("ids", HostTensor::new(&[3, 8], &expected_ids))
+    .expect("scores", HostTensor::new(&[3, 8], &expected_scores))
+    .expect("lens", i32s(&[5, 2, 6]))
+}
+
 /// Every case of `top_p_candidates`.
 pub fn cases(size: Size) -> Vec<Case> {
     let mut out = golden();
     let counts = [1, 8, 20, 64, 128];
     for dtype in FLOAT_DTYPES {
-        for (i, (rows, vocab)) in row_shapes(size).into_iter().enumerate() {
-            if !full_shape_for(dtype, rows, vocab) {
-                continue;
-            }
-            let mut rng = Rng::new(
-                &format!("candidates/{dtype}"),
-                (rows * 1_000_003 + vocab) as u64,
-            );
+        for mut g in row_gens(size, "candidates", dtype) {
+            let (i, rng, rows, vocab) = (g.index, &mut g.rng, g.rows, g.vocab);
             let c = counts[i % counts.len()];
-            let mut probs = Vec::with_capacity(rows * vocab);
-            for r in 0..rows {
-                let mut row = prob_row(&mut rng, vocab);
-                if r % 3 == 1 {
-                    add_ties(&mut rng, &mut row);
-                }
-                probs.extend(row);
-            }
-            let top_p: Vec<f32> = (0..rows).map(|_| pick_top_p(&mut rng)).collect();
+            let probs = rows_with_ties(rng, rows, |rng, _| prob_row(rng, vocab));
+            let top_p: Vec<f32> = (0..rows).map(|_| pick_top_p(rng)).collect();
             // Every other shape passes the layout's batch ids, with padding rows at the end.
             let batch_id: Option<Vec<i32>> = (i % 2 == 1).then(|| {
                 let valid = rows - rows / 4;
@@ -64,7 +272,7 @@ pub fn cases(size: Size) -> Vec<Case> {
                     .collect()
             });
             out.push(case(
-                format!("{dtype}::{rows}x{vocab}_c{c}"),
+                format!("{}_c{c}", g.name()),
                 dtype,
                 vocab,
                 c,
@@ -74,6 +282,7 @@ pub fn cases(size: Size) -> Vec<Case> {
             ));
         }
     }
+    out.extend(logits_cases(size));
     out.extend(hostile());
     out
 }
@@ -137,21 +346,21 @@ fn hostile() -> Vec<Case> {
     let mut rng = Rng::new("candidates/hostile", 1);
     let vocab = 1031;
     let rows = 12;
-    let mut probs = Vec::new();
-    for r in 0..rows {
-        let mut row = prob_row(&mut rng, vocab);
-        for x in row.iter_mut() {
-            match (r % 6, rng.below(4)) {
-                (0, 0) => *x = f32::NAN,
-                (1, 0) => *x = f32::INFINITY,
-                (2, _) => *x = -*x,
-                (3, _) => *x = 0.0,
-                (4, _) => *x = f32::from_bits(rng.next_u64() as u32),
-                _ => {}
-            }
-        }
-        probs.extend(row);
-    }
+    let probs = spoiled_rows(
+        &mut rng,
+        rows,
+        vocab,
+        prob_row,
+        4,
+        |rng, r, draw, x| match (r % 6, draw) {
+            (0, 0) => *x = f32::NAN,
+            (1, 0) => *x = f32::INFINITY,
+            (2, _) => *x = -*x,
+            (3, _) => *x = 0.0,
+            (4, _) => *x = f32::from_bits(rng.next_u64() as u32),
+            _ => {}
+        },
+    );
     let nan = f32::NAN;
     let top_p = [
         nan,

@@ -1,11 +1,117 @@
 //! Cases of `update_state` (contract §4.6).
 
+use serde::{Deserialize, Serialize};
+use specula_backend_api::DType;
+use specula_backend_api::ops::*;
+
+use crate::Result;
+use crate::case::{Case, Dims, TensorSpec, Want};
+use crate::exec::{OpCase, Runner};
 use specula_backend_api::abi::MAX_INFER_SEED;
 
 use super::Size;
 use super::build_output_layout::batch_shapes;
-use super::generate::{Batch, EDGE_SEEDS, Kind, Rng, batch_name, dims, i32s, u8s, u64s};
-use crate::case::{Case, CaseParams, Dims};
+use super::generate::{
+    Batch, EDGE_SEEDS, Kind, Rng, batch_name, dims, garbage_i32, i32s, u8s, u64s,
+};
+
+/// The parameters of a `update_state` case (the JSON header of a case file, beside `"op"`).
+/// Inputs `accept_tokens`, `is_block_step`, `prompt_lens`, `max_dec_len`, `end_tokens`; in/out
+/// `accept_num`, `stop_flags`, `token_ids_all`, `step_idx`, `infer_seed`, `draft_tokens`,
+/// `seq_lens_encoder`, `seq_lens_decoder`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Params {
+    /// Batch shape.
+    pub dims: Dims,
+    /// Row length of `token_ids_all`.
+    pub max_model_len: usize,
+}
+
+impl OpCase for Params {
+    fn tensors(&self) -> Vec<TensorSpec> {
+        let d = &self.dims;
+        let (n, s) = (d.max_bsz, d.max_step_tokens);
+        vec![
+            TensorSpec::i32("accept_tokens", n * s),
+            TensorSpec::new("is_block_step", Want::Is(DType::U8), n),
+            TensorSpec::i32("prompt_lens", n),
+            TensorSpec::i32("max_dec_len", n),
+            TensorSpec::i32("end_tokens", 1).at_least(),
+            TensorSpec::i32("accept_num", n),
+            TensorSpec::new("stop_flags", Want::Is(DType::U8), n),
+            TensorSpec::i32("token_ids_all", n * self.max_model_len),
+            TensorSpec::i32("step_idx", n),
+            TensorSpec::new("infer_seed", Want::Is(DType::U64), n),
+            TensorSpec::i32("draft_tokens", n * s),
+            TensorSpec::i32("seq_lens_encoder", n),
+            TensorSpec::i32("seq_lens_decoder", n),
+        ]
+    }
+
+    fn run(&self, r: &mut Runner<'_>) -> Result<()> {
+        let Params {
+            dims,
+            max_model_len,
+        } = *self;
+        let device = r.device();
+        let [
+            accept_tokens,
+            is_block_step,
+            prompt_lens,
+            max_dec_len,
+            end_tokens,
+        ] = r.inputs([
+            "accept_tokens",
+            "is_block_step",
+            "prompt_lens",
+            "max_dec_len",
+            "end_tokens",
+        ])?;
+        let [
+            accept_num,
+            stop_flags,
+            token_ids_all,
+            step_idx,
+            infer_seed,
+            draft_tokens,
+            seq_lens_encoder,
+            seq_lens_decoder,
+        ] = r.inouts([
+            "accept_num",
+            "stop_flags",
+            "token_ids_all",
+            "step_idx",
+            "infer_seed",
+            "draft_tokens",
+            "seq_lens_encoder",
+            "seq_lens_decoder",
+        ])?;
+        device.update_state(
+            &UpdateStateInputs {
+                accept_tokens: &accept_tokens,
+                is_block_step: &is_block_step,
+                prompt_lens: &prompt_lens,
+                max_dec_len: &max_dec_len,
+                end_tokens: &end_tokens,
+            },
+            &mut DecodeState {
+                accept_num,
+                stop_flags,
+                token_ids_all,
+                step_idx,
+                infer_seed,
+                draft_tokens,
+                seq_lens_encoder,
+                seq_lens_decoder,
+            },
+            &UpdateStateParams {
+                dims: dims.into(),
+                max_model_len,
+            },
+        )?;
+        Ok(())
+    }
+}
 
 /// The inputs of an `update_state` case.
 #[derive(Clone, Debug)]
@@ -31,7 +137,7 @@ impl State {
     fn case(&self, name: String) -> Case {
         Case::new(
             name,
-            CaseParams::UpdateState {
+            Params {
                 dims: self.dims,
                 max_model_len: self.max_model_len,
             },
@@ -225,18 +331,8 @@ fn hostile() -> Vec<Case> {
         let mut rng = Rng::new("update_state/hostile", i as u64);
         let mut st = State::random(&mut rng, d, 64);
         let n = d.max_bsz;
-        let garbage = |rng: &mut Rng, hi: i32| -> Vec<i32> {
-            (0..n)
-                .map(|_| match rng.below(7) {
-                    0 => i32::MIN,
-                    1 => -1,
-                    2 => i32::MAX,
-                    3 => rng.next_u64() as i32,
-                    _ => rng.below(hi as usize + 1) as i32,
-                })
-                .collect()
-        };
-        st.accept_num = garbage(&mut rng, 2 * d.max_step_tokens as i32);
+        let garbage = |rng: &mut Rng, hi| garbage_i32(rng, n, hi);
+        st.accept_num = garbage(&mut rng, 2 * d.max_step_tokens);
         st.step_idx = garbage(&mut rng, 80);
         st.prompt_lens = garbage(&mut rng, 80);
         st.max_dec_len = garbage(&mut rng, 40);

@@ -1,35 +1,259 @@
 //! Cases of `verify_draft_tokens` (contract §4.5): every strategy, mixed slot kinds, stops by end
 //! token and by `max_dec_len`, stopped / blocked / reasoning slots, `accept_all` / `reject_all`.
 
+use serde::{Deserialize, Serialize};
+use specula_backend_api::ops::*;
 use specula_backend_api::{DType, Strategy};
 
 use super::Size;
 use super::build_output_layout::batch_shapes;
 use super::generate::{
-    Batch, EDGE_SEEDS, Kind, Rng, batch_name, candidates_of, dims, f32s, float_tensor, i32s,
-    prob_row, round_to, sample_index, u8s, u64s,
+    Batch, EDGE_SEEDS, Kind, Rng, batch_name, candidates_of, dims, f32s, float_tensor, garbage_i32,
+    i32s, logit_row, pick_temperature, prob_row, round_to, sample_index, softmax_f64, u8s, u64s,
 };
 use super::top_k_top_p_sample::{pick_top_k, pick_top_p};
-use crate::case::{Case, CaseParams, Dims};
+use crate::Result;
+use crate::case::{Case, CaseParams, Dims, TensorSpec, Want, scores_specs};
+use crate::exec::{HostLens, OpCase, Runner};
+
+/// The parameters of a `verify_draft_tokens` case (the JSON header of a case file, beside `"op"`).
+/// Inputs `draft_tokens`, `seq_lens_this_time`, `seq_lens_encoder`, `cu_seqlens_q_output`,
+/// `stop_flags`, `is_block_step`, `reasoning_status`, `step_idx`, `max_dec_len`, `end_tokens`,
+/// `seeds`, and per strategy `target_tokens` | `candidate_ids`, `candidate_scores`,
+/// `candidate_lens` | `target_probs`, `draft_probs`, `top_k`, `top_p`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Params {
+    /// Batch shape.
+    pub dims: Dims,
+    /// Output rows of the per-row inputs.
+    pub rows: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+    /// `greedy`, `target_match`, `topp` or `rejection`.
+    pub strategy: String,
+    /// Candidates per row (TOPP).
+    pub candidates: usize,
+    /// Accept every in-vocabulary draft.
+    pub accept_all: bool,
+    /// Accept no draft.
+    pub reject_all: bool,
+    /// REJECTION rows are logits (`target_logits`, `draft_logits`, `temperature`) instead of
+    /// probabilities.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub logits: bool,
+}
+
+impl OpCase for Params {
+    fn tensors(&self) -> Vec<TensorSpec> {
+        let d = &self.dims;
+        let (n, rows, v) = (d.max_bsz, self.rows, self.vocab);
+        let mut specs = vec![
+            TensorSpec::i32("draft_tokens", n * d.max_step_tokens),
+            TensorSpec::i32("seq_lens_this_time", n),
+            TensorSpec::i32("seq_lens_encoder", n),
+            TensorSpec::i32("cu_seqlens_q_output", d.real_bsz + 1),
+            TensorSpec::new("stop_flags", Want::Is(DType::U8), n),
+            TensorSpec::new("is_block_step", Want::Is(DType::U8), n),
+            TensorSpec::i32("reasoning_status", n),
+            TensorSpec::i32("step_idx", n),
+            TensorSpec::i32("max_dec_len", n),
+            TensorSpec::i32("end_tokens", 1).at_least(),
+            TensorSpec::new("seeds", Want::Is(DType::U64), rows),
+        ];
+        let c = self.candidates;
+        specs.extend(match self.strategy.as_str() {
+            "topp" => vec![
+                TensorSpec::i32("candidate_ids", rows * c),
+                TensorSpec::new("candidate_scores", Want::Is(DType::F32), rows * c),
+                TensorSpec::i32("candidate_lens", rows),
+            ],
+            "rejection" => {
+                let names = ("target_probs", "target_logits");
+                let mut rejection = scores_specs(self.logits, names, rows, v);
+                let draft = if self.logits {
+                    "draft_logits"
+                } else {
+                    "draft_probs"
+                };
+                let draft_len = n * (d.max_step_tokens - 1) * v;
+                rejection.extend([
+                    TensorSpec::new(draft, Want::Float, draft_len),
+                    TensorSpec::i32("top_k", rows),
+                    TensorSpec::new("top_p", Want::Is(DType::F32), rows),
+                ]);
+                rejection
+            }
+            _ => vec![TensorSpec::i32("target_tokens", rows)],
+        });
+        specs
+    }
+
+    fn run(&self, r: &mut Runner<'_>) -> Result<()> {
+        let Params {
+            dims,
+            rows,
+            vocab,
+            candidates,
+            accept_all,
+            reject_all,
+            logits,
+            ..
+        } = *self;
+        let device = r.device();
+        let host_lens = r.host_lens()?;
+        let strategy: Strategy = self.strategy.parse()?;
+        let [draft_tokens] = r.inputs(["draft_tokens"])?;
+        let lens = r.lens()?;
+        let [
+            cu_out,
+            stop,
+            blocked,
+            reasoning,
+            step_idx,
+            max_dec_len,
+            end_tokens,
+            seeds,
+        ] = r.inputs([
+            "cu_seqlens_q_output",
+            "stop_flags",
+            "is_block_step",
+            "reasoning_status",
+            "step_idx",
+            "max_dec_len",
+            "end_tokens",
+            "seeds",
+        ])?;
+        let names: &[&str] = match strategy {
+            Strategy::Greedy | Strategy::TargetMatch => &["target_tokens"],
+            Strategy::TopP => &["candidate_ids", "candidate_scores", "candidate_lens"],
+            Strategy::Rejection => &["top_k", "top_p"],
+        };
+        let rejection = match strategy {
+            Strategy::Rejection => {
+                let target = r.scores(logits, "target_probs", "target_logits")?;
+                let draft = r.input(if logits {
+                    "draft_logits"
+                } else {
+                    "draft_probs"
+                })?;
+                Some((target, draft))
+            }
+            _ => None,
+        };
+        let extra = names
+            .iter()
+            .map(|n| r.input(n))
+            .collect::<Result<Vec<_>>>()?;
+        let strategy_inputs = match strategy {
+            Strategy::Greedy => StrategyInputs::Greedy {
+                target_tokens: &extra[0],
+            },
+            Strategy::TargetMatch => StrategyInputs::TargetMatch {
+                target_tokens: &extra[0],
+            },
+            Strategy::TopP => StrategyInputs::TopP {
+                candidate_ids: &extra[0],
+                candidate_scores: &extra[1],
+                candidate_lens: &extra[2],
+                candidates,
+            },
+            Strategy::Rejection => {
+                let Some((target, draft)) = &rejection else {
+                    unreachable!("the REJECTION rows are uploaded above")
+                };
+                StrategyInputs::Rejection {
+                    target: target.scores(),
+                    draft,
+                    top_k: &extra[0],
+                    top_p: &extra[1],
+                }
+            }
+        };
+        let [accept_tokens, accept_num] = r.outputs([
+            (
+                "accept_tokens",
+                DType::I32,
+                &[dims.max_bsz, dims.max_step_tokens],
+            ),
+            ("accept_num", DType::I32, &[dims.max_bsz]),
+        ])?;
+        device.verify_draft_tokens(
+            &VerifyInputs {
+                draft_tokens: &draft_tokens,
+                lens: lens.slot_lens(),
+                cu_seqlens_q_output: &cu_out,
+                state: VerifySlotState {
+                    stop_flags: &stop,
+                    is_block_step: &blocked,
+                    reasoning_status: &reasoning,
+                    step_idx: &step_idx,
+                    max_dec_len: &max_dec_len,
+                    end_tokens: &end_tokens,
+                },
+                seeds: &seeds,
+                strategy: strategy_inputs,
+            },
+            &mut VerifyOutputs {
+                accept_tokens,
+                accept_num,
+            },
+            &VerifyParams {
+                dims: dims.into(),
+                rows,
+                vocab,
+                accept_all,
+                reject_all,
+                host: host_lens.as_ref().map(HostLens::slot_lens),
+            },
+        )?;
+        Ok(())
+    }
+}
+
+/// `(dims, vocab, target dtype, draft dtype)` of the REJECTION cases from logits.
+fn rejection_logits_shapes(size: Size) -> Vec<(Dims, usize, DType, DType)> {
+    let (f32_, f16_, bf16_) = (DType::F32, DType::F16, DType::BF16);
+    let mut shapes = vec![
+        (dims(1, 1, 2), 97, f32_, f32_),
+        (dims(3, 3, 4), 257, f32_, f32_),
+        (dims(5, 4, 3), 1000, f16_, f16_),
+        (dims(8, 8, 6), 129, bf16_, f32_),
+        (dims(13, 11, 5), 4099, bf16_, bf16_),
+        (dims(2, 2, 3), 32000, f32_, f32_),
+        (dims(1, 1, 4), 151936, bf16_, bf16_),
+    ];
+    if size == Size::Full {
+        shapes.extend([
+            (dims(64, 64, 6), 151936, bf16_, bf16_),
+            (dims(32, 32, 4), 128256, f32_, f32_),
+        ]);
+    }
+    shapes
+}
 
 /// The strategy-independent inputs of a verify case.
 #[derive(Clone, Debug)]
-struct State {
+pub(crate) struct State {
     batch: Batch,
     vocab: usize,
     rows: usize,
-    draft_tokens: Vec<i32>,
+    /// `[max_bsz, S]`: each slot's last token and drafts.
+    pub(crate) draft_tokens: Vec<i32>,
     stop_flags: Vec<u8>,
     is_block_step: Vec<u8>,
     reasoning_status: Vec<i32>,
     step_idx: Vec<i32>,
     max_dec_len: Vec<i32>,
-    end_tokens: Vec<i32>,
-    seeds: Vec<u64>,
+    /// The end tokens.
+    pub(crate) end_tokens: Vec<i32>,
+    /// `[rows]`: the per-row seeds.
+    pub(crate) seeds: Vec<u64>,
 }
 
 impl State {
-    fn new(batch: Batch, vocab: usize, rows: usize) -> Self {
+    /// `rows` output rows over `batch`, every slot running (nothing stopped, blocked or
+    /// reasoning, far from `max_dec_len`), drafts of token 1, end token 2.
+    pub(crate) fn new(batch: Batch, vocab: usize, rows: usize) -> Self {
         let d = batch.dims;
         State {
             batch,
@@ -89,7 +313,8 @@ impl State {
         }
     }
 
-    fn case(
+    /// The case of `strategy` with these inputs (the strategy's own inputs still to add).
+    pub(crate) fn case(
         &self,
         name: String,
         strategy: Strategy,
@@ -98,7 +323,7 @@ impl State {
         reject_all: bool,
     ) -> Case {
         let d = self.batch.dims;
-        let params = CaseParams::VerifyDraftTokens {
+        let params = Params {
             dims: d,
             rows: self.rows,
             vocab: self.vocab,
@@ -106,9 +331,17 @@ impl State {
             candidates,
             accept_all,
             reject_all,
+            logits: false,
+        };
+        let case = Case::new(name, params);
+        // Padded per-row inputs (rows > T_out) are what a runner without host copies passes;
+        // with host copies the op requires rows == T_out.
+        let case = match self.rows == self.batch.t_out() {
+            true => case,
+            false => case.device_only(),
         };
         self.batch
-            .with_lens(Case::new(name, params))
+            .with_lens(case)
             .with("draft_tokens", i32s(&self.draft_tokens))
             .with(
                 "cu_seqlens_q_output",
@@ -279,6 +512,58 @@ fn rejection_case(rng: &mut Rng, mut s: State, name: String, dtypes: (DType, DTy
         .with("top_p", f32s(&top_p))
 }
 
+/// REJECTION from logits (§3b): target logits rows, draft logits close to them (the target plus
+/// noise and a boosted token), the per-row temperature, drafts drawn from the draft rows.
+fn rejection_logits_case(
+    rng: &mut Rng,
+    mut s: State,
+    name: String,
+    dtypes: (DType, DType),
+) -> Case {
+    let d = s.batch.dims;
+    let v = s.vocab;
+    let mut target = Vec::with_capacity(s.rows * v);
+    for _ in 0..s.rows {
+        target.extend(logit_row(rng, v));
+    }
+    let temperature: Vec<f32> = (0..s.rows).map(|_| pick_temperature(rng)).collect();
+    let draft_rows = d.max_bsz * (d.max_step_tokens - 1);
+    let mut draft = vec![0.0f32; draft_rows * v];
+    for (b, row, pos) in s.decode_rows() {
+        let i = pos - b * d.max_step_tokens - 1;
+        let q = &mut draft[(b * (d.max_step_tokens - 1) + i) * v..][..v];
+        for (qv, &pv) in q.iter_mut().zip(&target[row * v..(row + 1) * v]) {
+            *qv = pv + (rng.normal() * 0.7) as f32;
+        }
+        q[rng.below(v)] += 3.0;
+        let q = round_to(dtypes.1, q);
+        let t = temperature[row].clamp(1e-3, 1e3);
+        let scaled: Vec<f32> = q.iter().map(|&x| x / t).collect();
+        s.draft_tokens[pos] = sample_index(rng, &softmax_f64(&scaled)) as i32;
+    }
+    let slots_k: Vec<i32> = (0..d.max_bsz).map(|_| pick_top_k(rng, v)).collect();
+    let slots_p: Vec<f32> = (0..d.max_bsz).map(|_| pick_top_p(rng)).collect();
+    let top_k = s.batch.expand(&slots_k, 0, s.rows);
+    let top_p = s.batch.expand(&slots_p, 1.0, s.rows);
+    let mut case = s
+        .case(name, Strategy::Rejection, 0, false, false)
+        .with(
+            "target_logits",
+            float_tensor(dtypes.0, &[s.rows, v], &target),
+        )
+        .with(
+            "draft_logits",
+            float_tensor(dtypes.1, &[draft_rows, v], &draft),
+        )
+        .with("temperature", f32s(&temperature))
+        .with("top_k", i32s(&top_k))
+        .with("top_p", f32s(&top_p));
+    if let CaseParams::VerifyDraftTokens(params) = &mut case.params {
+        params.logits = true;
+    }
+    case
+}
+
 fn dtypes_name(t: DType, q: DType) -> String {
     if t == q {
         t.to_string()
@@ -368,6 +653,17 @@ pub fn cases(size: Size) -> Vec<Case> {
             if i % 4 == 3 { "_padded" } else { "" }
         );
         out.push(rejection_case(&mut rng, state, name, (t, q)));
+    }
+    for (i, (d, vocab, t, q)) in rejection_logits_shapes(size).into_iter().enumerate() {
+        let mut rng = Rng::new("verify/rejection/logits", i as u64);
+        let batch = Batch::random(&mut rng, d, 20);
+        let state = State::random(&mut rng, batch, vocab, false);
+        let name = format!(
+            "rejection::logits_{}_{}_v{vocab}",
+            dtypes_name(t, q),
+            batch_name(&d)
+        );
+        out.push(rejection_logits_case(&mut rng, state, name, (t, q)));
     }
     out.extend(hostile());
     out
@@ -565,19 +861,63 @@ fn golden() -> Vec<Case> {
             .expect("accept_num", i32s(&[3, 1, 2])),
         );
     }
+    out.extend(golden_fallbacks());
     out
 }
 
-fn garbage_i32(rng: &mut Rng, n: usize, hi: usize) -> Vec<i32> {
-    (0..n)
-        .map(|_| match rng.below(7) {
-            0 => i32::MIN,
-            1 => -1,
-            2 => i32::MAX,
-            3 => rng.next_u64() as i32,
-            _ => rng.below(hi + 1) as i32,
-        })
-        .collect()
+/// Fallbacks an outside check found one backend getting wrong: a negative `cu_seqlens_q_output`
+/// whose rows come back into range, and REJECTION with an out-of-vocabulary draft.
+fn golden_fallbacks() -> Vec<Case> {
+    let mut out = Vec::new();
+    // base = -1: row base + 0 is missing (the draft is accepted anyway under accept_all), row
+    // base + 1 = 0 exists and gives the bonus token.
+    let mut s = State::new(Batch::new(dims(1, 1, 2), vec![2], vec![0]), 100, 1);
+    s.draft_tokens = vec![7, 2];
+    s.end_tokens = vec![3];
+    out.push(
+        s.case(
+            "golden::negative_base_back_in_range".into(),
+            Strategy::Greedy,
+            0,
+            true,
+            false,
+        )
+        .device_only()
+        .with("cu_seqlens_q_output", i32s(&[-1, 1]))
+        .with("target_tokens", i32s(&[1]))
+        .expect("accept_tokens", s.shaped(&[2, 1]))
+        .expect("accept_num", i32s(&[2])),
+    );
+    // An id outside [0, V) weighs 0 in both rows: rejected, corrected from the residual with the
+    // RESIDUAL draw (contract §4.5), not from a plain SAMPLE draw of the target.
+    let target = [0.1, 0.2, 0.3, 0.4, 0.25, 0.25, 0.25, 0.25];
+    for (name, draft, seeds, expected, accept_all) in [
+        ("past_vocab", 4, [0u64, 4], 2, false),
+        ("negative", -1, [1, 5], 1, false),
+        // accept_all accepts only ids in [0, V): the out-of-vocabulary draft is still tested.
+        ("past_vocab_accept_all", 4, [0u64, 4], 2, true),
+    ] {
+        let mut s = State::new(Batch::new(dims(1, 1, 2), vec![2], vec![0]), 4, 2);
+        s.draft_tokens = vec![1, draft];
+        s.end_tokens = vec![3];
+        s.seeds = seeds.to_vec();
+        out.push(
+            s.case(
+                format!("golden::rejection_out_of_vocab_draft_{name}"),
+                Strategy::Rejection,
+                0,
+                accept_all,
+                false,
+            )
+            .with("target_probs", f32s(&target))
+            .with("draft_probs", f32s(&[0.7, 0.1, 0.1, 0.1]))
+            .with("top_k", i32s(&[0, 0]))
+            .with("top_p", f32s(&[1.0, 1.0]))
+            .expect("accept_tokens", s.shaped(&[expected, -1]))
+            .expect("accept_num", i32s(&[1])),
+        );
+    }
+    out
 }
 
 fn hostile() -> Vec<Case> {

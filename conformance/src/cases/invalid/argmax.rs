@@ -1,0 +1,28 @@
+//! `invalid::` cases of `argmax`.
+
+use specula_backend_api::DType;
+
+use super::Break::{Dtype, Foreign, Short};
+use super::{VOCAB, batch, broken, logit_rows, vocab_cases};
+use crate::case::Case;
+use crate::cases::argmax::Params;
+
+/// `T_out` rows of logits, with `vocab` as the parameter.
+fn with_vocab(vocab: usize) -> Case {
+    let rows = batch().t_out();
+    Case::new("baseline", Params { rows, vocab }).with("input", logit_rows(rows, VOCAB))
+}
+
+/// The valid call every case breaks.
+#[cfg(test)]
+pub(super) fn baselines() -> Vec<Case> {
+    vec![with_vocab(VOCAB)]
+}
+
+/// Every `invalid::` case of `argmax`.
+pub(super) fn cases() -> Vec<Case> {
+    let base = with_vocab(VOCAB);
+    let mut out = broken(&base, &[("input", &[Dtype(DType::I32), Short, Foreign])]);
+    out.extend(vocab_cases(with_vocab));
+    out
+}

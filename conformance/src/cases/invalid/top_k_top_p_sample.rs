@@ -1,0 +1,50 @@
+//! `invalid::` cases of `top_k_top_p_sample`.
+
+use specula_backend_api::DType;
+
+use super::Break::{Dtype, Foreign, HostDtype, Long, Short};
+use super::{VOCAB, batch, broken, host_top_p_cases, prob_rows, vocab_cases};
+use crate::case::Case;
+use crate::cases::generate::{f32s, i32s, u64s};
+use crate::cases::top_k_top_p_sample::Params;
+
+/// `T_out` rows of probabilities with per-row `top_k`, `top_p` and seeds, with `vocab` as the
+/// parameter.
+fn with_vocab(vocab: usize) -> Case {
+    let rows = batch().t_out();
+    Case::new(
+        "baseline",
+        Params {
+            rows,
+            vocab,
+            logits: false,
+        },
+    )
+    .with("probs", prob_rows(rows, VOCAB))
+    .with("top_k", i32s(&[0, 2, 3, 8]))
+    .with("top_p", f32s(&[0.9, 0.5, 1.0, 0.7]))
+    .with("seed", u64s(&[100, 104, 108, 200]))
+}
+
+/// The valid call every case breaks.
+#[cfg(test)]
+pub(super) fn baselines() -> Vec<Case> {
+    vec![with_vocab(VOCAB)]
+}
+
+/// Every `invalid::` case of `top_k_top_p_sample`.
+pub(super) fn cases() -> Vec<Case> {
+    let base = with_vocab(VOCAB);
+    let mut out = broken(
+        &base,
+        &[
+            ("probs", &[Dtype(DType::I32), Short, Foreign]),
+            ("top_k", &[Dtype(DType::F32), Short]),
+            ("top_p", &[HostDtype(DType::U32), Long]),
+            ("seed", &[Dtype(DType::U32), Short, Foreign]),
+        ],
+    );
+    out.extend(vocab_cases(with_vocab));
+    out.extend(host_top_p_cases(&base, 2));
+    out
+}
