@@ -9,6 +9,9 @@
 //! ```text
 //! cargo run -p specula-sampler --example decode_loop [-- --backend cpu] [--strategy greedy]
 //! ```
+//!
+//! `--backend` takes a registry name (`cpu`, `auto`, `wgpu:1`, ...) or `reference`: the plain
+//! reference device, the oracle of the conformance suite.
 
 use std::error::Error;
 use std::sync::Arc;
@@ -117,6 +120,14 @@ fn decode(device: &Arc<dyn Device>, config: SamplerConfig) -> Result<Run, Box<dy
     })
 }
 
+/// A registry backend, or the reference device.
+fn open(backend: &str) -> Result<Arc<dyn Device>, Box<dyn Error>> {
+    if backend == "reference" {
+        return Ok(Arc::new(specula_reference::ReferenceDevice::new()));
+    }
+    Ok(registry::open(backend)?)
+}
+
 fn main() -> Result<(), Box<dyn Error>> {
     let mut backend = "cpu".to_owned();
     let mut strategy = Strategy::TargetMatch;
@@ -131,7 +142,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     if !matches!(strategy, Strategy::Greedy | Strategy::TargetMatch) {
         return Err("only the lossless strategies (greedy, target_match) can be compared".into());
     }
-    let device = registry::open(&backend)?;
+    let device = open(&backend)?;
     println!(
         "backend: {} ({}), strategy {strategy}",
         device.info().kind,

@@ -1,10 +1,12 @@
 //! The device buffers of a decoder: the persistent per-slot state and the per-step scratch, both
 //! allocated once and reused across steps.
 
+use specula_backend_api::ops::{OutputLayout, SlotLens};
 use specula_backend_api::{Buffer, Device, DeviceExt, Element, Strategy};
 
-use crate::config::SamplerConfig;
+use crate::config::{Request, SamplerConfig};
 use crate::error::Result;
+use crate::seeds;
 
 /// Per-slot state that lives on the device across steps (`[max_bsz]` unless noted).
 #[derive(Debug)]
@@ -62,6 +64,61 @@ impl SlotBuffers {
             end_tokens: device.upload(&config.end_tokens)?,
         })
     }
+
+    /// The slot lengths of the step, as the ops read them.
+    pub fn lens(&self) -> SlotLens<'_> {
+        SlotLens {
+            seq_lens_this_time: &self.seq_lens_this_time,
+            seq_lens_encoder: &self.seq_lens_encoder,
+        }
+    }
+
+    /// Writes a newly inserted request's state into `slot`: its prompt and lengths (a prefill of
+    /// the whole prompt comes next), its seed, limits and sampling parameters. The stop flag is
+    /// cleared last: the slot is live from then on.
+    pub fn load_request(
+        &mut self,
+        device: &dyn Device,
+        config: &SamplerConfig,
+        slot: usize,
+        request: &Request,
+    ) -> Result<()> {
+        let s = config.max_step_tokens;
+        let prompt_len = as_i32(request.prompt.len());
+        let drafts = request.max_draft_tokens.unwrap_or(s - 1).min(s - 1);
+        let offset = slot * config.max_model_len;
+        write_at(device, &mut self.token_ids_all, offset, &request.prompt)?;
+        write_at(device, &mut self.prompt_lens, slot, &[prompt_len])?;
+        write_at(device, &mut self.step_idx, slot, &[0i32])?;
+        let seed = seeds::request_seed(request.seed);
+        write_at(device, &mut self.infer_seed, slot, &[seed])?;
+        write_at(device, &mut self.draft_tokens, slot * s, &vec![-1i32; s])?;
+        write_at(device, &mut self.seq_lens_this_time, slot, &[0i32])?;
+        write_at(device, &mut self.seq_lens_encoder, slot, &[prompt_len])?;
+        write_at(device, &mut self.seq_lens_decoder, slot, &[0i32])?;
+        write_at(device, &mut self.is_block_step, slot, &[0u8])?;
+        write_at(device, &mut self.reasoning_status, slot, &[0i32])?;
+        let max_dec_len = as_i32(request.max_dec_len);
+        write_at(device, &mut self.max_dec_len, slot, &[max_dec_len])?;
+        write_at(device, &mut self.draft_token_num, slot, &[as_i32(drafts)])?;
+        write_at(device, &mut self.top_p, slot, &[request.top_p])?;
+        write_at(device, &mut self.top_k, slot, &[as_i32(request.top_k)])?;
+        write_at(device, &mut self.temperature, slot, &[request.temperature])?;
+        // Last: the slot is live from here on.
+        write_at(device, &mut self.stop_flags, slot, &[0u8])
+    }
+
+    /// Retires `slot`: a stopped slot is never touched by any op, and a zero encoder length keeps
+    /// a request removed before its prefill out of the proposer's budget.
+    pub fn clear_slot(&mut self, device: &dyn Device, slot: usize) -> Result<()> {
+        write_at(device, &mut self.stop_flags, slot, &[1u8])?;
+        write_at(device, &mut self.seq_lens_encoder, slot, &[0i32])
+    }
+}
+
+/// A host length as the ops' i32, saturating at `i32::MAX`.
+fn as_i32(value: usize) -> i32 {
+    i32::try_from(value).unwrap_or(i32::MAX)
 }
 
 /// Candidate outputs of `top_p_candidates` (TOPP only).
@@ -103,7 +160,9 @@ pub(crate) struct Scratch {
     pub row_top_k: Buffer,
     pub row_temperature: Buffer,
     pub row_seed: Buffer,
-    /// `[rows, V]` f32: the softmax output; allocated on the first step given logits.
+    /// `[rows, V]` f32: the target's softmax, for REJECTION given target logits and draft
+    /// probabilities only (every other step samples from the logits); allocated on the first
+    /// such step.
     pub probs: Option<Buffer>,
     /// `[rows]` i32: argmax or sampled token per row.
     pub target_tokens: Buffer,
@@ -155,6 +214,14 @@ impl Scratch {
             accept_num: device.alloc::<i32>(n)?,
             logprobs,
         })
+    }
+
+    /// The output layout `build_output_layout` wrote.
+    pub fn layout(&self) -> OutputLayout<'_> {
+        OutputLayout {
+            cu_seqlens_q_output: &self.cu_seqlens_q_output,
+            batch_id_per_token_output: &self.batch_id_per_token_output,
+        }
     }
 
     /// Narrows every per-row buffer to its first `rows` rows.

@@ -4,6 +4,7 @@ use specula_backend_api::Strategy;
 use specula_backend_api::abi::{
     DEFAULT_NGRAM_THRESHOLD, MAX_CANDIDATES, MAX_LOGPROBS_TOP_K, MAX_VOCAB,
 };
+use specula_backend_api::ops::BatchDims;
 
 use crate::error::{Result, SamplerError};
 
@@ -38,7 +39,7 @@ impl Default for NgramConfig {
 pub struct SamplerConfig {
     /// How drafts are verified and tokens chosen. GREEDY and TARGET_MATCH are lossless (the tokens
     /// equal those of non-speculative decoding); TOPP is FastDeploy's lossy mode; REJECTION needs
-    /// a draft model's probabilities (see [`StepScores::with_draft_probs`](crate::StepScores::with_draft_probs)),
+    /// a draft model's logits or probabilities (see [`StepScores::with_draft`](crate::StepScores::with_draft)),
     /// so it cannot be combined with the n-gram proposer.
     pub strategy: Strategy,
     /// Number of request slots.
@@ -157,7 +158,7 @@ impl SamplerConfig {
             if self.strategy == Strategy::Rejection && self.is_speculative() {
                 return bad(
                     "strategy",
-                    "rejection needs draft probabilities, which the n-gram proposer does not have"
+                    "rejection needs the draft model's logits or probabilities, which the n-gram proposer does not have"
                         .into(),
                 );
             }
@@ -167,6 +168,15 @@ impl SamplerConfig {
 
     pub(crate) fn in_vocab(&self, token: i32) -> bool {
         usize::try_from(token).is_ok_and(|t| t < self.vocab)
+    }
+
+    /// The batch dimensions of a step over slots `0 .. real_bsz`.
+    pub(crate) fn dims(&self, real_bsz: usize) -> BatchDims {
+        BatchDims {
+            max_bsz: self.max_bsz,
+            real_bsz,
+            max_step_tokens: self.max_step_tokens,
+        }
     }
 }
 

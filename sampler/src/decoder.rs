@@ -1,50 +1,31 @@
 //! [`Decoder`]: the unified decoding step over a batch of request slots.
+//!
+//! The [`Decoder`] is the public face: it owns the device buffers, keeps the phase of the step and
+//! delegates the work to its stages:
+//!
+//! - `slots`: the slot table, the host's view of the slots (the requests, their tokens and
+//!   lengths, and the host mirrors of the per-slot device values);
+//! - `schedule`: the first half of a step, up to the runner's forward pass: the scheduler, the
+//!   n-gram proposer or the runner's drafts, and the plan (on the host and on the device);
+//! - `finish`: the second half, from the runner's scores: check, targets (from the logits
+//!   themselves: no softmax), verification, log-probabilities, then the commit on the device and
+//!   on the host.
+
+mod finish;
+mod schedule;
+mod slots;
 
 use std::sync::Arc;
 
-use specula_backend_api::ops::{
-    BatchDims, CandidatesInputs, CandidatesOutputs, CandidatesParams, DecodeState, GatherInputs,
-    GatherParams, HostSlotLens, LayoutOutputs, LayoutParams, LogprobsInputs, LogprobsOutputs,
-    LogprobsParams, NgramInputs, NgramOutputs, NgramParams, OutputLayout, RowSamplingParams,
-    RowShape, SampleInputs, SampleParams, SamplingParamsInputs, SamplingParamsParams, SlotLens,
-    SlotSamplingParams, SoftmaxParams, StrategyInputs, UpdateStateInputs, UpdateStateParams,
-    VerifyInputs, VerifyOutputs, VerifyParams, VerifySlotState,
-};
-use specula_backend_api::slots::{SlotKind, slot_kind};
-use specula_backend_api::{Buffer, Device, DeviceExt, Strategy};
+use specula_backend_api::ops::BatchDims;
+use specula_backend_api::{Buffer, Device, DeviceExt};
 use tracing::debug_span;
 
-use crate::buffers::{Scratch, SlotBuffers, window, write_at};
+use crate::buffers::{Scratch, SlotBuffers};
 use crate::config::{Request, SamplerConfig};
 use crate::error::{Result, SamplerError};
-use crate::seeds;
-use crate::step::{
-    DecodeStats, FinishReason, OutputRow, Scores, SlotOutput, SlotPlan, SlotStepKind, StepOutput,
-    StepPlan, StepScores, TokenLogprob,
-};
-
-/// The host's view of an occupied slot.
-#[derive(Clone, Debug)]
-struct SlotHost {
-    request: Request,
-    /// Prompt then generated tokens.
-    tokens: Vec<i32>,
-    /// `seq_lens_encoder`: the prompt length until the prefill step, then 0.
-    encoder: usize,
-    /// `seq_lens_decoder`: tokens in the KV cache.
-    decoder: usize,
-    finished: Option<FinishReason>,
-}
-
-impl SlotHost {
-    fn generated(&self) -> &[i32] {
-        &self.tokens[self.request.prompt.len()..]
-    }
-
-    fn is_running(&self) -> bool {
-        self.finished.is_none()
-    }
-}
+use crate::step::{DecodeStats, FinishReason, StepOutput, StepPlan, StepScores};
+use slots::{SlotHost, SlotTable};
 
 /// Where the decoder is within a step.
 #[derive(Debug)]
@@ -64,6 +45,20 @@ impl Phase {
             Phase::Proposed { .. } => "proposed",
             Phase::Planned { .. } => "planned",
         }
+    }
+}
+
+/// What the stages of a planned step read: the device, the configuration and the plan.
+struct StepContext<'a> {
+    device: &'a dyn Device,
+    config: &'a SamplerConfig,
+    plan: &'a StepPlan,
+}
+
+impl StepContext<'_> {
+    /// The batch dimensions of the plan.
+    fn dims(&self) -> BatchDims {
+        self.config.dims(self.plan.real_bsz)
     }
 }
 
@@ -92,9 +87,17 @@ pub struct RemovedRequest {
 ///    row predicts.
 /// 3. The runner's forward pass over the packed tokens, then
 ///    [`gather_next_token`](Decoder::gather_next_token) and its LM head: `[R, V]` logits.
-/// 4. [`finish`](Decoder::finish): softmax with each request's temperature, the strategy's target
-///    (argmax, sample or candidates), `verify_draft_tokens`, optionally `accept_logprobs`, and
-///    `update_state`; returns each slot's emitted tokens.
+/// 4. [`finish`](Decoder::finish): the strategy's target (argmax, sample or candidates),
+///    `verify_draft_tokens`, optionally `accept_logprobs`, and `update_state`; returns each
+///    slot's emitted tokens.
+///
+/// Given logits, the step samples from them exactly, without a softmax: each token weighs an
+/// integer computed from its logit, the row maximum and the request's temperature (contract §3b),
+/// the same on every backend. TARGET_MATCH's targets are `top_k_top_p_sample` of the logits rows
+/// at each row's temperature, GREEDY's the `argmax` of the logits, TOPP's candidates
+/// `top_p_candidates` of the logits, and REJECTION weighs target and draft logits alike (see
+/// [`StepScores`] for draft rows). Given probabilities ([`StepScores::probs`]), the same ops read
+/// them instead.
 ///
 /// Non-speculative decoding (`S = 1`, or no drafts) runs exactly the same code with zero drafts,
 /// and with GREEDY or TARGET_MATCH emits exactly the same tokens as speculative decoding.
@@ -102,18 +105,13 @@ pub struct RemovedRequest {
 pub struct Decoder {
     device: Arc<dyn Device>,
     config: SamplerConfig,
-    slots: Vec<Option<SlotHost>>,
+    /// The host's view of the slots and the host mirrors of their device values.
+    slots: SlotTable,
     state: SlotBuffers,
     scratch: Scratch,
     phase: Phase,
     step: u64,
     stats: DecodeStats,
-    /// Host mirrors for validation and for the plan, `[max_bsz]` (`[max_bsz · S]` for drafts).
-    host_this_time: Vec<i32>,
-    host_encoder: Vec<i32>,
-    host_drafts: Vec<i32>,
-    host_top_p: Vec<f32>,
-    host_temperature: Vec<f32>,
 }
 
 impl Decoder {
@@ -122,14 +120,8 @@ impl Decoder {
         config.validate()?;
         let state = SlotBuffers::new(device.as_ref(), &config)?;
         let scratch = Scratch::new(device.as_ref(), &config)?;
-        let n = config.max_bsz;
         Ok(Decoder {
-            host_this_time: vec![0; n],
-            host_encoder: vec![0; n],
-            host_drafts: vec![-1; n * config.max_step_tokens],
-            host_top_p: vec![1.0; n],
-            host_temperature: vec![1.0; n],
-            slots: vec![None; n],
+            slots: SlotTable::new(config.max_bsz, config.max_step_tokens),
             device,
             config,
             state,
@@ -165,13 +157,9 @@ impl Decoder {
     /// Inserts a request into the lowest free slot and returns the slot. Its first step is a
     /// prefill of the whole prompt.
     pub fn insert(&mut self, request: Request) -> Result<usize> {
-        let slot = self
-            .slots
-            .iter()
-            .position(Option::is_none)
-            .ok_or(SamplerError::NoFreeSlot {
-                max_bsz: self.config.max_bsz,
-            })?;
+        let slot = self.slots.first_free().ok_or(SamplerError::NoFreeSlot {
+            max_bsz: self.config.max_bsz,
+        })?;
         self.insert_at(slot, request)?;
         Ok(slot)
     }
@@ -180,62 +168,13 @@ impl Decoder {
     pub fn insert_at(&mut self, slot: usize, request: Request) -> Result<()> {
         self.require_idle("insert")?;
         self.check_slot(slot)?;
-        if self.slots[slot].is_some() {
+        if self.slots.is_occupied(slot) {
             return Err(SamplerError::SlotOccupied { slot });
         }
         request.validate(&self.config)?;
-        let s = self.config.max_step_tokens;
-        let prompt_len = request.prompt.len();
-        let as_i32 = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
-        let drafts = request.max_draft_tokens.unwrap_or(s - 1).min(s - 1);
-        let device = self.device.as_ref();
-        let st = &mut self.state;
-        write_at(
-            device,
-            &mut st.token_ids_all,
-            slot * self.config.max_model_len,
-            &request.prompt,
-        )?;
-        write_at(device, &mut st.prompt_lens, slot, &[as_i32(prompt_len)])?;
-        write_at(device, &mut st.step_idx, slot, &[0i32])?;
-        write_at(
-            device,
-            &mut st.infer_seed,
-            slot,
-            &[seeds::request_seed(request.seed)],
-        )?;
-        write_at(device, &mut st.draft_tokens, slot * s, &vec![-1i32; s])?;
-        write_at(device, &mut st.seq_lens_this_time, slot, &[0i32])?;
-        write_at(
-            device,
-            &mut st.seq_lens_encoder,
-            slot,
-            &[as_i32(prompt_len)],
-        )?;
-        write_at(device, &mut st.seq_lens_decoder, slot, &[0i32])?;
-        write_at(device, &mut st.is_block_step, slot, &[0u8])?;
-        write_at(device, &mut st.reasoning_status, slot, &[0i32])?;
-        write_at(
-            device,
-            &mut st.max_dec_len,
-            slot,
-            &[as_i32(request.max_dec_len)],
-        )?;
-        write_at(device, &mut st.draft_token_num, slot, &[as_i32(drafts)])?;
-        write_at(device, &mut st.top_p, slot, &[request.top_p])?;
-        write_at(device, &mut st.top_k, slot, &[as_i32(request.top_k)])?;
-        write_at(device, &mut st.temperature, slot, &[request.temperature])?;
-        // Last: the slot is live from here on.
-        write_at(device, &mut st.stop_flags, slot, &[0u8])?;
-        self.host_top_p[slot] = request.top_p;
-        self.host_temperature[slot] = request.temperature;
-        self.slots[slot] = Some(SlotHost {
-            tokens: request.prompt.clone(),
-            encoder: prompt_len,
-            decoder: 0,
-            finished: None,
-            request,
-        });
+        self.state
+            .load_request(self.device.as_ref(), &self.config, slot, &request)?;
+        self.slots.insert(slot, request);
         Ok(())
     }
 
@@ -243,20 +182,14 @@ impl Decoder {
     pub fn remove(&mut self, slot: usize) -> Result<RemovedRequest> {
         self.require_idle("remove")?;
         self.check_slot(slot)?;
-        let Some(host) = self.slots[slot].take() else {
+        if !self.slots.is_occupied(slot) {
             return Err(SamplerError::SlotEmpty { slot });
-        };
-        let device = self.device.as_ref();
-        // A stopped slot is never touched by any op; a zero encoder keeps a request removed before
-        // its prefill out of the proposer's budget.
-        let cleared = write_at(device, &mut self.state.stop_flags, slot, &[1u8])
-            .and_then(|()| write_at(device, &mut self.state.seq_lens_encoder, slot, &[0i32]));
-        if let Err(error) = cleared {
-            self.slots[slot] = Some(host);
-            return Err(error);
         }
-        self.host_top_p[slot] = 1.0;
-        self.host_temperature[slot] = 1.0;
+        self.state.clear_slot(self.device.as_ref(), slot)?;
+        let host = self
+            .slots
+            .remove(slot)
+            .ok_or(SamplerError::SlotEmpty { slot })?;
         Ok(RemovedRequest {
             generated: host.generated().to_vec(),
             finished: host.finished,
@@ -266,47 +199,42 @@ impl Decoder {
 
     /// The tokens a slot's request has generated so far (`None` for an empty slot).
     pub fn generated(&self, slot: usize) -> Option<&[i32]> {
-        self.slots.get(slot)?.as_ref().map(SlotHost::generated)
+        self.slots.get(slot).map(SlotHost::generated)
     }
 
     /// Prompt followed by the generated tokens (`None` for an empty slot).
     pub fn context(&self, slot: usize) -> Option<&[i32]> {
-        self.slots.get(slot)?.as_ref().map(|h| h.tokens.as_slice())
+        self.slots.get(slot).map(|h| h.tokens.as_slice())
     }
 
     /// The request in a slot.
     pub fn request(&self, slot: usize) -> Option<&Request> {
-        self.slots.get(slot)?.as_ref().map(|h| &h.request)
+        self.slots.get(slot).map(|h| &h.request)
     }
 
     /// Why the slot's request stopped; `None` while it runs (or for an empty slot).
     pub fn finish_reason(&self, slot: usize) -> Option<FinishReason> {
-        self.slots.get(slot)?.as_ref()?.finished
+        self.slots.get(slot)?.finished
     }
 
     /// Whether the slot holds a request that has not stopped.
     pub fn is_running(&self, slot: usize) -> bool {
-        self.slots
-            .get(slot)
-            .and_then(Option::as_ref)
-            .is_some_and(SlotHost::is_running)
+        self.slots.is_running(slot)
     }
 
     /// Whether any slot holds a request that has not stopped.
     pub fn has_running(&self) -> bool {
-        (0..self.slots.len()).any(|b| self.is_running(b))
+        self.slots.has_running()
     }
 
     /// The occupied slots, in order.
     pub fn occupied_slots(&self) -> Vec<usize> {
-        (0..self.slots.len())
-            .filter(|&b| self.slots[b].is_some())
-            .collect()
+        self.slots.occupied()
     }
 
     /// Number of free slots.
     pub fn free_slots(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_none()).count()
+        self.slots.free_count()
     }
 
     /// The slot's `infer_seed` as the device holds it: the seed of its next token,
@@ -332,62 +260,8 @@ impl Decoder {
                 });
             }
         }
-        let s = self.config.max_step_tokens;
-        let real_bsz = self
-            .slots
-            .iter()
-            .rposition(|h| h.as_ref().is_some_and(SlotHost::is_running))
-            .map_or(0, |b| b + 1);
-        let mut decode_slots = 0;
-        for b in 0..self.config.max_bsz {
-            let (this_time, encoder) = match &self.slots[b] {
-                Some(h) if b < real_bsz && h.is_running() => {
-                    if h.encoder > 0 {
-                        (h.encoder, h.encoder)
-                    } else {
-                        decode_slots += 1;
-                        self.host_drafts[b * s] = h.tokens.last().copied().unwrap_or(-1);
-                        (1, 0)
-                    }
-                }
-                Some(h) => (0, h.encoder),
-                None => (0, 0),
-            };
-            self.host_this_time[b] = i32::try_from(this_time).unwrap_or(i32::MAX);
-            self.host_encoder[b] = i32::try_from(encoder).unwrap_or(i32::MAX);
-        }
-        let dims = self.dims(real_bsz);
         let device = self.device.as_ref();
-        device.write(&mut self.state.seq_lens_this_time, &self.host_this_time)?;
-        if let Some(ngram) = self.config.ngram
-            && s > 1
-            && decode_slots > 0
-        {
-            let st = &mut self.state;
-            device.ngram_match(
-                &NgramInputs {
-                    token_ids_all: &st.token_ids_all,
-                    prompt_lens: &st.prompt_lens,
-                    step_idx: &st.step_idx,
-                    draft_token_num: &st.draft_token_num,
-                    seq_lens_encoder: &st.seq_lens_encoder,
-                    max_dec_len: &st.max_dec_len,
-                },
-                &mut NgramOutputs {
-                    draft_tokens: &mut st.draft_tokens,
-                    seq_lens_this_time: &mut st.seq_lens_this_time,
-                },
-                &NgramParams {
-                    dims,
-                    max_model_len: self.config.max_model_len,
-                    max_ngram_size: ngram.max_ngram_size,
-                    min_ngram_size: ngram.min_ngram_size,
-                    threshold: ngram.threshold,
-                },
-            )?;
-            self.host_this_time = device.download(&st.seq_lens_this_time)?;
-            self.host_drafts = device.download(&st.draft_tokens)?;
-        }
+        let real_bsz = schedule::propose(device, &self.config, &mut self.slots, &mut self.state)?;
         self.phase = Phase::Proposed { real_bsz };
         Ok(())
     }
@@ -403,29 +277,9 @@ impl Decoder {
             });
         }
         self.check_slot(slot)?;
-        let s = self.config.max_step_tokens;
-        let bad = |reason: String| Err(SamplerError::Drafts { slot, reason });
-        if self.host_this_time[slot] <= 0 || self.host_encoder[slot] > 0 {
-            return bad("not a running decode slot this step".into());
-        }
-        if drafts.len() > s - 1 {
-            return bad(format!("{} drafts > S - 1 = {}", drafts.len(), s - 1));
-        }
-        if let Some(t) = drafts.iter().find(|&&t| !self.config.in_vocab(t)) {
-            return bad(format!("token {t} not in 0 .. {}", self.config.vocab));
-        }
-        let this_time = 1 + drafts.len() as i32;
         let device = self.device.as_ref();
-        write_at(device, &mut self.state.draft_tokens, slot * s + 1, drafts)?;
-        write_at(
-            device,
-            &mut self.state.seq_lens_this_time,
-            slot,
-            &[this_time],
-        )?;
-        self.host_drafts[slot * s + 1..slot * s + 1 + drafts.len()].copy_from_slice(drafts);
-        self.host_this_time[slot] = this_time;
-        Ok(())
+        let (slots, state) = (&mut self.slots, &mut self.state);
+        schedule::set_drafts(device, &self.config, slots, state, slot, drafts)
     }
 
     /// Builds the output layout and the per-row sampling parameters on the device and returns
@@ -443,7 +297,8 @@ impl Decoder {
                 phase: self.phase.name(),
             });
         };
-        let plan = self.host_plan(real_bsz);
+        let s = self.config.max_step_tokens;
+        let plan = schedule::host_plan(&self.slots, self.step, real_bsz, s);
         let _span = debug_span!(
             "decode_step",
             step = self.step,
@@ -456,62 +311,12 @@ impl Decoder {
             self.phase = Phase::Idle;
             return Ok(plan);
         }
-        let dims = self.dims(real_bsz);
-        let device = self.device.as_ref();
-        let sc = &mut self.scratch;
-        let st = &self.state;
-        window(&mut sc.cu_seqlens_q, real_bsz + 1)?;
-        window(&mut sc.cu_seqlens_q_output, real_bsz + 1)?;
-        window(&mut sc.batch_id_per_token_output, plan.gather_rows)?;
-        sc.window_rows(plan.gather_rows, self.config.vocab, self.config.candidates)?;
-        let host = HostSlotLens {
-            seq_lens_this_time: &self.host_this_time,
-            seq_lens_encoder: &self.host_encoder,
+        let cx = StepContext {
+            device: self.device.as_ref(),
+            config: &self.config,
+            plan: &plan,
         };
-        let lens = SlotLens {
-            seq_lens_this_time: &st.seq_lens_this_time,
-            seq_lens_encoder: &st.seq_lens_encoder,
-        };
-        device.build_output_layout(
-            &lens,
-            &mut LayoutOutputs {
-                seq_lens_output: &mut sc.seq_lens_output,
-                cu_seqlens_q: &mut sc.cu_seqlens_q,
-                cu_seqlens_q_output: &mut sc.cu_seqlens_q_output,
-                batch_id_per_token_output: &mut sc.batch_id_per_token_output,
-            },
-            &LayoutParams {
-                dims,
-                host: Some(host),
-            },
-        )?;
-        device.build_sampling_params(
-            &SamplingParamsInputs {
-                slots: SlotSamplingParams {
-                    top_p: &st.top_p,
-                    top_k: &st.top_k,
-                    temperature: &st.temperature,
-                    infer_seed: &st.infer_seed,
-                },
-                lens,
-                layout: OutputLayout {
-                    cu_seqlens_q_output: &sc.cu_seqlens_q_output,
-                    batch_id_per_token_output: &sc.batch_id_per_token_output,
-                },
-            },
-            &mut RowSamplingParams {
-                top_p: &mut sc.row_top_p,
-                top_k: &mut sc.row_top_k,
-                temperature: &mut sc.row_temperature,
-                seed: &mut sc.row_seed,
-            },
-            &SamplingParamsParams {
-                dims,
-                host: Some(host),
-                host_top_p: Some(&self.host_top_p),
-                host_temperature: Some(&self.host_temperature),
-            },
-        )?;
+        schedule::build_step(&cx, &self.slots, &self.state, &mut self.scratch)?;
         self.phase = Phase::Planned { plan: plan.clone() };
         Ok(plan)
     }
@@ -526,35 +331,13 @@ impl Decoder {
         out: &mut Buffer,
     ) -> Result<()> {
         let plan = self.current_plan("gather_next_token")?;
-        let host = HostSlotLens {
-            seq_lens_this_time: &self.host_this_time,
-            seq_lens_encoder: &self.host_encoder,
+        let cx = StepContext {
+            device: self.device.as_ref(),
+            config: &self.config,
+            plan,
         };
-        let st = &self.state;
-        let sc = &self.scratch;
-        self.device.gather_next_token(
-            &GatherInputs {
-                hidden_states,
-                cu_seqlens_q: &sc.cu_seqlens_q,
-                lens: SlotLens {
-                    seq_lens_this_time: &st.seq_lens_this_time,
-                    seq_lens_encoder: &st.seq_lens_encoder,
-                },
-                layout: OutputLayout {
-                    cu_seqlens_q_output: &sc.cu_seqlens_q_output,
-                    batch_id_per_token_output: &sc.batch_id_per_token_output,
-                },
-            },
-            out,
-            &GatherParams {
-                dims: self.dims(plan.real_bsz),
-                token_num: plan.token_num(),
-                hidden,
-                is_speculative: true,
-                host: Some(host),
-            },
-        )?;
-        Ok(())
+        let (slots, state, scratch) = (&self.slots, &self.state, &self.scratch);
+        schedule::gather(&cx, slots, state, scratch, hidden_states, hidden, out)
     }
 
     /// The tokens up to and including packed input token `input_index` of the current plan: the
@@ -562,24 +345,7 @@ impl Decoder {
     /// models whose probabilities are a function of the prefix).
     pub fn input_prefix(&self, input_index: usize) -> Result<Vec<i32>> {
         let plan = self.current_plan("input_prefix")?;
-        let slot_plan = plan
-            .slots
-            .iter()
-            .find(|p| p.inputs.contains(&input_index))
-            .ok_or_else(|| SamplerError::ScoresShape {
-                reason: format!(
-                    "input index {input_index} out of range (token_num {})",
-                    plan.token_num()
-                ),
-            })?;
-        let context = self
-            .context(slot_plan.slot)
-            .ok_or(SamplerError::SlotEmpty {
-                slot: slot_plan.slot,
-            })?;
-        let mut prefix = context[..slot_plan.start_position].to_vec();
-        prefix.extend_from_slice(&plan.input_tokens[slot_plan.inputs.start..=input_index]);
-        Ok(prefix)
+        schedule::input_prefix(plan, &self.slots, input_index)
     }
 
     /// The tokens output row `row` of the current plan predicts from (see
@@ -595,34 +361,47 @@ impl Decoder {
         self.input_prefix(output.input_index)
     }
 
-    /// Finishes the step with the runner's scores: softmax (for logits), the strategy's target,
-    /// verification, optional log-probabilities and the state update. Returns what each slot
-    /// emitted.
+    /// Finishes the step with the runner's scores: the strategy's target (sampled from logits
+    /// exactly, without a softmax), verification, optional log-probabilities and the state
+    /// update. Returns what each slot emitted.
+    ///
+    /// `scores.target` has `T_out ≤ R ≤ gather_rows` rows; REJECTION with drafts needs the draft
+    /// model's rows (of the target's kind with [`StepScores::with_draft`], or probabilities with
+    /// [`StepScores::with_draft_probs`]) and verifies against all `R` target rows.
     ///
     /// An error caught before the device state is updated (a wrong shape, a missing input, an op's
     /// validation) leaves the step planned, so `finish` can be called again with the right
     /// arguments. An error after that (a failed download) ends the step; the decoder's host mirrors
     /// may then disagree with the device and it should be discarded.
     pub fn finish(&mut self, scores: StepScores<'_>) -> Result<StepOutput> {
-        if !matches!(self.phase, Phase::Planned { .. }) {
-            return Err(SamplerError::Phase {
-                call: "finish",
-                phase: self.phase.name(),
-            });
-        }
-        let Phase::Planned { plan } = std::mem::replace(&mut self.phase, Phase::Idle) else {
-            return Ok(StepOutput::default());
+        let plan = self.take_plan("finish")?;
+        let _span = debug_span!(
+            "decode_step",
+            step = self.step,
+            real_bsz = plan.real_bsz,
+            t_out = plan.t_out()
+        )
+        .entered();
+        let cx = StepContext {
+            device: self.device.as_ref(),
+            config: &self.config,
+            plan: &plan,
         };
-        let mut committed = false;
-        match self.run_finish(&plan, scores, &mut committed) {
-            Ok(output) => Ok(output),
-            Err(error) => {
-                if !committed {
+        let verified =
+            match finish::verify_step(&cx, &self.slots, &self.state, &mut self.scratch, scores) {
+                Ok(verified) => verified,
+                Err(error) => {
+                    // Nothing is committed: the step stays planned and can be finished again.
                     self.phase = Phase::Planned { plan };
+                    return Err(error);
                 }
-                Err(error)
-            }
-        }
+            };
+        // The point of no return: from here an error ends the step.
+        let committed =
+            finish::commit_on_device(&cx, &mut self.state, &mut self.scratch, verified)?;
+        let output = finish::commit_on_host(&cx, &mut self.slots, &mut self.stats, committed);
+        self.step += 1;
+        Ok(output)
     }
 
     /// A whole step: [`plan`](Decoder::plan), then `forward` (the runner's model, which returns
@@ -641,14 +420,6 @@ impl Decoder {
     }
 
     // ----- internals -----
-
-    fn dims(&self, real_bsz: usize) -> BatchDims {
-        BatchDims {
-            max_bsz: self.config.max_bsz,
-            real_bsz,
-            max_step_tokens: self.config.max_step_tokens,
-        }
-    }
 
     fn check_slot(&self, slot: usize) -> Result<()> {
         if slot >= self.config.max_bsz {
@@ -680,479 +451,18 @@ impl Decoder {
         }
     }
 
-    /// The plan from the host mirrors of the slot lengths (after the proposer).
-    fn host_plan(&self, real_bsz: usize) -> StepPlan {
-        let s = self.config.max_step_tokens;
-        let mut plan = StepPlan {
-            step: self.step,
-            real_bsz,
-            gather_rows: real_bsz * s,
-            ..StepPlan::default()
-        };
-        for b in 0..real_bsz {
-            let (this_time, encoder) = (self.host_this_time[b], self.host_encoder[b]);
-            let kind = slot_kind(this_time, encoder);
-            let Some(host) = &self.slots[b] else { continue };
-            let (kind, tokens, start_position, rows): (_, &[i32], _, _) = match kind {
-                SlotKind::Empty => continue,
-                SlotKind::Prefill => (
-                    SlotStepKind::Prefill,
-                    &host.tokens[..host.encoder],
-                    host.decoder,
-                    1,
-                ),
-                SlotKind::Decode => {
-                    let n = (this_time as usize).min(s);
-                    (
-                        SlotStepKind::Decode,
-                        &self.host_drafts[b * s..b * s + n],
-                        host.decoder,
-                        n,
-                    )
-                }
-            };
-            let first_input = plan.input_tokens.len();
-            let first_row = plan.output_rows.len();
-            plan.input_tokens.extend_from_slice(tokens);
-            plan.input_positions
-                .extend((0..tokens.len()).map(|i| start_position + i));
-            let last_input = plan.input_tokens.len() - 1;
-            for i in 0..rows {
-                let input_index = if kind == SlotStepKind::Prefill {
-                    last_input
-                } else {
-                    first_input + i
+    /// Takes the plan out of a planned step, leaving the decoder idle.
+    fn take_plan(&mut self, call: &'static str) -> Result<StepPlan> {
+        match std::mem::replace(&mut self.phase, Phase::Idle) {
+            Phase::Planned { plan } => Ok(plan),
+            other => {
+                let error = SamplerError::Phase {
+                    call,
+                    phase: other.name(),
                 };
-                plan.output_rows.push(OutputRow {
-                    slot: b,
-                    input_index,
-                    position: plan.input_positions[input_index],
-                });
-            }
-            plan.slots.push(SlotPlan {
-                slot: b,
-                kind,
-                inputs: first_input..plan.input_tokens.len(),
-                start_position,
-                drafts: if kind == SlotStepKind::Decode {
-                    rows - 1
-                } else {
-                    0
-                },
-                rows: first_row..plan.output_rows.len(),
-            });
-        }
-        plan
-    }
-
-    /// Per-row temperatures on the host (for the ops' validation): each output row's request,
-    /// 1.0 for padding rows.
-    fn row_temperatures(&self, plan: &StepPlan, rows: usize) -> Vec<f32> {
-        (0..rows)
-            .map(|t| {
-                plan.output_rows
-                    .get(t)
-                    .map_or(1.0, |r| self.host_temperature[r.slot])
-            })
-            .collect()
-    }
-
-    fn run_finish(
-        &mut self,
-        plan: &StepPlan,
-        scores: StepScores<'_>,
-        committed: &mut bool,
-    ) -> Result<StepOutput> {
-        let _span = debug_span!(
-            "decode_step",
-            step = self.step,
-            real_bsz = plan.real_bsz,
-            t_out = plan.t_out()
-        )
-        .entered();
-        let vocab = self.config.vocab;
-        let s = self.config.max_step_tokens;
-        let t_out = plan.t_out();
-        let (target, is_logits) = match scores.target {
-            Scores::Logits(b) => (b, true),
-            Scores::Probs(b) => (b, false),
-        };
-        if target.len() % vocab != 0 {
-            return Err(SamplerError::ScoresShape {
-                reason: format!(
-                    "{} elements is not a whole number of rows of V = {vocab}",
-                    target.len()
-                ),
-            });
-        }
-        let rows = target.len() / vocab;
-        if rows < t_out || rows > plan.gather_rows {
-            return Err(SamplerError::ScoresShape {
-                reason: format!(
-                    "{rows} rows, expected T_out = {t_out} ..= gather_rows = {}",
-                    plan.gather_rows
-                ),
-            });
-        }
-        if self.config.logprobs.is_some() && !is_logits {
-            return Err(SamplerError::LogprobsNeedLogits);
-        }
-        let rejection = self.config.strategy == Strategy::Rejection && plan.drafts() > 0;
-        if rejection {
-            if scores.draft_probs.is_none() {
-                return Err(SamplerError::MissingDraftProbs);
-            }
-            if !is_logits && rows != t_out {
-                return Err(SamplerError::ScoresShape {
-                    reason: format!(
-                        "rejection needs exactly T_out = {t_out} probability rows, got {rows}"
-                    ),
-                });
+                self.phase = other;
+                Err(error)
             }
         }
-        let dims = self.dims(plan.real_bsz);
-        let shape = RowShape { rows, vocab };
-        let row_temperature = self.row_temperatures(plan, rows);
-        let device = self.device.as_ref();
-
-        // 1. Probabilities.
-        if is_logits && self.scratch.probs.is_none() {
-            let capacity = self.config.max_bsz * s * vocab;
-            self.scratch.probs = Some(device.alloc::<f32>(capacity)?);
-        }
-        self.scratch
-            .window_rows(rows, vocab, self.config.candidates)?;
-        let sc = &mut self.scratch;
-        let probs: &Buffer = if is_logits {
-            let Some(probs) = sc.probs.as_mut() else {
-                return Err(SamplerError::ScoresShape {
-                    reason: "no probability buffer".into(),
-                });
-            };
-            device.softmax(
-                target,
-                &sc.row_temperature,
-                probs,
-                &SoftmaxParams {
-                    shape,
-                    host_temperature: Some(&row_temperature),
-                },
-            )?;
-            probs
-        } else {
-            target
-        };
-
-        // 2. The strategy's target for every row.
-        let strategy = if self.config.strategy == Strategy::Rejection && !rejection {
-            // No drafts to test: REJECTION's phase 2 is exactly a TARGET_MATCH sample.
-            Strategy::TargetMatch
-        } else {
-            self.config.strategy
-        };
-        match strategy {
-            Strategy::Greedy => device.argmax(probs, &mut sc.target_tokens, &shape)?,
-            Strategy::TargetMatch => device.top_k_top_p_sample(
-                &SampleInputs {
-                    probs,
-                    top_k: &sc.row_top_k,
-                    top_p: &sc.row_top_p,
-                    seed: &sc.row_seed,
-                },
-                &mut sc.target_tokens,
-                &SampleParams {
-                    shape,
-                    host_top_p: None,
-                },
-            )?,
-            Strategy::TopP => {
-                let Some(c) = sc.candidates.as_mut() else {
-                    return Err(SamplerError::Config {
-                        field: "strategy",
-                        reason: "topp candidate buffers missing".into(),
-                    });
-                };
-                window(&mut sc.batch_id_per_token_output, rows)?;
-                let done = device.top_p_candidates(
-                    &CandidatesInputs {
-                        probs,
-                        top_p: &sc.row_top_p,
-                        batch_id_per_token_output: Some(&sc.batch_id_per_token_output),
-                    },
-                    &mut CandidatesOutputs {
-                        ids: &mut c.ids,
-                        scores: &mut c.scores,
-                        lens: &mut c.lens,
-                    },
-                    &CandidatesParams {
-                        shape,
-                        candidates: self.config.candidates,
-                        host_top_p: None,
-                    },
-                );
-                window(&mut sc.batch_id_per_token_output, plan.gather_rows)?;
-                done?;
-            }
-            Strategy::Rejection => {}
-        }
-
-        // 3. Verify against the first T_out rows.
-        window(&mut sc.row_seed, t_out)?;
-        window(&mut sc.row_top_k, t_out)?;
-        window(&mut sc.row_top_p, t_out)?;
-        window(&mut sc.target_tokens, t_out)?;
-        if let Some(c) = sc.candidates.as_mut() {
-            window(&mut c.ids, t_out * self.config.candidates)?;
-            window(&mut c.scores, t_out * self.config.candidates)?;
-            window(&mut c.lens, t_out)?;
-        }
-        if is_logits
-            && rejection
-            && let Some(p) = sc.probs.as_mut()
-        {
-            window(p, t_out * vocab)?;
-        }
-        let target_probs: &Buffer = match (is_logits, &sc.probs) {
-            (true, Some(p)) => p,
-            _ => target,
-        };
-        let strategy_inputs = match strategy {
-            Strategy::Greedy => StrategyInputs::Greedy {
-                target_tokens: &sc.target_tokens,
-            },
-            Strategy::TargetMatch => StrategyInputs::TargetMatch {
-                target_tokens: &sc.target_tokens,
-            },
-            Strategy::TopP => match &sc.candidates {
-                Some(c) => StrategyInputs::TopP {
-                    candidate_ids: &c.ids,
-                    candidate_scores: &c.scores,
-                    candidate_lens: &c.lens,
-                    candidates: self.config.candidates,
-                },
-                None => {
-                    return Err(SamplerError::Config {
-                        field: "strategy",
-                        reason: "topp candidate buffers missing".into(),
-                    });
-                }
-            },
-            Strategy::Rejection => StrategyInputs::Rejection {
-                target_probs,
-                draft_probs: scores.draft_probs.ok_or(SamplerError::MissingDraftProbs)?,
-                top_k: &sc.row_top_k,
-                top_p: &sc.row_top_p,
-            },
-        };
-        let host = HostSlotLens {
-            seq_lens_this_time: &self.host_this_time,
-            seq_lens_encoder: &self.host_encoder,
-        };
-        let st = &mut self.state;
-        let lens = SlotLens {
-            seq_lens_this_time: &st.seq_lens_this_time,
-            seq_lens_encoder: &st.seq_lens_encoder,
-        };
-        device.verify_draft_tokens(
-            &VerifyInputs {
-                draft_tokens: &st.draft_tokens,
-                lens,
-                cu_seqlens_q_output: &sc.cu_seqlens_q_output,
-                state: VerifySlotState {
-                    stop_flags: &st.stop_flags,
-                    is_block_step: &st.is_block_step,
-                    reasoning_status: &st.reasoning_status,
-                    step_idx: &st.step_idx,
-                    max_dec_len: &st.max_dec_len,
-                    end_tokens: &st.end_tokens,
-                },
-                seeds: &sc.row_seed,
-                strategy: strategy_inputs,
-            },
-            &mut VerifyOutputs {
-                accept_tokens: &mut sc.accept_tokens,
-                accept_num: &mut sc.accept_num,
-            },
-            &VerifyParams {
-                dims,
-                rows: t_out,
-                vocab,
-                accept_all: self.config.accept_all,
-                reject_all: self.config.reject_all,
-                host: Some(host),
-            },
-        )?;
-
-        // 4. Log-probabilities, before update_state turns prefill slots into decode slots.
-        if let Some(lp) = sc.logprobs.as_mut() {
-            device.accept_logprobs(
-                &LogprobsInputs {
-                    logits: target,
-                    temperature: &sc.row_temperature,
-                    accept_tokens: &sc.accept_tokens,
-                    accept_num: &sc.accept_num,
-                    seq_lens_encoder: &st.seq_lens_encoder,
-                    cu_seqlens_q_output: &sc.cu_seqlens_q_output,
-                },
-                &mut LogprobsOutputs {
-                    cu_accept: &mut lp.cu_accept,
-                    token_ids: &mut lp.token_ids,
-                    logprobs: &mut lp.logprobs,
-                    ranks: &mut lp.ranks,
-                    top_ids: &mut lp.top_ids,
-                    top_logprobs: &mut lp.top_logprobs,
-                },
-                &LogprobsParams {
-                    dims,
-                    shape,
-                    top_k: lp.top_k,
-                    host_temperature: Some(&row_temperature),
-                },
-            )?;
-        }
-
-        // 5. Commit on the device.
-        *committed = true;
-        device.update_state(
-            &UpdateStateInputs {
-                accept_tokens: &sc.accept_tokens,
-                is_block_step: &st.is_block_step,
-                prompt_lens: &st.prompt_lens,
-                max_dec_len: &st.max_dec_len,
-                end_tokens: &st.end_tokens,
-            },
-            &mut DecodeState {
-                accept_num: &mut sc.accept_num,
-                stop_flags: &mut st.stop_flags,
-                token_ids_all: &mut st.token_ids_all,
-                step_idx: &mut st.step_idx,
-                infer_seed: &mut st.infer_seed,
-                draft_tokens: &mut st.draft_tokens,
-                seq_lens_encoder: &mut st.seq_lens_encoder,
-                seq_lens_decoder: &mut st.seq_lens_decoder,
-            },
-            &UpdateStateParams {
-                dims,
-                max_model_len: self.config.max_model_len,
-            },
-        )?;
-        let accept_tokens: Vec<i32> = device.download(&sc.accept_tokens)?;
-        let accept_num: Vec<i32> = device.download(&sc.accept_num)?;
-        let stop_flags: Vec<u8> = device.download(&st.stop_flags)?;
-        let logprobs = match &sc.logprobs {
-            Some(lp) => Some(DownloadedLogprobs {
-                top_k: lp.top_k,
-                cu_accept: device.download(&lp.cu_accept)?,
-                logprobs: device.download(&lp.logprobs)?,
-                ranks: device.download(&lp.ranks)?,
-                top_ids: device.download(&lp.top_ids)?,
-                top_logprobs: device.download(&lp.top_logprobs)?,
-            }),
-            None => None,
-        };
-
-        // 6. Commit on the host.
-        let mut output = StepOutput {
-            step: self.step,
-            slots: Vec::with_capacity(plan.slots.len()),
-        };
-        for slot_plan in &plan.slots {
-            let b = slot_plan.slot;
-            let n = usize::try_from(accept_num[b]).unwrap_or(0).min(s);
-            let tokens = accept_tokens[b * s..b * s + n].to_vec();
-            let drafts = &self.host_drafts[b * s + 1..b * s + 1 + slot_plan.drafts];
-            let drafts_accepted = tokens
-                .iter()
-                .zip(drafts)
-                .take_while(|(t, d)| t == d)
-                .count();
-            let token_logprobs = logprobs.as_ref().map(|lp| lp.for_slot(b, &tokens));
-            let Some(host) = self.slots[b].as_mut() else {
-                continue;
-            };
-            host.tokens.extend_from_slice(&tokens);
-            if n > 0 {
-                if host.encoder > 0 {
-                    host.decoder += host.encoder;
-                    host.encoder = 0;
-                } else {
-                    host.decoder += n;
-                }
-            }
-            if stop_flags[b] != 0 && host.finished.is_none() {
-                host.finished = Some(finish_reason(host, &self.config));
-            }
-            self.stats.tokens_emitted += n as u64;
-            self.stats.drafts_proposed += slot_plan.drafts as u64;
-            self.stats.drafts_accepted += drafts_accepted as u64;
-            output.slots.push(SlotOutput {
-                slot: b,
-                tokens,
-                drafts_proposed: slot_plan.drafts,
-                drafts_accepted,
-                finished: host.finished,
-                logprobs: token_logprobs,
-            });
-        }
-        self.stats.steps += 1;
-        self.step += 1;
-        Ok(output)
-    }
-}
-
-/// Why a slot that `update_state` stopped has stopped. A token that both is an end token and
-/// reaches `max_dec_len` counts as `MaxDecLen` (the two cannot be told apart: that token is
-/// replaced by `end_tokens[0]`).
-fn finish_reason(host: &SlotHost, config: &SamplerConfig) -> FinishReason {
-    let generated = host.generated();
-    if generated.len() >= host.request.max_dec_len {
-        FinishReason::MaxDecLen
-    } else if generated
-        .last()
-        .is_some_and(|t| config.end_tokens.contains(t))
-    {
-        FinishReason::EndToken
-    } else {
-        FinishReason::MaxModelLen
-    }
-}
-
-/// The outputs of `accept_logprobs`, on the host.
-struct DownloadedLogprobs {
-    top_k: usize,
-    cu_accept: Vec<i32>,
-    logprobs: Vec<f32>,
-    ranks: Vec<i32>,
-    top_ids: Vec<i32>,
-    top_logprobs: Vec<f32>,
-}
-
-impl DownloadedLogprobs {
-    fn for_slot(&self, slot: usize, tokens: &[i32]) -> Vec<TokenLogprob> {
-        let start = self
-            .cu_accept
-            .get(slot)
-            .and_then(|&c| usize::try_from(c).ok())
-            .unwrap_or(0);
-        tokens
-            .iter()
-            .enumerate()
-            .map(|(k, &token)| {
-                let p = start + k;
-                let top = (0..self.top_k)
-                    .filter_map(|j| {
-                        let id = *self.top_ids.get(p * self.top_k + j)?;
-                        let lp = *self.top_logprobs.get(p * self.top_k + j)?;
-                        Some((id, lp))
-                    })
-                    .collect();
-                TokenLogprob {
-                    token,
-                    logprob: self.logprobs.get(p).copied().unwrap_or(f32::NEG_INFINITY),
-                    rank: self.ranks.get(p).copied().unwrap_or(0),
-                    top,
-                }
-            })
-            .collect()
     }
 }

@@ -78,11 +78,16 @@ pub enum SamplerError {
         /// What is wrong.
         reason: String,
     },
-    /// The REJECTION strategy has drafts to verify this step but no draft probabilities were given.
+    /// The REJECTION strategy has drafts to verify this step but no draft rows (logits or
+    /// probabilities) were given.
     #[error(
-        "the rejection strategy needs the draft model's probabilities for the drafts of this step"
+        "the rejection strategy needs the draft model's logits or probabilities for the drafts of this step"
     )]
     MissingDraftProbs,
+    /// REJECTION was given draft logits with target probabilities (draft logits are weighed at
+    /// the target rows' temperatures, which probabilities do not carry).
+    #[error("draft logits need target logits: finish was given target probabilities")]
+    DraftLogitsNeedLogits,
     /// Log-probabilities were configured but `finish` was given probabilities instead of logits.
     #[error("logprobs need logits: finish was given probabilities")]
     LogprobsNeedLogits,

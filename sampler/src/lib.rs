@@ -5,11 +5,22 @@
 //!
 //! - [`registry`]: open a backend by name (`open("cpu")`, `open("auto")`, `open("wgpu:1")`);
 //! - [`Decoder`]: a batch of request slots and the unified decoding step over them — build the
-//!   layout, gather, softmax with temperature, argmax / sample / candidates per the
-//!   [`Strategy`], verify the drafts and update the state. Non-speculative decoding is the same
-//!   step with zero drafts; with GREEDY or TARGET_MATCH, speculative decoding emits exactly the
-//!   tokens of non-speculative decoding;
+//!   layout, gather, argmax / sample / candidates per the [`Strategy`], verify the drafts and
+//!   update the state. Non-speculative decoding is the same step with zero drafts; with GREEDY or
+//!   TARGET_MATCH, speculative decoding emits exactly the tokens of non-speculative decoding;
 //! - [`seeds`]: the per-token seed schedule (`infer_seed` advances by 4 per emitted token).
+//!
+//! ## Sampling from logits
+//!
+//! A step given logits ([`StepScores::logits`]) samples from them **exactly, without a
+//! softmax**: every token's weight is an integer computed from its logit, the row maximum and the
+//! request's temperature (contract §3b), the same integers on every backend, so the same logits
+//! and seeds give the same tokens on every device. TARGET_MATCH samples each row with
+//! `top_k_top_p_sample`, GREEDY takes the `argmax` of the logits, TOPP's candidates come from
+//! `top_p_candidates` and REJECTION weighs the target and draft logits
+//! ([`StepScores::with_draft`]) alike. `softmax` (a float op) is for callers who want
+//! probabilities; log-probabilities come from `accept_logprobs`. Runners that already hold
+//! probabilities pass them with [`StepScores::probs`].
 //!
 //! ## A runner's loop
 //!
@@ -54,6 +65,8 @@
 //! A runner with a real model feeds [`StepPlan::input_tokens`] at [`StepPlan::input_positions`],
 //! calls [`Decoder::gather_next_token`] on its hidden states, applies its LM head and passes the
 //! logits to [`Decoder::finish`].
+
+#![forbid(unsafe_code)]
 
 mod buffers;
 mod config;

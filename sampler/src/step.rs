@@ -92,21 +92,56 @@ impl StepPlan {
 /// What the runner's LM head produced: `[R, V]` rows, `T_out ≤ R ≤ gather_rows`.
 #[derive(Clone, Copy, Debug)]
 pub enum Scores<'a> {
-    /// Logits (f32, f16 or bf16): the decoder applies the softmax with each request's temperature.
+    /// Logits (f32, f16 or bf16): the decoder samples from them exactly, with the integer weights
+    /// of contract §3b at each request's temperature; no softmax runs.
     Logits(&'a Buffer),
     /// Probabilities (f32, f16 or bf16) the runner computed itself: temperature is not applied
     /// again and log-probabilities cannot be computed.
     Probs(&'a Buffer),
 }
 
+impl<'a> Scores<'a> {
+    /// The `[R, V]` buffer.
+    pub fn buffer(&self) -> &'a Buffer {
+        match self {
+            Scores::Logits(b) | Scores::Probs(b) => b,
+        }
+    }
+
+    /// Whether the rows are logits.
+    pub fn is_logits(&self) -> bool {
+        matches!(self, Scores::Logits(_))
+    }
+
+    /// `buffer` as rows of the same kind as these.
+    fn same_kind(&self, buffer: &'a Buffer) -> Self {
+        match self {
+            Scores::Logits(_) => Scores::Logits(buffer),
+            Scores::Probs(_) => Scores::Probs(buffer),
+        }
+    }
+}
+
 /// The arguments of [`Decoder::finish`](crate::Decoder::finish).
+///
+/// REJECTION reads the draft model's rows `[max_bsz · (S − 1), V]`, row `b · (S − 1) + i` for
+/// draft `i + 1` of slot `b`, required when a step has drafts:
+/// - [`with_draft`](StepScores::with_draft): of the same kind as the target. Draft logits are
+///   weighed at the temperature of the output row they are checked against, so target and draft
+///   logits are verified exactly, without a softmax (contract §3b).
+/// - [`with_draft_probs`](StepScores::with_draft_probs): draft probabilities. With target logits,
+///   the target's probabilities are then computed by `softmax` at each row's temperature (a float
+///   op) for the steps that verify drafts.
+///
+/// REJECTION verifies against all `R` target rows the runner gives: rows `≥ T_out` are never
+/// read, and the slot lengths are checked on the host only when `R == T_out`
+/// (`verify_draft_tokens` takes padded per-row inputs only without host lengths).
 #[derive(Clone, Copy, Debug)]
 pub struct StepScores<'a> {
     /// The target model's rows.
     pub target: Scores<'a>,
-    /// REJECTION only: the draft model's probabilities `[max_bsz · (S − 1), V]`, row
-    /// `b · (S − 1) + i` for draft `i + 1` of slot `b`. Required when a step has drafts.
-    pub draft_probs: Option<&'a Buffer>,
+    /// REJECTION only: the draft model's rows (draft logits need target logits).
+    pub draft: Option<Scores<'a>>,
 }
 
 impl<'a> StepScores<'a> {
@@ -114,7 +149,7 @@ impl<'a> StepScores<'a> {
     pub fn logits(logits: &'a Buffer) -> Self {
         StepScores {
             target: Scores::Logits(logits),
-            draft_probs: None,
+            draft: None,
         }
     }
 
@@ -122,13 +157,20 @@ impl<'a> StepScores<'a> {
     pub fn probs(probs: &'a Buffer) -> Self {
         StepScores {
             target: Scores::Probs(probs),
-            draft_probs: None,
+            draft: None,
         }
     }
 
-    /// Adds the draft model's probabilities (REJECTION).
+    /// Adds the draft model's rows (REJECTION), of the same kind as the target: logits with
+    /// target logits, probabilities with target probabilities.
+    pub fn with_draft(mut self, draft: &'a Buffer) -> Self {
+        self.draft = Some(self.target.same_kind(draft));
+        self
+    }
+
+    /// Adds the draft model's probabilities (REJECTION), whatever the target's kind.
     pub fn with_draft_probs(mut self, draft_probs: &'a Buffer) -> Self {
-        self.draft_probs = Some(draft_probs);
+        self.draft = Some(Scores::Probs(draft_probs));
         self
     }
 }

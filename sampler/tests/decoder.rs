@@ -3,20 +3,10 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::{Forward, Rng, ToyModel, argmax, forward};
-use specula_backend_api::{Device, DeviceExt, Strategy};
+use common::{Forward, Rng, ToyModel, VOCAB, argmax, device, forward};
+use specula_backend_api::{DeviceExt, Strategy};
 use specula_sampler::seeds::{self, MAX_INFER_SEED};
-use specula_sampler::{
-    Decoder, NgramConfig, Request, SamplerConfig, SamplerError, StepScores, registry,
-};
-
-const VOCAB: usize = 61;
-
-fn device() -> Arc<dyn Device> {
-    registry::open("cpu").expect("cpu device")
-}
+use specula_sampler::{Decoder, NgramConfig, Request, SamplerConfig, SamplerError, StepScores};
 
 fn config(strategy: Strategy, max_bsz: usize, s: usize) -> SamplerConfig {
     let config = SamplerConfig::new(strategy, max_bsz, VOCAB, 64, vec![0]);
@@ -25,6 +15,22 @@ fn config(strategy: Strategy, max_bsz: usize, s: usize) -> SamplerConfig {
     } else {
         config
     }
+}
+
+/// A decoder of `strategy` (2 slots, S = `s`) without an n-gram proposer, so that the drafts come
+/// from the test, holding `request` past its prefill step: the decoder and the request's slot.
+fn prefilled_without_proposer(
+    strategy: Strategy,
+    s: usize,
+    request: Request,
+    model: &ToyModel,
+) -> (Decoder, usize) {
+    let mut c = config(strategy, 2, s);
+    c.ngram = None;
+    let mut decoder = Decoder::new(device(), c).expect("decoder");
+    let slot = decoder.insert(request).expect("insert");
+    step(&mut decoder, model); // prefill
+    (decoder, slot)
 }
 
 /// One step with the toy model through `row_prefix`.
@@ -234,15 +240,9 @@ fn config_is_validated() {
 /// replaced by the correction token.
 #[test]
 fn external_drafts_are_verified() {
-    let device = device();
     let model = ToyModel { vocab: VOCAB };
-    let mut c = config(Strategy::Greedy, 2, 5);
-    c.ngram = None;
-    let mut decoder = Decoder::new(device.clone(), c).expect("decoder");
-    let slot = decoder
-        .insert(Request::new(vec![3, 9, 4]).with_sampling(1.0, 0, 0.0))
-        .expect("insert");
-    step(&mut decoder, &model); // prefill
+    let request = Request::new(vec![3, 9, 4]).with_sampling(1.0, 0, 0.0);
+    let (mut decoder, slot) = prefilled_without_proposer(Strategy::Greedy, 5, request, &model);
     let greedy_next = |prefix: &[i32]| argmax(&model.logits(prefix)) as i32;
     for wrong_at in [None, Some(0), Some(2)] {
         decoder.propose().expect("propose");
@@ -287,16 +287,12 @@ fn external_drafts_are_verified() {
 
 #[test]
 fn rejection_needs_draft_probabilities_when_there_are_drafts() {
-    let device = device();
     let model = ToyModel { vocab: VOCAB };
     let s = 4;
-    let mut c = config(Strategy::Rejection, 2, s);
-    c.ngram = None;
-    let mut decoder = Decoder::new(device.clone(), c).expect("decoder");
-    let slot = decoder
-        .insert(Request::new(vec![3, 9, 4]).with_seed(5))
-        .expect("insert");
-    step(&mut decoder, &model); // prefill: no drafts, no draft probabilities needed
+    // The prefill step has no drafts: it needs no draft probabilities.
+    let request = Request::new(vec![3, 9, 4]).with_seed(5);
+    let (mut decoder, slot) = prefilled_without_proposer(Strategy::Rejection, s, request, &model);
+    let device = decoder.device().clone();
     let mut total_accepted = 0;
     for _ in 0..6 {
         decoder.propose().expect("propose");

@@ -3,18 +3,11 @@
 
 mod common;
 
-use std::sync::Arc;
+use common::{Arrival, Forward, Rng, RunResult, ToyModel, VOCAB, device, request, run};
+use specula_backend_api::Strategy;
+use specula_sampler::{FinishReason, NgramConfig, SamplerConfig};
 
-use common::{Arrival, Forward, Rng, RunResult, ToyModel, request, run};
-use specula_backend_api::{Device, Strategy};
-use specula_sampler::{FinishReason, NgramConfig, SamplerConfig, registry};
-
-const VOCAB: usize = 61;
 const END_TOKENS: [i32; 2] = [0, 17];
-
-fn device() -> Arc<dyn Device> {
-    registry::open("cpu").expect("cpu device")
-}
 
 fn plain_config(strategy: Strategy, max_bsz: usize, max_model_len: usize) -> SamplerConfig {
     SamplerConfig::new(strategy, max_bsz, VOCAB, max_model_len, END_TOKENS.to_vec())
@@ -154,20 +147,10 @@ fn rejection_without_drafts_is_target_match() {
     let model = ToyModel { vocab: VOCAB };
     let mut rng = Rng(99);
     let arrivals = arrivals(&mut rng, &model, 6, 10);
-    let a = run(
-        &device,
-        &plain_config(Strategy::TargetMatch, 4, 50),
-        &model,
-        &arrivals,
-        Forward::Prefix,
-    );
-    let b = run(
-        &device,
-        &plain_config(Strategy::Rejection, 4, 50),
-        &model,
-        &arrivals,
-        Forward::Prefix,
-    );
+    let [a, b] = [Strategy::TargetMatch, Strategy::Rejection].map(|strategy| {
+        let config = plain_config(strategy, 4, 50);
+        run(&device, &config, &model, &arrivals, Forward::Prefix)
+    });
     assert_same_tokens("rejection S=1", &arrivals, &a, &b);
 }
 

@@ -7,7 +7,16 @@ use std::sync::Arc;
 use specula_backend_api::{Buffer, Device, DeviceExt};
 use specula_sampler::{
     DecodeStats, Decoder, FinishReason, Request, SamplerConfig, SamplerError, StepPlan, StepScores,
+    registry,
 };
+
+/// The toy model's vocabulary in every test.
+pub const VOCAB: usize = 61;
+
+/// The CPU device, through the registry as a runner opens it.
+pub fn device() -> Arc<dyn Device> {
+    registry::open("cpu").expect("cpu device")
+}
 
 /// splitmix64: a small deterministic generator for test cases and the toy model.
 #[derive(Clone, Debug)]

@@ -1,0 +1,792 @@
+//! The finish pipeline: the second half of a step, from the runner's scores to what each slot
+//! emitted. One function per stage, in order:
+//!
+//! 1. `check_scores`: the scores have the plan's shape (`T_out ≤ R ≤ gather_rows` whole rows of
+//!    `V`), logits when log-probabilities are configured, and REJECTION with drafts has the draft
+//!    model's rows (draft logits only with target logits). Decides the strategy the step runs and
+//!    the rows verification reads.
+//! 2. `prepare_scratch`: allocates the probability buffer on the first step that needs one and
+//!    narrows the per-row buffers to the `R` rows.
+//! 3. `softmax`: only for REJECTION given target logits and draft probabilities, whose rows must
+//!    be of one kind: the target's probabilities at each row's temperature. Every other step
+//!    samples from the logits themselves (contract §3b: exact integer weights, no softmax).
+//! 4. `targets`: the strategy's target per row, from the logits at each row's temperature or
+//!    from the probabilities: argmax (GREEDY), a top-k/top-p sample (TARGET_MATCH), top-p
+//!    candidates (TOPP); REJECTION samples inside verification.
+//! 5. `narrow_to_outputs`: the per-row buffers to the rows verification reads.
+//! 6. `verify`: `verify_draft_tokens` decides each slot's accepted tokens.
+//! 7. `logprobs`: `accept_logprobs` of the accepted tokens (when configured), before
+//!    `update_state` turns prefill slots into decode slots.
+//!
+//! Verification reads the first `T_out` rows, except REJECTION with drafts, which reads all `R`
+//! target rows: the runner's buffer cannot be narrowed, and `verify_draft_tokens` takes padded
+//! per-row inputs (`rows > T_out`, never read past `T_out`) only without host slot lengths, so
+//! those are passed only when `R == T_out`.
+//!
+//! [`verify_step`] runs stages 1–7 and returns a [`Verified`] token. Up to there the slot state is
+//! untouched, so an error leaves the step planned and `finish` can be called again.
+//!
+//! 8. [`commit_on_device`] consumes the [`Verified`] token: `update_state` commits the step on the
+//!    device, and the step's results are downloaded into a [`Committed`] value. This is the point
+//!    of no return: an error from here on ends the step.
+//! 9. [`commit_on_host`] consumes the [`Committed`] value: each slot's emitted tokens, drafts
+//!    accepted, log-probabilities and finish reason, into the slot table and the stats.
+
+use specula_backend_api::ops::{
+    CandidatesInputs, CandidatesOutputs, CandidatesParams, DecodeState, Logits, LogprobsInputs,
+    LogprobsOutputs, LogprobsParams, RowShape, SampleInputs, SampleParams, Scores as RowScores,
+    SoftmaxParams, StrategyInputs, UpdateStateInputs, UpdateStateParams, VerifyInputs,
+    VerifyOutputs, VerifyParams, VerifySlotState,
+};
+use specula_backend_api::{Buffer, Device, DeviceExt, Strategy};
+
+use super::StepContext;
+use super::slots::SlotTable;
+use crate::buffers::{CandidateBuffers, LogprobBuffers, Scratch, SlotBuffers, window};
+use crate::config::SamplerConfig;
+use crate::error::{Result, SamplerError};
+use crate::step::{
+    DecodeStats, Scores, SlotOutput, SlotPlan, StepOutput, StepPlan, StepScores, TokenLogprob,
+};
+
+/// The runner's scores, checked against the plan, and what follows from them.
+struct Checked<'s> {
+    /// `[R, V]` logits or probabilities.
+    target: &'s Buffer,
+    is_logits: bool,
+    /// REJECTION with drafts: the draft model's rows (`None` otherwise).
+    draft: Option<&'s Buffer>,
+    /// The target's probabilities are computed by `softmax` (REJECTION with drafts, target
+    /// logits, draft probabilities).
+    softmax: bool,
+    /// `R`.
+    rows: usize,
+    /// The rows verification reads: `R` for REJECTION with drafts, else `T_out`.
+    verify_rows: usize,
+    /// The strategy the step runs.
+    strategy: Strategy,
+}
+
+impl Checked<'_> {
+    fn shape(&self, vocab: usize) -> RowShape {
+        RowShape {
+            rows: self.rows,
+            vocab,
+        }
+    }
+}
+
+/// Proof that stages 1–7 ran without error: the step is verified and nothing is committed yet.
+/// Only [`verify_step`] makes one; [`commit_on_device`] consumes it.
+pub(super) struct Verified {
+    _sealed: (),
+}
+
+/// A step committed on the device: what `update_state` left, downloaded. Only
+/// [`commit_on_device`] makes one; [`commit_on_host`] consumes it. Once one exists (and from the
+/// `update_state` call that precedes it) the step cannot be retried.
+pub(super) struct Committed {
+    accept_tokens: Vec<i32>,
+    accept_num: Vec<i32>,
+    stop_flags: Vec<u8>,
+    logprobs: Option<DownloadedLogprobs>,
+}
+
+// ----- before the commit -----
+
+/// Stages 1–7: checks the scores and verifies the drafts, leaving the accepted tokens (and their
+/// log-probabilities) in the scratch buffers.
+pub(super) fn verify_step(
+    cx: &StepContext<'_>,
+    slots: &SlotTable,
+    state: &SlotBuffers,
+    sc: &mut Scratch,
+    scores: StepScores<'_>,
+) -> Result<Verified> {
+    let checked = check_scores(cx.config, cx.plan, scores)?;
+    let row_temperature = row_temperatures(cx.plan, slots, checked.rows);
+    prepare_scratch(cx, sc, &checked)?;
+    softmax(cx, sc, &checked, &row_temperature)?;
+    targets(cx, sc, &checked, &row_temperature)?;
+    narrow_to_outputs(cx, sc, &checked)?;
+    verify(cx, slots, state, sc, &checked, &row_temperature)?;
+    logprobs(cx, state, sc, &checked, &row_temperature)?;
+    Ok(Verified { _sealed: () })
+}
+
+/// Stage 1: the scores fit the plan and the configuration.
+fn check_scores<'s>(
+    config: &SamplerConfig,
+    plan: &StepPlan,
+    scores: StepScores<'s>,
+) -> Result<Checked<'s>> {
+    let target = scores.target.buffer();
+    let is_logits = scores.target.is_logits();
+    let rows = score_rows(config.vocab, plan, target)?;
+    if config.logprobs.is_some() && !is_logits {
+        return Err(SamplerError::LogprobsNeedLogits);
+    }
+    let rejection = config.strategy == Strategy::Rejection && plan.drafts() > 0;
+    let draft = if rejection {
+        Some(check_draft(scores)?)
+    } else {
+        None
+    };
+    Ok(Checked {
+        target,
+        is_logits,
+        draft: draft.map(|d| d.buffer()),
+        softmax: is_logits && draft.is_some_and(|d| !d.is_logits()),
+        rows,
+        verify_rows: if rejection { rows } else { plan.t_out() },
+        strategy: step_strategy(config.strategy, rejection),
+    })
+}
+
+/// `R`: the number of whole rows of `V` in `target`, within `T_out ..= gather_rows`.
+fn score_rows(vocab: usize, plan: &StepPlan, target: &Buffer) -> Result<usize> {
+    if !target.len().is_multiple_of(vocab) {
+        return Err(SamplerError::ScoresShape {
+            reason: format!(
+                "{} elements is not a whole number of rows of V = {vocab}",
+                target.len()
+            ),
+        });
+    }
+    let rows = target.len() / vocab;
+    let t_out = plan.t_out();
+    if rows < t_out || rows > plan.gather_rows {
+        return Err(SamplerError::ScoresShape {
+            reason: format!(
+                "{rows} rows, expected T_out = {t_out} ..= gather_rows = {}",
+                plan.gather_rows
+            ),
+        });
+    }
+    Ok(rows)
+}
+
+/// REJECTION with drafts: the draft model's rows are given, and draft logits come with target
+/// logits (draft probabilities go with either).
+fn check_draft<'s>(scores: StepScores<'s>) -> Result<Scores<'s>> {
+    let draft = scores.draft.ok_or(SamplerError::MissingDraftProbs)?;
+    if draft.is_logits() && !scores.target.is_logits() {
+        return Err(SamplerError::DraftLogitsNeedLogits);
+    }
+    Ok(draft)
+}
+
+/// The strategy the step runs: with no drafts to test, REJECTION's phase 2 is exactly a
+/// TARGET_MATCH sample.
+fn step_strategy(strategy: Strategy, rejection: bool) -> Strategy {
+    if strategy == Strategy::Rejection && !rejection {
+        Strategy::TargetMatch
+    } else {
+        strategy
+    }
+}
+
+/// Per-row temperatures on the host (for the ops' validation): each output row's request, 1.0
+/// for padding rows.
+fn row_temperatures(plan: &StepPlan, slots: &SlotTable, rows: usize) -> Vec<f32> {
+    let temperature = slots.temperature();
+    (0..rows)
+        .map(|t| plan.output_rows.get(t).map_or(1.0, |r| temperature[r.slot]))
+        .collect()
+}
+
+/// Stage 2: the probability buffer (allocated once, when a step first needs it) and the `R` rows
+/// of the step.
+fn prepare_scratch(cx: &StepContext<'_>, sc: &mut Scratch, checked: &Checked<'_>) -> Result<()> {
+    let config = cx.config;
+    if checked.softmax && sc.probs.is_none() {
+        let capacity = config.max_bsz * config.max_step_tokens * config.vocab;
+        sc.probs = Some(cx.device.alloc::<f32>(capacity)?);
+    }
+    sc.window_rows(checked.rows, config.vocab, config.candidates)
+}
+
+/// Stage 3: `softmax` of the target logits with each row's temperature, when REJECTION verifies
+/// them against draft probabilities (nothing otherwise).
+fn softmax(
+    cx: &StepContext<'_>,
+    sc: &mut Scratch,
+    checked: &Checked<'_>,
+    row_temperature: &[f32],
+) -> Result<()> {
+    if !checked.softmax {
+        return Ok(());
+    }
+    let probs = sc.probs.as_mut().ok_or_else(missing_probs)?;
+    cx.device.softmax(
+        checked.target,
+        &sc.row_temperature,
+        probs,
+        &SoftmaxParams {
+            shape: checked.shape(cx.config.vocab),
+            host_temperature: Some(row_temperature),
+        },
+    )?;
+    Ok(())
+}
+
+/// The softmax output missing when a step computes one (cannot happen: `prepare_scratch`
+/// allocates it).
+fn missing_probs() -> SamplerError {
+    SamplerError::ScoresShape {
+        reason: "no probability buffer".into(),
+    }
+}
+
+/// The rows the targets and REJECTION read: the softmax output when the step computes one, the
+/// runner's logits at each row's temperature (`temperature` on the device, `host_temperature` its
+/// host copy), or the runner's probabilities.
+fn row_scores<'b>(
+    checked: &Checked<'b>,
+    probs: Option<&'b Buffer>,
+    temperature: &'b Buffer,
+    host_temperature: &'b [f32],
+) -> Result<RowScores<'b>> {
+    Ok(match (checked.softmax, checked.is_logits) {
+        (true, _) => RowScores::Probs(probs.ok_or_else(missing_probs)?),
+        (false, true) => RowScores::Logits(Logits {
+            logits: checked.target,
+            temperature,
+            host_temperature: Some(host_temperature),
+        }),
+        (false, false) => RowScores::Probs(checked.target),
+    })
+}
+
+/// Stage 4: the strategy's target for every row.
+fn targets(
+    cx: &StepContext<'_>,
+    sc: &mut Scratch,
+    checked: &Checked<'_>,
+    row_temperature: &[f32],
+) -> Result<()> {
+    let shape = checked.shape(cx.config.vocab);
+    let scores = row_scores(
+        checked,
+        sc.probs.as_ref(),
+        &sc.row_temperature,
+        row_temperature,
+    )?;
+    match checked.strategy {
+        Strategy::Greedy => cx
+            .device
+            .argmax(scores.matrix(), &mut sc.target_tokens, &shape)?,
+        Strategy::TargetMatch => cx.device.top_k_top_p_sample(
+            &SampleInputs {
+                scores,
+                top_k: &sc.row_top_k,
+                top_p: &sc.row_top_p,
+                seed: &sc.row_seed,
+            },
+            &mut sc.target_tokens,
+            &SampleParams {
+                shape,
+                host_top_p: None,
+            },
+        )?,
+        Strategy::TopP => top_p_candidates(
+            cx,
+            scores,
+            &sc.row_top_p,
+            &mut sc.batch_id_per_token_output,
+            sc.candidates.as_mut(),
+            shape,
+        )?,
+        Strategy::Rejection => {}
+    }
+    Ok(())
+}
+
+/// TOPP's target: `top_p_candidates` over the `R` rows (`batch_ids` is narrowed to them for the
+/// call and back to `gather_rows` after it, whatever its outcome).
+fn top_p_candidates(
+    cx: &StepContext<'_>,
+    scores: RowScores<'_>,
+    top_p: &Buffer,
+    batch_ids: &mut Buffer,
+    candidates: Option<&mut CandidateBuffers>,
+    shape: RowShape,
+) -> Result<()> {
+    let Some(c) = candidates else {
+        return Err(missing_candidates());
+    };
+    window(batch_ids, shape.rows)?;
+    let done = cx.device.top_p_candidates(
+        &CandidatesInputs {
+            scores,
+            top_p,
+            batch_id_per_token_output: Some(&*batch_ids),
+        },
+        &mut CandidatesOutputs {
+            ids: &mut c.ids,
+            scores: &mut c.scores,
+            lens: &mut c.lens,
+        },
+        &CandidatesParams {
+            shape,
+            candidates: cx.config.candidates,
+            host_top_p: None,
+        },
+    );
+    window(batch_ids, cx.plan.gather_rows)?;
+    done?;
+    Ok(())
+}
+
+/// TOPP without its candidate buffers (cannot happen: they are allocated for TOPP).
+fn missing_candidates() -> SamplerError {
+    SamplerError::Config {
+        field: "strategy",
+        reason: "topp candidate buffers missing".into(),
+    }
+}
+
+/// Stage 5: the per-row buffers verification reads, narrowed to its rows (the `R` rows stay for
+/// REJECTION with drafts).
+fn narrow_to_outputs(cx: &StepContext<'_>, sc: &mut Scratch, checked: &Checked<'_>) -> Result<()> {
+    let rows = checked.verify_rows;
+    window(&mut sc.row_seed, rows)?;
+    window(&mut sc.row_top_k, rows)?;
+    window(&mut sc.row_top_p, rows)?;
+    window(&mut sc.target_tokens, rows)?;
+    if let Some(c) = sc.candidates.as_mut() {
+        window(&mut c.ids, rows * cx.config.candidates)?;
+        window(&mut c.scores, rows * cx.config.candidates)?;
+        window(&mut c.lens, rows)?;
+    }
+    Ok(())
+}
+
+/// What verification reads of the targets.
+struct Targets<'b> {
+    tokens: &'b Buffer,
+    candidates: Option<&'b CandidateBuffers>,
+    scores: RowScores<'b>,
+    top_k: &'b Buffer,
+    top_p: &'b Buffer,
+}
+
+/// Stage 6: `verify_draft_tokens` against the rows `checked.verify_rows` says, with the host slot
+/// lengths when those are the `T_out` output rows.
+fn verify(
+    cx: &StepContext<'_>,
+    slots: &SlotTable,
+    st: &SlotBuffers,
+    sc: &mut Scratch,
+    checked: &Checked<'_>,
+    row_temperature: &[f32],
+) -> Result<()> {
+    let targets = Targets {
+        tokens: &sc.target_tokens,
+        candidates: sc.candidates.as_ref(),
+        scores: row_scores(
+            checked,
+            sc.probs.as_ref(),
+            &sc.row_temperature,
+            row_temperature,
+        )?,
+        top_k: &sc.row_top_k,
+        top_p: &sc.row_top_p,
+    };
+    let strategy = strategy_inputs(cx.config, checked, &targets)?;
+    let rows = checked.verify_rows;
+    cx.device.verify_draft_tokens(
+        &VerifyInputs {
+            draft_tokens: &st.draft_tokens,
+            lens: st.lens(),
+            cu_seqlens_q_output: &sc.cu_seqlens_q_output,
+            state: verify_slot_state(st),
+            seeds: &sc.row_seed,
+            strategy,
+        },
+        &mut VerifyOutputs {
+            accept_tokens: &mut sc.accept_tokens,
+            accept_num: &mut sc.accept_num,
+        },
+        &VerifyParams {
+            dims: cx.dims(),
+            rows,
+            vocab: cx.config.vocab,
+            accept_all: cx.config.accept_all,
+            reject_all: cx.config.reject_all,
+            host: (rows == cx.plan.t_out()).then(|| slots.host_lens()),
+        },
+    )?;
+    Ok(())
+}
+
+/// The strategy's inputs to verification.
+fn strategy_inputs<'b>(
+    config: &SamplerConfig,
+    checked: &Checked<'b>,
+    targets: &Targets<'b>,
+) -> Result<StrategyInputs<'b>> {
+    Ok(match checked.strategy {
+        Strategy::Greedy => StrategyInputs::Greedy {
+            target_tokens: targets.tokens,
+        },
+        Strategy::TargetMatch => StrategyInputs::TargetMatch {
+            target_tokens: targets.tokens,
+        },
+        Strategy::TopP => {
+            let c = targets.candidates.ok_or_else(missing_candidates)?;
+            StrategyInputs::TopP {
+                candidate_ids: &c.ids,
+                candidate_scores: &c.scores,
+                candidate_lens: &c.lens,
+                candidates: config.candidates,
+            }
+        }
+        Strategy::Rejection => StrategyInputs::Rejection {
+            target: targets.scores,
+            draft: checked.draft.ok_or(SamplerError::MissingDraftProbs)?,
+            top_k: targets.top_k,
+            top_p: targets.top_p,
+        },
+    })
+}
+
+/// The slot state verification reads.
+fn verify_slot_state(st: &SlotBuffers) -> VerifySlotState<'_> {
+    VerifySlotState {
+        stop_flags: &st.stop_flags,
+        is_block_step: &st.is_block_step,
+        reasoning_status: &st.reasoning_status,
+        step_idx: &st.step_idx,
+        max_dec_len: &st.max_dec_len,
+        end_tokens: &st.end_tokens,
+    }
+}
+
+/// Stage 7: `accept_logprobs` of the accepted tokens, when configured.
+fn logprobs(
+    cx: &StepContext<'_>,
+    st: &SlotBuffers,
+    sc: &mut Scratch,
+    checked: &Checked<'_>,
+    row_temperature: &[f32],
+) -> Result<()> {
+    let Some(lp) = sc.logprobs.as_mut() else {
+        return Ok(());
+    };
+    cx.device.accept_logprobs(
+        &LogprobsInputs {
+            logits: checked.target,
+            temperature: &sc.row_temperature,
+            accept_tokens: &sc.accept_tokens,
+            accept_num: &sc.accept_num,
+            seq_lens_encoder: &st.seq_lens_encoder,
+            cu_seqlens_q_output: &sc.cu_seqlens_q_output,
+        },
+        &mut LogprobsOutputs {
+            cu_accept: &mut lp.cu_accept,
+            token_ids: &mut lp.token_ids,
+            logprobs: &mut lp.logprobs,
+            ranks: &mut lp.ranks,
+            top_ids: &mut lp.top_ids,
+            top_logprobs: &mut lp.top_logprobs,
+        },
+        &LogprobsParams {
+            dims: cx.dims(),
+            shape: checked.shape(cx.config.vocab),
+            top_k: lp.top_k,
+            host_temperature: Some(row_temperature),
+        },
+    )?;
+    Ok(())
+}
+
+// ----- the commit -----
+
+/// Stage 8, the point of no return: `update_state` commits the verified step on the device, then
+/// its results are downloaded.
+pub(super) fn commit_on_device(
+    cx: &StepContext<'_>,
+    state: &mut SlotBuffers,
+    sc: &mut Scratch,
+    verified: Verified,
+) -> Result<Committed> {
+    let Verified { _sealed: () } = verified;
+    update_state(cx, state, sc)?;
+    download(cx.device, state, sc)
+}
+
+/// `update_state`: the accepted tokens into each slot's history, lengths, seeds and stop flags.
+fn update_state(cx: &StepContext<'_>, st: &mut SlotBuffers, sc: &mut Scratch) -> Result<()> {
+    cx.device.update_state(
+        &UpdateStateInputs {
+            accept_tokens: &sc.accept_tokens,
+            is_block_step: &st.is_block_step,
+            prompt_lens: &st.prompt_lens,
+            max_dec_len: &st.max_dec_len,
+            end_tokens: &st.end_tokens,
+        },
+        &mut DecodeState {
+            accept_num: &mut sc.accept_num,
+            stop_flags: &mut st.stop_flags,
+            token_ids_all: &mut st.token_ids_all,
+            step_idx: &mut st.step_idx,
+            infer_seed: &mut st.infer_seed,
+            draft_tokens: &mut st.draft_tokens,
+            seq_lens_encoder: &mut st.seq_lens_encoder,
+            seq_lens_decoder: &mut st.seq_lens_decoder,
+        },
+        &UpdateStateParams {
+            dims: cx.dims(),
+            max_model_len: cx.config.max_model_len,
+        },
+    )?;
+    Ok(())
+}
+
+/// The committed step's accepted tokens, their counts, the stop flags and the log-probabilities.
+fn download(device: &dyn Device, st: &SlotBuffers, sc: &Scratch) -> Result<Committed> {
+    Ok(Committed {
+        accept_tokens: device.download(&sc.accept_tokens)?,
+        accept_num: device.download(&sc.accept_num)?,
+        stop_flags: device.download(&st.stop_flags)?,
+        logprobs: match &sc.logprobs {
+            Some(lp) => Some(DownloadedLogprobs::download(device, lp)?),
+            None => None,
+        },
+    })
+}
+
+/// Stage 9: what each slot of the plan emitted, taken into the slot table and the stats.
+pub(super) fn commit_on_host(
+    cx: &StepContext<'_>,
+    slots: &mut SlotTable,
+    stats: &mut DecodeStats,
+    committed: Committed,
+) -> StepOutput {
+    let mut output = StepOutput {
+        step: cx.plan.step,
+        slots: Vec::with_capacity(cx.plan.slots.len()),
+    };
+    for slot_plan in &cx.plan.slots {
+        let Some(slot_output) = commit_slot(cx.config, slot_plan, slots, &committed) else {
+            continue;
+        };
+        stats.tokens_emitted += slot_output.tokens.len() as u64;
+        stats.drafts_proposed += slot_output.drafts_proposed as u64;
+        stats.drafts_accepted += slot_output.drafts_accepted as u64;
+        output.slots.push(slot_output);
+    }
+    stats.steps += 1;
+    output
+}
+
+/// One slot's emitted tokens (accepted drafts, then the correction or bonus token), into its
+/// [`SlotHost`](super::slots::SlotHost). `None` when the slot is empty.
+fn commit_slot(
+    config: &SamplerConfig,
+    slot_plan: &SlotPlan,
+    slots: &mut SlotTable,
+    committed: &Committed,
+) -> Option<SlotOutput> {
+    let b = slot_plan.slot;
+    let tokens = committed.tokens(b, config.max_step_tokens);
+    let drafts_accepted = tokens
+        .iter()
+        .zip(slots.drafts(b, slot_plan.drafts))
+        .take_while(|(t, d)| t == d)
+        .count();
+    let logprobs = committed
+        .logprobs
+        .as_ref()
+        .map(|lp| lp.for_slot(b, &tokens));
+    let host = slots.get_mut(b)?;
+    host.accept(&tokens, committed.stop_flags[b] != 0, config);
+    Some(SlotOutput {
+        slot: b,
+        tokens,
+        drafts_proposed: slot_plan.drafts,
+        drafts_accepted,
+        finished: host.finished,
+        logprobs,
+    })
+}
+
+impl Committed {
+    /// The tokens slot `b` emitted: the first `accept_num[b]` (at most `S`) of its row.
+    fn tokens(&self, b: usize, max_step_tokens: usize) -> Vec<i32> {
+        let s = max_step_tokens;
+        let n = usize::try_from(self.accept_num[b]).unwrap_or(0).min(s);
+        self.accept_tokens[b * s..b * s + n].to_vec()
+    }
+}
+
+/// The outputs of `accept_logprobs`, on the host.
+struct DownloadedLogprobs {
+    top_k: usize,
+    cu_accept: Vec<i32>,
+    logprobs: Vec<f32>,
+    ranks: Vec<i32>,
+    top_ids: Vec<i32>,
+    top_logprobs: Vec<f32>,
+}
+
+impl DownloadedLogprobs {
+    /// Downloads what `accept_logprobs` wrote.
+    fn download(device: &dyn Device, lp: &LogprobBuffers) -> Result<Self> {
+        Ok(DownloadedLogprobs {
+            top_k: lp.top_k,
+            cu_accept: device.download(&lp.cu_accept)?,
+            logprobs: device.download(&lp.logprobs)?,
+            ranks: device.download(&lp.ranks)?,
+            top_ids: device.download(&lp.top_ids)?,
+            top_logprobs: device.download(&lp.top_logprobs)?,
+        })
+    }
+
+    /// The log-probabilities of the `tokens` slot `slot` emitted.
+    fn for_slot(&self, slot: usize, tokens: &[i32]) -> Vec<TokenLogprob> {
+        let start = self
+            .cu_accept
+            .get(slot)
+            .and_then(|&c| usize::try_from(c).ok())
+            .unwrap_or(0);
+        tokens
+            .iter()
+            .enumerate()
+            .map(|(k, &token)| self.token(start + k, token))
+            .collect()
+    }
+
+    /// Accepted token `p` of the step (`token`), with its top-K alternatives.
+    fn token(&self, p: usize, token: i32) -> TokenLogprob {
+        let top = (0..self.top_k)
+            .filter_map(|j| {
+                let id = *self.top_ids.get(p * self.top_k + j)?;
+                let lp = *self.top_logprobs.get(p * self.top_k + j)?;
+                Some((id, lp))
+            })
+            .collect();
+        TokenLogprob {
+            token,
+            logprob: self.logprobs.get(p).copied().unwrap_or(f32::NEG_INFINITY),
+            rank: self.ranks.get(p).copied().unwrap_or(0),
+            top,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry;
+    use crate::step::OutputRow;
+
+    #[test]
+    fn rejection_without_drafts_runs_target_match() {
+        assert_eq!(
+            step_strategy(Strategy::Rejection, false),
+            Strategy::TargetMatch
+        );
+        assert_eq!(
+            step_strategy(Strategy::Rejection, true),
+            Strategy::Rejection
+        );
+        for strategy in [Strategy::Greedy, Strategy::TargetMatch, Strategy::TopP] {
+            assert_eq!(step_strategy(strategy, false), strategy);
+        }
+    }
+
+    #[test]
+    fn scores_are_whole_rows_between_t_out_and_gather_rows() {
+        let device = registry::open("cpu").expect("cpu");
+        let plan = StepPlan {
+            gather_rows: 4,
+            output_rows: vec![
+                OutputRow {
+                    slot: 0,
+                    input_index: 0,
+                    position: 0,
+                };
+                2
+            ],
+            ..StepPlan::default()
+        };
+        let rows = |n: usize| device.upload(&vec![0.0f32; n]).expect("upload");
+        assert_eq!(score_rows(8, &plan, &rows(16)).expect("2 rows"), 2);
+        assert_eq!(score_rows(8, &plan, &rows(32)).expect("4 rows"), 4);
+        for bad in [8, 17, 40] {
+            assert!(matches!(
+                score_rows(8, &plan, &rows(bad)),
+                Err(SamplerError::ScoresShape { .. })
+            ));
+        }
+    }
+
+    /// A plan of one slot decoding one draft: `T_out = 2`, `gather_rows = 3`.
+    fn plan_with_a_draft() -> StepPlan {
+        let row = |input_index| OutputRow {
+            slot: 0,
+            input_index,
+            position: input_index,
+        };
+        StepPlan {
+            gather_rows: 3,
+            output_rows: vec![row(0), row(1)],
+            slots: vec![SlotPlan {
+                slot: 0,
+                kind: crate::step::SlotStepKind::Decode,
+                inputs: 0..2,
+                start_position: 0,
+                drafts: 1,
+                rows: 0..2,
+            }],
+            ..StepPlan::default()
+        }
+    }
+
+    #[test]
+    fn rejection_drafts_are_of_the_target_kind_and_verified_against_every_row() {
+        let device = registry::open("cpu").expect("cpu");
+        let config = SamplerConfig {
+            max_step_tokens: 3,
+            ..SamplerConfig::new(Strategy::Rejection, 1, 8, 16, vec![0])
+        };
+        let plan = plan_with_a_draft();
+        let target = device.upload(&[0.0f32; 24]).expect("upload");
+        let draft = device.upload(&[0.0f32; 16]).expect("upload");
+        let check = |scores| check_scores(&config, &plan, scores);
+        assert!(matches!(
+            check(StepScores::logits(&target)),
+            Err(SamplerError::MissingDraftProbs)
+        ));
+        let mixed = StepScores {
+            target: Scores::Probs(&target),
+            draft: Some(Scores::Logits(&draft)),
+        };
+        assert!(matches!(
+            check(mixed),
+            Err(SamplerError::DraftLogitsNeedLogits)
+        ));
+        for (scores, softmax) in [
+            (StepScores::logits(&target).with_draft(&draft), false),
+            (StepScores::logits(&target).with_draft_probs(&draft), true),
+            (StepScores::probs(&target).with_draft(&draft), false),
+            (StepScores::probs(&target).with_draft_probs(&draft), false),
+        ] {
+            let checked = check(scores).expect("checked");
+            assert_eq!(checked.softmax, softmax);
+            assert_eq!((checked.rows, checked.verify_rows), (3, 3));
+            assert_eq!(checked.strategy, Strategy::Rejection);
+            assert!(checked.draft.is_some());
+        }
+        let target_match = SamplerConfig {
+            strategy: Strategy::TargetMatch,
+            ..config.clone()
+        };
+        let checked =
+            check_scores(&target_match, &plan, StepScores::logits(&target)).expect("checked");
+        assert_eq!((checked.rows, checked.verify_rows), (3, 2));
+        assert!(!checked.softmax && checked.draft.is_none());
+    }
+}
