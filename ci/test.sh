@@ -4,6 +4,13 @@
 # `specula run --quick`. Runnable locally from the repository root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Vulkan loaders (lavapipe) want a runtime directory; a bare root shell or a container may not
+# have one, and the loader then prints noise on every program's stderr.
+if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
+  XDG_RUNTIME_DIR="$(mktemp -d)"
+  chmod 700 "$XDG_RUNTIME_DIR"
+  export XDG_RUNTIME_DIR
+fi
 
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -24,6 +31,9 @@ cargo run --locked -p specula-sampler --example decode_loop
 
 step "specula run --quick (the conformance command, quick cases, every available backend)"
 cargo run --locked -p specula-conformance --bin specula -- run --quick
+
+step "specula fuzz: hostile device contents and memory operations on every backend (fixed seed, 2 minutes)"
+cargo run -q --locked -p specula-conformance --bin specula -- fuzz --seconds 120 --seed 20261124
 
 # A backend listed in SPECULA_REQUIRE must run; otherwise an unavailable one is skipped.
 required() { case ",${SPECULA_REQUIRE:-}," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
@@ -57,7 +67,7 @@ fi
 
 step "CUDA kernels on the host emulator (real .cu sources with g++, compared with the CPU reference)"
 if command -v g++ >/dev/null 2>&1; then
-  cargo test -q --locked -p specula-backend-cuda --test emulated_kernels -- --ignored
+  SPECULA_REQUIRE="${SPECULA_REQUIRE:+$SPECULA_REQUIRE,}cuda-emulator" cargo test -q --locked -p specula-backend-cuda --test emulated_kernels
 else
   echo "(g++ not found: skipped)"
 fi
