@@ -42,7 +42,7 @@ impl CpuDevice {
         let capabilities = Capabilities {
             float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: None,
-            logits: false,
+            logits: true,
         };
         Ok(CpuDevice {
             desc: DeviceDesc::new(info, capabilities),

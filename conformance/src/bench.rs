@@ -100,6 +100,14 @@ impl Lcg {
     }
 }
 
+/// LLM-like logits rows: Gaussian logits (σ = 3.5), the same draws as [`probability_rows`].
+pub fn logit_rows(rows: usize, vocab: usize, seed: u64) -> Vec<f32> {
+    let mut g = Lcg(seed);
+    (0..rows * vocab)
+        .map(|_| (3.5 * g.gaussian()) as f32)
+        .collect()
+}
+
 /// LLM-like probability rows: softmax of Gaussian logits (σ = 3.5).
 pub fn probability_rows(rows: usize, vocab: usize, seed: u64) -> Vec<f32> {
     let mut g = Lcg(seed);
@@ -277,6 +285,9 @@ pub fn run(
     for &vocab in vocabs {
         for &rows in batches {
             row_benches(&mut b, rows, vocab)?;
+            if d.capabilities().logits {
+                logits_benches(&mut b, rows, vocab)?;
+            }
         }
         // The unified step (TARGET_MATCH): layout, per-row parameters, sampling, verification.
         let slot_counts: &[usize] = if options.quick { &[64] } else { &[1, 8, 64] };
@@ -354,6 +365,56 @@ fn row_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
             };
             d.top_p_candidates(&inputs, &mut outputs, &params)
         })?;
+    }
+    Ok(())
+}
+
+/// Sampling from `[rows, vocab]` logits at T = 0.8 (contract §3b, no softmax), in the settings of
+/// the probability benches, and the float path it replaces (softmax, then sampling the
+/// probabilities) for comparison.
+fn logits_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
+    let d = b.device;
+    let shape = RowShape { rows, vocab };
+    let logits = d.upload(&logit_rows(rows, vocab, (rows * vocab) as u64))?;
+    let temperature = d.upload(&vec![0.8f32; rows])?;
+    let seed = d.upload(&(0..rows as u64).map(|r| r * 4 + 1).collect::<Vec<_>>())?;
+    let mut tokens = d.alloc::<i32>(rows)?;
+    let mut probs = d.alloc::<f32>(rows * vocab)?;
+    for (k, p) in [(0, 0.9f32), (50, 0.9), (0, 1.0)] {
+        let (top_k, top_p) = (d.upload(&vec![k; rows])?, d.upload(&vec![p; rows])?);
+        let params = SampleParams {
+            shape,
+            host_top_p: None,
+        };
+        let op = format!("logits_sample(k={k},p={p},T=0.8)");
+        if b.wants(&op) {
+            let inputs = SampleInputs {
+                scores: Scores::logits(&logits, &temperature),
+                top_k: &top_k,
+                top_p: &top_p,
+                seed: &seed,
+            };
+            b.measure_rows(op, &logits, (rows, vocab), &mut || {
+                d.top_k_top_p_sample(&inputs, &mut tokens, &params)
+            })?;
+        }
+        let op = format!("softmax+sample(k={k},p={p},T=0.8)");
+        if b.wants(&op) {
+            b.measure_rows(op, &logits, (rows, vocab), &mut || {
+                let softmax = SoftmaxParams {
+                    shape,
+                    host_temperature: None,
+                };
+                d.softmax(&logits, &temperature, &mut probs, &softmax)?;
+                let inputs = SampleInputs {
+                    scores: Scores::Probs(&probs),
+                    top_k: &top_k,
+                    top_p: &top_p,
+                    seed: &seed,
+                };
+                d.top_k_top_p_sample(&inputs, &mut tokens, &params)
+            })?;
+        }
     }
     Ok(())
 }

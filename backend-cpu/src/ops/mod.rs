@@ -60,12 +60,3 @@ pub(crate) fn token_index(token: i32, vocab: usize) -> Option<usize> {
 pub(crate) fn parts_per_row(rows: usize) -> usize {
     (rayon::current_num_threads() / rows.max(1)).max(1)
 }
-
-/// Sampling from logits rows (§4b) is not implemented on this backend yet.
-pub(crate) fn logits_unsupported(op: specula_backend_api::Op) -> specula_backend_api::Error {
-    specula_backend_api::Error::Unsupported {
-        backend: specula_backend_api::BackendKind::Cpu,
-        op,
-        what: "logits rows".to_owned(),
-    }
-}

@@ -9,9 +9,9 @@ use specula_backend_api::{Buffer, DType, FloatElement, Op, Result};
 
 use super::with_float;
 use crate::CpuDevice;
-use crate::ops::logits_unsupported;
 use crate::sampling::fast::sample_row_fast;
 use crate::sampling::histogram::{Kept, draw_in_prefix, first_in_rank, kept_set};
+use crate::sampling::logits;
 use specula_backend_api::host::{slice, slice_mut};
 
 /// Samples one row: top-k, then top-p on the survivors, then the SAMPLE draw of `seed` over the
@@ -71,11 +71,41 @@ pub(crate) fn top_k_top_p_sample(
     })
 }
 
+/// Samples every logits row at its temperature (contract §3b): the same decisions from the
+/// rows' integer weights.
+pub(crate) fn top_k_top_p_sample_logits(
+    dtype: DType,
+    inputs: &SampleInputs<'_>,
+    temperature: &Buffer,
+    tokens: &mut Buffer,
+    shape: &RowShape,
+) -> Result<()> {
+    let top_k = slice::<i32>(inputs.top_k)?;
+    let top_p = slice::<f32>(inputs.top_p)?;
+    let seed = slice::<u64>(inputs.seed)?;
+    let temperature = slice::<f32>(temperature)?;
+    let tokens = slice_mut::<i32>(tokens)?;
+    with_float!(dtype, Op::TopKTopPSample, T => {
+        let logits = slice::<T>(inputs.scores.matrix())?;
+        tokens
+            .par_iter_mut()
+            .zip(logits.par_chunks_exact(shape.vocab))
+            .enumerate()
+            .for_each(|(r, (token, row))| {
+                let draw = draw(seed[r], Purpose::Sample);
+                *token = logits::sample_row(row, temperature[r], top_k[r], top_p[r], draw) as i32;
+            });
+        Ok(())
+    })
+}
+
 /// Runs a validated `top_k_top_p_sample` call (the front has checked every argument).
 pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     let (inputs, tokens, params, kind) = call.parts();
-    if kind.logits {
-        return Err(logits_unsupported(Op::TopKTopPSample));
+    match inputs.scores.temperature() {
+        Some(temperature) if kind.logits => device.install(|| {
+            top_k_top_p_sample_logits(kind.dtype, inputs, temperature, tokens, &params.shape)
+        }),
+        _ => device.install(|| top_k_top_p_sample(kind.dtype, inputs, tokens, &params.shape)),
     }
-    device.install(|| top_k_top_p_sample(kind.dtype, inputs, tokens, &params.shape))
 }

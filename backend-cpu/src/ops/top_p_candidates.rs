@@ -9,10 +9,10 @@ use specula_backend_api::{DType, FloatElement, Op, Result};
 
 use super::with_float;
 use crate::CpuDevice;
-use crate::ops::logits_unsupported;
 use crate::sampling::histogram::{
     Metric, Prefix, first_in_rank, shortest_prefix, totals, with_scratch,
 };
+use crate::sampling::logits;
 use specula_backend_api::host::{slice, slice_mut};
 
 /// Fills one row's `ids` and `scores` (length C each) and returns its `lens`: the single-pass fast
@@ -84,9 +84,11 @@ pub(crate) fn candidates_row_histogram<T: FloatElement>(
     lens
 }
 
+/// The candidates of every row; `temperature` is given for logits rows (contract §3b).
 pub(crate) fn top_p_candidates(
     dtype: DType,
     inputs: &CandidatesInputs<'_>,
+    temperature: Option<&[f32]>,
     out: &mut CandidatesOutputs<'_>,
     params: &CandidatesParams<'_>,
 ) -> Result<()> {
@@ -113,6 +115,8 @@ pub(crate) fn top_p_candidates(
                     ids.fill(-1);
                     scores.fill(0.0);
                     *len = 0;
+                } else if let Some(t) = temperature {
+                    *len = logits::candidates_row(row, t[r], top_p[r], ids, scores);
                 } else {
                     *len = candidates_row(row, top_p[r], ids, scores, parts);
                 }
@@ -124,8 +128,9 @@ pub(crate) fn top_p_candidates(
 /// Runs a validated `top_p_candidates` call (the front has checked every argument).
 pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     let (inputs, out, params, kind) = call.parts();
-    if kind.logits {
-        return Err(logits_unsupported(Op::TopPCandidates));
-    }
-    device.install(|| top_p_candidates(kind.dtype, inputs, out, params))
+    let temperature = match inputs.scores.temperature() {
+        Some(t) if kind.logits => Some(slice::<f32>(t)?),
+        _ => None,
+    };
+    device.install(|| top_p_candidates(kind.dtype, inputs, temperature, out, params))
 }

@@ -11,10 +11,10 @@ use specula_backend_api::{DType, FloatElement, Op, Result};
 use super::top_k_top_p_sample::sample_row;
 use super::{len_or_zero, token_index, with_float};
 use crate::CpuDevice;
-use crate::ops::logits_unsupported;
 use crate::sampling::histogram::{
     Kept, Prefix, first_in_rank, kept_set, total_weight, weight_in_prefix,
 };
+use crate::sampling::logits::{self, KeptLogits, Weighing};
 use specula_backend_api::host::{slice, slice_mut};
 
 /// The strategy inputs as host slices.
@@ -32,6 +32,8 @@ enum Strategy<'a, T, D> {
         draft: &'a [D],
         top_k: &'a [i32],
         top_p: &'a [f32],
+        /// The rows' temperatures when target and draft rows are logits (contract §3b).
+        temperature: Option<&'a [f32]>,
     },
 }
 
@@ -132,13 +134,24 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
                 draft,
                 top_k,
                 top_p,
+                temperature,
             } => {
                 let Some(r) = row else { return (false, None) };
                 let draft_row_index = slot * (self.max_step_tokens - 1) + i;
                 let q = &draft[draft_row_index * self.vocab..(draft_row_index + 1) * self.vocab];
                 let p = self.target_row(target, r);
-                let (accepted, correction) =
-                    rejection_check(p, q, d_index, top_k[r], top_p[r], self.seeds[r]);
+                let (accepted, correction) = match temperature {
+                    Some(t) => rejection_check_logits(
+                        p,
+                        q,
+                        t[r],
+                        d_index,
+                        top_k[r],
+                        top_p[r],
+                        self.seeds[r],
+                    ),
+                    None => rejection_check(p, q, d_index, top_k[r], top_p[r], self.seeds[r]),
+                };
                 (accepted, Some(correction).filter(|_| !accepted))
             }
         }
@@ -182,6 +195,19 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
                 target,
                 top_k,
                 top_p,
+                temperature: Some(t),
+                ..
+            } => {
+                let Some(r) = row else { return -1 };
+                let draw = draw(self.seeds[r], Purpose::Sample);
+                logits::sample_row(self.target_row(target, r), t[r], top_k[r], top_p[r], draw)
+                    as i32
+            }
+            Strategy::Rejection {
+                target,
+                top_k,
+                top_p,
+                temperature: None,
                 ..
             } => {
                 let Some(r) = row else { return -1 };
@@ -286,6 +312,78 @@ fn rejection_check<T: FloatElement, D: FloatElement>(
     )
 }
 
+/// The REJECTION test on logits rows (contract §3b, §4.5): the target `p` weighed at `t` and
+/// filtered by `top_k`/`top_p`, the draft `q` weighed at the same `t`. The acceptance test is
+/// exact (its products reach `2^133`: 192-bit arithmetic) and the residual is scaled by
+/// `2^k`, `k = max(0, bitlength(Wp) + bitlength(Wq) − 60)`.
+fn rejection_check_logits<T: FloatElement, D: FloatElement>(
+    p: &[T],
+    q: &[D],
+    t: f32,
+    d: Option<usize>,
+    top_k: i32,
+    top_p: f32,
+    seed: u64,
+) -> (bool, i32) {
+    let resample_target =
+        || logits::sample_row(p, t, top_k, top_p, draw(seed, Purpose::Sample)) as i32;
+    let target = Weighing::of(p, t);
+    let KeptLogits::Kept(kept, wp_total) = logits::kept_set(p, &target, top_k, top_p) else {
+        // The target weighs nothing: no draft is accepted and the residual is empty.
+        return (false, resample_target());
+    };
+    let draft = Weighing::of(q, t);
+    let wq_total = logits::positive_tokens(q, &draft, &mut Vec::new());
+    let wq = |v: usize| draft.weight(v, q[v].to_f32());
+    let wp_d = d.map_or(0, |d| {
+        kept.binary_search_by_key(&(d as u32), |w| w.id)
+            .map_or(0, |i| kept[i].weight)
+    });
+    let wq_d = d.map_or(0, wq);
+    let accepted = if wq_d == 0 {
+        wp_d > 0
+    } else {
+        let u = draw(seed, Purpose::Accept) >> 32;
+        wide_mul(u128::from(wq_d) * u128::from(wp_total), u)
+            < wide_shl32(u128::from(wp_d) * u128::from(wq_total))
+    };
+    if let (true, Some(d)) = (accepted, d) {
+        return (true, d as i32);
+    }
+    let bits = |w: u64| 64 - w.leading_zeros();
+    let shift = (bits(wp_total) + bits(wq_total)).saturating_sub(60);
+    let residual: Vec<logits::Weighted> = kept
+        .iter()
+        .map(|w| {
+            let gap = (u128::from(w.weight) * u128::from(wq_total))
+                .saturating_sub(u128::from(wq(w.id as usize)) * u128::from(wp_total));
+            logits::Weighted {
+                weight: (gap >> shift) as u64,
+                ..*w
+            }
+        })
+        .collect();
+    let total: u64 = residual.iter().map(|w| w.weight).sum();
+    let correction = (total > 0)
+        .then(|| logits::draw_in(&residual, total, draw(seed, Purpose::Residual)))
+        .flatten()
+        .map_or_else(resample_target, |v| v as i32);
+    (false, correction)
+}
+
+/// `a · u` as `(high, low)` with a base of `2^64` (`a < 2^124`, so `high` does not overflow).
+fn wide_mul(a: u128, u: u64) -> (u128, u64) {
+    const LOW: u128 = u64::MAX as u128;
+    let low = (a & LOW) * u128::from(u);
+    let high = (a >> 64) * u128::from(u) + (low >> 64);
+    (high, (low & LOW) as u64)
+}
+
+/// `b · 2^32` as `(high, low)` with a base of `2^64`.
+fn wide_shl32(b: u128) -> (u128, u64) {
+    (b >> 32, ((b & 0xffff_ffff) << 32) as u64)
+}
+
 /// Samples `ρ[v] = floor(max(0, wp[v]·Wq − wq[v]·Wp) / 2^41)` with the RESIDUAL draw; `None` when
 /// the residual is empty.
 fn residual_sample<T: FloatElement, D: FloatElement>(
@@ -373,6 +471,7 @@ fn verify_slots<T: FloatElement, D: FloatElement>(
             draft: slice::<D>(draft)?,
             top_k: slice::<i32>(top_k)?,
             top_p: slice::<f32>(top_p)?,
+            temperature: target.temperature().map(slice::<f32>).transpose()?,
         },
     };
     let state = &inputs.state;
@@ -409,9 +508,6 @@ fn verify_slots<T: FloatElement, D: FloatElement>(
 /// Runs a validated `verify_draft_tokens` call (the front has checked every argument).
 pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     let (inputs, out, params, facts) = call.parts();
-    if facts.logits {
-        return Err(logits_unsupported(Op::VerifyDraftTokens));
-    }
     let dtypes = facts.rejection_dtypes;
     device.install(|| verify_draft_tokens(dtypes, inputs, out, params))
 }

@@ -1,0 +1,654 @@
+//! Sampling from logits rows (contract §3b, `docs/semantics.md` §4b): exact, without a softmax.
+//!
+//! A token's weight depends on its logit, the row maximum and the temperature only, and weights
+//! never increase down the rank order, so the tokens of positive weight are a prefix of the rank
+//! order and every decision (top-k, top-p, the draw) works on them alone:
+//!
+//! - **top-k** (`0 < k < V`, `k ≤ MAX_FAST_K`): one streaming pass keeps the k best-ranked tokens
+//!   with an adaptive floor (a chunk of 64 logits is looked at only when one of them beats the
+//!   current k-th key), so the pass runs at memory speed; only those k tokens are weighed.
+//! - **otherwise**: one pass for the row maximum, then a pass that weighs every token a float
+//!   bound cannot rule out (a logit more than `40 / c` below the maximum weighs 0).
+//!
+//! The weights are the integer steps of `specula_backend_api::logit_weights`, applied token by
+//! token; the kept set and the draw are the contract's integer decisions. The tests compare every
+//! path with the plain reference device.
+
+use std::cmp::Ordering;
+
+use specula_backend_api::FloatElement;
+use specula_backend_api::abi::{TOP_P_BITS, WEIGHT_BITS};
+use specula_backend_api::fixed_point::{reaches_top_p, scale_draw, top_p_fixed};
+use specula_backend_api::logit_weights::{RowScale, logit_rank_key, row_scale, sanitize_logit};
+
+/// The weight of a logit equal to the row maximum: `2^40`.
+const FULL: u64 = 1 << WEIGHT_BITS;
+/// The largest top-k the streaming top-k pass handles (larger ones weigh the whole row).
+const MAX_FAST_K: usize = 4096;
+/// Logits per chunk of the streaming passes.
+const CHUNK: usize = 64;
+/// The number of rank-key bins of the top-p selection (the key's high 16 bits).
+const BINS: usize = 1 << 16;
+
+/// A token of positive weight: its rank key, id and weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Weighted {
+    /// `logit_rank_key` of the logit.
+    pub key: u32,
+    /// The token id.
+    pub id: u32,
+    /// Its §3b weight (positive).
+    pub weight: u64,
+}
+
+/// Rank order: key descending, then id ascending (`Less` = ranks first).
+fn rank_cmp(a: &(u32, u32), b: &(u32, u32)) -> Ordering {
+    b.0.cmp(&a.0).then(a.1.cmp(&b.1))
+}
+
+/// How the tokens of a logits row weigh (contract §3b steps 2 and 3).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Weighing {
+    /// Every logit is −inf or NaN: every weight is 0.
+    Zero,
+    /// Some logit is +inf: those weigh `2^40`, every other token 0.
+    PosInf,
+    /// `T == 0`: the first token of the row maximum weighs `2^40`, every other token 0.
+    Argmax {
+        /// The id of that token.
+        first: usize,
+    },
+    /// `T == +inf` (every finite logit weighs `2^40`) or a finite `T > 0`.
+    Scaled {
+        /// The sanitized row maximum (finite).
+        max: f32,
+        /// The row's scale.
+        scale: RowScale,
+    },
+}
+
+impl Weighing {
+    /// The weighing of `row` at (device) temperature `t`: one pass for the maximum (a second,
+    /// short one for the first maximum at `T == 0`).
+    pub(crate) fn of<T: FloatElement>(row: &[T], t: f32) -> Self {
+        let max = sanitize_logit(raw_max(row));
+        if max == f32::INFINITY {
+            return Weighing::PosInf;
+        }
+        if max == f32::NEG_INFINITY {
+            return Weighing::Zero;
+        }
+        match row_scale(t) {
+            RowScale::ArgmaxOnly => Weighing::Argmax {
+                first: row
+                    .iter()
+                    .position(|&l| sanitize_logit(l.to_f32()) == max)
+                    .unwrap_or(0),
+            },
+            scale => Weighing::Scaled { max, scale },
+        }
+    }
+
+    /// The weight of token `id` whose logit is `l`.
+    #[inline(always)]
+    pub(crate) fn weight(&self, id: usize, l: f32) -> u64 {
+        match *self {
+            Weighing::Zero => 0,
+            Weighing::PosInf => {
+                if l == f32::INFINITY {
+                    FULL
+                } else {
+                    0
+                }
+            }
+            Weighing::Argmax { first } => {
+                if id == first {
+                    FULL
+                } else {
+                    0
+                }
+            }
+            Weighing::Scaled { max, scale } => weight_below(l, max, scale),
+        }
+    }
+
+    /// A sanitized logit below which every token weighs 0 (NaN weighs 0 too): tokens with a
+    /// smaller sanitized logit need not be weighed.
+    fn zero_below(&self) -> f32 {
+        match *self {
+            Weighing::Zero | Weighing::PosInf => f32::INFINITY,
+            // Only `first` weighs; its logit is the maximum.
+            Weighing::Argmax { .. } => f32::INFINITY,
+            Weighing::Scaled { max, scale } => zero_bound(max, scale),
+        }
+    }
+}
+
+/// The weight of the finite-or-not logit `l` in a row of finite sanitized maximum `max`.
+#[inline(always)]
+fn weight_below(l: f32, max: f32, scale: RowScale) -> u64 {
+    specula_backend_api::logit_weights::scaled_weight(l, max, scale)
+}
+
+/// A bound `b` such that a sanitized logit `s < b` weighs 0 at `scale` below `max`: the gap
+/// reaches `40 · 2^F` once `d · c ≥ 40`, and `d = max ⊖ s` is within a relative `2^-24` of
+/// `max − s`; the bound keeps a 1 % margin and is rounded down to an f32.
+fn zero_bound(max: f32, scale: RowScale) -> f32 {
+    let RowScale::Scaled { c32, e } = scale else {
+        // T == +inf: every finite logit weighs 2^40.
+        return f32::NEG_INFINITY;
+    };
+    let c = c32 as f64 * f64::powi(2.0, e);
+    let bound = f64::from(max) - 1.01 * 40.0 / c;
+    round_down(bound)
+}
+
+/// The largest f32 at or below `x` (−inf below the f32 range).
+fn round_down(x: f64) -> f32 {
+    if x.is_nan() || x < f64::from(f32::MIN) {
+        return f32::NEG_INFINITY;
+    }
+    let y = x as f32;
+    if f64::from(y) > x { y.next_down() } else { y }
+}
+
+/// The largest logit of the row, NaN ignored (−inf for an empty or all-NaN row). Lane-parallel,
+/// so that the compiler vectorizes it.
+fn raw_max<T: FloatElement>(row: &[T]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = row.chunks_exact(16);
+    for chunk in &mut chunks {
+        for (lane, &x) in lanes.iter_mut().zip(chunk) {
+            let x = x.to_f32();
+            *lane = if x > *lane { x } else { *lane };
+        }
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .map(|x| x.to_f32())
+        .fold(f32::NEG_INFINITY, |m, x| if x > m { x } else { m });
+    lanes
+        .into_iter()
+        .fold(tail, |m, x| if x > m { x } else { m })
+}
+
+/// Whether some logit of `chunk` has a sanitized value above `floor` (NaN never is).
+#[inline(always)]
+fn any_above<T: FloatElement>(chunk: &[T], floor: f32) -> bool {
+    chunk
+        .iter()
+        .fold(false, |any, &x| any | (sanitize_logit(x.to_f32()) > floor))
+}
+
+/// The sanitized logit of a rank key (the inverse of `logit_rank_key` on sanitized values).
+fn value_of_key(key: u32) -> f32 {
+    if key >> 31 == 1 {
+        f32::from_bits(key & 0x7fff_ffff)
+    } else {
+        f32::from_bits(!key)
+    }
+}
+
+/// The `k` best-ranked tokens of `row` as `(key, id)`, in rank order (`0 < k < row.len()`): one
+/// streaming pass with an adaptive floor, the k-th key among the tokens kept so far.
+pub(crate) fn top_ranked<T: FloatElement>(row: &[T], k: usize, out: &mut Vec<(u32, u32)>) {
+    out.clear();
+    let capacity = (2 * k).max(k + 256);
+    let mut floor: Option<(u32, f32)> = None;
+    for (c, chunk) in row.chunks(CHUNK).enumerate() {
+        if let Some((_, value)) = floor
+            && !any_above(chunk, value)
+        {
+            continue;
+        }
+        for (j, &x) in chunk.iter().enumerate() {
+            let key = logit_rank_key(x.to_f32());
+            // A token tied with the floor key comes later in id order than the kept one: out.
+            if floor.is_none_or(|(f, _)| key > f) {
+                out.push((key, (c * CHUNK + j) as u32));
+            }
+        }
+        if out.len() >= capacity {
+            keep_best(out, k);
+            let f = out[k - 1].0;
+            floor = Some((f, value_of_key(f)));
+        }
+    }
+    keep_best(out, k);
+    out.sort_unstable_by(rank_cmp);
+}
+
+/// Keeps the `k` best-ranked entries of `out` (in no particular order).
+fn keep_best(out: &mut Vec<(u32, u32)>, k: usize) {
+    if out.len() > k {
+        out.select_nth_unstable_by(k - 1, rank_cmp);
+        out.truncate(k);
+    }
+}
+
+/// Every token of positive weight, in id order, and their total weight.
+pub(crate) fn positive_tokens<T: FloatElement>(
+    row: &[T],
+    weighing: &Weighing,
+    out: &mut Vec<Weighted>,
+) -> u64 {
+    out.clear();
+    match *weighing {
+        Weighing::Zero => return 0,
+        Weighing::Argmax { first } => {
+            let key = logit_rank_key(row[first].to_f32());
+            out.push(Weighted {
+                key,
+                id: first as u32,
+                weight: FULL,
+            });
+            return FULL;
+        }
+        _ => {}
+    }
+    let below = weighing.zero_below();
+    let mut total = 0u64;
+    for (c, chunk) in row.chunks(CHUNK).enumerate() {
+        // `>= below` on sanitized values: a NaN never passes, −inf only when the bound is −inf.
+        if below > f32::NEG_INFINITY
+            && !chunk
+                .iter()
+                .fold(false, |any, &x| any | (sanitize_logit(x.to_f32()) >= below))
+        {
+            continue;
+        }
+        for (j, &x) in chunk.iter().enumerate() {
+            let l = x.to_f32();
+            let id = c * CHUNK + j;
+            let weight = weighing.weight(id, l);
+            if weight > 0 {
+                total += weight;
+                out.push(Weighted {
+                    key: logit_rank_key(l),
+                    id: id as u32,
+                    weight,
+                });
+            }
+        }
+    }
+    total
+}
+
+/// The survivors of top-k among the tokens of positive weight, in id order, and their mass.
+/// Empty (mass 0) only for a row of weight 0.
+pub(crate) fn survivors<T: FloatElement>(
+    row: &[T],
+    weighing: &Weighing,
+    top_k: i32,
+    out: &mut Vec<Weighted>,
+) -> u64 {
+    let k = usize::try_from(top_k).unwrap_or(0);
+    let needs_top_k = k > 0 && k < row.len();
+    if !needs_top_k {
+        return positive_tokens(row, weighing, out);
+    }
+    if k > MAX_FAST_K || matches!(weighing, Weighing::Zero | Weighing::Argmax { .. }) {
+        // The positive tokens are a prefix of the rank order: the survivors are their first k.
+        let total = positive_tokens(row, weighing, out);
+        if out.len() <= k {
+            return total;
+        }
+        out.select_nth_unstable_by(k - 1, |a, b| rank_cmp(&(a.key, a.id), &(b.key, b.id)));
+        out.truncate(k);
+        out.sort_unstable_by_key(|w| w.id);
+        return out.iter().map(|w| w.weight).sum();
+    }
+    let mut best = Vec::with_capacity(k);
+    top_ranked(row, k, &mut best);
+    out.clear();
+    let mut total = 0u64;
+    for &(key, id) in &best {
+        let weight = weighing.weight(id as usize, row[id as usize].to_f32());
+        if weight == 0 {
+            // Weights never increase down the rank order: the rest weigh 0 too.
+            break;
+        }
+        total += weight;
+        out.push(Weighted { key, id, weight });
+    }
+    out.sort_unstable_by_key(|w| w.id);
+    total
+}
+
+/// The last kept token of a top-p prefix, `(key, id)`: the kept set is every survivor ranked at
+/// or before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Boundary {
+    key: u32,
+    id: u32,
+}
+
+impl Boundary {
+    /// Whether `w` is kept.
+    #[inline]
+    pub(crate) fn keeps(&self, w: &Weighted) -> bool {
+        w.key > self.key || (w.key == self.key && w.id <= self.id)
+    }
+}
+
+/// The top-p boundary among `survivors` (mass `total > 0`) and the kept mass: the shortest prefix
+/// in rank order whose mass `c` satisfies `c · 2^24 ≥ P · total`.
+pub(crate) fn top_p_boundary(survivors: &[Weighted], top_p: f32, total: u64) -> (Boundary, u64) {
+    let p = top_p_fixed(top_p);
+    if p >= 1 << TOP_P_BITS {
+        // Every survivor is needed to reach the whole mass (each weighs something).
+        let last = survivors
+            .iter()
+            .max_by(|a, b| rank_cmp(&(a.key, a.id), &(b.key, b.id)))
+            .map_or(Boundary { key: 0, id: 0 }, |w| Boundary {
+                key: w.key,
+                id: w.id,
+            });
+        return (last, total);
+    }
+    // Mass per bin of the key's high 16 bits, walked from the top bin to the one that crosses.
+    let mut bins = vec![0u64; BINS];
+    for w in survivors {
+        bins[(w.key >> 16) as usize] += w.weight;
+    }
+    let mut above = 0u64;
+    let mut crossing = 0usize;
+    for b in (0..BINS).rev() {
+        if bins[b] > 0 && reaches_top_p(above + bins[b], p, total) {
+            crossing = b;
+            break;
+        }
+        above += bins[b];
+    }
+    let mut band: Vec<&Weighted> = survivors
+        .iter()
+        .filter(|w| (w.key >> 16) as usize == crossing)
+        .collect();
+    band.sort_unstable_by(|a, b| rank_cmp(&(a.key, a.id), &(b.key, b.id)));
+    let mut mass = above;
+    for w in &band {
+        mass += w.weight;
+        if reaches_top_p(mass, p, total) {
+            return (
+                Boundary {
+                    key: w.key,
+                    id: w.id,
+                },
+                mass,
+            );
+        }
+    }
+    // Unreachable: the crossing bin reaches the target. Keep everything.
+    top_p_boundary(survivors, 1.0, total)
+}
+
+/// The first token of the row in rank order (the answer for a row of weight 0).
+pub(crate) fn first_in_rank<T: FloatElement>(row: &[T]) -> usize {
+    let mut best = (0u32, 0u32);
+    for (id, &x) in row.iter().enumerate() {
+        let key = logit_rank_key(x.to_f32());
+        if id == 0 || key > best.0 {
+            best = (key, id as u32);
+        }
+    }
+    best.1 as usize
+}
+
+/// What top-k and top-p keep of a logits row.
+pub(crate) enum KeptLogits {
+    /// The row weighs nothing: the answer is this token (the first in rank order).
+    Degenerate(usize),
+    /// The kept tokens, in id order, and their mass (positive).
+    Kept(Vec<Weighted>, u64),
+}
+
+/// Top-k, then top-p, of a logits row (contract §4.3 steps 1 and 2).
+pub(crate) fn kept_set<T: FloatElement>(
+    row: &[T],
+    weighing: &Weighing,
+    top_k: i32,
+    top_p: f32,
+) -> KeptLogits {
+    let mut kept = Vec::new();
+    let total = survivors(row, weighing, top_k, &mut kept);
+    if total == 0 {
+        return KeptLogits::Degenerate(first_in_rank(row));
+    }
+    let (boundary, mass) = top_p_boundary(&kept, top_p, total);
+    kept.retain(|w| boundary.keeps(w));
+    KeptLogits::Kept(kept, mass)
+}
+
+/// Draws by weight among `members` (in id order, total `mass > 0`) at the draw `r`.
+pub(crate) fn draw_in(members: &[Weighted], mass: u64, r: u64) -> Option<usize> {
+    let t = scale_draw(r, mass);
+    let mut running = 0u64;
+    members.iter().find_map(|w| {
+        running += w.weight;
+        (running > t).then_some(w.id as usize)
+    })
+}
+
+/// Samples one logits row at temperature `t` with the SAMPLE draw `r`.
+pub(crate) fn sample_row<T: FloatElement>(
+    row: &[T],
+    t: f32,
+    top_k: i32,
+    top_p: f32,
+    r: u64,
+) -> usize {
+    let weighing = Weighing::of(row, t);
+    match kept_set(row, &weighing, top_k, top_p) {
+        KeptLogits::Degenerate(first) => first,
+        // The kept mass is positive, so the draw always lands on a member.
+        KeptLogits::Kept(kept, mass) => draw_in(&kept, mass, r).unwrap_or(kept[0].id as usize),
+    }
+}
+
+/// The score `top_p_candidates` reports for a token of weight `w` in a row of total `total`: its
+/// exact share `q · 2^-40`, `q = floor(w · 2^40 / total)` cut to its 24 most significant bits.
+pub(crate) fn share(w: u64, total: u64) -> f32 {
+    if total == 0 {
+        return 0.0;
+    }
+    let q = ((u128::from(w) << WEIGHT_BITS) / u128::from(total)) as u64;
+    let low_bits = (64 - q.leading_zeros()).saturating_sub(24);
+    let q = q >> low_bits << low_bits;
+    (q as f64 / FULL as f64) as f32
+}
+
+/// `top_p_candidates` of one logits row: the first C tokens of positive weight in rank order with
+/// their shares, and the shortest prefix of them reaching `top_p` of the row's weight (all of them
+/// when they fall short). A row of weight 0 yields its first token in rank order, share 0, lens 1.
+/// `ids` and `scores` are filled with -1 and 0 first.
+pub(crate) fn candidates_row<T: FloatElement>(
+    row: &[T],
+    t: f32,
+    top_p: f32,
+    ids: &mut [i32],
+    scores: &mut [f32],
+) -> i32 {
+    ids.fill(-1);
+    scores.fill(0.0);
+    let weighing = Weighing::of(row, t);
+    let mut positive = Vec::new();
+    let total = positive_tokens(row, &weighing, &mut positive);
+    if total == 0 {
+        ids[0] = first_in_rank(row) as i32;
+        return 1;
+    }
+    let c = ids.len().min(positive.len());
+    let by_rank = |a: &Weighted, b: &Weighted| rank_cmp(&(a.key, a.id), &(b.key, b.id));
+    if positive.len() > c {
+        positive.select_nth_unstable_by(c - 1, by_rank);
+        positive.truncate(c);
+    }
+    positive.sort_unstable_by(by_rank);
+    let p = top_p_fixed(top_p);
+    let mut mass = 0u64;
+    let mut lens = None;
+    for (i, w) in positive.iter().enumerate() {
+        ids[i] = w.id as i32;
+        scores[i] = share(w.weight, total);
+        mass += w.weight;
+        if lens.is_none() && reaches_top_p(mass, p, total) {
+            lens = Some(i + 1);
+        }
+    }
+    lens.unwrap_or(c) as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specula_backend_api::logit_weights::row_weights;
+
+    /// The plain definition: weights of the whole row, sort, prefix, draw.
+    fn plain_sample(row: &[f32], t: f32, top_k: i32, top_p: f32, r: u64) -> usize {
+        let w = row_weights(row, t);
+        let mut order: Vec<usize> = (0..row.len()).collect();
+        order.sort_by_key(|&i| (std::cmp::Reverse(logit_rank_key(row[i])), i));
+        let survivors = match usize::try_from(top_k) {
+            Ok(k) if k > 0 && k < row.len() => &order[..k],
+            _ => &order[..],
+        };
+        let total: u64 = survivors.iter().map(|&i| w[i]).sum();
+        if total == 0 {
+            return order[0];
+        }
+        let p = top_p_fixed(top_p);
+        let mut mass = 0;
+        let mut n = survivors.len();
+        for (j, &i) in survivors.iter().enumerate() {
+            mass += w[i];
+            if reaches_top_p(mass, p, total) {
+                n = j + 1;
+                break;
+            }
+        }
+        let mut kept = survivors[..n].to_vec();
+        kept.sort_unstable();
+        let mass: u64 = kept.iter().map(|&i| w[i]).sum();
+        let t = scale_draw(r, mass);
+        let mut running = 0;
+        for &i in &kept {
+            running += w[i];
+            if running > t {
+                return i;
+            }
+        }
+        kept[0]
+    }
+
+    /// A deterministic pseudo-random stream (splitmix64).
+    fn stream(mut s: u64) -> impl FnMut() -> u64 {
+        move || {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+    }
+
+    fn llm_row(next: &mut impl FnMut() -> u64, v: usize, spread: f32) -> Vec<f32> {
+        (0..v)
+            .map(|_| {
+                let u = (next() >> 40) as f32 / (1u64 << 24) as f32;
+                // Coarse values make ties frequent.
+                ((u * spread * 8.0).round() / 8.0) - spread / 2.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sampling_equals_the_plain_definition() {
+        let mut next = stream(7);
+        for case in 0..400 {
+            let v = [1, 3, 50, 300, 5000][case % 5];
+            let mut row = llm_row(&mut next, v, [4.0, 30.0, 120.0][case % 3]);
+            if case % 7 == 0 {
+                row[(next() % v as u64) as usize] = f32::NAN;
+            }
+            if case % 11 == 0 {
+                row[(next() % v as u64) as usize] = f32::INFINITY;
+            }
+            if case % 13 == 0 {
+                row[(next() % v as u64) as usize] = f32::NEG_INFINITY;
+            }
+            let t = [0.0, 0.05, 0.7, 1.0, 2.5, f32::INFINITY, f32::NAN][case % 7];
+            let top_k = [0, 1, 5, 40, -3, 5000][(case / 3) % 6];
+            let top_p = [1.0, 0.9, 0.5, 0.01, 0.0][(case / 5) % 5];
+            let r = next();
+            assert_eq!(
+                sample_row(&row, t, top_k, top_p, r),
+                plain_sample(&row, t, top_k, top_p, r),
+                "case {case}: v {v}, t {t}, top_k {top_k}, top_p {top_p}"
+            );
+        }
+    }
+
+    #[test]
+    fn hostile_rows() {
+        let nan = f32::NAN;
+        let inf = f32::INFINITY;
+        for row in [
+            vec![nan, nan, -inf],
+            vec![-inf, 3.0, inf, inf],
+            vec![1e-30, -1e-30, 0.0],
+            vec![3e38, -3e38, 1.0],
+        ] {
+            for t in [0.0, 1.0, inf, 1e-40] {
+                for r in [0, u64::MAX, 1 << 63] {
+                    for top_k in [0, 1, 2] {
+                        assert_eq!(
+                            sample_row(&row, t, top_k, 0.7, r),
+                            plain_sample(&row, t, top_k, 0.7, r),
+                            "{row:?} t {t} top_k {top_k}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_zero_bound_never_drops_a_positive_weight() {
+        let mut next = stream(3);
+        for t in [1e-3f32, 0.3, 1.0, 7.0, 1e6] {
+            let row = llm_row(&mut next, 4000, 400.0);
+            let w = row_weights(&row, t);
+            let weighing = Weighing::of(&row, t);
+            let mut out = Vec::new();
+            let total = positive_tokens(&row, &weighing, &mut out);
+            assert_eq!(total, w.iter().sum::<u64>(), "t {t}");
+            assert_eq!(out.len(), w.iter().filter(|&&x| x > 0).count(), "t {t}");
+        }
+    }
+
+    #[test]
+    fn top_ranked_is_the_sorted_prefix() {
+        let mut next = stream(11);
+        let row = llm_row(&mut next, 20_000, 10.0);
+        let mut keyed: Vec<(u32, u32)> = row
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (logit_rank_key(l), i as u32))
+            .collect();
+        keyed.sort_unstable_by(rank_cmp);
+        let mut out = Vec::new();
+        for k in [1, 7, 50, 1000, 19_999] {
+            top_ranked(&row, k, &mut out);
+            assert_eq!(out, keyed[..k], "k {k}");
+        }
+    }
+
+    #[test]
+    fn shares_are_exact() {
+        assert_eq!(share(FULL, FULL), 1.0);
+        assert_eq!(share(FULL, 2 * FULL), 0.5);
+        assert_eq!(share(0, FULL), 0.0);
+        assert_eq!(share(5, 0), 0.0);
+    }
+}
