@@ -328,7 +328,8 @@ fn rejection_check_logits<T: FloatElement, D: FloatElement>(
     let resample_target =
         || logits::sample_row(p, t, top_k, top_p, draw(seed, Purpose::Sample)) as i32;
     let target = Weighing::of(p, t);
-    let KeptLogits::Kept(kept, wp_total) = logits::kept_set(p, &target, top_k, top_p) else {
+    let KeptLogits::Kept(kept, wp_total) = logits::kept_set(p, &target, top_k, top_p, Vec::new())
+    else {
         // The target weighs nothing: no draft is accepted and the residual is empty.
         return (false, resample_target());
     };

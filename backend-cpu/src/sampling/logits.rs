@@ -16,10 +16,17 @@
 
 use std::cmp::Ordering;
 
+use super::scan::{compiled_for, dispatch};
+#[cfg(target_arch = "x86_64")]
+use super::scan::{has_avx2, has_avx512};
+
 use specula_backend_api::FloatElement;
 use specula_backend_api::abi::{TOP_P_BITS, WEIGHT_BITS};
 use specula_backend_api::fixed_point::{reaches_top_p, scale_draw, top_p_fixed};
-use specula_backend_api::logit_weights::{RowScale, logit_rank_key, row_scale, sanitize_logit};
+use specula_backend_api::logit_weights::{
+    EXP2_COEFFICIENTS, GAP_FRACTION_BITS, GAP_LIMIT, RowScale, logit_rank_key, row_scale,
+    sanitize_logit,
+};
 
 /// The weight of a logit equal to the row maximum: `2^40`.
 const FULL: u64 = 1 << WEIGHT_BITS;
@@ -249,6 +256,7 @@ pub(crate) fn positive_tokens<T: FloatElement>(
     }
     let below = weighing.zero_below();
     let mut total = 0u64;
+    let mut weights = [0u64; CHUNK];
     for (c, chunk) in row.chunks(CHUNK).enumerate() {
         // `>= below` on sanitized values: a NaN never passes, −inf only when the bound is −inf.
         if below > f32::NEG_INFINITY
@@ -258,21 +266,99 @@ pub(crate) fn positive_tokens<T: FloatElement>(
         {
             continue;
         }
-        for (j, &x) in chunk.iter().enumerate() {
-            let l = x.to_f32();
-            let id = c * CHUNK + j;
-            let weight = weighing.weight(id, l);
+        weigh_chunk(weighing, c * CHUNK, chunk, &mut weights[..chunk.len()]);
+        for (j, (&x, &weight)) in chunk.iter().zip(&weights).enumerate() {
             if weight > 0 {
                 total += weight;
                 out.push(Weighted {
-                    key: logit_rank_key(l),
-                    id: id as u32,
+                    key: logit_rank_key(x.to_f32()),
+                    id: (c * CHUNK + j) as u32,
                     weight,
                 });
             }
         }
     }
     total
+}
+
+/// The weights of the tokens of `chunk` (ids from `first`), into `weights`.
+fn weigh_chunk<T: FloatElement>(
+    weighing: &Weighing,
+    first: usize,
+    chunk: &[T],
+    weights: &mut [u64],
+) {
+    match *weighing {
+        Weighing::Scaled {
+            max,
+            scale: RowScale::Scaled { c32, e },
+        } => dispatch!(weigh_scaled::<T>(chunk, max, c32, e, weights)
+            via weigh_scaled_avx512, weigh_scaled_avx2),
+        _ => {
+            for (j, (&x, w)) in chunk.iter().zip(weights.iter_mut()).enumerate() {
+                *w = weighing.weight(first + j, x.to_f32());
+            }
+        }
+    }
+}
+
+compiled_for!(avx512, fn weigh_scaled_avx512 [T: FloatElement]
+    (chunk: &[T], max: f32, c32: u64, e: i32, weights: &mut [u64]) -> ()
+    = weigh_scaled [T]);
+compiled_for!(avx2, fn weigh_scaled_avx2 [T: FloatElement]
+    (chunk: &[T], max: f32, c32: u64, e: i32, weights: &mut [u64]) -> ()
+    = weigh_scaled [T]);
+
+/// [`weigh_chunk`] for a finite temperature: the steps of `logit_weights::scaled_weight`,
+/// written without branches so that the compiler vectorizes them (a 32-bit significand times a
+/// 32-bit factor is one widening multiply; every shift is a per-lane shift).
+#[inline(always)]
+fn weigh_scaled<T: FloatElement>(chunk: &[T], max: f32, c32: u64, e: i32, weights: &mut [u64]) {
+    for (&x, w) in chunk.iter().zip(weights.iter_mut()) {
+        *w = scaled_lane(x.to_f32(), max, c32, e);
+    }
+}
+
+/// One token's weight at a finite temperature, branch-free (equal to `scaled_weight`).
+#[inline(always)]
+fn scaled_lane(l: f32, max: f32, c32: u64, e: i32) -> u64 {
+    let s = sanitize_logit(l);
+    let finite = s > f32::NEG_INFINITY;
+    let d = max - s;
+    let bits = d.to_bits();
+    let exp = (bits >> 23) & 0xff;
+    let mantissa = bits & 0x7f_ffff;
+    let m_d = if exp == 0 {
+        mantissa
+    } else {
+        mantissa | 0x80_0000
+    };
+    let e_d = if exp == 0 { -149 } else { exp as i32 - 150 };
+    let shift = e_d + e + GAP_FRACTION_BITS as i32;
+    let product = u64::from(m_d) * (c32 & 0xffff_ffff);
+    let left = product << shift.clamp(0, 7) as u32;
+    let right = product >> (-shift).clamp(0, 63) as u32;
+    let x = if shift >= 8 {
+        GAP_LIMIT
+    } else if shift >= 0 {
+        left
+    } else if shift > -64 {
+        right
+    } else {
+        0
+    };
+    let x = if d == 0.0 { 0 } else { x.min(GAP_LIMIT) };
+    // Step 5, `exp2_weight`: p stays below 2^32, so each product is a 32 × 32-bit multiply.
+    let n = (x >> GAP_FRACTION_BITS) as u32;
+    let g = (1u64 << GAP_FRACTION_BITS) - (x & ((1u64 << GAP_FRACTION_BITS) - 1));
+    let mut p = EXP2_COEFFICIENTS[6];
+    for k in (0..6).rev() {
+        p = EXP2_COEFFICIENTS[k] + ((u64::from(p as u32) * g) >> GAP_FRACTION_BITS);
+    }
+    let up = p << 9u32.saturating_sub(n).min(9);
+    let down = p >> n.saturating_sub(9).min(63);
+    let weight = if n <= 9 { up } else { down };
+    if finite && x < GAP_LIMIT { weight } else { 0 }
 }
 
 /// The survivors of top-k among the tokens of positive weight, in id order, and their mass.
@@ -403,17 +489,21 @@ pub(crate) enum KeptLogits {
     Kept(Vec<Weighted>, u64),
 }
 
-/// Top-k, then top-p, of a logits row (contract §4.3 steps 1 and 2).
+/// Top-k, then top-p, of a logits row (contract §4.3 steps 1 and 2); `kept` is a buffer to reuse.
 pub(crate) fn kept_set<T: FloatElement>(
     row: &[T],
     weighing: &Weighing,
     top_k: i32,
     top_p: f32,
+    mut kept: Vec<Weighted>,
 ) -> KeptLogits {
-    let mut kept = Vec::new();
     let total = survivors(row, weighing, top_k, &mut kept);
     if total == 0 {
         return KeptLogits::Degenerate(first_in_rank(row));
+    }
+    if top_p_fixed(top_p) >= 1 << TOP_P_BITS {
+        // Every survivor weighs something, so reaching the whole mass keeps them all.
+        return KeptLogits::Kept(kept, total);
     }
     let (boundary, mass) = top_p_boundary(&kept, top_p, total);
     kept.retain(|w| boundary.keeps(w));
@@ -430,6 +520,11 @@ pub(crate) fn draw_in(members: &[Weighted], mass: u64, r: u64) -> Option<usize> 
     })
 }
 
+thread_local! {
+    /// Per-thread buffer of the kept tokens, reused from row to row.
+    static KEPT: std::cell::RefCell<Vec<Weighted>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Samples one logits row at temperature `t` with the SAMPLE draw `r`.
 pub(crate) fn sample_row<T: FloatElement>(
     row: &[T],
@@ -439,10 +534,15 @@ pub(crate) fn sample_row<T: FloatElement>(
     r: u64,
 ) -> usize {
     let weighing = Weighing::of(row, t);
-    match kept_set(row, &weighing, top_k, top_p) {
+    let buffer = KEPT.with(|cell| cell.take());
+    match kept_set(row, &weighing, top_k, top_p, buffer) {
         KeptLogits::Degenerate(first) => first,
-        // The kept mass is positive, so the draw always lands on a member.
-        KeptLogits::Kept(kept, mass) => draw_in(&kept, mass, r).unwrap_or(kept[0].id as usize),
+        KeptLogits::Kept(kept, mass) => {
+            // The kept mass is positive, so the draw always lands on a member.
+            let token = draw_in(&kept, mass, r).unwrap_or(kept[0].id as usize);
+            KEPT.with(|cell| *cell.borrow_mut() = kept);
+            token
+        }
     }
 }
 
@@ -641,6 +741,47 @@ mod tests {
         for k in [1, 7, 50, 1000, 19_999] {
             top_ranked(&row, k, &mut out);
             assert_eq!(out, keyed[..k], "k {k}");
+        }
+    }
+
+    #[test]
+    fn the_branch_free_weight_equals_the_contract_steps() {
+        use specula_backend_api::logit_weights::scaled_weight;
+        let mut next = stream(5);
+        let specials = [
+            0.0,
+            -0.0,
+            1e-30,
+            -1e-30,
+            3e38,
+            -3e38,
+            f32::NAN,
+            f32::NEG_INFINITY,
+        ];
+        for t in [1e-40f32, 1e-6, 0.05, 0.8, 1.0, 3.0, 1e10] {
+            let RowScale::Scaled { c32, e } = row_scale(t) else {
+                panic!("t {t} is finite and positive");
+            };
+            for max in [0.0f32, 1e-20, 2.5, -7.0, 1e19, 2f32.powi(64)] {
+                let check = |l: f32| {
+                    if sanitize_logit(l) <= max {
+                        let scale = RowScale::Scaled { c32, e };
+                        assert_eq!(
+                            scaled_lane(l, max, c32, e),
+                            scaled_weight(l, max, scale),
+                            "l {l}, max {max}, t {t}"
+                        );
+                    }
+                };
+                specials.iter().for_each(|&l| check(l));
+                check(max);
+                for _ in 0..2000 {
+                    let bits = next() as u32;
+                    check(f32::from_bits(bits));
+                    check(max - (bits % 100_000) as f32 * 1e-3);
+                    check(max - f32::from_bits(bits & 0x7fff_ffff).min(1e3));
+                }
+            }
         }
     }
 

@@ -194,7 +194,7 @@ fn scan_generic<T: FloatElement, const W: bool, const S: bool>(
 /// Whether this CPU runs the AVX-512 variants (and the hand-written loops of `avx512`).
 #[cfg(target_arch = "x86_64")]
 #[inline]
-fn has_avx512() -> bool {
+pub(crate) fn has_avx512() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
         && std::arch::is_x86_feature_detected!("avx512vl")
@@ -204,7 +204,7 @@ fn has_avx512() -> bool {
 /// Whether this CPU runs the AVX2 variants.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-fn has_avx2() -> bool {
+pub(crate) fn has_avx2() -> bool {
     std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
         && std::arch::is_x86_feature_detected!("f16c")
@@ -247,6 +247,8 @@ macro_rules! dispatch {
         result
     }};
 }
+
+pub(crate) use {compiled_for, dispatch};
 
 compiled_for!(avx512, fn scan_avx512 [T: FloatElement, const W: bool, const S: bool]
     (row: &[T], block_mass: &mut [u64], sample: GroupSample<'_>) -> u64
