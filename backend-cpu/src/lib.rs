@@ -1,17 +1,21 @@
 //! # specula-backend-cpu
 //!
-//! The reference backend of Specula: every op of the contract in plain Rust, parallel over rows
-//! with `rayon`, f16/bf16 widened exactly to f32 with `half`. Every other backend is held to this
-//! one by the conformance suite, so it is written to be read: one module per op under `src/ops`,
-//! mirroring the kernel files of the accelerated backends.
+//! The CPU backend of Specula: every op of the contract in Rust, parallel over rows with `rayon`,
+//! f16/bf16 widened exactly to f32 with `half`. It is the production fast path; the conformance
+//! suite holds it, like every other backend, to the plain reference device (`specula-reference`).
+//! One module per op under `src/ops`, mirroring the kernel files of the accelerated backends; the
+//! sampling machinery is under `src/sampling`.
 //!
-//! Sampling never sorts a row. The fast path (`ops::fast`, loops in `ops::kernels`) reads a row
+//! Sampling never sorts a row. The fast path (`sampling::fast`, loops in `sampling::scan`) reads a row
 //! once: exact block weights and the two largest keys of every 16-token lane group; from that
 //! sample it derives a floor every kept token reaches, collects the few tokens above it and makes
 //! the top-k/top-p decisions and the draw on them. Rows it cannot decide (long runs of ties,
-//! `top_k > 2048`, rows far from summing to 1) go to the histogram path (`ops::select`): a
+//! `top_k > 2048`, rows far from summing to 1) go to the histogram path (`sampling::histogram`): a
 //! two-level radix selection over the rank keys and one prefix scan. Both make the same integer
-//! decisions; `docs/performance.md` has the algorithms and the measurements.
+//! decisions. Logits rows (contract §3b, `docs/semantics.md` §4b) are weighed by the integer steps
+//! of `logit_weights` in vectorized lanes, without a softmax (`sampling::logits`): a streaming
+//! top-k pass weighs only the k best-ranked tokens. `docs/performance.md` has the algorithms and
+//! the measurements.
 //!
 //! ```
 //! use specula_backend_api::{DeviceExt, Device, ops::{RowShape, SampleInputs, SampleParams, Scores}};
