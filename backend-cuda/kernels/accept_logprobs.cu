@@ -65,11 +65,12 @@ extern "C" __global__ void __launch_bounds__(SPECULA_BATCH_BLOCK)
 // larger key is a better logit and NaN is 0 (below -inf).
 struct LogitKeys {
     static const bool has_mass = false;
-    static __device__ __forceinline__ u32 key(float x) {
+    static __device__ __forceinline__ u32 key(const Weigh&, float x, u32) {
         if (isnan(x)) return 0u;
         const u32 bits = x == 0.0f ? 0u : __float_as_uint(x);
         return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
     }
+    static __device__ __forceinline__ u64 weight(const Weigh&, u32) { return 0; }
 };
 
 __device__ __forceinline__ float rank_value(float x) { return isnan(x) ? -SPECULA_INF : x; }
@@ -150,11 +151,12 @@ extern "C" __global__ void __launch_bounds__(SEL_BLOCK) SPECULA_ENTRY(accept_log
     }
     if (k_top == 0) return;
     RowPart part = row_part_single(a.vocab, vec);
-    const Sel top = select_prefix<SPECULA_T, LogitKeys>(row, part, s, 0u, SPECULA_U32_MAX, false, k_top, 0);
+    const Weigh by_key = weigh_by_key();
+    const Sel top = select_prefix<SPECULA_T, LogitKeys>(row, part, s, by_key, 0u, SPECULA_U32_MAX, false, k_top, 0);
     const u32 n = top.count < k_top ? top.count : k_top;
     if (threadIdx.x == 0) n_gathered = 0;
     __syncthreads();
-    gather_prefix<SPECULA_T, LogitKeys>(row, part, s, top.key, top.take, keys, ids, &n_gathered,
+    gather_prefix<SPECULA_T, LogitKeys>(row, part, s, by_key, top.key, top.take, keys, ids, &n_gathered,
                                         SPECULA_MAX_LOGPROBS_TOP_K);
     const u32 m = n_gathered < n ? n_gathered : n;
     rank_order_small(keys, ids, m, sorted_keys, sorted_ids);

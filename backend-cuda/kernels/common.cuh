@@ -98,8 +98,9 @@ __device__ __forceinline__ void load4<BF16>(const unsigned short* __restrict__ r
 }
 
 // ---------------------------------------------------------------------------------------------
-// Exact 128-bit helpers (contract §3: "C · 2^24 ≥ P · W" and the REJECTION tests need up to 113
-// bits). Built on __umul64hi so they do not depend on compiler support for __int128.
+// Exact 128- and 192-bit helpers (contract §3: "C · 2^24 ≥ P · W" needs up to 108 bits, the
+// REJECTION residual 101, its acceptance test 133 on logits rows). Built on __umul64hi so they do
+// not depend on compiler support for __int128.
 
 struct u128 {
     u64 hi;
@@ -141,6 +142,42 @@ __device__ __forceinline__ u128 u128_mul_u64(u128 a, u64 b) {
     u128 low = mul_64x64(a.lo, b);
     return u128_make(low.hi + a.hi * b, low.lo);
 }
+
+// Three 64-bit limbs: the REJECTION acceptance test's products reach 2^133 on logits rows.
+struct u192 {
+    u64 hi;
+    u64 mid;
+    u64 lo;
+};
+
+// a · b, in full.
+__device__ __forceinline__ u192 u192_mul_128x64(u128 a, u64 b) {
+    const u128 l = mul_64x64(a.lo, b);
+    const u128 h = mul_64x64(a.hi, b);
+    u192 r;
+    r.lo = l.lo;
+    r.mid = l.hi + h.lo;
+    r.hi = h.hi + (r.mid < l.hi ? 1ull : 0ull);
+    return r;
+}
+
+// a · 2^s, 0 < s < 64.
+__device__ __forceinline__ u192 u192_shl_128(u128 a, u32 s) {
+    u192 r;
+    r.hi = a.hi >> (64 - s);
+    r.mid = (a.hi << s) | (a.lo >> (64 - s));
+    r.lo = a.lo << s;
+    return r;
+}
+
+__device__ __forceinline__ bool u192_lt(u192 a, u192 b) {
+    if (a.hi != b.hi) return a.hi < b.hi;
+    if (a.mid != b.mid) return a.mid < b.mid;
+    return a.lo < b.lo;
+}
+
+// floor(a / 2^s) for 0 <= s < 64, known to fit in 64 bits.
+__device__ __forceinline__ u64 u128_shr_fit(u128 a, u32 s) { return s == 0 ? a.lo : u128_shr_lo(a, s); }
 
 // ---------------------------------------------------------------------------------------------
 // Philox4x32-10 and the draw of a token seed for a purpose (contract §2).
@@ -247,6 +284,195 @@ __device__ __forceinline__ u64 top_p_target_mass(u64 p_fixed, u64 total) {
 // Whether mass c reaches top_p (fixed p) of total w: c · 2^24 >= p · w, exact.
 __device__ __forceinline__ bool reaches_top_p(u64 c, u64 p_fixed, u64 total) {
     return u128_ge(u128_shl(u128_make(0, c), SPECULA_TOP_P_BITS), mul_64x64(p_fixed, total));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weights from logits (contract §3b): `specula_backend_api::logit_weights`, step for step. The
+// constants arrive as -D defines from that module (SPECULA_LOG2E_Q63, SPECULA_GAP_FRACTION_BITS,
+// SPECULA_GAP_LIMIT, SPECULA_EXP2_COEFFICIENTS) and the bounds of its sanitize_logit as f32 bit
+// patterns (SPECULA_LOGIT_TINY_BITS, SPECULA_LOGIT_HUGE_BITS).
+
+#define SPECULA_POS_INF_BITS 0x7f800000u
+#define SPECULA_NEG_INF_BITS 0xff800000u
+
+// A logit as the rules read it (step 1), on f32 bits: NaN is -inf; a finite |l| below 2^-76 is +0;
+// a finite |l| above 2^64 is +-2^64.
+__device__ __forceinline__ u32 sanitize_logit_bits(u32 b) {
+    const u32 a = b & 0x7fffffffu;
+    if (a > SPECULA_POS_INF_BITS) return SPECULA_NEG_INF_BITS;
+    if (a == SPECULA_POS_INF_BITS) return b;
+    if (a < SPECULA_LOGIT_TINY_BITS) return 0u;
+    if (a > SPECULA_LOGIT_HUGE_BITS) return (b & 0x80000000u) | SPECULA_LOGIT_HUGE_BITS;
+    return b;
+}
+
+// logit_rank_key(-inf) (NaN has it too): the smallest key of a logit.
+#define SPECULA_NEG_INF_LOGIT_KEY 0x007fffffu
+// logit_rank_key(+inf): the largest.
+#define SPECULA_POS_INF_LOGIT_KEY 0xff800000u
+
+// The rank key of a logit: an order-preserving u32 of the sanitized value (+0 and -0 one key).
+// The rank order of a logits row is key descending, then id ascending. Never 0.
+__device__ __forceinline__ u32 logit_rank_key(float x) {
+    u32 s = sanitize_logit_bits(__float_as_uint(x));
+    if (s == 0x80000000u) s = 0u;
+    return (s & 0x80000000u) ? ~s : (s | 0x80000000u);
+}
+
+// The sanitized logit of a rank key.
+__device__ __forceinline__ float logit_of_key(u32 key) {
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+// x = M · 2^E with M the integer significand (subnormals included), for finite x > 0 (f32 bits).
+__device__ __forceinline__ u64 significand(u32 bits, int& e) {
+    const u32 exp = (bits >> 23) & 0xffu;
+    const u64 mantissa = (u64)(bits & 0x7fffffu);
+    if (exp == 0) {
+        e = -149;
+        return mantissa;
+    }
+    e = (int)exp - 150;
+    return mantissa | 0x800000ull;
+}
+
+// How the tokens of a row weigh. A probability row weighs w(p) by its rank key (WEIGH_KEYS); a
+// logits row by the 3b steps, from its maximum and temperature (every other kind).
+#define WEIGH_KEYS 0u     // weights from the keys (key_weight): probability rows
+#define WEIGH_ZERO 1u     // every logit -inf or NaN (step 2): every weight 0
+#define WEIGH_POS_INF 2u  // some logit +inf (step 2): those weigh 2^40, the rest 0
+#define WEIGH_ARGMAX 3u   // T == 0 (step 3): the first maximum weighs 2^40, the rest 0
+#define WEIGH_UNIFORM 4u  // T == +inf (step 3): every finite logit weighs 2^40
+#define WEIGH_SCALED 5u   // otherwise: exp2_weight(logit_gap(m, l, c32, e)) (steps 4, 5)
+
+struct Weigh {
+    u64 c32;      // SCALED: c = c32 · 2^e ≈ log2(e) / T, c32 in [2^31, 2^32)
+    i32 e;
+    u32 kind;
+    u32 max_key;  // logits: the rank key of the row maximum m
+    u32 first;    // ARGMAX: the first token keyed max_key, the only one that keeps that key
+};
+
+// The weighing of probability rows.
+__device__ __forceinline__ Weigh weigh_by_key() {
+    Weigh w;
+    w.c32 = 0;
+    w.e = 0;
+    w.kind = WEIGH_KEYS;
+    w.max_key = 0;
+    w.first = 0;
+    return w;
+}
+
+// Steps 2 and 3: the weighing of a logits row from the rank key of its maximum, the first id
+// holding it, and its (device) temperature t (NaN or negative counts as 1.0); then one
+// 64-by-24-bit division gives the scale.
+__device__ __forceinline__ Weigh logits_weigh(u32 max_key, u32 first, float t) {
+    Weigh w = weigh_by_key();
+    w.max_key = max_key;
+    w.first = first;
+    const float tt = t >= 0.0f ? t : 1.0f;
+    if (max_key == SPECULA_POS_INF_LOGIT_KEY) {
+        w.kind = WEIGH_POS_INF;
+    } else if (max_key <= SPECULA_NEG_INF_LOGIT_KEY) {
+        w.kind = WEIGH_ZERO;
+    } else if (tt == 0.0f) {
+        w.kind = WEIGH_ARGMAX;
+    } else if (tt == SPECULA_INF) {
+        w.kind = WEIGH_UNIFORM;
+    } else {
+        int e_t;
+        const u64 m_t = significand(__float_as_uint(tt), e_t);
+        const u64 q = (u64)SPECULA_LOG2E_Q63 / m_t;
+        const int b = 64 - __clzll((long long)q);
+        w.kind = WEIGH_SCALED;
+        w.c32 = q >> (b - 32);
+        w.e = b - 95 - e_t;
+    }
+    return w;
+}
+
+// Step 4: the gap X = min(floor(M_D · C32 · 2^(E_D + e + F)), 40 · 2^F) of a finite sanitized
+// logit l below the row maximum m, with D = m - l: one f32 subtraction rounded to nearest even
+// (__fsub_rn is never contracted; D >= 0, never subnormal after step 1).
+__device__ __forceinline__ u64 logit_gap(float m, float l, u64 c32, int e) {
+    const u32 d_bits = __float_as_uint(__fsub_rn(m, l));
+    if ((d_bits & 0x7fffffffu) == 0) return 0;
+    int e_d;
+    const u64 product = significand(d_bits, e_d) * c32;  // < 2^56: a shift below 8 cannot overflow
+    const int s = e_d + e + SPECULA_GAP_FRACTION_BITS;
+    if (s >= 8) return SPECULA_GAP_LIMIT;
+    u64 x = 0;
+    if (s >= 0) x = product << s;
+    else if (s > -64) x = product >> (-s);
+    return x < SPECULA_GAP_LIMIT ? x : SPECULA_GAP_LIMIT;
+}
+
+// Step 5: the weight of gap x, 2^40 · 2^(-x / 2^F) in integers, 0 from 40 · 2^F on. The maximum's
+// P(2^F) = 2^31, so it weighs 2^31 << 9 = 2^40.
+__device__ __forceinline__ u64 exp2_weight(u64 x) {
+    if (x >= SPECULA_GAP_LIMIT) return 0;
+    const u64 a[7] = {SPECULA_EXP2_COEFFICIENTS};
+    const u32 n = (u32)(x >> SPECULA_GAP_FRACTION_BITS);
+    const u64 one = 1ull << SPECULA_GAP_FRACTION_BITS;
+    const u64 g = one - (x & (one - 1));
+    u64 p = a[6];
+#pragma unroll
+    for (int k = 5; k >= 0; --k) p = a[k] + ((p * g) >> SPECULA_GAP_FRACTION_BITS);
+    return n <= 9 ? p << (9 - n) : p >> (n - 9);
+}
+
+// The weight of a logit of rank key `key` in a row weighed by w (any kind but WEIGH_KEYS).
+__device__ __forceinline__ u64 logit_key_weight(const Weigh& w, u32 key) {
+    const u64 full = 1ull << SPECULA_WEIGHT_BITS;
+    const bool finite = key != SPECULA_NEG_INF_LOGIT_KEY && key != SPECULA_POS_INF_LOGIT_KEY;
+    switch (w.kind) {
+        case WEIGH_SCALED:
+            return finite ? exp2_weight(logit_gap(logit_of_key(w.max_key), logit_of_key(key), w.c32, w.e)) : 0;
+        case WEIGH_UNIFORM: return finite ? full : 0;
+        case WEIGH_POS_INF: return key == SPECULA_POS_INF_LOGIT_KEY ? full : 0;
+        case WEIGH_ARGMAX: return key == w.max_key ? full : 0;
+        default: return 0;
+    }
+}
+
+// The rank key of token `id` (value x) of a logits row weighed by w. At T == 0 only the first
+// maximum weighs anything: the other maxima are keyed one below it, so that every weight is a
+// function of the key (the order among tokens of weight 0 decides nothing).
+__device__ __forceinline__ u32 logit_row_key(const Weigh& w, float x, u32 id) {
+    const u32 k = logit_rank_key(x);
+    return (w.kind == WEIGH_ARGMAX && k == w.max_key && id != w.first) ? k - 1 : k;
+}
+
+// The rank key of token `id` (value x) of a row weighed by w: the sanitized probability's bits,
+// or the rank key of the logit. Weights never increase as the key decreases.
+__device__ __forceinline__ u32 row_key(const Weigh& w, float x, u32 id) {
+    return w.kind == WEIGH_KEYS ? rank_key(x) : logit_row_key(w, x, id);
+}
+
+// The weight of a token of rank key `key` in a row weighed by w.
+__device__ __forceinline__ u64 weight_of(const Weigh& w, u32 key) {
+    return w.kind == WEIGH_KEYS ? key_weight(key) : logit_key_weight(w, key);
+}
+
+// The score of a logits candidate of weight w in a row of total weight W > 0 (contract §3b), as
+// f32: q = floor(w · 2^40 / W) (binary long division; the remainder stays below W <= 2^60), cut
+// to its 24 most significant bits, and score = q · 2^-40, exact in f32.
+__device__ __forceinline__ float candidate_score(u64 w, u64 total) {
+    u64 q = w / total, rem = w % total;
+    for (int i = 0; i < SPECULA_WEIGHT_BITS; ++i) {
+        rem <<= 1;
+        q <<= 1;
+        if (rem >= total) {
+            rem -= total;
+            q |= 1ull;
+        }
+    }
+    if (q == 0) return 0.0f;
+    const u32 b = 64u - (u32)__clzll((long long)q);
+    const u64 sig = b > 24u ? q >> (b - 24u) : q << (24u - b);
+    const u32 exponent = b - 1u - (u32)SPECULA_WEIGHT_BITS + 127u;
+    return __uint_as_float((exponent << 23) | ((u32)sig & 0x7fffffu));
 }
 
 // Device lengths: negative counts as 0.

@@ -98,10 +98,13 @@ __device__ __forceinline__ void grid_barrier(RowPart& p) {
     __syncthreads();
 }
 
-// Keys of probability rows: the bits of sanitize(p); weights are the fixed-point weights.
-struct ProbKeys {
+// Keys of the sampling rows, in rank order: row_key of the row's weighing w (the bits of
+// sanitize(p) for probability rows, the logit's rank key for logits rows, contract §3b); weights
+// are weight_of, a function of the key that never increases as the key decreases.
+struct RankKeys {
     static const bool has_mass = true;
-    static __device__ __forceinline__ u32 key(float x) { return rank_key(x); }
+    static __device__ __forceinline__ u32 key(const Weigh& w, float x, u32 id) { return row_key(w, x, id); }
+    static __device__ __forceinline__ u64 weight(const Weigh& w, u32 key) { return weight_of(w, key); }
 };
 
 // Loads this thread's SEL_ITEMS consecutive elements of the chunk starting at `base`.
@@ -133,20 +136,20 @@ __device__ __forceinline__ void for_slice_items(const typename E::raw* __restric
 // the digit (key >> shift) & dmask; for a split row the block histograms are summed globally and
 // every block ends with the row's histogram in shared memory.
 template <class E, class K>
-__device__ __noinline__ void hist_pass(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s, i64 lo,
-                          u32 pmask, u32 pval, u32 shift, u32 dmask) {
+__device__ __noinline__ void hist_pass(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s,
+                                       const Weigh& wg, i64 lo, u32 pmask, u32 pval, u32 shift, u32 dmask) {
     for (u32 i = threadIdx.x; i < SEL_BINS; i += SEL_BLOCK) {
         s.count[i] = 0;
         s.mass[i] = 0;
     }
     __syncthreads();
-    for_slice_items<E>(row, p, [&](u32, float x) {
-        const u32 key = K::key(x);
+    for_slice_items<E>(row, p, [&](u32 i, float x) {
+        const u32 key = K::key(wg, x, i);
         if ((i64)key > lo && (key & pmask) == pval) {
             const u32 bin = (key >> shift) & dmask;
             atomicAdd(&s.count[bin], 1u);
             if (K::has_mass) {
-                const u64 w = key_weight(key);
+                const u64 w = K::weight(wg, key);
                 if (w != 0) atomicAdd(&s.mass[bin], w);
             }
         }
@@ -254,14 +257,15 @@ __device__ __forceinline__ u64 ceil_div_u64(u64 a, u64 b) { return a / b + (a % 
 // weight, which is all any caller uses).
 template <class E, class K>
 __device__ __noinline__ Sel select_prefix(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s,
-                             u32 wkey, u32 wtake, bool by_mass, u64 count_target, u64 p_fixed) {
+                                          const Weigh& wg, u32 wkey, u32 wtake, bool by_mass, u64 count_target,
+                                          u64 p_fixed) {
     const bool whole_group = wtake == SPECULA_U32_MAX;
     const i64 lo = whole_group ? (i64)wkey - 1 : (i64)wkey;
-    const u64 bw = K::has_mass ? key_weight(wkey) : 0;
+    const u64 bw = K::has_mass ? K::weight(wg, wkey) : 0;
     const u32 bcount = whole_group ? 0u : wtake;
     const u64 bmass = (u64)bcount * bw;
 
-    hist_pass<E, K>(row, p, s, lo, 0u, 0u, 21u, 0x7ffu);
+    hist_pass<E, K>(row, p, s, wg, lo, 0u, 0u, 21u, 0x7ffu);
     u32 hc;
     u64 hm;
     hist_totals(s, hc, hm);
@@ -290,7 +294,7 @@ __device__ __noinline__ Sel select_prefix(const typename E::raw* __restrict__ ro
     const u32 shifts[3] = {21u, 10u, 0u};
     const u32 dmasks[3] = {0x7ffu, 0x7ffu, 0x3ffu};
     for (int pass = 0; pass < 3; ++pass) {
-        if (pass > 0) hist_pass<E, K>(row, p, s, lo, pmask, pval, shifts[pass], dmasks[pass]);
+        if (pass > 0) hist_pass<E, K>(row, p, s, wg, lo, pmask, pval, shifts[pass], dmasks[pass]);
         u32 bin, cb;
         u64 mb;
         hist_walk(s, by_mass, target, above_c, above_m, bin, cb, mb);
@@ -299,16 +303,17 @@ __device__ __noinline__ Sel select_prefix(const typename E::raw* __restrict__ ro
         pval |= bin << shifts[pass];
         pmask |= dmasks[pass] << shifts[pass];
     }
-    const u64 w = K::has_mass ? key_weight(pval) : 0;
+    const u64 w = K::has_mass ? K::weight(wg, pval) : 0;
     const u64 take = by_mass ? ceil_div_u64(target - above_m, w) : target - above_c;
     return make_sel(pval, (u32)take, above_c + (u32)take, above_m + take * w, true, whole.mass);
 }
 
 // The total weight of a row (every block of a split row gets the row's total).
 template <class E>
-__device__ __noinline__ u64 row_total_weight(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s) {
+__device__ __noinline__ u64 row_total_weight(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s,
+                                             const Weigh& wg) {
     u64 m = 0;
-    for_slice_items<E>(row, p, [&](u32, float x) { m += prob_weight(x); });
+    for_slice_items<E>(row, p, [&](u32 i, float x) { m += weight_of(wg, row_key(wg, x, i)); });
     u64 total = block_sum_u64<SEL_BLOCK>(m, s.sa);
     if (p.nblocks > 1) {
         u64* slot = p.g_mass + (u64)p.pass * SEL_BINS;
@@ -323,10 +328,11 @@ __device__ __noinline__ u64 row_total_weight(const typename E::raw* __restrict__
 
 // The first token of the row in rank order: the largest key, lowest id (0 for an all-zero row).
 template <class E, class K>
-__device__ __noinline__ u32 first_in_rank(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s) {
+__device__ __noinline__ u32 first_in_rank(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s,
+                                          const Weigh& wg) {
     u64 best = 0;
     for_slice_items<E>(row, p, [&](u32 i, float x) {
-        const u64 packed = pack_key_id(K::key(x), i);
+        const u64 packed = pack_key_id(K::key(wg, x, i), i);
         best = packed > best ? packed : best;
     });
     best = block_max_u64<SEL_BLOCK>(best, s.sa);
@@ -340,13 +346,39 @@ __device__ __noinline__ u32 first_in_rank(const typename E::raw* __restrict__ ro
     return best == 0 ? 0u : packed_id(best);
 }
 
+// How the tokens of a row weigh (contract §3b steps 1-3): by key for probability rows (`logits`
+// false); a logits row from its maximum (the largest logit_rank_key, lowest id, over every block
+// of a split row) and its temperature t.
+template <class E>
+__device__ __noinline__ Weigh row_weigh(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s,
+                                       bool logits, float t) {
+    if (!logits) return weigh_by_key();
+    u64 best = 0;
+    for_slice_items<E>(row, p, [&](u32 i, float x) {
+        const u64 packed = pack_key_id(logit_rank_key(x), i);
+        best = packed > best ? packed : best;
+    });
+    best = block_max_u64<SEL_BLOCK>(best, s.sa);
+    if (p.nblocks > 1) {
+        // The same maximum as first_in_rank's on this row (the first maximum keeps its key), so
+        // both may share the slot.
+        if (threadIdx.x == 0) atomicMax(p.first, best);
+        grid_barrier(p);
+        best = __ldcg(p.first);
+        __syncthreads();
+    }
+    // Keys are never 0, so best is 0 only for an empty row (every row has V >= 1 tokens).
+    if (best == 0) return logits_weigh(SPECULA_NEG_INF_LOGIT_KEY, 0, t);
+    return logits_weigh((u32)(best >> 32), packed_id(best), t);
+}
+
 // The member of prefix (pkey, ptake) whose cumulative weight, in ascending id order, first
 // exceeds t (t < the prefix mass). Returns the id, or -1 when this block's slice does not hold it
 // (for a split row exactly one block returns an id).
 template <class E>
 __device__ __noinline__ i32 draw_in_prefix(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s,
-                              u32 pkey, u32 ptake, u64 t) {
-    const u64 wb = key_weight(pkey);
+                                           const Weigh& wg, u32 pkey, u32 ptake, u64 t) {
+    const u64 wb = weight_of(wg, pkey);
     // Weight of members above the boundary key before this block's slice, and boundary tokens
     // (key == pkey) before it.
     u64 carry_m = 0;
@@ -354,9 +386,9 @@ __device__ __noinline__ i32 draw_in_prefix(const typename E::raw* __restrict__ r
     if (p.nblocks > 1) {
         u64 m = 0;
         u32 b = 0;
-        for_slice_items<E>(row, p, [&](u32, float x) {
-            const u32 key = rank_key(x);
-            if (key > pkey) m += key_weight(key);
+        for_slice_items<E>(row, p, [&](u32 i, float x) {
+            const u32 key = row_key(wg, x, i);
+            if (key > pkey) m += weight_of(wg, key);
             b += key == pkey ? 1u : 0u;
         });
         u64 ex_m, tot_m;
@@ -387,8 +419,8 @@ __device__ __noinline__ i32 draw_in_prefix(const typename E::raw* __restrict__ r
 #pragma unroll
         for (int j = 0; j < SEL_ITEMS; ++j) {
             const bool valid = i0 + j < p.end;
-            const u32 key = valid ? rank_key(v[j]) : 0u;
-            above[j] = (valid && key > pkey) ? key_weight(key) : 0ull;
+            const u32 key = valid ? row_key(wg, v[j], i0 + j) : 0u;
+            above[j] = (valid && key > pkey) ? weight_of(wg, key) : 0ull;
             boundary |= (valid && key == pkey) ? (1u << j) : 0u;
             m += above[j];
         }
@@ -426,31 +458,31 @@ struct Kept {
 };
 
 template <class E>
-__device__ __noinline__ Kept kept_set(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s, u32 vocab,
-                         i32 top_k, u64 p_fixed) {
+__device__ __noinline__ Kept kept_set(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s,
+                                      const Weigh& wg, u32 vocab, i32 top_k, u64 p_fixed) {
     Kept k;
     k.degenerate = false;
     k.first = 0;
     Sel survivors;
     const bool full_top_p = p_fixed >= (1ull << SPECULA_TOP_P_BITS);
     if (top_k > 0 && (u32)top_k < vocab) {
-        survivors = select_prefix<E, ProbKeys>(row, p, s, 0u, SPECULA_U32_MAX, false, (u64)top_k, 0);
+        survivors = select_prefix<E, RankKeys>(row, p, s, wg, 0u, SPECULA_U32_MAX, false, (u64)top_k, 0);
     } else if (full_top_p) {
-        const u64 total = row_total_weight<E>(row, p, s);
+        const u64 total = row_total_weight<E>(row, p, s, wg);
         survivors = make_sel(0, SPECULA_U32_MAX, vocab, total, true, total);
     } else {
         // No top-k: top-p directly over the whole row (its first pass also gives the total).
-        const Sel kept = select_prefix<E, ProbKeys>(row, p, s, 0u, SPECULA_U32_MAX, true, 0, p_fixed);
+        const Sel kept = select_prefix<E, RankKeys>(row, p, s, wg, 0u, SPECULA_U32_MAX, true, 0, p_fixed);
         if (kept.mass == 0) {
             k.degenerate = true;
-            k.first = first_in_rank<E, ProbKeys>(row, p, s);
+            k.first = first_in_rank<E, RankKeys>(row, p, s, wg);
         }
         k.prefix = kept;
         return k;
     }
     if (survivors.mass == 0) {
         k.degenerate = true;
-        k.first = first_in_rank<E, ProbKeys>(row, p, s);
+        k.first = first_in_rank<E, RankKeys>(row, p, s, wg);
         k.prefix = survivors;
         return k;
     }
@@ -458,7 +490,7 @@ __device__ __noinline__ Kept kept_set(const typename E::raw* __restrict__ row, R
         k.prefix = survivors;
         return k;
     }
-    k.prefix = select_prefix<E, ProbKeys>(row, p, s, survivors.key, survivors.take, true, 0, p_fixed);
+    k.prefix = select_prefix<E, RankKeys>(row, p, s, wg, survivors.key, survivors.take, true, 0, p_fixed);
     return k;
 }
 
@@ -466,7 +498,8 @@ __device__ __noinline__ Kept kept_set(const typename E::raw* __restrict__ row, R
 // stored, `*out_n` counts them all). Single-block rows only.
 template <class E, class K>
 __device__ __noinline__ void gather_prefix(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s,
-                              u32 pkey, u32 ptake, u32* out_keys, u32* out_ids, u32* out_n, u32 cap) {
+                                           const Weigh& wg, u32 pkey, u32 ptake, u32* out_keys, u32* out_ids,
+                                           u32* out_n, u32 cap) {
     u64 carry_b = 0;
     for (u32 base = p.begin; base < p.end; base += SEL_CHUNK) {
         float v[SEL_ITEMS];
@@ -476,7 +509,7 @@ __device__ __noinline__ void gather_prefix(const typename E::raw* __restrict__ r
         u32 b = 0;
 #pragma unroll
         for (int j = 0; j < SEL_ITEMS; ++j) {
-            keys[j] = (i0 + j < p.end) ? K::key(v[j]) : 0u;
+            keys[j] = (i0 + j < p.end) ? K::key(wg, v[j], i0 + j) : 0u;
             b += (i0 + j < p.end && keys[j] == pkey) ? 1u : 0u;
         }
         u64 ex_m, tot_m;

@@ -3,10 +3,13 @@
 // One block per row (`top_k_top_p_sample_<t>`), or, for a few rows of a large vocabulary, several
 // blocks per row launched cooperatively (`top_k_top_p_sample_split_<t>`). The kept set is found by
 // the radix selection of select.cuh (top-k on counts, then top-p on exact masses) and the token by
-// one id-order prefix scan of the kept weights against t = floor(R · C / 2^64).
+// one id-order prefix scan of the kept weights against t = floor(R · C / 2^64). Logits rows
+// (`logits`) first find the row maximum and weigh each token by contract §3b at the row's
+// temperature.
 
 struct SampleArgs {
-    const typename SPECULA_T::raw* probs;  // [rows, vocab]
+    const typename SPECULA_T::raw* probs;  // [rows, vocab] probabilities or logits
+    const float* temperature;              // [rows] (logits rows only)
     const i32* top_k;                      // [rows]
     const float* top_p;                    // [rows]
     const u64* seed;                       // [rows]
@@ -17,22 +20,25 @@ struct SampleArgs {
     u32 vocab;
     u32 vec;     // rows are aligned for 4-element loads
     u32 splits;  // blocks per row (split kernel only)
+    u32 logits;  // the rows are logits at `temperature`
+    u32 pad;
 };
 
 // Samples row r into tokens[r]; `p` is this block's part of the row.
 __device__ void sample_one_row(const SampleArgs& a, u32 r, RowPart& p, SelShared& s) {
     typedef SPECULA_T E;
     const typename E::raw* row = a.probs + (u64)r * a.vocab;
-    const Kept k = kept_set<E>(row, p, s, a.vocab, a.top_k[r], top_p_fixed(a.top_p[r]));
+    const Weigh w = row_weigh<E>(row, p, s, a.logits != 0, a.logits != 0 ? a.temperature[r] : 1.0f);
+    const Kept k = kept_set<E>(row, p, s, w, a.vocab, a.top_k[r], top_p_fixed(a.top_p[r]));
     if (k.degenerate) {
         if (p.block == 0 && threadIdx.x == 0) a.tokens[r] = (i32)k.first;
         return;
     }
     const u64 t = scale_draw(specula_draw(a.seed[r], SPECULA_PURPOSE_SAMPLE), k.prefix.mass);
-    i32 id = draw_in_prefix<E>(row, p, s, k.prefix.key, k.prefix.take, t);
+    i32 id = draw_in_prefix<E>(row, p, s, w, k.prefix.key, k.prefix.take, t);
     if (p.nblocks == 1 && id < 0) {
         // Unreachable (t < the kept mass); the first token is the safe answer.
-        id = (i32)first_in_rank<E, ProbKeys>(row, p, s);
+        id = (i32)first_in_rank<E, RankKeys>(row, p, s, w);
     }
     if (id >= 0 && threadIdx.x == 0) a.tokens[r] = id;
 }

@@ -3,10 +3,15 @@
 //
 // One block per row: a count selection of C among the keys of positive weight (select.cuh), one
 // id-order pass that gathers the (at most 128) members into shared memory, a rank-by-counting
-// order of those few, and the exact 128-bit top-p test over their prefix masses.
+// order of those few, and the exact 128-bit top-p test over their prefix masses. Logits rows
+// (`logits`) are weighed by contract §3b at the row's temperature: the count selection takes the
+// first C tokens of the whole row (their weights never increase down the rank order, so the ones
+// of positive weight lead), and a candidate's score is its exact share of the row
+// (candidate_score).
 
 struct CandidatesArgs {
-    const typename SPECULA_T::raw* probs;  // [rows, vocab]
+    const typename SPECULA_T::raw* probs;  // [rows, vocab] probabilities or logits
+    const float* temperature;              // [rows] (logits rows only)
     const float* top_p;                    // [rows]
     const i32* batch_id;                   // [rows] or null
     i32* ids;                              // [rows, C]
@@ -16,6 +21,8 @@ struct CandidatesArgs {
     u32 vocab;
     u32 candidates;
     u32 vec;
+    u32 logits;  // the rows are logits at `temperature`
+    u32 pad;
 };
 
 extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
@@ -39,11 +46,16 @@ extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
     }
     const typename SPECULA_T::raw* row = a.probs + (u64)r * a.vocab;
     RowPart p = row_part_single(a.vocab, a.vec != 0);
-    const Sel valid =
-        select_prefix<SPECULA_T, ProbKeys>(row, p, s, SPECULA_MIN_WEIGHT_KEY, SPECULA_U32_MAX, false, c, 0);
-    const u32 n = valid.count < c ? valid.count : c;
+    const bool logits = a.logits != 0;
+    const Weigh w = row_weigh<SPECULA_T>(row, p, s, logits, logits ? a.temperature[r] : 1.0f);
+    // Probability rows: the first C of the tokens of positive weight (keys from that of 2^-40 on).
+    // Logits rows: the first C of the row, cut below to those of positive weight after ordering.
+    const u32 from_key = logits ? 0u : SPECULA_MIN_WEIGHT_KEY;
+    const Sel valid = select_prefix<SPECULA_T, RankKeys>(row, p, s, w, from_key, SPECULA_U32_MAX, false, c, 0);
+    u32 n = valid.count < c ? valid.count : c;
+    if (logits && valid.within_mass == 0) n = 0;
     if (n == 0) {
-        const u32 first = first_in_rank<SPECULA_T, ProbKeys>(row, p, s);
+        const u32 first = first_in_rank<SPECULA_T, RankKeys>(row, p, s, w);
         for (u32 i = threadIdx.x; i < c; i += SEL_BLOCK) {
             out_ids[i] = i == 0 ? (i32)first : -1;
             out_scores[i] = 0.0f;
@@ -53,21 +65,30 @@ extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
     }
     if (threadIdx.x == 0) n_gathered = 0;
     __syncthreads();
-    gather_prefix<SPECULA_T, ProbKeys>(row, p, s, valid.key, valid.take, keys, ids, &n_gathered,
+    gather_prefix<SPECULA_T, RankKeys>(row, p, s, w, valid.key, valid.take, keys, ids, &n_gathered,
                                        SPECULA_MAX_CANDIDATES);
-    const u32 m = n_gathered < n ? n_gathered : n;  // equal by construction
+    u32 m = n_gathered < n ? n_gathered : n;  // equal by construction
     rank_order_small(keys, ids, m, sorted_keys, sorted_ids);
+    // Logits rows: the members of positive weight, a prefix of the order (at least the first).
+    u32 positive = 0;
+    for (u32 i = 0; i < m; ++i) positive += weight_of(w, sorted_keys[i]) != 0 ? 1u : 0u;
+    m = positive;
+    const u64 total = valid.within_mass;
     for (u32 i = threadIdx.x; i < c; i += SEL_BLOCK) {
+        float score = 0.0f;
+        if (i < m) {
+            // A probability row's score is its sanitized probability: the rank key itself.
+            score = logits ? candidate_score(weight_of(w, sorted_keys[i]), total) : __uint_as_float(sorted_keys[i]);
+        }
         out_ids[i] = i < m ? (i32)sorted_ids[i] : -1;
-        out_scores[i] = i < m ? __uint_as_float(sorted_keys[i]) : 0.0f;
+        out_scores[i] = score;
     }
     if (threadIdx.x == 0) {
         const u64 p_fixed = top_p_fixed(a.top_p[r]);
-        const u64 total = valid.within_mass;
         i32 len = (i32)m;
         u64 mass = 0;
         for (u32 i = 0; i < m; ++i) {
-            mass += key_weight(sorted_keys[i]);
+            mass += weight_of(w, sorted_keys[i]);
             if (reaches_top_p(mass, p_fixed, total)) {
                 len = (i32)(i + 1);
                 break;

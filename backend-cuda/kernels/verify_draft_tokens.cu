@@ -8,6 +8,10 @@
 // executed by every thread of the block identically (it reads the same values), and the row-wide
 // parts (the boundary count of weight_in_prefix, the residual draw, the target draw) are block
 // collectives. Only thread 0 writes the slot's tokens.
+// With `logits`, REJECTION's target and draft rows are logits, weighed by contract §3b at the
+// temperature of the output row: the prepare kernel keeps each target row's weighing with its
+// kept set and each draft row's maximum (its weighing depends on the temperature of the row it is
+// checked against, known only per slot); the slot's check then weighs and totals the draft row.
 
 struct VerifyArgs {
     const i32* draft_tokens;  // [max_bsz, S]
@@ -29,7 +33,8 @@ struct VerifyArgs {
     const SPECULA_D::raw* draft_probs;   // REJECTION: [max_bsz · (S − 1), vocab]
     const i32* top_k;                    // REJECTION: [rows]
     const float* top_p;                  // REJECTION: [rows]
-    unsigned char* stats;                // REJECTION scratch: [rows] TargetStats, then [draft rows] u64
+    const float* temperature;            // REJECTION of logits rows: [rows]
+    unsigned char* stats;                // REJECTION scratch: [rows] TargetStats, then [draft rows] DraftStat
     i32* accept_tokens;                  // [max_bsz, S]
     i32* accept_num;                     // [max_bsz]
     u64 rows;
@@ -45,25 +50,48 @@ struct VerifyArgs {
     u32 reject_all;
     u32 vec_target;
     u32 vec_draft;
+    u32 logits;  // REJECTION: target and draft rows are logits at `temperature`
+    u32 pad;
 };
 
 // Per target row, what REJECTION needs (written by the prepare kernel).
 struct TargetStats {
-    u64 raw_total;  // total weight before filtering
+    u64 raw_total;  // total weight before filtering (probability rows)
     u64 kept_mass;  // Wp
+    u64 w_c32;      // the row's weighing (Weigh, field for field)
+    i32 w_e;
+    u32 w_kind;
+    u32 w_max_key;
+    u32 w_first;
     u32 kept_key;
     u32 kept_take;
     u32 degenerate;  // the survivors weigh nothing
     u32 first;       // then: the first token in rank order
 };
 
+// The weighing of a target row, from its stats.
+__device__ __forceinline__ Weigh stats_weigh(const TargetStats& st) {
+    Weigh w;
+    w.c32 = st.w_c32;
+    w.e = st.w_e;
+    w.kind = st.w_kind;
+    w.max_key = st.w_max_key;
+    w.first = st.w_first;
+    return w;
+}
+
 __device__ __forceinline__ const TargetStats* target_stats(const VerifyArgs& a) {
     return reinterpret_cast<const TargetStats*>(a.stats);
 }
 
-__device__ __forceinline__ u64* draft_totals(const VerifyArgs& a) {
+// Per draft row (8 bytes): its total weight (probability rows), or its maximum as
+// pack_key_id(logit_rank_key, id) (logits rows).
+__device__ __forceinline__ u64* draft_stats(const VerifyArgs& a) {
     return reinterpret_cast<u64*>(a.stats + sizeof(TargetStats) * a.rows);
 }
+
+// The bit length of x (0 for 0).
+__device__ __forceinline__ u32 bit_length(u64 x) { return x == 0 ? 0u : 64u - (u32)__clzll((long long)x); }
 
 // The tokens a slot emits, with the stop rules of the contract.
 struct Emitter {
@@ -166,6 +194,13 @@ struct ScalarPolicy {
     }
 };
 
+// How the target row and the draft row of one check weigh, and the draft row's total Wq.
+struct RowPair {
+    Weigh target;
+    Weigh draft;
+    u64 wq_total;
+};
+
 // REJECTION: block collectives over the target and draft rows.
 struct RejectionPolicy {
     SelShared* s;
@@ -174,37 +209,64 @@ struct RejectionPolicy {
         return a.target_probs + r * a.vocab;
     }
 
+    __device__ const SPECULA_D::raw* draft_row(const VerifyArgs& a, u64 qrow) const {
+        return a.draft_probs + qrow * a.vocab;
+    }
+
+    // The weighings of target row r and draft row qrow (at the temperature of r), and Wq: for
+    // logits rows a block pass over the draft row.
+    __device__ RowPair row_pair(const VerifyArgs& a, u64 r, u64 qrow, const TargetStats& st) const {
+        RowPair pair;
+        pair.target = stats_weigh(st);
+        const u64 draft = draft_stats(a)[qrow];
+        if (a.logits == 0) {
+            pair.draft = weigh_by_key();
+            pair.wq_total = draft;
+            return pair;
+        }
+        pair.draft = logits_weigh((u32)(draft >> 32), packed_id(draft), a.temperature[r]);
+        const Weigh dw = pair.draft;
+        u64 m = 0;
+        for_row_elements<SPECULA_D, SEL_BLOCK>(draft_row(a, qrow), a.vocab, a.vec_draft != 0,
+                                               [&](u32 i, float x) { m += weight_of(dw, row_key(dw, x, i)); });
+        pair.wq_total = block_sum_u64<SEL_BLOCK>(m, s->sa);
+        return pair;
+    }
+
     // sample_row of the target row r (contract §4.3) from its prepared kept set.
     __device__ i32 sample_target(const VerifyArgs& a, u64 r) const {
         const TargetStats st = target_stats(a)[r];
         if (st.degenerate) return (i32)st.first;
+        const Weigh w = stats_weigh(st);
         RowPart p = row_part_single(a.vocab, a.vec_target != 0);
         const u64 t = scale_draw(specula_draw(a.seeds[r], SPECULA_PURPOSE_SAMPLE), st.kept_mass);
-        i32 id = draw_in_prefix<SPECULA_T>(target_row(a, r), p, *s, st.kept_key, st.kept_take, t);
-        if (id < 0) id = (i32)first_in_rank<SPECULA_T, ProbKeys>(target_row(a, r), p, *s);
+        i32 id = draw_in_prefix<SPECULA_T>(target_row(a, r), p, *s, w, st.kept_key, st.kept_take, t);
+        if (id < 0) id = (i32)first_in_rank<SPECULA_T, RankKeys>(target_row(a, r), p, *s, w);
         return id;
     }
 
-    // Tokens with key `key` among ids [0, d) of row r.
-    __device__ u64 count_key_before(const VerifyArgs& a, u64 r, u32 key, u32 d) const {
+    // Tokens with key `key` among ids [0, d) of row r (weighed by w).
+    __device__ u64 count_key_before(const VerifyArgs& a, u64 r, const Weigh& w, u32 key, u32 d) const {
         u64 c = 0;
-        for_row_elements<SPECULA_T, SEL_BLOCK>(target_row(a, r), d, a.vec_target != 0, [&](u32, float x) {
-            if (rank_key(x) == key) c += 1;
+        for_row_elements<SPECULA_T, SEL_BLOCK>(target_row(a, r), d, a.vec_target != 0, [&](u32 i, float x) {
+            if (row_key(w, x, i) == key) c += 1;
         });
         return block_sum_u64<SEL_BLOCK>(c, s->sa);
     }
 
-    // ρ[v] = floor(max(0, wp·Wq − wq·Wp) / 2^41) over the kept members in ascending id order:
+    // ρ[v] = floor(max(0, wp·Wq − wq·Wp) / 2^shift) over the kept members in ascending id order:
     // returns the total (find = false), or the member whose running total first exceeds t.
-    __device__ __noinline__ u64 residual(const VerifyArgs& a, u64 r, u64 qrow, const TargetStats& st, u64 wq_total, bool find,
-                            u64 t) const {
+    __device__ __noinline__ u64 residual(const VerifyArgs& a, u64 r, u64 qrow, const TargetStats& st,
+                                         const RowPair& pair, u32 shift, bool find, u64 t) const {
         const SPECULA_T::raw* prow = target_row(a, r);
-        const SPECULA_D::raw* q = a.draft_probs + qrow * a.vocab;
+        const SPECULA_D::raw* q = draft_row(a, qrow);
+        const Weigh& tw = pair.target;
+        const Weigh& dw = pair.draft;
         RowPart pp = row_part_single(a.vocab, a.vec_target != 0);
         RowPart qp = row_part_single(a.vocab, a.vec_draft != 0);
         const u32 pkey = st.kept_key;
         const u64 ptake = st.kept_take;
-        const u64 wb = key_weight(pkey);
+        const u64 wb = weight_of(tw, pkey);
         u64 carry_b = 0, carry_rho = 0;
         if (threadIdx.x == 0) s->token = -1;
         __syncthreads();
@@ -213,10 +275,13 @@ struct RejectionPolicy {
             load_items<SPECULA_T>(prow, base, pp, pv);
             load_items<SPECULA_D>(q, base, qp, qv);
             const u32 i0 = base + threadIdx.x * SEL_ITEMS;
+            u32 pkeys[SEL_ITEMS];
             u32 bcount = 0;
 #pragma unroll
-            for (int j = 0; j < SEL_ITEMS; ++j)
-                bcount += (i0 + j < a.vocab && rank_key(pv[j]) == pkey) ? 1u : 0u;
+            for (int j = 0; j < SEL_ITEMS; ++j) {
+                pkeys[j] = i0 + j < a.vocab ? row_key(tw, pv[j], i0 + j) : 0u;
+                bcount += (i0 + j < a.vocab && pkeys[j] == pkey) ? 1u : 0u;
+            }
             u64 ex_b, tot_b, dummy_ex, dummy_tot;
             block_scan_pair<SEL_BLOCK, u64, u64>((u64)bcount, 0ull, ex_b, dummy_ex, tot_b, dummy_tot, s->sa,
                                                  reinterpret_cast<u64*>(s->mass));
@@ -227,18 +292,18 @@ struct RejectionPolicy {
             for (int j = 0; j < SEL_ITEMS; ++j) {
                 rho[j] = 0;
                 if (i0 + j >= a.vocab) continue;
-                const u32 key = rank_key(pv[j]);
+                const u32 key = pkeys[j];
                 u64 wp = 0;
                 if (key > pkey) {
-                    wp = key_weight(key);
+                    wp = weight_of(tw, key);
                 } else if (key == pkey) {
                     wp = cb < ptake ? wb : 0;
                     cb += 1;
                 }
                 if (wp == 0) continue;  // not a member, or a member of zero weight: ρ = 0
-                const u128 lhs = mul_64x64(wp, wq_total);
-                const u128 rhs = mul_64x64(prob_weight(qv[j]), st.kept_mass);
-                rho[j] = u128_lt(rhs, lhs) ? u128_shr_lo(u128_sub(lhs, rhs), 41) : 0;
+                const u128 lhs = mul_64x64(wp, pair.wq_total);
+                const u128 rhs = mul_64x64(weight_of(dw, row_key(dw, qv[j], i0 + j)), st.kept_mass);
+                rho[j] = u128_lt(rhs, lhs) ? u128_shr_fit(u128_sub(lhs, rhs), shift) : 0;
                 local += rho[j];
             }
             u64 ex_r, tot_r, ex2, tot2;
@@ -268,10 +333,14 @@ struct RejectionPolicy {
         const u64 r = (u64)row;
         const u64 qrow = (u64)slot * (a.max_step_tokens - 1) + i;
         const TargetStats st = target_stats(a)[r];
-        const u64 wq_total = draft_totals(a)[qrow];
+        const RowPair pair = row_pair(a, r, qrow, st);
+        const u64 wq_total = pair.wq_total;
         c.has_correction = true;
-        if (st.raw_total >= SPECULA_REJECTION_MAX_TOTAL_WEIGHT || wq_total >= SPECULA_REJECTION_MAX_TOTAL_WEIGHT ||
-            st.degenerate) {
+        // Only probability rows can fail to be a distribution (their weights are bounded by 2^40
+        // each, not normalised); a logits row always is one.
+        const bool not_distributions = a.logits == 0 && (st.raw_total >= SPECULA_REJECTION_MAX_TOTAL_WEIGHT ||
+                                                         wq_total >= SPECULA_REJECTION_MAX_TOTAL_WEIGHT);
+        if (not_distributions || st.degenerate) {
             // Not distributions, or a target that weighs nothing: reject, sample the target.
             c.correction = sample_target(a, r);
             return c;
@@ -280,13 +349,15 @@ struct RejectionPolicy {
         u64 wp_d = 0, wq_d = 0;
         if (in_vocab(a, d)) {
             const u32 du = (u32)d;
-            const u32 key_d = rank_key(SPECULA_T::widen(target_row(a, r)[du]));
+            const u32 key_d = row_key(pair.target, SPECULA_T::widen(target_row(a, r)[du]), du);
             if (key_d > st.kept_key) {
-                wp_d = key_weight(key_d);
+                wp_d = weight_of(pair.target, key_d);
             } else if (key_d == st.kept_key) {
-                wp_d = count_key_before(a, r, key_d, du) < (u64)st.kept_take ? key_weight(key_d) : 0;
+                wp_d = count_key_before(a, r, pair.target, key_d, du) < (u64)st.kept_take
+                           ? weight_of(pair.target, key_d)
+                           : 0;
             }
-            wq_d = prob_weight(SPECULA_D::widen(a.draft_probs[qrow * a.vocab + du]));
+            wq_d = weight_of(pair.draft, row_key(pair.draft, SPECULA_D::widen(draft_row(a, qrow)[du]), du));
         }
         const u64 seed = a.seeds[r];
         const u64 u = specula_draw(seed, SPECULA_PURPOSE_ACCEPT) >> 32;
@@ -294,27 +365,34 @@ struct RejectionPolicy {
         if (wq_d == 0) {
             accepted = wp_d > 0;
         } else {
-            // u · wq[d] · Wp < 2^32 · wp[d] · Wq, both sides < 2^113.
-            const u128 lhs = u128_mul_u64(mul_64x64(u, wq_d), st.kept_mass);
-            const u128 rhs = u128_shl(mul_64x64(wp_d, wq_total), 32);
-            accepted = u128_lt(lhs, rhs);
+            // u · wq[d] · Wp < 2^32 · wp[d] · Wq, exact: both sides reach 2^133 on logits rows.
+            const u192 lhs = u192_mul_128x64(mul_64x64(u, wq_d), st.kept_mass);
+            const u192 rhs = u192_shl_128(mul_64x64(wp_d, wq_total), 32);
+            accepted = u192_lt(lhs, rhs);
         }
         if (accepted) {
             c.accepted = true;
             c.has_correction = false;
             return c;
         }
-        const u64 total = residual(a, r, qrow, st, wq_total, false, 0);
+        // The residual's scale: 2^41 for probability rows; for logits rows
+        // 2^max(0, bitlength(Wp) + bitlength(Wq) − 60), so that Σρ < 2^60.
+        u32 shift = 41;
+        if (a.logits != 0) {
+            const u32 bits = bit_length(st.kept_mass) + bit_length(wq_total);
+            shift = bits > 60 ? bits - 60 : 0;
+        }
+        const u64 total = residual(a, r, qrow, st, pair, shift, false, 0);
         if (total == 0) {
             c.correction = sample_target(a, r);
             return c;
         }
         const u64 t = scale_draw(specula_draw(seed, SPECULA_PURPOSE_RESIDUAL), total);
-        const u64 v = residual(a, r, qrow, st, wq_total, true, t);
+        const u64 v = residual(a, r, qrow, st, pair, shift, true, t);
         if (v == SPECULA_U32_MAX) {
             // Unreachable (t < the residual total); the first token is the safe answer.
             RowPart p = row_part_single(a.vocab, a.vec_target != 0);
-            c.correction = (i32)first_in_rank<SPECULA_T, ProbKeys>(target_row(a, r), p, *s);
+            c.correction = (i32)first_in_rank<SPECULA_T, RankKeys>(target_row(a, r), p, *s, pair.target);
         } else {
             c.correction = (i32)v;
         }
@@ -401,16 +479,24 @@ extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
     SPECULA_ENTRY(verify_draft_tokens_rejection_prepare)(const VerifyArgs a) {
     __shared__ SelShared s;
     const u64 blk = blockIdx.x;
+    const bool logits = a.logits != 0;
     if (blk < a.rows) {
         const u64 r = blk;
         const SPECULA_T::raw* row = a.target_probs + r * a.vocab;
         RowPart p = row_part_single(a.vocab, a.vec_target != 0);
-        const u64 raw_total = row_total_weight<SPECULA_T>(row, p, s);
-        const Kept k = kept_set<SPECULA_T>(row, p, s, a.vocab, a.top_k[r], top_p_fixed(a.top_p[r]));
+        const Weigh w = row_weigh<SPECULA_T>(row, p, s, logits, logits ? a.temperature[r] : 1.0f);
+        // The "not a distribution" total is a rule of probability rows only.
+        const u64 raw_total = logits ? 0 : row_total_weight<SPECULA_T>(row, p, s, w);
+        const Kept k = kept_set<SPECULA_T>(row, p, s, w, a.vocab, a.top_k[r], top_p_fixed(a.top_p[r]));
         if (threadIdx.x == 0) {
             TargetStats st;
             st.raw_total = raw_total;
             st.kept_mass = k.prefix.mass;
+            st.w_c32 = w.c32;
+            st.w_e = w.e;
+            st.w_kind = w.kind;
+            st.w_max_key = w.max_key;
+            st.w_first = w.first;
             st.kept_key = k.prefix.key;
             st.kept_take = k.prefix.take;
             st.degenerate = k.degenerate ? 1u : 0u;
@@ -419,9 +505,16 @@ extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
         }
     } else if (blk < a.rows + a.draft_rows) {
         const u64 qrow = blk - a.rows;
+        const SPECULA_D::raw* row = a.draft_probs + qrow * a.vocab;
         RowPart p = row_part_single(a.vocab, a.vec_draft != 0);
-        const u64 total = row_total_weight<SPECULA_D>(a.draft_probs + qrow * a.vocab, p, s);
-        if (threadIdx.x == 0) draft_totals(a)[qrow] = total;
+        if (logits) {
+            // The maximum only: the weighing needs the temperature of the row it is checked against.
+            const Weigh w = row_weigh<SPECULA_D>(row, p, s, true, 1.0f);
+            if (threadIdx.x == 0) draft_stats(a)[qrow] = pack_key_id(w.max_key, w.first);
+        } else {
+            const u64 total = row_total_weight<SPECULA_D>(row, p, s, weigh_by_key());
+            if (threadIdx.x == 0) draft_stats(a)[qrow] = total;
+        }
     }
 }
 

@@ -70,15 +70,16 @@ specula_backend_api::kernel_args! {
 
     /// `top_k_top_p_sample.cu`.
     pub(crate) struct SampleArgs {
-        probs: u64, top_k: u64, top_p: u64, seed: u64, tokens: u64, scratch: u64,
+        probs: u64, temperature: u64, top_k: u64, top_p: u64, seed: u64, tokens: u64,
+        scratch: u64,
         scratch_stride: u64,
-        rows: u32, vocab: u32, vec: u32, splits: u32,
+        rows: u32, vocab: u32, vec: u32, splits: u32, logits: u32, pad: u32,
     }
 
     /// `top_p_candidates.cu`.
     pub(crate) struct CandidatesArgs {
-        probs: u64, top_p: u64, batch_id: u64, ids: u64, scores: u64, lens: u64,
-        rows: u32, vocab: u32, candidates: u32, vec: u32,
+        probs: u64, temperature: u64, top_p: u64, batch_id: u64, ids: u64, scores: u64, lens: u64,
+        rows: u32, vocab: u32, candidates: u32, vec: u32, logits: u32, pad: u32,
     }
 
     /// `verify_draft_tokens.cu`.
@@ -86,11 +87,11 @@ specula_backend_api::kernel_args! {
         draft_tokens: u64, this_time: u64, encoder: u64, cu_out: u64, stop_flags: u64,
         is_block_step: u64, reasoning: u64, step_idx: u64, max_dec_len: u64, end_tokens: u64,
         seeds: u64, target_tokens: u64, cand_ids: u64, cand_scores: u64, cand_lens: u64,
-        target_probs: u64, draft_probs: u64, top_k: u64, top_p: u64, stats: u64,
-        accept_tokens: u64, accept_num: u64,
+        target_probs: u64, draft_probs: u64, top_k: u64, top_p: u64, temperature: u64,
+        stats: u64, accept_tokens: u64, accept_num: u64,
         rows: u64, max_step_tokens: u64, n_end: u64, candidates: u64, draft_rows: u64,
         max_bsz: u32, real_bsz: u32, vocab: u32, strategy: u32, accept_all: u32, reject_all: u32,
-        vec_target: u32, vec_draft: u32,
+        vec_target: u32, vec_draft: u32, logits: u32, pad: u32,
     }
 }
 

@@ -146,7 +146,7 @@ impl CudaDevice {
         let capabilities = Capabilities {
             float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: total_mem,
-            logits: false,
+            logits: true,
         };
         Ok(CudaDevice {
             desc: DeviceDesc::new(info, capabilities),

@@ -13,6 +13,7 @@
 //! [`KernelFile::source`] and [`compile_options`], so CI checks exactly what a GPU runs.
 
 use specula_backend_api::abi;
+use specula_backend_api::logit_weights::{self, sanitize_logit};
 use specula_backend_api::rng::Purpose;
 use specula_backend_api::{DType, Op};
 
@@ -187,10 +188,28 @@ fn element_tag(dtype: DType) -> &'static str {
     }
 }
 
-/// The `-D` defines shared with the Rust side, generated from [`abi`] and the launch constants.
+/// The `-D` defines shared with the Rust side, generated from [`abi`], the constants of contract
+/// §3b ([`logit_weights`], and the bounds of its `sanitize_logit` as f32 bit patterns) and the
+/// launch constants.
 pub fn defines() -> Vec<(String, String)> {
     let d = |name: &str, value: String| (format!("SPECULA_{name}"), value);
+    let coefficients: Vec<String> = logit_weights::EXP2_COEFFICIENTS
+        .iter()
+        .map(|a| format!("{a}ull"))
+        .collect();
     vec![
+        d("LOG2E_Q63", format!("{:#x}ull", logit_weights::LOG2E_Q63)),
+        d(
+            "GAP_FRACTION_BITS",
+            logit_weights::GAP_FRACTION_BITS.to_string(),
+        ),
+        d("GAP_LIMIT", format!("{}ull", logit_weights::GAP_LIMIT)),
+        d("EXP2_COEFFICIENTS", coefficients.join(",")),
+        d("LOGIT_TINY_BITS", format!("{:#x}u", logit_tiny_bits())),
+        d(
+            "LOGIT_HUGE_BITS",
+            format!("{:#x}u", sanitize_logit(f32::MAX).to_bits()),
+        ),
         d("PHILOX_M0", format!("{:#x}u", abi::PHILOX_M0)),
         d("PHILOX_M1", format!("{:#x}u", abi::PHILOX_M1)),
         d("PHILOX_W0", format!("{:#x}u", abi::PHILOX_W0)),
@@ -227,6 +246,22 @@ pub fn defines() -> Vec<(String, String)> {
         d("STRATEGY_TOPP", launch::STRATEGY_TOPP.to_string()),
         d("STRATEGY_REJECTION", launch::STRATEGY_REJECTION.to_string()),
     ]
+}
+
+/// The least positive f32 bit pattern that `sanitize_logit` does not flush to 0 (a positive finite
+/// magnitude below it counts as +0): found by bisection over the positive finite patterns, on
+/// which the function flushes exactly a lower range.
+fn logit_tiny_bits() -> u32 {
+    let (mut lo, mut hi) = (0u32, f32::INFINITY.to_bits());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if sanitize_logit(f32::from_bits(mid)) == 0.0 {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }
 
 /// The NVRTC options of an instance for a target (`sm_90` for a CUBIN, `compute_90` for PTX).
@@ -312,6 +347,28 @@ mod tests {
                 "{word} is neither defined nor injected"
             );
         }
+    }
+
+    #[test]
+    fn the_logit_bounds_are_those_of_the_contract() {
+        // 2^-76 and 2^64 (contract §3b step 1).
+        assert_eq!(logit_tiny_bits(), 0x1980_0000);
+        assert_eq!(sanitize_logit(f32::MAX).to_bits(), 0x5f80_0000);
+        let defines = defines();
+        let value = |name: &str| {
+            defines
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(
+            value("SPECULA_LOGIT_TINY_BITS").as_deref(),
+            Some("0x19800000u")
+        );
+        assert_eq!(
+            value("SPECULA_LOGIT_HUGE_BITS").as_deref(),
+            Some("0x5f800000u")
+        );
     }
 
     #[test]

@@ -36,6 +36,16 @@
 //! without host round-trips; every op of a step is enqueued on one stream, and only downloads
 //! synchronise.
 //!
+//! ## Sampling from logits
+//!
+//! The sampling ops and REJECTION also take logits rows with a per-row temperature (contract §3b):
+//! a first pass finds the row maximum (across the blocks of a split row), the temperature gives the
+//! row's scale with one integer division, and every token's rank key and integer weight then come
+//! from its logit as `specula_backend_api::logit_weights` computes them (one f32 subtraction, a
+//! 32×32-bit product and a fixed-point polynomial), so the selections above run unchanged on
+//! them. REJECTION's acceptance test on logits rows is exact in 192 bits (its products reach
+//! 2^133), and its residual is scaled by `2^max(0, bitlength(Wp) + bitlength(Wq) − 60)`.
+//!
 //! ## Windows and hostile contents
 //!
 //! Kernels receive the device address of each buffer's *window*, so offsets are honoured by

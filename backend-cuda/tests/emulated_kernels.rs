@@ -2,7 +2,9 @@
 //! reference: the sampling kernels (`top_k_top_p_sample`, including the cooperative split path,
 //! `top_p_candidates`, `argmax`) on ordinary, tied and hostile rows, in f32, f16 and bf16, with
 //! aligned and misaligned windows; `verify_draft_tokens` with every strategy; `accept_logprobs`;
-//! the batch ops and `softmax`. The real kernel sources (every `kernels/<op>.cu` of the op table)
+//! the batch ops and `softmax`. Logits rows (contract §3b: sampling, candidates and REJECTION,
+//! ordinary and hostile logits at every kind of temperature) are compared with the reference device
+//! (`specula-reference`), as the CPU backend takes probability rows only. The real kernel sources (every `kernels/<op>.cu` of the op table)
 //! are compiled with a C++20 compiler (`g++`, `c++` or `clang++`).
 //!
 //! The emulation takes minutes, so these tests run only when `SPECULA_REQUIRE` names
@@ -24,6 +26,7 @@ use specula_backend_api::{Buffer, DType, Device, DeviceExt, Element};
 use specula_backend_cpu::CpuDevice;
 use specula_backend_cuda::kernels::{KernelFile, SELECT};
 use specula_backend_cuda::launch;
+use specula_reference::ReferenceDevice;
 
 use host::Lcg;
 
@@ -45,6 +48,14 @@ fn main() -> ExitCode {
         (
             "verify_kernels_match_the_cpu_reference_on_the_host_emulator",
             panicking(verify_kernels_match_the_cpu_reference),
+        ),
+        (
+            "logits_sampling_kernels_match_the_reference_on_the_host_emulator",
+            panicking(logits_sampling_kernels_match_the_reference),
+        ),
+        (
+            "logits_rejection_matches_the_reference_on_the_host_emulator",
+            panicking(logits_rejection_matches_the_reference),
         ),
         (
             "logprob_kernels_match_the_cpu_reference_on_the_host_emulator",
@@ -830,6 +841,428 @@ fn verify_kernels_match_the_cpu_reference() {
                 expect.same::<i32>("accept_tokens.out", &accept_tokens, "accept_tokens");
             }
         }
+    }
+}
+
+/// Logits rows of every kind: ordinary, tied, hostile (NaN, ±inf, beyond ±2^64, below 2^-76,
+/// subnormal, ±0), all −inf, with +inf entries, huge and nearly equal values, a wide range.
+fn logit_rows(rng: &mut Lcg, count: usize, vocab: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(count * vocab);
+    for r in 0..count {
+        let kind = r % 8;
+        let mut row: Vec<f32> = (0..vocab)
+            .map(|_| {
+                let u = unit(rng);
+                match kind {
+                    0 => u * 20.0 - 10.0,
+                    1 => (u * 4.0).floor(),
+                    2 => match rng.next() % 12 {
+                        0 => f32::NAN,
+                        1 => f32::NEG_INFINITY,
+                        2 => 1e30,
+                        3 => -3e19,
+                        4 => 1e-30,
+                        5 => f32::from_bits(1),
+                        6 => -0.0,
+                        7 => 0.0,
+                        _ => u * 10.0 - 5.0,
+                    },
+                    3 => {
+                        if u < 0.5 {
+                            f32::NEG_INFINITY
+                        } else {
+                            f32::NAN
+                        }
+                    }
+                    4 => u * 6.0,
+                    5 => u * 1e25 - 5e24,
+                    6 => 1.0 + u * 1e-6,
+                    _ => u * 200.0 - 100.0,
+                }
+            })
+            .collect();
+        if kind == 4 {
+            row[(rng.next() as usize) % vocab] = f32::INFINITY;
+            row[(rng.next() as usize) % vocab] = f32::INFINITY;
+        }
+        out.extend(row);
+    }
+    out
+}
+
+/// Per-row temperatures of every kind: 1, 0 and −0 (argmax), ordinary, +inf (uniform), NaN and
+/// negative (1.0 on the device), tiny, huge, subnormal.
+fn temperatures(rows: usize, shift: usize) -> Vec<f32> {
+    let kinds = [
+        1.0f32,
+        0.0,
+        0.7,
+        f32::INFINITY,
+        f32::NAN,
+        -1.0,
+        1e-30,
+        2.5,
+        1e30,
+        -0.0,
+        f32::from_bits(1),
+        0.05,
+    ];
+    (0..rows)
+        .map(|r| kinds[(r * 5 + shift) % kinds.len()])
+        .collect()
+}
+
+/// `top_k_top_p_sample` of logits rows on the reference.
+fn reference_sample(
+    dev: &ReferenceDevice,
+    logits: &Buffer,
+    temperature: &Buffer,
+    c: &Case,
+) -> Vec<i32> {
+    let (top_k, top_p, seed) = (
+        up_ref(dev, &c.top_k),
+        up_ref(dev, &c.top_p),
+        up_ref(dev, &c.seed),
+    );
+    let mut tokens = dev.alloc::<i32>(c.rows).expect("alloc");
+    dev.top_k_top_p_sample(
+        &SampleInputs {
+            scores: Scores::logits(logits, temperature),
+            top_k: &top_k,
+            top_p: &top_p,
+            seed: &seed,
+        },
+        &mut tokens,
+        &SampleParams {
+            shape: c.shape(),
+            host_top_p: None,
+        },
+    )
+    .expect("reference sample");
+    dev.download(&tokens).expect("download")
+}
+
+fn up_ref<T: Element>(dev: &ReferenceDevice, data: &[T]) -> Buffer {
+    dev.upload(data).expect("upload")
+}
+
+/// The reference buffer's contents as `T` values (`u32` for the bits of an f32 buffer).
+fn ref_bits<T: bytemuck::Pod>(dev: &ReferenceDevice, buffer: &Buffer) -> Vec<T> {
+    bytemuck::pod_collect_to_vec(&dev.download_bytes(buffer).expect("download"))
+}
+
+fn logits_sampling_kernels_match_the_reference() {
+    let work = Workdir::new("logits-sampling");
+    let dev = ReferenceDevice::new();
+    let mut rng = Lcg(0x10_61_75);
+    let split_vocab = 3 * launch::SELECT_CHUNK as usize - 123;
+    for dtype in DType::FLOATS {
+        let bin = driver(dtype);
+        // (rows, vocab, window offset in elements, splits)
+        let mut shapes: Vec<(usize, usize, usize, u32)> =
+            vec![(24, 1000, 0, 1), (3, 1, 0, 1), (8, split_vocab, 0, 3)];
+        if dtype == DType::F32 {
+            shapes.push((12, 999, 1, 1));
+        }
+        for (shape_index, (rows_n, vocab, offset, splits)) in shapes.into_iter().enumerate() {
+            let mut c = Case::new(&mut rng, dtype, rows_n, vocab);
+            let values = logit_rows(&mut rng, rows_n, vocab);
+            c.probs = to_bytes(dtype, &values);
+            let temperature = temperatures(rows_n, shape_index);
+            if vocab == split_vocab {
+                // Top-p across blocks with and without top-k, plain top-k, everything.
+                c.top_p = (0..rows_n).map(|r| [0.9, 0.3, 0.7, 1.0][r % 4]).collect();
+                c.top_k = (0..rows_n).map(|r| [0, 50, 0, 3, 0][r % 5]).collect();
+            }
+            c.write(&work);
+            work.write("temperature.bin", &temperature);
+            let stride = launch::split_row_scratch_bytes(splits);
+            work.run(
+                &bin,
+                "sample",
+                &[&rows_n, &vocab, &offset, &splits, &stride, &1],
+            );
+            let got = work.read::<i32>("tokens.out");
+            let logits = dev.upload_bytes(dtype, &c.probs).expect("upload");
+            let temp = up_ref(&dev, &temperature);
+            let want = reference_sample(&dev, &logits, &temp, &c);
+            for r in 0..rows_n {
+                assert_eq!(
+                    got[r],
+                    want[r],
+                    "{dtype} logits sample row {r} (kind {}) of {rows_n}x{vocab} (offset {offset}, splits {splits}): T {} top_k {} top_p {}",
+                    r % 8,
+                    temperature[r],
+                    c.top_k[r],
+                    c.top_p[r]
+                );
+            }
+            if splits > 1 {
+                continue;
+            }
+            let batch_id: Vec<i32> = (0..rows_n as i32)
+                .map(|r| if r % 5 == 4 { -1 } else { r })
+                .collect();
+            work.write("batch_id.bin", &batch_id);
+            for cands in [1usize, 7, 128] {
+                work.run(&bin, "candidates", &[&rows_n, &vocab, &offset, &cands, &1]);
+                let (top_p, bid) = (up_ref(&dev, &c.top_p), up_ref(&dev, &batch_id));
+                let mut ids = dev.alloc::<i32>(rows_n * cands).expect("alloc");
+                let mut scores = dev.alloc::<f32>(rows_n * cands).expect("alloc");
+                let mut lens = dev.alloc::<i32>(rows_n).expect("alloc");
+                dev.top_p_candidates(
+                    &CandidatesInputs {
+                        scores: Scores::logits(&logits, &temp),
+                        top_p: &top_p,
+                        batch_id_per_token_output: Some(&bid),
+                    },
+                    &mut CandidatesOutputs {
+                        ids: &mut ids,
+                        scores: &mut scores,
+                        lens: &mut lens,
+                    },
+                    &CandidatesParams {
+                        shape: c.shape(),
+                        candidates: cands,
+                        host_top_p: None,
+                    },
+                )
+                .expect("reference candidates");
+                let label =
+                    format!("{dtype} logits candidates C={cands} {rows_n}x{vocab} offset {offset}");
+                assert_eq!(
+                    work.read::<i32>("ids.out"),
+                    ref_bits::<i32>(&dev, &ids),
+                    "{label}: ids"
+                );
+                assert_eq!(
+                    work.read::<u32>("scores.out"),
+                    ref_bits::<u32>(&dev, &scores),
+                    "{label}: scores"
+                );
+                assert_eq!(
+                    work.read::<i32>("lens.out"),
+                    ref_bits::<i32>(&dev, &lens),
+                    "{label}: lens"
+                );
+            }
+        }
+    }
+}
+
+/// REJECTION on logits target and draft rows (weighed at the output rows' temperatures), against
+/// the reference: every slot kind, hostile rows and temperatures, out-of-vocabulary drafts, and
+/// the `accept_all` / `reject_all` flags.
+fn logits_rejection_matches_the_reference() {
+    let work = Workdir::new("logits-rejection");
+    let dev = ReferenceDevice::new();
+    let mut rng = Lcg(0x4E1EC7);
+    let (max_bsz, real_bsz, s, vocab) = (8usize, 7usize, 4usize, 300usize);
+    let dims = BatchDims {
+        max_bsz,
+        real_bsz,
+        max_step_tokens: s,
+    };
+    let end_tokens = [7i32, 13];
+    for dtype in [DType::F32, DType::BF16] {
+        let bin = driver(dtype);
+        // Drafts accepted by the test itself (not by accept_all), over every trial.
+        let mut accepted = 0;
+        for trial in 0..8 {
+            let this_time: Vec<i32> = (0..max_bsz)
+                .map(|b| [4, 1, 5, 0, 3, 2, 4, 2][(b + trial) % 8])
+                .collect();
+            let encoder: Vec<i32> = (0..max_bsz)
+                .map(|b| if (b + trial) % 8 == 2 { 5 } else { 0 })
+                .collect();
+            let cu_out = output_offsets(&this_time, &encoder, real_bsz, s);
+            let rows = cu_out[real_bsz] as usize;
+            let step_idx: Vec<i32> = (0..max_bsz).map(|_| (rng.next() % 12) as i32).collect();
+            let max_dec_len: Vec<i32> = (0..max_bsz)
+                .map(|b| if b % 3 == 0 { step_idx[b] + 3 } else { 100 })
+                .collect();
+            let (stop_flags, is_block) = (vec![0u8; max_bsz], vec![0u8; max_bsz]);
+            let reasoning = vec![0i32; max_bsz];
+            let seeds: Vec<u64> = (0..rows).map(|_| rng.next()).collect();
+            // The draft rows are the target rows disturbed (so that drafts are often accepted),
+            // some of them wholly different; both of every kind.
+            let target = logit_rows(&mut rng, rows, vocab);
+            let draft_rows = max_bsz * (s - 1);
+            let other = logit_rows(&mut rng, draft_rows, vocab);
+            let draft: Vec<f32> = (0..draft_rows * vocab)
+                .map(|k| {
+                    let (q, v) = (k / vocab, k % vocab);
+                    let source = q % rows.max(1);
+                    if q % 3 == 2 || rows == 0 {
+                        other[k]
+                    } else {
+                        target[source * vocab + v] + unit(&mut rng) - 0.5
+                    }
+                })
+                .collect();
+            let temperature = temperatures(rows, trial);
+            let top_k: Vec<i32> = (0..rows).map(|r| [0, 3, 50, -1][(r + trial) % 4]).collect();
+            let top_p: Vec<f32> = (0..rows)
+                .map(|r| [1.0, 0.8, 0.3, f32::NAN][(r + trial / 2) % 4])
+                .collect();
+            let (target_bytes, draft_bytes) = (to_bytes(dtype, &target), to_bytes(dtype, &draft));
+            let target_buf = dev.upload_bytes(dtype, &target_bytes).expect("u");
+            let draft_buf = dev.upload_bytes(dtype, &draft_bytes).expect("u");
+            let (tk, tp, sd, tt) = (
+                up_ref(&dev, &top_k),
+                up_ref(&dev, &top_p),
+                up_ref(&dev, &seeds),
+                up_ref(&dev, &temperature),
+            );
+            let sampled = {
+                let mut tokens = dev.alloc::<i32>(rows.max(1)).expect("alloc");
+                if rows > 0 {
+                    dev.top_k_top_p_sample(
+                        &SampleInputs {
+                            scores: Scores::logits(&target_buf, &tt),
+                            top_k: &tk,
+                            top_p: &tp,
+                            seed: &sd,
+                        },
+                        &mut tokens,
+                        &SampleParams {
+                            shape: RowShape { rows, vocab },
+                            host_top_p: None,
+                        },
+                    )
+                    .expect("reference sample");
+                }
+                dev.download::<i32>(&tokens).expect("download")
+            };
+            let mut draft_tokens = vec![0i32; max_bsz * s];
+            for b in 0..max_bsz {
+                for i in 0..s {
+                    let row = cu_out.get(b).map_or(0, |&c| c.max(0) as usize) + i.saturating_sub(1);
+                    draft_tokens[b * s + i] = match rng.next() % 10 {
+                        0 => -1,
+                        1 => vocab as i32 + 3,
+                        2..=4 => (rng.next() % vocab as u64) as i32,
+                        _ => *sampled.get(row).unwrap_or(&0),
+                    };
+                }
+            }
+            let (accept_all, reject_all) = match trial % 4 {
+                1 => (true, false),
+                2 => (false, true),
+                _ => (false, false),
+            };
+            for (name, data) in [
+                ("this_time.bin", &this_time),
+                ("encoder.bin", &encoder),
+                ("cu_out.bin", &cu_out),
+                ("reasoning.bin", &reasoning),
+                ("step_idx.bin", &step_idx),
+                ("max_dec_len.bin", &max_dec_len),
+                ("top_k.bin", &top_k),
+                ("draft_tokens.bin", &draft_tokens),
+            ] {
+                work.write(name, data);
+            }
+            work.write("end_tokens.bin", &end_tokens);
+            work.write("stop_flags.bin", &stop_flags);
+            work.write("is_block_step.bin", &is_block);
+            work.write("seeds.bin", &seeds);
+            work.write("top_p.bin", &top_p);
+            work.write("temperature.bin", &temperature);
+            work.write("target_probs.bin", &target_bytes);
+            work.write("draft_probs.bin", &draft_bytes);
+            let args: [&dyn Display; 12] = [
+                &rows,
+                &vocab,
+                &0,
+                &max_bsz,
+                &real_bsz,
+                &s,
+                &3,
+                &u32::from(accept_all),
+                &u32::from(reject_all),
+                &0,
+                &end_tokens.len(),
+                &1,
+            ];
+            work.run(&bin, "verify", &args);
+            let (tt_b, en, co) = (
+                up_ref(&dev, &this_time),
+                up_ref(&dev, &encoder),
+                up_ref(&dev, &cu_out),
+            );
+            let (sf, bs, rs) = (
+                up_ref(&dev, &stop_flags),
+                up_ref(&dev, &is_block),
+                up_ref(&dev, &reasoning),
+            );
+            let (si, md, et) = (
+                up_ref(&dev, &step_idx),
+                up_ref(&dev, &max_dec_len),
+                up_ref(&dev, &end_tokens),
+            );
+            let dt = up_ref(&dev, &draft_tokens);
+            let inputs = VerifyInputs {
+                draft_tokens: &dt,
+                lens: SlotLens {
+                    seq_lens_this_time: &tt_b,
+                    seq_lens_encoder: &en,
+                },
+                cu_seqlens_q_output: &co,
+                state: VerifySlotState {
+                    stop_flags: &sf,
+                    is_block_step: &bs,
+                    reasoning_status: &rs,
+                    step_idx: &si,
+                    max_dec_len: &md,
+                    end_tokens: &et,
+                },
+                seeds: &sd,
+                strategy: StrategyInputs::Rejection {
+                    target: Scores::logits(&target_buf, &tt),
+                    draft: &draft_buf,
+                    top_k: &tk,
+                    top_p: &tp,
+                },
+            };
+            let params = VerifyParams {
+                dims,
+                rows,
+                vocab,
+                accept_all,
+                reject_all,
+                host: None,
+            };
+            let mut accept_tokens = dev.alloc::<i32>(max_bsz * s).expect("alloc");
+            let mut accept_num = dev.alloc::<i32>(max_bsz).expect("alloc");
+            dev.verify_draft_tokens(
+                &inputs,
+                &mut VerifyOutputs {
+                    accept_tokens: &mut accept_tokens,
+                    accept_num: &mut accept_num,
+                },
+                &params,
+            )
+            .expect("reference verify");
+            let label = format!(
+                "{dtype} logits REJECTION trial {trial} (accept_all {accept_all}, reject_all {reject_all})"
+            );
+            let want_num = ref_bits::<i32>(&dev, &accept_num);
+            if !accept_all {
+                accepted += want_num.iter().map(|&n| (n - 1).max(0)).sum::<i32>();
+            }
+            assert_eq!(
+                work.read::<i32>("accept_num.out"),
+                want_num,
+                "{label}: accept_num"
+            );
+            assert_eq!(
+                work.read::<i32>("accept_tokens.out"),
+                ref_bits::<i32>(&dev, &accept_tokens),
+                "{label}: accept_tokens"
+            );
+        }
+        assert!(accepted > 0, "{dtype}: no draft passed the acceptance test");
     }
 }
 

@@ -1,5 +1,6 @@
 //! The exact-arithmetic helpers of `kernels/common.cuh` (Philox, draws, seeds, fixed-point
-//! weights, top-p, the 128-bit helpers) compiled for the host behind the emulator's intrinsics, and
+//! weights, top-p, the 128- and 192-bit helpers, the weights from logits of contract §3b and the
+//! candidates' scores) compiled for the host behind the emulator's intrinsics, and
 //! compared bit for bit with `specula-backend-api` on many inputs. This runs on machines without a
 //! GPU. It needs a C++17 compiler (`g++`, `c++` or `clang++`): without one the test is ignored with
 //! the reason, and fails when `SPECULA_REQUIRE` names `g++`.
@@ -15,6 +16,7 @@ use specula_backend_api::testing::{self, Needs};
 use specula_backend_api::fixed_point::{
     key_weight, rank_key, reaches_top_p, scale_draw, top_p_fixed, top_p_target_mass,
 };
+use specula_backend_api::logit_weights::row_weights;
 use specula_backend_api::rng::{Purpose, draw, row_seed};
 
 use host::Lcg;
@@ -49,9 +51,35 @@ int main() {
             // u · wq · wp_total < (wp · wq_total) << 32, as verify_draft_tokens.cu computes it.
             unsigned long long u, wq, wpt, wp, wqt;
             scanf("%llu %llu %llu %llu %llu", &u, &wq, &wpt, &wp, &wqt);
-            const u128 lhs = u128_mul_u64(mul_64x64(u, wq), wpt);
-            const u128 rhs = u128_shl(mul_64x64(wp, wqt), 32);
-            printf("%d\n", u128_lt(lhs, rhs) ? 1 : 0);
+            const u192 lhs = u192_mul_128x64(mul_64x64(u, wq), wpt);
+            const u192 rhs = u192_shl_128(mul_64x64(wp, wqt), 32);
+            printf("%d\n", u192_lt(lhs, rhs) ? 1 : 0);
+        }
+        else if (!strcmp(op, "lrow")) {
+            // The weights of a logits row (f32 bits) at temperature t (f32 bits), as the sampling
+            // kernels weigh it: the maximum (largest rank key, lowest id), then each token's key.
+            unsigned long long t, n;
+            scanf("%llu %llu", &t, &n);
+            float row[64];
+            u64 best = 0;
+            for (u64 i = 0; i < n; ++i) {
+                scanf("%llu", &a);
+                row[i] = __uint_as_float((u32)a);
+                const u64 packed = pack_key_id(logit_rank_key(row[i]), (u32)i);
+                best = packed > best ? packed : best;
+            }
+            const Weigh w = logits_weigh((u32)(best >> 32), packed_id(best), __uint_as_float((u32)t));
+            for (u64 i = 0; i < n; ++i) printf(i == 0 ? "%llu" : " %llu", weight_of(w, row_key(w, row[i], (u32)i)));
+            printf("\n");
+        }
+        else if (!strcmp(op, "score")) {
+            scanf("%llu %llu", &a, &b);
+            printf("%u\n", __float_as_uint(candidate_score(a, b)));
+        }
+        else if (!strcmp(op, "shr")) {
+            // floor((a · b) / 2^c), c < 64, known to fit.
+            scanf("%llu %llu %llu", &a, &b, &c);
+            printf("%llu\n", u128_shr_fit(mul_64x64(a, b), (u32)c));
         }
     }
     return 0;
@@ -159,9 +187,116 @@ fn queries() -> (String, Vec<String>) {
         let lhs = u128::from(u) * u128::from(wq_d) * u128::from(wp_total);
         let rhs = (u128::from(wp_d) * u128::from(wq_total)) << 32;
         expected.push(u8::from(lhs < rhs).to_string());
+        // The same test on logits rows: weights up to 2^40, totals up to 2^60 (products to 2^133).
+        let u = rng.next() >> 32;
+        let (wq_d, wp_d) = (rng.next() >> 24, rng.next() >> 24);
+        let wp_total = if i % 5 == 0 { 1 << 60 } else { rng.next() >> 4 };
+        let wq_total = if i % 7 == 0 {
+            exact_accept_tie(u, wq_d, wp_total, wp_d)
+        } else {
+            rng.next() >> 4
+        };
+        input += &format!("accept {u} {wq_d} {wp_total} {wp_d} {wq_total}\n");
+        expected.push(u8::from(accepts_exactly(u, wq_d, wp_total, wp_d, wq_total)).to_string());
+        // The residual's division by 2^k, k from 0 (logits rows) to 63.
+        let (a, b, k) = (rng.next() >> 24, rng.next() >> 4, rng.next() % 64);
+        let x = (u128::from(a) * u128::from(b)) >> k;
+        if x <= u128::from(u64::MAX) {
+            input += &format!("shr {a} {b} {k}\n");
+            expected.push(x.to_string());
+        }
+        // Candidate scores: q = floor(w · 2^40 / W) cut to 24 bits, times 2^-40.
+        let total = (rng.next() >> (4 + rng.next() % 20)).max(1);
+        let w = match i % 4 {
+            0 => total,
+            1 => 0,
+            _ => rng.next() % (total.min(1 << 40) + 1),
+        };
+        input += &format!("score {w} {total}\n");
+        expected.push(candidate_score(w, total).to_bits().to_string());
+    }
+    for i in 0..2000usize {
+        // Logits rows of every kind at every kind of temperature.
+        let n = 1 + i % 12;
+        let row: Vec<f32> = (0..n).map(|_| hostile_logit(&mut rng)).collect();
+        let t = [
+            1.0f32,
+            0.0,
+            -0.0,
+            0.7,
+            2.5,
+            f32::INFINITY,
+            f32::NAN,
+            -1.0,
+            1e-30,
+            1e30,
+            f32::from_bits(1),
+            f32::MAX,
+        ][i % 12];
+        let t = if i % 13 == 12 {
+            f32::from_bits(rng.next() as u32 & 0x7fff_ffff)
+        } else {
+            t
+        };
+        input += &format!("lrow {} {n}", t.to_bits());
+        for l in &row {
+            input += &format!(" {}", l.to_bits());
+        }
+        input += "\n";
+        let weights: Vec<String> = row_weights(&row, t)
+            .iter()
+            .map(|w| format!("{w} "))
+            .collect();
+        expected.push(weights.concat().trim_end().to_owned());
     }
 
     (input, expected)
+}
+
+/// A logit of every kind: ordinary, tied, ±inf, NaN, tiny, huge, subnormal, ±0, any bits.
+fn hostile_logit(rng: &mut Lcg) -> f32 {
+    let u = (rng.next() >> 40) as f32 / (1u64 << 24) as f32;
+    match rng.next() % 16 {
+        0 => f32::NAN,
+        1 => f32::INFINITY,
+        2 => f32::NEG_INFINITY,
+        3 => 1e-30,
+        4 => -1e30,
+        5 => f32::from_bits(1),
+        6 => -0.0,
+        7 => 0.0,
+        8 => f32::from_bits(rng.next() as u32),
+        9 => 3e19,
+        10 => (u * 4.0).floor(),
+        _ => u * 40.0 - 20.0,
+    }
+}
+
+/// `u · wq · Wp < 2^32 · wp · Wq`, exact (products up to 2^133), as the reference computes it.
+fn accepts_exactly(u: u64, wq: u64, wp_total: u64, wp: u64, wq_total: u64) -> bool {
+    let a = u128::from(wq) * u128::from(wp_total);
+    let low = (a & u128::from(u64::MAX)) * u128::from(u);
+    let lhs = ((a >> 64) * u128::from(u) + (low >> 64), low as u64);
+    let b = u128::from(wp) * u128::from(wq_total);
+    let rhs = (b >> 32, ((b & 0xffff_ffff) << 32) as u64);
+    lhs < rhs
+}
+
+/// A draft total that makes both sides of the acceptance test nearly equal (or equal).
+fn exact_accept_tie(u: u64, wq: u64, wp_total: u64, wp: u64) -> u64 {
+    if wp == 0 {
+        return 1;
+    }
+    let tie = u as f64 * wq as f64 * wp_total as f64 / (1u64 << 32) as f64 / wp as f64;
+    (tie as u64).min(u64::MAX >> 4)
+}
+
+/// The reference's score of a logits candidate of weight `w` in a row of total `total`.
+fn candidate_score(w: u64, total: u64) -> f32 {
+    let q = ((u128::from(w) << 40) / u128::from(total)) as u64;
+    let low_bits = (64 - q.leading_zeros()).saturating_sub(24);
+    let q = q >> low_bits << low_bits;
+    (q as f64 / (1u64 << 40) as f64) as f32
 }
 
 fn common_helpers_match_the_reference_bit_for_bit(compiler: &str) -> Result<(), String> {

@@ -1,11 +1,12 @@
 //! `top_k_top_p_sample` (contract §4.3): exact top-k/top-p sampling with per-row seeds
 //! (`kernels/top_k_top_p_sample.cu`). One block per row, or, for a few rows of a large vocabulary
-//! on a device that launches cooperatively, several cooperating blocks per row.
+//! on a device that launches cooperatively, several cooperating blocks per row. Probability rows,
+//! or logits rows with their per-row temperatures (contract §3b).
 
 use specula_backend_api::ops::TopKTopPSampleCall;
 use specula_backend_api::{Op, Result};
 
-use super::{grid_x, to_u32};
+use super::{flag, grid_x, to_u32};
 use crate::args::SampleArgs;
 use crate::device::CudaDevice;
 use crate::kernels::{Instance, KernelFile};
@@ -15,18 +16,12 @@ use crate::launch::{self, SELECT_BLOCK};
 pub(crate) fn run(device: &CudaDevice, mut call: TopKTopPSampleCall<'_>) -> Result<()> {
     let op = Op::TopKTopPSample;
     let (inputs, tokens, params, &kind) = call.parts();
-    if kind.logits {
-        return Err(specula_backend_api::Error::Unsupported {
-            backend: specula_backend_api::BackendKind::Cuda,
-            op,
-            what: "logits rows".to_owned(),
-        });
-    }
     let dtype = kind.dtype;
     let shape = &params.shape;
     let kernels = device.kernels(KernelFile::TopKTopPSample, Instance::float(dtype, dtype));
     let mut args = SampleArgs {
         probs: device.ptr(op, inputs.scores.matrix())?,
+        temperature: device.opt_ptr(op, inputs.scores.temperature())?,
         top_k: device.ptr(op, inputs.top_k)?,
         top_p: device.ptr(op, inputs.top_p)?,
         seed: device.ptr(op, inputs.seed)?,
@@ -37,6 +32,8 @@ pub(crate) fn run(device: &CudaDevice, mut call: TopKTopPSampleCall<'_>) -> Resu
         vocab: to_u32(op, "vocab", shape.vocab)?,
         vec: device.vec_ok(op, inputs.scores.matrix(), shape.vocab)?,
         splits: 1,
+        logits: flag(kind.logits),
+        pad: 0,
     };
     let splits = if device.cooperative {
         launch::sample_splits(shape.rows, shape.vocab, device.multiprocessors)

@@ -1,10 +1,11 @@
 //! `top_p_candidates` (contract §4.4): the first `C` tokens in rank order and the top-p prefix
-//! length, one block per row (`kernels/top_p_candidates.cu`).
+//! length, one block per row (`kernels/top_p_candidates.cu`), on probability rows or on logits
+//! rows with their per-row temperatures (contract §3b).
 
 use specula_backend_api::ops::TopPCandidatesCall;
 use specula_backend_api::{Op, Result};
 
-use super::{grid_x, to_u32};
+use super::{flag, grid_x, to_u32};
 use crate::args::CandidatesArgs;
 use crate::device::CudaDevice;
 use crate::kernels::{Instance, KernelFile};
@@ -14,17 +15,11 @@ use crate::launch::SELECT_BLOCK;
 pub(crate) fn run(device: &CudaDevice, mut call: TopPCandidatesCall<'_, '_>) -> Result<()> {
     let op = Op::TopPCandidates;
     let (inputs, out, params, &kind) = call.parts();
-    if kind.logits {
-        return Err(specula_backend_api::Error::Unsupported {
-            backend: specula_backend_api::BackendKind::Cuda,
-            op,
-            what: "logits rows".to_owned(),
-        });
-    }
     let dtype = kind.dtype;
     let shape = &params.shape;
     let args = CandidatesArgs {
         probs: device.ptr(op, inputs.scores.matrix())?,
+        temperature: device.opt_ptr(op, inputs.scores.temperature())?,
         top_p: device.ptr(op, inputs.top_p)?,
         batch_id: device.opt_ptr(op, inputs.batch_id_per_token_output)?,
         ids: device.ptr(op, out.ids)?,
@@ -34,6 +29,8 @@ pub(crate) fn run(device: &CudaDevice, mut call: TopPCandidatesCall<'_, '_>) -> 
         vocab: to_u32(op, "vocab", shape.vocab)?,
         candidates: to_u32(op, "candidates", params.candidates)?,
         vec: device.vec_ok(op, inputs.scores.matrix(), shape.vocab)?,
+        logits: flag(kind.logits),
+        pad: 0,
     };
     let kernels = device.kernels(KernelFile::TopPCandidates, Instance::float(dtype, dtype));
     kernels.launch("top_p_candidates", (args.rows, 1, 1), SELECT_BLOCK, &args)

@@ -1,6 +1,8 @@
 //! `verify_draft_tokens` (contract §4.5): draft checks and the correction or bonus token
 //! (`kernels/verify_draft_tokens.cu`). GREEDY, TARGET_MATCH and TOPP run one thread per slot;
-//! REJECTION runs a per-row pre-pass (target kept sets, draft totals) and then one block per slot.
+//! REJECTION runs a per-row pre-pass (target kept sets, draft totals or maxima) and then one block
+//! per slot, on probability rows or on logits rows weighed at the output rows' temperatures
+//! (contract §3b).
 
 use specula_backend_api::ops::{Strategy, StrategyInputs, VerifyDraftTokensCall};
 use specula_backend_api::{DType, Op, Result};
@@ -15,8 +17,9 @@ use crate::launch::{self, BATCH_BLOCK, SELECT_BLOCK};
 const FILE: KernelFile = KernelFile::VerifyDraftTokens;
 
 /// Bytes of one `TargetStats` entry of the REJECTION scratch (`verify_draft_tokens.cu`).
-const TARGET_STATS_BYTES: u64 = 32;
-/// Bytes of one draft row's total weight in the REJECTION scratch.
+const TARGET_STATS_BYTES: u64 = 56;
+/// Bytes of one draft row's entry in the REJECTION scratch (its total weight, or for logits rows
+/// its maximum).
 const DRAFT_TOTAL_BYTES: u64 = 8;
 
 /// Launches the strategy's kernels over slots `0 .. max_bsz`.
@@ -77,18 +80,13 @@ pub(crate) fn run(device: &CudaDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
             top_k,
             top_p,
         } => {
-            if facts.logits {
-                return Err(specula_backend_api::Error::Unsupported {
-                    backend: specula_backend_api::BackendKind::Cuda,
-                    op,
-                    what: "logits rows".to_owned(),
-                });
-            }
             let (target_probs, draft_probs) = (target.matrix(), draft);
             args.target_probs = device.ptr(op, target_probs)?;
             args.draft_probs = device.ptr(op, draft_probs)?;
             args.top_k = device.ptr(op, top_k)?;
             args.top_p = device.ptr(op, top_p)?;
+            args.temperature = device.opt_ptr(op, target.temperature())?;
+            args.logits = flag(facts.logits);
             args.strategy = launch::STRATEGY_REJECTION;
             args.vec_target = device.vec_ok(op, target_probs, params.vocab)?;
             args.vec_draft = device.vec_ok(op, draft_probs, params.vocab)?;

@@ -2,11 +2,14 @@
 // the emulator, common.cuh, select.cuh and the kernel files. Inputs are DIR/<name>.bin, outputs
 // DIR/<name>.out; OFFSET is the window offset, in elements, of the probability or logit rows.
 //
-//   driver sample     DIR ROWS VOCAB OFFSET SPLITS STRIDE   (probs top_k top_p seed -> tokens)
-//   driver candidates DIR ROWS VOCAB OFFSET C               (probs top_p batch_id -> ids scores lens)
+//   driver sample     DIR ROWS VOCAB OFFSET SPLITS STRIDE [LOGITS]
+//                     (probs top_k top_p seed [temperature] -> tokens)
+//   driver candidates DIR ROWS VOCAB OFFSET C [LOGITS]
+//                     (probs top_p batch_id [temperature] -> ids scores lens)
 //   driver argmax     DIR ROWS VOCAB OFFSET                 (probs -> tokens)
 //   driver softmax    DIR ROWS VOCAB OFFSET                 (probs temperature -> probs)
 //   driver verify     DIR ROWS VOCAB OFFSET MAX_BSZ REAL_BSZ S STRATEGY ACCEPT_ALL REJECT_ALL C N_END
+//                     [LOGITS]   (REJECTION with LOGITS 1 reads temperature: the rows are logits)
 //   driver logprobs   DIR ROWS VOCAB OFFSET MAX_BSZ REAL_BSZ S K
 //   driver batch      DIR MAX_BSZ REAL_BSZ S CAPACITY ROW_BYTES TOKEN_NUM MAX_MODEL_LEN THRESHOLD
 //                     MIN_N MAX_N N_END   (layout, sampling params, gather, update_state, ngram)
@@ -45,6 +48,9 @@ struct Run {
         return (u64)atoll(argv[i]);
     }
 
+    // An optional trailing argument (0 when absent).
+    u64 opt_arg(int i) const { return i < argc ? (u64)atoll(argv[i]) : 0; }
+
     // Input `name` in device memory, `offset` elements into its allocation.
     template <class T> T* in(const char* name, size_t offset = 0) const {
         const std::vector<unsigned char> data = read_file(dir + name + ".bin");
@@ -78,6 +84,9 @@ static void run_sample(const Run& run) {
     a.top_k = run.in<i32>("top_k");
     a.top_p = run.in<float>("top_p");
     a.seed = run.in<u64>("seed");
+    a.logits = (u32)run.opt_arg(8);
+    a.pad = 0;
+    a.temperature = a.logits != 0 ? run.in<float>("temperature") : nullptr;
     a.tokens = dalloc<i32>(rows);
     for (u32 r = 0; r < rows; ++r) a.tokens[r] = -7;
     a.rows = rows;
@@ -99,6 +108,9 @@ static void run_candidates(const Run& run) {
     a.probs = run.in<raw>("probs", run.offset());
     a.top_p = run.in<float>("top_p");
     a.batch_id = run.in<i32>("batch_id");
+    a.logits = (u32)run.opt_arg(7);
+    a.pad = 0;
+    a.temperature = a.logits != 0 ? run.in<float>("temperature") : nullptr;
     a.ids = dalloc<i32>((u64)rows * c);
     a.scores = dalloc<float>((u64)rows * c);
     a.lens = dalloc<i32>(rows);
@@ -173,10 +185,12 @@ static void run_verify(const Run& run) {
         a.draft_probs = run.in<draft_raw>("draft_probs");
         a.top_k = run.in<i32>("top_k");
         a.top_p = run.in<float>("top_p");
+        a.logits = (u32)run.opt_arg(14);
+        a.temperature = a.logits != 0 ? run.in<float>("temperature") : nullptr;
         a.draft_rows = (u64)max_bsz * (s - 1);
         a.vec_target = vec_ok(a.target_probs, sizeof(raw), vocab);
         a.vec_draft = vec_ok(a.draft_probs, sizeof(draft_raw), vocab);
-        a.stats = dalloc<unsigned char>(32 * rows + 8 * a.draft_rows + 8);
+        a.stats = dalloc<unsigned char>(sizeof(TargetStats) * rows + 8 * a.draft_rows + 8);
         if (rows + a.draft_rows > 0)
             launch(SPECULA_ENTRY(verify_draft_tokens_rejection_prepare), (u32)(rows + a.draft_rows), 1, SEL_BLOCK, a, 2);
         launch(SPECULA_ENTRY(verify_draft_tokens_rejection), max_bsz, 1, SEL_BLOCK, a, 2);

@@ -38,6 +38,9 @@ inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll((unsigned long long)x); }
+// One f32 subtraction rounded to nearest even (SSE on the host: no excess precision, no FMA).
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline void __nanosleep(unsigned) { sched_yield(); }
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 template <class T> T __ldcg(const T* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
