@@ -497,13 +497,13 @@ fn logit_of_key(key: u32) -> f32 {
     return bitcast<f32>(~key);
 }
 
-/// `x = m · 2^e` with `m` the integer significand (subnormals included), for the f32 bits of a
-/// finite x > 0.
+/// `x = m · 2^e`: `m` the integer significand, `e` the binary exponent.
 struct Significand {
     m: u32,
     e: i32,
 }
 
+/// The significand and exponent of the f32 bits of a finite x > 0 (subnormals included).
 fn significand(bits: u32) -> Significand {
     let exp = (bits >> 23u) & 0xffu;
     let mantissa = bits & 0x7fffffu;
