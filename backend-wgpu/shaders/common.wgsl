@@ -130,19 +130,33 @@ fn mul64x64(a: vec2<u32>, b: vec2<u32>) -> vec4<u32> {
     return r;
 }
 
-/// `a · b` truncated to 128 bits.
-fn mul128x32(a: vec4<u32>, b: u32) -> vec4<u32> {
+// ---- 160-bit values (the REJECTION acceptance test, up to 2^133) --------------------------------
+
+/// Limbs 0-3 in `lo` (x least significant), limb 4 in `hi`.
+struct U160 {
+    lo: vec4<u32>,
+    hi: u32,
+}
+
+/// `a · b` in full (a 128-bit value times a u32).
+fn mul128x32_full(a: vec4<u32>, b: u32) -> U160 {
     var r = vec4<u32>(0u);
+    var carry = 0u;
     for (var i = 0u; i < 4u; i++) {
-        let p = mul32x32(a[i], b);
-        var part = vec4<u32>(0u);
-        part[i] = p.x;
-        if i < 3u {
-            part[i + 1u] = p.y;
-        }
-        r = add128(r, part);
+        let prod = mul32x32(a[i], b);
+        let s = prod.x + carry;
+        r[i] = s;
+        // prod.y <= 2^32 - 2, so adding the carry cannot overflow.
+        carry = prod.y + select(0u, 1u, s < prod.x);
     }
-    return r;
+    return U160(r, carry);
+}
+
+fn lt160(a: U160, b: U160) -> bool {
+    if a.hi != b.hi {
+        return a.hi < b.hi;
+    }
+    return lt128(a.lo, b.lo);
 }
 
 // ---- Philox4x32-10 and draws (contract §2) ----------------------------------------------------
@@ -430,4 +444,299 @@ fn position_in_slot(t: u32, start: i32, rows: u32) -> u32 {
         return NO_ROW;
     }
     return pos;
+}
+
+// ---- Weights from logits (contract §3b): backend_api::logit_weights, step for step ---------------
+//
+// The generated prelude defines LOG2E_Q63_LO / _HI, GAP_FRACTION_BITS, GAP_LIMIT, EXP2_A0 ..
+// EXP2_A6 and the bounds of sanitize_logit (LOGIT_TINY_BITS, LOGIT_HUGE_BITS). Logits are read as
+// f32 bit patterns with integer code; the one float operation is the gap's f32 subtraction.
+
+/// logit_rank_key(-inf), the smallest key (NaN has it too).
+const NEG_INF_LOGIT_KEY: u32 = 0x007fffffu;
+/// logit_rank_key(+inf), the largest.
+const POS_INF_LOGIT_KEY: u32 = 0xff800000u;
+
+/// A logit as the rules read it (step 1), on f32 bits: NaN is -inf; a finite |l| below
+/// LOGIT_TINY_BITS (2^-76) is +0; a finite |l| above LOGIT_HUGE_BITS (2^64) is ±2^64.
+fn sanitize_logit(b: u32) -> u32 {
+    let a = b & 0x7fffffffu;
+    if a > 0x7f800000u {
+        return 0xff800000u;
+    }
+    if a == 0x7f800000u {
+        return b;
+    }
+    if a < LOGIT_TINY_BITS {
+        return 0u;
+    }
+    if a > LOGIT_HUGE_BITS {
+        return (b & 0x80000000u) | LOGIT_HUGE_BITS;
+    }
+    return b;
+}
+
+/// The rank key of a logit: an order-preserving u32 of the sanitized value (+0 and -0 one key,
+/// never 0). The rank order of a logits row is key descending, then id ascending.
+fn logit_rank_key(b: u32) -> u32 {
+    var s = sanitize_logit(b);
+    if s == 0x80000000u {
+        s = 0u;
+    }
+    if (s & 0x80000000u) != 0u {
+        return ~s;
+    }
+    return s | 0x80000000u;
+}
+
+/// The sanitized logit of a rank key.
+fn logit_of_key(key: u32) -> f32 {
+    if (key & 0x80000000u) != 0u {
+        return bitcast<f32>(key & 0x7fffffffu);
+    }
+    return bitcast<f32>(~key);
+}
+
+/// `x = m · 2^e`: `m` the integer significand, `e` the binary exponent.
+struct Significand {
+    m: u32,
+    e: i32,
+}
+
+/// The significand and exponent of the f32 bits of a finite x > 0 (subnormals included).
+fn significand(bits: u32) -> Significand {
+    let exp = (bits >> 23u) & 0xffu;
+    let mantissa = bits & 0x7fffffu;
+    if exp == 0u {
+        return Significand(mantissa, -149);
+    }
+    return Significand(mantissa | 0x800000u, i32(exp) - 150);
+}
+
+/// The number of significant bits of a 64-bit value (0 for 0).
+fn bit_length64(v: vec2<u32>) -> u32 {
+    if v.y != 0u {
+        return 33u + firstLeadingBit(v.y);
+    }
+    if v.x != 0u {
+        return 1u + firstLeadingBit(v.x);
+    }
+    return 0u;
+}
+
+/// `floor(n / d)` for a 64-bit n and 0 < d < 2^31: binary long division (the remainder stays
+/// below 2d).
+fn div64_by_u32(n: vec2<u32>, d: u32) -> vec2<u32> {
+    var q = vec2<u32>(0u);
+    var rem = 0u;
+    for (var i = 0u; i < 64u; i++) {
+        let at = 63u - i;
+        var bit = 0u;
+        if at >= 32u {
+            bit = (n.y >> (at - 32u)) & 1u;
+        } else {
+            bit = (n.x >> at) & 1u;
+        }
+        rem = (rem << 1u) | bit;
+        q = shl64(q, 1u);
+        if rem >= d {
+            rem = rem - d;
+            q.x = q.x | 1u;
+        }
+    }
+    return q;
+}
+
+// How the tokens of a row weigh. A probability row weighs w(p) by its rank key (WEIGH_KEYS); a
+// logits row by the §3b steps, from its maximum and temperature.
+/// Weights from the keys (key_weight): probability rows.
+const WEIGH_KEYS: u32 = 0u;
+/// Every logit -inf or NaN (step 2): every weight 0.
+const WEIGH_ZERO: u32 = 1u;
+/// Some logit +inf (step 2): those weigh 2^40, the rest 0.
+const WEIGH_POS_INF: u32 = 2u;
+/// T == 0 (step 3): the first maximum weighs 2^40, the rest 0.
+const WEIGH_ARGMAX: u32 = 3u;
+/// T == +inf (step 3): every finite logit weighs 2^40.
+const WEIGH_UNIFORM: u32 = 4u;
+/// Otherwise: exp2_weight(gap(m, l, c32, e)) (steps 4, 5).
+const WEIGH_SCALED: u32 = 5u;
+
+struct Weigh {
+    kind: u32,
+    /// SCALED: c = c32 · 2^e ≈ log2(e) / T, c32 in [2^31, 2^32).
+    c32: u32,
+    e: i32,
+    /// Logits: the rank key of the row maximum m.
+    max_key: u32,
+    /// ARGMAX: the first token keyed max_key, the only one that keeps that key.
+    first: u32,
+}
+
+/// The weighing of probability rows.
+fn by_key() -> Weigh {
+    return Weigh(WEIGH_KEYS, 0u, 0, 0u, 0u);
+}
+
+/// Steps 2 and 3: the weighing of a logits row from the rank key of its maximum (0: an empty row),
+/// the first id holding it, and its (device) temperature as f32 bits. The temperature counts as
+/// 1.0 when NaN or negative (-0 is 0); then one 64-by-24-bit division gives the scale.
+fn logits_weigh(max_key: u32, first: u32, t_bits: u32) -> Weigh {
+    var w = Weigh(WEIGH_KEYS, 0u, 0, max_key, first);
+    var t = t_bits;
+    let negative = (t & 0x80000000u) != 0u && (t & 0x7fffffffu) != 0u;
+    if (t & 0x7fffffffu) > 0x7f800000u || negative {
+        t = 0x3f800000u;
+    }
+    t = t & 0x7fffffffu;
+    if max_key == POS_INF_LOGIT_KEY {
+        w.kind = WEIGH_POS_INF;
+    } else if max_key <= NEG_INF_LOGIT_KEY {
+        w.kind = WEIGH_ZERO;
+    } else if t == 0u {
+        w.kind = WEIGH_ARGMAX;
+    } else if t == 0x7f800000u {
+        w.kind = WEIGH_UNIFORM;
+    } else {
+        let st = significand(t);
+        let q = div64_by_u32(vec2<u32>(LOG2E_Q63_LO, LOG2E_Q63_HI), st.m);
+        // q >= 2^63 / 2^24, so b >= 40.
+        let b = bit_length64(q);
+        w.kind = WEIGH_SCALED;
+        w.c32 = shr64(q, b - 32u).x;
+        w.e = i32(b) - 95 - st.e;
+    }
+    return w;
+}
+
+/// Step 4: the gap X = min(floor(M_D · C32 · 2^(E_D + e + F)), 40 · 2^F) of a finite sanitized logit
+/// l below the row maximum m, with D = m - l: one f32 subtraction rounded to nearest even (D >= 0,
+/// never subnormal after step 1).
+fn gap(m: f32, l: f32, c32: u32, e: i32) -> u32 {
+    let d = m - l;
+    let d_bits = bitcast<u32>(d);
+    if (d_bits & 0x7fffffffu) == 0u {
+        return 0u;
+    }
+    let sd = significand(d_bits);
+    // < 2^56: a shift below 8 cannot overflow.
+    let product = mul32x32(sd.m, c32);
+    let s = sd.e + e + i32(GAP_FRACTION_BITS);
+    if s >= 8 {
+        return GAP_LIMIT;
+    }
+    var x = vec2<u32>(0u);
+    if s >= 0 {
+        x = shl64(product, u32(s));
+    } else if s > -64 {
+        x = shr64(product, u32(-s));
+    }
+    if x.y != 0u || x.x > GAP_LIMIT {
+        return GAP_LIMIT;
+    }
+    return x.x;
+}
+
+/// One step of the polynomial: `a + floor(p · g / 2^F)` (p · g < 2^55; the result is <= 2^31).
+fn exp2_step(a: u32, p: u32, g: u32) -> u32 {
+    return a + shr64(mul32x32(p, g), GAP_FRACTION_BITS).x;
+}
+
+/// Step 5: the weight of gap x, 2^40 · 2^(-x / 2^F) in integers, 0 from 40 · 2^F on. The maximum's
+/// P(2^F) = 2^31, so it weighs 2^31 << 9 = 2^40.
+fn exp2_weight(x: u32) -> vec2<u32> {
+    if x >= GAP_LIMIT {
+        return vec2<u32>(0u);
+    }
+    let n = x >> GAP_FRACTION_BITS;
+    let g = (1u << GAP_FRACTION_BITS) - (x & ((1u << GAP_FRACTION_BITS) - 1u));
+    var p = EXP2_A6;
+    p = exp2_step(EXP2_A5, p, g);
+    p = exp2_step(EXP2_A4, p, g);
+    p = exp2_step(EXP2_A3, p, g);
+    p = exp2_step(EXP2_A2, p, g);
+    p = exp2_step(EXP2_A1, p, g);
+    p = exp2_step(EXP2_A0, p, g);
+    if n <= 9u {
+        return shl64(u64_from(p), 9u - n);
+    }
+    return u64_from(p >> (n - 9u));
+}
+
+/// The weight of a logit of rank key `key` in a row weighed by `w` (any kind but WEIGH_KEYS).
+fn logit_key_weight(w: Weigh, key: u32) -> vec2<u32> {
+    let full = shl64(u64_from(1u), WEIGHT_BITS);
+    let finite = key != NEG_INF_LOGIT_KEY && key != POS_INF_LOGIT_KEY;
+    switch w.kind {
+        case WEIGH_SCALED: {
+            if !finite {
+                return vec2<u32>(0u);
+            }
+            return exp2_weight(gap(logit_of_key(w.max_key), logit_of_key(key), w.c32, w.e));
+        }
+        case WEIGH_UNIFORM: {
+            return select(vec2<u32>(0u), full, finite);
+        }
+        case WEIGH_POS_INF: {
+            return select(vec2<u32>(0u), full, key == POS_INF_LOGIT_KEY);
+        }
+        case WEIGH_ARGMAX: {
+            return select(vec2<u32>(0u), full, key == w.max_key);
+        }
+        default: {
+            return vec2<u32>(0u);
+        }
+    }
+}
+
+/// The rank key of token `id` (f32 bits `bits`) of a logits row weighed by `w`. At T == 0 only the
+/// first maximum weighs anything: the other maxima are keyed one below it, so that every weight is
+/// a function of the key (the order among tokens of weight 0 decides nothing).
+fn logit_row_key(w: Weigh, bits: u32, id: u32) -> u32 {
+    let k = logit_rank_key(bits);
+    if w.kind == WEIGH_ARGMAX && k == w.max_key && id != w.first {
+        return k - 1u;
+    }
+    return k;
+}
+
+/// The weight of a token of rank key `key` in a row weighed by `w`: w(p) for probability rows.
+fn weigh_key(w: Weigh, key: u32) -> vec2<u32> {
+    if w.kind == WEIGH_KEYS {
+        return key_weight(key);
+    }
+    return logit_key_weight(w, key);
+}
+
+/// The score top_p_candidates reports for a logits candidate of weight `w` in a row of total
+/// weight `total` > 0 (contract §3b), as f32 bits: q = floor(w · 2^40 / total) (binary long
+/// division; w <= 2^40 <= total <= 2^60, so the remainder stays below 2^61), cut to its 24 most
+/// significant bits, and score = q · 2^-40, exact in f32.
+fn candidate_score(w: vec2<u32>, total: vec2<u32>) -> u32 {
+    var q = vec2<u32>(0u);
+    var rem = w;
+    if ge64(rem, total) {
+        rem = sub64(rem, total);
+        q = u64_from(1u);
+    }
+    for (var i = 0u; i < WEIGHT_BITS; i++) {
+        rem = shl64(rem, 1u);
+        q = shl64(q, 1u);
+        if ge64(rem, total) {
+            rem = sub64(rem, total);
+            q.x = q.x | 1u;
+        }
+    }
+    if is_zero64(q) {
+        return 0u;
+    }
+    let b = bit_length64(q);
+    var sig: vec2<u32>;
+    if b > 24u {
+        sig = shr64(q, b - 24u);
+    } else {
+        sig = shl64(q, 24u - b);
+    }
+    let exponent = b + 127u - 1u - WEIGHT_BITS;
+    return (exponent << 23u) | (sig.x & 0x7fffffu);
 }

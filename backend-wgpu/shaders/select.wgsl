@@ -59,10 +59,21 @@ var<workgroup> m_id: array<u32, MAX_CANDIDATES>;
 var<private> g_dt: u32;
 var<private> g_base: u32;
 
-/// Starts reading the row of dtype `dt` whose first element is element `base` of `row_words`.
+/// How the tokens of the current row weigh: WEIGH_KEYS (w(p) of the rank key) until
+/// `weigh_logits_row` sets a logits row's weighing.
+var<private> g_weigh: Weigh;
+
+/// Starts reading the row of dtype `dt` whose first element is element `base` of `row_words`,
+/// weighed by key (a logits row then calls `weigh_logits_row`).
 fn begin_row(dt: u32, base: u32) {
     g_dt = dt;
     g_base = base;
+    g_weigh = by_key();
+}
+
+/// The weight of a token of the current row with key `key`.
+fn weight_of(key: u32) -> vec2<u32> {
+    return weigh_key(g_weigh, key);
 }
 
 /// The f32 bits of element `i` of the current row.
@@ -193,6 +204,23 @@ fn wg_best(lid: u32, key: u32, id: u32) -> vec2<u32> {
     return vec2<u32>(st.first, st.result);
 }
 
+/// Steps 1-3 of contract §3b for the current row, a logits row at temperature `t_bits` (f32
+/// bits): its maximum rank key and the first id holding it (a workgroup reduction), then the scale
+/// of the temperature. Sets `g_weigh` (the same on every invocation).
+fn weigh_logits_row(lid: u32, vocab: u32, t_bits: u32) {
+    var bk = 0u;
+    var bi = 0xffffffffu;
+    for (var i = lid; i < vocab; i += WG) {
+        let k = logit_rank_key(row_bits(i));
+        if k > bk {
+            bk = k;
+            bi = i;
+        }
+    }
+    let best = wg_best(lid, bk, bi);
+    g_weigh = logits_weigh(best.x, best.y, t_bits);
+}
+
 /// The first token of the row in rank order (largest key, lowest id; 0 for an empty row).
 fn first_in_rank(lid: u32, vocab: u32) -> u32 {
     var bk = 0u;
@@ -211,15 +239,19 @@ fn first_in_rank(lid: u32, vocab: u32) -> u32 {
     return best.y;
 }
 
-/// Count and mass (u64) of the tokens with `key >= min_key` (uniform).
+/// The count of the tokens with `key >= min_key` and a nonzero weight, and their mass (u64)
+/// (uniform).
 fn totals(lid: u32, vocab: u32, min_key: u32) -> Sel {
     var c = 0u;
     var m = vec2<u32>(0u);
     for (var i = lid; i < vocab; i += WG) {
         let k = row_key(i);
         if k >= min_key {
-            c = c + 1u;
-            m = add64(m, key_weight(k));
+            let w = weight_of(k);
+            if !is_zero64(w) {
+                c = c + 1u;
+                m = add64(m, w);
+            }
         }
     }
     let total_c = wg_sum32(lid, c);
@@ -262,7 +294,7 @@ fn select_prefix(lid: u32, vocab: u32, min_key: u32, metric: u32, goal: vec2<u32
             let d = (k >> shift) & (nb - 1u);
             atomicAdd(&h_count[d], 1u);
             if with_mass {
-                let w = key_weight(k);
+                let w = weight_of(k);
                 if !is_zero64(w) {
                     let old = atomicAdd(&h_mlo[d], w.x);
                     let hi = w.y + select(0u, 1u, old + w.x < old);
@@ -328,7 +360,7 @@ fn select_prefix(lid: u32, vocab: u32, min_key: u32, metric: u32, goal: vec2<u32
         let eq = s_state.eq_count;
         let c = s_state.above_count;
         let m = s_state.above_mass;
-        let w = key_weight(key);
+        let w = weight_of(key);
         var take = 1u;
         if metric == METRIC_MASS {
             // The least take in [1, eq] with m + w·take >= goal.
@@ -397,7 +429,7 @@ fn draw_in_prefix(lid: u32, vocab: u32, sel: Sel, t: vec2<u32>) -> u32 {
     for (var i = r.x; i < r.y; i++) {
         let k = row_key(i);
         if admit(k, sel, 0u, &seen) {
-            m = add64(m, key_weight(k));
+            m = add64(m, weight_of(k));
         }
     }
     let crossing = wg_crossing(lid, m, t);
@@ -407,7 +439,7 @@ fn draw_in_prefix(lid: u32, vocab: u32, sel: Sel, t: vec2<u32>) -> u32 {
         for (var i = r.x; i < r.y; i++) {
             let k = row_key(i);
             if admit(k, sel, 0u, &seen2) {
-                cum = add64(cum, key_weight(k));
+                cum = add64(cum, weight_of(k));
                 if lt64(t, cum) {
                     s_state.result = i;
                     break;
@@ -461,11 +493,12 @@ fn member_rank(j: u32, n: u32) -> u32 {
 }
 
 /// The kept set of `top_k_top_p_sample` (contract §4.3 steps 1-2): `found == 0` means the survivors
-/// weigh nothing (degenerate: the result is the first token in rank order).
-fn kept_set(lid: u32, vocab: u32, top_k: i32, top_p_bits: u32) -> Sel {
+/// weigh nothing (degenerate: the result is the first token in rank order). `key_bits` is the
+/// width of the row's keys (30 for probabilities, 32 for logits).
+fn kept_set(lid: u32, vocab: u32, top_k: i32, top_p_bits: u32, key_bits: u32) -> Sel {
     var w: vec2<u32>;
     if top_k > 0 && u32(top_k) < vocab {
-        let s = select_prefix(lid, vocab, 0u, METRIC_COUNT_MASS, u64_from(u32(top_k)), 30u);
+        let s = select_prefix(lid, vocab, 0u, METRIC_COUNT_MASS, u64_from(u32(top_k)), key_bits);
         w = s.mass;
     } else {
         w = totals(lid, vocab, 0u).mass;
@@ -476,5 +509,5 @@ fn kept_set(lid: u32, vocab: u32, top_k: i32, top_p_bits: u32) -> Sel {
     // The kept set is the shortest prefix of the whole row reaching the goal: it lies within the
     // survivors because their whole mass reaches it.
     let goal = top_p_target_mass(top_p_fixed(top_p_bits), w);
-    return select_prefix(lid, vocab, 0u, METRIC_MASS, goal, 30u);
+    return select_prefix(lid, vocab, 0u, METRIC_MASS, goal, key_bits);
 }

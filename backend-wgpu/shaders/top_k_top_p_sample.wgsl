@@ -3,21 +3,28 @@
 // shortest prefix reaching the target lies within the top-k survivors), then the SAMPLE draw by
 // one chunked prefix scan in ascending id order. All decisions are integer arithmetic on limbs.
 // With `with_aux` the kept set and the row's total weight are also written (REJECTION uses them).
+// Logits rows (`logits`) first find the row maximum, and weigh each token by contract §3b at the
+// row's temperature.
 
 // `struct TopKTopPSampleArgs` is generated from its `kernel_args!` declaration in src/ops/top_k_top_p_sample.rs.
 
 @group(0) @binding(0) var<uniform> p: TopKTopPSampleArgs;
-// probs [rows, vocab]
+// probs or logits [rows, vocab]
 @group(0) @binding(1) var<storage, read> row_words: array<u32>;
 @group(0) @binding(2) var<storage, read> top_k: array<i32>;
 @group(0) @binding(3) var<storage, read> top_p: array<u32>;
 @group(0) @binding(4) var<storage, read> seeds: array<u32>;
 @group(0) @binding(5) var<storage, read_write> tokens: array<i32>;
 @group(0) @binding(6) var<storage, read_write> aux: array<u32>;
+// logits rows: the per-row temperature (f32 bits)
+@group(0) @binding(7) var<storage, read> temperature: array<u32>;
 
 var<workgroup> wg_row: vec4<u32>;
 
 fn row_key(i: u32) -> u32 {
+    if p.logits != 0u {
+        return logit_row_key(g_weigh, row_bits(i), i);
+    }
     return rank_key(row_bits(i));
 }
 
@@ -34,7 +41,12 @@ fn top_k_top_p_sample_main(g: u32, lid: u32, dt: u32) {
     }
     let rp = workgroupUniformLoad(&wg_row);
     let vocab = p.vocab;
-    let kept = kept_set(lid, vocab, bitcast<i32>(rp.x), rp.y);
+    var key_bits = 30u;
+    if p.logits != 0u {
+        weigh_logits_row(lid, vocab, temperature[p.temperature_off + row]);
+        key_bits = 32u;
+    }
+    let kept = kept_set(lid, vocab, bitcast<i32>(rp.x), rp.y, key_bits);
     var token = 0u;
     if kept.found == 0u {
         token = first_in_rank(lid, vocab);

@@ -1,23 +1,30 @@
 // top_p_candidates (contract §4.4): one workgroup per row. The first C tokens in rank order with a
 // nonzero weight are found by a radix count selection (no sort of the row), gathered in id order
 // with a chunked scan, ordered among themselves (C <= 128) by a rank count, and the top-p length
-// is an exact prefix walk over at most C weights.
+// is an exact prefix walk over at most C weights. Logits rows (`logits`) are weighed by contract
+// §3b at the row's temperature; their scores are the candidates' exact shares of the row
+// (`candidate_score`).
 
 // `struct TopPCandidatesArgs` is generated from its `kernel_args!` declaration in src/ops/top_p_candidates.rs.
 
 @group(0) @binding(0) var<uniform> p: TopPCandidatesArgs;
-// probs [rows, vocab]
+// probs or logits [rows, vocab]
 @group(0) @binding(1) var<storage, read> row_words: array<u32>;
 @group(0) @binding(2) var<storage, read> top_p: array<u32>;
 @group(0) @binding(3) var<storage, read> batch_id: array<i32>;
 @group(0) @binding(4) var<storage, read_write> ids: array<i32>;
 @group(0) @binding(5) var<storage, read_write> scores: array<u32>;
 @group(0) @binding(6) var<storage, read_write> lens: array<i32>;
+// logits rows: the per-row temperature (f32 bits)
+@group(0) @binding(7) var<storage, read> temperature: array<u32>;
 
 var<workgroup> wg_row: vec2<u32>;
 var<workgroup> sorted_key: array<u32, MAX_CANDIDATES>;
 
 fn row_key(i: u32) -> u32 {
+    if p.logits != 0u {
+        return logit_row_key(g_weigh, row_bits(i), i);
+    }
     return rank_key(row_bits(i));
 }
 
@@ -54,7 +61,17 @@ fn top_p_candidates_main(g: u32, lid: u32, dt: u32) {
         return;
     }
     let vocab = p.vocab;
-    let all = totals(lid, vocab, MIN_WEIGHT_KEY);
+    // Probability rows: the tokens of nonzero weight are those keyed MIN_WEIGHT_KEY or above.
+    // Logits rows: keys of 32 bits; the tokens of nonzero weight are a prefix of the rank order
+    // (weights never increase down it), selected by count.
+    var min_key = MIN_WEIGHT_KEY;
+    var key_bits = 30u;
+    if p.logits != 0u {
+        weigh_logits_row(lid, vocab, temperature[p.temperature_off + row]);
+        min_key = 0u;
+        key_bits = 32u;
+    }
+    let all = totals(lid, vocab, min_key);
     if all.count == 0u {
         let first = first_in_rank(lid, vocab);
         for (var j = lid; j < c; j += WG) {
@@ -66,17 +83,22 @@ fn top_p_candidates_main(g: u32, lid: u32, dt: u32) {
         }
         return;
     }
-    var sel = Sel(MIN_WEIGHT_KEY, 0xffffffffu, all.count, 1u, all.mass);
-    if all.count > c {
-        sel = select_prefix(lid, vocab, MIN_WEIGHT_KEY, METRIC_COUNT, u64_from(c), 30u);
+    var sel = Sel(min_key, 0xffffffffu, all.count, 1u, all.mass);
+    if all.count > c || p.logits != 0u {
+        sel = select_prefix(lid, vocab, min_key, METRIC_COUNT, u64_from(min(c, all.count)), key_bits);
     }
     let n = sel.count;
-    gather_members(lid, vocab, sel, MIN_WEIGHT_KEY);
-    // Order the (at most C) candidates: key descending, id ascending.
+    gather_members(lid, vocab, sel, min_key);
+    // Order the (at most C) candidates: key descending, id ascending. A probability row's score is
+    // its sanitized probability, the rank key itself.
     for (var j = lid; j < n; j += WG) {
         let rank = member_rank(j, n);
+        var score = m_key[j];
+        if p.logits != 0u {
+            score = candidate_score(weight_of(m_key[j]), all.mass);
+        }
         ids[p.ids_off + out + rank] = i32(m_id[j]);
-        scores[p.scores_off + out + rank] = m_key[j];
+        scores[p.scores_off + out + rank] = score;
         sorted_key[rank] = m_key[j];
     }
     clear_candidates(lid, out, n, c);
@@ -86,7 +108,7 @@ fn top_p_candidates_main(g: u32, lid: u32, dt: u32) {
         var mass = vec2<u32>(0u);
         var len = n;
         for (var j = 0u; j < n; j++) {
-            mass = add64(mass, key_weight(sorted_key[j]));
+            mass = add64(mass, weight_of(sorted_key[j]));
             if reaches_top_p(mass, pf, all.mass) {
                 len = j + 1u;
                 break;

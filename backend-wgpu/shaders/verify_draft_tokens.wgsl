@@ -8,8 +8,10 @@
 // records each row's kept set and total weight), then `verify_draft_tokens_pair_<dtype>` tests
 // every (draft row, target row) pair with one workgroup (an id outside [0, V) weighs 0 in both
 // rows, so it is rejected and corrected from the residual like any other draft): the acceptance test
-// `U · wq[d] · Wp < 2^32 · wp[d] · Wq` in 128-bit limbs, and on rejection the residual draw by a
-// chunked prefix scan. The slot walk then reads the pair results.
+// `U · wq[d] · Wp < 2^32 · wp[d] · Wq` exactly in 160-bit limbs (the products reach 2^133 on logits
+// rows), and on rejection the residual draw by a chunked prefix scan. The slot walk then reads the
+// pair results. With `logits` both rows are logits, weighed by contract §3b at the temperature of
+// the output row (the draft row from its own maximum).
 
 // `struct VerifyDraftTokensArgs` is generated from its `kernel_args!` declaration in src/ops/verify_draft_tokens.rs.
 
@@ -220,7 +222,7 @@ fn verify_draft_tokens_i32(@builtin(global_invocation_id) gid: vec3<u32>) {
 // `struct VerifyDraftTokensPairArgs` is generated from its `kernel_args!` declaration in src/ops/verify_draft_tokens.rs.
 
 @group(0) @binding(20) var<uniform> pp: VerifyDraftTokensPairArgs;
-// target_probs [rows, vocab]
+// target rows [rows, vocab]: probabilities or logits
 @group(0) @binding(21) var<storage, read> row_words: array<u32>;
 @group(0) @binding(22) var<storage, read> draft_probs: array<u32>;
 @group(0) @binding(23) var<storage, read> pair_draft_tokens: array<i32>;
@@ -229,6 +231,8 @@ fn verify_draft_tokens_i32(@builtin(global_invocation_id) gid: vec3<u32>) {
 @group(0) @binding(26) var<storage, read> pair_seeds: array<u32>;
 @group(0) @binding(27) var<storage, read> kept_aux: array<u32>;
 @group(0) @binding(28) var<storage, read_write> pairs_out: array<u32>;
+// logits rows: the temperature of each output row (f32 bits)
+@group(0) @binding(29) var<storage, read> pair_temperature: array<u32>;
 
 struct Pair {
     is_active: u32,
@@ -243,17 +247,89 @@ struct Pair {
 }
 
 var<private> g_qbase: u32;
+/// How the tokens of the draft row weigh (by key for probability rows).
+var<private> g_qweigh: Weigh;
 var<workgroup> wg_pair: Pair;
 var<workgroup> wg_decision: vec2<u32>;
 
 fn row_key(i: u32) -> u32 {
+    if pp.logits != 0u {
+        return logit_row_key(g_weigh, row_bits(i), i);
+    }
     return rank_key(row_bits(i));
 }
 
-fn q_key(i: u32) -> u32 {
+/// The f32 bits of element `i` of the draft row.
+fn q_bits(i: u32) -> u32 {
     let e = g_qbase + i;
     let dt = pp.draft_dtype;
-    return rank_key(widen_bits(draft_probs[word_of(e, dt)], e, dt));
+    return widen_bits(draft_probs[word_of(e, dt)], e, dt);
+}
+
+fn q_key(i: u32) -> u32 {
+    if pp.logits != 0u {
+        return logit_row_key(g_qweigh, q_bits(i), i);
+    }
+    return rank_key(q_bits(i));
+}
+
+/// The weight of token `i` of the draft row.
+fn q_weight(i: u32) -> vec2<u32> {
+    return weigh_key(g_qweigh, q_key(i));
+}
+
+/// Steps 1-3 of contract §3b for the draft row, a logits row: its own maximum (a workgroup
+/// reduction) at the temperature `t_bits` of the output row it is checked against. Sets
+/// `g_qweigh` (the same on every invocation).
+fn weigh_draft_row(lid: u32, vocab: u32, t_bits: u32) {
+    var bk = 0u;
+    var bi = 0xffffffffu;
+    for (var i = lid; i < vocab; i += WG) {
+        let k = logit_rank_key(q_bits(i));
+        if k > bk {
+            bk = k;
+            bi = i;
+        }
+    }
+    let best = wg_best(lid, bk, bi);
+    g_qweigh = logits_weigh(best.x, best.y, t_bits);
+}
+
+/// The acceptance test with `u` = the high 32 bits of the ACCEPT draw:
+/// `u · wq[d] · Wp < 2^32 · wp[d] · Wq`, exact (each product of two weights or totals is below
+/// 2^100, the comparison reaches 2^133); if wq[d] == 0, accept iff wp[d] > 0.
+fn accepts(u: u32, wp_d: vec2<u32>, wq_d: vec2<u32>, wp_total: vec2<u32>, wq_total: vec2<u32>) -> bool {
+    if is_zero64(wq_d) {
+        return !is_zero64(wp_d);
+    }
+    let lhs = mul128x32_full(mul64x64(wq_d, wp_total), u);
+    let x = mul64x64(wp_d, wq_total);
+    let rhs = U160(vec4<u32>(0u, x.x, x.y, x.z), x.w);
+    return lt160(lhs, rhs);
+}
+
+/// Limb `i` of a 128-bit value (0 beyond the top).
+fn limb128(a: vec4<u32>, i: u32) -> u32 {
+    if i >= 4u {
+        return 0u;
+    }
+    return a[i];
+}
+
+/// The low 64 bits of `floor(a / 2^s)`, s < 128.
+fn shr128_low64(a: vec4<u32>, s: u32) -> vec2<u32> {
+    let ws = s / 32u;
+    let bs = s % 32u;
+    var r = vec2<u32>(0u);
+    for (var j = 0u; j < 2u; j++) {
+        let lo = limb128(a, ws + j);
+        if bs == 0u {
+            r[j] = lo;
+        } else {
+            r[j] = (lo >> bs) | (limb128(a, ws + j + 1u) << (32u - bs));
+        }
+    }
+    return r;
 }
 
 /// Records the test of draft row `j`: its status (`PAIR_*`) and token.
@@ -262,15 +338,28 @@ fn post_pair(j: u32, status: u32, token: u32) {
     pairs_out[2u * j + 1u] = token;
 }
 
-/// `floor(max(0, wp·Wq − wq·Wp) / 2^41)`.
-fn residual(wp: vec2<u32>, wq: vec2<u32>, wq_total: vec2<u32>, wp_total: vec2<u32>) -> vec2<u32> {
+/// The residual `floor(max(0, wp·Wq − wq·Wp) / 2^shift)` (below 2^64 for the shifts of
+/// `residual_shift`).
+fn residual(wp: vec2<u32>, wq: vec2<u32>, wq_total: vec2<u32>, wp_total: vec2<u32>, shift: u32) -> vec2<u32> {
     let a = mul64x64(wp, wq_total);
     let b = mul64x64(wq, wp_total);
     if lt128(a, b) {
         return vec2<u32>(0u);
     }
-    let d = sub128(a, b);
-    return vec2<u32>((d.y >> 9u) | (d.z << 23u), (d.z >> 9u) | (d.w << 23u));
+    return shr128_low64(sub128(a, b), shift);
+}
+
+/// The scale `k` of the residual: 41 for probability rows; for logits rows
+/// `max(0, bitlength(Wp) + bitlength(Wq) − 60)`, so that the residual's total stays below 2^60.
+fn residual_shift(wp_total: vec2<u32>, wq_total: vec2<u32>) -> u32 {
+    if pp.logits == 0u {
+        return 41u;
+    }
+    let bits = bit_length64(wp_total) + bit_length64(wq_total);
+    if bits > 60u {
+        return bits - 60u;
+    }
+    return 0u;
 }
 
 // Entry points `verify_draft_tokens_pair_<dtype>` (generated, kernels.rs).
@@ -313,14 +402,24 @@ fn verify_draft_tokens_pair_main(g: u32, lid: u32, dt: u32) {
     }
     begin_row(dt, pp.target_off + (pr.row - pp.target_row_lo) * vocab);
     g_qbase = pp.draft_off + g * vocab;
+    g_qweigh = by_key();
+    if pp.logits != 0u {
+        // Both rows at the temperature of the output row, each from its own maximum.
+        let t_bits = pair_temperature[pp.temperature_off + pr.row];
+        weigh_logits_row(lid, vocab, t_bits);
+        weigh_draft_row(lid, vocab, t_bits);
+    }
     let limit = vec2<u32>(REJECTION_MAX_TOTAL_WEIGHT_LO, REJECTION_MAX_TOTAL_WEIGHT_HI);
     // The draft row's total weight.
     var wq_part = vec2<u32>(0u);
     for (var i = lid; i < vocab; i += WG) {
-        wq_part = add64(wq_part, key_weight(q_key(i)));
+        wq_part = add64(wq_part, q_weight(i));
     }
     let wq_total = wg_sum64(lid, wq_part);
-    if ge64(pr.total, limit) || ge64(wq_total, limit) || pr.found == 0u {
+    // A probability row weighing 2^41 or more is not a distribution (a logits row always is one):
+    // reject, and sample the target row; so too when the target's survivors weigh nothing.
+    let not_distributions = pp.logits == 0u && (ge64(pr.total, limit) || ge64(wq_total, limit));
+    if not_distributions || pr.found == 0u {
         if lid == 0u {
             post_pair(j, PAIR_RESAMPLE_TARGET, 0u);
         }
@@ -339,7 +438,7 @@ fn verify_draft_tokens_pair_main(g: u32, lid: u32, dt: u32) {
         let kd = row_key(d);
         var wp_d = vec2<u32>(0u);
         if kd > sel.key {
-            wp_d = key_weight(kd);
+            wp_d = weight_of(kd);
         } else if kd == sel.key {
             var before = base;
             for (var i = r.x; i < d; i++) {
@@ -348,20 +447,12 @@ fn verify_draft_tokens_pair_main(g: u32, lid: u32, dt: u32) {
                 }
             }
             if before < sel.take {
-                wp_d = key_weight(kd);
+                wp_d = weight_of(kd);
             }
         }
-        let wq_d = key_weight(q_key(d));
+        let wq_d = q_weight(d);
         let u = draw(pr.seed, PURPOSE_ACCEPT).y;
-        var accepted = false;
-        if is_zero64(wq_d) {
-            accepted = !is_zero64(wp_d);
-        } else {
-            let lhs = mul128x32(mul64x64(wq_d, pr.kept_mass), u);
-            let x = mul64x64(wp_d, wq_total);
-            let rhs = vec4<u32>(0u, x.x, x.y, x.z);
-            accepted = lt128(lhs, rhs);
-        }
+        let accepted = accepts(u, wp_d, wq_d, pr.kept_mass, wq_total);
         wg_decision = vec2<u32>(select(0u, 1u, accepted), 0u);
     }
     let decision = workgroupUniformLoad(&wg_decision);
@@ -372,12 +463,13 @@ fn verify_draft_tokens_pair_main(g: u32, lid: u32, dt: u32) {
         return;
     }
     // Residual sample in ascending id order over the kept set.
+    let shift = residual_shift(pr.kept_mass, wq_total);
     var seen = base;
     var m = vec2<u32>(0u);
     for (var i = r.x; i < r.y; i++) {
         let k = row_key(i);
         if admit(k, sel, 0u, &seen) {
-            m = add64(m, residual(key_weight(k), key_weight(q_key(i)), wq_total, pr.kept_mass));
+            m = add64(m, residual(weight_of(k), q_weight(i), wq_total, pr.kept_mass, shift));
         }
     }
     let total = wg_sum64(lid, m);
@@ -395,7 +487,7 @@ fn verify_draft_tokens_pair_main(g: u32, lid: u32, dt: u32) {
         for (var i = r.x; i < r.y; i++) {
             let k = row_key(i);
             if admit(k, sel, 0u, &seen2) {
-                cum = add64(cum, residual(key_weight(k), key_weight(q_key(i)), wq_total, pr.kept_mass));
+                cum = add64(cum, residual(weight_of(k), q_weight(i), wq_total, pr.kept_mass, shift));
                 if lt64(t, cum) {
                     s_state.result = i;
                     break;

@@ -31,7 +31,7 @@ impl WgpuDevice {
             // they need no optional feature (SHADER_F16) and keep subnormals.
             float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: Some(gpu.limits.max_buffer_size),
-            logits: false,
+            logits: true,
         };
         WgpuDevice {
             desc: DeviceDesc::new(info, capabilities),

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::marker::PhantomData;
 
 use specula_backend_api::abi::{self, KernelArgs, KernelField};
+use specula_backend_api::logit_weights;
 use specula_backend_api::{DType, Op};
 
 /// Workgroup size of the row kernels (one workgroup per row).
@@ -184,7 +185,7 @@ pub(crate) fn prelude() -> String {
          const PURPOSE_RESIDUAL: u32 = 3u;\n\
          const DT_F32: u32 = 0u;\n\
          const DT_F16: u32 = 1u;\n\
-         const DT_BF16: u32 = 2u;\n",
+         const DT_BF16: u32 = 2u;\n{logits}",
         m0 = abi::PHILOX_M0,
         m1 = abi::PHILOX_M1,
         w0 = abi::PHILOX_W0,
@@ -198,7 +199,49 @@ pub(crate) fn prelude() -> String {
         mk = abi::MAX_LOGPROBS_TOP_K,
         rl = abi::REJECTION_MAX_TOTAL_WEIGHT as u32,
         rh = (abi::REJECTION_MAX_TOTAL_WEIGHT >> 32) as u32,
+        logits = logits_prelude(),
     )
+}
+
+/// The constants of contract §3b from `backend_api::logit_weights`: `LOG2E_Q63` as two halves,
+/// the gap's fraction bits and limit, the polynomial's coefficients `EXP2_A0 ..= EXP2_A6`, and the
+/// bounds of its `sanitize_logit` as f32 bit patterns.
+fn logits_prelude() -> String {
+    let mut out = format!(
+        "const LOG2E_Q63_LO: u32 = {lo}u;\n\
+         const LOG2E_Q63_HI: u32 = {hi}u;\n\
+         const GAP_FRACTION_BITS: u32 = {f}u;\n\
+         const GAP_LIMIT: u32 = {limit}u;\n\
+         const LOGIT_TINY_BITS: u32 = {tiny:#x}u;\n\
+         const LOGIT_HUGE_BITS: u32 = {huge:#x}u;\n",
+        lo = logit_weights::LOG2E_Q63 as u32,
+        hi = (logit_weights::LOG2E_Q63 >> 32) as u32,
+        f = logit_weights::GAP_FRACTION_BITS,
+        limit = logit_weights::GAP_LIMIT,
+        tiny = logit_tiny_bits(),
+        huge = logit_weights::sanitize_logit(f32::MAX).to_bits(),
+    );
+    for (k, a) in logit_weights::EXP2_COEFFICIENTS.iter().enumerate() {
+        // Writing to a String cannot fail.
+        let _ = writeln!(out, "const EXP2_A{k}: u32 = {a}u;");
+    }
+    out
+}
+
+/// The least positive f32 bit pattern that `sanitize_logit` does not flush to 0 (a positive finite
+/// magnitude below it counts as +0): found by bisection over the positive finite patterns, on
+/// which the function flushes exactly a lower range.
+fn logit_tiny_bits() -> u32 {
+    let (mut lo, mut hi) = (0u32, f32::INFINITY.to_bits());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if logit_weights::sanitize_logit(f32::from_bits(mid)) == 0.0 {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }
 
 /// A kernel of a module: the entry points `<op>[_<suffix>]_<dtype>` of `kernel`'s module, whose
@@ -485,5 +528,17 @@ mod tests {
         let p = prelude();
         assert!(p.contains(&format!("PHILOX_M0: u32 = {}u", abi::PHILOX_M0)));
         assert!(p.contains("MIN_WEIGHT_KEY: u32 = 729808896u"));
+    }
+
+    #[test]
+    fn the_prelude_carries_the_logits_constants() {
+        let p = prelude();
+        // The bounds of sanitize_logit: exactly 2^-76 and 2^64.
+        assert_eq!(logit_tiny_bits(), 0x1980_0000);
+        assert!(p.contains("LOGIT_TINY_BITS: u32 = 0x19800000u"));
+        assert!(p.contains("LOGIT_HUGE_BITS: u32 = 0x5f800000u"));
+        assert!(p.contains("GAP_LIMIT: u32 = 671088640u"));
+        assert!(p.contains("LOG2E_Q63_HI: u32 = 3098164009u"));
+        assert!(p.contains("EXP2_A6: u32 = 232901u"));
     }
 }

@@ -10,8 +10,9 @@ use crate::gpu::{Bound, Dispatch};
 use crate::kernels::{ArgsStruct, Entry, Kernel};
 
 specula_backend_api::kernel_args! {
-    /// `top_k_top_p_sample_<dtype>`: rows `row0 ..` of the chunk bound at `probs`; with `with_aux`
-    /// each row's kept set and total weight are written to `aux` (8 words per row).
+    /// `top_k_top_p_sample_<dtype>`: rows `row0 ..` of the chunk bound at `probs` (logits with
+    /// their per-row `temperature` when `logits` is 1); with `with_aux` each row's kept set and
+    /// total weight are written to `aux` (8 words per row).
     pub(crate) struct TopKTopPSampleArgs {
         rows: u32,
         vocab: u32,
@@ -23,6 +24,8 @@ specula_backend_api::kernel_args! {
         tokens_off: u32,
         aux_off: u32,
         with_aux: u32,
+        temperature_off: u32,
+        logits: u32,
     }
 }
 
@@ -65,6 +68,11 @@ pub(crate) fn sample_dispatches(
                     None => b.dummy(6),
                 },
                 with_aux: u32::from(aux.is_some()),
+                // Probability rows read no temperature: `top_p` stands in (read-only, so it
+                // cannot clash with the placeholder of `aux`, which is writable).
+                temperature_off: b
+                    .buffer(7, inputs.scores.temperature().unwrap_or(inputs.top_p))?,
+                logits: u32::from(inputs.scores.is_logits()),
             })
         },
     )
@@ -74,9 +82,6 @@ pub(crate) fn sample_dispatches(
 pub(crate) fn run(device: &WgpuDevice, mut call: TopKTopPSampleCall<'_>) -> Result<()> {
     let op = Op::TopKTopPSample;
     let (inputs, tokens, params, &kind) = call.parts();
-    if kind.logits {
-        return Err(crate::error::unsupported(op, "logits rows"));
-    }
     let out = device.gpu.bind(op, tokens)?;
     let dispatches = sample_dispatches(device, op, kind.dtype, inputs, out, None, &params.shape)?;
     device.gpu.run(op, dispatches)

@@ -9,7 +9,8 @@ use crate::WgpuDevice;
 use crate::kernels::{ArgsStruct, Entry, Kernel};
 
 specula_backend_api::kernel_args! {
-    /// `top_p_candidates_<dtype>`: rows `row0 ..` of the chunk bound at `probs`, `C` candidates.
+    /// `top_p_candidates_<dtype>`: rows `row0 ..` of the chunk bound at `probs` (logits with their
+    /// per-row `temperature` when `logits` is 1), `C` candidates.
     pub(crate) struct TopPCandidatesArgs {
         rows: u32,
         vocab: u32,
@@ -22,6 +23,8 @@ specula_backend_api::kernel_args! {
         scores_off: u32,
         lens_off: u32,
         candidates: u32,
+        temperature_off: u32,
+        logits: u32,
     }
 }
 
@@ -35,9 +38,6 @@ pub(crate) const ARGS: &[ArgsStruct] = &[TOP_P_CANDIDATES.args()];
 pub(crate) fn run(device: &WgpuDevice, mut call: TopPCandidatesCall<'_, '_>) -> Result<()> {
     let op = Op::TopPCandidates;
     let (inputs, out, params, &kind) = call.parts();
-    if kind.logits {
-        return Err(crate::error::unsupported(op, "logits rows"));
-    }
     let shape = &params.shape;
     let kernel = (&TOP_P_CANDIDATES, kind.dtype);
     let dispatches = row_chunk_dispatches(
@@ -62,6 +62,11 @@ pub(crate) fn run(device: &WgpuDevice, mut call: TopPCandidatesCall<'_, '_>) -> 
                 scores_off: b.buffer(5, out.scores)?,
                 lens_off: b.buffer(6, out.lens)?,
                 candidates: u(params.candidates),
+                temperature_off: match inputs.scores.temperature() {
+                    Some(t) => b.buffer(7, t)?,
+                    None => b.dummy(7),
+                },
+                logits: u32::from(kind.logits),
             })
         },
     )?;

@@ -49,7 +49,8 @@ specula_backend_api::kernel_args! {
     }
 
     /// `verify_draft_tokens_pair_<dtype>`: the REJECTION test of the drafts whose rows lie in
-    /// one target chunk and one draft chunk.
+    /// one target chunk and one draft chunk (logits rows at the output row's `temperature` when
+    /// `logits` is 1).
     pub(crate) struct VerifyDraftTokensPairArgs {
         real_bsz: u32,
         step_tokens: u32,
@@ -67,6 +68,8 @@ specula_backend_api::kernel_args! {
         this_time_off: u32,
         cu_out_off: u32,
         seeds_off: u32,
+        temperature_off: u32,
+        logits: u32,
     }
 }
 
@@ -99,8 +102,10 @@ struct Rejection {
 
 /// The REJECTION inputs of a call.
 struct RejectionRows<'a> {
-    target_probs: &'a Buffer,
-    draft_probs: &'a Buffer,
+    /// Target rows: probabilities, or logits with their per-row temperature.
+    target: Scores<'a>,
+    /// Draft rows of the same kind (logits at the temperature of their output row).
+    draft_rows: &'a Buffer,
     top_k: &'a Buffer,
     top_p: &'a Buffer,
     target_dtype: DType,
@@ -126,7 +131,7 @@ fn rejection_dispatches(
     let aux = device.scratch("verify kept sets", (rows * 32) as u64)?;
     let pairs = device.scratch("verify pairs", (draft_rows * 8) as u64)?;
     let sample = SampleInputs {
-        scores: Scores::Probs(rejection.target_probs),
+        scores: rejection.target,
         top_k: rejection.top_k,
         top_p: rejection.top_p,
         seed: inputs.seeds,
@@ -146,8 +151,8 @@ fn rejection_dispatches(
     )?);
     // Under accept_all only the drafts outside [0, V) are tested; reject_all tests none.
     if !params.reject_all && draft_rows > 0 {
-        for tc in gpu.row_chunks(rejection.target_probs, rows, params.vocab) {
-            for dc in gpu.row_chunks(rejection.draft_probs, draft_rows, params.vocab) {
+        for tc in gpu.row_chunks(rejection.target.matrix(), rows, params.vocab) {
+            for dc in gpu.row_chunks(rejection.draft_rows, draft_rows, params.vocab) {
                 dispatches.push(pair_dispatch(
                     device,
                     inputs,
@@ -187,15 +192,20 @@ fn pair_dispatch(
         accept_all: u32::from(params.accept_all),
         target_row_lo: u(tc.0),
         target_row_hi: u(tc.1),
-        target_off: b.rows(21, rejection.target_probs, vocab, tc)?,
+        target_off: b.rows(21, rejection.target.matrix(), vocab, tc)?,
         draft_row_lo: u(dc.0),
-        draft_off: b.rows(22, rejection.draft_probs, vocab, dc)?,
+        draft_off: b.rows(22, rejection.draft_rows, vocab, dc)?,
         draft_dtype: float_code(rejection.draft_dtype),
         pairs_in_dispatch: u(dc.1 - dc.0),
         draft_tokens_off: b.buffer(23, inputs.draft_tokens)?,
         this_time_off: b.buffer(24, inputs.lens.seq_lens_this_time)?,
         cu_out_off: b.buffer(25, inputs.cu_seqlens_q_output)?,
         seeds_off: b.buffer(26, inputs.seeds)?,
+        temperature_off: match rejection.target.temperature() {
+            Some(t) => b.buffer(29, t)?,
+            None => b.dummy(29),
+        },
+        logits: u32::from(rejection.target.is_logits()),
     };
     Ok(b.dispatch(&PAIR, rejection.target_dtype, &args, args.pairs_in_dispatch))
 }
@@ -259,12 +269,9 @@ pub(crate) fn run(device: &WgpuDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
             },
             Some((target_dtype, draft_dtype)),
         ) => {
-            if facts.logits {
-                return Err(crate::error::unsupported(op, "logits rows"));
-            }
             let rows = RejectionRows {
-                target_probs: target.matrix(),
-                draft_probs: draft,
+                target,
+                draft_rows: draft,
                 top_k,
                 top_p,
                 target_dtype,
