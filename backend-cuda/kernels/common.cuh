@@ -654,9 +654,11 @@ __device__ u32 block_row_argmax(const typename E::raw* __restrict__ row, u32 voc
 __device__ __forceinline__ float effective_temperature(float t) { return t >= 0.0f ? t : 1.0f; }
 
 // (x - m) / t with NaN read as -inf: the scaled logit of contract §4.9 in a row whose maximum
-// logit is the finite m. Subtract first, then divide (f32), so nothing overflows and a tiny t
-// tends to the one-hot of t = 0; at t = +inf a -inf logit gives NaN, hence -inf too.
+// logit is the finite m. Subtract first, then divide (f32), so a tiny t tends to the one-hot of
+// t = 0. At t = +inf every finite logit scales to 0 (x - m can overflow to -inf, and -inf / inf
+// would drop it) and a -inf or NaN logit to -inf.
 __device__ __forceinline__ float scaled_logit(float x, float m, float t) {
+    if (isinf(t)) return isfinite(x) ? 0.0f : -SPECULA_INF;
     const float y = (x - m) / t;
     return isnan(y) ? -SPECULA_INF : y;
 }

@@ -69,6 +69,10 @@ fn main() -> ExitCode {
             "scaled_logits_subtract_the_row_maximum_first_on_the_host_emulator",
             panicking(scaled_logits_subtract_the_row_maximum_first),
         ),
+        (
+            "an_infinite_temperature_is_uniform_over_the_finite_logits_on_the_host_emulator",
+            panicking(an_infinite_temperature_is_uniform_over_the_finite_logits),
+        ),
     ];
     testing::run(&needs(), tests)
 }
@@ -1814,6 +1818,9 @@ fn softmax_kernels_match_the_cpu_reference(work: &Workdir, cpu: &CpuDevice, rng:
 /// Contract §4.9's scaled logit of `x` in a row whose maximum logit is `m`: `(x − m) / t` in f32,
 /// NaN read as −inf.
 fn contract_scaled(x: f32, m: f32, t: f32) -> f32 {
+    if t == f32::INFINITY {
+        return if x.is_finite() { 0.0 } else { f32::NEG_INFINITY };
+    }
     let y = (x - m) / t;
     if y.is_nan() { f32::NEG_INFINITY } else { y }
 }
@@ -1889,4 +1896,20 @@ fn scaled_logits_subtract_the_row_maximum_first() {
     }
     assert_eq!(lps[0], 0.0, "the unique maximum holds all the mass");
     assert_eq!(top_lps[1], f32::NEG_INFINITY, "(7e9 − 9e9) / 1e-30 is −inf");
+}
+
+/// At `T = +inf` every finite logit scales to 0 (contract §4.9), even where `l − m` overflows f32:
+/// the row is uniform over its finite logits, and -inf and NaN logits get nothing.
+fn an_infinite_temperature_is_uniform_over_the_finite_logits() {
+    let work = Workdir::new("infinite-temperature");
+    let bin = driver(DType::F32);
+    let logits = [3.0e38f32, -3.0e38, 0.0, f32::NEG_INFINITY, f32::NAN, -1.0];
+    work.write("probs.bin", &logits);
+    work.write("temperature.bin", &[f32::INFINITY]);
+    work.run(&bin, "softmax", &[&1usize, &logits.len(), &0]);
+    let quarter = 0.25f32;
+    assert_eq!(
+        work.read::<f32>("probs.out"),
+        vec![quarter, quarter, quarter, 0.0, 0.0, quarter]
+    );
 }
