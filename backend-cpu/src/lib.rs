@@ -37,6 +37,7 @@
 //! ```
 
 mod device;
+mod float_math;
 mod ops;
 mod sampling;
 

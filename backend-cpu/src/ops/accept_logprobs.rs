@@ -3,7 +3,8 @@
 //! The accepted counts are packed first (a short sequential prefix sum); then every packed entry is
 //! independent and runs in parallel. Per entry the source row is read twice: one pass for the
 //! maximum, the token's rank and the top-K (a bounded insertion into at most K ≤ 64 slots, never a
-//! sort of the row), one for the normaliser. Log-probabilities follow the softmax rules exactly
+//! sort of the row; a chunk of 16 logits is looked at only when its maximum can enter the top-K),
+//! one for the normaliser (vectorised `exp`, `float_math`). Log-probabilities follow the softmax rules exactly
 //! (same temperature handling and special rows), so `exp(logprob)` is what `softmax` returns.
 
 use rayon::prelude::*;
@@ -12,9 +13,12 @@ use specula_backend_api::ops::*;
 use specula_backend_api::{DType, FloatElement, Op, Result};
 
 use super::argmax::ranks_above;
-use super::softmax::{RowStats, effective_temperature, row_stats, scaled};
+use super::softmax::{RowStats, effective_temperature, row_stats_after_max, scaled};
 use super::{len_or_zero, token_index, with_float};
 use crate::CpuDevice;
+use crate::sampling::scan::{compiled_for, dispatch};
+#[cfg(target_arch = "x86_64")]
+use crate::sampling::scan::{has_avx2, has_avx512};
 use specula_backend_api::host::{slice, slice_mut};
 
 /// Where a packed entry comes from.
@@ -73,6 +77,93 @@ fn offer(top: &mut Vec<(f32, usize)>, k: usize, value: f32, id: usize) {
     top.insert(at, (value, id));
 }
 
+/// Logits per chunk of the fused pass: the top-K is offered a chunk only when its maximum can
+/// enter it.
+const CHUNK: usize = 16;
+
+/// What the fused pass over a row finds.
+#[derive(Clone, Copy, Debug)]
+struct RowScan {
+    /// The maximum logit (NaN ignored; −inf for a row of NaN and −inf).
+    max: f32,
+    /// How many logits are +inf.
+    inf_count: usize,
+    /// How many logits rank strictly above the token's (0 without a token).
+    larger: usize,
+}
+
+/// One pass over `row`: its maximum and +inf count (for the normaliser), the number of logits
+/// above `token_value`, and the best `k` logits into `top`.
+fn scan_row<T: FloatElement>(
+    row: &[T],
+    token_value: Option<f32>,
+    k: usize,
+    top: &mut Vec<(f32, usize)>,
+) -> RowScan {
+    // Nothing ranks above +inf under `>`: no token counts nothing.
+    let tv = token_value.unwrap_or(f32::INFINITY);
+    let (max, inf_count, larger) =
+        dispatch!(scan_row_generic::<T>(row, tv, k, top) via scan_row_avx512, scan_row_avx2);
+    RowScan {
+        max,
+        inf_count,
+        larger,
+    }
+}
+
+compiled_for!(avx512, fn scan_row_avx512 [T: FloatElement]
+    (row: &[T], tv: f32, k: usize, top: &mut Vec<(f32, usize)>) -> (f32, usize, usize)
+    = scan_row_generic [T]);
+compiled_for!(avx2, fn scan_row_avx2 [T: FloatElement]
+    (row: &[T], tv: f32, k: usize, top: &mut Vec<(f32, usize)>) -> (f32, usize, usize)
+    = scan_row_generic [T]);
+
+/// [`scan_row`] in chunks: the counts and the maximum are branch-free lanes; a chunk goes
+/// through the (scalar) top-K only if the top-K has room, its last entry is NaN, or the chunk's
+/// maximum beats it (an equal value never displaces an earlier id).
+#[inline(always)]
+fn scan_row_generic<T: FloatElement>(
+    row: &[T],
+    tv: f32,
+    k: usize,
+    top: &mut Vec<(f32, usize)>,
+) -> (f32, usize, usize) {
+    let mut max = [f32::NEG_INFINITY; CHUNK];
+    let mut infs = [0u32; CHUNK];
+    let mut above = [0u32; CHUNK];
+    let mut values = [0.0f32; CHUNK];
+    for (c, chunk) in row.chunks(CHUNK).enumerate() {
+        let mut chunk_max = f32::NEG_INFINITY;
+        for (j, v) in chunk.iter().enumerate() {
+            let x = v.to_f32();
+            values[j] = x;
+            // Comparisons with NaN are false: a NaN logit is never the maximum nor above `tv`
+            // (rank order reads NaN as −inf, and `tv` is never NaN).
+            max[j] = if x > max[j] { x } else { max[j] };
+            infs[j] += u32::from(x == f32::INFINITY);
+            above[j] += u32::from(x > tv);
+            chunk_max = if x > chunk_max { x } else { chunk_max };
+        }
+        if k == 0 {
+            continue;
+        }
+        let open = match top.last() {
+            Some(&(last, _)) if top.len() == k => last.is_nan() || chunk_max > last,
+            _ => true,
+        };
+        if open {
+            for (j, &x) in values[..chunk.len()].iter().enumerate() {
+                offer(top, k, x, c * CHUNK + j);
+            }
+        }
+    }
+    let best = max
+        .iter()
+        .fold(f32::NEG_INFINITY, |b, &m| if m > b { m } else { b });
+    let count = |lanes: &[u32; CHUNK]| lanes.iter().map(|&c| c as usize).sum::<usize>();
+    (best, count(&infs), count(&above))
+}
+
 /// Scores one packed entry: writes its log-probability and rank, and fills its top-K slots.
 fn score_entry<T: FloatElement>(
     row: &[T],
@@ -85,31 +176,20 @@ fn score_entry<T: FloatElement>(
 ) {
     let vocab = row.len();
     let t = effective_temperature(temperature);
-    let stats = row_stats(row, t);
-    let lp = |i: usize| -> f32 {
-        let x = row.get(i).map_or(f32::NEG_INFINITY, |v| v.to_f32());
-        logprob(&stats, i, x, t, vocab)
-    };
-
     let k = top_ids.len();
     let token = token_index(token, vocab);
     let token_value = token
         .and_then(|i| row.get(i))
         .map(|v| rank_value(v.to_f32()));
-    let mut larger = 0usize;
     let mut top = Vec::with_capacity(k);
-    // One pass for the rank and the top-K; each part is skipped when not asked for.
-    if token_value.is_some() || k > 0 {
-        for (i, v) in row.iter().enumerate() {
-            let x = v.to_f32();
-            if let Some(tv) = token_value {
-                larger += usize::from(rank_value(x) > tv);
-            }
-            if k > 0 {
-                offer(&mut top, k, x, i);
-            }
-        }
-    }
+    // One pass for the maximum, the rank and the top-K, one for the normaliser.
+    let scan = scan_row(row, token_value, k, &mut top);
+    let stats = row_stats_after_max(row, t, (scan.max, scan.inf_count), None);
+    let larger = scan.larger;
+    let lp = |i: usize| -> f32 {
+        let x = row.get(i).map_or(f32::NEG_INFINITY, |v| v.to_f32());
+        logprob(&stats, i, x, t, vocab)
+    };
 
     match token {
         Some(i) => {

@@ -1,7 +1,7 @@
 //! `softmax` (`docs/semantics.md` §5.5): `probs = softmax(logits / temperature)` per row, f32 out.
 //!
-//! Rows run in parallel; each row is two passes over the logits (max, then exp and sum) and one
-//! over the output (normalise), all f32. The scaled logit is `(l − m) / T` with `m` the row's
+//! Rows run in parallel; each row is two vectorised passes over the logits (max, then exp and sum,
+//! leaving each term in the output; `float_math`) and one over the output (normalise), all f32. The scaled logit is `(l − m) / T` with `m` the row's
 //! maximum logit — subtract first, then divide — so nothing overflows and a tiny `T` tends to the
 //! one-hot of `T = 0`. The special rows have fixed answers so that every backend agrees without
 //! relying on how `exp` treats infinities: temperature 0 is one-hot at the argmax, a row whose
@@ -14,12 +14,8 @@ use specula_backend_api::{Buffer, DType, FloatElement, Op, Result};
 
 use super::argmax::row_argmax;
 use super::with_float;
-use crate::CpuDevice;
+use crate::{CpuDevice, float_math};
 use specula_backend_api::host::{slice, slice_mut};
-
-/// Independent f32 accumulators in the sums: the loop vectorises and the rounding error grows with
-/// `V / LANES` instead of `V`.
-const LANES: usize = 8;
 
 /// A device-side temperature as the ops use it: negative or NaN counts as 1.0 (host copies are
 /// validated; device contents cannot be trusted).
@@ -65,18 +61,25 @@ pub(crate) enum RowStats {
     },
 }
 
-/// The statistics of one row under temperature `t` (already made effective).
-pub(crate) fn row_stats<T: FloatElement>(row: &[T], t: f32) -> RowStats {
+/// The statistics of one row under temperature `t` (already made effective). With `out` (the
+/// row's length), a finite row also leaves each `exp` term there, ready to be normalised.
+pub(crate) fn row_stats<T: FloatElement>(row: &[T], t: f32, out: Option<&mut [f32]>) -> RowStats {
     if t == 0.0 {
         return RowStats::OneHot(row_argmax(row));
     }
-    let mut max = f32::NEG_INFINITY;
-    let mut inf_count = 0usize;
-    for v in row {
-        // `f32::max` ignores a NaN operand: NaN counts as −inf.
-        let x = v.to_f32();
-        max = max.max(x);
-        inf_count += usize::from(x == f32::INFINITY);
+    let (max, inf_count) = float_math::max_and_inf_count(row);
+    row_stats_after_max(row, t, (max, inf_count), out)
+}
+
+/// [`row_stats`] of a row whose maximum (NaN ignored) and +inf count are known.
+pub(crate) fn row_stats_after_max<T: FloatElement>(
+    row: &[T],
+    t: f32,
+    (max, inf_count): (f32, usize),
+    out: Option<&mut [f32]>,
+) -> RowStats {
+    if t == 0.0 {
+        return RowStats::OneHot(row_argmax(row));
     }
     if max == f32::INFINITY {
         return RowStats::PosInf { count: inf_count };
@@ -84,25 +87,38 @@ pub(crate) fn row_stats<T: FloatElement>(row: &[T], t: f32) -> RowStats {
     if max == f32::NEG_INFINITY {
         return RowStats::AllNegInf;
     }
-    let mut lanes = [0.0f32; LANES];
-    let mut chunks = row.chunks_exact(LANES);
-    for chunk in &mut chunks {
-        for (acc, v) in lanes.iter_mut().zip(chunk) {
-            *acc += scaled(v.to_f32(), max, t).exp();
-        }
-    }
-    let mut sum: f32 = chunks
-        .remainder()
-        .iter()
-        .map(|v| scaled(v.to_f32(), max, t).exp())
-        .sum();
-    sum += lanes.iter().sum::<f32>();
+    let sum = if t.is_finite() {
+        float_math::sum_exp(row, max, t, out)
+    } else {
+        infinite_temperature_sum(row, max, t, out)
+    };
     RowStats::Finite { max, sum }
+}
+
+/// The normaliser at `t = +inf`: every finite logit weighs `exp(0) = 1`.
+fn infinite_temperature_sum<T: FloatElement>(
+    row: &[T],
+    max: f32,
+    t: f32,
+    out: Option<&mut [f32]>,
+) -> f32 {
+    let term = |v: &T| scaled(v.to_f32(), max, t).exp();
+    match out {
+        Some(out) => out
+            .iter_mut()
+            .zip(row)
+            .map(|(o, v)| {
+                *o = term(v);
+                *o
+            })
+            .sum(),
+        None => row.iter().map(term).sum(),
+    }
 }
 
 /// Writes the probabilities of one row.
 fn row_softmax<T: FloatElement>(row: &[T], t: f32, out: &mut [f32]) {
-    match row_stats(row, t) {
+    match row_stats(row, t, Some(out)) {
         RowStats::OneHot(i) => {
             out.fill(0.0);
             if let Some(o) = out.get_mut(i) {
@@ -116,11 +132,8 @@ fn row_softmax<T: FloatElement>(row: &[T], t: f32, out: &mut [f32]) {
             }
         }
         RowStats::AllNegInf => out.fill(1.0 / row.len() as f32),
-        RowStats::Finite { max, sum } => {
-            for (o, v) in out.iter_mut().zip(row) {
-                *o = scaled(v.to_f32(), max, t).exp() / sum;
-            }
-        }
+        // `row_stats` left the exp terms in `out`.
+        RowStats::Finite { sum, .. } => out.iter_mut().for_each(|o| *o /= sum),
     }
 }
 

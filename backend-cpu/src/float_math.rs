@@ -1,0 +1,255 @@
+//! Vectorised row passes of the float ops (`softmax`, `accept_logprobs`): the row's maximum and
+//! +inf count, and `Σ exp((l − m) / T)` with an `exp` the compiler can vectorise.
+//!
+//! The float ops are tolerance-compared (`docs/semantics.md` §5.5): the contract fixes f32
+//! accumulation and the order of the scaling (subtract the maximum, then divide), not how `exp` is
+//! evaluated. [`exp`] is a branch-free Cody–Waite reduction with a degree-6 polynomial (within
+//! 2 ulp of the correctly rounded value over the normal range, and exactly 0 at −inf), so the
+//! passes compile to straight vector code in the AVX-512 and AVX2 variants chosen at run time.
+
+use specula_backend_api::FloatElement;
+
+use crate::sampling::scan::{compiled_for, dispatch};
+#[cfg(target_arch = "x86_64")]
+use crate::sampling::scan::{has_avx2, has_avx512};
+
+/// Independent accumulators per pass: one AVX-512 register of f32 (two AVX2 registers).
+const LANES: usize = 16;
+
+/// `log2(e)`.
+const LOG2_E: f32 = std::f32::consts::LOG2_E;
+/// `ln 2` split in two for the reduction (`HI` has trailing zero bits, so `n · HI` is exact).
+const LN2_HI: f32 = 0.693_359_4;
+/// The rest of `ln 2`.
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// Below this, `exp` is 0 in f32 (the smallest subnormal is `e^-103.28`).
+const EXP_UNDERFLOW: f32 = -103.9;
+/// Above this, `exp` overflows f32.
+const EXP_OVERFLOW: f32 = 88.722_83;
+/// `1.5 · 2^23`: adding it rounds an f32 of magnitude < 2^22 to an integer (ties to even), which
+/// then sits in the low bits of the sum's significand.
+const ROUNDER: f32 = 12_582_912.0;
+
+/// `e^x` in f32 without branches (vectorisable): ±1 ulp-level accurate, 0 for `x ≤ −103.9` (−inf
+/// included), +inf above the f32 range. `x` must not be NaN (the callers map NaN to −inf first).
+#[inline(always)]
+pub(crate) fn exp(x: f32) -> f32 {
+    let clamped = x.clamp(EXP_UNDERFLOW, EXP_OVERFLOW);
+    // n = round(x / ln 2), read from the significand of `x · log2(e) + ROUNDER`.
+    let shifted = clamped * LOG2_E + ROUNDER;
+    let n = shifted.to_bits() as i32 - ROUNDER.to_bits() as i32;
+    let nf = shifted - ROUNDER;
+    // r = x − n · ln 2 ∈ [−ln2/2, ln2/2].
+    let r = clamped - nf * LN2_HI - nf * LN2_LO;
+    // e^r: the minimax polynomial of Cephes' expf.
+    let p = 1.987_569_1e-4_f32;
+    let p = p * r + 1.398_199_9e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 1.666_666_5e-1;
+    let p = p * r + 0.5;
+    let er = p * (r * r) + r + 1.0;
+    // 2^n in two normal factors, so that subnormal results come out right: n ∈ [−150, 128].
+    let half = n >> 1;
+    let value = er * pow2(half) * pow2(n - half);
+    if x < EXP_UNDERFLOW {
+        0.0
+    } else if x > EXP_OVERFLOW {
+        f32::INFINITY
+    } else {
+        value
+    }
+}
+
+/// `2^k` for `k ∈ [−126, 127]`, built from its exponent bits.
+#[inline(always)]
+fn pow2(k: i32) -> f32 {
+    f32::from_bits(((k + 127) as u32) << 23)
+}
+
+/// The scaled logit of a finite temperature in a row whose maximum `m` is finite: `(x − m) / t`,
+/// NaN (a NaN logit) read as −inf. Branch-free.
+#[inline(always)]
+fn scaled_finite(x: f32, m: f32, t: f32) -> f32 {
+    let y = (x - m) / t;
+    if y.is_nan() { f32::NEG_INFINITY } else { y }
+}
+
+/// The maximum of a row (NaN ignored; −inf for a row of NaN and −inf) and how many entries are
+/// +inf, in one vectorised pass.
+pub(crate) fn max_and_inf_count<T: FloatElement>(row: &[T]) -> (f32, usize) {
+    dispatch!(max_and_inf_count_generic::<T>(row) via max_and_inf_count_avx512, max_and_inf_count_avx2)
+}
+
+compiled_for!(avx512, fn max_and_inf_count_avx512 [T: FloatElement]
+    (row: &[T]) -> (f32, usize) = max_and_inf_count_generic [T]);
+compiled_for!(avx2, fn max_and_inf_count_avx2 [T: FloatElement]
+    (row: &[T]) -> (f32, usize) = max_and_inf_count_generic [T]);
+
+#[inline(always)]
+fn max_and_inf_count_generic<T: FloatElement>(row: &[T]) -> (f32, usize) {
+    let mut max = [f32::NEG_INFINITY; LANES];
+    let mut infs = [0u32; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for ((m, c), v) in max.iter_mut().zip(infs.iter_mut()).zip(chunk) {
+            let x = v.to_f32();
+            // `x > m` is false for NaN: NaN never becomes the maximum.
+            *m = if x > *m { x } else { *m };
+            *c += u32::from(x == f32::INFINITY);
+        }
+    }
+    let mut best = f32::NEG_INFINITY;
+    let mut count = 0usize;
+    for v in chunks.remainder() {
+        let x = v.to_f32();
+        best = if x > best { x } else { best };
+        count += usize::from(x == f32::INFINITY);
+    }
+    for (m, c) in max.iter().zip(&infs) {
+        best = if *m > best { *m } else { best };
+        count += *c as usize;
+    }
+    (best, count)
+}
+
+/// `Σ exp((x − max) / t)` over a row whose maximum `max` is finite, at a finite `t > 0`; when
+/// `out` is given (the row's length), each term is also written there.
+pub(crate) fn sum_exp<T: FloatElement>(
+    row: &[T],
+    max: f32,
+    t: f32,
+    out: Option<&mut [f32]>,
+) -> f32 {
+    match out {
+        Some(out) => {
+            dispatch!(exp_into_generic::<T>(row, max, t, out) via exp_into_avx512, exp_into_avx2)
+        }
+        None => dispatch!(sum_exp_generic::<T>(row, max, t) via sum_exp_avx512, sum_exp_avx2),
+    }
+}
+
+compiled_for!(avx512, fn sum_exp_avx512 [T: FloatElement]
+    (row: &[T], max: f32, t: f32) -> f32 = sum_exp_generic [T]);
+compiled_for!(avx2, fn sum_exp_avx2 [T: FloatElement]
+    (row: &[T], max: f32, t: f32) -> f32 = sum_exp_generic [T]);
+compiled_for!(avx512, fn exp_into_avx512 [T: FloatElement]
+    (row: &[T], max: f32, t: f32, out: &mut [f32]) -> f32 = exp_into_generic [T]);
+compiled_for!(avx2, fn exp_into_avx2 [T: FloatElement]
+    (row: &[T], max: f32, t: f32, out: &mut [f32]) -> f32 = exp_into_generic [T]);
+
+#[inline(always)]
+fn sum_exp_generic<T: FloatElement>(row: &[T], max: f32, t: f32) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (acc, v) in lanes.iter_mut().zip(chunk) {
+            *acc += exp(scaled_finite(v.to_f32(), max, t));
+        }
+    }
+    let rest: f32 = chunks
+        .remainder()
+        .iter()
+        .map(|v| exp(scaled_finite(v.to_f32(), max, t)))
+        .sum();
+    lanes.iter().sum::<f32>() + rest
+}
+
+#[inline(always)]
+fn exp_into_generic<T: FloatElement>(row: &[T], max: f32, t: f32, out: &mut [f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    let mut outs = out.chunks_exact_mut(LANES);
+    for (chunk, o) in (&mut chunks).zip(&mut outs) {
+        for ((acc, v), o) in lanes.iter_mut().zip(chunk).zip(o.iter_mut()) {
+            let e = exp(scaled_finite(v.to_f32(), max, t));
+            *o = e;
+            *acc += e;
+        }
+    }
+    let mut rest = 0.0f32;
+    for (v, o) in chunks.remainder().iter().zip(outs.into_remainder()) {
+        let e = exp(scaled_finite(v.to_f32(), max, t));
+        *o = e;
+        rest += e;
+    }
+    lanes.iter().sum::<f32>() + rest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Distance in units in the last place between two finite f32 of the same sign.
+    fn ulps(a: f32, b: f32) -> u32 {
+        (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs() as u32
+    }
+
+    #[test]
+    fn exp_is_within_two_ulp_of_the_correctly_rounded_value_over_the_normal_range() {
+        let mut worst = 0;
+        let mut x = -87.0f32;
+        while x < 88.7 {
+            let want = (f64::from(x)).exp() as f32;
+            worst = worst.max(ulps(exp(x), want));
+            x += 0.000_37;
+        }
+        assert!(worst <= 2, "worst error {worst} ulp");
+    }
+
+    #[test]
+    fn exp_edges() {
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-104.0), 0.0);
+        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+        assert_eq!(exp(89.0), f32::INFINITY);
+        // Subnormal results: within 2 of the correctly rounded subnormal.
+        for x in [-88.0f32, -95.5, -100.0, -103.0] {
+            let want = (f64::from(x)).exp() as f32;
+            assert!(ulps(exp(x), want) <= 2, "exp({x}) = {} want {want}", exp(x));
+        }
+    }
+
+    #[test]
+    fn the_row_passes_match_plain_loops() {
+        let row: Vec<f32> = (0..1000)
+            .map(|i| match i % 97 {
+                3 => f32::NAN,
+                5 => f32::NEG_INFINITY,
+                _ => ((i * 7919) % 1013) as f32 / 37.0 - 12.0,
+            })
+            .collect();
+        let plain_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        assert_eq!(max_and_inf_count(&row), (plain_max, 0));
+        let mut with_inf = row.clone();
+        with_inf[17] = f32::INFINITY;
+        with_inf[999] = f32::INFINITY;
+        assert_eq!(max_and_inf_count(&with_inf), (f32::INFINITY, 2));
+        assert_eq!(
+            max_and_inf_count::<f32>(&[f32::NAN; 3]).0,
+            f32::NEG_INFINITY
+        );
+
+        let t = 0.8;
+        let plain: f64 = row
+            .iter()
+            .map(|&x| {
+                if x.is_nan() {
+                    0.0
+                } else {
+                    f64::from((x - plain_max) / t).exp()
+                }
+            })
+            .sum();
+        let mut out = vec![0.0f32; row.len()];
+        let summed = sum_exp(&row, plain_max, t, None);
+        let written = sum_exp(&row, plain_max, t, Some(&mut out));
+        assert_eq!(summed, written);
+        assert!((f64::from(summed) - plain).abs() <= plain * 1e-5);
+        assert_eq!(out[3], 0.0);
+        assert_eq!(out[5], 0.0);
+        let total: f64 = out.iter().map(|&e| f64::from(e)).sum();
+        assert!((total - plain).abs() <= plain * 1e-5);
+    }
+}
