@@ -285,6 +285,7 @@ pub fn run(
     for &vocab in vocabs {
         for &rows in batches {
             row_benches(&mut b, rows, vocab)?;
+            float_benches(&mut b, rows, vocab)?;
             if d.capabilities().logits {
                 logits_benches(&mut b, rows, vocab)?;
             }
@@ -294,7 +295,10 @@ pub fn run(
         for &slots in slot_counts {
             for s in [1usize, 4, 6] {
                 if b.wants("step") {
-                    step_bench(&mut b, slots, s, vocab)?;
+                    step_bench(&mut b, slots, s, vocab, false)?;
+                    if d.capabilities().logits {
+                        step_bench(&mut b, slots, s, vocab, true)?;
+                    }
                 }
             }
         }
@@ -369,6 +373,71 @@ fn row_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
     Ok(())
 }
 
+/// The float ops over `[rows, vocab]` logits at T = 0.8: `softmax` (which also writes the row) and
+/// `accept_logprobs` with the top 20 (one accepted token per row), next to one read of the logits.
+fn float_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
+    let d = b.device;
+    let shape = RowShape { rows, vocab };
+    let logits = d.upload(&logit_rows(rows, vocab, (rows * vocab) as u64 + 3))?;
+    let temperature = d.upload(&vec![0.8f32; rows])?;
+    if b.wants("softmax(") {
+        let mut probs = d.alloc::<f32>(rows * vocab)?;
+        let params = SoftmaxParams {
+            shape,
+            host_temperature: None,
+        };
+        b.measure_rows("softmax(T=0.8)".into(), &logits, (rows, vocab), &mut || {
+            d.softmax(&logits, &temperature, &mut probs, &params)
+        })?;
+    }
+    if b.wants("accept_logprobs") {
+        let top_k = 20usize;
+        let accept_tokens = d.upload(
+            &(0..rows as i32)
+                .map(|i| (i * 7919) % vocab as i32)
+                .collect::<Vec<_>>(),
+        )?;
+        let accept_num = d.upload(&vec![1i32; rows])?;
+        let encoder = d.alloc::<i32>(rows)?;
+        let cu_out = d.upload(&(0..=rows as i32).collect::<Vec<_>>())?;
+        let (mut cu_accept, mut token_ids, mut logprobs, mut ranks) = (
+            d.alloc::<i32>(rows + 1)?,
+            d.alloc::<i32>(rows)?,
+            d.alloc::<f32>(rows)?,
+            d.alloc::<i32>(rows)?,
+        );
+        let (mut top_ids, mut top_logprobs) =
+            (d.alloc::<i32>(rows * top_k)?, d.alloc::<f32>(rows * top_k)?);
+        let inputs = LogprobsInputs {
+            logits: &logits,
+            temperature: &temperature,
+            accept_tokens: &accept_tokens,
+            accept_num: &accept_num,
+            seq_lens_encoder: &encoder,
+            cu_seqlens_q_output: &cu_out,
+        };
+        let params = LogprobsParams {
+            dims: full_batch(rows, 1),
+            shape,
+            top_k,
+            host_temperature: None,
+        };
+        let op = format!("accept_logprobs(K={top_k},T=0.8)");
+        b.measure_rows(op, &logits, (rows, vocab), &mut || {
+            let mut out = LogprobsOutputs {
+                cu_accept: &mut cu_accept,
+                token_ids: &mut token_ids,
+                logprobs: &mut logprobs,
+                ranks: &mut ranks,
+                top_ids: &mut top_ids,
+                top_logprobs: &mut top_logprobs,
+            };
+            d.accept_logprobs(&inputs, &mut out, &params)
+        })?;
+    }
+    Ok(())
+}
+
 /// Sampling from `[rows, vocab]` logits at T = 0.8 (contract §3b, no softmax), in the settings of
 /// the probability benches, and the float path it replaces (softmax, then sampling the
 /// probabilities) for comparison.
@@ -420,12 +489,22 @@ fn logits_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> 
 }
 
 /// The unified step of `slots` decode slots of `s` tokens over `vocab`, next to one read of its
-/// probabilities.
-fn step_bench(b: &mut Bencher<'_>, slots: usize, s: usize, vocab: usize) -> Result<()> {
+/// scores: probabilities, or logits sampled at T = 0.8 (contract §3b) when `from_logits`.
+fn step_bench(
+    b: &mut Bencher<'_>,
+    slots: usize,
+    s: usize,
+    vocab: usize,
+    from_logits: bool,
+) -> Result<()> {
     let d = b.device;
     let rows = slots * s;
     let dims = full_batch(slots, s);
-    let probs = d.upload(&probability_rows(rows, vocab, 7))?;
+    let probs = if from_logits {
+        d.upload(&logit_rows(rows, vocab, 7))?
+    } else {
+        d.upload(&probability_rows(rows, vocab, 7))?
+    };
     let this_time = d.upload(&vec![s as i32; slots])?;
     let zeros_i32 = d.alloc::<i32>(slots)?;
     let zeros_u8 = d.alloc::<u8>(slots)?;
@@ -436,7 +515,7 @@ fn step_bench(b: &mut Bencher<'_>, slots: usize, s: usize, vocab: usize) -> Resu
     )?;
     let slot_top_p = d.upload(&vec![0.9f32; slots])?;
     let slot_top_k = d.upload(&vec![50i32; slots])?;
-    let slot_temperature = d.upload(&vec![1.0f32; slots])?;
+    let slot_temperature = d.upload(&vec![if from_logits { 0.8f32 } else { 1.0 }; slots])?;
     let infer_seed = d.upload(&(0..slots as u64).map(|i| i * 1000).collect::<Vec<_>>())?;
     let step_idx = d.upload(&vec![10i32; slots])?;
     let max_dec_len = d.upload(&vec![1 << 20; slots])?;
@@ -459,7 +538,11 @@ fn step_bench(b: &mut Bencher<'_>, slots: usize, s: usize, vocab: usize) -> Resu
         seq_lens_this_time: &this_time,
         seq_lens_encoder: &zeros_i32,
     };
-    let op = format!("step(target_match,S={s})");
+    let op = if from_logits {
+        format!("step(target_match,S={s},logits,T=0.8)")
+    } else {
+        format!("step(target_match,S={s})")
+    };
     b.measure(
         op,
         (slots, vocab, s),
@@ -505,7 +588,11 @@ fn step_bench(b: &mut Bencher<'_>, slots: usize, s: usize, vocab: usize) -> Resu
             )?;
             d.top_k_top_p_sample(
                 &SampleInputs {
-                    scores: Scores::Probs(&probs),
+                    scores: if from_logits {
+                        Scores::logits(&probs, &row_temperature)
+                    } else {
+                        Scores::Probs(&probs)
+                    },
                     top_k: &row_top_k,
                     top_p: &row_top_p,
                     seed: &row_seed,
