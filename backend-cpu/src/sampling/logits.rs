@@ -16,6 +16,8 @@
 
 use std::cmp::Ordering;
 
+mod unranked;
+
 use super::scan::{compiled_for, dispatch};
 #[cfg(target_arch = "x86_64")]
 use super::scan::{has_avx2, has_avx512};
@@ -34,8 +36,10 @@ const FULL: u64 = 1 << WEIGHT_BITS;
 const MAX_FAST_K: usize = 4096;
 /// Logits per chunk of the streaming passes.
 const CHUNK: usize = 64;
-/// The number of rank-key bins of the top-p selection (the key's high 16 bits).
-const BINS: usize = 1 << 16;
+/// The bins of the top-p selection: the members' key range in at most `2^BIN_BITS` bins.
+const BIN_BITS: u32 = 12;
+/// `2^BIN_BITS`.
+const BINS: usize = 1 << BIN_BITS;
 
 /// A token of positive weight: its rank key, id and weight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -422,51 +426,56 @@ impl Boundary {
 /// in rank order whose mass `c` satisfies `c · 2^24 ≥ P · total`.
 pub(crate) fn top_p_boundary(survivors: &[Weighted], top_p: f32, total: u64) -> (Boundary, u64) {
     let p = top_p_fixed(top_p);
-    if p >= 1 << TOP_P_BITS {
-        // Every survivor is needed to reach the whole mass (each weighs something).
-        let last = survivors
-            .iter()
-            .max_by(|a, b| rank_cmp(&(a.key, a.id), &(b.key, b.id)))
-            .map_or(Boundary { key: 0, id: 0 }, |w| Boundary {
-                key: w.key,
-                id: w.id,
-            });
-        return (last, total);
+    if p < 1 << TOP_P_BITS
+        && let Some(found) = prefix_boundary(survivors, p, total)
+    {
+        return found;
     }
-    // Mass per bin of the key's high 16 bits, walked from the top bin to the one that crosses.
-    let mut bins = vec![0u64; BINS];
-    for w in survivors {
-        bins[(w.key >> 16) as usize] += w.weight;
+    // Every survivor is needed to reach the whole mass (each weighs something).
+    let last = survivors
+        .iter()
+        .max_by(|a, b| rank_cmp(&(a.key, a.id), &(b.key, b.id)))
+        .map_or(Boundary { key: 0, id: 0 }, |w| Boundary {
+            key: w.key,
+            id: w.id,
+        });
+    (last, total)
+}
+
+/// The shortest rank-order prefix of `members` whose mass reaches top-p `p` (fixed point) of
+/// `total`, and its mass; `None` when all of `members` fall short. `members` must hold every
+/// token ranked above any of them (a rank-order prefix of the row's positive tokens, in any order).
+///
+/// Mass per bin of the key (at most [`BINS`] bins spanning the members' keys), walked from the top
+/// bin to the one that crosses; only that bin's members are sorted.
+pub(crate) fn prefix_boundary(members: &[Weighted], p: u64, total: u64) -> Option<(Boundary, u64)> {
+    let low = members.iter().map(|w| w.key).min()?;
+    let high = members.iter().map(|w| w.key).max()?;
+    let shift = (32 - (high - low).leading_zeros()).saturating_sub(BIN_BITS);
+    let bin = |w: &Weighted| ((w.key - low) >> shift) as usize;
+    let mut bins = [0u64; BINS];
+    for w in members {
+        bins[bin(w)] += w.weight;
     }
     let mut above = 0u64;
-    let mut crossing = 0usize;
-    for b in (0..BINS).rev() {
-        if bins[b] > 0 && reaches_top_p(above + bins[b], p, total) {
-            crossing = b;
-            break;
-        }
-        above += bins[b];
-    }
-    let mut band: Vec<&Weighted> = survivors
-        .iter()
-        .filter(|w| (w.key >> 16) as usize == crossing)
-        .collect();
+    let crossing = (0..BINS).rev().find(|&b| {
+        let crosses = bins[b] > 0 && reaches_top_p(above + bins[b], p, total);
+        above += if crosses { 0 } else { bins[b] };
+        crosses
+    })?;
+    let mut band: Vec<&Weighted> = members.iter().filter(|w| bin(w) == crossing).collect();
     band.sort_unstable_by(|a, b| rank_cmp(&(a.key, a.id), &(b.key, b.id)));
     let mut mass = above;
-    for w in &band {
+    band.into_iter().find_map(|w| {
         mass += w.weight;
-        if reaches_top_p(mass, p, total) {
-            return (
-                Boundary {
-                    key: w.key,
-                    id: w.id,
-                },
-                mass,
-            );
-        }
-    }
-    // Unreachable: the crossing bin reaches the target. Keep everything.
-    top_p_boundary(survivors, 1.0, total)
+        reaches_top_p(mass, p, total).then_some((
+            Boundary {
+                key: w.key,
+                id: w.id,
+            },
+            mass,
+        ))
+    })
 }
 
 /// The first token of the row in rank order (the answer for a row of weight 0).
@@ -534,6 +543,12 @@ pub(crate) fn sample_row<T: FloatElement>(
     r: u64,
 ) -> usize {
     let weighing = Weighing::of(row, t);
+    let k = usize::try_from(top_k).unwrap_or(0);
+    if (k == 0 || k >= row.len())
+        && let Some(token) = unranked::sample(row, &weighing, top_p, r)
+    {
+        return token;
+    }
     let buffer = KEPT.with(|cell| cell.take());
     match kept_set(row, &weighing, top_k, top_p, buffer) {
         KeptLogits::Degenerate(first) => first,
@@ -687,6 +702,53 @@ mod tests {
                 "case {case}: v {v}, t {t}, top_k {top_k}, top_p {top_p}"
             );
         }
+    }
+
+    /// Rows long enough for the one-pass path without top-k (`unranked`), which must decide as the
+    /// plain definition does, and fall back when its floor leaves too little mass.
+    #[test]
+    fn sampling_without_top_k_equals_the_plain_definition() {
+        let mut next = stream(17);
+        for case in 0..120 {
+            let v = [8192, 9001, 40_000][case % 3];
+            let spread = [6.0, 40.0, 400.0, 0.5][case % 4];
+            let mut row = llm_row(&mut next, v, spread);
+            for special in [f32::NAN, f32::NEG_INFINITY, 3e38, -3e38] {
+                if next().is_multiple_of(3) {
+                    row[(next() % v as u64) as usize] = special;
+                }
+            }
+            let t = [0.05, 0.7, 1.0, 2.5, f32::INFINITY][case % 5];
+            let top_k = [0, -1, v as i32][(case / 5) % 3];
+            let top_p = [1.0, 0.9, 0.5, 0.01, 0.999][(case / 7) % 5];
+            let r = next();
+            assert_eq!(
+                sample_row(&row, t, top_k, top_p, r),
+                plain_sample(&row, t, top_k, top_p, r),
+                "case {case}: v {v}, spread {spread}, t {t}, top_k {top_k}, top_p {top_p}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_one_pass_path_decides_llm_like_rows() {
+        let mut next = stream(19);
+        let row = llm_row(&mut next, 151_936, 300.0);
+        let weighing = Weighing::of(&row, 0.8);
+        for top_p in [1.0, 0.9, 0.5] {
+            let r = next();
+            assert_eq!(
+                unranked::sample(&row, &weighing, top_p, r),
+                Some(plain_sample(&row, 0.8, 0, top_p, r)),
+                "top_p {top_p}"
+            );
+        }
+        // A flat row: top-p 0.9 needs far more tokens than the floor leaves, so it falls back.
+        let flat = llm_row(&mut next, 151_936, 0.5);
+        assert_eq!(
+            unranked::sample(&flat, &Weighing::of(&flat, 1.0), 0.9, 1),
+            None
+        );
     }
 
     #[test]
