@@ -1819,7 +1819,11 @@ fn softmax_kernels_match_the_cpu_reference(work: &Workdir, cpu: &CpuDevice, rng:
 /// NaN read as −inf.
 fn contract_scaled(x: f32, m: f32, t: f32) -> f32 {
     if t == f32::INFINITY {
-        return if x.is_finite() { 0.0 } else { f32::NEG_INFINITY };
+        return if x.is_finite() {
+            0.0
+        } else {
+            f32::NEG_INFINITY
+        };
     }
     let y = (x - m) / t;
     if y.is_nan() { f32::NEG_INFINITY } else { y }
