@@ -64,8 +64,9 @@ struct BenchArgs {
     /// `all`, or a comma-separated list of backends (default: the CPU).
     #[arg(long, default_value = "cpu", value_name = "BACKENDS", value_parser = parse_backends)]
     backend: Selection,
-    /// Only ops whose name contains one of these (comma-separated; e.g. `argmax,step`).
-    #[arg(long, value_name = "OPS", value_delimiter = ',')]
+    /// Only lines whose op name contains one of these (comma-separated; e.g. `argmax,step`). A
+    /// value that is part of no line's name is an error.
+    #[arg(long, value_name = "OPS", value_delimiter = ',', value_parser = parse_bench_op)]
     op: Vec<String>,
     /// Only the 151936 vocabulary at batches 1 and 64.
     #[arg(long)]
@@ -189,6 +190,24 @@ fn parse_op(value: &str) -> Result<Op, String> {
             op_names()
         )
     })
+}
+
+/// One `--op` value of `bench`: it must be part of the name of some bench line.
+fn parse_bench_op(value: &str) -> Result<String, String> {
+    let op = value.trim();
+    if op.is_empty() {
+        return Err(format!(
+            "empty bench op (expected some of: {})",
+            specula_conformance::bench::op_names().join(", ")
+        ));
+    }
+    if specula_conformance::bench::matches_some_line(op) {
+        return Ok(op.to_owned());
+    }
+    Err(format!(
+        "unknown bench op `{op}` (expected a part of a line name; the ops are: {})",
+        specula_conformance::bench::op_names().join(", ")
+    ))
 }
 
 fn parse_ops(value: &str) -> Result<OpSelection, String> {

@@ -1,0 +1,84 @@
+//! The `specula` command's arguments: unknown bench ops are errors, backends take device numbers
+//! as the registry does, and the command's stderr stays one `error:` line without
+//! `XDG_RUNTIME_DIR`.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::process::{Command, Output};
+
+fn specula(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_specula"))
+        .args(args)
+        .env_remove("SPECULA_REQUIRE")
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Exit status 2 and exactly one line on stderr, starting with `error:` and containing every
+/// needle.
+fn assert_clean_error(o: &Output, needles: &[&str]) {
+    let err = stderr(o);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "stderr: {err}\nstdout: {}",
+        stdout(o)
+    );
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("error: "), "{err}");
+    for needle in needles {
+        assert!(err.contains(needle), "`{needle}` not in: {err}");
+    }
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bench_rejects_an_unknown_op() {
+    let o = specula(&["bench", "--op", "nosuchop"]);
+    assert_clean_error(
+        &o,
+        &[
+            "`nosuchop`",
+            "argmax",
+            "step",
+            "logits_sample",
+            "gather_next_token",
+        ],
+    );
+    assert!(stdout(&o).is_empty(), "no table: {}", stdout(&o));
+    // One unknown value among known ones is still an error, naming the unknown one.
+    let o = specula(&["bench", "--op", "argmax,bogus"]);
+    assert_clean_error(&o, &["`bogus`"]);
+    let o = specula(&["bench", "--op", ""]);
+    assert_clean_error(&o, &["empty bench op"]);
+}
+
+#[test]
+fn bench_accepts_a_part_of_a_line_name() {
+    let o = specula(&[
+        "bench",
+        "--op",
+        "argmax",
+        "--quick",
+        "--warm",
+        "--warmup",
+        "0",
+        "--repeats",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("cpu ")).collect();
+    assert_eq!(lines.len(), 2, "batches 1 and 64: {out}");
+    assert!(lines.iter().all(|l| l.contains("argmax")), "{out}");
+}
