@@ -2,7 +2,7 @@
 //! saved case everywhere, and saves cases to files.
 //!
 //! ```text
-//! specula run    [--backend all|cpu,wgpu,xpu-sim,cuda] [--op OP,...|properties] [--quick]
+//! specula run    [--backend all|cpu,wgpu,xpu-sim,cuda[:N],...] [--op OP,...|properties] [--quick]
 //!                [--filter TEXT] [--json FILE]
 //! specula replay FILE.safetensors [--backend ...] [--out OUT.safetensors]
 //! specula dump   --op OP --case NAME --out FILE.safetensors
@@ -24,7 +24,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use specula_backend_api::{BackendKind, Op};
-use specula_conformance::backends::{self, Backend};
+use specula_conformance::backends::{self, Backend, BackendChoice};
 use specula_conformance::cases::{self, Size};
 use specula_conformance::report::{column_width, size_name};
 use specula_conformance::suite::{self, CaseEntry, Outcome, PROPERTIES, Plan, Progress, Suite};
@@ -61,7 +61,8 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct BenchArgs {
-    /// `all`, or a comma-separated list of backends (default: the CPU).
+    /// `all`, or a comma-separated list of backends, optionally with device numbers (`wgpu:1`;
+    /// default: the CPU).
     #[arg(long, default_value = "cpu", value_name = "BACKENDS", value_parser = parse_backends)]
     backend: Selection,
     /// Only lines whose op name contains one of these (comma-separated; e.g. `argmax,step`). A
@@ -90,8 +91,9 @@ struct BenchArgs {
 
 #[derive(Debug, Args)]
 struct RunArgs {
-    /// `all`, or a comma-separated list of cpu, wgpu, xpu-sim, cuda. A backend named here that is
-    /// unavailable is an error; with `all` it is reported as skipped.
+    /// `all`, or a comma-separated list of cpu, wgpu, xpu-sim, cuda, each optionally with a device
+    /// number (`xpu-sim:1`; 0 by default). A backend named here that is unavailable (or has no
+    /// such device) is an error; with `all` it is reported as skipped.
     #[arg(long, default_value = "all", value_name = "BACKENDS", value_parser = parse_backends)]
     backend: Selection,
     /// Comma-separated op names (and/or `properties`); all by default.
@@ -119,7 +121,7 @@ struct FuzzArgs {
     /// Stop the op phase after this many cases.
     #[arg(long, value_name = "N")]
     cases: Option<usize>,
-    /// `all`, or a comma-separated list of backends.
+    /// `all`, or a comma-separated list of backends, optionally with device numbers (`wgpu:1`).
     #[arg(long, default_value = "all", value_name = "BACKENDS", value_parser = parse_backends)]
     backend: Selection,
     /// Where failing cases are saved (default `target/fuzz-failures`).
@@ -131,7 +133,7 @@ struct FuzzArgs {
 struct ReplayArgs {
     /// The case file (safetensors; see docs/conformance.md).
     file: PathBuf,
-    /// `all`, or a comma-separated list of backends.
+    /// `all`, or a comma-separated list of backends, optionally with device numbers (`wgpu:1`).
     #[arg(long, default_value = "all", value_name = "BACKENDS", value_parser = parse_backends)]
     backend: Selection,
     /// Write the case, the expected outputs and every backend's outputs to this file.
@@ -162,9 +164,9 @@ struct ListArgs {
     quick: bool,
 }
 
-/// `None` is `all`.
+/// The backend devices named by `--backend`; `None` is `all`.
 #[derive(Clone, Debug)]
-struct Selection(Option<Vec<BackendKind>>);
+struct Selection(Option<Vec<BackendChoice>>);
 
 #[derive(Clone, Debug)]
 struct OpSelection {
@@ -249,8 +251,8 @@ impl From<ConformanceError> for CliError {
 fn open_backends(selection: &Selection) -> Result<Vec<Backend>, CliError> {
     match &selection.0 {
         None => Ok(backends::probe_all()),
-        Some(kinds) => {
-            let probed = backends::probe_selected(kinds);
+        Some(choices) => {
+            let probed = backends::probe_selected(choices);
             if let Some(b) = probed.iter().find(|b| b.device().is_none()) {
                 return Err(CliError(format!(
                     "backend {} is unavailable: {}",
@@ -495,11 +497,11 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
         quick: args.quick,
         ops: args.op.clone(),
     };
-    let kinds: Vec<BackendKind> = args
+    let choices: Vec<BackendChoice> = args
         .backend
         .0
         .clone()
-        .unwrap_or_else(|| BackendKind::ALL.to_vec());
+        .unwrap_or_else(|| BackendKind::ALL.map(BackendChoice::first).to_vec());
     let mut all: Vec<Measurement> = Vec::new();
     println!(
         "specula bench: {} caches, {} warm-up + {} timed calls per shape; floor = one streaming read of the same input on the same threads (memcpy for gather)",
@@ -530,8 +532,9 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
             ratio
         );
     };
-    for kind in kinds {
-        if kind == BackendKind::Cpu {
+    for choice in choices {
+        let name = choice.name();
+        if choice == BackendChoice::first(BackendKind::Cpu) {
             let cpu = std::sync::Arc::new(
                 specula_backend_cpu::CpuDevice::new().map_err(|e| CliError(e.to_string()))?,
             );
@@ -542,13 +545,13 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
             );
             continue;
         }
-        match specula_sampler::registry::open_kind(kind, 0) {
+        match specula_sampler::registry::open_kind(choice.kind, choice.ordinal) {
             Ok(device) => all.extend(
-                bench::run(kind.name(), &device, None, &options, &mut print)
+                bench::run(&name, &device, None, &options, &mut print)
                     .map_err(|e| CliError(e.to_string()))?,
             ),
-            Err(e) if args.backend.0.is_none() => println!("{kind}: skipped ({e})"),
-            Err(e) => return Err(CliError(format!("backend {kind} is unavailable: {e}"))),
+            Err(e) if args.backend.0.is_none() => println!("{name}: skipped ({e})"),
+            Err(e) => return Err(CliError(format!("backend {name} is unavailable: {e}"))),
         }
     }
     if let Some(peak) = bench::peak_rss_bytes() {

@@ -82,3 +82,35 @@ fn bench_accepts_a_part_of_a_line_name() {
     assert_eq!(lines.len(), 2, "batches 1 and 64: {out}");
     assert!(lines.iter().all(|l| l.contains("argmax")), "{out}");
 }
+
+#[test]
+fn backends_take_device_numbers() {
+    // Device 0 named with its number runs, and is reported under the plain name.
+    let o = specula(&["run", "--quick", "--backend", "cpu:0", "--op", "argmax"]);
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
+    assert!(stdout(&o).contains("passed on cpu "), "{}", stdout(&o));
+    // A device number the backend lacks is a clear error, on every command that takes backends.
+    for args in [
+        &["run", "--quick", "--backend", "cpu:1", "--op", "argmax"][..],
+        &["bench", "--backend", "cpu:1", "--op", "argmax", "--quick"][..],
+        &["fuzz", "--backend", "cpu,cpu:1", "--seconds", "1"][..],
+    ] {
+        let o = specula(args);
+        assert_clean_error(&o, &["backend cpu:1 is unavailable", "ordinal 1"]);
+    }
+    // Whether or not xpu-sim is compiled in and has a device here, it has no device 99.
+    let o = specula(&[
+        "run",
+        "--quick",
+        "--backend",
+        "xpu-sim:99",
+        "--op",
+        "argmax",
+    ]);
+    assert_clean_error(&o, &["backend xpu-sim:99 is unavailable"]);
+    // A malformed number is an unknown backend, named.
+    for bad in ["cpu:x", "cpu:-1", "auto", "cpu:"] {
+        let o = specula(&["run", "--quick", "--backend", bad]);
+        assert_clean_error(&o, &[&format!("unknown backend `{bad}`"), "device number"]);
+    }
+}
