@@ -15,8 +15,13 @@
 //! bad input (unknown op or backend, missing or malformed file, a named backend unavailable), 3
 //! when `replay` is given a case that every device rejects before running it (`rejected: <error>`,
 //! naming the argument) and the file does not say it expects that rejection.
+//!
+//! Without a usable `XDG_RUNTIME_DIR` (a bare root shell, a container), the command makes a private
+//! one (mode 0700, under the temporary directory) before anything else runs and removes it at
+//! exit, so that the Vulkan loader does not print its complaint on stderr.
 
-#![forbid(unsafe_code)]
+// The one exception is setting `XDG_RUNTIME_DIR` at the start of `main` (see `RuntimeDir`).
+#![deny(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -570,7 +575,65 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The environment variable the Vulkan loader (and Wayland) want to name a private directory.
+const RUNTIME_DIR_VAR: &str = "XDG_RUNTIME_DIR";
+
+/// A private `XDG_RUNTIME_DIR` this process made for itself because the variable was unset or did
+/// not name a directory; removed when dropped (at the end of `main`). `None` when the environment
+/// already had a usable one, or when none could be made (the loader then only complains).
+struct RuntimeDir(Option<PathBuf>);
+
+impl RuntimeDir {
+    /// Makes and exports a private runtime directory if `XDG_RUNTIME_DIR` is unset, empty or not a
+    /// directory. Must run before any other thread starts.
+    #[cfg(unix)]
+    #[allow(unsafe_code)]
+    fn ensure() -> Self {
+        use std::os::unix::fs::DirBuilderExt;
+        let usable = std::env::var_os(RUNTIME_DIR_VAR)
+            .is_some_and(|dir| !dir.is_empty() && std::path::Path::new(&dir).is_dir());
+        if usable {
+            return RuntimeDir(None);
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        for attempt in 0..16u32 {
+            let dir = std::env::temp_dir().join(format!(
+                "specula-runtime-{}-{nanos:x}-{attempt}",
+                std::process::id()
+            ));
+            // `create` (not `create_all`) fails if the path exists, so a directory or link someone
+            // else placed there is never adopted.
+            if std::fs::DirBuilder::new().mode(0o700).create(&dir).is_ok() {
+                // SAFETY: this is the first statement of `main`: no other thread exists yet (no
+                // backend is opened, no progress bar or pool started), so nothing reads or writes
+                // the environment concurrently.
+                unsafe { std::env::set_var(RUNTIME_DIR_VAR, &dir) };
+                return RuntimeDir(Some(dir));
+            }
+        }
+        RuntimeDir(None)
+    }
+
+    /// Nothing to do where there is no `XDG_RUNTIME_DIR` convention.
+    #[cfg(not(unix))]
+    fn ensure() -> Self {
+        RuntimeDir(None)
+    }
+}
+
+impl Drop for RuntimeDir {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    // First, while this is the only thread: a runtime directory for the Vulkan loader.
+    let _runtime_dir = RuntimeDir::ensure();
     // Panics inside trials are caught and reported as failures; anything else is reported below
     // as one line. Either way: no panic message and no backtrace on the terminal.
     std::panic::set_hook(Box::new(|_| {}));

@@ -3,6 +3,7 @@
 //! `XDG_RUNTIME_DIR`.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn specula(args: &[&str]) -> Output {
@@ -113,4 +114,103 @@ fn backends_take_device_numbers() {
         let o = specula(&["run", "--quick", "--backend", bad]);
         assert_clean_error(&o, &[&format!("unknown backend `{bad}`"), "device number"]);
     }
+}
+
+/// `specula` with `XDG_RUNTIME_DIR` as `value` (`None`: unset), the other variables `envs`, and
+/// its temporary directory in a fresh folder, which is returned with the output.
+fn specula_env(
+    value: Option<&str>,
+    envs: &[(&str, &str)],
+    name: &str,
+    args: &[&str],
+) -> (Output, PathBuf) {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("specula-cli-tests")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_specula"));
+    command
+        .args(args)
+        .env_remove("SPECULA_REQUIRE")
+        .env("TMPDIR", &tmp)
+        .envs(envs.iter().copied());
+    match value {
+        Some(value) => command.env("XDG_RUNTIME_DIR", value),
+        None => command.env_remove("XDG_RUNTIME_DIR"),
+    };
+    (command.output().unwrap(), tmp)
+}
+
+fn assert_no_loader_noise(o: &Output) {
+    let err = stderr(o);
+    assert!(!err.contains("XDG_RUNTIME_DIR"), "loader noise: {err}");
+}
+
+/// The private runtime directory is gone once the command has exited.
+fn assert_removed(tmp: &Path) {
+    let left: Vec<_> = std::fs::read_dir(tmp).unwrap().collect();
+    assert!(
+        left.is_empty(),
+        "left behind in {}: {left:?}",
+        tmp.display()
+    );
+}
+
+#[test]
+fn one_error_line_without_xdg_runtime_dir() {
+    for value in [None, Some(""), Some("/nonexistent/specula-runtime")] {
+        // A failure after every backend was opened (wgpu included, when compiled in).
+        let (o, tmp) = specula_env(
+            value,
+            &[("SPECULA_REQUIRE", "tpu")],
+            "require",
+            &["run", "--quick", "--op", "argmax"],
+        );
+        assert_clean_error(&o, &["SPECULA_REQUIRE", "`tpu`"]);
+        assert_removed(&tmp);
+        // A missing case file.
+        let (o, tmp) = specula_env(
+            value,
+            &[],
+            "replay",
+            &["replay", "/nonexistent/case.safetensors"],
+        );
+        assert_clean_error(&o, &["/nonexistent/case.safetensors"]);
+        assert_removed(&tmp);
+    }
+}
+
+#[test]
+fn runs_without_xdg_runtime_dir() {
+    let (o, tmp) = specula_env(
+        None,
+        &[],
+        "run-cpu",
+        &["run", "--quick", "--backend", "cpu", "--op", "argmax"],
+    );
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
+    assert!(stdout(&o).contains("PASS"), "{}", stdout(&o));
+    assert_no_loader_noise(&o);
+    assert_removed(&tmp);
+    // Every backend (wgpu's Vulkan loader included, where compiled in): no noise either.
+    let (o, tmp) = specula_env(None, &[], "run-all", &["run", "--quick", "--op", "argmax"]);
+    assert_ne!(o.status.code(), Some(2), "stderr: {}", stderr(&o));
+    assert_no_loader_noise(&o);
+    assert_removed(&tmp);
+}
+
+#[test]
+fn a_usable_xdg_runtime_dir_is_kept() {
+    let own = Path::new(env!("CARGO_TARGET_TMPDIR")).join("specula-cli-own-runtime");
+    std::fs::create_dir_all(&own).unwrap();
+    let (o, tmp) = specula_env(
+        Some(own.to_str().unwrap()),
+        &[],
+        "own",
+        &["run", "--quick", "--backend", "cpu", "--op", "argmax"],
+    );
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
+    assert!(own.is_dir());
+    assert_removed(&tmp);
 }
