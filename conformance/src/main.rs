@@ -8,7 +8,8 @@
 //! specula dump   --op OP --case NAME --out FILE.safetensors
 //! specula list   [--op OP,...] [--quick]
 //! specula fuzz   [--seconds N] [--seed S] [--cases N] [--backend ...] [--out-dir DIR]
-//! specula bench  [--backend ...] [--op OPS] [--quick] [--warm] [--json FILE] [--plot FILE]
+//! specula bench  [--backend ...] [--op OPS] [--quick] [--warm] [--warmup N] [--repeats N]
+//!                [--json FILE] [--plot FILE]
 //! ```
 //!
 //! Exit status: 0 when everything that ran passed, 1 when a trial failed (or nothing ran), 2 for

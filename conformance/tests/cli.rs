@@ -1,6 +1,6 @@
 //! The `specula` command's arguments: unknown bench ops are errors, backends take device numbers
-//! as the registry does, and the command's stderr stays one `error:` line without
-//! `XDG_RUNTIME_DIR`.
+//! as the registry does, the command's stderr stays one `error:` line without
+//! `XDG_RUNTIME_DIR`, and `docs/conformance.md` lists every command.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::path::{Path, PathBuf};
@@ -213,4 +213,39 @@ fn a_usable_xdg_runtime_dir_is_kept() {
     assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
     assert!(own.is_dir());
     assert_removed(&tmp);
+}
+
+#[test]
+fn the_docs_list_every_command() {
+    let o = specula(&["--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    let help = stdout(&o);
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    assert!(commands.contains(&"bench"), "{help}");
+    let docs = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/conformance.md"),
+    )
+    .unwrap();
+    let (table, options) = docs
+        .split_once("`specula` options")
+        .expect("the options block");
+    for command in commands {
+        let named = format!("`specula {command} ");
+        assert!(
+            table.contains(&named),
+            "{command} missing from the command table"
+        );
+        let usage = format!("\nspecula {command} ");
+        assert!(
+            options.contains(&usage),
+            "{command} missing from the options block"
+        );
+    }
 }
