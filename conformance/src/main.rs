@@ -330,14 +330,46 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     );
     let suite = Suite::new(backends, size)?.with_required(required);
     let bar = ProgressBar::new(0);
+    // The current trial's start, for its elapsed time on the bar.
+    let trial_start = std::sync::Arc::new(std::sync::Mutex::new(std::time::Instant::now()));
+    let trial_clock = trial_start.clone();
     let style = ProgressStyle::with_template(
-        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}",
+        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} [{trial_elapsed}] {wide_msg}",
     )
+    .map(|style| {
+        style.with_key(
+            "trial_elapsed",
+            move |_: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                let elapsed = trial_clock
+                    .lock()
+                    .map_or(std::time::Duration::ZERO, |start| start.elapsed());
+                let _ = write!(w, "{:>5.1} s", elapsed.as_secs_f64());
+            },
+        )
+    })
     .unwrap_or_else(|_| ProgressStyle::default_bar());
+    // On a terminal the total is counted first (one generation of the cases, one op at a time),
+    // so the bar's length is right from the start; elsewhere the bar is hidden and not counted.
+    // The steady tick keeps the clocks moving through a long trial.
+    let counted = !bar.is_hidden();
+    if counted {
+        let counting = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner());
+        bar.set_style(counting);
+        bar.set_message("counting the trials (generating the cases once)");
+        bar.enable_steady_tick(std::time::Duration::from_millis(250));
+        bar.set_length(suite.count_trials(&plan) as u64);
+    }
     bar.set_style(style);
     let report = suite.run_plan(&plan, &mut |progress| match progress {
-        Progress::Planned(n) => bar.inc_length(n as u64),
-        Progress::Started(trial) => bar.set_message(trial.name()),
+        Progress::Planned(n) if !counted => bar.inc_length(n as u64),
+        Progress::Planned(_) => {}
+        Progress::Started(trial) => {
+            if let Ok(mut start) = trial_start.lock() {
+                *start = std::time::Instant::now();
+            }
+            bar.set_message(trial.name());
+        }
         Progress::Finished(result) => {
             if let Outcome::Failed(message) = &result.outcome {
                 bar.println(format!("FAILED {}: {message}", result.name));

@@ -249,3 +249,33 @@ fn the_docs_list_every_command() {
         );
     }
 }
+
+#[test]
+fn the_trial_count_is_known_before_the_run() {
+    use specula_backend_api::{BackendKind, Op};
+    use specula_conformance::backends;
+    use specula_conformance::cases::Size;
+    use specula_conformance::suite::{Plan, Progress, Suite};
+    let suite = Suite::new(backends::probe_selected(&[BackendKind::Cpu]), Size::Quick).unwrap();
+    for filter in [
+        None,
+        Some("f32".to_owned()),
+        Some("nothing matches".to_owned()),
+    ] {
+        let plan = Plan {
+            ops: vec![Op::Argmax, Op::Softmax],
+            properties: false,
+            filter,
+        };
+        let counted = suite.count_trials(&plan);
+        let (mut planned, mut started) = (0, 0);
+        let report = suite.run_plan(&plan, &mut |progress| match progress {
+            Progress::Planned(n) => planned += n,
+            Progress::Started(_) => started += 1,
+            Progress::Finished(_) => {}
+        });
+        assert_eq!(counted, planned, "{:?}", plan.filter);
+        assert_eq!(counted, started, "{:?}", plan.filter);
+        assert_eq!(counted, report.results.len(), "{:?}", plan.filter);
+    }
+}
