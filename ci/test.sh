@@ -5,11 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Vulkan loaders (lavapipe) want a runtime directory; a bare root shell or a container may not
-# have one, and the loader then prints noise on every program's stderr.
-if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
+# have one, and the loader then prints noise on every program's stderr (the tests of wgpu and any
+# test binary that opens it). `specula` makes its own; this covers everything else. Removed at exit.
+if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "$XDG_RUNTIME_DIR" ]; then
   XDG_RUNTIME_DIR="$(mktemp -d)"
   chmod 700 "$XDG_RUNTIME_DIR"
   export XDG_RUNTIME_DIR
+  trap 'rm -rf "$XDG_RUNTIME_DIR"' EXIT
 fi
 
 step() { printf '\n==> %s\n' "$*"; }

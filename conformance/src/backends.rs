@@ -5,11 +5,23 @@
 //! environment variable [`REQUIRE_VAR`] (`SPECULA_REQUIRE=cpu,wgpu`) names backends whose absence
 //! is a failure instead, for CI lanes that must have a device.
 //!
+//! A backend is named as in the sampler's registry: `cpu`, `wgpu`, `xpu-sim`, `cuda`, optionally
+//! with a device number (`xpu-sim:1`; none means device 0). Device 0 keeps the plain name in trial
+//! names and reports; another device is named with its number.
+//!
 //! ```
 //! use specula_conformance::backends;
 //! let all = backends::probe_all();
 //! assert_eq!(all[0].name, "cpu");
 //! assert!(all[0].device().is_some(), "the CPU backend is always available");
+//!
+//! let chosen = backends::parse_backend_list("cpu:0,xpu-sim:1")?.expect("not `all`");
+//! assert_eq!(chosen[0].name(), "cpu");
+//! assert_eq!(chosen[1].name(), "xpu-sim:1");
+//! // There is one CPU device: another number is unavailable, with the reason.
+//! let probed = backends::probe_selected(&[backends::BackendChoice::parse("cpu:1")?]);
+//! assert!(probed[0].skip_reason().is_some_and(|r| r.contains("ordinal 1")));
+//! # Ok::<(), specula_conformance::ConformanceError>(())
 //! ```
 
 use std::collections::BTreeSet;
@@ -17,7 +29,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use specula_backend_api::{BackendKind, Device, Error};
-use specula_sampler::registry;
+use specula_sampler::registry::{self, BackendSpec};
 
 use crate::{ConformanceError, Result};
 
@@ -105,35 +117,112 @@ pub fn available_names(backends: &[Backend]) -> String {
     names.join(", ")
 }
 
+/// One backend device to test: a backend and its device number, as the registry opens it
+/// ([`registry::open_kind`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackendChoice {
+    /// The backend.
+    pub kind: BackendKind,
+    /// The device number (`xpu-sim:1`); 0 when the name has none.
+    pub ordinal: usize,
+}
+
+impl BackendChoice {
+    /// Device 0 of `kind`.
+    pub fn first(kind: BackendKind) -> Self {
+        BackendChoice { kind, ordinal: 0 }
+    }
+
+    /// Parses `NAME` or `NAME:N` as the registry does ([`BackendSpec`]; ASCII case-insensitive),
+    /// without `auto`.
+    pub fn parse(name: &str) -> Result<Self> {
+        let unknown = || {
+            ConformanceError::Format(format!(
+                "unknown backend `{}` (expected one of: {}; optionally with a device number, \
+                 e.g. xpu-sim:1)",
+                name.trim(),
+                backend_names()
+            ))
+        };
+        match name.parse::<BackendSpec>() {
+            Ok(BackendSpec {
+                kind: Some(kind),
+                ordinal,
+            }) => Ok(BackendChoice {
+                kind,
+                ordinal: ordinal.unwrap_or(0),
+            }),
+            _ => Err(unknown()),
+        }
+    }
+
+    /// The name in trial names and reports: the backend's name for device 0 (`cpu`), with the
+    /// device number otherwise (`xpu-sim:1`).
+    pub fn name(&self) -> String {
+        match self.ordinal {
+            0 => self.kind.name().to_owned(),
+            n => format!("{}:{n}", self.kind.name()),
+        }
+    }
+
+    /// Where the backend comes in [`ORDER`], then the device number.
+    fn sort_key(&self) -> (usize, usize) {
+        let rank = ORDER
+            .iter()
+            .position(|k| *k == self.kind)
+            .unwrap_or(ORDER.len());
+        (rank, self.ordinal)
+    }
+}
+
+impl From<BackendKind> for BackendChoice {
+    fn from(kind: BackendKind) -> Self {
+        BackendChoice::first(kind)
+    }
+}
+
+impl fmt::Display for BackendChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
 /// Opens device 0 of `kind` through the sampler's registry, once.
 pub fn probe(kind: BackendKind) -> Backend {
-    let status = match registry::open_kind(kind, 0) {
+    probe_choice(BackendChoice::first(kind))
+}
+
+/// Opens the chosen device through the sampler's registry, once. A device number the backend
+/// does not have makes the backend unavailable, with the registry's reason.
+pub fn probe_choice(choice: BackendChoice) -> Backend {
+    let status = match registry::open_kind(choice.kind, choice.ordinal) {
         Ok(device) => Ok(device),
         Err(Error::Unavailable { reason, .. }) => Err(reason),
         Err(other) => Err(other.to_string()),
     };
     Backend {
-        name: kind.name().to_owned(),
-        kind: Some(kind),
+        name: choice.name(),
+        kind: Some(choice.kind),
         status,
     }
 }
 
-/// Probes the given backends, in [`ORDER`], each once.
-pub fn probe_selected(kinds: &[BackendKind]) -> Vec<Backend> {
-    ORDER
-        .into_iter()
-        .filter(|kind| kinds.contains(kind))
-        .map(probe)
-        .collect()
+/// Probes the given backend devices (a [`BackendKind`] is its device 0), in [`ORDER`] and then
+/// by device number, each once.
+pub fn probe_selected<C: Into<BackendChoice> + Copy>(choices: &[C]) -> Vec<Backend> {
+    let mut choices: Vec<BackendChoice> = choices.iter().map(|&c| c.into()).collect();
+    choices.sort_by_key(BackendChoice::sort_key);
+    choices.dedup();
+    choices.into_iter().map(probe_choice).collect()
 }
 
-/// Probes every backend the registry knows, in [`ORDER`].
+/// Probes every backend the registry knows (device 0 of each), in [`ORDER`].
 pub fn probe_all() -> Vec<Backend> {
     probe_selected(&ORDER)
 }
 
-/// Parses one backend name (`cpu`, `wgpu`, `xpu-sim`, `cuda`; ASCII case-insensitive).
+/// Parses one backend name (`cpu`, `wgpu`, `xpu-sim`, `cuda`; ASCII case-insensitive), without
+/// a device number.
 pub fn parse_backend(name: &str) -> Result<BackendKind> {
     let lowered = name.trim().to_ascii_lowercase();
     lowered.parse::<BackendKind>().map_err(|_| {
@@ -145,25 +234,26 @@ pub fn parse_backend(name: &str) -> Result<BackendKind> {
     })
 }
 
-/// Parses `all` or a comma-separated list of backend names; `None` means `all`.
-pub fn parse_backend_list(list: &str) -> Result<Option<Vec<BackendKind>>> {
+/// Parses `all` or a comma-separated list of backend names, each optionally with a device
+/// number (`cpu,xpu-sim:1`); `None` means `all`.
+pub fn parse_backend_list(list: &str) -> Result<Option<Vec<BackendChoice>>> {
     if list.trim().eq_ignore_ascii_case("all") {
         return Ok(None);
     }
-    let mut kinds = Vec::new();
+    let mut choices = Vec::new();
     for name in list.split(',').filter(|n| !n.trim().is_empty()) {
-        let kind = parse_backend(name)?;
-        if !kinds.contains(&kind) {
-            kinds.push(kind);
+        let choice = BackendChoice::parse(name)?;
+        if !choices.contains(&choice) {
+            choices.push(choice);
         }
     }
-    if kinds.is_empty() {
+    if choices.is_empty() {
         return Err(ConformanceError::Format(format!(
             "empty backend list `{list}` (expected `all` or some of: {})",
             backend_names()
         )));
     }
-    Ok(Some(kinds))
+    Ok(Some(choices))
 }
 
 /// The backends [`REQUIRE_VAR`] names (empty when unset). An unknown name is an error, so a typo
@@ -178,15 +268,16 @@ pub fn required_from_env() -> Result<BTreeSet<String>> {
     }
 }
 
-/// Parses the value of [`REQUIRE_VAR`]: comma-separated backend names, or `all`.
+/// Parses the value of [`REQUIRE_VAR`]: comma-separated backend names (optionally with a device
+/// number, as `--backend` takes them), or `all`.
 pub fn parse_required(list: &str) -> Result<BTreeSet<String>> {
     if list.trim().is_empty() {
         return Ok(BTreeSet::new());
     }
-    let kinds = parse_backend_list(list)
+    let choices = parse_backend_list(list)
         .map_err(|e| ConformanceError::Format(format!("{REQUIRE_VAR}: {e}")))?
-        .unwrap_or_else(|| ORDER.to_vec());
-    Ok(kinds.into_iter().map(|k| k.name().to_owned()).collect())
+        .unwrap_or_else(|| ORDER.map(BackendChoice::first).to_vec());
+    Ok(choices.iter().map(BackendChoice::name).collect())
 }
 
 fn backend_names() -> String {

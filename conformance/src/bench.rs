@@ -31,8 +31,83 @@ pub struct BenchOptions {
     pub cold: bool,
     /// Only the 151936 vocabulary at batches 1 and 64.
     pub quick: bool,
-    /// Only ops whose name contains one of these (all when empty).
+    /// Only lines whose op name ([`line_names`]) contains one of these (all when empty).
     pub ops: Vec<String>,
+}
+
+/// The `(top_k, top_p)` settings the sampling lines are measured in.
+const SAMPLE_SETTINGS: [(i32, f32); 3] = [(0, 0.9), (50, 0.9), (0, 1.0)];
+
+/// The tokens per slot the unified step is measured at.
+const STEP_TOKENS: [usize; 3] = [1, 4, 6];
+
+fn sample_line(k: i32, p: f32) -> String {
+    format!("top_k_top_p_sample(k={k},p={p})")
+}
+
+fn logits_sample_line(k: i32, p: f32) -> String {
+    format!("logits_sample(k={k},p={p},T=0.8)")
+}
+
+fn softmax_sample_line(k: i32, p: f32) -> String {
+    format!("softmax+sample(k={k},p={p},T=0.8)")
+}
+
+fn step_line(s: usize, from_logits: bool) -> String {
+    if from_logits {
+        format!("step(target_match,S={s},logits,T=0.8)")
+    } else {
+        format!("step(target_match,S={s})")
+    }
+}
+
+const ARGMAX_LINE: &str = "argmax";
+const CANDIDATES_LINE: &str = "top_p_candidates(c=8,p=0.9)";
+const GATHER_LINE: &str = "gather_next_token(bf16)";
+const SOFTMAX_LINE: &str = "softmax(T=0.8)";
+const LOGPROBS_LINE: &str = "accept_logprobs(K=20,T=0.8)";
+
+/// Every op name a bench line can carry (the `op` column and [`Measurement::op`]), whatever the
+/// backend and the shapes: `--op` values are matched against these by substring.
+///
+/// ```
+/// use specula_conformance::bench;
+/// assert!(bench::line_names().iter().any(|n| n == "step(target_match,S=4)"));
+/// assert!(bench::matches_some_line("logits_sample"));
+/// assert!(!bench::matches_some_line("nosuchop"));
+/// ```
+pub fn line_names() -> Vec<String> {
+    let mut names = Vec::new();
+    names.extend(SAMPLE_SETTINGS.map(|(k, p)| sample_line(k, p)));
+    names.push(ARGMAX_LINE.to_owned());
+    names.push(CANDIDATES_LINE.to_owned());
+    names.extend(SAMPLE_SETTINGS.map(|(k, p)| logits_sample_line(k, p)));
+    names.extend(SAMPLE_SETTINGS.map(|(k, p)| softmax_sample_line(k, p)));
+    names.push(SOFTMAX_LINE.to_owned());
+    names.push(LOGPROBS_LINE.to_owned());
+    names.extend(STEP_TOKENS.map(|s| step_line(s, false)));
+    names.extend(STEP_TOKENS.map(|s| step_line(s, true)));
+    names.push(GATHER_LINE.to_owned());
+    names
+}
+
+/// The ops the bench lines measure, without their settings (`argmax`, `step`, ...), in
+/// [`line_names`] order: what an error message lists.
+pub fn op_names() -> Vec<String> {
+    let mut ops: Vec<String> = Vec::new();
+    for name in line_names() {
+        let op = name.split('(').next().unwrap_or(&name).to_owned();
+        if !ops.contains(&op) {
+            ops.push(op);
+        }
+    }
+    ops
+}
+
+/// Whether `op` (an `--op` value) selects at least one bench line: it is a non-empty part of a
+/// name of [`line_names`].
+pub fn matches_some_line(op: &str) -> bool {
+    !op.is_empty() && line_names().iter().any(|name| name.contains(op))
 }
 
 /// One measured shape of one op on one backend.
@@ -293,18 +368,18 @@ pub fn run(
         // The unified step (TARGET_MATCH): layout, per-row parameters, sampling, verification.
         let slot_counts: &[usize] = if options.quick { &[64] } else { &[1, 8, 64] };
         for &slots in slot_counts {
-            for s in [1usize, 4, 6] {
-                if b.wants("step") {
+            for s in STEP_TOKENS {
+                if b.wants(&step_line(s, false)) {
                     step_bench(&mut b, slots, s, vocab, false)?;
-                    if d.capabilities().logits {
-                        step_bench(&mut b, slots, s, vocab, true)?;
-                    }
+                }
+                if d.capabilities().logits && b.wants(&step_line(s, true)) {
+                    step_bench(&mut b, slots, s, vocab, true)?;
                 }
             }
         }
     }
     // gather_next_token: 384 rows of 8192 bf16 (64 slots × S = 6).
-    if b.wants("gather_next_token") {
+    if b.wants(GATHER_LINE) {
         gather_bench(&mut b)?;
     }
     Ok(b.out)
@@ -318,8 +393,8 @@ fn row_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
     let probs = d.upload(&probability_rows(rows, vocab, (rows * vocab) as u64))?;
     let seed = d.upload(&(0..rows as u64).map(|r| r * 4 + 1).collect::<Vec<_>>())?;
     let mut tokens = d.alloc::<i32>(rows)?;
-    for (k, p) in [(0, 0.9f32), (50, 0.9), (0, 1.0)] {
-        let op = format!("top_k_top_p_sample(k={k},p={p})");
+    for (k, p) in SAMPLE_SETTINGS {
+        let op = sample_line(k, p);
         if !b.wants(&op) {
             continue;
         }
@@ -338,12 +413,12 @@ fn row_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
             d.top_k_top_p_sample(&inputs, &mut tokens, &params)
         })?;
     }
-    if b.wants("argmax") {
-        b.measure_rows("argmax".into(), &probs, (rows, vocab), &mut || {
+    if b.wants(ARGMAX_LINE) {
+        b.measure_rows(ARGMAX_LINE.into(), &probs, (rows, vocab), &mut || {
             d.argmax(&probs, &mut tokens, &shape)
         })?;
     }
-    if b.wants("top_p_candidates") {
+    if b.wants(CANDIDATES_LINE) {
         let top_p = d.upload(&vec![0.9f32; rows])?;
         let (mut ids, mut scores, mut lens) = (
             d.alloc::<i32>(rows * 8)?,
@@ -360,7 +435,7 @@ fn row_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
             candidates: 8,
             host_top_p: None,
         };
-        let op = "top_p_candidates(c=8,p=0.9)".to_owned();
+        let op = CANDIDATES_LINE.to_owned();
         b.measure_rows(op, &probs, (rows, vocab), &mut || {
             let mut outputs = CandidatesOutputs {
                 ids: &mut ids,
@@ -380,17 +455,17 @@ fn float_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
     let shape = RowShape { rows, vocab };
     let logits = d.upload(&logit_rows(rows, vocab, (rows * vocab) as u64 + 3))?;
     let temperature = d.upload(&vec![0.8f32; rows])?;
-    if b.wants("softmax(") {
+    if b.wants(SOFTMAX_LINE) {
         let mut probs = d.alloc::<f32>(rows * vocab)?;
         let params = SoftmaxParams {
             shape,
             host_temperature: None,
         };
-        b.measure_rows("softmax(T=0.8)".into(), &logits, (rows, vocab), &mut || {
+        b.measure_rows(SOFTMAX_LINE.into(), &logits, (rows, vocab), &mut || {
             d.softmax(&logits, &temperature, &mut probs, &params)
         })?;
     }
-    if b.wants("accept_logprobs") {
+    if b.wants(LOGPROBS_LINE) {
         let top_k = 20usize;
         let accept_tokens = d.upload(
             &(0..rows as i32)
@@ -422,8 +497,7 @@ fn float_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
             top_k,
             host_temperature: None,
         };
-        let op = format!("accept_logprobs(K={top_k},T=0.8)");
-        b.measure_rows(op, &logits, (rows, vocab), &mut || {
+        b.measure_rows(LOGPROBS_LINE.into(), &logits, (rows, vocab), &mut || {
             let mut out = LogprobsOutputs {
                 cu_accept: &mut cu_accept,
                 token_ids: &mut token_ids,
@@ -449,13 +523,13 @@ fn logits_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> 
     let seed = d.upload(&(0..rows as u64).map(|r| r * 4 + 1).collect::<Vec<_>>())?;
     let mut tokens = d.alloc::<i32>(rows)?;
     let mut probs = d.alloc::<f32>(rows * vocab)?;
-    for (k, p) in [(0, 0.9f32), (50, 0.9), (0, 1.0)] {
+    for (k, p) in SAMPLE_SETTINGS {
         let (top_k, top_p) = (d.upload(&vec![k; rows])?, d.upload(&vec![p; rows])?);
         let params = SampleParams {
             shape,
             host_top_p: None,
         };
-        let op = format!("logits_sample(k={k},p={p},T=0.8)");
+        let op = logits_sample_line(k, p);
         if b.wants(&op) {
             let inputs = SampleInputs {
                 scores: Scores::logits(&logits, &temperature),
@@ -467,7 +541,7 @@ fn logits_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> 
                 d.top_k_top_p_sample(&inputs, &mut tokens, &params)
             })?;
         }
-        let op = format!("softmax+sample(k={k},p={p},T=0.8)");
+        let op = softmax_sample_line(k, p);
         if b.wants(&op) {
             b.measure_rows(op, &logits, (rows, vocab), &mut || {
                 let softmax = SoftmaxParams {
@@ -538,11 +612,7 @@ fn step_bench(
         seq_lens_this_time: &this_time,
         seq_lens_encoder: &zeros_i32,
     };
-    let op = if from_logits {
-        format!("step(target_match,S={s},logits,T=0.8)")
-    } else {
-        format!("step(target_match,S={s})")
-    };
+    let op = step_line(s, from_logits);
     b.measure(
         op,
         (slots, vocab, s),
@@ -676,7 +746,7 @@ fn gather_bench(b: &mut Bencher<'_>) -> Result<()> {
     };
     let floor = b.cpu.is_some().then_some(Floor::Copy(&x, &mut copy));
     b.measure(
-        "gather_next_token(bf16)".into(),
+        GATHER_LINE.into(),
         (rows, hidden, s),
         (rows * hidden * 2) as u64,
         floor,

@@ -2,21 +2,27 @@
 //! saved case everywhere, and saves cases to files.
 //!
 //! ```text
-//! specula run    [--backend all|cpu,wgpu,xpu-sim,cuda] [--op OP,...|properties] [--quick]
+//! specula run    [--backend all|cpu,wgpu,xpu-sim,cuda[:N],...] [--op OP,...|properties] [--quick]
 //!                [--filter TEXT] [--json FILE]
 //! specula replay FILE.safetensors [--backend ...] [--out OUT.safetensors]
 //! specula dump   --op OP --case NAME --out FILE.safetensors
 //! specula list   [--op OP,...] [--quick]
 //! specula fuzz   [--seconds N] [--seed S] [--cases N] [--backend ...] [--out-dir DIR]
-//! specula bench  [--backend ...] [--op OPS] [--quick] [--warm] [--json FILE] [--plot FILE]
+//! specula bench  [--backend ...] [--op OPS] [--quick] [--warm] [--warmup N] [--repeats N]
+//!                [--json FILE] [--plot FILE]
 //! ```
 //!
 //! Exit status: 0 when everything that ran passed, 1 when a trial failed (or nothing ran), 2 for
 //! bad input (unknown op or backend, missing or malformed file, a named backend unavailable), 3
 //! when `replay` is given a case that every device rejects before running it (`rejected: <error>`,
 //! naming the argument) and the file does not say it expects that rejection.
+//!
+//! Without a usable `XDG_RUNTIME_DIR` (a bare root shell, a container), the command makes a private
+//! one (mode 0700, under the temporary directory) before anything else runs and removes it at
+//! exit, so that the Vulkan loader does not print its complaint on stderr.
 
-#![forbid(unsafe_code)]
+// The one exception is setting `XDG_RUNTIME_DIR` at the start of `main` (see `RuntimeDir`).
+#![deny(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,7 +30,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use specula_backend_api::{BackendKind, Op};
-use specula_conformance::backends::{self, Backend};
+use specula_conformance::backends::{self, Backend, BackendChoice};
 use specula_conformance::cases::{self, Size};
 use specula_conformance::report::{column_width, size_name};
 use specula_conformance::suite::{self, CaseEntry, Outcome, PROPERTIES, Plan, Progress, Suite};
@@ -61,11 +67,13 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct BenchArgs {
-    /// `all`, or a comma-separated list of backends (default: the CPU).
+    /// `all`, or a comma-separated list of backends, optionally with device numbers (`wgpu:1`;
+    /// default: the CPU).
     #[arg(long, default_value = "cpu", value_name = "BACKENDS", value_parser = parse_backends)]
     backend: Selection,
-    /// Only ops whose name contains one of these (comma-separated; e.g. `argmax,step`).
-    #[arg(long, value_name = "OPS", value_delimiter = ',')]
+    /// Only lines whose op name contains one of these (comma-separated; e.g. `argmax,step`). A
+    /// value that is part of no line's name is an error.
+    #[arg(long, value_name = "OPS", value_delimiter = ',', value_parser = parse_bench_op)]
     op: Vec<String>,
     /// Only the 151936 vocabulary at batches 1 and 64.
     #[arg(long)]
@@ -89,8 +97,9 @@ struct BenchArgs {
 
 #[derive(Debug, Args)]
 struct RunArgs {
-    /// `all`, or a comma-separated list of cpu, wgpu, xpu-sim, cuda. A backend named here that is
-    /// unavailable is an error; with `all` it is reported as skipped.
+    /// `all`, or a comma-separated list of cpu, wgpu, xpu-sim, cuda, each optionally with a device
+    /// number (`xpu-sim:1`; 0 by default). A backend named here that is unavailable (or has no
+    /// such device) is an error; with `all` it is reported as skipped.
     #[arg(long, default_value = "all", value_name = "BACKENDS", value_parser = parse_backends)]
     backend: Selection,
     /// Comma-separated op names (and/or `properties`); all by default.
@@ -118,7 +127,7 @@ struct FuzzArgs {
     /// Stop the op phase after this many cases.
     #[arg(long, value_name = "N")]
     cases: Option<usize>,
-    /// `all`, or a comma-separated list of backends.
+    /// `all`, or a comma-separated list of backends, optionally with device numbers (`wgpu:1`).
     #[arg(long, default_value = "all", value_name = "BACKENDS", value_parser = parse_backends)]
     backend: Selection,
     /// Where failing cases are saved (default `target/fuzz-failures`).
@@ -130,7 +139,7 @@ struct FuzzArgs {
 struct ReplayArgs {
     /// The case file (safetensors; see docs/conformance.md).
     file: PathBuf,
-    /// `all`, or a comma-separated list of backends.
+    /// `all`, or a comma-separated list of backends, optionally with device numbers (`wgpu:1`).
     #[arg(long, default_value = "all", value_name = "BACKENDS", value_parser = parse_backends)]
     backend: Selection,
     /// Write the case, the expected outputs and every backend's outputs to this file.
@@ -161,9 +170,9 @@ struct ListArgs {
     quick: bool,
 }
 
-/// `None` is `all`.
+/// The backend devices named by `--backend`; `None` is `all`.
 #[derive(Clone, Debug)]
-struct Selection(Option<Vec<BackendKind>>);
+struct Selection(Option<Vec<BackendChoice>>);
 
 #[derive(Clone, Debug)]
 struct OpSelection {
@@ -189,6 +198,24 @@ fn parse_op(value: &str) -> Result<Op, String> {
             op_names()
         )
     })
+}
+
+/// One `--op` value of `bench`: it must be part of the name of some bench line.
+fn parse_bench_op(value: &str) -> Result<String, String> {
+    let op = value.trim();
+    if op.is_empty() {
+        return Err(format!(
+            "empty bench op (expected some of: {})",
+            specula_conformance::bench::op_names().join(", ")
+        ));
+    }
+    if specula_conformance::bench::matches_some_line(op) {
+        return Ok(op.to_owned());
+    }
+    Err(format!(
+        "unknown bench op `{op}` (expected a part of a line name; the ops are: {})",
+        specula_conformance::bench::op_names().join(", ")
+    ))
 }
 
 fn parse_ops(value: &str) -> Result<OpSelection, String> {
@@ -230,8 +257,8 @@ impl From<ConformanceError> for CliError {
 fn open_backends(selection: &Selection) -> Result<Vec<Backend>, CliError> {
     match &selection.0 {
         None => Ok(backends::probe_all()),
-        Some(kinds) => {
-            let probed = backends::probe_selected(kinds);
+        Some(choices) => {
+            let probed = backends::probe_selected(choices);
             if let Some(b) = probed.iter().find(|b| b.device().is_none()) {
                 return Err(CliError(format!(
                     "backend {} is unavailable: {}",
@@ -303,14 +330,46 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     );
     let suite = Suite::new(backends, size)?.with_required(required);
     let bar = ProgressBar::new(0);
+    // The current trial's start, for its elapsed time on the bar.
+    let trial_start = std::sync::Arc::new(std::sync::Mutex::new(std::time::Instant::now()));
+    let trial_clock = trial_start.clone();
     let style = ProgressStyle::with_template(
-        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}",
+        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} [{trial_elapsed}] {wide_msg}",
     )
+    .map(|style| {
+        style.with_key(
+            "trial_elapsed",
+            move |_: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                let elapsed = trial_clock
+                    .lock()
+                    .map_or(std::time::Duration::ZERO, |start| start.elapsed());
+                let _ = write!(w, "{:>5.1} s", elapsed.as_secs_f64());
+            },
+        )
+    })
     .unwrap_or_else(|_| ProgressStyle::default_bar());
+    // On a terminal the total is counted first (one generation of the cases, one op at a time),
+    // so the bar's length is right from the start; elsewhere the bar is hidden and not counted.
+    // The steady tick keeps the clocks moving through a long trial.
+    let counted = !bar.is_hidden();
+    if counted {
+        let counting = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner());
+        bar.set_style(counting);
+        bar.set_message("counting the trials (generating the cases once)");
+        bar.enable_steady_tick(std::time::Duration::from_millis(250));
+        bar.set_length(suite.count_trials(&plan) as u64);
+    }
     bar.set_style(style);
     let report = suite.run_plan(&plan, &mut |progress| match progress {
-        Progress::Planned(n) => bar.inc_length(n as u64),
-        Progress::Started(trial) => bar.set_message(trial.name()),
+        Progress::Planned(n) if !counted => bar.inc_length(n as u64),
+        Progress::Planned(_) => {}
+        Progress::Started(trial) => {
+            if let Ok(mut start) = trial_start.lock() {
+                *start = std::time::Instant::now();
+            }
+            bar.set_message(trial.name());
+        }
         Progress::Finished(result) => {
             if let Outcome::Failed(message) = &result.outcome {
                 bar.println(format!("FAILED {}: {message}", result.name));
@@ -476,11 +535,11 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
         quick: args.quick,
         ops: args.op.clone(),
     };
-    let kinds: Vec<BackendKind> = args
+    let choices: Vec<BackendChoice> = args
         .backend
         .0
         .clone()
-        .unwrap_or_else(|| BackendKind::ALL.to_vec());
+        .unwrap_or_else(|| BackendKind::ALL.map(BackendChoice::first).to_vec());
     let mut all: Vec<Measurement> = Vec::new();
     println!(
         "specula bench: {} caches, {} warm-up + {} timed calls per shape; floor = one streaming read of the same input on the same threads (memcpy for gather)",
@@ -511,8 +570,9 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
             ratio
         );
     };
-    for kind in kinds {
-        if kind == BackendKind::Cpu {
+    for choice in choices {
+        let name = choice.name();
+        if choice == BackendChoice::first(BackendKind::Cpu) {
             let cpu = std::sync::Arc::new(
                 specula_backend_cpu::CpuDevice::new().map_err(|e| CliError(e.to_string()))?,
             );
@@ -523,13 +583,13 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
             );
             continue;
         }
-        match specula_sampler::registry::open_kind(kind, 0) {
+        match specula_sampler::registry::open_kind(choice.kind, choice.ordinal) {
             Ok(device) => all.extend(
-                bench::run(kind.name(), &device, None, &options, &mut print)
+                bench::run(&name, &device, None, &options, &mut print)
                     .map_err(|e| CliError(e.to_string()))?,
             ),
-            Err(e) if args.backend.0.is_none() => println!("{kind}: skipped ({e})"),
-            Err(e) => return Err(CliError(format!("backend {kind} is unavailable: {e}"))),
+            Err(e) if args.backend.0.is_none() => println!("{name}: skipped ({e})"),
+            Err(e) => return Err(CliError(format!("backend {name} is unavailable: {e}"))),
         }
     }
     if let Some(peak) = bench::peak_rss_bytes() {
@@ -548,7 +608,65 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The environment variable the Vulkan loader (and Wayland) want to name a private directory.
+const RUNTIME_DIR_VAR: &str = "XDG_RUNTIME_DIR";
+
+/// A private `XDG_RUNTIME_DIR` this process made for itself because the variable was unset or did
+/// not name a directory; removed when dropped (at the end of `main`). `None` when the environment
+/// already had a usable one, or when none could be made (the loader then only complains).
+struct RuntimeDir(Option<PathBuf>);
+
+impl RuntimeDir {
+    /// Makes and exports a private runtime directory if `XDG_RUNTIME_DIR` is unset, empty or not a
+    /// directory. Must run before any other thread starts.
+    #[cfg(unix)]
+    #[allow(unsafe_code)]
+    fn ensure() -> Self {
+        use std::os::unix::fs::DirBuilderExt;
+        let usable = std::env::var_os(RUNTIME_DIR_VAR)
+            .is_some_and(|dir| !dir.is_empty() && std::path::Path::new(&dir).is_dir());
+        if usable {
+            return RuntimeDir(None);
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        for attempt in 0..16u32 {
+            let dir = std::env::temp_dir().join(format!(
+                "specula-runtime-{}-{nanos:x}-{attempt}",
+                std::process::id()
+            ));
+            // `create` (not `create_all`) fails if the path exists, so a directory or link someone
+            // else placed there is never adopted.
+            if std::fs::DirBuilder::new().mode(0o700).create(&dir).is_ok() {
+                // SAFETY: this is the first statement of `main`: no other thread exists yet (no
+                // backend is opened, no progress bar or pool started), so nothing reads or writes
+                // the environment concurrently.
+                unsafe { std::env::set_var(RUNTIME_DIR_VAR, &dir) };
+                return RuntimeDir(Some(dir));
+            }
+        }
+        RuntimeDir(None)
+    }
+
+    /// Nothing to do where there is no `XDG_RUNTIME_DIR` convention.
+    #[cfg(not(unix))]
+    fn ensure() -> Self {
+        RuntimeDir(None)
+    }
+}
+
+impl Drop for RuntimeDir {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    // First, while this is the only thread: a runtime directory for the Vulkan loader.
+    let _runtime_dir = RuntimeDir::ensure();
     // Panics inside trials are caught and reported as failures; anything else is reported below
     // as one line. Either way: no panic message and no backtrace on the terminal.
     std::panic::set_hook(Box::new(|_| {}));

@@ -293,7 +293,8 @@ impl Plan {
 /// Progress of [`Suite::run_plan`], for a progress bar.
 #[derive(Debug)]
 pub enum Progress<'a> {
-    /// This many more trials are planned (called once per op, as its cases are generated).
+    /// This many more trials are planned (called once per op, as its cases are generated). Their
+    /// sum is [`Suite::count_trials`], which a progress bar can ask for before the run.
     Planned(usize),
     /// A trial starts.
     Started(&'a Trial),
@@ -505,6 +506,29 @@ impl Suite {
                 (outcome, Some(outputs))
             }
         }
+    }
+
+    /// How many trials [`Suite::run_plan`] runs for `plan` (skipped ones included), without keeping
+    /// any case: each op's cases are generated, counted and dropped before the next op's, so this
+    /// costs one generation of the cases and the memory of one op's.
+    pub fn count_trials(&self, plan: &Plan) -> usize {
+        let mut total = 0;
+        for &op in &plan.ops {
+            let entries = case_entries(op, self.size);
+            total += self
+                .case_trials(&entries)
+                .iter()
+                .filter(|t| plan_keeps(plan, t))
+                .count();
+        }
+        if plan.properties {
+            total += self
+                .property_trials()
+                .iter()
+                .filter(|t| plan_keeps(plan, t))
+                .count();
+        }
+        total
     }
 
     /// Runs `plan`: one op at a time (its cases are generated, each case is run on every backend
