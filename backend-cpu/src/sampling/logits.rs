@@ -354,11 +354,13 @@ fn scaled_lane(l: f32, max: f32, c32: u64, e: i32) -> u64 {
     let x = if d == 0.0 { 0 } else { x.min(GAP_LIMIT) };
     // Step 5, `exp2_weight`: p stays below 2^32, so each product is a 32 × 32-bit multiply.
     let n = (x >> GAP_FRACTION_BITS) as u32;
-    let g = (1u64 << GAP_FRACTION_BITS) - (x & ((1u64 << GAP_FRACTION_BITS) - 1));
-    let mut p = EXP2_COEFFICIENTS[6];
-    for k in (0..6).rev() {
-        p = EXP2_COEFFICIENTS[k] + ((u64::from(p as u32) * g) >> GAP_FRACTION_BITS);
+    // g ≤ 2^24 and p < 2^32 held as u32, so that each product is one 32 × 32 → 64-bit multiply.
+    let g = (1u32 << GAP_FRACTION_BITS) - (x as u32 & ((1u32 << GAP_FRACTION_BITS) - 1));
+    let mut p = EXP2_COEFFICIENTS[6] as u32;
+    for k in (1..6).rev() {
+        p = (EXP2_COEFFICIENTS[k] + ((u64::from(p) * u64::from(g)) >> GAP_FRACTION_BITS)) as u32;
     }
+    let p = EXP2_COEFFICIENTS[0] + ((u64::from(p) * u64::from(g)) >> GAP_FRACTION_BITS);
     let up = p << 9u32.saturating_sub(n).min(9);
     let down = p >> n.saturating_sub(9).min(63);
     let weight = if n <= 9 { up } else { down };
@@ -728,6 +730,49 @@ mod tests {
                 "case {case}: v {v}, spread {spread}, t {t}, top_k {top_k}, top_p {top_p}"
             );
         }
+    }
+
+    /// The float estimate of a weight stays within the bound the one-pass path assumes, at every
+    /// gap (0 to past 40 log2 units) and temperature whose scale is an f32.
+    #[test]
+    fn float_weights_stay_within_their_bound() {
+        use specula_backend_api::logit_weights::scaled_weight;
+        let mut next = stream(23);
+        let mut worst = 0.0f64;
+        for t in [1e-20f32, 1e-3, 0.05, 0.7, 1.0, 2.5, 1e3, 1e20] {
+            let RowScale::Scaled { c32, e } = row_scale(t) else {
+                panic!("t {t} is finite and positive");
+            };
+            let c = (c32 as f64 * f64::powi(2.0, e)) as f32;
+            if !(c.is_normal() && c < 1e30) {
+                continue;
+            }
+            for max in [0.0f32, 2.5, -7.0, 1e19, 31.75] {
+                for _ in 0..20_000 {
+                    // Gaps spread over [0, 45) log2 units, and raw bit patterns.
+                    let gap = (next() >> 11) as f64 / (1u64 << 53) as f64 * 45.0;
+                    let l = (f64::from(max) - gap / f64::from(c)) as f32;
+                    for l in [l, f32::from_bits(next() as u32)] {
+                        let s = sanitize_logit(l);
+                        if s > max {
+                            continue;
+                        }
+                        let scale = RowScale::Scaled { c32, e };
+                        let exact = scaled_weight(l, max, scale) as f64;
+                        let estimate = f64::from(unranked::float_weight(s, max, c));
+                        let excess = (exact - estimate).abs() - unranked::ABSOLUTE_ERROR;
+                        if excess > 0.0 {
+                            worst = worst.max(excess / estimate);
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            worst <= unranked::RELATIVE_ERROR / 2.0,
+            "worst relative error {worst:e} (bound {:e})",
+            unranked::RELATIVE_ERROR
+        );
     }
 
     #[test]
