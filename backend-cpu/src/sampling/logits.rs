@@ -40,6 +40,8 @@ const CHUNK: usize = 64;
 const BIN_BITS: u32 = 12;
 /// `2^BIN_BITS`.
 const BINS: usize = 1 << BIN_BITS;
+/// Sets at most this large find their top-p boundary by sorting, without bins.
+const SMALL_SET: usize = 256;
 
 /// A token of positive weight: its rank key, id and weight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +85,16 @@ impl Weighing {
     /// short one for the first maximum at `T == 0`).
     pub(crate) fn of<T: FloatElement>(row: &[T], t: f32) -> Self {
         let max = sanitize_logit(raw_max(row));
+        Self::with_max(max, t, || {
+            row.iter()
+                .position(|&l| sanitize_logit(l.to_f32()) == max)
+                .unwrap_or(0)
+        })
+    }
+
+    /// The weighing of a row whose sanitized maximum is `max`; `first` finds the first token
+    /// holding it (asked only at `T == 0`).
+    fn with_max(max: f32, t: f32, first: impl FnOnce() -> usize) -> Self {
         if max == f32::INFINITY {
             return Weighing::PosInf;
         }
@@ -90,12 +102,7 @@ impl Weighing {
             return Weighing::Zero;
         }
         match row_scale(t) {
-            RowScale::ArgmaxOnly => Weighing::Argmax {
-                first: row
-                    .iter()
-                    .position(|&l| sanitize_logit(l.to_f32()) == max)
-                    .unwrap_or(0),
-            },
+            RowScale::ArgmaxOnly => Weighing::Argmax { first: first() },
             scale => Weighing::Scaled { max, scale },
         }
     }
@@ -184,12 +191,30 @@ fn raw_max<T: FloatElement>(row: &[T]) -> f32 {
         .fold(tail, |m, x| if x > m { x } else { m })
 }
 
-/// Whether some logit of `chunk` has a sanitized value above `floor` (NaN never is).
+/// A raw logit `lo` such that every `x` with `sanitize_logit(x) ≥ floor` has `x ≥ lo` (or is NaN):
+/// `sanitize_logit` is non-decreasing and moves a logit only by flushing `|x| < 2^-76` to 0 and
+/// clamping `|x| > 2^64` to `±2^64`.
+fn raw_lower_bound(floor: f32) -> f32 {
+    /// 2^-76 and 2^64, the bounds of `sanitize_logit`.
+    const TINY: f32 = f32::from_bits(0x1980_0000);
+    const HUGE: f32 = f32::from_bits(0x5f80_0000);
+    if floor <= -HUGE {
+        f32::NEG_INFINITY
+    } else if floor <= 0.0 {
+        floor.min(-TINY)
+    } else {
+        floor
+    }
+}
+
+/// Whether some raw logit of `chunk` is not below `lo` (NaN counts: it is not below anything).
+/// A plain compare, so the loop vectorises; the exact test follows for the chunks it keeps.
 #[inline(always)]
-fn any_above<T: FloatElement>(chunk: &[T], floor: f32) -> bool {
-    chunk
-        .iter()
-        .fold(false, |any, &x| any | (sanitize_logit(x.to_f32()) > floor))
+fn any_not_below<T: FloatElement>(chunk: &[T], lo: f32) -> bool {
+    chunk.iter().fold(false, |any, &x| {
+        let x = x.to_f32();
+        any | (x >= lo) | x.is_nan()
+    })
 }
 
 /// The sanitized logit of a rank key (the inverse of `logit_rank_key` on sanitized values).
@@ -206,10 +231,11 @@ fn value_of_key(key: u32) -> f32 {
 pub(crate) fn top_ranked<T: FloatElement>(row: &[T], k: usize, out: &mut Vec<(u32, u32)>) {
     out.clear();
     let capacity = (2 * k).max(k + 256);
+    // The k-th key so far and a raw bound below every logit that could beat it.
     let mut floor: Option<(u32, f32)> = None;
     for (c, chunk) in row.chunks(CHUNK).enumerate() {
-        if let Some((_, value)) = floor
-            && !any_above(chunk, value)
+        if let Some((_, lo)) = floor
+            && !any_not_below(chunk, lo)
         {
             continue;
         }
@@ -223,7 +249,8 @@ pub(crate) fn top_ranked<T: FloatElement>(row: &[T], k: usize, out: &mut Vec<(u3
         if out.len() >= capacity {
             keep_best(out, k);
             let f = out[k - 1].0;
-            floor = Some((f, value_of_key(f)));
+            // A logit beats the key `f` only if its sanitized value is above `f`'s.
+            floor = Some((f, raw_lower_bound(value_of_key(f).next_up())));
         }
     }
     keep_best(out, k);
@@ -393,9 +420,20 @@ pub(crate) fn survivors<T: FloatElement>(
     }
     let mut best = Vec::with_capacity(k);
     top_ranked(row, k, &mut best);
+    weigh_ranked(row, weighing, &best, out)
+}
+
+/// The tokens of positive weight among `best` (in rank order) into `out`, in id order, and their
+/// mass.
+fn weigh_ranked<T: FloatElement>(
+    row: &[T],
+    weighing: &Weighing,
+    best: &[(u32, u32)],
+    out: &mut Vec<Weighted>,
+) -> u64 {
     out.clear();
     let mut total = 0u64;
-    for &(key, id) in &best {
+    for &(key, id) in best {
         let weight = weighing.weight(id as usize, row[id as usize].to_f32());
         if weight == 0 {
             // Weights never increase down the rank order: the rest weigh 0 too.
@@ -451,6 +489,10 @@ pub(crate) fn top_p_boundary(survivors: &[Weighted], top_p: f32, total: u64) -> 
 /// Mass per bin of the key (at most [`BINS`] bins spanning the members' keys), walked from the top
 /// bin to the one that crosses; only that bin's members are sorted.
 pub(crate) fn prefix_boundary(members: &[Weighted], p: u64, total: u64) -> Option<(Boundary, u64)> {
+    if members.len() <= SMALL_SET {
+        let mut ranked: Vec<&Weighted> = members.iter().collect();
+        return walk_to_boundary(&mut ranked, 0, p, total);
+    }
     let low = members.iter().map(|w| w.key).min()?;
     let high = members.iter().map(|w| w.key).max()?;
     let shift = (32 - (high - low).leading_zeros()).saturating_sub(BIN_BITS);
@@ -466,17 +508,26 @@ pub(crate) fn prefix_boundary(members: &[Weighted], p: u64, total: u64) -> Optio
         crosses
     })?;
     let mut band: Vec<&Weighted> = members.iter().filter(|w| bin(w) == crossing).collect();
+    walk_to_boundary(&mut band, above, p, total)
+}
+
+/// Sorts `band` into rank order and walks it from the mass `above` (of the tokens ranked before
+/// it) to the first prefix reaching top-p of `total`.
+fn walk_to_boundary(
+    band: &mut [&Weighted],
+    above: u64,
+    p: u64,
+    total: u64,
+) -> Option<(Boundary, u64)> {
     band.sort_unstable_by(|a, b| rank_cmp(&(a.key, a.id), &(b.key, b.id)));
     let mut mass = above;
-    band.into_iter().find_map(|w| {
+    band.iter().find_map(|w| {
         mass += w.weight;
-        reaches_top_p(mass, p, total).then_some((
-            Boundary {
-                key: w.key,
-                id: w.id,
-            },
-            mass,
-        ))
+        let boundary = Boundary {
+            key: w.key,
+            id: w.id,
+        };
+        reaches_top_p(mass, p, total).then_some((boundary, mass))
     })
 }
 
@@ -509,6 +560,16 @@ pub(crate) fn kept_set<T: FloatElement>(
     mut kept: Vec<Weighted>,
 ) -> KeptLogits {
     let total = survivors(row, weighing, top_k, &mut kept);
+    kept_of_survivors(row, total, top_p, kept)
+}
+
+/// Top-p of `kept`, the survivors of top-k (mass `total`).
+fn kept_of_survivors<T: FloatElement>(
+    row: &[T],
+    total: u64,
+    top_p: f32,
+    mut kept: Vec<Weighted>,
+) -> KeptLogits {
     if total == 0 {
         return KeptLogits::Degenerate(first_in_rank(row));
     }
@@ -544,15 +605,20 @@ pub(crate) fn sample_row<T: FloatElement>(
     top_p: f32,
     r: u64,
 ) -> usize {
-    let weighing = Weighing::of(row, t);
     let k = usize::try_from(top_k).unwrap_or(0);
-    if (k == 0 || k >= row.len())
-        && let Some(token) = unranked::sample(row, &weighing, top_p, r)
-    {
-        return token;
-    }
     let buffer = KEPT.with(|cell| cell.take());
-    match kept_set(row, &weighing, top_k, top_p, buffer) {
+    let top_k_applies = k > 0 && k < row.len();
+    let kept = if top_k_applies && k <= MAX_FAST_K {
+        top_k_kept(row, t, k, top_p, buffer)
+    } else {
+        let weighing = Weighing::of(row, t);
+        if !top_k_applies && let Some(token) = unranked::sample(row, &weighing, top_p, r) {
+            KEPT.with(|cell| *cell.borrow_mut() = buffer);
+            return token;
+        }
+        kept_set(row, &weighing, top_k, top_p, buffer)
+    };
+    match kept {
         KeptLogits::Degenerate(first) => first,
         KeptLogits::Kept(kept, mass) => {
             // The kept mass is positive, so the draw always lands on a member.
@@ -561,6 +627,25 @@ pub(crate) fn sample_row<T: FloatElement>(
             token
         }
     }
+}
+
+/// Top-k (`0 < k < V`, `k ≤ MAX_FAST_K`), then top-p, of a logits row in one streaming pass:
+/// the best-ranked token is the row's maximum, so no separate pass looks for it.
+fn top_k_kept<T: FloatElement>(
+    row: &[T],
+    t: f32,
+    k: usize,
+    top_p: f32,
+    mut kept: Vec<Weighted>,
+) -> KeptLogits {
+    let mut best = Vec::with_capacity(k);
+    top_ranked(row, k, &mut best);
+    let Some(&(key, id)) = best.first() else {
+        return KeptLogits::Degenerate(0);
+    };
+    let weighing = Weighing::with_max(value_of_key(key), t, || id as usize);
+    let total = weigh_ranked(row, &weighing, &best, &mut kept);
+    kept_of_survivors(row, total, top_p, kept)
 }
 
 /// The score `top_p_candidates` reports for a token of weight `w` in a row of total `total`: its
@@ -706,12 +791,13 @@ mod tests {
         }
     }
 
-    /// Rows long enough for the one-pass path without top-k (`unranked`), which must decide as the
-    /// plain definition does, and fall back when its floor leaves too little mass.
+    /// Rows long enough for the one-pass path without top-k (`unranked`) and the streaming top-k
+    /// pass, which must decide as the plain definition does (and fall back when the floor leaves
+    /// too little mass), with top-k both within and beyond the streaming limit.
     #[test]
-    fn sampling_without_top_k_equals_the_plain_definition() {
+    fn sampling_long_rows_equals_the_plain_definition() {
         let mut next = stream(17);
-        for case in 0..120 {
+        for case in 0..200 {
             let v = [8192, 9001, 40_000][case % 3];
             let spread = [6.0, 40.0, 400.0, 0.5][case % 4];
             let mut row = llm_row(&mut next, v, spread);
@@ -721,7 +807,8 @@ mod tests {
                 }
             }
             let t = [0.05, 0.7, 1.0, 2.5, f32::INFINITY][case % 5];
-            let top_k = [0, -1, v as i32][(case / 5) % 3];
+            // Also top-k on long rows: streaming (50) and beyond the streaming limit (5000).
+            let top_k = [0, -1, v as i32, 50, 5000][(case / 5) % 5];
             let top_p = [1.0, 0.9, 0.5, 0.01, 0.999][(case / 7) % 5];
             let r = next();
             assert_eq!(

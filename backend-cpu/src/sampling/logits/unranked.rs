@@ -18,7 +18,10 @@ use specula_backend_api::logit_weights::{logit_rank_key, sanitize_logit};
 
 use specula_backend_api::logit_weights::RowScale;
 
-use super::{Boundary, CHUNK, Weighing, Weighted, prefix_boundary, weigh_chunk};
+use super::{
+    Boundary, CHUNK, Weighing, Weighted, any_not_below, prefix_boundary, raw_lower_bound,
+    weigh_chunk,
+};
 use crate::float_math;
 use crate::sampling::scan::{compiled_for, dispatch};
 #[cfg(target_arch = "x86_64")]
@@ -305,32 +308,6 @@ fn sampled_floor<T: FloatElement>(row: &[T]) -> f32 {
     let q = (BUDGET / stride).clamp(1, SAMPLES) - 1;
     let (_, floor, _) = sample.select_nth_unstable_by(q, |a, b| b.total_cmp(a));
     *floor
-}
-
-/// A raw logit `lo` such that every `x` with `sanitize_logit(x) ≥ floor` has `x ≥ lo` (or is NaN):
-/// `sanitize_logit` is non-decreasing and moves a logit only by flushing `|x| < 2^-76` to 0 and
-/// clamping `|x| > 2^64` to `±2^64`.
-fn raw_lower_bound(floor: f32) -> f32 {
-    /// 2^-76 and 2^64, the bounds of `sanitize_logit`.
-    const TINY: f32 = f32::from_bits(0x1980_0000);
-    const HUGE: f32 = f32::from_bits(0x5f80_0000);
-    if floor <= -HUGE {
-        f32::NEG_INFINITY
-    } else if floor <= 0.0 {
-        floor.min(-TINY)
-    } else {
-        floor
-    }
-}
-
-/// Whether some raw logit of `chunk` is not below `lo` (NaN counts: it is not below anything).
-/// A plain compare, so the loop vectorises; the exact test follows for the chunks it keeps.
-#[inline(always)]
-fn any_not_below<T: FloatElement>(chunk: &[T], lo: f32) -> bool {
-    chunk.iter().fold(false, |any, &x| {
-        let x = x.to_f32();
-        any | (x >= lo) | x.is_nan()
-    })
 }
 
 #[cfg(test)]
