@@ -16,8 +16,52 @@ pub struct NgramConfig {
     pub max_ngram_size: usize,
     /// The shortest n-gram tried (`1 ≤ min ≤ max`).
     pub min_ngram_size: usize,
-    /// Global budget of tokens per step, prefill tokens included (default 128).
+    /// Global budget of tokens per step, prefill tokens included (default 128, at least 2: see
+    /// [`NgramConfig::validate`]).
     pub threshold: usize,
+}
+
+impl NgramConfig {
+    /// The smallest `threshold` that can grant a draft: the budget first reserves one token per
+    /// decode slot, so a threshold below 2 never leaves room for one.
+    pub const MIN_THRESHOLD: usize = 2;
+
+    /// Checks every field; [`SamplerConfig::validate`] (so [`Decoder::new`](crate::Decoder::new))
+    /// calls it. Errors are [`SamplerError::Config`] naming the field (`ngram.min_ngram_size`,
+    /// `ngram.threshold`) and the accepted range:
+    ///
+    /// - `min_ngram_size` in `1 ..= max_ngram_size` (so `max_ngram_size ≥ 1`);
+    /// - `threshold ≥ 2` ([`MIN_THRESHOLD`](Self::MIN_THRESHOLD)): 0 or 1 would silently disable
+    ///   drafting (`docs/semantics.md` §5.10: the budget left for drafts is `threshold` minus the
+    ///   prefill tokens and one token per decode slot).
+    ///
+    /// A `max_ngram_size` beyond any context is fine (longer n-grams than the generated tokens are
+    /// skipped).
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &'static str, reason: String| Err(SamplerError::Config { field, reason });
+        if self.min_ngram_size == 0 || self.min_ngram_size > self.max_ngram_size {
+            return bad(
+                "ngram.min_ngram_size",
+                format!(
+                    "{} not in 1 ..= max_ngram_size {}",
+                    self.min_ngram_size, self.max_ngram_size
+                ),
+            );
+        }
+        if self.threshold < Self::MIN_THRESHOLD {
+            return bad(
+                "ngram.threshold",
+                format!(
+                    "{} not in {} ..= {}: the budget reserves one token per decode slot, so a \
+                     smaller threshold never grants a draft",
+                    self.threshold,
+                    Self::MIN_THRESHOLD,
+                    usize::MAX
+                ),
+            );
+        }
+        Ok(())
+    }
 }
 
 impl Default for NgramConfig {
@@ -62,6 +106,9 @@ pub struct SamplerConfig {
     pub logprobs: Option<usize>,
     /// The n-gram proposer, used when `max_step_tokens > 1`. Without it, drafts come from the
     /// runner through [`Decoder::set_drafts`](crate::Decoder::set_drafts) (or there are none).
+    /// With `max_step_tokens == 1` it is validated but never runs (a way to switch speculation
+    /// off without dropping the proposer's settings); [`Decoder::new`](crate::Decoder::new) logs
+    /// that with `tracing::warn!` rather than failing.
     pub ngram: Option<NgramConfig>,
     /// Accept every (in-vocabulary) draft; for benchmarks and dummy runs.
     pub accept_all: bool,
@@ -146,15 +193,7 @@ impl SamplerConfig {
             return bad("logprobs", format!("{k} > {MAX_LOGPROBS_TOP_K}"));
         }
         if let Some(ngram) = &self.ngram {
-            if ngram.min_ngram_size == 0 || ngram.min_ngram_size > ngram.max_ngram_size {
-                return bad(
-                    "ngram.min_ngram_size",
-                    format!(
-                        "{} not in 1 ..= max_ngram_size {}",
-                        ngram.min_ngram_size, ngram.max_ngram_size
-                    ),
-                );
-            }
+            ngram.validate()?;
             if self.strategy == Strategy::Rejection && self.is_speculative() {
                 return bad(
                     "strategy",

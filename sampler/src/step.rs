@@ -94,6 +94,12 @@ impl StepPlan {
 pub enum Scores<'a> {
     /// Logits (f32, f16 or bf16): the decoder samples from them exactly, with the integer weights
     /// of contract §3b at each request's temperature; no softmax runs.
+    ///
+    /// A row with no usable logit (every value NaN or −inf) is not an error: it weighs 0
+    /// everywhere, and the step emits the first token in rank order, token 0, under every
+    /// strategy (the devices' fallback, contract §3b). The exception is REJECTION given draft
+    /// *probabilities*: the target's `softmax` makes such a row uniform, so that step samples it
+    /// uniformly. Nothing is logged: finding such rows would mean downloading the logits.
     Logits(&'a Buffer),
     /// Probabilities (f32, f16 or bf16) the runner computed itself: temperature is not applied
     /// again and log-probabilities cannot be computed.
@@ -145,7 +151,8 @@ pub struct StepScores<'a> {
 }
 
 impl<'a> StepScores<'a> {
-    /// Logits of the target model.
+    /// Logits of the target model. Rows of only NaN or −inf give token 0 rather than an error
+    /// (see [`Scores::Logits`]).
     pub fn logits(logits: &'a Buffer) -> Self {
         StepScores {
             target: Scores::Logits(logits),
