@@ -31,7 +31,8 @@ use specula_backend_api::abi::MAX_INFER_SEED;
 use specula_backend_api::ops::{RowShape, SoftmaxParams};
 use specula_backend_api::{Buffer, DType, Device, DeviceExt, Op, Strategy};
 use specula_sampler::{
-    Decoder, FinishReason, NgramConfig, Request, SamplerConfig, StepPlan, StepScores,
+    Decoder, FinishReason, NgramConfig, Request, SamplerConfig, SamplingParams, StepPlan,
+    StepScores,
 };
 
 use crate::case::ErrorKind::{
@@ -384,11 +385,13 @@ fn arrivals(rng: &mut Rng, count: usize, max_prompt: usize) -> Vec<Arrival> {
                 _ => rng.next_u64(),
             };
             let request = Request::new(prompt(rng, len))
-                .with_seed(seed)
-                .with_sampling(
-                    rng.pick(&[1.0, 1.0, 0.95, 0.7, 0.3]),
-                    rng.pick(&[0, 0, 1, 3, 10, 1000]),
-                    rng.pick(&[0.0, 0.4, 0.8, 1.0, 1.5]),
+                // In the order of the draws: top_p, top_k, temperature.
+                .with_params(
+                    SamplingParams::default()
+                        .with_seed(seed)
+                        .with_top_p(rng.pick(&[1.0, 1.0, 0.95, 0.7, 0.3]))
+                        .with_top_k(rng.pick(&[0, 0, 1, 3, 10, 1000]))
+                        .with_temperature(rng.pick(&[0.0, 0.4, 0.8, 1.0, 1.5])),
                 )
                 .with_max_dec_len(rng.range(1, 50));
             Arrival { step, request }

@@ -76,7 +76,7 @@ pub mod registry;
 pub mod seeds;
 mod step;
 
-pub use config::{NgramConfig, Request, SamplerConfig};
+pub use config::{NgramConfig, Request, SamplerConfig, SamplingParams};
 pub use decoder::{Decoder, RemovedRequest};
 pub use error::{Result, SamplerError};
 pub use registry::{BackendSpec, Probe, open, probe_all};
