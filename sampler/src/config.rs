@@ -8,8 +8,8 @@ use specula_backend_api::ops::BatchDims;
 
 use crate::error::{Result, SamplerError};
 
-/// The n-gram draft proposer (contract §4.7): drafts are the tokens that followed the last
-/// generated n-gram in the prompt or the generated history.
+/// The n-gram draft proposer (`docs/semantics.md` §5.10): drafts are the tokens that followed the
+/// last generated n-gram in the prompt or the generated history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NgramConfig {
     /// The longest n-gram tried.

@@ -92,13 +92,14 @@ pub struct RemovedRequest {
 ///    slot's emitted tokens.
 ///
 /// Given logits, the step samples from them exactly, without a softmax: each token weighs an
-/// integer computed from its logit, the row maximum and the request's temperature (contract §3b),
-/// the same on every backend. TARGET_MATCH's targets are `top_k_top_p_sample` of the logits rows
-/// at each row's temperature, GREEDY's the `argmax` of the logits, TOPP's candidates
-/// `top_p_candidates` of the logits, and REJECTION weighs target and draft logits alike (see
-/// [`StepScores`] for draft rows). Given probabilities ([`StepScores::probs`]), the same ops read
-/// them instead. A logits row of only NaN or −inf weighs 0 everywhere and yields token 0, the
-/// devices' documented fallback rather than an error (see [`Scores::Logits`](crate::Scores::Logits)).
+/// integer computed from its logit, the row maximum and the request's temperature
+/// (`docs/semantics.md` §4b), the same on every backend. TARGET_MATCH's targets are
+/// `top_k_top_p_sample` of the logits rows at each row's temperature, GREEDY's the `argmax` of the
+/// logits, TOPP's candidates `top_p_candidates` of the logits, and REJECTION weighs target and
+/// draft logits alike (see [`StepScores`] for draft rows). Given probabilities
+/// ([`StepScores::probs`]), the same ops read them instead. A logits row of only NaN or −inf
+/// weighs 0 everywhere and yields token 0, the devices' documented fallback rather than an error
+/// (see [`Scores::Logits`](crate::Scores::Logits)).
 ///
 /// Non-speculative decoding (`S = 1`, or no drafts) runs exactly the same code with zero drafts,
 /// and with GREEDY or TARGET_MATCH emits exactly the same tokens as speculative decoding.
@@ -333,9 +334,9 @@ impl Decoder {
         Ok(plan)
     }
 
-    /// Gathers the hidden state each output row predicts from (contract §4.1): `hidden_states` is
-    /// `[token_num, hidden]` in the packed order of the plan (any dtype), `out` is
-    /// `[gather_rows, hidden]` of the same dtype; rows `≥ T_out` are zeros. Bit-exact copy.
+    /// Gathers the hidden state each output row predicts from (`docs/semantics.md` §5.2):
+    /// `hidden_states` is `[token_num, hidden]` in the packed order of the plan (any dtype), `out`
+    /// is `[gather_rows, hidden]` of the same dtype; rows `≥ T_out` are zeros. Bit-exact copy.
     pub fn gather_next_token(
         &self,
         hidden_states: &Buffer,

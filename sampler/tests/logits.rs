@@ -1,5 +1,5 @@
-//! Sampling from logits (contract §3b): the decoder's targets are the ops' answers on the logits
-//! rows at each request's temperature, and REJECTION verifies draft logits.
+//! Sampling from logits (`docs/semantics.md` §4b): the decoder's targets are the ops' answers on
+//! the logits rows at each request's temperature, and REJECTION verifies draft logits.
 
 mod common;
 
