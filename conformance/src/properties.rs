@@ -4,17 +4,18 @@
 //! - `spec_equals_plain::{target_match, greedy}`: speculative decoding with the n-gram proposer
 //!   (S = 4 … 6) emits token for token what plain decoding (S = 1) emits, for a toy target model
 //!   whose logits are a pure function of the prefix, in mixed batches where prefills arrive at
-//!   different steps (contract principle 4); the runner hands the decoder probabilities (its own
-//!   `softmax` on the device, at each request's temperature);
+//!   different steps (`docs/semantics.md` §1, "Speculative == non-speculative"); the runner hands
+//!   the decoder probabilities (its own `softmax` on the device, at each request's temperature);
 //! - `spec_equals_plain::logits::{target_match, greedy}`: the same, the runner handing the decoder
-//!   its logits, which it samples from directly (contract §3b);
+//!   its logits, which it samples from directly (`docs/semantics.md` §4b);
 //! - `logits_sampling_frequencies`: `top_k_top_p_sample` of logits rows at T = 1 (no top-k, no
 //!   top-p) draws each token with softmax's frequencies (a chi-square test);
 //! - `rejection_preserves_target` and `rejection_preserves_target::logits`: the first token
 //!   REJECTION emits is distributed as the target's filtered distribution, whatever the draft
 //!   distribution, from probability rows and from logits rows (a chi-square test);
 //! - `batch_invariance::requests` and `batch_invariance::rows`: a request's tokens, and a row's
-//!   sampled token, candidates and argmax, do not depend on the rest of the batch (principle 3);
+//!   sampled token, candidates and argmax, do not depend on the rest of the batch
+//!   (`docs/semantics.md` §1, "No hidden state");
 //! - `invalid_memory_arguments`: memory operations (alloc, upload, write, download) reject bad
 //!   arguments in the validating front with the documented error, write nothing and never abort
 //!   (the ops' rejections are the `invalid::` cases).
@@ -52,7 +53,7 @@ use crate::tensor::HostTensor;
 pub struct Property {
     /// Trial name segment, e.g. `spec_equals_plain::target_match`.
     pub name: &'static str,
-    /// It has ops weigh logits rows (contract §3b), so it runs only where
+    /// It has ops weigh logits rows (`docs/semantics.md` §4b), so it runs only where
     /// `Capabilities::logits` holds.
     pub logits: bool,
     /// Checks the property on a device; `Err` explains the failure.
@@ -808,9 +809,9 @@ fn rejection_preserves_target(device: &Arc<dyn Device>, size: Size) -> Result<()
 }
 
 /// REJECTION's first emitted token follows the target's filtered distribution for logits rows
-/// (target and draft weighed at the row's temperature, contract §3b), for draft logits near, far
-/// from and equal to the target's, in every dtype and at several temperatures. The top-p cuts
-/// fall at least 0.03 of mass away from the kept prefix's edges, so the f64 softmax keeps the
+/// (target and draft weighed at the row's temperature, `docs/semantics.md` §4b), for draft logits
+/// near, far from and equal to the target's, in every dtype and at several temperatures. The top-p
+/// cuts fall at least 0.03 of mass away from the kept prefix's edges, so the f64 softmax keeps the
 /// same tokens as the exact weights.
 fn rejection_from_logits_preserves_target(
     device: &Arc<dyn Device>,
