@@ -19,7 +19,8 @@ use crate::{Buffer, Capabilities, DType, DeviceId, DeviceInfo, Element, Error, O
 /// backend, written once. Each checks the arguments (`docs/semantics.md` §6), opens a `specula_op`
 /// tracing span (fields `op`, `backend`, `rows`, `width`) and skips the launch of an op with
 /// nothing to do, then calls [`Backend::run`] with a validated call. A dtype a backend does not
-/// support is [`Error::Unsupported`], predicted by [`Device::capabilities`].
+/// support is [`Error::Unsupported`], predicted by [`Device::capabilities`]. The sections the op
+/// methods cite (§5.1 … §5.11) are those of `docs/semantics.md`.
 pub trait Device: Backend {
     /// What this device is.
     fn info(&self) -> &DeviceInfo {

@@ -1,4 +1,4 @@
-//! Fixed-point weights, rank keys and the exact top-p test (contract §3).
+//! Fixed-point weights, rank keys and the exact top-p test (`docs/semantics.md` §4).
 //!
 //! Every sampling decision of every backend is made on these integers, so that no decision
 //! depends on float rounding, reduction order or FMA contraction.

@@ -1,5 +1,4 @@
-//! Integer weights from logits (contract §3b, `docs/semantics.md` §4b): exact sampling without a
-//! softmax.
+//! Integer weights from logits (`docs/semantics.md` §4b): exact sampling without a softmax.
 //!
 //! A token's weight is computed from its logit, the row maximum and the row's temperature alone,
 //! with integer arithmetic (and one IEEE f32 subtraction), so it is the same integer on every
@@ -168,7 +167,7 @@ pub fn scaled_weight(l: f32, m: f32, scale: RowScale) -> u64 {
     }
 }
 
-/// The §3b weights of a whole row of logits at temperature `t`.
+/// The weights (`docs/semantics.md` §4b) of a whole row of logits at temperature `t`.
 pub fn row_weights(row: &[f32], t: f32) -> Vec<u64> {
     let keys: Vec<f32> = row.iter().map(|&l| sanitize_logit(l)).collect();
     let full = 1u64 << WEIGHT_BITS;

@@ -1,4 +1,5 @@
-//! Philox4x32-10 and the seed rule (contract §2), as plain Rust every backend tests its kernels against.
+//! Philox4x32-10 and the seed rule (`docs/semantics.md` §3), as plain Rust every backend tests its
+//! kernels against.
 
 use crate::abi::{
     MAX_INFER_SEED, PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1, SEED_STRIDE,

@@ -1,4 +1,5 @@
-//! Slot kinds and the output-row rule of the batch layout (contract §1), shared by every backend.
+//! Slot kinds and the output-row rule of the batch layout (`docs/semantics.md` §2), shared by every
+//! backend.
 
 /// What a slot does this step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

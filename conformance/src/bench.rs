@@ -512,8 +512,8 @@ fn float_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
     Ok(())
 }
 
-/// Sampling from `[rows, vocab]` logits at T = 0.8 (contract §3b, no softmax), in the settings of
-/// the probability benches, and the float path it replaces (softmax, then sampling the
+/// Sampling from `[rows, vocab]` logits at T = 0.8 (`docs/semantics.md` §4b, no softmax), in the
+/// settings of the probability benches, and the float path it replaces (softmax, then sampling the
 /// probabilities) for comparison.
 fn logits_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
     let d = b.device;
@@ -563,7 +563,8 @@ fn logits_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> 
 }
 
 /// The unified step of `slots` decode slots of `s` tokens over `vocab`, next to one read of its
-/// scores: probabilities, or logits sampled at T = 0.8 (contract §3b) when `from_logits`.
+/// scores: probabilities, or logits sampled at T = 0.8 (`docs/semantics.md` §4b) when
+/// `from_logits`.
 fn step_bench(
     b: &mut Bencher<'_>,
     slots: usize,

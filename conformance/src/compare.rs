@@ -53,7 +53,7 @@ pub fn logprob_tolerance(width: usize) -> Class {
 }
 
 /// The comparison class of output `tensor` of `op` whose rows hold `width` entries: the float
-/// class of the contract (§0) for softmax probabilities and log-probability values, exact for
+/// class of `docs/semantics.md` §1 for softmax probabilities and log-probability values, exact for
 /// everything else.
 pub fn class_of(op: Op, tensor: &str, width: usize) -> Class {
     match (op, tensor) {

@@ -4,17 +4,18 @@
 //! - `spec_equals_plain::{target_match, greedy}`: speculative decoding with the n-gram proposer
 //!   (S = 4 … 6) emits token for token what plain decoding (S = 1) emits, for a toy target model
 //!   whose logits are a pure function of the prefix, in mixed batches where prefills arrive at
-//!   different steps (contract principle 4); the runner hands the decoder probabilities (its own
-//!   `softmax` on the device, at each request's temperature);
+//!   different steps (`docs/semantics.md` §1, "Speculative == non-speculative"); the runner hands
+//!   the decoder probabilities (its own `softmax` on the device, at each request's temperature);
 //! - `spec_equals_plain::logits::{target_match, greedy}`: the same, the runner handing the decoder
-//!   its logits, which it samples from directly (contract §3b);
+//!   its logits, which it samples from directly (`docs/semantics.md` §4b);
 //! - `logits_sampling_frequencies`: `top_k_top_p_sample` of logits rows at T = 1 (no top-k, no
 //!   top-p) draws each token with softmax's frequencies (a chi-square test);
 //! - `rejection_preserves_target` and `rejection_preserves_target::logits`: the first token
 //!   REJECTION emits is distributed as the target's filtered distribution, whatever the draft
 //!   distribution, from probability rows and from logits rows (a chi-square test);
 //! - `batch_invariance::requests` and `batch_invariance::rows`: a request's tokens, and a row's
-//!   sampled token, candidates and argmax, do not depend on the rest of the batch (principle 3);
+//!   sampled token, candidates and argmax, do not depend on the rest of the batch
+//!   (`docs/semantics.md` §1, "No hidden state");
 //! - `invalid_memory_arguments`: memory operations (alloc, upload, write, download) reject bad
 //!   arguments in the validating front with the documented error, write nothing and never abort
 //!   (the ops' rejections are the `invalid::` cases).
@@ -31,7 +32,8 @@ use specula_backend_api::abi::MAX_INFER_SEED;
 use specula_backend_api::ops::{RowShape, SoftmaxParams};
 use specula_backend_api::{Buffer, DType, Device, DeviceExt, Op, Strategy};
 use specula_sampler::{
-    Decoder, FinishReason, NgramConfig, Request, SamplerConfig, StepPlan, StepScores,
+    Decoder, FinishReason, NgramConfig, Request, SamplerConfig, SamplingParams, StepPlan,
+    StepScores,
 };
 
 use crate::case::ErrorKind::{
@@ -51,7 +53,7 @@ use crate::tensor::HostTensor;
 pub struct Property {
     /// Trial name segment, e.g. `spec_equals_plain::target_match`.
     pub name: &'static str,
-    /// It has ops weigh logits rows (contract §3b), so it runs only where
+    /// It has ops weigh logits rows (`docs/semantics.md` §4b), so it runs only where
     /// `Capabilities::logits` holds.
     pub logits: bool,
     /// Checks the property on a device; `Err` explains the failure.
@@ -384,11 +386,13 @@ fn arrivals(rng: &mut Rng, count: usize, max_prompt: usize) -> Vec<Arrival> {
                 _ => rng.next_u64(),
             };
             let request = Request::new(prompt(rng, len))
-                .with_seed(seed)
-                .with_sampling(
-                    rng.pick(&[1.0, 1.0, 0.95, 0.7, 0.3]),
-                    rng.pick(&[0, 0, 1, 3, 10, 1000]),
-                    rng.pick(&[0.0, 0.4, 0.8, 1.0, 1.5]),
+                // In the order of the draws: top_p, top_k, temperature.
+                .with_params(
+                    SamplingParams::default()
+                        .with_seed(seed)
+                        .with_top_p(rng.pick(&[1.0, 1.0, 0.95, 0.7, 0.3]))
+                        .with_top_k(rng.pick(&[0, 0, 1, 3, 10, 1000]))
+                        .with_temperature(rng.pick(&[0.0, 0.4, 0.8, 1.0, 1.5])),
                 )
                 .with_max_dec_len(rng.range(1, 50));
             Arrival { step, request }
@@ -413,7 +417,7 @@ fn spec_config(
         min_ngram_size: rng.range(1, max_ngram_size),
         // Sometimes a tight global budget, so some slots get fewer drafts than they could.
         threshold: if rng.below(3) == 0 {
-            rng.range(1, 12)
+            rng.range(NgramConfig::MIN_THRESHOLD, 12)
         } else {
             128
         },
@@ -805,9 +809,9 @@ fn rejection_preserves_target(device: &Arc<dyn Device>, size: Size) -> Result<()
 }
 
 /// REJECTION's first emitted token follows the target's filtered distribution for logits rows
-/// (target and draft weighed at the row's temperature, contract §3b), for draft logits near, far
-/// from and equal to the target's, in every dtype and at several temperatures. The top-p cuts
-/// fall at least 0.03 of mass away from the kept prefix's edges, so the f64 softmax keeps the
+/// (target and draft weighed at the row's temperature, `docs/semantics.md` §4b), for draft logits
+/// near, far from and equal to the target's, in every dtype and at several temperatures. The top-p
+/// cuts fall at least 0.03 of mass away from the kept prefix's edges, so the f64 softmax keeps the
 /// same tokens as the exact weights.
 fn rejection_from_logits_preserves_target(
     device: &Arc<dyn Device>,

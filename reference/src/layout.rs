@@ -1,5 +1,5 @@
-//! Reading the batch layout from device memory (contract §1): which slot and position an output
-//! row belongs to, with every device value range-checked.
+//! Reading the batch layout from device memory (`docs/semantics.md` §2): which slot and position an
+//! output row belongs to, with every device value range-checked.
 
 use specula_backend_api::Result;
 use specula_backend_api::ops::{BatchDims, OutputLayout, SlotLens};

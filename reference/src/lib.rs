@@ -1,8 +1,8 @@
 //! # specula-reference
 //!
-//! The plain reference device of Specula: every op of the contract (`docs/semantics.md`, and the
-//! design's `contract.md` §1–§5) written the obvious way, so that the conformance suite has an
-//! oracle that shares no algorithm with the backends it judges — the CPU backend included.
+//! The plain reference device of Specula: every op of the contract (`docs/semantics.md`) written
+//! the obvious way, so that the conformance suite has an oracle that shares no algorithm with the
+//! backends it judges — the CPU backend included.
 //!
 //! [`ReferenceDevice`] implements [`specula_backend_api::Backend`], so it is a
 //! [`Device`](specula_backend_api::Device) behind the same validating front as every backend. It is
@@ -28,10 +28,10 @@
 //! - `softmax` and `accept_logprobs` compute the scaled logit as `(l − m) / T` (subtract the row
 //!   maximum of the raw logits first, then divide, in f32); the special rows (+inf maximum, all
 //!   −inf) are decided on the raw logits. At `T = +inf` every finite logit scales to 0 (the limit:
-//!   uniform over the finite logits, as the logits weights of §3b), which also covers a gap
-//!   `l − m` that overflows f32. Sums are f32 in 8 interleaved partial sums (entry `i` goes to
-//!   partial sum `i mod 8`; the partial sums are then added in order), the order the suite's
-//!   tolerance is stated for.
+//!   uniform over the finite logits, as the logits weights of `docs/semantics.md` §4b), which also
+//!   covers a gap `l − m` that overflows f32. Sums are f32 in 8 interleaved partial sums (entry `i`
+//!   goes to partial sum `i mod 8`; the partial sums are then added in order), the order the
+//!   suite's tolerance is stated for.
 //! - REJECTION: an id outside `[0, V)` weighs 0 in both rows, so such a draft is rejected by the
 //!   acceptance test and the correction comes from the residual with the RESIDUAL draw (SAMPLE only
 //!   when `Σρ == 0`). Under `accept_all`, an out-of-vocabulary draft is not accepted by the flag and

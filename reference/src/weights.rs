@@ -1,5 +1,6 @@
-//! Fixed-point weights, the rank order, the top-p test and the draw (contract §3, §4.3 step 3),
-//! computed here on purpose: the reference shares none of this arithmetic with the backends.
+//! Fixed-point weights, the rank order, the top-p test and the draw (`docs/semantics.md` §4, §5.6
+//! step 3), computed here on purpose: the reference shares none of this arithmetic with the
+//! backends.
 //!
 //! Exactness: an f32 has a 24-bit significand, so `p · 2^40` and `top_p · 2^24` are exact in f64
 //! (a power-of-two scaling of a value far inside f64's range), and `floor` / `ceil` of an exact

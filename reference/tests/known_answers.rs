@@ -241,8 +241,8 @@ fn ngram_matches_beyond_the_contract_examples() {
     }
 }
 
-/// Softmax rows the golden cases leave out (§4.9): a +inf maximum at T = +inf, a NaN device
-/// temperature, an all-NaN row at T = 0.
+/// Softmax rows the golden cases leave out (`docs/semantics.md` §5.5): a +inf maximum at T = +inf,
+/// a NaN device temperature, an all-NaN row at T = 0.
 #[test]
 fn softmax_special_rows_and_temperatures() {
     let (inf, nan) = (f32::INFINITY, f32::NAN);
@@ -261,9 +261,9 @@ fn softmax_special_rows_and_temperatures() {
     }
 }
 
-/// `accept_logprobs` of the special rows (the softmax rules, §4.8), with K beyond V: a +inf row
-/// is uniform over its +inf entries, an all −inf / NaN row uniform over the row; top-K is in
-/// logit order with NaN last, padded with −1 / −inf.
+/// `accept_logprobs` of the special rows (the softmax rules, `docs/semantics.md` §5.11), with K
+/// beyond V: a +inf row is uniform over its +inf entries, an all −inf / NaN row uniform over the
+/// row; top-K is in logit order with NaN last, padded with −1 / −inf.
 #[test]
 fn logprobs_of_special_rows() {
     let (inf, nan) = (f32::INFINITY, f32::NAN);

@@ -17,7 +17,7 @@ use std::error::Error;
 use std::sync::Arc;
 
 use specula_backend_api::{Device, DeviceExt, Strategy};
-use specula_sampler::{Decoder, NgramConfig, Request, SamplerConfig, registry};
+use specula_sampler::{Decoder, NgramConfig, Request, SamplerConfig, SamplingParams, registry};
 
 const VOCAB: usize = 96;
 const END_TOKEN: i32 = 0;
@@ -62,20 +62,27 @@ fn requests() -> Vec<Request> {
             .with_seed(1)
             .with_max_dec_len(48),
         Request::new(chain(33, 6))
-            .with_seed(2)
-            .with_sampling(0.9, 0, 0.7)
+            .with_params(
+                SamplingParams::default()
+                    .with_seed(2)
+                    .with_top_p(0.9)
+                    .with_temperature(0.7),
+            )
             .with_max_dec_len(40),
         Request::new(chain(42, 12))
-            .with_seed(3)
-            .with_sampling(1.0, 5, 1.0)
+            .with_params(SamplingParams::default().with_seed(3).with_top_k(5))
             .with_max_dec_len(32),
         Request::new(vec![77, 77, 77, 77])
-            .with_seed(4)
-            .with_sampling(1.0, 0, 0.0)
+            .with_params(SamplingParams::greedy().with_seed(4))
             .with_max_dec_len(24),
         Request::new(chain(60, 3))
-            .with_seed(u64::MAX)
-            .with_sampling(0.5, 20, 1.3)
+            .with_params(
+                SamplingParams::default()
+                    .with_seed(u64::MAX)
+                    .with_top_p(0.5)
+                    .with_top_k(20)
+                    .with_temperature(1.3),
+            )
             .with_max_dec_len(36),
     ]
 }

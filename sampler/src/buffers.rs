@@ -24,9 +24,11 @@ pub(crate) struct SlotBuffers {
     pub seq_lens_decoder: Buffer,
     /// u8.
     pub stop_flags: Buffer,
-    /// u8, always 0: this decoder does not schedule KV-cache blocks.
+    /// u8, always 0 (zeroed at allocation, written by no op): this decoder does not schedule
+    /// KV-cache blocks.
     pub is_block_step: Buffer,
-    /// i32, always 0: reasoning sections are not tracked.
+    /// i32, always 0 (zeroed at allocation, written by no op): reasoning sections are not
+    /// tracked.
     pub reasoning_status: Buffer,
     pub max_dec_len: Buffer,
     pub draft_token_num: Buffer,
@@ -76,6 +78,11 @@ impl SlotBuffers {
     /// Writes a newly inserted request's state into `slot`: its prompt and lengths (a prefill of
     /// the whole prompt comes next), its seed, limits and sampling parameters. The stop flag is
     /// cleared last: the slot is live from then on.
+    ///
+    /// One blocking write per buffer (14). Not written: `is_block_step` and `reasoning_status`,
+    /// zeroed at allocation and written by no op, and `seq_lens_this_time`, which `propose` writes
+    /// whole before any op reads it. Fewer writes would need the per-slot buffers to share one
+    /// allocation or a device-side scatter, neither of which the device API has.
     pub fn load_request(
         &mut self,
         device: &dyn Device,
@@ -93,11 +100,8 @@ impl SlotBuffers {
         let seed = seeds::request_seed(request.seed);
         write_at(device, &mut self.infer_seed, slot, &[seed])?;
         write_at(device, &mut self.draft_tokens, slot * s, &vec![-1i32; s])?;
-        write_at(device, &mut self.seq_lens_this_time, slot, &[0i32])?;
         write_at(device, &mut self.seq_lens_encoder, slot, &[prompt_len])?;
         write_at(device, &mut self.seq_lens_decoder, slot, &[0i32])?;
-        write_at(device, &mut self.is_block_step, slot, &[0u8])?;
-        write_at(device, &mut self.reasoning_status, slot, &[0i32])?;
         let max_dec_len = as_i32(request.max_dec_len);
         write_at(device, &mut self.max_dec_len, slot, &[max_dec_len])?;
         write_at(device, &mut self.draft_token_num, slot, &[as_i32(drafts)])?;

@@ -8,16 +8,60 @@ use specula_backend_api::ops::BatchDims;
 
 use crate::error::{Result, SamplerError};
 
-/// The n-gram draft proposer (contract §4.7): drafts are the tokens that followed the last
-/// generated n-gram in the prompt or the generated history.
+/// The n-gram draft proposer (`docs/semantics.md` §5.10): drafts are the tokens that followed the
+/// last generated n-gram in the prompt or the generated history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NgramConfig {
     /// The longest n-gram tried.
     pub max_ngram_size: usize,
     /// The shortest n-gram tried (`1 ≤ min ≤ max`).
     pub min_ngram_size: usize,
-    /// Global budget of tokens per step, prefill tokens included (default 128).
+    /// Global budget of tokens per step, prefill tokens included (default 128, at least 2: see
+    /// [`NgramConfig::validate`]).
     pub threshold: usize,
+}
+
+impl NgramConfig {
+    /// The smallest `threshold` that can grant a draft: the budget first reserves one token per
+    /// decode slot, so a threshold below 2 never leaves room for one.
+    pub const MIN_THRESHOLD: usize = 2;
+
+    /// Checks every field; [`SamplerConfig::validate`] (so [`Decoder::new`](crate::Decoder::new))
+    /// calls it. Errors are [`SamplerError::Config`] naming the field (`ngram.min_ngram_size`,
+    /// `ngram.threshold`) and the accepted range:
+    ///
+    /// - `min_ngram_size` in `1 ..= max_ngram_size` (so `max_ngram_size ≥ 1`);
+    /// - `threshold ≥ 2` ([`MIN_THRESHOLD`](Self::MIN_THRESHOLD)): 0 or 1 would silently disable
+    ///   drafting (`docs/semantics.md` §5.10: the budget left for drafts is `threshold` minus the
+    ///   prefill tokens and one token per decode slot).
+    ///
+    /// A `max_ngram_size` beyond any context is fine (longer n-grams than the generated tokens are
+    /// skipped).
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &'static str, reason: String| Err(SamplerError::Config { field, reason });
+        if self.min_ngram_size == 0 || self.min_ngram_size > self.max_ngram_size {
+            return bad(
+                "ngram.min_ngram_size",
+                format!(
+                    "{} not in 1 ..= max_ngram_size {}",
+                    self.min_ngram_size, self.max_ngram_size
+                ),
+            );
+        }
+        if self.threshold < Self::MIN_THRESHOLD {
+            return bad(
+                "ngram.threshold",
+                format!(
+                    "{} not in {} ..= {}: the budget reserves one token per decode slot, so a \
+                     smaller threshold never grants a draft",
+                    self.threshold,
+                    Self::MIN_THRESHOLD,
+                    usize::MAX
+                ),
+            );
+        }
+        Ok(())
+    }
 }
 
 impl Default for NgramConfig {
@@ -62,6 +106,9 @@ pub struct SamplerConfig {
     pub logprobs: Option<usize>,
     /// The n-gram proposer, used when `max_step_tokens > 1`. Without it, drafts come from the
     /// runner through [`Decoder::set_drafts`](crate::Decoder::set_drafts) (or there are none).
+    /// With `max_step_tokens == 1` it is validated but never runs (a way to switch speculation
+    /// off without dropping the proposer's settings); [`Decoder::new`](crate::Decoder::new) logs
+    /// that with `tracing::warn!` rather than failing.
     pub ngram: Option<NgramConfig>,
     /// Accept every (in-vocabulary) draft; for benchmarks and dummy runs.
     pub accept_all: bool,
@@ -146,15 +193,7 @@ impl SamplerConfig {
             return bad("logprobs", format!("{k} > {MAX_LOGPROBS_TOP_K}"));
         }
         if let Some(ngram) = &self.ngram {
-            if ngram.min_ngram_size == 0 || ngram.min_ngram_size > ngram.max_ngram_size {
-                return bad(
-                    "ngram.min_ngram_size",
-                    format!(
-                        "{} not in 1 ..= max_ngram_size {}",
-                        ngram.min_ngram_size, ngram.max_ngram_size
-                    ),
-                );
-            }
+            ngram.validate()?;
             if self.strategy == Strategy::Rejection && self.is_speculative() {
                 return bad(
                     "strategy",
@@ -177,6 +216,94 @@ impl SamplerConfig {
             real_bsz,
             max_step_tokens: self.max_step_tokens,
         }
+    }
+}
+
+/// How a request samples its tokens, by name (as vLLM's `SamplingParams`): build it from
+/// [`Default`] with the `with_*` methods and give it to [`Request::with_params`].
+///
+/// ```
+/// use specula_sampler::{Request, SamplingParams};
+///
+/// let params = SamplingParams::default().with_temperature(0.7).with_top_p(0.9).with_seed(42);
+/// let request = Request::new(vec![1, 2, 3]).with_params(params);
+/// assert_eq!((request.temperature, request.top_p, request.top_k, request.seed), (0.7, 0.9, 0, 42));
+/// assert_eq!(request.params(), params);
+/// ```
+///
+/// The values are checked when the request is inserted ([`Request::validate`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature, ≥ 0; 0 is greedy (one-hot at the argmax). Default 1.
+    pub temperature: f32,
+    /// Nucleus threshold in `(0, 1]`; 1 keeps every token. Default 1.
+    pub top_p: f32,
+    /// Keep only the `top_k` most probable tokens; 0 keeps every token. Default 0.
+    pub top_k: usize,
+    /// The request seed (see [`Request::seed`]). Default 0.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    /// Temperature 1, `top_p` 1, `top_k` 0 (no filter), seed 0: plain sampling from the model.
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding: the defaults at temperature 0.
+    pub fn greedy() -> Self {
+        SamplingParams::default().with_temperature(0.0)
+    }
+
+    /// Sets the temperature.
+    pub fn with_temperature(mut self, temperature: f32) -> Self {
+        self.temperature = temperature;
+        self
+    }
+
+    /// Sets `top_p`.
+    pub fn with_top_p(mut self, top_p: f32) -> Self {
+        self.top_p = top_p;
+        self
+    }
+
+    /// Sets `top_k`.
+    pub fn with_top_k(mut self, top_k: usize) -> Self {
+        self.top_k = top_k;
+        self
+    }
+
+    /// Sets the seed.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Checks the values: `top_p` in `(0, 1]`, `top_k ≤ i32::MAX`, temperature ≥ 0 and not NaN.
+    /// An error is [`SamplerError::Request`] naming the field. [`Request::validate`] runs it.
+    pub fn validate(&self) -> Result<()> {
+        let bad =
+            |field: &'static str, reason: String| Err(SamplerError::Request { field, reason });
+        if self.top_p.is_nan() || self.top_p <= 0.0 || self.top_p > 1.0 {
+            return bad("top_p", format!("{} not in (0, 1]", self.top_p));
+        }
+        if i32::try_from(self.top_k).is_err() {
+            return bad("top_k", format!("{} > {}", self.top_k, i32::MAX));
+        }
+        if self.temperature.is_nan() || self.temperature < 0.0 {
+            return bad(
+                "temperature",
+                format!("{} is negative or NaN", self.temperature),
+            );
+        }
+        Ok(())
     }
 }
 
@@ -205,14 +332,40 @@ impl Request {
     /// A request with seed 0, `top_p` 1, `top_k` 0, temperature 1 and `max_dec_len` as large as
     /// the device state allows (`i32::MAX`; `max_model_len` still limits it).
     pub fn new(prompt: Vec<i32>) -> Self {
+        let SamplingParams {
+            temperature,
+            top_p,
+            top_k,
+            seed,
+        } = SamplingParams::default();
         Request {
             prompt,
-            seed: 0,
-            top_p: 1.0,
-            top_k: 0,
-            temperature: 1.0,
+            seed,
+            top_p,
+            top_k,
+            temperature,
             max_dec_len: i32::MAX as usize,
             max_draft_tokens: None,
+        }
+    }
+
+    /// Sets the temperature, `top_p`, `top_k` and the seed from `params` (the seed too: set it
+    /// in `params`, or call [`with_seed`](Request::with_seed) afterwards).
+    pub fn with_params(mut self, params: SamplingParams) -> Self {
+        self.temperature = params.temperature;
+        self.top_p = params.top_p;
+        self.top_k = params.top_k;
+        self.seed = params.seed;
+        self
+    }
+
+    /// The request's sampling parameters.
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            seed: self.seed,
         }
     }
 
@@ -222,7 +375,9 @@ impl Request {
         self
     }
 
-    /// Sets `top_p`, `top_k` and the temperature.
+    /// Sets `top_p`, `top_k` and the temperature, by position (easy to swap).
+    #[deprecated(note = "positional (top_p, top_k, temperature) is easy to swap: use \
+                `with_params(SamplingParams::default().with_top_p(..).with_top_k(..).with_temperature(..))`")]
     pub fn with_sampling(mut self, top_p: f32, top_k: usize, temperature: f32) -> Self {
         self.top_p = top_p;
         self.top_k = top_k;
@@ -236,7 +391,8 @@ impl Request {
         self
     }
 
-    /// Checks the request against a configuration.
+    /// Checks the request against a configuration: the prompt, the sampling parameters
+    /// ([`SamplingParams::validate`]), `max_dec_len` and `max_draft_tokens`.
     pub fn validate(&self, config: &SamplerConfig) -> Result<()> {
         let bad =
             |field: &'static str, reason: String| Err(SamplerError::Request { field, reason });
@@ -264,18 +420,7 @@ impl Request {
                 format!("token {i} = {t} not in 0 .. {}", config.vocab),
             );
         }
-        if self.top_p.is_nan() || self.top_p <= 0.0 || self.top_p > 1.0 {
-            return bad("top_p", format!("{} not in (0, 1]", self.top_p));
-        }
-        if i32::try_from(self.top_k).is_err() {
-            return bad("top_k", format!("{} > {}", self.top_k, i32::MAX));
-        }
-        if self.temperature.is_nan() || self.temperature < 0.0 {
-            return bad(
-                "temperature",
-                format!("{} is negative or NaN", self.temperature),
-            );
-        }
+        self.params().validate()?;
         if self.max_dec_len == 0 || i32::try_from(self.max_dec_len).is_err() {
             return bad(
                 "max_dec_len",
@@ -288,5 +433,61 @@ impl Request {
             return bad("max_draft_tokens", format!("{d} > {}", i32::MAX));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_params_default_to_a_new_requests_values() {
+        let request = Request::new(vec![1]);
+        assert_eq!(request.params(), SamplingParams::default());
+        assert_eq!(SamplingParams::greedy().temperature, 0.0);
+    }
+
+    #[test]
+    fn with_params_sets_every_field_by_name() {
+        let params = SamplingParams::default()
+            .with_temperature(0.7)
+            .with_top_p(0.9)
+            .with_top_k(5)
+            .with_seed(11);
+        let request = Request::new(vec![1]).with_seed(3).with_params(params);
+        assert_eq!(
+            (
+                request.temperature,
+                request.top_p,
+                request.top_k,
+                request.seed
+            ),
+            (0.7, 0.9, 5, 11)
+        );
+        assert_eq!(request.params(), params);
+        #[allow(deprecated)]
+        let positional = Request::new(vec![1])
+            .with_seed(11)
+            .with_sampling(0.9, 5, 0.7);
+        assert_eq!(positional, request);
+    }
+
+    #[test]
+    fn sampling_params_are_validated_with_the_request() {
+        let config = SamplerConfig::new(Strategy::Greedy, 1, 16, 8, vec![0]);
+        let field = |params: SamplingParams| match Request::new(vec![1])
+            .with_params(params)
+            .validate(&config)
+        {
+            Err(SamplerError::Request { field, .. }) => Some(field),
+            _ => None,
+        };
+        let default = SamplingParams::default();
+        assert_eq!(field(default), None);
+        assert_eq!(field(default.with_top_p(0.0)), Some("top_p"));
+        assert_eq!(field(default.with_top_p(f32::NAN)), Some("top_p"));
+        assert_eq!(field(default.with_top_k(usize::MAX)), Some("top_k"));
+        assert_eq!(field(default.with_temperature(-1.0)), Some("temperature"));
+        assert!(default.with_temperature(-1.0).validate().is_err());
     }
 }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use specula_backend_api::ops::BatchDims;
 use specula_backend_api::{Buffer, Device, DeviceExt};
-use tracing::debug_span;
+use tracing::{debug_span, warn};
 
 use crate::buffers::{Scratch, SlotBuffers};
 use crate::config::{Request, SamplerConfig};
@@ -41,9 +41,9 @@ enum Phase {
 impl Phase {
     fn name(&self) -> &'static str {
         match self {
-            Phase::Idle => "idle",
-            Phase::Proposed { .. } => "proposed",
-            Phase::Planned { .. } => "planned",
+            Phase::Idle => "idle (between steps)",
+            Phase::Proposed { .. } => "proposed (after propose, before plan)",
+            Phase::Planned { .. } => "planned (after plan, before finish)",
         }
     }
 }
@@ -92,12 +92,14 @@ pub struct RemovedRequest {
 ///    slot's emitted tokens.
 ///
 /// Given logits, the step samples from them exactly, without a softmax: each token weighs an
-/// integer computed from its logit, the row maximum and the request's temperature (contract §3b),
-/// the same on every backend. TARGET_MATCH's targets are `top_k_top_p_sample` of the logits rows
-/// at each row's temperature, GREEDY's the `argmax` of the logits, TOPP's candidates
-/// `top_p_candidates` of the logits, and REJECTION weighs target and draft logits alike (see
-/// [`StepScores`] for draft rows). Given probabilities ([`StepScores::probs`]), the same ops read
-/// them instead.
+/// integer computed from its logit, the row maximum and the request's temperature
+/// (`docs/semantics.md` §4b), the same on every backend. TARGET_MATCH's targets are
+/// `top_k_top_p_sample` of the logits rows at each row's temperature, GREEDY's the `argmax` of the
+/// logits, TOPP's candidates `top_p_candidates` of the logits, and REJECTION weighs target and
+/// draft logits alike (see [`StepScores`] for draft rows). Given probabilities
+/// ([`StepScores::probs`]), the same ops read them instead. A logits row of only NaN or −inf
+/// weighs 0 everywhere and yields token 0, the devices' documented fallback rather than an error
+/// (see [`Scores::Logits`](crate::Scores::Logits)).
 ///
 /// Non-speculative decoding (`S = 1`, or no drafts) runs exactly the same code with zero drafts,
 /// and with GREEDY or TARGET_MATCH emits exactly the same tokens as speculative decoding.
@@ -115,9 +117,17 @@ pub struct Decoder {
 }
 
 impl Decoder {
-    /// Allocates the device state and scratch buffers for `config` on `device`.
+    /// Allocates the device state and scratch buffers for `config` on `device`, after
+    /// [`SamplerConfig::validate`]. An n-gram proposer with `max_step_tokens == 1` is not an
+    /// error (it never runs) but is logged with `tracing::warn!`.
     pub fn new(device: Arc<dyn Device>, config: SamplerConfig) -> Result<Self> {
         config.validate()?;
+        if config.ngram.is_some() && !config.is_speculative() {
+            warn!(
+                "the n-gram proposer is configured but max_step_tokens is 1: it never runs and \
+                 no step has drafts"
+            );
+        }
         let state = SlotBuffers::new(device.as_ref(), &config)?;
         let scratch = Scratch::new(device.as_ref(), &config)?;
         Ok(Decoder {
@@ -155,8 +165,11 @@ impl Decoder {
     // ----- slots -----
 
     /// Inserts a request into the lowest free slot and returns the slot. Its first step is a
-    /// prefill of the whole prompt.
+    /// prefill of the whole prompt. Only between steps: during a step (after
+    /// [`propose`](Decoder::propose) or [`plan`](Decoder::plan), before
+    /// [`finish`](Decoder::finish)) it is [`SamplerError::Phase`], whether or not a slot is free.
     pub fn insert(&mut self, request: Request) -> Result<usize> {
+        self.require_idle("insert")?;
         let slot = self.slots.first_free().ok_or(SamplerError::NoFreeSlot {
             max_bsz: self.config.max_bsz,
         })?;
@@ -321,9 +334,9 @@ impl Decoder {
         Ok(plan)
     }
 
-    /// Gathers the hidden state each output row predicts from (contract §4.1): `hidden_states` is
-    /// `[token_num, hidden]` in the packed order of the plan (any dtype), `out` is
-    /// `[gather_rows, hidden]` of the same dtype; rows `≥ T_out` are zeros. Bit-exact copy.
+    /// Gathers the hidden state each output row predicts from (`docs/semantics.md` §5.2):
+    /// `hidden_states` is `[token_num, hidden]` in the packed order of the plan (any dtype), `out`
+    /// is `[gather_rows, hidden]` of the same dtype; rows `≥ T_out` are zeros. Bit-exact copy.
     pub fn gather_next_token(
         &self,
         hidden_states: &Buffer,
@@ -342,21 +355,26 @@ impl Decoder {
 
     /// The tokens up to and including packed input token `input_index` of the current plan: the
     /// sequence whose next token that position predicts. For runners without a KV cache (and toy
-    /// models whose probabilities are a function of the prefix).
+    /// models whose probabilities are a function of the prefix). An `input_index ≥ token_num` is
+    /// [`SamplerError::IndexOutOfRange`] naming `input_index`.
     pub fn input_prefix(&self, input_index: usize) -> Result<Vec<i32>> {
         let plan = self.current_plan("input_prefix")?;
         schedule::input_prefix(plan, &self.slots, input_index)
     }
 
     /// The tokens output row `row` of the current plan predicts from (see
-    /// [`input_prefix`](Decoder::input_prefix)).
+    /// [`input_prefix`](Decoder::input_prefix)). A `row ≥ T_out` is
+    /// [`SamplerError::IndexOutOfRange`] naming `row`.
     pub fn row_prefix(&self, row: usize) -> Result<Vec<i32>> {
         let plan = self.current_plan("row_prefix")?;
         let output = plan
             .output_rows
             .get(row)
-            .ok_or_else(|| SamplerError::ScoresShape {
-                reason: format!("row {row} out of range (T_out {})", plan.t_out()),
+            .ok_or(SamplerError::IndexOutOfRange {
+                argument: "row",
+                index: row,
+                len: plan.t_out(),
+                bound: "T_out",
             })?;
         self.input_prefix(output.input_index)
     }

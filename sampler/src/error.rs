@@ -56,13 +56,27 @@ pub enum SamplerError {
         max_bsz: usize,
     },
     /// A method was called in the wrong phase of a step (e.g. `finish` before `plan`, or `insert`
-    /// between `plan` and `finish`).
+    /// between `plan` and `finish`). The phase is checked before anything else, so `insert` on a
+    /// full decoder during a step reports the phase, not [`NoFreeSlot`](SamplerError::NoFreeSlot).
     #[error("{call} is not allowed now: the step is {phase}")]
     Phase {
         /// The method called.
         call: &'static str,
-        /// The phase the decoder is in.
+        /// The phase the decoder is in: `"idle (between steps)"`, `"proposed (after propose,
+        /// before plan)"` or `"planned (after plan, before finish)"`.
         phase: &'static str,
+    },
+    /// An index argument is not below its bound, e.g. `row_prefix(row)` with `row ≥ T_out`.
+    #[error("{argument} {index} out of range: valid values are 0 .. {len} ({bound})")]
+    IndexOutOfRange {
+        /// The argument (`"row"`, `"input_index"`).
+        argument: &'static str,
+        /// The value given.
+        index: usize,
+        /// One past the largest valid value.
+        len: usize,
+        /// What `len` is (`"T_out"`, `"token_num"`).
+        bound: &'static str,
     },
     /// The logits or probabilities given to `finish` do not have the shape of the plan.
     #[error("scores buffer: {reason}")]

@@ -14,8 +14,8 @@
 //!
 //! A step given logits ([`StepScores::logits`]) samples from them **exactly, without a
 //! softmax**: every token's weight is an integer computed from its logit, the row maximum and the
-//! request's temperature (contract §3b), the same integers on every backend, so the same logits
-//! and seeds give the same tokens on every device. TARGET_MATCH samples each row with
+//! request's temperature (`docs/semantics.md` §4b), the same integers on every backend, so the same
+//! logits and seeds give the same tokens on every device. TARGET_MATCH samples each row with
 //! `top_k_top_p_sample`, GREEDY takes the `argmax` of the logits, TOPP's candidates come from
 //! `top_p_candidates` and REJECTION weighs the target and draft logits
 //! ([`StepScores::with_draft`]) alike. `softmax` (a float op) is for callers who want
@@ -76,7 +76,7 @@ pub mod registry;
 pub mod seeds;
 mod step;
 
-pub use config::{NgramConfig, Request, SamplerConfig};
+pub use config::{NgramConfig, Request, SamplerConfig, SamplingParams};
 pub use decoder::{Decoder, RemovedRequest};
 pub use error::{Result, SamplerError};
 pub use registry::{BackendSpec, Probe, open, probe_all};

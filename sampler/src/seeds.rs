@@ -1,4 +1,4 @@
-//! The per-token seed schedule (contract §2).
+//! The per-token seed schedule (`docs/semantics.md` §3).
 //!
 //! A request's seed is reduced modulo [`MAX_INFER_SEED`] when it is inserted; the slot's
 //! `infer_seed` then advances by 4 per token actually emitted (not per step), so the token at

@@ -44,9 +44,10 @@ pub struct OutputRow {
 
 /// What the runner's forward pass must compute this step.
 ///
-/// Input tokens are packed without gaps in slot order (contract §1); the runner feeds them, gathers
-/// the hidden state of each output row (with [`Decoder::gather_next_token`](crate::Decoder::gather_next_token)
-/// or its own gather), applies its LM head and hands `[R, V]` logits or probabilities to
+/// Input tokens are packed without gaps in slot order (`docs/semantics.md` §2); the runner feeds
+/// them, gathers the hidden state of each output row (with
+/// [`Decoder::gather_next_token`](crate::Decoder::gather_next_token) or its own gather), applies
+/// its LM head and hands `[R, V]` logits or probabilities to
 /// [`Decoder::finish`](crate::Decoder::finish), where `T_out ≤ R ≤ gather_rows` and row `t < T_out`
 /// belongs to `output_rows[t]`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -93,7 +94,13 @@ impl StepPlan {
 #[derive(Clone, Copy, Debug)]
 pub enum Scores<'a> {
     /// Logits (f32, f16 or bf16): the decoder samples from them exactly, with the integer weights
-    /// of contract §3b at each request's temperature; no softmax runs.
+    /// of `docs/semantics.md` §4b at each request's temperature; no softmax runs.
+    ///
+    /// A row with no usable logit (every value NaN or −inf) is not an error: it weighs 0
+    /// everywhere, and the step emits the first token in rank order, token 0, under every
+    /// strategy (the devices' fallback, `docs/semantics.md` §4b). The exception is REJECTION given
+    /// draft *probabilities*: the target's `softmax` makes such a row uniform, so that step samples
+    /// it uniformly. Nothing is logged: finding such rows would mean downloading the logits.
     Logits(&'a Buffer),
     /// Probabilities (f32, f16 or bf16) the runner computed itself: temperature is not applied
     /// again and log-probabilities cannot be computed.
@@ -128,7 +135,7 @@ impl<'a> Scores<'a> {
 /// draft `i + 1` of slot `b`, required when a step has drafts:
 /// - [`with_draft`](StepScores::with_draft): of the same kind as the target. Draft logits are
 ///   weighed at the temperature of the output row they are checked against, so target and draft
-///   logits are verified exactly, without a softmax (contract §3b).
+///   logits are verified exactly, without a softmax (`docs/semantics.md` §4b).
 /// - [`with_draft_probs`](StepScores::with_draft_probs): draft probabilities. With target logits,
 ///   the target's probabilities are then computed by `softmax` at each row's temperature (a float
 ///   op) for the steps that verify drafts.
@@ -145,7 +152,8 @@ pub struct StepScores<'a> {
 }
 
 impl<'a> StepScores<'a> {
-    /// Logits of the target model.
+    /// Logits of the target model. Rows of only NaN or −inf give token 0 rather than an error
+    /// (see [`Scores::Logits`]).
     pub fn logits(logits: &'a Buffer) -> Self {
         StepScores {
             target: Scores::Logits(logits),
@@ -186,7 +194,7 @@ pub enum FinishReason {
     MaxModelLen,
 }
 
-/// The log-probability of one emitted token (contract §4.8).
+/// The log-probability of one emitted token (`docs/semantics.md` §5.11).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenLogprob {
     /// The token.

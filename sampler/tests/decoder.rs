@@ -6,7 +6,9 @@ mod common;
 use common::{Forward, Rng, ToyModel, VOCAB, argmax, device, forward};
 use specula_backend_api::{DeviceExt, Strategy};
 use specula_sampler::seeds::{self, MAX_INFER_SEED};
-use specula_sampler::{Decoder, NgramConfig, Request, SamplerConfig, SamplerError, StepScores};
+use specula_sampler::{
+    Decoder, NgramConfig, Request, SamplerConfig, SamplerError, SamplingParams, StepScores,
+};
 
 fn config(strategy: Strategy, max_bsz: usize, s: usize) -> SamplerConfig {
     let config = SamplerConfig::new(strategy, max_bsz, VOCAB, 64, vec![0]);
@@ -123,11 +125,11 @@ fn slots_and_call_order_are_checked() {
         })
     ));
     assert!(matches!(
-        bad(Request::new(vec![1]).with_sampling(0.0, 0, 1.0)),
+        bad(Request::new(vec![1]).with_params(SamplingParams::default().with_top_p(0.0))),
         Err(SamplerError::Request { field: "top_p", .. })
     ));
     assert!(matches!(
-        bad(Request::new(vec![1]).with_sampling(1.0, 0, f32::NAN)),
+        bad(Request::new(vec![1]).with_params(SamplingParams::default().with_temperature(f32::NAN))),
         Err(SamplerError::Request {
             field: "temperature",
             ..
@@ -241,7 +243,7 @@ fn config_is_validated() {
 #[test]
 fn external_drafts_are_verified() {
     let model = ToyModel { vocab: VOCAB };
-    let request = Request::new(vec![3, 9, 4]).with_sampling(1.0, 0, 0.0);
+    let request = Request::new(vec![3, 9, 4]).with_params(SamplingParams::greedy());
     let (mut decoder, slot) = prefilled_without_proposer(Strategy::Greedy, 5, request, &model);
     let greedy_next = |prefix: &[i32]| argmax(&model.logits(prefix)) as i32;
     for wrong_at in [None, Some(0), Some(2)] {
@@ -341,7 +343,7 @@ fn topp_strategy_decodes() {
         decoder
             .insert(
                 Request::new(prompt)
-                    .with_sampling(0.8, 0, 1.0)
+                    .with_params(SamplingParams::default().with_top_p(0.8))
                     .with_max_dec_len(20),
             )
             .expect("insert");
@@ -377,7 +379,7 @@ fn logprobs_are_reported_per_emitted_token() {
     decoder
         .insert(
             Request::new(vec![7])
-                .with_sampling(1.0, 0, 0.0)
+                .with_params(SamplingParams::greedy())
                 .with_max_dec_len(12),
         )
         .expect("insert");

@@ -26,7 +26,7 @@ fn spec_config(
         min_ngram_size: rng.range(1, max_ngram_size),
         // Sometimes a tight global budget, so some slots get fewer drafts than they could.
         threshold: if rng.range(0, 3) == 0 {
-            rng.range(1, 12)
+            rng.range(NgramConfig::MIN_THRESHOLD, 12)
         } else {
             128
         },

@@ -1,5 +1,5 @@
-//! Sampling from logits (contract §3b): the decoder's targets are the ops' answers on the logits
-//! rows at each request's temperature, and REJECTION verifies draft logits.
+//! Sampling from logits (`docs/semantics.md` §4b): the decoder's targets are the ops' answers on
+//! the logits rows at each request's temperature, and REJECTION verifies draft logits.
 
 mod common;
 
@@ -7,8 +7,8 @@ use common::{Forward, Rng, ToyModel, VOCAB, argmax, device, forward, prompt};
 use specula_backend_api::ops::{RowShape, SampleInputs, SampleParams, Scores};
 use specula_backend_api::{Buffer, Device, DeviceExt, Strategy};
 use specula_sampler::{
-    Decoder, FinishReason, Request, SamplerConfig, SamplerError, Scores as StepRows, StepPlan,
-    StepScores, seeds,
+    Decoder, FinishReason, Request, SamplerConfig, SamplerError, SamplingParams,
+    Scores as StepRows, StepPlan, StepScores, seeds,
 };
 
 /// What the ops say the step's output rows emit, one token per row of a plain (S = 1) step:
@@ -70,8 +70,13 @@ fn plain_steps_emit_the_ops_tokens(strategy: Strategy) {
     let mut rng = Rng(0x10_6175);
     for (i, temperature) in [0.0f32, 0.4, 1.0, 1.5, 2.5].into_iter().enumerate() {
         let request = Request::new(prompt(&mut rng, &model, 6))
-            .with_seed(rng.next_u64())
-            .with_sampling([1.0, 0.9, 0.7][i % 3], [0, 5, 1000][i % 3], temperature)
+            .with_params(
+                SamplingParams::default()
+                    .with_seed(rng.next_u64())
+                    .with_top_p([1.0, 0.9, 0.7][i % 3])
+                    .with_top_k([0, 5, 1000][i % 3])
+                    .with_temperature(temperature),
+            )
             .with_max_dec_len(20);
         decoder.insert(request).expect("insert");
     }
@@ -114,9 +119,11 @@ fn rejection_decoder(model: &ToyModel, temperature: f32) -> (Decoder, usize) {
     };
     let mut decoder = Decoder::new(device(), config).expect("decoder");
     // The chain from 14 cycles through 12 ..= 17, away from the end token 0.
-    let request = Request::new(vec![3, 9, 14])
-        .with_seed(21)
-        .with_sampling(1.0, 0, temperature);
+    let request = Request::new(vec![3, 9, 14]).with_params(
+        SamplingParams::default()
+            .with_seed(21)
+            .with_temperature(temperature),
+    );
     let slot = decoder.insert(request).expect("insert");
     let plan = decoder.plan().expect("plan");
     let device = decoder.device().clone();

@@ -83,7 +83,8 @@ impl BatchDims {
 }
 
 /// Host-side copies of the slot lengths, when the caller has them: they let an op check the slot
-/// rules of the contract (§1) and the row counts of its buffers before launch.
+/// rules of the batch layout (`docs/semantics.md` §2) and the row counts of its buffers before
+/// launch.
 #[derive(Clone, Copy, Debug)]
 pub struct HostSlotLens<'a> {
     /// `seq_lens_this_time`, at least `real_bsz` entries.
@@ -351,7 +352,7 @@ impl<'d> Check<'d> {
     }
 }
 
-/// The per-slot lengths on device (contract §1), `[max_bsz]` i32 each.
+/// The per-slot lengths on device (`docs/semantics.md` §2), `[max_bsz]` i32 each.
 #[derive(Clone, Copy, Debug)]
 pub struct SlotLens<'a> {
     /// Tokens fed this step per slot.
@@ -447,7 +448,7 @@ pub(crate) fn check_candidates_count(check: &Check<'_>, candidates: usize) -> Re
 pub enum Scores<'a> {
     /// `[rows, V]` probabilities (f32, f16 or bf16), weighed `w(p) = floor(sanitize(p) · 2^40)`.
     Probs(&'a Buffer),
-    /// `[rows, V]` logits with a per-row temperature, weighed as §4b says.
+    /// `[rows, V]` logits with a per-row temperature, weighed as `docs/semantics.md` §4b says.
     Logits(Logits<'a>),
 }
 
@@ -532,6 +533,6 @@ impl<'a> Scores<'a> {
 pub struct ScoresKind {
     /// f32, f16 or bf16.
     pub dtype: DType,
-    /// Logits (weighed by §4b) rather than probabilities.
+    /// Logits (weighed by `docs/semantics.md` §4b) rather than probabilities.
     pub logits: bool,
 }

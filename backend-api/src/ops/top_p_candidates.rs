@@ -41,7 +41,7 @@ pub struct CandidatesOutputs<'a> {
     /// `[rows, C]` i32 ids in rank order, -1 padding.
     pub ids: &'a mut Buffer,
     /// `[rows, C]` f32 scores, 0 for padding: the sanitized probabilities, or for logits rows the
-    /// exact share `q · 2^-40` of §4b.
+    /// exact share `q · 2^-40` of `docs/semantics.md` §4b.
     pub scores: &'a mut Buffer,
     /// `[rows]` i32 number of candidates whose mass reaches `top_p`.
     pub lens: &'a mut Buffer,

@@ -17,11 +17,12 @@ pub type OpCall<'c, 'o> = VerifyDraftTokensCall<'c, 'o>;
 pub struct VerifyFacts {
     /// The float dtypes of the REJECTION rows `(target, draft)`; `None` for the other strategies.
     pub rejection_dtypes: Option<(DType, DType)>,
-    /// The REJECTION rows are logits (weighed by §4b) rather than probabilities.
+    /// The REJECTION rows are logits (weighed by `docs/semantics.md` §4b) rather than
+    /// probabilities.
     pub logits: bool,
 }
 
-/// How drafts are checked and the phase-2 token chosen (contract §4.5).
+/// How drafts are checked and the phase-2 token chosen (`docs/semantics.md` §5.8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Strategy {
     /// Accept iff the draft equals the argmax of its row.

@@ -1,4 +1,4 @@
-//! Cases of `accept_logprobs` (contract §4.8).
+//! Cases of `accept_logprobs` (`docs/semantics.md` §5.11).
 
 use serde::{Deserialize, Serialize};
 use specula_backend_api::DType;

@@ -1,4 +1,4 @@
-//! Cases of `argmax` (contract §4.2).
+//! Cases of `argmax` (`docs/semantics.md` §5.4).
 
 use serde::{Deserialize, Serialize};
 use specula_backend_api::DType;

@@ -1,4 +1,4 @@
-//! Cases of `build_output_layout` (contract §1).
+//! Cases of `build_output_layout` (`docs/semantics.md` §2).
 
 use serde::{Deserialize, Serialize};
 use specula_backend_api::DType;

@@ -1,4 +1,4 @@
-//! Cases of `build_sampling_params` (contract §2).
+//! Cases of `build_sampling_params` (`docs/semantics.md` §3).
 
 use serde::{Deserialize, Serialize};
 use specula_backend_api::DType;

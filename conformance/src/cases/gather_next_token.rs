@@ -1,4 +1,4 @@
-//! Cases of `gather_next_token` (contract §4.1).
+//! Cases of `gather_next_token` (`docs/semantics.md` §5.2).
 
 use serde::{Deserialize, Serialize};
 use specula_backend_api::DType;

@@ -307,7 +307,7 @@ pub enum Kind {
     Decode,
 }
 
-/// A batch of slots and its host-side layout (the contract's §1 and the decisions).
+/// A batch of slots and its host-side layout (`docs/semantics.md` §2 and the decisions).
 #[derive(Clone, Debug)]
 pub struct Batch {
     /// The batch shape.

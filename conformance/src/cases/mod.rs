@@ -85,7 +85,8 @@ impl CaseParams {
         self.op_case().reduction_width()
     }
 
-    /// Whether the case samples from logits rows (§4b) rather than probabilities.
+    /// Whether the case samples from logits rows (`docs/semantics.md` §4b) rather than
+    /// probabilities.
     pub fn logits(&self) -> bool {
         match self {
             CaseParams::TopKTopPSample(p) => p.logits,

@@ -1,4 +1,4 @@
-//! Cases of `ngram_match` (contract §4.7).
+//! Cases of `ngram_match` (`docs/semantics.md` §5.10).
 
 use serde::{Deserialize, Serialize};
 use specula_backend_api::ops::*;

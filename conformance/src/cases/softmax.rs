@@ -1,4 +1,4 @@
-//! Cases of `softmax` (contract §4.9).
+//! Cases of `softmax` (`docs/semantics.md` §5.5).
 
 use serde::{Deserialize, Serialize};
 use specula_backend_api::DType;

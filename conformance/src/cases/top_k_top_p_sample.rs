@@ -1,4 +1,4 @@
-//! Cases of `top_k_top_p_sample` (contract §4.3).
+//! Cases of `top_k_top_p_sample` (`docs/semantics.md` §5.6).
 
 use serde::{Deserialize, Serialize};
 use specula_backend_api::DType;
@@ -155,7 +155,8 @@ pub fn cases(size: Size) -> Vec<Case> {
     out
 }
 
-/// Logits rows (§4b) at every temperature, in every dtype and shape; then hostile logits.
+/// Logits rows (`docs/semantics.md` §4b) at every temperature, in every dtype and shape; then
+/// hostile logits.
 fn logits_cases(size: Size) -> Vec<Case> {
     let mut out = Vec::new();
     for dtype in FLOAT_DTYPES {
@@ -208,9 +209,10 @@ fn logits_cases(size: Size) -> Vec<Case> {
     out
 }
 
-/// The contract's known-answer row (§3b) at T = 1, 0.7, 2.5, 0 and +inf: with top-k 1 or a tiny
-/// top-p the token is the first in rank order (id 0, the lower of the two maxima), whatever the
-/// draw; with T = 0 only the argmax weighs anything, whatever top-k and top-p keep.
+/// The contract's known-answer row (`docs/semantics.md` §4b) at T = 1, 0.7, 2.5, 0 and +inf: with
+/// top-k 1 or a tiny top-p the token is the first in rank order (id 0, the lower of the two
+/// maxima), whatever the draw; with T = 0 only the argmax weighs anything, whatever top-k and top-p
+/// keep.
 fn logits_known_answers() -> Case {
     let row = [2.0, 1.0, 0.0, -1.5, f32::NEG_INFINITY, f32::NAN, 2.0, -30.0];
     let temperature = [1.0, 0.7, 2.5, 0.0, f32::INFINITY, 0.0];

@@ -1,4 +1,4 @@
-//! Cases of `top_p_candidates` (contract §4.4).
+//! Cases of `top_p_candidates` (`docs/semantics.md` §5.7).
 
 use serde::{Deserialize, Serialize};
 use specula_backend_api::DType;
@@ -132,8 +132,8 @@ fn logits_case(
     case
 }
 
-/// Logits rows (§4b) at every temperature, in every dtype and shape, hostile logits, and the
-/// contract's known-answer row with its exact scores.
+/// Logits rows (`docs/semantics.md` §4b) at every temperature, in every dtype and shape, hostile
+/// logits, and the contract's known-answer row with its exact scores.
 fn logits_cases(size: Size) -> Vec<Case> {
     let counts = [1, 8, 20, 64, 128];
     let mut out = vec![logits_known_answers()];
@@ -180,8 +180,8 @@ fn logits_cases(size: Size) -> Vec<Case> {
     out
 }
 
-/// The exact score of a logits candidate (§3b): `q = floor(w · 2^40 / W)` cut to its 24 most
-/// significant bits, as the f32 `q · 2^-40`.
+/// The exact score of a logits candidate (`docs/semantics.md` §4b): `q = floor(w · 2^40 / W)` cut
+/// to its 24 most significant bits, as the f32 `q · 2^-40`.
 fn exact_share(w: u64, total: u64) -> f32 {
     let q = ((u128::from(w) << 40) / u128::from(total)) as u64;
     let cut = (64 - q.leading_zeros()).saturating_sub(24);

@@ -1,4 +1,4 @@
-//! Cases of `update_state` (contract §4.6).
+//! Cases of `update_state` (`docs/semantics.md` §5.9).
 
 use serde::{Deserialize, Serialize};
 use specula_backend_api::DType;

@@ -1,5 +1,6 @@
-//! Cases of `verify_draft_tokens` (contract §4.5): every strategy, mixed slot kinds, stops by end
-//! token and by `max_dec_len`, stopped / blocked / reasoning slots, `accept_all` / `reject_all`.
+//! Cases of `verify_draft_tokens` (`docs/semantics.md` §5.8): every strategy, mixed slot kinds,
+//! stops by end token and by `max_dec_len`, stopped / blocked / reasoning slots, `accept_all` /
+//! `reject_all`.
 
 use serde::{Deserialize, Serialize};
 use specula_backend_api::ops::*;
@@ -512,8 +513,9 @@ fn rejection_case(rng: &mut Rng, mut s: State, name: String, dtypes: (DType, DTy
         .with("top_p", f32s(&top_p))
 }
 
-/// REJECTION from logits (§3b): target logits rows, draft logits close to them (the target plus
-/// noise and a boosted token), the per-row temperature, drafts drawn from the draft rows.
+/// REJECTION from logits (`docs/semantics.md` §4b): target logits rows, draft logits close to them
+/// (the target plus noise and a boosted token), the per-row temperature, drafts drawn from the
+/// draft rows.
 fn rejection_logits_case(
     rng: &mut Rng,
     mut s: State,
@@ -889,7 +891,7 @@ fn golden_fallbacks() -> Vec<Case> {
         .expect("accept_num", i32s(&[2])),
     );
     // An id outside [0, V) weighs 0 in both rows: rejected, corrected from the residual with the
-    // RESIDUAL draw (contract §4.5), not from a plain SAMPLE draw of the target.
+    // RESIDUAL draw (`docs/semantics.md` §5.8), not from a plain SAMPLE draw of the target.
     let target = [0.1, 0.2, 0.3, 0.4, 0.25, 0.25, 0.25, 0.25];
     for (name, draft, seeds, expected, accept_all) in [
         ("past_vocab", 4, [0u64, 4], 2, false),

@@ -1,4 +1,4 @@
-//! `accept_logprobs` (contract §4.8, `docs/semantics.md` §5.11): log-probabilities, ranks and
+//! `accept_logprobs` (`docs/semantics.md` §5.11): log-probabilities, ranks and
 //! top-K of the accepted tokens, packed.
 
 use ndarray::{ArrayViewMut1, ArrayViewMut2};

@@ -1,4 +1,4 @@
-//! `argmax` (contract §4.2, `docs/semantics.md` §5.4).
+//! `argmax` (`docs/semantics.md` §5.4).
 
 use specula_backend_api::ops::RowShape;
 use specula_backend_api::ops::argmax::OpCall;

@@ -1,4 +1,4 @@
-//! `build_output_layout` (contract §1, `docs/semantics.md` §5.1).
+//! `build_output_layout` (`docs/semantics.md` §2, §5.1).
 
 use specula_backend_api::Result;
 use specula_backend_api::ops::build_output_layout::OpCall;

@@ -1,4 +1,4 @@
-//! `build_sampling_params` (contract §2, `docs/semantics.md` §5.3).
+//! `build_sampling_params` (`docs/semantics.md` §3, §5.3).
 
 use specula_backend_api::Result;
 use specula_backend_api::ops::build_sampling_params::OpCall;

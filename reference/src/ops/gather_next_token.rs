@@ -1,4 +1,4 @@
-//! `gather_next_token` (contract §4.1, `docs/semantics.md` §5.2): a bit copy of the hidden-state
+//! `gather_next_token` (`docs/semantics.md` §5.2): a bit copy of the hidden-state
 //! row each output row predicts from.
 
 use specula_backend_api::ops::gather_next_token::OpCall;

@@ -1,4 +1,4 @@
-//! One module per op, named as the op (contract §4, `docs/semantics.md` §5). Each is called after
+//! One module per op, named as the op (`docs/semantics.md` §5). Each is called after
 //! the shared host-side validation of `backend-api`, so shapes and dtypes are right; buffer
 //! contents may be anything and take the documented fallbacks.
 

@@ -1,4 +1,4 @@
-//! `ngram_match` (contract §4.7, `docs/semantics.md` §5.10): n-gram lookup in the prompt, then in
+//! `ngram_match` (`docs/semantics.md` §5.10): n-gram lookup in the prompt, then in
 //! the generated history, and a global budget granted in slot order.
 
 use ndarray::ArrayViewMut2;

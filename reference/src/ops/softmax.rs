@@ -1,4 +1,4 @@
-//! `softmax` (contract §4.9, `docs/semantics.md` §5.5), and the row distribution that
+//! `softmax` (`docs/semantics.md` §5.5), and the row distribution that
 //! `accept_logprobs` shares.
 //!
 //! The contract's order: NaN logits count as −inf, `m` is the row maximum, the scaled logit is

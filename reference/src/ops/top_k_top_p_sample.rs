@@ -1,4 +1,4 @@
-//! `top_k_top_p_sample` (contract §4.3, `docs/semantics.md` §5.6), written with a sort: the
+//! `top_k_top_p_sample` (`docs/semantics.md` §5.6), written with a sort: the
 //! survivors and the kept set are prefixes of the row's rank order. The kept set is shared with
 //! the REJECTION strategy of `verify_draft_tokens`, whose target row is filtered the same way.
 
@@ -21,7 +21,7 @@ pub(crate) enum Kept {
     Prefix(Vec<usize>),
 }
 
-/// Top-k, then top-p (contract §4.3 steps 1 and 2).
+/// Top-k, then top-p (`docs/semantics.md` §5.6 steps 1 and 2).
 pub(crate) fn kept_set(row: &WeightedRow, top_k: i32, top_p: f32) -> Kept {
     let order = row.rank_order();
     let survivors = match usize::try_from(top_k) {

@@ -1,4 +1,4 @@
-//! `top_p_candidates` (contract §4.4, `docs/semantics.md` §5.7), written with a sort.
+//! `top_p_candidates` (`docs/semantics.md` §5.7), written with a sort.
 
 use ndarray::ArrayViewMut1;
 use specula_backend_api::ops::top_p_candidates::OpCall;

@@ -1,4 +1,4 @@
-//! `update_state` (contract §4.6, `docs/semantics.md` §5.9): the end of a step, slot by slot.
+//! `update_state` (`docs/semantics.md` §5.9): the end of a step, slot by slot.
 
 use ndarray::ArrayViewMut2;
 use specula_backend_api::ops::update_state::OpCall;

@@ -1,4 +1,4 @@
-//! `verify_draft_tokens` (contract §4.5, `docs/semantics.md` §5.8): one slot at a time.
+//! `verify_draft_tokens` (`docs/semantics.md` §5.8): one slot at a time.
 
 use ndarray::{ArrayView2, ArrayViewMut2};
 use specula_backend_api::ops::verify_draft_tokens::OpCall;

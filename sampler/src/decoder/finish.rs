@@ -9,7 +9,8 @@
 //!    narrows the per-row buffers to the `R` rows.
 //! 3. `softmax`: only for REJECTION given target logits and draft probabilities, whose rows must
 //!    be of one kind: the target's probabilities at each row's temperature. Every other step
-//!    samples from the logits themselves (contract §3b: exact integer weights, no softmax).
+//!    samples from the logits themselves (`docs/semantics.md` §4b: exact integer weights, no
+//!    softmax).
 //! 4. `targets`: the strategy's target per row, from the logits at each row's temperature or
 //!    from the probabilities: argmax (GREEDY), a top-k/top-p sample (TARGET_MATCH), top-p
 //!    candidates (TOPP); REJECTION samples inside verification.

@@ -365,11 +365,11 @@ pub(super) fn input_prefix(
         .slots
         .iter()
         .find(|p| p.inputs.contains(&input_index))
-        .ok_or_else(|| SamplerError::ScoresShape {
-            reason: format!(
-                "input index {input_index} out of range (token_num {})",
-                plan.token_num()
-            ),
+        .ok_or(SamplerError::IndexOutOfRange {
+            argument: "input_index",
+            index: input_index,
+            len: plan.token_num(),
+            bound: "token_num",
         })?;
     let context = slots
         .get(slot_plan.slot)

@@ -277,7 +277,14 @@ mod tests {
         let mut table = SlotTable::new(4, 3);
         assert_eq!((table.first_free(), table.free_count()), (Some(0), 4));
         assert_eq!(table.real_bsz(), 0);
-        table.insert(2, Request::new(vec![1, 2]).with_sampling(0.5, 0, 0.7));
+        table.insert(
+            2,
+            Request::new(vec![1, 2]).with_params(
+                crate::SamplingParams::default()
+                    .with_top_p(0.5)
+                    .with_temperature(0.7),
+            ),
+        );
         assert_eq!((table.first_free(), table.free_count()), (Some(0), 3));
         assert_eq!(table.occupied(), vec![2]);
         assert!(table.is_running(2) && table.has_running() && !table.is_occupied(1));

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use specula_backend_api::{Buffer, Device, DeviceExt};
 use specula_sampler::{
-    DecodeStats, Decoder, FinishReason, Request, SamplerConfig, SamplerError, StepPlan, StepScores,
-    registry,
+    DecodeStats, Decoder, FinishReason, Request, SamplerConfig, SamplerError, SamplingParams,
+    StepPlan, StepScores, registry,
 };
 
 /// The toy model's vocabulary in every test.
@@ -286,7 +286,12 @@ pub fn request(rng: &mut Rng, model: &ToyModel, max_prompt: usize) -> Request {
         _ => rng.next_u64(),
     };
     Request::new(prompt(rng, model, len))
-        .with_seed(seed)
-        .with_sampling(top_p, top_k, temperature)
+        .with_params(
+            SamplingParams::default()
+                .with_seed(seed)
+                .with_top_p(top_p)
+                .with_top_k(top_k)
+                .with_temperature(temperature),
+        )
         .with_max_dec_len(max_dec_len)
 }

@@ -295,8 +295,8 @@ fn dims_cases(make: impl Fn(Dims) -> Case, huge_s_slots: usize) -> Vec<Case> {
     ]
 }
 
-/// The host slot rules (contract §1) broken in the host copies of `seq_lens_this_time` and
-/// `seq_lens_encoder` of `base` (whose device copies hold the same values).
+/// The host slot rules (`docs/semantics.md` §2) broken in the host copies of `seq_lens_this_time`
+/// and `seq_lens_encoder` of `base` (whose device copies hold the same values).
 fn host_lens_cases(base: &Case) -> Vec<Case> {
     let broken: [(&str, [i32; 4], [i32; 4], &str); 5] = [
         (
