@@ -257,6 +257,9 @@ compiled_for!(avx2, fn scan_avx2 [T: FloatElement, const W: bool, const S: bool]
     (row: &[T], block_mass: &mut [u64], sample: GroupSample<'_>) -> u64
     = scan_generic [T, W, S]);
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
 /// Hand-written AVX-512 loops for f32 rows, the common case (the compiler keeps the generic loops
 /// in 256-bit registers and spills their accumulators).
 #[cfg(target_arch = "x86_64")]
@@ -682,6 +685,21 @@ fn scan_with<T: FloatElement, const W: bool, const S: bool>(
         let tail_total = scan_generic::<f32, W, S>(tail, tail_mass, sample.at_block(full));
         return if W { head_total + tail_total } else { 0 };
     }
+    #[cfg(target_arch = "x86_64")]
+    if let (DType::F32, Ok(values), true) = (
+        T::DTYPE,
+        bytemuck::try_cast_slice::<T, f32>(row),
+        has_avx2() && !has_avx512(),
+    ) {
+        let full = values.len() / BLOCK;
+        let (head, tail) = values.split_at(full * BLOCK);
+        let (head_mass, tail_mass) = block_mass.split_at_mut(full);
+        // SAFETY: AVX2 is present; the slices are sized as the function requires.
+        let head_total =
+            unsafe { avx2::scan_full_blocks::<W, S>(head, head_mass, sample.at_block(0)) };
+        let tail_total = scan_generic::<f32, W, S>(tail, tail_mass, sample.at_block(full));
+        return if W { head_total + tail_total } else { 0 };
+    }
     let total =
         dispatch!(scan_generic::<T, W, S>(row, block_mass, sample) via scan_avx512, scan_avx2);
     if W { total } else { 0 }
@@ -968,6 +986,54 @@ pub(crate) fn argmax_row<T: FloatElement>(row: &[T]) -> usize {
 mod tests {
     use super::*;
     use specula_backend_api::fixed_point::{key_weight, rank_key};
+
+    /// The AVX2 pass writes what the generic loop writes: block weights, the two largest keys of
+    /// each group and their positions, on rows with ties, NaN, negatives and values above 1.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_avx2_pass_equals_the_generic_loop() {
+        if !has_avx2() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        let mut s = 99u64;
+        let mut next = move || {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (s >> 33) as u32
+        };
+        for case in 0..40 {
+            let len = BLOCK * (1 + case % 7);
+            let row: Vec<f32> = (0..len)
+                .map(|_| match next() % 23 {
+                    0 => f32::NAN,
+                    1 => -0.5,
+                    2 => 1.5,
+                    3 => 0.25, // ties
+                    4 => 0.0,
+                    _ => (next() % 1_000_000) as f32 * 1e-6 * [1.0, 1e-3, 1e-9][case % 3],
+                })
+                .collect();
+            let (blocks, keys) = block_counts(len);
+            let run = |avx2: bool| {
+                let (mut mass, mut k, mut p) =
+                    (vec![0u64; blocks], vec![0u32; keys], vec![0u8; keys]);
+                let sample = GroupSample {
+                    keys: &mut k,
+                    pos: &mut p,
+                };
+                // SAFETY: AVX2 is present (checked above); the buffers are sized by block_counts.
+                let total = if avx2 {
+                    unsafe { avx2::scan_full_blocks::<true, true>(&row, &mut mass, sample) }
+                } else {
+                    scan_generic::<f32, true, true>(&row, &mut mass, sample)
+                };
+                (total, mass, k, p)
+            };
+            assert!(run(true) == run(false), "case {case}");
+        }
+    }
 
     #[test]
     fn branch_free_weight_matches_the_reference() {
