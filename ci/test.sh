@@ -52,6 +52,9 @@ run_backend() { # run_backend NAME [ENV=VALUE ...]: the quick suite on one backe
   fi
 }
 
+step "cpu on its AVX2 loops (an AVX-512 machine runs them only when asked)"
+run_backend cpu SPECULA_CPU_MAX_ISA=avx2
+
 step "xpu-sim in a second launch configuration (2 clusters x 16 cores)"
 run_backend xpu-sim SPECULA_XPU_SIM_LAUNCH=2x16
 

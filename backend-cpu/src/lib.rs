@@ -12,10 +12,16 @@
 //! the top-k/top-p decisions and the draw on them. Rows it cannot decide (long runs of ties,
 //! `top_k > 2048`, rows far from summing to 1) go to the histogram path (`sampling::histogram`): a
 //! two-level radix selection over the rank keys and one prefix scan. Both make the same integer
-//! decisions. Logits rows (contract §3b, `docs/semantics.md` §4b) are weighed by the integer steps
+//! decisions. Logits rows (`docs/semantics.md` §4b) are weighed by the integer steps
 //! of `logit_weights` in vectorized lanes, without a softmax (`sampling::logits`): a streaming
-//! top-k pass weighs only the k best-ranked tokens. `docs/performance.md` has the algorithms and
-//! the measurements.
+//! top-k pass weighs only the k best-ranked tokens; without top-k, tokens far below the top-p
+//! boundary are only estimated in floats, within bounds that decide it exactly. The float ops
+//! (`softmax`, `accept_logprobs`) use a vectorized `exp`. `docs/performance.md` has the
+//! algorithms and the measurements.
+//!
+//! The hot loops are compiled for AVX-512 and AVX2 and chosen at run time (f32 rows have
+//! hand-written intrinsics for both). `SPECULA_CPU_MAX_ISA=avx2` keeps an AVX-512 CPU on the AVX2
+//! loops, to test or measure them there; the results are the same either way.
 //!
 //! ```
 //! use specula_backend_api::{DeviceExt, Device, ops::{RowShape, SampleInputs, SampleParams, Scores}};

@@ -195,7 +195,14 @@ fn scan_generic<T: FloatElement, const W: bool, const S: bool>(
 #[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn has_avx512() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
+    /// `SPECULA_CPU_MAX_ISA=avx2` keeps an AVX-512 CPU on the AVX2 loops (to test or measure them
+    /// there); read once.
+    static CAPPED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let capped = *CAPPED.get_or_init(|| {
+        std::env::var("SPECULA_CPU_MAX_ISA").is_ok_and(|isa| isa.eq_ignore_ascii_case("avx2"))
+    });
+    !capped
+        && std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
         && std::arch::is_x86_feature_detected!("avx512vl")
         && std::arch::is_x86_feature_detected!("avx512dq")
