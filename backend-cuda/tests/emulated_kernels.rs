@@ -241,42 +241,62 @@ fn unit(rng: &mut Lcg) -> f32 {
 
 /// Rows of every kind: softmax-like, heavy-tailed, tied, hostile, all-zero, tiny, one-hot.
 fn rows(rng: &mut Lcg, count: usize, vocab: usize) -> Vec<f32> {
+    kinded_rows(
+        rng,
+        count,
+        vocab,
+        |rng, kind, u| match kind {
+            0 => u * u * u * u,
+            1 => (u * 8.0).floor() / 64.0,
+            2 => {
+                let x = rng.next() % 16;
+                match x {
+                    0 => f32::NAN,
+                    1 => f32::INFINITY,
+                    2 => -0.5,
+                    3 => 1.5,
+                    4 => -0.0,
+                    5 => f32::NEG_INFINITY,
+                    _ => u / 50.0,
+                }
+            }
+            3 => 0.0,
+            4 => u * 1e-13,
+            5 => (u * 3.0).floor() * 0.25,
+            6 => u.powi(12),
+            _ => u / vocab as f32,
+        },
+        |rng, kind, row| {
+            if kind == 7 {
+                row[(rng.next() as usize) % vocab] = 0.75;
+            }
+            if kind == 0 {
+                let s: f32 = row.iter().sum();
+                row.iter_mut().for_each(|x| *x /= s);
+            }
+        },
+    )
+}
+
+/// `count` rows of `vocab` values, row `r` of kind `r % 8`: `value(rng, kind, u)` gives each entry
+/// from a fresh uniform `u`, then `finish(rng, kind, row)` adjusts the whole row.
+fn kinded_rows(
+    rng: &mut Lcg,
+    count: usize,
+    vocab: usize,
+    value: impl Fn(&mut Lcg, usize, f32) -> f32,
+    finish: impl Fn(&mut Lcg, usize, &mut [f32]),
+) -> Vec<f32> {
     let mut out = Vec::with_capacity(count * vocab);
     for r in 0..count {
         let kind = r % 8;
         let mut row: Vec<f32> = (0..vocab)
             .map(|_| {
                 let u = unit(rng);
-                match kind {
-                    0 => u * u * u * u,
-                    1 => (u * 8.0).floor() / 64.0,
-                    2 => {
-                        let x = rng.next() % 16;
-                        match x {
-                            0 => f32::NAN,
-                            1 => f32::INFINITY,
-                            2 => -0.5,
-                            3 => 1.5,
-                            4 => -0.0,
-                            5 => f32::NEG_INFINITY,
-                            _ => u / 50.0,
-                        }
-                    }
-                    3 => 0.0,
-                    4 => u * 1e-13,
-                    5 => (u * 3.0).floor() * 0.25,
-                    6 => u.powi(12),
-                    _ => u / vocab as f32,
-                }
+                value(rng, kind, u)
             })
             .collect();
-        if kind == 7 {
-            row[(rng.next() as usize) % vocab] = 0.75;
-        }
-        if kind == 0 {
-            let s: f32 = row.iter().sum();
-            row.iter_mut().for_each(|x| *x /= s);
-        }
+        finish(rng, kind, &mut row);
         out.extend(row);
     }
     out
@@ -941,47 +961,43 @@ fn verify_kernels_match_the_cpu_reference() {
 /// Logits rows of every kind: ordinary, tied, hostile (NaN, ±inf, beyond ±2^64, below 2^-76,
 /// subnormal, ±0), all −inf, with +inf entries, huge and nearly equal values, a wide range.
 fn logit_rows(rng: &mut Lcg, count: usize, vocab: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(count * vocab);
-    for r in 0..count {
-        let kind = r % 8;
-        let mut row: Vec<f32> = (0..vocab)
-            .map(|_| {
-                let u = unit(rng);
-                match kind {
-                    0 => u * 20.0 - 10.0,
-                    1 => (u * 4.0).floor(),
-                    2 => match rng.next() % 12 {
-                        0 => f32::NAN,
-                        1 => f32::NEG_INFINITY,
-                        2 => 1e30,
-                        3 => -3e19,
-                        4 => 1e-30,
-                        5 => f32::from_bits(1),
-                        6 => -0.0,
-                        7 => 0.0,
-                        _ => u * 10.0 - 5.0,
-                    },
-                    3 => {
-                        if u < 0.5 {
-                            f32::NEG_INFINITY
-                        } else {
-                            f32::NAN
-                        }
-                    }
-                    4 => u * 6.0,
-                    5 => u * 1e25 - 5e24,
-                    6 => 1.0 + u * 1e-6,
-                    _ => u * 200.0 - 100.0,
+    kinded_rows(
+        rng,
+        count,
+        vocab,
+        |rng, kind, u| match kind {
+            0 => u * 20.0 - 10.0,
+            1 => (u * 4.0).floor(),
+            2 => match rng.next() % 12 {
+                0 => f32::NAN,
+                1 => f32::NEG_INFINITY,
+                2 => 1e30,
+                3 => -3e19,
+                4 => 1e-30,
+                5 => f32::from_bits(1),
+                6 => -0.0,
+                7 => 0.0,
+                _ => u * 10.0 - 5.0,
+            },
+            3 => {
+                if u < 0.5 {
+                    f32::NEG_INFINITY
+                } else {
+                    f32::NAN
                 }
-            })
-            .collect();
-        if kind == 4 {
-            row[(rng.next() as usize) % vocab] = f32::INFINITY;
-            row[(rng.next() as usize) % vocab] = f32::INFINITY;
-        }
-        out.extend(row);
-    }
-    out
+            }
+            4 => u * 6.0,
+            5 => u * 1e25 - 5e24,
+            6 => 1.0 + u * 1e-6,
+            _ => u * 200.0 - 100.0,
+        },
+        |rng, kind, row| {
+            if kind == 4 {
+                row[(rng.next() as usize) % vocab] = f32::INFINITY;
+                row[(rng.next() as usize) % vocab] = f32::INFINITY;
+            }
+        },
+    )
 }
 
 /// Per-row temperatures of every kind: 1, 0 and −0 (argmax), ordinary, +inf (uniform), NaN and
