@@ -241,42 +241,62 @@ fn unit(rng: &mut Lcg) -> f32 {
 
 /// Rows of every kind: softmax-like, heavy-tailed, tied, hostile, all-zero, tiny, one-hot.
 fn rows(rng: &mut Lcg, count: usize, vocab: usize) -> Vec<f32> {
+    kinded_rows(
+        rng,
+        count,
+        vocab,
+        |rng, kind, u| match kind {
+            0 => u * u * u * u,
+            1 => (u * 8.0).floor() / 64.0,
+            2 => {
+                let x = rng.next() % 16;
+                match x {
+                    0 => f32::NAN,
+                    1 => f32::INFINITY,
+                    2 => -0.5,
+                    3 => 1.5,
+                    4 => -0.0,
+                    5 => f32::NEG_INFINITY,
+                    _ => u / 50.0,
+                }
+            }
+            3 => 0.0,
+            4 => u * 1e-13,
+            5 => (u * 3.0).floor() * 0.25,
+            6 => u.powi(12),
+            _ => u / vocab as f32,
+        },
+        |rng, kind, row| {
+            if kind == 7 {
+                row[(rng.next() as usize) % vocab] = 0.75;
+            }
+            if kind == 0 {
+                let s: f32 = row.iter().sum();
+                row.iter_mut().for_each(|x| *x /= s);
+            }
+        },
+    )
+}
+
+/// `count` rows of `vocab` values, row `r` of kind `r % 8`: `value(rng, kind, u)` gives each entry
+/// from a fresh uniform `u`, then `finish(rng, kind, row)` adjusts the whole row.
+fn kinded_rows(
+    rng: &mut Lcg,
+    count: usize,
+    vocab: usize,
+    value: impl Fn(&mut Lcg, usize, f32) -> f32,
+    finish: impl Fn(&mut Lcg, usize, &mut [f32]),
+) -> Vec<f32> {
     let mut out = Vec::with_capacity(count * vocab);
     for r in 0..count {
         let kind = r % 8;
         let mut row: Vec<f32> = (0..vocab)
             .map(|_| {
                 let u = unit(rng);
-                match kind {
-                    0 => u * u * u * u,
-                    1 => (u * 8.0).floor() / 64.0,
-                    2 => {
-                        let x = rng.next() % 16;
-                        match x {
-                            0 => f32::NAN,
-                            1 => f32::INFINITY,
-                            2 => -0.5,
-                            3 => 1.5,
-                            4 => -0.0,
-                            5 => f32::NEG_INFINITY,
-                            _ => u / 50.0,
-                        }
-                    }
-                    3 => 0.0,
-                    4 => u * 1e-13,
-                    5 => (u * 3.0).floor() * 0.25,
-                    6 => u.powi(12),
-                    _ => u / vocab as f32,
-                }
+                value(rng, kind, u)
             })
             .collect();
-        if kind == 7 {
-            row[(rng.next() as usize) % vocab] = 0.75;
-        }
-        if kind == 0 {
-            let s: f32 = row.iter().sum();
-            row.iter_mut().for_each(|x| *x /= s);
-        }
+        finish(rng, kind, &mut row);
         out.extend(row);
     }
     out
@@ -591,6 +611,142 @@ fn cpu_verify(cpu: &CpuDevice, inputs: &VerifyInputs<'_>, params: &VerifyParams)
     [accept_tokens, accept_num]
 }
 
+/// The slot state of one `verify` trial, as host vectors.
+struct VerifySlots {
+    this_time: Vec<i32>,
+    encoder: Vec<i32>,
+    cu_out: Vec<i32>,
+    stop_flags: Vec<u8>,
+    is_block: Vec<u8>,
+    reasoning: Vec<i32>,
+    step_idx: Vec<i32>,
+    max_dec_len: Vec<i32>,
+}
+
+/// [`VerifySlots`] and the end tokens, uploaded to a device.
+struct SlotBuffers {
+    this_time: Buffer,
+    encoder: Buffer,
+    cu_out: Buffer,
+    stop_flags: Buffer,
+    is_block: Buffer,
+    reasoning: Buffer,
+    step_idx: Buffer,
+    max_dec_len: Buffer,
+    end_tokens: Buffer,
+}
+
+impl VerifySlots {
+    /// Drafts for every slot: mostly the sampled target token of their row (so runs of acceptances
+    /// happen), some random, some −1 or beyond the vocabulary, and some `end_token` where given.
+    fn drafts(
+        &self,
+        rng: &mut Lcg,
+        s: usize,
+        vocab: usize,
+        sampled: &[i32],
+        end_token: Option<i32>,
+    ) -> Vec<i32> {
+        let random_below = if end_token.is_some() { 6 } else { 5 };
+        let max_bsz = self.this_time.len();
+        let mut draft_tokens = vec![0i32; max_bsz * s];
+        for b in 0..max_bsz {
+            for i in 0..s {
+                let row =
+                    self.cu_out.get(b).map_or(0, |&c| c.max(0) as usize) + i.saturating_sub(1);
+                draft_tokens[b * s + i] = match (rng.next() % 10, end_token) {
+                    (0, _) => -1,
+                    (1, _) => vocab as i32 + 3,
+                    (2, Some(end)) => end,
+                    (roll, _) if roll < random_below => (rng.next() % vocab as u64) as i32,
+                    _ => *sampled.get(row).unwrap_or(&0),
+                };
+            }
+        }
+        draft_tokens
+    }
+
+    /// Writes the slot inputs and `end_tokens` for the `verify` driver.
+    fn write(&self, work: &Workdir, end_tokens: &[i32]) {
+        for (name, data) in [
+            ("this_time.bin", &self.this_time),
+            ("encoder.bin", &self.encoder),
+            ("cu_out.bin", &self.cu_out),
+            ("reasoning.bin", &self.reasoning),
+            ("step_idx.bin", &self.step_idx),
+            ("max_dec_len.bin", &self.max_dec_len),
+        ] {
+            work.write(name, data);
+        }
+        work.write("end_tokens.bin", end_tokens);
+        work.write("stop_flags.bin", &self.stop_flags);
+        work.write("is_block_step.bin", &self.is_block);
+    }
+
+    /// The slot inputs and `end_tokens` on `dev`.
+    fn upload(&self, dev: &dyn Device, end_tokens: &[i32]) -> SlotBuffers {
+        fn on<T: Element>(dev: &dyn Device, data: &[T]) -> Buffer {
+            dev.upload(data).expect("upload")
+        }
+        SlotBuffers {
+            this_time: on(dev, &self.this_time),
+            encoder: on(dev, &self.encoder),
+            cu_out: on(dev, &self.cu_out),
+            stop_flags: on(dev, &self.stop_flags),
+            is_block: on(dev, &self.is_block),
+            reasoning: on(dev, &self.reasoning),
+            step_idx: on(dev, &self.step_idx),
+            max_dec_len: on(dev, &self.max_dec_len),
+            end_tokens: on(dev, end_tokens),
+        }
+    }
+}
+
+impl SlotBuffers {
+    /// The `verify_draft_tokens` inputs of these slots with `draft_tokens`, `seeds` and `strategy`.
+    fn inputs<'a>(
+        &'a self,
+        draft_tokens: &'a Buffer,
+        seeds: &'a Buffer,
+        strategy: StrategyInputs<'a>,
+    ) -> VerifyInputs<'a> {
+        VerifyInputs {
+            draft_tokens,
+            lens: SlotLens {
+                seq_lens_this_time: &self.this_time,
+                seq_lens_encoder: &self.encoder,
+            },
+            cu_seqlens_q_output: &self.cu_out,
+            state: VerifySlotState {
+                stop_flags: &self.stop_flags,
+                is_block_step: &self.is_block,
+                reasoning_status: &self.reasoning,
+                step_idx: &self.step_idx,
+                max_dec_len: &self.max_dec_len,
+                end_tokens: &self.end_tokens,
+            },
+            seeds,
+            strategy,
+        }
+    }
+}
+
+/// Writes the sampling rows of a `verify` trial for the driver.
+fn write_verify_rows(
+    work: &Workdir,
+    top_k: &[i32],
+    top_p: &[f32],
+    seeds: &[u64],
+    target_bytes: &[u8],
+    draft_bytes: &[u8],
+) {
+    work.write("top_k.bin", top_k);
+    work.write("top_p.bin", top_p);
+    work.write("seeds.bin", seeds);
+    work.write("target_probs.bin", target_bytes);
+    work.write("draft_probs.bin", draft_bytes);
+}
+
 fn verify_kernels_match_the_cpu_reference() {
     let work = Workdir::new("verify");
     let cpu = cpu();
@@ -647,6 +803,16 @@ fn verify_kernels_match_the_cpu_reference() {
             let max_dec_len: Vec<i32> = (0..max_bsz)
                 .map(|b| if b % 3 == 0 { step_idx[b] + 2 } else { 100 })
                 .collect();
+            let slots = VerifySlots {
+                this_time,
+                encoder,
+                cu_out,
+                stop_flags,
+                is_block,
+                reasoning,
+                step_idx,
+                max_dec_len,
+            };
             let seeds: Vec<u64> = (0..rows).map(|_| rng.next()).collect();
             let target = peaked_rows(&mut rng, rows, vocab, trial % 2 == 1);
             let draft = peaked_rows(&mut rng, max_bsz * (s - 1), vocab, trial % 4 == 3);
@@ -685,53 +851,14 @@ fn verify_kernels_match_the_cpu_reference() {
                     .for_each(|(r, l)| *l = [-3, 0, 99, 2][r % 4]);
                 cand_ids.iter_mut().step_by(5).for_each(|x| *x = -4);
             }
-            // Drafts: mostly the target's choice (so runs of acceptances happen), some garbage.
-            let mut draft_tokens = vec![0i32; max_bsz * s];
-            for b in 0..max_bsz {
-                for i in 0..s {
-                    let row = cu_out.get(b).map_or(0, |&c| c.max(0) as usize) + i.saturating_sub(1);
-                    draft_tokens[b * s + i] = match rng.next() % 10 {
-                        0 => -1,
-                        1 => vocab as i32 + 3,
-                        2 => end_tokens[0],
-                        3..=5 => (rng.next() % vocab as u64) as i32,
-                        _ => *sampled.get(row).unwrap_or(&0),
-                    };
-                }
-            }
-            for (name, data) in [
-                ("this_time.bin", &this_time),
-                ("encoder.bin", &encoder),
-                ("cu_out.bin", &cu_out),
-                ("reasoning.bin", &reasoning),
-                ("step_idx.bin", &step_idx),
-                ("max_dec_len.bin", &max_dec_len),
-                ("top_k.bin", &top_k),
-                ("cand_ids.bin", &cand_ids),
-                ("cand_lens.bin", &cand_lens),
-            ] {
-                work.write(name, data);
-            }
-            work.write("end_tokens.bin", &end_tokens);
-            work.write("stop_flags.bin", &stop_flags);
-            work.write("is_block_step.bin", &is_block);
-            work.write("seeds.bin", &seeds);
-            work.write("top_p.bin", &top_p);
+            let draft_tokens = slots.drafts(&mut rng, s, vocab, &sampled, Some(end_tokens[0]));
+            slots.write(&work, &end_tokens);
+            write_verify_rows(&work, &top_k, &top_p, &seeds, &target_bytes, &draft_bytes);
+            work.write("cand_ids.bin", &cand_ids);
+            work.write("cand_lens.bin", &cand_lens);
             work.write("cand_scores.bin", &cand_scores);
-            work.write("target_probs.bin", &target_bytes);
-            work.write("draft_probs.bin", &draft_bytes);
             // The CPU side of every strategy.
-            let (tt, en, co) = (up(&cpu, &this_time), up(&cpu, &encoder), up(&cpu, &cu_out));
-            let (sf, bs, rs) = (
-                up(&cpu, &stop_flags),
-                up(&cpu, &is_block),
-                up(&cpu, &reasoning),
-            );
-            let (si, md, et) = (
-                up(&cpu, &step_idx),
-                up(&cpu, &max_dec_len),
-                up(&cpu, &end_tokens),
-            );
+            let slot_bufs = slots.upload(&cpu, &end_tokens);
             let (ci, cs, cl) = (
                 up(&cpu, &cand_ids),
                 up(&cpu, &cand_scores),
@@ -809,24 +936,7 @@ fn verify_kernels_match_the_cpu_reference() {
                     },
                 };
                 let dt = up(&cpu, &cpu_drafts);
-                let inputs = VerifyInputs {
-                    draft_tokens: &dt,
-                    lens: SlotLens {
-                        seq_lens_this_time: &tt,
-                        seq_lens_encoder: &en,
-                    },
-                    cu_seqlens_q_output: &co,
-                    state: VerifySlotState {
-                        stop_flags: &sf,
-                        is_block_step: &bs,
-                        reasoning_status: &rs,
-                        step_idx: &si,
-                        max_dec_len: &md,
-                        end_tokens: &et,
-                    },
-                    seeds: &sd,
-                    strategy: strategy_inputs,
-                };
+                let inputs = slot_bufs.inputs(&dt, &sd, strategy_inputs);
                 let params = VerifyParams {
                     dims,
                     rows,
@@ -851,47 +961,43 @@ fn verify_kernels_match_the_cpu_reference() {
 /// Logits rows of every kind: ordinary, tied, hostile (NaN, ±inf, beyond ±2^64, below 2^-76,
 /// subnormal, ±0), all −inf, with +inf entries, huge and nearly equal values, a wide range.
 fn logit_rows(rng: &mut Lcg, count: usize, vocab: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(count * vocab);
-    for r in 0..count {
-        let kind = r % 8;
-        let mut row: Vec<f32> = (0..vocab)
-            .map(|_| {
-                let u = unit(rng);
-                match kind {
-                    0 => u * 20.0 - 10.0,
-                    1 => (u * 4.0).floor(),
-                    2 => match rng.next() % 12 {
-                        0 => f32::NAN,
-                        1 => f32::NEG_INFINITY,
-                        2 => 1e30,
-                        3 => -3e19,
-                        4 => 1e-30,
-                        5 => f32::from_bits(1),
-                        6 => -0.0,
-                        7 => 0.0,
-                        _ => u * 10.0 - 5.0,
-                    },
-                    3 => {
-                        if u < 0.5 {
-                            f32::NEG_INFINITY
-                        } else {
-                            f32::NAN
-                        }
-                    }
-                    4 => u * 6.0,
-                    5 => u * 1e25 - 5e24,
-                    6 => 1.0 + u * 1e-6,
-                    _ => u * 200.0 - 100.0,
+    kinded_rows(
+        rng,
+        count,
+        vocab,
+        |rng, kind, u| match kind {
+            0 => u * 20.0 - 10.0,
+            1 => (u * 4.0).floor(),
+            2 => match rng.next() % 12 {
+                0 => f32::NAN,
+                1 => f32::NEG_INFINITY,
+                2 => 1e30,
+                3 => -3e19,
+                4 => 1e-30,
+                5 => f32::from_bits(1),
+                6 => -0.0,
+                7 => 0.0,
+                _ => u * 10.0 - 5.0,
+            },
+            3 => {
+                if u < 0.5 {
+                    f32::NEG_INFINITY
+                } else {
+                    f32::NAN
                 }
-            })
-            .collect();
-        if kind == 4 {
-            row[(rng.next() as usize) % vocab] = f32::INFINITY;
-            row[(rng.next() as usize) % vocab] = f32::INFINITY;
-        }
-        out.extend(row);
-    }
-    out
+            }
+            4 => u * 6.0,
+            5 => u * 1e25 - 5e24,
+            6 => 1.0 + u * 1e-6,
+            _ => u * 200.0 - 100.0,
+        },
+        |rng, kind, row| {
+            if kind == 4 {
+                row[(rng.next() as usize) % vocab] = f32::INFINITY;
+                row[(rng.next() as usize) % vocab] = f32::INFINITY;
+            }
+        },
+    )
 }
 
 /// Per-row temperatures of every kind: 1, 0 and −0 (argmax), ordinary, +inf (uniform), NaN and
@@ -1085,8 +1191,16 @@ fn logits_rejection_matches_the_reference() {
             let max_dec_len: Vec<i32> = (0..max_bsz)
                 .map(|b| if b % 3 == 0 { step_idx[b] + 3 } else { 100 })
                 .collect();
-            let (stop_flags, is_block) = (vec![0u8; max_bsz], vec![0u8; max_bsz]);
-            let reasoning = vec![0i32; max_bsz];
+            let slots = VerifySlots {
+                this_time,
+                encoder,
+                cu_out,
+                stop_flags: vec![0u8; max_bsz],
+                is_block: vec![0u8; max_bsz],
+                reasoning: vec![0i32; max_bsz],
+                step_idx,
+                max_dec_len,
+            };
             let seeds: Vec<u64> = (0..rows).map(|_| rng.next()).collect();
             // The draft rows are the target rows disturbed (so that drafts are often accepted),
             // some of them wholly different; both of every kind.
@@ -1138,43 +1252,16 @@ fn logits_rejection_matches_the_reference() {
                 }
                 dev.download::<i32>(&tokens).expect("download")
             };
-            let mut draft_tokens = vec![0i32; max_bsz * s];
-            for b in 0..max_bsz {
-                for i in 0..s {
-                    let row = cu_out.get(b).map_or(0, |&c| c.max(0) as usize) + i.saturating_sub(1);
-                    draft_tokens[b * s + i] = match rng.next() % 10 {
-                        0 => -1,
-                        1 => vocab as i32 + 3,
-                        2..=4 => (rng.next() % vocab as u64) as i32,
-                        _ => *sampled.get(row).unwrap_or(&0),
-                    };
-                }
-            }
+            let draft_tokens = slots.drafts(&mut rng, s, vocab, &sampled, None);
             let (accept_all, reject_all) = match trial % 4 {
                 1 => (true, false),
                 2 => (false, true),
                 _ => (false, false),
             };
-            for (name, data) in [
-                ("this_time.bin", &this_time),
-                ("encoder.bin", &encoder),
-                ("cu_out.bin", &cu_out),
-                ("reasoning.bin", &reasoning),
-                ("step_idx.bin", &step_idx),
-                ("max_dec_len.bin", &max_dec_len),
-                ("top_k.bin", &top_k),
-                ("draft_tokens.bin", &draft_tokens),
-            ] {
-                work.write(name, data);
-            }
-            work.write("end_tokens.bin", &end_tokens);
-            work.write("stop_flags.bin", &stop_flags);
-            work.write("is_block_step.bin", &is_block);
-            work.write("seeds.bin", &seeds);
-            work.write("top_p.bin", &top_p);
+            slots.write(&work, &end_tokens);
+            write_verify_rows(&work, &top_k, &top_p, &seeds, &target_bytes, &draft_bytes);
+            work.write("draft_tokens.bin", &draft_tokens);
             work.write("temperature.bin", &temperature);
-            work.write("target_probs.bin", &target_bytes);
-            work.write("draft_probs.bin", &draft_bytes);
             let args: [&dyn Display; 12] = [
                 &rows,
                 &vocab,
@@ -1190,45 +1277,18 @@ fn logits_rejection_matches_the_reference() {
                 &1,
             ];
             work.run(&bin, "verify", &args);
-            let (tt_b, en, co) = (
-                up_ref(&dev, &this_time),
-                up_ref(&dev, &encoder),
-                up_ref(&dev, &cu_out),
-            );
-            let (sf, bs, rs) = (
-                up_ref(&dev, &stop_flags),
-                up_ref(&dev, &is_block),
-                up_ref(&dev, &reasoning),
-            );
-            let (si, md, et) = (
-                up_ref(&dev, &step_idx),
-                up_ref(&dev, &max_dec_len),
-                up_ref(&dev, &end_tokens),
-            );
+            let slot_bufs = slots.upload(&dev, &end_tokens);
             let dt = up_ref(&dev, &draft_tokens);
-            let inputs = VerifyInputs {
-                draft_tokens: &dt,
-                lens: SlotLens {
-                    seq_lens_this_time: &tt_b,
-                    seq_lens_encoder: &en,
-                },
-                cu_seqlens_q_output: &co,
-                state: VerifySlotState {
-                    stop_flags: &sf,
-                    is_block_step: &bs,
-                    reasoning_status: &rs,
-                    step_idx: &si,
-                    max_dec_len: &md,
-                    end_tokens: &et,
-                },
-                seeds: &sd,
-                strategy: StrategyInputs::Rejection {
+            let inputs = slot_bufs.inputs(
+                &dt,
+                &sd,
+                StrategyInputs::Rejection {
                     target: Scores::logits(&target_buf, &tt),
                     draft: &draft_buf,
                     top_k: &tk,
                     top_p: &tp,
                 },
-            };
+            );
             let params = VerifyParams {
                 dims,
                 rows,

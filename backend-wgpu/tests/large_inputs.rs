@@ -5,12 +5,13 @@
 //! Without a usable adapter the test is listed as ignored with the reason, and fails under
 //! `SPECULA_REQUIRE=wgpu` (`specula_backend_api::testing`).
 
+mod common;
+
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use specula_backend_api::ops::{RowShape, SampleInputs, SampleParams, Scores};
-use specula_backend_api::testing::{self, Needs, TestFn};
-use specula_backend_api::{Device, DeviceExt, Error};
+use specula_backend_api::{Device, DeviceExt};
 
 fn probabilities(rows: usize, vocab: usize) -> Vec<f32> {
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -91,18 +92,8 @@ fn rows_beyond_the_largest_binding_are_chunked(wgpu: Arc<dyn Device>) -> Result<
 }
 
 fn main() -> ExitCode {
-    let opened = specula_backend_wgpu::open(0);
-    let availability = match &opened {
-        Err(Error::Unavailable { reason, .. }) => Err(reason.clone()),
-        _ => Ok(()),
-    };
-    let needs = Needs::new("wgpu", availability);
-    let test: TestFn = Box::new(move || {
-        let wgpu = opened.map_err(|e| format!("opening wgpu: {e}"))?;
-        rows_beyond_the_largest_binding_are_chunked(wgpu)
-    });
-    testing::run(
-        &needs,
-        vec![("rows_beyond_the_largest_binding_are_chunked", test)],
+    common::run_on_wgpu(
+        "rows_beyond_the_largest_binding_are_chunked",
+        rows_beyond_the_largest_binding_are_chunked,
     )
 }

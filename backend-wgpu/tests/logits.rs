@@ -6,14 +6,15 @@
 //! Without a usable adapter the test is listed as ignored with the reason, and fails under
 //! `SPECULA_REQUIRE=wgpu` (`specula_backend_api::testing`).
 
+mod common;
+
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use specula_backend_api::ops::{
     CandidatesInputs, CandidatesOutputs, CandidatesParams, RowShape, Scores,
 };
-use specula_backend_api::testing::{self, Needs, TestFn};
-use specula_backend_api::{Device, DeviceExt, Error};
+use specula_backend_api::{Device, DeviceExt};
 
 /// The logits row of the contract's known answers.
 const KNOWN: [f32; 8] = [2.0, 1.0, 0.0, -1.5, f32::NEG_INFINITY, f32::NAN, 2.0, -30.0];
@@ -148,18 +149,8 @@ fn candidate_scores_are_the_contract_shares(wgpu: Arc<dyn Device>) -> Result<(),
 }
 
 fn main() -> ExitCode {
-    let opened = specula_backend_wgpu::open(0);
-    let availability = match &opened {
-        Err(Error::Unavailable { reason, .. }) => Err(reason.clone()),
-        _ => Ok(()),
-    };
-    let needs = Needs::new("wgpu", availability);
-    let test: TestFn = Box::new(move || {
-        let wgpu = opened.map_err(|e| format!("opening wgpu: {e}"))?;
-        candidate_scores_are_the_contract_shares(wgpu)
-    });
-    testing::run(
-        &needs,
-        vec![("candidate_scores_are_the_contract_shares", test)],
+    common::run_on_wgpu(
+        "candidate_scores_are_the_contract_shares",
+        candidate_scores_are_the_contract_shares,
     )
 }

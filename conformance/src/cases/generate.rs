@@ -108,6 +108,22 @@ pub fn float_tensor(dtype: DType, shape: &[usize], values: &[f32]) -> HostTensor
     }
 }
 
+/// `case` with its score rows of `shape` in `dtype`: `probs`, or `logits` with their per-row
+/// `temperature` where one is given.
+pub fn with_score_rows(
+    case: Case,
+    dtype: DType,
+    shape: [usize; 2],
+    scores: &[f32],
+    temperature: Option<&[f32]>,
+) -> Case {
+    let scores = float_tensor(dtype, &shape, scores);
+    match temperature {
+        None => case.with("probs", scores),
+        Some(t) => case.with("logits", scores).with("temperature", f32s(t)),
+    }
+}
+
 /// `values` as they read back after a round trip through `dtype`.
 pub fn round_to(dtype: DType, values: &[f32]) -> Vec<f32> {
     match dtype {

@@ -5,8 +5,8 @@ use specula_backend_api::DType;
 use specula_backend_api::ops::*;
 
 use super::generate::{
-    EDGE_SEEDS, FLOAT_DTYPES, Rng, f32s, float_tensor, hostile_logit_rows, i32s, logit_row,
-    pick_temperature, prob_row, rows_with_ties, spoiled_rows, u64s,
+    EDGE_SEEDS, FLOAT_DTYPES, Rng, f32s, hostile_logit_rows, i32s, logit_row,
+    pick_temperature, prob_row, rows_with_ties, spoiled_rows, u64s, with_score_rows,
 };
 use super::{Size, row_gens};
 use crate::Result;
@@ -72,17 +72,7 @@ pub(crate) fn case(
     top_p: &[f32],
     seed: &[u64],
 ) -> Case {
-    let rows = top_k.len();
-    let params = Params {
-        rows,
-        vocab,
-        logits: false,
-    };
-    Case::new(name, params)
-        .with("probs", float_tensor(dtype, &[rows, vocab], probs))
-        .with("top_k", i32s(top_k))
-        .with("top_p", f32s(top_p))
-        .with("seed", u64s(seed))
+    rows_case(name, dtype, vocab, (probs, None), top_k, top_p, seed)
 }
 
 /// A case of `logits` in `dtype` at the per-row `temperature`, one row per entry of `top_k`.
@@ -97,15 +87,28 @@ pub(crate) fn logits_case(
     top_p: &[f32],
     seed: &[u64],
 ) -> Case {
+    rows_case(name, dtype, vocab, (logits, Some(temperature)), top_k, top_p, seed)
+}
+
+/// A case of score rows (probabilities, or logits with their temperatures), one row per entry of
+/// `top_k`.
+fn rows_case(
+    name: String,
+    dtype: DType,
+    vocab: usize,
+    (scores, temperature): (&[f32], Option<&[f32]>),
+    top_k: &[i32],
+    top_p: &[f32],
+    seed: &[u64],
+) -> Case {
     let rows = top_k.len();
     let params = Params {
         rows,
         vocab,
-        logits: true,
+        logits: temperature.is_some(),
     };
-    Case::new(name, params)
-        .with("logits", float_tensor(dtype, &[rows, vocab], logits))
-        .with("temperature", f32s(temperature))
+    let case = Case::new(name, params);
+    with_score_rows(case, dtype, [rows, vocab], scores, temperature)
         .with("top_k", i32s(top_k))
         .with("top_p", f32s(top_p))
         .with("seed", u64s(seed))

@@ -6,7 +6,7 @@ use specula_backend_api::ops::*;
 
 use super::generate::{
     FLOAT_DTYPES, Rng, f32s, float_tensor, hostile_logit_rows, i32s, logit_row, pick_temperature,
-    prob_row, rows_with_ties, spoiled_rows,
+    prob_row, rows_with_ties, spoiled_rows, with_score_rows,
 };
 use super::top_k_top_p_sample::pick_top_p;
 use super::{Size, row_gens};
@@ -85,22 +85,7 @@ pub(crate) fn case(
     top_p: &[f32],
     batch_id: Option<&[i32]>,
 ) -> Case {
-    let rows = top_p.len();
-    let mut case = Case::new(
-        name,
-        Params {
-            rows,
-            vocab,
-            candidates,
-            logits: false,
-        },
-    )
-    .with("probs", float_tensor(dtype, &[rows, vocab], probs))
-    .with("top_p", f32s(top_p));
-    if let Some(batch_id) = batch_id {
-        case = case.with("batch_id_per_token_output", i32s(batch_id));
-    }
-    case
+    rows_case(name, dtype, vocab, candidates, (probs, None), top_p, batch_id)
 }
 
 /// A case of `logits` in `dtype` at the per-row `temperature`, one row per entry of `top_p`.
@@ -115,21 +100,34 @@ fn logits_case(
     top_p: &[f32],
     batch_id: Option<&[i32]>,
 ) -> Case {
+    let scores = (logits, Some(temperature));
+    rows_case(name, dtype, vocab, candidates, scores, top_p, batch_id)
+}
+
+/// A case of score rows (probabilities, or logits with their temperatures), one row per entry of
+/// `top_p`.
+fn rows_case(
+    name: String,
+    dtype: DType,
+    vocab: usize,
+    candidates: usize,
+    (scores, temperature): (&[f32], Option<&[f32]>),
+    top_p: &[f32],
+    batch_id: Option<&[i32]>,
+) -> Case {
     let rows = top_p.len();
     let params = Params {
         rows,
         vocab,
         candidates,
-        logits: true,
+        logits: temperature.is_some(),
     };
-    let mut case = Case::new(name, params)
-        .with("logits", float_tensor(dtype, &[rows, vocab], logits))
-        .with("temperature", f32s(temperature))
+    let case = with_score_rows(Case::new(name, params), dtype, [rows, vocab], scores, temperature)
         .with("top_p", f32s(top_p));
-    if let Some(batch_id) = batch_id {
-        case = case.with("batch_id_per_token_output", i32s(batch_id));
+    match batch_id {
+        Some(batch_id) => case.with("batch_id_per_token_output", i32s(batch_id)),
+        None => case,
     }
-    case
 }
 
 /// Logits rows (`docs/semantics.md` §4b) at every temperature, in every dtype and shape, hostile
