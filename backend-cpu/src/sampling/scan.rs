@@ -675,41 +675,43 @@ pub(crate) fn scan<T: FloatElement>(
 fn scan_with<T: FloatElement, const W: bool, const S: bool>(
     row: &[T],
     block_mass: &mut [u64],
-    mut sample: GroupSample<'_>,
+    sample: GroupSample<'_>,
 ) -> u64 {
     #[cfg(target_arch = "x86_64")]
-    if let (DType::F32, Ok(values), true) = (
-        T::DTYPE,
-        bytemuck::try_cast_slice::<T, f32>(row),
-        has_avx512(),
-    ) {
-        let full = values.len() / BLOCK;
-        let (head, tail) = values.split_at(full * BLOCK);
-        let (head_mass, tail_mass) = block_mass.split_at_mut(full);
-        // SAFETY: AVX-512F is present; the slices are sized as the function requires.
-        let head_total =
-            unsafe { avx512::scan_full_blocks::<W, S>(head, head_mass, sample.at_block(0)) };
-        let tail_total = scan_generic::<f32, W, S>(tail, tail_mass, sample.at_block(full));
-        return if W { head_total + tail_total } else { 0 };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if let (DType::F32, Ok(values), true) = (
-        T::DTYPE,
-        bytemuck::try_cast_slice::<T, f32>(row),
-        has_avx2() && !has_avx512(),
-    ) {
-        let full = values.len() / BLOCK;
-        let (head, tail) = values.split_at(full * BLOCK);
-        let (head_mass, tail_mass) = block_mass.split_at_mut(full);
-        // SAFETY: AVX2 is present; the slices are sized as the function requires.
-        let head_total =
-            unsafe { avx2::scan_full_blocks::<W, S>(head, head_mass, sample.at_block(0)) };
-        let tail_total = scan_generic::<f32, W, S>(tail, tail_mass, sample.at_block(full));
-        return if W { head_total + tail_total } else { 0 };
+    if let (DType::F32, Ok(values)) = (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(row)) {
+        if has_avx512() {
+            return with_full_blocks::<W, S>(values, block_mass, sample, |head, mass, sample| {
+                // SAFETY: AVX-512F is present; the slices are sized as the function requires.
+                unsafe { avx512::scan_full_blocks::<W, S>(head, mass, sample) }
+            });
+        }
+        if has_avx2() {
+            return with_full_blocks::<W, S>(values, block_mass, sample, |head, mass, sample| {
+                // SAFETY: AVX2 is present; the slices are sized as the function requires.
+                unsafe { avx2::scan_full_blocks::<W, S>(head, mass, sample) }
+            });
+        }
     }
     let total =
         dispatch!(scan_generic::<T, W, S>(row, block_mass, sample) via scan_avx512, scan_avx2);
     if W { total } else { 0 }
+}
+
+/// An f32 row segment scanned by an intrinsics loop over its full blocks (`full_blocks`) and the
+/// generic loop over the partial block at the end.
+#[cfg(target_arch = "x86_64")]
+fn with_full_blocks<const W: bool, const S: bool>(
+    values: &[f32],
+    block_mass: &mut [u64],
+    mut sample: GroupSample<'_>,
+    full_blocks: impl FnOnce(&[f32], &mut [u64], GroupSample<'_>) -> u64,
+) -> u64 {
+    let full = values.len() / BLOCK;
+    let (head, tail) = values.split_at(full * BLOCK);
+    let (head_mass, tail_mass) = block_mass.split_at_mut(full);
+    let head_total = full_blocks(head, head_mass, sample.at_block(0));
+    let tail_total = scan_generic::<f32, W, S>(tail, tail_mass, sample.at_block(full));
+    if W { head_total + tail_total } else { 0 }
 }
 
 /// The lanes (bit l for group l) whose key in `keys` (at least 16) reaches `floor`.
