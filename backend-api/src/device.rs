@@ -20,7 +20,7 @@ use crate::{Buffer, Capabilities, DType, DeviceId, DeviceInfo, Element, Error, O
 /// tracing span (fields `op`, `backend`, `rows`, `width`) and skips the launch of an op with
 /// nothing to do, then calls [`Backend::run`] with a validated call. A dtype a backend does not
 /// support is [`Error::Unsupported`], predicted by [`Device::capabilities`]. The sections the op
-/// methods cite (§5.1 … §5.11) are those of `docs/semantics.md`.
+/// methods cite (§5.1 … §5.12) are those of `docs/semantics.md`.
 pub trait Device: Backend {
     /// What this device is.
     fn info(&self) -> &DeviceInfo {
@@ -191,6 +191,18 @@ pub trait Device: Backend {
     ) -> Result<()> {
         let call = ops::accept_logprobs::validate(self.desc(), inputs, out, params)?;
         front(self, AnyCall::AcceptLogprobs(call))
+    }
+
+    /// Applies the per-request sampling parameters to each row from its own history (§5.12):
+    /// masks, logit bias, penalties and min_p.
+    fn process_logits(
+        &self,
+        inputs: &ProcessInputs<'_>,
+        out: &mut ProcessOutputs<'_>,
+        params: &ProcessParams<'_>,
+    ) -> Result<()> {
+        let call = ops::process_logits::validate(self.desc(), inputs, out, params)?;
+        front(self, AnyCall::ProcessLogits(call))
     }
 }
 

@@ -60,6 +60,9 @@ pub struct Capabilities {
     /// Whether the sampling ops (`top_k_top_p_sample`, `top_p_candidates`, REJECTION) accept
     /// logits rows (`Scores::Logits`, `docs/semantics.md` §4b).
     pub logits: bool,
+    /// Whether the device runs `process_logits`, the `fallback` input of the sampling ops and the
+    /// token counts of `update_state` (`docs/semantics.md` §4c).
+    pub processing: bool,
 }
 
 impl Capabilities {

@@ -83,6 +83,8 @@ macro_rules! __op_table {
                 "propose drafts by n-gram lookup in the prompt and the history",
             AcceptLogprobs accept_logprobs "5.11" Mixed
                 "log-probabilities, ranks and top-K of the accepted tokens",
+            ProcessLogits process_logits "5.12" Exact
+                "penalties, bans, bias, masks and min_p applied to each row from its own history",
         }
     };
 }

@@ -54,6 +54,7 @@ fn bench(c: &mut Criterion) {
                 top_k: &top_k,
                 top_p: &top_p,
                 seed: &seed,
+                fallback: None,
             };
             let params = SampleParams {
                 shape,

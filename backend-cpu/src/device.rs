@@ -43,6 +43,7 @@ impl CpuDevice {
             float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: None,
             logits: true,
+            processing: true,
         };
         Ok(CpuDevice {
             desc: DeviceDesc::new(info, capabilities),

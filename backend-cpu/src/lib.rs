@@ -33,7 +33,7 @@
 //! let mut token = cpu.alloc::<i32>(1)?;
 //! let shape = RowShape { rows: 1, vocab: 3 };
 //! cpu.top_k_top_p_sample(
-//!     &SampleInputs { scores: Scores::Probs(&probs), top_k: &top_k, top_p: &top_p, seed: &seed },
+//!     &SampleInputs { scores: Scores::Probs(&probs), top_k: &top_k, top_p: &top_p, seed: &seed, fallback: None },
 //!     &mut token,
 //!     &SampleParams { shape, host_top_p: None },
 //! )?;

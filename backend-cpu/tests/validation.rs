@@ -190,6 +190,7 @@ fn host_top_p_and_temperature_of_another_length_are_shape_mismatches() {
         top_k: &top_k,
         top_p: &top_p,
         seed: &seed,
+        fallback: None,
     };
     let shape = RowShape {
         rows: T_OUT,

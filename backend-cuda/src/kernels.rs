@@ -113,6 +113,7 @@ impl KernelFile {
             KernelFile::UpdateState => &["update_state"],
             KernelFile::NgramMatch => &["ngram_match_propose", "ngram_match"],
             KernelFile::AcceptLogprobs => &["accept_logprobs_pack", "accept_logprobs"],
+            KernelFile::ProcessLogits => &[],
         }
     }
 
@@ -126,6 +127,7 @@ impl KernelFile {
             | KernelFile::BuildSamplingParams
             | KernelFile::UpdateState
             | KernelFile::NgramMatch => vec![Instance::integer(DType::I32)],
+            KernelFile::ProcessLogits => Vec::new(),
             KernelFile::GatherNextToken => vec![Instance::integer(DType::U8)],
             KernelFile::Argmax
             | KernelFile::Softmax

@@ -480,6 +480,7 @@ fn sampling_kernels_match_the_cpu_reference() {
                 top_k: &top_k,
                 top_p: &top_p,
                 seed: &seed,
+                fallback: None,
             };
             let want = down::<i32>(&cpu, &cpu_sample(&cpu, &inputs, c.shape()));
             for r in 0..rows_n {
@@ -522,6 +523,7 @@ fn check_candidates(
         scores: Scores::Probs(&probs),
         top_p: &top_p,
         batch_id_per_token_output: Some(&bid),
+        fallback: None,
     };
     let [ids, scores, lens] = cpu_candidates(cpu, &inputs, c.shape(), cands);
     let (dtype, rows, vocab) = (c.dtype, c.rows, c.vocab);
@@ -832,12 +834,14 @@ fn verify_kernels_match_the_cpu_reference() {
                 top_k: &tk,
                 top_p: &tp,
                 seed: &sd,
+                fallback: None,
             };
             let sampled = down::<i32>(&cpu, &cpu_sample(&cpu, &sample, shape));
             let candidates = CandidatesInputs {
                 scores: Scores::Probs(&target_buf),
                 top_p: &tp,
                 batch_id_per_token_output: None,
+                fallback: None,
             };
             let [ids, scores, lens] = cpu_candidates(&cpu, &candidates, shape, cands);
             let mut cand_ids = down::<i32>(&cpu, &ids);
@@ -1041,6 +1045,7 @@ fn reference_sample(
             top_k: &top_k,
             top_p: &top_p,
             seed: &seed,
+            fallback: None,
         },
         &mut tokens,
         &SampleParams {
@@ -1125,6 +1130,7 @@ fn logits_sampling_kernels_match_the_reference() {
                         scores: Scores::logits(&logits, &temp),
                         top_p: &top_p,
                         batch_id_per_token_output: Some(&bid),
+                        fallback: None,
                     },
                     &mut CandidatesOutputs {
                         ids: &mut ids,
@@ -1241,6 +1247,7 @@ fn logits_rejection_matches_the_reference() {
                             top_k: &tk,
                             top_p: &tp,
                             seed: &sd,
+                            fallback: None,
                         },
                         &mut tokens,
                         &SampleParams {
@@ -1771,10 +1778,12 @@ fn check_update_state(
             draft_tokens: &mut dt,
             seq_lens_encoder: &mut enc,
             seq_lens_decoder: &mut dec,
+            token_counts: None,
         },
         &UpdateStateParams {
             dims,
             max_model_len,
+            vocab: 0,
         },
     )
     .expect("update_state");

@@ -32,6 +32,7 @@ impl WgpuDevice {
             float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: Some(gpu.limits.max_buffer_size),
             logits: true,
+            processing: false,
         };
         WgpuDevice {
             desc: DeviceDesc::new(info, capabilities),

@@ -85,7 +85,8 @@ impl Kernel {
             | Kernel::GatherNextToken
             | Kernel::BuildSamplingParams
             | Kernel::UpdateState
-            | Kernel::NgramMatch => &[],
+            | Kernel::NgramMatch
+            | Kernel::ProcessLogits => &[],
         }
     }
 
@@ -104,7 +105,8 @@ impl Kernel {
             | Kernel::GatherNextToken
             | Kernel::BuildSamplingParams
             | Kernel::UpdateState
-            | Kernel::NgramMatch => &[],
+            | Kernel::NgramMatch
+            | Kernel::ProcessLogits => &[],
         }
     }
 }

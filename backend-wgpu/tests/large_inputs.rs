@@ -52,6 +52,7 @@ fn sample_and_argmax(
             top_k: &k,
             top_p: &tp,
             seed: &s,
+            fallback: None,
         },
         &mut tokens,
         &SampleParams {

@@ -106,6 +106,7 @@ fn candidate_scores_are_the_contract_shares(wgpu: Arc<dyn Device>) -> Result<(),
                 scores: Scores::logits(&l, &t),
                 top_p: &p,
                 batch_id_per_token_output: None,
+                fallback: None,
             },
             &mut CandidatesOutputs {
                 ids: &mut ids,

@@ -79,6 +79,7 @@ fn sample(device: &dyn Device, probs: &[f32], vocab: usize) -> Result<Vec<i32>, 
                 top_k: &top_k,
                 top_p: &top_p,
                 seed: &seed,
+                fallback: None,
             },
             &mut tokens,
             &SampleParams {

@@ -404,6 +404,7 @@ fn row_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
             top_k: &top_k,
             top_p: &top_p,
             seed: &seed,
+            fallback: None,
         };
         let params = SampleParams {
             shape,
@@ -429,6 +430,7 @@ fn row_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
             scores: Scores::Probs(&probs),
             top_p: &top_p,
             batch_id_per_token_output: None,
+            fallback: None,
         };
         let params = CandidatesParams {
             shape,
@@ -536,6 +538,7 @@ fn logits_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> 
                 top_k: &top_k,
                 top_p: &top_p,
                 seed: &seed,
+                fallback: None,
             };
             b.measure_rows(op, &logits, (rows, vocab), &mut || {
                 d.top_k_top_p_sample(&inputs, &mut tokens, &params)
@@ -554,6 +557,7 @@ fn logits_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> 
                     top_k: &top_k,
                     top_p: &top_p,
                     seed: &seed,
+                    fallback: None,
                 };
                 d.top_k_top_p_sample(&inputs, &mut tokens, &params)
             })?;
@@ -667,6 +671,7 @@ fn step_bench(
                     top_k: &row_top_k,
                     top_p: &row_top_p,
                     seed: &row_seed,
+                    fallback: None,
                 },
                 &mut targets,
                 &SampleParams {

@@ -29,6 +29,7 @@ impl ReferenceDevice {
             float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: None,
             logits: true,
+            processing: true,
         };
         ReferenceDevice {
             desc: DeviceDesc::new(info, capabilities),

@@ -46,7 +46,7 @@
 //! let seed = dev.upload(&[42u64])?;
 //! let mut token = dev.alloc::<i32>(1)?;
 //! dev.top_k_top_p_sample(
-//!     &SampleInputs { scores: Scores::Probs(&probs), top_k: &top_k, top_p: &top_p, seed: &seed },
+//!     &SampleInputs { scores: Scores::Probs(&probs), top_k: &top_k, top_p: &top_p, seed: &seed, fallback: None },
 //!     &mut token,
 //!     &SampleParams { shape: RowShape { rows: 1, vocab: 3 }, host_top_p: None },
 //! )?;

@@ -49,6 +49,7 @@ fn expected_tokens(
                 top_k: &device.upload(&top_k).expect("upload"),
                 top_p: &device.upload(&top_p).expect("upload"),
                 seed: &device.upload(&seed).expect("upload"),
+                fallback: None,
             },
             &mut tokens,
             &SampleParams {

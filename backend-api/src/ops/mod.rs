@@ -12,6 +12,7 @@ pub mod build_output_layout;
 pub mod build_sampling_params;
 pub mod gather_next_token;
 pub mod ngram_match;
+pub mod process_logits;
 pub mod softmax;
 pub mod top_k_top_p_sample;
 pub mod top_p_candidates;
@@ -27,6 +28,10 @@ pub use build_sampling_params::{
 };
 pub use gather_next_token::{GatherInputs, GatherNextTokenCall, GatherParams};
 pub use ngram_match::{NgramInputs, NgramMatchCall, NgramOutputs, NgramParams};
+pub use process_logits::{
+    HostProcessing, ProcessInputs, ProcessLogitsCall, ProcessOutputs, ProcessParams,
+    SlotProcessing, TokenHistory,
+};
 pub use softmax::{SoftmaxCall, SoftmaxInputs, SoftmaxParams};
 pub use top_k_top_p_sample::{SampleInputs, SampleParams, TopKTopPSampleCall};
 pub use top_p_candidates::{
@@ -337,6 +342,22 @@ impl<'d> Check<'d> {
             ));
         }
         Ok(())
+    }
+
+    /// An optional `[rows]` i32 `fallback` input (`process_logits`), which needs a device with
+    /// logits processing.
+    pub(crate) fn fallback(&self, fallback: Option<&Buffer>, rows: usize) -> Result<()> {
+        let Some(fallback) = fallback else {
+            return Ok(());
+        };
+        if !self.device.capabilities.processing {
+            return Err(Error::Unsupported {
+                backend: self.device.info.kind,
+                op: self.op,
+                what: "a fallback input (logits processing)".to_owned(),
+            });
+        }
+        self.exact("fallback", fallback, DType::I32, rows)
     }
 
     /// The element count `a · b`, or an error when it overflows.

@@ -22,6 +22,9 @@ pub struct SampleInputs<'a> {
     pub top_p: &'a Buffer,
     /// `[rows]` u64 per-token seeds.
     pub seed: &'a Buffer,
+    /// Optional `[rows]` i32 (from `process_logits`): the token a row whose total weight is 0
+    /// yields (-1: none) in place of its first token in rank order.
+    pub fallback: Option<&'a Buffer>,
 }
 
 /// Parameters of `top_k_top_p_sample`.
@@ -46,6 +49,7 @@ pub(crate) fn validate<'c>(
     check.exact("top_k", inputs.top_k, DType::I32, shape.rows)?;
     check.exact("top_p", inputs.top_p, DType::F32, shape.rows)?;
     check.exact("seed", inputs.seed, DType::U64, shape.rows)?;
+    check.fallback(inputs.fallback, shape.rows)?;
     check.host_top_p(params.host_top_p, shape.rows)?;
     check.exact("tokens", tokens, DType::I32, shape.rows)?;
     let call = Call::new(*inputs, tokens, *params, kind);

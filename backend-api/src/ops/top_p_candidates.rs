@@ -22,6 +22,9 @@ pub struct CandidatesInputs<'a> {
     /// Optional `[rows]` i32 `batch_id_per_token_output`: rows whose entry is negative are padding
     /// (ids -1, scores 0, lens 0). Without it every row is processed.
     pub batch_id_per_token_output: Option<&'a Buffer>,
+    /// Optional `[rows]` i32 (from `process_logits`): a row whose total weight is 0 lists this
+    /// token alone (`lens` 1), or nothing when it is -1 (`lens` 0).
+    pub fallback: Option<&'a Buffer>,
 }
 
 /// Parameters of `top_p_candidates`.
@@ -68,6 +71,7 @@ pub(crate) fn validate<'c, 'o>(
         )?;
     }
     check.host_top_p(params.host_top_p, shape.rows)?;
+    check.fallback(inputs.fallback, shape.rows)?;
     let len = check.product("ids", shape.rows, params.candidates)?;
     check.exact("ids", out.ids, DType::I32, len)?;
     check.exact("scores", out.scores, DType::F32, len)?;

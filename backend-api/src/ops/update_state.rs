@@ -46,6 +46,9 @@ pub struct DecodeState<'a> {
     pub seq_lens_encoder: &'a mut Buffer,
     /// `[max_bsz]` i32: tokens in the cache.
     pub seq_lens_decoder: &'a mut Buffer,
+    /// Optional `[max_bsz, vocab]` i32 per-slot token counts (`process_logits`): each appended token
+    /// in `[0, vocab)` adds 1 to its entry.
+    pub token_counts: Option<&'a mut Buffer>,
 }
 
 /// Parameters of `update_state`.
@@ -55,6 +58,8 @@ pub struct UpdateStateParams {
     pub dims: BatchDims,
     /// Row length of `token_ids_all`.
     pub max_model_len: usize,
+    /// The vocabulary of `token_counts` (ignored without it).
+    pub vocab: usize,
 }
 
 /// Validates `update_state`.
@@ -88,6 +93,18 @@ pub(crate) fn validate<'c, 'o>(
     check.exact("draft_tokens", state.draft_tokens, DType::I32, slot_tokens)?;
     check.exact("seq_lens_encoder", state.seq_lens_encoder, DType::I32, n)?;
     check.exact("seq_lens_decoder", state.seq_lens_decoder, DType::I32, n)?;
+    if let Some(counts) = state.token_counts.as_deref() {
+        if !device.capabilities.processing {
+            return Err(crate::Error::Unsupported {
+                backend: device.info.kind,
+                op: check.op,
+                what: "token counts (logits processing)".to_owned(),
+            });
+        }
+        check.vocab(params.vocab)?;
+        let len = check.product("token_counts", n, params.vocab)?;
+        check.exact("token_counts", counts, DType::I32, len)?;
+    }
     let call = Call::new(*inputs, state, *params, ());
     Ok(call
         .with_extent(params.dims.real_bsz, params.max_model_len)

@@ -10,6 +10,7 @@ pub(crate) mod build_output_layout;
 pub(crate) mod build_sampling_params;
 pub(crate) mod gather_next_token;
 pub(crate) mod ngram_match;
+pub(crate) mod process_logits;
 pub(crate) mod softmax;
 pub(crate) mod top_k_top_p_sample;
 pub(crate) mod top_p_candidates;
@@ -59,4 +60,33 @@ pub(crate) fn token_index(token: i32, vocab: usize) -> Option<usize> {
 #[inline]
 pub(crate) fn parts_per_row(rows: usize) -> usize {
     (rayon::current_num_threads() / rows.max(1)).max(1)
+}
+
+/// Whether a row value weighs nothing: a logit that is −inf once sanitized (contract §3b), or a
+/// probability with `w(p) = 0`. A sampling op's answer weighs nothing exactly when its row's total
+/// weight is 0 — the rows where a `fallback` input replaces the answer (`docs/semantics.md` §4c).
+#[inline]
+pub(crate) fn weighs_nothing(value: f32, logits: bool) -> bool {
+    if logits {
+        specula_backend_api::logit_weights::sanitize_logit(value) == f32::NEG_INFINITY
+    } else {
+        specula_backend_api::fixed_point::weight(value) == 0
+    }
+}
+
+/// The f32 value of token `id` of row `r` in a `[rows, vocab]` float matrix (-inf outside it).
+pub(crate) fn row_value(
+    matrix: &specula_backend_api::Buffer,
+    dtype: specula_backend_api::DType,
+    r: usize,
+    vocab: usize,
+    id: i32,
+) -> specula_backend_api::Result<f32> {
+    let Some(id) = token_index(id, vocab) else {
+        return Ok(f32::NEG_INFINITY);
+    };
+    with_float!(dtype, specula_backend_api::Op::Memory, T => {
+        let values = specula_backend_api::host::slice::<T>(matrix)?;
+        Ok(specula_backend_api::FloatElement::to_f32(values[r * vocab + id]))
+    })
 }

@@ -105,7 +105,19 @@ pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     match inputs.scores.temperature() {
         Some(temperature) if kind.logits => device.install(|| {
             top_k_top_p_sample_logits(kind.dtype, inputs, temperature, tokens, &params.shape)
-        }),
-        _ => device.install(|| top_k_top_p_sample(kind.dtype, inputs, tokens, &params.shape)),
+        })?,
+        _ => device.install(|| top_k_top_p_sample(kind.dtype, inputs, tokens, &params.shape))?,
     }
+    let Some(fallback) = inputs.fallback else {
+        return Ok(());
+    };
+    let fallback = slice::<i32>(fallback)?;
+    let matrix = inputs.scores.matrix();
+    for (r, token) in slice_mut::<i32>(tokens)?.iter_mut().enumerate() {
+        let value = super::row_value(matrix, kind.dtype, r, params.shape.vocab, *token)?;
+        if super::weighs_nothing(value, kind.logits) {
+            *token = fallback[r];
+        }
+    }
+    Ok(())
 }

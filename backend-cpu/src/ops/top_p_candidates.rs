@@ -132,5 +132,24 @@ pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
         Some(t) if kind.logits => Some(slice::<f32>(t)?),
         _ => None,
     };
-    device.install(|| top_p_candidates(kind.dtype, inputs, temperature, out, params))
+    device.install(|| top_p_candidates(kind.dtype, inputs, temperature, out, params))?;
+    let Some(fallback) = inputs.fallback else {
+        return Ok(());
+    };
+    let fallback = slice::<i32>(fallback)?;
+    let (rows, vocab, c) = (params.shape.rows, params.shape.vocab, params.candidates);
+    let ids = slice_mut::<i32>(out.ids)?;
+    let lens = slice_mut::<i32>(out.lens)?;
+    for r in 0..rows {
+        // A row of total weight 0 lists its first token in rank order, weighing nothing.
+        if lens[r] == 0 {
+            continue;
+        }
+        let value = super::row_value(inputs.scores.matrix(), kind.dtype, r, vocab, ids[r * c])?;
+        if super::weighs_nothing(value, kind.logits) {
+            ids[r * c] = fallback[r];
+            lens[r] = i32::from(fallback[r] >= 0);
+        }
+    }
+    Ok(())
 }

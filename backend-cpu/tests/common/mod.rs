@@ -49,6 +49,7 @@ pub fn sample_and_candidates<T: Element>(
         top_k: &top_k,
         top_p: &top_p,
         seed: &seed,
+        fallback: None,
     };
     let params = SampleParams {
         shape,
@@ -62,6 +63,7 @@ pub fn sample_and_candidates<T: Element>(
         scores: Scores::Probs(&probs),
         top_p: &top_p,
         batch_id_per_token_output: None,
+        fallback: None,
     };
     let mut outputs = CandidatesOutputs {
         ids: &mut ids,

@@ -15,6 +15,7 @@ pub(crate) mod build_output_layout;
 pub(crate) mod build_sampling_params;
 pub(crate) mod gather_next_token;
 pub(crate) mod ngram_match;
+pub(crate) mod process_logits;
 pub(crate) mod softmax;
 pub(crate) mod top_k_top_p_sample;
 pub(crate) mod top_p_candidates;

@@ -135,6 +135,7 @@ fn rejection_dispatches(
         top_k: rejection.top_k,
         top_p: rejection.top_p,
         seed: inputs.seeds,
+        fallback: None,
     };
     let shape = RowShape {
         rows,

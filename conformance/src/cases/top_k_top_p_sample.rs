@@ -51,6 +51,7 @@ impl OpCase for Params {
                 top_k: &top_k,
                 top_p: &top_p,
                 seed: &seed,
+                fallback: None,
             },
             tokens,
             &SampleParams {

@@ -63,6 +63,7 @@ impl OpCase for Params {
                 scores: rows_in.scores(),
                 top_p: &top_p,
                 batch_id_per_token_output: batch_id.as_ref(),
+                fallback: None,
             },
             &mut CandidatesOutputs { ids, scores, lens },
             &CandidatesParams {

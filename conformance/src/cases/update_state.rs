@@ -103,10 +103,12 @@ impl OpCase for Params {
                 draft_tokens,
                 seq_lens_encoder,
                 seq_lens_decoder,
+                token_counts: None,
             },
             &UpdateStateParams {
                 dims: dims.into(),
                 max_model_len,
+                vocab: 0,
             },
         )?;
         Ok(())

@@ -44,10 +44,17 @@ pub(crate) fn kept_set(row: &WeightedRow, top_k: i32, top_p: f32) -> Kept {
     Kept::Prefix(survivors.to_vec())
 }
 
-/// Samples one row: the kept set, then the SAMPLE draw of `seed` over it in ascending id order.
-pub(crate) fn sample_row(row: &WeightedRow, top_k: i32, top_p: f32, seed: u64) -> i32 {
+/// Samples one row: the kept set, then the SAMPLE draw of `seed` over it in ascending id order. A
+/// row of weight 0 yields `fallback` when given, else its first token in rank order.
+pub(crate) fn sample_row(
+    row: &WeightedRow,
+    top_k: i32,
+    top_p: f32,
+    seed: u64,
+    fallback: Option<i32>,
+) -> i32 {
     match kept_set(row, top_k, top_p) {
-        Kept::Degenerate(first) => first as i32,
+        Kept::Degenerate(first) => fallback.unwrap_or(first as i32),
         Kept::Prefix(mut kept) => {
             kept.sort_unstable();
             let members = kept.iter().map(|&id| (id as i32, row.weight(id)));
@@ -74,9 +81,11 @@ pub(crate) fn top_k_top_p_sample(
     let top_k = slice::<i32>(inputs.top_k)?;
     let top_p = slice::<f32>(inputs.top_p)?;
     let seed = slice::<u64>(inputs.seed)?;
+    let fallback = inputs.fallback.map(slice::<i32>).transpose()?;
     for (r, token) in slice_mut::<i32>(tokens)?.iter_mut().enumerate() {
         if let Some(row) = rows.row(r) {
-            *token = sample_row(&row, top_k[r], top_p[r], seed[r]);
+            let fallback = fallback.map(|f| f[r]);
+            *token = sample_row(&row, top_k[r], top_p[r], seed[r], fallback);
         }
     }
     Ok(())

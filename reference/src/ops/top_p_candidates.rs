@@ -14,18 +14,20 @@ use specula_backend_api::host::{slice, slice_mut};
 /// tokens in rank order with a positive weight and their scores (sanitized probabilities, or a
 /// logits row's exact shares); `lens` is the
 /// shortest prefix of them reaching `top_p` of the whole row's weight, or all of them when even
-/// they fall short. A row of weight 0 yields its first token in rank order with score 0, lens 1.
+/// they fall short. A row of weight 0 yields `fallback` when given (nothing, lens 0, when it is
+/// negative), else its first token in rank order; with score 0, lens 1.
 fn candidates_row(
     row: &WeightedRow,
     top_p: f32,
+    fallback: Option<i32>,
     mut ids: ArrayViewMut1<'_, i32>,
     mut scores: ArrayViewMut1<'_, f32>,
 ) -> i32 {
     let order = row.rank_order();
     let total = row.total();
     if total == 0 {
-        ids[0] = order[0] as i32;
-        return 1;
+        ids[0] = fallback.unwrap_or(order[0] as i32);
+        return i32::from(ids[0] >= 0);
     }
     let valid = order.iter().filter(|&&id| row.weight(id) > 0);
     let p = top_p_fixed(top_p);
@@ -60,6 +62,7 @@ pub(crate) fn top_p_candidates(
         .batch_id_per_token_output
         .map(slice::<i32>)
         .transpose()?;
+    let fallback = inputs.fallback.map(slice::<i32>).transpose()?;
     let mut ids = view_mut::<i32>(op, out.ids, rows, c)?;
     let mut scores = view_mut::<f32>(op, out.scores, rows, c)?;
     let lens = slice_mut::<i32>(out.lens)?;
@@ -71,7 +74,8 @@ pub(crate) fn top_p_candidates(
         let Some(row) = matrix.row(r).filter(|_| !padding) else {
             continue;
         };
-        lens[r] = candidates_row(&row, top_p[r], ids.row_mut(r), scores.row_mut(r));
+        let fallback = fallback.map(|f| f[r]);
+        lens[r] = candidates_row(&row, top_p[r], fallback, ids.row_mut(r), scores.row_mut(r));
     }
     Ok(())
 }

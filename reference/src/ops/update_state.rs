@@ -7,7 +7,7 @@ use specula_backend_api::rng::advance_seed;
 use specula_backend_api::{Op, Result};
 
 use crate::ReferenceDevice;
-use crate::layout::{len_or_zero, saturate_i32};
+use crate::layout::{len_or_zero, saturate_i32, token_index};
 use crate::matrix::{view, view_mut};
 use specula_backend_api::host::{slice, slice_mut};
 
@@ -37,6 +37,10 @@ pub(crate) fn update_state(
         view_mut(op, state.draft_tokens, dims.max_bsz, s)?;
     let encoder = slice_mut::<i32>(state.seq_lens_encoder)?;
     let decoder = slice_mut::<i32>(state.seq_lens_decoder)?;
+    let mut counts = match state.token_counts.as_deref_mut() {
+        Some(counts) => Some(view_mut::<i32>(op, counts, dims.max_bsz, params.vocab)?),
+        None => None,
+    };
 
     for b in 0..dims.real_bsz {
         if stop_flags[b] != 0 || is_block_step[b] != 0 {
@@ -61,6 +65,9 @@ pub(crate) fn update_state(
         let start = prompt + step;
         for (k, &token) in tokens.iter().enumerate() {
             history[[b, start + k]] = token;
+            if let (Some(counts), Some(v)) = (counts.as_mut(), token_index(token, params.vocab)) {
+                counts[[b, v]] = counts[[b, v]].saturating_add(1);
+            }
         }
         let new_step = saturate_i32(step as i64 + n as i64);
         step_idx[b] = new_step;

@@ -201,7 +201,7 @@ impl Verifier<'_> {
                 top_p,
                 ..
             } => match target.row(r) {
-                Some(p) => sample_row(&p, top_k[r], top_p[r], self.seeds[r]),
+                Some(p) => sample_row(&p, top_k[r], top_p[r], self.seeds[r], None),
                 None => -1,
             },
         }
@@ -222,7 +222,7 @@ impl Verifier<'_> {
             return Verdict::Reject(None);
         };
         let seed = self.seeds[r];
-        let sample_target = || sample_row(&p, top_k[r], top_p[r], seed);
+        let sample_target = || sample_row(&p, top_k[r], top_p[r], seed, None);
         // Only probability rows can fail to be a distribution (their weights are bounded by 2^40
         // each, not normalised); a logits row always is one.
         if !p.is_logits() && (p.total() >= NOT_A_DISTRIBUTION || q.total() >= NOT_A_DISTRIBUTION) {

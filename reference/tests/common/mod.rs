@@ -39,6 +39,7 @@ pub fn sample<T: Element>(
         top_k: &k,
         top_p: &p,
         seed: &s,
+        fallback: None,
     };
     let params = SampleParams {
         shape: RowShape { rows, vocab },
@@ -66,6 +67,7 @@ pub fn candidates<T: Element>(
         scores: Scores::Probs(&probs),
         top_p: &p,
         batch_id_per_token_output: None,
+        fallback: None,
     };
     let mut out = CandidatesOutputs {
         ids: &mut ids,

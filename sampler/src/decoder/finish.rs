@@ -283,6 +283,7 @@ fn targets(
                 top_k: &sc.row_top_k,
                 top_p: &sc.row_top_p,
                 seed: &sc.row_seed,
+                fallback: None,
             },
             &mut sc.target_tokens,
             &SampleParams {
@@ -322,6 +323,7 @@ fn top_p_candidates(
             scores,
             top_p,
             batch_id_per_token_output: Some(&*batch_ids),
+            fallback: None,
         },
         &mut CandidatesOutputs {
             ids: &mut c.ids,
@@ -536,10 +538,12 @@ fn update_state(cx: &StepContext<'_>, st: &mut SlotBuffers, sc: &mut Scratch) ->
             draft_tokens: &mut st.draft_tokens,
             seq_lens_encoder: &mut st.seq_lens_encoder,
             seq_lens_decoder: &mut st.seq_lens_decoder,
+            token_counts: None,
         },
         &UpdateStateParams {
             dims: cx.dims(),
             max_model_len: cx.config.max_model_len,
+            vocab: 0,
         },
     )?;
     Ok(())

@@ -1,0 +1,16 @@
+//! `process_logits` (`docs/semantics.md` §5.12): not yet on this backend. Its capabilities say
+//! `processing: false`, so the front answers `Unsupported` before this is reached.
+
+use specula_backend_api::ops::ProcessLogitsCall;
+use specula_backend_api::{BackendKind, Error, Op, Result};
+
+use crate::CudaDevice;
+
+/// Reports the op as unsupported on this backend.
+pub(crate) fn run(_device: &CudaDevice, _call: ProcessLogitsCall<'_, '_>) -> Result<()> {
+    Err(Error::Unsupported {
+        backend: BackendKind::Cuda,
+        op: Op::ProcessLogits,
+        what: "logits processing".to_owned(),
+    })
+}
