@@ -592,11 +592,23 @@ pub(crate) fn unsupported(device: &dyn Device, case: &Case) -> Option<Skip> {
     if case.params.logits() && !capabilities.logits {
         return Some(Skip::Unsupported("logits rows".to_owned()));
     }
+    if needs_processing(case) && !capabilities.processing {
+        return Some(Skip::Unsupported("logits processing".to_owned()));
+    }
     case.inputs
         .values()
         .map(|t| t.dtype)
         .find(|&dtype| dtype.is_float() && !capabilities.supports(op, dtype))
         .map(|dtype| Skip::Unsupported(format!("dtype {dtype}")))
+}
+
+/// Whether `case` uses logits processing (`docs/semantics.md` §4c): `process_logits` itself, a
+/// sampling op's `fallback` input, or `update_state`'s token counts.
+fn needs_processing(case: &Case) -> bool {
+    case.op() == specula_backend_api::Op::ProcessLogits
+        || ["fallback", "token_counts"]
+            .iter()
+            .any(|name| case.inputs.contains_key(*name))
 }
 
 /// Why `device` cannot run `property`, if its capabilities exclude it: logits rows.

@@ -185,7 +185,11 @@ pub(crate) fn validate<'c, 'o>(
 }
 
 /// The per-slot history buffers.
-fn validate_history(check: &Check<'_>, h: &TokenHistory<'_>, params: &ProcessParams<'_>) -> Result<()> {
+fn validate_history(
+    check: &Check<'_>,
+    h: &TokenHistory<'_>,
+    params: &ProcessParams<'_>,
+) -> Result<()> {
     let dims = &params.dims;
     let n = dims.max_bsz;
     let all = check.product("token_ids_all", n, params.max_model_len)?;
@@ -225,7 +229,12 @@ fn validate_slots(
 
 /// Host copies: finite penalties with `α > 0` and `min_p ∈ [0, 1]`; ids in `[0, vocab)`; finite
 /// bias values; well-formed bad-word entries.
-fn validate_host(check: &Check<'_>, host: &HostProcessing<'_>, max_bsz: usize, vocab: usize) -> Result<()> {
+fn validate_host(
+    check: &Check<'_>,
+    host: &HostProcessing<'_>,
+    max_bsz: usize,
+    vocab: usize,
+) -> Result<()> {
     let table = max_bsz * PENALTY_FIELDS;
     if host.penalties.len() != table {
         return Err(Error::ShapeMismatch {
@@ -239,11 +248,31 @@ fn validate_host(check: &Check<'_>, host: &HostProcessing<'_>, max_bsz: usize, v
         check_penalty_row(check, b, row)?;
     }
     let in_vocab = |id: i32| usize::try_from(id).is_ok_and(|v| v < vocab);
-    if let Some((i, id)) = host.bias_ids.iter().enumerate().find(|(_, id)| !in_vocab(**id)) {
-        return Err(Error::invalid(check.op, "bias_ids", format!("entry {i} in [0, {vocab})"), id));
+    if let Some((i, id)) = host
+        .bias_ids
+        .iter()
+        .enumerate()
+        .find(|(_, id)| !in_vocab(**id))
+    {
+        return Err(Error::invalid(
+            check.op,
+            "bias_ids",
+            format!("entry {i} in [0, {vocab})"),
+            id,
+        ));
     }
-    if let Some((i, v)) = host.bias_values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-        return Err(Error::invalid(check.op, "bias_values", format!("entry {i} finite"), v));
+    if let Some((i, v)) = host
+        .bias_values
+        .iter()
+        .enumerate()
+        .find(|(_, v)| !v.is_finite())
+    {
+        return Err(Error::invalid(
+            check.op,
+            "bias_values",
+            format!("entry {i} finite"),
+            v,
+        ));
     }
     check_bad_words(check, host.bad_words, vocab)
 }
@@ -251,7 +280,12 @@ fn validate_host(check: &Check<'_>, host: &HostProcessing<'_>, max_bsz: usize, v
 /// One slot's `α, α⁻¹, β, γ, min_p`.
 fn check_penalty_row(check: &Check<'_>, b: usize, row: &[f32]) -> Result<()> {
     let invalid = |what: &str, value: f32| {
-        Err(Error::invalid(check.op, "penalties", format!("slot {b}: {what}"), value))
+        Err(Error::invalid(
+            check.op,
+            "penalties",
+            format!("slot {b}: {what}"),
+            value,
+        ))
     };
     if let Some(v) = row.iter().find(|v| !v.is_finite()) {
         return invalid("finite values", *v);

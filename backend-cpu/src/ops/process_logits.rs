@@ -1,15 +1,486 @@
-//! `process_logits` (`docs/semantics.md` §5.12): work in progress.
+//! `process_logits` (`docs/semantics.md` §5.12, §4c): one row per task.
+//!
+//! Each row takes one dense pass over its 32-token mask words — the dense masks (`allowed`, the
+//! runner's bitmask) and the penalties from the slot's count table, with no bias and no drafts —
+//! then recomputes from the input value every token that a sparse rule touches (bias entries, the
+//! drafts before the row, end tokens under `min_tokens`, bad-word bans) with the complete rule.
+//! The history is never rebuilt: the drafts before the row are a per-token count delta, and only
+//! multi-token bad words look at the last generated tokens. min_p needs no per-token weights:
+//! weights never increase down the rank order, so the kept logits are those at or above one
+//! threshold, found by a binary search over f32 values.
 
-use specula_backend_api::ops::process_logits::OpCall;
-use specula_backend_api::{BackendKind, Error, Op, Result};
+use rayon::prelude::*;
+use specula_backend_api::fixed_point::weight;
+use specula_backend_api::logit_weights::{RowScale, row_scale, sanitize_logit, scaled_weight};
+use specula_backend_api::ops::process_logits::{OpCall, PENALTY_FIELDS, mask_words, penalty};
+use specula_backend_api::ops::{ProcessInputs, ProcessParams, ScoresKind};
+use specula_backend_api::{FloatElement, Op, Result};
 
+use super::{len_or_zero, token_index, with_float};
 use crate::CpuDevice;
+use specula_backend_api::host::{slice, slice_mut};
 
-/// Work in progress.
-pub(crate) fn run(_device: &CpuDevice, _call: OpCall<'_, '_>) -> Result<()> {
-    Err(Error::Unsupported {
-        backend: BackendKind::Cpu,
-        op: Op::ProcessLogits,
-        what: "logits processing".to_owned(),
+/// The largest count the frequency penalty sees.
+const MAX_COUNT: i32 = 1 << 24;
+
+/// `2^-32` and `2^32`: the range of usable repetition factors.
+const FACTOR_MIN: f32 = f32::from_bits(0x2f80_0000);
+const FACTOR_MAX: f32 = f32::from_bits(0x4f80_0000);
+
+/// A bias value, β or γ as the float steps read it: NaN is 0, otherwise [`sanitize_logit`].
+#[inline]
+fn additive(x: f32) -> f32 {
+    if x.is_nan() { 0.0 } else { sanitize_logit(x) }
+}
+
+/// Every buffer the rows read, as host slices.
+struct Batch<'a> {
+    vocab: usize,
+    s: usize,
+    real_bsz: usize,
+    max_model_len: usize,
+    logits: bool,
+    cu_out: &'a [i32],
+    batch_id: &'a [i32],
+    token_ids_all: &'a [i32],
+    prompt_lens: &'a [i32],
+    step_idx: &'a [i32],
+    draft_tokens: &'a [i32],
+    token_counts: &'a [i32],
+    prompt_mask: &'a [u32],
+    penalties: &'a [f32],
+    min_tokens: &'a [i32],
+    end_tokens: &'a [i32],
+    bias_offsets: &'a [i32],
+    bias_ids: &'a [i32],
+    bias_values: &'a [f32],
+    bad_word_offsets: &'a [i32],
+    bad_words: &'a [i32],
+    allowed: Option<&'a [u32]>,
+    bitmask: Option<&'a [u32]>,
+    temperature: Option<&'a [f32]>,
+}
+
+/// One row's slot, position and parameters.
+struct Row<'a> {
+    r: usize,
+    b: usize,
+    repetition: Option<(f32, f32)>,
+    frequency: f32,
+    presence: f32,
+    min_p: u64,
+    counts: &'a [i32],
+    prompt: &'a [u32],
+    drafts: &'a [i32],
+    bias: (&'a [i32], &'a [f32]),
+    end_masked: bool,
+    banned: Vec<usize>,
+}
+
+/// `offsets[b] .. offsets[b + 1]` when it is a valid range of a `len`-entry list, else empty.
+fn list_range(offsets: &[i32], b: usize, len: usize) -> std::ops::Range<usize> {
+    match (usize::try_from(offsets[b]), usize::try_from(offsets[b + 1])) {
+        (Ok(start), Ok(end)) if start <= end && end <= len => start..end,
+        _ => 0..0,
+    }
+}
+
+impl<'a> Batch<'a> {
+    /// Row `r`'s slot and position, or `None` for a row of no slot.
+    fn source(&self, r: usize) -> Option<(usize, usize)> {
+        let b = usize::try_from(self.batch_id[r])
+            .ok()
+            .filter(|&b| b < self.real_bsz)?;
+        let pos = usize::try_from(r as i64 - i64::from(self.cu_out[b])).ok()?;
+        (pos < self.s).then_some((b, pos))
+    }
+
+    /// Row `r` of slot `b` at position `pos`, with its parameters and sparse masks.
+    fn row(&self, r: usize, b: usize, pos: usize) -> Row<'a> {
+        let p = &self.penalties[b * PENALTY_FIELDS..(b + 1) * PENALTY_FIELDS];
+        let factors = (p[penalty::REPETITION], p[penalty::REPETITION_INVERSE]);
+        let usable = |x: f32| (FACTOR_MIN..=FACTOR_MAX).contains(&x);
+        let min_p = p[penalty::MIN_P];
+        let words = mask_words(self.vocab);
+        let drafts = &self.draft_tokens[b * self.s + 1..b * self.s + 1 + pos];
+        let bias = list_range(self.bias_offsets, b, self.bias_ids.len());
+        let generated = i64::from(self.step_idx[b].max(0)) + pos as i64;
+        Row {
+            r,
+            b,
+            repetition: (usable(factors.0) && usable(factors.1)).then_some(factors),
+            frequency: additive(p[penalty::FREQUENCY]),
+            presence: additive(p[penalty::PRESENCE]),
+            min_p: if min_p > 0.0 {
+                (f64::from(min_p.min(1.0)) * f64::from(1u32 << 24)).ceil() as u64
+            } else {
+                0
+            },
+            counts: &self.token_counts[b * self.vocab..(b + 1) * self.vocab],
+            prompt: &self.prompt_mask[b * words..(b + 1) * words],
+            drafts,
+            bias: (&self.bias_ids[bias.clone()], &self.bias_values[bias]),
+            end_masked: generated < i64::from(self.min_tokens[b]),
+            banned: self.banned(b, drafts),
+        }
+    }
+
+    /// The tokens slot `b`'s bad words ban for a row whose history ends with `drafts`.
+    fn banned(&self, b: usize, drafts: &[i32]) -> Vec<usize> {
+        let list = &self.bad_words[list_range(self.bad_word_offsets, b, self.bad_words.len())];
+        let generated = self.generated(b);
+        let mut banned = Vec::new();
+        let mut k = 0;
+        while k < list.len() {
+            let n = list[k];
+            if n < 1 || n as usize >= list.len() - k {
+                break;
+            }
+            let entry = &list[k + 1..=k + n as usize];
+            k += n as usize + 1;
+            let (prefix, last) = entry.split_at(entry.len() - 1);
+            if history_ends_with(generated, drafts, prefix) {
+                banned.extend(token_index(last[0], self.vocab));
+            }
+        }
+        banned
+    }
+
+    /// Slot `b`'s generated tokens in `token_ids_all`.
+    fn generated(&self, b: usize) -> &'a [i32] {
+        let row = &self.token_ids_all[b * self.max_model_len..(b + 1) * self.max_model_len];
+        let prompt = len_or_zero(self.prompt_lens[b]).min(self.max_model_len);
+        let end = (prompt + len_or_zero(self.step_idx[b])).min(self.max_model_len);
+        &row[prompt..end]
+    }
+
+    /// Whether the dense masks keep token `v` of row `r` (slot `b`).
+    #[inline]
+    fn dense_word(&self, r: usize, b: usize, w: usize) -> u32 {
+        let words = mask_words(self.vocab);
+        let allowed = self.allowed.map_or(u32::MAX, |a| a[b * words + w]);
+        let bitmask = self.bitmask.map_or(u32::MAX, |m| m[r * words + w]);
+        allowed & bitmask
+    }
+}
+
+/// Whether `generated ++ drafts` ends with `suffix`.
+fn history_ends_with(generated: &[i32], drafts: &[i32], suffix: &[i32]) -> bool {
+    let n = suffix.len();
+    if n > generated.len() + drafts.len() {
+        return false;
+    }
+    let from_drafts = n.min(drafts.len());
+    let (head, tail) = suffix.split_at(n - from_drafts);
+    drafts.ends_with(tail) && generated.ends_with(head)
+}
+
+impl Row<'_> {
+    /// The slot's count of `v` (negative table entries count as 0), without the drafts.
+    #[inline]
+    fn base_count(&self, v: usize) -> i32 {
+        self.counts[v].clamp(0, MAX_COUNT)
+    }
+
+    #[inline]
+    fn in_prompt(&self, v: usize) -> bool {
+        self.prompt[v / 32] >> (v % 32) & 1 == 1
+    }
+
+    /// The float steps on a sanitized logit, with `count` capped and a bias already added.
+    #[inline]
+    fn penalize(&self, mut l: f32, v: usize, count: i32) -> f32 {
+        if let Some((alpha, inverse)) = self.repetition
+            && (count > 0 || self.in_prompt(v))
+        {
+            l = sanitize_logit(if l > 0.0 { l * inverse } else { l * alpha });
+        }
+        if count > 0 {
+            l = sanitize_logit(l - self.frequency * count as f32);
+            l = sanitize_logit(l - self.presence);
+        }
+        l
+    }
+
+    /// Whether a sparse rule (end tokens, bad words) masks `v`.
+    fn sparse_masked(&self, v: usize, end_tokens: &[i32]) -> bool {
+        let is = |t: &i32| usize::try_from(*t).is_ok_and(|t| t == v);
+        (self.end_masked && end_tokens.iter().any(is)) || self.banned.contains(&v)
+    }
+
+    /// Token `v`'s complete value (every rule), given its input value `x`.
+    fn full_value(&self, batch: &Batch<'_>, v: usize, x: f32, dense_kept: bool) -> Option<f32> {
+        if !dense_kept || self.sparse_masked(v, batch.end_tokens) {
+            return None;
+        }
+        if !batch.logits {
+            return Some(sanitize_prob(x));
+        }
+        let mut l = sanitize_logit(x);
+        let is_v = |t: &i32| usize::try_from(*t).is_ok_and(|t| t == v);
+        if let Some(k) = self.bias.0.iter().rposition(is_v) {
+            l = sanitize_logit(l + additive(self.bias.1[k]));
+        }
+        let delta = self.drafts.iter().filter(|t| is_v(t)).count() as i32;
+        let count = (self.base_count(v) + delta).min(MAX_COUNT);
+        Some(self.penalize(l, v, count))
+    }
+
+    /// The tokens a sparse rule touches (with repeats).
+    fn touched(&self, batch: &Batch<'_>) -> Vec<usize> {
+        let vocab = batch.vocab;
+        let mut touched: Vec<usize> = self.banned.clone();
+        touched.extend(self.bias.0.iter().filter_map(|&t| token_index(t, vocab)));
+        touched.extend(self.drafts.iter().filter_map(|&t| token_index(t, vocab)));
+        if self.end_masked {
+            touched.extend(
+                batch
+                    .end_tokens
+                    .iter()
+                    .filter_map(|&t| token_index(t, vocab)),
+            );
+        }
+        touched
+    }
+}
+
+/// `sanitize(p)` of contract §3: 0 for NaN and `p ≤ 0`, 1 above 1.
+#[inline]
+fn sanitize_prob(p: f32) -> f32 {
+    if p > 1.0 {
+        1.0
+    } else if p > 0.0 {
+        p
+    } else {
+        0.0
+    }
+}
+
+/// The order key of a processed value: the rank key of a logit, the bits of a sanitized
+/// probability (both larger-is-first).
+#[inline]
+fn rank_key(value: f32, logits: bool) -> u32 {
+    if logits {
+        specula_backend_api::logit_weights::logit_rank_key(value)
+    } else {
+        value.to_bits()
+    }
+}
+
+/// Processes one row into `out` and returns its fallback.
+fn process_row<T: FloatElement>(batch: &Batch<'_>, r: usize, input: &[T], out: &mut [f32]) -> i32 {
+    let masked_value = if batch.logits { f32::NEG_INFINITY } else { 0.0 };
+    let Some((b, pos)) = batch.source(r) else {
+        out.fill(masked_value);
+        return -1;
+    };
+    let row = batch.row(r, b, pos);
+    dense_pass(batch, &row, input, out, masked_value);
+    for v in row.touched(batch) {
+        let kept = batch.dense_word(r, b, v / 32) >> (v % 32) & 1 == 1;
+        out[v] = row
+            .full_value(batch, v, input[v].to_f32(), kept)
+            .unwrap_or(masked_value);
+    }
+    let (best, best_key) = best_token(out, batch.logits);
+    let fallback = if best_key > rank_key(masked_value, batch.logits) {
+        best as i32
+    } else {
+        first_unmasked(batch, &row, out.len())
+    };
+    if row.min_p > 0 {
+        apply_min_p(batch, &row, out, best, masked_value);
+    }
+    fallback
+}
+
+/// The dense rules on every token: masks from the mask words, and for logits the penalties from
+/// the slot's counts (no bias, no drafts).
+fn dense_pass<T: FloatElement>(
+    batch: &Batch<'_>,
+    row: &Row<'_>,
+    input: &[T],
+    out: &mut [f32],
+    masked_value: f32,
+) {
+    for (w, (src, dst)) in input.chunks(32).zip(out.chunks_mut(32)).enumerate() {
+        let kept = batch.dense_word(row.r, row.b, w);
+        let plain = row.prompt[w] == 0
+            && row.counts[w * 32..w * 32 + src.len()]
+                .iter()
+                .all(|&c| c <= 0);
+        for (j, (x, o)) in src.iter().zip(dst.iter_mut()).enumerate() {
+            let x = x.to_f32();
+            *o = if kept >> j & 1 == 0 {
+                masked_value
+            } else if !batch.logits {
+                sanitize_prob(x)
+            } else if plain {
+                sanitize_logit(x)
+            } else {
+                let v = w * 32 + j;
+                row.penalize(sanitize_logit(x), v, row.base_count(v))
+            };
+        }
+    }
+}
+
+/// The first token in rank order of a processed row and its key.
+fn best_token(out: &[f32], logits: bool) -> (usize, u32) {
+    let mut best = (0, rank_key(out[0], logits));
+    for (v, &x) in out.iter().enumerate().skip(1) {
+        let key = rank_key(x, logits);
+        if key > best.1 {
+            best = (v, key);
+        }
+    }
+    best
+}
+
+/// The lowest-id token no mask removes, or -1 (a row whose unmasked tokens weigh nothing).
+fn first_unmasked(batch: &Batch<'_>, row: &Row<'_>, vocab: usize) -> i32 {
+    (0..vocab)
+        .find(|&v| {
+            batch.dense_word(row.r, row.b, v / 32) >> (v % 32) & 1 == 1
+                && !row.sparse_masked(v, batch.end_tokens)
+        })
+        .map_or(-1, |v| v as i32)
+}
+
+/// min_p: drops the tokens with `w · 2^24 < MINP · w_max` (`best` is the row's first token in rank
+/// order, so its weight is `w_max`).
+fn apply_min_p(batch: &Batch<'_>, row: &Row<'_>, out: &mut [f32], best: usize, dropped: f32) {
+    let minp = u128::from(row.min_p);
+    if !batch.logits {
+        let w_max = u128::from(weight(out[best]));
+        for p in out.iter_mut() {
+            if u128::from(weight(*p)) << 24 < minp * w_max {
+                *p = dropped;
+            }
+        }
+        return;
+    }
+    let m = out[best];
+    if m == f32::NEG_INFINITY {
+        return;
+    }
+    let t = batch.temperature.map_or(1.0, |t| t[row.r]);
+    let keep_from = match row_scale(t) {
+        _ if m == f32::INFINITY => m,
+        RowScale::Uniform => f32::MIN,
+        RowScale::ArgmaxOnly => {
+            // Only the first maximum weighs anything.
+            for (v, x) in out.iter_mut().enumerate() {
+                if v != best {
+                    *x = dropped;
+                }
+            }
+            return;
+        }
+        RowScale::Scaled { .. } => lowest_kept(m, row_scale(t), minp),
+    };
+    for x in out.iter_mut() {
+        if *x < keep_from {
+            *x = dropped;
+        }
+    }
+}
+
+/// The smallest logit whose weight in a row of maximum `m` passes `w · 2^24 ≥ MINP · 2^40`
+/// (weights never decrease as the logit grows, and `m` itself weighs `2^40`).
+fn lowest_kept(m: f32, scale: RowScale, minp: u128) -> f32 {
+    let keeps = |l: f32| u128::from(scaled_weight(l, m, scale)) << 24 >= minp << 40;
+    // Search the f32 order between −2^64 and m on signed integer keys.
+    let key = |x: f32| {
+        let bits = x.to_bits();
+        if bits >> 31 == 0 {
+            i64::from(bits)
+        } else {
+            -i64::from(bits & 0x7fff_ffff)
+        }
+    };
+    let value = |k: i64| {
+        if k >= 0 {
+            f32::from_bits(k as u32)
+        } else {
+            f32::from_bits((-k) as u32 | 0x8000_0000)
+        }
+    };
+    let (mut lo, mut hi) = (key(f32::from_bits(0xdf80_0000)), key(m));
+    if keeps(value(lo)) {
+        return f32::NEG_INFINITY;
+    }
+    // Invariant: value(lo) is dropped, value(hi) is kept.
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if keeps(value(mid)) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    value(hi)
+}
+
+/// Processes every row.
+fn process_logits(
+    batch: &Batch<'_>,
+    kind: ScoresKind,
+    inputs: &ProcessInputs<'_>,
+    out: &mut [f32],
+    fallback: &mut [i32],
+) -> Result<()> {
+    let vocab = batch.vocab;
+    with_float!(kind.dtype, Op::ProcessLogits, T => {
+        let input = slice::<T>(inputs.scores.matrix())?;
+        out.par_chunks_exact_mut(vocab)
+            .zip(fallback.par_iter_mut())
+            .zip(input.par_chunks_exact(vocab))
+            .enumerate()
+            .for_each(|(r, ((out, fallback), input))| {
+                *fallback = process_row(batch, r, input, out);
+            });
+        Ok(())
     })
+}
+
+/// Runs a validated `process_logits` call (the front has checked every argument).
+pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
+    let (inputs, out, params, kind) = call.parts();
+    let ProcessParams {
+        dims,
+        shape,
+        max_model_len,
+        ..
+    } = *params;
+    let (h, s) = (&inputs.history, &inputs.slots);
+    let batch = Batch {
+        vocab: shape.vocab,
+        s: dims.max_step_tokens,
+        real_bsz: dims.real_bsz,
+        max_model_len,
+        logits: kind.logits,
+        cu_out: slice(inputs.layout.cu_seqlens_q_output)?,
+        batch_id: slice(inputs.layout.batch_id_per_token_output)?,
+        token_ids_all: slice(h.token_ids_all)?,
+        prompt_lens: slice(h.prompt_lens)?,
+        step_idx: slice(h.step_idx)?,
+        draft_tokens: slice(h.draft_tokens)?,
+        token_counts: slice(h.token_counts)?,
+        prompt_mask: slice(h.prompt_mask)?,
+        penalties: slice(s.penalties)?,
+        min_tokens: slice(s.min_tokens)?,
+        end_tokens: slice(s.end_tokens)?,
+        bias_offsets: slice(s.bias_offsets)?,
+        bias_ids: slice(s.bias_ids)?,
+        bias_values: slice(s.bias_values)?,
+        bad_word_offsets: slice(s.bad_word_offsets)?,
+        bad_words: slice(s.bad_words)?,
+        allowed: s.allowed.map(slice).transpose()?,
+        bitmask: inputs.bitmask.map(slice).transpose()?,
+        temperature: inputs.scores.temperature().map(slice).transpose()?,
+    };
+    let processed = slice_mut::<f32>(out.processed)?;
+    let fallback = slice_mut::<i32>(out.fallback)?;
+    device.install(|| process_logits(&batch, *kind, inputs, processed, fallback))
 }

@@ -44,6 +44,11 @@ pub(crate) fn update_state(
     let draft_tokens = slice_mut::<i32>(state.draft_tokens)?;
     let encoder = slice_mut::<i32>(state.seq_lens_encoder)?;
     let decoder = slice_mut::<i32>(state.seq_lens_decoder)?;
+    let mut counts = state
+        .token_counts
+        .as_deref_mut()
+        .map(slice_mut::<i32>)
+        .transpose()?;
 
     for b in 0..dims.real_bsz {
         if stop_flags[b] != 0 || is_block_step[b] != 0 {
@@ -74,6 +79,12 @@ pub(crate) fn update_state(
         if let Some(dst) = token_ids_all.get_mut(start..start + n) {
             dst.copy_from_slice(tokens);
         }
+        if let Some(counts) = counts.as_deref_mut() {
+            count_tokens(
+                &mut counts[b * params.vocab..(b + 1) * params.vocab],
+                tokens,
+            );
+        }
         let new_step = clamp_i32(step as i64 + n as i64);
         step_idx[b] = new_step;
         infer_seed[b] = advance_seed(infer_seed[b], n as u64);
@@ -93,6 +104,16 @@ pub(crate) fn update_state(
         }
     }
     Ok(())
+}
+
+/// Adds each appended token in the vocabulary to its slot's count (`docs/semantics.md` §4c),
+/// saturating at `i32::MAX`.
+fn count_tokens(counts: &mut [i32], tokens: &[i32]) {
+    for &t in tokens {
+        if let Some(c) = super::token_index(t, counts.len()).map(|v| &mut counts[v]) {
+            *c = c.saturating_add(1);
+        }
+    }
 }
 
 /// Runs a validated `update_state` call (the front has checked every argument).

@@ -92,6 +92,7 @@ impl CaseParams {
             CaseParams::TopKTopPSample(p) => p.logits,
             CaseParams::TopPCandidates(p) => p.logits,
             CaseParams::VerifyDraftTokens(p) => p.logits,
+            CaseParams::ProcessLogits(p) => p.logits,
             _ => false,
         }
     }

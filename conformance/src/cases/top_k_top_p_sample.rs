@@ -5,8 +5,8 @@ use specula_backend_api::DType;
 use specula_backend_api::ops::*;
 
 use super::generate::{
-    EDGE_SEEDS, FLOAT_DTYPES, Rng, f32s, hostile_logit_rows, i32s, logit_row,
-    pick_temperature, prob_row, rows_with_ties, spoiled_rows, u64s, with_score_rows,
+    EDGE_SEEDS, FLOAT_DTYPES, Rng, f32s, hostile_logit_rows, i32s, logit_row, pick_temperature,
+    prob_row, rows_with_ties, spoiled_rows, u64s, with_score_rows,
 };
 use super::{Size, row_gens};
 use crate::Result;
@@ -34,6 +34,7 @@ impl OpCase for Params {
             TensorSpec::i32("top_k", rows),
             TensorSpec::new("top_p", Want::Is(DType::F32), rows),
             TensorSpec::new("seed", Want::Is(DType::U64), rows),
+            TensorSpec::i32("fallback", rows).optional(),
         ]);
         specs
     }
@@ -44,6 +45,7 @@ impl OpCase for Params {
         let host_top_p = r.host::<f32>("top_p")?;
         let scores = r.scores(self.logits, "probs", "logits")?;
         let [top_k, top_p, seed] = r.inputs(["top_k", "top_p", "seed"])?;
+        let fallback = r.optional("fallback")?;
         let [tokens] = r.outputs([("tokens", DType::I32, &[rows])])?;
         device.top_k_top_p_sample(
             &SampleInputs {
@@ -51,7 +53,7 @@ impl OpCase for Params {
                 top_k: &top_k,
                 top_p: &top_p,
                 seed: &seed,
-                fallback: None,
+                fallback: fallback.as_ref(),
             },
             tokens,
             &SampleParams {
@@ -88,7 +90,15 @@ pub(crate) fn logits_case(
     top_p: &[f32],
     seed: &[u64],
 ) -> Case {
-    rows_case(name, dtype, vocab, (logits, Some(temperature)), top_k, top_p, seed)
+    rows_case(
+        name,
+        dtype,
+        vocab,
+        (logits, Some(temperature)),
+        top_k,
+        top_p,
+        seed,
+    )
 }
 
 /// A case of score rows (probabilities, or logits with their temperatures), one row per entry of
@@ -115,6 +125,42 @@ fn rows_case(
         .with("seed", u64s(seed))
 }
 
+/// Rows whose total weight is 0 (all −inf or NaN logits, all-zero or tiny probabilities) among
+/// ordinary ones, with a `fallback` input (`docs/semantics.md` §4c): the empty rows yield it, the
+/// others ignore it.
+fn fallback_cases() -> Vec<Case> {
+    let vocab = 13;
+    let fallback = [-1, 5, 7, -1, 12, 3, -1, 0];
+    let mut out = Vec::new();
+    for logits in [false, true] {
+        let mut rng = Rng::new("sample/fallback", u64::from(logits));
+        let rows = fallback.len();
+        let mut scores = Vec::new();
+        for r in 0..rows {
+            let row: Vec<f32> = match (r % 2, logits) {
+                (0, true) => (0..vocab)
+                    .map(|v| [f32::NEG_INFINITY, f32::NAN][v % 2])
+                    .collect(),
+                (0, false) => (0..vocab)
+                    .map(|v| [0.0, 1e-20, f32::NAN, -1.0][v % 4])
+                    .collect(),
+                (_, true) => logit_row(&mut rng, vocab),
+                (_, false) => prob_row(&mut rng, vocab),
+            };
+            scores.extend(row);
+        }
+        let temperature: Vec<f32> = (0..rows).map(|r| [1.0, 0.0, 0.7][r % 3]).collect();
+        let top_k: Vec<i32> = (0..rows).map(|r| [0, 1, 5][r % 3]).collect();
+        let top_p = vec![0.9; rows];
+        let seed: Vec<u64> = (0..rows).map(|_| rng.seed()).collect();
+        let name = format!("fallback_{}", if logits { "logits" } else { "probs" });
+        let t = logits.then_some(temperature.as_slice());
+        let case = rows_case(name, DType::F32, vocab, (&scores, t), &top_k, &top_p, &seed);
+        out.push(case.with("fallback", i32s(&fallback)));
+    }
+    out
+}
+
 /// Realistic per-row `top_k` values for a vocabulary.
 pub(crate) fn pick_top_k(rng: &mut Rng, vocab: usize) -> i32 {
     let v = vocab as i32;
@@ -129,6 +175,7 @@ pub(crate) fn pick_top_p(rng: &mut Rng) -> f32 {
 /// Every case of `top_k_top_p_sample`.
 pub fn cases(size: Size) -> Vec<Case> {
     let mut out = golden();
+    out.extend(fallback_cases());
     for dtype in FLOAT_DTYPES {
         for mut g in row_gens(size, "sample", dtype) {
             let (rng, rows, vocab) = (&mut g.rng, g.rows, g.vocab);

@@ -37,6 +37,7 @@ impl OpCase for Params {
         specs.extend([
             TensorSpec::new("top_p", Want::Is(DType::F32), rows),
             TensorSpec::i32("batch_id_per_token_output", rows).optional(),
+            TensorSpec::i32("fallback", rows).optional(),
         ]);
         specs
     }
@@ -53,6 +54,7 @@ impl OpCase for Params {
         let rows_in = r.scores(self.logits, "probs", "logits")?;
         let [top_p] = r.inputs(["top_p"])?;
         let batch_id = r.optional("batch_id_per_token_output")?;
+        let fallback = r.optional("fallback")?;
         let [ids, scores, lens] = r.outputs([
             ("ids", DType::I32, &[rows, candidates]),
             ("scores", DType::F32, &[rows, candidates]),
@@ -63,7 +65,7 @@ impl OpCase for Params {
                 scores: rows_in.scores(),
                 top_p: &top_p,
                 batch_id_per_token_output: batch_id.as_ref(),
-                fallback: None,
+                fallback: fallback.as_ref(),
             },
             &mut CandidatesOutputs { ids, scores, lens },
             &CandidatesParams {
@@ -86,7 +88,15 @@ pub(crate) fn case(
     top_p: &[f32],
     batch_id: Option<&[i32]>,
 ) -> Case {
-    rows_case(name, dtype, vocab, candidates, (probs, None), top_p, batch_id)
+    rows_case(
+        name,
+        dtype,
+        vocab,
+        candidates,
+        (probs, None),
+        top_p,
+        batch_id,
+    )
 }
 
 /// A case of `logits` in `dtype` at the per-row `temperature`, one row per entry of `top_p`.
@@ -123,8 +133,14 @@ fn rows_case(
         candidates,
         logits: temperature.is_some(),
     };
-    let case = with_score_rows(Case::new(name, params), dtype, [rows, vocab], scores, temperature)
-        .with("top_p", f32s(top_p));
+    let case = with_score_rows(
+        Case::new(name, params),
+        dtype,
+        [rows, vocab],
+        scores,
+        temperature,
+    )
+    .with("top_p", f32s(top_p));
     match batch_id {
         Some(batch_id) => case.with("batch_id_per_token_output", i32s(batch_id)),
         None => case,
@@ -253,9 +269,52 @@ fn logits_known_answers() -> Case {
     .expect("lens", i32s(&[5, 2, 6]))
 }
 
+/// Rows whose total weight is 0 among ordinary ones and a padding row, with a `fallback` input
+/// (`docs/semantics.md` §4c): an empty row lists its fallback alone (`lens` 1), or nothing for -1.
+fn fallback_cases() -> Vec<Case> {
+    let vocab = 11;
+    let fallback = [-1, 5, 7, -1, 10, 3, -1, 0];
+    let batch_id = [0, 0, 1, 1, 2, -1, 3, 3];
+    let mut out = Vec::new();
+    for logits in [false, true] {
+        let mut rng = Rng::new("candidates/fallback", u64::from(logits));
+        let rows = fallback.len();
+        let mut scores = Vec::new();
+        for r in 0..rows {
+            let row: Vec<f32> = match (r % 2, logits) {
+                (0, true) => (0..vocab)
+                    .map(|v| [f32::NEG_INFINITY, f32::NAN][v % 2])
+                    .collect(),
+                (0, false) => (0..vocab)
+                    .map(|v| [0.0, 1e-20, f32::NAN, -1.0][v % 4])
+                    .collect(),
+                (_, true) => logit_row(&mut rng, vocab),
+                (_, false) => prob_row(&mut rng, vocab),
+            };
+            scores.extend(row);
+        }
+        let temperature: Vec<f32> = (0..rows).map(|r| [1.0, 0.0, 0.7][r % 3]).collect();
+        let top_p = vec![0.9; rows];
+        let name = format!("fallback_{}", if logits { "logits" } else { "probs" });
+        let t = logits.then_some(temperature.as_slice());
+        let case = rows_case(
+            name,
+            DType::F32,
+            vocab,
+            4,
+            (&scores, t),
+            &top_p,
+            Some(&batch_id),
+        );
+        out.push(case.with("fallback", i32s(&fallback)));
+    }
+    out
+}
+
 /// Every case of `top_p_candidates`.
 pub fn cases(size: Size) -> Vec<Case> {
     let mut out = golden();
+    out.extend(fallback_cases());
     let counts = [1, 8, 20, 64, 128];
     for dtype in FLOAT_DTYPES {
         for mut g in row_gens(size, "candidates", dtype) {

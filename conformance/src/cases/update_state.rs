@@ -25,6 +25,9 @@ pub struct Params {
     pub dims: Dims,
     /// Row length of `token_ids_all`.
     pub max_model_len: usize,
+    /// The vocabulary of the optional in/out `token_counts [max_bsz, vocab]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab: Option<usize>,
 }
 
 impl OpCase for Params {
@@ -45,6 +48,7 @@ impl OpCase for Params {
             TensorSpec::i32("draft_tokens", n * s),
             TensorSpec::i32("seq_lens_encoder", n),
             TensorSpec::i32("seq_lens_decoder", n),
+            TensorSpec::i32("token_counts", n * self.vocab.unwrap_or(0)).optional(),
         ]
     }
 
@@ -52,6 +56,7 @@ impl OpCase for Params {
         let Params {
             dims,
             max_model_len,
+            vocab,
         } = *self;
         let device = r.device();
         let [
@@ -67,25 +72,12 @@ impl OpCase for Params {
             "max_dec_len",
             "end_tokens",
         ])?;
-        let [
-            accept_num,
-            stop_flags,
-            token_ids_all,
-            step_idx,
-            infer_seed,
-            draft_tokens,
-            seq_lens_encoder,
-            seq_lens_decoder,
-        ] = r.inouts([
-            "accept_num",
-            "stop_flags",
-            "token_ids_all",
-            "step_idx",
-            "infer_seed",
-            "draft_tokens",
-            "seq_lens_encoder",
-            "seq_lens_decoder",
-        ])?;
+        let mut state = if vocab.is_some() {
+            let [a, b, c, d, e, f, g, h, counts] = r.inouts(STATE_AND_COUNTS)?;
+            decode_state([a, b, c, d, e, f, g, h], Some(counts))
+        } else {
+            decode_state(r.inouts(STATE)?, None)
+        };
         device.update_state(
             &UpdateStateInputs {
                 accept_tokens: &accept_tokens,
@@ -94,24 +86,66 @@ impl OpCase for Params {
                 max_dec_len: &max_dec_len,
                 end_tokens: &end_tokens,
             },
-            &mut DecodeState {
-                accept_num,
-                stop_flags,
-                token_ids_all,
-                step_idx,
-                infer_seed,
-                draft_tokens,
-                seq_lens_encoder,
-                seq_lens_decoder,
-                token_counts: None,
-            },
+            &mut state,
             &UpdateStateParams {
                 dims: dims.into(),
                 max_model_len,
-                vocab: 0,
+                vocab: vocab.unwrap_or(0),
             },
         )?;
         Ok(())
+    }
+}
+
+/// The in/out state tensors, in [`DecodeState`] order.
+const STATE: [&str; 8] = [
+    "accept_num",
+    "stop_flags",
+    "token_ids_all",
+    "step_idx",
+    "infer_seed",
+    "draft_tokens",
+    "seq_lens_encoder",
+    "seq_lens_decoder",
+];
+
+/// [`STATE`] and the token counts.
+const STATE_AND_COUNTS: [&str; 9] = [
+    "accept_num",
+    "stop_flags",
+    "token_ids_all",
+    "step_idx",
+    "infer_seed",
+    "draft_tokens",
+    "seq_lens_encoder",
+    "seq_lens_decoder",
+    "token_counts",
+];
+
+/// The state buffers (in [`STATE`] order) as a [`DecodeState`].
+fn decode_state<'a>(
+    [
+        accept_num,
+        stop_flags,
+        token_ids_all,
+        step_idx,
+        infer_seed,
+        draft_tokens,
+        seq_lens_encoder,
+        seq_lens_decoder,
+    ]: [&'a mut specula_backend_api::Buffer; 8],
+    token_counts: Option<&'a mut specula_backend_api::Buffer>,
+) -> DecodeState<'a> {
+    DecodeState {
+        accept_num,
+        stop_flags,
+        token_ids_all,
+        step_idx,
+        infer_seed,
+        draft_tokens,
+        seq_lens_encoder,
+        seq_lens_decoder,
+        token_counts,
     }
 }
 
@@ -133,15 +167,18 @@ struct State {
     draft_tokens: Vec<i32>,
     seq_lens_encoder: Vec<i32>,
     seq_lens_decoder: Vec<i32>,
+    /// `(vocab, counts)`: the optional token counts.
+    token_counts: Option<(usize, Vec<i32>)>,
 }
 
 impl State {
     fn case(&self, name: String) -> Case {
-        Case::new(
+        let case = Case::new(
             name,
             Params {
                 dims: self.dims,
                 max_model_len: self.max_model_len,
+                vocab: self.token_counts.as_ref().map(|c| c.0),
             },
         )
         .with("accept_tokens", i32s(&self.accept_tokens))
@@ -156,7 +193,11 @@ impl State {
         .with("infer_seed", u64s(&self.infer_seed))
         .with("draft_tokens", i32s(&self.draft_tokens))
         .with("seq_lens_encoder", i32s(&self.seq_lens_encoder))
-        .with("seq_lens_decoder", i32s(&self.seq_lens_decoder))
+        .with("seq_lens_decoder", i32s(&self.seq_lens_decoder));
+        match &self.token_counts {
+            Some((_, counts)) => case.with("token_counts", i32s(counts)),
+            None => case,
+        }
     }
 
     /// A realistic end of step: what verify emitted for a random batch, requests at every stage
@@ -183,6 +224,9 @@ impl State {
             draft_tokens: (0..n * s).map(|_| rng.token(vocab)).collect(),
             seq_lens_encoder: batch.encoder.clone(),
             seq_lens_decoder: vec![0; n],
+            token_counts: rng
+                .chance(0.5)
+                .then(|| (vocab, (0..n * vocab).map(|_| rng.below(3) as i32).collect())),
         };
         for b in 0..n {
             let prefill = batch.kind(b) == Kind::Prefill;
@@ -267,6 +311,7 @@ fn golden() -> Vec<Case> {
         draft_tokens: vec![6, 0, 0, 0, 0, 0, 7, 0, 0, 9, 9, 9, 8, 8, 8],
         seq_lens_encoder: vec![0, 4, 0, 0, 0],
         seq_lens_decoder: vec![5, 0, 8, 3, 3],
+        token_counts: Some((14, vec![1; 5 * 14])),
     };
     // Slot 0 appends 3 tokens; slot 1 (prefill) emits an end token and becomes a decode slot;
     // slot 2 has room for 2 of its 3 tokens and stops; slot 3 is blocked; slot 4 is not described.
@@ -294,7 +339,8 @@ fn golden() -> Vec<Case> {
             i32s(&[9, 0, 0, 2, 0, 0, 12, 0, 0, 9, 9, 9, 8, 8, 8]),
         )
         .expect("seq_lens_encoder", i32s(&[0; 5]))
-        .expect("seq_lens_decoder", i32s(&[8, 4, 10, 3, 3]));
+        .expect("seq_lens_decoder", i32s(&[8, 4, 10, 3, 3]))
+        .expect("token_counts", i32s(&golden_counts()));
     // max_dec_len reached; no room at all (stop, accept_num 0, nothing else changes).
     let second = State {
         dims: dims(2, 2, 2),
@@ -312,6 +358,7 @@ fn golden() -> Vec<Case> {
         draft_tokens: vec![9, 1, 7, 7],
         seq_lens_encoder: vec![0, 0],
         seq_lens_decoder: vec![3, 8],
+        token_counts: None,
     }
     .case("golden::max_dec_len_and_no_room".into())
     .expect("accept_num", i32s(&[2, 0]))
@@ -325,6 +372,16 @@ fn golden() -> Vec<Case> {
     .expect("draft_tokens", i32s(&[5, 1, 7, 7]))
     .expect("seq_lens_decoder", i32s(&[5, 8]));
     vec![first, second]
+}
+
+/// The counts after `golden::append_prefill_room_blocked` (all 1 before): slot 0 appended 7, 8,
+/// 9; slot 1 the end token 2; slot 2 (room for 2) 11, 12; slots 3 and 4 nothing.
+fn golden_counts() -> Vec<i32> {
+    let mut counts = vec![1; 5 * 14];
+    for (b, t) in [(0, 7), (0, 8), (0, 9), (1, 2), (2, 11), (2, 12)] {
+        counts[b * 14 + t] += 1;
+    }
+    counts
 }
 
 fn hostile() -> Vec<Case> {
@@ -347,6 +404,13 @@ fn hostile() -> Vec<Case> {
         for t in st.accept_tokens.iter_mut().step_by(3) {
             *t = rng.pick(&[-1, -1000, i32::MIN, i32::MAX]);
         }
+        // Counts at the top of i32 saturate; negative ones grow.
+        st.token_counts = Some((
+            1000,
+            (0..n * 1000)
+                .map(|i| [i32::MAX, -5, 0, i32::MAX - 1][i % 4])
+                .collect(),
+        ));
         out.push(st.case(format!("hostile::garbage_state_{i}")));
     }
     out

@@ -4,7 +4,7 @@
 //! by token in the documented order.
 
 use specula_backend_api::logit_weights::{row_weights, sanitize_logit};
-use specula_backend_api::ops::process_logits::{OpCall, mask_words, penalty, PENALTY_FIELDS};
+use specula_backend_api::ops::process_logits::{OpCall, PENALTY_FIELDS, mask_words, penalty};
 use specula_backend_api::ops::{ProcessInputs, ProcessParams, ScoresKind};
 use specula_backend_api::{Op, Result};
 
@@ -20,7 +20,8 @@ const OP: Op = Op::ProcessLogits;
 const MAX_COUNT: i64 = 1 << 24;
 
 /// The repetition factors must lie in `[2^-32, 2^32]`, or the step is skipped.
-const FACTOR_RANGE: std::ops::RangeInclusive<f32> = f32::from_bits(0x2f80_0000)..=f32::from_bits(0x4f80_0000);
+const FACTOR_RANGE: std::ops::RangeInclusive<f32> =
+    f32::from_bits(0x2f80_0000)..=f32::from_bits(0x4f80_0000);
 
 /// An additive parameter (bias, β, γ) as the float steps read it: NaN is 0, `|x| < 2^-76` is 0,
 /// `|x| > 2^64` is ±2^64 (`sanitize_logit` with NaN sent to 0).
@@ -83,7 +84,9 @@ fn list_range(offsets: &[i32], b: usize, len: usize) -> std::ops::Range<usize> {
 impl Reader<'_> {
     /// The slot and position of row `r`; `None` for a row of no slot (a padding row).
     fn source(&self, r: usize) -> Option<(usize, usize)> {
-        let b = usize::try_from(self.batch_id[r]).ok().filter(|&b| b < self.real_bsz)?;
+        let b = usize::try_from(self.batch_id[r])
+            .ok()
+            .filter(|&b| b < self.real_bsz)?;
         let pos = r as i64 - i64::from(self.cu_out[b]);
         let pos = usize::try_from(pos).ok().filter(|&i| i < self.s)?;
         Some((b, pos))
@@ -95,9 +98,15 @@ impl Reader<'_> {
         let repetition = (FACTOR_RANGE.contains(&alpha) && FACTOR_RANGE.contains(&inverse))
             .then_some((alpha, inverse));
         let min_p = p[penalty::MIN_P];
-        let min_p = (min_p > 0.0).then(|| (f64::from(min_p.min(1.0)) * f64::from(1u32 << 24)).ceil() as u64);
+        let min_p = (min_p > 0.0)
+            .then(|| (f64::from(min_p.min(1.0)) * f64::from(1u32 << 24)).ceil() as u64);
         let bias = list_range(self.bias_offsets, b, self.bias_ids.len())
-            .filter_map(|k| Some((token_index(self.bias_ids[k], self.vocab)?, self.bias_values[k])))
+            .filter_map(|k| {
+                Some((
+                    token_index(self.bias_ids[k], self.vocab)?,
+                    self.bias_values[k],
+                ))
+            })
             .collect();
         SlotParams {
             repetition,
@@ -138,7 +147,14 @@ impl Reader<'_> {
     }
 
     /// Which tokens row `r` of slot `b` (position `pos`) masks.
-    fn masked(&self, r: usize, b: usize, pos: usize, slot: &SlotParams, history: &[i32]) -> Vec<bool> {
+    fn masked(
+        &self,
+        r: usize,
+        b: usize,
+        pos: usize,
+        slot: &SlotParams,
+        history: &[i32],
+    ) -> Vec<bool> {
         let v_len = self.vocab;
         let mut masked = vec![false; v_len];
         let generated = i64::from(self.step_idx[b].max(0)) + pos as i64;
@@ -153,20 +169,24 @@ impl Reader<'_> {
             let Some((last, prefix)) = entry.split_last() else {
                 continue;
             };
-            if history.ends_with(prefix) {
-                if let Some(v) = token_index(*last, v_len) {
-                    masked[v] = true;
-                }
+            if history.ends_with(prefix)
+                && let Some(v) = token_index(*last, v_len)
+            {
+                masked[v] = true;
             }
         }
         let words = mask_words(v_len);
         if let Some(allowed) = self.allowed {
             let row = &allowed[b * words..(b + 1) * words];
-            (0..v_len).filter(|&v| !bit(row, v)).for_each(|v| masked[v] = true);
+            (0..v_len)
+                .filter(|&v| !bit(row, v))
+                .for_each(|v| masked[v] = true);
         }
         if let Some(bitmask) = self.bitmask {
             let row = &bitmask[r * words..(r + 1) * words];
-            (0..v_len).filter(|&v| !bit(row, v)).for_each(|v| masked[v] = true);
+            (0..v_len)
+                .filter(|&v| !bit(row, v))
+                .for_each(|v| masked[v] = true);
         }
         masked
     }
@@ -193,10 +213,10 @@ fn process_logit(l: f32, bias: Option<f32>, in_prompt: bool, count: i64, slot: &
     if let Some(bias) = bias {
         l = sanitize_logit(l + additive(bias));
     }
-    if let Some((alpha, inverse)) = slot.repetition {
-        if in_prompt || count > 0 {
-            l = sanitize_logit(if l > 0.0 { l * inverse } else { l * alpha });
-        }
+    if let Some((alpha, inverse)) = slot.repetition
+        && (in_prompt || count > 0)
+    {
+        l = sanitize_logit(if l > 0.0 { l * inverse } else { l * alpha });
     }
     if count > 0 {
         l = sanitize_logit(l - slot.frequency * count as f32);
@@ -206,7 +226,13 @@ fn process_logit(l: f32, bias: Option<f32>, in_prompt: bool, count: i64, slot: &
 }
 
 /// Processes every row.
-fn process_logits(kind: ScoresKind, inputs: &ProcessInputs<'_>, r: &Reader<'_>, rows: usize, out: (&mut [f32], &mut [i32])) -> Result<()> {
+fn process_logits(
+    kind: ScoresKind,
+    inputs: &ProcessInputs<'_>,
+    r: &Reader<'_>,
+    rows: usize,
+    out: (&mut [f32], &mut [i32]),
+) -> Result<()> {
     let matrix = FloatMatrix::new(OP, kind.dtype, inputs.scores.matrix(), rows, r.vocab)?;
     let temperature = inputs.scores.temperature().map(slice::<f32>).transpose()?;
     let (processed, fallback) = out;
@@ -266,13 +292,24 @@ fn first_unmasked(row: &[f32], masked: &[bool], logits: bool) -> i32 {
 }
 
 /// min_p: tokens with `w · 2^24 < MINP · w_max` become `dropped` (weights of the processed row).
-fn drop_below_min_p(row: &mut [f32], masked: &[bool], logits: bool, t: f32, min_p: u64, dropped: f32) {
+fn drop_below_min_p(
+    row: &mut [f32],
+    masked: &[bool],
+    logits: bool,
+    t: f32,
+    min_p: u64,
+    dropped: f32,
+) {
     let weights: Vec<u64> = if logits {
         row_weights(row, t)
     } else {
         row.iter().map(|&p| weight(p)).collect()
     };
-    let w_max = (0..row.len()).filter(|&v| !masked[v]).map(|v| weights[v]).max().unwrap_or(0);
+    let w_max = (0..row.len())
+        .filter(|&v| !masked[v])
+        .map(|v| weights[v])
+        .max()
+        .unwrap_or(0);
     for (v, value) in row.iter_mut().enumerate() {
         if u128::from(weights[v]) << 24 < u128::from(min_p) * u128::from(w_max) {
             *value = dropped;
@@ -283,7 +320,12 @@ fn drop_below_min_p(row: &mut [f32], masked: &[bool], logits: bool, t: f32, min_
 /// Runs a validated `process_logits` call (the front has checked every argument).
 pub(crate) fn run(_device: &ReferenceDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     let (inputs, out, params, kind) = call.parts();
-    let ProcessParams { dims, shape, max_model_len, .. } = *params;
+    let ProcessParams {
+        dims,
+        shape,
+        max_model_len,
+        ..
+    } = *params;
     let (h, s) = (&inputs.history, &inputs.slots);
     let reader = Reader {
         vocab: shape.vocab,

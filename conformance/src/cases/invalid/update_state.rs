@@ -28,6 +28,7 @@ fn with(dims: Dims, max_model_len: usize) -> Case {
         Params {
             dims,
             max_model_len,
+            vocab: None,
         },
     )
     .with("accept_tokens", i32s(&accept_tokens))
@@ -94,5 +95,29 @@ pub(super) fn cases() -> Vec<Case> {
         ),
     ]);
     out.extend(dims_cases(|dims| with(dims, MAX_MODEL_LEN), 4));
+    out.extend(counts_cases(&base));
+    out
+}
+
+/// The optional token counts: the wrong length or dtype, and a zero vocabulary.
+fn counts_cases(base: &Case) -> Vec<Case> {
+    let n = batch().dims.max_bsz;
+    let with_counts = |vocab: usize, len: usize| {
+        let mut case = base.clone().with("token_counts", i32s(&vec![0; len]));
+        if let crate::cases::CaseParams::UpdateState(p) = &mut case.params {
+            p.vocab = Some(vocab);
+        }
+        case
+    };
+    let mut out = broken(
+        &with_counts(5, n * 5),
+        &[("token_counts", &[Dtype(DType::F32), Short])],
+    );
+    out.push(reject(
+        "token_counts_vocab_zero",
+        with_counts(0, 0),
+        InvalidArgument,
+        "vocab",
+    ));
     out
 }

@@ -1,0 +1,759 @@
+//! Cases of `process_logits` (`docs/semantics.md` §5.12, §4c): each parameter alone and all
+//! together over random batches, hand-computed golden rows, and hostile device contents.
+
+use serde::{Deserialize, Serialize};
+use specula_backend_api::DType;
+use specula_backend_api::ops::process_logits::{PENALTY_FIELDS, mask_words, penalty};
+use specula_backend_api::ops::*;
+
+use super::Size;
+use super::generate::{
+    Batch, Kind, Rng, batch_name, dims, f32s, float_tensor, garbage_i32, hostile_logit_rows, i32s,
+    logit_row, pick_temperature, prob_row,
+};
+use crate::Result;
+use crate::case::{Case, Dims, TensorSpec, Want, scores_specs};
+use crate::exec::{OpCase, Runner};
+use crate::tensor::HostTensor;
+
+/// The parameters of a `process_logits` case (the JSON header of a case file, beside `"op"`).
+/// Inputs: the rows (`logits` + `temperature`, or `probs`), `cu_seqlens_q_output`,
+/// `batch_id_per_token_output`, `token_ids_all`, `prompt_lens`, `step_idx`, `draft_tokens`,
+/// `token_counts`, `prompt_mask`, `penalties`, `min_tokens`, `end_tokens`, `bias_offsets`,
+/// `bias_ids`, `bias_values`, `bad_word_offsets`, `bad_words`, optional `allowed` and `bitmask`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Params {
+    /// Batch shape.
+    pub dims: Dims,
+    /// Rows processed (≤ the layout's capacity `real_bsz · S`).
+    pub rows: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+    /// Row length of `token_ids_all`.
+    pub max_model_len: usize,
+    /// Logits with per-row temperatures (tensors `logits`, `temperature`) instead of `probs`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub logits: bool,
+}
+
+impl OpCase for Params {
+    fn tensors(&self) -> Vec<TensorSpec> {
+        let (n, s, v) = (self.dims.max_bsz, self.dims.max_step_tokens, self.vocab);
+        let words = mask_words(v);
+        let mut specs = scores_specs(self.logits, ("probs", "logits"), self.rows, v);
+        specs.extend([
+            TensorSpec::i32("cu_seqlens_q_output", self.dims.real_bsz + 1),
+            TensorSpec::i32("batch_id_per_token_output", self.rows).at_least(),
+            TensorSpec::i32("token_ids_all", n * self.max_model_len),
+            TensorSpec::i32("prompt_lens", n),
+            TensorSpec::i32("step_idx", n),
+            TensorSpec::i32("draft_tokens", n * s),
+            TensorSpec::i32("token_counts", n * v),
+            TensorSpec::new("prompt_mask", Want::Is(DType::U32), n * words),
+            TensorSpec::new("penalties", Want::Is(DType::F32), n * PENALTY_FIELDS),
+            TensorSpec::i32("min_tokens", n),
+            TensorSpec::i32("end_tokens", 1).at_least(),
+            TensorSpec::i32("bias_offsets", n + 1),
+            TensorSpec::i32("bias_ids", 1).at_least(),
+            TensorSpec::new("bias_values", Want::Is(DType::F32), 1).at_least(),
+            TensorSpec::i32("bad_word_offsets", n + 1),
+            TensorSpec::i32("bad_words", 1).at_least(),
+            TensorSpec::new("allowed", Want::Is(DType::U32), n * words).optional(),
+            TensorSpec::new("bitmask", Want::Is(DType::U32), self.rows * words).optional(),
+        ]);
+        specs
+    }
+
+    fn run(&self, r: &mut Runner<'_>) -> Result<()> {
+        let Params {
+            dims,
+            rows,
+            vocab,
+            max_model_len,
+            logits,
+        } = *self;
+        let device = r.device();
+        let host = HostCopies {
+            penalties: r.host::<f32>("penalties")?,
+            bias_ids: r.host::<i32>("bias_ids")?,
+            bias_values: r.host::<f32>("bias_values")?,
+            bad_words: r.host::<i32>("bad_words")?,
+            bias_used: r.host::<i32>("bias_offsets")?,
+            words_used: r.host::<i32>("bad_word_offsets")?,
+        };
+        let scores = r.scores(logits, "probs", "logits")?;
+        let [
+            cu,
+            batch_id,
+            token_ids_all,
+            prompt_lens,
+            step_idx,
+            draft_tokens,
+            counts,
+            prompt,
+        ] = r.inputs([
+            "cu_seqlens_q_output",
+            "batch_id_per_token_output",
+            "token_ids_all",
+            "prompt_lens",
+            "step_idx",
+            "draft_tokens",
+            "token_counts",
+            "prompt_mask",
+        ])?;
+        let [
+            penalties,
+            min_tokens,
+            end_tokens,
+            bias_offsets,
+            bias_ids,
+            bias_values,
+        ] = r.inputs([
+            "penalties",
+            "min_tokens",
+            "end_tokens",
+            "bias_offsets",
+            "bias_ids",
+            "bias_values",
+        ])?;
+        let [bad_word_offsets, bad_words] = r.inputs(["bad_word_offsets", "bad_words"])?;
+        let allowed = r.optional("allowed")?;
+        let bitmask = r.optional("bitmask")?;
+        let [processed, fallback] = r.outputs([
+            ("processed", DType::F32, &[rows, vocab]),
+            ("fallback", DType::I32, &[rows]),
+        ])?;
+        device.process_logits(
+            &ProcessInputs {
+                scores: scores.scores(),
+                layout: OutputLayout {
+                    cu_seqlens_q_output: &cu,
+                    batch_id_per_token_output: &batch_id,
+                },
+                history: TokenHistory {
+                    token_ids_all: &token_ids_all,
+                    prompt_lens: &prompt_lens,
+                    step_idx: &step_idx,
+                    draft_tokens: &draft_tokens,
+                    token_counts: &counts,
+                    prompt_mask: &prompt,
+                },
+                slots: SlotProcessing {
+                    penalties: &penalties,
+                    min_tokens: &min_tokens,
+                    end_tokens: &end_tokens,
+                    bias_offsets: &bias_offsets,
+                    bias_ids: &bias_ids,
+                    bias_values: &bias_values,
+                    bad_word_offsets: &bad_word_offsets,
+                    bad_words: &bad_words,
+                    allowed: allowed.as_ref(),
+                },
+                bitmask: bitmask.as_ref(),
+            },
+            &mut ProcessOutputs {
+                processed,
+                fallback,
+            },
+            &ProcessParams {
+                dims: dims.into(),
+                shape: RowShape { rows, vocab },
+                max_model_len,
+                host: host.view(),
+            },
+        )?;
+        Ok(())
+    }
+}
+
+/// Host copies of the validated values (none for device-only cases). The lists' host copies are
+/// the entries in use: up to the last offset.
+struct HostCopies {
+    penalties: Option<Vec<f32>>,
+    bias_ids: Option<Vec<i32>>,
+    bias_values: Option<Vec<f32>>,
+    bad_words: Option<Vec<i32>>,
+    bias_used: Option<Vec<i32>>,
+    words_used: Option<Vec<i32>>,
+}
+
+impl HostCopies {
+    fn view(&self) -> Option<HostProcessing<'_>> {
+        let used = |offsets: &Option<Vec<i32>>| {
+            offsets
+                .as_ref()
+                .and_then(|o| o.last())
+                .map_or(0, |&n| usize::try_from(n).unwrap_or(0))
+        };
+        let (nb, nw) = (used(&self.bias_used), used(&self.words_used));
+        Some(HostProcessing {
+            penalties: self.penalties.as_deref()?,
+            bias_ids: self.bias_ids.as_deref()?.get(..nb)?,
+            bias_values: self.bias_values.as_deref()?.get(..nb)?,
+            bad_words: self.bad_words.as_deref()?.get(..nw)?,
+        })
+    }
+}
+
+/// Which parameters a generated case turns on.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Features {
+    bias: bool,
+    repetition: bool,
+    frequency: bool,
+    min_p: bool,
+    min_tokens: bool,
+    bad_words: bool,
+    allowed: bool,
+    bitmask: bool,
+}
+
+impl Features {
+    const ALL: Features = Features {
+        bias: true,
+        repetition: true,
+        frequency: true,
+        min_p: true,
+        min_tokens: true,
+        bad_words: true,
+        allowed: true,
+        bitmask: true,
+    };
+
+    /// Each feature alone, by name.
+    fn singles() -> Vec<(&'static str, Features)> {
+        let none = Features::default();
+        vec![
+            ("none", none),
+            ("bias", Features { bias: true, ..none }),
+            (
+                "repetition",
+                Features {
+                    repetition: true,
+                    ..none
+                },
+            ),
+            (
+                "frequency_presence",
+                Features {
+                    frequency: true,
+                    ..none
+                },
+            ),
+            (
+                "min_p",
+                Features {
+                    min_p: true,
+                    ..none
+                },
+            ),
+            (
+                "min_tokens",
+                Features {
+                    min_tokens: true,
+                    ..none
+                },
+            ),
+            (
+                "bad_words",
+                Features {
+                    bad_words: true,
+                    ..none
+                },
+            ),
+            (
+                "allowed",
+                Features {
+                    allowed: true,
+                    ..none
+                },
+            ),
+            (
+                "bitmask",
+                Features {
+                    bitmask: true,
+                    ..none
+                },
+            ),
+            ("all", Features::ALL),
+        ]
+    }
+}
+
+/// Every input of a case, on the host.
+#[derive(Clone, Debug)]
+pub(crate) struct Setup {
+    pub(crate) batch: Batch,
+    pub(crate) vocab: usize,
+    pub(crate) max_model_len: usize,
+    pub(crate) rows: usize,
+    pub(crate) dtype: DType,
+    pub(crate) scores: Vec<f32>,
+    pub(crate) temperature: Option<Vec<f32>>,
+    pub(crate) batch_id: Vec<i32>,
+    pub(crate) cu_out: Vec<i32>,
+    pub(crate) token_ids_all: Vec<i32>,
+    pub(crate) prompt_lens: Vec<i32>,
+    pub(crate) step_idx: Vec<i32>,
+    pub(crate) draft_tokens: Vec<i32>,
+    pub(crate) token_counts: Vec<i32>,
+    pub(crate) prompt_mask: Vec<u32>,
+    pub(crate) penalties: Vec<f32>,
+    pub(crate) min_tokens: Vec<i32>,
+    pub(crate) end_tokens: Vec<i32>,
+    pub(crate) bias_offsets: Vec<i32>,
+    pub(crate) bias_ids: Vec<i32>,
+    pub(crate) bias_values: Vec<f32>,
+    pub(crate) bad_word_offsets: Vec<i32>,
+    pub(crate) bad_words: Vec<i32>,
+    pub(crate) allowed: Option<Vec<u32>>,
+    pub(crate) bitmask: Option<Vec<u32>>,
+}
+
+fn u32s(v: &[u32]) -> HostTensor {
+    HostTensor::vector(v)
+}
+
+/// Sets bit `v` of a mask row.
+fn set_bit(mask: &mut [u32], v: usize) {
+    mask[v / 32] |= 1 << (v % 32);
+}
+
+/// A list of per-slot lists flattened, with its `[max_bsz + 1]` offsets (at least one element,
+/// so an empty list is one unused `pad`).
+fn flatten<T: Copy>(lists: &[Vec<T>], pad: T) -> (Vec<i32>, Vec<T>) {
+    let mut offsets = vec![0];
+    let mut flat = Vec::new();
+    for list in lists {
+        flat.extend_from_slice(list);
+        offsets.push(flat.len() as i32);
+    }
+    if flat.is_empty() {
+        flat.push(pad);
+    }
+    (offsets, flat)
+}
+
+impl Setup {
+    /// A random batch with the parameters of `features` on: histories with repeats (so that the
+    /// penalties meet counts above 1), drafts that repeat generated tokens, bad words that end in
+    /// the drafts, masks that sometimes leave one token or none.
+    pub(crate) fn random(
+        rng: &mut Rng,
+        d: Dims,
+        vocab: usize,
+        logits: bool,
+        dtype: DType,
+        f: Features,
+    ) -> Self {
+        let max_model_len = 48;
+        let batch = Batch::random(rng, d, 8);
+        let (n, s) = (d.max_bsz, d.max_step_tokens);
+        let rows = batch.capacity();
+        let words = mask_words(vocab);
+        // A small pool of tokens, so histories, drafts, bans and biases meet.
+        let pool: Vec<i32> = (0..6.min(vocab)).map(|_| rng.token(vocab)).collect();
+        let token = |rng: &mut Rng| {
+            if rng.chance(0.7) {
+                rng.pick(&pool)
+            } else {
+                rng.token(vocab)
+            }
+        };
+        let mut st = Setup {
+            batch: batch.clone(),
+            vocab,
+            max_model_len,
+            rows,
+            dtype,
+            scores: Vec::new(),
+            temperature: None,
+            batch_id: batch.batch_id(rows),
+            cu_out: batch.cu_seqlens_q_output(),
+            token_ids_all: (0..n * max_model_len).map(|_| token(rng)).collect(),
+            prompt_lens: vec![0; n],
+            step_idx: vec![0; n],
+            draft_tokens: (0..n * s).map(|_| token(rng)).collect(),
+            token_counts: vec![0; n * vocab],
+            prompt_mask: vec![0; n * words],
+            penalties: [1.0, 1.0, 0.0, 0.0, 0.0].repeat(n),
+            min_tokens: vec![0; n],
+            end_tokens: (0..rng.range(1, 3)).map(|_| token(rng)).collect(),
+            bias_offsets: Vec::new(),
+            bias_ids: Vec::new(),
+            bias_values: Vec::new(),
+            bad_word_offsets: Vec::new(),
+            bad_words: Vec::new(),
+            allowed: None,
+            bitmask: None,
+        };
+        let mut biases = Vec::new();
+        let mut bans = Vec::new();
+        for b in 0..n {
+            let prompt = rng.range(1, 12);
+            let step = if batch.kind(b) == Kind::Prefill {
+                rng.below(2)
+            } else {
+                rng.below(24)
+            };
+            st.prompt_lens[b] = prompt as i32;
+            st.step_idx[b] = step as i32;
+            let row = &st.token_ids_all[b * max_model_len..(b + 1) * max_model_len];
+            for &t in &row[..prompt] {
+                set_bit(&mut st.prompt_mask[b * words..(b + 1) * words], t as usize);
+            }
+            for &t in &row[prompt..prompt + step] {
+                st.token_counts[b * vocab + t as usize] += 1;
+            }
+            st.slot_parameters(rng, b, f, &pool, (&mut biases, &mut bans));
+        }
+        (st.bias_offsets, st.bias_ids) = flatten(
+            &biases
+                .iter()
+                .map(|l: &Vec<(i32, f32)>| l.iter().map(|e| e.0).collect())
+                .collect::<Vec<_>>(),
+            0,
+        );
+        st.bias_values = flatten(
+            &biases
+                .iter()
+                .map(|l| l.iter().map(|e| e.1).collect())
+                .collect::<Vec<Vec<f32>>>(),
+            0.0,
+        )
+        .1;
+        (st.bad_word_offsets, st.bad_words) = flatten(&bans, 0);
+        if f.allowed {
+            st.allowed = Some(st.random_masks(rng, n, &pool));
+        }
+        if f.bitmask {
+            st.bitmask = Some(st.random_masks(rng, rows, &pool));
+        }
+        st.fill_rows(rng, logits);
+        st
+    }
+
+    /// Slot `b`'s penalties, min_tokens, bias entries and bad words.
+    fn slot_parameters(
+        &mut self,
+        rng: &mut Rng,
+        b: usize,
+        f: Features,
+        pool: &[i32],
+        (biases, bans): (&mut Vec<Vec<(i32, f32)>>, &mut Vec<Vec<i32>>),
+    ) {
+        let p = &mut self.penalties[b * PENALTY_FIELDS..(b + 1) * PENALTY_FIELDS];
+        if f.repetition {
+            let alpha: f32 = rng.pick(&[1.0, 1.1, 1.3, 0.8, 2.0, 1.05]);
+            p[penalty::REPETITION] = alpha;
+            p[penalty::REPETITION_INVERSE] = 1.0 / alpha;
+        }
+        if f.frequency {
+            p[penalty::FREQUENCY] = rng.pick(&[0.0, 0.1, 0.5, 1.25, -0.3]);
+            p[penalty::PRESENCE] = rng.pick(&[0.0, 0.2, 1.0, -0.5]);
+        }
+        if f.min_p {
+            p[penalty::MIN_P] = rng.pick(&[0.0, 0.05, 0.1, 0.3, 1.0, 1e-30]);
+        }
+        if f.min_tokens {
+            self.min_tokens[b] = self.step_idx[b] + rng.range(0, 4) as i32;
+        }
+        let mut bias = Vec::new();
+        if f.bias {
+            for _ in 0..rng.below(5) {
+                let t = if rng.chance(0.6) {
+                    rng.pick(pool)
+                } else {
+                    rng.token(self.vocab)
+                };
+                bias.push((t, rng.pick(&[-100.0, -2.5, 0.5, 3.0, 1e-3, 8.0])));
+            }
+        }
+        biases.push(bias);
+        let mut list = Vec::new();
+        if f.bad_words {
+            for _ in 0..rng.below(4) {
+                let n = rng.range(1, 4);
+                list.push(n as i32);
+                // Entries ending like the history (the last generated token, then the drafts).
+                let s = self.batch.dims.max_step_tokens;
+                let drafts = &self.draft_tokens[b * s + 1..(b + 1) * s];
+                for k in 0..n {
+                    let t = match (rng.chance(0.5), drafts.get(k)) {
+                        (true, Some(&d)) => d,
+                        _ => rng.pick(pool),
+                    };
+                    list.push(t);
+                }
+            }
+        }
+        bans.push(list);
+    }
+
+    /// `count` mask rows: mostly dense, some allowing a handful of tokens, some one token, some
+    /// none.
+    fn random_masks(&self, rng: &mut Rng, count: usize, pool: &[i32]) -> Vec<u32> {
+        let words = mask_words(self.vocab);
+        let mut out = vec![0u32; count * words];
+        for row in out.chunks_mut(words) {
+            match rng.below(10) {
+                0 => {}
+                1 => set_bit(row, rng.token(self.vocab) as usize),
+                2..5 => pool.iter().for_each(|&t| set_bit(row, t as usize)),
+                _ => {
+                    for v in 0..self.vocab {
+                        if !rng.chance(0.2) {
+                            set_bit(row, v);
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The rows: logits (with temperatures, some rows all −inf but one masked token) or
+    /// probabilities.
+    fn fill_rows(&mut self, rng: &mut Rng, logits: bool) {
+        let v = self.vocab;
+        let rows = self.rows;
+        if logits {
+            self.scores = (0..rows).flat_map(|_| logit_row(rng, v)).collect();
+            for r in 0..rows {
+                if rng.chance(0.05) {
+                    self.scores[r * v..(r + 1) * v].fill(f32::NEG_INFINITY);
+                }
+            }
+            self.temperature = Some((0..rows).map(|_| pick_temperature(rng)).collect());
+        } else {
+            self.scores = (0..rows).flat_map(|_| prob_row(rng, v)).collect();
+        }
+    }
+
+    /// The case.
+    pub(crate) fn case(&self, name: String) -> Case {
+        let params = Params {
+            dims: self.batch.dims,
+            rows: self.rows,
+            vocab: self.vocab,
+            max_model_len: self.max_model_len,
+            logits: self.temperature.is_some(),
+        };
+        let shape = [self.rows, self.vocab];
+        let mut case = Case::new(name, params);
+        case = match &self.temperature {
+            Some(t) => case
+                .with("logits", float_tensor(self.dtype, &shape, &self.scores))
+                .with("temperature", f32s(t)),
+            None => case.with("probs", float_tensor(self.dtype, &shape, &self.scores)),
+        };
+        case = case
+            .with("cu_seqlens_q_output", i32s(&self.cu_out))
+            .with("batch_id_per_token_output", i32s(&self.batch_id))
+            .with("token_ids_all", i32s(&self.token_ids_all))
+            .with("prompt_lens", i32s(&self.prompt_lens))
+            .with("step_idx", i32s(&self.step_idx))
+            .with("draft_tokens", i32s(&self.draft_tokens))
+            .with("token_counts", i32s(&self.token_counts))
+            .with("prompt_mask", u32s(&self.prompt_mask))
+            .with("penalties", f32s(&self.penalties))
+            .with("min_tokens", i32s(&self.min_tokens))
+            .with("end_tokens", i32s(&self.end_tokens))
+            .with("bias_offsets", i32s(&self.bias_offsets))
+            .with("bias_ids", i32s(&self.bias_ids))
+            .with("bias_values", f32s(&self.bias_values))
+            .with("bad_word_offsets", i32s(&self.bad_word_offsets))
+            .with("bad_words", i32s(&self.bad_words));
+        if let Some(allowed) = &self.allowed {
+            case = case.with("allowed", u32s(allowed));
+        }
+        if let Some(bitmask) = &self.bitmask {
+            case = case.with("bitmask", u32s(bitmask));
+        }
+        case
+    }
+}
+
+/// Every case of `process_logits`.
+pub fn cases(size: Size) -> Vec<Case> {
+    let mut out = golden();
+    let mut shapes = vec![
+        (dims(4, 3, 3), 37),
+        (dims(9, 8, 5), 100),
+        (dims(6, 6, 4), 1000),
+    ];
+    shapes.push((
+        dims(2, 2, 3),
+        if size == Size::Full { 151_936 } else { 32_000 },
+    ));
+    if size == Size::Full {
+        shapes.push((dims(64, 64, 7), 32_000));
+    }
+    for (i, (d, vocab)) in shapes.into_iter().enumerate() {
+        for (name, f) in Features::singles() {
+            for logits in [true, false] {
+                if !logits && (f.bias || f.repetition || f.frequency) {
+                    continue;
+                }
+                let dtype = [DType::F32, DType::F16, DType::BF16][(i + name.len()) % 3];
+                let mut rng = Rng::new(
+                    &format!("process_logits/{name}"),
+                    (i * 2 + usize::from(logits)) as u64,
+                );
+                let st = Setup::random(&mut rng, d, vocab, logits, dtype, f);
+                let kind = if logits { "logits" } else { "probs" };
+                out.push(st.case(format!("{name}_{kind}_{}_v{vocab}_{dtype}", batch_name(&d))));
+            }
+        }
+    }
+    out.extend(hostile());
+    out
+}
+
+/// Hand-computed rows: one slot, prompt `[1]`, generated `[2, 2]`, one draft `3`; vocabulary 6.
+fn golden() -> Vec<Case> {
+    let d = dims(1, 1, 2);
+    let batch = Batch::new(d, vec![2], vec![0]);
+    let base = Setup {
+        batch: batch.clone(),
+        vocab: 6,
+        max_model_len: 8,
+        rows: 2,
+        dtype: DType::F32,
+        scores: vec![1.0, 2.0, 3.0, -1.0, 0.5, 0.0, 1.0, 2.0, 3.0, -1.0, 0.5, 0.0],
+        temperature: Some(vec![1.0, 1.0]),
+        batch_id: batch.batch_id(2),
+        cu_out: batch.cu_seqlens_q_output(),
+        token_ids_all: vec![1, 2, 2, 0, 0, 0, 0, 0],
+        prompt_lens: vec![1],
+        step_idx: vec![2],
+        draft_tokens: vec![2, 3],
+        token_counts: vec![0, 0, 2, 0, 0, 0],
+        prompt_mask: vec![0b10],
+        // α = 2 (α⁻¹ = 0.5), β = 0.25, γ = 1.
+        penalties: vec![2.0, 0.5, 0.25, 1.0, 0.0],
+        min_tokens: vec![4],
+        end_tokens: vec![5],
+        bias_offsets: vec![0, 1],
+        bias_ids: vec![4],
+        bias_values: vec![1.5],
+        // Ban 0 always; ban 4 after [2, 3] (only row 1, whose history ends with the draft 3).
+        bad_word_offsets: vec![0, 6],
+        bad_words: vec![1, 0, 3, 2, 3, 4],
+        allowed: None,
+        bitmask: None,
+    };
+    // Row 0 (history [2, 2]): 1 in the prompt → 0.5; 2 counted twice → 1.5 − 0.5 − 1 = 0;
+    // 4 biased → 2.0; 5 an end token before min_tokens → masked; 0 banned.
+    // Row 1 (history [2, 2, 3]): 3 counted once → −1·2 − 0.25 − 1 = −3.25; 4 banned.
+    let ninf = f32::NEG_INFINITY;
+    let mut out = vec![
+        base.case("golden::every_rule_two_rows".into())
+            .expect(
+                "processed",
+                float_tensor(
+                    DType::F32,
+                    &[2, 6],
+                    &[
+                        ninf, 1.0, 0.0, -1.0, 2.0, ninf, ninf, 1.0, 0.0, -3.25, ninf, ninf,
+                    ],
+                ),
+            )
+            .expect("fallback", i32s(&[4, 1])),
+    ];
+    // Every token masked in row 0 by the bitmask; row 1's only kept token is −inf.
+    let mut masked = base.clone();
+    masked.scores[6 + 2] = ninf;
+    masked.bitmask = Some(vec![0, 0b100]);
+    out.push(
+        masked
+            .case("golden::all_masked_and_all_minus_inf".into())
+            .expect("processed", float_tensor(DType::F32, &[2, 6], &[ninf; 12]))
+            .expect("fallback", i32s(&[-1, 2])),
+    );
+    // min_p = 0.5 at T = 1 keeps the tokens within ln 2 of the maximum.
+    let mut min_p = base.clone();
+    min_p.penalties = vec![1.0, 1.0, 0.0, 0.0, 0.5];
+    min_p.bias_offsets = vec![0, 0];
+    min_p.bad_word_offsets = vec![0, 0];
+    min_p.min_tokens = vec![0];
+    min_p.scores = vec![1.0, 2.0, 3.0, 2.5, 2.2, 0.0, 1.0, 2.0, 3.0, 2.5, 2.2, 0.0];
+    out.push(
+        min_p
+            .case("golden::min_p_half".into())
+            .expect(
+                "processed",
+                float_tensor(
+                    DType::F32,
+                    &[2, 6],
+                    &[
+                        ninf, ninf, 3.0, 2.5, ninf, ninf, ninf, ninf, 3.0, 2.5, ninf, ninf,
+                    ],
+                ),
+            )
+            .expect("fallback", i32s(&[2, 2])),
+    );
+    out
+}
+
+/// Garbage in every buffer: rows of no slot, positions past `S`, offsets out of range, malformed
+/// bad words, NaN / ±inf / subnormal / huge parameters and logits, ids outside the vocabulary,
+/// negative and huge counts.
+fn hostile() -> Vec<Case> {
+    let mut out = Vec::new();
+    for (i, (d, vocab)) in [(dims(8, 6, 4), 67), (dims(5, 5, 3), 300)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut rng = Rng::new("process_logits/hostile", i as u64);
+        let mut st = Setup::random(&mut rng, d, vocab, true, DType::F32, Features::ALL);
+        let (n, rows) = (d.max_bsz, st.rows);
+        st.scores = hostile_logit_rows(&mut rng, rows, vocab);
+        st.temperature = Some(
+            (0..rows)
+                .map(|r| [f32::NAN, -1.0, 0.0, 1.0, f32::INFINITY, 1e-38][r % 6])
+                .collect(),
+        );
+        st.batch_id = (0..rows)
+            .map(|r| [0, -1, 1, 99, 2, i32::MIN, 3][r % 7])
+            .collect();
+        st.cu_out = garbage_i32(&mut rng, d.real_bsz + 1, rows);
+        st.prompt_lens = garbage_i32(&mut rng, n, 60);
+        st.step_idx = garbage_i32(&mut rng, n, 60);
+        for t in st.draft_tokens.iter_mut().step_by(2) {
+            *t = rng.pick(&[-1, i32::MAX, vocab as i32, i32::MIN]);
+        }
+        for c in st.token_counts.iter_mut().step_by(5) {
+            *c = rng.pick(&[-7, i32::MAX, i32::MIN, 1 << 25]);
+        }
+        for p in st.penalties.iter_mut() {
+            *p = rng.pick(&[
+                f32::NAN,
+                f32::INFINITY,
+                -f32::INFINITY,
+                1e-40,
+                -3.0,
+                0.0,
+                1e30,
+                2.0,
+                0.5,
+                1e-20,
+            ]);
+        }
+        st.min_tokens = garbage_i32(&mut rng, n, 40);
+        st.end_tokens = vec![-1, i32::MAX, st.end_tokens[0]];
+        st.bias_offsets = garbage_i32(&mut rng, n + 1, st.bias_ids.len() + 2);
+        for v in st.bias_values.iter_mut() {
+            *v = rng.pick(&[f32::NAN, f32::INFINITY, -f32::INFINITY, 1e-40, 3e38, -2.0]);
+        }
+        for t in st.bias_ids.iter_mut().step_by(2) {
+            *t = rng.pick(&[-5, vocab as i32, i32::MAX]);
+        }
+        st.bad_word_offsets = garbage_i32(&mut rng, n + 1, st.bad_words.len() + 2);
+        for w in st.bad_words.iter_mut().step_by(3) {
+            *w = rng.pick(&[0, -1, 1000, i32::MAX, vocab as i32 + 3]);
+        }
+        out.push(st.case(format!("hostile::garbage_{i}")));
+    }
+    out
+}
