@@ -39,6 +39,8 @@ pub(crate) struct SlotBuffers {
     pub temperature: Buffer,
     /// `[E]` i32.
     pub end_tokens: Buffer,
+    /// Logits processing (`docs/semantics.md` §4c), from the first request or step that uses it.
+    pub processing: Option<crate::processing::Processing>,
 }
 
 impl SlotBuffers {
@@ -64,6 +66,7 @@ impl SlotBuffers {
             top_k: device.alloc::<i32>(n)?,
             temperature: device.upload(&vec![1.0f32; n])?,
             end_tokens: device.upload(&config.end_tokens)?,
+            processing: None,
         })
     }
 
@@ -175,6 +178,30 @@ pub(crate) struct Scratch {
     pub accept_tokens: Buffer,
     pub accept_num: Buffer,
     pub logprobs: Option<LogprobBuffers>,
+    /// Logits processing's outputs (from the first step that processes).
+    pub processed: Option<ProcessedBuffers>,
+}
+
+/// The outputs of `process_logits` and the `top_k = 1` row of GREEDY targets under it.
+#[derive(Debug)]
+pub(crate) struct ProcessedBuffers {
+    /// `[rows, V]` f32 processed rows.
+    pub rows: Buffer,
+    /// `[rows]` i32: the token of a row that weighs nothing.
+    pub fallback: Buffer,
+    /// `[rows]` i32 ones: GREEDY's target is a `top_k = 1` sample with the fallback.
+    pub ones: Buffer,
+}
+
+impl ProcessedBuffers {
+    /// Buffers for `rows` rows of `vocab`.
+    pub fn new(device: &dyn Device, rows: usize, vocab: usize) -> Result<Self> {
+        Ok(ProcessedBuffers {
+            rows: device.alloc::<f32>(rows * vocab)?,
+            fallback: device.alloc::<i32>(rows)?,
+            ones: device.upload(&vec![1i32; rows])?,
+        })
+    }
 }
 
 impl Scratch {
@@ -217,6 +244,7 @@ impl Scratch {
             accept_tokens: device.alloc::<i32>(rows)?,
             accept_num: device.alloc::<i32>(n)?,
             logprobs,
+            processed: None,
         })
     }
 
@@ -237,6 +265,11 @@ impl Scratch {
         window(&mut self.target_tokens, rows)?;
         if let Some(probs) = &mut self.probs {
             window(probs, rows * vocab)?;
+        }
+        if let Some(p) = &mut self.processed {
+            window(&mut p.rows, rows * vocab)?;
+            window(&mut p.fallback, rows)?;
+            window(&mut p.ones, rows)?;
         }
         if let Some(c) = &mut self.candidates {
             window(&mut c.ids, rows * candidates)?;

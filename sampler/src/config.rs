@@ -242,6 +242,18 @@ pub struct SamplingParams {
     pub top_k: usize,
     /// The request seed (see [`Request::seed`]). Default 0.
     pub seed: u64,
+    /// Repetition penalty `α > 0` for tokens of the prompt or the history (`docs/semantics.md`
+    /// §4c: positive logits are divided by it, the others multiplied). Default 1 (off).
+    pub repetition_penalty: f32,
+    /// Frequency penalty `β`: subtracted once per occurrence in the history. Default 0 (off).
+    pub frequency_penalty: f32,
+    /// Presence penalty `γ`: subtracted once from every token of the history. Default 0 (off).
+    pub presence_penalty: f32,
+    /// `min_p` in `[0, 1]`: tokens whose weight is below `min_p` times the largest are dropped
+    /// before top-k and top-p. Default 0 (off).
+    pub min_p: f32,
+    /// End tokens are masked until this many tokens are generated. Default 0 (off).
+    pub min_tokens: usize,
 }
 
 impl Default for SamplingParams {
@@ -252,6 +264,11 @@ impl Default for SamplingParams {
             top_p: 1.0,
             top_k: 0,
             seed: 0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            min_p: 0.0,
+            min_tokens: 0,
         }
     }
 }
@@ -286,8 +303,43 @@ impl SamplingParams {
         self
     }
 
-    /// Checks the values: `top_p` in `(0, 1]`, `top_k ≤ i32::MAX`, temperature ≥ 0 and not NaN.
-    /// An error is [`SamplerError::Request`] naming the field. [`Request::validate`] runs it.
+    /// Sets the repetition penalty `α` (> 0; 1 is off).
+    pub fn with_repetition_penalty(mut self, alpha: f32) -> Self {
+        self.repetition_penalty = alpha;
+        self
+    }
+
+    /// Sets the frequency penalty `β` and the presence penalty `γ` (0 is off).
+    pub fn with_frequency_presence(mut self, frequency: f32, presence: f32) -> Self {
+        self.frequency_penalty = frequency;
+        self.presence_penalty = presence;
+        self
+    }
+
+    /// Sets `min_p` (in `[0, 1]`; 0 is off).
+    pub fn with_min_p(mut self, min_p: f32) -> Self {
+        self.min_p = min_p;
+        self
+    }
+
+    /// Sets `min_tokens` (end tokens are masked until this many tokens are generated).
+    pub fn with_min_tokens(mut self, min_tokens: usize) -> Self {
+        self.min_tokens = min_tokens;
+        self
+    }
+
+    /// Whether a logits-processing parameter (`docs/semantics.md` §4c) is on.
+    pub fn processes_logits(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0
+            || self.min_p != 0.0
+            || self.min_tokens != 0
+    }
+
+    /// Checks the values: `top_p` in `(0, 1]`, `top_k ≤ i32::MAX`, temperature ≥ 0 and not NaN,
+    /// the penalties finite with `α > 0`, `min_p` in `[0, 1]`, `min_tokens ≤ i32::MAX`. An error
+    /// is [`SamplerError::Request`] naming the field. [`Request::validate`] runs it.
     pub fn validate(&self) -> Result<()> {
         let bad =
             |field: &'static str, reason: String| Err(SamplerError::Request { field, reason });
@@ -302,6 +354,34 @@ impl SamplingParams {
                 "temperature",
                 format!("{} is negative or NaN", self.temperature),
             );
+        }
+        self.validate_processing()
+    }
+
+    /// The logits-processing scalars (`docs/semantics.md` §4c).
+    fn validate_processing(&self) -> Result<()> {
+        let bad =
+            |field: &'static str, reason: String| Err(SamplerError::Request { field, reason });
+        let alpha = self.repetition_penalty;
+        if !alpha.is_finite() || alpha <= 0.0 {
+            return bad(
+                "repetition_penalty",
+                format!("{alpha} is not finite and > 0"),
+            );
+        }
+        for (field, value) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !value.is_finite() {
+                return bad(field, format!("{value} is not finite"));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", format!("{} not in [0, 1]", self.min_p));
+        }
+        if i32::try_from(self.min_tokens).is_err() {
+            return bad("min_tokens", format!("{} > {}", self.min_tokens, i32::MAX));
         }
         Ok(())
     }
@@ -326,36 +406,62 @@ pub struct Request {
     pub max_dec_len: usize,
     /// The most drafts per step for this request; `None` means `S − 1`.
     pub max_draft_tokens: Option<usize>,
+    /// Repetition penalty (see [`SamplingParams::repetition_penalty`]).
+    pub repetition_penalty: f32,
+    /// Frequency penalty (see [`SamplingParams::frequency_penalty`]).
+    pub frequency_penalty: f32,
+    /// Presence penalty (see [`SamplingParams::presence_penalty`]).
+    pub presence_penalty: f32,
+    /// `min_p` (see [`SamplingParams::min_p`]).
+    pub min_p: f32,
+    /// `min_tokens` (see [`SamplingParams::min_tokens`]).
+    pub min_tokens: usize,
+    /// Logit bias: `(token, value)` pairs added to the logits (`docs/semantics.md` §4c step 1; a
+    /// token listed twice takes its last value). Values finite, tokens in `0 .. V`.
+    pub logit_bias: Vec<(i32, f32)>,
+    /// Bad words: a one-token entry bans its token; a longer entry bans its last token whenever
+    /// the history ends with its other tokens. Entries non-empty, tokens in `0 .. V`.
+    pub bad_words: Vec<Vec<i32>>,
+    /// Only these tokens may be emitted (`None`: no restriction; a given list is non-empty).
+    pub allowed_token_ids: Option<Vec<i32>>,
 }
 
 impl Request {
     /// A request with seed 0, `top_p` 1, `top_k` 0, temperature 1 and `max_dec_len` as large as
     /// the device state allows (`i32::MAX`; `max_model_len` still limits it).
     pub fn new(prompt: Vec<i32>) -> Self {
-        let SamplingParams {
-            temperature,
-            top_p,
-            top_k,
-            seed,
-        } = SamplingParams::default();
+        let params = SamplingParams::default();
         Request {
             prompt,
-            seed,
-            top_p,
-            top_k,
-            temperature,
+            seed: params.seed,
+            top_p: params.top_p,
+            top_k: params.top_k,
+            temperature: params.temperature,
             max_dec_len: i32::MAX as usize,
             max_draft_tokens: None,
+            repetition_penalty: params.repetition_penalty,
+            frequency_penalty: params.frequency_penalty,
+            presence_penalty: params.presence_penalty,
+            min_p: params.min_p,
+            min_tokens: params.min_tokens,
+            logit_bias: Vec::new(),
+            bad_words: Vec::new(),
+            allowed_token_ids: None,
         }
     }
 
-    /// Sets the temperature, `top_p`, `top_k` and the seed from `params` (the seed too: set it
-    /// in `params`, or call [`with_seed`](Request::with_seed) afterwards).
+    /// Sets every field of `params` (the seed too: set it in `params`, or call
+    /// [`with_seed`](Request::with_seed) afterwards).
     pub fn with_params(mut self, params: SamplingParams) -> Self {
         self.temperature = params.temperature;
         self.top_p = params.top_p;
         self.top_k = params.top_k;
         self.seed = params.seed;
+        self.repetition_penalty = params.repetition_penalty;
+        self.frequency_penalty = params.frequency_penalty;
+        self.presence_penalty = params.presence_penalty;
+        self.min_p = params.min_p;
+        self.min_tokens = params.min_tokens;
         self
     }
 
@@ -366,7 +472,39 @@ impl Request {
             top_p: self.top_p,
             top_k: self.top_k,
             seed: self.seed,
+            repetition_penalty: self.repetition_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            min_p: self.min_p,
+            min_tokens: self.min_tokens,
         }
+    }
+
+    /// Sets the logit bias (`(token, value)` pairs).
+    pub fn with_logit_bias(mut self, bias: Vec<(i32, f32)>) -> Self {
+        self.logit_bias = bias;
+        self
+    }
+
+    /// Sets the bad words (token sequences).
+    pub fn with_bad_words(mut self, bad_words: Vec<Vec<i32>>) -> Self {
+        self.bad_words = bad_words;
+        self
+    }
+
+    /// Restricts the emitted tokens to `allowed`.
+    pub fn with_allowed_token_ids(mut self, allowed: Vec<i32>) -> Self {
+        self.allowed_token_ids = Some(allowed);
+        self
+    }
+
+    /// Whether the request uses logits processing (`docs/semantics.md` §4c): a penalty, min_p,
+    /// min_tokens, a bias, bad words or allowed tokens.
+    pub fn processes_logits(&self) -> bool {
+        self.params().processes_logits()
+            || !self.logit_bias.is_empty()
+            || !self.bad_words.is_empty()
+            || self.allowed_token_ids.is_some()
     }
 
     /// Sets the seed.
@@ -431,6 +569,53 @@ impl Request {
             && i32::try_from(d).is_err()
         {
             return bad("max_draft_tokens", format!("{d} > {}", i32::MAX));
+        }
+        self.validate_lists(config)
+    }
+
+    /// The token lists: ids in `0 .. V`, finite bias values, non-empty bad words and allowed list.
+    fn validate_lists(&self, config: &SamplerConfig) -> Result<()> {
+        let bad =
+            |field: &'static str, reason: String| Err(SamplerError::Request { field, reason });
+        let vocab = config.vocab;
+        for (i, &(t, value)) in self.logit_bias.iter().enumerate() {
+            if !config.in_vocab(t) {
+                return bad(
+                    "logit_bias",
+                    format!("entry {i}: token {t} not in 0 .. {vocab}"),
+                );
+            }
+            if !value.is_finite() {
+                return bad(
+                    "logit_bias",
+                    format!("entry {i}: value {value} is not finite"),
+                );
+            }
+        }
+        for (i, word) in self.bad_words.iter().enumerate() {
+            if word.is_empty() {
+                return bad("bad_words", format!("entry {i} is empty"));
+            }
+            if let Some(t) = word.iter().find(|t| !config.in_vocab(**t)) {
+                return bad(
+                    "bad_words",
+                    format!("entry {i}: token {t} not in 0 .. {vocab}"),
+                );
+            }
+        }
+        if let Some(allowed) = &self.allowed_token_ids {
+            if allowed.is_empty() {
+                return bad(
+                    "allowed_token_ids",
+                    "is empty: no token could be emitted".into(),
+                );
+            }
+            if let Some(t) = allowed.iter().find(|t| !config.in_vocab(**t)) {
+                return bad(
+                    "allowed_token_ids",
+                    format!("token {t} not in 0 .. {vocab}"),
+                );
+            }
         }
         Ok(())
     }

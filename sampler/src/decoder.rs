@@ -24,6 +24,7 @@ use tracing::{debug_span, warn};
 use crate::buffers::{Scratch, SlotBuffers};
 use crate::config::{Request, SamplerConfig};
 use crate::error::{Result, SamplerError};
+use crate::processing::Processing;
 use crate::step::{DecodeStats, FinishReason, StepOutput, StepPlan, StepScores};
 use slots::{SlotHost, SlotTable};
 
@@ -187,7 +188,30 @@ impl Decoder {
         request.validate(&self.config)?;
         self.state
             .load_request(self.device.as_ref(), &self.config, slot, &request)?;
+        if request.processes_logits() {
+            self.enable_processing()?;
+        }
+        if let Some(p) = self.state.processing.as_mut() {
+            p.load(self.device.as_ref(), slot, &request, &[])?;
+        }
         self.slots.insert(slot, request);
+        Ok(())
+    }
+
+    /// Allocates the logits-processing state (`docs/semantics.md` §4c) on first use, loading the
+    /// requests already in their slots (their counts from the tokens they generated).
+    fn enable_processing(&mut self) -> Result<()> {
+        if self.state.processing.is_some() {
+            return Ok(());
+        }
+        let device = self.device.as_ref();
+        let mut processing = Processing::new(device, &self.config)?;
+        for slot in self.slots.occupied() {
+            if let Some(host) = self.slots.get(slot) {
+                processing.load(device, slot, &host.request, host.generated())?;
+            }
+        }
+        self.state.processing = Some(processing);
         Ok(())
     }
 
@@ -199,6 +223,9 @@ impl Decoder {
             return Err(SamplerError::SlotEmpty { slot });
         }
         self.state.clear_slot(self.device.as_ref(), slot)?;
+        if let Some(p) = self.state.processing.as_mut() {
+            p.clear(slot);
+        }
         let host = self
             .slots
             .remove(slot)
@@ -392,6 +419,13 @@ impl Decoder {
     /// arguments. An error after that (a failed download) ends the step; the decoder's host mirrors
     /// may then disagree with the device and it should be discarded.
     pub fn finish(&mut self, scores: StepScores<'_>) -> Result<StepOutput> {
+        self.current_plan("finish")?;
+        if scores.bitmask.is_some() {
+            self.enable_processing()?;
+        }
+        if let Some(p) = self.state.processing.as_mut() {
+            p.sync(self.device.as_ref())?;
+        }
         let plan = self.take_plan("finish")?;
         let _span = debug_span!(
             "decode_step",

@@ -72,6 +72,7 @@ mod buffers;
 mod config;
 mod decoder;
 mod error;
+mod processing;
 pub mod registry;
 pub mod seeds;
 mod step;

@@ -149,6 +149,9 @@ pub struct StepScores<'a> {
     pub target: Scores<'a>,
     /// REJECTION only: the draft model's rows (draft logits need target logits).
     pub draft: Option<Scores<'a>>,
+    /// A token bitmask for structured output: `[R, ceil(V / 32)]` u32, one row per score row;
+    /// a 0 bit masks the token (`docs/semantics.md` §4c).
+    pub bitmask: Option<&'a Buffer>,
 }
 
 impl<'a> StepScores<'a> {
@@ -158,6 +161,7 @@ impl<'a> StepScores<'a> {
         StepScores {
             target: Scores::Logits(logits),
             draft: None,
+            bitmask: None,
         }
     }
 
@@ -166,6 +170,7 @@ impl<'a> StepScores<'a> {
         StepScores {
             target: Scores::Probs(probs),
             draft: None,
+            bitmask: None,
         }
     }
 
@@ -173,6 +178,13 @@ impl<'a> StepScores<'a> {
     /// target logits, probabilities with target probabilities.
     pub fn with_draft(mut self, draft: &'a Buffer) -> Self {
         self.draft = Some(self.target.same_kind(draft));
+        self
+    }
+
+    /// Adds a token bitmask (structured output): `[R, ceil(V / 32)]` u32, bit `v mod 32` of word
+    /// `v / 32` of row `r` allows token `v` in score row `r`.
+    pub fn with_bitmask(mut self, bitmask: &'a Buffer) -> Self {
+        self.bitmask = Some(bitmask);
         self
     }
 
@@ -192,6 +204,9 @@ pub enum FinishReason {
     MaxDecLen,
     /// Prompt plus generated tokens filled `max_model_len`.
     MaxModelLen,
+    /// Logits processing masked every token of its row (`docs/semantics.md` §4c): its last token
+    /// is `end_tokens[0]`, emitted in place of a token.
+    Masked,
 }
 
 /// The log-probability of one emitted token (`docs/semantics.md` §5.11).

@@ -207,6 +207,7 @@ fn draft_rows_follow_the_target_kind() {
     let mixed = StepScores {
         target: StepRows::Probs(&probs),
         draft: Some(StepRows::Logits(&draft_logits)),
+        bitmask: None,
     };
     assert!(matches!(
         decoder.finish(mixed),

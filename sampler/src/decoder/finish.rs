@@ -35,15 +35,18 @@
 
 use specula_backend_api::ops::{
     CandidatesInputs, CandidatesOutputs, CandidatesParams, DecodeState, Logits, LogprobsInputs,
-    LogprobsOutputs, LogprobsParams, RowShape, SampleInputs, SampleParams, Scores as RowScores,
-    SoftmaxParams, StrategyInputs, UpdateStateInputs, UpdateStateParams, VerifyInputs,
-    VerifyOutputs, VerifyParams, VerifySlotState,
+    LogprobsOutputs, LogprobsParams, OutputLayout, ProcessInputs, ProcessOutputs, ProcessParams,
+    RowShape, SampleInputs, SampleParams, Scores as RowScores, SoftmaxParams, StrategyInputs,
+    UpdateStateInputs, UpdateStateParams, VerifyInputs, VerifyOutputs, VerifyParams,
+    VerifySlotState,
 };
 use specula_backend_api::{Buffer, Device, DeviceExt, Strategy};
 
 use super::StepContext;
 use super::slots::SlotTable;
-use crate::buffers::{CandidateBuffers, LogprobBuffers, Scratch, SlotBuffers, window};
+use crate::buffers::{
+    CandidateBuffers, LogprobBuffers, ProcessedBuffers, Scratch, SlotBuffers, window,
+};
 use crate::config::SamplerConfig;
 use crate::error::{Result, SamplerError};
 use crate::step::{
@@ -66,6 +69,10 @@ struct Checked<'s> {
     verify_rows: usize,
     /// The strategy the step runs.
     strategy: Strategy,
+    /// The rows go through `process_logits` first (`docs/semantics.md` §4c).
+    processing: bool,
+    /// The runner's token bitmask for the step.
+    bitmask: Option<&'s Buffer>,
 }
 
 impl Checked<'_> {
@@ -81,12 +88,16 @@ impl Checked<'_> {
 /// Only [`verify_step`] makes one; [`commit_on_device`] consumes it.
 pub(super) struct Verified {
     _sealed: (),
+    /// The rows went through `process_logits` (their fallbacks tell masked rows).
+    processed: bool,
 }
 
 /// A step committed on the device: what `update_state` left, downloaded. Only
 /// [`commit_on_device`] makes one; [`commit_on_host`] consumes it. Once one exists (and from the
 /// `update_state` call that precedes it) the step cannot be retried.
 pub(super) struct Committed {
+    /// The row fallbacks of a processed step (-1: every token of the row was masked).
+    fallback: Option<Vec<i32>>,
     accept_tokens: Vec<i32>,
     accept_num: Vec<i32>,
     stop_flags: Vec<u8>,
@@ -104,15 +115,23 @@ pub(super) fn verify_step(
     sc: &mut Scratch,
     scores: StepScores<'_>,
 ) -> Result<Verified> {
-    let checked = check_scores(cx.config, cx.plan, scores)?;
+    let mut checked = check_scores(cx.config, cx.plan, scores)?;
+    checked.processing = state
+        .processing
+        .as_ref()
+        .is_some_and(|p| p.in_use() || checked.bitmask.is_some());
     let row_temperature = row_temperatures(cx.plan, slots, checked.rows);
     prepare_scratch(cx, sc, &checked)?;
+    process(cx, state, sc, &checked, &row_temperature)?;
     softmax(cx, sc, &checked, &row_temperature)?;
     targets(cx, sc, &checked, &row_temperature)?;
     narrow_to_outputs(cx, sc, &checked)?;
     verify(cx, slots, state, sc, &checked, &row_temperature)?;
     logprobs(cx, state, sc, &checked, &row_temperature)?;
-    Ok(Verified { _sealed: () })
+    Ok(Verified {
+        _sealed: (),
+        processed: checked.processing,
+    })
 }
 
 /// Stage 1: the scores fit the plan and the configuration.
@@ -141,6 +160,8 @@ fn check_scores<'s>(
         rows,
         verify_rows: if rejection { rows } else { plan.t_out() },
         strategy: step_strategy(config.strategy, rejection),
+        processing: false,
+        bitmask: scores.bitmask,
     })
 }
 
@@ -204,7 +225,72 @@ fn prepare_scratch(cx: &StepContext<'_>, sc: &mut Scratch, checked: &Checked<'_>
         let capacity = config.max_bsz * config.max_step_tokens * config.vocab;
         sc.probs = Some(cx.device.alloc::<f32>(capacity)?);
     }
+    if checked.processing && sc.processed.is_none() {
+        let rows = config.max_bsz * config.max_step_tokens;
+        sc.processed = Some(ProcessedBuffers::new(cx.device, rows, config.vocab)?);
+    }
     sc.window_rows(checked.rows, config.vocab, config.candidates)
+}
+
+/// Stage 2b: `process_logits` of the `R` rows (`docs/semantics.md` §4c) when some request uses
+/// a parameter or the runner gave a bitmask: every later stage but `logprobs` reads the
+/// processed rows, and the sampling ops the row fallbacks.
+fn process(
+    cx: &StepContext<'_>,
+    state: &SlotBuffers,
+    sc: &mut Scratch,
+    checked: &Checked<'_>,
+    row_temperature: &[f32],
+) -> Result<()> {
+    if !checked.processing {
+        return Ok(());
+    }
+    let (Some(p), Some(out)) = (state.processing.as_ref(), sc.processed.as_mut()) else {
+        return Err(missing_processing());
+    };
+    let scores = match checked.is_logits {
+        true => RowScores::Logits(Logits {
+            logits: checked.target,
+            temperature: &sc.row_temperature,
+            host_temperature: Some(row_temperature),
+        }),
+        false => RowScores::Probs(checked.target),
+    };
+    cx.device.process_logits(
+        &ProcessInputs {
+            scores,
+            layout: OutputLayout {
+                cu_seqlens_q_output: &sc.cu_seqlens_q_output,
+                batch_id_per_token_output: &sc.batch_id_per_token_output,
+            },
+            history: p.history(
+                &state.token_ids_all,
+                &state.prompt_lens,
+                &state.step_idx,
+                &state.draft_tokens,
+            ),
+            slots: p.slots(&state.end_tokens),
+            bitmask: checked.bitmask,
+        },
+        &mut ProcessOutputs {
+            processed: &mut out.rows,
+            fallback: &mut out.fallback,
+        },
+        &ProcessParams {
+            dims: cx.dims(),
+            shape: checked.shape(cx.config.vocab),
+            max_model_len: cx.config.max_model_len,
+            host: None,
+        },
+    )?;
+    Ok(())
+}
+
+/// Processing without its buffers (cannot happen: they are allocated before the step).
+fn missing_processing() -> SamplerError {
+    SamplerError::ScoresShape {
+        reason: "no logits-processing buffers".into(),
+    }
 }
 
 /// Stage 3: `softmax` of the target logits with each row's temperature, when REJECTION verifies
@@ -219,8 +305,12 @@ fn softmax(
         return Ok(());
     }
     let probs = sc.probs.as_mut().ok_or_else(missing_probs)?;
+    let source = match (checked.processing, sc.processed.as_ref()) {
+        (true, Some(p)) => &p.rows,
+        _ => checked.target,
+    };
     cx.device.softmax(
-        checked.target,
+        source,
         &sc.row_temperature,
         probs,
         &SoftmaxParams {
@@ -245,18 +335,34 @@ fn missing_probs() -> SamplerError {
 fn row_scores<'b>(
     checked: &Checked<'b>,
     probs: Option<&'b Buffer>,
+    processed: Option<&'b ProcessedBuffers>,
     temperature: &'b Buffer,
     host_temperature: &'b [f32],
 ) -> Result<RowScores<'b>> {
+    let rows = match (checked.processing, processed) {
+        (true, Some(p)) => &p.rows,
+        (true, None) => return Err(missing_processing()),
+        (false, _) => checked.target,
+    };
     Ok(match (checked.softmax, checked.is_logits) {
         (true, _) => RowScores::Probs(probs.ok_or_else(missing_probs)?),
         (false, true) => RowScores::Logits(Logits {
-            logits: checked.target,
+            logits: rows,
             temperature,
             host_temperature: Some(host_temperature),
         }),
-        (false, false) => RowScores::Probs(checked.target),
+        (false, false) => RowScores::Probs(rows),
     })
+}
+
+/// The row fallbacks of the sampling ops, when the rows are processed.
+fn fallback<'b>(
+    checked: &Checked<'_>,
+    processed: Option<&'b ProcessedBuffers>,
+) -> Option<&'b Buffer> {
+    processed
+        .filter(|_| checked.processing)
+        .map(|p| &p.fallback)
 }
 
 /// Stage 4: the strategy's target for every row.
@@ -270,20 +376,24 @@ fn targets(
     let scores = row_scores(
         checked,
         sc.probs.as_ref(),
+        sc.processed.as_ref(),
         &sc.row_temperature,
         row_temperature,
     )?;
-    match checked.strategy {
-        Strategy::Greedy => cx
-            .device
-            .argmax(scores.matrix(), &mut sc.target_tokens, &shape)?,
-        Strategy::TargetMatch => cx.device.top_k_top_p_sample(
+    let fallback = fallback(checked, sc.processed.as_ref());
+    match (
+        checked.strategy,
+        sc.processed.as_ref().filter(|_| checked.processing),
+    ) {
+        // Under processing a masked row has no argmax: GREEDY is the equal `top_k = 1` sample,
+        // which yields the row's fallback.
+        (Strategy::Greedy, Some(p)) => cx.device.top_k_top_p_sample(
             &SampleInputs {
                 scores,
-                top_k: &sc.row_top_k,
+                top_k: &p.ones,
                 top_p: &sc.row_top_p,
                 seed: &sc.row_seed,
-                fallback: None,
+                fallback,
             },
             &mut sc.target_tokens,
             &SampleParams {
@@ -291,15 +401,33 @@ fn targets(
                 host_top_p: None,
             },
         )?,
-        Strategy::TopP => top_p_candidates(
+        (Strategy::Greedy, None) => {
+            cx.device
+                .argmax(scores.matrix(), &mut sc.target_tokens, &shape)?
+        }
+        (Strategy::TargetMatch, _) => cx.device.top_k_top_p_sample(
+            &SampleInputs {
+                scores,
+                top_k: &sc.row_top_k,
+                top_p: &sc.row_top_p,
+                seed: &sc.row_seed,
+                fallback,
+            },
+            &mut sc.target_tokens,
+            &SampleParams {
+                shape,
+                host_top_p: None,
+            },
+        )?,
+        (Strategy::TopP, _) => top_p_candidates(
             cx,
-            scores,
+            (scores, fallback),
             &sc.row_top_p,
             &mut sc.batch_id_per_token_output,
             sc.candidates.as_mut(),
             shape,
         )?,
-        Strategy::Rejection => {}
+        (Strategy::Rejection, _) => {}
     }
     Ok(())
 }
@@ -308,7 +436,7 @@ fn targets(
 /// call and back to `gather_rows` after it, whatever its outcome).
 fn top_p_candidates(
     cx: &StepContext<'_>,
-    scores: RowScores<'_>,
+    (scores, fallback): (RowScores<'_>, Option<&Buffer>),
     top_p: &Buffer,
     batch_ids: &mut Buffer,
     candidates: Option<&mut CandidateBuffers>,
@@ -323,7 +451,7 @@ fn top_p_candidates(
             scores,
             top_p,
             batch_id_per_token_output: Some(&*batch_ids),
-            fallback: None,
+            fallback,
         },
         &mut CandidatesOutputs {
             ids: &mut c.ids,
@@ -390,6 +518,7 @@ fn verify(
         scores: row_scores(
             checked,
             sc.probs.as_ref(),
+            sc.processed.as_ref(),
             &sc.row_temperature,
             row_temperature,
         )?,
@@ -514,9 +643,12 @@ pub(super) fn commit_on_device(
     sc: &mut Scratch,
     verified: Verified,
 ) -> Result<Committed> {
-    let Verified { _sealed: () } = verified;
+    let Verified {
+        _sealed: (),
+        processed,
+    } = verified;
     update_state(cx, state, sc)?;
-    download(cx.device, state, sc)
+    download(cx.device, state, sc, processed)
 }
 
 /// `update_state`: the accepted tokens into each slot's history, lengths, seeds and stop flags.
@@ -538,20 +670,30 @@ fn update_state(cx: &StepContext<'_>, st: &mut SlotBuffers, sc: &mut Scratch) ->
             draft_tokens: &mut st.draft_tokens,
             seq_lens_encoder: &mut st.seq_lens_encoder,
             seq_lens_decoder: &mut st.seq_lens_decoder,
-            token_counts: None,
+            token_counts: st.processing.as_mut().map(|p| &mut p.token_counts),
         },
         &UpdateStateParams {
             dims: cx.dims(),
             max_model_len: cx.config.max_model_len,
-            vocab: 0,
+            vocab: cx.config.vocab,
         },
     )?;
     Ok(())
 }
 
 /// The committed step's accepted tokens, their counts, the stop flags and the log-probabilities.
-fn download(device: &dyn Device, st: &SlotBuffers, sc: &Scratch) -> Result<Committed> {
+fn download(
+    device: &dyn Device,
+    st: &SlotBuffers,
+    sc: &Scratch,
+    processed: bool,
+) -> Result<Committed> {
+    let fallback = match (processed, &sc.processed) {
+        (true, Some(p)) => Some(device.download(&p.fallback)?),
+        _ => None,
+    };
     Ok(Committed {
+        fallback,
         accept_tokens: device.download(&sc.accept_tokens)?,
         accept_num: device.download(&sc.accept_num)?,
         stop_flags: device.download(&st.stop_flags)?,
@@ -605,8 +747,14 @@ fn commit_slot(
         .logprobs
         .as_ref()
         .map(|lp| lp.for_slot(b, &tokens));
+    // The last token comes from the slot's row `n − 1`; a row with every token masked yields
+    // none, and verification ends the slot with `end_tokens[0]`.
+    let masked = committed.fallback.as_ref().is_some_and(|f| {
+        let row = (slot_plan.rows.start + tokens.len()).checked_sub(1);
+        row.and_then(|r| f.get(r)) == Some(&-1)
+    });
     let host = slots.get_mut(b)?;
-    host.accept(&tokens, committed.stop_flags[b] != 0, config);
+    host.accept(&tokens, committed.stop_flags[b] != 0, masked, config);
     Some(SlotOutput {
         slot: b,
         tokens,
@@ -768,6 +916,7 @@ mod tests {
         let mixed = StepScores {
             target: Scores::Probs(&target),
             draft: Some(Scores::Logits(&draft)),
+            bitmask: None,
         };
         assert!(matches!(
             check(mixed),

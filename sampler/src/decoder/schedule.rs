@@ -398,10 +398,10 @@ mod tests {
         table.insert(1, Request::new(vec![7, 8]));
         table.insert(3, Request::new(vec![9]));
         if let Some(host) = table.get_mut(1) {
-            host.accept(&[4], false, &config);
+            host.accept(&[4], false, false, &config);
         }
         if let Some(host) = table.get_mut(3) {
-            host.accept(&[0], true, &config);
+            host.accept(&[0], true, false, &config);
         }
         let scheduled = schedule(&mut table);
         table.set_drafts(1, &[5, 6], 3);

@@ -56,8 +56,9 @@ impl SlotHost {
     }
 
     /// Takes in the tokens a step emitted: a prefill moves the prompt into the KV cache, a decode
-    /// step the emitted tokens; `stopped` (the device's stop flag) sets the finish reason once.
-    pub fn accept(&mut self, tokens: &[i32], stopped: bool, config: &SamplerConfig) {
+    /// step the emitted tokens; `stopped` (the device's stop flag) sets the finish reason once
+    /// (`masked`: the last token's row had every token masked).
+    pub fn accept(&mut self, tokens: &[i32], stopped: bool, masked: bool, config: &SamplerConfig) {
         self.tokens.extend_from_slice(tokens);
         if !tokens.is_empty() {
             if self.encoder > 0 {
@@ -68,7 +69,10 @@ impl SlotHost {
             }
         }
         if stopped && self.finished.is_none() {
-            self.finished = Some(self.finish_reason(config));
+            self.finished = Some(match masked {
+                true => FinishReason::Masked,
+                false => self.finish_reason(config),
+            });
         }
     }
 
@@ -305,7 +309,7 @@ mod tests {
         table.insert(2, Request::new(vec![1]));
         assert_eq!(table.real_bsz(), 3);
         let host = table.get_mut(2).expect("occupied");
-        host.accept(&[0], true, &config);
+        host.accept(&[0], true, false, &config);
         assert!(!table.is_running(2) && table.is_occupied(2));
         assert_eq!(table.real_bsz(), 1);
     }
@@ -315,15 +319,15 @@ mod tests {
         let config = config();
         let mut host = SlotHost::new(Request::new(vec![3, 4, 5]).with_max_dec_len(4));
         assert_eq!((host.encoder, host.decoder), (3, 0));
-        host.accept(&[6], false, &config);
+        host.accept(&[6], false, false, &config);
         assert_eq!((host.encoder, host.decoder), (0, 3));
-        host.accept(&[7, 8], false, &config);
-        host.accept(&[], false, &config);
+        host.accept(&[7, 8], false, false, &config);
+        host.accept(&[], false, false, &config);
         assert_eq!((host.encoder, host.decoder), (0, 5));
         assert_eq!((host.generated(), host.last_token()), (&[6, 7, 8][..], 8));
         assert!(host.is_running());
         // The fourth token reaches max_dec_len; it is also end token 0.
-        host.accept(&[0], true, &config);
+        host.accept(&[0], true, false, &config);
         assert_eq!(host.finished, Some(FinishReason::MaxDecLen));
     }
 
@@ -331,12 +335,12 @@ mod tests {
     fn a_stop_flag_sets_the_finish_reason_once() {
         let config = config();
         let mut end = SlotHost::new(Request::new(vec![3]).with_max_dec_len(10));
-        end.accept(&[4, 0], true, &config);
+        end.accept(&[4, 0], true, false, &config);
         assert_eq!(end.finished, Some(FinishReason::EndToken));
-        end.accept(&[5], true, &config);
+        end.accept(&[5], true, false, &config);
         assert_eq!(end.finished, Some(FinishReason::EndToken));
         let mut full = SlotHost::new(Request::new(vec![3]).with_max_dec_len(10));
-        full.accept(&[4], true, &config);
+        full.accept(&[4], true, false, &config);
         assert_eq!(full.finished, Some(FinishReason::MaxModelLen));
     }
 

@@ -201,6 +201,20 @@ pub struct RunResult {
     pub stats: DecodeStats,
 }
 
+/// A runner's token bitmask for structured output: the mask row (`ceil(V / 32)` words) of an
+/// output row whose context is the given prefix.
+pub type BitmaskFn = fn(&[i32], usize) -> Vec<u32>;
+
+/// A runner's own drafts for a decode slot, from its context.
+pub type DraftFn = fn(&[i32]) -> Vec<i32>;
+
+/// What a runner adds to the scores: a token bitmask, its own drafts.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Extras {
+    pub bitmask: Option<BitmaskFn>,
+    pub drafts: Option<DraftFn>,
+}
+
 /// Runs arrivals through a decoder: a request is inserted at its arrival step (or as soon as a
 /// slot is free, or at once when nothing runs), finished requests are removed after each step.
 pub fn run(
@@ -210,6 +224,20 @@ pub fn run(
     arrivals: &[Arrival],
     mode: Forward,
 ) -> RunResult {
+    run_with(device, config, model, arrivals, mode, Extras::default())
+}
+
+/// [`run`], with the runner's `extras`: a token bitmask for every score row (`T_out` rows:
+/// `Prefix` and `Probs` modes), drafts set for every running decode slot (`S − 1` at most).
+pub fn run_with(
+    device: &Arc<dyn Device>,
+    config: &SamplerConfig,
+    model: &ToyModel,
+    arrivals: &[Arrival],
+    mode: Forward,
+    extras: Extras,
+) -> RunResult {
+    let bitmask = extras.bitmask;
     let mut decoder = Decoder::new(device.clone(), config.clone()).expect("decoder");
     let mut pending: VecDeque<(usize, &Arrival)> = arrivals.iter().enumerate().collect();
     let mut in_slot: Vec<Option<usize>> = vec![None; config.max_bsz];
@@ -229,14 +257,36 @@ pub fn run(
         if pending.is_empty() && !decoder.has_running() {
             break;
         }
+        if let Some(drafts) = extras.drafts {
+            decoder.propose().expect("propose");
+            for slot in decoder.occupied_slots() {
+                let decoding = decoder.generated(slot).is_some_and(|g| !g.is_empty());
+                if decoder.is_running(slot) && decoding {
+                    let context = decoder.context(slot).expect("occupied").to_vec();
+                    let mut d = drafts(&context);
+                    d.truncate(config.max_step_tokens - 1);
+                    decoder.set_drafts(slot, &d).expect("set drafts");
+                }
+            }
+        }
         let plan = decoder.plan().expect("plan");
         assert!(!plan.is_empty(), "a running request must produce rows");
         let scores = forward(device.as_ref(), &decoder, &plan, model, mode).expect("forward");
-        let output = match mode {
-            Forward::Probs => decoder.finish(StepScores::probs(&scores)),
-            _ => decoder.finish(StepScores::logits(&scores)),
-        }
-        .expect("finish");
+        let mask = bitmask.map(|f| {
+            let rows: Vec<u32> = (0..plan.t_out())
+                .flat_map(|t| f(&decoder.row_prefix(t).expect("row prefix"), model.vocab))
+                .collect();
+            device.upload(&rows).expect("upload bitmask")
+        });
+        let step_scores = match mode {
+            Forward::Probs => StepScores::probs(&scores),
+            _ => StepScores::logits(&scores),
+        };
+        let step_scores = match &mask {
+            Some(mask) => step_scores.with_bitmask(mask),
+            None => step_scores,
+        };
+        let output = decoder.finish(step_scores).expect("finish");
         for slot_output in &output.slots {
             assert!(!slot_output.tokens.is_empty() || slot_output.finished.is_some());
             if slot_output.finished.is_some() {
