@@ -61,6 +61,14 @@ fn step_line(s: usize, from_logits: bool) -> String {
     }
 }
 
+/// The unified step from logits with every parameter of `docs/semantics.md` §4c on.
+fn processed_step_line(s: usize) -> String {
+    format!("step(target_match,S={s},logits,T=0.8,processed)")
+}
+
+/// The tokens per slot of the processed step line.
+const PROCESSED_STEP_TOKENS: usize = 6;
+
 const ARGMAX_LINE: &str = "argmax";
 const CANDIDATES_LINE: &str = "top_p_candidates(c=8,p=0.9)";
 const GATHER_LINE: &str = "gather_next_token(bf16)";
@@ -87,6 +95,7 @@ pub fn line_names() -> Vec<String> {
     names.push(LOGPROBS_LINE.to_owned());
     names.extend(STEP_TOKENS.map(|s| step_line(s, false)));
     names.extend(STEP_TOKENS.map(|s| step_line(s, true)));
+    names.push(processed_step_line(PROCESSED_STEP_TOKENS));
     names.push(GATHER_LINE.to_owned());
     names
 }
@@ -375,6 +384,10 @@ pub fn run(
                 if d.capabilities().logits && b.wants(&step_line(s, true)) {
                     step_bench(&mut b, slots, s, vocab, true)?;
                 }
+            }
+            let s = PROCESSED_STEP_TOKENS;
+            if d.capabilities().processing && b.wants(&processed_step_line(s)) {
+                processed_step_bench(&mut b, slots, s, vocab)?;
             }
         }
     }
@@ -672,6 +685,255 @@ fn step_bench(
                     top_p: &row_top_p,
                     seed: &row_seed,
                     fallback: None,
+                },
+                &mut targets,
+                &SampleParams {
+                    shape: RowShape { rows, vocab },
+                    host_top_p: None,
+                },
+            )?;
+            d.verify_draft_tokens(
+                &VerifyInputs {
+                    draft_tokens: &drafts,
+                    lens,
+                    cu_seqlens_q_output: &cu_out,
+                    state: VerifySlotState {
+                        stop_flags: &zeros_u8,
+                        is_block_step: &zeros_u8,
+                        reasoning_status: &zeros_i32,
+                        step_idx: &step_idx,
+                        max_dec_len: &max_dec_len,
+                        end_tokens: &end_tokens,
+                    },
+                    seeds: &row_seed,
+                    strategy: StrategyInputs::TargetMatch {
+                        target_tokens: &targets,
+                    },
+                },
+                &mut VerifyOutputs {
+                    accept_tokens: &mut accept_tokens,
+                    accept_num: &mut accept_num,
+                },
+                &VerifyParams {
+                    dims,
+                    rows,
+                    vocab,
+                    accept_all: false,
+                    reject_all: false,
+                    host: None,
+                },
+            )
+        },
+    )
+}
+
+/// The per-slot state of the processed step: 200-token prompts and 10 generated tokens per slot,
+/// penalties, min_p, min_tokens, 8 biases, 3 bad words and an allowed-token mask per slot, and a
+/// runner bitmask per row.
+struct ProcessingBench {
+    token_ids_all: Buffer,
+    prompt_lens: Buffer,
+    token_counts: Buffer,
+    prompt_mask: Buffer,
+    penalties: Buffer,
+    min_tokens: Buffer,
+    bias_offsets: Buffer,
+    bias_ids: Buffer,
+    bias_values: Buffer,
+    bad_word_offsets: Buffer,
+    bad_words: Buffer,
+    allowed: Buffer,
+    bitmask: Buffer,
+    processed: Buffer,
+    fallback: Buffer,
+}
+
+/// Prompt tokens of the processed step.
+const BENCH_PROMPT: usize = 200;
+/// Row length of `token_ids_all` in the processed step.
+const BENCH_MODEL_LEN: usize = 256;
+
+impl ProcessingBench {
+    fn new(d: &dyn Device, slots: usize, rows: usize, vocab: usize) -> Result<Self> {
+        let words = vocab.div_ceil(32);
+        let history: Vec<i32> = (0..slots * BENCH_MODEL_LEN)
+            .map(|i| ((i * 7919) % vocab) as i32)
+            .collect();
+        let mut counts = vec![0i32; slots * vocab];
+        let mut prompt_mask = vec![0u32; slots * words];
+        for b in 0..slots {
+            let row = &history[b * BENCH_MODEL_LEN..(b + 1) * BENCH_MODEL_LEN];
+            for &t in &row[..BENCH_PROMPT] {
+                prompt_mask[b * words + t as usize / 32] |= 1 << (t % 32);
+            }
+            for &t in &row[BENCH_PROMPT..BENCH_PROMPT + 10] {
+                counts[b * vocab + t as usize] += 1;
+            }
+        }
+        let per_slot = |n: usize| (0..=slots).map(|b| (b * n) as i32).collect::<Vec<_>>();
+        let bias_ids: Vec<i32> = (0..slots * 8)
+            .map(|i| ((i * 104_729) % vocab) as i32)
+            .collect();
+        let bad_words: Vec<i32> = (0..slots)
+            .flat_map(|b| {
+                let t = |k: usize| ((b * 31 + k * 17) % vocab) as i32;
+                [1, t(0), 2, t(1), t(2), 3, t(3), t(4), t(5)]
+            })
+            .collect();
+        let mut bitmask = vec![u32::MAX; rows * words];
+        for (i, w) in bitmask.iter_mut().enumerate() {
+            *w ^= 1 << (i % 32);
+        }
+        Ok(ProcessingBench {
+            token_ids_all: d.upload(&history)?,
+            prompt_lens: d.upload(&vec![BENCH_PROMPT as i32; slots])?,
+            token_counts: d.upload(&counts)?,
+            prompt_mask: d.upload(&prompt_mask)?,
+            penalties: d.upload(&[1.2f32, 1.0 / 1.2, 0.5, 0.3, 0.05].repeat(slots))?,
+            min_tokens: d.upload(&vec![12i32; slots])?,
+            bias_offsets: d.upload(&per_slot(8))?,
+            bias_ids: d.upload(&bias_ids)?,
+            bias_values: d.upload(&vec![-1.5f32; slots * 8])?,
+            bad_word_offsets: d.upload(&per_slot(9))?,
+            bad_words: d.upload(&bad_words)?,
+            allowed: d.upload(&vec![0x7fff_ffffu32; slots * words])?,
+            bitmask: d.upload(&bitmask)?,
+            processed: d.alloc::<f32>(rows * vocab)?,
+            fallback: d.alloc::<i32>(rows)?,
+        })
+    }
+}
+
+/// The unified step from logits at T = 0.8 with every parameter of `docs/semantics.md` §4c on:
+/// `process_logits`, then the step of [`step_bench`] on the processed rows.
+fn processed_step_bench(b: &mut Bencher<'_>, slots: usize, s: usize, vocab: usize) -> Result<()> {
+    let d = b.device;
+    let rows = slots * s;
+    let dims = full_batch(slots, s);
+    let logits = d.upload(&logit_rows(rows, vocab, 7))?;
+    let mut p = ProcessingBench::new(d, slots, rows, vocab)?;
+    let this_time = d.upload(&vec![s as i32; slots])?;
+    let zeros_i32 = d.alloc::<i32>(slots)?;
+    let zeros_u8 = d.alloc::<u8>(slots)?;
+    let drafts = d.upload(
+        &(0..(slots * s) as i32)
+            .map(|i| (i * 13) % vocab as i32)
+            .collect::<Vec<_>>(),
+    )?;
+    let slot_top_p = d.upload(&vec![0.9f32; slots])?;
+    let slot_top_k = d.upload(&vec![50i32; slots])?;
+    let slot_temperature = d.upload(&vec![0.8f32; slots])?;
+    let infer_seed = d.upload(&(0..slots as u64).map(|i| i * 1000).collect::<Vec<_>>())?;
+    let step_idx = d.upload(&vec![10i32; slots])?;
+    let max_dec_len = d.upload(&vec![1 << 20; slots])?;
+    let end_tokens = d.upload(&[0i32])?;
+    let (mut seq_lens_output, mut cu_q, mut cu_out, mut batch_id) = (
+        d.alloc::<i32>(slots)?,
+        d.alloc::<i32>(slots + 1)?,
+        d.alloc::<i32>(slots + 1)?,
+        d.alloc::<i32>(rows)?,
+    );
+    let (mut row_top_p, mut row_top_k, mut row_temperature, mut row_seed) = (
+        d.alloc::<f32>(rows)?,
+        d.alloc::<i32>(rows)?,
+        d.alloc::<f32>(rows)?,
+        d.alloc::<u64>(rows)?,
+    );
+    let mut targets = d.alloc::<i32>(rows)?;
+    let (mut accept_tokens, mut accept_num) = (d.alloc::<i32>(slots * s)?, d.alloc::<i32>(slots)?);
+    let lens = SlotLens {
+        seq_lens_this_time: &this_time,
+        seq_lens_encoder: &zeros_i32,
+    };
+    b.measure(
+        processed_step_line(s),
+        (slots, vocab, s),
+        (rows * vocab * 4) as u64,
+        Some(Floor::ReadAfter(&logits)),
+        &mut || {
+            d.build_output_layout(
+                &lens,
+                &mut LayoutOutputs {
+                    seq_lens_output: &mut seq_lens_output,
+                    cu_seqlens_q: &mut cu_q,
+                    cu_seqlens_q_output: &mut cu_out,
+                    batch_id_per_token_output: &mut batch_id,
+                },
+                &LayoutParams { dims, host: None },
+            )?;
+            d.build_sampling_params(
+                &SamplingParamsInputs {
+                    slots: SlotSamplingParams {
+                        top_p: &slot_top_p,
+                        top_k: &slot_top_k,
+                        temperature: &slot_temperature,
+                        infer_seed: &infer_seed,
+                    },
+                    lens,
+                    layout: OutputLayout {
+                        cu_seqlens_q_output: &cu_out,
+                        batch_id_per_token_output: &batch_id,
+                    },
+                },
+                &mut RowSamplingParams {
+                    top_p: &mut row_top_p,
+                    top_k: &mut row_top_k,
+                    temperature: &mut row_temperature,
+                    seed: &mut row_seed,
+                },
+                &SamplingParamsParams {
+                    dims,
+                    host: None,
+                    host_top_p: None,
+                    host_temperature: None,
+                },
+            )?;
+            d.process_logits(
+                &ProcessInputs {
+                    scores: Scores::logits(&logits, &row_temperature),
+                    layout: OutputLayout {
+                        cu_seqlens_q_output: &cu_out,
+                        batch_id_per_token_output: &batch_id,
+                    },
+                    history: TokenHistory {
+                        token_ids_all: &p.token_ids_all,
+                        prompt_lens: &p.prompt_lens,
+                        step_idx: &step_idx,
+                        draft_tokens: &drafts,
+                        token_counts: &p.token_counts,
+                        prompt_mask: &p.prompt_mask,
+                    },
+                    slots: SlotProcessing {
+                        penalties: &p.penalties,
+                        min_tokens: &p.min_tokens,
+                        end_tokens: &end_tokens,
+                        bias_offsets: &p.bias_offsets,
+                        bias_ids: &p.bias_ids,
+                        bias_values: &p.bias_values,
+                        bad_word_offsets: &p.bad_word_offsets,
+                        bad_words: &p.bad_words,
+                        allowed: Some(&p.allowed),
+                    },
+                    bitmask: Some(&p.bitmask),
+                },
+                &mut ProcessOutputs {
+                    processed: &mut p.processed,
+                    fallback: &mut p.fallback,
+                },
+                &ProcessParams {
+                    dims,
+                    shape: RowShape { rows, vocab },
+                    max_model_len: BENCH_MODEL_LEN,
+                    host: None,
+                },
+            )?;
+            d.top_k_top_p_sample(
+                &SampleInputs {
+                    scores: Scores::logits(&p.processed, &row_temperature),
+                    top_k: &row_top_k,
+                    top_p: &row_top_p,
+                    seed: &row_seed,
+                    fallback: Some(&p.fallback),
                 },
                 &mut targets,
                 &SampleParams {

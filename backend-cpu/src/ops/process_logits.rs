@@ -256,12 +256,12 @@ fn sanitize_prob(p: f32) -> f32 {
     }
 }
 
-/// The order key of a processed value: the rank key of a logit, the bits of a sanitized
+/// The order key of a processed (so sanitized) value: the rank key of a logit, the bits of a
 /// probability (both larger-is-first).
 #[inline]
 fn rank_key(value: f32, logits: bool) -> u32 {
     if logits {
-        specula_backend_api::logit_weights::logit_rank_key(value)
+        key_select(value)
     } else {
         value.to_bits()
     }
@@ -275,14 +275,25 @@ fn process_row<T: FloatElement>(batch: &Batch<'_>, r: usize, input: &[T], out: &
         return -1;
     };
     let row = batch.row(r, b, pos);
-    dense_pass(batch, &row, input, out, masked_value);
+    let dense_best = dense_pass(batch, &row, input, out, masked_value);
+    let (mut best_key, mut stale) = (dense_best, false);
     for v in row.touched(batch) {
         let kept = batch.dense_word(r, b, v / 32) >> (v % 32) & 1 == 1;
+        // The dense pass's value of a touched token may have been the row's largest.
+        stale |= rank_key(out[v], batch.logits) == dense_best;
         out[v] = row
             .full_value(batch, v, input[v].to_f32(), kept)
             .unwrap_or(masked_value);
+        best_key = best_key.max(rank_key(out[v], batch.logits));
     }
-    let (best, best_key) = best_token(out, batch.logits);
+    if stale {
+        best_key = out
+            .iter()
+            .map(|&x| rank_key(x, batch.logits))
+            .max()
+            .unwrap_or(0);
+    }
+    let best = first_with_key(out, best_key, batch.logits);
     let fallback = if best_key > rank_key(masked_value, batch.logits) {
         best as i32
     } else {
@@ -295,46 +306,93 @@ fn process_row<T: FloatElement>(batch: &Batch<'_>, r: usize, input: &[T], out: &
 }
 
 /// The dense rules on every token: masks from the mask words, and for logits the penalties from
-/// the slot's counts (no bias, no drafts).
+/// the slot's counts (no bias, no drafts). Returns the largest rank key written. A word that no
+/// mask, prompt token or count touches (nearly all of them) takes a branch-free loop.
 fn dense_pass<T: FloatElement>(
     batch: &Batch<'_>,
     row: &Row<'_>,
     input: &[T],
     out: &mut [f32],
     masked_value: f32,
-) {
+) -> u32 {
+    let mut best = 0u32;
     for (w, (src, dst)) in input.chunks(32).zip(out.chunks_mut(32)).enumerate() {
         let kept = batch.dense_word(row.r, row.b, w);
-        let plain = row.prompt[w] == 0
+        let untouched = kept == u32::MAX
+            && row.prompt[w] == 0
             && row.counts[w * 32..w * 32 + src.len()]
                 .iter()
                 .all(|&c| c <= 0);
+        if untouched {
+            best = best.max(plain_word(src, dst, batch.logits));
+            continue;
+        }
         for (j, (x, o)) in src.iter().zip(dst.iter_mut()).enumerate() {
             let x = x.to_f32();
             *o = if kept >> j & 1 == 0 {
                 masked_value
             } else if !batch.logits {
                 sanitize_prob(x)
-            } else if plain {
-                sanitize_logit(x)
             } else {
                 let v = w * 32 + j;
                 row.penalize(sanitize_logit(x), v, row.base_count(v))
             };
-        }
-    }
-}
-
-/// The first token in rank order of a processed row and its key.
-fn best_token(out: &[f32], logits: bool) -> (usize, u32) {
-    let mut best = (0, rank_key(out[0], logits));
-    for (v, &x) in out.iter().enumerate().skip(1) {
-        let key = rank_key(x, logits);
-        if key > best.1 {
-            best = (v, key);
+            best = best.max(rank_key(*o, batch.logits));
         }
     }
     best
+}
+
+/// A word of tokens no rule touches: each value sanitized; returns the largest rank key. Written
+/// with selects only, so that the loop vectorizes.
+#[inline]
+fn plain_word<T: FloatElement>(src: &[T], dst: &mut [f32], logits: bool) -> u32 {
+    let mut best = 0u32;
+    if logits {
+        for (x, o) in src.iter().zip(dst.iter_mut()) {
+            let l = sanitize_select(x.to_f32());
+            *o = l;
+            best = best.max(key_select(l));
+        }
+    } else {
+        for (x, o) in src.iter().zip(dst.iter_mut()) {
+            let p = sanitize_prob(x.to_f32());
+            *o = p;
+            best = best.max(p.to_bits());
+        }
+    }
+    best
+}
+
+/// [`sanitize_logit`] with selects: NaN → −inf, `|l| < 2^-76` → +0, finite `|l| > 2^64` →
+/// ±2^64.
+#[inline(always)]
+fn sanitize_select(l: f32) -> f32 {
+    const TINY: f32 = f32::from_bits(0x1980_0000);
+    const HUGE: f32 = f32::from_bits(0x5f80_0000);
+    let a = l.abs();
+    let y = if l.is_nan() { f32::NEG_INFINITY } else { l };
+    let y = if a < TINY { 0.0 } else { y };
+    if a > HUGE && a < f32::INFINITY {
+        f32::from_bits(HUGE.to_bits() | (l.to_bits() & 0x8000_0000))
+    } else {
+        y
+    }
+}
+
+/// The rank key of a sanitized logit (`logit_rank_key` without the sanitizing), branch-free.
+#[inline(always)]
+fn key_select(l: f32) -> u32 {
+    let bits = (l + 0.0).to_bits();
+    let sign = ((bits as i32) >> 31) as u32;
+    bits ^ (sign | 0x8000_0000)
+}
+
+/// The first token whose rank key is `key` (the row's largest).
+fn first_with_key(out: &[f32], key: u32, logits: bool) -> usize {
+    out.iter()
+        .position(|&x| rank_key(x, logits) == key)
+        .unwrap_or(0)
 }
 
 /// The lowest-id token no mask removes, or -1 (a row whose unmasked tokens weigh nothing).
@@ -483,4 +541,49 @@ pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     let processed = slice_mut::<f32>(out.processed)?;
     let fallback = slice_mut::<i32>(out.fallback)?;
     device.install(|| process_logits(&batch, *kind, inputs, processed, fallback))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specula_backend_api::logit_weights::logit_rank_key;
+
+    #[test]
+    fn the_select_forms_equal_the_rules() {
+        let specials = [
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e-30,
+            -1e-23,
+            1e-22,
+            3e38,
+            -3e38,
+            1.8446744e19,
+            1.8446746e19,
+            -1.8446746e19,
+            f32::MIN_POSITIVE,
+            f32::from_bits(1),
+            2.0f32.powi(-76),
+            -(2.0f32.powi(-76)),
+            2.0f32.powi(-77),
+        ];
+        let mut state = 0x1234_5678u32;
+        let random = (0..100_000).map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            f32::from_bits(state)
+        });
+        for l in specials.into_iter().chain(random) {
+            let (a, b) = (sanitize_select(l), sanitize_logit(l));
+            assert_eq!(a.to_bits(), b.to_bits(), "{l:e}");
+            assert_eq!(key_select(a), logit_rank_key(l), "{l:e}");
+        }
+    }
 }
