@@ -631,9 +631,9 @@ fn compare_process(wgpu: &dyn Device, c: &Case, what: &str) -> std::result::Resu
     Ok(())
 }
 
-/// The shapes of the random cases: V not a multiple of 32, V = 1, a vocabulary wider than a
-/// workgroup, one slot, several.
-const SHAPES: [Shape; 6] = [
+/// The shapes of the random cases: V not a multiple of 32, V = 1, vocabularies wider than a
+/// workgroup (300, 1031), one slot, several.
+const SHAPES: [Shape; 7] = [
     Shape {
         max_bsz: 3,
         real_bsz: 2,
@@ -675,6 +675,13 @@ const SHAPES: [Shape; 6] = [
         s: 6,
         vocab: 33,
         max_model_len: 10,
+    },
+    Shape {
+        max_bsz: 3,
+        real_bsz: 3,
+        s: 4,
+        vocab: 1031,
+        max_model_len: 20,
     },
 ];
 
