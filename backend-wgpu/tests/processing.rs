@@ -830,6 +830,39 @@ fn sampling_ops_yield_the_fallback(wgpu: Arc<dyn Device>) -> std::result::Result
     Ok(())
 }
 
+/// `process_logits` then the sampling ops with its `fallback`, on processed rows of random cases
+/// (masked rows, min_p-dropped tokens): the adapter's samples and candidates equal the reference's.
+fn processed_rows_sample_like_the_reference(
+    wgpu: Arc<dyn Device>,
+) -> std::result::Result<(), String> {
+    let mut rng = Rng(0x5eed_0004);
+    let reference = ReferenceDevice::new();
+    for round in 0..6 {
+        for (i, &shape) in SHAPES.iter().enumerate() {
+            for logits in [true, false] {
+                let c = gen_case(&mut rng, shape, DType::F32, logits, round % 2 == 1);
+                let what = format!("round {round} shape {i} logits {logits}");
+                let (processed, fallback) =
+                    run_process(wgpu.as_ref(), &c).map_err(|e| format!("{what}: wgpu: {e}"))?;
+                let values: Vec<f32> = processed.iter().map(|&b| f32::from_bits(b)).collect();
+                let shape = RowShape {
+                    rows: c.rows,
+                    vocab: c.vocab,
+                };
+                let want = run_sampling(&reference, &values, DType::F32, logits, shape, &fallback)
+                    .map_err(|e| format!("{what}: reference: {e}"))?;
+                let got =
+                    run_sampling(wgpu.as_ref(), &values, DType::F32, logits, shape, &fallback)
+                        .map_err(|e| format!("{what}: wgpu: {e}"))?;
+                if got != want {
+                    return Err(format!("{what}: got {got:?}, expected {want:?}"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Every output of `update_state` with token counts.
 type StateOut = (
     Vec<i32>,
@@ -1060,7 +1093,7 @@ fn main() -> ExitCode {
     };
     let needs = Needs::new("wgpu", availability);
     let device = opened.map_err(|e| format!("opening wgpu: {e}"));
-    let tests: [(&str, Body); 4] = [
+    let tests: [(&str, Body); 5] = [
         (
             "process_logits_matches_the_reference",
             process_logits_matches_the_reference,
@@ -1068,6 +1101,10 @@ fn main() -> ExitCode {
         (
             "hand_made_rows_match_the_reference",
             hand_made_rows_match_the_reference,
+        ),
+        (
+            "processed_rows_sample_like_the_reference",
+            processed_rows_sample_like_the_reference,
         ),
         (
             "sampling_ops_yield_the_fallback",
