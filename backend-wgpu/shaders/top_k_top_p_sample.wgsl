@@ -2,7 +2,8 @@
 // top-k by a radix count selection, top-p by a radix mass selection over the whole row (the
 // shortest prefix reaching the target lies within the top-k survivors), then the SAMPLE draw by
 // one chunked prefix scan in ascending id order. All decisions are integer arithmetic on limbs.
-// With `with_aux` the kept set and the row's total weight are also written (REJECTION uses them).
+// A row of total weight 0 yields its `fallback` entry when given (process_logits), else its first
+// token in rank order. With `with_aux` the kept set and the row's total weight are also written (REJECTION uses them).
 // Logits rows (`logits`) first find the row maximum, and weigh each token by contract §3b at the
 // row's temperature.
 
@@ -18,6 +19,8 @@
 @group(0) @binding(6) var<storage, read_write> aux: array<u32>;
 // logits rows: the per-row temperature (f32 bits)
 @group(0) @binding(7) var<storage, read> temperature: array<u32>;
+// with `has_fallback`: the token of a row of total weight 0 (process_logits)
+@group(0) @binding(8) var<storage, read> fallback: array<i32>;
 
 var<workgroup> wg_row: vec4<u32>;
 
@@ -49,7 +52,13 @@ fn top_k_top_p_sample_main(g: u32, lid: u32, dt: u32) {
     let kept = kept_set(lid, vocab, bitcast<i32>(rp.x), rp.y, key_bits);
     var token = 0u;
     if kept.found == 0u {
-        token = first_in_rank(lid, vocab);
+        // The survivors weigh nothing exactly when the whole row does (weights never increase
+        // down the rank order).
+        if p.has_fallback != 0u {
+            token = bitcast<u32>(fallback[p.fallback_off + row]);
+        } else {
+            token = first_in_rank(lid, vocab);
+        }
     } else {
         let t = scale_draw(draw(rp.zw, PURPOSE_SAMPLE), kept.mass);
         token = draw_in_prefix(lid, vocab, kept, t);

@@ -17,6 +17,8 @@
 @group(0) @binding(6) var<storage, read_write> lens: array<i32>;
 // logits rows: the per-row temperature (f32 bits)
 @group(0) @binding(7) var<storage, read> temperature: array<u32>;
+// with `has_fallback`: the token of a row of total weight 0 (process_logits)
+@group(0) @binding(8) var<storage, read> fallback: array<i32>;
 
 var<workgroup> wg_row: vec2<u32>;
 var<workgroup> sorted_key: array<u32, MAX_CANDIDATES>;
@@ -73,13 +75,18 @@ fn top_p_candidates_main(g: u32, lid: u32, dt: u32) {
     }
     let all = totals(lid, vocab, min_key);
     if all.count == 0u {
-        let first = first_in_rank(lid, vocab);
+        // A row of weight 0: its fallback when given (nothing, lens 0, when negative), else its
+        // first token in rank order; score 0.
+        var first = i32(first_in_rank(lid, vocab));
+        if p.has_fallback != 0u {
+            first = fallback[p.fallback_off + row];
+        }
         for (var j = lid; j < c; j += WG) {
-            ids[p.ids_off + out + j] = select(-1, i32(first), j == 0u);
+            ids[p.ids_off + out + j] = select(-1, first, j == 0u);
             scores[p.scores_off + out + j] = 0u;
         }
         if lid == 0u {
-            lens[p.lens_off + row] = 1;
+            lens[p.lens_off + row] = select(0, 1, first >= 0);
         }
         return;
     }

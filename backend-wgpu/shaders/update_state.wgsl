@@ -18,6 +18,8 @@
 @group(0) @binding(11) var<storage, read_write> draft_tokens: array<i32>;
 @group(0) @binding(12) var<storage, read_write> encoder: array<i32>;
 @group(0) @binding(13) var<storage, read_write> decoder: array<i32>;
+// `[max_bsz, vocab]` per-slot token counts (process_logits), when `has_counts`; else a dummy.
+@group(0) @binding(14) var<storage, read_write> token_counts: array<i32>;
 
 fn set_stop(b: u32) {
     let at = p.stop_flags_off + b;
@@ -74,7 +76,12 @@ fn update_state_i32(@builtin(global_invocation_id) gid: vec3<u32>) {
     let src = p.accept_tokens_off + b * s;
     let dst = p.token_ids_all_off + b * mml + used;
     for (var k = 0u; k < n; k++) {
-        token_ids_all[dst + k] = accept_tokens[src + k];
+        let token = accept_tokens[src + k];
+        token_ids_all[dst + k] = token;
+        if p.has_counts != 0u && token >= 0 && u32(token) < p.vocab {
+            let c = p.counts_off + b * p.vocab + u32(token);
+            token_counts[c] = sat_add_i32(token_counts[c], 1u);
+        }
     }
     let new_step = i32(min(step + n, 0x7fffffffu));
     step_idx[p.step_idx_off + b] = new_step;

@@ -99,14 +99,14 @@ impl Kernel {
             | Kernel::Softmax
             | Kernel::TopKTopPSample
             | Kernel::TopPCandidates
-            | Kernel::AcceptLogprobs => &[None],
+            | Kernel::AcceptLogprobs
+            | Kernel::ProcessLogits => &[None],
             Kernel::VerifyDraftTokens => &[Some("pair")],
             Kernel::BuildOutputLayout
             | Kernel::GatherNextToken
             | Kernel::BuildSamplingParams
             | Kernel::UpdateState
-            | Kernel::NgramMatch
-            | Kernel::ProcessLogits => &[],
+            | Kernel::NgramMatch => &[],
         }
     }
 }

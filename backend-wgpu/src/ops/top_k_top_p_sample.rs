@@ -12,7 +12,8 @@ use crate::kernels::{ArgsStruct, Entry, Kernel};
 specula_backend_api::kernel_args! {
     /// `top_k_top_p_sample_<dtype>`: rows `row0 ..` of the chunk bound at `probs` (logits with
     /// their per-row `temperature` when `logits` is 1); with `with_aux` each row's kept set and
-    /// total weight are written to `aux` (8 words per row).
+    /// total weight are written to `aux` (8 words per row); with `has_fallback` a row of total
+    /// weight 0 yields its entry of `fallback` (`process_logits`).
     pub(crate) struct TopKTopPSampleArgs {
         rows: u32,
         vocab: u32,
@@ -26,6 +27,8 @@ specula_backend_api::kernel_args! {
         with_aux: u32,
         temperature_off: u32,
         logits: u32,
+        fallback_off: u32,
+        has_fallback: u32,
     }
 }
 
@@ -73,6 +76,9 @@ pub(crate) fn sample_dispatches(
                 temperature_off: b
                     .buffer(7, inputs.scores.temperature().unwrap_or(inputs.top_p))?,
                 logits: u32::from(inputs.scores.is_logits()),
+                // Without a fallback, `top_k` stands in (read-only i32, never read).
+                fallback_off: b.buffer(8, inputs.fallback.unwrap_or(inputs.top_k))?,
+                has_fallback: u32::from(inputs.fallback.is_some()),
             })
         },
     )

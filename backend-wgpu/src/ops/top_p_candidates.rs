@@ -10,7 +10,8 @@ use crate::kernels::{ArgsStruct, Entry, Kernel};
 
 specula_backend_api::kernel_args! {
     /// `top_p_candidates_<dtype>`: rows `row0 ..` of the chunk bound at `probs` (logits with their
-    /// per-row `temperature` when `logits` is 1), `C` candidates.
+    /// per-row `temperature` when `logits` is 1), `C` candidates; with `has_fallback` a row of
+    /// total weight 0 yields its entry of `fallback` (`process_logits`).
     pub(crate) struct TopPCandidatesArgs {
         rows: u32,
         vocab: u32,
@@ -25,6 +26,8 @@ specula_backend_api::kernel_args! {
         candidates: u32,
         temperature_off: u32,
         logits: u32,
+        fallback_off: u32,
+        has_fallback: u32,
     }
 }
 
@@ -67,6 +70,9 @@ pub(crate) fn run(device: &WgpuDevice, mut call: TopPCandidatesCall<'_, '_>) -> 
                     None => b.dummy(7),
                 },
                 logits: u32::from(kind.logits),
+                // Without a fallback, `top_p` stands in (read-only, never read).
+                fallback_off: b.buffer(8, inputs.fallback.unwrap_or(inputs.top_p))?,
+                has_fallback: u32::from(inputs.fallback.is_some()),
             })
         },
     )?;

@@ -27,6 +27,9 @@ specula_backend_api::kernel_args! {
         draft_tokens_off: u32,
         encoder_off: u32,
         decoder_off: u32,
+        vocab: u32,
+        has_counts: u32,
+        counts_off: u32,
     }
 }
 
@@ -60,6 +63,12 @@ pub(crate) fn run(device: &WgpuDevice, mut call: UpdateStateCall<'_, '_>) -> Res
         draft_tokens_off: b.buffer(11, state.draft_tokens)?,
         encoder_off: b.buffer(12, state.seq_lens_encoder)?,
         decoder_off: b.buffer(13, state.seq_lens_decoder)?,
+        vocab: u(params.vocab),
+        has_counts: u32::from(state.token_counts.is_some()),
+        counts_off: match state.token_counts.as_deref() {
+            Some(counts) => b.buffer(14, counts)?,
+            None => b.dummy(14),
+        },
     };
     let d = b.dispatch(
         &UPDATE,
