@@ -183,7 +183,7 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
         if (LID == 0u && valid) {
 #if LOGITS
             // Bias entries, then the drafts before the row: the complete float steps.
-            for (uint k = bias_start; k < bias_end + pos; k++) {
+            for (ulong k = bias_start; k < (ulong)bias_end + pos; k++) {
                 int t = k < bias_end ? bias_ids[k] : draft_tokens[drafts + (k - bias_end)];
                 if (t < 0 || (uint)t >= V) continue;
                 uint v = (uint)t;

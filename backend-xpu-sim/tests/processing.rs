@@ -255,8 +255,13 @@ fn generate(seed: u64, vocab: usize, dtype: DType, logits: bool, hostile: bool) 
         ];
         if hostile {
             for v in row.iter_mut() {
-                if rng.chance(25) {
-                    *v = rng.pick(&HOSTILE);
+                if rng.chance(35) {
+                    // NaN (read as 0, or as off) more often than the others.
+                    *v = if rng.chance(30) {
+                        f32::NAN
+                    } else {
+                        rng.pick(&HOSTILE)
+                    };
                 }
             }
         }
@@ -282,8 +287,9 @@ fn generate(seed: u64, vocab: usize, dtype: DType, logits: bool, hostile: bool) 
     let bias_ids = (0..nb).map(|_| token(rng, vocab, hostile)).collect();
     let bias_values = (0..nb)
         .map(|_| {
-            if hostile && rng.chance(30) {
-                rng.pick(&HOSTILE)
+            if hostile && rng.chance(40) {
+                // NaN reads as 0: the one value a plain addition gets wrong.
+                rng.pick(&[f32::NAN, f32::NAN, f32::INFINITY, 1e-40, 3.0e38, -1e30])
             } else {
                 rng.pick(&[0.5f32, -2.0, 10.0, -1e3, 1e-3, 3.25])
             }
@@ -562,7 +568,7 @@ fn process_logits_launch_shapes_agree() -> TestResult {
     let reference = ReferenceDevice::new();
     for launch in [LaunchConfig::new(3, 5), LaunchConfig::new(2, 16)] {
         let device = open(launch)?;
-        for (k, vocab) in [7usize, 33, 1031].into_iter().enumerate() {
+        for (k, vocab) in [7usize, 33, 1031, 40_003].into_iter().enumerate() {
             for logits in [true, false] {
                 for hostile in [false, true] {
                     let seed = 1000 + k as u64 * 10 + u64::from(logits) * 2 + u64::from(hostile);
