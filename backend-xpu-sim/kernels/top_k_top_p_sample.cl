@@ -3,24 +3,30 @@
 // core sums the kept weight of its slice, core 0 scans the partials, and the one core whose range
 // holds the draw walks its slice. All integer, so the token does not depend on the launch shape.
 // Logits rows (LOGITS) first find the row maximum, and weigh each token by contract 3b at the row's
-// temperature.
+// temperature. With a fallback input (has_fallback), a row of total weight 0 yields fallback[r]
+// (contract 4c) instead of its first token in rank order.
 
 // struct TopKTopPSampleArgs: generated from src/ops/top_k_top_p_sample.rs.
 
 __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature), BUF(const int, top_k),
                     BUF(const uint, top_p), BUF(const ulong, seed), BUF(int, tokens),
-                    const struct TopKTopPSampleArgs args) {
+                    BUF(const int, fallback), const struct TopKTopPSampleArgs args) {
     BIND(const T_STORE, matrix);
     BIND(const uint, temperature);
     BIND(const int, top_k);
     BIND(const uint, top_p);
     BIND(const ulong, seed);
     BIND(int, tokens);
+    BIND(const int, fallback);
     const uint rows = args.rows, V = args.vocab;
     __local Scratch S[1];
     FOR_CLUSTER_ROWS(r, rows) {
-        int token = sample_row(matrix + (ulong)r * V, V, S, ROW_TEMPERATURE(temperature, r),
-                               top_k[r], top_p[r], seed[r]);
+        __global const T_STORE* row = matrix + (ulong)r * V;
+        KeptSet k = kept_set(row, V, S, row_weigh(row, V, S, ROW_TEMPERATURE(temperature, r)),
+                             top_k[r], top_p[r]);
+        int token = sample_kept(row, V, S, k, seed[r]);
+        // A row weighs nothing exactly when its first token in rank order weighs nothing.
+        if (args.has_fallback != 0u && k.stats.mass == 0ul) token = fallback[r];
         if (LID == 0u) tokens[r] = token;
         barrier(CLK_LOCAL_MEM_FENCE);
     }

@@ -2,7 +2,8 @@
 // first min(C, valid) tokens in rank order, a gather of those members into local memory in id
 // order and a rank placement (at most 128 entries), then core 0 finds lens with the exact top-p test.
 // Logits rows (LOGITS) are weighed by contract 3b at the row's temperature; their scores are the
-// candidates' exact shares of the row (candidate_score).
+// candidates' exact shares of the row (candidate_score). With a fallback input (has_fallback), a
+// row of total weight 0 lists fallback[r] (score 0, lens 1), or nothing (lens 0) when it is negative.
 
 // struct TopPCandidatesArgs: generated from src/ops/top_p_candidates.rs.
 
@@ -25,7 +26,8 @@ inline uint candidate_score(ulong w, ulong total) {
 
 __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
                     BUF(const uint, top_p), BUF(const int, batch_id), BUF(int, ids),
-                    BUF(uint, scores), BUF(int, lens), const struct TopPCandidatesArgs args) {
+                    BUF(uint, scores), BUF(int, lens), BUF(const int, fallback),
+                    const struct TopPCandidatesArgs args) {
     BIND(const T_STORE, matrix);
     BIND(const uint, temperature);
     BIND(const uint, top_p);
@@ -33,6 +35,7 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
     BIND(int, ids);
     BIND(uint, scores);
     BIND(int, lens);
+    BIND(const int, fallback);
     const uint has_batch_id = args.has_batch_id, rows = args.rows;
     const uint V = args.vocab, C = args.candidates;
     __local Scratch S[1];
@@ -48,11 +51,12 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
         Weigh w = row_weigh(row, V, S, ROW_TEMPERATURE(temperature, r));
         RowStats st = row_stats(row, V, S, w);
         if (st.valid == 0u) {
+            int first = args.has_fallback != 0u ? fallback[r] : (int)st.first;
             FOR_CORE_ITEMS(i, C) {
-                row_ids[i] = i == 0u ? (int)st.first : -1;
+                row_ids[i] = i == 0u ? first : -1;
                 row_scores[i] = 0u;
             }
-            if (LID == 0u) lens[r] = 1;
+            if (LID == 0u) lens[r] = first >= 0 ? 1 : 0;
             continue;
         }
         uint n = min(C, st.valid);

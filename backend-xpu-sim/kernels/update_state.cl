@@ -1,5 +1,6 @@
 // update_state (contract 4.6): per-slot bookkeeping, one slot per core across every cluster (slots
-// are independent; the work per slot is at most S tokens).
+// are independent; the work per slot is at most S tokens). With token counts (has_counts), each
+// appended token in [0, V) adds 1, saturating at INT_MAX, to the slot's entry of token_counts.
 
 // struct UpdateStateArgs: generated from src/ops/update_state.rs.
 
@@ -13,7 +14,7 @@ __kernel void update_state_i32(BUF(const int, accept_tokens), BUF(const uchar, i
                                BUF(uchar, stop_flags), BUF(int, token_ids_all), BUF(int, step_idx),
                                BUF(ulong, infer_seed), BUF(int, draft_tokens),
                                BUF(int, seq_lens_encoder), BUF(int, seq_lens_decoder),
-                               const struct UpdateStateArgs args) {
+                               BUF(int, token_counts), const struct UpdateStateArgs args) {
     BIND(const int, accept_tokens);
     BIND(const uchar, is_block_step);
     BIND(const int, prompt_lens);
@@ -27,7 +28,9 @@ __kernel void update_state_i32(BUF(const int, accept_tokens), BUF(const uchar, i
     BIND(int, draft_tokens);
     BIND(int, seq_lens_encoder);
     BIND(int, seq_lens_decoder);
+    BIND(int, token_counts);
     const uint real_bsz = args.real_bsz, s = args.max_step_tokens, num_end = args.num_end;
+    const uint has_counts = args.has_counts, V = args.vocab;
     const ulong max_model_len = args.max_model_len;
     FOR_EVERY_CORE(b, real_bsz) {
         if (stop_flags[b] != 0 || is_block_step[b] != 0) continue;
@@ -49,6 +52,12 @@ __kernel void update_state_i32(BUF(const int, accept_tokens), BUF(const uchar, i
         __global const int* tokens = accept_tokens + (ulong)b * s;
         ulong start = (ulong)b * max_model_len + prompt + step;
         for (ulong i = 0; i < n; i++) token_ids_all[start + i] = tokens[i];
+        for (ulong i = 0; i < n && has_counts != 0u; i++) {
+            int t = tokens[i];
+            if (t < 0 || (uint)t >= V) continue;
+            __global int* c = token_counts + (ulong)b * V + (uint)t;
+            if (*c != 2147483647) *c += 1;
+        }
         int new_step = clamp_i32_from_i64((long)step + (long)n);
         step_idx[b] = new_step;
         infer_seed[b] = row_seed(infer_seed[b], n);

@@ -58,7 +58,7 @@ impl XpuSimDevice {
             float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: Some(runtime.max_alloc),
             logits: true,
-            processing: false,
+            processing: true,
         };
         Ok(XpuSimDevice {
             desc: DeviceDesc::new(info, capabilities),

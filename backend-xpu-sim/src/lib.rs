@@ -51,6 +51,11 @@
 //!   a function of the token's rank key (at temperature 0 the maxima after the first are keyed one
 //!   below), so the radix selections and draws are those of probability rows. Logits and
 //!   probability rows are separate programs (`LOGITS`).
+//! - `process_logits` (contract §4c) runs its float steps as single f32 operations, each result
+//!   read through `sanitize_logit` as the reference does; the dense masks and steps run over core
+//!   slices, core 0 then recomputes every token a sparse rule touches (bias, drafts before the row,
+//!   end tokens, bad words) from its input, and the fallback and min_p use the integer keys and
+//!   weights above.
 //! - Constants shared with Rust come from `specula_backend_api::abi` as `-D` options.
 //!
 //! ## Programs

@@ -4,11 +4,12 @@
 use specula_backend_api::ops::TopKTopPSampleCall;
 use specula_backend_api::{Op, Result};
 
-use super::{ArgsStruct, count, scores_program};
+use super::{ArgsStruct, count, flag, scores_program};
 use crate::runtime::{KernelBuffers, Runtime};
 
 specula_backend_api::kernel_args! {
-    /// The parameters of `top_k_top_p_sample_<dtype>` (`temperature`: logits rows only).
+    /// The parameters of `top_k_top_p_sample_<dtype>` (`temperature`: logits rows only;
+    /// `fallback`: when `has_fallback`, the token of a row of total weight 0; `pad`: always 0).
     pub(crate) struct TopKTopPSampleArgs {
         matrix_offset: u64,
         temperature_offset: u64,
@@ -16,8 +17,11 @@ specula_backend_api::kernel_args! {
         top_p_offset: u64,
         seed_offset: u64,
         tokens_offset: u64,
+        fallback_offset: u64,
         rows: u32,
         vocab: u32,
+        has_fallback: u32,
+        pad: u32,
     }
 }
 
@@ -25,7 +29,7 @@ specula_backend_api::kernel_args! {
 pub(crate) const ARGS: &[ArgsStruct] = &[ArgsStruct::of::<TopKTopPSampleArgs>()];
 
 /// Launches `top_k_top_p_sample_<dtype>` built for the rows' kind; probability rows get the
-/// placeholder buffer for the temperatures.
+/// placeholder buffer for the temperatures, and calls without `fallback` for it.
 pub(crate) fn run(runtime: &Runtime, mut call: TopKTopPSampleCall<'_>) -> Result<()> {
     let (inputs, tokens, params, kind) = call.parts();
     let (key, entry) = scores_program(Op::TopKTopPSample, *kind);
@@ -37,8 +41,11 @@ pub(crate) fn run(runtime: &Runtime, mut call: TopKTopPSampleCall<'_>) -> Result
         top_p_offset: buffers.bind(inputs.top_p)?,
         seed_offset: buffers.bind(inputs.seed)?,
         tokens_offset: buffers.bind(tokens)?,
+        fallback_offset: buffers.bind_optional(runtime, inputs.fallback)?,
         rows: count(params.shape.rows),
         vocab: count(params.shape.vocab),
+        has_fallback: flag(inputs.fallback.is_some()),
+        pad: 0,
     };
     runtime.launch(&key, &entry, &buffers, &args)
 }

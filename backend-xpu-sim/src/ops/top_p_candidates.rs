@@ -8,7 +8,9 @@ use super::{ArgsStruct, count, flag, scores_program};
 use crate::runtime::{KernelBuffers, Runtime};
 
 specula_backend_api::kernel_args! {
-    /// The parameters of `top_p_candidates_<dtype>` (`temperature`: logits rows only).
+    /// The parameters of `top_p_candidates_<dtype>` (`temperature`: logits rows only;
+    /// `fallback`: when `has_fallback`, the one candidate of a row of total weight 0; `pad`:
+    /// always 0).
     pub(crate) struct TopPCandidatesArgs {
         matrix_offset: u64,
         temperature_offset: u64,
@@ -17,10 +19,13 @@ specula_backend_api::kernel_args! {
         ids_offset: u64,
         scores_offset: u64,
         lens_offset: u64,
+        fallback_offset: u64,
         has_batch_id: u32,
         rows: u32,
         vocab: u32,
         candidates: u32,
+        has_fallback: u32,
+        pad: u32,
     }
 }
 
@@ -29,7 +34,7 @@ pub(crate) const ARGS: &[ArgsStruct] = &[ArgsStruct::of::<TopPCandidatesArgs>()]
 
 /// Launches `top_p_candidates_<dtype>` built for the rows' kind; without
 /// `batch_id_per_token_output` (or temperatures, for probability rows) the kernel gets the
-/// placeholder buffer, and `has_batch_id = 0`.
+/// placeholder buffer, and `has_batch_id = 0` (without `fallback`: `has_fallback = 0`).
 pub(crate) fn run(runtime: &Runtime, mut call: TopPCandidatesCall<'_, '_>) -> Result<()> {
     let (inputs, out, params, kind) = call.parts();
     let (key, entry) = scores_program(Op::TopPCandidates, *kind);
@@ -43,10 +48,13 @@ pub(crate) fn run(runtime: &Runtime, mut call: TopPCandidatesCall<'_, '_>) -> Re
         ids_offset: buffers.bind(out.ids)?,
         scores_offset: buffers.bind(out.scores)?,
         lens_offset: buffers.bind(out.lens)?,
+        fallback_offset: buffers.bind_optional(runtime, inputs.fallback)?,
         has_batch_id: flag(batch_id.is_some()),
         rows: count(params.shape.rows),
         vocab: count(params.shape.vocab),
         candidates: count(params.candidates),
+        has_fallback: flag(inputs.fallback.is_some()),
+        pad: 0,
     };
     runtime.launch(&key, &entry, &buffers, &args)
 }

@@ -3,12 +3,12 @@
 use specula_backend_api::ops::UpdateStateCall;
 use specula_backend_api::{Op, Result};
 
-use super::{ArgsStruct, batch_program, count};
+use super::{ArgsStruct, batch_program, count, flag};
 use crate::runtime::{KernelBuffers, Runtime};
 
 specula_backend_api::kernel_args! {
-    /// The parameters of `update_state_i32` (`pad`: explicit padding to a multiple of 8 bytes,
-    /// always 0).
+    /// The parameters of `update_state_i32` (`token_counts`: the placeholder and `has_counts = 0`
+    /// when the call has no token counts; `pad`: explicit padding to a multiple of 8 bytes, always 0).
     pub(crate) struct UpdateStateArgs {
         accept_tokens_offset: u64,
         is_block_step_offset: u64,
@@ -23,10 +23,13 @@ specula_backend_api::kernel_args! {
         draft_tokens_offset: u64,
         seq_lens_encoder_offset: u64,
         seq_lens_decoder_offset: u64,
+        token_counts_offset: u64,
         max_model_len: u64,
         real_bsz: u32,
         max_step_tokens: u32,
         num_end: u32,
+        has_counts: u32,
+        vocab: u32,
         pad: u32,
     }
 }
@@ -34,9 +37,11 @@ specula_backend_api::kernel_args! {
 /// The argument structs of `kernels/update_state.cl`, declared in its program from the Rust above.
 pub(crate) const ARGS: &[ArgsStruct] = &[ArgsStruct::of::<UpdateStateArgs>()];
 
-/// Launches `update_state_i32`.
+/// Launches `update_state_i32`; without `token_counts` the kernel gets the placeholder buffer and
+/// `has_counts = 0`.
 pub(crate) fn run(runtime: &Runtime, mut call: UpdateStateCall<'_, '_>) -> Result<()> {
     let (inputs, state, params, _) = call.parts();
+    let counts = state.token_counts.as_deref();
     let mut buffers = KernelBuffers::default();
     let args = UpdateStateArgs {
         accept_tokens_offset: buffers.bind(inputs.accept_tokens)?,
@@ -52,10 +57,13 @@ pub(crate) fn run(runtime: &Runtime, mut call: UpdateStateCall<'_, '_>) -> Resul
         draft_tokens_offset: buffers.bind(state.draft_tokens)?,
         seq_lens_encoder_offset: buffers.bind(state.seq_lens_encoder)?,
         seq_lens_decoder_offset: buffers.bind(state.seq_lens_decoder)?,
+        token_counts_offset: buffers.bind_optional(runtime, counts)?,
         max_model_len: params.max_model_len as u64,
         real_bsz: count(params.dims.real_bsz),
         max_step_tokens: count(params.dims.max_step_tokens),
         num_end: count(inputs.end_tokens.len()),
+        has_counts: flag(counts.is_some()),
+        vocab: count(params.vocab),
         pad: 0,
     };
     let (key, entry) = batch_program(Op::UpdateState);
