@@ -56,63 +56,90 @@ pub struct Property {
     /// It has ops weigh logits rows (`docs/semantics.md` §4b), so it runs only where
     /// `Capabilities::logits` holds.
     pub logits: bool,
+    /// It processes logits (`docs/semantics.md` §4c), so it runs only where
+    /// `Capabilities::processing` holds.
+    pub processing: bool,
     /// Checks the property on a device; `Err` explains the failure.
     pub check: fn(&Arc<dyn Device>, crate::cases::Size) -> Result<(), String>,
 }
 
 /// Every property.
 pub fn properties() -> Vec<Property> {
-    use RowKind::{Logits, Probs};
+    use RowKind::{Logits, MaskedLogits, Probs};
     vec![
         Property {
             name: "spec_equals_plain::target_match",
             logits: false,
+            processing: false,
             check: |device, size| spec_equals_plain(device, size, Strategy::TargetMatch, Probs),
         },
         Property {
             name: "spec_equals_plain::greedy",
             logits: false,
+            processing: false,
             check: |device, size| spec_equals_plain(device, size, Strategy::Greedy, Probs),
         },
         Property {
             name: "spec_equals_plain::logits::target_match",
             logits: true,
+            processing: false,
             check: |device, size| spec_equals_plain(device, size, Strategy::TargetMatch, Logits),
         },
         // GREEDY's targets are the `argmax` of the logits, which every backend takes.
         Property {
             name: "spec_equals_plain::logits::greedy",
             logits: false,
+            processing: false,
             check: |device, size| spec_equals_plain(device, size, Strategy::Greedy, Logits),
+        },
+        Property {
+            name: "spec_equals_plain::processed::target_match",
+            logits: true,
+            processing: true,
+            check: |device, size| {
+                spec_equals_plain(device, size, Strategy::TargetMatch, MaskedLogits)
+            },
+        },
+        Property {
+            name: "spec_equals_plain::processed::greedy",
+            logits: true,
+            processing: true,
+            check: |device, size| spec_equals_plain(device, size, Strategy::Greedy, MaskedLogits),
         },
         Property {
             name: "logits_sampling_frequencies",
             logits: true,
+            processing: false,
             check: logits_sampling_frequencies,
         },
         Property {
             name: "rejection_preserves_target",
             logits: false,
+            processing: false,
             check: rejection_preserves_target,
         },
         Property {
             name: "rejection_preserves_target::logits",
             logits: true,
+            processing: false,
             check: rejection_from_logits_preserves_target,
         },
         Property {
             name: "batch_invariance::requests",
             logits: false,
+            processing: false,
             check: batch_invariance_requests,
         },
         Property {
             name: "batch_invariance::rows",
             logits: false,
+            processing: false,
             check: batch_invariance_rows,
         },
         Property {
             name: "invalid_memory_arguments",
             logits: false,
+            processing: false,
             check: invalid_memory_arguments,
         },
     ]
@@ -187,6 +214,47 @@ enum RowKind {
     Probs,
     /// The logits themselves.
     Logits,
+    /// The logits with a token bitmask ([`runner_bitmask`]), for requests that use every
+    /// parameter of `docs/semantics.md` §4c ([`with_processing`]).
+    MaskedLogits,
+}
+
+/// The runner's structured-output mask of an output row whose context has `len` tokens: bans
+/// `v` when `(v + len) % 11 == 0`.
+fn runner_bitmask(len: usize) -> Vec<u32> {
+    let mut mask = vec![0u32; VOCAB.div_ceil(32)];
+    for v in (0..VOCAB).filter(|v| (v + len) % 11 != 0) {
+        mask[v / 32] |= 1 << (v % 32);
+    }
+    mask
+}
+
+/// `request` with every parameter of `docs/semantics.md` §4c on, aimed at the toy model's
+/// favoured chain so that each changes what is emitted.
+fn with_processing(rng: &mut Rng, request: Request) -> Request {
+    let last = request.prompt[request.prompt.len() - 1];
+    let next = ToyModel::successor(last);
+    let token = |rng: &mut Rng| rng.range(1, VOCAB - 1) as i32;
+    let params = request
+        .params()
+        .with_repetition_penalty(rng.pick(&[1.3, 0.8, 1.1, 2.0]))
+        .with_frequency_presence(rng.pick(&[0.0, 0.4, 1.5]), rng.pick(&[0.0, 0.3, -0.2]))
+        .with_min_p(rng.pick(&[0.0, 0.05, 0.2]))
+        .with_min_tokens(rng.range(0, 5));
+    let bias = vec![(next, rng.pick(&[-3.0, 2.0])), (token(rng), 1.5)];
+    let bad_words = vec![
+        vec![token(rng)],
+        vec![next, ToyModel::successor(next)],
+        vec![last, next, ToyModel::successor(next)],
+    ];
+    let request = request
+        .with_params(params)
+        .with_logit_bias(bias)
+        .with_bad_words(bad_words);
+    match rng.below(2) {
+        0 => request.with_allowed_token_ids((0..VOCAB as i32).filter(|v| v % 7 != 3).collect()),
+        _ => request,
+    }
 }
 
 /// One request arriving at a step.
@@ -283,6 +351,17 @@ fn finish(
 ) -> Result<specula_sampler::StepOutput, String> {
     match kind {
         RowKind::Logits => decoder.finish(StepScores::logits(logits)).map_err(err),
+        RowKind::MaskedLogits => {
+            let mut rows = Vec::new();
+            for t in 0..plan.t_out() {
+                rows.extend(runner_bitmask(decoder.row_prefix(t).map_err(err)?.len()));
+            }
+            // Rows past T_out (Gather mode) are not sampled from: any mask will do.
+            rows.resize((logits.len() / VOCAB) * VOCAB.div_ceil(32), u32::MAX);
+            let bitmask = device.upload(&rows).map_err(err)?;
+            let scores = StepScores::logits(logits).with_bitmask(&bitmask);
+            decoder.finish(scores).map_err(err)
+        }
         RowKind::Probs => {
             let probs = runner_softmax(device, decoder, plan, logits)?;
             decoder.finish(StepScores::probs(&probs)).map_err(err)
@@ -458,7 +537,12 @@ fn spec_equals_plain(
         let max_model_len = rng.range(16, 80);
         let s = rng.range(4, 6);
         let count = rng.range(2, 6);
-        let arrivals = arrivals(&mut rng, count, 12);
+        let mut arrivals = arrivals(&mut rng, count, 12);
+        if kind == RowKind::MaskedLogits {
+            for arrival in arrivals.iter_mut() {
+                arrival.request = with_processing(&mut rng, arrival.request.clone());
+            }
+        }
         let spec = spec_config(&mut rng, strategy, max_bsz, max_model_len, s);
         let plain = plain_config(strategy, max_bsz, max_model_len);
         let mode = if case % 2 == 0 {

@@ -611,10 +611,14 @@ fn needs_processing(case: &Case) -> bool {
             .any(|name| case.inputs.contains_key(*name))
 }
 
-/// Why `device` cannot run `property`, if its capabilities exclude it: logits rows.
+/// Why `device` cannot run `property`, if its capabilities exclude it: logits processing or
+/// logits rows.
 pub(crate) fn property_unsupported(device: &dyn Device, property: &Property) -> Option<Skip> {
-    (property.logits && !device.capabilities().logits)
-        .then(|| Skip::Unsupported("logits rows".to_owned()))
+    let capabilities = device.capabilities();
+    if property.processing && !capabilities.processing {
+        return Some(Skip::Unsupported("logits processing".to_owned()));
+    }
+    (property.logits && !capabilities.logits).then(|| Skip::Unsupported("logits rows".to_owned()))
 }
 
 /// Describes every guard region an op overwrote.
