@@ -17,6 +17,9 @@ use specula_backend_api::ops::{ProcessInputs, ProcessParams, ScoresKind};
 use specula_backend_api::{FloatElement, Op, Result};
 
 use super::{len_or_zero, token_index, with_float};
+#[cfg(target_arch = "x86_64")]
+use crate::sampling::scan::{has_avx2, has_avx512};
+use crate::sampling::scan::{compiled_for, dispatch};
 use crate::CpuDevice;
 use specula_backend_api::host::{slice, slice_mut};
 
@@ -306,9 +309,30 @@ fn process_row<T: FloatElement>(batch: &Batch<'_>, r: usize, input: &[T], out: &
 }
 
 /// The dense rules on every token: masks from the mask words, and for logits the penalties from
-/// the slot's counts (no bias, no drafts). Returns the largest rank key written. A word that no
-/// mask, prompt token or count touches (nearly all of them) takes a branch-free loop.
+/// the slot's counts (no bias, no drafts). Returns the largest rank key written. Runs the loop
+/// compiled for the widest vector unit of the CPU.
 fn dense_pass<T: FloatElement>(
+    batch: &Batch<'_>,
+    row: &Row<'_>,
+    input: &[T],
+    out: &mut [f32],
+    masked_value: f32,
+) -> u32 {
+    dispatch!(dense_pass_generic::<T>(batch, row, input, out, masked_value)
+        via dense_pass_avx512, dense_pass_avx2)
+}
+
+compiled_for!(avx512, fn dense_pass_avx512 [T: FloatElement]
+    (batch: &Batch<'_>, row: &Row<'_>, input: &[T], out: &mut [f32], masked_value: f32) -> u32
+    = dense_pass_generic [T]);
+compiled_for!(avx2, fn dense_pass_avx2 [T: FloatElement]
+    (batch: &Batch<'_>, row: &Row<'_>, input: &[T], out: &mut [f32], masked_value: f32) -> u32
+    = dense_pass_generic [T]);
+
+/// [`dense_pass`] as written. A word that no mask, prompt token or count touches (nearly all of
+/// them) takes a branch-free loop.
+#[inline(always)]
+fn dense_pass_generic<T: FloatElement>(
     batch: &Batch<'_>,
     row: &Row<'_>,
     input: &[T],
