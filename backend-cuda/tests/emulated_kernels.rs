@@ -54,6 +54,10 @@ fn main() -> ExitCode {
             panicking(logits_sampling_kernels_match_the_reference),
         ),
         (
+            "sampling_fallback_matches_the_reference_on_the_host_emulator",
+            panicking(sampling_fallback_matches_the_reference),
+        ),
+        (
             "logits_rejection_matches_the_reference_on_the_host_emulator",
             panicking(logits_rejection_matches_the_reference),
         ),
@@ -1166,6 +1170,153 @@ fn logits_sampling_kernels_match_the_reference() {
     }
 }
 
+/// The `fallback` input of `top_k_top_p_sample` (one block per row and split rows) and
+/// `top_p_candidates`, on probability and logits rows, a third of them of weight 0 (all −inf/NaN
+/// logits; zero, negative, NaN and weightless tiny probabilities), fallbacks −1 and tokens,
+/// against the reference.
+fn sampling_fallback_matches_the_reference() {
+    let work = Workdir::new("fallback");
+    let dev = ReferenceDevice::new();
+    let mut rng = Lcg(0xFA11_BAC4);
+    let split_vocab = 3 * launch::SELECT_CHUNK as usize - 77;
+    for dtype in DType::FLOATS {
+        let bin = driver(dtype);
+        let mut shapes: Vec<(usize, usize, u32)> = vec![(18, 37, 1), (4, 1, 1)];
+        if dtype == DType::F32 {
+            shapes.push((3, split_vocab, 3));
+        }
+        for (rows_n, vocab, splits) in shapes {
+            for logits in [false, true] {
+                let mut c = Case::new(&mut rng, dtype, rows_n, vocab);
+                let mut values = if logits {
+                    logit_rows(&mut rng, rows_n, vocab)
+                } else {
+                    rows(&mut rng, rows_n, vocab)
+                };
+                for (r, row) in values.chunks_mut(vocab).enumerate() {
+                    if r % 3 == 0 {
+                        for (v, x) in row.iter_mut().enumerate() {
+                            *x = match (v + r) % 4 {
+                                0 => f32::NAN,
+                                1 if logits => f32::NEG_INFINITY,
+                                1 => -0.5,
+                                2 if logits => f32::NEG_INFINITY,
+                                2 => 1e-13,
+                                _ if logits => f32::NAN,
+                                _ => 0.0,
+                            };
+                        }
+                    }
+                }
+                c.probs = to_bytes(dtype, &values);
+                let fallback: Vec<i32> = (0..rows_n)
+                    .map(|r| [-1, 0, vocab as i32 - 1, 3, -1, 12345][r % 6])
+                    .collect();
+                let temperature = temperatures(rows_n, rows_n);
+                c.write(&work);
+                work.write("temperature.bin", &temperature);
+                work.write("fallback.bin", &fallback);
+                let stride = launch::split_row_scratch_bytes(splits);
+                let flag = u32::from(logits);
+                work.run(
+                    &bin,
+                    "sample",
+                    &[&rows_n, &vocab, &0, &splits, &stride, &flag, &1],
+                );
+                let matrix = dev.upload_bytes(dtype, &c.probs).expect("upload");
+                let temp = up_ref(&dev, &temperature);
+                let scores = if logits {
+                    Scores::logits(&matrix, &temp)
+                } else {
+                    Scores::probs(&matrix)
+                };
+                let (top_k, top_p, seed, fb) = (
+                    up_ref(&dev, &c.top_k),
+                    up_ref(&dev, &c.top_p),
+                    up_ref(&dev, &c.seed),
+                    up_ref(&dev, &fallback),
+                );
+                let mut tokens = dev.alloc::<i32>(rows_n).expect("alloc");
+                dev.top_k_top_p_sample(
+                    &SampleInputs {
+                        scores,
+                        top_k: &top_k,
+                        top_p: &top_p,
+                        seed: &seed,
+                        fallback: Some(&fb),
+                    },
+                    &mut tokens,
+                    &SampleParams {
+                        shape: c.shape(),
+                        host_top_p: None,
+                    },
+                )
+                .expect("reference sample");
+                let label =
+                    format!("{dtype} fallback logits {logits} {rows_n}x{vocab} splits {splits}");
+                assert_eq!(
+                    work.read::<i32>("tokens.out"),
+                    ref_bits::<i32>(&dev, &tokens),
+                    "{label}: sample"
+                );
+                if splits > 1 {
+                    continue;
+                }
+                let batch_id: Vec<i32> = (0..rows_n as i32)
+                    .map(|r| if r % 7 == 6 { -1 } else { r })
+                    .collect();
+                work.write("batch_id.bin", &batch_id);
+                for cands in [1usize, 5] {
+                    work.run(
+                        &bin,
+                        "candidates",
+                        &[&rows_n, &vocab, &0, &cands, &flag, &1],
+                    );
+                    let bid = up_ref(&dev, &batch_id);
+                    let mut ids = dev.alloc::<i32>(rows_n * cands).expect("alloc");
+                    let mut out_scores = dev.alloc::<f32>(rows_n * cands).expect("alloc");
+                    let mut lens = dev.alloc::<i32>(rows_n).expect("alloc");
+                    dev.top_p_candidates(
+                        &CandidatesInputs {
+                            scores,
+                            top_p: &top_p,
+                            batch_id_per_token_output: Some(&bid),
+                            fallback: Some(&fb),
+                        },
+                        &mut CandidatesOutputs {
+                            ids: &mut ids,
+                            scores: &mut out_scores,
+                            lens: &mut lens,
+                        },
+                        &CandidatesParams {
+                            shape: c.shape(),
+                            candidates: cands,
+                            host_top_p: None,
+                        },
+                    )
+                    .expect("reference candidates");
+                    let label = format!("{label} C={cands}");
+                    assert_eq!(
+                        work.read::<i32>("ids.out"),
+                        ref_bits::<i32>(&dev, &ids),
+                        "{label}: ids"
+                    );
+                    assert_eq!(
+                        work.read::<u32>("scores.out"),
+                        ref_bits::<u32>(&dev, &out_scores),
+                        "{label}: scores"
+                    );
+                    assert_eq!(
+                        work.read::<i32>("lens.out"),
+                        ref_bits::<i32>(&dev, &lens),
+                        "{label}: lens"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// REJECTION on logits target and draft rows (weighed at the output rows' temperatures), against
 /// the reference: every slot kind, hostile rows and temperatures, out-of-vocabulary drafts, and
 /// the `accept_all` / `reject_all` flags.
@@ -1727,6 +1878,15 @@ fn batch_kernels_match_the_cpu_reference() {
             expect.same::<u8>(file, &out, &what);
         }
         check_update_state(&expect, &state, dims, max_model_len, &end_tokens);
+        check_token_counts(
+            &work,
+            &args,
+            &state,
+            dims,
+            max_model_len,
+            &end_tokens,
+            trial,
+        );
         check_ngram_match(
             &expect,
             &state,
@@ -1795,6 +1955,89 @@ fn check_update_state(
     expect.same::<i32>("u_draft_tokens.out", &dt, "draft_tokens");
     expect.same::<i32>("u_encoder.out", &enc, "encoder");
     expect.same::<i32>("u_decoder.out", &dec, "decoder");
+}
+
+/// `update_state` with `token_counts` (hostile counts: negative, near and at `i32::MAX`; tokens
+/// outside the vocabulary) on fresh copies of the trial's state, against the reference: the
+/// driver's `counts` run.
+fn check_token_counts(
+    work: &Workdir,
+    batch_args: &[&dyn Display; 11],
+    state: &BatchState,
+    dims: BatchDims,
+    max_model_len: usize,
+    end_tokens: &[i32],
+    trial: usize,
+) {
+    // accept_tokens draw from [1, 9]: tokens 8 and 9 lie outside a vocabulary of 7 or 8.
+    let vocab = 7 + trial % 2;
+    let counts: Vec<i32> = (0..dims.max_bsz * vocab)
+        .map(|i| [0, 3, -4, i32::MAX, i32::MAX - 1, 1, i32::MIN, 0][(i + trial) % 8])
+        .collect();
+    work.write("token_counts.bin", &counts);
+    let mut args: Vec<&dyn Display> = batch_args.to_vec();
+    args.push(&vocab);
+    work.run(&driver(DType::F32), "counts", &args);
+    let dev = ReferenceDevice::new();
+    let (at, ib, pl) = (
+        up_ref(&dev, &state.accept_tokens),
+        up_ref(&dev, &state.is_block),
+        up_ref(&dev, &state.prompt_lens),
+    );
+    let (md, et) = (up_ref(&dev, &state.max_dec_len), up_ref(&dev, end_tokens));
+    let mut an = up_ref(&dev, &state.accept_num);
+    let mut sf = up_ref(&dev, &state.stop_flags);
+    let mut tia = up_ref(&dev, &state.token_ids_all);
+    let mut si = up_ref(&dev, &state.step_idx);
+    let mut is = up_ref(&dev, &state.infer_seed);
+    let mut dt = up_ref(&dev, &state.draft_tokens);
+    let mut enc = up_ref(&dev, &state.encoder);
+    let mut dec = up_ref(&dev, &state.decoder);
+    let mut tc = up_ref(&dev, &counts);
+    dev.update_state(
+        &UpdateStateInputs {
+            accept_tokens: &at,
+            is_block_step: &ib,
+            prompt_lens: &pl,
+            max_dec_len: &md,
+            end_tokens: &et,
+        },
+        &mut DecodeState {
+            accept_num: &mut an,
+            stop_flags: &mut sf,
+            token_ids_all: &mut tia,
+            step_idx: &mut si,
+            infer_seed: &mut is,
+            draft_tokens: &mut dt,
+            seq_lens_encoder: &mut enc,
+            seq_lens_decoder: &mut dec,
+            token_counts: Some(&mut tc),
+        },
+        &UpdateStateParams {
+            dims,
+            max_model_len,
+            vocab,
+        },
+    )
+    .expect("reference update_state");
+    let label = format!("update_state with token_counts, trial {trial}");
+    let same = |file: &str, want: Vec<u8>| {
+        let got = std::fs::read(work.0.join(file)).expect("read output");
+        assert_eq!(got, want, "{label}: {file}");
+    };
+    for (file, buffer) in [
+        ("u_token_counts.out", &tc),
+        ("u_accept_num.out", &an),
+        ("u_stop_flags.out", &sf),
+        ("u_token_ids_all.out", &tia),
+        ("u_step_idx.out", &si),
+        ("u_infer_seed.out", &is),
+        ("u_draft_tokens.out", &dt),
+        ("u_encoder.out", &enc),
+        ("u_decoder.out", &dec),
+    ] {
+        same(file, dev.download_bytes(buffer).expect("download"));
+    }
 }
 
 /// `ngram_match` on fresh copies of the trial's state: the driver's `n_*` outputs.
