@@ -83,6 +83,17 @@ specula_backend_api::kernel_args! {
         rows: u32, vocab: u32, candidates: u32, vec: u32, logits: u32, pad: u32,
     }
 
+    /// `process_logits.cu`.
+    pub(crate) struct ProcessArgs {
+        scores: u64, temperature: u64, cu_out: u64, batch_id: u64, token_ids_all: u64,
+        prompt_lens: u64, step_idx: u64, draft_tokens: u64, token_counts: u64, prompt_mask: u64,
+        penalties: u64, min_tokens: u64, end_tokens: u64, bias_offsets: u64, bias_ids: u64,
+        bias_values: u64, bad_word_offsets: u64, bad_words: u64, allowed: u64, bitmask: u64,
+        processed: u64, fallback: u64,
+        max_model_len: u64, max_step_tokens: u64, n_end: u64, n_bias: u64, n_bad_words: u64,
+        rows: u32, vocab: u32, real_bsz: u32, logits: u32,
+    }
+
     /// `verify_draft_tokens.cu`.
     pub(crate) struct VerifyArgs {
         draft_tokens: u64, this_time: u64, encoder: u64, cu_out: u64, stop_flags: u64,
@@ -136,6 +147,7 @@ device_args! {
     TopKTopPSample => SampleArgs,
     TopPCandidates => CandidatesArgs,
     VerifyDraftTokens => VerifyArgs,
+    ProcessLogits => ProcessArgs,
 }
 
 #[cfg(test)]
