@@ -4,7 +4,9 @@
 //! aligned and misaligned windows; `verify_draft_tokens` with every strategy; `accept_logprobs`;
 //! the batch ops and `softmax`. Logits rows (contract §3b: sampling, candidates and REJECTION,
 //! ordinary and hostile logits at every kind of temperature) are compared with the reference device
-//! (`specula-reference`), as the CPU backend takes probability rows only. The real kernel sources (every `kernels/<op>.cu` of the op table)
+//! (`specula-reference`), as the CPU backend takes probability rows only. `process_logits`
+//! (§5.12), the `fallback` input of the sampling ops and `update_state`'s `token_counts` are
+//! compared with the reference bit for bit, hostile inputs included. The real kernel sources (every `kernels/<op>.cu` of the op table)
 //! are compiled with a C++20 compiler (`g++`, `c++` or `clang++`).
 //!
 //! The emulation takes minutes, so these tests run only when `SPECULA_REQUIRE` names
