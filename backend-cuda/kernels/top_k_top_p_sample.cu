@@ -5,7 +5,7 @@
 // the radix selection of select.cuh (top-k on counts, then top-p on exact masses) and the token by
 // one id-order prefix scan of the kept weights against t = floor(R · C / 2^64). Logits rows
 // (`logits`) first find the row maximum and weigh each token by contract §3b at the row's
-// temperature.
+// temperature. With `fallback`, a row of weight 0 yields fallback[r] (process_logits, §4c).
 
 struct SampleArgs {
     const typename SPECULA_T::raw* probs;  // [rows, vocab] probabilities or logits
@@ -13,6 +13,7 @@ struct SampleArgs {
     const i32* top_k;                      // [rows]
     const float* top_p;                    // [rows]
     const u64* seed;                       // [rows]
+    const i32* fallback;                   // [rows] or null: the token of a row of weight 0
     i32* tokens;                           // [rows]
     unsigned char* scratch;                // split rows: [rows][stride]
     u64 scratch_stride;
@@ -31,7 +32,8 @@ __device__ void sample_one_row(const SampleArgs& a, u32 r, RowPart& p, SelShared
     const Weigh w = row_weigh<E>(row, p, s, a.logits != 0, a.logits != 0 ? a.temperature[r] : 1.0f);
     const Kept k = kept_set<E>(row, p, s, w, a.vocab, a.top_k[r], top_p_fixed(a.top_p[r]));
     if (k.degenerate) {
-        if (p.block == 0 && threadIdx.x == 0) a.tokens[r] = (i32)k.first;
+        // A row of weight 0 yields its fallback when given, else its first token in rank order.
+        if (p.block == 0 && threadIdx.x == 0) a.tokens[r] = a.fallback != 0 ? a.fallback[r] : (i32)k.first;
         return;
     }
     const u64 t = scale_draw(specula_draw(a.seed[r], SPECULA_PURPOSE_SAMPLE), k.prefix.mass);

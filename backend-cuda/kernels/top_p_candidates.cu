@@ -14,6 +14,7 @@ struct CandidatesArgs {
     const float* temperature;              // [rows] (logits rows only)
     const float* top_p;                    // [rows]
     const i32* batch_id;                   // [rows] or null
+    const i32* fallback;                   // [rows] or null: the token of a row of weight 0
     i32* ids;                              // [rows, C]
     float* scores;                         // [rows, C]
     i32* lens;                             // [rows]
@@ -55,12 +56,15 @@ extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
     u32 n = valid.count < c ? valid.count : c;
     if (logits && valid.within_mass == 0) n = 0;
     if (n == 0) {
+        // Row weight 0: its fallback when given (nothing, lens 0, when negative), else its first
+        // token in rank order; score 0.
         const u32 first = first_in_rank<SPECULA_T, RankKeys>(row, p, s, w);
+        const i32 only = a.fallback != 0 ? a.fallback[r] : (i32)first;
         for (u32 i = threadIdx.x; i < c; i += SEL_BLOCK) {
-            out_ids[i] = i == 0 ? (i32)first : -1;
+            out_ids[i] = i == 0 ? only : -1;
             out_scores[i] = 0.0f;
         }
-        if (threadIdx.x == 0) a.lens[r] = 1;
+        if (threadIdx.x == 0) a.lens[r] = only >= 0 ? 1 : 0;
         return;
     }
     if (threadIdx.x == 0) n_gathered = 0;

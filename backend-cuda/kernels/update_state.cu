@@ -1,7 +1,9 @@
 // update_state (contract §4.6): the end of a step for every running slot: append the emitted
 // tokens, advance step_idx and the seed (by 4 per emitted token), record the last token, set the
 // stop flag and turn a prefill slot into a decode slot. One thread per slot; sums of untrusted
-// lengths are computed in 64 bits and saturate at i32::MAX when stored.
+// lengths are computed in 64 bits and saturate at i32::MAX when stored. With `token_counts`
+// (non-null), every appended token in [0, vocab) adds 1 to its slot's entry, saturating at
+// i32::MAX (the counts process_logits reads, docs/semantics.md §4c).
 
 struct UpdateStateArgs {
     const i32* accept_tokens;  // [max_bsz, S]
@@ -17,9 +19,11 @@ struct UpdateStateArgs {
     i32* draft_tokens;         // [max_bsz, S]
     i32* encoder;              // [max_bsz]
     i32* decoder;              // [max_bsz]
+    i32* token_counts;         // [max_bsz, vocab], or null
     u64 max_model_len;
     u64 max_step_tokens;
     u64 n_end;
+    u64 vocab;  // row length of token_counts (unused without it)
     u32 real_bsz;
     u32 pad;
 };
@@ -53,6 +57,13 @@ extern "C" __global__ void __launch_bounds__(SPECULA_BATCH_BLOCK)
     // prompt + step + n <= max_model_len by the room clamp: the window is inside row b.
     i32* dst = a.token_ids_all + (u64)b * l + prompt + step;
     for (u64 k = 0; k < n; ++k) dst[k] = tokens[k];
+    if (a.token_counts != 0) {
+        i32* counts = a.token_counts + (u64)b * a.vocab;
+        for (u64 k = 0; k < n; ++k) {
+            const i32 t = tokens[k];
+            if (t >= 0 && (u64)t < a.vocab && counts[t] != SPECULA_I32_MAX) counts[t] += 1;
+        }
+    }
     const i32 new_step = clamp_i32((i64)step + (i64)n);
     a.step_idx[b] = new_step;
     a.infer_seed[b] = row_seed(a.infer_seed[b], n);

@@ -46,8 +46,8 @@ specula_backend_api::kernel_args! {
     pub(crate) struct UpdateStateArgs {
         accept_tokens: u64, is_block_step: u64, prompt_lens: u64, max_dec_len: u64,
         end_tokens: u64, accept_num: u64, stop_flags: u64, token_ids_all: u64, step_idx: u64,
-        infer_seed: u64, draft_tokens: u64, encoder: u64, decoder: u64,
-        max_model_len: u64, max_step_tokens: u64, n_end: u64,
+        infer_seed: u64, draft_tokens: u64, encoder: u64, decoder: u64, token_counts: u64,
+        max_model_len: u64, max_step_tokens: u64, n_end: u64, vocab: u64,
         real_bsz: u32, pad: u32,
     }
 
@@ -70,7 +70,7 @@ specula_backend_api::kernel_args! {
 
     /// `top_k_top_p_sample.cu`.
     pub(crate) struct SampleArgs {
-        probs: u64, temperature: u64, top_k: u64, top_p: u64, seed: u64, tokens: u64,
+        probs: u64, temperature: u64, top_k: u64, top_p: u64, seed: u64, fallback: u64, tokens: u64,
         scratch: u64,
         scratch_stride: u64,
         rows: u32, vocab: u32, vec: u32, splits: u32, logits: u32, pad: u32,
@@ -78,8 +78,20 @@ specula_backend_api::kernel_args! {
 
     /// `top_p_candidates.cu`.
     pub(crate) struct CandidatesArgs {
-        probs: u64, temperature: u64, top_p: u64, batch_id: u64, ids: u64, scores: u64, lens: u64,
+        probs: u64, temperature: u64, top_p: u64, batch_id: u64, fallback: u64, ids: u64,
+        scores: u64, lens: u64,
         rows: u32, vocab: u32, candidates: u32, vec: u32, logits: u32, pad: u32,
+    }
+
+    /// `process_logits.cu`.
+    pub(crate) struct ProcessArgs {
+        scores: u64, temperature: u64, cu_out: u64, batch_id: u64, token_ids_all: u64,
+        prompt_lens: u64, step_idx: u64, draft_tokens: u64, token_counts: u64, prompt_mask: u64,
+        penalties: u64, min_tokens: u64, end_tokens: u64, bias_offsets: u64, bias_ids: u64,
+        bias_values: u64, bad_word_offsets: u64, bad_words: u64, allowed: u64, bitmask: u64,
+        processed: u64, fallback: u64,
+        max_model_len: u64, max_step_tokens: u64, n_end: u64, n_bias: u64, n_bad_words: u64,
+        rows: u32, vocab: u32, real_bsz: u32, logits: u32,
     }
 
     /// `verify_draft_tokens.cu`.
@@ -135,6 +147,7 @@ device_args! {
     TopKTopPSample => SampleArgs,
     TopPCandidates => CandidatesArgs,
     VerifyDraftTokens => VerifyArgs,
+    ProcessLogits => ProcessArgs,
 }
 
 #[cfg(test)]

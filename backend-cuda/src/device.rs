@@ -147,7 +147,7 @@ impl CudaDevice {
             float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: total_mem,
             logits: true,
-            processing: false,
+            processing: true,
         };
         Ok(CudaDevice {
             desc: DeviceDesc::new(info, capabilities),

@@ -14,6 +14,7 @@
 
 use specula_backend_api::abi;
 use specula_backend_api::logit_weights::{self, sanitize_logit};
+use specula_backend_api::ops::process_logits::{PENALTY_FIELDS, penalty};
 use specula_backend_api::rng::Purpose;
 use specula_backend_api::{DType, Op};
 
@@ -113,7 +114,7 @@ impl KernelFile {
             KernelFile::UpdateState => &["update_state"],
             KernelFile::NgramMatch => &["ngram_match_propose", "ngram_match"],
             KernelFile::AcceptLogprobs => &["accept_logprobs_pack", "accept_logprobs"],
-            KernelFile::ProcessLogits => &[],
+            KernelFile::ProcessLogits => &["process_logits"],
         }
     }
 
@@ -127,13 +128,13 @@ impl KernelFile {
             | KernelFile::BuildSamplingParams
             | KernelFile::UpdateState
             | KernelFile::NgramMatch => vec![Instance::integer(DType::I32)],
-            KernelFile::ProcessLogits => Vec::new(),
             KernelFile::GatherNextToken => vec![Instance::integer(DType::U8)],
             KernelFile::Argmax
             | KernelFile::Softmax
             | KernelFile::TopKTopPSample
             | KernelFile::TopPCandidates
-            | KernelFile::AcceptLogprobs => DType::FLOATS
+            | KernelFile::AcceptLogprobs
+            | KernelFile::ProcessLogits => DType::FLOATS
                 .iter()
                 .map(|&t| Instance::float(t, t))
                 .collect(),
@@ -228,6 +229,15 @@ pub fn defines() -> Vec<(String, String)> {
             "REJECTION_MAX_TOTAL_WEIGHT",
             format!("{}ull", abi::REJECTION_MAX_TOTAL_WEIGHT),
         ),
+        d("PENALTY_FIELDS", PENALTY_FIELDS.to_string()),
+        d("PENALTY_REPETITION", penalty::REPETITION.to_string()),
+        d(
+            "PENALTY_REPETITION_INVERSE",
+            penalty::REPETITION_INVERSE.to_string(),
+        ),
+        d("PENALTY_FREQUENCY", penalty::FREQUENCY.to_string()),
+        d("PENALTY_PRESENCE", penalty::PRESENCE.to_string()),
+        d("PENALTY_MIN_P", penalty::MIN_P.to_string()),
         d("PURPOSE_SAMPLE", format!("{}u", Purpose::Sample as u32)),
         d(
             "PURPOSE_CANDIDATE",

@@ -4,7 +4,9 @@
 //! aligned and misaligned windows; `verify_draft_tokens` with every strategy; `accept_logprobs`;
 //! the batch ops and `softmax`. Logits rows (contract §3b: sampling, candidates and REJECTION,
 //! ordinary and hostile logits at every kind of temperature) are compared with the reference device
-//! (`specula-reference`), as the CPU backend takes probability rows only. The real kernel sources (every `kernels/<op>.cu` of the op table)
+//! (`specula-reference`), as the CPU backend takes probability rows only. `process_logits`
+//! (§5.12), the `fallback` input of the sampling ops and `update_state`'s `token_counts` are
+//! compared with the reference bit for bit, hostile inputs included. The real kernel sources (every `kernels/<op>.cu` of the op table)
 //! are compiled with a C++20 compiler (`g++`, `c++` or `clang++`).
 //!
 //! The emulation takes minutes, so these tests run only when `SPECULA_REQUIRE` names
@@ -52,6 +54,14 @@ fn main() -> ExitCode {
         (
             "logits_sampling_kernels_match_the_reference_on_the_host_emulator",
             panicking(logits_sampling_kernels_match_the_reference),
+        ),
+        (
+            "sampling_fallback_matches_the_reference_on_the_host_emulator",
+            panicking(sampling_fallback_matches_the_reference),
+        ),
+        (
+            "process_logits_matches_the_reference_on_the_host_emulator",
+            panicking(process_logits_matches_the_reference),
         ),
         (
             "logits_rejection_matches_the_reference_on_the_host_emulator",
@@ -1166,6 +1176,153 @@ fn logits_sampling_kernels_match_the_reference() {
     }
 }
 
+/// The `fallback` input of `top_k_top_p_sample` (one block per row and split rows) and
+/// `top_p_candidates`, on probability and logits rows, a third of them of weight 0 (all −inf/NaN
+/// logits; zero, negative, NaN and weightless tiny probabilities), fallbacks −1 and tokens,
+/// against the reference.
+fn sampling_fallback_matches_the_reference() {
+    let work = Workdir::new("fallback");
+    let dev = ReferenceDevice::new();
+    let mut rng = Lcg(0xFA11_BAC4);
+    let split_vocab = 3 * launch::SELECT_CHUNK as usize - 77;
+    for dtype in DType::FLOATS {
+        let bin = driver(dtype);
+        let mut shapes: Vec<(usize, usize, u32)> = vec![(18, 37, 1), (4, 1, 1)];
+        if dtype == DType::F32 {
+            shapes.push((3, split_vocab, 3));
+        }
+        for (rows_n, vocab, splits) in shapes {
+            for logits in [false, true] {
+                let mut c = Case::new(&mut rng, dtype, rows_n, vocab);
+                let mut values = if logits {
+                    logit_rows(&mut rng, rows_n, vocab)
+                } else {
+                    rows(&mut rng, rows_n, vocab)
+                };
+                for (r, row) in values.chunks_mut(vocab).enumerate() {
+                    if r % 3 == 0 {
+                        for (v, x) in row.iter_mut().enumerate() {
+                            *x = match (v + r) % 4 {
+                                0 => f32::NAN,
+                                1 if logits => f32::NEG_INFINITY,
+                                1 => -0.5,
+                                2 if logits => f32::NEG_INFINITY,
+                                2 => 1e-13,
+                                _ if logits => f32::NAN,
+                                _ => 0.0,
+                            };
+                        }
+                    }
+                }
+                c.probs = to_bytes(dtype, &values);
+                let fallback: Vec<i32> = (0..rows_n)
+                    .map(|r| [-1, 0, vocab as i32 - 1, 3, -1, 12345][r % 6])
+                    .collect();
+                let temperature = temperatures(rows_n, rows_n);
+                c.write(&work);
+                work.write("temperature.bin", &temperature);
+                work.write("fallback.bin", &fallback);
+                let stride = launch::split_row_scratch_bytes(splits);
+                let flag = u32::from(logits);
+                work.run(
+                    &bin,
+                    "sample",
+                    &[&rows_n, &vocab, &0, &splits, &stride, &flag, &1],
+                );
+                let matrix = dev.upload_bytes(dtype, &c.probs).expect("upload");
+                let temp = up_ref(&dev, &temperature);
+                let scores = if logits {
+                    Scores::logits(&matrix, &temp)
+                } else {
+                    Scores::probs(&matrix)
+                };
+                let (top_k, top_p, seed, fb) = (
+                    up_ref(&dev, &c.top_k),
+                    up_ref(&dev, &c.top_p),
+                    up_ref(&dev, &c.seed),
+                    up_ref(&dev, &fallback),
+                );
+                let mut tokens = dev.alloc::<i32>(rows_n).expect("alloc");
+                dev.top_k_top_p_sample(
+                    &SampleInputs {
+                        scores,
+                        top_k: &top_k,
+                        top_p: &top_p,
+                        seed: &seed,
+                        fallback: Some(&fb),
+                    },
+                    &mut tokens,
+                    &SampleParams {
+                        shape: c.shape(),
+                        host_top_p: None,
+                    },
+                )
+                .expect("reference sample");
+                let label =
+                    format!("{dtype} fallback logits {logits} {rows_n}x{vocab} splits {splits}");
+                assert_eq!(
+                    work.read::<i32>("tokens.out"),
+                    ref_bits::<i32>(&dev, &tokens),
+                    "{label}: sample"
+                );
+                if splits > 1 {
+                    continue;
+                }
+                let batch_id: Vec<i32> = (0..rows_n as i32)
+                    .map(|r| if r % 7 == 6 { -1 } else { r })
+                    .collect();
+                work.write("batch_id.bin", &batch_id);
+                for cands in [1usize, 5] {
+                    work.run(
+                        &bin,
+                        "candidates",
+                        &[&rows_n, &vocab, &0, &cands, &flag, &1],
+                    );
+                    let bid = up_ref(&dev, &batch_id);
+                    let mut ids = dev.alloc::<i32>(rows_n * cands).expect("alloc");
+                    let mut out_scores = dev.alloc::<f32>(rows_n * cands).expect("alloc");
+                    let mut lens = dev.alloc::<i32>(rows_n).expect("alloc");
+                    dev.top_p_candidates(
+                        &CandidatesInputs {
+                            scores,
+                            top_p: &top_p,
+                            batch_id_per_token_output: Some(&bid),
+                            fallback: Some(&fb),
+                        },
+                        &mut CandidatesOutputs {
+                            ids: &mut ids,
+                            scores: &mut out_scores,
+                            lens: &mut lens,
+                        },
+                        &CandidatesParams {
+                            shape: c.shape(),
+                            candidates: cands,
+                            host_top_p: None,
+                        },
+                    )
+                    .expect("reference candidates");
+                    let label = format!("{label} C={cands}");
+                    assert_eq!(
+                        work.read::<i32>("ids.out"),
+                        ref_bits::<i32>(&dev, &ids),
+                        "{label}: ids"
+                    );
+                    assert_eq!(
+                        work.read::<u32>("scores.out"),
+                        ref_bits::<u32>(&dev, &out_scores),
+                        "{label}: scores"
+                    );
+                    assert_eq!(
+                        work.read::<i32>("lens.out"),
+                        ref_bits::<i32>(&dev, &lens),
+                        "{label}: lens"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// REJECTION on logits target and draft rows (weighed at the output rows' temperatures), against
 /// the reference: every slot kind, hostile rows and temperatures, out-of-vocabulary drafts, and
 /// the `accept_all` / `reject_all` flags.
@@ -1727,6 +1884,15 @@ fn batch_kernels_match_the_cpu_reference() {
             expect.same::<u8>(file, &out, &what);
         }
         check_update_state(&expect, &state, dims, max_model_len, &end_tokens);
+        check_token_counts(
+            &work,
+            &args,
+            &state,
+            dims,
+            max_model_len,
+            &end_tokens,
+            trial,
+        );
         check_ngram_match(
             &expect,
             &state,
@@ -1795,6 +1961,89 @@ fn check_update_state(
     expect.same::<i32>("u_draft_tokens.out", &dt, "draft_tokens");
     expect.same::<i32>("u_encoder.out", &enc, "encoder");
     expect.same::<i32>("u_decoder.out", &dec, "decoder");
+}
+
+/// `update_state` with `token_counts` (hostile counts: negative, near and at `i32::MAX`; tokens
+/// outside the vocabulary) on fresh copies of the trial's state, against the reference: the
+/// driver's `counts` run.
+fn check_token_counts(
+    work: &Workdir,
+    batch_args: &[&dyn Display; 11],
+    state: &BatchState,
+    dims: BatchDims,
+    max_model_len: usize,
+    end_tokens: &[i32],
+    trial: usize,
+) {
+    // accept_tokens draw from [1, 9]: tokens 8 and 9 lie outside a vocabulary of 7 or 8.
+    let vocab = 7 + trial % 2;
+    let counts: Vec<i32> = (0..dims.max_bsz * vocab)
+        .map(|i| [0, 3, -4, i32::MAX, i32::MAX - 1, 1, i32::MIN, 0][(i + trial) % 8])
+        .collect();
+    work.write("token_counts.bin", &counts);
+    let mut args: Vec<&dyn Display> = batch_args.to_vec();
+    args.push(&vocab);
+    work.run(&driver(DType::F32), "counts", &args);
+    let dev = ReferenceDevice::new();
+    let (at, ib, pl) = (
+        up_ref(&dev, &state.accept_tokens),
+        up_ref(&dev, &state.is_block),
+        up_ref(&dev, &state.prompt_lens),
+    );
+    let (md, et) = (up_ref(&dev, &state.max_dec_len), up_ref(&dev, end_tokens));
+    let mut an = up_ref(&dev, &state.accept_num);
+    let mut sf = up_ref(&dev, &state.stop_flags);
+    let mut tia = up_ref(&dev, &state.token_ids_all);
+    let mut si = up_ref(&dev, &state.step_idx);
+    let mut is = up_ref(&dev, &state.infer_seed);
+    let mut dt = up_ref(&dev, &state.draft_tokens);
+    let mut enc = up_ref(&dev, &state.encoder);
+    let mut dec = up_ref(&dev, &state.decoder);
+    let mut tc = up_ref(&dev, &counts);
+    dev.update_state(
+        &UpdateStateInputs {
+            accept_tokens: &at,
+            is_block_step: &ib,
+            prompt_lens: &pl,
+            max_dec_len: &md,
+            end_tokens: &et,
+        },
+        &mut DecodeState {
+            accept_num: &mut an,
+            stop_flags: &mut sf,
+            token_ids_all: &mut tia,
+            step_idx: &mut si,
+            infer_seed: &mut is,
+            draft_tokens: &mut dt,
+            seq_lens_encoder: &mut enc,
+            seq_lens_decoder: &mut dec,
+            token_counts: Some(&mut tc),
+        },
+        &UpdateStateParams {
+            dims,
+            max_model_len,
+            vocab,
+        },
+    )
+    .expect("reference update_state");
+    let label = format!("update_state with token_counts, trial {trial}");
+    let same = |file: &str, want: Vec<u8>| {
+        let got = std::fs::read(work.0.join(file)).expect("read output");
+        assert_eq!(got, want, "{label}: {file}");
+    };
+    for (file, buffer) in [
+        ("u_token_counts.out", &tc),
+        ("u_accept_num.out", &an),
+        ("u_stop_flags.out", &sf),
+        ("u_token_ids_all.out", &tia),
+        ("u_step_idx.out", &si),
+        ("u_infer_seed.out", &is),
+        ("u_draft_tokens.out", &dt),
+        ("u_encoder.out", &enc),
+        ("u_decoder.out", &dec),
+    ] {
+        same(file, dev.download_bytes(buffer).expect("download"));
+    }
 }
 
 /// `ngram_match` on fresh copies of the trial's state: the driver's `n_*` outputs.
@@ -1985,4 +2234,495 @@ fn an_infinite_temperature_is_uniform_over_the_finite_logits() {
         work.read::<f32>("probs.out"),
         vec![quarter, quarter, quarter, 0.0, 0.0, quarter]
     );
+}
+
+/// One `process_logits` case: the rows and every per-slot input, as the host writes them.
+struct ProcessCase {
+    dtype: DType,
+    logits: bool,
+    rows: usize,
+    vocab: usize,
+    dims: BatchDims,
+    max_model_len: usize,
+    scores: Vec<u8>,
+    temperature: Vec<f32>,
+    cu_out: Vec<i32>,
+    batch_id: Vec<i32>,
+    token_ids_all: Vec<i32>,
+    prompt_lens: Vec<i32>,
+    step_idx: Vec<i32>,
+    draft_tokens: Vec<i32>,
+    token_counts: Vec<i32>,
+    prompt_mask: Vec<u32>,
+    penalties: Vec<f32>,
+    min_tokens: Vec<i32>,
+    end_tokens: Vec<i32>,
+    bias_offsets: Vec<i32>,
+    bias_ids: Vec<i32>,
+    bias_values: Vec<f32>,
+    bad_word_offsets: Vec<i32>,
+    bad_words: Vec<i32>,
+    allowed: Option<Vec<u32>>,
+    bitmask: Option<Vec<u32>>,
+}
+
+/// A value of `list` chosen by `rng`.
+fn pick<T: Copy>(rng: &mut Lcg, list: &[T]) -> T {
+    list[(rng.next() % list.len() as u64) as usize]
+}
+
+/// A token of a small alphabet (so that histories, drafts, bias and bad words meet), now and then
+/// one outside `[0, vocab)` when `hostile`.
+fn small_token(rng: &mut Lcg, vocab: usize, hostile: bool) -> i32 {
+    if hostile && rng.next().is_multiple_of(9) {
+        return pick(
+            rng,
+            &[-1, vocab as i32, vocab as i32 + 5, i32::MIN, i32::MAX],
+        );
+    }
+    (rng.next() % vocab.min(6) as u64) as i32
+}
+
+impl ProcessCase {
+    /// A random case: every slot kind (decode rows at several positions with repeated drafts,
+    /// prefill rows, padding rows), every rule on, and when `hostile`, garbage in every buffer.
+    fn new(rng: &mut Lcg, dtype: DType, logits: bool, vocab: usize, hostile: bool) -> Self {
+        let (max_bsz, s, max_model_len) = (5usize, 4usize, 12usize);
+        let real_bsz = max_bsz - (rng.next() % 2) as usize;
+        let words = vocab.div_ceil(32);
+        // Rows per slot: decode rows (up to S), one prefill row, none.
+        let mut cu_out = vec![0i32];
+        let mut batch_id = Vec::new();
+        for b in 0..real_bsz {
+            let n = [s, 3, 1, 0, 2][(b + rng.next() as usize) % 5];
+            batch_id.extend(std::iter::repeat_n(b as i32, n));
+            cu_out.push(cu_out[b] + n as i32);
+        }
+        // Padding rows, and with `hostile` rows whose slot or position is out of range.
+        batch_id.push(-1);
+        batch_id.push(real_bsz as i32);
+        if hostile {
+            batch_id.push(i32::MAX);
+            batch_id.push(0);
+            cu_out[1] = cu_out[1].max(0) + 9; // slot 0's rows sit before its first row
+        }
+        let rows = batch_id.len();
+        let capacity = rows.max(max_bsz * s);
+        batch_id.resize(capacity, -1);
+        let values = if logits {
+            logit_rows(rng, rows, vocab)
+        } else {
+            super_rows(rng, rows, vocab)
+        };
+        let scores = to_bytes(dtype, &values);
+        let token_ids_all = (0..max_bsz * max_model_len)
+            .map(|_| small_token(rng, vocab, hostile))
+            .collect();
+        let prompt_lens = (0..max_bsz)
+            .map(|_| pick(rng, &[0, 2, 3, 5, 11, 12, -2, 40]))
+            .collect();
+        let step_idx = (0..max_bsz)
+            .map(|_| pick(rng, &[0, 1, 3, 6, 9, -1, i32::MAX]))
+            .collect();
+        let draft_tokens = (0..max_bsz * s)
+            .map(|_| small_token(rng, vocab, hostile))
+            .collect();
+        let token_counts = (0..max_bsz * vocab)
+            .map(|_| {
+                if hostile {
+                    pick(
+                        rng,
+                        &[
+                            0,
+                            0,
+                            1,
+                            2,
+                            7,
+                            -3,
+                            i32::MAX,
+                            i32::MIN,
+                            1 << 24,
+                            (1 << 24) - 1,
+                        ],
+                    )
+                } else {
+                    pick(rng, &[0, 0, 0, 1, 2, 3])
+                }
+            })
+            .collect();
+        let prompt_mask = (0..max_bsz * words)
+            .map(|_| (rng.next() & rng.next()) as u32)
+            .collect();
+        let mut penalties = Vec::new();
+        for _ in 0..max_bsz {
+            let alpha = if hostile {
+                pick(
+                    rng,
+                    &[
+                        1.0f32,
+                        1.3,
+                        0.7,
+                        2.0,
+                        f32::NAN,
+                        f32::INFINITY,
+                        0.0,
+                        f32::from_bits(1),
+                        1e10,
+                        -1.5,
+                    ],
+                )
+            } else {
+                pick(rng, &[1.0f32, 1.3, 0.7, 2.0])
+            };
+            let inverse = if hostile && rng.next().is_multiple_of(4) {
+                pick(rng, &[f32::NAN, 5e9, 0.0, -1.0])
+            } else {
+                1.0 / alpha
+            };
+            let additive = |rng: &mut Lcg| {
+                if hostile {
+                    pick(
+                        rng,
+                        &[
+                            0.0f32,
+                            0.5,
+                            -0.3,
+                            1e30,
+                            f32::NAN,
+                            f32::INFINITY,
+                            f32::from_bits(3),
+                            -2e20,
+                        ],
+                    )
+                } else {
+                    pick(rng, &[0.0f32, 0.5, -0.3, 1.25])
+                }
+            };
+            let (beta, gamma) = (additive(rng), additive(rng));
+            let min_p = if hostile {
+                pick(
+                    rng,
+                    &[
+                        0.0f32,
+                        0.1,
+                        0.5,
+                        1.0,
+                        2.0,
+                        f32::NAN,
+                        -0.1,
+                        1e-30,
+                        0.999,
+                        f32::INFINITY,
+                    ],
+                )
+            } else {
+                pick(rng, &[0.0f32, 0.0, 0.05, 0.3, 1.0])
+            };
+            penalties.extend([alpha, inverse, beta, gamma, min_p]);
+        }
+        let min_tokens = (0..max_bsz)
+            .map(|_| pick(rng, &[0, 3, 8, -1, i32::MAX]))
+            .collect();
+        let mut end_tokens = vec![(vocab - 1) as i32, 2.min(vocab as i32 - 1)];
+        if hostile {
+            end_tokens.extend([-5, vocab as i32 + 1]);
+        }
+        // Bias entries (duplicates: the last one counts), values of every kind.
+        let mut bias_offsets = vec![0i32];
+        let mut bias_ids = Vec::new();
+        let mut bias_values = Vec::new();
+        for _ in 0..max_bsz {
+            for _ in 0..rng.next() % 5 {
+                bias_ids.push(small_token(rng, vocab, hostile));
+                bias_values.push(if hostile {
+                    pick(
+                        rng,
+                        &[
+                            1.5f32,
+                            -2.0,
+                            f32::NAN,
+                            f32::NEG_INFINITY,
+                            1e30,
+                            f32::from_bits(7),
+                            -0.0,
+                            3e19,
+                        ],
+                    )
+                } else {
+                    pick(rng, &[1.5f32, -2.0, 0.25, 10.0, -100.0])
+                });
+            }
+            bias_offsets.push(bias_ids.len() as i32);
+        }
+        if bias_ids.is_empty() {
+            bias_ids.push(0);
+            bias_values.push(0.0);
+        }
+        // Bad words: single tokens, and prefixes of 1 or 2 tokens of the small alphabet (so that
+        // they match the history, drafts included); hostile: malformed entries and offsets.
+        let mut bad_word_offsets = vec![0i32];
+        let mut bad_words = Vec::new();
+        for _ in 0..max_bsz {
+            for _ in 0..rng.next() % 4 {
+                let n = 1 + (rng.next() % 3) as i32;
+                bad_words.push(n);
+                for _ in 0..n {
+                    bad_words.push(small_token(rng, vocab, hostile));
+                }
+            }
+            if hostile && rng.next().is_multiple_of(3) {
+                bad_words.push(pick(rng, &[0, -1, 99, i32::MAX]));
+                bad_words.push(1);
+            }
+            bad_word_offsets.push(bad_words.len() as i32);
+        }
+        if bad_words.is_empty() {
+            bad_words.push(1);
+        }
+        if hostile {
+            let n = max_bsz + 1;
+            let k = (rng.next() as usize) % n;
+            bias_offsets[k] = pick(rng, &[-3, i32::MAX, bias_ids.len() as i32 + 1]);
+            let k = (rng.next() as usize) % n;
+            bad_word_offsets[k] = pick(rng, &[-1, i32::MIN, bad_words.len() as i32 + 2]);
+        }
+        let mask = |rng: &mut Lcg, n: usize| -> Vec<u32> {
+            (0..n)
+                .map(|_| (rng.next() | rng.next() | rng.next()) as u32)
+                .collect()
+        };
+        let allowed = (!rng.next().is_multiple_of(3)).then(|| {
+            let mut m = mask(rng, max_bsz * words);
+            m[words..2 * words].fill(0); // slot 1 allows nothing
+            m
+        });
+        let bitmask = rng.next().is_multiple_of(2).then(|| {
+            let mut m = mask(rng, rows * words);
+            if rows > 1 {
+                m[words..2 * words].fill(0); // row 1 allows nothing
+            }
+            m
+        });
+        ProcessCase {
+            dtype,
+            logits,
+            rows,
+            vocab,
+            dims: BatchDims {
+                max_bsz,
+                real_bsz,
+                max_step_tokens: s,
+            },
+            max_model_len,
+            scores,
+            temperature: temperatures(rows, rng.next() as usize % 12),
+            cu_out,
+            batch_id,
+            token_ids_all,
+            prompt_lens,
+            step_idx,
+            draft_tokens,
+            token_counts,
+            prompt_mask,
+            penalties,
+            min_tokens,
+            end_tokens,
+            bias_offsets,
+            bias_ids,
+            bias_values,
+            bad_word_offsets,
+            bad_words,
+            allowed,
+            bitmask,
+        }
+    }
+
+    fn write(&self, work: &Workdir) {
+        work.write("probs.bin", &self.scores);
+        work.write("temperature.bin", &self.temperature);
+        for (name, data) in [
+            ("cu_out.bin", &self.cu_out),
+            ("batch_id.bin", &self.batch_id),
+            ("token_ids_all.bin", &self.token_ids_all),
+            ("prompt_lens.bin", &self.prompt_lens),
+            ("step_idx.bin", &self.step_idx),
+            ("draft_tokens.bin", &self.draft_tokens),
+            ("token_counts.bin", &self.token_counts),
+            ("min_tokens.bin", &self.min_tokens),
+            ("end_tokens.bin", &self.end_tokens),
+            ("bias_offsets.bin", &self.bias_offsets),
+            ("bias_ids.bin", &self.bias_ids),
+            ("bad_word_offsets.bin", &self.bad_word_offsets),
+            ("bad_words.bin", &self.bad_words),
+        ] {
+            work.write(name, data);
+        }
+        work.write("prompt_mask.bin", &self.prompt_mask);
+        work.write("penalties.bin", &self.penalties);
+        work.write("bias_values.bin", &self.bias_values);
+        if let Some(m) = &self.allowed {
+            work.write("allowed.bin", m);
+        }
+        if let Some(m) = &self.bitmask {
+            work.write("bitmask.bin", m);
+        }
+    }
+
+    /// Runs the driver on the case.
+    fn run(&self, work: &Workdir, bin: &Path) {
+        let d = &self.dims;
+        work.run(
+            bin,
+            "process",
+            &[
+                &self.rows,
+                &self.vocab,
+                &d.max_bsz,
+                &d.real_bsz,
+                &d.max_step_tokens,
+                &self.max_model_len,
+                &self.end_tokens.len(),
+                &self.bias_ids.len(),
+                &self.bad_words.len(),
+                &u32::from(self.logits),
+                &u32::from(self.allowed.is_some()),
+                &u32::from(self.bitmask.is_some()),
+            ],
+        );
+    }
+
+    /// `process_logits` on the reference: `(processed bits, fallback)`.
+    fn reference(&self, dev: &ReferenceDevice) -> (Vec<u32>, Vec<i32>) {
+        let matrix = dev.upload_bytes(self.dtype, &self.scores).expect("upload");
+        let temp = up_ref(dev, &self.temperature);
+        let scores = if self.logits {
+            Scores::logits(&matrix, &temp)
+        } else {
+            Scores::probs(&matrix)
+        };
+        let u = |data: &[i32]| up_ref(dev, data);
+        let (cu_out, batch_id) = (u(&self.cu_out), u(&self.batch_id));
+        let (tia, pl, si, dt, tc) = (
+            u(&self.token_ids_all),
+            u(&self.prompt_lens),
+            u(&self.step_idx),
+            u(&self.draft_tokens),
+            u(&self.token_counts),
+        );
+        let pm = up_ref(dev, &self.prompt_mask);
+        let pen = up_ref(dev, &self.penalties);
+        let (mt, et, bo, bi) = (
+            u(&self.min_tokens),
+            u(&self.end_tokens),
+            u(&self.bias_offsets),
+            u(&self.bias_ids),
+        );
+        let bv = up_ref(dev, &self.bias_values);
+        let (bwo, bw) = (u(&self.bad_word_offsets), u(&self.bad_words));
+        let allowed = self.allowed.as_ref().map(|m| up_ref(dev, m));
+        let bitmask = self.bitmask.as_ref().map(|m| up_ref(dev, m));
+        let mut processed = dev.alloc::<f32>(self.rows * self.vocab).expect("alloc");
+        let mut fallback = dev.alloc::<i32>(self.rows).expect("alloc");
+        dev.process_logits(
+            &ProcessInputs {
+                scores,
+                layout: OutputLayout {
+                    cu_seqlens_q_output: &cu_out,
+                    batch_id_per_token_output: &batch_id,
+                },
+                history: TokenHistory {
+                    token_ids_all: &tia,
+                    prompt_lens: &pl,
+                    step_idx: &si,
+                    draft_tokens: &dt,
+                    token_counts: &tc,
+                    prompt_mask: &pm,
+                },
+                slots: SlotProcessing {
+                    penalties: &pen,
+                    min_tokens: &mt,
+                    end_tokens: &et,
+                    bias_offsets: &bo,
+                    bias_ids: &bi,
+                    bias_values: &bv,
+                    bad_word_offsets: &bwo,
+                    bad_words: &bw,
+                    allowed: allowed.as_ref(),
+                },
+                bitmask: bitmask.as_ref(),
+            },
+            &mut ProcessOutputs {
+                processed: &mut processed,
+                fallback: &mut fallback,
+            },
+            &ProcessParams {
+                dims: self.dims,
+                shape: RowShape {
+                    rows: self.rows,
+                    vocab: self.vocab,
+                },
+                max_model_len: self.max_model_len,
+                host: None,
+            },
+        )
+        .expect("reference process_logits");
+        (ref_bits(dev, &processed), ref_bits(dev, &fallback))
+    }
+}
+
+/// Probability rows of every kind ([`rows`]).
+fn super_rows(rng: &mut Lcg, count: usize, vocab: usize) -> Vec<f32> {
+    rows(rng, count, vocab)
+}
+
+/// `process_logits` against the reference, bit for bit: logits and probability rows in f32, f16
+/// and bf16, vocabularies of 1, 33 (not a multiple of 32) and 300, ordinary and hostile cases.
+fn process_logits_matches_the_reference() {
+    let work = Workdir::new("process");
+    let dev = ReferenceDevice::new();
+    let mut rng = Lcg(0x9_40CE55);
+    let mut checked = 0usize;
+    for dtype in DType::FLOATS {
+        let bin = driver(dtype);
+        let cases: &[(usize, bool, bool)] = if dtype == DType::F32 {
+            &[
+                (33, true, false),
+                (33, true, true),
+                (300, true, true),
+                (1, true, true),
+                (33, false, true),
+                (300, false, false),
+                (1, false, true),
+                (64, true, true),
+            ]
+        } else {
+            &[(33, true, true), (100, false, true), (1, true, false)]
+        };
+        for (k, &(vocab, logits, hostile)) in cases.iter().enumerate() {
+            let case = ProcessCase::new(&mut rng, dtype, logits, vocab, hostile);
+            case.write(&work);
+            case.run(&work, &bin);
+            let (want, want_fallback) = case.reference(&dev);
+            let got = work.read::<u32>("processed.out");
+            let label = format!(
+                "{dtype} process_logits case {k}: vocab {vocab} logits {logits} hostile {hostile}"
+            );
+            for r in 0..case.rows {
+                let span = r * vocab..(r + 1) * vocab;
+                assert_eq!(
+                    got[span.clone()],
+                    want[span],
+                    "{label}: processed row {r} (slot {})",
+                    case.batch_id[r]
+                );
+            }
+            assert_eq!(
+                work.read::<i32>("fallback.out"),
+                want_fallback,
+                "{label}: fallback"
+            );
+            checked += case.rows;
+        }
+    }
+    assert!(checked > 0);
 }

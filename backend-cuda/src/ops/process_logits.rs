@@ -1,16 +1,60 @@
-//! `process_logits` (`docs/semantics.md` §5.12): not yet on this backend. Its capabilities say
-//! `processing: false`, so the front answers `Unsupported` before this is reached.
+//! `process_logits` (`docs/semantics.md` §5.12, §4c): masks, logit bias, penalties and min_p on
+//! every output row from the row's own history, and each row's fallback token, one block per row
+//! (`kernels/process_logits.cu`), on probability rows or logits rows (f32, f16 or bf16 in, f32
+//! out).
 
 use specula_backend_api::ops::ProcessLogitsCall;
-use specula_backend_api::{BackendKind, Error, Op, Result};
+use specula_backend_api::{Op, Result};
 
-use crate::CudaDevice;
+use super::{flag, grid_x, to_u32};
+use crate::args::ProcessArgs;
+use crate::device::CudaDevice;
+use crate::kernels::{Instance, KernelFile};
+use crate::launch::ROW_BLOCK;
 
-/// Reports the op as unsupported on this backend.
-pub(crate) fn run(_device: &CudaDevice, _call: ProcessLogitsCall<'_, '_>) -> Result<()> {
-    Err(Error::Unsupported {
-        backend: BackendKind::Cuda,
-        op: Op::ProcessLogits,
-        what: "logits processing".to_owned(),
-    })
+/// Launches `process_logits` over the call's rows.
+pub(crate) fn run(device: &CudaDevice, mut call: ProcessLogitsCall<'_, '_>) -> Result<()> {
+    let op = Op::ProcessLogits;
+    let (inputs, out, params, &kind) = call.parts();
+    let (h, s) = (&inputs.history, &inputs.slots);
+    let shape = &params.shape;
+    let dims = &params.dims;
+    let args = ProcessArgs {
+        scores: device.ptr(op, inputs.scores.matrix())?,
+        temperature: device.opt_ptr(op, inputs.scores.temperature())?,
+        cu_out: device.ptr(op, inputs.layout.cu_seqlens_q_output)?,
+        batch_id: device.ptr(op, inputs.layout.batch_id_per_token_output)?,
+        token_ids_all: device.ptr(op, h.token_ids_all)?,
+        prompt_lens: device.ptr(op, h.prompt_lens)?,
+        step_idx: device.ptr(op, h.step_idx)?,
+        draft_tokens: device.ptr(op, h.draft_tokens)?,
+        token_counts: device.ptr(op, h.token_counts)?,
+        prompt_mask: device.ptr(op, h.prompt_mask)?,
+        penalties: device.ptr(op, s.penalties)?,
+        min_tokens: device.ptr(op, s.min_tokens)?,
+        end_tokens: device.ptr(op, s.end_tokens)?,
+        bias_offsets: device.ptr(op, s.bias_offsets)?,
+        bias_ids: device.ptr(op, s.bias_ids)?,
+        bias_values: device.ptr(op, s.bias_values)?,
+        bad_word_offsets: device.ptr(op, s.bad_word_offsets)?,
+        bad_words: device.ptr(op, s.bad_words)?,
+        allowed: device.opt_ptr(op, s.allowed)?,
+        bitmask: device.opt_ptr(op, inputs.bitmask)?,
+        processed: device.ptr(op, out.processed)?,
+        fallback: device.ptr(op, out.fallback)?,
+        max_model_len: params.max_model_len as u64,
+        max_step_tokens: dims.max_step_tokens as u64,
+        n_end: s.end_tokens.len() as u64,
+        n_bias: s.bias_ids.len() as u64,
+        n_bad_words: s.bad_words.len() as u64,
+        rows: grid_x(op, shape.rows)?,
+        vocab: to_u32(op, "vocab", shape.vocab)?,
+        real_bsz: to_u32(op, "real_bsz", dims.real_bsz)?,
+        logits: flag(kind.logits),
+    };
+    let kernels = device.kernels(
+        KernelFile::ProcessLogits,
+        Instance::float(kind.dtype, kind.dtype),
+    );
+    kernels.launch("process_logits", (args.rows, 1, 1), ROW_BLOCK, &args)
 }

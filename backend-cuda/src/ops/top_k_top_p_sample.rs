@@ -25,6 +25,7 @@ pub(crate) fn run(device: &CudaDevice, mut call: TopKTopPSampleCall<'_>) -> Resu
         top_k: device.ptr(op, inputs.top_k)?,
         top_p: device.ptr(op, inputs.top_p)?,
         seed: device.ptr(op, inputs.seed)?,
+        fallback: device.opt_ptr(op, inputs.fallback)?,
         tokens: device.ptr(op, tokens)?,
         scratch: 0,
         scratch_stride: 0,

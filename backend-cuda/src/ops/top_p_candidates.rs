@@ -22,6 +22,7 @@ pub(crate) fn run(device: &CudaDevice, mut call: TopPCandidatesCall<'_, '_>) -> 
         temperature: device.opt_ptr(op, inputs.scores.temperature())?,
         top_p: device.ptr(op, inputs.top_p)?,
         batch_id: device.opt_ptr(op, inputs.batch_id_per_token_output)?,
+        fallback: device.opt_ptr(op, inputs.fallback)?,
         ids: device.ptr(op, out.ids)?,
         scores: device.ptr(op, out.scores)?,
         lens: device.ptr(op, out.lens)?,

@@ -1,5 +1,6 @@
 //! `update_state` (contract §4.6): appends the emitted tokens and advances the per-slot state, one
-//! thread per slot (`kernels/update_state.cu`).
+//! thread per slot (`kernels/update_state.cu`), counting the appended tokens in `token_counts`
+//! when it is given.
 
 use specula_backend_api::ops::UpdateStateCall;
 use specula_backend_api::{DType, Op, Result};
@@ -29,9 +30,15 @@ pub(crate) fn run(device: &CudaDevice, mut call: UpdateStateCall<'_, '_>) -> Res
         draft_tokens: device.ptr(op, state.draft_tokens)?,
         encoder: device.ptr(op, state.seq_lens_encoder)?,
         decoder: device.ptr(op, state.seq_lens_decoder)?,
+        token_counts: device.opt_ptr(op, state.token_counts.as_deref())?,
         max_model_len: params.max_model_len as u64,
         max_step_tokens: dims.max_step_tokens as u64,
         n_end: inputs.end_tokens.len() as u64,
+        vocab: if state.token_counts.is_some() {
+            params.vocab as u64
+        } else {
+            0
+        },
         real_bsz: to_u32(op, "real_bsz", dims.real_bsz)?,
         pad: 0,
     };

@@ -2,10 +2,10 @@
 // the emulator, common.cuh, select.cuh and the kernel files. Inputs are DIR/<name>.bin, outputs
 // DIR/<name>.out; OFFSET is the window offset, in elements, of the probability or logit rows.
 //
-//   driver sample     DIR ROWS VOCAB OFFSET SPLITS STRIDE [LOGITS]
-//                     (probs top_k top_p seed [temperature] -> tokens)
-//   driver candidates DIR ROWS VOCAB OFFSET C [LOGITS]
-//                     (probs top_p batch_id [temperature] -> ids scores lens)
+//   driver sample     DIR ROWS VOCAB OFFSET SPLITS STRIDE [LOGITS [FALLBACK]]
+//                     (probs top_k top_p seed [temperature] [fallback] -> tokens)
+//   driver candidates DIR ROWS VOCAB OFFSET C [LOGITS [FALLBACK]]
+//                     (probs top_p batch_id [temperature] [fallback] -> ids scores lens)
 //   driver argmax     DIR ROWS VOCAB OFFSET                 (probs -> tokens)
 //   driver softmax    DIR ROWS VOCAB OFFSET                 (probs temperature -> probs)
 //   driver verify     DIR ROWS VOCAB OFFSET MAX_BSZ REAL_BSZ S STRATEGY ACCEPT_ALL REJECT_ALL C N_END
@@ -13,6 +13,9 @@
 //   driver logprobs   DIR ROWS VOCAB OFFSET MAX_BSZ REAL_BSZ S K
 //   driver batch      DIR MAX_BSZ REAL_BSZ S CAPACITY ROW_BYTES TOKEN_NUM MAX_MODEL_LEN THRESHOLD
 //                     MIN_N MAX_N N_END   (layout, sampling params, gather, update_state, ngram)
+//   driver counts     DIR <the batch arguments> VOCAB   (update_state with token_counts)
+//   driver process    DIR ROWS VOCAB MAX_BSZ REAL_BSZ S MAX_MODEL_LEN N_END N_BIAS N_BAD LOGITS
+//                     ALLOWED BITMASK   (process_logits -> processed fallback)
 
 #include <string>
 
@@ -87,6 +90,7 @@ static void run_sample(const Run& run) {
     a.logits = (u32)run.opt_arg(8);
     a.pad = 0;
     a.temperature = a.logits != 0 ? run.in<float>("temperature") : nullptr;
+    a.fallback = run.opt_arg(9) != 0 ? run.in<i32>("fallback") : nullptr;
     a.tokens = dalloc<i32>(rows);
     for (u32 r = 0; r < rows; ++r) a.tokens[r] = -7;
     a.rows = rows;
@@ -111,6 +115,7 @@ static void run_candidates(const Run& run) {
     a.logits = (u32)run.opt_arg(7);
     a.pad = 0;
     a.temperature = a.logits != 0 ? run.in<float>("temperature") : nullptr;
+    a.fallback = run.opt_arg(8) != 0 ? run.in<i32>("fallback") : nullptr;
     a.ids = dalloc<i32>((u64)rows * c);
     a.scores = dalloc<float>((u64)rows * c);
     a.lens = dalloc<i32>(rows);
@@ -244,6 +249,49 @@ static void run_logprobs(const Run& run) {
     run.out("top_logprobs", a.top_logprobs, entries * k);
 }
 
+static void run_process(const Run& run) {
+    const u32 rows = (u32)run.arg(3), vocab = (u32)run.arg(4);
+    ProcessArgs a;
+    memset(&a, 0, sizeof a);
+    a.rows = rows;
+    a.vocab = vocab;
+    a.real_bsz = (u32)run.arg(6);
+    a.max_step_tokens = run.arg(7);
+    a.max_model_len = run.arg(8);
+    a.n_end = run.arg(9);
+    a.n_bias = run.arg(10);
+    a.n_bad_words = run.arg(11);
+    a.logits = (u32)run.arg(12);
+    a.scores = run.in<raw>("probs");
+    a.temperature = a.logits != 0 ? run.in<float>("temperature") : nullptr;
+    a.cu_out = run.in<i32>("cu_out");
+    a.batch_id = run.in<i32>("batch_id");
+    a.token_ids_all = run.in<i32>("token_ids_all");
+    a.prompt_lens = run.in<i32>("prompt_lens");
+    a.step_idx = run.in<i32>("step_idx");
+    a.draft_tokens = run.in<i32>("draft_tokens");
+    a.token_counts = run.in<i32>("token_counts");
+    a.prompt_mask = run.in<u32>("prompt_mask");
+    a.penalties = run.in<float>("penalties");
+    a.min_tokens = run.in<i32>("min_tokens");
+    a.end_tokens = run.in<i32>("end_tokens");
+    a.bias_offsets = run.in<i32>("bias_offsets");
+    a.bias_ids = run.in<i32>("bias_ids");
+    a.bias_values = run.in<float>("bias_values");
+    a.bad_word_offsets = run.in<i32>("bad_word_offsets");
+    a.bad_words = run.in<i32>("bad_words");
+    a.allowed = run.arg(13) != 0 ? run.in<u32>("allowed") : nullptr;
+    a.bitmask = run.arg(14) != 0 ? run.in<u32>("bitmask") : nullptr;
+    a.processed = dalloc<float>((u64)rows * vocab);
+    a.fallback = dalloc<i32>(rows);
+    // Garbage in the outputs: every element must be written.
+    memset(a.processed, 0x5a, sizeof(float) * (u64)rows * vocab);
+    for (u32 r = 0; r < rows; ++r) a.fallback[r] = -7;
+    if (rows > 0) launch(SPECULA_ENTRY(process_logits), rows, 1, SPECULA_ROW_BLOCK, a, 2);
+    run.out("processed", a.processed, (u64)rows * vocab);
+    run.out("fallback", a.fallback, rows);
+}
+
 // The batch ops on one batch: DIR MAX_BSZ REAL_BSZ S CAPACITY ROW_BYTES TOKEN_NUM MAX_MODEL_LEN
 // THRESHOLD MIN_N MAX_N N_END.
 struct Batch {
@@ -331,8 +379,11 @@ static void run_gather(const Run& run, const Batch& b, const LayoutArgs& l) {
     }
 }
 
-static void run_update_state(const Run& run, const Batch& b) {
+// update_state; with `counts`, also token_counts (token_counts.bin, VOCAB entries per slot).
+static void run_update_state(const Run& run, const Batch& b, bool counts = false, u64 vocab = 0) {
     UpdateStateArgs u;
+    u.token_counts = counts ? run.in<i32>("token_counts") : nullptr;
+    u.vocab = counts ? vocab : 0;
     u.accept_tokens = run.in<i32>("accept_tokens");
     u.is_block_step = run.in<u8>("is_block_step");
     u.prompt_lens = run.in<i32>("prompt_lens");
@@ -361,6 +412,7 @@ static void run_update_state(const Run& run, const Batch& b) {
     run.out("u_draft_tokens", u.draft_tokens, b.max_bsz * b.s);
     run.out("u_encoder", u.encoder, b.max_bsz);
     run.out("u_decoder", u.decoder, b.max_bsz);
+    if (counts) run.out("u_token_counts", u.token_counts, b.max_bsz * vocab);
 }
 
 // ngram_match on the history before update_state (fresh copies).
@@ -411,6 +463,8 @@ int main(int argc, char** argv) {
     else if (kind == "verify") run_verify(run);
     else if (kind == "logprobs") run_logprobs(run);
     else if (kind == "batch") run_batch(run);
+    else if (kind == "process") run_process(run);
+    else if (kind == "counts") run_update_state(run, Batch(run), true, run.arg(14));
     else {
         fprintf(stderr, "unknown kind %s\n", kind.c_str());
         return 2;

@@ -41,6 +41,8 @@ inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll((unsigned long long)x); }
 // One f32 subtraction rounded to nearest even (SSE on the host: no excess precision, no FMA).
 inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
 inline void __nanosleep(unsigned) { sched_yield(); }
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 template <class T> T __ldcg(const T* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
