@@ -223,7 +223,7 @@ enum RowKind {
 /// `v` when `(v + len) % 11 == 0`.
 fn runner_bitmask(len: usize) -> Vec<u32> {
     let mut mask = vec![0u32; VOCAB.div_ceil(32)];
-    for v in (0..VOCAB).filter(|v| (v + len) % 11 != 0) {
+    for v in (0..VOCAB).filter(|v| !(v + len).is_multiple_of(11)) {
         mask[v / 32] |= 1 << (v % 32);
     }
     mask

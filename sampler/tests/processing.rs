@@ -60,7 +60,7 @@ fn processed_request(rng: &mut Rng, model: &ToyModel) -> Request {
 /// The runner's structured-output mask: bans `v` when `(v + context length) % 11 == 0`.
 fn bitmask(prefix: &[i32], vocab: usize) -> Vec<u32> {
     let mut mask = vec![0u32; vocab.div_ceil(32)];
-    for v in (0..vocab).filter(|v| (v + prefix.len()) % 11 != 0) {
+    for v in (0..vocab).filter(|v| !(v + prefix.len()).is_multiple_of(11)) {
         mask[v / 32] |= 1 << (v % 32);
     }
     mask

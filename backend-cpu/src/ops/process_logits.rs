@@ -14,13 +14,13 @@ use specula_backend_api::fixed_point::weight;
 use specula_backend_api::logit_weights::{RowScale, row_scale, sanitize_logit, scaled_weight};
 use specula_backend_api::ops::process_logits::{OpCall, PENALTY_FIELDS, mask_words, penalty};
 use specula_backend_api::ops::{ProcessInputs, ProcessParams, ScoresKind};
-use specula_backend_api::{FloatElement, Op, Result};
+use specula_backend_api::{DType, FloatElement, Op, Result};
 
 use super::{len_or_zero, token_index, with_float};
+use crate::CpuDevice;
+use crate::sampling::scan::{compiled_for, dispatch};
 #[cfg(target_arch = "x86_64")]
 use crate::sampling::scan::{has_avx2, has_avx512};
-use crate::sampling::scan::{compiled_for, dispatch};
-use crate::CpuDevice;
 use specula_backend_api::host::{slice, slice_mut};
 
 /// The largest count the frequency penalty sees.
@@ -342,13 +342,12 @@ fn dense_pass_generic<T: FloatElement>(
     let mut best = 0u32;
     for (w, (src, dst)) in input.chunks(32).zip(out.chunks_mut(32)).enumerate() {
         let kept = batch.dense_word(row.r, row.b, w);
-        let untouched = kept == u32::MAX
-            && row.prompt[w] == 0
+        let unpenalized = row.prompt[w] == 0
             && row.counts[w * 32..w * 32 + src.len()]
                 .iter()
                 .all(|&c| c <= 0);
-        if untouched {
-            best = best.max(plain_word(src, dst, batch.logits));
+        if unpenalized {
+            best = best.max(plain_word(src, dst, kept, batch.logits));
             continue;
         }
         for (j, (x, o)) in src.iter().zip(dst.iter_mut()).enumerate() {
@@ -367,25 +366,62 @@ fn dense_pass_generic<T: FloatElement>(
     best
 }
 
-/// A word of tokens no rule touches: each value sanitized; returns the largest rank key. Written
-/// with selects only, so that the loop vectorizes.
-#[inline]
-fn plain_word<T: FloatElement>(src: &[T], dst: &mut [f32], logits: bool) -> u32 {
+/// A word of tokens no penalty touches: each value sanitized, or the masked value where `kept`
+/// has a 0 bit; returns the largest rank key. Written with selects only, so that the loop
+/// vectorizes.
+#[inline(always)]
+fn plain_word<T: FloatElement>(src: &[T], dst: &mut [f32], kept: u32, logits: bool) -> u32 {
     let mut best = 0u32;
-    if logits {
-        for (x, o) in src.iter().zip(dst.iter_mut()) {
-            let l = sanitize_select(x.to_f32());
-            *o = l;
-            best = best.max(key_select(l));
-        }
-    } else {
-        for (x, o) in src.iter().zip(dst.iter_mut()) {
-            let p = sanitize_prob(x.to_f32());
-            *o = p;
-            best = best.max(p.to_bits());
-        }
+    if logits
+        && T::DTYPE == DType::F32
+        && let Ok(src) = bytemuck::try_cast_slice::<T, u32>(src)
+        && let (Ok(src), Ok(dst)) = (
+            <&[u32; 32]>::try_from(src),
+            <&mut [u32; 32]>::try_from(bytemuck::cast_slice_mut::<f32, u32>(dst)),
+        )
+    {
+        return plain_f32_word(src, dst, kept);
+    }
+    for (j, (x, o)) in src.iter().zip(dst.iter_mut()).enumerate() {
+        let on = kept >> j & 1 == 1;
+        *o = match (logits, on) {
+            (true, true) => sanitize_select(x.to_f32()),
+            (true, false) => f32::NEG_INFINITY,
+            (false, true) => sanitize_prob(x.to_f32()),
+            (false, false) => 0.0,
+        };
+        best = best.max(rank_key(*o, logits));
     }
     best
+}
+
+/// A whole word of f32 logits no penalty touches, on their bits (integer selects vectorise
+/// reliably): each sanitized as [`sanitize_logit`] does, −inf where `kept` has a 0 bit; returns
+/// the largest rank key.
+#[inline(always)]
+fn plain_f32_word(src: &[u32; 32], dst: &mut [u32; 32], kept: u32) -> u32 {
+    const TINY: u32 = 0x1980_0000;
+    const HUGE: u32 = 0x5f80_0000;
+    const INF: u32 = 0x7f80_0000;
+    const SIGN: u32 = 0x8000_0000;
+    let mut keys = [0u32; 32];
+    for j in 0..32 {
+        let b = src[j];
+        let a = b & !SIGN;
+        let y = if a > INF { INF | SIGN } else { b };
+        let y = if a < TINY { 0 } else { y };
+        let y = if a > HUGE && a < INF {
+            (b & SIGN) | HUGE
+        } else {
+            y
+        };
+        // A masked token is −inf.
+        let y = if kept >> j & 1 == 1 { y } else { INF | SIGN };
+        dst[j] = y;
+        let sign = ((y as i32) >> 31) as u32;
+        keys[j] = y ^ (sign | SIGN);
+    }
+    keys.into_iter().fold(0, u32::max)
 }
 
 /// [`sanitize_logit`] with selects: NaN → −inf, `|l| < 2^-76` → +0, finite `|l| > 2^64` →
@@ -604,10 +640,21 @@ mod tests {
             state ^= state << 5;
             f32::from_bits(state)
         });
-        for l in specials.into_iter().chain(random) {
+        let values: Vec<f32> = specials.into_iter().chain(random).collect();
+        for &l in &values {
             let (a, b) = (sanitize_select(l), sanitize_logit(l));
             assert_eq!(a.to_bits(), b.to_bits(), "{l:e}");
             assert_eq!(key_select(a), logit_rank_key(l), "{l:e}");
+        }
+        for word in values.chunks_exact(32) {
+            let src: [u32; 32] = std::array::from_fn(|j| word[j].to_bits());
+            let mut dst = [0u32; 32];
+            let best = plain_f32_word(&src, &mut dst, u32::MAX);
+            for j in 0..32 {
+                assert_eq!(dst[j], sanitize_logit(word[j]).to_bits(), "{:e}", word[j]);
+            }
+            let keys = word.iter().map(|&l| logit_rank_key(l));
+            assert_eq!(best, keys.max().unwrap_or(0));
         }
     }
 }

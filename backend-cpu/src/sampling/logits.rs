@@ -193,13 +193,16 @@ fn raw_max<T: FloatElement>(row: &[T]) -> f32 {
 
 /// A raw logit `lo` such that every `x` with `sanitize_logit(x) ≥ floor` has `x ≥ lo` (or is NaN):
 /// `sanitize_logit` is non-decreasing and moves a logit only by flushing `|x| < 2^-76` to 0 and
-/// clamping `|x| > 2^64` to `±2^64`.
+/// clamping `|x| > 2^64` to `±2^64`. Above −inf, a floor at or below −2^64 lets every finite
+/// logit through but still stops −inf (rows whose masked tokens are −inf skip those chunks).
 fn raw_lower_bound(floor: f32) -> f32 {
     /// 2^-76 and 2^64, the bounds of `sanitize_logit`.
     const TINY: f32 = f32::from_bits(0x1980_0000);
     const HUGE: f32 = f32::from_bits(0x5f80_0000);
-    if floor <= -HUGE {
+    if floor == f32::NEG_INFINITY {
         f32::NEG_INFINITY
+    } else if floor <= -HUGE {
+        f32::MIN
     } else if floor <= 0.0 {
         floor.min(-TINY)
     } else {

@@ -280,6 +280,9 @@ impl Features {
     }
 }
 
+/// One slot's bias entries.
+type BiasList = Vec<(i32, f32)>;
+
 /// Every input of a case, on the host.
 #[derive(Clone, Debug)]
 pub(crate) struct Setup {
@@ -410,7 +413,7 @@ impl Setup {
         (st.bias_offsets, st.bias_ids) = flatten(
             &biases
                 .iter()
-                .map(|l: &Vec<(i32, f32)>| l.iter().map(|e| e.0).collect())
+                .map(|l: &BiasList| l.iter().map(|e| e.0).collect())
                 .collect::<Vec<_>>(),
             0,
         );
@@ -440,7 +443,7 @@ impl Setup {
         b: usize,
         f: Features,
         pool: &[i32],
-        (biases, bans): (&mut Vec<Vec<(i32, f32)>>, &mut Vec<Vec<i32>>),
+        (biases, bans): (&mut Vec<BiasList>, &mut Vec<Vec<i32>>),
     ) {
         let p = &mut self.penalties[b * PENALTY_FIELDS..(b + 1) * PENALTY_FIELDS];
         if f.repetition {
