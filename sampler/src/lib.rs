@@ -65,6 +65,53 @@
 //! A runner with a real model feeds [`StepPlan::input_tokens`] at [`StepPlan::input_positions`],
 //! calls [`Decoder::gather_next_token`] on its hidden states, applies its LM head and passes the
 //! logits to [`Decoder::finish`].
+//!
+//! ## Every sampling parameter
+//!
+//! Penalties (repetition, frequency, presence), min_p and min_tokens are [`SamplingParams`];
+//! logit bias, bad words and allowed token ids are set on the [`Request`]; a structured-output
+//! token bitmask comes with each step's scores ([`StepScores::with_bitmask`]). They apply to every
+//! output row from that row's own history (the generated tokens and the drafts before it,
+//! `docs/semantics.md` §4c), so speculative decoding still emits exactly the tokens of plain
+//! decoding. A request whose every token is masked stops with [`FinishReason::Masked`].
+//!
+//! ```
+//! use specula_backend_api::{DeviceExt, Strategy};
+//! use specula_sampler::{Decoder, NgramConfig, Request, SamplerConfig, SamplingParams, StepScores, registry};
+//!
+//! const V: usize = 40;
+//! let device = registry::open("cpu")?;
+//! let config = SamplerConfig::new(Strategy::TargetMatch, 2, V, 64, vec![0])
+//!     .with_ngram(4, NgramConfig::default());
+//! let mut decoder = Decoder::new(device.clone(), config)?;
+//! let params = SamplingParams::default()
+//!     .with_temperature(0.8)
+//!     .with_top_p(0.95)
+//!     .with_top_k(20)
+//!     .with_seed(11)
+//!     .with_repetition_penalty(1.2)
+//!     .with_frequency_presence(0.3, 0.1)
+//!     .with_min_p(0.05)
+//!     .with_min_tokens(3);
+//! let request = Request::new(vec![5, 6, 7, 5, 6])
+//!     .with_params(params)
+//!     .with_logit_bias(vec![(8, -1.5), (30, 2.0)])
+//!     .with_bad_words(vec![vec![13], vec![6, 7]])
+//!     .with_allowed_token_ids((0..V as i32).filter(|t| t % 9 != 4).collect())
+//!     .with_max_dec_len(10);
+//! let slot = decoder.insert(request)?;
+//! while decoder.has_running() {
+//!     let plan = decoder.plan()?;
+//!     let rows: Vec<f32> = (0..plan.t_out() * V).map(|i| ((i * 7) % V) as f32 / 8.0).collect();
+//!     let logits = device.upload(&rows)?;
+//!     // Structured output: every row may use the tokens below 32 only.
+//!     let bitmask = device.upload(&[u32::MAX, 0].repeat(plan.t_out()))?;
+//!     decoder.finish(StepScores::logits(&logits).with_bitmask(&bitmask))?;
+//! }
+//! let generated = decoder.remove(slot)?.generated;
+//! assert!(generated.iter().all(|&t| t < 32 && t != 13 && t % 9 != 4 || t == 0));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![forbid(unsafe_code)]
 
