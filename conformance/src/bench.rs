@@ -579,6 +579,206 @@ fn logits_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> 
     Ok(())
 }
 
+/// The buffers of the unified step (TARGET_MATCH) over `slots` full decode slots of `s` tokens:
+/// the layout, the per-row parameters, the targets and what verification emits.
+struct StepFixture {
+    rows: usize,
+    vocab: usize,
+    dims: BatchDims,
+    this_time: Buffer,
+    zeros_i32: Buffer,
+    zeros_u8: Buffer,
+    drafts: Buffer,
+    slot_top_p: Buffer,
+    slot_top_k: Buffer,
+    slot_temperature: Buffer,
+    infer_seed: Buffer,
+    step_idx: Buffer,
+    max_dec_len: Buffer,
+    end_tokens: Buffer,
+    seq_lens_output: Buffer,
+    cu_q: Buffer,
+    cu_out: Buffer,
+    batch_id: Buffer,
+    row_top_p: Buffer,
+    row_top_k: Buffer,
+    row_temperature: Buffer,
+    row_seed: Buffer,
+    targets: Buffer,
+    accept_tokens: Buffer,
+    accept_num: Buffer,
+}
+
+impl StepFixture {
+    /// `top_p` 0.9, `top_k` 50 and `temperature` per slot; 10 tokens generated per slot; drafts
+    /// `(i · stride) mod V`.
+    fn new(
+        d: &dyn Device,
+        (slots, s, vocab): (usize, usize, usize),
+        temperature: f32,
+        stride: i32,
+    ) -> Result<Self> {
+        let rows = slots * s;
+        let drafts: Vec<i32> = (0..rows as i32)
+            .map(|i| (i * stride) % vocab as i32)
+            .collect();
+        Ok(StepFixture {
+            rows,
+            vocab,
+            dims: full_batch(slots, s),
+            this_time: d.upload(&vec![s as i32; slots])?,
+            zeros_i32: d.alloc::<i32>(slots)?,
+            zeros_u8: d.alloc::<u8>(slots)?,
+            drafts: d.upload(&drafts)?,
+            slot_top_p: d.upload(&vec![0.9f32; slots])?,
+            slot_top_k: d.upload(&vec![50i32; slots])?,
+            slot_temperature: d.upload(&vec![temperature; slots])?,
+            infer_seed: d.upload(&(0..slots as u64).map(|i| i * 1000).collect::<Vec<_>>())?,
+            step_idx: d.upload(&vec![10i32; slots])?,
+            max_dec_len: d.upload(&vec![1 << 20; slots])?,
+            end_tokens: d.upload(&[0i32])?,
+            seq_lens_output: d.alloc::<i32>(slots)?,
+            cu_q: d.alloc::<i32>(slots + 1)?,
+            cu_out: d.alloc::<i32>(slots + 1)?,
+            batch_id: d.alloc::<i32>(rows)?,
+            row_top_p: d.alloc::<f32>(rows)?,
+            row_top_k: d.alloc::<i32>(rows)?,
+            row_temperature: d.alloc::<f32>(rows)?,
+            row_seed: d.alloc::<u64>(rows)?,
+            targets: d.alloc::<i32>(rows)?,
+            accept_tokens: d.alloc::<i32>(rows)?,
+            accept_num: d.alloc::<i32>(slots)?,
+        })
+    }
+
+    fn layout(&self) -> OutputLayout<'_> {
+        OutputLayout {
+            cu_seqlens_q_output: &self.cu_out,
+            batch_id_per_token_output: &self.batch_id,
+        }
+    }
+
+    /// `build_output_layout`, then `build_sampling_params`.
+    fn plan(&mut self, d: &dyn Device) -> Result<()> {
+        let dims = self.dims;
+        d.build_output_layout(
+            &SlotLens {
+                seq_lens_this_time: &self.this_time,
+                seq_lens_encoder: &self.zeros_i32,
+            },
+            &mut LayoutOutputs {
+                seq_lens_output: &mut self.seq_lens_output,
+                cu_seqlens_q: &mut self.cu_q,
+                cu_seqlens_q_output: &mut self.cu_out,
+                batch_id_per_token_output: &mut self.batch_id,
+            },
+            &LayoutParams { dims, host: None },
+        )?;
+        d.build_sampling_params(
+            &SamplingParamsInputs {
+                slots: SlotSamplingParams {
+                    top_p: &self.slot_top_p,
+                    top_k: &self.slot_top_k,
+                    temperature: &self.slot_temperature,
+                    infer_seed: &self.infer_seed,
+                },
+                lens: SlotLens {
+                    seq_lens_this_time: &self.this_time,
+                    seq_lens_encoder: &self.zeros_i32,
+                },
+                layout: OutputLayout {
+                    cu_seqlens_q_output: &self.cu_out,
+                    batch_id_per_token_output: &self.batch_id,
+                },
+            },
+            &mut RowSamplingParams {
+                top_p: &mut self.row_top_p,
+                top_k: &mut self.row_top_k,
+                temperature: &mut self.row_temperature,
+                seed: &mut self.row_seed,
+            },
+            &SamplingParamsParams {
+                dims,
+                host: None,
+                host_top_p: None,
+                host_temperature: None,
+            },
+        )?;
+        Ok(())
+    }
+
+    /// The TARGET_MATCH targets from `scores` (logits at the rows' temperatures when `logits`),
+    /// with `fallback` when given.
+    fn sample(
+        &mut self,
+        d: &dyn Device,
+        (scores, logits): (&Buffer, bool),
+        fallback: Option<&Buffer>,
+    ) -> Result<()> {
+        let scores = match logits {
+            true => Scores::logits(scores, &self.row_temperature),
+            false => Scores::Probs(scores),
+        };
+        d.top_k_top_p_sample(
+            &SampleInputs {
+                scores,
+                top_k: &self.row_top_k,
+                top_p: &self.row_top_p,
+                seed: &self.row_seed,
+                fallback,
+            },
+            &mut self.targets,
+            &SampleParams {
+                shape: RowShape {
+                    rows: self.rows,
+                    vocab: self.vocab,
+                },
+                host_top_p: None,
+            },
+        )?;
+        Ok(())
+    }
+
+    /// `verify_draft_tokens` of the drafts against the targets.
+    fn verify(&mut self, d: &dyn Device) -> Result<()> {
+        d.verify_draft_tokens(
+            &VerifyInputs {
+                draft_tokens: &self.drafts,
+                lens: SlotLens {
+                    seq_lens_this_time: &self.this_time,
+                    seq_lens_encoder: &self.zeros_i32,
+                },
+                cu_seqlens_q_output: &self.cu_out,
+                state: VerifySlotState {
+                    stop_flags: &self.zeros_u8,
+                    is_block_step: &self.zeros_u8,
+                    reasoning_status: &self.zeros_i32,
+                    step_idx: &self.step_idx,
+                    max_dec_len: &self.max_dec_len,
+                    end_tokens: &self.end_tokens,
+                },
+                seeds: &self.row_seed,
+                strategy: StrategyInputs::TargetMatch {
+                    target_tokens: &self.targets,
+                },
+            },
+            &mut VerifyOutputs {
+                accept_tokens: &mut self.accept_tokens,
+                accept_num: &mut self.accept_num,
+            },
+            &VerifyParams {
+                dims: self.dims,
+                rows: self.rows,
+                vocab: self.vocab,
+                accept_all: false,
+                reject_all: false,
+                host: None,
+            },
+        )?;
+        Ok(())
+    }
+}
+
 /// The unified step of `slots` decode slots of `s` tokens over `vocab`, next to one read of its
 /// scores: probabilities, or logits sampled at T = 0.8 (`docs/semantics.md` §4b) when
 /// `from_logits`.
@@ -591,138 +791,22 @@ fn step_bench(
 ) -> Result<()> {
     let d = b.device;
     let rows = slots * s;
-    let dims = full_batch(slots, s);
-    let probs = if from_logits {
+    let scores = if from_logits {
         d.upload(&logit_rows(rows, vocab, 7))?
     } else {
         d.upload(&probability_rows(rows, vocab, 7))?
     };
-    let this_time = d.upload(&vec![s as i32; slots])?;
-    let zeros_i32 = d.alloc::<i32>(slots)?;
-    let zeros_u8 = d.alloc::<u8>(slots)?;
-    let drafts = d.upload(
-        &(0..(slots * s) as i32)
-            .map(|i| i % vocab as i32)
-            .collect::<Vec<_>>(),
-    )?;
-    let slot_top_p = d.upload(&vec![0.9f32; slots])?;
-    let slot_top_k = d.upload(&vec![50i32; slots])?;
-    let slot_temperature = d.upload(&vec![if from_logits { 0.8f32 } else { 1.0 }; slots])?;
-    let infer_seed = d.upload(&(0..slots as u64).map(|i| i * 1000).collect::<Vec<_>>())?;
-    let step_idx = d.upload(&vec![10i32; slots])?;
-    let max_dec_len = d.upload(&vec![1 << 20; slots])?;
-    let end_tokens = d.upload(&[0i32])?;
-    let (mut seq_lens_output, mut cu_q, mut cu_out, mut batch_id) = (
-        d.alloc::<i32>(slots)?,
-        d.alloc::<i32>(slots + 1)?,
-        d.alloc::<i32>(slots + 1)?,
-        d.alloc::<i32>(rows)?,
-    );
-    let (mut row_top_p, mut row_top_k, mut row_temperature, mut row_seed) = (
-        d.alloc::<f32>(rows)?,
-        d.alloc::<i32>(rows)?,
-        d.alloc::<f32>(rows)?,
-        d.alloc::<u64>(rows)?,
-    );
-    let mut targets = d.alloc::<i32>(rows)?;
-    let (mut accept_tokens, mut accept_num) = (d.alloc::<i32>(slots * s)?, d.alloc::<i32>(slots)?);
-    let lens = SlotLens {
-        seq_lens_this_time: &this_time,
-        seq_lens_encoder: &zeros_i32,
-    };
-    let op = step_line(s, from_logits);
+    let temperature = if from_logits { 0.8 } else { 1.0 };
+    let mut f = StepFixture::new(d, (slots, s, vocab), temperature, 1)?;
     b.measure(
-        op,
+        step_line(s, from_logits),
         (slots, vocab, s),
         (rows * vocab * 4) as u64,
-        Some(Floor::ReadAfter(&probs)),
+        Some(Floor::ReadAfter(&scores)),
         &mut || {
-            d.build_output_layout(
-                &lens,
-                &mut LayoutOutputs {
-                    seq_lens_output: &mut seq_lens_output,
-                    cu_seqlens_q: &mut cu_q,
-                    cu_seqlens_q_output: &mut cu_out,
-                    batch_id_per_token_output: &mut batch_id,
-                },
-                &LayoutParams { dims, host: None },
-            )?;
-            d.build_sampling_params(
-                &SamplingParamsInputs {
-                    slots: SlotSamplingParams {
-                        top_p: &slot_top_p,
-                        top_k: &slot_top_k,
-                        temperature: &slot_temperature,
-                        infer_seed: &infer_seed,
-                    },
-                    lens,
-                    layout: OutputLayout {
-                        cu_seqlens_q_output: &cu_out,
-                        batch_id_per_token_output: &batch_id,
-                    },
-                },
-                &mut RowSamplingParams {
-                    top_p: &mut row_top_p,
-                    top_k: &mut row_top_k,
-                    temperature: &mut row_temperature,
-                    seed: &mut row_seed,
-                },
-                &SamplingParamsParams {
-                    dims,
-                    host: None,
-                    host_top_p: None,
-                    host_temperature: None,
-                },
-            )?;
-            d.top_k_top_p_sample(
-                &SampleInputs {
-                    scores: if from_logits {
-                        Scores::logits(&probs, &row_temperature)
-                    } else {
-                        Scores::Probs(&probs)
-                    },
-                    top_k: &row_top_k,
-                    top_p: &row_top_p,
-                    seed: &row_seed,
-                    fallback: None,
-                },
-                &mut targets,
-                &SampleParams {
-                    shape: RowShape { rows, vocab },
-                    host_top_p: None,
-                },
-            )?;
-            d.verify_draft_tokens(
-                &VerifyInputs {
-                    draft_tokens: &drafts,
-                    lens,
-                    cu_seqlens_q_output: &cu_out,
-                    state: VerifySlotState {
-                        stop_flags: &zeros_u8,
-                        is_block_step: &zeros_u8,
-                        reasoning_status: &zeros_i32,
-                        step_idx: &step_idx,
-                        max_dec_len: &max_dec_len,
-                        end_tokens: &end_tokens,
-                    },
-                    seeds: &row_seed,
-                    strategy: StrategyInputs::TargetMatch {
-                        target_tokens: &targets,
-                    },
-                },
-                &mut VerifyOutputs {
-                    accept_tokens: &mut accept_tokens,
-                    accept_num: &mut accept_num,
-                },
-                &VerifyParams {
-                    dims,
-                    rows,
-                    vocab,
-                    accept_all: false,
-                    reject_all: false,
-                    host: None,
-                },
-            )
+            f.plan(d)?;
+            f.sample(d, (&scores, from_logits), None)?;
+            f.verify(d)
         },
     )
 }
@@ -802,6 +886,50 @@ impl ProcessingBench {
             fallback: d.alloc::<i32>(rows)?,
         })
     }
+
+    /// `process_logits` of `logits` over the rows of the step `f` planned.
+    fn process(&mut self, d: &dyn Device, f: &StepFixture, logits: &Buffer) -> Result<()> {
+        d.process_logits(
+            &ProcessInputs {
+                scores: Scores::logits(logits, &f.row_temperature),
+                layout: f.layout(),
+                history: TokenHistory {
+                    token_ids_all: &self.token_ids_all,
+                    prompt_lens: &self.prompt_lens,
+                    step_idx: &f.step_idx,
+                    draft_tokens: &f.drafts,
+                    token_counts: &self.token_counts,
+                    prompt_mask: &self.prompt_mask,
+                },
+                slots: SlotProcessing {
+                    penalties: &self.penalties,
+                    min_tokens: &self.min_tokens,
+                    end_tokens: &f.end_tokens,
+                    bias_offsets: &self.bias_offsets,
+                    bias_ids: &self.bias_ids,
+                    bias_values: &self.bias_values,
+                    bad_word_offsets: &self.bad_word_offsets,
+                    bad_words: &self.bad_words,
+                    allowed: Some(&self.allowed),
+                },
+                bitmask: Some(&self.bitmask),
+            },
+            &mut ProcessOutputs {
+                processed: &mut self.processed,
+                fallback: &mut self.fallback,
+            },
+            &ProcessParams {
+                dims: f.dims,
+                shape: RowShape {
+                    rows: f.rows,
+                    vocab: f.vocab,
+                },
+                max_model_len: BENCH_MODEL_LEN,
+                host: None,
+            },
+        )?;
+        Ok(())
+    }
 }
 
 /// The unified step from logits at T = 0.8 with every parameter of `docs/semantics.md` §4c on:
@@ -809,169 +937,19 @@ impl ProcessingBench {
 fn processed_step_bench(b: &mut Bencher<'_>, slots: usize, s: usize, vocab: usize) -> Result<()> {
     let d = b.device;
     let rows = slots * s;
-    let dims = full_batch(slots, s);
     let logits = d.upload(&logit_rows(rows, vocab, 7))?;
     let mut p = ProcessingBench::new(d, slots, rows, vocab)?;
-    let this_time = d.upload(&vec![s as i32; slots])?;
-    let zeros_i32 = d.alloc::<i32>(slots)?;
-    let zeros_u8 = d.alloc::<u8>(slots)?;
-    let drafts = d.upload(
-        &(0..(slots * s) as i32)
-            .map(|i| (i * 13) % vocab as i32)
-            .collect::<Vec<_>>(),
-    )?;
-    let slot_top_p = d.upload(&vec![0.9f32; slots])?;
-    let slot_top_k = d.upload(&vec![50i32; slots])?;
-    let slot_temperature = d.upload(&vec![0.8f32; slots])?;
-    let infer_seed = d.upload(&(0..slots as u64).map(|i| i * 1000).collect::<Vec<_>>())?;
-    let step_idx = d.upload(&vec![10i32; slots])?;
-    let max_dec_len = d.upload(&vec![1 << 20; slots])?;
-    let end_tokens = d.upload(&[0i32])?;
-    let (mut seq_lens_output, mut cu_q, mut cu_out, mut batch_id) = (
-        d.alloc::<i32>(slots)?,
-        d.alloc::<i32>(slots + 1)?,
-        d.alloc::<i32>(slots + 1)?,
-        d.alloc::<i32>(rows)?,
-    );
-    let (mut row_top_p, mut row_top_k, mut row_temperature, mut row_seed) = (
-        d.alloc::<f32>(rows)?,
-        d.alloc::<i32>(rows)?,
-        d.alloc::<f32>(rows)?,
-        d.alloc::<u64>(rows)?,
-    );
-    let mut targets = d.alloc::<i32>(rows)?;
-    let (mut accept_tokens, mut accept_num) = (d.alloc::<i32>(slots * s)?, d.alloc::<i32>(slots)?);
-    let lens = SlotLens {
-        seq_lens_this_time: &this_time,
-        seq_lens_encoder: &zeros_i32,
-    };
+    let mut f = StepFixture::new(d, (slots, s, vocab), 0.8, 13)?;
     b.measure(
         processed_step_line(s),
         (slots, vocab, s),
         (rows * vocab * 4) as u64,
         Some(Floor::ReadAfter(&logits)),
         &mut || {
-            d.build_output_layout(
-                &lens,
-                &mut LayoutOutputs {
-                    seq_lens_output: &mut seq_lens_output,
-                    cu_seqlens_q: &mut cu_q,
-                    cu_seqlens_q_output: &mut cu_out,
-                    batch_id_per_token_output: &mut batch_id,
-                },
-                &LayoutParams { dims, host: None },
-            )?;
-            d.build_sampling_params(
-                &SamplingParamsInputs {
-                    slots: SlotSamplingParams {
-                        top_p: &slot_top_p,
-                        top_k: &slot_top_k,
-                        temperature: &slot_temperature,
-                        infer_seed: &infer_seed,
-                    },
-                    lens,
-                    layout: OutputLayout {
-                        cu_seqlens_q_output: &cu_out,
-                        batch_id_per_token_output: &batch_id,
-                    },
-                },
-                &mut RowSamplingParams {
-                    top_p: &mut row_top_p,
-                    top_k: &mut row_top_k,
-                    temperature: &mut row_temperature,
-                    seed: &mut row_seed,
-                },
-                &SamplingParamsParams {
-                    dims,
-                    host: None,
-                    host_top_p: None,
-                    host_temperature: None,
-                },
-            )?;
-            d.process_logits(
-                &ProcessInputs {
-                    scores: Scores::logits(&logits, &row_temperature),
-                    layout: OutputLayout {
-                        cu_seqlens_q_output: &cu_out,
-                        batch_id_per_token_output: &batch_id,
-                    },
-                    history: TokenHistory {
-                        token_ids_all: &p.token_ids_all,
-                        prompt_lens: &p.prompt_lens,
-                        step_idx: &step_idx,
-                        draft_tokens: &drafts,
-                        token_counts: &p.token_counts,
-                        prompt_mask: &p.prompt_mask,
-                    },
-                    slots: SlotProcessing {
-                        penalties: &p.penalties,
-                        min_tokens: &p.min_tokens,
-                        end_tokens: &end_tokens,
-                        bias_offsets: &p.bias_offsets,
-                        bias_ids: &p.bias_ids,
-                        bias_values: &p.bias_values,
-                        bad_word_offsets: &p.bad_word_offsets,
-                        bad_words: &p.bad_words,
-                        allowed: Some(&p.allowed),
-                    },
-                    bitmask: Some(&p.bitmask),
-                },
-                &mut ProcessOutputs {
-                    processed: &mut p.processed,
-                    fallback: &mut p.fallback,
-                },
-                &ProcessParams {
-                    dims,
-                    shape: RowShape { rows, vocab },
-                    max_model_len: BENCH_MODEL_LEN,
-                    host: None,
-                },
-            )?;
-            d.top_k_top_p_sample(
-                &SampleInputs {
-                    scores: Scores::logits(&p.processed, &row_temperature),
-                    top_k: &row_top_k,
-                    top_p: &row_top_p,
-                    seed: &row_seed,
-                    fallback: Some(&p.fallback),
-                },
-                &mut targets,
-                &SampleParams {
-                    shape: RowShape { rows, vocab },
-                    host_top_p: None,
-                },
-            )?;
-            d.verify_draft_tokens(
-                &VerifyInputs {
-                    draft_tokens: &drafts,
-                    lens,
-                    cu_seqlens_q_output: &cu_out,
-                    state: VerifySlotState {
-                        stop_flags: &zeros_u8,
-                        is_block_step: &zeros_u8,
-                        reasoning_status: &zeros_i32,
-                        step_idx: &step_idx,
-                        max_dec_len: &max_dec_len,
-                        end_tokens: &end_tokens,
-                    },
-                    seeds: &row_seed,
-                    strategy: StrategyInputs::TargetMatch {
-                        target_tokens: &targets,
-                    },
-                },
-                &mut VerifyOutputs {
-                    accept_tokens: &mut accept_tokens,
-                    accept_num: &mut accept_num,
-                },
-                &VerifyParams {
-                    dims,
-                    rows,
-                    vocab,
-                    accept_all: false,
-                    reject_all: false,
-                    host: None,
-                },
-            )
+            f.plan(d)?;
+            p.process(d, &f, &logits)?;
+            f.sample(d, (&p.processed, true), Some(&p.fallback))?;
+            f.verify(d)
         },
     )
 }

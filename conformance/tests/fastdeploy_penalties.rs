@@ -39,7 +39,11 @@ fn fastdeploy(
         .map(|(&logit, &times)| {
             let mut logit = logit;
             if times != 0 {
-                logit = if logit < 0.0 { logit * alpha } else { logit / alpha };
+                logit = if logit < 0.0 {
+                    logit * alpha
+                } else {
+                    logit / alpha
+                };
             }
             if times > 0 {
                 logit = logit - times as f32 * beta - gamma;
@@ -161,7 +165,12 @@ fn penalties_equal_fastdeploys_where_the_definitions_agree() {
     let mut penalised = 0;
     for seed in 0..8 {
         let (logits, prompt, generated) = inputs(seed);
-        for params in [(2.0, 0.5, 0.25), (0.5, 0.125, 1.0), (1.3, 0.7, 0.1), (1.05, 0.0, 0.0)] {
+        for params in [
+            (2.0, 0.5, 0.25),
+            (0.5, 0.125, 1.0),
+            (1.3, 0.7, 0.1),
+            (1.05, 0.0, 0.0),
+        ] {
             let expected = fastdeploy(&logits, &prompt, &generated, params);
             for device in &devices {
                 let got = specula(device.as_ref(), &logits, &prompt, &generated, params);
@@ -169,7 +178,11 @@ fn penalties_equal_fastdeploys_where_the_definitions_agree() {
                     let (a, b) = (got[v], expected[v]);
                     if params.0.log2().fract() == 0.0 {
                         // α a power of two: 1/α is exact, so the values are identical.
-                        assert_eq!(a.to_bits(), b.to_bits(), "token {v}, {params:?}: {a} vs {b}");
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "token {v}, {params:?}: {a} vs {b}"
+                        );
                     } else {
                         // x · f32(1/α) against x / α: one ulp of that product apart, carried
                         // through the subtractions (each may round the difference once more).
