@@ -186,25 +186,34 @@ impl Decoder {
             return Err(SamplerError::SlotOccupied { slot });
         }
         request.validate(&self.config)?;
-        self.state
-            .load_request(self.device.as_ref(), &self.config, slot, &request)?;
+        // Processing first: `load_request` makes the slot live on the device, last.
         if request.processes_logits() {
-            self.enable_processing()?;
+            self.enable_processing("a request's sampling parameters")?;
         }
         if let Some(p) = self.state.processing.as_mut() {
             p.load(self.device.as_ref(), slot, &request, &[])?;
         }
+        self.state
+            .load_request(self.device.as_ref(), &self.config, slot, &request)?;
         self.slots.insert(slot, request);
         Ok(())
     }
 
     /// Allocates the logits-processing state (`docs/semantics.md` §4c) on first use, loading the
     /// requests already in their slots (their counts from the tokens they generated).
-    fn enable_processing(&mut self) -> Result<()> {
+    /// [`SamplerError::ProcessingUnsupported`] (nothing changed) when the device cannot process
+    /// logits; `what` says what asked for it.
+    fn enable_processing(&mut self, what: &'static str) -> Result<()> {
         if self.state.processing.is_some() {
             return Ok(());
         }
         let device = self.device.as_ref();
+        if !device.capabilities().processing {
+            return Err(SamplerError::ProcessingUnsupported {
+                device: device.info().name.clone(),
+                what,
+            });
+        }
         let mut processing = Processing::new(device, &self.config)?;
         for slot in self.slots.occupied() {
             if let Some(host) = self.slots.get(slot) {
@@ -421,7 +430,7 @@ impl Decoder {
     pub fn finish(&mut self, scores: StepScores<'_>) -> Result<StepOutput> {
         self.current_plan("finish")?;
         if scores.bitmask.is_some() {
-            self.enable_processing()?;
+            self.enable_processing("a token bitmask")?;
         }
         if let Some(p) = self.state.processing.as_mut() {
             p.sync(self.device.as_ref())?;

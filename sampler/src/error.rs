@@ -105,4 +105,13 @@ pub enum SamplerError {
     /// Log-probabilities were configured but `finish` was given probabilities instead of logits.
     #[error("logprobs need logits: finish was given probabilities")]
     LogprobsNeedLogits,
+    /// A request or step asks for logits processing (`docs/semantics.md` §4c: a penalty, min_p,
+    /// min_tokens, a bias, bad words, allowed tokens or a bitmask) on a device that cannot run it.
+    #[error("logits processing is not supported on {device}: {what} needs it")]
+    ProcessingUnsupported {
+        /// The device.
+        device: String,
+        /// What asked for it.
+        what: &'static str,
+    },
 }

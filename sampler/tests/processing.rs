@@ -224,3 +224,89 @@ fn a_row_with_every_token_masked_stops_its_request() {
         assert_eq!(result.finished[0], Some(FinishReason::Masked));
     }
 }
+
+/// The CPU device as a device without logits processing (every call forwarded).
+#[derive(Debug)]
+struct NoProcessing {
+    inner: std::sync::Arc<dyn specula_backend_api::Device>,
+    desc: specula_backend_api::backend::DeviceDesc,
+}
+
+impl specula_backend_api::Backend for NoProcessing {
+    fn desc(&self) -> &specula_backend_api::backend::DeviceDesc {
+        &self.desc
+    }
+    fn run_alloc_zeroed(
+        &self,
+        alloc: specula_backend_api::backend::Alloc,
+    ) -> specula_backend_api::Result<specula_backend_api::Buffer> {
+        self.inner.run_alloc_zeroed(alloc)
+    }
+    fn run_upload(
+        &self,
+        upload: specula_backend_api::backend::Upload<'_>,
+    ) -> specula_backend_api::Result<specula_backend_api::Buffer> {
+        self.inner.run_upload(upload)
+    }
+    fn run_write(
+        &self,
+        write: specula_backend_api::backend::Write<'_, '_>,
+    ) -> specula_backend_api::Result<()> {
+        self.inner.run_write(write)
+    }
+    fn run_download(
+        &self,
+        download: specula_backend_api::backend::Download<'_>,
+    ) -> specula_backend_api::Result<Vec<u8>> {
+        self.inner.run_download(download)
+    }
+    fn run_synchronize(&self) -> specula_backend_api::Result<()> {
+        self.inner.run_synchronize()
+    }
+    fn run(
+        &self,
+        call: specula_backend_api::backend::AnyCall<'_, '_>,
+    ) -> specula_backend_api::Result<()> {
+        self.inner.run(call)
+    }
+}
+
+/// A device without logits processing refuses a request that asks for it, and a step given a
+/// bitmask, with a typed error, before anything changes.
+#[test]
+fn a_device_without_processing_refuses_such_requests() {
+    let inner = device();
+    let mut desc = inner.desc().clone();
+    desc.capabilities.processing = false;
+    let device: std::sync::Arc<dyn specula_backend_api::Device> =
+        std::sync::Arc::new(NoProcessing { inner, desc });
+    let mut decoder =
+        specula_sampler::Decoder::new(device.clone(), plain(Strategy::TargetMatch, 2))
+            .expect("decoder");
+    let request = Request::new(vec![1, 2]).with_bad_words(vec![vec![3]]);
+    assert!(matches!(
+        decoder.insert(request),
+        Err(specula_sampler::SamplerError::ProcessingUnsupported { .. })
+    ));
+    assert_eq!(decoder.free_slots(), 2, "the refused request holds no slot");
+    decoder
+        .insert(Request::new(vec![1, 2]))
+        .expect("a plain request runs");
+    let plan = decoder.plan().expect("plan");
+    use specula_backend_api::DeviceExt;
+    let logits = device
+        .upload(&vec![0.5f32; plan.t_out() * VOCAB])
+        .expect("upload");
+    let bitmask = device
+        .upload(&vec![u32::MAX; plan.t_out() * VOCAB.div_ceil(32)])
+        .expect("upload");
+    let scores = specula_sampler::StepScores::logits(&logits).with_bitmask(&bitmask);
+    assert!(matches!(
+        decoder.finish(scores),
+        Err(specula_sampler::SamplerError::ProcessingUnsupported { .. })
+    ));
+    // The step is still planned: finishing without the bitmask works.
+    decoder
+        .finish(specula_sampler::StepScores::logits(&logits))
+        .expect("the plain step finishes");
+}
