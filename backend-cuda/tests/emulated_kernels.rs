@@ -947,6 +947,7 @@ fn verify_kernels_match_the_cpu_reference() {
                         draft: &draft_buf,
                         top_k: &tk,
                         top_p: &tp,
+                        fallback: None,
                     },
                 };
                 let dt = up(&cpu, &cpu_drafts);
@@ -1451,6 +1452,7 @@ fn logits_rejection_matches_the_reference() {
                     draft: &draft_buf,
                     top_k: &tk,
                     top_p: &tp,
+                    fallback: None,
                 },
             );
             let params = VerifyParams {

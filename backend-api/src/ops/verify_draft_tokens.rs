@@ -94,6 +94,10 @@ pub enum StrategyInputs<'a> {
         top_k: &'a Buffer,
         /// Per-row `top_p` of the target filter.
         top_p: &'a Buffer,
+        /// Optional `[rows]` i32 (from `process_logits`, `docs/semantics.md` §4c): a target row
+        /// whose kept weight is 0 yields this token where it would yield its first token in rank
+        /// order (-1: none, so the slot emits `end_tokens[0]` and stops).
+        fallback: Option<&'a Buffer>,
     },
 }
 
@@ -243,6 +247,7 @@ pub(crate) fn validate<'c, 'o>(
             draft,
             top_k,
             top_p,
+            fallback,
         } => {
             let shape = RowShape {
                 rows,
@@ -259,6 +264,7 @@ pub(crate) fn validate<'c, 'o>(
             let draft = check.float(draft_arg, draft, draft_len)?;
             check.exact("top_k", top_k, DType::I32, rows)?;
             check.exact("top_p", top_p, DType::F32, rows)?;
+            check.fallback(fallback, rows)?;
             float_dtypes = Some((kind.dtype, draft));
             logits = kind.logits;
         }

@@ -34,6 +34,8 @@ enum Strategy<'a, T, D> {
         top_p: &'a [f32],
         /// The rows' temperatures when target and draft rows are logits (contract §3b).
         temperature: Option<&'a [f32]>,
+        /// The target rows' fallbacks (`process_logits`), when given.
+        fallback: Option<&'a [i32]>,
     },
 }
 
@@ -135,6 +137,7 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
                 top_k,
                 top_p,
                 temperature,
+                ..
             } => {
                 let Some(r) = row else { return (false, None) };
                 let draft_row_index = slot * (self.max_step_tokens - 1) + i;
@@ -152,8 +155,29 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
                     ),
                     None => rejection_check(p, q, d_index, top_k[r], top_p[r], self.seeds[r]),
                 };
+                let correction = self.or_fallback(p, correction, r);
                 (accepted, Some(correction).filter(|_| !accepted))
             }
+        }
+    }
+
+    /// A token sampled from target row `p` (row `r`), or the row's fallback when it is given and
+    /// the token weighs nothing — exactly when the row's kept weight is 0 (a residual draw always
+    /// lands on a token of positive weight).
+    fn or_fallback(&self, p: &[T], token: i32, r: usize) -> i32 {
+        let Strategy::Rejection {
+            fallback: Some(fallback),
+            temperature,
+            ..
+        } = &self.strategy
+        else {
+            return token;
+        };
+        let value =
+            super::token_index(token, self.vocab).map_or(f32::NEG_INFINITY, |v| p[v].to_f32());
+        match super::weighs_nothing(value, temperature.is_some()) {
+            true => fallback[r],
+            false => token,
         }
     }
 
@@ -200,8 +224,9 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
             } => {
                 let Some(r) = row else { return -1 };
                 let draw = draw(self.seeds[r], Purpose::Sample);
-                logits::sample_row(self.target_row(target, r), t[r], top_k[r], top_p[r], draw)
-                    as i32
+                let p = self.target_row(target, r);
+                let token = logits::sample_row(p, t[r], top_k[r], top_p[r], draw) as i32;
+                self.or_fallback(p, token, r)
             }
             Strategy::Rejection {
                 target,
@@ -211,13 +236,9 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
                 ..
             } => {
                 let Some(r) = row else { return -1 };
-                sample_row(
-                    self.target_row(target, r),
-                    top_k[r],
-                    top_p[r],
-                    self.seeds[r],
-                    1,
-                ) as i32
+                let p = self.target_row(target, r);
+                let token = sample_row(p, top_k[r], top_p[r], self.seeds[r], 1) as i32;
+                self.or_fallback(p, token, r)
             }
         }
     }
@@ -467,12 +488,14 @@ fn verify_slots<T: FloatElement, D: FloatElement>(
             draft,
             top_k,
             top_p,
+            fallback,
         } => Strategy::Rejection {
             target: slice::<T>(target.matrix())?,
             draft: slice::<D>(draft)?,
             top_k: slice::<i32>(top_k)?,
             top_p: slice::<f32>(top_p)?,
             temperature: target.temperature().map(slice::<f32>).transpose()?,
+            fallback: fallback.map(slice::<i32>).transpose()?,
         },
     };
     let state = &inputs.state;

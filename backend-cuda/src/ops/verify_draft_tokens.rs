@@ -79,6 +79,7 @@ pub(crate) fn run(device: &CudaDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
             draft,
             top_k,
             top_p,
+            fallback: _,
         } => {
             let (target_probs, draft_probs) = (target.matrix(), draft);
             args.target_probs = device.ptr(op, target_probs)?;

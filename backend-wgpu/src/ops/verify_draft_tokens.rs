@@ -267,6 +267,7 @@ pub(crate) fn run(device: &WgpuDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
                 draft,
                 top_k,
                 top_p,
+                fallback: _,
             },
             Some((target_dtype, draft_dtype)),
         ) => {

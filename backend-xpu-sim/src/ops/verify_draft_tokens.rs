@@ -98,6 +98,7 @@ fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 9
             draft,
             top_k,
             top_p,
+            fallback: _,
         } => [
             None,
             None,

@@ -81,6 +81,7 @@ impl OpCase for Params {
                     TensorSpec::new(draft, Want::Float, draft_len),
                     TensorSpec::i32("top_k", rows),
                     TensorSpec::new("top_p", Want::Is(DType::F32), rows),
+                    TensorSpec::i32("fallback", rows).optional(),
                 ]);
                 rejection
             }
@@ -145,6 +146,7 @@ impl OpCase for Params {
             .iter()
             .map(|n| r.input(n))
             .collect::<Result<Vec<_>>>()?;
+        let fallback = r.optional("fallback")?;
         let strategy_inputs = match strategy {
             Strategy::Greedy => StrategyInputs::Greedy {
                 target_tokens: &extra[0],
@@ -167,6 +169,7 @@ impl OpCase for Params {
                     draft,
                     top_k: &extra[0],
                     top_p: &extra[1],
+                    fallback: fallback.as_ref(),
                 }
             }
         };
@@ -566,6 +569,46 @@ fn rejection_logits_case(
     case
 }
 
+/// REJECTION with target rows that weigh nothing (every third row all −inf logits, or all-zero
+/// probabilities) and a `fallback` input (`docs/semantics.md` §4c): such a row's target sample is
+/// its fallback — -1 (the slot emits `end_tokens[0]` and stops), an id, or one outside the
+/// vocabulary.
+fn rejection_fallback_cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    for logits in [false, true] {
+        let mut rng = Rng::new("verify/rejection_fallback", u64::from(logits));
+        let d = dims(6, 5, 4);
+        let vocab = 97;
+        let batch = Batch::random(&mut rng, d, 30);
+        let state = State::random(&mut rng, batch, vocab, false);
+        let rows = state.rows;
+        let kind = if logits { "logits" } else { "probs" };
+        let name = format!("rejection_fallback_{kind}");
+        let dtypes = (DType::F32, DType::F32);
+        let mut case = match logits {
+            true => rejection_logits_case(&mut rng, state, name, dtypes),
+            false => rejection_case(&mut rng, state, name, dtypes),
+        };
+        let target = if logits {
+            "target_logits"
+        } else {
+            "target_probs"
+        };
+        let empty = if logits { f32::NEG_INFINITY } else { 0.0 };
+        if let Some(t) = case.inputs.get_mut(target)
+            && let Ok(mut values) = t.to_vec::<f32>()
+        {
+            for r in (0..rows).step_by(3) {
+                values[r * vocab..(r + 1) * vocab].fill(empty);
+            }
+            *t = float_tensor(DType::F32, &[rows, vocab], &values);
+        }
+        let fallback: Vec<i32> = (0..rows).map(|r| [-1, 5, 96, 200, -7][r % 5]).collect();
+        out.push(case.with("fallback", i32s(&fallback)));
+    }
+    out
+}
+
 fn dtypes_name(t: DType, q: DType) -> String {
     if t == q {
         t.to_string()
@@ -577,6 +620,7 @@ fn dtypes_name(t: DType, q: DType) -> String {
 /// Every case of `verify_draft_tokens`.
 pub fn cases(size: Size) -> Vec<Case> {
     let mut out = golden();
+    out.extend(rejection_fallback_cases());
     let vocabs = [32000, 128256, 151936, 97];
     for (i, d) in batch_shapes(size).into_iter().enumerate() {
         let vocab = vocabs[i % vocabs.len()];

@@ -39,6 +39,8 @@ enum Strategy<'a> {
         draft: ScoreMatrix<'a>,
         top_k: &'a [i32],
         top_p: &'a [f32],
+        /// The target rows' fallbacks (`process_logits`), when given.
+        fallback: Option<&'a [i32]>,
     },
 }
 
@@ -199,9 +201,16 @@ impl Verifier<'_> {
                 target,
                 top_k,
                 top_p,
+                fallback,
                 ..
             } => match target.row(r) {
-                Some(p) => sample_row(&p, top_k[r], top_p[r], self.seeds[r], None),
+                Some(p) => sample_row(
+                    &p,
+                    top_k[r],
+                    top_p[r],
+                    self.seeds[r],
+                    fallback.map(|f| f[r]),
+                ),
                 None => -1,
             },
         }
@@ -214,6 +223,7 @@ impl Verifier<'_> {
             draft,
             top_k,
             top_p,
+            fallback,
         } = &self.strategy
         else {
             return Verdict::Reject(None);
@@ -222,7 +232,8 @@ impl Verifier<'_> {
             return Verdict::Reject(None);
         };
         let seed = self.seeds[r];
-        let sample_target = || sample_row(&p, top_k[r], top_p[r], seed, None);
+        let fallback = fallback.map(|f| f[r]);
+        let sample_target = || sample_row(&p, top_k[r], top_p[r], seed, fallback);
         // Only probability rows can fail to be a distribution (their weights are bounded by 2^40
         // each, not normalised); a logits row always is one.
         if !p.is_logits() && (p.total() >= NOT_A_DISTRIBUTION || q.total() >= NOT_A_DISTRIBUTION) {
@@ -335,6 +346,7 @@ fn strategy<'a>(
                 draft,
                 top_k,
                 top_p,
+                fallback,
             },
             Some((target_dtype, draft_dtype)),
         ) => Strategy::Rejection {
@@ -349,6 +361,7 @@ fn strategy<'a>(
             )?,
             top_k: slice(top_k)?,
             top_p: slice(top_p)?,
+            fallback: fallback.map(slice).transpose()?,
         },
         (StrategyInputs::Rejection { .. }, None) => {
             return Err(specula_backend_api::Error::Execution {

@@ -338,6 +338,7 @@ impl VerifyBatch {
                 draft: &extra[1],
                 top_k: &extra[2],
                 top_p: &extra[3],
+                fallback: None,
             },
         };
         let inputs = VerifyInputs {

@@ -500,6 +500,8 @@ struct Targets<'b> {
     scores: RowScores<'b>,
     top_k: &'b Buffer,
     top_p: &'b Buffer,
+    /// The rows' fallbacks when they are processed.
+    fallback: Option<&'b Buffer>,
 }
 
 /// Stage 6: `verify_draft_tokens` against the rows `checked.verify_rows` says, with the host slot
@@ -524,6 +526,7 @@ fn verify(
         )?,
         top_k: &sc.row_top_k,
         top_p: &sc.row_top_p,
+        fallback: fallback(checked, sc.processed.as_ref()),
     };
     let strategy = strategy_inputs(cx.config, checked, &targets)?;
     let rows = checked.verify_rows;
@@ -579,6 +582,7 @@ fn strategy_inputs<'b>(
             draft: checked.draft.ok_or(SamplerError::MissingDraftProbs)?,
             top_k: targets.top_k,
             top_p: targets.top_p,
+            fallback: targets.fallback,
         },
     })
 }
