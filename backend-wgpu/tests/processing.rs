@@ -14,8 +14,8 @@ use specula_backend_api::testing::{self, Needs, TestFn};
 use specula_backend_api::{DType, Device, Error};
 use specula_reference::ReferenceDevice;
 use specula_reference::fixtures::{
-    self, ProcessCase, Rng, SampleCase, Shape, Spec, StateCase, compare_process,
-    compare_sampling, compare_state,
+    self, ProcessCase, Rng, SampleCase, Shape, Spec, StateCase, compare_process, compare_sampling,
+    compare_state,
 };
 
 /// Random and hostile cases of every mixed shape, dtype and layout.
@@ -128,8 +128,7 @@ fn hand_made_rows_match_the_reference(wgpu: Arc<dyn Device>) -> Result<(), Strin
     let c = fixtures::hand_case();
     let reference = ReferenceDevice::new();
     compare_process(wgpu.as_ref(), &reference, &c, "hand case")?;
-    let (processed, fallback) =
-        fixtures::run_process(&reference, &c).map_err(|e| e.to_string())?;
+    let (processed, fallback) = fixtures::run_process(&reference, &c).map_err(|e| e.to_string())?;
     // Row 2 is all masked; row 3's unmasked tokens (0 and 1) are all -inf.
     if fallback[2] != -1 || fallback[3] != 0 {
         return Err(format!("reference fallback {fallback:?}"));

@@ -13,8 +13,8 @@ use specula_backend_api::{DType, Error};
 use specula_backend_xpu_sim::{LaunchConfig, XpuSimDevice};
 use specula_reference::ReferenceDevice;
 use specula_reference::fixtures::{
-    self, ProcessCase, Rng, SampleCase, Shape, Spec, StateCase, compare_process,
-    compare_sampling, compare_state,
+    self, ProcessCase, Rng, SampleCase, Shape, Spec, StateCase, compare_process, compare_sampling,
+    compare_state,
 };
 
 type TestResult = Result<(), String>;

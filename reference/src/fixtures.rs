@@ -232,7 +232,13 @@ impl Shape {
         } else {
             1 + rng.below(max_bsz)
         };
-        Shape::new(max_bsz, real_bsz, 1 + rng.below(4), vocab, 4 + rng.below(12))
+        Shape::new(
+            max_bsz,
+            real_bsz,
+            1 + rng.below(4),
+            vocab,
+            4 + rng.below(12),
+        )
     }
 
     /// Five slots of S = 4 (four or five live), histories of 12: room for every slot kind.
@@ -827,7 +833,11 @@ pub fn check_process(
         ));
     }
     if got.0.len() != want.0.len() {
-        return Err(format!("{what}: {} processed values, expected {}", got.0.len(), want.0.len()));
+        return Err(format!(
+            "{what}: {} processed values, expected {}",
+            got.0.len(),
+            want.0.len()
+        ));
     }
     if got.1 != want.1 {
         return Err(format!(
@@ -1019,7 +1029,11 @@ pub fn run_sampling(device: &dyn Device, c: &SampleCase) -> Result<SampleOut> {
         device.upload(&c.seed)?,
         device.upload(&c.fallback)?,
     );
-    let batch_id = c.batch_id.as_deref().map(|b| device.upload(b)).transpose()?;
+    let batch_id = c
+        .batch_id
+        .as_deref()
+        .map(|b| device.upload(b))
+        .transpose()?;
     let scores = if c.logits {
         Scores::logits(&m, &t)
     } else {
@@ -1171,9 +1185,7 @@ impl StateCase {
             accept_num: (0..n).map(|_| rng.range(-1, s as i64 + 3) as i32).collect(),
             stop_flags: (0..n).map(|_| u8::from(rng.chance(1, 9))).collect(),
             token_ids_all: (0..n * mml).map(|_| token(rng, vocab, false)).collect(),
-            step_idx: (0..n)
-                .map(|_| rng.range(-2, mml as i64) as i32)
-                .collect(),
+            step_idx: (0..n).map(|_| rng.range(-2, mml as i64) as i32).collect(),
             infer_seed: (0..n).map(|_| rng.next_u64()).collect(),
             draft_tokens: (0..n * s).map(|_| token(rng, vocab, false)).collect(),
             encoder: (0..n).map(|_| rng.pick(&[0, 0, 3, 1])).collect(),
@@ -1255,7 +1267,10 @@ pub fn run_state(device: &dyn Device, c: &StateCase) -> Result<StateOut> {
         device.download(&draft_tokens)?,
         device.download(&encoder)?,
         device.download(&decoder)?,
-        counts.map(|t| device.download(&t)).transpose()?.unwrap_or_default(),
+        counts
+            .map(|t| device.download(&t))
+            .transpose()?
+            .unwrap_or_default(),
     ))
 }
 
