@@ -149,9 +149,10 @@ pub fn logit(rng: &mut Rng, hostile: bool) -> f32 {
     }
 }
 
-/// A probability: small values, ties, and (hostile) NaN, negatives, values above 1, infinities.
+/// A probability: small values, ties, and (hostile, or now and then) NaN, negatives, values
+/// above 1, infinities, subnormals.
 pub fn prob(rng: &mut Rng, hostile: bool) -> f32 {
-    if hostile && rng.chance(1, 8) {
+    if rng.chance(if hostile { 13 } else { 3 }, 100) {
         return rng.pick(&[
             f32::NAN,
             -0.25,
@@ -565,7 +566,7 @@ impl ProcessCase {
                     if spec.logits {
                         rng.pick(&[f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NAN])
                     } else {
-                        rng.pick(&[0.0, 0.0, -0.5, f32::NAN])
+                        rng.pick(&[0.0, 0.0, -0.5, f32::NAN, f32::NEG_INFINITY])
                     }
                 } else if spec.logits {
                     logit(rng, hostile)
