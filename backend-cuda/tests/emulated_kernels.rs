@@ -29,6 +29,7 @@ use specula_backend_cpu::CpuDevice;
 use specula_backend_cuda::kernels::{KernelFile, SELECT};
 use specula_backend_cuda::launch;
 use specula_reference::ReferenceDevice;
+use specula_reference::fixtures::{self, ProcessCase};
 
 use host::Lcg;
 
@@ -2238,443 +2239,88 @@ fn an_infinite_temperature_is_uniform_over_the_finite_logits() {
     );
 }
 
-/// One `process_logits` case: the rows and every per-slot input, as the host writes them.
-struct ProcessCase {
+/// A `process_logits` case of `fixtures` with every slot kind (decode rows at several positions
+/// with repeated drafts, prefill rows, padding rows), every rule on, and when `hostile`, garbage in
+/// every buffer; its rows are the emulator tests' row kinds ([`logit_rows`], [`rows`]) at
+/// temperatures of every kind ([`temperatures`]).
+fn process_case(
+    rng: &mut Lcg,
     dtype: DType,
     logits: bool,
-    rows: usize,
     vocab: usize,
-    dims: BatchDims,
-    max_model_len: usize,
-    scores: Vec<u8>,
-    temperature: Vec<f32>,
-    cu_out: Vec<i32>,
-    batch_id: Vec<i32>,
-    token_ids_all: Vec<i32>,
-    prompt_lens: Vec<i32>,
-    step_idx: Vec<i32>,
-    draft_tokens: Vec<i32>,
-    token_counts: Vec<i32>,
-    prompt_mask: Vec<u32>,
-    penalties: Vec<f32>,
-    min_tokens: Vec<i32>,
-    end_tokens: Vec<i32>,
-    bias_offsets: Vec<i32>,
-    bias_ids: Vec<i32>,
-    bias_values: Vec<f32>,
-    bad_word_offsets: Vec<i32>,
-    bad_words: Vec<i32>,
-    allowed: Option<Vec<u32>>,
-    bitmask: Option<Vec<u32>>,
+    hostile: bool,
+) -> ProcessCase {
+    let fx = &mut fixtures::Rng(rng.next());
+    let spec = fixtures::Spec {
+        shape: fixtures::Shape::slots(fx, vocab),
+        dtype,
+        logits,
+        hostile,
+        layout: Some(fixtures::Layout::SlotKinds),
+    };
+    let mut case = ProcessCase::random(fx, &spec);
+    case.scores = if logits {
+        logit_rows(rng, case.rows, vocab)
+    } else {
+        rows(rng, case.rows, vocab)
+    };
+    case.temperature = temperatures(case.rows, rng.next() as usize % 12);
+    case
 }
 
-/// A value of `list` chosen by `rng`.
-fn pick<T: Copy>(rng: &mut Lcg, list: &[T]) -> T {
-    list[(rng.next() % list.len() as u64) as usize]
-}
-
-/// A token of a small alphabet (so that histories, drafts, bias and bad words meet), now and then
-/// one outside `[0, vocab)` when `hostile`.
-fn small_token(rng: &mut Lcg, vocab: usize, hostile: bool) -> i32 {
-    if hostile && rng.next().is_multiple_of(9) {
-        return pick(
-            rng,
-            &[-1, vocab as i32, vocab as i32 + 5, i32::MIN, i32::MAX],
-        );
+/// Writes the inputs of `case` for the driver.
+fn write_process_case(work: &Workdir, case: &ProcessCase) {
+    work.write("probs.bin", &case.score_bytes());
+    work.write("temperature.bin", &case.temperature);
+    for (name, data) in [
+        ("cu_out.bin", &case.cu_out),
+        ("batch_id.bin", &case.batch_id),
+        ("token_ids_all.bin", &case.token_ids_all),
+        ("prompt_lens.bin", &case.prompt_lens),
+        ("step_idx.bin", &case.step_idx),
+        ("draft_tokens.bin", &case.draft_tokens),
+        ("token_counts.bin", &case.token_counts),
+        ("min_tokens.bin", &case.min_tokens),
+        ("end_tokens.bin", &case.end_tokens),
+        ("bias_offsets.bin", &case.bias_offsets),
+        ("bias_ids.bin", &case.bias_ids),
+        ("bad_word_offsets.bin", &case.bad_word_offsets),
+        ("bad_words.bin", &case.bad_words),
+    ] {
+        work.write(name, data);
     }
-    (rng.next() % vocab.min(6) as u64) as i32
-}
-
-impl ProcessCase {
-    /// A random case: every slot kind (decode rows at several positions with repeated drafts,
-    /// prefill rows, padding rows), every rule on, and when `hostile`, garbage in every buffer.
-    fn new(rng: &mut Lcg, dtype: DType, logits: bool, vocab: usize, hostile: bool) -> Self {
-        let (max_bsz, s, max_model_len) = (5usize, 4usize, 12usize);
-        let real_bsz = max_bsz - (rng.next() % 2) as usize;
-        let words = vocab.div_ceil(32);
-        // Rows per slot: decode rows (up to S), one prefill row, none.
-        let mut cu_out = vec![0i32];
-        let mut batch_id = Vec::new();
-        for b in 0..real_bsz {
-            let n = [s, 3, 1, 0, 2][(b + rng.next() as usize) % 5];
-            batch_id.extend(std::iter::repeat_n(b as i32, n));
-            cu_out.push(cu_out[b] + n as i32);
-        }
-        // Padding rows, and with `hostile` rows whose slot or position is out of range.
-        batch_id.push(-1);
-        batch_id.push(real_bsz as i32);
-        if hostile {
-            batch_id.push(i32::MAX);
-            batch_id.push(0);
-            cu_out[1] = cu_out[1].max(0) + 9; // slot 0's rows sit before its first row
-        }
-        let rows = batch_id.len();
-        let capacity = rows.max(max_bsz * s);
-        batch_id.resize(capacity, -1);
-        let values = if logits {
-            logit_rows(rng, rows, vocab)
-        } else {
-            super_rows(rng, rows, vocab)
-        };
-        let scores = to_bytes(dtype, &values);
-        let token_ids_all = (0..max_bsz * max_model_len)
-            .map(|_| small_token(rng, vocab, hostile))
-            .collect();
-        let prompt_lens = (0..max_bsz)
-            .map(|_| pick(rng, &[0, 2, 3, 5, 11, 12, -2, 40]))
-            .collect();
-        let step_idx = (0..max_bsz)
-            .map(|_| pick(rng, &[0, 1, 3, 6, 9, -1, i32::MAX]))
-            .collect();
-        let draft_tokens = (0..max_bsz * s)
-            .map(|_| small_token(rng, vocab, hostile))
-            .collect();
-        let token_counts = (0..max_bsz * vocab)
-            .map(|_| {
-                if hostile {
-                    pick(
-                        rng,
-                        &[
-                            0,
-                            0,
-                            1,
-                            2,
-                            7,
-                            -3,
-                            i32::MAX,
-                            i32::MIN,
-                            1 << 24,
-                            (1 << 24) - 1,
-                        ],
-                    )
-                } else {
-                    pick(rng, &[0, 0, 0, 1, 2, 3])
-                }
-            })
-            .collect();
-        let prompt_mask = (0..max_bsz * words)
-            .map(|_| (rng.next() & rng.next()) as u32)
-            .collect();
-        let mut penalties = Vec::new();
-        for _ in 0..max_bsz {
-            let alpha = if hostile {
-                pick(
-                    rng,
-                    &[
-                        1.0f32,
-                        1.3,
-                        0.7,
-                        2.0,
-                        f32::NAN,
-                        f32::INFINITY,
-                        0.0,
-                        f32::from_bits(1),
-                        1e10,
-                        -1.5,
-                    ],
-                )
-            } else {
-                pick(rng, &[1.0f32, 1.3, 0.7, 2.0])
-            };
-            let inverse = if hostile && rng.next().is_multiple_of(4) {
-                pick(rng, &[f32::NAN, 5e9, 0.0, -1.0])
-            } else {
-                1.0 / alpha
-            };
-            let additive = |rng: &mut Lcg| {
-                if hostile {
-                    pick(
-                        rng,
-                        &[
-                            0.0f32,
-                            0.5,
-                            -0.3,
-                            1e30,
-                            f32::NAN,
-                            f32::INFINITY,
-                            f32::from_bits(3),
-                            -2e20,
-                        ],
-                    )
-                } else {
-                    pick(rng, &[0.0f32, 0.5, -0.3, 1.25])
-                }
-            };
-            let (beta, gamma) = (additive(rng), additive(rng));
-            let min_p = if hostile {
-                pick(
-                    rng,
-                    &[
-                        0.0f32,
-                        0.1,
-                        0.5,
-                        1.0,
-                        2.0,
-                        f32::NAN,
-                        -0.1,
-                        1e-30,
-                        0.999,
-                        f32::INFINITY,
-                    ],
-                )
-            } else {
-                pick(rng, &[0.0f32, 0.0, 0.05, 0.3, 1.0])
-            };
-            penalties.extend([alpha, inverse, beta, gamma, min_p]);
-        }
-        let min_tokens = (0..max_bsz)
-            .map(|_| pick(rng, &[0, 3, 8, -1, i32::MAX]))
-            .collect();
-        let mut end_tokens = vec![(vocab - 1) as i32, 2.min(vocab as i32 - 1)];
-        if hostile {
-            end_tokens.extend([-5, vocab as i32 + 1]);
-        }
-        // Bias entries (duplicates: the last one counts), values of every kind.
-        let mut bias_offsets = vec![0i32];
-        let mut bias_ids = Vec::new();
-        let mut bias_values = Vec::new();
-        for _ in 0..max_bsz {
-            for _ in 0..rng.next() % 5 {
-                bias_ids.push(small_token(rng, vocab, hostile));
-                bias_values.push(if hostile {
-                    pick(
-                        rng,
-                        &[
-                            1.5f32,
-                            -2.0,
-                            f32::NAN,
-                            f32::NEG_INFINITY,
-                            1e30,
-                            f32::from_bits(7),
-                            -0.0,
-                            3e19,
-                        ],
-                    )
-                } else {
-                    pick(rng, &[1.5f32, -2.0, 0.25, 10.0, -100.0])
-                });
-            }
-            bias_offsets.push(bias_ids.len() as i32);
-        }
-        if bias_ids.is_empty() {
-            bias_ids.push(0);
-            bias_values.push(0.0);
-        }
-        // Bad words: single tokens, and prefixes of 1 or 2 tokens of the small alphabet (so that
-        // they match the history, drafts included); hostile: malformed entries and offsets.
-        let mut bad_word_offsets = vec![0i32];
-        let mut bad_words = Vec::new();
-        for _ in 0..max_bsz {
-            for _ in 0..rng.next() % 4 {
-                let n = 1 + (rng.next() % 3) as i32;
-                bad_words.push(n);
-                for _ in 0..n {
-                    bad_words.push(small_token(rng, vocab, hostile));
-                }
-            }
-            if hostile && rng.next().is_multiple_of(3) {
-                bad_words.push(pick(rng, &[0, -1, 99, i32::MAX]));
-                bad_words.push(1);
-            }
-            bad_word_offsets.push(bad_words.len() as i32);
-        }
-        if bad_words.is_empty() {
-            bad_words.push(1);
-        }
-        if hostile {
-            let n = max_bsz + 1;
-            let k = (rng.next() as usize) % n;
-            bias_offsets[k] = pick(rng, &[-3, i32::MAX, bias_ids.len() as i32 + 1]);
-            let k = (rng.next() as usize) % n;
-            bad_word_offsets[k] = pick(rng, &[-1, i32::MIN, bad_words.len() as i32 + 2]);
-        }
-        let mask = |rng: &mut Lcg, n: usize| -> Vec<u32> {
-            (0..n)
-                .map(|_| (rng.next() | rng.next() | rng.next()) as u32)
-                .collect()
-        };
-        let allowed = (!rng.next().is_multiple_of(3)).then(|| {
-            let mut m = mask(rng, max_bsz * words);
-            m[words..2 * words].fill(0); // slot 1 allows nothing
-            m
-        });
-        let bitmask = rng.next().is_multiple_of(2).then(|| {
-            let mut m = mask(rng, rows * words);
-            if rows > 1 {
-                m[words..2 * words].fill(0); // row 1 allows nothing
-            }
-            m
-        });
-        ProcessCase {
-            dtype,
-            logits,
-            rows,
-            vocab,
-            dims: BatchDims {
-                max_bsz,
-                real_bsz,
-                max_step_tokens: s,
-            },
-            max_model_len,
-            scores,
-            temperature: temperatures(rows, rng.next() as usize % 12),
-            cu_out,
-            batch_id,
-            token_ids_all,
-            prompt_lens,
-            step_idx,
-            draft_tokens,
-            token_counts,
-            prompt_mask,
-            penalties,
-            min_tokens,
-            end_tokens,
-            bias_offsets,
-            bias_ids,
-            bias_values,
-            bad_word_offsets,
-            bad_words,
-            allowed,
-            bitmask,
-        }
+    work.write("prompt_mask.bin", &case.prompt_mask);
+    work.write("penalties.bin", &case.penalties);
+    work.write("bias_values.bin", &case.bias_values);
+    if let Some(m) = &case.allowed {
+        work.write("allowed.bin", m);
     }
-
-    fn write(&self, work: &Workdir) {
-        work.write("probs.bin", &self.scores);
-        work.write("temperature.bin", &self.temperature);
-        for (name, data) in [
-            ("cu_out.bin", &self.cu_out),
-            ("batch_id.bin", &self.batch_id),
-            ("token_ids_all.bin", &self.token_ids_all),
-            ("prompt_lens.bin", &self.prompt_lens),
-            ("step_idx.bin", &self.step_idx),
-            ("draft_tokens.bin", &self.draft_tokens),
-            ("token_counts.bin", &self.token_counts),
-            ("min_tokens.bin", &self.min_tokens),
-            ("end_tokens.bin", &self.end_tokens),
-            ("bias_offsets.bin", &self.bias_offsets),
-            ("bias_ids.bin", &self.bias_ids),
-            ("bad_word_offsets.bin", &self.bad_word_offsets),
-            ("bad_words.bin", &self.bad_words),
-        ] {
-            work.write(name, data);
-        }
-        work.write("prompt_mask.bin", &self.prompt_mask);
-        work.write("penalties.bin", &self.penalties);
-        work.write("bias_values.bin", &self.bias_values);
-        if let Some(m) = &self.allowed {
-            work.write("allowed.bin", m);
-        }
-        if let Some(m) = &self.bitmask {
-            work.write("bitmask.bin", m);
-        }
-    }
-
-    /// Runs the driver on the case.
-    fn run(&self, work: &Workdir, bin: &Path) {
-        let d = &self.dims;
-        work.run(
-            bin,
-            "process",
-            &[
-                &self.rows,
-                &self.vocab,
-                &d.max_bsz,
-                &d.real_bsz,
-                &d.max_step_tokens,
-                &self.max_model_len,
-                &self.end_tokens.len(),
-                &self.bias_ids.len(),
-                &self.bad_words.len(),
-                &u32::from(self.logits),
-                &u32::from(self.allowed.is_some()),
-                &u32::from(self.bitmask.is_some()),
-            ],
-        );
-    }
-
-    /// `process_logits` on the reference: `(processed bits, fallback)`.
-    fn reference(&self, dev: &ReferenceDevice) -> (Vec<u32>, Vec<i32>) {
-        let matrix = dev.upload_bytes(self.dtype, &self.scores).expect("upload");
-        let temp = up_ref(dev, &self.temperature);
-        let scores = if self.logits {
-            Scores::logits(&matrix, &temp)
-        } else {
-            Scores::probs(&matrix)
-        };
-        let u = |data: &[i32]| up_ref(dev, data);
-        let (cu_out, batch_id) = (u(&self.cu_out), u(&self.batch_id));
-        let (tia, pl, si, dt, tc) = (
-            u(&self.token_ids_all),
-            u(&self.prompt_lens),
-            u(&self.step_idx),
-            u(&self.draft_tokens),
-            u(&self.token_counts),
-        );
-        let pm = up_ref(dev, &self.prompt_mask);
-        let pen = up_ref(dev, &self.penalties);
-        let (mt, et, bo, bi) = (
-            u(&self.min_tokens),
-            u(&self.end_tokens),
-            u(&self.bias_offsets),
-            u(&self.bias_ids),
-        );
-        let bv = up_ref(dev, &self.bias_values);
-        let (bwo, bw) = (u(&self.bad_word_offsets), u(&self.bad_words));
-        let allowed = self.allowed.as_ref().map(|m| up_ref(dev, m));
-        let bitmask = self.bitmask.as_ref().map(|m| up_ref(dev, m));
-        let mut processed = dev.alloc::<f32>(self.rows * self.vocab).expect("alloc");
-        let mut fallback = dev.alloc::<i32>(self.rows).expect("alloc");
-        dev.process_logits(
-            &ProcessInputs {
-                scores,
-                layout: OutputLayout {
-                    cu_seqlens_q_output: &cu_out,
-                    batch_id_per_token_output: &batch_id,
-                },
-                history: TokenHistory {
-                    token_ids_all: &tia,
-                    prompt_lens: &pl,
-                    step_idx: &si,
-                    draft_tokens: &dt,
-                    token_counts: &tc,
-                    prompt_mask: &pm,
-                },
-                slots: SlotProcessing {
-                    penalties: &pen,
-                    min_tokens: &mt,
-                    end_tokens: &et,
-                    bias_offsets: &bo,
-                    bias_ids: &bi,
-                    bias_values: &bv,
-                    bad_word_offsets: &bwo,
-                    bad_words: &bw,
-                    allowed: allowed.as_ref(),
-                },
-                bitmask: bitmask.as_ref(),
-            },
-            &mut ProcessOutputs {
-                processed: &mut processed,
-                fallback: &mut fallback,
-            },
-            &ProcessParams {
-                dims: self.dims,
-                shape: RowShape {
-                    rows: self.rows,
-                    vocab: self.vocab,
-                },
-                max_model_len: self.max_model_len,
-                host: None,
-            },
-        )
-        .expect("reference process_logits");
-        (ref_bits(dev, &processed), ref_bits(dev, &fallback))
+    if let Some(m) = &case.bitmask {
+        work.write("bitmask.bin", m);
     }
 }
 
-/// Probability rows of every kind ([`rows`]).
-fn super_rows(rng: &mut Lcg, count: usize, vocab: usize) -> Vec<f32> {
-    rows(rng, count, vocab)
+/// Runs the driver on `case`.
+fn run_process_case(work: &Workdir, bin: &Path, case: &ProcessCase) {
+    let d = &case.dims;
+    work.run(
+        bin,
+        "process",
+        &[
+            &case.rows,
+            &case.vocab,
+            &d.max_bsz,
+            &d.real_bsz,
+            &d.max_step_tokens,
+            &case.max_model_len,
+            &case.end_tokens.len(),
+            &case.bias_ids.len(),
+            &case.bad_words.len(),
+            &u32::from(case.logits),
+            &u32::from(case.allowed.is_some()),
+            &u32::from(case.bitmask.is_some()),
+        ],
+    );
 }
 
 /// `process_logits` against the reference, bit for bit: logits and probability rows in f32, f16
@@ -2701,10 +2347,11 @@ fn process_logits_matches_the_reference() {
             &[(33, true, true), (100, false, true), (1, true, false)]
         };
         for (k, &(vocab, logits, hostile)) in cases.iter().enumerate() {
-            let case = ProcessCase::new(&mut rng, dtype, logits, vocab, hostile);
-            case.write(&work);
-            case.run(&work, &bin);
-            let (want, want_fallback) = case.reference(&dev);
+            let case = process_case(&mut rng, dtype, logits, vocab, hostile);
+            write_process_case(&work, &case);
+            run_process_case(&work, &bin, &case);
+            let (want, want_fallback) =
+                fixtures::run_process(&dev, &case).expect("reference process_logits");
             let got = work.read::<u32>("processed.out");
             let label = format!(
                 "{dtype} process_logits case {k}: vocab {vocab} logits {logits} hostile {hostile}"

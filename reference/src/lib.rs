@@ -57,6 +57,8 @@
 #![forbid(unsafe_code)]
 
 mod device;
+#[cfg(feature = "fixtures")]
+pub mod fixtures;
 mod layout;
 mod matrix;
 mod ops;
