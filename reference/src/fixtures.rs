@@ -298,43 +298,43 @@ pub struct ProcessCase {
     pub logits: bool,
     /// The score matrix as f32 values (converted to `dtype` by [`ProcessCase::score_bytes`]).
     pub scores: Vec<f32>,
-    #[allow(missing_docs)]
+    /// Per-row temperatures (logits rows).
     pub temperature: Vec<f32>,
-    #[allow(missing_docs)]
+    /// `cu_seqlens_q_output`, `[real_bsz + 1]`.
     pub cu_out: Vec<i32>,
-    #[allow(missing_docs)]
+    /// `batch_id_per_token_output`: the slot of each row (-1: padding).
     pub batch_id: Vec<i32>,
-    #[allow(missing_docs)]
+    /// `[max_bsz, max_model_len]`: prompt then generated tokens.
     pub token_ids_all: Vec<i32>,
-    #[allow(missing_docs)]
+    /// Prompt length per slot.
     pub prompt_lens: Vec<i32>,
-    #[allow(missing_docs)]
+    /// Tokens generated so far per slot.
     pub step_idx: Vec<i32>,
-    #[allow(missing_docs)]
+    /// `[max_bsz, S]`: the last accepted token, then the drafts.
     pub draft_tokens: Vec<i32>,
-    #[allow(missing_docs)]
+    /// `[max_bsz, V]`: per-slot counts of the generated tokens.
     pub token_counts: Vec<i32>,
-    #[allow(missing_docs)]
+    /// `[max_bsz, ceil(V/32)]`: the prompt's tokens as bits.
     pub prompt_mask: Vec<u32>,
-    #[allow(missing_docs)]
+    /// `[max_bsz, 5]`: `α, α⁻¹, β, γ, min_p` per slot.
     pub penalties: Vec<f32>,
-    #[allow(missing_docs)]
+    /// Per slot: end tokens are masked below this generated position.
     pub min_tokens: Vec<i32>,
-    #[allow(missing_docs)]
+    /// The end tokens.
     pub end_tokens: Vec<i32>,
-    #[allow(missing_docs)]
+    /// `[max_bsz + 1]`: each slot's range of the bias entries.
     pub bias_offsets: Vec<i32>,
-    #[allow(missing_docs)]
+    /// Token ids of the bias entries.
     pub bias_ids: Vec<i32>,
-    #[allow(missing_docs)]
+    /// Values of the bias entries.
     pub bias_values: Vec<f32>,
-    #[allow(missing_docs)]
+    /// `[max_bsz + 1]`: each slot's range of `bad_words`.
     pub bad_word_offsets: Vec<i32>,
-    #[allow(missing_docs)]
+    /// Encoded bad words: a length, then that many tokens.
     pub bad_words: Vec<i32>,
-    #[allow(missing_docs)]
+    /// Optional `[max_bsz, ceil(V/32)]` allowed-token masks.
     pub allowed: Option<Vec<u32>>,
-    #[allow(missing_docs)]
+    /// Optional `[rows, ceil(V/32)]` runner bitmask.
     pub bitmask: Option<Vec<u32>>,
 }
 
@@ -954,21 +954,21 @@ pub fn weightless_rows(rng: &mut Rng, rows: usize, vocab: usize, logits: bool) -
 pub struct SampleCase {
     /// The rows as f32 values (converted to `dtype`).
     pub values: Vec<f32>,
-    #[allow(missing_docs)]
+    /// The float dtype of the rows.
     pub dtype: DType,
-    #[allow(missing_docs)]
+    /// Whether the rows are logits (weighed at `temperature`).
     pub logits: bool,
-    #[allow(missing_docs)]
+    /// The matrix shape.
     pub shape: RowShape,
-    #[allow(missing_docs)]
+    /// Per-row temperatures (logits rows).
     pub temperature: Vec<f32>,
-    #[allow(missing_docs)]
+    /// Per-row `top_k`.
     pub top_k: Vec<i32>,
-    #[allow(missing_docs)]
+    /// Per-row `top_p`.
     pub top_p: Vec<f32>,
-    #[allow(missing_docs)]
+    /// Per-row seeds.
     pub seed: Vec<u64>,
-    #[allow(missing_docs)]
+    /// Per-row fallbacks.
     pub fallback: Vec<i32>,
     /// `top_p_candidates`' row-to-slot map, if any.
     pub batch_id: Option<Vec<i32>>,
@@ -1108,37 +1108,37 @@ pub fn compare_sampling(
 /// The host inputs of one `update_state` call.
 #[derive(Clone, Debug)]
 pub struct StateCase {
-    #[allow(missing_docs)]
+    /// The batch shape.
     pub dims: BatchDims,
-    #[allow(missing_docs)]
+    /// `max_model_len`: the row length of `token_ids_all`.
     pub mml: usize,
-    #[allow(missing_docs)]
+    /// The vocabulary of `token_counts`.
     pub vocab: usize,
-    #[allow(missing_docs)]
+    /// `[max_bsz, S]`: the emitted tokens.
     pub accept_tokens: Vec<i32>,
-    #[allow(missing_docs)]
+    /// Per-slot blocked flags.
     pub is_block: Vec<u8>,
-    #[allow(missing_docs)]
+    /// Prompt length per slot.
     pub prompt_lens: Vec<i32>,
-    #[allow(missing_docs)]
+    /// Per-slot generation limits.
     pub max_dec_len: Vec<i32>,
-    #[allow(missing_docs)]
+    /// The end tokens.
     pub end_tokens: Vec<i32>,
-    #[allow(missing_docs)]
+    /// Per-slot emitted counts.
     pub accept_num: Vec<i32>,
-    #[allow(missing_docs)]
+    /// Per-slot stop flags.
     pub stop_flags: Vec<u8>,
-    #[allow(missing_docs)]
+    /// `[max_bsz, max_model_len]`: prompt then generated tokens.
     pub token_ids_all: Vec<i32>,
-    #[allow(missing_docs)]
+    /// Tokens generated so far per slot.
     pub step_idx: Vec<i32>,
-    #[allow(missing_docs)]
+    /// Per-slot seeds.
     pub infer_seed: Vec<u64>,
-    #[allow(missing_docs)]
+    /// `[max_bsz, S]`: the last accepted token, then the drafts.
     pub draft_tokens: Vec<i32>,
-    #[allow(missing_docs)]
+    /// `seq_lens_encoder`.
     pub encoder: Vec<i32>,
-    #[allow(missing_docs)]
+    /// `seq_lens_decoder`.
     pub decoder: Vec<i32>,
     /// The token counts; `None`: `update_state` without them.
     pub token_counts: Option<Vec<i32>>,
