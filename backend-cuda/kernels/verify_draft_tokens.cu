@@ -12,6 +12,7 @@
 // temperature of the output row: the prepare kernel keeps each target row's weighing with its
 // kept set and each draft row's maximum (its weighing depends on the temperature of the row it is
 // checked against, known only per slot); the slot's check then weighs and totals the draft row.
+// With `fallback`, REJECTION's sample of a target row of kept weight 0 is fallback[r] (§4c).
 
 struct VerifyArgs {
     const i32* draft_tokens;  // [max_bsz, S]
@@ -34,6 +35,7 @@ struct VerifyArgs {
     const i32* top_k;                    // REJECTION: [rows]
     const float* top_p;                  // REJECTION: [rows]
     const float* temperature;            // REJECTION of logits rows: [rows]
+    const i32* fallback;                 // REJECTION: [rows] or null: the sample of a row of kept weight 0
     unsigned char* stats;                // REJECTION scratch: [rows] TargetStats, then [draft rows] DraftStat
     i32* accept_tokens;                  // [max_bsz, S]
     i32* accept_num;                     // [max_bsz]
@@ -236,7 +238,8 @@ struct RejectionPolicy {
     // sample_row of the target row r (contract §4.3) from its prepared kept set.
     __device__ i32 sample_target(const VerifyArgs& a, u64 r) const {
         const TargetStats st = target_stats(a)[r];
-        if (st.degenerate) return (i32)st.first;
+        // A row of kept weight 0 yields its fallback when given, else its first token in rank order.
+        if (st.degenerate) return a.fallback != 0 ? a.fallback[r] : (i32)st.first;
         const Weigh w = stats_weigh(st);
         RowPart p = row_part_single(a.vocab, a.vec_target != 0);
         const u64 t = scale_draw(specula_draw(a.seeds[r], SPECULA_PURPOSE_SAMPLE), st.kept_mass);

@@ -6,8 +6,10 @@
 //! ordinary and hostile logits at every kind of temperature) are compared with the reference device
 //! (`specula-reference`), as the CPU backend takes probability rows only. `process_logits`
 //! (§5.12), the `fallback` input of the sampling ops and `update_state`'s `token_counts` are
-//! compared with the reference bit for bit, hostile inputs included. The real kernel sources (every `kernels/<op>.cu` of the op table)
-//! are compiled with a C++20 compiler (`g++`, `c++` or `clang++`).
+//! compared with the reference bit for bit, hostile inputs included; REJECTION's `fallback` (rows
+//! of weight 0) with the CPU backend on probability rows and with the reference on logits rows.
+//! The real kernel sources (every `kernels/<op>.cu` of the op table) are compiled with a C++20
+//! compiler (`g++`, `c++` or `clang++`).
 //!
 //! The emulation takes minutes, so these tests run only when `SPECULA_REQUIRE` names
 //! `cuda-emulator` (the CUDA CI lanes); otherwise they are listed as ignored with the reason, as
@@ -833,6 +835,14 @@ fn verify_kernels_match_the_cpu_reference() {
             let top_p: Vec<f32> = (0..rows)
                 .map(|r| [1.0, 0.8, 0.3, f32::NAN][(r + trial) % 4])
                 .collect();
+            // REJECTION's fallback on the hostile trials (their rows of weight 0 sample it):
+            // tokens, -1 and ids beyond the vocabulary (end_tokens[0] and stop), an end token.
+            let with_fallback = trial % 2 == 1;
+            let fallback: Vec<i32> = (0..rows)
+                .map(|r| [-1, 0, vocab as i32 - 2, 12345, end_tokens[1], 42][r % 6])
+                .collect();
+            let fb = up(&cpu, &fallback);
+            work.write("fallback.bin", &fallback);
             let (target_bytes, draft_bytes) = (to_bytes(dtype, &target), to_bytes(dtype, &draft));
             let target_buf = cpu.upload_bytes(dtype, &target_bytes).expect("u");
             let draft_buf = cpu.upload_bytes(dtype, &draft_bytes).expect("u");
@@ -915,7 +925,8 @@ fn verify_kernels_match_the_cpu_reference() {
                 work.write("target_tokens.bin", targets);
                 let accept_every = u32::from(accept_all && !reject_all);
                 let reject_every = u32::from(reject_all);
-                let args: [&dyn Display; 11] = [
+                let fallback_flag = u32::from(rejection && with_fallback);
+                let args: [&dyn Display; 13] = [
                     &rows,
                     &vocab,
                     &0,
@@ -927,6 +938,8 @@ fn verify_kernels_match_the_cpu_reference() {
                     &reject_every,
                     &cands,
                     &end_tokens.len(),
+                    &0,
+                    &fallback_flag,
                 ];
                 work.run(&bin, "verify", &args);
                 let target_tokens = if strategy_code == 0 {
@@ -948,7 +961,7 @@ fn verify_kernels_match_the_cpu_reference() {
                         draft: &draft_buf,
                         top_k: &tk,
                         top_p: &tp,
-                        fallback: None,
+                        fallback: with_fallback.then_some(&fb),
                     },
                 };
                 let dt = up(&cpu, &cpu_drafts);
@@ -963,8 +976,10 @@ fn verify_kernels_match_the_cpu_reference() {
                 };
                 let [accept_tokens, accept_num] = cpu_verify(&cpu, &inputs, &params);
                 let label = format!(
-                    "{dtype} {} trial {trial} (accept_all {accept_all}, reject_all {reject_all})",
-                    strategy.name()
+                    "{dtype} {} trial {trial} (accept_all {accept_all}, reject_all {reject_all}, \
+                     fallback {})",
+                    strategy.name(),
+                    fallback_flag != 0
                 );
                 let expect = Expect::new(&work, &cpu, label);
                 expect.same::<i32>("accept_num.out", &accept_num, "accept_num");
@@ -1384,6 +1399,13 @@ fn logits_rejection_matches_the_reference() {
                 })
                 .collect();
             let temperature = temperatures(rows, trial);
+            // The fallback on two trials of three: rows of kind 3 (all −inf / NaN) weigh 0 and
+            // sample it wherever REJECTION samples the target row.
+            let with_fallback = trial % 3 != 0;
+            let fallback: Vec<i32> = (0..rows)
+                .map(|r| [-1, 0, vocab as i32 - 1, 12345, end_tokens[1], 42][(r / 8) % 6])
+                .collect();
+            let fb = up_ref(&dev, &fallback);
             let top_k: Vec<i32> = (0..rows).map(|r| [0, 3, 50, -1][(r + trial) % 4]).collect();
             let top_p: Vec<f32> = (0..rows)
                 .map(|r| [1.0, 0.8, 0.3, f32::NAN][(r + trial / 2) % 4])
@@ -1428,7 +1450,8 @@ fn logits_rejection_matches_the_reference() {
             write_verify_rows(&work, &top_k, &top_p, &seeds, &target_bytes, &draft_bytes);
             work.write("draft_tokens.bin", &draft_tokens);
             work.write("temperature.bin", &temperature);
-            let args: [&dyn Display; 12] = [
+            work.write("fallback.bin", &fallback);
+            let args: [&dyn Display; 13] = [
                 &rows,
                 &vocab,
                 &0,
@@ -1441,6 +1464,7 @@ fn logits_rejection_matches_the_reference() {
                 &0,
                 &end_tokens.len(),
                 &1,
+                &u32::from(with_fallback),
             ];
             work.run(&bin, "verify", &args);
             let slot_bufs = slots.upload(&dev, &end_tokens);
@@ -1453,7 +1477,7 @@ fn logits_rejection_matches_the_reference() {
                     draft: &draft_buf,
                     top_k: &tk,
                     top_p: &tp,
-                    fallback: None,
+                    fallback: with_fallback.then_some(&fb),
                 },
             );
             let params = VerifyParams {
@@ -1476,7 +1500,7 @@ fn logits_rejection_matches_the_reference() {
             )
             .expect("reference verify");
             let label = format!(
-                "{dtype} logits REJECTION trial {trial} (accept_all {accept_all}, reject_all {reject_all})"
+                "{dtype} logits REJECTION trial {trial} (accept_all {accept_all}, reject_all {reject_all}, fallback {with_fallback})"
             );
             let want_num = ref_bits::<i32>(&dev, &accept_num);
             if !accept_all {

@@ -6,6 +6,8 @@
 // primitives (row totals, radix selections, the residual draw) on the target and draft rows; only
 // core 0 writes the slot's outputs. T_DTYPE / D_DTYPE are the target and draft storage formats;
 // with LOGITS both rows are logits, weighed by contract 3b at the temperature of the output row.
+// With a fallback input (has_fallback), a target row whose kept weight is 0 yields rj_fallback[r]
+// (contract 4c) wherever REJECTION samples it, instead of its first token in rank order.
 
 #define STRATEGY_GREEDY 0
 #define STRATEGY_TARGET_MATCH 1
@@ -133,7 +135,8 @@ typedef struct {
 
 inline RejectionStep rejection_step(__global const T_STORE* p, uint V_row,
                                     __global const D_STORE* q, uint Vq, __local Scratch* S, int d,
-                                    uint t_bits, int top_k, uint top_p_bits, ulong seed) {
+                                    uint t_bits, int top_k, uint top_p_bits, ulong seed,
+                                    bool has_fallback, int fallback) {
     KeptSet k = kept_set(p, V_row, S, row_weigh(p, V_row, S, t_bits), top_k, top_p_bits);
     Residual rs;
     rs.q = q;
@@ -152,6 +155,8 @@ inline RejectionStep rejection_step(__global const T_STORE* p, uint V_row,
 
     RejectionStep step;
     step.accepted = false;
+    // A target sample weighs nothing exactly when the kept weight is 0: the fallback, if given.
+    if (has_fallback && k.survivors_mass == 0ul) sampled = fallback;
     step.token = V_row == 0u ? -1 : sampled;
     bool checkable = Vq != 0u && V_row != 0u;
     if (!checkable) return step;
@@ -178,7 +183,8 @@ __kernel void ENTRY(BUF(const int, draft_tokens), BUF(const int, this_time), BUF
                     BUF(const uint, cand_scores), BUF(const int, cand_lens),
                     BUF(const T_STORE, target_scores), BUF(const uint, temperature),
                     BUF(const D_STORE, draft_scores), BUF(const int, rj_top_k),
-                    BUF(const uint, rj_top_p), BUF(int, accept_tokens), BUF(int, accept_num),
+                    BUF(const uint, rj_top_p), BUF(const int, rj_fallback),
+                    BUF(int, accept_tokens), BUF(int, accept_num),
                     const struct VerifyDraftTokensArgs args) {
     BIND(const int, draft_tokens);
     BIND(const int, this_time);
@@ -200,6 +206,7 @@ __kernel void ENTRY(BUF(const int, draft_tokens), BUF(const int, this_time), BUF
     BIND(const D_STORE, draft_scores);
     BIND(const int, rj_top_k);
     BIND(const uint, rj_top_p);
+    BIND(const int, rj_fallback);
     BIND(int, accept_tokens);
     BIND(int, accept_num);
     const uint max_bsz = args.max_bsz, real_bsz = args.real_bsz, s = args.max_step_tokens;
@@ -233,6 +240,7 @@ __kernel void ENTRY(BUF(const int, draft_tokens), BUF(const int, this_time), BUF
             bool d_ok = in_vocab(d, V);
             ulong rr = row_ok ? (ulong)r : 0ul;
             ulong draft_row = checking ? (ulong)b * (s - 1u) + i : 0ul;
+            bool has_fallback = row_ok && args.has_fallback != 0u;
             // Every draft is tested (an out-of-vocabulary one weighs 0 and is rejected by the
             // test, under accept_all too), except that accept_all accepts the drafts in [0, V)
             // untested.
@@ -240,7 +248,8 @@ __kernel void ENTRY(BUF(const int, draft_tokens), BUF(const int, this_time), BUF
                 target_scores + rr * V, row_ok ? V : 0u, draft_scores + draft_row * V,
                 (checking && row_ok && (!accept_every || !d_ok)) ? V : 0u, S, d,
                 row_ok ? ROW_TEMPERATURE(temperature, rr) : ONE_KEY, row_ok ? rj_top_k[rr] : 0,
-                row_ok ? rj_top_p[rr] : ONE_KEY, row_ok ? seeds[rr] : 0ul);
+                row_ok ? rj_top_p[rr] : ONE_KEY, row_ok ? seeds[rr] : 0ul,
+                has_fallback, has_fallback ? rj_fallback[rr] : -1);
             bool accepted = checking && d_ok && (accept_every || (row_ok && step.accepted));
             // Otherwise the correction, the target's sample, or -1 (no row).
             int token = accepted ? d : step.token;

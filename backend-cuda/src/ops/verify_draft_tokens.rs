@@ -79,7 +79,7 @@ pub(crate) fn run(device: &CudaDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
             draft,
             top_k,
             top_p,
-            fallback: _,
+            fallback,
         } => {
             let (target_probs, draft_probs) = (target.matrix(), draft);
             args.target_probs = device.ptr(op, target_probs)?;
@@ -87,6 +87,7 @@ pub(crate) fn run(device: &CudaDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
             args.top_k = device.ptr(op, top_k)?;
             args.top_p = device.ptr(op, top_p)?;
             args.temperature = device.opt_ptr(op, target.temperature())?;
+            args.fallback = device.opt_ptr(op, fallback)?;
             args.logits = flag(facts.logits);
             args.strategy = launch::STRATEGY_REJECTION;
             args.vec_target = device.vec_ok(op, target_probs, params.vocab)?;

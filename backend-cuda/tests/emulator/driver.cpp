@@ -9,7 +9,8 @@
 //   driver argmax     DIR ROWS VOCAB OFFSET                 (probs -> tokens)
 //   driver softmax    DIR ROWS VOCAB OFFSET                 (probs temperature -> probs)
 //   driver verify     DIR ROWS VOCAB OFFSET MAX_BSZ REAL_BSZ S STRATEGY ACCEPT_ALL REJECT_ALL C N_END
-//                     [LOGITS]   (REJECTION with LOGITS 1 reads temperature: the rows are logits)
+//                     [LOGITS [FALLBACK]]   (REJECTION with LOGITS 1 reads temperature: the rows
+//                     are logits; with FALLBACK 1 it reads fallback)
 //   driver logprobs   DIR ROWS VOCAB OFFSET MAX_BSZ REAL_BSZ S K
 //   driver batch      DIR MAX_BSZ REAL_BSZ S CAPACITY ROW_BYTES TOKEN_NUM MAX_MODEL_LEN THRESHOLD
 //                     MIN_N MAX_N N_END   (layout, sampling params, gather, update_state, ngram)
@@ -192,6 +193,7 @@ static void run_verify(const Run& run) {
         a.top_p = run.in<float>("top_p");
         a.logits = (u32)run.opt_arg(14);
         a.temperature = a.logits != 0 ? run.in<float>("temperature") : nullptr;
+        a.fallback = run.opt_arg(15) != 0 ? run.in<i32>("fallback") : nullptr;
         a.draft_rows = (u64)max_bsz * (s - 1);
         a.vec_target = vec_ok(a.target_probs, sizeof(raw), vocab);
         a.vec_draft = vec_ok(a.draft_probs, sizeof(draft_raw), vocab);

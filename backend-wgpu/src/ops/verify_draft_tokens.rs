@@ -1,6 +1,6 @@
 //! `verify_draft_tokens` (`shaders/verify_draft_tokens.wgsl`): one slot-walk dispatch; REJECTION
-//! first samples the target rows (`top_k_top_p_sample`'s kernel) and tests every (target row,
-//! draft row) pair, all recorded in the same submission.
+//! first samples the target rows (`top_k_top_p_sample`'s kernel, with the call's `fallback`) and
+//! tests every (target row, draft row) pair, all recorded in the same submission.
 
 use std::sync::Arc;
 
@@ -108,6 +108,8 @@ struct RejectionRows<'a> {
     draft_rows: &'a Buffer,
     top_k: &'a Buffer,
     top_p: &'a Buffer,
+    /// `[rows]` i32, when given: the sample of a target row of kept weight 0 (`process_logits`).
+    fallback: Option<&'a Buffer>,
     target_dtype: DType,
     draft_dtype: DType,
 }
@@ -135,7 +137,9 @@ fn rejection_dispatches(
         top_k: rejection.top_k,
         top_p: rejection.top_p,
         seed: inputs.seeds,
-        fallback: None,
+        // A target row of kept weight 0 (a row of total weight 0) samples its fallback, which the
+        // slot walk then reads wherever REJECTION samples the target row.
+        fallback: rejection.fallback,
     };
     let shape = RowShape {
         rows,
@@ -267,7 +271,7 @@ pub(crate) fn run(device: &WgpuDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
                 draft,
                 top_k,
                 top_p,
-                fallback: _,
+                fallback,
             },
             Some((target_dtype, draft_dtype)),
         ) => {
@@ -276,6 +280,7 @@ pub(crate) fn run(device: &WgpuDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
                 draft_rows: draft,
                 top_k,
                 top_p,
+                fallback,
                 target_dtype,
                 draft_dtype,
             };

@@ -9,8 +9,8 @@ use super::{ArgsStruct, count, flag, float_code, logits_code, program};
 use crate::runtime::{KernelBuffers, Runtime};
 
 specula_backend_api::kernel_args! {
-    /// The parameters of `verify_draft_tokens_<dtype>` (`pad`: explicit padding to a multiple of
-    /// 8 bytes, always 0).
+    /// The parameters of `verify_draft_tokens_<dtype>` (`rj_fallback`: when `has_fallback`,
+    /// REJECTION's token for a target row whose kept weight is 0).
     pub(crate) struct VerifyDraftTokensArgs {
         draft_tokens_offset: u64,
         this_time_offset: u64,
@@ -32,6 +32,7 @@ specula_backend_api::kernel_args! {
         draft_scores_offset: u64,
         rj_top_k_offset: u64,
         rj_top_p_offset: u64,
+        rj_fallback_offset: u64,
         accept_tokens_offset: u64,
         accept_num_offset: u64,
         max_bsz: u32,
@@ -43,7 +44,7 @@ specula_backend_api::kernel_args! {
         candidates: u32,
         accept_all: u32,
         reject_all: u32,
-        pad: u32,
+        has_fallback: u32,
     }
 }
 
@@ -60,14 +61,16 @@ fn strategy_code(strategy: Strategy) -> &'static str {
     }
 }
 
-/// The kernel's nine strategy buffers, in parameter order (`target_tokens`, `cand_ids`,
+/// The kernel's ten strategy buffers, in parameter order (`target_tokens`, `cand_ids`,
 /// `cand_scores`, `cand_lens`, `target_scores`, `temperature`, `draft_scores`, `rj_top_k`,
-/// `rj_top_p`): those the strategy uses, `None` for the others (`temperature` for logits rows only).
-fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 9] {
+/// `rj_top_p`, `rj_fallback`): those the strategy uses, `None` for the others (`temperature` for
+/// logits rows only, `rj_fallback` when given).
+fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 10] {
     match *strategy {
         StrategyInputs::Greedy { target_tokens }
         | StrategyInputs::TargetMatch { target_tokens } => [
             Some(target_tokens),
+            None,
             None,
             None,
             None,
@@ -92,13 +95,14 @@ fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 9
             None,
             None,
             None,
+            None,
         ],
         StrategyInputs::Rejection {
             target,
             draft,
             top_k,
             top_p,
-            fallback: _,
+            fallback,
         } => [
             None,
             None,
@@ -109,6 +113,7 @@ fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 9
             Some(draft),
             Some(top_k),
             Some(top_p),
+            fallback,
         ],
     }
 }
@@ -143,6 +148,7 @@ pub(crate) fn run(runtime: &Runtime, mut call: VerifyDraftTokensCall<'_, '_>) ->
         draft_scores,
         rj_top_k,
         rj_top_p,
+        rj_fallback,
     ] = strategy_buffers(&inputs.strategy);
     let (lens, state, dims) = (&inputs.lens, &inputs.state, &params.dims);
     let mut buffers = KernelBuffers::default();
@@ -167,6 +173,7 @@ pub(crate) fn run(runtime: &Runtime, mut call: VerifyDraftTokensCall<'_, '_>) ->
         draft_scores_offset: buffers.bind_optional(runtime, draft_scores)?,
         rj_top_k_offset: buffers.bind_optional(runtime, rj_top_k)?,
         rj_top_p_offset: buffers.bind_optional(runtime, rj_top_p)?,
+        rj_fallback_offset: buffers.bind_optional(runtime, rj_fallback)?,
         accept_tokens_offset: buffers.bind(out.accept_tokens)?,
         accept_num_offset: buffers.bind(out.accept_num)?,
         max_bsz: count(dims.max_bsz),
@@ -178,7 +185,7 @@ pub(crate) fn run(runtime: &Runtime, mut call: VerifyDraftTokensCall<'_, '_>) ->
         candidates: count(candidates),
         accept_all: flag(params.accept_all),
         reject_all: flag(params.reject_all),
-        pad: 0,
+        has_fallback: flag(rj_fallback.is_some()),
     };
     runtime.launch(&key, &entry, &buffers, &args)
 }
