@@ -551,3 +551,24 @@ pub const EDGE_SEEDS: [u64; 8] = [
     u64::MAX - 3,
     u64::MAX,
 ];
+
+/// `rows` rows of `vocab` for the `fallback` cases: the even rows weigh nothing (all −inf or NaN
+/// logits; all-zero, tiny or invalid probabilities), the odd ones are ordinary [`logit_row`]s or
+/// [`prob_row`]s.
+pub fn weightless_rows(rng: &mut Rng, rows: usize, vocab: usize, logits: bool) -> Vec<f32> {
+    let mut scores = Vec::with_capacity(rows * vocab);
+    for r in 0..rows {
+        let row: Vec<f32> = match (r % 2, logits) {
+            (0, true) => (0..vocab)
+                .map(|v| [f32::NEG_INFINITY, f32::NAN][v % 2])
+                .collect(),
+            (0, false) => (0..vocab)
+                .map(|v| [0.0, 1e-20, f32::NAN, -1.0][v % 4])
+                .collect(),
+            (_, true) => logit_row(rng, vocab),
+            (_, false) => prob_row(rng, vocab),
+        };
+        scores.extend(row);
+    }
+    scores
+}

@@ -6,7 +6,7 @@ use specula_backend_api::ops::*;
 
 use super::generate::{
     EDGE_SEEDS, FLOAT_DTYPES, Rng, f32s, hostile_logit_rows, i32s, logit_row, pick_temperature,
-    prob_row, rows_with_ties, spoiled_rows, u64s, with_score_rows,
+    prob_row, rows_with_ties, spoiled_rows, u64s, weightless_rows, with_score_rows,
 };
 use super::{Size, row_gens};
 use crate::Result;
@@ -135,20 +135,7 @@ fn fallback_cases() -> Vec<Case> {
     for logits in [false, true] {
         let mut rng = Rng::new("sample/fallback", u64::from(logits));
         let rows = fallback.len();
-        let mut scores = Vec::new();
-        for r in 0..rows {
-            let row: Vec<f32> = match (r % 2, logits) {
-                (0, true) => (0..vocab)
-                    .map(|v| [f32::NEG_INFINITY, f32::NAN][v % 2])
-                    .collect(),
-                (0, false) => (0..vocab)
-                    .map(|v| [0.0, 1e-20, f32::NAN, -1.0][v % 4])
-                    .collect(),
-                (_, true) => logit_row(&mut rng, vocab),
-                (_, false) => prob_row(&mut rng, vocab),
-            };
-            scores.extend(row);
-        }
+        let scores = weightless_rows(&mut rng, rows, vocab, logits);
         let temperature: Vec<f32> = (0..rows).map(|r| [1.0, 0.0, 0.7][r % 3]).collect();
         let top_k: Vec<i32> = (0..rows).map(|r| [0, 1, 5][r % 3]).collect();
         let top_p = vec![0.9; rows];

@@ -76,7 +76,7 @@ impl OpCase for Params {
             let [a, b, c, d, e, f, g, h, counts] = r.inouts(STATE_AND_COUNTS)?;
             decode_state([a, b, c, d, e, f, g, h], Some(counts))
         } else {
-            decode_state(r.inouts(STATE)?, None)
+            decode_state(r.inouts(state_names())?, None)
         };
         device.update_state(
             &UpdateStateInputs {
@@ -97,19 +97,7 @@ impl OpCase for Params {
     }
 }
 
-/// The in/out state tensors, in [`DecodeState`] order.
-const STATE: [&str; 8] = [
-    "accept_num",
-    "stop_flags",
-    "token_ids_all",
-    "step_idx",
-    "infer_seed",
-    "draft_tokens",
-    "seq_lens_encoder",
-    "seq_lens_decoder",
-];
-
-/// [`STATE`] and the token counts.
+/// The in/out state tensors, in [`DecodeState`] order, then the optional token counts.
 const STATE_AND_COUNTS: [&str; 9] = [
     "accept_num",
     "stop_flags",
@@ -122,7 +110,12 @@ const STATE_AND_COUNTS: [&str; 9] = [
     "token_counts",
 ];
 
-/// The state buffers (in [`STATE`] order) as a [`DecodeState`].
+/// The in/out state tensors without the token counts.
+fn state_names() -> [&'static str; 8] {
+    std::array::from_fn(|i| STATE_AND_COUNTS[i])
+}
+
+/// The state buffers (in [`state_names`] order) as a [`DecodeState`].
 fn decode_state<'a>(
     [
         accept_num,
