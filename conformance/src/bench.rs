@@ -924,6 +924,7 @@ impl ProcessingBench {
                     rows: f.rows,
                     vocab: f.vocab,
                 },
+                block: None,
                 max_model_len: BENCH_MODEL_LEN,
                 host: None,
             },

@@ -131,6 +131,7 @@ fn specula(
                     rows: 1,
                     vocab: VOCAB,
                 },
+                block: None,
                 max_model_len,
                 host: None,
             },

@@ -800,6 +800,7 @@ pub fn run_process(device: &dyn Device, c: &ProcessCase) -> Result<ProcessOut> {
                 rows: c.rows,
                 vocab: c.vocab,
             },
+            block: None,
             max_model_len: c.max_model_len,
             host: None,
         },

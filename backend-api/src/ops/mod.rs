@@ -29,7 +29,7 @@ pub use build_sampling_params::{
 pub use gather_next_token::{GatherInputs, GatherNextTokenCall, GatherParams};
 pub use ngram_match::{NgramInputs, NgramMatchCall, NgramOutputs, NgramParams};
 pub use process_logits::{
-    HostProcessing, ProcessInputs, ProcessLogitsCall, ProcessOutputs, ProcessParams,
+    HostProcessing, ProcessInputs, ProcessLogitsCall, ProcessOutputs, ProcessParams, RowBlock,
     SlotProcessing, TokenHistory,
 };
 pub use softmax::{SoftmaxCall, SoftmaxInputs, SoftmaxParams};

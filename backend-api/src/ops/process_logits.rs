@@ -101,13 +101,28 @@ pub struct ProcessInputs<'a> {
     pub bitmask: Option<&'a Buffer>,
 }
 
+/// A block of consecutive rows of the scores: rows `first .. first + rows`.
+///
+/// `process_logits` can process a block of the step's rows at a time (a CPU keeps the block in
+/// its caches between `process_logits` and the sampling op that reads it). Row `first + i` of
+/// every per-row input — the scores, their temperatures, the layout and the bitmask — becomes
+/// row `i` of the outputs; the output layout still places each row in its slot, so the block's
+/// rows have the history of their absolute positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowBlock {
+    /// The first row of the block.
+    pub first: usize,
+    /// The number of rows in the block.
+    pub rows: usize,
+}
+
 /// Outputs of `process_logits`.
 #[derive(Debug)]
 pub struct ProcessOutputs<'a> {
-    /// `[rows, vocab]` f32: the processed rows (masked and min_p-dropped tokens are −inf for
-    /// logits, 0 for probabilities).
+    /// `[rows, vocab]` f32 (`rows` of the block): the processed rows (masked and min_p-dropped
+    /// tokens are −inf for logits, 0 for probabilities).
     pub processed: &'a mut Buffer,
-    /// `[rows]` i32: the token a row yields when its total weight is 0 — its first unmasked token
+    /// `[rows]` i32 (`rows` of the block): the token a row yields when its total weight is 0 — its first unmasked token
     /// in rank order, or -1 when every token is masked.
     pub fallback: &'a mut Buffer,
 }
@@ -130,12 +145,25 @@ pub struct HostProcessing<'a> {
 pub struct ProcessParams<'a> {
     /// The batch shape.
     pub dims: BatchDims,
-    /// The matrix shape (`rows ≤` the layout's row capacity).
+    /// The matrix shape of the scores (`rows ≤` the layout's row capacity).
     pub shape: RowShape,
+    /// The rows processed: `None` for all of them, else a block of them (`first + rows ≤
+    /// shape.rows`); the outputs hold the block's rows.
+    pub block: Option<RowBlock>,
     /// Row length of `token_ids_all`.
     pub max_model_len: usize,
     /// Host copies of the parameters, for validation.
     pub host: Option<HostProcessing<'a>>,
+}
+
+impl ProcessParams<'_> {
+    /// The rows processed: [`ProcessParams::block`], or every row of the scores.
+    pub fn row_block(&self) -> RowBlock {
+        self.block.unwrap_or(RowBlock {
+            first: 0,
+            rows: self.shape.rows,
+        })
+    }
 }
 
 /// Validates `process_logits`.
@@ -175,13 +203,28 @@ pub(crate) fn validate<'c, 'o>(
     if let Some(host) = &params.host {
         validate_host(&check, host, dims.max_bsz, shape.vocab)?;
     }
-    let len = check.product("processed", shape.rows, shape.vocab)?;
+    let block = validate_block(&check, params)?;
+    let len = check.product("processed", block.rows, shape.vocab)?;
     check.exact("processed", out.processed, DType::F32, len)?;
-    check.exact("fallback", out.fallback, DType::I32, shape.rows)?;
+    check.exact("fallback", out.fallback, DType::I32, block.rows)?;
     let call = Call::new(*inputs, out, *params, kind);
     Ok(call
-        .with_extent(shape.rows, shape.vocab)
-        .launching_nothing_if(shape.rows == 0))
+        .with_extent(block.rows, shape.vocab)
+        .launching_nothing_if(block.rows == 0))
+}
+
+/// The block lies within the scores' rows.
+fn validate_block(check: &Check<'_>, params: &ProcessParams<'_>) -> Result<RowBlock> {
+    let block = params.row_block();
+    match block.first.checked_add(block.rows) {
+        Some(end) if end <= params.shape.rows => Ok(block),
+        _ => Err(Error::invalid(
+            check.op,
+            "block",
+            format!("first + rows <= rows {}", params.shape.rows),
+            format!("first {}, rows {}", block.first, block.rows),
+        )),
+    }
 }
 
 /// The per-slot history buffers.

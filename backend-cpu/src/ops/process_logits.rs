@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use specula_backend_api::fixed_point::weight;
 use specula_backend_api::logit_weights::{RowScale, row_scale, sanitize_logit, scaled_weight};
 use specula_backend_api::ops::process_logits::{OpCall, PENALTY_FIELDS, mask_words, penalty};
-use specula_backend_api::ops::{ProcessInputs, ProcessParams, ScoresKind};
+use specula_backend_api::ops::{ProcessInputs, ProcessParams, RowBlock, ScoresKind};
 use specula_backend_api::{DType, FloatElement, Op, Result};
 
 use super::{len_or_zero, token_index, with_float};
@@ -62,6 +62,8 @@ struct Batch<'a> {
     allowed: Option<&'a [u32]>,
     bitmask: Option<&'a [u32]>,
     temperature: Option<&'a [f32]>,
+    /// Per slot, one bit per 32-token word that a penalty may change (see [`penalized_words`]).
+    penalized: &'a [u64],
 }
 
 /// One row's slot, position and parameters.
@@ -74,6 +76,8 @@ struct Row<'a> {
     min_p: u64,
     counts: &'a [i32],
     prompt: &'a [u32],
+    /// The slot's bits of [`Batch::penalized`].
+    penalized: &'a [u64],
     drafts: &'a [i32],
     bias: (&'a [i32], &'a [f32]),
     end_masked: bool,
@@ -121,6 +125,10 @@ impl<'a> Batch<'a> {
             },
             counts: &self.token_counts[b * self.vocab..(b + 1) * self.vocab],
             prompt: &self.prompt_mask[b * words..(b + 1) * words],
+            penalized: {
+                let n = words.div_ceil(64);
+                &self.penalized[b * n..(b + 1) * n]
+            },
             drafts,
             bias: (&self.bias_ids[bias.clone()], &self.bias_values[bias]),
             end_masked: generated < i64::from(self.min_tokens[b]),
@@ -342,11 +350,7 @@ fn dense_pass_generic<T: FloatElement>(
     let mut best = 0u32;
     for (w, (src, dst)) in input.chunks(32).zip(out.chunks_mut(32)).enumerate() {
         let kept = batch.dense_word(row.r, row.b, w);
-        let unpenalized = row.prompt[w] == 0
-            && row.counts[w * 32..w * 32 + src.len()]
-                .iter()
-                .all(|&c| c <= 0);
-        if unpenalized {
+        if row.penalized[w / 64] >> (w % 64) & 1 == 0 {
             best = best.max(plain_word(src, dst, kept, batch.logits));
             continue;
         }
@@ -540,10 +544,45 @@ fn lowest_kept(m: f32, scale: RowScale, minp: u128) -> f32 {
     value(hi)
 }
 
-/// Processes every row.
+/// Per slot, a bit per 32-token word that the repetition, frequency or presence penalty may
+/// change: a word with a prompt token or a positive count, in a slot whose penalties are not
+/// neutral (a neutral slot — no usable repetition factors or both 1, β = γ = 0 — leaves every
+/// value as the dense masks left it). Computed once per call, so that the rows of a slot do not
+/// each scan its `[V]` count table.
+fn penalized_words(batch: &Batch<'_>) -> Vec<u64> {
+    let words = mask_words(batch.vocab);
+    let n = words.div_ceil(64);
+    let mut bits = vec![0u64; batch.real_bsz * n];
+    bits.par_chunks_mut(n.max(1))
+        .enumerate()
+        .for_each(|(b, bits)| slot_penalized_words(batch, b, bits));
+    bits
+}
+
+/// [`penalized_words`] of slot `b`.
+fn slot_penalized_words(batch: &Batch<'_>, b: usize, bits: &mut [u64]) {
+    let p = &batch.penalties[b * PENALTY_FIELDS..(b + 1) * PENALTY_FIELDS];
+    let (alpha, inverse) = (p[penalty::REPETITION], p[penalty::REPETITION_INVERSE]);
+    let usable = |x: f32| (FACTOR_MIN..=FACTOR_MAX).contains(&x);
+    let repetition = usable(alpha) && usable(inverse) && (alpha != 1.0 || inverse != 1.0);
+    let additive_on =
+        additive(p[penalty::FREQUENCY]) != 0.0 || additive(p[penalty::PRESENCE]) != 0.0;
+    if !repetition && !additive_on {
+        return;
+    }
+    let words = mask_words(batch.vocab);
+    let prompt = &batch.prompt_mask[b * words..(b + 1) * words];
+    let counts = &batch.token_counts[b * batch.vocab..(b + 1) * batch.vocab];
+    for (w, chunk) in counts.chunks(32).enumerate() {
+        let touched = (repetition && prompt[w] != 0) || chunk.iter().any(|&c| c > 0);
+        bits[w / 64] |= u64::from(touched) << (w % 64);
+    }
+}
+
+/// Processes the rows of the block: scores row `block.first + i` into output row `i`.
 fn process_logits(
     batch: &Batch<'_>,
-    kind: ScoresKind,
+    (kind, block): (ScoresKind, RowBlock),
     inputs: &ProcessInputs<'_>,
     out: &mut [f32],
     fallback: &mut [i32],
@@ -551,12 +590,13 @@ fn process_logits(
     let vocab = batch.vocab;
     with_float!(kind.dtype, Op::ProcessLogits, T => {
         let input = slice::<T>(inputs.scores.matrix())?;
+        let input = &input[block.first * vocab..(block.first + block.rows) * vocab];
         out.par_chunks_exact_mut(vocab)
             .zip(fallback.par_iter_mut())
             .zip(input.par_chunks_exact(vocab))
             .enumerate()
-            .for_each(|(r, ((out, fallback), input))| {
-                *fallback = process_row(batch, r, input, out);
+            .for_each(|(i, ((out, fallback), input))| {
+                *fallback = process_row(batch, block.first + i, input, out);
             });
         Ok(())
     })
@@ -597,10 +637,17 @@ pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
         allowed: s.allowed.map(slice).transpose()?,
         bitmask: inputs.bitmask.map(slice).transpose()?,
         temperature: inputs.scores.temperature().map(slice).transpose()?,
+        penalized: &[],
+    };
+    let penalized = device.install(|| penalized_words(&batch));
+    let batch = Batch {
+        penalized: &penalized,
+        ..batch
     };
     let processed = slice_mut::<f32>(out.processed)?;
     let fallback = slice_mut::<i32>(out.fallback)?;
-    device.install(|| process_logits(&batch, *kind, inputs, processed, fallback))
+    let call = (*kind, params.row_block());
+    device.install(|| process_logits(&batch, call, inputs, processed, fallback))
 }
 
 #[cfg(test)]

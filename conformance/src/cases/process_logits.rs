@@ -34,6 +34,16 @@ pub struct Params {
     /// Logits with per-row temperatures (tensors `logits`, `temperature`) instead of `probs`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub logits: bool,
+    /// Only a block of the rows is processed (`first`, `rows`): the outputs hold its rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block: Option<(usize, usize)>,
+}
+
+impl Params {
+    /// The rows of the outputs: the block's, or all of them.
+    fn out_rows(&self) -> usize {
+        self.block.map_or(self.rows, |(_, rows)| rows)
+    }
 }
 
 impl OpCase for Params {
@@ -71,7 +81,9 @@ impl OpCase for Params {
             vocab,
             max_model_len,
             logits,
+            block,
         } = *self;
+        let out_rows = self.out_rows();
         let device = r.device();
         let host = HostCopies {
             penalties: r.host::<f32>("penalties")?,
@@ -120,8 +132,8 @@ impl OpCase for Params {
         let allowed = r.optional("allowed")?;
         let bitmask = r.optional("bitmask")?;
         let [processed, fallback] = r.outputs([
-            ("processed", DType::F32, &[rows, vocab]),
-            ("fallback", DType::I32, &[rows]),
+            ("processed", DType::F32, &[out_rows, vocab]),
+            ("fallback", DType::I32, &[out_rows]),
         ])?;
         device.process_logits(
             &ProcessInputs {
@@ -158,6 +170,7 @@ impl OpCase for Params {
             &ProcessParams {
                 dims: dims.into(),
                 shape: RowShape { rows, vocab },
+                block: block.map(|(first, rows)| RowBlock { first, rows }),
                 max_model_len,
                 host: host.view(),
             },
@@ -535,12 +548,18 @@ impl Setup {
 
     /// The case.
     pub(crate) fn case(&self, name: String) -> Case {
+        self.block_case(name, None)
+    }
+
+    /// The case, processing only the block `(first, rows)` of the rows when one is given.
+    pub(crate) fn block_case(&self, name: String, block: Option<(usize, usize)>) -> Case {
         let params = Params {
             dims: self.batch.dims,
             rows: self.rows,
             vocab: self.vocab,
             max_model_len: self.max_model_len,
             logits: self.temperature.is_some(),
+            block,
         };
         let shape = [self.rows, self.vocab];
         let mut case = Case::new(name, params);
@@ -605,12 +624,31 @@ pub fn cases(size: Size) -> Vec<Case> {
                 );
                 let st = Setup::random(&mut rng, d, vocab, logits, dtype, f);
                 let kind = if logits { "logits" } else { "probs" };
-                out.push(st.case(format!("{name}_{kind}_{}_v{vocab}_{dtype}", batch_name(&d))));
+                let name = format!("{name}_{kind}_{}_v{vocab}_{dtype}", batch_name(&d));
+                if f.bitmask && f.bias && st.rows > 0 {
+                    out.extend(block_cases(&st, &name));
+                }
+                out.push(st.case(name));
             }
         }
     }
     out.extend(hostile());
     out
+}
+
+/// Blocks of the rows of an "all" case: a middle block, the last row alone, and an empty block
+/// at the end (nothing is written).
+fn block_cases(st: &Setup, name: &str) -> Vec<Case> {
+    let rows = st.rows;
+    let first = rows / 3;
+    [
+        ("middle", (first, (rows - first).div_ceil(2))),
+        ("last_row", (rows - 1, 1)),
+        ("empty", (rows, 0)),
+    ]
+    .into_iter()
+    .map(|(which, block)| st.block_case(format!("{name}_block_{which}"), Some(block)))
+    .collect()
 }
 
 /// Hand-computed rows: one slot, prompt `[1]`, generated `[2, 2]`, one draft `3`; vocabulary 6.

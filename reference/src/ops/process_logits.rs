@@ -5,7 +5,7 @@
 
 use specula_backend_api::logit_weights::{row_weights, sanitize_logit};
 use specula_backend_api::ops::process_logits::{OpCall, PENALTY_FIELDS, mask_words, penalty};
-use specula_backend_api::ops::{ProcessInputs, ProcessParams, ScoresKind};
+use specula_backend_api::ops::{ProcessInputs, ProcessParams, RowBlock, ScoresKind};
 use specula_backend_api::{Op, Result};
 
 use crate::ReferenceDevice;
@@ -225,24 +225,25 @@ fn process_logit(l: f32, bias: Option<f32>, in_prompt: bool, count: i64, slot: &
     l
 }
 
-/// Processes every row.
+/// Processes the rows of the block: scores row `block.first + i` into output row `i`.
 fn process_logits(
     kind: ScoresKind,
     inputs: &ProcessInputs<'_>,
     r: &Reader<'_>,
-    rows: usize,
+    (rows, block): (usize, RowBlock),
     out: (&mut [f32], &mut [i32]),
 ) -> Result<()> {
     let matrix = FloatMatrix::new(OP, kind.dtype, inputs.scores.matrix(), rows, r.vocab)?;
     let temperature = inputs.scores.temperature().map(slice::<f32>).transpose()?;
     let (processed, fallback) = out;
     let masked_value = if kind.logits { f32::NEG_INFINITY } else { 0.0 };
-    for row in 0..rows {
+    for i in 0..block.rows {
+        let row = block.first + i;
         let values = matrix.row(row).unwrap_or_default();
-        let dst = &mut processed[row * r.vocab..(row + 1) * r.vocab];
+        let dst = &mut processed[i * r.vocab..(i + 1) * r.vocab];
         let Some((b, pos)) = r.source(row) else {
             dst.fill(masked_value);
-            fallback[row] = -1;
+            fallback[i] = -1;
             continue;
         };
         let slot = r.slot_params(b);
@@ -264,7 +265,7 @@ fn process_logits(
                 sanitize(values[v])
             };
         }
-        fallback[row] = first_unmasked(dst, &masked, kind.logits);
+        fallback[i] = first_unmasked(dst, &masked, kind.logits);
         if let Some(min_p) = slot.min_p {
             let t = temperature.map_or(1.0, |t| t[row]);
             drop_below_min_p(dst, &masked, kind.logits, t, min_p, masked_value);
@@ -353,5 +354,6 @@ pub(crate) fn run(_device: &ReferenceDevice, mut call: OpCall<'_, '_>) -> Result
     };
     let processed = slice_mut::<f32>(out.processed)?;
     let fallback = slice_mut::<i32>(out.fallback)?;
-    process_logits(*kind, inputs, &reader, shape.rows, (processed, fallback))
+    let rows = (shape.rows, params.row_block());
+    process_logits(*kind, inputs, &reader, rows, (processed, fallback))
 }

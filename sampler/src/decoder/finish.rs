@@ -279,6 +279,7 @@ fn process(
         &ProcessParams {
             dims: cx.dims(),
             shape: checked.shape(cx.config.vocab),
+            block: None,
             max_model_len: cx.config.max_model_len,
             host: None,
         },

@@ -135,6 +135,12 @@ pub(super) fn cases() -> Vec<Case> {
         ShapeMismatch,
         "logits",
     ));
+    // A block past the last row.
+    let mut block = base.clone();
+    if let crate::cases::CaseParams::ProcessLogits(p) = &mut block.params {
+        p.block = Some((p.rows - 1, 2));
+    }
+    out.push(reject("block_past_the_rows", block, InvalidArgument, "block"));
     out.extend(vocab_cases(|vocab| with(batch().dims, vocab)));
     out.extend(dims_cases(|dims| with(dims, VOCAB), 0));
     out
