@@ -63,6 +63,11 @@ pub struct Capabilities {
     /// Whether the device runs `process_logits`, the `fallback` input of the sampling ops and the
     /// token counts of `update_state` (`docs/semantics.md` §4c).
     pub processing: bool,
+    /// A hint for callers that process and sample a step's rows: the bytes of `f32` rows a block
+    /// of rows should hold, so that `process_logits` of a block ([`RowBlock`](crate::ops::RowBlock))
+    /// and the sampling op that reads it run while the block is in the device's caches (a CPU).
+    /// `None`: all rows at once (a GPU).
+    pub row_block_bytes: Option<usize>,
 }
 
 impl Capabilities {

@@ -8,7 +8,12 @@ use specula_backend_api::{
 use crate::ops;
 use specula_backend_api::host;
 
-/// The CPU reference device. Ops run on its own `rayon` pool.
+/// The bytes of `f32` rows the CPU asks callers to process and sample at a time
+/// ([`Capabilities::row_block_bytes`]): a block of processed rows stays in the last-level cache
+/// between `process_logits` and the sampling op, instead of going to memory and back.
+pub(crate) const ROW_BLOCK_BYTES: usize = 8 << 20;
+
+/// The production CPU device. Ops run on its own `rayon` pool.
 #[derive(Debug)]
 pub struct CpuDevice {
     desc: DeviceDesc,
@@ -44,11 +49,21 @@ impl CpuDevice {
             max_buffer_bytes: None,
             logits: true,
             processing: true,
+            row_block_bytes: Some(ROW_BLOCK_BYTES),
         };
         Ok(CpuDevice {
             desc: DeviceDesc::new(info, capabilities),
             pool,
         })
+    }
+
+    /// The same device, asking callers to process and sample `bytes` of `f32` rows at a time
+    /// ([`Capabilities::row_block_bytes`]; `None`: every row at once). The default is 8 MiB; the
+    /// results never depend on it (each row is processed and sampled on its own), only the
+    /// traffic to memory does.
+    pub fn with_row_block_bytes(mut self, bytes: Option<usize>) -> Self {
+        self.desc.capabilities.row_block_bytes = bytes;
+        self
     }
 
     /// Number of worker threads.

@@ -148,6 +148,7 @@ impl CudaDevice {
             max_buffer_bytes: total_mem,
             logits: true,
             processing: true,
+            row_block_bytes: None,
         };
         Ok(CudaDevice {
             desc: DeviceDesc::new(info, capabilities),

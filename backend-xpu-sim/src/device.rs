@@ -59,6 +59,7 @@ impl XpuSimDevice {
             max_buffer_bytes: Some(runtime.max_alloc),
             logits: true,
             processing: true,
+            row_block_bytes: None,
         };
         Ok(XpuSimDevice {
             desc: DeviceDesc::new(info, capabilities),

@@ -707,6 +707,32 @@ impl StepFixture {
         Ok(())
     }
 
+    /// The TARGET_MATCH targets of the rows of `block` from `scores` (the block's rows: logits at
+    /// the rows' temperatures when `logits`), with `fallback` when given. The per-row buffers
+    /// read the block's window for the call and every row again after it.
+    fn sample_block(
+        &mut self,
+        d: &dyn Device,
+        (scores, logits): (&Buffer, bool),
+        fallback: Option<&Buffer>,
+        block: RowBlock,
+    ) -> Result<()> {
+        let per_row = |f: &mut Self, (first, rows): (usize, usize)| -> Result<()> {
+            f.row_top_k.set_window(first, rows)?;
+            f.row_top_p.set_window(first, rows)?;
+            f.row_seed.set_window(first, rows)?;
+            f.row_temperature.set_window(first, rows)?;
+            f.targets.set_window(first, rows)?;
+            Ok(())
+        };
+        per_row(self, (block.first, block.rows))?;
+        let rows = std::mem::replace(&mut self.rows, block.rows);
+        let done = self.sample(d, (scores, logits), fallback);
+        self.rows = rows;
+        per_row(self, (0, rows))?;
+        done
+    }
+
     /// The TARGET_MATCH targets from `scores` (logits at the rows' temperatures when `logits`),
     /// with `fallback` when given.
     fn sample(
@@ -837,8 +863,18 @@ const BENCH_PROMPT: usize = 200;
 /// Row length of `token_ids_all` in the processed step.
 const BENCH_MODEL_LEN: usize = 256;
 
+/// The rows the processed step processes and samples at a time: the device's row block
+/// ([`Capabilities::row_block_bytes`](specula_backend_api::Capabilities::row_block_bytes), as
+/// the sampler's Decoder does), or every row.
+fn block_rows(d: &dyn Device, rows: usize, vocab: usize) -> usize {
+    d.capabilities()
+        .row_block_bytes
+        .map_or(rows, |bytes| (bytes / (vocab * 4)).clamp(1, rows))
+}
+
 impl ProcessingBench {
     fn new(d: &dyn Device, slots: usize, rows: usize, vocab: usize) -> Result<Self> {
+        let block = block_rows(d, rows, vocab);
         let words = vocab.div_ceil(32);
         let history: Vec<i32> = (0..slots * BENCH_MODEL_LEN)
             .map(|i| ((i * 7919) % vocab) as i32)
@@ -882,13 +918,21 @@ impl ProcessingBench {
             bad_words: d.upload(&bad_words)?,
             allowed: d.upload(&vec![0x7fff_ffffu32; slots * words])?,
             bitmask: d.upload(&bitmask)?,
-            processed: d.alloc::<f32>(rows * vocab)?,
-            fallback: d.alloc::<i32>(rows)?,
+            processed: d.alloc::<f32>(block * vocab)?,
+            fallback: d.alloc::<i32>(block)?,
         })
     }
 
-    /// `process_logits` of `logits` over the rows of the step `f` planned.
-    fn process(&mut self, d: &dyn Device, f: &StepFixture, logits: &Buffer) -> Result<()> {
+    /// `process_logits` of `logits` over the rows of `block` of the step `f` planned.
+    fn process(
+        &mut self,
+        d: &dyn Device,
+        f: &StepFixture,
+        logits: &Buffer,
+        block: RowBlock,
+    ) -> Result<()> {
+        self.processed.set_window(0, block.rows * f.vocab)?;
+        self.fallback.set_window(0, block.rows)?;
         d.process_logits(
             &ProcessInputs {
                 scores: Scores::logits(logits, &f.row_temperature),
@@ -924,7 +968,7 @@ impl ProcessingBench {
                     rows: f.rows,
                     vocab: f.vocab,
                 },
-                block: None,
+                block: Some(block),
                 max_model_len: BENCH_MODEL_LEN,
                 host: None,
             },
@@ -934,7 +978,8 @@ impl ProcessingBench {
 }
 
 /// The unified step from logits at T = 0.8 with every parameter of `docs/semantics.md` §4c on:
-/// `process_logits`, then the step of [`step_bench`] on the processed rows.
+/// `process_logits`, then the step of [`step_bench`] on the processed rows, a block of rows at a
+/// time as the Decoder runs it ([`block_rows`]).
 fn processed_step_bench(b: &mut Bencher<'_>, slots: usize, s: usize, vocab: usize) -> Result<()> {
     let d = b.device;
     let rows = slots * s;
@@ -948,8 +993,15 @@ fn processed_step_bench(b: &mut Bencher<'_>, slots: usize, s: usize, vocab: usiz
         Some(Floor::ReadAfter(&logits)),
         &mut || {
             f.plan(d)?;
-            p.process(d, &f, &logits)?;
-            f.sample(d, (&p.processed, true), Some(&p.fallback))?;
+            let block_rows = block_rows(d, rows, vocab);
+            for first in (0..rows).step_by(block_rows) {
+                let block = RowBlock {
+                    first,
+                    rows: block_rows.min(rows - first),
+                };
+                p.process(d, &f, &logits, block)?;
+                f.sample_block(d, (&p.processed, true), Some(&p.fallback), block)?;
+            }
             f.verify(d)
         },
     )

@@ -30,6 +30,7 @@ impl ReferenceDevice {
             max_buffer_bytes: None,
             logits: true,
             processing: true,
+            row_block_bytes: None,
         };
         ReferenceDevice {
             desc: DeviceDesc::new(info, capabilities),

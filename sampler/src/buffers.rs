@@ -1,7 +1,7 @@
 //! The device buffers of a decoder: the persistent per-slot state and the per-step scratch, both
 //! allocated once and reused across steps.
 
-use specula_backend_api::ops::{OutputLayout, SlotLens};
+use specula_backend_api::ops::{OutputLayout, RowBlock, SlotLens};
 use specula_backend_api::{Buffer, Device, DeviceExt, Element, Strategy};
 
 use crate::config::{Request, SamplerConfig};
@@ -202,6 +202,13 @@ impl ProcessedBuffers {
             ones: device.upload(&vec![1i32; rows])?,
         })
     }
+
+    /// Narrows the buffers to their first `rows` rows (the rows `process_logits` writes).
+    pub fn window_rows(&mut self, rows: usize, vocab: usize) -> Result<()> {
+        window(&mut self.rows, rows * vocab)?;
+        window(&mut self.fallback, rows)?;
+        window(&mut self.ones, rows)
+    }
 }
 
 impl Scratch {
@@ -266,15 +273,33 @@ impl Scratch {
         if let Some(probs) = &mut self.probs {
             window(probs, rows * vocab)?;
         }
-        if let Some(p) = &mut self.processed {
-            window(&mut p.rows, rows * vocab)?;
-            window(&mut p.fallback, rows)?;
-            window(&mut p.ones, rows)?;
-        }
         if let Some(c) = &mut self.candidates {
             window(&mut c.ids, rows * candidates)?;
             window(&mut c.scores, rows * candidates)?;
             window(&mut c.lens, rows)?;
+        }
+        Ok(())
+    }
+}
+
+impl Scratch {
+    /// Narrows every per-row buffer but the processed rows (which `process_logits` writes from
+    /// their first row for each block) to the rows of `block`.
+    pub fn window_block(&mut self, block: RowBlock, candidates: usize) -> Result<()> {
+        let (first, rows) = (block.first, block.rows);
+        for buffer in [
+            &mut self.row_top_p,
+            &mut self.row_top_k,
+            &mut self.row_temperature,
+            &mut self.row_seed,
+            &mut self.target_tokens,
+        ] {
+            buffer.set_window(first, rows)?;
+        }
+        if let Some(c) = &mut self.candidates {
+            c.ids.set_window(first * candidates, rows * candidates)?;
+            c.scores.set_window(first * candidates, rows * candidates)?;
+            c.lens.set_window(first, rows)?;
         }
         Ok(())
     }

@@ -310,3 +310,45 @@ fn a_device_without_processing_refuses_such_requests() {
         .finish(specula_sampler::StepScores::logits(&logits))
         .expect("the plain step finishes");
 }
+
+/// A CPU device that processes and samples `rows` rows at a time.
+fn cpu_in_blocks(rows: Option<usize>) -> std::sync::Arc<dyn specula_backend_api::Device> {
+    let cpu = specula_backend_cpu::CpuDevice::new().expect("cpu device");
+    std::sync::Arc::new(cpu.with_row_block_bytes(rows.map(|r| r * VOCAB * 4)))
+}
+
+/// Processing and sampling a step's rows a block at a time (the CPU's default, a block held in
+/// its caches) emits the tokens of whole steps, and those of the reference device, for every
+/// strategy that samples its rows one by one; blocks of 1, 2 and 7 rows split the steps' rows
+/// at every offset.
+#[test]
+fn steps_in_row_blocks_emit_the_tokens_of_whole_steps() {
+    let model = ToyModel { vocab: VOCAB };
+    let reference: std::sync::Arc<dyn specula_backend_api::Device> =
+        std::sync::Arc::new(specula_reference::ReferenceDevice::new());
+    let whole = cpu_in_blocks(None);
+    for strategy in [Strategy::TargetMatch, Strategy::Greedy, Strategy::TopP] {
+        for case in 0..4u64 {
+            let mut rng = Rng(0xB10C_0000 + case * 7 + strategy as u64);
+            let arrivals = arrivals(&mut rng, &model, 5);
+            let extras = Extras {
+                bitmask: (case % 2 == 0).then_some(bitmask as common::BitmaskFn),
+                drafts: None,
+            };
+            let config = speculative(strategy, 3, 5, true);
+            let run = |device: &std::sync::Arc<dyn specula_backend_api::Device>| {
+                run_with(device, &config, &model, &arrivals, Forward::Prefix, extras)
+            };
+            let expected = run(&whole);
+            assert_same(
+                &format!("{strategy} case {case}: reference"),
+                &expected,
+                &run(&reference),
+            );
+            for rows in [1, 2, 7] {
+                let label = format!("{strategy} case {case}: blocks of {rows} rows");
+                assert_same(&label, &expected, &run(&cpu_in_blocks(Some(rows))));
+            }
+        }
+    }
+}

@@ -454,9 +454,58 @@ fn key_select(l: f32) -> u32 {
 
 /// The first token whose rank key is `key` (the row's largest).
 fn first_with_key(out: &[f32], key: u32, logits: bool) -> usize {
+    if logits {
+        // The processed logits are never NaN: the key's value is the one float (or ±0) with
+        // that key.
+        let value = f32::from_bits(if key >> 31 == 1 {
+            key ^ 0x8000_0000
+        } else {
+            !key
+        });
+        return dispatch!(first_equal_generic::<f32>(out, value)
+            via first_equal_avx512, first_equal_avx2);
+    }
     out.iter()
         .position(|&x| rank_key(x, logits) == key)
         .unwrap_or(0)
+}
+
+compiled_for!(avx512, fn first_equal_avx512 [T: PartialEq + Copy] (out: &[T], value: T) -> usize
+    = first_equal_generic [T]);
+compiled_for!(avx2, fn first_equal_avx2 [T: PartialEq + Copy] (out: &[T], value: T) -> usize
+    = first_equal_generic [T]);
+
+/// The first index of `value` in `out` (0 if absent), a vectorised test per 64 values first.
+#[inline(always)]
+fn first_equal_generic<T: PartialEq + Copy>(out: &[T], value: T) -> usize {
+    for (c, chunk) in out.chunks(64).enumerate() {
+        if chunk.iter().fold(false, |found, &x| found | (x == value)) {
+            return c * 64 + chunk.iter().position(|&x| x == value).unwrap_or(0);
+        }
+    }
+    0
+}
+
+compiled_for!(avx512, fn drop_below_avx512 [T: PartialOrd + Copy]
+    (out: &mut [T], keep_from: T, dropped: T) -> () = drop_below_generic [T]);
+compiled_for!(avx2, fn drop_below_avx2 [T: PartialOrd + Copy]
+    (out: &mut [T], keep_from: T, dropped: T) -> () = drop_below_generic [T]);
+
+/// Every value below `keep_from` becomes `dropped`: selects into a block that is stored whole
+/// (a conditional store would become a masked store, slow on some CPUs).
+#[inline(always)]
+fn drop_below_generic<T: PartialOrd + Copy>(out: &mut [T], keep_from: T, dropped: T) {
+    let mut chunks = out.chunks_exact_mut(32);
+    for chunk in &mut chunks {
+        let mut block = [dropped; 32];
+        for (b, &x) in block.iter_mut().zip(chunk.iter()) {
+            *b = if x < keep_from { dropped } else { x };
+        }
+        chunk.copy_from_slice(&block);
+    }
+    for x in chunks.into_remainder() {
+        *x = if *x < keep_from { dropped } else { *x };
+    }
 }
 
 /// The lowest-id token no mask removes, or -1 (a row whose unmasked tokens weigh nothing).
@@ -501,11 +550,8 @@ fn apply_min_p(batch: &Batch<'_>, row: &Row<'_>, out: &mut [f32], best: usize, d
         }
         RowScale::Scaled { .. } => lowest_kept(m, row_scale(t), minp),
     };
-    for x in out.iter_mut() {
-        if *x < keep_from {
-            *x = dropped;
-        }
-    }
+    dispatch!(drop_below_generic::<f32>(out, keep_from, dropped)
+        via drop_below_avx512, drop_below_avx2);
 }
 
 /// The smallest logit whose weight in a row of maximum `m` passes `w · 2^24 ≥ MINP · 2^40`
@@ -544,17 +590,24 @@ fn lowest_kept(m: f32, scale: RowScale, minp: u128) -> f32 {
     value(hi)
 }
 
-/// Per slot, a bit per 32-token word that the repetition, frequency or presence penalty may
-/// change: a word with a prompt token or a positive count, in a slot whose penalties are not
+/// Per slot of a row of the block, a bit per 32-token word that the repetition, frequency or
+/// presence penalty may change: a word with a prompt token or a positive count, in a slot whose penalties are not
 /// neutral (a neutral slot — no usable repetition factors or both 1, β = γ = 0 — leaves every
 /// value as the dense masks left it). Computed once per call, so that the rows of a slot do not
 /// each scan its `[V]` count table.
-fn penalized_words(batch: &Batch<'_>) -> Vec<u64> {
+fn penalized_words(batch: &Batch<'_>, block: RowBlock) -> Vec<u64> {
     let words = mask_words(batch.vocab);
     let n = words.div_ceil(64);
+    let mut needed = vec![false; batch.real_bsz];
+    for r in block.first..block.first + block.rows {
+        if let Some((b, _)) = batch.source(r) {
+            needed[b] = true;
+        }
+    }
     let mut bits = vec![0u64; batch.real_bsz * n];
     bits.par_chunks_mut(n.max(1))
         .enumerate()
+        .filter(|(b, _)| needed[*b])
         .for_each(|(b, bits)| slot_penalized_words(batch, b, bits));
     bits
 }
@@ -639,14 +692,15 @@ pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
         temperature: inputs.scores.temperature().map(slice).transpose()?,
         penalized: &[],
     };
-    let penalized = device.install(|| penalized_words(&batch));
+    let block = params.row_block();
+    let penalized = device.install(|| penalized_words(&batch, block));
     let batch = Batch {
         penalized: &penalized,
         ..batch
     };
     let processed = slice_mut::<f32>(out.processed)?;
     let fallback = slice_mut::<i32>(out.fallback)?;
-    let call = (*kind, params.row_block());
+    let call = (*kind, block);
     device.install(|| process_logits(&batch, call, inputs, processed, fallback))
 }
 

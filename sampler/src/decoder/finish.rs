@@ -36,9 +36,9 @@
 use specula_backend_api::ops::{
     CandidatesInputs, CandidatesOutputs, CandidatesParams, DecodeState, Logits, LogprobsInputs,
     LogprobsOutputs, LogprobsParams, OutputLayout, ProcessInputs, ProcessOutputs, ProcessParams,
-    RowShape, SampleInputs, SampleParams, Scores as RowScores, SoftmaxParams, StrategyInputs,
-    UpdateStateInputs, UpdateStateParams, VerifyInputs, VerifyOutputs, VerifyParams,
-    VerifySlotState,
+    RowBlock, RowShape, SampleInputs, SampleParams, Scores as RowScores, SoftmaxParams,
+    StrategyInputs, UpdateStateInputs, UpdateStateParams, VerifyInputs, VerifyOutputs,
+    VerifyParams, VerifySlotState,
 };
 use specula_backend_api::{Buffer, Device, DeviceExt, Strategy};
 
@@ -122,9 +122,21 @@ pub(super) fn verify_step(
         .is_some_and(|p| p.in_use() || checked.bitmask.is_some());
     let row_temperature = row_temperatures(cx.plan, slots, checked.rows);
     prepare_scratch(cx, sc, &checked)?;
-    process(cx, state, sc, &checked, &row_temperature)?;
-    softmax(cx, sc, &checked, &row_temperature)?;
-    targets(cx, sc, &checked, &row_temperature)?;
+    match block_rows(cx, &checked) {
+        Some(block_rows) => {
+            let rows = (row_temperature.as_slice(), block_rows);
+            processed_targets_in_blocks(cx, state, sc, &checked, rows)?;
+        }
+        None => {
+            let all = RowBlock {
+                first: 0,
+                rows: checked.rows,
+            };
+            process(cx, state, sc, &checked, (&row_temperature, all))?;
+            softmax(cx, sc, &checked, &row_temperature)?;
+            targets(cx, sc, &checked, &row_temperature, all)?;
+        }
+    }
     narrow_to_outputs(cx, sc, &checked)?;
     verify(cx, slots, state, sc, &checked, &row_temperature)?;
     logprobs(cx, state, sc, &checked, &row_temperature)?;
@@ -226,7 +238,7 @@ fn prepare_scratch(cx: &StepContext<'_>, sc: &mut Scratch, checked: &Checked<'_>
         sc.probs = Some(cx.device.alloc::<f32>(capacity)?);
     }
     if checked.processing && sc.processed.is_none() {
-        let rows = config.max_bsz * config.max_step_tokens;
+        let rows = processed_rows(cx);
         sc.processed = Some(ProcessedBuffers::new(cx.device, rows, config.vocab)?);
     }
     sc.window_rows(checked.rows, config.vocab, config.candidates)
@@ -240,7 +252,7 @@ fn process(
     state: &SlotBuffers,
     sc: &mut Scratch,
     checked: &Checked<'_>,
-    row_temperature: &[f32],
+    (row_temperature, block): (&[f32], RowBlock),
 ) -> Result<()> {
     if !checked.processing {
         return Ok(());
@@ -248,6 +260,7 @@ fn process(
     let (Some(p), Some(out)) = (state.processing.as_ref(), sc.processed.as_mut()) else {
         return Err(missing_processing());
     };
+    out.window_rows(block.rows, cx.config.vocab)?;
     let scores = match checked.is_logits {
         true => RowScores::Logits(Logits {
             logits: checked.target,
@@ -279,12 +292,72 @@ fn process(
         &ProcessParams {
             dims: cx.dims(),
             shape: checked.shape(cx.config.vocab),
-            block: None,
+            block: Some(block),
             max_model_len: cx.config.max_model_len,
             host: None,
         },
     )?;
     Ok(())
+}
+
+/// The rows of a block when the step processes and samples its rows a block at a time: the
+/// device asks for blocks ([`Capabilities::row_block_bytes`], a CPU keeps a block of processed
+/// rows in its caches for the sampling op that reads them), the rows are processed, and the
+/// strategy samples each row on its own (not REJECTION, whose verification reads every row).
+fn block_rows(cx: &StepContext<'_>, checked: &Checked<'_>) -> Option<usize> {
+    if !checked.processing || checked.softmax || checked.strategy == Strategy::Rejection {
+        return None;
+    }
+    let rows = row_block_rows(cx)?;
+    (rows < checked.rows).then_some(rows)
+}
+
+/// The rows of the device's row block at this vocabulary (at least 1), if it asks for blocks.
+fn row_block_rows(cx: &StepContext<'_>) -> Option<usize> {
+    let bytes = cx.device.capabilities().row_block_bytes?;
+    Some((bytes / (cx.config.vocab * size_of::<f32>())).max(1))
+}
+
+/// The rows of the processed-rows buffer: a block's where every processed step goes by blocks,
+/// else every output row of a step.
+fn processed_rows(cx: &StepContext<'_>) -> usize {
+    let config = cx.config;
+    let all = config.max_bsz * config.max_step_tokens;
+    match (config.strategy, row_block_rows(cx)) {
+        (Strategy::Rejection, _) | (_, None) => all,
+        (_, Some(block)) => block.min(all),
+    }
+}
+
+/// Stages 2b and 4 a block of rows at a time: `process_logits` of a block, then the strategy's
+/// targets of the block from the processed rows while they are in the device's caches. The
+/// per-row buffers read the block's window during its targets and every row again afterwards,
+/// whatever the outcome.
+fn processed_targets_in_blocks(
+    cx: &StepContext<'_>,
+    state: &SlotBuffers,
+    sc: &mut Scratch,
+    checked: &Checked<'_>,
+    (row_temperature, block_rows): (&[f32], usize),
+) -> Result<()> {
+    let (vocab, candidates) = (cx.config.vocab, cx.config.candidates);
+    let mut done = Ok(());
+    for first in (0..checked.rows).step_by(block_rows) {
+        let block = RowBlock {
+            first,
+            rows: block_rows.min(checked.rows - first),
+        };
+        done = sc
+            .window_rows(checked.rows, vocab, candidates)
+            .and_then(|()| process(cx, state, sc, checked, (row_temperature, block)))
+            .and_then(|()| sc.window_block(block, candidates))
+            .and_then(|()| targets(cx, sc, checked, row_temperature, block));
+        if done.is_err() {
+            break;
+        }
+    }
+    sc.window_rows(checked.rows, vocab, candidates)?;
+    done
 }
 
 /// Processing without its buffers (cannot happen: they are allocated before the step).
@@ -372,14 +445,18 @@ fn targets(
     sc: &mut Scratch,
     checked: &Checked<'_>,
     row_temperature: &[f32],
+    block: RowBlock,
 ) -> Result<()> {
-    let shape = checked.shape(cx.config.vocab);
+    let shape = RowShape {
+        rows: block.rows,
+        vocab: cx.config.vocab,
+    };
     let scores = row_scores(
         checked,
         sc.probs.as_ref(),
         sc.processed.as_ref(),
         &sc.row_temperature,
-        row_temperature,
+        &row_temperature[block.first..block.first + block.rows],
     )?;
     let fallback = fallback(checked, sc.processed.as_ref());
     match (
@@ -426,27 +503,27 @@ fn targets(
             &sc.row_top_p,
             &mut sc.batch_id_per_token_output,
             sc.candidates.as_mut(),
-            shape,
+            (shape, block.first),
         )?,
         (Strategy::Rejection, _) => {}
     }
     Ok(())
 }
 
-/// TOPP's target: `top_p_candidates` over the `R` rows (`batch_ids` is narrowed to them for the
-/// call and back to `gather_rows` after it, whatever its outcome).
+/// TOPP's target: `top_p_candidates` over the rows `first .. first + shape.rows` (`batch_ids`
+/// is narrowed to them for the call and back to `gather_rows` after it, whatever its outcome).
 fn top_p_candidates(
     cx: &StepContext<'_>,
     (scores, fallback): (RowScores<'_>, Option<&Buffer>),
     top_p: &Buffer,
     batch_ids: &mut Buffer,
     candidates: Option<&mut CandidateBuffers>,
-    shape: RowShape,
+    (shape, first): (RowShape, usize),
 ) -> Result<()> {
     let Some(c) = candidates else {
         return Err(missing_candidates());
     };
-    window(batch_ids, shape.rows)?;
+    batch_ids.set_window(first, shape.rows)?;
     let done = cx.device.top_p_candidates(
         &CandidatesInputs {
             scores,
