@@ -95,14 +95,19 @@ pub struct SamplerConfig {
     pub vocab: usize,
     /// Room per slot for prompt plus generated tokens; a request stops when it is full.
     pub max_model_len: usize,
-    /// End tokens (at least one): emitting one stops the request; `end_tokens[0]` replaces the
-    /// token that reaches a request's `max_dec_len`. A model without an end token can pass an id
-    /// it never emits.
+    /// End tokens (at least one): emitting one stops every request (a request's own
+    /// [`stop_tokens`](Request::stop_tokens) come on top of them). `end_tokens[0]` is the token
+    /// emitted in place of one where the ops fabricate a token (a row with every token masked,
+    /// and, with [`fastdeploy_max_dec_len`](SamplerConfig::fastdeploy_max_dec_len), the token
+    /// that reaches `max_dec_len`). A model without an end token can pass an id it never emits.
     pub end_tokens: Vec<i32>,
     /// `C`, candidates per row for the TOPP strategy (`1 ..= 128`, default 8).
     pub candidates: usize,
-    /// `Some(K)`: return each emitted token's log-probability and rank, plus the top-`K`
-    /// (`K ≤ 64`) alternatives; `None`: no log-probabilities (no work is spent on them).
+    /// `Some(K)`: log-probabilities are computed for the step (`K ≤ 64`), and a request that asks
+    /// for them ([`Request::with_logprobs`]`(k)`, `k ≤ K`) gets each emitted token's
+    /// log-probability and rank plus its top-`k` alternatives; requests that do not ask get none.
+    /// `None`: no log-probabilities (no work is spent on them, and a request that asks for them
+    /// is refused on insert).
     pub logprobs: Option<usize>,
     /// The n-gram proposer, used when `max_step_tokens > 1`. Without it, drafts come from the
     /// runner through [`Decoder::set_drafts`](crate::Decoder::set_drafts) (or there are none).
@@ -114,6 +119,15 @@ pub struct SamplerConfig {
     pub accept_all: bool,
     /// Accept no draft; wins over `accept_all`.
     pub reject_all: bool,
+    /// FastDeploy's op-level `max_dec_len`: the token that reaches a request's `max_dec_len` is
+    /// replaced by `end_tokens[0]` on the device (so `with_max_dec_len(4)` yields 3 real tokens
+    /// and `end_tokens[0]`), finish reason [`Length`](crate::FinishReason::Length).
+    ///
+    /// `false` (the default): the request ends on the host after exactly `max_dec_len` real
+    /// tokens, finish reason [`Length`](crate::FinishReason::Length), as vLLM's `max_tokens`
+    /// does. The device is then given `max_dec_len + 1`, so its replacement can only hit a token
+    /// the host cuts anyway, and the n-gram proposer drafts at most one token past the limit.
+    pub fastdeploy_max_dec_len: bool,
 }
 
 impl SamplerConfig {
@@ -137,7 +151,27 @@ impl SamplerConfig {
             ngram: None,
             accept_all: false,
             reject_all: false,
+            fastdeploy_max_dec_len: false,
         }
+    }
+
+    /// The same configuration with FastDeploy's op-level `max_dec_len` (see
+    /// [`fastdeploy_max_dec_len`](SamplerConfig::fastdeploy_max_dec_len)): the token that
+    /// reaches a request's `max_dec_len` is replaced by `end_tokens[0]`.
+    pub fn with_fastdeploy_max_dec_len(mut self) -> Self {
+        self.fastdeploy_max_dec_len = true;
+        self
+    }
+
+    /// The `max_dec_len` the device is given for a request's `max_dec_len` (see
+    /// [`fastdeploy_max_dec_len`](SamplerConfig::fastdeploy_max_dec_len)), saturating at
+    /// `i32::MAX`.
+    pub(crate) fn device_max_dec_len(&self, max_dec_len: usize) -> i32 {
+        let limit = match self.fastdeploy_max_dec_len {
+            true => max_dec_len,
+            false => max_dec_len.saturating_add(1),
+        };
+        i32::try_from(limit).unwrap_or(i32::MAX)
     }
 
     /// The same configuration, speculative with the n-gram proposer and `max_step_tokens` tokens
@@ -401,8 +435,10 @@ pub struct Request {
     pub top_k: usize,
     /// Softmax temperature, ≥ 0; 0 is greedy (one-hot at the argmax).
     pub temperature: f32,
-    /// The most tokens to generate (≥ 1); the token that reaches it is replaced by
-    /// `end_tokens[0]`.
+    /// The most tokens to generate (≥ 1): the request ends with finish reason
+    /// [`Length`](crate::FinishReason::Length) after exactly `max_dec_len` real tokens (with
+    /// [`SamplerConfig::fastdeploy_max_dec_len`], the last of them is replaced by
+    /// `end_tokens[0]`).
     pub max_dec_len: usize,
     /// The most drafts per step for this request; `None` means `S − 1`.
     pub max_draft_tokens: Option<usize>,
@@ -424,6 +460,16 @@ pub struct Request {
     pub bad_words: Vec<Vec<i32>>,
     /// Only these tokens may be emitted (`None`: no restriction; a given list is non-empty).
     pub allowed_token_ids: Option<Vec<i32>>,
+    /// This request's own stop tokens, in `0 .. V` (vLLM's `stop_token_ids`): emitting one ends
+    /// it with finish reason [`EndToken`](crate::FinishReason::EndToken), the stop token kept as
+    /// its last token. The decoder's [`end_tokens`](SamplerConfig::end_tokens) still end every
+    /// request. A stop token among the first `min_tokens` generated tokens does not end the
+    /// request (nor is it banned: `min_tokens` bans the decoder's end tokens only).
+    pub stop_tokens: Vec<i32>,
+    /// `Some(k)`: return each emitted token's log-probability and rank plus its top-`k`
+    /// alternatives (`k ≤` the decoder's [`logprobs`](SamplerConfig::logprobs) `K`; 0 gives the
+    /// token's own log-probability and rank only). `None`: no log-probabilities.
+    pub logprobs: Option<usize>,
 }
 
 impl Request {
@@ -447,6 +493,8 @@ impl Request {
             logit_bias: Vec::new(),
             bad_words: Vec::new(),
             allowed_token_ids: None,
+            stop_tokens: Vec::new(),
+            logprobs: None,
         }
     }
 
@@ -523,14 +571,37 @@ impl Request {
         self
     }
 
-    /// Sets `max_dec_len`.
+    /// Sets `max_dec_len`: the request ends after exactly that many tokens, finish reason
+    /// [`Length`](crate::FinishReason::Length).
     pub fn with_max_dec_len(mut self, max_dec_len: usize) -> Self {
         self.max_dec_len = max_dec_len;
         self
     }
 
+    /// Sets the request's own stop tokens (see [`stop_tokens`](Request::stop_tokens)); the
+    /// decoder's end tokens still apply.
+    pub fn with_stop_tokens(mut self, stop_tokens: Vec<i32>) -> Self {
+        self.stop_tokens = stop_tokens;
+        self
+    }
+
+    /// Asks for the log-probability of each emitted token with its top-`k` alternatives (`k ≤`
+    /// the decoder's [`SamplerConfig::logprobs`], checked on insert).
+    pub fn with_logprobs(mut self, k: usize) -> Self {
+        self.logprobs = Some(k);
+        self
+    }
+
+    /// Whether `token` ends this request on the host when it is generated token number
+    /// `count` (1-based): one of its stop tokens past `min_tokens`.
+    pub(crate) fn stops_at(&self, token: i32, count: usize) -> bool {
+        count > self.min_tokens && self.stop_tokens.contains(&token)
+    }
+
     /// Checks the request against a configuration: the prompt, the sampling parameters
-    /// ([`SamplingParams::validate`]), `max_dec_len` and `max_draft_tokens`.
+    /// ([`SamplingParams::validate`]), `max_dec_len`, `max_draft_tokens`, `logprobs` (at most
+    /// the decoder's `K`) and the token lists (`stop_tokens`, the bias, bad words and allowed
+    /// tokens in `0 .. V`). An error is [`SamplerError::Request`] naming the field.
     pub fn validate(&self, config: &SamplerConfig) -> Result<()> {
         let bad =
             |field: &'static str, reason: String| Err(SamplerError::Request { field, reason });
@@ -570,6 +641,23 @@ impl Request {
         {
             return bad("max_draft_tokens", format!("{d} > {}", i32::MAX));
         }
+        match (self.logprobs, config.logprobs) {
+            (Some(k), None) => {
+                return bad(
+                    "logprobs",
+                    format!(
+                        "{k} asked for, but the decoder computes none (SamplerConfig::logprobs is None)"
+                    ),
+                );
+            }
+            (Some(k), Some(max)) if k > max => {
+                return bad(
+                    "logprobs",
+                    format!("{k} > the decoder's SamplerConfig::logprobs K = {max}"),
+                );
+            }
+            _ => {}
+        }
         self.validate_lists(config)
     }
 
@@ -578,6 +666,17 @@ impl Request {
         let bad =
             |field: &'static str, reason: String| Err(SamplerError::Request { field, reason });
         let vocab = config.vocab;
+        if let Some((i, t)) = self
+            .stop_tokens
+            .iter()
+            .enumerate()
+            .find(|(_, t)| !config.in_vocab(**t))
+        {
+            return bad(
+                "stop_tokens",
+                format!("entry {i}: token {t} not in 0 .. {vocab}"),
+            );
+        }
         for (i, &(t, value)) in self.logit_bias.iter().enumerate() {
             if !config.in_vocab(t) {
                 return bad(

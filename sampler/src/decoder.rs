@@ -460,9 +460,10 @@ impl Decoder {
         // The point of no return: from here an error ends the step.
         let committed =
             finish::commit_on_device(&cx, &mut self.state, &mut self.scratch, verified)?;
-        let output = finish::commit_on_host(&cx, &mut self.slots, &mut self.stats, committed);
+        let host = finish::commit_on_host(&cx, &mut self.slots, &mut self.stats, committed);
         self.step += 1;
-        Ok(output)
+        finish::stop_on_device(self.device.as_ref(), &mut self.state, &host)?;
+        Ok(host.output)
     }
 
     /// A whole step: [`plan`](Decoder::plan), then `forward` (the runner's model, which returns

@@ -102,7 +102,8 @@ pub enum SamplerError {
     /// the target rows' temperatures, which probabilities do not carry).
     #[error("draft logits need target logits: finish was given target probabilities")]
     DraftLogitsNeedLogits,
-    /// Log-probabilities were configured but `finish` was given probabilities instead of logits.
+    /// A request of the step asked for log-probabilities but `finish` was given probabilities
+    /// instead of logits.
     #[error("logprobs need logits: finish was given probabilities")]
     LogprobsNeedLogits,
     /// A request or step asks for logits processing (`docs/semantics.md` §4c: a penalty, min_p,

@@ -373,14 +373,16 @@ fn logprobs_are_reported_per_emitted_token() {
         .insert(
             Request::new(vec![4, 31, 12])
                 .with_seed(1)
-                .with_max_dec_len(12),
+                .with_max_dec_len(12)
+                .with_logprobs(k),
         )
         .expect("insert");
     decoder
         .insert(
             Request::new(vec![7])
                 .with_params(SamplingParams::greedy())
-                .with_max_dec_len(12),
+                .with_max_dec_len(12)
+                .with_logprobs(k),
         )
         .expect("insert");
     let mut checked = 0;
