@@ -281,6 +281,32 @@ impl Decoder {
         self.slots.occupied()
     }
 
+    /// The slots that decode in the current step (or, between steps, in the next one): every
+    /// running request past its prefill, in slot order. A newly inserted request's first step is
+    /// a prefill and is not listed; stopped requests are not listed.
+    ///
+    /// Between [`propose`](Decoder::propose) and [`plan`](Decoder::plan) these are exactly the
+    /// slots [`set_drafts`](Decoder::set_drafts) accepts: a runner with its own draft model
+    /// drafts for them.
+    ///
+    /// ```
+    /// use specula_backend_api::Strategy;
+    /// use specula_sampler::{Decoder, Request, SamplerConfig, registry};
+    ///
+    /// let config = SamplerConfig {
+    ///     max_step_tokens: 3, // speculative, drafts from the runner
+    ///     ..SamplerConfig::new(Strategy::Greedy, 2, 8, 32, vec![0])
+    /// };
+    /// let mut decoder = Decoder::new(registry::open("cpu")?, config)?;
+    /// decoder.insert(Request::new(vec![1, 2]))?;
+    /// decoder.propose()?;
+    /// assert!(decoder.decode_slots().is_empty()); // slot 0 is a prefill this step
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn decode_slots(&self) -> Vec<usize> {
+        self.slots.decoding()
+    }
+
     /// Number of free slots.
     pub fn free_slots(&self) -> usize {
         self.slots.free_count()

@@ -441,3 +441,48 @@ fn removing_before_prefill_frees_the_slot() {
     };
     assert_eq!(run_one(true), run_one(false));
 }
+
+#[test]
+fn decode_slots_lists_the_slots_that_take_drafts() {
+    let model = ToyModel { vocab: VOCAB };
+    let mut c = config(Strategy::Greedy, 4, 3);
+    c.ngram = None;
+    let mut decoder = Decoder::new(device(), c).expect("decoder");
+    let a = decoder
+        .insert(Request::new(vec![1, 2, 3]).with_max_dec_len(2))
+        .expect("insert");
+    let b = decoder.insert(Request::new(vec![7, 8])).expect("insert");
+    assert!(decoder.decode_slots().is_empty(), "both prefill next");
+    step(&mut decoder, &model);
+    let c = decoder.insert(Request::new(vec![6])).expect("insert");
+    assert_eq!(
+        decoder.decode_slots(),
+        vec![a, b],
+        "between steps: the next step's"
+    );
+    decoder.propose().expect("propose");
+    assert_eq!(decoder.decode_slots(), vec![a, b]);
+    for slot in decoder.decode_slots() {
+        decoder
+            .set_drafts(slot, &[7])
+            .expect("a decode slot takes drafts");
+    }
+    assert!(matches!(
+        decoder.set_drafts(c, &[7]),
+        Err(SamplerError::Drafts { .. })
+    ));
+    let plan = decoder.plan().expect("plan");
+    assert_eq!(decoder.decode_slots(), vec![a, b], "while planned");
+    let logits = forward(
+        decoder.device().as_ref(),
+        &decoder,
+        &plan,
+        &model,
+        Forward::Prefix,
+    )
+    .expect("fwd");
+    decoder.finish(StepScores::logits(&logits)).expect("finish");
+    // `a` reached max_dec_len 2 (a prefill token, then at least one more): it stopped.
+    assert!(!decoder.is_running(a));
+    assert_eq!(decoder.decode_slots(), vec![b, c]);
+}

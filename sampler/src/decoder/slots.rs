@@ -179,6 +179,16 @@ impl SlotTable {
         (0..self.len()).filter(|&b| self.is_occupied(b)).collect()
     }
 
+    /// The running slots past their prefill (their next step is a decode step), in order.
+    pub fn decoding(&self) -> Vec<usize> {
+        (0..self.len())
+            .filter(|&b| {
+                self.get(b)
+                    .is_some_and(|h| h.is_running() && h.encoder == 0)
+            })
+            .collect()
+    }
+
     /// The number of free slots.
     pub fn free_count(&self) -> usize {
         self.slots.iter().filter(|s| s.is_none()).count()
