@@ -77,8 +77,18 @@ impl Default for NgramConfig {
 
 /// The shape and policy of a [`Decoder`](crate::Decoder). Buffers are sized from it once.
 ///
-/// Non-speculative decoding is `max_step_tokens == 1` (or no proposer): the same step with zero
-/// drafts.
+/// One builder per decoding mode, each with an example:
+///
+/// - plain (non-speculative) decoding: [`SamplerConfig::plain`] (or [`SamplerConfig::new`], the
+///   same), `S = 1`: the same step with zero drafts;
+/// - speculative with the n-gram proposer: [`with_ngram`](SamplerConfig::with_ngram);
+/// - speculative with the runner's own drafts (a draft model, Medusa/EAGLE heads, a lookup of its
+///   own), no proposer: [`with_runner_drafts`](SamplerConfig::with_runner_drafts);
+/// - REJECTION, exact speculative sampling against a draft model's rows:
+///   [`with_rejection`](SamplerConfig::with_rejection).
+///
+/// The fields are public, so anything else is a struct update
+/// (`SamplerConfig { logprobs: Some(5), ..SamplerConfig::plain(..) }`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplerConfig {
     /// How drafts are verified and tokens chosen. GREEDY and TARGET_MATCH are lossless (the tokens
@@ -131,7 +141,8 @@ pub struct SamplerConfig {
 }
 
 impl SamplerConfig {
-    /// A non-speculative configuration: `S = 1`, no proposer, 8 TOPP candidates, no logprobs.
+    /// A non-speculative configuration: `S = 1`, no proposer, 8 TOPP candidates, no logprobs
+    /// (the same as [`SamplerConfig::plain`]).
     pub fn new(
         strategy: Strategy,
         max_bsz: usize,
@@ -174,12 +185,168 @@ impl SamplerConfig {
         i32::try_from(limit).unwrap_or(i32::MAX)
     }
 
-    /// The same configuration, speculative with the n-gram proposer and `max_step_tokens` tokens
-    /// per decode step.
+    /// Plain (non-speculative) decoding: `S = 1`, no proposer, 8 TOPP candidates, no logprobs.
+    /// Each step feeds one token per running slot and emits one token per slot.
+    ///
+    /// ```
+    /// use specula_backend_api::{DeviceExt, Strategy};
+    /// use specula_sampler::{Decoder, Request, SamplerConfig, StepScores, registry};
+    ///
+    /// const V: usize = 8;
+    /// let device = registry::open("cpu")?;
+    /// let config = SamplerConfig::plain(Strategy::Greedy, 1, V, 32, vec![0]);
+    /// let mut decoder = Decoder::new(device.clone(), config)?;
+    /// let slot = decoder.insert(Request::new(vec![1, 2]).with_max_dec_len(3))?;
+    /// while decoder.has_running() {
+    ///     let plan = decoder.plan()?;
+    ///     // One row per output row; the toy model favours token 5.
+    ///     let rows: Vec<f32> = (0..plan.t_out() * V).map(|i| (i % V == 5) as u8 as f32).collect();
+    ///     decoder.finish(StepScores::logits(&device.upload(&rows)?))?;
+    /// }
+    /// assert_eq!(decoder.generated(slot), Some(&[5, 5, 5][..]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn plain(
+        strategy: Strategy,
+        max_bsz: usize,
+        vocab: usize,
+        max_model_len: usize,
+        end_tokens: Vec<i32>,
+    ) -> Self {
+        SamplerConfig::new(strategy, max_bsz, vocab, max_model_len, end_tokens)
+    }
+
+    /// The same configuration, speculative with the n-gram proposer (`docs/semantics.md` §5.10)
+    /// and `max_step_tokens` tokens per decode step (`S`: 1 + the most drafts). The proposer
+    /// drafts from the prompt and the generated history during [`plan`](crate::Decoder::plan);
+    /// the runner's loop is the plain one. Not for REJECTION, which needs a draft model's rows.
+    ///
+    /// ```
+    /// use specula_backend_api::{DeviceExt, Strategy};
+    /// use specula_sampler::{Decoder, NgramConfig, Request, SamplerConfig, StepScores, registry};
+    ///
+    /// const V: usize = 8;
+    /// let device = registry::open("cpu")?;
+    /// let config = SamplerConfig::plain(Strategy::Greedy, 1, V, 64, vec![0])
+    ///     .with_ngram(4, NgramConfig::default());
+    /// let mut decoder = Decoder::new(device.clone(), config)?;
+    /// // The toy model continues the cycle 1, 2, 3, 4, 1, 2, ...; the prompt holds it.
+    /// let next = |t: i32| t % 4 + 1;
+    /// let slot = decoder.insert(Request::new(vec![1, 2, 3, 4, 1]).with_max_dec_len(12))?;
+    /// while decoder.has_running() {
+    ///     let plan = decoder.plan()?;
+    ///     let mut rows = Vec::new();
+    ///     for row in 0..plan.t_out() {
+    ///         let last = *decoder.row_prefix(row)?.last().unwrap_or(&0);
+    ///         rows.extend((0..V as i32).map(|v| (v == next(last)) as u8 as f32));
+    ///     }
+    ///     decoder.finish(StepScores::logits(&device.upload(&rows)?))?;
+    /// }
+    /// assert_eq!(decoder.generated(slot).map(<[i32]>::len), Some(12));
+    /// // 12 tokens in fewer than 12 steps: the drafts were accepted.
+    /// assert!(decoder.stats().steps < 12 && decoder.stats().drafts_accepted > 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn with_ngram(mut self, max_step_tokens: usize, ngram: NgramConfig) -> Self {
         self.max_step_tokens = max_step_tokens;
         self.ngram = Some(ngram);
         self
+    }
+
+    /// The same configuration, speculative with the runner's own drafts and no proposer:
+    /// `max_step_tokens` tokens per decode step (`S`: 1 + the most drafts). Between
+    /// [`propose`](crate::Decoder::propose) and [`plan`](crate::Decoder::plan) the runner sets
+    /// each decode slot's drafts (at most `S − 1`) with
+    /// [`set_drafts`](crate::Decoder::set_drafts); a slot without drafts feeds one token.
+    ///
+    /// ```
+    /// use specula_backend_api::{DeviceExt, Strategy};
+    /// use specula_sampler::{Decoder, Request, SamplerConfig, StepScores, registry};
+    ///
+    /// const V: usize = 8;
+    /// let device = registry::open("cpu")?;
+    /// let config = SamplerConfig::plain(Strategy::Greedy, 2, V, 64, vec![0]).with_runner_drafts(3);
+    /// let mut decoder = Decoder::new(device.clone(), config)?;
+    /// let next = |t: i32| t % 7 + 1; // the toy model: 1, 2, ..., 7, 1, ...
+    /// let slot = decoder.insert(Request::new(vec![1]).with_max_dec_len(10))?;
+    /// while decoder.has_running() {
+    ///     decoder.propose()?;
+    ///     for b in decoder.decode_slots() {
+    ///         // The runner's draft model: here a perfect guess of the next two tokens.
+    ///         let last = *decoder.context(b).and_then(|c| c.last()).unwrap_or(&0);
+    ///         decoder.set_drafts(b, &[next(last), next(next(last))])?;
+    ///     }
+    ///     let plan = decoder.plan()?;
+    ///     let mut rows = Vec::new();
+    ///     for row in 0..plan.t_out() {
+    ///         let last = *decoder.row_prefix(row)?.last().unwrap_or(&0);
+    ///         rows.extend((0..V as i32).map(|v| (v == next(last)) as u8 as f32));
+    ///     }
+    ///     decoder.finish(StepScores::logits(&device.upload(&rows)?))?;
+    /// }
+    /// assert_eq!(decoder.generated(slot), Some(&[2, 3, 4, 5, 6, 7, 1, 2, 3, 4][..]));
+    /// assert_eq!(decoder.stats().steps, 4); // a prefill, then 3 tokens per step
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_runner_drafts(mut self, max_step_tokens: usize) -> Self {
+        self.max_step_tokens = max_step_tokens;
+        self.ngram = None;
+        self
+    }
+
+    /// The same configuration as REJECTION (exact speculative sampling, `docs/semantics.md`
+    /// §5.8) with the runner's draft model: `max_step_tokens` tokens per decode step, no
+    /// proposer. The runner sets each decode slot's drafts with
+    /// [`set_drafts`](crate::Decoder::set_drafts) and hands the draft model's rows to
+    /// [`finish`](crate::Decoder::finish) with
+    /// [`StepScores::with_draft`](crate::StepScores::with_draft) (logits, like the target's) or
+    /// [`with_draft_probs`](crate::StepScores::with_draft_probs): `[max_bsz · (S − 1), V]`, row
+    /// `b · (S − 1) + i` for draft `i + 1` of slot `b`. The tokens follow the target model's
+    /// distribution whatever the draft model proposes.
+    ///
+    /// ```
+    /// use specula_backend_api::{DeviceExt, Strategy};
+    /// use specula_sampler::{Decoder, Request, SamplerConfig, StepScores, registry};
+    ///
+    /// const V: usize = 8;
+    /// const S: usize = 3;
+    /// let device = registry::open("cpu")?;
+    /// let config = SamplerConfig::plain(Strategy::TargetMatch, 1, V, 64, vec![0]).with_rejection(S);
+    /// let mut decoder = Decoder::new(device.clone(), config)?;
+    /// // Target and draft model alike: token (last + 1) mod 8, never 0, is all but certain.
+    /// let next = |t: i32| t % 7 + 1;
+    /// let row = |last: i32| (0..V as i32).map(move |v| if v == next(last) { 30.0f32 } else { 0.0 });
+    /// let slot = decoder.insert(Request::new(vec![1]).with_seed(3).with_max_dec_len(9))?;
+    /// while decoder.has_running() {
+    ///     decoder.propose()?;
+    ///     let max_bsz = decoder.config().max_bsz;
+    ///     let mut draft_rows = vec![0.0f32; max_bsz * (S - 1) * V];
+    ///     for b in decoder.decode_slots() {
+    ///         let last = *decoder.context(b).and_then(|c| c.last()).unwrap_or(&0);
+    ///         let drafts = [next(last), next(next(last))];
+    ///         decoder.set_drafts(b, &drafts)?;
+    ///         // The draft model's row for draft i + 1 predicts it from the tokens before it.
+    ///         let before = [last, drafts[0]];
+    ///         for i in 0..S - 1 {
+    ///             let at = (b * (S - 1) + i) * V;
+    ///             draft_rows.splice(at..at + V, row(before[i]));
+    ///         }
+    ///     }
+    ///     let plan = decoder.plan()?;
+    ///     let mut target = Vec::new();
+    ///     for r in 0..plan.t_out() {
+    ///         target.extend(row(*decoder.row_prefix(r)?.last().unwrap_or(&0)));
+    ///     }
+    ///     let (target, draft) = (device.upload(&target)?, device.upload(&draft_rows)?);
+    ///     decoder.finish(StepScores::logits(&target).with_draft(&draft))?;
+    /// }
+    /// assert_eq!(decoder.generated(slot), Some(&[2, 3, 4, 5, 6, 7, 1, 2, 3][..]));
+    /// assert!(decoder.stats().drafts_accepted > 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_rejection(mut self, max_step_tokens: usize) -> Self {
+        self.strategy = Strategy::Rejection;
+        self.with_runner_drafts(max_step_tokens)
     }
 
     /// Whether a step can carry drafts (`S > 1`).
@@ -754,6 +921,36 @@ mod tests {
             .with_seed(11)
             .with_sampling(0.9, 5, 0.7);
         assert_eq!(positional, request);
+    }
+
+    #[test]
+    fn each_decoding_mode_has_a_builder() {
+        let plain = SamplerConfig::plain(Strategy::TargetMatch, 2, 16, 32, vec![0]);
+        assert_eq!(
+            plain,
+            SamplerConfig::new(Strategy::TargetMatch, 2, 16, 32, vec![0])
+        );
+        assert!(!plain.is_speculative() && plain.ngram.is_none());
+        let ngram = plain.clone().with_ngram(4, NgramConfig::default());
+        assert_eq!((ngram.max_step_tokens, ngram.ngram.is_some()), (4, true));
+        let drafts = ngram.clone().with_runner_drafts(3);
+        assert_eq!((drafts.max_step_tokens, drafts.ngram), (3, None));
+        assert_eq!(drafts.strategy, Strategy::TargetMatch);
+        let rejection = ngram.with_rejection(5);
+        assert_eq!(rejection.strategy, Strategy::Rejection);
+        assert_eq!((rejection.max_step_tokens, rejection.ngram), (5, None));
+        for config in [plain, drafts, rejection] {
+            config.validate().expect("valid");
+        }
+        let bad = SamplerConfig::plain(Strategy::Rejection, 2, 16, 32, vec![0])
+            .with_ngram(4, NgramConfig::default());
+        assert!(matches!(
+            bad.validate(),
+            Err(SamplerError::Config {
+                field: "strategy",
+                ..
+            })
+        ));
     }
 
     #[test]

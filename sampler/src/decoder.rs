@@ -293,10 +293,7 @@ impl Decoder {
     /// use specula_backend_api::Strategy;
     /// use specula_sampler::{Decoder, Request, SamplerConfig, registry};
     ///
-    /// let config = SamplerConfig {
-    ///     max_step_tokens: 3, // speculative, drafts from the runner
-    ///     ..SamplerConfig::new(Strategy::Greedy, 2, 8, 32, vec![0])
-    /// };
+    /// let config = SamplerConfig::plain(Strategy::Greedy, 2, 8, 32, vec![0]).with_runner_drafts(3);
     /// let mut decoder = Decoder::new(registry::open("cpu")?, config)?;
     /// decoder.insert(Request::new(vec![1, 2]))?;
     /// decoder.propose()?;

@@ -7,7 +7,12 @@
 //! - [`Decoder`]: a batch of request slots and the unified decoding step over them — build the
 //!   layout, gather, argmax / sample / candidates per the [`Strategy`], verify the drafts and
 //!   update the state. Non-speculative decoding is the same step with zero drafts; with GREEDY or
-//!   TARGET_MATCH, speculative decoding emits exactly the tokens of non-speculative decoding;
+//!   TARGET_MATCH, speculative decoding emits exactly the tokens of non-speculative decoding.
+//!   [`SamplerConfig`] has one builder per decoding mode, each with an example:
+//!   [`plain`](SamplerConfig::plain), [`with_ngram`](SamplerConfig::with_ngram),
+//!   [`with_runner_drafts`](SamplerConfig::with_runner_drafts) (drafts from
+//!   [`Decoder::set_drafts`] for the [`Decoder::decode_slots`]) and
+//!   [`with_rejection`](SamplerConfig::with_rejection) (a draft model's rows);
 //! - [`seeds`]: the per-token seed schedule (`infer_seed` advances by 4 per emitted token).
 //!
 //! ## Sampling from logits
