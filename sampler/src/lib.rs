@@ -177,7 +177,7 @@ mod step;
 
 pub use config::{NgramConfig, Request, SamplerConfig, SamplingParams};
 pub use decoder::{Decoder, RemovedRequest};
-pub use error::{Result, SamplerError};
+pub use error::{Result, SamplerError, StepError};
 pub use registry::{BackendSpec, Probe, open, probe_all};
 pub use specula_backend_api::Strategy;
 pub use step::{

@@ -486,3 +486,81 @@ fn decode_slots_lists_the_slots_that_take_drafts() {
     assert!(!decoder.is_running(a));
     assert_eq!(decoder.decode_slots(), vec![b, c]);
 }
+
+/// A runner's own error type for [`Decoder::step`].
+#[derive(Debug, PartialEq)]
+enum RunnerError {
+    OutOfMemory,
+    Sampler(String),
+}
+
+impl std::fmt::Display for RunnerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+impl std::error::Error for RunnerError {}
+
+#[test]
+fn step_carries_the_runners_error_type() {
+    use specula_sampler::StepError;
+    use std::error::Error as _;
+
+    let model = ToyModel { vocab: VOCAB };
+    let device = device();
+    let mut decoder = Decoder::new(device.clone(), config(Strategy::Greedy, 2, 4)).expect("new");
+    decoder
+        .insert(Request::new(vec![7, 8]).with_max_dec_len(6))
+        .expect("insert");
+    // The forward pass fails with the runner's own error: returned unchanged, with a source.
+    let error = decoder
+        .step(|_, _| Err(RunnerError::OutOfMemory))
+        .expect_err("forward failed");
+    assert!(matches!(
+        error,
+        StepError::Forward(RunnerError::OutOfMemory)
+    ));
+    assert!(error.to_string().contains("OutOfMemory"), "{error}");
+    let source = error.source().expect("a source");
+    assert_eq!(
+        source.downcast_ref::<RunnerError>(),
+        Some(&RunnerError::OutOfMemory)
+    );
+    // The step stayed planned: the next call finishes it.
+    let mut emitted = 0;
+    while decoder.has_running() {
+        let output = decoder
+            .step(|decoder, plan| {
+                let sampler = |e: SamplerError| RunnerError::Sampler(e.to_string());
+                let mut rows = Vec::new();
+                for t in 0..plan.t_out() {
+                    rows.extend(model.logits(&decoder.row_prefix(t).map_err(sampler)?));
+                }
+                device
+                    .upload(&rows)
+                    .map_err(|e| RunnerError::Sampler(e.to_string()))
+            })
+            .expect("step")
+            .expect("something to run");
+        emitted += output.tokens_emitted();
+    }
+    assert_eq!(emitted, 6);
+    assert_eq!(
+        decoder.step(|_, _| Err(RunnerError::OutOfMemory)).ok(),
+        Some(None)
+    );
+    // The sampler's own errors are `Sampler`, with the sampler error as the source; a forward
+    // pass returning the sampler's `Result` converts back into a `SamplerError`.
+    decoder.insert(Request::new(vec![9])).expect("insert");
+    let bad = decoder.step(|_, _| device.alloc::<f32>(3).map_err(SamplerError::from));
+    let Err(StepError::Sampler(SamplerError::ScoresShape { .. })) = bad else {
+        panic!("expected a shape error, got {bad:?}");
+    };
+    let back: SamplerError = decoder
+        .step(|_, _| Err(SamplerError::MissingDraftProbs))
+        .map(|_| ())
+        .expect_err("the forward error")
+        .into();
+    assert!(matches!(back, SamplerError::MissingDraftProbs));
+}
