@@ -17,7 +17,9 @@ use std::error::Error;
 use std::sync::Arc;
 
 use specula_backend_api::{Device, DeviceExt, Strategy};
-use specula_sampler::{Decoder, NgramConfig, Request, SamplerConfig, SamplingParams, registry};
+use specula_sampler::{
+    Decoder, NgramConfig, Request, SamplerConfig, SamplerError, SamplingParams, registry,
+};
 
 const VOCAB: usize = 96;
 const END_TOKEN: i32 = 0;
@@ -102,13 +104,14 @@ fn decode(device: &Arc<dyn Device>, config: SamplerConfig) -> Result<Run, Box<dy
         .map(|r| decoder.insert(r))
         .collect::<Result<Vec<_>, _>>()?;
     while decoder.has_running() {
-        // The runner's forward pass: here, one row of logits per output row of the plan.
+        // The runner's forward pass: here, one row of logits per output row of the plan. Its
+        // error type is the runner's choice (here the sampler's own).
         let output = decoder.step(|decoder, plan| {
             let mut rows = Vec::with_capacity(plan.t_out() * VOCAB);
             for row in 0..plan.t_out() {
                 rows.extend(toy_logits(&decoder.row_prefix(row)?));
             }
-            Ok(device.upload(&rows)?)
+            Ok::<_, SamplerError>(device.upload(&rows)?)
         })?;
         if output.is_none() {
             break;

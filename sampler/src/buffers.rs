@@ -105,7 +105,7 @@ impl SlotBuffers {
         write_at(device, &mut self.draft_tokens, slot * s, &vec![-1i32; s])?;
         write_at(device, &mut self.seq_lens_encoder, slot, &[prompt_len])?;
         write_at(device, &mut self.seq_lens_decoder, slot, &[0i32])?;
-        let max_dec_len = as_i32(request.max_dec_len);
+        let max_dec_len = config.device_max_dec_len(request.max_dec_len);
         write_at(device, &mut self.max_dec_len, slot, &[max_dec_len])?;
         write_at(device, &mut self.draft_token_num, slot, &[as_i32(drafts)])?;
         write_at(device, &mut self.top_p, slot, &[request.top_p])?;

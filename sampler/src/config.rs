@@ -77,8 +77,18 @@ impl Default for NgramConfig {
 
 /// The shape and policy of a [`Decoder`](crate::Decoder). Buffers are sized from it once.
 ///
-/// Non-speculative decoding is `max_step_tokens == 1` (or no proposer): the same step with zero
-/// drafts.
+/// One builder per decoding mode, each with an example:
+///
+/// - plain (non-speculative) decoding: [`SamplerConfig::plain`] (or [`SamplerConfig::new`], the
+///   same), `S = 1`: the same step with zero drafts;
+/// - speculative with the n-gram proposer: [`with_ngram`](SamplerConfig::with_ngram);
+/// - speculative with the runner's own drafts (a draft model, Medusa/EAGLE heads, a lookup of its
+///   own), no proposer: [`with_runner_drafts`](SamplerConfig::with_runner_drafts);
+/// - REJECTION, exact speculative sampling against a draft model's rows:
+///   [`with_rejection`](SamplerConfig::with_rejection).
+///
+/// The fields are public, so anything else is a struct update
+/// (`SamplerConfig { logprobs: Some(5), ..SamplerConfig::plain(..) }`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplerConfig {
     /// How drafts are verified and tokens chosen. GREEDY and TARGET_MATCH are lossless (the tokens
@@ -95,14 +105,19 @@ pub struct SamplerConfig {
     pub vocab: usize,
     /// Room per slot for prompt plus generated tokens; a request stops when it is full.
     pub max_model_len: usize,
-    /// End tokens (at least one): emitting one stops the request; `end_tokens[0]` replaces the
-    /// token that reaches a request's `max_dec_len`. A model without an end token can pass an id
-    /// it never emits.
+    /// End tokens (at least one): emitting one stops every request (a request's own
+    /// [`stop_tokens`](Request::stop_tokens) come on top of them). `end_tokens[0]` is the token
+    /// emitted in place of one where the ops fabricate a token (a row with every token masked,
+    /// and, with [`fastdeploy_max_dec_len`](SamplerConfig::fastdeploy_max_dec_len), the token
+    /// that reaches `max_dec_len`). A model without an end token can pass an id it never emits.
     pub end_tokens: Vec<i32>,
     /// `C`, candidates per row for the TOPP strategy (`1 ..= 128`, default 8).
     pub candidates: usize,
-    /// `Some(K)`: return each emitted token's log-probability and rank, plus the top-`K`
-    /// (`K ≤ 64`) alternatives; `None`: no log-probabilities (no work is spent on them).
+    /// `Some(K)`: log-probabilities are computed for the step (`K ≤ 64`), and a request that asks
+    /// for them ([`Request::with_logprobs`]`(k)`, `k ≤ K`) gets each emitted token's
+    /// log-probability and rank plus its top-`k` alternatives; requests that do not ask get none.
+    /// `None`: no log-probabilities (no work is spent on them, and a request that asks for them
+    /// is refused on insert).
     pub logprobs: Option<usize>,
     /// The n-gram proposer, used when `max_step_tokens > 1`. Without it, drafts come from the
     /// runner through [`Decoder::set_drafts`](crate::Decoder::set_drafts) (or there are none).
@@ -114,10 +129,20 @@ pub struct SamplerConfig {
     pub accept_all: bool,
     /// Accept no draft; wins over `accept_all`.
     pub reject_all: bool,
+    /// FastDeploy's op-level `max_dec_len`: the token that reaches a request's `max_dec_len` is
+    /// replaced by `end_tokens[0]` on the device (so `with_max_dec_len(4)` yields 3 real tokens
+    /// and `end_tokens[0]`), finish reason [`Length`](crate::FinishReason::Length).
+    ///
+    /// `false` (the default): the request ends on the host after exactly `max_dec_len` real
+    /// tokens, finish reason [`Length`](crate::FinishReason::Length), as vLLM's `max_tokens`
+    /// does. The device is then given `max_dec_len + 1`, so its replacement can only hit a token
+    /// the host cuts anyway, and the n-gram proposer drafts at most one token past the limit.
+    pub fastdeploy_max_dec_len: bool,
 }
 
 impl SamplerConfig {
-    /// A non-speculative configuration: `S = 1`, no proposer, 8 TOPP candidates, no logprobs.
+    /// A non-speculative configuration: `S = 1`, no proposer, 8 TOPP candidates, no logprobs
+    /// (the same as [`SamplerConfig::plain`]).
     pub fn new(
         strategy: Strategy,
         max_bsz: usize,
@@ -137,15 +162,191 @@ impl SamplerConfig {
             ngram: None,
             accept_all: false,
             reject_all: false,
+            fastdeploy_max_dec_len: false,
         }
     }
 
-    /// The same configuration, speculative with the n-gram proposer and `max_step_tokens` tokens
-    /// per decode step.
+    /// The same configuration with FastDeploy's op-level `max_dec_len` (see
+    /// [`fastdeploy_max_dec_len`](SamplerConfig::fastdeploy_max_dec_len)): the token that
+    /// reaches a request's `max_dec_len` is replaced by `end_tokens[0]`.
+    pub fn with_fastdeploy_max_dec_len(mut self) -> Self {
+        self.fastdeploy_max_dec_len = true;
+        self
+    }
+
+    /// The `max_dec_len` the device is given for a request's `max_dec_len` (see
+    /// [`fastdeploy_max_dec_len`](SamplerConfig::fastdeploy_max_dec_len)), saturating at
+    /// `i32::MAX`.
+    pub(crate) fn device_max_dec_len(&self, max_dec_len: usize) -> i32 {
+        let limit = match self.fastdeploy_max_dec_len {
+            true => max_dec_len,
+            false => max_dec_len.saturating_add(1),
+        };
+        i32::try_from(limit).unwrap_or(i32::MAX)
+    }
+
+    /// Plain (non-speculative) decoding: `S = 1`, no proposer, 8 TOPP candidates, no logprobs.
+    /// Each step feeds one token per running slot and emits one token per slot.
+    ///
+    /// ```
+    /// use specula_backend_api::{DeviceExt, Strategy};
+    /// use specula_sampler::{Decoder, Request, SamplerConfig, StepScores, registry};
+    ///
+    /// const V: usize = 8;
+    /// let device = registry::open("cpu")?;
+    /// let config = SamplerConfig::plain(Strategy::Greedy, 1, V, 32, vec![0]);
+    /// let mut decoder = Decoder::new(device.clone(), config)?;
+    /// let slot = decoder.insert(Request::new(vec![1, 2]).with_max_dec_len(3))?;
+    /// while decoder.has_running() {
+    ///     let plan = decoder.plan()?;
+    ///     // One row per output row; the toy model favours token 5.
+    ///     let rows: Vec<f32> = (0..plan.t_out() * V).map(|i| (i % V == 5) as u8 as f32).collect();
+    ///     decoder.finish(StepScores::logits(&device.upload(&rows)?))?;
+    /// }
+    /// assert_eq!(decoder.generated(slot), Some(&[5, 5, 5][..]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn plain(
+        strategy: Strategy,
+        max_bsz: usize,
+        vocab: usize,
+        max_model_len: usize,
+        end_tokens: Vec<i32>,
+    ) -> Self {
+        SamplerConfig::new(strategy, max_bsz, vocab, max_model_len, end_tokens)
+    }
+
+    /// The same configuration, speculative with the n-gram proposer (`docs/semantics.md` §5.10)
+    /// and `max_step_tokens` tokens per decode step (`S`: 1 + the most drafts). The proposer
+    /// drafts from the prompt and the generated history during [`plan`](crate::Decoder::plan);
+    /// the runner's loop is the plain one. Not for REJECTION, which needs a draft model's rows.
+    ///
+    /// ```
+    /// use specula_backend_api::{DeviceExt, Strategy};
+    /// use specula_sampler::{Decoder, NgramConfig, Request, SamplerConfig, StepScores, registry};
+    ///
+    /// const V: usize = 8;
+    /// let device = registry::open("cpu")?;
+    /// let config = SamplerConfig::plain(Strategy::Greedy, 1, V, 64, vec![0])
+    ///     .with_ngram(4, NgramConfig::default());
+    /// let mut decoder = Decoder::new(device.clone(), config)?;
+    /// // The toy model continues the cycle 1, 2, 3, 4, 1, 2, ...; the prompt holds it.
+    /// let next = |t: i32| t % 4 + 1;
+    /// let slot = decoder.insert(Request::new(vec![1, 2, 3, 4, 1]).with_max_dec_len(12))?;
+    /// while decoder.has_running() {
+    ///     let plan = decoder.plan()?;
+    ///     let mut rows = Vec::new();
+    ///     for row in 0..plan.t_out() {
+    ///         let last = *decoder.row_prefix(row)?.last().unwrap_or(&0);
+    ///         rows.extend((0..V as i32).map(|v| (v == next(last)) as u8 as f32));
+    ///     }
+    ///     decoder.finish(StepScores::logits(&device.upload(&rows)?))?;
+    /// }
+    /// assert_eq!(decoder.generated(slot).map(<[i32]>::len), Some(12));
+    /// // 12 tokens in fewer than 12 steps: the drafts were accepted.
+    /// assert!(decoder.stats().steps < 12 && decoder.stats().drafts_accepted > 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn with_ngram(mut self, max_step_tokens: usize, ngram: NgramConfig) -> Self {
         self.max_step_tokens = max_step_tokens;
         self.ngram = Some(ngram);
         self
+    }
+
+    /// The same configuration, speculative with the runner's own drafts and no proposer:
+    /// `max_step_tokens` tokens per decode step (`S`: 1 + the most drafts). Between
+    /// [`propose`](crate::Decoder::propose) and [`plan`](crate::Decoder::plan) the runner sets
+    /// each decode slot's drafts (at most `S − 1`) with
+    /// [`set_drafts`](crate::Decoder::set_drafts); a slot without drafts feeds one token.
+    ///
+    /// ```
+    /// use specula_backend_api::{DeviceExt, Strategy};
+    /// use specula_sampler::{Decoder, Request, SamplerConfig, StepScores, registry};
+    ///
+    /// const V: usize = 8;
+    /// let device = registry::open("cpu")?;
+    /// let config = SamplerConfig::plain(Strategy::Greedy, 2, V, 64, vec![0]).with_runner_drafts(3);
+    /// let mut decoder = Decoder::new(device.clone(), config)?;
+    /// let next = |t: i32| t % 7 + 1; // the toy model: 1, 2, ..., 7, 1, ...
+    /// let slot = decoder.insert(Request::new(vec![1]).with_max_dec_len(10))?;
+    /// while decoder.has_running() {
+    ///     decoder.propose()?;
+    ///     for b in decoder.decode_slots() {
+    ///         // The runner's draft model: here a perfect guess of the next two tokens.
+    ///         let last = *decoder.context(b).and_then(|c| c.last()).unwrap_or(&0);
+    ///         decoder.set_drafts(b, &[next(last), next(next(last))])?;
+    ///     }
+    ///     let plan = decoder.plan()?;
+    ///     let mut rows = Vec::new();
+    ///     for row in 0..plan.t_out() {
+    ///         let last = *decoder.row_prefix(row)?.last().unwrap_or(&0);
+    ///         rows.extend((0..V as i32).map(|v| (v == next(last)) as u8 as f32));
+    ///     }
+    ///     decoder.finish(StepScores::logits(&device.upload(&rows)?))?;
+    /// }
+    /// assert_eq!(decoder.generated(slot), Some(&[2, 3, 4, 5, 6, 7, 1, 2, 3, 4][..]));
+    /// assert_eq!(decoder.stats().steps, 4); // a prefill, then 3 tokens per step
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_runner_drafts(mut self, max_step_tokens: usize) -> Self {
+        self.max_step_tokens = max_step_tokens;
+        self.ngram = None;
+        self
+    }
+
+    /// The same configuration as REJECTION (exact speculative sampling, `docs/semantics.md`
+    /// §5.8) with the runner's draft model: `max_step_tokens` tokens per decode step, no
+    /// proposer. The runner sets each decode slot's drafts with
+    /// [`set_drafts`](crate::Decoder::set_drafts) and hands the draft model's rows to
+    /// [`finish`](crate::Decoder::finish) with
+    /// [`StepScores::with_draft`](crate::StepScores::with_draft) (logits, like the target's) or
+    /// [`with_draft_probs`](crate::StepScores::with_draft_probs): `[max_bsz · (S − 1), V]`, row
+    /// `b · (S − 1) + i` for draft `i + 1` of slot `b`. The tokens follow the target model's
+    /// distribution whatever the draft model proposes.
+    ///
+    /// ```
+    /// use specula_backend_api::{DeviceExt, Strategy};
+    /// use specula_sampler::{Decoder, Request, SamplerConfig, StepScores, registry};
+    ///
+    /// const V: usize = 8;
+    /// const S: usize = 3;
+    /// let device = registry::open("cpu")?;
+    /// let config = SamplerConfig::plain(Strategy::TargetMatch, 1, V, 64, vec![0]).with_rejection(S);
+    /// let mut decoder = Decoder::new(device.clone(), config)?;
+    /// // Target and draft model alike: token (last + 1) mod 8, never 0, is all but certain.
+    /// let next = |t: i32| t % 7 + 1;
+    /// let row = |last: i32| (0..V as i32).map(move |v| if v == next(last) { 30.0f32 } else { 0.0 });
+    /// let slot = decoder.insert(Request::new(vec![1]).with_seed(3).with_max_dec_len(9))?;
+    /// while decoder.has_running() {
+    ///     decoder.propose()?;
+    ///     let max_bsz = decoder.config().max_bsz;
+    ///     let mut draft_rows = vec![0.0f32; max_bsz * (S - 1) * V];
+    ///     for b in decoder.decode_slots() {
+    ///         let last = *decoder.context(b).and_then(|c| c.last()).unwrap_or(&0);
+    ///         let drafts = [next(last), next(next(last))];
+    ///         decoder.set_drafts(b, &drafts)?;
+    ///         // The draft model's row for draft i + 1 predicts it from the tokens before it.
+    ///         let before = [last, drafts[0]];
+    ///         for i in 0..S - 1 {
+    ///             let at = (b * (S - 1) + i) * V;
+    ///             draft_rows.splice(at..at + V, row(before[i]));
+    ///         }
+    ///     }
+    ///     let plan = decoder.plan()?;
+    ///     let mut target = Vec::new();
+    ///     for r in 0..plan.t_out() {
+    ///         target.extend(row(*decoder.row_prefix(r)?.last().unwrap_or(&0)));
+    ///     }
+    ///     let (target, draft) = (device.upload(&target)?, device.upload(&draft_rows)?);
+    ///     decoder.finish(StepScores::logits(&target).with_draft(&draft))?;
+    /// }
+    /// assert_eq!(decoder.generated(slot), Some(&[2, 3, 4, 5, 6, 7, 1, 2, 3][..]));
+    /// assert!(decoder.stats().drafts_accepted > 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_rejection(mut self, max_step_tokens: usize) -> Self {
+        self.strategy = Strategy::Rejection;
+        self.with_runner_drafts(max_step_tokens)
     }
 
     /// Whether a step can carry drafts (`S > 1`).
@@ -401,8 +602,10 @@ pub struct Request {
     pub top_k: usize,
     /// Softmax temperature, ≥ 0; 0 is greedy (one-hot at the argmax).
     pub temperature: f32,
-    /// The most tokens to generate (≥ 1); the token that reaches it is replaced by
-    /// `end_tokens[0]`.
+    /// The most tokens to generate (≥ 1): the request ends with finish reason
+    /// [`Length`](crate::FinishReason::Length) after exactly `max_dec_len` real tokens (with
+    /// [`SamplerConfig::fastdeploy_max_dec_len`], the last of them is replaced by
+    /// `end_tokens[0]`).
     pub max_dec_len: usize,
     /// The most drafts per step for this request; `None` means `S − 1`.
     pub max_draft_tokens: Option<usize>,
@@ -424,6 +627,16 @@ pub struct Request {
     pub bad_words: Vec<Vec<i32>>,
     /// Only these tokens may be emitted (`None`: no restriction; a given list is non-empty).
     pub allowed_token_ids: Option<Vec<i32>>,
+    /// This request's own stop tokens, in `0 .. V` (vLLM's `stop_token_ids`): emitting one ends
+    /// it with finish reason [`EndToken`](crate::FinishReason::EndToken), the stop token kept as
+    /// its last token. The decoder's [`end_tokens`](SamplerConfig::end_tokens) still end every
+    /// request. A stop token among the first `min_tokens` generated tokens does not end the
+    /// request (nor is it banned: `min_tokens` bans the decoder's end tokens only).
+    pub stop_tokens: Vec<i32>,
+    /// `Some(k)`: return each emitted token's log-probability and rank plus its top-`k`
+    /// alternatives (`k ≤` the decoder's [`logprobs`](SamplerConfig::logprobs) `K`; 0 gives the
+    /// token's own log-probability and rank only). `None`: no log-probabilities.
+    pub logprobs: Option<usize>,
 }
 
 impl Request {
@@ -447,6 +660,8 @@ impl Request {
             logit_bias: Vec::new(),
             bad_words: Vec::new(),
             allowed_token_ids: None,
+            stop_tokens: Vec::new(),
+            logprobs: None,
         }
     }
 
@@ -523,14 +738,37 @@ impl Request {
         self
     }
 
-    /// Sets `max_dec_len`.
+    /// Sets `max_dec_len`: the request ends after exactly that many tokens, finish reason
+    /// [`Length`](crate::FinishReason::Length).
     pub fn with_max_dec_len(mut self, max_dec_len: usize) -> Self {
         self.max_dec_len = max_dec_len;
         self
     }
 
+    /// Sets the request's own stop tokens (see [`stop_tokens`](Request::stop_tokens)); the
+    /// decoder's end tokens still apply.
+    pub fn with_stop_tokens(mut self, stop_tokens: Vec<i32>) -> Self {
+        self.stop_tokens = stop_tokens;
+        self
+    }
+
+    /// Asks for the log-probability of each emitted token with its top-`k` alternatives (`k ≤`
+    /// the decoder's [`SamplerConfig::logprobs`], checked on insert).
+    pub fn with_logprobs(mut self, k: usize) -> Self {
+        self.logprobs = Some(k);
+        self
+    }
+
+    /// Whether `token` ends this request on the host when it is generated token number
+    /// `count` (1-based): one of its stop tokens past `min_tokens`.
+    pub(crate) fn stops_at(&self, token: i32, count: usize) -> bool {
+        count > self.min_tokens && self.stop_tokens.contains(&token)
+    }
+
     /// Checks the request against a configuration: the prompt, the sampling parameters
-    /// ([`SamplingParams::validate`]), `max_dec_len` and `max_draft_tokens`.
+    /// ([`SamplingParams::validate`]), `max_dec_len`, `max_draft_tokens`, `logprobs` (at most
+    /// the decoder's `K`) and the token lists (`stop_tokens`, the bias, bad words and allowed
+    /// tokens in `0 .. V`). An error is [`SamplerError::Request`] naming the field.
     pub fn validate(&self, config: &SamplerConfig) -> Result<()> {
         let bad =
             |field: &'static str, reason: String| Err(SamplerError::Request { field, reason });
@@ -570,6 +808,23 @@ impl Request {
         {
             return bad("max_draft_tokens", format!("{d} > {}", i32::MAX));
         }
+        match (self.logprobs, config.logprobs) {
+            (Some(k), None) => {
+                return bad(
+                    "logprobs",
+                    format!(
+                        "{k} asked for, but the decoder computes none (SamplerConfig::logprobs is None)"
+                    ),
+                );
+            }
+            (Some(k), Some(max)) if k > max => {
+                return bad(
+                    "logprobs",
+                    format!("{k} > the decoder's SamplerConfig::logprobs K = {max}"),
+                );
+            }
+            _ => {}
+        }
         self.validate_lists(config)
     }
 
@@ -578,6 +833,17 @@ impl Request {
         let bad =
             |field: &'static str, reason: String| Err(SamplerError::Request { field, reason });
         let vocab = config.vocab;
+        if let Some((i, t)) = self
+            .stop_tokens
+            .iter()
+            .enumerate()
+            .find(|(_, t)| !config.in_vocab(**t))
+        {
+            return bad(
+                "stop_tokens",
+                format!("entry {i}: token {t} not in 0 .. {vocab}"),
+            );
+        }
         for (i, &(t, value)) in self.logit_bias.iter().enumerate() {
             if !config.in_vocab(t) {
                 return bad(
@@ -655,6 +921,36 @@ mod tests {
             .with_seed(11)
             .with_sampling(0.9, 5, 0.7);
         assert_eq!(positional, request);
+    }
+
+    #[test]
+    fn each_decoding_mode_has_a_builder() {
+        let plain = SamplerConfig::plain(Strategy::TargetMatch, 2, 16, 32, vec![0]);
+        assert_eq!(
+            plain,
+            SamplerConfig::new(Strategy::TargetMatch, 2, 16, 32, vec![0])
+        );
+        assert!(!plain.is_speculative() && plain.ngram.is_none());
+        let ngram = plain.clone().with_ngram(4, NgramConfig::default());
+        assert_eq!((ngram.max_step_tokens, ngram.ngram.is_some()), (4, true));
+        let drafts = ngram.clone().with_runner_drafts(3);
+        assert_eq!((drafts.max_step_tokens, drafts.ngram), (3, None));
+        assert_eq!(drafts.strategy, Strategy::TargetMatch);
+        let rejection = ngram.with_rejection(5);
+        assert_eq!(rejection.strategy, Strategy::Rejection);
+        assert_eq!((rejection.max_step_tokens, rejection.ngram), (5, None));
+        for config in [plain, drafts, rejection] {
+            config.validate().expect("valid");
+        }
+        let bad = SamplerConfig::plain(Strategy::Rejection, 2, 16, 32, vec![0])
+            .with_ngram(4, NgramConfig::default());
+        assert!(matches!(
+            bad.validate(),
+            Err(SamplerError::Config {
+                field: "strategy",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -23,7 +23,7 @@ use tracing::{debug_span, warn};
 
 use crate::buffers::{Scratch, SlotBuffers};
 use crate::config::{Request, SamplerConfig};
-use crate::error::{Result, SamplerError};
+use crate::error::{Result, SamplerError, StepError};
 use crate::processing::Processing;
 use crate::step::{DecodeStats, FinishReason, StepOutput, StepPlan, StepScores};
 use slots::{SlotHost, SlotTable};
@@ -281,6 +281,29 @@ impl Decoder {
         self.slots.occupied()
     }
 
+    /// The slots that decode in the current step (or, between steps, in the next one): every
+    /// running request past its prefill, in slot order. A newly inserted request's first step is
+    /// a prefill and is not listed; stopped requests are not listed.
+    ///
+    /// Between [`propose`](Decoder::propose) and [`plan`](Decoder::plan) these are exactly the
+    /// slots [`set_drafts`](Decoder::set_drafts) accepts: a runner with its own draft model
+    /// drafts for them.
+    ///
+    /// ```
+    /// use specula_backend_api::Strategy;
+    /// use specula_sampler::{Decoder, Request, SamplerConfig, registry};
+    ///
+    /// let config = SamplerConfig::plain(Strategy::Greedy, 2, 8, 32, vec![0]).with_runner_drafts(3);
+    /// let mut decoder = Decoder::new(registry::open("cpu")?, config)?;
+    /// decoder.insert(Request::new(vec![1, 2]))?;
+    /// decoder.propose()?;
+    /// assert!(decoder.decode_slots().is_empty()); // slot 0 is a prefill this step
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn decode_slots(&self) -> Vec<usize> {
+        self.slots.decoding()
+    }
+
     /// Number of free slots.
     pub fn free_slots(&self) -> usize {
         self.slots.free_count()
@@ -460,24 +483,55 @@ impl Decoder {
         // The point of no return: from here an error ends the step.
         let committed =
             finish::commit_on_device(&cx, &mut self.state, &mut self.scratch, verified)?;
-        let output = finish::commit_on_host(&cx, &mut self.slots, &mut self.stats, committed);
+        let host = finish::commit_on_host(&cx, &mut self.slots, &mut self.stats, committed);
         self.step += 1;
-        Ok(output)
+        finish::stop_on_device(self.device.as_ref(), &mut self.state, &host)?;
+        Ok(host.output)
     }
 
     /// A whole step: [`plan`](Decoder::plan), then `forward` (the runner's model, which returns
-    /// `[R, V]` logits for the plan), then [`finish`](Decoder::finish). Returns `None` when there
-    /// was nothing to run.
-    pub fn step<F>(&mut self, forward: F) -> Result<Option<StepOutput>>
+    /// `[R, V]` logits for the plan, or its own error `E`), then [`finish`](Decoder::finish).
+    /// Returns `None` when there was nothing to run.
+    ///
+    /// A failed forward pass is [`StepError::Forward`] with the runner's error, unchanged; the
+    /// step stays planned, so the next `step` (or `finish`) finishes it. The sampler's own
+    /// errors are [`StepError::Sampler`]. A forward pass that returns the sampler's
+    /// [`Result`](crate::Result) gives `StepError<SamplerError>`, which `?` turns back into a
+    /// [`SamplerError`].
+    ///
+    /// ```
+    /// use specula_backend_api::{DeviceExt, Strategy};
+    /// use specula_sampler::{Decoder, Request, SamplerConfig, StepError, registry};
+    ///
+    /// /// The runner's own error type.
+    /// #[derive(Debug, thiserror::Error)]
+    /// #[error("the model ran out of memory")]
+    /// struct ModelError;
+    ///
+    /// let device = registry::open("cpu")?;
+    /// let config = SamplerConfig::plain(Strategy::Greedy, 1, 8, 32, vec![0]);
+    /// let mut decoder = Decoder::new(device.clone(), config)?;
+    /// decoder.insert(Request::new(vec![1]).with_max_dec_len(2))?;
+    /// let failed = decoder.step(|_, _| Err(ModelError));
+    /// assert!(matches!(failed, Err(StepError::Forward(ModelError))));
+    /// while decoder.has_running() {
+    ///     decoder.step(|_, plan| device.upload(&vec![1.0f32; plan.t_out() * 8]))?;
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn step<F, E>(
+        &mut self,
+        forward: F,
+    ) -> std::result::Result<Option<StepOutput>, StepError<E>>
     where
-        F: FnOnce(&Decoder, &StepPlan) -> Result<Buffer>,
+        F: FnOnce(&Decoder, &StepPlan) -> std::result::Result<Buffer, E>,
     {
         let plan = self.plan()?;
         if plan.is_empty() {
             return Ok(None);
         }
-        let logits = forward(self, &plan)?;
-        self.finish(StepScores::logits(&logits)).map(Some)
+        let logits = forward(self, &plan).map_err(StepError::Forward)?;
+        Ok(Some(self.finish(StepScores::logits(&logits))?))
     }
 
     // ----- internals -----

@@ -102,7 +102,8 @@ pub enum SamplerError {
     /// the target rows' temperatures, which probabilities do not carry).
     #[error("draft logits need target logits: finish was given target probabilities")]
     DraftLogitsNeedLogits,
-    /// Log-probabilities were configured but `finish` was given probabilities instead of logits.
+    /// A request of the step asked for log-probabilities but `finish` was given probabilities
+    /// instead of logits.
     #[error("logprobs need logits: finish was given probabilities")]
     LogprobsNeedLogits,
     /// A request or step asks for logits processing (`docs/semantics.md` §4c: a penalty, min_p,
@@ -114,4 +115,35 @@ pub enum SamplerError {
         /// What asked for it.
         what: &'static str,
     },
+}
+
+/// The error of [`Decoder::step`](crate::Decoder::step): the sampler's own, or the runner's
+/// forward pass's (any type `E`, returned unchanged).
+///
+/// [`source`](std::error::Error::source) is the inner error. A `StepError<SamplerError>` (a
+/// forward pass that returns the sampler's own [`Result`]) converts back into a
+/// [`SamplerError`] with `?`.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError<E> {
+    /// Planning or finishing the step failed.
+    #[error("sampler: {0}")]
+    Sampler(#[source] SamplerError),
+    /// The runner's forward pass failed; the step stays planned (call
+    /// [`finish`](crate::Decoder::finish) or [`step`](crate::Decoder::step) again).
+    #[error("forward pass: {0}")]
+    Forward(#[source] E),
+}
+
+impl<E> From<SamplerError> for StepError<E> {
+    fn from(error: SamplerError) -> Self {
+        StepError::Sampler(error)
+    }
+}
+
+impl From<StepError<SamplerError>> for SamplerError {
+    fn from(error: StepError<SamplerError>) -> Self {
+        match error {
+            StepError::Sampler(e) | StepError::Forward(e) => e,
+        }
+    }
 }

@@ -7,7 +7,12 @@
 //! - [`Decoder`]: a batch of request slots and the unified decoding step over them — build the
 //!   layout, gather, argmax / sample / candidates per the [`Strategy`], verify the drafts and
 //!   update the state. Non-speculative decoding is the same step with zero drafts; with GREEDY or
-//!   TARGET_MATCH, speculative decoding emits exactly the tokens of non-speculative decoding;
+//!   TARGET_MATCH, speculative decoding emits exactly the tokens of non-speculative decoding.
+//!   [`SamplerConfig`] has one builder per decoding mode, each with an example:
+//!   [`plain`](SamplerConfig::plain), [`with_ngram`](SamplerConfig::with_ngram),
+//!   [`with_runner_drafts`](SamplerConfig::with_runner_drafts) (drafts from
+//!   [`Decoder::set_drafts`] for the [`Decoder::decode_slots`]) and
+//!   [`with_rejection`](SamplerConfig::with_rejection) (a draft model's rows);
 //! - [`seeds`]: the per-token seed schedule (`infer_seed` advances by 4 per emitted token).
 //!
 //! ## Sampling from logits
@@ -113,6 +118,52 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+//! ## Per-request ends and log-probabilities
+//!
+//! A request ends after exactly [`Request::max_dec_len`] real tokens with
+//! [`FinishReason::Length`] (vLLM's `max_tokens`; FastDeploy's replacement of the last token by
+//! `end_tokens[0]` is [`SamplerConfig::with_fastdeploy_max_dec_len`]), or at the first of its own
+//! [`stop_tokens`](Request::with_stop_tokens) with [`FinishReason::EndToken`], on top of the
+//! decoder's end tokens, which end every request. The Decoder cuts the step's tokens after the
+//! one that ends the request and stops the slot on the device (`docs/semantics.md` §8), so
+//! speculative decoding still emits exactly the tokens of plain decoding. Log-probabilities are
+//! per request too: [`SamplerConfig::logprobs`] `K` is the most a request may ask for with
+//! [`Request::with_logprobs`]; a request that does not ask gets none.
+//!
+//! ```
+//! use specula_backend_api::{DeviceExt, Strategy};
+//! use specula_sampler::{Decoder, FinishReason, Request, SamplerConfig, StepScores, registry};
+//!
+//! const V: usize = 16;
+//! let device = registry::open("cpu")?;
+//! let config = SamplerConfig {
+//!     logprobs: Some(4),
+//!     ..SamplerConfig::new(Strategy::Greedy, 2, V, 64, vec![0])
+//! };
+//! let mut decoder = Decoder::new(device.clone(), config)?;
+//! // The toy model always favours (last + 1) mod V.
+//! let counting = decoder.insert(Request::new(vec![3]).with_max_dec_len(4).with_logprobs(2))?;
+//! let stopping = decoder.insert(Request::new(vec![3]).with_stop_tokens(vec![6]))?;
+//! while decoder.has_running() {
+//!     let plan = decoder.plan()?;
+//!     let mut rows = Vec::new();
+//!     for row in 0..plan.t_out() {
+//!         let last = *decoder.row_prefix(row)?.last().unwrap_or(&0) as usize;
+//!         rows.extend((0..V).map(|v| if v == (last + 1) % V { 1.0f32 } else { 0.0 }));
+//!     }
+//!     let output = decoder.finish(StepScores::logits(&device.upload(&rows)?))?;
+//!     for slot in &output.slots {
+//!         let widths = slot.logprobs.as_ref().map(|lp| lp[0].top.len());
+//!         assert_eq!(widths, (slot.slot == counting).then_some(2));
+//!     }
+//! }
+//! assert_eq!(decoder.generated(counting), Some(&[4, 5, 6, 7][..]));
+//! assert_eq!(decoder.finish_reason(counting), Some(FinishReason::Length));
+//! assert_eq!(decoder.generated(stopping), Some(&[4, 5, 6][..]));
+//! assert_eq!(decoder.finish_reason(stopping), Some(FinishReason::EndToken));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
 #![forbid(unsafe_code)]
 
 mod buffers;
@@ -126,7 +177,7 @@ mod step;
 
 pub use config::{NgramConfig, Request, SamplerConfig, SamplingParams};
 pub use decoder::{Decoder, RemovedRequest};
-pub use error::{Result, SamplerError};
+pub use error::{Result, SamplerError, StepError};
 pub use registry::{BackendSpec, Probe, open, probe_all};
 pub use specula_backend_api::Strategy;
 pub use step::{

@@ -196,12 +196,22 @@ impl<'a> StepScores<'a> {
 }
 
 /// Why a request stopped.
+///
+/// When one token ends a request for several reasons, `Masked` wins, then (with
+/// [`SamplerConfig::fastdeploy_max_dec_len`](crate::SamplerConfig::fastdeploy_max_dec_len))
+/// `Length`, then `EndToken`, then `Length`, then `MaxModelLen`: a last token that is an end
+/// token and also the `max_dec_len`-th is `EndToken`, as in vLLM, unless FastDeploy's op
+/// replaced it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FinishReason {
-    /// It emitted an end token.
+    /// It emitted one of the decoder's end tokens or one of its own
+    /// [`stop_tokens`](crate::Request::stop_tokens) (kept as its last token).
     EndToken,
-    /// It reached its `max_dec_len` (the last token was replaced by `end_tokens[0]`).
-    MaxDecLen,
+    /// It generated `max_dec_len` tokens (vLLM's "length"). Its last token is the model's own,
+    /// except with [`SamplerConfig::fastdeploy_max_dec_len`](crate::SamplerConfig::fastdeploy_max_dec_len),
+    /// where the op replaced it by `end_tokens[0]`. (This variant was called `MaxDecLen` when the
+    /// replacement was the only behaviour.)
+    Length,
     /// Prompt plus generated tokens filled `max_model_len`.
     MaxModelLen,
     /// Logits processing masked every token of its row (`docs/semantics.md` §4c): its last token
@@ -218,7 +228,7 @@ pub struct TokenLogprob {
     pub logprob: f32,
     /// 1 + the number of tokens with a strictly larger logit.
     pub rank: i32,
-    /// The top-K alternatives, most probable first: `(token, logprob)`.
+    /// The request's top-`k` alternatives, most probable first: `(token, logprob)`.
     pub top: Vec<(i32, f32)>,
 }
 
@@ -235,7 +245,9 @@ pub struct SlotOutput {
     pub drafts_accepted: usize,
     /// Set when the request stopped this step.
     pub finished: Option<FinishReason>,
-    /// Log-probabilities of `tokens`, when configured.
+    /// Log-probabilities of `tokens`, when the request asked for them
+    /// ([`Request::with_logprobs`](crate::Request::with_logprobs)), with its `k` alternatives
+    /// each.
     pub logprobs: Option<Vec<TokenLogprob>>,
 }
 

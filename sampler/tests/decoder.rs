@@ -373,14 +373,16 @@ fn logprobs_are_reported_per_emitted_token() {
         .insert(
             Request::new(vec![4, 31, 12])
                 .with_seed(1)
-                .with_max_dec_len(12),
+                .with_max_dec_len(12)
+                .with_logprobs(k),
         )
         .expect("insert");
     decoder
         .insert(
             Request::new(vec![7])
                 .with_params(SamplingParams::greedy())
-                .with_max_dec_len(12),
+                .with_max_dec_len(12)
+                .with_logprobs(k),
         )
         .expect("insert");
     let mut checked = 0;
@@ -438,4 +440,127 @@ fn removing_before_prefill_frees_the_slot() {
         decoder.generated(slot).expect("slot").to_vec()
     };
     assert_eq!(run_one(true), run_one(false));
+}
+
+#[test]
+fn decode_slots_lists_the_slots_that_take_drafts() {
+    let model = ToyModel { vocab: VOCAB };
+    let mut c = config(Strategy::Greedy, 4, 3);
+    c.ngram = None;
+    let mut decoder = Decoder::new(device(), c).expect("decoder");
+    let a = decoder
+        .insert(Request::new(vec![1, 2, 3]).with_max_dec_len(2))
+        .expect("insert");
+    let b = decoder.insert(Request::new(vec![7, 8])).expect("insert");
+    assert!(decoder.decode_slots().is_empty(), "both prefill next");
+    step(&mut decoder, &model);
+    let c = decoder.insert(Request::new(vec![6])).expect("insert");
+    assert_eq!(
+        decoder.decode_slots(),
+        vec![a, b],
+        "between steps: the next step's"
+    );
+    decoder.propose().expect("propose");
+    assert_eq!(decoder.decode_slots(), vec![a, b]);
+    for slot in decoder.decode_slots() {
+        decoder
+            .set_drafts(slot, &[7])
+            .expect("a decode slot takes drafts");
+    }
+    assert!(matches!(
+        decoder.set_drafts(c, &[7]),
+        Err(SamplerError::Drafts { .. })
+    ));
+    let plan = decoder.plan().expect("plan");
+    assert_eq!(decoder.decode_slots(), vec![a, b], "while planned");
+    let logits = forward(
+        decoder.device().as_ref(),
+        &decoder,
+        &plan,
+        &model,
+        Forward::Prefix,
+    )
+    .expect("fwd");
+    decoder.finish(StepScores::logits(&logits)).expect("finish");
+    // `a` reached max_dec_len 2 (a prefill token, then at least one more): it stopped.
+    assert!(!decoder.is_running(a));
+    assert_eq!(decoder.decode_slots(), vec![b, c]);
+}
+
+/// A runner's own error type for [`Decoder::step`].
+#[derive(Debug, PartialEq)]
+enum RunnerError {
+    OutOfMemory,
+    Sampler(String),
+}
+
+impl std::fmt::Display for RunnerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+impl std::error::Error for RunnerError {}
+
+#[test]
+fn step_carries_the_runners_error_type() {
+    use specula_sampler::StepError;
+    use std::error::Error as _;
+
+    let model = ToyModel { vocab: VOCAB };
+    let device = device();
+    let mut decoder = Decoder::new(device.clone(), config(Strategy::Greedy, 2, 4)).expect("new");
+    decoder
+        .insert(Request::new(vec![7, 8]).with_max_dec_len(6))
+        .expect("insert");
+    // The forward pass fails with the runner's own error: returned unchanged, with a source.
+    let error = decoder
+        .step(|_, _| Err(RunnerError::OutOfMemory))
+        .expect_err("forward failed");
+    assert!(matches!(
+        error,
+        StepError::Forward(RunnerError::OutOfMemory)
+    ));
+    assert!(error.to_string().contains("OutOfMemory"), "{error}");
+    let source = error.source().expect("a source");
+    assert_eq!(
+        source.downcast_ref::<RunnerError>(),
+        Some(&RunnerError::OutOfMemory)
+    );
+    // The step stayed planned: the next call finishes it.
+    let mut emitted = 0;
+    while decoder.has_running() {
+        let output = decoder
+            .step(|decoder, plan| {
+                let sampler = |e: SamplerError| RunnerError::Sampler(e.to_string());
+                let mut rows = Vec::new();
+                for t in 0..plan.t_out() {
+                    rows.extend(model.logits(&decoder.row_prefix(t).map_err(sampler)?));
+                }
+                device
+                    .upload(&rows)
+                    .map_err(|e| RunnerError::Sampler(e.to_string()))
+            })
+            .expect("step")
+            .expect("something to run");
+        emitted += output.tokens_emitted();
+    }
+    assert_eq!(emitted, 6);
+    assert_eq!(
+        decoder.step(|_, _| Err(RunnerError::OutOfMemory)).ok(),
+        Some(None)
+    );
+    // The sampler's own errors are `Sampler`, with the sampler error as the source; a forward
+    // pass returning the sampler's `Result` converts back into a `SamplerError`.
+    decoder.insert(Request::new(vec![9])).expect("insert");
+    let bad = decoder.step(|_, _| device.alloc::<f32>(3).map_err(SamplerError::from));
+    let Err(StepError::Sampler(SamplerError::ScoresShape { .. })) = bad else {
+        panic!("expected a shape error, got {bad:?}");
+    };
+    let back: SamplerError = decoder
+        .step(|_, _| Err(SamplerError::MissingDraftProbs))
+        .map(|_| ())
+        .expect_err("the forward error")
+        .into();
+    assert!(matches!(back, SamplerError::MissingDraftProbs));
 }

@@ -106,7 +106,7 @@ fn speculative_equals_plain(strategy: Strategy, cases: u64) {
     );
     for reason in [
         FinishReason::EndToken,
-        FinishReason::MaxDecLen,
+        FinishReason::Length,
         FinishReason::MaxModelLen,
     ] {
         assert!(

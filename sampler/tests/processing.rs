@@ -160,29 +160,27 @@ fn every_parameter_does_what_it_says() {
             let r = &arrival.request;
             let mut context = r.prompt.clone();
             for (n, &t) in tokens.iter().enumerate() {
-                let last_forced = n + 1 == r.max_dec_len;
-                if !last_forced {
-                    assert!(
-                        bitmask(&context, VOCAB)[t as usize / 32] >> (t % 32) & 1 == 1,
-                        "bitmask"
+                // Every token is the model's own (max_dec_len ends without a fabricated one).
+                assert!(
+                    bitmask(&context, VOCAB)[t as usize / 32] >> (t % 32) & 1 == 1,
+                    "bitmask"
+                );
+                if let Some(allowed) = &r.allowed_token_ids {
+                    assert!(allowed.contains(&t), "token {t} not allowed");
+                }
+                if n < r.min_tokens {
+                    assert!(!END_TOKENS.contains(&t), "end token before min_tokens");
+                }
+                assert_ne!(t, r.bad_words[0][0], "banned token emitted");
+                // The history is the generated tokens: a bad word never reaches into the
+                // prompt.
+                if n > 0 {
+                    let tail = [tokens[n - 1], t];
+                    assert_ne!(
+                        tail.as_slice(),
+                        r.bad_words[1].as_slice(),
+                        "two-token bad word"
                     );
-                    if let Some(allowed) = &r.allowed_token_ids {
-                        assert!(allowed.contains(&t), "token {t} not allowed");
-                    }
-                    if n < r.min_tokens {
-                        assert!(!END_TOKENS.contains(&t), "end token before min_tokens");
-                    }
-                    assert_ne!(t, r.bad_words[0][0], "banned token emitted");
-                    // The history is the generated tokens: a bad word never reaches into the
-                    // prompt.
-                    if n > 0 {
-                        let tail = [tokens[n - 1], t];
-                        assert_ne!(
-                            tail.as_slice(),
-                            r.bad_words[1].as_slice(),
-                            "two-token bad word"
-                        );
-                    }
                 }
                 context.push(t);
             }

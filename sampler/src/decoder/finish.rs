@@ -16,8 +16,8 @@
 //!    candidates (TOPP); REJECTION samples inside verification.
 //! 5. `narrow_to_outputs`: the per-row buffers to the rows verification reads.
 //! 6. `verify`: `verify_draft_tokens` decides each slot's accepted tokens.
-//! 7. `logprobs`: `accept_logprobs` of the accepted tokens (when configured), before
-//!    `update_state` turns prefill slots into decode slots.
+//! 7. `logprobs`: `accept_logprobs` of the accepted tokens (when configured and a request of the
+//!    step asks for them), before `update_state` turns prefill slots into decode slots.
 //!
 //! Verification reads the first `T_out` rows, except REJECTION with drafts, which reads all `R`
 //! target rows: the runner's buffer cannot be narrowed, and `verify_draft_tokens` takes padded
@@ -45,7 +45,7 @@ use specula_backend_api::{Buffer, Device, DeviceExt, Strategy};
 use super::StepContext;
 use super::slots::SlotTable;
 use crate::buffers::{
-    CandidateBuffers, LogprobBuffers, ProcessedBuffers, Scratch, SlotBuffers, window,
+    CandidateBuffers, LogprobBuffers, ProcessedBuffers, Scratch, SlotBuffers, window, write_at,
 };
 use crate::config::SamplerConfig;
 use crate::error::{Result, SamplerError};
@@ -73,6 +73,9 @@ struct Checked<'s> {
     processing: bool,
     /// The runner's token bitmask for the step.
     bitmask: Option<&'s Buffer>,
+    /// `accept_logprobs` runs: log-probabilities are configured and a request of the step asks
+    /// for them.
+    logprobs: bool,
 }
 
 impl Checked<'_> {
@@ -90,6 +93,8 @@ pub(super) struct Verified {
     _sealed: (),
     /// The rows went through `process_logits` (their fallbacks tell masked rows).
     processed: bool,
+    /// `accept_logprobs` ran.
+    logprobs: bool,
 }
 
 /// A step committed on the device: what `update_state` left, downloaded. Only
@@ -115,7 +120,13 @@ pub(super) fn verify_step(
     sc: &mut Scratch,
     scores: StepScores<'_>,
 ) -> Result<Verified> {
-    let mut checked = check_scores(cx.config, cx.plan, scores)?;
+    let wants_logprobs = cx.config.logprobs.is_some()
+        && cx.plan.slots.iter().any(|p| {
+            slots
+                .get(p.slot)
+                .is_some_and(|h| h.request.logprobs.is_some())
+        });
+    let mut checked = check_scores(cx.config, cx.plan, scores, wants_logprobs)?;
     checked.processing = state
         .processing
         .as_ref()
@@ -143,19 +154,22 @@ pub(super) fn verify_step(
     Ok(Verified {
         _sealed: (),
         processed: checked.processing,
+        logprobs: checked.logprobs,
     })
 }
 
-/// Stage 1: the scores fit the plan and the configuration.
+/// Stage 1: the scores fit the plan and the configuration (`logprobs`: a request of the step
+/// asks for log-probabilities, which need logits).
 fn check_scores<'s>(
     config: &SamplerConfig,
     plan: &StepPlan,
     scores: StepScores<'s>,
+    logprobs: bool,
 ) -> Result<Checked<'s>> {
     let target = scores.target.buffer();
     let is_logits = scores.target.is_logits();
     let rows = score_rows(config.vocab, plan, target)?;
-    if config.logprobs.is_some() && !is_logits {
+    if logprobs && !is_logits {
         return Err(SamplerError::LogprobsNeedLogits);
     }
     let rejection = config.strategy == Strategy::Rejection && plan.drafts() > 0;
@@ -174,6 +188,7 @@ fn check_scores<'s>(
         strategy: step_strategy(config.strategy, rejection),
         processing: false,
         bitmask: scores.bitmask,
+        logprobs,
     })
 }
 
@@ -685,7 +700,7 @@ fn logprobs(
     checked: &Checked<'_>,
     row_temperature: &[f32],
 ) -> Result<()> {
-    let Some(lp) = sc.logprobs.as_mut() else {
+    let Some(lp) = sc.logprobs.as_mut().filter(|_| checked.logprobs) else {
         return Ok(());
     };
     cx.device.accept_logprobs(
@@ -728,9 +743,10 @@ pub(super) fn commit_on_device(
     let Verified {
         _sealed: (),
         processed,
+        logprobs,
     } = verified;
     update_state(cx, state, sc)?;
-    download(cx.device, state, sc, processed)
+    download(cx.device, state, sc, processed, logprobs)
 }
 
 /// `update_state`: the accepted tokens into each slot's history, lengths, seeds and stop flags.
@@ -763,12 +779,14 @@ fn update_state(cx: &StepContext<'_>, st: &mut SlotBuffers, sc: &mut Scratch) ->
     Ok(())
 }
 
-/// The committed step's accepted tokens, their counts, the stop flags and the log-probabilities.
+/// The committed step's accepted tokens, their counts, the stop flags and (when
+/// `accept_logprobs` ran) the log-probabilities.
 fn download(
     device: &dyn Device,
     st: &SlotBuffers,
     sc: &Scratch,
     processed: bool,
+    logprobs: bool,
 ) -> Result<Committed> {
     let fallback = match (processed, &sc.processed) {
         (true, Some(p)) => Some(device.download(&p.fallback)?),
@@ -780,71 +798,134 @@ fn download(
         accept_num: device.download(&sc.accept_num)?,
         stop_flags: device.download(&st.stop_flags)?,
         logprobs: match &sc.logprobs {
-            Some(lp) => Some(DownloadedLogprobs::download(device, lp)?),
-            None => None,
+            Some(lp) if logprobs => Some(DownloadedLogprobs::download(device, lp)?),
+            _ => None,
         },
     })
 }
 
-/// Stage 9: what each slot of the plan emitted, taken into the slot table and the stats.
+/// What [`commit_on_host`] leaves for the device: the stop flags to write back when the host
+/// ended a request the device still runs (`docs/semantics.md` §8).
+pub(super) struct HostCommit {
+    /// What the step produced.
+    pub output: StepOutput,
+    /// `Some`: the step's stop flags with every host-stopped slot set, to be written whole.
+    pub stop_flags: Option<Vec<u8>>,
+    /// The slots whose emitted tokens the host cut, with the `infer_seed` of their last kept
+    /// token's successor (the device advanced past the cut tokens).
+    pub seeds: Vec<(usize, u64)>,
+}
+
+/// Stage 9: what each slot of the plan emitted, taken into the slot table and the stats. A slot
+/// the host ends (a request's stop token, or `max_dec_len` outside FastDeploy's mode) keeps its
+/// tokens up to the one that ends it, and is flagged to be stopped on the device.
 pub(super) fn commit_on_host(
     cx: &StepContext<'_>,
     slots: &mut SlotTable,
     stats: &mut DecodeStats,
-    committed: Committed,
-) -> StepOutput {
+    mut committed: Committed,
+) -> HostCommit {
     let mut output = StepOutput {
         step: cx.plan.step,
         slots: Vec::with_capacity(cx.plan.slots.len()),
     };
+    let (mut host_stopped, mut seeds) = (false, Vec::new());
     for slot_plan in &cx.plan.slots {
-        let Some(slot_output) = commit_slot(cx.config, slot_plan, slots, &committed) else {
+        let b = slot_plan.slot;
+        let Some((slot_output, stop)) = commit_slot(cx.config, slot_plan, slots, &committed) else {
             continue;
         };
+        if stop {
+            committed.stop_flags[b] = 1;
+            host_stopped = true;
+        }
+        if slot_output.tokens.len() < committed.tokens(b, cx.config.max_step_tokens).len()
+            && let Some(host) = slots.get(b)
+        {
+            let request_seed = crate::seeds::request_seed(host.request.seed);
+            let emitted = host.generated().len() as u64;
+            seeds.push((b, crate::seeds::infer_seed_after(request_seed, emitted)));
+        }
         stats.tokens_emitted += slot_output.tokens.len() as u64;
         stats.drafts_proposed += slot_output.drafts_proposed as u64;
         stats.drafts_accepted += slot_output.drafts_accepted as u64;
         output.slots.push(slot_output);
     }
     stats.steps += 1;
-    output
+    HostCommit {
+        output,
+        stop_flags: host_stopped.then_some(committed.stop_flags),
+        seeds,
+    }
 }
 
-/// One slot's emitted tokens (accepted drafts, then the correction or bonus token), into its
-/// [`SlotHost`](super::slots::SlotHost). `None` when the slot is empty.
+/// Writes back the stop flags of the slots the host stopped (one write), so no op touches them
+/// again, and the `infer_seed` of the slots whose tokens it cut (one write each), so the device
+/// holds the seed of the next token after the kept ones.
+pub(super) fn stop_on_device(
+    device: &dyn Device,
+    state: &mut SlotBuffers,
+    host: &HostCommit,
+) -> Result<()> {
+    if let Some(stop_flags) = &host.stop_flags {
+        device.write(&mut state.stop_flags, stop_flags)?;
+    }
+    for &(slot, seed) in &host.seeds {
+        write_at(device, &mut state.infer_seed, slot, &[seed])?;
+    }
+    Ok(())
+}
+
+/// One slot's emitted tokens (accepted drafts, then the correction or bonus token), cut where
+/// the host ends the request, into its [`SlotHost`](super::slots::SlotHost). Also says whether
+/// the host stopped a slot the device still runs. `None` when the slot is empty.
 fn commit_slot(
     config: &SamplerConfig,
     slot_plan: &SlotPlan,
     slots: &mut SlotTable,
     committed: &Committed,
-) -> Option<SlotOutput> {
+) -> Option<(SlotOutput, bool)> {
     let b = slot_plan.slot;
-    let tokens = committed.tokens(b, config.max_step_tokens);
+    let mut tokens = committed.tokens(b, config.max_step_tokens);
+    let device_stopped = committed.stop_flags[b] != 0;
+    // The last token comes from the slot's row `n − 1`; a row with every token masked yields
+    // none, and verification ends the slot with `end_tokens[0]`.
+    let mut masked = committed.fallback.as_ref().is_some_and(|f| {
+        let row = (slot_plan.rows.start + tokens.len()).checked_sub(1);
+        row.and_then(|r| f.get(r)) == Some(&-1)
+    });
+    let host_stop = slots.get(b)?.host_stop(&tokens, config);
+    if let Some(keep) = host_stop
+        && keep < tokens.len()
+    {
+        tokens.truncate(keep);
+        masked = false;
+    }
     let drafts_accepted = tokens
         .iter()
         .zip(slots.drafts(b, slot_plan.drafts))
         .take_while(|(t, d)| t == d)
         .count();
-    let logprobs = committed
-        .logprobs
-        .as_ref()
-        .map(|lp| lp.for_slot(b, &tokens));
-    // The last token comes from the slot's row `n − 1`; a row with every token masked yields
-    // none, and verification ends the slot with `end_tokens[0]`.
-    let masked = committed.fallback.as_ref().is_some_and(|f| {
-        let row = (slot_plan.rows.start + tokens.len()).checked_sub(1);
-        row.and_then(|r| f.get(r)) == Some(&-1)
-    });
     let host = slots.get_mut(b)?;
-    host.accept(&tokens, committed.stop_flags[b] != 0, masked, config);
-    Some(SlotOutput {
+    let logprobs = match (&committed.logprobs, host.request.logprobs) {
+        (Some(lp), Some(k)) => Some(lp.for_slot(b, &tokens, k)),
+        _ => None,
+    };
+    host.accept(
+        &tokens,
+        device_stopped || host_stop.is_some(),
+        masked,
+        config,
+    );
+    let output = SlotOutput {
         slot: b,
         tokens,
         drafts_proposed: slot_plan.drafts,
         drafts_accepted,
         finished: host.finished,
         logprobs,
-    })
+    };
+    Some((output, host_stop.is_some() && !device_stopped))
 }
 
 impl Committed {
@@ -879,8 +960,9 @@ impl DownloadedLogprobs {
         })
     }
 
-    /// The log-probabilities of the `tokens` slot `slot` emitted.
-    fn for_slot(&self, slot: usize, tokens: &[i32]) -> Vec<TokenLogprob> {
+    /// The log-probabilities of the `tokens` slot `slot` emitted, with the top `k ≤ K`
+    /// alternatives each.
+    fn for_slot(&self, slot: usize, tokens: &[i32], k: usize) -> Vec<TokenLogprob> {
         let start = self
             .cu_accept
             .get(slot)
@@ -889,13 +971,13 @@ impl DownloadedLogprobs {
         tokens
             .iter()
             .enumerate()
-            .map(|(k, &token)| self.token(start + k, token))
+            .map(|(i, &token)| self.token(start + i, token, k))
             .collect()
     }
 
-    /// Accepted token `p` of the step (`token`), with its top-K alternatives.
-    fn token(&self, p: usize, token: i32) -> TokenLogprob {
-        let top = (0..self.top_k)
+    /// Accepted token `p` of the step (`token`), with its top `k ≤ K` alternatives.
+    fn token(&self, p: usize, token: i32, k: usize) -> TokenLogprob {
+        let top = (0..k.min(self.top_k))
             .filter_map(|j| {
                 let id = *self.top_ids.get(p * self.top_k + j)?;
                 let lp = *self.top_logprobs.get(p * self.top_k + j)?;
@@ -990,7 +1072,7 @@ mod tests {
         let plan = plan_with_a_draft();
         let target = device.upload(&[0.0f32; 24]).expect("upload");
         let draft = device.upload(&[0.0f32; 16]).expect("upload");
-        let check = |scores| check_scores(&config, &plan, scores);
+        let check = |scores| check_scores(&config, &plan, scores, false);
         assert!(matches!(
             check(StepScores::logits(&target)),
             Err(SamplerError::MissingDraftProbs)
@@ -1020,8 +1102,8 @@ mod tests {
             strategy: Strategy::TargetMatch,
             ..config.clone()
         };
-        let checked =
-            check_scores(&target_match, &plan, StepScores::logits(&target)).expect("checked");
+        let checked = check_scores(&target_match, &plan, StepScores::logits(&target), false)
+            .expect("checked");
         assert_eq!((checked.rows, checked.verify_rows), (3, 2));
         assert!(!checked.softmax && checked.draft.is_none());
     }

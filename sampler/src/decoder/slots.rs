@@ -55,9 +55,25 @@ impl SlotHost {
         self.tokens.last().copied().unwrap_or(-1)
     }
 
-    /// Takes in the tokens a step emitted: a prefill moves the prompt into the KV cache, a decode
-    /// step the emitted tokens; `stopped` (the device's stop flag) sets the finish reason once
-    /// (`masked`: the last token's row had every token masked).
+    /// How many of `tokens` (what the device emitted for this slot in a step) the request keeps
+    /// when the host ends it within them (`docs/semantics.md` §8): up to and including the
+    /// first that is one of its stop tokens (past `min_tokens`) or its `max_dec_len`-th generated
+    /// token (unless [`SamplerConfig::fastdeploy_max_dec_len`] leaves that to the device).
+    /// `None`: the host does not end it this step.
+    pub fn host_stop(&self, tokens: &[i32], config: &SamplerConfig) -> Option<usize> {
+        let before = self.generated().len();
+        let limit = (!config.fastdeploy_max_dec_len).then_some(self.request.max_dec_len);
+        let ends = |(i, &token): (usize, &i32)| {
+            let count = before + i + 1;
+            self.request.stops_at(token, count) || limit.is_some_and(|l| count >= l)
+        };
+        tokens.iter().enumerate().position(ends).map(|i| i + 1)
+    }
+
+    /// Takes in the tokens a step emitted (cut by [`host_stop`](SlotHost::host_stop)): a
+    /// prefill moves the prompt into the KV cache, a decode step the emitted tokens; `stopped`
+    /// (the device's stop flag or a host stop) sets the finish reason once (`masked`: the last
+    /// token's row had every token masked).
     pub fn accept(&mut self, tokens: &[i32], stopped: bool, masked: bool, config: &SamplerConfig) {
         self.tokens.extend_from_slice(tokens);
         if !tokens.is_empty() {
@@ -76,18 +92,21 @@ impl SlotHost {
         }
     }
 
-    /// Why a slot that `update_state` stopped has stopped. A token that both is an end token and
-    /// reaches `max_dec_len` counts as `MaxDecLen` (the two cannot be told apart: that token is
-    /// replaced by `end_tokens[0]`).
+    /// Why a slot that stopped has stopped, from its last token (see [`FinishReason`] for the
+    /// order when several reasons hold).
     fn finish_reason(&self, config: &SamplerConfig) -> FinishReason {
         let generated = self.generated();
-        if generated.len() >= self.request.max_dec_len {
-            FinishReason::MaxDecLen
-        } else if generated
+        let count = generated.len();
+        let length = count >= self.request.max_dec_len;
+        let end = generated
             .last()
-            .is_some_and(|t| config.end_tokens.contains(t))
-        {
+            .is_some_and(|&t| config.end_tokens.contains(&t) || self.request.stops_at(t, count));
+        if length && config.fastdeploy_max_dec_len {
+            FinishReason::Length
+        } else if end {
             FinishReason::EndToken
+        } else if length {
+            FinishReason::Length
         } else {
             FinishReason::MaxModelLen
         }
@@ -158,6 +177,16 @@ impl SlotTable {
     /// The occupied slots, in order.
     pub fn occupied(&self) -> Vec<usize> {
         (0..self.len()).filter(|&b| self.is_occupied(b)).collect()
+    }
+
+    /// The running slots past their prefill (their next step is a decode step), in order.
+    pub fn decoding(&self) -> Vec<usize> {
+        (0..self.len())
+            .filter(|&b| {
+                self.get(b)
+                    .is_some_and(|h| h.is_running() && h.encoder == 0)
+            })
+            .collect()
     }
 
     /// The number of free slots.
@@ -326,9 +355,14 @@ mod tests {
         assert_eq!((host.encoder, host.decoder), (0, 5));
         assert_eq!((host.generated(), host.last_token()), (&[6, 7, 8][..], 8));
         assert!(host.is_running());
-        // The fourth token reaches max_dec_len; it is also end token 0.
+        // The fourth token reaches max_dec_len; it is also end token 0, which wins (as in vLLM)
+        // unless FastDeploy's op replaced it.
+        let mut fastdeploy = host.clone();
         host.accept(&[0], true, false, &config);
-        assert_eq!(host.finished, Some(FinishReason::MaxDecLen));
+        assert_eq!(host.finished, Some(FinishReason::EndToken));
+        let fd_config = config.with_fastdeploy_max_dec_len();
+        fastdeploy.accept(&[0], true, false, &fd_config);
+        assert_eq!(fastdeploy.finished, Some(FinishReason::Length));
     }
 
     #[test]
@@ -342,6 +376,28 @@ mod tests {
         let mut full = SlotHost::new(Request::new(vec![3]).with_max_dec_len(10));
         full.accept(&[4], true, false, &config);
         assert_eq!(full.finished, Some(FinishReason::MaxModelLen));
+    }
+
+    #[test]
+    fn the_host_stops_at_the_first_stop_token_or_at_max_dec_len() {
+        let config = config();
+        let request = Request::new(vec![3])
+            .with_max_dec_len(5)
+            .with_stop_tokens(vec![9])
+            .with_params(crate::SamplingParams::default().with_min_tokens(1));
+        let mut host = SlotHost::new(request);
+        // A stop token within min_tokens does not stop.
+        assert_eq!(host.host_stop(&[9, 4, 9, 5], &config), Some(3));
+        host.accept(&[9, 4], false, false, &config);
+        assert_eq!(host.host_stop(&[5, 6, 7], &config), Some(3));
+        assert_eq!(host.host_stop(&[5, 6], &config), None);
+        let fastdeploy = config.clone().with_fastdeploy_max_dec_len();
+        assert_eq!(host.host_stop(&[5, 6, 7], &fastdeploy), None);
+        host.accept(&[5, 6, 7], true, false, &config);
+        assert_eq!(host.finished, Some(FinishReason::Length));
+        let mut stop = SlotHost::new(Request::new(vec![3]).with_stop_tokens(vec![9]));
+        stop.accept(&[4, 9], true, false, &config);
+        assert_eq!(stop.finished, Some(FinishReason::EndToken));
     }
 
     #[test]
