@@ -173,6 +173,11 @@ mod error;
 mod processing;
 pub mod registry;
 pub mod seeds;
+
+/// The runner guide, `docs/runner.md`: depending on Specula, devices, decoding modes, requests,
+/// the step loop around a forward pass, and errors. Its code blocks run as doc tests.
+#[doc = include_str!("../../docs/runner.md")]
+pub mod guide {}
 mod step;
 
 pub use config::{NgramConfig, Request, SamplerConfig, SamplingParams};
