@@ -2,10 +2,12 @@
 // presence penalties and min_p, applied to every output row from the row's own history, and the
 // row's fallback token.
 //
-// One block per row. (a) A row of no slot is filled with the masked value, fallback -1. (b) Dense
-// pass: each token's masks from the `allowed` / `bitmask` bits, then the float steps with the
-// slot's table counts and no bias (a token no sparse rule touches is then final). (c) Thread 0
-// recomputes, from the input value, every token a sparse rule touches, with the complete rule:
+// One block per row of the call's row block (`first`, `rows`: output row i is the processing of
+// scores row first + i, and every per-row input is read at first + i). (a) A row of no slot is
+// filled with the masked value, fallback -1. (b) Dense pass: each token's masks from the
+// `allowed` / `bitmask` bits, then the float steps with the slot's table counts and no bias (a
+// token no sparse rule touches is then final). (c) Thread 0 recomputes, from the input value,
+// every token a sparse rule touches, with the complete rule:
 // drafted tokens before the row (their count delta, and their bias), bias entries (in list order,
 // so the last entry of a token is the one that stays), then the end tokens (min_tokens) and the
 // bad-word bans mask. (d) Fallback: the first unmasked token in rank order (value key descending,
@@ -21,10 +23,10 @@
 // Every index into a device buffer is range-checked, whatever the buffers hold.
 
 struct ProcessArgs {
-    const typename SPECULA_T::raw* scores;  // [rows, vocab] logits or probabilities
-    const float* temperature;               // [rows] (logits rows only)
+    const typename SPECULA_T::raw* scores;  // [first + rows, vocab] logits or probabilities
+    const float* temperature;               // [first + rows] (logits rows only)
     const i32* cu_out;                      // [real_bsz + 1] first output row of each slot
-    const i32* batch_id;                    // [rows] slot of each output row
+    const i32* batch_id;                    // [first + rows] slot of each output row
     const i32* token_ids_all;               // [max_bsz, max_model_len]
     const i32* prompt_lens;                 // [max_bsz]
     const i32* step_idx;                    // [max_bsz]
@@ -40,15 +42,16 @@ struct ProcessArgs {
     const i32* bad_word_offsets;            // [max_bsz + 1]
     const i32* bad_words;                   // [n_bad_words]
     const u32* allowed;                     // [max_bsz, words] or null
-    const u32* bitmask;                     // [rows, words] or null
-    float* processed;                       // [rows, vocab]
+    const u32* bitmask;                     // [first + rows, words] or null
+    float* processed;                       // [rows, vocab]: row i is scores row first + i
     i32* fallback;                          // [rows]
     u64 max_model_len;
     u64 max_step_tokens;
     u64 n_end;
     u64 n_bias;
     u64 n_bad_words;
-    u32 rows;
+    u64 first;  // the block's first scores row: every per-row input is read at first + i
+    u32 rows;   // the block's rows (one CUDA block each)
     u32 vocab;
     u32 real_bsz;
     u32 logits;  // the rows are logits at `temperature`
@@ -118,7 +121,7 @@ __device__ __forceinline__ bool pl_bit(const u32* mask, u64 row, u64 words, u32 
 // Where row r reads from: its slot b and position pos, and the slot's generated tokens
 // token_ids_all[b, start .. start + len).
 struct PlRow {
-    u32 r;
+    u64 r;  // the scores row
     u32 b;
     u64 pos;
     u64 start;
@@ -236,13 +239,15 @@ extern "C" __global__ void __launch_bounds__(SPECULA_ROW_BLOCK)
     SPECULA_ENTRY(process_logits)(const ProcessArgs a) {
     typedef SPECULA_T E;
     __shared__ u64 scratch[SPECULA_ROW_BLOCK / 32];
-    const u32 r = blockIdx.x;
-    if (r >= a.rows) return;
+    const u32 i = blockIdx.x;
+    if (i >= a.rows) return;
+    // Output row i is scores row r: every per-row input is read at r.
+    const u64 r = a.first + i;
     const u32 vocab = a.vocab;
     const bool logits = a.logits != 0;
     const float masked_value = logits ? -SPECULA_INF : 0.0f;
-    float* out = a.processed + (u64)r * vocab;
-    const typename E::raw* __restrict__ row = a.scores + (u64)r * vocab;
+    float* out = a.processed + (u64)i * vocab;
+    const typename E::raw* __restrict__ row = a.scores + r * vocab;
 
     // (a) The row's slot and position; a row of no slot masks every token.
     const i32 bid = a.batch_id[r];
@@ -250,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(SPECULA_ROW_BLOCK)
     if (bid >= 0 && (u32)bid < a.real_bsz) pos = (i64)r - (i64)a.cu_out[bid];
     if (pos < 0 || (u64)pos >= a.max_step_tokens) {
         for (u32 v = threadIdx.x; v < vocab; v += SPECULA_ROW_BLOCK) out[v] = masked_value;
-        if (threadIdx.x == 0) a.fallback[r] = -1;
+        if (threadIdx.x == 0) a.fallback[i] = -1;
         return;
     }
     PlRow w;
@@ -289,7 +294,7 @@ extern "C" __global__ void __launch_bounds__(SPECULA_ROW_BLOCK)
         best = packed > best ? packed : best;
     }
     best = block_max_u64<SPECULA_ROW_BLOCK>(best, scratch);
-    if (threadIdx.x == 0) a.fallback[r] = best == 0 ? -1 : (i32)packed_id(best);
+    if (threadIdx.x == 0) a.fallback[i] = best == 0 ? -1 : (i32)packed_id(best);
 
     // (e) min_p over the weights of the processed row, and the masked value.
     const u32 best_key = (u32)(best >> 32);

@@ -2324,31 +2324,52 @@ fn write_process_case(work: &Workdir, case: &ProcessCase) {
     }
 }
 
-/// Runs the driver on `case`.
-fn run_process_case(work: &Workdir, bin: &Path, case: &ProcessCase) {
+/// The blocks each `process_logits` case runs on: every row, then (with rows) a middle block, the
+/// last row alone and an empty block at the end.
+fn process_blocks(rows: usize) -> Vec<Option<RowBlock>> {
+    let mut blocks = vec![None];
+    if rows > 0 {
+        let first = rows / 3;
+        blocks.extend(
+            [
+                (first, (rows - first).div_ceil(2)),
+                (rows - 1, 1),
+                (rows, 0),
+            ]
+            .map(|(first, rows)| Some(RowBlock { first, rows })),
+        );
+    }
+    blocks
+}
+
+/// Runs the driver on `case`: every row, or the rows of `block`.
+fn run_process_case(work: &Workdir, bin: &Path, case: &ProcessCase, block: Option<RowBlock>) {
     let d = &case.dims;
-    work.run(
-        bin,
-        "process",
-        &[
-            &case.rows,
-            &case.vocab,
-            &d.max_bsz,
-            &d.real_bsz,
-            &d.max_step_tokens,
-            &case.max_model_len,
-            &case.end_tokens.len(),
-            &case.bias_ids.len(),
-            &case.bad_words.len(),
-            &u32::from(case.logits),
-            &u32::from(case.allowed.is_some()),
-            &u32::from(case.bitmask.is_some()),
-        ],
-    );
+    let mut args = vec![
+        case.rows,
+        case.vocab,
+        d.max_bsz,
+        d.real_bsz,
+        d.max_step_tokens,
+        case.max_model_len,
+        case.end_tokens.len(),
+        case.bias_ids.len(),
+        case.bad_words.len(),
+        usize::from(case.logits),
+        usize::from(case.allowed.is_some()),
+        usize::from(case.bitmask.is_some()),
+    ];
+    if let Some(block) = block {
+        args.extend([block.first, block.rows]);
+    }
+    let args: Vec<&dyn Display> = args.iter().map(|a| a as &dyn Display).collect();
+    work.run(bin, "process", &args);
 }
 
 /// `process_logits` against the reference, bit for bit: logits and probability rows in f32, f16
-/// and bf16, vocabularies of 1, 33 (not a multiple of 32) and 300, ordinary and hostile cases.
+/// and bf16, vocabularies of 1, 33 (not a multiple of 32) and 300, ordinary and hostile cases;
+/// each case on every row, then on blocks of its rows (a middle block, the last row, an empty
+/// block at the end).
 fn process_logits_matches_the_reference() {
     let work = Workdir::new("process");
     let dev = ReferenceDevice::new();
@@ -2373,28 +2394,37 @@ fn process_logits_matches_the_reference() {
         for (k, &(vocab, logits, hostile)) in cases.iter().enumerate() {
             let case = process_case(&mut rng, dtype, logits, vocab, hostile);
             write_process_case(&work, &case);
-            run_process_case(&work, &bin, &case);
-            let (want, want_fallback) =
-                fixtures::run_process(&dev, &case).expect("reference process_logits");
-            let got = work.read::<u32>("processed.out");
-            let label = format!(
-                "{dtype} process_logits case {k}: vocab {vocab} logits {logits} hostile {hostile}"
-            );
-            for r in 0..case.rows {
-                let span = r * vocab..(r + 1) * vocab;
-                assert_eq!(
-                    got[span.clone()],
-                    want[span],
-                    "{label}: processed row {r} (slot {})",
-                    case.batch_id[r]
+            for block in process_blocks(case.rows) {
+                run_process_case(&work, &bin, &case, block);
+                let (want, want_fallback) = fixtures::run_process_block(&dev, &case, block)
+                    .expect("reference process_logits");
+                let got = work.read::<u32>("processed.out");
+                let label = format!(
+                    "{dtype} process_logits case {k}: vocab {vocab} logits {logits} hostile \
+                     {hostile} block {block:?}"
                 );
+                let RowBlock { first, rows } = block.unwrap_or(RowBlock {
+                    first: 0,
+                    rows: case.rows,
+                });
+                assert_eq!(got.len(), rows * vocab, "{label}: processed length");
+                for i in 0..rows {
+                    let span = i * vocab..(i + 1) * vocab;
+                    assert_eq!(
+                        got[span.clone()],
+                        want[span],
+                        "{label}: processed row {i} (scores row {}, slot {})",
+                        first + i,
+                        case.batch_id[first + i]
+                    );
+                }
+                assert_eq!(
+                    work.read::<i32>("fallback.out"),
+                    want_fallback,
+                    "{label}: fallback"
+                );
+                checked += rows;
             }
-            assert_eq!(
-                work.read::<i32>("fallback.out"),
-                want_fallback,
-                "{label}: fallback"
-            );
-            checked += case.rows;
         }
     }
     assert!(checked > 0);

@@ -1,4 +1,6 @@
-// process_logits (docs/semantics.md §4c, §5.12): one workgroup per row.
+// process_logits (docs/semantics.md §4c, §5.12): one workgroup per row of the block. Output row
+// `row0 + g` of the chunk is scores row `first + row0 + g`: the scores chunk is bound from that
+// row, and every other per-row input (layout, temperature, bitmask) is read at it.
 //
 // (a) The row's slot and position, or a padding row (every token masked, fallback -1).
 // (b) A dense pass over the row: the masks of `allowed` and `bitmask`, and for logits rows the
@@ -17,7 +19,8 @@
 // `struct ProcessLogitsArgs` is generated from its `kernel_args!` declaration in src/ops/process_logits.rs.
 
 @group(0) @binding(0) var<uniform> p: ProcessLogitsArgs;
-// logits or probs [rows, vocab] of the chunk (f32 words, or packed f16/bf16)
+// logits or probs [rows, vocab] of the chunk, from scores row first + row0 (f32 words, or packed
+// f16/bf16)
 @group(0) @binding(1) var<storage, read> scores: array<u32>;
 // logits rows: the per-row temperature (f32 bits); otherwise a stand-in, never read
 @group(0) @binding(2) var<storage, read> temperature: array<u32>;
@@ -41,7 +44,7 @@
 // with `has_allowed` / `has_bitmask`; otherwise stand-ins, never read
 @group(0) @binding(19) var<storage, read> allowed: array<u32>;
 @group(0) @binding(20) var<storage, read> bitmask: array<u32>;
-// [rows, vocab] f32 bits of the chunk
+// [rows, vocab] f32 bits of the chunk (output rows row0 ..)
 @group(0) @binding(21) var<storage, read_write> processed: array<u32>;
 @group(0) @binding(22) var<storage, read_write> fallback: array<i32>;
 
@@ -235,7 +238,7 @@ fn list_range(start: i32, end: i32, len: u32) -> vec2<u32> {
 /// token (dense masks, the slot's bias for it when `has_bias`, its count with the drafts before
 /// the row).
 fn full_logit(g: u32, dt: u32, t: u32, has_bias: bool, bias: u32, st: RowState) -> u32 {
-    let row = p.row0 + g;
+    let row = p.first + p.row0 + g;
     if dense_masked(st.b, row, t) {
         return MASKED;
     }
@@ -350,7 +353,9 @@ fn process_logits_main(g: u32, lid: u32, dt: u32) {
     if g >= p.rows {
         return;
     }
-    let row = p.row0 + g;
+    // The output row, and the scores row every per-row input is read at.
+    let out_row = p.row0 + g;
+    let row = p.first + out_row;
     let vocab = p.vocab;
     let base = p.processed_off + g * vocab;
     var masked_value = 0u;
@@ -393,7 +398,7 @@ fn process_logits_main(g: u32, lid: u32, dt: u32) {
             processed[base + v] = masked_value;
         }
         if lid == 0u {
-            fallback[p.fallback_off + row] = -1;
+            fallback[p.fallback_off + out_row] = -1;
         }
         return;
     }
@@ -437,7 +442,7 @@ fn process_logits_main(g: u32, lid: u32, dt: u32) {
     }
     let best = row_best(lid, bk, bi);
     if lid == 0u {
-        fallback[p.fallback_off + row] = select(i32(best.y), -1, best.y == 0xffffffffu);
+        fallback[p.fallback_off + out_row] = select(i32(best.y), -1, best.y == 0xffffffffu);
     }
     // (e) min_p, from the weights of the processed row, and the masked tokens' final value.
     var weigh = by_key();

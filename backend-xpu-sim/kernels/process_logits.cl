@@ -1,4 +1,5 @@
-// process_logits (docs/semantics.md 5.12, 4c): one cluster per row, in four barrier phases.
+// process_logits (docs/semantics.md 5.12, 4c): one cluster per row of the block (`rows` rows from
+// scores row `first`; output row i is scores row first + i), in four barrier phases.
 //  1. Dense (every core, its contiguous slice): the masks of `allowed` and `bitmask`, and for a
 //     logits row the float steps with the slot's table counts and no bias; a padding row (no slot)
 //     masks every token.
@@ -121,9 +122,11 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
     const uint has_allowed = args.has_allowed, has_bitmask = args.has_bitmask;
     const ulong mml = args.max_model_len;
     __local Scratch S[1];
-    FOR_CLUSTER_ROWS(r, rows) {
+    FOR_CLUSTER_ROWS(i, rows) {
+        // Output row i is scores row r = first + i: every per-row input is read at r.
+        const uint r = args.first + i;
         __global const T_STORE* row = matrix + (ulong)r * V;
-        __global uint* out = processed + (ulong)r * V;
+        __global uint* out = processed + (ulong)i * V;
         // (a) The row's slot and position (uniform over the cluster).
         int bid = batch_id[r];
         bool valid = bid >= 0 && (uint)bid < real_bsz;
@@ -241,7 +244,7 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
             if (key > best_key) { best_key = key; best_id = v; }
         }
         KeyId best = cluster_max(best_key, best_id, S);
-        if (LID == 0u) fallback[r] = best.key == 0u ? -1 : (int)best.id;
+        if (LID == 0u) fallback[i] = best.key == 0u ? -1 : (int)best.id;
 
         // (e) min_p: w * 2^24 < MINP * w_max drops the token; masked tokens get their value.
 #if LOGITS

@@ -27,8 +27,8 @@ use half::{bf16, f16};
 use specula_backend_api::ops::process_logits::mask_words;
 use specula_backend_api::ops::{
     BatchDims, CandidatesInputs, CandidatesOutputs, CandidatesParams, DecodeState, OutputLayout,
-    ProcessInputs, ProcessOutputs, ProcessParams, RowShape, SampleInputs, SampleParams, Scores,
-    SlotProcessing, TokenHistory, UpdateStateInputs, UpdateStateParams,
+    ProcessInputs, ProcessOutputs, ProcessParams, RowBlock, RowShape, SampleInputs, SampleParams,
+    Scores, SlotProcessing, TokenHistory, UpdateStateInputs, UpdateStateParams,
 };
 use specula_backend_api::{Buffer, DType, Device, DeviceExt, Result};
 
@@ -735,6 +735,17 @@ pub type ProcessOut = (Vec<u32>, Vec<i32>);
 
 /// Uploads `c` to `device`, runs `process_logits` and downloads its outputs.
 pub fn run_process(device: &dyn Device, c: &ProcessCase) -> Result<ProcessOut> {
+    run_process_block(device, c, None)
+}
+
+/// [`run_process`] on the rows of `block` only (every row when `None`): the outputs hold the
+/// block's rows.
+pub fn run_process_block(
+    device: &dyn Device,
+    c: &ProcessCase,
+    block: Option<RowBlock>,
+) -> Result<ProcessOut> {
+    let rows = block.map_or(c.rows, |b| b.rows);
     let scores = upload_scores(device, &c.scores, c.dtype)?;
     let temperature = device.upload(&c.temperature)?;
     let cu_out = device.upload(&c.cu_out)?;
@@ -755,8 +766,8 @@ pub fn run_process(device: &dyn Device, c: &ProcessCase) -> Result<ProcessOut> {
     let bad_words = device.upload(&c.bad_words)?;
     let allowed = c.allowed.as_deref().map(|a| device.upload(a)).transpose()?;
     let bitmask = c.bitmask.as_deref().map(|m| device.upload(m)).transpose()?;
-    let mut processed = device.alloc::<f32>(c.rows * c.vocab)?;
-    let mut fallback = device.alloc::<i32>(c.rows)?;
+    let mut processed = device.alloc::<f32>(rows * c.vocab)?;
+    let mut fallback = device.alloc::<i32>(rows)?;
     let scores = if c.logits {
         Scores::logits(&scores, &temperature)
     } else {
@@ -800,7 +811,7 @@ pub fn run_process(device: &dyn Device, c: &ProcessCase) -> Result<ProcessOut> {
                 rows: c.rows,
                 vocab: c.vocab,
             },
-            block: None,
+            block,
             max_model_len: c.max_model_len,
             host: None,
         },

@@ -1,7 +1,7 @@
 //! `process_logits` (`docs/semantics.md` §5.12, §4c): masks, logit bias, penalties and min_p on
 //! every output row from the row's own history, and each row's fallback token, one block per row
-//! (`kernels/process_logits.cu`), on probability rows or logits rows (f32, f16 or bf16 in, f32
-//! out).
+//! of the call's row block (`kernels/process_logits.cu`: output row `i` is scores row
+//! `first + i`), on probability rows or logits rows (f32, f16 or bf16 in, f32 out).
 
 use specula_backend_api::ops::ProcessLogitsCall;
 use specula_backend_api::{Op, Result};
@@ -12,13 +12,14 @@ use crate::device::CudaDevice;
 use crate::kernels::{Instance, KernelFile};
 use crate::launch::ROW_BLOCK;
 
-/// Launches `process_logits` over the call's rows.
+/// Launches `process_logits` over the rows of the call's block.
 pub(crate) fn run(device: &CudaDevice, mut call: ProcessLogitsCall<'_, '_>) -> Result<()> {
     let op = Op::ProcessLogits;
     let (inputs, out, params, &kind) = call.parts();
     let (h, s) = (&inputs.history, &inputs.slots);
     let shape = &params.shape;
     let dims = &params.dims;
+    let block = params.row_block();
     let args = ProcessArgs {
         scores: device.ptr(op, inputs.scores.matrix())?,
         temperature: device.opt_ptr(op, inputs.scores.temperature())?,
@@ -47,7 +48,8 @@ pub(crate) fn run(device: &CudaDevice, mut call: ProcessLogitsCall<'_, '_>) -> R
         n_end: s.end_tokens.len() as u64,
         n_bias: s.bias_ids.len() as u64,
         n_bad_words: s.bad_words.len() as u64,
-        rows: grid_x(op, shape.rows)?,
+        first: block.first as u64,
+        rows: grid_x(op, block.rows)?,
         vocab: to_u32(op, "vocab", shape.vocab)?,
         real_bsz: to_u32(op, "real_bsz", dims.real_bsz)?,
         logits: flag(kind.logits),

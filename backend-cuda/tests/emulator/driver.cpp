@@ -16,7 +16,8 @@
 //                     MIN_N MAX_N N_END   (layout, sampling params, gather, update_state, ngram)
 //   driver counts     DIR <the batch arguments> VOCAB   (update_state with token_counts)
 //   driver process    DIR ROWS VOCAB MAX_BSZ REAL_BSZ S MAX_MODEL_LEN N_END N_BIAS N_BAD LOGITS
-//                     ALLOWED BITMASK   (process_logits -> processed fallback)
+//                     ALLOWED BITMASK [FIRST BLOCK_ROWS]   (process_logits -> processed fallback;
+//                     with FIRST BLOCK_ROWS only that block of the ROWS rows, into BLOCK_ROWS rows)
 
 #include <string>
 
@@ -252,9 +253,14 @@ static void run_logprobs(const Run& run) {
 }
 
 static void run_process(const Run& run) {
-    const u32 rows = (u32)run.arg(3), vocab = (u32)run.arg(4);
+    const u32 vocab = (u32)run.arg(4);
+    // The block: every row, or rows FIRST .. FIRST + BLOCK_ROWS of the scores.
+    const bool block = run.argc > 16;
+    const u64 first = block ? run.arg(15) : 0;
+    const u32 rows = block ? (u32)run.arg(16) : (u32)run.arg(3);
     ProcessArgs a;
     memset(&a, 0, sizeof a);
+    a.first = first;
     a.rows = rows;
     a.vocab = vocab;
     a.real_bsz = (u32)run.arg(6);

@@ -1,9 +1,10 @@
 //! `process_logits` (`shaders/process_logits.wgsl`, `docs/semantics.md` §4c, §5.12): one workgroup
-//! per row, one dispatch per row chunk of the `processed` matrix (f32, so its chunks also fit the
-//! input's bindings, whose elements are at most as wide).
+//! per row of the block, one dispatch per row chunk of the `processed` matrix (f32, so its chunks
+//! also fit the input's bindings, whose elements are at most as wide). Output row `i` is the
+//! processing of scores row `first + i` of the block.
 
-use specula_backend_api::ops::ProcessLogitsCall;
 use specula_backend_api::ops::process_logits::mask_words;
+use specula_backend_api::ops::{ProcessLogitsCall, RowShape};
 use specula_backend_api::{Op, Result};
 
 use super::{row_chunk_dispatches, u};
@@ -15,13 +16,16 @@ use crate::kernels::{ArgsStruct, Entry, Kernel};
 pub(crate) const STORAGE_BUFFERS: u32 = 22;
 
 specula_backend_api::kernel_args! {
-    /// `process_logits_<dtype>`: rows `row0 ..` of the chunk bound at `scores` and `processed`
-    /// (logits with their per-row `temperature` when `logits` is 1), the shape, the lengths of
-    /// the lists, whether `allowed` and `bitmask` are given, and the offset of every buffer.
+    /// `process_logits_<dtype>`: output rows `row0 ..` of the chunk bound at `processed`, which
+    /// are scores rows `first + row0 ..` of the chunk bound at `scores` (logits with their
+    /// per-row `temperature` when `logits` is 1; every per-row input is read at the scores row),
+    /// the shape, the lengths of the lists, whether `allowed` and `bitmask` are given, and the
+    /// offset of every buffer.
     pub(crate) struct ProcessLogitsArgs {
         rows: u32,
         vocab: u32,
         row0: u32,
+        first: u32,
         real_bsz: u32,
         step_tokens: u32,
         max_model_len: u32,
@@ -68,6 +72,7 @@ pub(crate) fn run(device: &WgpuDevice, mut call: ProcessLogitsCall<'_, '_>) -> R
     let op = Op::ProcessLogits;
     let (inputs, out, params, &kind) = call.parts();
     let shape = &params.shape;
+    let block = params.row_block();
     let dims = &params.dims;
     let (h, s) = (&inputs.history, &inputs.slots);
     let processed: &specula_backend_api::Buffer = out.processed;
@@ -77,12 +82,17 @@ pub(crate) fn run(device: &WgpuDevice, mut call: ProcessLogitsCall<'_, '_>) -> R
         op,
         (&PROCESS, kind.dtype),
         processed,
-        shape,
+        &RowShape {
+            rows: block.rows,
+            vocab: shape.vocab,
+        },
         |b, chunk| {
+            let scores_rows = (block.first + chunk.0, block.first + chunk.1);
             Ok(ProcessLogitsArgs {
                 rows: u(chunk.1 - chunk.0),
                 vocab: u(shape.vocab),
                 row0: u(chunk.0),
+                first: u(block.first),
                 real_bsz: u(dims.real_bsz),
                 step_tokens: u(dims.max_step_tokens),
                 max_model_len: u(params.max_model_len),
@@ -93,7 +103,7 @@ pub(crate) fn run(device: &WgpuDevice, mut call: ProcessLogitsCall<'_, '_>) -> R
                 bad_words_len: u(s.bad_words.len()),
                 has_allowed: u32::from(s.allowed.is_some()),
                 has_bitmask: u32::from(inputs.bitmask.is_some()),
-                scores_off: b.rows(1, inputs.scores.matrix(), shape.vocab, chunk)?,
+                scores_off: b.rows(1, inputs.scores.matrix(), shape.vocab, scores_rows)?,
                 // Probability rows read no temperature: `penalties` stands in (read-only).
                 temperature_off: b.buffer(2, inputs.scores.temperature().unwrap_or(s.penalties))?,
                 cu_out_off: b.buffer(3, inputs.layout.cu_seqlens_q_output)?,

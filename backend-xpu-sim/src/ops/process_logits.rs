@@ -10,7 +10,8 @@ use crate::runtime::{KernelBuffers, Runtime};
 
 specula_backend_api::kernel_args! {
     /// The parameters of `process_logits_<dtype>` (`temperature`: logits rows only; `allowed` and
-    /// `bitmask`: the placeholder and a 0 flag when absent; `pad`: always 0).
+    /// `bitmask`: the placeholder and a 0 flag when absent). `rows` rows of the block starting at
+    /// scores row `first`: output row `i` is the processing of scores row `first + i`.
     pub(crate) struct ProcessLogitsArgs {
         matrix_offset: u64,
         temperature_offset: u64,
@@ -44,7 +45,7 @@ specula_backend_api::kernel_args! {
         num_bad_words: u32,
         has_allowed: u32,
         has_bitmask: u32,
-        pad: u32,
+        first: u32,
     }
 }
 
@@ -56,6 +57,7 @@ pub(crate) fn run(runtime: &Runtime, mut call: ProcessLogitsCall<'_, '_>) -> Res
     let (inputs, out, params, kind) = call.parts();
     let (key, entry) = scores_program(Op::ProcessLogits, *kind);
     let (h, s) = (&inputs.history, &inputs.slots);
+    let block = params.row_block();
     let mut buffers = KernelBuffers::default();
     let args = ProcessLogitsArgs {
         matrix_offset: buffers.bind(inputs.scores.matrix())?,
@@ -81,7 +83,7 @@ pub(crate) fn run(runtime: &Runtime, mut call: ProcessLogitsCall<'_, '_>) -> Res
         processed_offset: buffers.bind(out.processed)?,
         fallback_offset: buffers.bind(out.fallback)?,
         max_model_len: params.max_model_len as u64,
-        rows: count(params.shape.rows),
+        rows: count(block.rows),
         vocab: count(params.shape.vocab),
         max_step_tokens: count(params.dims.max_step_tokens),
         real_bsz: count(params.dims.real_bsz),
@@ -90,7 +92,7 @@ pub(crate) fn run(runtime: &Runtime, mut call: ProcessLogitsCall<'_, '_>) -> Res
         num_bad_words: count(s.bad_words.len()),
         has_allowed: flag(s.allowed.is_some()),
         has_bitmask: flag(inputs.bitmask.is_some()),
-        pad: 0,
+        first: count(block.first),
     };
     runtime.launch(&key, &entry, &buffers, &args)
 }
