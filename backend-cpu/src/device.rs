@@ -13,6 +13,25 @@ use specula_backend_api::host;
 /// between `process_logits` and the sampling op, instead of going to memory and back.
 pub(crate) const ROW_BLOCK_BYTES: usize = 8 << 20;
 
+/// The row block of a new device: `SPECULA_CPU_ROW_BLOCK_BYTES` when set (0: no blocks, every
+/// row at once), else [`ROW_BLOCK_BYTES`]. A value that is not a number is logged and ignored.
+fn row_block_bytes() -> Option<usize> {
+    let Ok(text) = std::env::var("SPECULA_CPU_ROW_BLOCK_BYTES") else {
+        return Some(ROW_BLOCK_BYTES);
+    };
+    match text.trim().parse::<usize>() {
+        Ok(0) => None,
+        Ok(bytes) => Some(bytes),
+        Err(_) => {
+            tracing::warn!(
+                value = %text,
+                "SPECULA_CPU_ROW_BLOCK_BYTES is not a byte count; using {ROW_BLOCK_BYTES}"
+            );
+            Some(ROW_BLOCK_BYTES)
+        }
+    }
+}
+
 /// The production CPU device. Ops run on its own `rayon` pool.
 #[derive(Debug)]
 pub struct CpuDevice {
@@ -49,7 +68,7 @@ impl CpuDevice {
             max_buffer_bytes: None,
             logits: true,
             processing: true,
-            row_block_bytes: Some(ROW_BLOCK_BYTES),
+            row_block_bytes: row_block_bytes(),
         };
         Ok(CpuDevice {
             desc: DeviceDesc::new(info, capabilities),
@@ -58,9 +77,9 @@ impl CpuDevice {
     }
 
     /// The same device, asking callers to process and sample `bytes` of `f32` rows at a time
-    /// ([`Capabilities::row_block_bytes`]; `None`: every row at once). The default is 8 MiB; the
-    /// results never depend on it (each row is processed and sampled on its own), only the
-    /// traffic to memory does.
+    /// ([`Capabilities::row_block_bytes`]; `None`: every row at once). The default is 8 MiB, or
+    /// `SPECULA_CPU_ROW_BLOCK_BYTES` (0: no blocks); the results never depend on it (each row is
+    /// processed and sampled on its own), only the traffic to memory does.
     pub fn with_row_block_bytes(mut self, bytes: Option<usize>) -> Self {
         self.desc.capabilities.row_block_bytes = bytes;
         self
