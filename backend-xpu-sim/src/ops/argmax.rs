@@ -32,3 +32,8 @@ pub(crate) fn run(runtime: &Runtime, mut call: ArgmaxCall<'_>) -> Result<()> {
     };
     runtime.launch(&key, &entry, &buffers, &args)
 }
+
+/// The programs `run` may launch: one per float dtype (what the warm-up builds).
+pub(crate) fn programs() -> Vec<super::Program> {
+    super::float_programs(Op::Argmax)
+}

@@ -46,3 +46,8 @@ pub(crate) fn run(runtime: &Runtime, mut call: BuildOutputLayoutCall<'_, '_>) ->
     let (key, entry) = batch_program(Op::BuildOutputLayout);
     runtime.launch(&key, &entry, &buffers, &args)
 }
+
+/// The one program `run` launches (what the warm-up builds).
+pub(crate) fn programs() -> Vec<super::Program> {
+    vec![super::single(batch_program(Op::BuildOutputLayout))]
+}

@@ -59,3 +59,8 @@ pub(crate) fn run(runtime: &Runtime, mut call: BuildSamplingParamsCall<'_, '_>) 
     let (key, entry) = batch_program(Op::BuildSamplingParams);
     runtime.launch(&key, &entry, &buffers, &args)
 }
+
+/// The one program `run` launches (what the warm-up builds).
+pub(crate) fn programs() -> Vec<super::Program> {
+    vec![super::single(batch_program(Op::BuildSamplingParams))]
+}

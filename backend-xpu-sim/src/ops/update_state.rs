@@ -69,3 +69,8 @@ pub(crate) fn run(runtime: &Runtime, mut call: UpdateStateCall<'_, '_>) -> Resul
     let (key, entry) = batch_program(Op::UpdateState);
     runtime.launch(&key, &entry, &buffers, &args)
 }
+
+/// The one program `run` launches (what the warm-up builds).
+pub(crate) fn programs() -> Vec<super::Program> {
+    vec![super::single(batch_program(Op::UpdateState))]
+}
