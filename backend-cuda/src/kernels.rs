@@ -210,7 +210,7 @@ fn element_tag(dtype: DType) -> &'static str {
 }
 
 /// The `-D` defines shared with the Rust side, generated from [`abi`], the constants of contract
-/// §3b ([`logit_weights`], and the bounds of its `sanitize_logit` as f32 bit patterns) and the
+/// §4b ([`logit_weights`], and the bounds of its `sanitize_logit` as f32 bit patterns) and the
 /// launch constants.
 pub fn defines() -> Vec<(String, String)> {
     let d = |name: &str, value: String| (format!("SPECULA_{name}"), value);
@@ -381,7 +381,7 @@ mod tests {
 
     #[test]
     fn the_logit_bounds_are_those_of_the_contract() {
-        // 2^-76 and 2^64 (contract §3b step 1).
+        // 2^-76 and 2^64 (`docs/semantics.md` §4b step 1).
         assert_eq!(logit_tiny_bits(), 0x1980_0000);
         assert_eq!(sanitize_logit(f32::MAX).to_bits(), 0x5f80_0000);
         let defines = defines();

@@ -222,7 +222,7 @@ pub(crate) fn prelude() -> String {
     )
 }
 
-/// The constants of contract §3b from `backend_api::logit_weights`: `LOG2E_Q63` as two halves,
+/// The constants of `docs/semantics.md` §4b from `backend_api::logit_weights`: `LOG2E_Q63` as two halves,
 /// the gap's fraction bits and limit, the polynomial's coefficients `EXP2_A0 ..= EXP2_A6`, and the
 /// bounds of its `sanitize_logit` as f32 bit patterns.
 fn logits_prelude() -> String {

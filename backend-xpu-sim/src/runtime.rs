@@ -494,7 +494,7 @@ fn base_options(launch: LaunchConfig) -> String {
         ("CORES", launch.cores.to_string()),
         ("TILE", TILE.to_string()),
     ];
-    // No fast-math option: the gap of contract §3b is one IEEE f32 subtraction (common.cl).
+    // No fast-math option: the gap of `docs/semantics.md` §4b is one IEEE f32 subtraction (common.cl).
     let mut options = String::from("-cl-std=CL1.2 -cl-fp32-correctly-rounded-divide-sqrt");
     for (name, value) in defines.into_iter().chain(logits_defines()) {
         options.push_str(&format!(" -D {name}={value}"));
@@ -502,7 +502,7 @@ fn base_options(launch: LaunchConfig) -> String {
     options
 }
 
-/// The `-D` options of contract §3b: the constants of `backend_api::logit_weights` and the bounds
+/// The `-D` options of `docs/semantics.md` §4b: the constants of `backend_api::logit_weights` and the bounds
 /// of its `sanitize_logit` as f32 bit patterns.
 fn logits_defines() -> [(&'static str, String); 6] {
     let coefficients: Vec<String> = logit_weights::EXP2_COEFFICIENTS

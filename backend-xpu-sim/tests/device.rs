@@ -224,7 +224,7 @@ fn accept_logprobs_packs_a_batch_without_rows() -> TestResult {
     Ok(())
 }
 
-/// The scaled logit is `(l − m) / T` (contract §4.8, §4.9): logits whose quotients by a tiny
+/// The scaled logit is `(l − m) / T` (`docs/semantics.md` §5.11, §5.5): logits whose quotients by a tiny
 /// temperature would overflow to +inf stay finite differences from the maximum, so the
 /// log-probabilities tend to the one-hot of `T = 0` instead of a uniform row over the overflowed
 /// entries. (`softmax` of such rows is the golden case `tiny_temperature_one_hot`.)

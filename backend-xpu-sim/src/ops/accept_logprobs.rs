@@ -1,4 +1,4 @@
-//! `accept_logprobs` (contract §4.8, `kernels/accept_logprobs.cl`), two kernels:
+//! `accept_logprobs` (`docs/semantics.md` §5.11, `kernels/accept_logprobs.cl`), two kernels:
 //! `accept_logprobs_pack` (cluster 0 packs the accepted tokens and writes `cu_accept`; it runs on
 //! every call, even one without rows, since the front never skips this op), then
 //! `accept_logprobs_<dtype>` (one cluster per packed entry scores it).

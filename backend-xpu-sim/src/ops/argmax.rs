@@ -1,4 +1,4 @@
-//! `argmax` (contract §4.2, `kernels/argmax.cl`): one cluster per row.
+//! `argmax` (`docs/semantics.md` §5.4, `kernels/argmax.cl`): one cluster per row.
 
 use specula_backend_api::ops::ArgmaxCall;
 use specula_backend_api::{Op, Result};

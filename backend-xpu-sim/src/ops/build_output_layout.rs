@@ -1,4 +1,4 @@
-//! `build_output_layout` (contract §1–2, `kernels/build_output_layout.cl`): a batch kernel on
+//! `build_output_layout` (`docs/semantics.md` §5.1, `kernels/build_output_layout.cl`): a batch kernel on
 //! cluster 0.
 
 use specula_backend_api::ops::BuildOutputLayoutCall;

@@ -1,4 +1,4 @@
-//! `build_sampling_params` (contract §2, `kernels/build_sampling_params.cl`): one output row per
+//! `build_sampling_params` (`docs/semantics.md` §5.3, `kernels/build_sampling_params.cl`): one output row per
 //! core.
 
 use specula_backend_api::ops::BuildSamplingParamsCall;

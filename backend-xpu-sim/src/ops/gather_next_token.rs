@@ -1,4 +1,4 @@
-//! `gather_next_token` (contract §4.1, `kernels/gather_next_token.cl`): one cluster per output row,
+//! `gather_next_token` (`docs/semantics.md` §5.2, `kernels/gather_next_token.cl`): one cluster per output row,
 //! a bit copy.
 
 use specula_backend_api::ops::GatherNextTokenCall;

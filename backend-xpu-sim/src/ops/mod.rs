@@ -114,7 +114,7 @@ pub(crate) fn float_program(op: Op, dtype: DType) -> (ProgramKey, String) {
 }
 
 /// The program and entry point (`<op>_<dtype>`) of a sampling op over `kind`'s rows: probabilities,
-/// or logits (`LOGITS=1`: each row weighed by contract §3b at its temperature).
+/// or logits (`LOGITS=1`: each row weighed by `docs/semantics.md` §4b at its temperature).
 pub(crate) fn scores_program(op: Op, kind: ScoresKind) -> (ProgramKey, String) {
     let entry = op.entry_point(kind.dtype);
     let key = program(

@@ -1,4 +1,4 @@
-//! `ngram_match` (contract §4.7, `kernels/ngram_match.cl`), two kernels: `ngram_match_i32` (one
+//! `ngram_match` (`docs/semantics.md` §5.10, `kernels/ngram_match.cl`), two kernels: `ngram_match_i32` (one
 //! cluster per decode slot searches and writes a proposal to scratch), then
 //! `ngram_match_i32_budget` (one cluster grants the global draft budget in slot order).
 

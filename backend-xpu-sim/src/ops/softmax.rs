@@ -1,4 +1,4 @@
-//! `softmax` (contract §4.9, `kernels/softmax.cl`): one cluster per row, f32 throughout.
+//! `softmax` (`docs/semantics.md` §5.5, `kernels/softmax.cl`): one cluster per row, f32 throughout.
 
 use specula_backend_api::ops::SoftmaxCall;
 use specula_backend_api::{Op, Result};

@@ -1,5 +1,5 @@
-//! `top_k_top_p_sample` (contract §4.3, `kernels/top_k_top_p_sample.cl`): one cluster per row; rows
-//! of probabilities or of logits (§3b).
+//! `top_k_top_p_sample` (`docs/semantics.md` §5.6, `kernels/top_k_top_p_sample.cl`): one cluster per row; rows
+//! of probabilities or of logits (§4b).
 
 use specula_backend_api::ops::TopKTopPSampleCall;
 use specula_backend_api::{Op, Result};

@@ -1,5 +1,5 @@
-//! `top_p_candidates` (contract §4.4, `kernels/top_p_candidates.cl`): one cluster per row; rows of
-//! probabilities or of logits (§3b).
+//! `top_p_candidates` (`docs/semantics.md` §5.7, `kernels/top_p_candidates.cl`): one cluster per row; rows of
+//! probabilities or of logits (§4b).
 
 use specula_backend_api::ops::TopPCandidatesCall;
 use specula_backend_api::{Op, Result};

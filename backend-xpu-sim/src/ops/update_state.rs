@@ -1,4 +1,4 @@
-//! `update_state` (contract §4.6, `kernels/update_state.cl`): one slot per core.
+//! `update_state` (`docs/semantics.md` §5.9, `kernels/update_state.cl`): one slot per core.
 
 use specula_backend_api::ops::UpdateStateCall;
 use specula_backend_api::{Op, Result};

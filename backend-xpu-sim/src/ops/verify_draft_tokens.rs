@@ -1,6 +1,6 @@
-//! `verify_draft_tokens` (contract §4.5, `kernels/verify_draft_tokens.cl`): one cluster per slot;
+//! `verify_draft_tokens` (`docs/semantics.md` §5.8, `kernels/verify_draft_tokens.cl`): one cluster per slot;
 //! the strategy is a build option (`STRATEGY`), and so is the kind of REJECTION's rows
-//! (`LOGITS`: logits weighed by §3b, the draft rows at the temperature of their output row).
+//! (`LOGITS`: logits weighed by §4b, the draft rows at the temperature of their output row).
 
 use specula_backend_api::ops::{Strategy, StrategyInputs, VerifyDraftTokensCall};
 use specula_backend_api::{Buffer, DType, Op, Result};
