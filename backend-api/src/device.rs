@@ -70,6 +70,18 @@ pub trait Device: Backend {
         self.run_synchronize()
     }
 
+    /// Builds every kernel the device would otherwise build at the first call that needs it
+    /// (WGSL pipelines, OpenCL programs, NVRTC modules), for every op it runs and every dtype it
+    /// supports, so that no later op call pays a compile. Call it once after opening the device
+    /// (a runner: after `Decoder::new`, before the first step); it is idempotent, and a device
+    /// without compiled kernels (CPU, reference) returns `Ok(())` at once. A kernel that fails to
+    /// build is [`Error::KernelBuild`] naming the op's kernel. Opens a `specula_warm_up` span.
+    fn warm_up(&self) -> Result<()> {
+        let _span =
+            debug_span!("specula_warm_up", backend = self.desc().info.kind.name()).entered();
+        self.run_warm_up()
+    }
+
     /// Computes the output layout (§5.1): rows per slot, the input and output prefix sums and the
     /// slot of each output row.
     fn build_output_layout(

@@ -79,4 +79,15 @@ impl Capabilities {
             _ => self.float_dtypes.contains(&dtype),
         }
     }
+
+    /// Whether the device runs `op` at all (`process_logits` needs [`Capabilities::processing`];
+    /// every other op of the table runs on every device). What a backend's warm-up builds
+    /// kernels for.
+    pub fn runs(&self, op: Op) -> bool {
+        match op {
+            Op::Memory => false,
+            Op::ProcessLogits => self.processing,
+            _ => true,
+        }
+    }
 }

@@ -1,4 +1,4 @@
-// accept_logprobs (contract §4.8): log-probabilities, ranks and top-K of the accepted tokens.
+// accept_logprobs (`docs/semantics.md` §5.11): log-probabilities, ranks and top-K of the accepted tokens.
 //
 // `accept_logprobs_pack` (one block): the exclusive prefix sum of the accepted counts and, per
 // packed entry, its slot and position (scratch). `accept_logprobs`: one block per packed entry

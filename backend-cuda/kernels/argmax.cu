@@ -1,4 +1,4 @@
-// argmax (contract §4.2): per row, the id of the largest value; NaN ranks below every number,
+// argmax (`docs/semantics.md` §5.4): per row, the id of the largest value; NaN ranks below every number,
 // -0 equals +0, ties go to the lowest id. One block per row; the order is total, so the parallel
 // reduction gives the CPU's answer bit for bit.
 

@@ -1,4 +1,4 @@
-// build_output_layout (contract §1): rows per slot, the packed-input and output prefix sums, and
+// build_output_layout (`docs/semantics.md` §5.1): rows per slot, the packed-input and output prefix sums, and
 // the slot of every output row (-1 for padding rows). One block: two saturating prefix scans over
 // the slots, then every output row finds its slot by binary search in cu_seqlens_q_output.
 

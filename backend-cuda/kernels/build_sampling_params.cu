@@ -1,4 +1,4 @@
-// build_sampling_params (contract §2): per output row, its slot's top_p, top_k and temperature,
+// build_sampling_params (`docs/semantics.md` §5.3): per output row, its slot's top_p, top_k and temperature,
 // and the seed (infer_seed + 4·j) mod MAX_INFER_SEED of its position j; padding rows get
 // top_p 1, top_k 0, temperature 1, seed 0. One thread per output row.
 

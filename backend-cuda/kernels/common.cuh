@@ -98,7 +98,7 @@ __device__ __forceinline__ void load4<BF16>(const unsigned short* __restrict__ r
 }
 
 // ---------------------------------------------------------------------------------------------
-// Exact 128- and 192-bit helpers (contract §3: "C · 2^24 ≥ P · W" needs up to 108 bits, the
+// Exact 128- and 192-bit helpers (`docs/semantics.md` §4: "C · 2^24 ≥ P · W" needs up to 108 bits, the
 // REJECTION residual 101, its acceptance test 133 on logits rows). Built on __umul64hi so they do
 // not depend on compiler support for __int128.
 
@@ -180,7 +180,7 @@ __device__ __forceinline__ bool u192_lt(u192 a, u192 b) {
 __device__ __forceinline__ u64 u128_shr_fit(u128 a, u32 s) { return s == 0 ? a.lo : u128_shr_lo(a, s); }
 
 // ---------------------------------------------------------------------------------------------
-// Philox4x32-10 and the draw of a token seed for a purpose (contract §2).
+// Philox4x32-10 and the draw of a token seed for a purpose (`docs/semantics.md` §3).
 
 __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
 #pragma unroll
@@ -218,7 +218,7 @@ __device__ __forceinline__ u64 row_seed(u64 infer_seed, u64 j) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Fixed-point weights, rank keys and top-p (contract §3).
+// Fixed-point weights, rank keys and top-p (`docs/semantics.md` §4).
 
 // sanitize(p): 0 for NaN and p <= 0, 1 for p > 1 (and +inf), else p.
 __device__ __forceinline__ float sanitize_prob(float p) {
@@ -287,7 +287,7 @@ __device__ __forceinline__ bool reaches_top_p(u64 c, u64 p_fixed, u64 total) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Weights from logits (contract §3b): `specula_backend_api::logit_weights`, step for step. The
+// Weights from logits (`docs/semantics.md` §4b): `specula_backend_api::logit_weights`, step for step. The
 // constants arrive as -D defines from that module (SPECULA_LOG2E_Q63, SPECULA_GAP_FRACTION_BITS,
 // SPECULA_GAP_LIMIT, SPECULA_EXP2_COEFFICIENTS) and the bounds of its sanitize_logit as f32 bit
 // patterns (SPECULA_LOGIT_TINY_BITS, SPECULA_LOGIT_HUGE_BITS).
@@ -455,7 +455,7 @@ __device__ __forceinline__ u64 weight_of(const Weigh& w, u32 key) {
     return w.kind == WEIGH_KEYS ? key_weight(key) : logit_key_weight(w, key);
 }
 
-// The score of a logits candidate of weight w in a row of total weight W > 0 (contract §3b), as
+// The score of a logits candidate of weight w in a row of total weight W > 0 (`docs/semantics.md` §4b), as
 // f32: q = floor(w · 2^40 / W) (binary long division; the remainder stays below W <= 2^60), cut
 // to its 24 most significant bits, and score = q · 2^-40, exact in f32.
 __device__ __forceinline__ float candidate_score(u64 w, u64 total) {
@@ -653,7 +653,7 @@ __device__ u32 block_row_argmax(const typename E::raw* __restrict__ row, u32 voc
 // A device-side temperature: negative or NaN counts as 1.0.
 __device__ __forceinline__ float effective_temperature(float t) { return t >= 0.0f ? t : 1.0f; }
 
-// (x - m) / t with NaN read as -inf: the scaled logit of contract §4.9 in a row whose maximum
+// (x - m) / t with NaN read as -inf: the scaled logit of `docs/semantics.md` §5.5 in a row whose maximum
 // logit is the finite m. Subtract first, then divide (f32), so a tiny t tends to the one-hot of
 // t = 0. At t = +inf every finite logit scales to 0 (x - m can overflow to -inf, and -inf / inf
 // would drop it) and a -inf or NaN logit to -inf.
@@ -663,7 +663,7 @@ __device__ __forceinline__ float scaled_logit(float x, float m, float t) {
     return isnan(y) ? -SPECULA_INF : y;
 }
 
-// What a row's softmax needs (contract §4.9).
+// What a row's softmax needs (`docs/semantics.md` §5.5).
 struct RowStats {
     int kind;       // 0 finite, 1 one-hot, 2 +inf maximum, 3 all -inf (or NaN)
     u32 arg;        // one-hot: the argmax
@@ -719,7 +719,7 @@ __device__ RowStats block_row_stats(const typename E::raw* __restrict__ row, u32
 }
 
 // ---------------------------------------------------------------------------------------------
-// Batch layout (contract §1), read from untrusted device buffers: every index is range-checked.
+// Batch layout (`docs/semantics.md` §2), read from untrusted device buffers: every index is range-checked.
 
 // 0 (empty), 1 (prefill) or min(this_time, S) (decode).
 __device__ __forceinline__ u64 slot_output_rows(i32 this_time, i32 encoder, u64 max_step_tokens) {

@@ -1,4 +1,4 @@
-// gather_next_token (contract §4.1): copies, for every output row, the hidden-state row it
+// gather_next_token (`docs/semantics.md` §5.2): copies, for every output row, the hidden-state row it
 // predicts from; zeros for rows without a source. The copy moves bytes in the widest unit that
 // divides the row size and both bases (chosen on the host), so it is bit-exact for every dtype.
 // One block per output row.

@@ -1,4 +1,4 @@
-// ngram_match (contract §4.7): the n-gram draft proposer.
+// ngram_match (`docs/semantics.md` §5.10): the n-gram draft proposer.
 //
 // `ngram_match_propose`: one block per live slot searches, for n from max_ngram_size down to
 // min_ngram_size, the leftmost occurrence of the last n generated tokens first in the prompt,

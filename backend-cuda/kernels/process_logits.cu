@@ -11,7 +11,7 @@
 // drafted tokens before the row (their count delta, and their bias), bias entries (in list order,
 // so the last entry of a token is the one that stays), then the end tokens (min_tokens) and the
 // bad-word bans mask. (d) Fallback: the first unmasked token in rank order (value key descending,
-// then id). (e) min_p drops the tokens whose weight w has w · 2^24 < MINP · w_max (contract §4b
+// then id). (e) min_p drops the tokens whose weight w has w · 2^24 < MINP · w_max (`docs/semantics.md` §4b
 // weights at the row's temperature for logits rows, w(p) for probabilities); masked tokens become
 // -inf (logits) or 0 (probabilities).
 //
@@ -19,7 +19,7 @@
 // processed value can have (every value is sanitized), so the later passes know it.
 //
 // Every float step is one IEEE f32 operation rounded to nearest even (__fadd_rn, __fmul_rn,
-// __fsub_rn: never contracted), each result read through sanitize_logit (contract §4b step 1).
+// __fsub_rn: never contracted), each result read through sanitize_logit (`docs/semantics.md` §4b step 1).
 // Every index into a device buffer is range-checked, whatever the buffers hold.
 
 struct ProcessArgs {

@@ -99,7 +99,7 @@ __device__ __forceinline__ void grid_barrier(RowPart& p) {
 }
 
 // Keys of the sampling rows, in rank order: row_key of the row's weighing w (the bits of
-// sanitize(p) for probability rows, the logit's rank key for logits rows, contract §3b); weights
+// sanitize(p) for probability rows, the logit's rank key for logits rows, `docs/semantics.md` §4b); weights
 // are weight_of, a function of the key that never increases as the key decreases.
 struct RankKeys {
     static const bool has_mass = true;
@@ -346,7 +346,7 @@ __device__ __noinline__ u32 first_in_rank(const typename E::raw* __restrict__ ro
     return best == 0 ? 0u : packed_id(best);
 }
 
-// How the tokens of a row weigh (contract §3b steps 1-3): by key for probability rows (`logits`
+// How the tokens of a row weigh (`docs/semantics.md` §4b steps 1-3): by key for probability rows (`logits`
 // false); a logits row from its maximum (the largest logit_rank_key, lowest id, over every block
 // of a split row) and its temperature t.
 template <class E>
@@ -449,7 +449,7 @@ __device__ __noinline__ i32 draw_in_prefix(const typename E::raw* __restrict__ r
     return result;
 }
 
-// The kept set of top_k_top_p_sample for one row (contract §4.3 steps 1-2), or, when the
+// The kept set of top_k_top_p_sample for one row (`docs/semantics.md` §5.6 steps 1-2), or, when the
 // survivors weigh nothing, `degenerate` with the first token in rank order.
 struct Kept {
     Sel prefix;

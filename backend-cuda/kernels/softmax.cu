@@ -1,4 +1,4 @@
-// softmax (contract §4.9): probs = softmax(logits / temperature) per row, f32 out, f32 sums.
+// softmax (`docs/semantics.md` §5.5): probs = softmax(logits / temperature) per row, f32 out, f32 sums.
 // One block per row. The scaled logit is (l - m) / T with m the row's maximum logit (subtract
 // first, then divide). Temperature 0 is one-hot at the argmax; a row whose maximum is +inf is
 // uniform over its +inf entries; a row of all -inf is uniform; NaN logits count as -inf.

@@ -1,10 +1,10 @@
-// top_k_top_p_sample (contract §4.3): exact sampling on fixed-point weights, no sort.
+// top_k_top_p_sample (`docs/semantics.md` §5.6): exact sampling on fixed-point weights, no sort.
 //
 // One block per row (`top_k_top_p_sample_<t>`), or, for a few rows of a large vocabulary, several
 // blocks per row launched cooperatively (`top_k_top_p_sample_split_<t>`). The kept set is found by
 // the radix selection of select.cuh (top-k on counts, then top-p on exact masses) and the token by
 // one id-order prefix scan of the kept weights against t = floor(R · C / 2^64). Logits rows
-// (`logits`) first find the row maximum and weigh each token by contract §3b at the row's
+// (`logits`) first find the row maximum and weigh each token by `docs/semantics.md` §4b at the row's
 // temperature. With `fallback`, a row of weight 0 yields fallback[r] (process_logits, §4c).
 
 struct SampleArgs {

@@ -1,10 +1,10 @@
-// top_p_candidates (contract §4.4): the first C tokens in rank order with a nonzero weight, and
+// top_p_candidates (`docs/semantics.md` §5.7): the first C tokens in rank order with a nonzero weight, and
 // the length of the shortest prefix of them whose mass reaches top_p of the row's whole weight.
 //
 // One block per row: a count selection of C among the keys of positive weight (select.cuh), one
 // id-order pass that gathers the (at most 128) members into shared memory, a rank-by-counting
 // order of those few, and the exact 128-bit top-p test over their prefix masses. Logits rows
-// (`logits`) are weighed by contract §3b at the row's temperature: the count selection takes the
+// (`logits`) are weighed by `docs/semantics.md` §4b at the row's temperature: the count selection takes the
 // first C tokens of the whole row (their weights never increase down the rank order, so the ones
 // of positive weight lead), and a candidate's score is its exact share of the row
 // (candidate_score).

@@ -1,4 +1,4 @@
-// update_state (contract §4.6): the end of a step for every running slot: append the emitted
+// update_state (`docs/semantics.md` §5.9): the end of a step for every running slot: append the emitted
 // tokens, advance step_idx and the seed (by 4 per emitted token), record the last token, set the
 // stop flag and turn a prefill slot into a decode slot. One thread per slot; sums of untrusted
 // lengths are computed in 64 bits and saturate at i32::MAX when stored. With `token_counts`

@@ -1,4 +1,4 @@
-// verify_draft_tokens (contract §4.5): draft checks and the correction/bonus token, per slot.
+// verify_draft_tokens (`docs/semantics.md` §5.8): draft checks and the correction/bonus token, per slot.
 //
 // GREEDY, TARGET_MATCH and TOPP: `verify_draft_tokens_<t>`, one thread per slot; every decision
 // reads a handful of values, so the whole step runs without a host round-trip.
@@ -8,7 +8,7 @@
 // executed by every thread of the block identically (it reads the same values), and the row-wide
 // parts (the boundary count of weight_in_prefix, the residual draw, the target draw) are block
 // collectives. Only thread 0 writes the slot's tokens.
-// With `logits`, REJECTION's target and draft rows are logits, weighed by contract §3b at the
+// With `logits`, REJECTION's target and draft rows are logits, weighed by `docs/semantics.md` §4b at the
 // temperature of the output row: the prepare kernel keeps each target row's weighing with its
 // kept set and each draft row's maximum (its weighing depends on the temperature of the row it is
 // checked against, known only per slot); the slot's check then weighs and totals the draft row.
@@ -235,7 +235,7 @@ struct RejectionPolicy {
         return pair;
     }
 
-    // sample_row of the target row r (contract §4.3) from its prepared kept set.
+    // sample_row of the target row r (`docs/semantics.md` §5.6) from its prepared kept set.
     __device__ i32 sample_target(const VerifyArgs& a, u64 r) const {
         const TargetStats st = target_stats(a)[r];
         // A row of kept weight 0 yields its fallback when given, else its first token in rank order.
@@ -404,7 +404,7 @@ struct RejectionPolicy {
 
     // A draft outside [0, V) weighs 0 in both rows: the check rejects it and the correction comes
     // from the residual (RESIDUAL draw; SAMPLE only when the residual is empty), like any rejected
-    // draft (contract §4.5).
+    // draft (`docs/semantics.md` §5.8).
     __device__ Check reject_out_of_vocab(const VerifyArgs& a, u32 slot, u64 i, i64 row) const {
         return check(a, slot, i, -1, row);
     }
@@ -415,7 +415,7 @@ struct RejectionPolicy {
     }
 };
 
-// One slot (contract §4.5). Every caller thread runs it with the same inputs; `writer` threads
+// One slot (`docs/semantics.md` §5.8). Every caller thread runs it with the same inputs; `writer` threads
 // store the tokens (the caller has filled the row with -1 and synchronised).
 template <class P>
 __device__ i32 verify_slot(const VerifyArgs& a, u32 b, const P& policy, bool writer) {

@@ -17,7 +17,7 @@ use specula_backend_api::{
 };
 
 use crate::error::CudaError;
-use crate::kernels::{Instance, KernelFile, compile_options};
+use crate::kernels::{Instance, KernelFile, compile_options, warm_up_plan};
 use crate::storage::{self, CudaStorage};
 use crate::{launch, nvrtc, ops};
 
@@ -445,5 +445,15 @@ impl Backend for CudaDevice {
 
     fn run(&self, call: AnyCall<'_, '_>) -> Result<()> {
         specula_backend_api::dispatch_ops!(self, call)
+    }
+
+    /// Compiles (NVRTC) and loads every module of every op this device runs, one per kernel file
+    /// and instance, and looks up each of its functions ([`warm_up_plan`]).
+    fn run_warm_up(&self) -> Result<()> {
+        let caps = &self.desc.capabilities;
+        for (file, instance, stem) in warm_up_plan(|op| caps.runs(op)) {
+            self.function(file, instance, stem)?;
+        }
+        Ok(())
     }
 }

@@ -146,6 +146,24 @@ impl KernelFile {
     }
 }
 
+/// Every function a device may load, for the ops `runs` accepts: each kernel file of such an op,
+/// each of its instances ([`KernelFile::instances`]) and each entry-point stem
+/// ([`KernelFile::entry_stems`]), in table order. What the warm-up compiles and loads (one module
+/// per file and instance).
+pub fn warm_up_plan(runs: impl Fn(Op) -> bool) -> Vec<(KernelFile, Instance, &'static str)> {
+    KernelFile::ALL
+        .into_iter()
+        .filter(|file| runs(file.op()))
+        .flat_map(|file| {
+            file.instances().into_iter().flat_map(move |instance| {
+                file.entry_stems()
+                    .iter()
+                    .map(move |&stem| (file, instance, stem))
+            })
+        })
+        .collect()
+}
+
 /// One compiled instance of a kernel file: the entry-point suffix and the element types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Instance {
@@ -192,7 +210,7 @@ fn element_tag(dtype: DType) -> &'static str {
 }
 
 /// The `-D` defines shared with the Rust side, generated from [`abi`], the constants of contract
-/// §3b ([`logit_weights`], and the bounds of its `sanitize_logit` as f32 bit patterns) and the
+/// §4b ([`logit_weights`], and the bounds of its `sanitize_logit` as f32 bit patterns) and the
 /// launch constants.
 pub fn defines() -> Vec<(String, String)> {
     let d = |name: &str, value: String| (format!("SPECULA_{name}"), value);
@@ -363,7 +381,7 @@ mod tests {
 
     #[test]
     fn the_logit_bounds_are_those_of_the_contract() {
-        // 2^-76 and 2^64 (contract §3b step 1).
+        // 2^-76 and 2^64 (`docs/semantics.md` §4b step 1).
         assert_eq!(logit_tiny_bits(), 0x1980_0000);
         assert_eq!(sanitize_logit(f32::MAX).to_bits(), 0x5f80_0000);
         let defines = defines();
@@ -381,6 +399,30 @@ mod tests {
             value("SPECULA_LOGIT_HUGE_BITS").as_deref(),
             Some("0x5f800000u")
         );
+    }
+
+    #[test]
+    fn the_warm_up_plan_covers_every_file_instance_and_entry() {
+        let all = warm_up_plan(|_| true);
+        let expected: usize = KernelFile::ALL
+            .map(|f| f.instances().len() * f.entry_stems().len())
+            .iter()
+            .sum();
+        assert_eq!(all.len(), expected);
+        for file in KernelFile::ALL {
+            for instance in file.instances() {
+                for stem in file.entry_stems() {
+                    assert!(all.contains(&(file, instance, stem)), "{file:?} {stem}");
+                }
+            }
+        }
+        let without = warm_up_plan(|op| op != Op::ProcessLogits);
+        assert!(
+            without
+                .iter()
+                .all(|(f, _, _)| *f != KernelFile::ProcessLogits)
+        );
+        assert_eq!(without.len(), expected - 3);
     }
 
     #[test]

@@ -38,7 +38,7 @@
 //!
 //! ## Sampling from logits
 //!
-//! The sampling ops and REJECTION also take logits rows with a per-row temperature (contract §3b):
+//! The sampling ops and REJECTION also take logits rows with a per-row temperature (`docs/semantics.md` §4b):
 //! a first pass finds the row maximum (across the blocks of a split row), the temperature gives the
 //! row's scale with one integer division, and every token's rank key and integer weight then come
 //! from its logit as `specula_backend_api::logit_weights` computes them (one f32 subtraction, a

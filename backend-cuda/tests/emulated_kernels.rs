@@ -2,7 +2,7 @@
 //! reference: the sampling kernels (`top_k_top_p_sample`, including the cooperative split path,
 //! `top_p_candidates`, `argmax`) on ordinary, tied and hostile rows, in f32, f16 and bf16, with
 //! aligned and misaligned windows; `verify_draft_tokens` with every strategy; `accept_logprobs`;
-//! the batch ops and `softmax`. Logits rows (contract §3b: sampling, candidates and REJECTION,
+//! the batch ops and `softmax`. Logits rows (`docs/semantics.md` §4b: sampling, candidates and REJECTION,
 //! ordinary and hostile logits at every kind of temperature) are compared with the reference device
 //! (`specula-reference`), as the CPU backend takes probability rows only. `process_logits`
 //! (§5.12), the `fallback` input of the sampling ops and `update_state`'s `token_counts` are
@@ -592,7 +592,7 @@ fn peaked_rows(rng: &mut Lcg, count: usize, vocab: usize, hostile: bool) -> Vec<
     out
 }
 
-/// REJECTION gives a draft outside `[0, V)` weight 0 in both rows (contract §4.5): it is rejected
+/// REJECTION gives a draft outside `[0, V)` weight 0 in both rows (`docs/semantics.md` §5.8): it is rejected
 /// and corrected from the residual like any rejected draft. The id `V − 1`, which weighs 0 in
 /// every row of [`peaked_rows`], takes the same path, so a reference given it in place of each
 /// out-of-vocabulary draft must agree with the kernel given the original drafts.
@@ -2160,7 +2160,7 @@ fn softmax_kernels_match_the_cpu_reference(work: &Workdir, cpu: &CpuDevice, rng:
     }
 }
 
-/// Contract §4.9's scaled logit of `x` in a row whose maximum logit is `m`: `(x − m) / t` in f32,
+/// `docs/semantics.md` §5.5's scaled logit of `x` in a row whose maximum logit is `m`: `(x − m) / t` in f32,
 /// NaN read as −inf.
 fn contract_scaled(x: f32, m: f32, t: f32) -> f32 {
     if t == f32::INFINITY {
@@ -2181,7 +2181,7 @@ fn close_to(got: f32, want: f32) -> bool {
 }
 
 /// `softmax` and `accept_logprobs` scale `(l − m) / T`, subtracting the row maximum first (contract
-/// §4.9): with a temperature so small that `l / T` overflows, the row still tends to the one-hot
+/// §5.5): with a temperature so small that `l / T` overflows, the row still tends to the one-hot
 /// of `T = 0` (uniform over a tied maximum) instead of spreading over every overflowing entry.
 fn scaled_logits_subtract_the_row_maximum_first() {
     let work = Workdir::new("scaling");
@@ -2247,7 +2247,7 @@ fn scaled_logits_subtract_the_row_maximum_first() {
     assert_eq!(top_lps[1], f32::NEG_INFINITY, "(7e9 − 9e9) / 1e-30 is −inf");
 }
 
-/// At `T = +inf` every finite logit scales to 0 (contract §4.9), even where `l − m` overflows f32:
+/// At `T = +inf` every finite logit scales to 0 (`docs/semantics.md` §5.5), even where `l − m` overflows f32:
 /// the row is uniform over its finite logits, and -inf and NaN logits get nothing.
 fn an_infinite_temperature_is_uniform_over_the_finite_logits() {
     let work = Workdir::new("infinite-temperature");

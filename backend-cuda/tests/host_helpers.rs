@@ -1,5 +1,5 @@
 //! The exact-arithmetic helpers of `kernels/common.cuh` (Philox, draws, seeds, fixed-point
-//! weights, top-p, the 128- and 192-bit helpers, the weights from logits of contract §3b and the
+//! weights, top-p, the 128- and 192-bit helpers, the weights from logits of `docs/semantics.md` §4b and the
 //! candidates' scores) compiled for the host behind the emulator's intrinsics, and
 //! compared bit for bit with `specula-backend-api` on many inputs. This runs on machines without a
 //! GPU. It needs a C++17 compiler (`g++`, `c++` or `clang++`): without one the test is ignored with

@@ -1,4 +1,4 @@
-// accept_logprobs (contract §4.8). `accept_logprobs_pack_i32` (one invocation) packs the accepted
+// accept_logprobs (`docs/semantics.md` §5.11). `accept_logprobs_pack_i32` (one invocation) packs the accepted
 // counts into `cu_accept` and writes one (token, source row) entry per packed slot of the output.
 // `accept_logprobs_<dtype>` then scores each entry with one workgroup: softmax statistics of the
 // source row, the token's rank (integer keys, NaN as -inf), and the top-K by a radix count

@@ -1,4 +1,4 @@
-// argmax (contract §4.2): one workgroup per row; integer order keys (NaN lowest, -0 == +0), ties
+// argmax (`docs/semantics.md` §5.4): one workgroup per row; integer order keys (NaN lowest, -0 == +0), ties
 // to the lowest id, so the result never depends on float comparisons or reduction order.
 
 // `struct ArgmaxArgs` is generated from its `kernel_args!` declaration in src/ops/argmax.rs.

@@ -1,4 +1,4 @@
-// build_output_layout (contract §1): `build_output_layout_i32` (one invocation) writes the rows per
+// build_output_layout (`docs/semantics.md` §5.1): `build_output_layout_i32` (one invocation) writes the rows per
 // slot and both prefix sums, saturating at i32::MAX; `build_output_layout_rows_i32` then writes
 // the slot of every output row in parallel by a binary search over `cu_seqlens_q_output`.
 

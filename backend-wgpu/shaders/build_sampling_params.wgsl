@@ -1,4 +1,4 @@
-// build_sampling_params (contract §2): one invocation per output row; the row's slot and position
+// build_sampling_params (`docs/semantics.md` §5.3): one invocation per output row; the row's slot and position
 // are resolved from the (untrusted) layout exactly as every op does, the seed is
 // `(infer_seed + 4·j) mod MAX_INFER_SEED` in 64-bit limbs.
 

@@ -1,5 +1,5 @@
 // Common helpers for every Specula WGSL kernel: exact 64- and 128-bit integer arithmetic on `u32`
-// limbs, Philox4x32-10, the fixed-point weights and rank keys of the contract (§3), exact widening
+// limbs, Philox4x32-10, the fixed-point weights and rank keys of `docs/semantics.md` §4, exact widening
 // of f16/bf16 bit patterns, and order-preserving keys for argmax-style comparisons.
 //
 // No float operation takes part in any exact decision: keys, weights and comparisons are computed
@@ -159,7 +159,7 @@ fn lt160(a: U160, b: U160) -> bool {
     return lt128(a.lo, b.lo);
 }
 
-// ---- Philox4x32-10 and draws (contract §2) ----------------------------------------------------
+// ---- Philox4x32-10 and draws (`docs/semantics.md` §3) ----------------------------------------------------
 
 fn philox4x32_10(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
     var c = counter;
@@ -206,7 +206,7 @@ fn row_seed(infer_seed: vec2<u32>, j: u32) -> vec2<u32> {
     return reduce_seed(add64(reduce_seed(infer_seed), step));
 }
 
-// ---- Fixed-point weights and rank keys (contract §3) ------------------------------------------
+// ---- Fixed-point weights and rank keys (`docs/semantics.md` §4) ------------------------------------------
 
 /// The rank key of a probability given as f32 bits: the bits of sanitize(p).
 fn rank_key(bits: u32) -> u32 {
@@ -407,7 +407,7 @@ fn invocation_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * WG;
 }
 
-// ---- Slots and output rows (contract §1) ------------------------------------------------------
+// ---- Slots and output rows (`docs/semantics.md` §2) ------------------------------------------------------
 
 /// Output rows of a slot from its `seq_lens_this_time` and `seq_lens_encoder`: 0 (empty), 1
 /// (prefill), min(this_time, S) (decode).
@@ -446,7 +446,7 @@ fn position_in_slot(t: u32, start: i32, rows: u32) -> u32 {
     return pos;
 }
 
-// ---- Weights from logits (contract §3b): backend_api::logit_weights, step for step ---------------
+// ---- Weights from logits (`docs/semantics.md` §4b): backend_api::logit_weights, step for step ---------------
 //
 // The generated prelude defines LOG2E_Q63_LO / _HI, GAP_FRACTION_BITS, GAP_LIMIT, EXP2_A0 ..
 // EXP2_A6 and the bounds of sanitize_logit (LOGIT_TINY_BITS, LOGIT_HUGE_BITS). Logits are read as
@@ -548,7 +548,7 @@ fn div64_by_u32(n: vec2<u32>, d: u32) -> vec2<u32> {
 }
 
 // How the tokens of a row weigh. A probability row weighs w(p) by its rank key (WEIGH_KEYS); a
-// logits row by the §3b steps, from its maximum and temperature.
+// logits row by the §4b steps, from its maximum and temperature.
 /// Weights from the keys (key_weight): probability rows.
 const WEIGH_KEYS: u32 = 0u;
 /// Every logit -inf or NaN (step 2): every weight 0.
@@ -709,7 +709,7 @@ fn weigh_key(w: Weigh, key: u32) -> vec2<u32> {
 }
 
 /// The score top_p_candidates reports for a logits candidate of weight `w` in a row of total
-/// weight `total` > 0 (contract §3b), as f32 bits: q = floor(w · 2^40 / total) (binary long
+/// weight `total` > 0 (`docs/semantics.md` §4b), as f32 bits: q = floor(w · 2^40 / total) (binary long
 /// division; w <= 2^40 <= total <= 2^60, so the remainder stays below 2^61), cut to its 24 most
 /// significant bits, and score = q · 2^-40, exact in f32.
 fn candidate_score(w: vec2<u32>, total: vec2<u32>) -> u32 {

@@ -1,4 +1,4 @@
-// gather_next_token (contract §4.1): a bit-exact byte copy, one invocation per output word, so any
+// gather_next_token (`docs/semantics.md` §5.2): a bit-exact byte copy, one invocation per output word, so any
 // dtype (including 1- and 2-byte elements at any window offset) is copied without write races;
 // bytes of the word outside the output window are written back unchanged. Hidden states larger
 // than one storage binding are gathered in input-row chunks: a dispatch copies only the bytes whose

@@ -1,4 +1,4 @@
-// ngram_match (contract §4.7). `ngram_match_i32`: one workgroup per slot searches, for n from
+// ngram_match (`docs/semantics.md` §5.10). `ngram_match_i32`: one workgroup per slot searches, for n from
 // max_ngram_size down, the leftmost occurrence of the last n generated tokens in the prompt and
 // then in the history (the threads test candidate positions in parallel and keep the minimum with
 // an atomic), and records the drafts it proposes. `ngram_match_budget_i32` (one invocation) then

@@ -1,4 +1,4 @@
-// Softmax statistics of one row under a temperature (contract §4.9), shared by softmax and
+// Softmax statistics of one row under a temperature (`docs/semantics.md` §5.5), shared by softmax and
 // accept_logprobs. Needs select.wgsl (the current row `row_bits`, workgroup reductions); the
 // including shader's `row_key` is `order_key(row_bits(i))` (argmax order). Special rows
 // are decided on bit patterns of the raw logits (NaN read as -inf): temperature 0 (one-hot at the

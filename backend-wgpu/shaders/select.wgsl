@@ -1,4 +1,4 @@
-// Rank-order selection without sorting (contract §3, §4.3): one workgroup per row.
+// Rank-order selection without sorting (`docs/semantics.md` §4, §5.6): one workgroup per row.
 //
 // The including shader binds its `[rows, vocab]` float matrix (f32 words, or packed f16/bf16) as
 // `row_words`, starts each row with `begin_row`, and defines `fn row_key(i: u32) -> u32`, the key
@@ -204,7 +204,7 @@ fn wg_best(lid: u32, key: u32, id: u32) -> vec2<u32> {
     return vec2<u32>(st.first, st.result);
 }
 
-/// Steps 1-3 of contract §3b for the current row, a logits row at temperature `t_bits` (f32
+/// Steps 1-3 of `docs/semantics.md` §4b for the current row, a logits row at temperature `t_bits` (f32
 /// bits): its maximum rank key and the first id holding it (a workgroup reduction), then the scale
 /// of the temperature. Sets `g_weigh` (the same on every invocation).
 fn weigh_logits_row(lid: u32, vocab: u32, t_bits: u32) {
@@ -492,7 +492,7 @@ fn member_rank(j: u32, n: u32) -> u32 {
     return rank;
 }
 
-/// The kept set of `top_k_top_p_sample` (contract §4.3 steps 1-2): `found == 0` means the survivors
+/// The kept set of `top_k_top_p_sample` (`docs/semantics.md` §5.6 steps 1-2): `found == 0` means the survivors
 /// weigh nothing (degenerate: the result is the first token in rank order). `key_bits` is the
 /// width of the row's keys (30 for probabilities, 32 for logits).
 fn kept_set(lid: u32, vocab: u32, top_k: i32, top_p_bits: u32, key_bits: u32) -> Sel {

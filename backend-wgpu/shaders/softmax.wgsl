@@ -1,4 +1,4 @@
-// softmax (contract §4.9): one workgroup per row; max and +inf count, then the f32 sum, then the
+// softmax (`docs/semantics.md` §5.5): one workgroup per row; max and +inf count, then the f32 sum, then the
 // normalised write, on the scaled logits (l - max) / T (rowstats.wgsl). Float class: compared
 // with a tolerance.
 

@@ -1,10 +1,10 @@
-// top_k_top_p_sample (contract §4.3): one workgroup per row, no sort.
+// top_k_top_p_sample (`docs/semantics.md` §5.6): one workgroup per row, no sort.
 // top-k by a radix count selection, top-p by a radix mass selection over the whole row (the
 // shortest prefix reaching the target lies within the top-k survivors), then the SAMPLE draw by
 // one chunked prefix scan in ascending id order. All decisions are integer arithmetic on limbs.
 // A row of total weight 0 yields its `fallback` entry when given (process_logits), else its first
 // token in rank order. With `with_aux` the kept set and the row's total weight are also written (REJECTION uses them).
-// Logits rows (`logits`) first find the row maximum, and weigh each token by contract §3b at the
+// Logits rows (`logits`) first find the row maximum, and weigh each token by `docs/semantics.md` §4b at the
 // row's temperature.
 
 // `struct TopKTopPSampleArgs` is generated from its `kernel_args!` declaration in src/ops/top_k_top_p_sample.rs.

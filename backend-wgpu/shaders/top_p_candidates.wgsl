@@ -1,8 +1,8 @@
-// top_p_candidates (contract §4.4): one workgroup per row. The first C tokens in rank order with a
+// top_p_candidates (`docs/semantics.md` §5.7): one workgroup per row. The first C tokens in rank order with a
 // nonzero weight are found by a radix count selection (no sort of the row), gathered in id order
 // with a chunked scan, ordered among themselves (C <= 128) by a rank count, and the top-p length
 // is an exact prefix walk over at most C weights. Logits rows (`logits`) are weighed by contract
-// §3b at the row's temperature; their scores are the candidates' exact shares of the row
+// §4b at the row's temperature; their scores are the candidates' exact shares of the row
 // (`candidate_score`).
 
 // `struct TopPCandidatesArgs` is generated from its `kernel_args!` declaration in src/ops/top_p_candidates.rs.

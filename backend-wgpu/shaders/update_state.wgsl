@@ -1,4 +1,4 @@
-// update_state (contract §4.6): one invocation per slot. Stop flags are bytes: they are read and
+// update_state (`docs/semantics.md` §5.9): one invocation per slot. Stop flags are bytes: they are read and
 // set through atomics on the u32 word that holds them (a running slot's flag byte is 0, so setting
 // it is an atomic OR of 1), which leaves the neighbouring bytes untouched.
 

@@ -1,4 +1,4 @@
-// verify_draft_tokens (contract §4.5).
+// verify_draft_tokens (`docs/semantics.md` §5.8).
 //
 // `verify_draft_tokens_i32`: one invocation per slot walks phase 1 and phase 2 with the stop
 // rules. GREEDY / TARGET_MATCH compare with the target tokens, TOPP with the candidates (its
@@ -10,7 +10,7 @@
 // rows, so it is rejected and corrected from the residual like any other draft): the acceptance test
 // `U · wq[d] · Wp < 2^32 · wp[d] · Wq` exactly in 160-bit limbs (the products reach 2^133 on logits
 // rows), and on rejection the residual draw by a chunked prefix scan. The slot walk then reads the
-// pair results. With `logits` both rows are logits, weighed by contract §3b at the temperature of
+// pair results. With `logits` both rows are logits, weighed by `docs/semantics.md` §4b at the temperature of
 // the output row (the draft row from its own maximum).
 
 // `struct VerifyDraftTokensArgs` is generated from its `kernel_args!` declaration in src/ops/verify_draft_tokens.rs.
@@ -278,7 +278,7 @@ fn q_weight(i: u32) -> vec2<u32> {
     return weigh_key(g_qweigh, q_key(i));
 }
 
-/// Steps 1-3 of contract §3b for the draft row, a logits row: its own maximum (a workgroup
+/// Steps 1-3 of `docs/semantics.md` §4b for the draft row, a logits row: its own maximum (a workgroup
 /// reduction) at the temperature `t_bits` of the output row it is checked against. Sets
 /// `g_qweigh` (the same on every invocation).
 fn weigh_draft_row(lid: u32, vocab: u32, t_bits: u32) {

@@ -5,9 +5,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
-use specula_backend_api::{BackendKind, Buffer, Capabilities, DType, DeviceInfo, Result};
+use specula_backend_api::{BackendKind, Buffer, Capabilities, DType, DeviceInfo, Op, Result};
 
 use crate::gpu::{Gpu, WgpuStorage, storage_of};
+use crate::kernels::Kernel;
 use crate::ops;
 
 /// One opened wgpu adapter (Vulkan, Metal, DX12, or GL with compute).
@@ -42,6 +43,13 @@ impl WgpuDevice {
             gpu,
             scratch: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// How many compute pipelines this device has compiled so far (each entry point once, then
+    /// cached): after [`Device::warm_up`](specula_backend_api::Device::warm_up) no op call adds
+    /// to it.
+    pub fn pipelines_built(&self) -> usize {
+        self.gpu.pipelines_built()
     }
 
     /// A reusable internal buffer of at least `bytes` bytes for one purpose (grown on demand).
@@ -132,5 +140,21 @@ impl Backend for WgpuDevice {
 
     fn run(&self, call: AnyCall<'_, '_>) -> Result<()> {
         specula_backend_api::dispatch_ops!(self, call)
+    }
+
+    /// Compiles the pipeline of every entry point of every module whose op this device runs, for
+    /// each float dtype it supports, and dispatches each once without workgroups (a driver may
+    /// finish compiling at the first dispatch); waits for the device.
+    fn run_warm_up(&self) -> Result<()> {
+        let caps = &self.desc.capabilities;
+        let kernels = Op::ALL
+            .into_iter()
+            .filter(|&op| caps.runs(op))
+            .filter_map(Kernel::of);
+        for kernel in kernels {
+            self.gpu
+                .prepare(kernel, &kernel.entry_points(&caps.float_dtypes))?;
+        }
+        self.gpu.wait("warm_up")
     }
 }

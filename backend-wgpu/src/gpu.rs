@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use specula_backend_api::{BackendKind, Buffer, Error, Op, Result};
@@ -57,6 +58,8 @@ pub(crate) struct Gpu {
     pub(crate) matrix_binding_bytes: u64,
     modules: Mutex<HashMap<Kernel, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<String, wgpu::ComputePipeline>>,
+    /// How many compute pipelines were compiled (each once, then cached).
+    built: AtomicUsize,
     lost: Arc<Mutex<Option<String>>>,
     uncaptured: Arc<Mutex<Option<String>>>,
     dummy: wgpu::Buffer,
@@ -108,6 +111,7 @@ impl Gpu {
             matrix_binding_bytes,
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
+            built: AtomicUsize::new(0),
             lost,
             uncaptured,
             dummy,
@@ -300,6 +304,58 @@ impl Gpu {
         Ok(module)
     }
 
+    /// How many compute pipelines were compiled so far.
+    pub(crate) fn pipelines_built(&self) -> usize {
+        self.built.load(Ordering::Relaxed)
+    }
+
+    /// Compiles the pipelines of `entries` of `kernel`'s module unless they are cached, and
+    /// records one empty dispatch (no workgroup) of each, bound to placeholder buffers, in one
+    /// submission: a driver that finishes compiling at a pipeline's first dispatch (lavapipe's
+    /// LLVM code generation) does it now (the warm-up).
+    pub(crate) fn prepare(&self, kernel: Kernel, entries: &[String]) -> Result<()> {
+        let bindings = warm::entry_bindings(kernel, entries)?;
+        let pipelines = entries
+            .iter()
+            .map(|entry| self.pipeline(kernel, entry))
+            .collect::<Result<Vec<_>>>()?;
+        let what = kernel.op().name();
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut encoder = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(what) });
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(what),
+                timestamp_writes: None,
+            });
+            for ((entry, pipeline), used) in entries.iter().zip(&pipelines).zip(&bindings) {
+                let buffers = warm::placeholders(&self.device, used);
+                let resources: Vec<wgpu::BindGroupEntry<'_>> = used
+                    .iter()
+                    .zip(&buffers)
+                    .map(|(b, buffer)| wgpu::BindGroupEntry {
+                        binding: b.binding,
+                        resource: buffer.as_entire_binding(),
+                    })
+                    .collect();
+                let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(entry),
+                    layout: &pipeline.get_bind_group_layout(0),
+                    entries: &resources,
+                });
+                pass.set_pipeline(pipeline);
+                pass.set_bind_group(0, &group, &[]);
+                pass.dispatch_workgroups(0, 0, 0);
+            }
+        }
+        self.queue.submit([encoder.finish()]);
+        if let Some(error) = pollster::block_on(validation.pop()) {
+            return Err(execution(what, WgpuError::from(error)));
+        }
+        Ok(())
+    }
+
     /// The compute pipeline of an entry point, compiled once and cached.
     fn pipeline(&self, kernel: Kernel, entry: &str) -> Result<wgpu::ComputePipeline> {
         if let Some(p) = lock(&self.pipelines).get(entry) {
@@ -325,6 +381,7 @@ impl Gpu {
             });
         }
         lock(&self.pipelines).insert(entry.to_owned(), pipeline.clone());
+        self.built.fetch_add(1, Ordering::Relaxed);
         Ok(pipeline)
     }
 
@@ -466,6 +523,97 @@ impl Gpu {
             return Err(execution("upload", WgpuError::from(error)));
         }
         Ok(())
+    }
+}
+
+/// What the warm-up binds: the bindings each entry point uses, found by reflecting its module
+/// with naga, and placeholder buffers for them.
+mod warm {
+    use specula_backend_api::{BackendKind, Error, Result};
+    use wgpu::naga;
+
+    use crate::kernels::{Kernel, shader_source};
+
+    /// One binding an entry point uses.
+    #[derive(Clone, Copy, Debug)]
+    pub(super) struct Used {
+        pub(super) binding: u32,
+        uniform: bool,
+        bytes: u64,
+    }
+
+    fn build_error(kernel: Kernel, log: String) -> Error {
+        Error::KernelBuild {
+            backend: BackendKind::Wgpu,
+            kernel: kernel.file(),
+            log,
+        }
+    }
+
+    /// The bindings of group 0 each of `entries` uses (as its automatic layout has them).
+    pub(super) fn entry_bindings(kernel: Kernel, entries: &[String]) -> Result<Vec<Vec<Used>>> {
+        let source = shader_source(kernel);
+        let module = naga::front::wgsl::parse_str(&source)
+            .map_err(|e| build_error(kernel, e.emit_to_string(&source)))?;
+        let info = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        )
+        .validate(&module)
+        .map_err(|e| build_error(kernel, e.emit_to_string(&source)))?;
+        entries
+            .iter()
+            .map(|entry| {
+                let index = module
+                    .entry_points
+                    .iter()
+                    .position(|e| &e.name == entry)
+                    .ok_or_else(|| build_error(kernel, format!("no entry point {entry}")))?;
+                Ok(used_by(&module, info.get_entry_point(index)))
+            })
+            .collect()
+    }
+
+    /// The uniform and storage bindings `function` uses, with the size each needs.
+    fn used_by(module: &naga::Module, function: &naga::valid::FunctionInfo) -> Vec<Used> {
+        module
+            .global_variables
+            .iter()
+            .filter(|&(handle, _)| !function[handle].is_empty())
+            .filter_map(|(_, var)| {
+                let binding = var.binding.as_ref()?.binding;
+                let uniform = match var.space {
+                    naga::AddressSpace::Uniform => true,
+                    naga::AddressSpace::Storage { .. } => false,
+                    _ => return None,
+                };
+                let size = module.types[var.ty].inner.try_size(module.to_ctx())?;
+                let bytes = u64::from(size).next_multiple_of(16).max(16);
+                Some(Used {
+                    binding,
+                    uniform,
+                    bytes,
+                })
+            })
+            .collect()
+    }
+
+    /// One zeroed buffer per used binding, of the size it needs.
+    pub(super) fn placeholders(device: &wgpu::Device, used: &[Used]) -> Vec<wgpu::Buffer> {
+        used.iter()
+            .map(|u| {
+                device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("specula warm-up"),
+                    size: u.bytes,
+                    usage: if u.uniform {
+                        wgpu::BufferUsages::UNIFORM
+                    } else {
+                        wgpu::BufferUsages::STORAGE
+                    },
+                    mapped_at_creation: false,
+                })
+            })
+            .collect()
     }
 }
 

@@ -33,7 +33,6 @@ macro_rules! kernel_registry {
 
         impl Kernel {
             /// The kernel of a contract op (`None` for [`Op::Memory`]).
-            #[cfg(test)]
             pub(crate) fn of(op: Op) -> Option<Kernel> {
                 match op {
                     $(Op::$variant => Some(Kernel::$variant),)*
@@ -88,6 +87,24 @@ impl Kernel {
             | Kernel::NgramMatch
             | Kernel::ProcessLogits => &[],
         }
+    }
+
+    /// Every entry point of the module, each a pipeline: those of its float kernels for each dtype
+    /// of `floats` (`<op>[_<suffix>]_<dtype>`), and its integer kernels (`<op>[_<suffix>]_i32`).
+    /// Taken from the kernels declared beside the op's host code ([`Kernel::args`], one per
+    /// [`Entry`]), so the list is not written twice; the tests check it against the module's own
+    /// entry points.
+    pub(crate) fn entry_points(self, floats: &[DType]) -> Vec<String> {
+        let op = self.op();
+        let mut names = Vec::new();
+        for args in self.args() {
+            if self.float_kernels().contains(&args.suffix) {
+                names.extend(floats.iter().map(|&dtype| entry(op, args.suffix, dtype)));
+            } else {
+                names.push(entry(op, args.suffix, DType::I32));
+            }
+        }
+        names
     }
 
     /// The module's float kernels, one workgroup per row (or entry): for each suffix, the
@@ -205,7 +222,7 @@ pub(crate) fn prelude() -> String {
     )
 }
 
-/// The constants of contract §3b from `backend_api::logit_weights`: `LOG2E_Q63` as two halves,
+/// The constants of `docs/semantics.md` §4b from `backend_api::logit_weights`: `LOG2E_Q63` as two halves,
 /// the gap's fraction bits and limit, the polynomial's coefficients `EXP2_A0 ..= EXP2_A6`, and the
 /// bounds of its `sanitize_logit` as f32 bit patterns.
 fn logits_prelude() -> String {
@@ -290,7 +307,7 @@ impl<A: KernelArgs> Entry<A> {
 
     /// The argument struct, as generated into the module.
     pub(crate) const fn args(&self) -> ArgsStruct {
-        ArgsStruct::of::<A>(self.args_binding)
+        ArgsStruct::of::<A>(self.suffix, self.args_binding)
     }
 }
 
@@ -303,6 +320,8 @@ pub(crate) struct ArgsStruct {
     pub(crate) name: &'static str,
     /// Its fields, in order, every one a `u32`.
     pub(crate) fields: &'static [KernelField],
+    /// The suffix of the kernel whose uniform it is (`<op>[_<suffix>]_<dtype>`).
+    pub(crate) suffix: Option<&'static str>,
     /// The size of the Rust struct in bytes (checked against the shader by the tests).
     #[cfg(test)]
     pub(crate) bytes: usize,
@@ -312,10 +331,10 @@ pub(crate) struct ArgsStruct {
 }
 
 impl ArgsStruct {
-    /// The struct of `A`, bound at `binding`. WGSL has no 64-bit integers, so every field must be
-    /// a `u32` (a 64-bit host value is a `*_lo`, `*_hi` pair); used in a constant, another size
-    /// fails to compile.
-    pub(crate) const fn of<A: KernelArgs>(binding: u32) -> Self {
+    /// The struct of `A`, the uniform of the kernel `suffix` bound at `binding`. WGSL has no
+    /// 64-bit integers, so every field must be a `u32` (a 64-bit host value is a `*_lo`, `*_hi`
+    /// pair); used in a constant, another size fails to compile.
+    pub(crate) const fn of<A: KernelArgs>(suffix: Option<&'static str>, binding: u32) -> Self {
         let mut i = 0;
         while i < A::FIELDS.len() {
             assert!(A::FIELDS[i].bytes == 4, "WGSL argument fields are u32");
@@ -326,6 +345,7 @@ impl ArgsStruct {
         ArgsStruct {
             name: A::STRUCT,
             fields: A::FIELDS,
+            suffix,
             #[cfg(test)]
             bytes: std::mem::size_of::<A>(),
             #[cfg(test)]
@@ -488,6 +508,20 @@ mod tests {
     }
 
     #[test]
+    fn the_warm_up_list_is_every_entry_point_of_every_module() {
+        for op in Op::ALL {
+            let kernel = Kernel::of(op).expect("a contract op");
+            let module = reflect::module(kernel);
+            let declared: BTreeSet<String> =
+                module.entry_points.iter().map(|e| e.name.clone()).collect();
+            let listed: Vec<String> = kernel.entry_points(&DType::FLOATS);
+            let unique: BTreeSet<String> = listed.iter().cloned().collect();
+            assert_eq!(unique.len(), listed.len(), "{}: duplicates", kernel.file());
+            assert_eq!(unique, declared, "{}: entry points", kernel.file());
+        }
+    }
+
+    #[test]
     fn every_uniform_is_a_generated_args_struct() {
         for op in Op::ALL {
             let kernel = Kernel::of(op).expect("a contract op");
@@ -514,7 +548,7 @@ mod tests {
             /// A struct of two fields.
             struct PairArgs { rows: u32, vocab: u32 }
         }
-        let args = ArgsStruct::of::<PairArgs>(0);
+        let args = ArgsStruct::of::<PairArgs>(None, 0);
         let generated = reflect::parse("generated", &args.wgsl());
         assert_eq!(reflect::check_layout(&generated, &args), Ok(()));
         let swapped = reflect::parse("swapped", "struct PairArgs { vocab: u32, rows: u32 }");

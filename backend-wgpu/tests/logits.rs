@@ -1,4 +1,4 @@
-//! The known answers of contract §3b on the adapter: `top_p_candidates` over the contract's logits
+//! The known answers of `docs/semantics.md` §4b on the adapter: `top_p_candidates` over the contract's logits
 //! row at its four temperatures reports, for every token of nonzero weight, the exact share
 //! `q · 2^-40` of the contract's integer weights (`q = floor(w · 2^40 / W)` cut to 24 significant
 //! bits), in rank order.

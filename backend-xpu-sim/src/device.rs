@@ -3,12 +3,14 @@
 //! `kernels/<op>.cl`.
 
 use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
-use specula_backend_api::{BackendKind, Buffer, Capabilities, DType, DeviceInfo, Error, Result};
+use specula_backend_api::{
+    BackendKind, Buffer, Capabilities, DType, DeviceInfo, Error, Op, Result,
+};
 
 use crate::error::XpuSimError;
 use crate::launch::LaunchConfig;
 use crate::ops;
-use crate::runtime::{ClStorage, Runtime};
+use crate::runtime::{ClStorage, Runtime, kernel_programs};
 
 /// An OpenCL device running the XPU-style kernels.
 pub struct XpuSimDevice {
@@ -97,6 +99,12 @@ impl XpuSimDevice {
     pub fn launch_config(&self) -> LaunchConfig {
         self.runtime.launch
     }
+
+    /// How many OpenCL programs this device has built so far (each once, then cached): after
+    /// [`Device::warm_up`](specula_backend_api::Device::warm_up) no op call adds to it.
+    pub fn programs_built(&self) -> usize {
+        self.runtime.programs_built()
+    }
 }
 
 impl Backend for XpuSimDevice {
@@ -136,5 +144,19 @@ impl Backend for XpuSimDevice {
 
     fn run(&self, call: AnyCall<'_, '_>) -> Result<()> {
         specula_backend_api::dispatch_ops!(&self.runtime, call)
+    }
+
+    /// Builds every program of every op this device runs, for every build option its host code
+    /// may use (dtypes, row kinds, strategies), and creates their kernels.
+    fn run_warm_up(&self) -> Result<()> {
+        let caps = &self.desc.capabilities;
+        for op in Op::ALL.into_iter().filter(|&op| caps.runs(op)) {
+            for (key, kernels) in kernel_programs(op) {
+                for kernel in &kernels {
+                    self.runtime.prepare(&key, kernel)?;
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -44,14 +44,14 @@
 //!   two words whose carries are counted), the draw by a scan of per-core partial weights.
 //! - Philox4x32-10, the 64×64→128 products (`mul_hi` on `ulong`), the 128-bit compares of the
 //!   top-p test and the 192-bit ones of the REJECTION acceptance test are in `kernels/common.cl`.
-//! - Logits rows (contract §3b) are weighed as `specula_backend_api::logit_weights` weighs them,
+//! - Logits rows (`docs/semantics.md` §4b) are weighed as `specula_backend_api::logit_weights` weighs them,
 //!   step for step: the logit sanitized and keyed on its bits, the row maximum a cluster
 //!   collective, the row's scale one 64-by-24-bit `ulong` division, the gap one f32 subtraction
 //!   (no fast-math build option, `FP_CONTRACT OFF`), the polynomial in `ulong`. Every weight is then
 //!   a function of the token's rank key (at temperature 0 the maxima after the first are keyed one
 //!   below), so the radix selections and draws are those of probability rows. Logits and
 //!   probability rows are separate programs (`LOGITS`).
-//! - `process_logits` (contract §4c) runs its float steps as single f32 operations, each result
+//! - `process_logits` (`docs/semantics.md` §4c) runs its float steps as single f32 operations, each result
 //!   read through `sanitize_logit` as the reference does; the dense masks and steps run over core
 //!   slices, core 0 then recomputes every token a sparse rule touches (bias, drafts before the row,
 //!   end tokens, bad words) from its input, and the fallback and min_p use the integer keys and

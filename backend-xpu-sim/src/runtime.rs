@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::ptr;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytemuck::Pod;
 use opencl3::command_queue::CommandQueue;
@@ -46,6 +47,15 @@ macro_rules! kernel_sources {
             match op {
                 Op::Memory => None,
                 $(Op::$variant => Some(include_str!(concat!("../kernels/", stringify!($name), ".cl"))),)*
+            }
+        }
+
+        /// Every program `op`'s host code may launch, with its kernels (`ops::<op>::programs`;
+        /// none for [`Op::Memory`]): what the warm-up builds.
+        pub(crate) fn kernel_programs(op: Op) -> Vec<crate::ops::Program> {
+            match op {
+                Op::Memory => Vec::new(),
+                $(Op::$variant => crate::ops::$name::programs(),)*
             }
         }
 
@@ -148,6 +158,8 @@ pub(crate) struct Runtime {
     context: Context,
     queue: CommandQueue,
     cache: Mutex<Cache>,
+    /// How many programs were built (each once, then cached).
+    built: AtomicUsize,
     base_options: String,
     placeholder: ClStorage,
 }
@@ -224,6 +236,7 @@ impl Runtime {
             context,
             queue,
             cache: Mutex::new(Cache::default()),
+            built: AtomicUsize::new(0),
             base_options,
             placeholder,
         })
@@ -352,11 +365,27 @@ impl Runtime {
         Ok(())
     }
 
+    /// How many programs were built so far.
+    pub(crate) fn programs_built(&self) -> usize {
+        self.built.load(Ordering::Relaxed)
+    }
+
+    /// Builds the program `key` and creates its kernel `name` unless they are cached (the
+    /// warm-up).
+    pub(crate) fn prepare(&self, key: &ProgramKey, name: &str) -> Result<()> {
+        let mut cache = self
+            .cache
+            .lock()
+            .map_err(|_| XpuSimError::Poisoned.into_execution(name))?;
+        self.kernel(&mut cache, key, name).map(drop)
+    }
+
     /// Kernel `name` of the program `key`, built and created on first use.
     fn kernel<'c>(&self, cache: &'c mut Cache, key: &ProgramKey, name: &str) -> Result<&'c Kernel> {
         if !cache.programs.contains_key(key) {
             let program = self.build(key, name)?;
             cache.programs.insert(key.clone(), program);
+            self.built.fetch_add(1, Ordering::Relaxed);
         }
         let kernel_key = (key.clone(), name.to_owned());
         if !cache.kernels.contains_key(&kernel_key) {
@@ -465,7 +494,7 @@ fn base_options(launch: LaunchConfig) -> String {
         ("CORES", launch.cores.to_string()),
         ("TILE", TILE.to_string()),
     ];
-    // No fast-math option: the gap of contract §3b is one IEEE f32 subtraction (common.cl).
+    // No fast-math option: the gap of `docs/semantics.md` §4b is one IEEE f32 subtraction (common.cl).
     let mut options = String::from("-cl-std=CL1.2 -cl-fp32-correctly-rounded-divide-sqrt");
     for (name, value) in defines.into_iter().chain(logits_defines()) {
         options.push_str(&format!(" -D {name}={value}"));
@@ -473,7 +502,7 @@ fn base_options(launch: LaunchConfig) -> String {
     options
 }
 
-/// The `-D` options of contract §3b: the constants of `backend_api::logit_weights` and the bounds
+/// The `-D` options of `docs/semantics.md` §4b: the constants of `backend_api::logit_weights` and the bounds
 /// of its `sanitize_logit` as f32 bit patterns.
 fn logits_defines() -> [(&'static str, String); 6] {
     let coefficients: Vec<String> = logit_weights::EXP2_COEFFICIENTS

@@ -1,7 +1,8 @@
 //! Tests on the first OpenCL device (the conformance suite is the real check): launch shapes do not
 //! change exact results, bad launches are refused, an op the front never skips still runs its
-//! kernels on a batch without rows, and tiny temperatures do not overflow the log-probabilities. Without an OpenCL device every test is reported as ignored with
-//! the reason, and fails under `SPECULA_REQUIRE=xpu-sim`.
+//! kernels on a batch without rows, tiny temperatures do not overflow the log-probabilities, and
+//! the warm-up builds every program once. Without an OpenCL device every test is reported as
+//! ignored with the reason, and fails under `SPECULA_REQUIRE=xpu-sim`.
 
 use std::process::ExitCode;
 
@@ -10,7 +11,7 @@ use specula_backend_api::ops::{
     SampleParams, Scores,
 };
 use specula_backend_api::testing::{self, Needs, TestFn};
-use specula_backend_api::{Device, DeviceExt, Error};
+use specula_backend_api::{DType, Device, DeviceExt, Error};
 use specula_backend_xpu_sim::{LaunchConfig, XpuSimDevice};
 
 type TestResult = Result<(), String>;
@@ -33,6 +34,10 @@ fn main() -> ExitCode {
         (
             "tiny_temperature_logprobs_tend_to_the_one_hot",
             Box::new(tiny_temperature_logprobs_tend_to_the_one_hot),
+        ),
+        (
+            "warm_up_builds_every_program_once",
+            Box::new(warm_up_builds_every_program_once),
         ),
     ];
     testing::run(&needs, tests)
@@ -219,7 +224,7 @@ fn accept_logprobs_packs_a_batch_without_rows() -> TestResult {
     Ok(())
 }
 
-/// The scaled logit is `(l − m) / T` (contract §4.8, §4.9): logits whose quotients by a tiny
+/// The scaled logit is `(l − m) / T` (`docs/semantics.md` §5.11, §5.5): logits whose quotients by a tiny
 /// temperature would overflow to +inf stay finite differences from the maximum, so the
 /// log-probabilities tend to the one-hot of `T = 0` instead of a uniform row over the overflowed
 /// entries. (`softmax` of such rows is the golden case `tiny_temperature_one_hot`.)
@@ -272,4 +277,67 @@ fn tiny_temperature_logprobs_tend_to_the_one_hot() -> TestResult {
         return Err(format!("accept_logprobs: {logprobs:?}"));
     }
     Ok(())
+}
+
+/// Runs `argmax` over bf16 rows and `top_k_top_p_sample` over f32 logits rows.
+fn first_ops(device: &XpuSimDevice) -> TestResult {
+    let shape = RowShape { rows: 2, vocab: 5 };
+    let values = [0.5f32, 2.0, -1.0, 0.0, 1.5, 3.0, 1.0, 1.0, -2.0, 0.25];
+    // bf16 is the high half of an f32 (these values are exact in it).
+    let bf16: Vec<u8> = values
+        .iter()
+        .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+        .collect();
+    let input = device
+        .upload_bytes(DType::BF16, &bf16)
+        .map_err(fail("upload"))?;
+    let mut ids = device.alloc::<i32>(shape.rows).map_err(fail("alloc"))?;
+    device
+        .argmax(&input, &mut ids, &shape)
+        .map_err(fail("argmax"))?;
+    let up = |data: &[f32]| device.upload(data).map_err(fail("upload"));
+    let (logits, temperature, top_p) = (up(&values)?, up(&[0.7, 1.0])?, up(&[1.0, 0.9])?);
+    let top_k = device.upload(&[0i32, 3]).map_err(fail("upload"))?;
+    let seed = device.upload(&[1u64, 2]).map_err(fail("upload"))?;
+    let inputs = SampleInputs {
+        scores: Scores::logits(&logits, &temperature),
+        top_k: &top_k,
+        top_p: &top_p,
+        seed: &seed,
+        fallback: None,
+    };
+    let mut tokens = device.alloc::<i32>(shape.rows).map_err(fail("alloc"))?;
+    let params = SampleParams {
+        shape,
+        host_top_p: None,
+    };
+    device
+        .top_k_top_p_sample(&inputs, &mut tokens, &params)
+        .map_err(fail("top_k_top_p_sample"))?;
+    device.synchronize().map_err(fail("synchronize"))
+}
+
+/// The warm-up builds programs, a second one builds none, and after it the first op calls build
+/// none either; on a cold device the same calls build theirs.
+fn warm_up_builds_every_program_once() -> TestResult {
+    let cold = open(LaunchConfig::default())?;
+    first_ops(&cold)?;
+    if cold.programs_built() == 0 {
+        return Err("the first calls on a cold device built nothing".to_owned());
+    }
+    let warm = open(LaunchConfig::default())?;
+    warm.warm_up().map_err(fail("warm_up"))?;
+    let built = warm.programs_built();
+    if built == 0 {
+        return Err("warm_up built no program".to_owned());
+    }
+    warm.warm_up().map_err(fail("second warm_up"))?;
+    first_ops(&warm)?;
+    match warm.programs_built() {
+        after if after == built => Ok(()),
+        after => Err(format!(
+            "after warm_up, a second warm_up and the first calls built {} programs",
+            after - built
+        )),
+    }
 }

@@ -22,8 +22,8 @@
 //! - `[rows, V]` matrices are [`ndarray`] views over the buffers, widened exactly to f32 one row
 //!   at a time.
 //!
-//! Where the contract (`contract.md`) and `docs/semantics.md` or the CPU backend differ, this
-//! device follows the contract:
+//! Where `docs/semantics.md` and the CPU backend differ, this device follows
+//! `docs/semantics.md`:
 //!
 //! - `softmax` and `accept_logprobs` compute the scaled logit as `(l − m) / T` (subtract the row
 //!   maximum of the raw logits first, then divide, in f32); the special rows (+inf maximum, all

@@ -143,6 +143,18 @@ impl Decoder {
         })
     }
 
+    /// Builds every kernel of the device now ([`Device::warm_up`]), so that the first step is
+    /// not slowed by compiles: on wgpu the first step otherwise builds its pipelines (seconds on a
+    /// software adapter such as lavapipe), xpu-sim its OpenCL programs, CUDA its NVRTC modules;
+    /// the CPU backend has nothing to build. Call it once, after [`Decoder::new`] and before the
+    /// first step; calling it again builds nothing. It builds the kernels of every op and dtype
+    /// the device runs, not only those of this configuration. A kernel that fails to build is
+    /// [`SamplerError::Device`] carrying [`Error::KernelBuild`](specula_backend_api::Error::KernelBuild),
+    /// which names the op's kernel.
+    pub fn warm_up(&self) -> Result<()> {
+        self.device.warm_up().map_err(SamplerError::Device)
+    }
+
     /// The device.
     pub fn device(&self) -> &Arc<dyn Device> {
         &self.device

@@ -47,6 +47,8 @@
 //! let config = SamplerConfig::new(Strategy::TargetMatch, 4, V, 64, vec![0])
 //!     .with_ngram(4, NgramConfig::default());
 //! let mut decoder = Decoder::new(device.clone(), config)?;
+//! // Build every kernel now rather than in the first step (a no-op on the CPU).
+//! decoder.warm_up()?;
 //! let slot = decoder.insert(Request::new(vec![3, 4, 5, 3, 4]).with_seed(7).with_max_dec_len(12))?;
 //!
 //! while decoder.has_running() {
@@ -66,6 +68,11 @@
 //! assert!(tokens.len() <= 12);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! Call [`Decoder::warm_up`] once after [`Decoder::new`]: the accelerated backends otherwise build
+//! their kernels at the first call of each op, which makes the first step slow (on wgpu over
+//! lavapipe, seconds of pipeline compiles; see `backend-wgpu/README.md`). It is idempotent, and
+//! returns at once on the CPU.
 //!
 //! A runner with a real model feeds [`StepPlan::input_tokens`] at [`StepPlan::input_positions`],
 //! calls [`Decoder::gather_next_token`] on its hidden states, applies its LM head and passes the

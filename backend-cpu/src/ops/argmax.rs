@@ -1,4 +1,4 @@
-//! `argmax` (contract §4.2): per row, the id of the largest value.
+//! `argmax` (`docs/semantics.md` §5.4): per row, the id of the largest value.
 //!
 //! One pass per row, rows in parallel. The order is total so every backend agrees bit for bit:
 //! NaN ranks below every number (even −inf), −0.0 equals +0.0, ties go to the lowest id; a row of

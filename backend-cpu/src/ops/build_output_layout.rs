@@ -89,7 +89,7 @@ fn to_i32(value: usize) -> i32 {
     i32::try_from(value).unwrap_or(i32::MAX)
 }
 
-/// Writes the output layout of §1: rows per slot, the packed-input and output prefix sums, and the
+/// Writes the output layout of `docs/semantics.md` §2: rows per slot, the packed-input and output prefix sums, and the
 /// slot of every output row (-1 for padding rows). Slots `≥ real_bsz` produce nothing.
 pub(crate) fn build_output_layout(
     lens: &SlotLens<'_>,

@@ -1,4 +1,4 @@
-//! `gather_next_token` (contract §4.1): copies, for every output row, the hidden-state row it
+//! `gather_next_token` (`docs/semantics.md` §5.2): copies, for every output row, the hidden-state row it
 //! predicts from.
 //!
 //! The copy is bit-exact for every dtype because it moves bytes (`hidden · size_of(dtype)` per row)

@@ -62,7 +62,7 @@ pub(crate) fn parts_per_row(rows: usize) -> usize {
     (rayon::current_num_threads() / rows.max(1)).max(1)
 }
 
-/// Whether a row value weighs nothing: a logit that is −inf once sanitized (contract §3b), or a
+/// Whether a row value weighs nothing: a logit that is −inf once sanitized (`docs/semantics.md` §4b), or a
 /// probability with `w(p) = 0`. A sampling op's answer weighs nothing exactly when its row's total
 /// weight is 0 — the rows where a `fallback` input replaces the answer (`docs/semantics.md` §4c).
 #[inline]

@@ -1,4 +1,4 @@
-//! `ngram_match` (contract §4.7): the n-gram draft proposer.
+//! `ngram_match` (`docs/semantics.md` §5.10): the n-gram draft proposer.
 //!
 //! For every decode slot, the last `n` generated tokens are looked up first in the prompt, then in
 //! the generated history (excluding the trivial match with themselves); the tokens that follow the

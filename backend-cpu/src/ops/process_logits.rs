@@ -255,7 +255,7 @@ impl Row<'_> {
     }
 }
 
-/// `sanitize(p)` of contract §3: 0 for NaN and `p ≤ 0`, 1 above 1.
+/// `sanitize(p)` of `docs/semantics.md` §4: 0 for NaN and `p ≤ 0`, 1 above 1.
 #[inline]
 fn sanitize_prob(p: f32) -> f32 {
     if p > 1.0 {

@@ -1,4 +1,4 @@
-//! `top_k_top_p_sample` (contract §4.3): exact sampling on fixed-point weights.
+//! `top_k_top_p_sample` (`docs/semantics.md` §5.6): exact sampling on fixed-point weights.
 
 use rayon::prelude::*;
 use specula_backend_api::fixed_point::top_p_fixed;
@@ -71,7 +71,7 @@ pub(crate) fn top_k_top_p_sample(
     })
 }
 
-/// Samples every logits row at its temperature (contract §3b): the same decisions from the
+/// Samples every logits row at its temperature (`docs/semantics.md` §4b): the same decisions from the
 /// rows' integer weights.
 pub(crate) fn top_k_top_p_sample_logits(
     dtype: DType,

@@ -1,4 +1,4 @@
-//! `top_p_candidates` (contract §4.4): the first C tokens in rank order with a nonzero weight, and
+//! `top_p_candidates` (`docs/semantics.md` §5.7): the first C tokens in rank order with a nonzero weight, and
 //! the length of the shortest prefix of them that reaches `top_p`.
 
 use rayon::prelude::*;
@@ -84,7 +84,7 @@ pub(crate) fn candidates_row_histogram<T: FloatElement>(
     lens
 }
 
-/// The candidates of every row; `temperature` is given for logits rows (contract §3b).
+/// The candidates of every row; `temperature` is given for logits rows (`docs/semantics.md` §4b).
 pub(crate) fn top_p_candidates(
     dtype: DType,
     inputs: &CandidatesInputs<'_>,

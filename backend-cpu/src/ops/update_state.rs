@@ -1,4 +1,4 @@
-//! `update_state` (contract §4.6): the end of a step for every running slot.
+//! `update_state` (`docs/semantics.md` §5.9): the end of a step for every running slot.
 //!
 //! Appends the emitted tokens to the slot's history, advances `step_idx` and the seed (by 4 per
 //! emitted token, which keeps speculative and plain decoding on the same seeds), records the last

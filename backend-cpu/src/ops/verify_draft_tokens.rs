@@ -1,4 +1,4 @@
-//! `verify_draft_tokens` (contract §4.5): one independent task per slot.
+//! `verify_draft_tokens` (`docs/semantics.md` §5.8): one independent task per slot.
 
 use rayon::prelude::*;
 use specula_backend_api::abi::REJECTION_MAX_TOTAL_WEIGHT;
@@ -32,7 +32,7 @@ enum Strategy<'a, T, D> {
         draft: &'a [D],
         top_k: &'a [i32],
         top_p: &'a [f32],
-        /// The rows' temperatures when target and draft rows are logits (contract §3b).
+        /// The rows' temperatures when target and draft rows are logits (`docs/semantics.md` §4b).
         temperature: Option<&'a [f32]>,
         /// The target rows' fallbacks (`process_logits`), when given.
         fallback: Option<&'a [i32]>,
@@ -333,7 +333,7 @@ fn rejection_check<T: FloatElement, D: FloatElement>(
     )
 }
 
-/// The REJECTION test on logits rows (contract §3b, §4.5): the target `p` weighed at `t` and
+/// The REJECTION test on logits rows (`docs/semantics.md` §4b, §5.8): the target `p` weighed at `t` and
 /// filtered by `top_k`/`top_p`, the draft `q` weighed at the same `t`. The acceptance test is
 /// exact (its products reach `2^133`: 192-bit arithmetic) and the residual is scaled by
 /// `2^k`, `k = max(0, bitlength(Wp) + bitlength(Wq) − 60)`.

@@ -1,6 +1,6 @@
 //! Rank-order selection without sorting a row.
 //!
-//! The rank order of a row is "rank key descending, then token id ascending" (contract §3). Every
+//! The rank order of a row is "rank key descending, then token id ascending" (`docs/semantics.md` §4). Every
 //! set the sampling ops work with — the top-k survivors, the top-p kept set, the first C candidates
 //! — is a *prefix* of that order, so it is described by a [`Prefix`]: all tokens whose key is above
 //! a threshold key, plus the first `take` tokens (by id) whose key equals it.
@@ -246,7 +246,7 @@ pub(crate) fn shortest_prefix<T: FloatElement>(
     }
 }
 
-/// The kept set of `top_k_top_p_sample` for one row (contract §4.3 steps 1–2).
+/// The kept set of `top_k_top_p_sample` for one row (`docs/semantics.md` §5.6 steps 1–2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kept {
     /// A prefix with a positive mass.

@@ -1,4 +1,4 @@
-//! Sampling from logits rows (contract §3b, `docs/semantics.md` §4b): exact, without a softmax.
+//! Sampling from logits rows (`docs/semantics.md` §4b, `docs/semantics.md` §4b): exact, without a softmax.
 //!
 //! A token's weight depends on its logit, the row maximum and the temperature only, and weights
 //! never increase down the rank order, so the tokens of positive weight are a prefix of the rank
@@ -50,7 +50,7 @@ pub(crate) struct Weighted {
     pub key: u32,
     /// The token id.
     pub id: u32,
-    /// Its §3b weight (positive).
+    /// Its §4b weight (positive).
     pub weight: u64,
 }
 
@@ -59,7 +59,7 @@ fn rank_cmp(a: &(u32, u32), b: &(u32, u32)) -> Ordering {
     b.0.cmp(&a.0).then(a.1.cmp(&b.1))
 }
 
-/// How the tokens of a logits row weigh (contract §3b steps 2 and 3).
+/// How the tokens of a logits row weigh (`docs/semantics.md` §4b steps 2 and 3).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Weighing {
     /// Every logit is −inf or NaN: every weight is 0.
@@ -554,7 +554,7 @@ pub(crate) enum KeptLogits {
     Kept(Vec<Weighted>, u64),
 }
 
-/// Top-k, then top-p, of a logits row (contract §4.3 steps 1 and 2); `kept` is a buffer to reuse.
+/// Top-k, then top-p, of a logits row (`docs/semantics.md` §5.6 steps 1 and 2); `kept` is a buffer to reuse.
 pub(crate) fn kept_set<T: FloatElement>(
     row: &[T],
     weighing: &Weighing,

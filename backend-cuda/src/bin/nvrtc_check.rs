@@ -5,7 +5,9 @@
 //! cargo run -p specula-backend-cuda --bin nvrtc-check -- --arch sm_80,sm_90 [--ptxas PATH]
 //! ```
 //!
-//! Any compile error or any warning in NVRTC's log fails the run (exit 1). With `--ptxas`, the PTX
+//! Any compile error or any warning in NVRTC's log fails the run (exit 1), and so does an entry
+//! point of the file's [`KernelFile::entry_stems`] missing from the PTX of an instance (the
+//! device's warm-up loads every one, `kernels::warm_up_plan`). With `--ptxas`, the PTX
 //! of each instance is also assembled with `ptxas -v` and the registers, spills, shared memory and
 //! stack of every entry point are printed (a ptxas failure fails the run). When libnvrtc cannot be
 //! loaded the tool says so and exits with 2.
@@ -148,6 +150,19 @@ fn run_ptxas(ptxas: &PathBuf, arch: &str, ptx: &str, tag: &str) -> Result<Vec<Us
 }
 
 /// Compiles one instance (and assembles it with ptxas when asked); returns success and a report.
+/// The entry points of `file`'s instance that the PTX does not define (`.entry <name>(`).
+fn missing_entries(
+    file: KernelFile,
+    instance: &specula_backend_cuda::kernels::Instance,
+    ptx: &str,
+) -> Vec<String> {
+    file.entry_stems()
+        .iter()
+        .map(|stem| instance.entry(stem))
+        .filter(|entry| !ptx.contains(&format!(".entry {entry}(")))
+        .collect()
+}
+
 fn check(
     arch: &str,
     file: KernelFile,
@@ -175,6 +190,13 @@ fn check(
     };
     if nvrtc::log_has_warning(&out.log) {
         return (false, format!("FAIL {label} (warnings)\n{}\n", out.log));
+    }
+    let missing = missing_entries(file, instance, &nvrtc::ptx_text(&out.ptx));
+    if !missing.is_empty() {
+        return (
+            false,
+            format!("FAIL {label}: entry points missing from the PTX: {missing:?}\n"),
+        );
     }
     let size = match &out.image {
         nvrtc::Image::Cubin(c) => c.len(),

@@ -1,4 +1,4 @@
-//! `accept_logprobs` (contract §4.8): log-probabilities, ranks and top-K of the accepted tokens
+//! `accept_logprobs` (`docs/semantics.md` §5.11): log-probabilities, ranks and top-K of the accepted tokens
 //! (`kernels/accept_logprobs.cu`): one block packs the accepted counts (the prefix sum has
 //! `max_bsz + 1` entries even for an empty batch), then one block per packed entry scores it.
 

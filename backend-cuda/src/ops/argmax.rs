@@ -1,4 +1,4 @@
-//! `argmax` (contract §4.2): per row, the id of the largest value (NaN lowest, −0 equal to +0,
+//! `argmax` (`docs/semantics.md` §5.4): per row, the id of the largest value (NaN lowest, −0 equal to +0,
 //! ties to the lowest id), one block per row (`kernels/argmax.cu`).
 
 use specula_backend_api::Op;

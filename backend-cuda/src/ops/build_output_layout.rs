@@ -1,4 +1,4 @@
-//! `build_output_layout` (contract §1): rows per slot, the input and output prefix sums and the
+//! `build_output_layout` (`docs/semantics.md` §5.1): rows per slot, the input and output prefix sums and the
 //! slot of each output row, in one block (`kernels/build_output_layout.cu`).
 
 use specula_backend_api::ops::BuildOutputLayoutCall;

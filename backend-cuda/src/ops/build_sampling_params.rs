@@ -1,4 +1,4 @@
-//! `build_sampling_params` (contract §2): per-slot `top_p`, `top_k`, temperature and seeds
+//! `build_sampling_params` (`docs/semantics.md` §5.3): per-slot `top_p`, `top_k`, temperature and seeds
 //! expanded per output row, one thread per row (`kernels/build_sampling_params.cu`).
 
 use specula_backend_api::ops::BuildSamplingParamsCall;

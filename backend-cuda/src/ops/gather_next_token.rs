@@ -1,4 +1,4 @@
-//! `gather_next_token` (contract §4.1): a bit-exact copy of the hidden-state row each output row
+//! `gather_next_token` (`docs/semantics.md` §5.2): a bit-exact copy of the hidden-state row each output row
 //! predicts from, one block per output row (`kernels/gather_next_token.cu`).
 
 use specula_backend_api::ops::GatherNextTokenCall;

@@ -1,4 +1,4 @@
-//! `ngram_match` (contract §4.7): drafts by n-gram lookup in the prompt and the history
+//! `ngram_match` (`docs/semantics.md` §5.10): drafts by n-gram lookup in the prompt and the history
 //! (`kernels/ngram_match.cu`): one block per slot proposes, then one block grants the global
 //! draft budget in slot order.
 

@@ -1,4 +1,4 @@
-//! `softmax` (contract §4.9): `probs = softmax(logits / temperature)` per row, f32 out, one block
+//! `softmax` (`docs/semantics.md` §5.5): `probs = softmax(logits / temperature)` per row, f32 out, one block
 //! per row (`kernels/softmax.cu`).
 
 use specula_backend_api::ops::SoftmaxCall;

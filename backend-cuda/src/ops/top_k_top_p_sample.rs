@@ -1,7 +1,7 @@
-//! `top_k_top_p_sample` (contract §4.3): exact top-k/top-p sampling with per-row seeds
+//! `top_k_top_p_sample` (`docs/semantics.md` §5.6): exact top-k/top-p sampling with per-row seeds
 //! (`kernels/top_k_top_p_sample.cu`). One block per row, or, for a few rows of a large vocabulary
 //! on a device that launches cooperatively, several cooperating blocks per row. Probability rows,
-//! or logits rows with their per-row temperatures (contract §3b).
+//! or logits rows with their per-row temperatures (`docs/semantics.md` §4b).
 
 use specula_backend_api::ops::TopKTopPSampleCall;
 use specula_backend_api::{Op, Result};

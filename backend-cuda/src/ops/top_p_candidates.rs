@@ -1,6 +1,6 @@
-//! `top_p_candidates` (contract §4.4): the first `C` tokens in rank order and the top-p prefix
+//! `top_p_candidates` (`docs/semantics.md` §5.7): the first `C` tokens in rank order and the top-p prefix
 //! length, one block per row (`kernels/top_p_candidates.cu`), on probability rows or on logits
-//! rows with their per-row temperatures (contract §3b).
+//! rows with their per-row temperatures (`docs/semantics.md` §4b).
 
 use specula_backend_api::ops::TopPCandidatesCall;
 use specula_backend_api::{Op, Result};

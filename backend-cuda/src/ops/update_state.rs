@@ -1,4 +1,4 @@
-//! `update_state` (contract §4.6): appends the emitted tokens and advances the per-slot state, one
+//! `update_state` (`docs/semantics.md` §5.9): appends the emitted tokens and advances the per-slot state, one
 //! thread per slot (`kernels/update_state.cu`), counting the appended tokens in `token_counts`
 //! when it is given.
 

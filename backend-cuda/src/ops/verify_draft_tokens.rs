@@ -1,8 +1,8 @@
-//! `verify_draft_tokens` (contract §4.5): draft checks and the correction or bonus token
+//! `verify_draft_tokens` (`docs/semantics.md` §5.8): draft checks and the correction or bonus token
 //! (`kernels/verify_draft_tokens.cu`). GREEDY, TARGET_MATCH and TOPP run one thread per slot;
 //! REJECTION runs a per-row pre-pass (target kept sets, draft totals or maxima) and then one block
 //! per slot, on probability rows or on logits rows weighed at the output rows' temperatures
-//! (contract §3b).
+//! (`docs/semantics.md` §4b).
 
 use specula_backend_api::ops::{Strategy, StrategyInputs, VerifyDraftTokensCall};
 use specula_backend_api::{DType, Op, Result};

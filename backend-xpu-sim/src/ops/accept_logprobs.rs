@@ -1,4 +1,4 @@
-//! `accept_logprobs` (contract §4.8, `kernels/accept_logprobs.cl`), two kernels:
+//! `accept_logprobs` (`docs/semantics.md` §5.11, `kernels/accept_logprobs.cl`), two kernels:
 //! `accept_logprobs_pack` (cluster 0 packs the accepted tokens and writes `cu_accept`; it runs on
 //! every call, even one without rows, since the front never skips this op), then
 //! `accept_logprobs_<dtype>` (one cluster per packed entry scores it).
@@ -49,6 +49,9 @@ pub(crate) const ARGS: &[ArgsStruct] = &[
     ArgsStruct::of::<AcceptLogprobsArgs>(),
 ];
 
+/// The kernel that packs the accepted tokens (in the program of each float dtype).
+const PACK: &str = "accept_logprobs_pack";
+
 /// Launches the pack, then the scoring; the source row of each packed entry passes between them
 /// in a scratch buffer.
 pub(crate) fn run(runtime: &Runtime, mut call: AcceptLogprobsCall<'_, '_>) -> Result<()> {
@@ -71,7 +74,7 @@ pub(crate) fn run(runtime: &Runtime, mut call: AcceptLogprobsCall<'_, '_>) -> Re
         max_step_tokens: count(dims.max_step_tokens),
         rows: count(params.shape.rows),
     };
-    runtime.launch(&key, "accept_logprobs_pack", &buffers, &pack)?;
+    runtime.launch(&key, PACK, &buffers, &pack)?;
     let mut buffers = KernelBuffers::default();
     let score = AcceptLogprobsArgs {
         logits_offset: buffers.bind(inputs.logits)?,
@@ -88,4 +91,14 @@ pub(crate) fn run(runtime: &Runtime, mut call: AcceptLogprobsCall<'_, '_>) -> Re
         pad: 0,
     };
     runtime.launch(&key, &entry, &buffers, &score)
+}
+
+/// The programs `run` may launch, one per float dtype, each with the pack and the scoring kernel
+/// (what the warm-up builds).
+pub(crate) fn programs() -> Vec<super::Program> {
+    let mut programs = super::float_programs(specula_backend_api::Op::AcceptLogprobs);
+    for (_, kernels) in &mut programs {
+        kernels.insert(0, PACK.to_owned());
+    }
+    programs
 }

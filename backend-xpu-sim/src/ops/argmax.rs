@@ -1,4 +1,4 @@
-//! `argmax` (contract §4.2, `kernels/argmax.cl`): one cluster per row.
+//! `argmax` (`docs/semantics.md` §5.4, `kernels/argmax.cl`): one cluster per row.
 
 use specula_backend_api::ops::ArgmaxCall;
 use specula_backend_api::{Op, Result};
@@ -31,4 +31,9 @@ pub(crate) fn run(runtime: &Runtime, mut call: ArgmaxCall<'_>) -> Result<()> {
         vocab: count(shape.vocab),
     };
     runtime.launch(&key, &entry, &buffers, &args)
+}
+
+/// The programs `run` may launch: one per float dtype (what the warm-up builds).
+pub(crate) fn programs() -> Vec<super::Program> {
+    super::float_programs(Op::Argmax)
 }

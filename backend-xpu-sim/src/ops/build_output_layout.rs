@@ -1,4 +1,4 @@
-//! `build_output_layout` (contract §1–2, `kernels/build_output_layout.cl`): a batch kernel on
+//! `build_output_layout` (`docs/semantics.md` §5.1, `kernels/build_output_layout.cl`): a batch kernel on
 //! cluster 0.
 
 use specula_backend_api::ops::BuildOutputLayoutCall;
@@ -45,4 +45,9 @@ pub(crate) fn run(runtime: &Runtime, mut call: BuildOutputLayoutCall<'_, '_>) ->
     };
     let (key, entry) = batch_program(Op::BuildOutputLayout);
     runtime.launch(&key, &entry, &buffers, &args)
+}
+
+/// The one program `run` launches (what the warm-up builds).
+pub(crate) fn programs() -> Vec<super::Program> {
+    vec![super::single(batch_program(Op::BuildOutputLayout))]
 }

@@ -1,4 +1,4 @@
-//! `build_sampling_params` (contract §2, `kernels/build_sampling_params.cl`): one output row per
+//! `build_sampling_params` (`docs/semantics.md` §5.3, `kernels/build_sampling_params.cl`): one output row per
 //! core.
 
 use specula_backend_api::ops::BuildSamplingParamsCall;
@@ -58,4 +58,9 @@ pub(crate) fn run(runtime: &Runtime, mut call: BuildSamplingParamsCall<'_, '_>) 
     };
     let (key, entry) = batch_program(Op::BuildSamplingParams);
     runtime.launch(&key, &entry, &buffers, &args)
+}
+
+/// The one program `run` launches (what the warm-up builds).
+pub(crate) fn programs() -> Vec<super::Program> {
+    vec![super::single(batch_program(Op::BuildSamplingParams))]
 }

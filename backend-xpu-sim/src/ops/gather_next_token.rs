@@ -1,11 +1,11 @@
-//! `gather_next_token` (contract §4.1, `kernels/gather_next_token.cl`): one cluster per output row,
+//! `gather_next_token` (`docs/semantics.md` §5.2, `kernels/gather_next_token.cl`): one cluster per output row,
 //! a bit copy.
 
 use specula_backend_api::ops::GatherNextTokenCall;
 use specula_backend_api::{DType, Op, Result};
 
 use super::{ArgsStruct, count, flag, program};
-use crate::runtime::{KernelBuffers, Runtime};
+use crate::runtime::{KernelBuffers, ProgramKey, Runtime};
 
 specula_backend_api::kernel_args! {
     /// The parameters of `gather_next_token_<dtype>`.
@@ -39,15 +39,20 @@ fn elem_type(dtype: DType) -> &'static str {
     }
 }
 
-/// Launches `gather_next_token_<dtype>`.
-pub(crate) fn run(runtime: &Runtime, mut call: GatherNextTokenCall<'_>) -> Result<()> {
-    let (inputs, out, params, rows) = call.parts();
-    let dtype = inputs.hidden_states.dtype();
+/// The program and entry point (`gather_next_token_<dtype>`) of hidden states of `dtype`.
+fn gather_program(dtype: DType) -> (ProgramKey, String) {
     let entry = Op::GatherNextToken.entry_point(dtype);
     let key = program(
         Op::GatherNextToken,
         &[("ENTRY", &entry), ("ELEM", elem_type(dtype))],
     );
+    (key, entry)
+}
+
+/// Launches `gather_next_token_<dtype>`.
+pub(crate) fn run(runtime: &Runtime, mut call: GatherNextTokenCall<'_>) -> Result<()> {
+    let (inputs, out, params, rows) = call.parts();
+    let (key, entry) = gather_program(inputs.hidden_states.dtype());
     let (lens, layout) = (&inputs.lens, &inputs.layout);
     let mut buffers = KernelBuffers::default();
     let args = GatherNextTokenArgs {
@@ -66,4 +71,13 @@ pub(crate) fn run(runtime: &Runtime, mut call: GatherNextTokenCall<'_>) -> Resul
         is_speculative: flag(params.is_speculative),
     };
     runtime.launch(&key, &entry, &buffers, &args)
+}
+
+/// The programs `run` may launch: one per dtype (the copy moves bits of any dtype; what the
+/// warm-up builds).
+pub(crate) fn programs() -> Vec<super::Program> {
+    DType::ALL
+        .into_iter()
+        .map(|dtype| super::single(gather_program(dtype)))
+        .collect()
 }

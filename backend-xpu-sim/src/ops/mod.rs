@@ -31,6 +31,33 @@ use specula_backend_api::{DType, Op, Result};
 
 use crate::runtime::{ClStorage, ProgramKey, Runtime};
 
+/// One program an op may launch, and the kernels it creates from it (what the warm-up builds).
+pub(crate) type Program = (ProgramKey, Vec<String>);
+
+/// The program of `(key, entry)` with its one kernel, `entry`.
+pub(crate) fn single((key, entry): (ProgramKey, String)) -> Program {
+    (key, vec![entry])
+}
+
+/// Every program of a row op over one float storage format ([`float_program`]), one per float
+/// dtype, with its one kernel.
+pub(crate) fn float_programs(op: Op) -> Vec<Program> {
+    DType::FLOATS
+        .into_iter()
+        .map(|dtype| single(float_program(op, dtype)))
+        .collect()
+}
+
+/// Every program of a sampling op ([`scores_program`]): each float dtype, probabilities and
+/// logits rows.
+pub(crate) fn scores_programs(op: Op) -> Vec<Program> {
+    DType::FLOATS
+        .into_iter()
+        .flat_map(|dtype| [false, true].map(|logits| ScoresKind { dtype, logits }))
+        .map(|kind| single(scores_program(op, kind)))
+        .collect()
+}
+
 /// A kernel argument struct as its program declares it: the name and fields of a
 /// [`kernel_args!`](specula_backend_api::kernel_args) struct.
 pub(crate) struct ArgsStruct {
@@ -87,7 +114,7 @@ pub(crate) fn float_program(op: Op, dtype: DType) -> (ProgramKey, String) {
 }
 
 /// The program and entry point (`<op>_<dtype>`) of a sampling op over `kind`'s rows: probabilities,
-/// or logits (`LOGITS=1`: each row weighed by contract §3b at its temperature).
+/// or logits (`LOGITS=1`: each row weighed by `docs/semantics.md` §4b at its temperature).
 pub(crate) fn scores_program(op: Op, kind: ScoresKind) -> (ProgramKey, String) {
     let entry = op.entry_point(kind.dtype);
     let key = program(

@@ -1,4 +1,4 @@
-//! `ngram_match` (contract §4.7, `kernels/ngram_match.cl`), two kernels: `ngram_match_i32` (one
+//! `ngram_match` (`docs/semantics.md` §5.10, `kernels/ngram_match.cl`), two kernels: `ngram_match_i32` (one
 //! cluster per decode slot searches and writes a proposal to scratch), then
 //! `ngram_match_i32_budget` (one cluster grants the global draft budget in slot order).
 
@@ -48,6 +48,11 @@ pub(crate) const ARGS: &[ArgsStruct] = &[
     ArgsStruct::of::<NgramMatchBudgetArgs>(),
 ];
 
+/// The budget kernel of the program whose search kernel is `entry`.
+fn budget_kernel(entry: &str) -> String {
+    format!("{entry}_budget")
+}
+
 /// Launches the search, then the budget; the proposals (decode flag, start, length per slot) pass
 /// between them in a scratch buffer.
 pub(crate) fn run(runtime: &Runtime, mut call: NgramMatchCall<'_, '_>) -> Result<()> {
@@ -85,5 +90,13 @@ pub(crate) fn run(runtime: &Runtime, mut call: NgramMatchCall<'_, '_>) -> Result
         real_bsz: count(dims.real_bsz),
         max_step_tokens: count(dims.max_step_tokens),
     };
-    runtime.launch(&key, &format!("{entry}_budget"), &buffers, &budget)
+    runtime.launch(&key, &budget_kernel(&entry), &buffers, &budget)
+}
+
+/// The one program `run` launches, with the search and the budget kernel (what the warm-up
+/// builds).
+pub(crate) fn programs() -> Vec<super::Program> {
+    let (key, entry) = batch_program(Op::NgramMatch);
+    let budget = budget_kernel(&entry);
+    vec![(key, vec![entry, budget])]
 }

@@ -96,3 +96,8 @@ pub(crate) fn run(runtime: &Runtime, mut call: ProcessLogitsCall<'_, '_>) -> Res
     };
     runtime.launch(&key, &entry, &buffers, &args)
 }
+
+/// The programs `run` may launch: one per float dtype and row kind (what the warm-up builds).
+pub(crate) fn programs() -> Vec<super::Program> {
+    super::scores_programs(Op::ProcessLogits)
+}

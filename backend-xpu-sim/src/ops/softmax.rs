@@ -1,4 +1,4 @@
-//! `softmax` (contract §4.9, `kernels/softmax.cl`): one cluster per row, f32 throughout.
+//! `softmax` (`docs/semantics.md` §5.5, `kernels/softmax.cl`): one cluster per row, f32 throughout.
 
 use specula_backend_api::ops::SoftmaxCall;
 use specula_backend_api::{Op, Result};
@@ -33,4 +33,9 @@ pub(crate) fn run(runtime: &Runtime, mut call: SoftmaxCall<'_>) -> Result<()> {
         vocab: count(params.shape.vocab),
     };
     runtime.launch(&key, &entry, &buffers, &args)
+}
+
+/// The programs `run` may launch: one per float dtype (what the warm-up builds).
+pub(crate) fn programs() -> Vec<super::Program> {
+    super::float_programs(Op::Softmax)
 }

@@ -1,5 +1,5 @@
-//! `top_k_top_p_sample` (contract §4.3, `kernels/top_k_top_p_sample.cl`): one cluster per row; rows
-//! of probabilities or of logits (§3b).
+//! `top_k_top_p_sample` (`docs/semantics.md` §5.6, `kernels/top_k_top_p_sample.cl`): one cluster per row; rows
+//! of probabilities or of logits (§4b).
 
 use specula_backend_api::ops::TopKTopPSampleCall;
 use specula_backend_api::{Op, Result};
@@ -48,4 +48,9 @@ pub(crate) fn run(runtime: &Runtime, mut call: TopKTopPSampleCall<'_>) -> Result
         pad: 0,
     };
     runtime.launch(&key, &entry, &buffers, &args)
+}
+
+/// The programs `run` may launch: one per float dtype and row kind (what the warm-up builds).
+pub(crate) fn programs() -> Vec<super::Program> {
+    super::scores_programs(Op::TopKTopPSample)
 }

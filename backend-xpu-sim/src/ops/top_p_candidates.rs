@@ -1,5 +1,5 @@
-//! `top_p_candidates` (contract §4.4, `kernels/top_p_candidates.cl`): one cluster per row; rows of
-//! probabilities or of logits (§3b).
+//! `top_p_candidates` (`docs/semantics.md` §5.7, `kernels/top_p_candidates.cl`): one cluster per row; rows of
+//! probabilities or of logits (§4b).
 
 use specula_backend_api::ops::TopPCandidatesCall;
 use specula_backend_api::{Op, Result};
@@ -57,4 +57,9 @@ pub(crate) fn run(runtime: &Runtime, mut call: TopPCandidatesCall<'_, '_>) -> Re
         pad: 0,
     };
     runtime.launch(&key, &entry, &buffers, &args)
+}
+
+/// The programs `run` may launch: one per float dtype and row kind (what the warm-up builds).
+pub(crate) fn programs() -> Vec<super::Program> {
+    super::scores_programs(Op::TopPCandidates)
 }

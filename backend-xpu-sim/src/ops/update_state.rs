@@ -1,4 +1,4 @@
-//! `update_state` (contract §4.6, `kernels/update_state.cl`): one slot per core.
+//! `update_state` (`docs/semantics.md` §5.9, `kernels/update_state.cl`): one slot per core.
 
 use specula_backend_api::ops::UpdateStateCall;
 use specula_backend_api::{Op, Result};
@@ -68,4 +68,9 @@ pub(crate) fn run(runtime: &Runtime, mut call: UpdateStateCall<'_, '_>) -> Resul
     };
     let (key, entry) = batch_program(Op::UpdateState);
     runtime.launch(&key, &entry, &buffers, &args)
+}
+
+/// The one program `run` launches (what the warm-up builds).
+pub(crate) fn programs() -> Vec<super::Program> {
+    vec![super::single(batch_program(Op::UpdateState))]
 }

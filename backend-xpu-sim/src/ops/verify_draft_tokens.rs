@@ -1,12 +1,12 @@
-//! `verify_draft_tokens` (contract §4.5, `kernels/verify_draft_tokens.cl`): one cluster per slot;
+//! `verify_draft_tokens` (`docs/semantics.md` §5.8, `kernels/verify_draft_tokens.cl`): one cluster per slot;
 //! the strategy is a build option (`STRATEGY`), and so is the kind of REJECTION's rows
-//! (`LOGITS`: logits weighed by §3b, the draft rows at the temperature of their output row).
+//! (`LOGITS`: logits weighed by §4b, the draft rows at the temperature of their output row).
 
 use specula_backend_api::ops::{Strategy, StrategyInputs, VerifyDraftTokensCall};
 use specula_backend_api::{Buffer, DType, Op, Result};
 
 use super::{ArgsStruct, count, flag, float_code, logits_code, program};
-use crate::runtime::{KernelBuffers, Runtime};
+use crate::runtime::{KernelBuffers, ProgramKey, Runtime};
 
 specula_backend_api::kernel_args! {
     /// The parameters of `verify_draft_tokens_<dtype>` (`rj_fallback`: when `has_fallback`,
@@ -118,22 +118,33 @@ fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 1
     }
 }
 
-/// Launches `verify_draft_tokens_<dtype>` built for the call's strategy (and, for REJECTION, the
-/// target and draft storage formats and the rows' kind).
-pub(crate) fn run(runtime: &Runtime, mut call: VerifyDraftTokensCall<'_, '_>) -> Result<()> {
-    let (inputs, out, params, facts) = call.parts();
-    let (target_dtype, draft_dtype) = facts.rejection_dtypes.unwrap_or((DType::F32, DType::F32));
+/// The program and entry point (`verify_draft_tokens_<dtype>`) of `strategy`, REJECTION's target
+/// and draft storage formats (f32 for the other strategies) and rows' kind.
+fn verify_program(
+    strategy: Strategy,
+    (target_dtype, draft_dtype): (DType, DType),
+    logits: bool,
+) -> (ProgramKey, String) {
     let entry = Op::VerifyDraftTokens.entry_point(target_dtype);
     let key = program(
         Op::VerifyDraftTokens,
         &[
             ("ENTRY", &entry),
-            ("STRATEGY", strategy_code(inputs.strategy.strategy())),
+            ("STRATEGY", strategy_code(strategy)),
             ("T_DTYPE", float_code(target_dtype)),
             ("D_DTYPE", float_code(draft_dtype)),
-            ("LOGITS", logits_code(facts.logits)),
+            ("LOGITS", logits_code(logits)),
         ],
     );
+    (key, entry)
+}
+
+/// Launches `verify_draft_tokens_<dtype>` built for the call's strategy (and, for REJECTION, the
+/// target and draft storage formats and the rows' kind).
+pub(crate) fn run(runtime: &Runtime, mut call: VerifyDraftTokensCall<'_, '_>) -> Result<()> {
+    let (inputs, out, params, facts) = call.parts();
+    let dtypes = facts.rejection_dtypes.unwrap_or((DType::F32, DType::F32));
+    let (key, entry) = verify_program(inputs.strategy.strategy(), dtypes, facts.logits);
     let candidates = match inputs.strategy {
         StrategyInputs::TopP { candidates, .. } => candidates,
         _ => 0,
@@ -188,4 +199,24 @@ pub(crate) fn run(runtime: &Runtime, mut call: VerifyDraftTokensCall<'_, '_>) ->
         has_fallback: flag(rj_fallback.is_some()),
     };
     runtime.launch(&key, &entry, &buffers, &args)
+}
+
+/// The programs `run` may launch (what the warm-up builds): GREEDY, TARGET_MATCH and TOPP once
+/// each; REJECTION for every target and draft float dtype, over probabilities and logits rows.
+pub(crate) fn programs() -> Vec<super::Program> {
+    let mut keys = Vec::new();
+    for strategy in Strategy::ALL {
+        if strategy != Strategy::Rejection {
+            keys.push(verify_program(strategy, (DType::F32, DType::F32), false));
+            continue;
+        }
+        for target in DType::FLOATS {
+            for draft in DType::FLOATS {
+                for logits in [false, true] {
+                    keys.push(verify_program(strategy, (target, draft), logits));
+                }
+            }
+        }
+    }
+    keys.into_iter().map(super::single).collect()
 }

@@ -1,0 +1,112 @@
+//! `Device::warm_up` on the adapter: it compiles every pipeline once (a second call compiles
+//! nothing), and after it the first call of an op compiles nothing either; without it, that first
+//! call compiles its pipeline (so the counter tells).
+//!
+//! Without a usable adapter the tests are listed as ignored with the reason, and fail under
+//! `SPECULA_REQUIRE=wgpu` (`specula_backend_api::testing`).
+
+use std::process::ExitCode;
+
+use specula_backend_api::ops::{RowShape, SampleInputs, SampleParams, Scores};
+use specula_backend_api::testing::{self, Needs, TestFn};
+use specula_backend_api::{DType, Device, DeviceExt, Error};
+use specula_backend_wgpu::WgpuDevice;
+
+fn open() -> Result<WgpuDevice, String> {
+    specula_backend_wgpu::open_device(0).map_err(|e| format!("opening wgpu: {e}"))
+}
+
+/// Runs `argmax` over bf16 rows and `top_k_top_p_sample` over f32 logits rows.
+fn first_ops(device: &WgpuDevice) -> Result<(), String> {
+    let run = || -> specula_backend_api::Result<()> {
+        let shape = RowShape { rows: 2, vocab: 5 };
+        let values = [0.5f32, 2.0, -1.0, 0.0, 1.5, 3.0, 1.0, 1.0, -2.0, 0.25];
+        // bf16 is the high half of an f32 (these values are exact in it).
+        let bf16: Vec<u8> = values
+            .iter()
+            .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+            .collect();
+        let input = device.upload_bytes(DType::BF16, &bf16)?;
+        let mut ids = device.alloc::<i32>(shape.rows)?;
+        device.argmax(&input, &mut ids, &shape)?;
+        let logits = device.upload(&values)?;
+        let temperature = device.upload(&[0.7f32, 1.0])?;
+        let top_k = device.upload(&[0i32, 3])?;
+        let top_p = device.upload(&[1.0f32, 0.9])?;
+        let seed = device.upload(&[1u64, 2])?;
+        let inputs = SampleInputs {
+            scores: Scores::logits(&logits, &temperature),
+            top_k: &top_k,
+            top_p: &top_p,
+            seed: &seed,
+            fallback: None,
+        };
+        let mut tokens = device.alloc::<i32>(shape.rows)?;
+        let params = SampleParams {
+            shape,
+            host_top_p: None,
+        };
+        device.top_k_top_p_sample(&inputs, &mut tokens, &params)?;
+        device.synchronize()
+    };
+    run().map_err(|e| format!("running the ops: {e}"))
+}
+
+/// The warm-up compiles pipelines, and a second one compiles none.
+fn warm_up_compiles_every_pipeline_once() -> Result<(), String> {
+    let device = open()?;
+    device.warm_up().map_err(|e| format!("warm_up: {e}"))?;
+    let built = device.pipelines_built();
+    if built == 0 {
+        return Err("warm_up compiled no pipeline".to_owned());
+    }
+    device
+        .warm_up()
+        .map_err(|e| format!("second warm_up: {e}"))?;
+    match device.pipelines_built() {
+        again if again == built => Ok(()),
+        again => Err(format!(
+            "a second warm_up compiled {} pipelines",
+            again - built
+        )),
+    }
+}
+
+/// After the warm-up the first op calls compile nothing; without it they do.
+fn after_warm_up_the_first_call_compiles_nothing() -> Result<(), String> {
+    let cold = open()?;
+    first_ops(&cold)?;
+    if cold.pipelines_built() == 0 {
+        return Err("the first calls on a cold device compiled nothing".to_owned());
+    }
+    let warm = open()?;
+    warm.warm_up().map_err(|e| format!("warm_up: {e}"))?;
+    let built = warm.pipelines_built();
+    first_ops(&warm)?;
+    match warm.pipelines_built() {
+        after if after == built => Ok(()),
+        after => Err(format!(
+            "the first calls after warm_up compiled {} pipelines",
+            after - built
+        )),
+    }
+}
+
+fn main() -> ExitCode {
+    let availability = match specula_backend_wgpu::open_device(0) {
+        Err(Error::Unavailable { reason, .. }) => Err(reason),
+        _ => Ok(()),
+    };
+    let needs = Needs::new("wgpu", availability);
+    let tests: Vec<(&str, TestFn)> = vec![
+        (
+            "warm_up_compiles_every_pipeline_once",
+            Box::new(warm_up_compiles_every_pipeline_once),
+        ),
+        (
+            "after_warm_up_the_first_call_compiles_nothing",
+            Box::new(after_warm_up_the_first_call_compiles_nothing),
+        ),
+    ];
+    testing::run(&needs, tests)
+}
