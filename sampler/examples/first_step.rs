@@ -73,7 +73,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             for row in 0..plan.t_out() {
                 rows.extend(toy_logits(&decoder.row_prefix(row)?));
             }
-            Ok(device.upload(&rows)?)
+            Ok::<_, specula_sampler::SamplerError>(device.upload(&rows)?)
         })?;
         times.push(t0.elapsed().as_secs_f64());
     }
