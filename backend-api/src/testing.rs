@@ -80,3 +80,40 @@ fn trial(needs: &Needs, name: &str, body: TestFn) -> Trial {
     })
     .with_ignored_flag(true)
 }
+
+/// The first op calls of a warm-up test: `argmax` over two bf16 rows and `top_k_top_p_sample`
+/// over two f32 logits rows, then a synchronize. A backend's test compares the kernels it builds
+/// on a cold device and after `warm_up`.
+pub fn first_sampling_ops(device: &dyn crate::Device) -> crate::Result<()> {
+    use crate::ops::{RowShape, SampleInputs, SampleParams, Scores};
+    use crate::{DType, DeviceExt};
+    let shape = RowShape { rows: 2, vocab: 5 };
+    let values = [0.5f32, 2.0, -1.0, 0.0, 1.5, 3.0, 1.0, 1.0, -2.0, 0.25];
+    // bf16 is the high half of an f32 (these values are exact in it).
+    let bf16: Vec<u8> = values
+        .iter()
+        .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+        .collect();
+    let input = device.upload_bytes(DType::BF16, &bf16)?;
+    let mut ids = device.alloc::<i32>(shape.rows)?;
+    device.argmax(&input, &mut ids, &shape)?;
+    let logits = device.upload(&values)?;
+    let temperature = device.upload(&[0.7f32, 1.0])?;
+    let top_k = device.upload(&[0i32, 3])?;
+    let top_p = device.upload(&[1.0f32, 0.9])?;
+    let seed = device.upload(&[1u64, 2])?;
+    let inputs = SampleInputs {
+        scores: Scores::logits(&logits, &temperature),
+        top_k: &top_k,
+        top_p: &top_p,
+        seed: &seed,
+        fallback: None,
+    };
+    let mut tokens = device.alloc::<i32>(shape.rows)?;
+    let params = SampleParams {
+        shape,
+        host_top_p: None,
+    };
+    device.top_k_top_p_sample(&inputs, &mut tokens, &params)?;
+    device.synchronize()
+}

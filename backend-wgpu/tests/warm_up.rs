@@ -7,9 +7,8 @@
 
 use std::process::ExitCode;
 
-use specula_backend_api::ops::{RowShape, SampleInputs, SampleParams, Scores};
 use specula_backend_api::testing::{self, Needs, TestFn};
-use specula_backend_api::{DType, Device, DeviceExt, Error};
+use specula_backend_api::{Device, Error};
 use specula_backend_wgpu::WgpuDevice;
 
 fn open() -> Result<WgpuDevice, String> {
@@ -18,38 +17,7 @@ fn open() -> Result<WgpuDevice, String> {
 
 /// Runs `argmax` over bf16 rows and `top_k_top_p_sample` over f32 logits rows.
 fn first_ops(device: &WgpuDevice) -> Result<(), String> {
-    let run = || -> specula_backend_api::Result<()> {
-        let shape = RowShape { rows: 2, vocab: 5 };
-        let values = [0.5f32, 2.0, -1.0, 0.0, 1.5, 3.0, 1.0, 1.0, -2.0, 0.25];
-        // bf16 is the high half of an f32 (these values are exact in it).
-        let bf16: Vec<u8> = values
-            .iter()
-            .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
-            .collect();
-        let input = device.upload_bytes(DType::BF16, &bf16)?;
-        let mut ids = device.alloc::<i32>(shape.rows)?;
-        device.argmax(&input, &mut ids, &shape)?;
-        let logits = device.upload(&values)?;
-        let temperature = device.upload(&[0.7f32, 1.0])?;
-        let top_k = device.upload(&[0i32, 3])?;
-        let top_p = device.upload(&[1.0f32, 0.9])?;
-        let seed = device.upload(&[1u64, 2])?;
-        let inputs = SampleInputs {
-            scores: Scores::logits(&logits, &temperature),
-            top_k: &top_k,
-            top_p: &top_p,
-            seed: &seed,
-            fallback: None,
-        };
-        let mut tokens = device.alloc::<i32>(shape.rows)?;
-        let params = SampleParams {
-            shape,
-            host_top_p: None,
-        };
-        device.top_k_top_p_sample(&inputs, &mut tokens, &params)?;
-        device.synchronize()
-    };
-    run().map_err(|e| format!("running the ops: {e}"))
+    testing::first_sampling_ops(device).map_err(|e| format!("running the ops: {e}"))
 }
 
 /// The warm-up compiles pipelines, and a second one compiles none.

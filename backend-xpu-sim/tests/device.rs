@@ -11,7 +11,7 @@ use specula_backend_api::ops::{
     SampleParams, Scores,
 };
 use specula_backend_api::testing::{self, Needs, TestFn};
-use specula_backend_api::{DType, Device, DeviceExt, Error};
+use specula_backend_api::{Device, DeviceExt, Error};
 use specula_backend_xpu_sim::{LaunchConfig, XpuSimDevice};
 
 type TestResult = Result<(), String>;
@@ -281,40 +281,7 @@ fn tiny_temperature_logprobs_tend_to_the_one_hot() -> TestResult {
 
 /// Runs `argmax` over bf16 rows and `top_k_top_p_sample` over f32 logits rows.
 fn first_ops(device: &XpuSimDevice) -> TestResult {
-    let shape = RowShape { rows: 2, vocab: 5 };
-    let values = [0.5f32, 2.0, -1.0, 0.0, 1.5, 3.0, 1.0, 1.0, -2.0, 0.25];
-    // bf16 is the high half of an f32 (these values are exact in it).
-    let bf16: Vec<u8> = values
-        .iter()
-        .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
-        .collect();
-    let input = device
-        .upload_bytes(DType::BF16, &bf16)
-        .map_err(fail("upload"))?;
-    let mut ids = device.alloc::<i32>(shape.rows).map_err(fail("alloc"))?;
-    device
-        .argmax(&input, &mut ids, &shape)
-        .map_err(fail("argmax"))?;
-    let up = |data: &[f32]| device.upload(data).map_err(fail("upload"));
-    let (logits, temperature, top_p) = (up(&values)?, up(&[0.7, 1.0])?, up(&[1.0, 0.9])?);
-    let top_k = device.upload(&[0i32, 3]).map_err(fail("upload"))?;
-    let seed = device.upload(&[1u64, 2]).map_err(fail("upload"))?;
-    let inputs = SampleInputs {
-        scores: Scores::logits(&logits, &temperature),
-        top_k: &top_k,
-        top_p: &top_p,
-        seed: &seed,
-        fallback: None,
-    };
-    let mut tokens = device.alloc::<i32>(shape.rows).map_err(fail("alloc"))?;
-    let params = SampleParams {
-        shape,
-        host_top_p: None,
-    };
-    device
-        .top_k_top_p_sample(&inputs, &mut tokens, &params)
-        .map_err(fail("top_k_top_p_sample"))?;
-    device.synchronize().map_err(fail("synchronize"))
+    testing::first_sampling_ops(device).map_err(fail("the first ops"))
 }
 
 /// The warm-up builds programs, a second one builds none, and after it the first op calls build

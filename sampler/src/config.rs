@@ -410,6 +410,15 @@ impl SamplerConfig {
         usize::try_from(token).is_ok_and(|t| t < self.vocab)
     }
 
+    /// The first token of `tokens` outside `0 .. V`, with its index.
+    pub(crate) fn first_outside_vocab(&self, tokens: &[i32]) -> Option<(usize, i32)> {
+        tokens
+            .iter()
+            .copied()
+            .enumerate()
+            .find(|&(_, t)| !self.in_vocab(t))
+    }
+
     /// The batch dimensions of a step over slots `0 .. real_bsz`.
     pub(crate) fn dims(&self, real_bsz: usize) -> BatchDims {
         BatchDims {
@@ -785,12 +794,7 @@ impl Request {
                 ),
             );
         }
-        if let Some((i, t)) = self
-            .prompt
-            .iter()
-            .enumerate()
-            .find(|(_, t)| !config.in_vocab(**t))
-        {
+        if let Some((i, t)) = config.first_outside_vocab(&self.prompt) {
             return bad(
                 "prompt",
                 format!("token {i} = {t} not in 0 .. {}", config.vocab),
@@ -833,12 +837,7 @@ impl Request {
         let bad =
             |field: &'static str, reason: String| Err(SamplerError::Request { field, reason });
         let vocab = config.vocab;
-        if let Some((i, t)) = self
-            .stop_tokens
-            .iter()
-            .enumerate()
-            .find(|(_, t)| !config.in_vocab(**t))
-        {
+        if let Some((i, t)) = config.first_outside_vocab(&self.stop_tokens) {
             return bad(
                 "stop_tokens",
                 format!("entry {i}: token {t} not in 0 .. {vocab}"),
