@@ -80,16 +80,11 @@ fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 1
             None,
             None,
         ],
-        StrategyInputs::TopP {
-            candidate_ids,
-            candidate_scores,
-            candidate_lens,
-            ..
-        } => [
+        StrategyInputs::TopP(c) => [
             None,
-            Some(candidate_ids),
-            Some(candidate_scores),
-            Some(candidate_lens),
+            Some(c.candidate_ids),
+            Some(c.candidate_scores),
+            Some(c.candidate_lens),
             None,
             None,
             None,
@@ -97,23 +92,17 @@ fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 1
             None,
             None,
         ],
-        StrategyInputs::Rejection {
-            target,
-            draft,
-            top_k,
-            top_p,
-            fallback,
-        } => [
+        StrategyInputs::Rejection(r) => [
             None,
             None,
             None,
             None,
-            Some(target.matrix()),
-            target.temperature(),
-            Some(draft),
-            Some(top_k),
-            Some(top_p),
-            fallback,
+            Some(r.target.matrix()),
+            r.target.temperature(),
+            Some(r.draft),
+            Some(r.top_k),
+            Some(r.top_p),
+            r.fallback,
         ],
     }
 }
@@ -146,7 +135,7 @@ pub(crate) fn run(runtime: &Runtime, mut call: VerifyDraftTokensCall<'_, '_>) ->
     let dtypes = facts.rejection_dtypes.unwrap_or((DType::F32, DType::F32));
     let (key, entry) = verify_program(inputs.strategy.strategy(), dtypes, facts.logits);
     let candidates = match inputs.strategy {
-        StrategyInputs::TopP { candidates, .. } => candidates,
+        StrategyInputs::TopP(c) => c.candidates,
         _ => 0,
     };
     let [
