@@ -2,6 +2,7 @@
 //! the strategy is a build option (`STRATEGY`), and so is the kind of REJECTION's rows
 //! (`LOGITS`: logits weighed by §4b, the draft rows at the temperature of their output row).
 
+use specula_backend_api::WarmUp;
 use specula_backend_api::ops::{Strategy, StrategyInputs, VerifyDraftTokensCall};
 use specula_backend_api::{Buffer, DType, Op, Result};
 
@@ -191,15 +192,16 @@ pub(crate) fn run(runtime: &Runtime, mut call: VerifyDraftTokensCall<'_, '_>) ->
 }
 
 /// The programs `run` may launch (what the warm-up builds): GREEDY, TARGET_MATCH and TOPP once
-/// each; REJECTION for every target and draft float dtype, over probabilities and logits rows.
-pub(crate) fn programs() -> Vec<super::Program> {
+/// each; REJECTION for every target dtype of the plan and every draft float dtype, over
+/// probabilities and logits rows.
+pub(crate) fn programs(plan: &WarmUp) -> Vec<super::Program> {
     let mut keys = Vec::new();
     for strategy in Strategy::ALL {
         if strategy != Strategy::Rejection {
             keys.push(verify_program(strategy, (DType::F32, DType::F32), false));
             continue;
         }
-        for target in DType::FLOATS {
+        for &target in plan.dtypes() {
             for draft in DType::FLOATS {
                 for logits in [false, true] {
                     keys.push(verify_program(strategy, (target, draft), logits));
