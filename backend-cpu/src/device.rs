@@ -68,6 +68,7 @@ impl CpuDevice {
             max_buffer_bytes: None,
             logits: true,
             processing: true,
+            fused_processing: false,
             row_block_bytes: row_block_bytes(),
         };
         Ok(CpuDevice {

@@ -18,6 +18,7 @@ fn with_vocab(vocab: usize) -> Case {
             rows,
             vocab,
             logits: false,
+            processing: None,
         },
     )
     .with("probs", prob_rows(rows, VOCAB))
