@@ -196,6 +196,15 @@ impl Row<'_> {
         self.penalized[w / 64] >> (w % 64) & 1 == 1
     }
 
+    /// Whether no penalty raises a value (`α ≥ 1`, `β ≥ 0`, `γ ≥ 0`): then every processed
+    /// value outside the sparse tokens is at most its sanitized input.
+    fn never_raises(&self) -> bool {
+        self.repetition
+            .is_none_or(|(alpha, inverse)| alpha >= 1.0 && inverse <= 1.0)
+            && self.frequency >= 0.0
+            && self.presence >= 0.0
+    }
+
     /// The slot's count of `v` (negative table entries count as 0), without the drafts.
     #[inline]
     fn base_count(&self, v: usize) -> i32 {
@@ -683,7 +692,9 @@ fn slot_penalized_words(batch: &Batch<'_>, b: usize, bits: &mut [u64]) {
     let prompt = &batch.prompt_mask[b * words..(b + 1) * words];
     let counts = &batch.token_counts[b * batch.vocab..(b + 1) * batch.vocab];
     for (w, chunk) in counts.chunks(32).enumerate() {
-        let touched = (repetition && prompt[w] != 0) || chunk.iter().any(|&c| c > 0);
+        // A fold, not `any`: the compare of the whole word vectorises.
+        let counted = chunk.iter().fold(false, |any, &c| any | (c > 0));
+        let touched = (repetition && prompt[w] != 0) || counted;
         bits[w / 64] |= u64::from(touched) << (w % 64);
     }
 }

@@ -162,14 +162,17 @@ fn processed_top_ranked<T: FloatElement>(
     mut ranked: TopRanked,
 ) -> Vec<(u32, u32)> {
     let patches = patches(batch, row, input);
+    let never_raises = row.never_raises();
     let mut next = 0;
     let mut values = [0f32; CHUNK];
     for (c, chunk) in input.chunks(CHUNK).enumerate() {
         let (first, end) = (c * CHUNK, c * CHUNK + chunk.len());
         let patched = patches.get(next).is_some_and(|&(v, _)| v < end);
-        let penalized = (first / 32..end.div_ceil(32)).any(|w| row.penalizes_word(w));
-        // Untouched tokens are sanitized or masked (−inf): never above their raw order.
-        if !patched && !penalized && ranked.skips(chunk) {
+        let raised = !never_raises && (first / 32..end.div_ceil(32)).any(|w| row.penalizes_word(w));
+        // The dense rules never raise a token above its sanitized input then (sanitizing keeps
+        // the order, masks lower to −inf): a chunk whose raw logits all stay below the floor
+        // offers nothing.
+        if !patched && !raised && ranked.skips(chunk) {
             continue;
         }
         let values = &mut values[..chunk.len()];
