@@ -264,7 +264,7 @@ fn processed_cases(size: Size) -> Vec<Case> {
 }
 
 /// The fused sampling of the rows of `st` at random `top_k`, `top_p` and seeds.
-fn processed_case(name: String, st: &Setup) -> Case {
+pub(crate) fn processed_case(name: String, st: &Setup) -> Case {
     let mut rng = Rng::new(&format!("sample/processed/{name}"), 0);
     let top_k: Vec<i32> = (0..st.rows).map(|_| pick_top_k(&mut rng, st.vocab)).collect();
     let top_p: Vec<f32> = (0..st.rows).map(|_| pick_top_p(&mut rng)).collect();
