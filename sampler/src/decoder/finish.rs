@@ -35,10 +35,10 @@
 
 use specula_backend_api::ops::{
     CandidatesInputs, CandidatesOutputs, CandidatesParams, DecodeState, Logits, LogprobsInputs,
-    LogprobsOutputs, LogprobsParams, OutputLayout, ProcessInputs, ProcessOutputs, ProcessParams,
-    RowBlock, RowProcessing, RowShape, SampleInputs, SampleParams, Scores as RowScores,
-    SoftmaxParams, StrategyInputs, UpdateStateInputs, UpdateStateParams, VerifyInputs,
-    VerifyOutputs, VerifyParams, VerifySlotState,
+    LogprobsOutputs, LogprobsParams, OutputLayout, ProcessOutputs, ProcessParams, RowBlock,
+    RowProcessing, RowShape, SampleInputs, SampleParams, Scores as RowScores, SoftmaxParams,
+    StrategyInputs, UpdateStateInputs, UpdateStateParams, VerifyInputs, VerifyOutputs,
+    VerifyParams, VerifySlotState,
 };
 use specula_backend_api::{Buffer, Device, DeviceExt, Strategy};
 
@@ -287,43 +287,64 @@ fn process(
     };
     out.window_rows(block.rows, cx.config.vocab)?;
     let processed = out.rows.as_mut().ok_or_else(missing_processing)?;
-    let scores = match checked.is_logits {
-        true => RowScores::Logits(Logits {
-            logits: checked.target,
-            temperature: &sc.row_temperature,
-            host_temperature: Some(row_temperature),
-        }),
-        false => RowScores::Probs(checked.target),
-    };
+    let layout = (&sc.cu_seqlens_q_output, &sc.batch_id_per_token_output);
+    let (scores, processing) = step_processing(
+        cx,
+        (state, p),
+        layout,
+        checked,
+        (&sc.row_temperature, row_temperature),
+    );
     cx.device.process_logits(
-        &ProcessInputs {
-            scores,
-            layout: OutputLayout {
-                cu_seqlens_q_output: &sc.cu_seqlens_q_output,
-                batch_id_per_token_output: &sc.batch_id_per_token_output,
-            },
-            history: p.history(
-                &state.token_ids_all,
-                &state.prompt_lens,
-                &state.step_idx,
-                &state.draft_tokens,
-            ),
-            slots: p.slots(&state.end_tokens),
-            bitmask: checked.bitmask,
-        },
+        &processing.inputs(scores),
         &mut ProcessOutputs {
             processed,
             fallback: &mut out.fallback,
         },
         &ProcessParams {
-            dims: cx.dims(),
-            shape: checked.shape(cx.config.vocab),
             block: Some(block),
-            max_model_len: cx.config.max_model_len,
-            host: None,
+            ..processing.params(checked.shape(cx.config.vocab))
         },
     )?;
     Ok(())
+}
+
+/// The step's rows as the ops read them (logits at the rows' temperatures — on the device and
+/// their host copies — or probabilities) and their processing (`layout`: the output layout's
+/// `cu_seqlens_q_output` and `batch_id_per_token_output`).
+fn step_processing<'b>(
+    cx: &StepContext<'_>,
+    (state, p): (&'b SlotBuffers, &'b crate::processing::Processing),
+    (cu, batch_id): (&'b Buffer, &'b Buffer),
+    checked: &Checked<'b>,
+    (temperature, host_temperature): (&'b Buffer, &'b [f32]),
+) -> (RowScores<'b>, RowProcessing<'b>) {
+    let scores = match checked.is_logits {
+        true => RowScores::Logits(Logits {
+            logits: checked.target,
+            temperature,
+            host_temperature: Some(host_temperature),
+        }),
+        false => RowScores::Probs(checked.target),
+    };
+    let processing = RowProcessing {
+        layout: OutputLayout {
+            cu_seqlens_q_output: cu,
+            batch_id_per_token_output: batch_id,
+        },
+        history: p.history(
+            &state.token_ids_all,
+            &state.prompt_lens,
+            &state.step_idx,
+            &state.draft_tokens,
+        ),
+        slots: p.slots(&state.end_tokens),
+        bitmask: checked.bitmask,
+        dims: cx.dims(),
+        max_model_len: cx.config.max_model_len,
+        host: None,
+    };
+    (scores, processing)
 }
 
 /// The rows of a block when the step processes and samples its rows a block at a time: the
@@ -413,35 +434,18 @@ fn fused_targets(
         return Err(missing_processing());
     };
     out.window_rows(checked.rows, cx.config.vocab)?;
-    let scores = match checked.is_logits {
-        true => RowScores::Logits(Logits {
-            logits: checked.target,
-            temperature: &sc.row_temperature,
-            host_temperature: Some(row_temperature),
-        }),
-        false => RowScores::Probs(checked.target),
-    };
     let top_k = match checked.strategy {
         Strategy::Greedy => &out.ones,
         _ => &sc.row_top_k,
     };
-    let processing = RowProcessing {
-        layout: OutputLayout {
-            cu_seqlens_q_output: &sc.cu_seqlens_q_output,
-            batch_id_per_token_output: &sc.batch_id_per_token_output,
-        },
-        history: p.history(
-            &state.token_ids_all,
-            &state.prompt_lens,
-            &state.step_idx,
-            &state.draft_tokens,
-        ),
-        slots: p.slots(&state.end_tokens),
-        bitmask: checked.bitmask,
-        dims: cx.dims(),
-        max_model_len: cx.config.max_model_len,
-        host: None,
-    };
+    let layout = (&sc.cu_seqlens_q_output, &sc.batch_id_per_token_output);
+    let (scores, processing) = step_processing(
+        cx,
+        (state, p),
+        layout,
+        checked,
+        (&sc.row_temperature, row_temperature),
+    );
     cx.device.top_k_top_p_sample_processed(
         &SampleInputs {
             scores,
