@@ -27,11 +27,12 @@ use crate::sampling::logits::{
 use specula_backend_api::host::{slice, slice_mut};
 use specula_backend_api::{FloatElement, Op, Result};
 
+/// Per-thread scratch: a processed row (rows sampled by composition) and the top-k buffer.
+type Scratch = (Vec<f32>, Vec<(u32, u32)>);
+
 thread_local! {
-    /// Per-thread scratch: a processed row (rows sampled by composition) and the top-k buffer.
-    static SCRATCH: RefCell<(Vec<f32>, Vec<(u32, u32)>)> = const {
-        RefCell::new((Vec::new(), Vec::new()))
-    };
+    /// The thread's [`Scratch`], reused from row to row.
+    static SCRATCH: RefCell<Scratch> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// A row's sampling inputs: `top_k`, `top_p` and the seed.
