@@ -270,6 +270,7 @@ impl TopRanked {
     }
 
     /// Offers the tokens of `chunk` (ids from `first`).
+    #[inline(always)]
     pub(crate) fn push<T: FloatElement>(&mut self, first: usize, chunk: &[T]) {
         for (j, &x) in chunk.iter().enumerate() {
             let key = logit_rank_key(x.to_f32());

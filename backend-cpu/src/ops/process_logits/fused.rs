@@ -24,6 +24,9 @@ use crate::ops::{weighs_nothing, with_float};
 use crate::sampling::logits::{
     self, CHUNK, TopRanked, Weighing, draw_among_ranked, streams_top_k, value_of_key,
 };
+use crate::sampling::scan::{compiled_for, dispatch};
+#[cfg(target_arch = "x86_64")]
+use crate::sampling::scan::{has_avx2, has_avx512};
 use specula_backend_api::host::{slice, slice_mut};
 use specula_backend_api::{FloatElement, Op, Result};
 
@@ -155,8 +158,28 @@ fn draw_processed(
     draw_among_ranked(&weighing, best, top_p, draw(seed, Purpose::Sample), logit)
 }
 
-/// The streaming top-k pass over the processed values of the row, made a chunk at a time.
+/// The streaming top-k pass over the processed values of the row, made a chunk at a time. Runs
+/// the loop compiled for the widest vector unit of the CPU.
 fn processed_top_ranked<T: FloatElement>(
+    batch: &Batch<'_>,
+    row: &Row<'_>,
+    input: &[T],
+    ranked: TopRanked,
+) -> Vec<(u32, u32)> {
+    dispatch!(processed_top_ranked_generic::<T>(batch, row, input, ranked)
+        via processed_top_ranked_avx512, processed_top_ranked_avx2)
+}
+
+compiled_for!(avx512, fn processed_top_ranked_avx512 [T: FloatElement]
+    (batch: &Batch<'_>, row: &Row<'_>, input: &[T], ranked: TopRanked) -> Vec<(u32, u32)>
+    = processed_top_ranked_generic [T]);
+compiled_for!(avx2, fn processed_top_ranked_avx2 [T: FloatElement]
+    (batch: &Batch<'_>, row: &Row<'_>, input: &[T], ranked: TopRanked) -> Vec<(u32, u32)>
+    = processed_top_ranked_generic [T]);
+
+/// [`processed_top_ranked`] as written.
+#[inline(always)]
+fn processed_top_ranked_generic<T: FloatElement>(
     batch: &Batch<'_>,
     row: &Row<'_>,
     input: &[T],
