@@ -323,7 +323,7 @@ pub trait Backend: Send + Sync + Debug {
     /// Builds every kernel, pipeline or program the backend would otherwise build lazily at the
     /// first call that needs it, for every op this device runs ([`Capabilities::runs`]) and every
     /// dtype it supports. Idempotent: what is built is cached and not built again. A kernel that
-    /// fails to build is [`Error::KernelBuild`](crate::Error::KernelBuild), naming the op's
+    /// fails to build is [`Error::KernelBuild`], naming the op's
     /// kernel.
     ///
     /// The default builds nothing (a backend without compiled kernels: the CPU backend, the
