@@ -10,7 +10,8 @@
 
 use std::fmt::Debug;
 
-use crate::{Buffer, Capabilities, DType, DeviceId, DeviceInfo, Op, Result};
+use crate::ops::ProcessedSampleCall;
+use crate::{Buffer, Capabilities, DType, DeviceId, DeviceInfo, Error, Op, Result};
 
 /// What an opened device is: its id (carried by every buffer it allocates), its description and
 /// its capabilities. A backend builds it once when the device is opened.
@@ -104,6 +105,11 @@ impl<'c, I, O: ?Sized, P, F> Call<'c, I, O, P, F> {
 
     /// The output buffers.
     pub fn out(&mut self) -> &mut O {
+        self.out
+    }
+
+    /// The output buffers, giving up the call (to build another call from a validated one).
+    pub(crate) fn into_out(self) -> &'c mut O {
         self.out
     }
 
@@ -302,11 +308,23 @@ pub trait Backend: Send + Sync + Debug {
     /// Runs one validated op call (usually `dispatch_ops!(self, call)`).
     fn run(&self, call: AnyCall<'_, '_>) -> Result<()>;
 
+    /// Runs a validated fused `top_k_top_p_sample` of processed rows: only called on a device
+    /// whose [`Capabilities::fused_processing`](crate::Capabilities::fused_processing) is set
+    /// (the front composes the two ops otherwise). The default reports the op unsupported.
+    fn run_processed_sample(&self, call: ProcessedSampleCall<'_>) -> Result<()> {
+        let _ = call;
+        Err(Error::Unsupported {
+            backend: self.desc().info.kind,
+            op: Op::TopKTopPSample,
+            what: "fused logits processing".to_owned(),
+        })
+    }
+
     /// Builds every kernel, pipeline or program the backend would otherwise build lazily at the
     /// first call that needs it, for the ops and score dtypes of `plan` (already narrowed to what
     /// this device runs and supports, [`WarmUp::for_device`](crate::WarmUp::for_device)).
     /// Idempotent: what is built is cached and not built again. A kernel that fails to build is
-    /// [`Error::KernelBuild`](crate::Error::KernelBuild), naming the op's kernel.
+    /// [`Error::KernelBuild`], naming the op's kernel.
     ///
     /// The default builds nothing (a backend without compiled kernels: the CPU backend, the
     /// reference device).

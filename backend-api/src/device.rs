@@ -167,6 +167,64 @@ pub trait Device: Backend {
         front(self, AnyCall::TopKTopPSample(call))
     }
 
+    /// [`Device::top_k_top_p_sample`] of the rows `process_logits` makes of `inputs.scores`
+    /// with `processing` (§5.12), each row yielding its fallback when its total weight is 0:
+    /// exactly the composition `process_logits` of every row, then `top_k_top_p_sample` with
+    /// its `fallback` output. `inputs.fallback` must be `None`. A device with
+    /// [`Capabilities::fused_processing`] applies the processing as its sampling pass reads
+    /// the scores; any other runs the composition through scratch buffers it allocates.
+    fn top_k_top_p_sample_processed(
+        &self,
+        inputs: &SampleInputs<'_>,
+        processing: &RowProcessing<'_>,
+        tokens: &mut Buffer,
+        params: &SampleParams<'_>,
+    ) -> Result<()> {
+        let call = ops::top_k_top_p_sample::validate_processed(
+            self.desc(),
+            (inputs, processing),
+            tokens,
+            params,
+        )?;
+        if call.launches_nothing() {
+            return Ok(());
+        }
+        if self.capabilities().fused_processing {
+            let (rows, width) = call.extent();
+            let _span = debug_span!(
+                "specula_op",
+                op = "top_k_top_p_sample(processed)",
+                backend = self.desc().info.kind.name(),
+                rows,
+                width
+            )
+            .entered();
+            return self.run_processed_sample(call);
+        }
+        let (rows, vocab) = (params.shape.rows, params.shape.vocab);
+        let mut processed = self.alloc_zeroed(DType::F32, rows * vocab)?;
+        let mut fallback = self.alloc_zeroed(DType::I32, rows)?;
+        let temperature = inputs.scores.temperature();
+        self.process_logits(
+            &processing.inputs(inputs.scores),
+            &mut ProcessOutputs {
+                processed: &mut processed,
+                fallback: &mut fallback,
+            },
+            &processing.params(params.shape),
+        )?;
+        let scores = match temperature {
+            Some(temperature) => Scores::logits(&processed, temperature),
+            None => Scores::Probs(&processed),
+        };
+        let inputs = SampleInputs {
+            scores,
+            fallback: Some(&fallback),
+            ..*inputs
+        };
+        self.top_k_top_p_sample(&inputs, tokens, params)
+    }
+
     /// The first `C` tokens in rank order and the top-p prefix length (§5.7).
     fn top_p_candidates(
         &self,

@@ -63,6 +63,12 @@ pub struct Capabilities {
     /// Whether the device runs `process_logits`, the `fallback` input of the sampling ops and the
     /// token counts of `update_state` (`docs/semantics.md` §4c).
     pub processing: bool,
+    /// Whether `top_k_top_p_sample` applies `process_logits` to its rows itself
+    /// ([`Device::top_k_top_p_sample_processed`](crate::Device::top_k_top_p_sample_processed)
+    /// runs a fused kernel, reading the logits once and writing no processed rows). Without it
+    /// that method is the composition `process_logits` then `top_k_top_p_sample`, through
+    /// scratch buffers of every row; the results are the same (`docs/semantics.md` §5.12).
+    pub fused_processing: bool,
     /// A hint for callers that process and sample a step's rows: the bytes of `f32` rows a block
     /// of rows should hold, so that `process_logits` of a block ([`RowBlock`](crate::ops::RowBlock))
     /// and the sampling op that reads it run while the block is in the device's caches (a CPU).

@@ -1,6 +1,7 @@
 //! `CpuDevice`: the `Device` implementation.
 
 use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
+use specula_backend_api::ops::ProcessedSampleCall;
 use specula_backend_api::{
     BackendKind, Buffer, Capabilities, DType, Device, DeviceInfo, Error, Op, Result,
 };
@@ -68,6 +69,7 @@ impl CpuDevice {
             max_buffer_bytes: None,
             logits: true,
             processing: true,
+            fused_processing: true,
             row_block_bytes: row_block_bytes(),
         };
         Ok(CpuDevice {
@@ -181,5 +183,9 @@ impl Backend for CpuDevice {
 
     fn run(&self, call: AnyCall<'_, '_>) -> Result<()> {
         specula_backend_api::dispatch_ops!(self, call)
+    }
+
+    fn run_processed_sample(&self, call: ProcessedSampleCall<'_>) -> Result<()> {
+        crate::ops::process_logits::run_processed_sample(self, call)
     }
 }

@@ -148,6 +148,7 @@ impl CudaDevice {
             max_buffer_bytes: total_mem,
             logits: true,
             processing: true,
+            fused_processing: false,
             row_block_bytes: None,
         };
         Ok(CudaDevice {

@@ -36,6 +36,7 @@ impl WgpuDevice {
             // process_logits binds more storage buffers than the other kernels.
             processing: gpu.limits.max_storage_buffers_per_shader_stage
                 >= crate::ops::process_logits::STORAGE_BUFFERS,
+            fused_processing: false,
             row_block_bytes: None,
         };
         WgpuDevice {

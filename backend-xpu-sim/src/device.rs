@@ -60,6 +60,7 @@ impl XpuSimDevice {
             max_buffer_bytes: Some(runtime.max_alloc),
             logits: true,
             processing: true,
+            fused_processing: false,
             row_block_bytes: None,
         };
         Ok(XpuSimDevice {

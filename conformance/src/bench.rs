@@ -738,31 +738,48 @@ impl StepFixture {
     fn sample(
         &mut self,
         d: &dyn Device,
-        (scores, logits): (&Buffer, bool),
+        scores: (&Buffer, bool),
         fallback: Option<&Buffer>,
     ) -> Result<()> {
+        self.sample_processed(d, scores, (fallback, None))
+    }
+
+    /// [`StepFixture::sample`], or with `tables` the fused sampling of the rows `process_logits`
+    /// makes of them with those per-slot tables.
+    fn sample_processed(
+        &mut self,
+        d: &dyn Device,
+        (scores, logits): (&Buffer, bool),
+        (fallback, tables): (Option<&Buffer>, Option<&ProcessingBench>),
+    ) -> Result<()> {
+        let layout = OutputLayout {
+            cu_seqlens_q_output: &self.cu_out,
+            batch_id_per_token_output: &self.batch_id,
+        };
+        let history = (&self.step_idx, &self.drafts, &self.end_tokens);
+        let processing = tables.map(|t| t.processing(layout, history, self.dims));
         let scores = match logits {
             true => Scores::logits(scores, &self.row_temperature),
             false => Scores::Probs(scores),
         };
-        d.top_k_top_p_sample(
-            &SampleInputs {
-                scores,
-                top_k: &self.row_top_k,
-                top_p: &self.row_top_p,
-                seed: &self.row_seed,
-                fallback,
+        let inputs = SampleInputs {
+            scores,
+            top_k: &self.row_top_k,
+            top_p: &self.row_top_p,
+            seed: &self.row_seed,
+            fallback,
+        };
+        let params = SampleParams {
+            shape: RowShape {
+                rows: self.rows,
+                vocab: self.vocab,
             },
-            &mut self.targets,
-            &SampleParams {
-                shape: RowShape {
-                    rows: self.rows,
-                    vocab: self.vocab,
-                },
-                host_top_p: None,
-            },
-        )?;
-        Ok(())
+            host_top_p: None,
+        };
+        match &processing {
+            Some(p) => d.top_k_top_p_sample_processed(&inputs, p, &mut self.targets, &params),
+            None => d.top_k_top_p_sample(&inputs, &mut self.targets, &params),
+        }
     }
 
     /// `verify_draft_tokens` of the drafts against the targets.
@@ -854,8 +871,6 @@ struct ProcessingBench {
     bad_words: Buffer,
     allowed: Buffer,
     bitmask: Buffer,
-    processed: Buffer,
-    fallback: Buffer,
 }
 
 /// Prompt tokens of the processed step.
@@ -874,7 +889,6 @@ fn block_rows(d: &dyn Device, rows: usize, vocab: usize) -> usize {
 
 impl ProcessingBench {
     fn new(d: &dyn Device, slots: usize, rows: usize, vocab: usize) -> Result<Self> {
-        let block = block_rows(d, rows, vocab);
         let words = vocab.div_ceil(32);
         let history: Vec<i32> = (0..slots * BENCH_MODEL_LEN)
             .map(|i| ((i * 7919) % vocab) as i32)
@@ -918,73 +932,90 @@ impl ProcessingBench {
             bad_words: d.upload(&bad_words)?,
             allowed: d.upload(&vec![0x7fff_ffffu32; slots * words])?,
             bitmask: d.upload(&bitmask)?,
-            processed: d.alloc::<f32>(block * vocab)?,
-            fallback: d.alloc::<i32>(block)?,
         })
     }
 
-    /// `process_logits` of `logits` over the rows of `block` of the step `f` planned.
+    /// `process_logits` of `logits` over the rows of `block` of the step `f` planned, into
+    /// `processed` and `fallback` (`block` rows).
     fn process(
-        &mut self,
-        d: &dyn Device,
-        f: &StepFixture,
+        &self,
+        (d, f): (&dyn Device, &StepFixture),
         logits: &Buffer,
         block: RowBlock,
+        (processed, fallback): (&mut Buffer, &mut Buffer),
     ) -> Result<()> {
-        self.processed.set_window(0, block.rows * f.vocab)?;
-        self.fallback.set_window(0, block.rows)?;
+        processed.set_window(0, block.rows * f.vocab)?;
+        fallback.set_window(0, block.rows)?;
+        let processing =
+            self.processing(f.layout(), (&f.step_idx, &f.drafts, &f.end_tokens), f.dims);
+        let shape = RowShape {
+            rows: f.rows,
+            vocab: f.vocab,
+        };
         d.process_logits(
-            &ProcessInputs {
-                scores: Scores::logits(logits, &f.row_temperature),
-                layout: f.layout(),
-                history: TokenHistory {
-                    token_ids_all: &self.token_ids_all,
-                    prompt_lens: &self.prompt_lens,
-                    step_idx: &f.step_idx,
-                    draft_tokens: &f.drafts,
-                    token_counts: &self.token_counts,
-                    prompt_mask: &self.prompt_mask,
-                },
-                slots: SlotProcessing {
-                    penalties: &self.penalties,
-                    min_tokens: &self.min_tokens,
-                    end_tokens: &f.end_tokens,
-                    bias_offsets: &self.bias_offsets,
-                    bias_ids: &self.bias_ids,
-                    bias_values: &self.bias_values,
-                    bad_word_offsets: &self.bad_word_offsets,
-                    bad_words: &self.bad_words,
-                    allowed: Some(&self.allowed),
-                },
-                bitmask: Some(&self.bitmask),
-            },
+            &processing.inputs(Scores::logits(logits, &f.row_temperature)),
             &mut ProcessOutputs {
-                processed: &mut self.processed,
-                fallback: &mut self.fallback,
+                processed,
+                fallback,
             },
             &ProcessParams {
-                dims: f.dims,
-                shape: RowShape {
-                    rows: f.rows,
-                    vocab: f.vocab,
-                },
                 block: Some(block),
-                max_model_len: BENCH_MODEL_LEN,
-                host: None,
+                ..processing.params(shape)
             },
-        )?;
-        Ok(())
+        )
+    }
+
+    /// The processing of the rows of a step: its layout, its `step_idx`, drafts and end tokens,
+    /// its batch shape.
+    fn processing<'a>(
+        &'a self,
+        layout: OutputLayout<'a>,
+        (step_idx, drafts, end_tokens): (&'a Buffer, &'a Buffer, &'a Buffer),
+        dims: BatchDims,
+    ) -> RowProcessing<'a> {
+        RowProcessing {
+            layout,
+            history: TokenHistory {
+                token_ids_all: &self.token_ids_all,
+                prompt_lens: &self.prompt_lens,
+                step_idx,
+                draft_tokens: drafts,
+                token_counts: &self.token_counts,
+                prompt_mask: &self.prompt_mask,
+            },
+            slots: SlotProcessing {
+                penalties: &self.penalties,
+                min_tokens: &self.min_tokens,
+                end_tokens,
+                bias_offsets: &self.bias_offsets,
+                bias_ids: &self.bias_ids,
+                bias_values: &self.bias_values,
+                bad_word_offsets: &self.bad_word_offsets,
+                bad_words: &self.bad_words,
+                allowed: Some(&self.allowed),
+            },
+            bitmask: Some(&self.bitmask),
+            dims,
+            max_model_len: BENCH_MODEL_LEN,
+            host: None,
+        }
     }
 }
 
 /// The unified step from logits at T = 0.8 with every parameter of `docs/semantics.md` §4c on:
-/// `process_logits`, then the step of [`step_bench`] on the processed rows, a block of rows at a
-/// time as the Decoder runs it ([`block_rows`]).
+/// the step of [`step_bench`] on the processed rows. A device with
+/// [`Capabilities::fused_processing`](specula_backend_api::Capabilities::fused_processing) samples
+/// the logits with the processing applied by the sampling op (one call, no processed rows); any
+/// other runs `process_logits` then the sampling op a block of rows at a time, as the Decoder
+/// runs it ([`block_rows`]).
 fn processed_step_bench(b: &mut Bencher<'_>, slots: usize, s: usize, vocab: usize) -> Result<()> {
     let d = b.device;
     let rows = slots * s;
     let logits = d.upload(&logit_rows(rows, vocab, 7))?;
-    let mut p = ProcessingBench::new(d, slots, rows, vocab)?;
+    let p = ProcessingBench::new(d, slots, rows, vocab)?;
+    let block = block_rows(d, rows, vocab);
+    let mut processed = d.alloc::<f32>(block * vocab)?;
+    let mut fallback = d.alloc::<i32>(block)?;
     let mut f = StepFixture::new(d, (slots, s, vocab), 0.8, 13)?;
     b.measure(
         processed_step_line(s),
@@ -993,14 +1024,19 @@ fn processed_step_bench(b: &mut Bencher<'_>, slots: usize, s: usize, vocab: usiz
         Some(Floor::ReadAfter(&logits)),
         &mut || {
             f.plan(d)?;
+            if d.capabilities().fused_processing {
+                // The sampling op processes the rows itself: no processed rows, no blocks.
+                f.sample_processed(d, (&logits, true), (None, Some(&p)))?;
+                return f.verify(d);
+            }
             let block_rows = block_rows(d, rows, vocab);
             for first in (0..rows).step_by(block_rows) {
                 let block = RowBlock {
                     first,
                     rows: block_rows.min(rows - first),
                 };
-                p.process(d, &f, &logits, block)?;
-                f.sample_block(d, (&p.processed, true), Some(&p.fallback), block)?;
+                p.process((d, &f), &logits, block, (&mut processed, &mut fallback))?;
+                f.sample_block(d, (&processed, true), Some(&fallback), block)?;
             }
             f.verify(d)
         },

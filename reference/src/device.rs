@@ -30,6 +30,7 @@ impl ReferenceDevice {
             max_buffer_bytes: None,
             logits: true,
             processing: true,
+            fused_processing: false,
             row_block_bytes: None,
         };
         ReferenceDevice {

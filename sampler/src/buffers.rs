@@ -185,8 +185,9 @@ pub(crate) struct Scratch {
 /// The outputs of `process_logits` and the `top_k = 1` row of GREEDY targets under it.
 #[derive(Debug)]
 pub(crate) struct ProcessedBuffers {
-    /// `[rows, V]` f32 processed rows.
-    pub rows: Buffer,
+    /// `[rows, V]` f32 processed rows (`None` on a device that samples processed rows itself,
+    /// `Capabilities::fused_processing`, under a strategy that only samples them).
+    pub rows: Option<Buffer>,
     /// `[rows]` i32: the token of a row that weighs nothing.
     pub fallback: Buffer,
     /// `[rows]` i32 ones: GREEDY's target is a `top_k = 1` sample with the fallback.
@@ -194,10 +195,17 @@ pub(crate) struct ProcessedBuffers {
 }
 
 impl ProcessedBuffers {
-    /// Buffers for `rows` rows of `vocab`.
-    pub fn new(device: &dyn Device, rows: usize, vocab: usize) -> Result<Self> {
+    /// Buffers for `rows` rows of `vocab` (no processed rows unless `with_rows`).
+    pub fn new(
+        device: &dyn Device,
+        (rows, vocab): (usize, usize),
+        with_rows: bool,
+    ) -> Result<Self> {
         Ok(ProcessedBuffers {
-            rows: device.alloc::<f32>(rows * vocab)?,
+            rows: match with_rows {
+                true => Some(device.alloc::<f32>(rows * vocab)?),
+                false => None,
+            },
             fallback: device.alloc::<i32>(rows)?,
             ones: device.upload(&vec![1i32; rows])?,
         })
@@ -205,7 +213,9 @@ impl ProcessedBuffers {
 
     /// Narrows the buffers to their first `rows` rows (the rows `process_logits` writes).
     pub fn window_rows(&mut self, rows: usize, vocab: usize) -> Result<()> {
-        window(&mut self.rows, rows * vocab)?;
+        if let Some(processed) = self.rows.as_mut() {
+            window(processed, rows * vocab)?;
+        }
         window(&mut self.fallback, rows)?;
         window(&mut self.ones, rows)
     }

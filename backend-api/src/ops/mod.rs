@@ -30,10 +30,10 @@ pub use gather_next_token::{GatherInputs, GatherNextTokenCall, GatherParams};
 pub use ngram_match::{NgramInputs, NgramMatchCall, NgramOutputs, NgramParams};
 pub use process_logits::{
     HostProcessing, ProcessInputs, ProcessLogitsCall, ProcessOutputs, ProcessParams, RowBlock,
-    SlotProcessing, TokenHistory,
+    RowProcessing, SlotProcessing, TokenHistory,
 };
 pub use softmax::{SoftmaxCall, SoftmaxInputs, SoftmaxParams};
-pub use top_k_top_p_sample::{SampleInputs, SampleParams, TopKTopPSampleCall};
+pub use top_k_top_p_sample::{ProcessedSampleCall, SampleInputs, SampleParams, TopKTopPSampleCall};
 pub use top_p_candidates::{
     CandidatesInputs, CandidatesOutputs, CandidatesParams, TopPCandidatesCall,
 };

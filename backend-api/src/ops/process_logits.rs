@@ -101,6 +101,51 @@ pub struct ProcessInputs<'a> {
     pub bitmask: Option<&'a Buffer>,
 }
 
+/// The processing of `process_logits` without its scores: what a sampling op takes to apply the
+/// processing to its own rows itself (the fused form, `docs/semantics.md` §5.12), every row of
+/// the scores at once.
+#[derive(Clone, Copy, Debug)]
+pub struct RowProcessing<'a> {
+    /// The output layout: the slot of each row, and the first row of each slot.
+    pub layout: OutputLayout<'a>,
+    /// The history of each row.
+    pub history: TokenHistory<'a>,
+    /// The per-slot parameters.
+    pub slots: SlotProcessing<'a>,
+    /// Optional `[rows, ceil(vocab / 32)]` u32 runner bitmask (a 0 bit masks the token).
+    pub bitmask: Option<&'a Buffer>,
+    /// The batch shape.
+    pub dims: BatchDims,
+    /// Row length of `token_ids_all`.
+    pub max_model_len: usize,
+    /// Host copies of the parameters, for validation.
+    pub host: Option<HostProcessing<'a>>,
+}
+
+impl<'a> RowProcessing<'a> {
+    /// The `process_logits` inputs of these rows of `scores`.
+    pub fn inputs(&self, scores: Scores<'a>) -> ProcessInputs<'a> {
+        ProcessInputs {
+            scores,
+            layout: self.layout,
+            history: self.history,
+            slots: self.slots,
+            bitmask: self.bitmask,
+        }
+    }
+
+    /// The `process_logits` parameters of every row of a `shape` matrix.
+    pub fn params(&self, shape: RowShape) -> ProcessParams<'a> {
+        ProcessParams {
+            dims: self.dims,
+            shape,
+            block: None,
+            max_model_len: self.max_model_len,
+            host: self.host,
+        }
+    }
+}
+
 /// A block of consecutive rows of the scores: rows `first .. first + rows`.
 ///
 /// `process_logits` can process a block of the step's rows at a time (a CPU keeps the block in
@@ -174,6 +219,25 @@ pub(crate) fn validate<'c, 'o>(
     params: &ProcessParams<'c>,
 ) -> Result<ProcessLogitsCall<'c, 'o>> {
     let check = Check::new(Op::ProcessLogits, device);
+    let (kind, block) = validate_processing(&check, device, inputs, params)?;
+    let len = check.product("processed", block.rows, params.shape.vocab)?;
+    check.exact("processed", out.processed, DType::F32, len)?;
+    check.exact("fallback", out.fallback, DType::I32, block.rows)?;
+    let call = Call::new(*inputs, out, *params, kind);
+    Ok(call
+        .with_extent(block.rows, params.shape.vocab)
+        .launching_nothing_if(block.rows == 0))
+}
+
+/// Every check of `process_logits` but its outputs': the scores' kind and the rows processed.
+/// `check` names the op the errors report (`process_logits`, or the sampling op that applies
+/// the processing itself).
+pub(crate) fn validate_processing(
+    check: &Check<'_>,
+    device: &DeviceDesc,
+    inputs: &ProcessInputs<'_>,
+    params: &ProcessParams<'_>,
+) -> Result<(ScoresKind, RowBlock)> {
     if !device.capabilities.processing {
         return Err(Error::Unsupported {
             backend: device.info.kind,
@@ -184,8 +248,8 @@ pub(crate) fn validate<'c, 'o>(
     let dims = &params.dims;
     let shape = &params.shape;
     dims.validate(check.op)?;
-    let kind = inputs.scores.validate(&check, ("probs", "logits"), shape)?;
-    let capacity = inputs.layout.validate(&check, dims)?;
+    let kind = inputs.scores.validate(check, ("probs", "logits"), shape)?;
+    let capacity = inputs.layout.validate(check, dims)?;
     if shape.rows > capacity {
         return Err(Error::ShapeMismatch {
             op: check.op,
@@ -194,23 +258,16 @@ pub(crate) fn validate<'c, 'o>(
             actual: capacity,
         });
     }
-    validate_history(&check, &inputs.history, params)?;
-    validate_slots(&check, &inputs.slots, params)?;
+    validate_history(check, &inputs.history, params)?;
+    validate_slots(check, &inputs.slots, params)?;
     let words = check.product("bitmask", shape.rows, mask_words(shape.vocab))?;
     if let Some(bitmask) = inputs.bitmask {
         check.exact("bitmask", bitmask, DType::U32, words)?;
     }
     if let Some(host) = &params.host {
-        validate_host(&check, host, dims.max_bsz, shape.vocab)?;
+        validate_host(check, host, dims.max_bsz, shape.vocab)?;
     }
-    let block = validate_block(&check, params)?;
-    let len = check.product("processed", block.rows, shape.vocab)?;
-    check.exact("processed", out.processed, DType::F32, len)?;
-    check.exact("fallback", out.fallback, DType::I32, block.rows)?;
-    let call = Call::new(*inputs, out, *params, kind);
-    Ok(call
-        .with_extent(block.rows, shape.vocab)
-        .launching_nothing_if(block.rows == 0))
+    Ok((kind, validate_block(check, params)?))
 }
 
 /// The block lies within the scores' rows.

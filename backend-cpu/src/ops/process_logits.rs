@@ -19,8 +19,11 @@ use specula_backend_api::{DType, FloatElement, Op, Result};
 use super::{len_or_zero, token_index, with_float};
 use crate::CpuDevice;
 use crate::sampling::scan::{compiled_for, dispatch};
+
+mod fused;
 #[cfg(target_arch = "x86_64")]
 use crate::sampling::scan::{has_avx2, has_avx512};
+pub(crate) use fused::run_processed_sample;
 use specula_backend_api::host::{slice, slice_mut};
 
 /// The largest count the frequency penalty sees.
@@ -187,6 +190,21 @@ fn history_ends_with(generated: &[i32], drafts: &[i32], suffix: &[i32]) -> bool 
 }
 
 impl Row<'_> {
+    /// Whether a penalty may change a token of word `w` ([`penalized_words`]).
+    #[inline(always)]
+    fn penalizes_word(&self, w: usize) -> bool {
+        self.penalized[w / 64] >> (w % 64) & 1 == 1
+    }
+
+    /// Whether no penalty raises a value (`α ≥ 1`, `β ≥ 0`, `γ ≥ 0`): then every processed
+    /// value outside the sparse tokens is at most its sanitized input.
+    fn never_raises(&self) -> bool {
+        self.repetition
+            .is_none_or(|(alpha, inverse)| alpha >= 1.0 && inverse <= 1.0)
+            && self.frequency >= 0.0
+            && self.presence >= 0.0
+    }
+
     /// The slot's count of `v` (negative table entries count as 0), without the drafts.
     #[inline]
     fn base_count(&self, v: usize) -> i32 {
@@ -235,6 +253,13 @@ impl Row<'_> {
         let delta = self.drafts.iter().filter(|t| is_v(t)).count() as i32;
         let count = (self.base_count(v) + delta).min(MAX_COUNT);
         Some(self.penalize(l, v, count))
+    }
+
+    /// Token `v`'s processed value (every rule, `masked_value` when masked), given its input
+    /// value `x`: what the sparse rules write over the dense pass's value.
+    fn patched_value(&self, batch: &Batch<'_>, v: usize, x: f32, masked_value: f32) -> f32 {
+        let kept = batch.dense_word(self.r, self.b, v / 32) >> (v % 32) & 1 == 1;
+        self.full_value(batch, v, x, kept).unwrap_or(masked_value)
     }
 
     /// The tokens a sparse rule touches (with repeats).
@@ -289,12 +314,9 @@ fn process_row<T: FloatElement>(batch: &Batch<'_>, r: usize, input: &[T], out: &
     let dense_best = dense_pass(batch, &row, input, out, masked_value);
     let (mut best_key, mut stale) = (dense_best, false);
     for v in row.touched(batch) {
-        let kept = batch.dense_word(r, b, v / 32) >> (v % 32) & 1 == 1;
         // The dense pass's value of a touched token may have been the row's largest.
         stale |= rank_key(out[v], batch.logits) == dense_best;
-        out[v] = row
-            .full_value(batch, v, input[v].to_f32(), kept)
-            .unwrap_or(masked_value);
+        out[v] = row.patched_value(batch, v, input[v].to_f32(), masked_value);
         best_key = best_key.max(rank_key(out[v], batch.logits));
     }
     if stale {
@@ -349,23 +371,38 @@ fn dense_pass_generic<T: FloatElement>(
 ) -> u32 {
     let mut best = 0u32;
     for (w, (src, dst)) in input.chunks(32).zip(out.chunks_mut(32)).enumerate() {
-        let kept = batch.dense_word(row.r, row.b, w);
-        if row.penalized[w / 64] >> (w % 64) & 1 == 0 {
-            best = best.max(plain_word(src, dst, kept, batch.logits));
-            continue;
-        }
-        for (j, (x, o)) in src.iter().zip(dst.iter_mut()).enumerate() {
-            let x = x.to_f32();
-            *o = if kept >> j & 1 == 0 {
-                masked_value
-            } else if !batch.logits {
-                sanitize_prob(x)
-            } else {
-                let v = w * 32 + j;
-                row.penalize(sanitize_logit(x), v, row.base_count(v))
-            };
-            best = best.max(rank_key(*o, batch.logits));
-        }
+        best = best.max(dense_word_values(batch, row, w, src, dst, masked_value));
+    }
+    best
+}
+
+/// The dense rules on the tokens of word `w` (`src` into `dst`); returns the largest rank key
+/// written.
+#[inline(always)]
+fn dense_word_values<T: FloatElement>(
+    batch: &Batch<'_>,
+    row: &Row<'_>,
+    w: usize,
+    src: &[T],
+    dst: &mut [f32],
+    masked_value: f32,
+) -> u32 {
+    let kept = batch.dense_word(row.r, row.b, w);
+    if !row.penalizes_word(w) {
+        return plain_word(src, dst, kept, batch.logits);
+    }
+    let mut best = 0u32;
+    for (j, (x, o)) in src.iter().zip(dst.iter_mut()).enumerate() {
+        let x = x.to_f32();
+        *o = if kept >> j & 1 == 0 {
+            masked_value
+        } else if !batch.logits {
+            sanitize_prob(x)
+        } else {
+            let v = w * 32 + j;
+            row.penalize(sanitize_logit(x), v, row.base_count(v))
+        };
+        best = best.max(rank_key(*o, batch.logits));
     }
     best
 }
@@ -518,6 +555,40 @@ fn first_unmasked(batch: &Batch<'_>, row: &Row<'_>, vocab: usize) -> i32 {
         .map_or(-1, |v| v as i32)
 }
 
+/// Which logits min_p keeps in a logits row whose first token in rank order is `best`, of
+/// processed value `m` (`w · 2^24 ≥ MINP · w_max`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum MinPFloor {
+    /// Every token at or above the value.
+    From(f32),
+    /// Only `best` (at T = 0 only the first maximum weighs anything).
+    OnlyBest,
+}
+
+impl MinPFloor {
+    /// min_p's floor for row `row` of maximum `m` (not −inf).
+    fn of(batch: &Batch<'_>, row: &Row<'_>, m: f32) -> Self {
+        let t = batch.temperature.map_or(1.0, |t| t[row.r]);
+        match row_scale(t) {
+            _ if m == f32::INFINITY => MinPFloor::From(m),
+            RowScale::Uniform => MinPFloor::From(f32::MIN),
+            RowScale::ArgmaxOnly => MinPFloor::OnlyBest,
+            scale @ RowScale::Scaled { .. } => {
+                MinPFloor::From(lowest_kept(m, scale, u128::from(row.min_p)))
+            }
+        }
+    }
+
+    /// Whether token `v` of processed value `x` stays (`best` is the row's first maximum).
+    #[inline]
+    fn keeps(&self, v: usize, x: f32, best: usize) -> bool {
+        match *self {
+            MinPFloor::From(keep_from) => x >= keep_from,
+            MinPFloor::OnlyBest => v == best,
+        }
+    }
+}
+
 /// min_p: drops the tokens with `w · 2^24 < MINP · w_max` (`best` is the row's first token in rank
 /// order, so its weight is `w_max`).
 fn apply_min_p(batch: &Batch<'_>, row: &Row<'_>, out: &mut [f32], best: usize, dropped: f32) {
@@ -535,23 +606,17 @@ fn apply_min_p(batch: &Batch<'_>, row: &Row<'_>, out: &mut [f32], best: usize, d
     if m == f32::NEG_INFINITY {
         return;
     }
-    let t = batch.temperature.map_or(1.0, |t| t[row.r]);
-    let keep_from = match row_scale(t) {
-        _ if m == f32::INFINITY => m,
-        RowScale::Uniform => f32::MIN,
-        RowScale::ArgmaxOnly => {
-            // Only the first maximum weighs anything.
+    match MinPFloor::of(batch, row, m) {
+        MinPFloor::OnlyBest => {
             for (v, x) in out.iter_mut().enumerate() {
                 if v != best {
                     *x = dropped;
                 }
             }
-            return;
         }
-        RowScale::Scaled { .. } => lowest_kept(m, row_scale(t), minp),
-    };
-    dispatch!(drop_below_generic::<f32>(out, keep_from, dropped)
-        via drop_below_avx512, drop_below_avx2);
+        MinPFloor::From(keep_from) => dispatch!(drop_below_generic::<f32>(out, keep_from, dropped)
+            via drop_below_avx512, drop_below_avx2),
+    }
 }
 
 /// The smallest logit whose weight in a row of maximum `m` passes `w · 2^24 ≥ MINP · 2^40`
@@ -627,7 +692,9 @@ fn slot_penalized_words(batch: &Batch<'_>, b: usize, bits: &mut [u64]) {
     let prompt = &batch.prompt_mask[b * words..(b + 1) * words];
     let counts = &batch.token_counts[b * batch.vocab..(b + 1) * batch.vocab];
     for (w, chunk) in counts.chunks(32).enumerate() {
-        let touched = (repetition && prompt[w] != 0) || chunk.iter().any(|&c| c > 0);
+        // A fold, not `any`: the compare of the whole word vectorises.
+        let counted = chunk.iter().fold(false, |any, &c| any | (c > 0));
+        let touched = (repetition && prompt[w] != 0) || counted;
         bits[w / 64] |= u64::from(touched) << (w % 64);
     }
 }
@@ -655,9 +722,13 @@ fn process_logits(
     })
 }
 
-/// Runs a validated `process_logits` call (the front has checked every argument).
-pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
-    let (inputs, out, params, kind) = call.parts();
+/// The host slices of a validated call's buffers, with the per-slot penalized words of the rows
+/// of `block` (computed on `device`'s threads).
+fn with_batch<R>(
+    device: &CpuDevice,
+    (inputs, params, kind): (&ProcessInputs<'_>, &ProcessParams<'_>, &ScoresKind),
+    then: impl FnOnce(&Batch<'_>) -> Result<R>,
+) -> Result<R> {
     let ProcessParams {
         dims,
         shape,
@@ -692,16 +763,23 @@ pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
         temperature: inputs.scores.temperature().map(slice).transpose()?,
         penalized: &[],
     };
-    let block = params.row_block();
-    let penalized = device.install(|| penalized_words(&batch, block));
-    let batch = Batch {
+    let penalized = device.install(|| penalized_words(&batch, params.row_block()));
+    then(&Batch {
         penalized: &penalized,
         ..batch
-    };
-    let processed = slice_mut::<f32>(out.processed)?;
-    let fallback = slice_mut::<i32>(out.fallback)?;
-    let call = (*kind, block);
-    device.install(|| process_logits(&batch, call, inputs, processed, fallback))
+    })
+}
+
+/// Runs a validated `process_logits` call (the front has checked every argument).
+pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
+    let (inputs, out, params, kind) = call.parts();
+    let block = params.row_block();
+    with_batch(device, (inputs, params, kind), |batch| {
+        let processed = slice_mut::<f32>(out.processed)?;
+        let fallback = slice_mut::<i32>(out.fallback)?;
+        let call = (*kind, block);
+        device.install(|| process_logits(batch, call, inputs, processed, fallback))
+    })
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ const FULL: u64 = 1 << WEIGHT_BITS;
 /// The largest top-k the streaming top-k pass handles (larger ones weigh the whole row).
 const MAX_FAST_K: usize = 4096;
 /// Logits per chunk of the streaming passes.
-const CHUNK: usize = 64;
+pub(crate) const CHUNK: usize = 64;
 /// The bins of the top-p selection: the members' key range in at most `2^BIN_BITS` bins.
 const BIN_BITS: u32 = 12;
 /// `2^BIN_BITS`.
@@ -94,7 +94,7 @@ impl Weighing {
 
     /// The weighing of a row whose sanitized maximum is `max`; `first` finds the first token
     /// holding it (asked only at `T == 0`).
-    fn with_max(max: f32, t: f32, first: impl FnOnce() -> usize) -> Self {
+    pub(crate) fn with_max(max: f32, t: f32, first: impl FnOnce() -> usize) -> Self {
         if max == f32::INFINITY {
             return Weighing::PosInf;
         }
@@ -221,7 +221,7 @@ fn any_not_below<T: FloatElement>(chunk: &[T], lo: f32) -> bool {
 }
 
 /// The sanitized logit of a rank key (the inverse of `logit_rank_key` on sanitized values).
-fn value_of_key(key: u32) -> f32 {
+pub(crate) fn value_of_key(key: u32) -> f32 {
     if key >> 31 == 1 {
         f32::from_bits(key & 0x7fff_ffff)
     } else {
@@ -232,32 +232,67 @@ fn value_of_key(key: u32) -> f32 {
 /// The `k` best-ranked tokens of `row` as `(key, id)`, in rank order (`0 < k < row.len()`): one
 /// streaming pass with an adaptive floor, the k-th key among the tokens kept so far.
 pub(crate) fn top_ranked<T: FloatElement>(row: &[T], k: usize, out: &mut Vec<(u32, u32)>) {
-    out.clear();
-    let capacity = (2 * k).max(k + 256);
-    // The k-th key so far and a raw bound below every logit that could beat it.
-    let mut floor: Option<(u32, f32)> = None;
+    let mut ranked = TopRanked::new(k, std::mem::take(out));
     for (c, chunk) in row.chunks(CHUNK).enumerate() {
-        if let Some((_, lo)) = floor
-            && !any_not_below(chunk, lo)
-        {
-            continue;
+        if !ranked.skips(chunk) {
+            ranked.push(c * CHUNK, chunk);
         }
+    }
+    *out = ranked.finish();
+}
+
+/// The state of [`top_ranked`]'s streaming pass, fed chunk by chunk (the fused processing feeds
+/// it processed chunks it makes on the fly).
+pub(crate) struct TopRanked {
+    k: usize,
+    capacity: usize,
+    /// The k-th key so far and a raw bound below every logit that could beat it.
+    floor: Option<(u32, f32)>,
+    out: Vec<(u32, u32)>,
+}
+
+impl TopRanked {
+    /// An empty pass keeping `k > 0` tokens, reusing `out`'s memory.
+    pub(crate) fn new(k: usize, mut out: Vec<(u32, u32)>) -> Self {
+        out.clear();
+        TopRanked {
+            k,
+            capacity: (2 * k).max(k + 256),
+            floor: None,
+            out,
+        }
+    }
+
+    /// Whether no logit of `chunk` can enter the kept set (a vectorised compare).
+    #[inline(always)]
+    pub(crate) fn skips<T: FloatElement>(&self, chunk: &[T]) -> bool {
+        self.floor.is_some_and(|(_, lo)| !any_not_below(chunk, lo))
+    }
+
+    /// Offers the tokens of `chunk` (ids from `first`).
+    #[inline(always)]
+    pub(crate) fn push<T: FloatElement>(&mut self, first: usize, chunk: &[T]) {
         for (j, &x) in chunk.iter().enumerate() {
             let key = logit_rank_key(x.to_f32());
             // A token tied with the floor key comes later in id order than the kept one: out.
-            if floor.is_none_or(|(f, _)| key > f) {
-                out.push((key, (c * CHUNK + j) as u32));
+            if self.floor.is_none_or(|(f, _)| key > f) {
+                self.out.push((key, (first + j) as u32));
             }
         }
-        if out.len() >= capacity {
-            keep_best(out, k);
-            let f = out[k - 1].0;
+        if self.out.len() >= self.capacity {
+            keep_best(&mut self.out, self.k);
+            let f = self.out[self.k - 1].0;
             // A logit beats the key `f` only if its sanitized value is above `f`'s.
-            floor = Some((f, raw_lower_bound(value_of_key(f).next_up())));
+            self.floor = Some((f, raw_lower_bound(value_of_key(f).next_up())));
         }
     }
-    keep_best(out, k);
-    out.sort_unstable_by(rank_cmp);
+
+    /// The `k` best-ranked tokens offered, in rank order.
+    pub(crate) fn finish(mut self) -> Vec<(u32, u32)> {
+        keep_best(&mut self.out, self.k);
+        self.out.sort_unstable_by(rank_cmp);
+        self.out
+    }
 }
 
 /// Keeps the `k` best-ranked entries of `out` (in no particular order).
@@ -434,10 +469,20 @@ fn weigh_ranked<T: FloatElement>(
     best: &[(u32, u32)],
     out: &mut Vec<Weighted>,
 ) -> u64 {
+    weigh_ranked_by(weighing, best, out, |_, id| row[id as usize].to_f32())
+}
+
+/// [`weigh_ranked`] with the logit of each `(key, id)` of `best` from `logit`.
+fn weigh_ranked_by(
+    weighing: &Weighing,
+    best: &[(u32, u32)],
+    out: &mut Vec<Weighted>,
+    logit: impl Fn(u32, u32) -> f32,
+) -> u64 {
     out.clear();
     let mut total = 0u64;
     for &(key, id) in best {
-        let weight = weighing.weight(id as usize, row[id as usize].to_f32());
+        let weight = weighing.weight(id as usize, logit(key, id));
         if weight == 0 {
             // Weights never increase down the rank order: the rest weigh 0 too.
             break;
@@ -571,18 +616,24 @@ fn kept_of_survivors<T: FloatElement>(
     row: &[T],
     total: u64,
     top_p: f32,
-    mut kept: Vec<Weighted>,
+    kept: Vec<Weighted>,
 ) -> KeptLogits {
     if total == 0 {
         return KeptLogits::Degenerate(first_in_rank(row));
     }
+    let (kept, mass) = top_p_kept(total, top_p, kept);
+    KeptLogits::Kept(kept, mass)
+}
+
+/// The top-p prefix of `kept` (the survivors, of mass `total > 0`) and its mass.
+fn top_p_kept(total: u64, top_p: f32, mut kept: Vec<Weighted>) -> (Vec<Weighted>, u64) {
     if top_p_fixed(top_p) >= 1 << TOP_P_BITS {
         // Every survivor weighs something, so reaching the whole mass keeps them all.
-        return KeptLogits::Kept(kept, total);
+        return (kept, total);
     }
     let (boundary, mass) = top_p_boundary(&kept, top_p, total);
     kept.retain(|w| boundary.keeps(w));
-    KeptLogits::Kept(kept, mass)
+    (kept, mass)
 }
 
 /// Draws by weight among `members` (in id order, total `mass > 0`) at the draw `r`.
@@ -593,6 +644,34 @@ pub(crate) fn draw_in(members: &[Weighted], mass: u64, r: u64) -> Option<usize> 
         running += w.weight;
         (running > t).then_some(w.id as usize)
     })
+}
+
+/// Whether top-k `k` of a row of `len` tokens takes the streaming top-k pass ([`TopRanked`]).
+pub(crate) fn streams_top_k(k: usize, len: usize) -> bool {
+    k > 0 && k < len && k <= MAX_FAST_K
+}
+
+/// Top-p of the tokens of positive weight among `best` (a row's top-k in rank order, weighed by
+/// `weighing` with each token's logit from `logit`), then the SAMPLE draw `r`; `None` for a
+/// set of weight 0.
+pub(crate) fn draw_among_ranked(
+    weighing: &Weighing,
+    best: &[(u32, u32)],
+    top_p: f32,
+    r: u64,
+    logit: impl Fn(u32, u32) -> f32,
+) -> Option<usize> {
+    let mut kept = KEPT.with(|cell| cell.take());
+    let total = weigh_ranked_by(weighing, best, &mut kept, logit);
+    if total == 0 {
+        KEPT.with(|cell| *cell.borrow_mut() = kept);
+        return None;
+    }
+    let (kept, mass) = top_p_kept(total, top_p, kept);
+    // The kept mass is positive, so the draw always lands on a member.
+    let token = draw_in(&kept, mass, r).unwrap_or(kept[0].id as usize);
+    KEPT.with(|cell| *cell.borrow_mut() = kept);
+    Some(token)
 }
 
 thread_local! {

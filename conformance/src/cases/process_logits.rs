@@ -13,6 +13,7 @@ use super::generate::{
 };
 use crate::Result;
 use crate::case::{Case, Dims, TensorSpec, Want, scores_specs};
+use specula_backend_api::Buffer;
 use crate::exec::{OpCase, Runner};
 use crate::tensor::HostTensor;
 
@@ -48,29 +49,13 @@ impl Params {
 
 impl OpCase for Params {
     fn tensors(&self) -> Vec<TensorSpec> {
-        let (n, s, v) = (self.dims.max_bsz, self.dims.max_step_tokens, self.vocab);
-        let words = mask_words(v);
-        let mut specs = scores_specs(self.logits, ("probs", "logits"), self.rows, v);
-        specs.extend([
-            TensorSpec::i32("cu_seqlens_q_output", self.dims.real_bsz + 1),
-            TensorSpec::i32("batch_id_per_token_output", self.rows).at_least(),
-            TensorSpec::i32("token_ids_all", n * self.max_model_len),
-            TensorSpec::i32("prompt_lens", n),
-            TensorSpec::i32("step_idx", n),
-            TensorSpec::i32("draft_tokens", n * s),
-            TensorSpec::i32("token_counts", n * v),
-            TensorSpec::new("prompt_mask", Want::Is(DType::U32), n * words),
-            TensorSpec::new("penalties", Want::Is(DType::F32), n * PENALTY_FIELDS),
-            TensorSpec::i32("min_tokens", n),
-            TensorSpec::i32("end_tokens", 1).at_least(),
-            TensorSpec::i32("bias_offsets", n + 1),
-            TensorSpec::i32("bias_ids", 1).at_least(),
-            TensorSpec::new("bias_values", Want::Is(DType::F32), 1).at_least(),
-            TensorSpec::i32("bad_word_offsets", n + 1),
-            TensorSpec::i32("bad_words", 1).at_least(),
-            TensorSpec::new("allowed", Want::Is(DType::U32), n * words).optional(),
-            TensorSpec::new("bitmask", Want::Is(DType::U32), self.rows * words).optional(),
-        ]);
+        let mut specs = scores_specs(self.logits, ("probs", "logits"), self.rows, self.vocab);
+        specs.extend(processing_specs(
+            self.dims,
+            self.rows,
+            self.vocab,
+            self.max_model_len,
+        ));
         specs
     }
 
@@ -85,6 +70,74 @@ impl OpCase for Params {
         } = *self;
         let out_rows = self.out_rows();
         let device = r.device();
+        let buffers = ProcessingBuffers::load(r)?;
+        let scores = r.scores(logits, "probs", "logits")?;
+        let [processed, fallback] = r.outputs([
+            ("processed", DType::F32, &[out_rows, vocab]),
+            ("fallback", DType::I32, &[out_rows]),
+        ])?;
+        let processing = buffers.processing(dims, max_model_len);
+        let shape = RowShape { rows, vocab };
+        device.process_logits(
+            &processing.inputs(scores.scores()),
+            &mut ProcessOutputs {
+                processed,
+                fallback,
+            },
+            &ProcessParams {
+                block: block.map(|(first, rows)| RowBlock { first, rows }),
+                ..processing.params(shape)
+            },
+        )?;
+        Ok(())
+    }
+}
+
+/// The tensors of the processing of `rows` rows (every input of `process_logits` but the
+/// scores).
+pub(crate) fn processing_specs(
+    dims: Dims,
+    rows: usize,
+    vocab: usize,
+    max_model_len: usize,
+) -> Vec<TensorSpec> {
+    let (n, s, v) = (dims.max_bsz, dims.max_step_tokens, vocab);
+    let words = mask_words(v);
+    vec![
+        TensorSpec::i32("cu_seqlens_q_output", dims.real_bsz + 1),
+        TensorSpec::i32("batch_id_per_token_output", rows).at_least(),
+        TensorSpec::i32("token_ids_all", n * max_model_len),
+        TensorSpec::i32("prompt_lens", n),
+        TensorSpec::i32("step_idx", n),
+        TensorSpec::i32("draft_tokens", n * s),
+        TensorSpec::i32("token_counts", n * v),
+        TensorSpec::new("prompt_mask", Want::Is(DType::U32), n * words),
+        TensorSpec::new("penalties", Want::Is(DType::F32), n * PENALTY_FIELDS),
+        TensorSpec::i32("min_tokens", n),
+        TensorSpec::i32("end_tokens", 1).at_least(),
+        TensorSpec::i32("bias_offsets", n + 1),
+        TensorSpec::i32("bias_ids", 1).at_least(),
+        TensorSpec::new("bias_values", Want::Is(DType::F32), 1).at_least(),
+        TensorSpec::i32("bad_word_offsets", n + 1),
+        TensorSpec::i32("bad_words", 1).at_least(),
+        TensorSpec::new("allowed", Want::Is(DType::U32), n * words).optional(),
+        TensorSpec::new("bitmask", Want::Is(DType::U32), rows * words).optional(),
+    ]
+}
+
+/// The processing inputs of a case on the device, with their host copies.
+pub(crate) struct ProcessingBuffers {
+    layout: [Buffer; 2],
+    history: [Buffer; 6],
+    slots: [Buffer; 8],
+    allowed: Option<Buffer>,
+    bitmask: Option<Buffer>,
+    host: HostCopies,
+}
+
+impl ProcessingBuffers {
+    /// Uploads the case's processing inputs ([`processing_specs`]).
+    pub(crate) fn load(r: &mut Runner<'_>) -> Result<Self> {
         let host = HostCopies {
             penalties: r.host::<f32>("penalties")?,
             bias_ids: r.host::<i32>("bias_ids")?,
@@ -93,26 +146,36 @@ impl OpCase for Params {
             bias_used: r.host::<i32>("bias_offsets")?,
             words_used: r.host::<i32>("bad_word_offsets")?,
         };
-        let scores = r.scores(logits, "probs", "logits")?;
-        let [
-            cu,
-            batch_id,
-            token_ids_all,
-            prompt_lens,
-            step_idx,
-            draft_tokens,
-            counts,
-            prompt,
-        ] = r.inputs([
-            "cu_seqlens_q_output",
-            "batch_id_per_token_output",
-            "token_ids_all",
-            "prompt_lens",
-            "step_idx",
-            "draft_tokens",
-            "token_counts",
-            "prompt_mask",
-        ])?;
+        Ok(ProcessingBuffers {
+            layout: r.inputs(["cu_seqlens_q_output", "batch_id_per_token_output"])?,
+            history: r.inputs([
+                "token_ids_all",
+                "prompt_lens",
+                "step_idx",
+                "draft_tokens",
+                "token_counts",
+                "prompt_mask",
+            ])?,
+            slots: r.inputs([
+                "penalties",
+                "min_tokens",
+                "end_tokens",
+                "bias_offsets",
+                "bias_ids",
+                "bias_values",
+                "bad_word_offsets",
+                "bad_words",
+            ])?,
+            allowed: r.optional("allowed")?,
+            bitmask: r.optional("bitmask")?,
+            host,
+        })
+    }
+
+    /// The processing of a `dims` batch whose `token_ids_all` rows hold `max_model_len` tokens.
+    pub(crate) fn processing(&self, dims: Dims, max_model_len: usize) -> RowProcessing<'_> {
+        let [cu, batch_id] = &self.layout;
+        let [token_ids_all, prompt_lens, step_idx, draft_tokens, counts, prompt] = &self.history;
         let [
             penalties,
             min_tokens,
@@ -120,62 +183,38 @@ impl OpCase for Params {
             bias_offsets,
             bias_ids,
             bias_values,
-        ] = r.inputs([
-            "penalties",
-            "min_tokens",
-            "end_tokens",
-            "bias_offsets",
-            "bias_ids",
-            "bias_values",
-        ])?;
-        let [bad_word_offsets, bad_words] = r.inputs(["bad_word_offsets", "bad_words"])?;
-        let allowed = r.optional("allowed")?;
-        let bitmask = r.optional("bitmask")?;
-        let [processed, fallback] = r.outputs([
-            ("processed", DType::F32, &[out_rows, vocab]),
-            ("fallback", DType::I32, &[out_rows]),
-        ])?;
-        device.process_logits(
-            &ProcessInputs {
-                scores: scores.scores(),
-                layout: OutputLayout {
-                    cu_seqlens_q_output: &cu,
-                    batch_id_per_token_output: &batch_id,
-                },
-                history: TokenHistory {
-                    token_ids_all: &token_ids_all,
-                    prompt_lens: &prompt_lens,
-                    step_idx: &step_idx,
-                    draft_tokens: &draft_tokens,
-                    token_counts: &counts,
-                    prompt_mask: &prompt,
-                },
-                slots: SlotProcessing {
-                    penalties: &penalties,
-                    min_tokens: &min_tokens,
-                    end_tokens: &end_tokens,
-                    bias_offsets: &bias_offsets,
-                    bias_ids: &bias_ids,
-                    bias_values: &bias_values,
-                    bad_word_offsets: &bad_word_offsets,
-                    bad_words: &bad_words,
-                    allowed: allowed.as_ref(),
-                },
-                bitmask: bitmask.as_ref(),
+            bad_word_offsets,
+            bad_words,
+        ] = &self.slots;
+        RowProcessing {
+            layout: OutputLayout {
+                cu_seqlens_q_output: cu,
+                batch_id_per_token_output: batch_id,
             },
-            &mut ProcessOutputs {
-                processed,
-                fallback,
+            history: TokenHistory {
+                token_ids_all,
+                prompt_lens,
+                step_idx,
+                draft_tokens,
+                token_counts: counts,
+                prompt_mask: prompt,
             },
-            &ProcessParams {
-                dims: dims.into(),
-                shape: RowShape { rows, vocab },
-                block: block.map(|(first, rows)| RowBlock { first, rows }),
-                max_model_len,
-                host: host.view(),
+            slots: SlotProcessing {
+                penalties,
+                min_tokens,
+                end_tokens,
+                bias_offsets,
+                bias_ids,
+                bias_values,
+                bad_word_offsets,
+                bad_words,
+                allowed: self.allowed.as_ref(),
             },
-        )?;
-        Ok(())
+            bitmask: self.bitmask.as_ref(),
+            dims: dims.into(),
+            max_model_len,
+            host: self.host.view(),
+        }
     }
 }
 
@@ -561,8 +600,12 @@ impl Setup {
             logits: self.temperature.is_some(),
             block,
         };
+        self.with_inputs(Case::new(name, params))
+    }
+
+    /// `case` with every input of the setup: the rows and their processing.
+    pub(crate) fn with_inputs(&self, mut case: Case) -> Case {
         let shape = [self.rows, self.vocab];
-        let mut case = Case::new(name, params);
         case = match &self.temperature {
             Some(t) => case
                 .with("logits", float_tensor(self.dtype, &shape, &self.scores))
@@ -599,6 +642,20 @@ impl Setup {
 /// Every case of `process_logits`.
 pub fn cases(size: Size) -> Vec<Case> {
     let mut out = golden();
+    for (name, st) in random_setups(size) {
+        if name.starts_with("all_") && st.rows > 0 {
+            out.extend(block_cases(&st, &name));
+        }
+        out.push(st.case(name));
+    }
+    out.extend(hostile_setups().into_iter().map(|(name, st)| st.case(name)));
+    out
+}
+
+/// The random setups of the cases, by case name: each parameter alone and all of them, over
+/// batches of several shapes, logits and probabilities.
+pub(crate) fn random_setups(size: Size) -> Vec<(String, Setup)> {
+    let mut out = Vec::new();
     let mut shapes = vec![
         (dims(4, 3, 3), 37),
         (dims(9, 8, 5), 100),
@@ -624,15 +681,13 @@ pub fn cases(size: Size) -> Vec<Case> {
                 );
                 let st = Setup::random(&mut rng, d, vocab, logits, dtype, f);
                 let kind = if logits { "logits" } else { "probs" };
-                let name = format!("{name}_{kind}_{}_v{vocab}_{dtype}", batch_name(&d));
-                if f.bitmask && f.bias && st.rows > 0 {
-                    out.extend(block_cases(&st, &name));
-                }
-                out.push(st.case(name));
+                out.push((
+                    format!("{name}_{kind}_{}_v{vocab}_{dtype}", batch_name(&d)),
+                    st,
+                ));
             }
         }
     }
-    out.extend(hostile());
     out
 }
 
@@ -653,6 +708,53 @@ fn block_cases(st: &Setup, name: &str) -> Vec<Case> {
 
 /// Hand-computed rows: one slot, prompt `[1]`, generated `[2, 2]`, one draft `3`; vocabulary 6.
 fn golden() -> Vec<Case> {
+    let [base, masked, min_p] = golden_setups();
+    // Row 0 (history [2, 2]): 1 in the prompt → 0.5; 2 counted twice → 1.5 − 0.5 − 1 = 0;
+    // 4 biased → 2.0; 5 an end token before min_tokens → masked; 0 banned.
+    // Row 1 (history [2, 2, 3]): 3 counted once → −1·2 − 0.25 − 1 = −3.25; 4 banned.
+    let ninf = f32::NEG_INFINITY;
+    let mut out = vec![
+        base.case("golden::every_rule_two_rows".into())
+            .expect(
+                "processed",
+                float_tensor(
+                    DType::F32,
+                    &[2, 6],
+                    &[
+                        ninf, 1.0, 0.0, -1.0, 2.0, ninf, ninf, 1.0, 0.0, -3.25, ninf, ninf,
+                    ],
+                ),
+            )
+            .expect("fallback", i32s(&[4, 1])),
+    ];
+    out.push(
+        masked
+            .case("golden::all_masked_and_all_minus_inf".into())
+            .expect("processed", float_tensor(DType::F32, &[2, 6], &[ninf; 12]))
+            .expect("fallback", i32s(&[-1, 2])),
+    );
+    out.push(
+        min_p
+            .case("golden::min_p_half".into())
+            .expect(
+                "processed",
+                float_tensor(
+                    DType::F32,
+                    &[2, 6],
+                    &[
+                        ninf, ninf, 3.0, 2.5, ninf, ninf, ninf, ninf, 3.0, 2.5, ninf, ninf,
+                    ],
+                ),
+            )
+            .expect("fallback", i32s(&[2, 2])),
+    );
+    out
+}
+
+/// The setups of the golden cases: every rule on two rows; every token masked in row 0 by the
+/// bitmask and row 1's only kept token −inf; min_p = 0.5 at T = 1 (keeps the tokens within
+/// ln 2 of the maximum).
+pub(crate) fn golden_setups() -> [Setup; 3] {
     let d = dims(1, 1, 2);
     let batch = Batch::new(d, vec![2], vec![0]);
     let base = Setup {
@@ -684,34 +786,10 @@ fn golden() -> Vec<Case> {
         allowed: None,
         bitmask: None,
     };
-    // Row 0 (history [2, 2]): 1 in the prompt → 0.5; 2 counted twice → 1.5 − 0.5 − 1 = 0;
-    // 4 biased → 2.0; 5 an end token before min_tokens → masked; 0 banned.
-    // Row 1 (history [2, 2, 3]): 3 counted once → −1·2 − 0.25 − 1 = −3.25; 4 banned.
-    let ninf = f32::NEG_INFINITY;
-    let mut out = vec![
-        base.case("golden::every_rule_two_rows".into())
-            .expect(
-                "processed",
-                float_tensor(
-                    DType::F32,
-                    &[2, 6],
-                    &[
-                        ninf, 1.0, 0.0, -1.0, 2.0, ninf, ninf, 1.0, 0.0, -3.25, ninf, ninf,
-                    ],
-                ),
-            )
-            .expect("fallback", i32s(&[4, 1])),
-    ];
     // Every token masked in row 0 by the bitmask; row 1's only kept token is −inf.
     let mut masked = base.clone();
-    masked.scores[6 + 2] = ninf;
+    masked.scores[6 + 2] = f32::NEG_INFINITY;
     masked.bitmask = Some(vec![0, 0b100]);
-    out.push(
-        masked
-            .case("golden::all_masked_and_all_minus_inf".into())
-            .expect("processed", float_tensor(DType::F32, &[2, 6], &[ninf; 12]))
-            .expect("fallback", i32s(&[-1, 2])),
-    );
     // min_p = 0.5 at T = 1 keeps the tokens within ln 2 of the maximum.
     let mut min_p = base.clone();
     min_p.penalties = vec![1.0, 1.0, 0.0, 0.0, 0.5];
@@ -719,28 +797,13 @@ fn golden() -> Vec<Case> {
     min_p.bad_word_offsets = vec![0, 0];
     min_p.min_tokens = vec![0];
     min_p.scores = vec![1.0, 2.0, 3.0, 2.5, 2.2, 0.0, 1.0, 2.0, 3.0, 2.5, 2.2, 0.0];
-    out.push(
-        min_p
-            .case("golden::min_p_half".into())
-            .expect(
-                "processed",
-                float_tensor(
-                    DType::F32,
-                    &[2, 6],
-                    &[
-                        ninf, ninf, 3.0, 2.5, ninf, ninf, ninf, ninf, 3.0, 2.5, ninf, ninf,
-                    ],
-                ),
-            )
-            .expect("fallback", i32s(&[2, 2])),
-    );
-    out
+    [base, masked, min_p]
 }
 
 /// Garbage in every buffer: rows of no slot, positions past `S`, offsets out of range, malformed
 /// bad words, NaN / ±inf / subnormal / huge parameters and logits, ids outside the vocabulary,
 /// negative and huge counts.
-fn hostile() -> Vec<Case> {
+pub(crate) fn hostile_setups() -> Vec<(String, Setup)> {
     let mut out = Vec::new();
     for (i, (d, vocab)) in [(dims(8, 6, 4), 67), (dims(5, 5, 3), 300)]
         .into_iter()
@@ -794,7 +857,7 @@ fn hostile() -> Vec<Case> {
         for w in st.bad_words.iter_mut().step_by(3) {
             *w = rng.pick(&[0, -1, 1000, i32::MAX, vocab as i32 + 3]);
         }
-        out.push(st.case(format!("hostile::garbage_{i}")));
+        out.push((format!("hostile::garbage_{i}"), st));
     }
     out
 }

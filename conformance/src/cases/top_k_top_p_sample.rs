@@ -8,9 +8,11 @@ use super::generate::{
     EDGE_SEEDS, FLOAT_DTYPES, Rng, f32s, hostile_logit_rows, i32s, logit_row, pick_temperature,
     prob_row, rows_with_ties, spoiled_rows, u64s, weightless_rows, with_score_rows,
 };
+use super::process_logits::{self, ProcessingBuffers, Setup, processing_specs};
 use super::{Size, row_gens};
 use crate::Result;
-use crate::case::{Case, TensorSpec, Want, scores_specs};
+use crate::case::{Case, Dims, TensorSpec, Want, scores_specs};
+use specula_backend_api::ops::process_logits::{PENALTY_FIELDS, mask_words, penalty};
 use crate::exec::{OpCase, Runner};
 
 /// The parameters of a `top_k_top_p_sample` case (the JSON header of a case file, beside `"op"`).
@@ -24,6 +26,20 @@ pub struct Params {
     /// Logits with per-row temperatures (tensors `logits`, `temperature`) instead of `probs`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub logits: bool,
+    /// The rows are sampled as `process_logits` makes them, by the fused call
+    /// (`docs/semantics.md` §5.12): the inputs of `process_logits` beside the rows are tensors
+    /// of the case too (no `fallback` tensor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processing: Option<Processing>,
+}
+
+/// The shape of the processing of a case's rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Processing {
+    /// Batch shape.
+    pub dims: Dims,
+    /// Row length of `token_ids_all`.
+    pub max_model_len: usize,
 }
 
 impl OpCase for Params {
@@ -36,6 +52,9 @@ impl OpCase for Params {
             TensorSpec::new("seed", Want::Is(DType::U64), rows),
             TensorSpec::i32("fallback", rows).optional(),
         ]);
+        if let Some(p) = self.processing {
+            specs.extend(processing_specs(p.dims, rows, self.vocab, p.max_model_len));
+        }
         specs
     }
 
@@ -46,21 +65,31 @@ impl OpCase for Params {
         let scores = r.scores(self.logits, "probs", "logits")?;
         let [top_k, top_p, seed] = r.inputs(["top_k", "top_p", "seed"])?;
         let fallback = r.optional("fallback")?;
+        let processing = self
+            .processing
+            .map(|p| ProcessingBuffers::load(r).map(|b| (b, p)))
+            .transpose()?;
         let [tokens] = r.outputs([("tokens", DType::I32, &[rows])])?;
-        device.top_k_top_p_sample(
-            &SampleInputs {
-                scores: scores.scores(),
-                top_k: &top_k,
-                top_p: &top_p,
-                seed: &seed,
-                fallback: fallback.as_ref(),
-            },
-            tokens,
-            &SampleParams {
-                shape: RowShape { rows, vocab },
-                host_top_p: host_top_p.as_deref(),
-            },
-        )?;
+        let inputs = SampleInputs {
+            scores: scores.scores(),
+            top_k: &top_k,
+            top_p: &top_p,
+            seed: &seed,
+            fallback: fallback.as_ref(),
+        };
+        let params = SampleParams {
+            shape: RowShape { rows, vocab },
+            host_top_p: host_top_p.as_deref(),
+        };
+        match &processing {
+            None => device.top_k_top_p_sample(&inputs, tokens, &params)?,
+            Some((buffers, p)) => device.top_k_top_p_sample_processed(
+                &inputs,
+                &buffers.processing(p.dims, p.max_model_len),
+                tokens,
+                &params,
+            )?,
+        }
         Ok(())
     }
 }
@@ -117,6 +146,7 @@ fn rows_case(
         rows,
         vocab,
         logits: temperature.is_some(),
+        processing: None,
     };
     let case = Case::new(name, params);
     with_score_rows(case, dtype, [rows, vocab], scores, temperature)
@@ -190,7 +220,68 @@ pub fn cases(size: Size) -> Vec<Case> {
     }
     out.extend(logits_cases(size));
     out.extend(hostile());
+    out.extend(processed_cases(size));
     out
+}
+
+/// The rows of every setup of the `process_logits` cases (the hostile ones without host
+/// copies), sampled by the fused call at realistic `top_k` / `top_p`; and the edges: min_p = 1,
+/// one token left per row.
+fn processed_cases(size: Size) -> Vec<Case> {
+    let [base, masked, min_p] = process_logits::golden_setups();
+    let mut setups = vec![
+        ("golden::every_rule".to_owned(), base),
+        ("golden::all_masked_and_all_minus_inf".to_owned(), masked),
+        ("golden::min_p_half".to_owned(), min_p),
+    ];
+    let random = process_logits::random_setups(size);
+    if let Some((name, st)) = random.iter().find(|(n, _)| n.starts_with("all_logits")) {
+        let mut full = st.clone();
+        for p in full.penalties.chunks_exact_mut(PENALTY_FIELDS) {
+            p[penalty::MIN_P] = 1.0;
+        }
+        setups.push((format!("{name}_min_p_1"), full));
+        let mut one = st.clone();
+        let words = mask_words(one.vocab);
+        one.bitmask = Some(
+            (0..one.rows)
+                .flat_map(|r| (0..words).map(move |w| u32::from(w == r % words) << (r % 32)))
+                .collect(),
+        );
+        setups.push((format!("{name}_one_token"), one));
+    }
+    setups.extend(random);
+    let mut out: Vec<Case> = setups
+        .into_iter()
+        .map(|(name, st)| processed_case(name, &st))
+        .collect();
+    out.extend(
+        process_logits::hostile_setups()
+            .into_iter()
+            .map(|(name, st)| processed_case(name, &st).device_only()),
+    );
+    out
+}
+
+/// The fused sampling of the rows of `st` at random `top_k`, `top_p` and seeds.
+pub(crate) fn processed_case(name: String, st: &Setup) -> Case {
+    let mut rng = Rng::new(&format!("sample/processed/{name}"), 0);
+    let top_k: Vec<i32> = (0..st.rows).map(|_| pick_top_k(&mut rng, st.vocab)).collect();
+    let top_p: Vec<f32> = (0..st.rows).map(|_| pick_top_p(&mut rng)).collect();
+    let seed: Vec<u64> = (0..st.rows).map(|_| rng.seed()).collect();
+    let params = Params {
+        rows: st.rows,
+        vocab: st.vocab,
+        logits: st.temperature.is_some(),
+        processing: Some(Processing {
+            dims: st.batch.dims,
+            max_model_len: st.max_model_len,
+        }),
+    };
+    st.with_inputs(Case::new(format!("processed::{name}"), params))
+        .with("top_k", i32s(&top_k))
+        .with("top_p", f32s(&top_p))
+        .with("seed", u64s(&seed))
 }
 
 /// Logits rows (`docs/semantics.md` §4b) at every temperature, in every dtype and shape; then

@@ -35,8 +35,8 @@
 
 use specula_backend_api::ops::{
     CandidateInputs, CandidatesInputs, CandidatesOutputs, CandidatesParams, DecodeState, Logits,
-    LogprobsInputs, LogprobsOutputs, LogprobsParams, OutputLayout, ProcessInputs, ProcessOutputs,
-    ProcessParams, RejectionInputs, RowBlock, RowShape, SampleInputs, SampleParams,
+    LogprobsInputs, LogprobsOutputs, LogprobsParams, OutputLayout, ProcessOutputs, ProcessParams,
+    RejectionInputs, RowBlock, RowProcessing, RowShape, SampleInputs, SampleParams,
     Scores as RowScores, SoftmaxParams, StrategyInputs, UpdateStateInputs, UpdateStateParams,
     VerifyInputs, VerifyOutputs, VerifyParams, VerifySlotState,
 };
@@ -93,6 +93,8 @@ pub(super) struct Verified {
     _sealed: (),
     /// The rows went through `process_logits` (their fallbacks tell masked rows).
     processed: bool,
+    /// The targets were sampled by the fused call: a target of -1 tells a masked row.
+    fused: bool,
     /// `accept_logprobs` ran.
     logprobs: bool,
 }
@@ -133,7 +135,9 @@ pub(super) fn verify_step(
         .is_some_and(|p| p.in_use() || checked.bitmask.is_some());
     let row_temperature = row_temperatures(cx.plan, slots, checked.rows);
     prepare_scratch(cx, sc, &checked)?;
+    let fused = checked.processing && fuses(cx.device, checked.strategy);
     match block_rows(cx, &checked) {
+        _ if fused => fused_targets(cx, state, sc, &checked, &row_temperature)?,
         Some(block_rows) => {
             let rows = (row_temperature.as_slice(), block_rows);
             processed_targets_in_blocks(cx, state, sc, &checked, rows)?;
@@ -154,6 +158,7 @@ pub(super) fn verify_step(
     Ok(Verified {
         _sealed: (),
         processed: checked.processing,
+        fused,
         logprobs: checked.logprobs,
     })
 }
@@ -254,7 +259,12 @@ fn prepare_scratch(cx: &StepContext<'_>, sc: &mut Scratch, checked: &Checked<'_>
     }
     if checked.processing && sc.processed.is_none() {
         let rows = processed_rows(cx);
-        sc.processed = Some(ProcessedBuffers::new(cx.device, rows, config.vocab)?);
+        let with_rows = !fuses(cx.device, config.strategy);
+        sc.processed = Some(ProcessedBuffers::new(
+            cx.device,
+            (rows, config.vocab),
+            with_rows,
+        )?);
     }
     sc.window_rows(checked.rows, config.vocab, config.candidates)
 }
@@ -276,43 +286,65 @@ fn process(
         return Err(missing_processing());
     };
     out.window_rows(block.rows, cx.config.vocab)?;
-    let scores = match checked.is_logits {
-        true => RowScores::Logits(Logits {
-            logits: checked.target,
-            temperature: &sc.row_temperature,
-            host_temperature: Some(row_temperature),
-        }),
-        false => RowScores::Probs(checked.target),
-    };
+    let processed = out.rows.as_mut().ok_or_else(missing_processing)?;
+    let layout = (&sc.cu_seqlens_q_output, &sc.batch_id_per_token_output);
+    let (scores, processing) = step_processing(
+        cx,
+        (state, p),
+        layout,
+        checked,
+        (&sc.row_temperature, row_temperature),
+    );
     cx.device.process_logits(
-        &ProcessInputs {
-            scores,
-            layout: OutputLayout {
-                cu_seqlens_q_output: &sc.cu_seqlens_q_output,
-                batch_id_per_token_output: &sc.batch_id_per_token_output,
-            },
-            history: p.history(
-                &state.token_ids_all,
-                &state.prompt_lens,
-                &state.step_idx,
-                &state.draft_tokens,
-            ),
-            slots: p.slots(&state.end_tokens),
-            bitmask: checked.bitmask,
-        },
+        &processing.inputs(scores),
         &mut ProcessOutputs {
-            processed: &mut out.rows,
+            processed,
             fallback: &mut out.fallback,
         },
         &ProcessParams {
-            dims: cx.dims(),
-            shape: checked.shape(cx.config.vocab),
             block: Some(block),
-            max_model_len: cx.config.max_model_len,
-            host: None,
+            ..processing.params(checked.shape(cx.config.vocab))
         },
     )?;
     Ok(())
+}
+
+/// The step's rows as the ops read them (logits at the rows' temperatures — on the device and
+/// their host copies — or probabilities) and their processing (`layout`: the output layout's
+/// `cu_seqlens_q_output` and `batch_id_per_token_output`).
+fn step_processing<'b>(
+    cx: &StepContext<'_>,
+    (state, p): (&'b SlotBuffers, &'b crate::processing::Processing),
+    (cu, batch_id): (&'b Buffer, &'b Buffer),
+    checked: &Checked<'b>,
+    (temperature, host_temperature): (&'b Buffer, &'b [f32]),
+) -> (RowScores<'b>, RowProcessing<'b>) {
+    let scores = match checked.is_logits {
+        true => RowScores::Logits(Logits {
+            logits: checked.target,
+            temperature,
+            host_temperature: Some(host_temperature),
+        }),
+        false => RowScores::Probs(checked.target),
+    };
+    let processing = RowProcessing {
+        layout: OutputLayout {
+            cu_seqlens_q_output: cu,
+            batch_id_per_token_output: batch_id,
+        },
+        history: p.history(
+            &state.token_ids_all,
+            &state.prompt_lens,
+            &state.step_idx,
+            &state.draft_tokens,
+        ),
+        slots: p.slots(&state.end_tokens),
+        bitmask: checked.bitmask,
+        dims: cx.dims(),
+        max_model_len: cx.config.max_model_len,
+        host: None,
+    };
+    (scores, processing)
 }
 
 /// The rows of a block when the step processes and samples its rows a block at a time: the
@@ -340,6 +372,8 @@ fn processed_rows(cx: &StepContext<'_>) -> usize {
     let all = config.max_bsz * config.max_step_tokens;
     match (config.strategy, row_block_rows(cx)) {
         (Strategy::Rejection, _) | (_, None) => all,
+        // The fused call samples every row at once.
+        (strategy, _) if fuses(cx.device, strategy) => all,
         (_, Some(block)) => block.min(all),
     }
 }
@@ -375,6 +409,61 @@ fn processed_targets_in_blocks(
     done
 }
 
+/// Whether the device samples processed rows itself ([`Capabilities::fused_processing`]) for
+/// the strategy: TARGET_MATCH and GREEDY, whose targets are `top_k_top_p_sample` draws.
+fn fuses(device: &dyn Device, strategy: Strategy) -> bool {
+    device.capabilities().fused_processing && fused_strategy(strategy)
+}
+
+/// The strategies whose processed targets the fused call samples.
+fn fused_strategy(strategy: Strategy) -> bool {
+    matches!(strategy, Strategy::TargetMatch | Strategy::Greedy)
+}
+
+/// Stages 2b and 4 at once on a device that fuses them: the targets of every row are sampled
+/// from the rows `process_logits` makes (`docs/semantics.md` §5.12), with no processed rows.
+/// GREEDY is the `top_k = 1` sample, as in [`targets`].
+fn fused_targets(
+    cx: &StepContext<'_>,
+    state: &SlotBuffers,
+    sc: &mut Scratch,
+    checked: &Checked<'_>,
+    row_temperature: &[f32],
+) -> Result<()> {
+    let (Some(p), Some(out)) = (state.processing.as_ref(), sc.processed.as_mut()) else {
+        return Err(missing_processing());
+    };
+    out.window_rows(checked.rows, cx.config.vocab)?;
+    let top_k = match checked.strategy {
+        Strategy::Greedy => &out.ones,
+        _ => &sc.row_top_k,
+    };
+    let layout = (&sc.cu_seqlens_q_output, &sc.batch_id_per_token_output);
+    let (scores, processing) = step_processing(
+        cx,
+        (state, p),
+        layout,
+        checked,
+        (&sc.row_temperature, row_temperature),
+    );
+    cx.device.top_k_top_p_sample_processed(
+        &SampleInputs {
+            scores,
+            top_k,
+            top_p: &sc.row_top_p,
+            seed: &sc.row_seed,
+            fallback: None,
+        },
+        &processing,
+        &mut sc.target_tokens,
+        &SampleParams {
+            shape: checked.shape(cx.config.vocab),
+            host_top_p: None,
+        },
+    )?;
+    Ok(())
+}
+
 /// Processing without its buffers (cannot happen: they are allocated before the step).
 fn missing_processing() -> SamplerError {
     SamplerError::ScoresShape {
@@ -395,7 +484,7 @@ fn softmax(
     }
     let probs = sc.probs.as_mut().ok_or_else(missing_probs)?;
     let source = match (checked.processing, sc.processed.as_ref()) {
-        (true, Some(p)) => &p.rows,
+        (true, Some(p)) => p.rows.as_ref().ok_or_else(missing_processing)?,
         _ => checked.target,
     };
     cx.device.softmax(
@@ -429,7 +518,12 @@ fn row_scores<'b>(
     host_temperature: &'b [f32],
 ) -> Result<RowScores<'b>> {
     let rows = match (checked.processing, processed) {
-        (true, Some(p)) => &p.rows,
+        (true, Some(p)) => match &p.rows {
+            Some(rows) => rows,
+            // Sampled fused: only REJECTION reads the rows again, and it never fuses.
+            None if fused_strategy(checked.strategy) => checked.target,
+            None => return Err(missing_processing()),
+        },
         (true, None) => return Err(missing_processing()),
         (false, _) => checked.target,
     };
@@ -743,10 +837,11 @@ pub(super) fn commit_on_device(
     let Verified {
         _sealed: (),
         processed,
+        fused,
         logprobs,
     } = verified;
     update_state(cx, state, sc)?;
-    download(cx.device, state, sc, processed, logprobs)
+    download(cx.device, state, sc, (processed, fused), logprobs)
 }
 
 /// `update_state`: the accepted tokens into each slot's history, lengths, seeds and stop flags.
@@ -785,10 +880,12 @@ fn download(
     device: &dyn Device,
     st: &SlotBuffers,
     sc: &Scratch,
-    processed: bool,
+    (processed, fused): (bool, bool),
     logprobs: bool,
 ) -> Result<Committed> {
     let fallback = match (processed, &sc.processed) {
+        // A fused target is -1 exactly where the row's fallback is: every token masked.
+        (true, _) if fused => Some(device.download(&sc.target_tokens)?),
         (true, Some(p)) => Some(device.download(&p.fallback)?),
         _ => None,
     };

@@ -3,7 +3,10 @@
 use specula_backend_api::DType;
 
 use super::Break::{Dtype, Foreign, HostDtype, Long, Short};
-use super::{VOCAB, batch, broken, host_top_p_cases, prob_rows, vocab_cases};
+use super::{VOCAB, batch, broken, host_top_p_cases, prob_rows, reject, vocab_cases};
+use crate::case::ErrorKind::InvalidArgument;
+use crate::cases::process_logits::golden_setups;
+use crate::cases::top_k_top_p_sample::processed_case;
 use crate::case::Case;
 use crate::cases::generate::{f32s, i32s, u64s};
 use crate::cases::top_k_top_p_sample::Params;
@@ -18,6 +21,7 @@ fn with_vocab(vocab: usize) -> Case {
             rows,
             vocab,
             logits: false,
+            processing: None,
         },
     )
     .with("probs", prob_rows(rows, VOCAB))
@@ -46,5 +50,14 @@ pub(super) fn cases() -> Vec<Case> {
     );
     out.extend(vocab_cases(with_vocab));
     out.extend(host_top_p_cases(&base, 2));
+    out.push(processed_with_fallback());
     out
+}
+
+/// The fused sampling of processed rows given a `fallback` input: the processing makes the
+/// fallbacks, so the call is rejected (`docs/semantics.md` §5.12).
+fn processed_with_fallback() -> Case {
+    let [base, ..] = golden_setups();
+    let case = processed_case("fallback".to_owned(), &base).with("fallback", i32s(&[0, 1]));
+    reject("processed_with_fallback", case, InvalidArgument, "fallback")
 }
