@@ -15,7 +15,7 @@
 //! a [`backend::Call`] that only validation can build. The ops are listed once, in the op table
 //! ([`op`], [`for_each_op!`]); kernel registries and conformance cases are derived from it.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 /// `Display` and `FromStr` through an enum's `name()` and `ALL`: for the enums whose names appear in
 /// errors, spans, trial names and case files (`Op`, `BackendKind`, `DType`, `Strategy`). An unknown
@@ -49,6 +49,8 @@ mod device;
 mod dtype;
 mod error;
 mod kind;
+#[allow(unsafe_code)]
+mod lent;
 
 pub mod abi;
 pub mod backend;
@@ -67,6 +69,7 @@ pub use buffer::{Buffer, DeviceId};
 pub use device::{Device, DeviceExt};
 pub use dtype::{DType, Element, FloatElement};
 pub use error::{Error, Result};
+pub use host::HostInput;
 pub use kind::{BackendKind, Capabilities, DeviceInfo};
 pub use op::{Exactness, Op, OpSpec};
 pub use ops::Strategy;
