@@ -4,9 +4,11 @@
 use tracing::debug_span;
 
 use crate::backend::{Alloc, AnyCall, Backend, Download, Upload, Write};
-use crate::host::{self, HostInput};
+use crate::host;
 use crate::ops::{self, *};
-use crate::{Buffer, Capabilities, DType, DeviceId, DeviceInfo, Element, Error, Op, Result};
+use crate::{
+    BorrowedInput, Buffer, Capabilities, DType, DeviceId, DeviceInfo, Element, Error, Op, Result,
+};
 
 /// One opened device of one backend: memory plus every op of the contract.
 ///
@@ -277,20 +279,20 @@ pub trait DeviceExt: Device {
     }
 
     /// A host slice as an input buffer of this device, borrowed for the life of the returned
-    /// [`HostInput`], which dereferences to `&Buffer` (an input of any op or of
+    /// [`BorrowedInput`], which dereferences to `&Buffer` (an input of any op or of
     /// `Decoder::finish`, never an output).
     ///
     /// On a host-memory device ([`Backend::host_memory`]: the CPU backend, the reference device)
-    /// the buffer is the slice itself: no copy, and [`HostInput::is_lent`] is `true`. On any other
+    /// the buffer is the slice itself: no copy, and [`BorrowedInput::is_lent`] is `true`. On any other
     /// device (wgpu, xpu-sim, CUDA) the slice is uploaded, exactly as [`DeviceExt::upload`] does,
-    /// and the copy is freed when the `HostInput` drops. Either way the buffer carries `T`'s dtype,
+    /// and the copy is freed when the `BorrowedInput` drops. Either way the buffer carries `T`'s dtype,
     /// the slice's length and this device's id, and ops validate it like any other buffer.
-    fn borrow_host<'a, T: Element>(&self, data: &'a [T]) -> Result<HostInput<'a>> {
+    fn borrow_host<'a, T: Element>(&self, data: &'a [T]) -> Result<BorrowedInput<'a>> {
         let alloc = checked_alloc(self.desc(), T::DTYPE, data.len())?;
         if self.host_memory() {
             Ok(host::lend(self.desc(), alloc, data))
         } else {
-            Ok(HostInput::copied(self.upload(data)?))
+            Ok(BorrowedInput::new(self.upload(data)?, false))
         }
     }
 

@@ -6,15 +6,12 @@
 //! [`Error::OutOfMemory`], never an abort.
 //!
 //! A host buffer can also be a caller's slice, lent without a copy for the life of a
-//! [`HostInput`] ([`DeviceExt::borrow_host`](crate::DeviceExt::borrow_host)): read-only, and
+//! [`BorrowedInput`] ([`DeviceExt::borrow_host`](crate::DeviceExt::borrow_host)): read-only, and
 //! aligned for its dtype because it was a `&[T]`.
-
-use std::marker::PhantomData;
-use std::ops::Deref;
 
 use crate::backend::{Alloc, DeviceDesc, Download, Upload, Write};
 use crate::lent::LentBytes;
-use crate::{BackendKind, Buffer, Element, Error, Result};
+use crate::{BackendKind, BorrowedInput, Buffer, Element, Error, Result};
 
 /// The memory of one host buffer: owned words, or a caller's lent slice.
 #[derive(Debug)]
@@ -143,65 +140,18 @@ pub fn slice_mut<T: Element>(buffer: &mut Buffer) -> Result<&mut [T]> {
         .map_err(|_| fault("misaligned or partial element"))
 }
 
-/// A caller's host slice as an input buffer of one device, for as long as the slice is borrowed
-/// (`'a`): what [`DeviceExt::borrow_host`](crate::DeviceExt::borrow_host) returns.
-///
-/// It dereferences to `&Buffer` only, so it can be passed wherever an op or
-/// `Decoder::finish` reads an input, and never as an output. It cannot outlive the slice, and the
-/// slice cannot be written while it lives. On a host-memory device
-/// ([`Backend::host_memory`](crate::Backend::host_memory): the CPU backend, the reference device)
-/// the buffer *is* the slice, without a copy; on any other device it is an upload of the slice
-/// (one copy, like [`DeviceExt::upload`](crate::DeviceExt::upload)), freed on drop.
-#[derive(Debug)]
-pub struct HostInput<'a> {
-    buffer: Buffer,
-    lent: bool,
-    slice: PhantomData<&'a [u8]>,
-}
-
-impl<'a> HostInput<'a> {
-    /// An uploaded copy (a device whose memory is not the host's).
-    pub(crate) fn copied(buffer: Buffer) -> Self {
-        HostInput {
-            buffer,
-            lent: false,
-            slice: PhantomData,
-        }
-    }
-
-    /// Whether the buffer is the caller's slice itself (no copy was made).
-    pub fn is_lent(&self) -> bool {
-        self.lent
-    }
-}
-
-impl Deref for HostInput<'_> {
-    type Target = Buffer;
-
-    fn deref(&self) -> &Buffer {
-        &self.buffer
-    }
-}
-
-impl AsRef<Buffer> for HostInput<'_> {
-    fn as_ref(&self) -> &Buffer {
-        &self.buffer
-    }
-}
-
 /// `data` lent without a copy to the host-memory device `desc` describes, as a buffer of
 /// `alloc` (validated to be `data`'s dtype and length).
 pub(crate) fn lend<'a, T: Element>(
     desc: &DeviceDesc,
     alloc: Alloc,
     data: &'a [T],
-) -> HostInput<'a> {
+) -> BorrowedInput<'a> {
     let memory = HostMemory {
         memory: Memory::Lent(LentBytes::new(bytemuck::cast_slice(data))),
     };
-    HostInput {
-        buffer: Buffer::from_storage(alloc.dtype(), alloc.len(), desc.id, Box::new(memory)),
-        lent: true,
-        slice: PhantomData,
-    }
+    BorrowedInput::new(
+        Buffer::from_storage(alloc.dtype(), alloc.len(), desc.id, Box::new(memory)),
+        true,
+    )
 }

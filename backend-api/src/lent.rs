@@ -1,10 +1,10 @@
 //! Host bytes a caller lends to a host-memory device for the life of a
-//! [`HostInput`](crate::HostInput): the one `unsafe` of this crate.
+//! [`BorrowedInput`](crate::BorrowedInput): the one `unsafe` of this crate.
 //!
 //! A [`LentBytes`] is a raw view of a `&'a [T]` (`T: Element`, plain old data). Only
-//! [`host::lend`](crate::host) builds one, and it puts it at once into a `HostInput<'a>`, which
+//! [`host::lend`](crate::host) builds one, and it puts it at once into a `BorrowedInput<'a>`, which
 //! borrows the slice for `'a` and hands out its buffer only as `&Buffer`. So the view is never
-//! read after the slice's borrow ends (the buffer drops with the `HostInput`), and never written
+//! read after the slice's borrow ends (the buffer drops with the `BorrowedInput`), and never written
 //! (no `&mut Buffer` to it exists: the host memory refuses a mutable view of lent bytes).
 
 use std::ptr::NonNull;
@@ -35,8 +35,8 @@ impl LentBytes {
     /// The lent bytes.
     pub(crate) fn as_slice(&self) -> &[u8] {
         // SAFETY: `ptr` and `len` come from a `&[u8]` that is still borrowed: the only owner of a
-        // `LentBytes` is the buffer inside a `HostInput<'a>` that borrows the slice for `'a`, and
-        // `&self` cannot outlive that `HostInput`. Nothing writes to the slice meanwhile (it is
+        // `LentBytes` is the buffer inside a `BorrowedInput<'a>` that borrows the slice for `'a`, and
+        // `&self` cannot outlive that `BorrowedInput`. Nothing writes to the slice meanwhile (it is
         // shared-borrowed, and this crate gives no mutable view of lent bytes).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }

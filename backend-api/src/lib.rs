@@ -65,11 +65,10 @@ pub mod slots;
 pub mod testing;
 
 pub use backend::Backend;
-pub use buffer::{Buffer, DeviceId};
+pub use buffer::{BorrowedInput, Buffer, DeviceId};
 pub use device::{Device, DeviceExt};
 pub use dtype::{DType, Element, FloatElement};
 pub use error::{Error, Result};
-pub use host::HostInput;
 pub use kind::{BackendKind, Capabilities, DeviceInfo};
 pub use op::{Exactness, Op, OpSpec};
 pub use ops::Strategy;
