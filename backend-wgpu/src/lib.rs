@@ -54,6 +54,10 @@ use specula_backend_api::{BackendKind, Device, Error, Result};
 pub use device::WgpuDevice;
 pub use error::WgpuError;
 pub use gpu::MAX_BINDING_VAR;
+/// The `wgpu` this backend is built with: a runner that hands over its own device and buffers
+/// ([`WgpuDevice::from_wgpu`], [`WgpuDevice::wrap_buffer`]) uses this one, so both name the same
+/// version.
+pub use wgpu;
 
 /// The most storage buffers one of our kernels binds (the slot walk of `verify_draft_tokens`).
 const REQUIRED_STORAGE_BUFFERS: u32 = 18;
