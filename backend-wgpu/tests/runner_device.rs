@@ -7,10 +7,12 @@
 //! Without a usable adapter the tests are listed as ignored with the reason, and fail under
 //! `SPECULA_REQUIRE=wgpu` (`specula_backend_api::testing`).
 
+mod common;
+
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use specula_backend_api::testing::{self, Needs, TestFn};
+use specula_backend_api::testing::TestFn;
 use specula_backend_api::{Backend, DType, Device, DeviceExt, Error, Strategy};
 use specula_backend_wgpu::WgpuDevice;
 use specula_sampler::{Decoder, Request, SamplerConfig, SamplingParams, StepScores};
@@ -188,11 +190,6 @@ fn a_host_slice_is_uploaded() -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let availability = match specula_backend_wgpu::open_device(0) {
-        Err(Error::Unavailable { reason, .. }) => Err(reason),
-        _ => Ok(()),
-    };
-    let needs = Needs::new("wgpu", availability);
     let tests: Vec<(&str, TestFn)> = vec![
         (
             "steps_from_the_runners_buffer_equal_uploaded_steps",
@@ -204,5 +201,5 @@ fn main() -> ExitCode {
             Box::new(a_host_slice_is_uploaded),
         ),
     ];
-    testing::run(&needs, tests)
+    common::run_all_on_wgpu(tests)
 }
