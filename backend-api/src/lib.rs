@@ -63,6 +63,7 @@ pub mod rng;
 pub mod slots;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod warm_up;
 
 pub use backend::Backend;
 pub use buffer::{BorrowedInput, Buffer, DeviceId};
@@ -72,3 +73,4 @@ pub use error::{Error, Result};
 pub use kind::{BackendKind, Capabilities, DeviceInfo};
 pub use op::{Exactness, Op, OpSpec};
 pub use ops::Strategy;
+pub use warm_up::WarmUp;
