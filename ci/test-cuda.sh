@@ -66,6 +66,7 @@ fi
 step "conformance on the GPU (SPECULA_REQUIRE=cuda: a missing device fails)"
 nvidia-smi -L
 SPECULA_REQUIRE=cuda cargo test --locked --release -p specula-conformance --test conformance -- cuda::
+SPECULA_REQUIRE=cuda cargo test --locked --release -p specula-backend-cuda --test runner_stream
 SPECULA_REQUIRE=cuda cargo run --locked --release -p specula-conformance --bin specula -- run --backend cuda
 
 step "benchmarks on the GPU"

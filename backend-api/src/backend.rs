@@ -305,6 +305,14 @@ pub trait Backend: Send + Sync + Debug {
     /// Waits for every enqueued op; reports execution faults.
     fn run_synchronize(&self) -> Result<()>;
 
+    /// Whether this device's buffers are host memory ([`host::HostMemory`](crate::host)): then
+    /// [`DeviceExt::borrow_host`](crate::DeviceExt::borrow_host) lends the caller's slice to it
+    /// without a copy. The default is `false` (the slice is uploaded); the CPU backend and the
+    /// reference device say `true`.
+    fn host_memory(&self) -> bool {
+        false
+    }
+
     /// Runs one validated op call (usually `dispatch_ops!(self, call)`).
     fn run(&self, call: AnyCall<'_, '_>) -> Result<()>;
 

@@ -1,6 +1,8 @@
 //! Device-owned buffers.
 
 use std::any::Any;
+use std::marker::PhantomData;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{DType, Error, Op, Result};
@@ -129,5 +131,54 @@ impl Buffer {
     /// The backend's storage, mutably, for the owning backend to downcast.
     pub fn storage_mut<S: Any>(&mut self) -> Option<&mut S> {
         self.storage.downcast_mut()
+    }
+}
+
+/// An input buffer made from memory the caller owns, borrowed for `'a`: a host slice
+/// ([`DeviceExt::borrow_host`](crate::DeviceExt::borrow_host)) or a device allocation of the
+/// runner's (a `wgpu::Buffer`, a CUDA device pointer: see those backends).
+///
+/// It dereferences to `&Buffer` only, so it can be passed wherever an op or `Decoder::finish`
+/// reads an input, and never as an output. It cannot outlive the borrow it was made from, and the
+/// caller's memory cannot be written through it. The buffer is validated by every op like any
+/// other: its dtype, its length and its owning device. [`BorrowedInput::is_lent`] says whether it
+/// *is* the caller's memory (no copy) or a copy of it (a host slice on a device whose memory is
+/// not the host's), freed on drop.
+#[derive(Debug)]
+pub struct BorrowedInput<'a> {
+    buffer: Buffer,
+    lent: bool,
+    borrow: PhantomData<&'a [u8]>,
+}
+
+impl BorrowedInput<'_> {
+    /// Wraps `buffer`, the caller's memory itself when `lent`, or a copy of it. For backends: the
+    /// buffer's storage must stay valid without the borrow (a reference-counted handle, or an
+    /// allocation the caller guarantees for `'a` through an `unsafe` constructor of the backend).
+    pub fn new(buffer: Buffer, lent: bool) -> Self {
+        BorrowedInput {
+            buffer,
+            lent,
+            borrow: PhantomData,
+        }
+    }
+
+    /// Whether the buffer is the caller's memory itself (no copy was made).
+    pub fn is_lent(&self) -> bool {
+        self.lent
+    }
+}
+
+impl Deref for BorrowedInput<'_> {
+    type Target = Buffer;
+
+    fn deref(&self) -> &Buffer {
+        &self.buffer
+    }
+}
+
+impl AsRef<Buffer> for BorrowedInput<'_> {
+    fn as_ref(&self) -> &Buffer {
+        &self.buffer
     }
 }

@@ -4,9 +4,11 @@
 use tracing::debug_span;
 
 use crate::backend::{Alloc, AnyCall, Backend, Download, Upload, Write};
+use crate::host;
 use crate::ops::{self, *};
 use crate::{
-    Buffer, Capabilities, DType, DeviceId, DeviceInfo, Element, Error, Op, Result, WarmUp,
+    BorrowedInput, Buffer, Capabilities, DType, DeviceId, DeviceInfo, Element, Error, Op, Result,
+    WarmUp,
 };
 
 /// One opened device of one backend: memory plus every op of the contract.
@@ -348,6 +350,24 @@ pub trait DeviceExt: Device {
     /// Uploads a typed slice.
     fn upload<T: Element>(&self, data: &[T]) -> Result<Buffer> {
         self.upload_bytes(T::DTYPE, bytemuck::cast_slice(data))
+    }
+
+    /// A host slice as an input buffer of this device, borrowed for the life of the returned
+    /// [`BorrowedInput`], which dereferences to `&Buffer` (an input of any op or of
+    /// `Decoder::finish`, never an output).
+    ///
+    /// On a host-memory device ([`Backend::host_memory`]: the CPU backend, the reference device)
+    /// the buffer is the slice itself: no copy, and [`BorrowedInput::is_lent`] is `true`. On any other
+    /// device (wgpu, xpu-sim, CUDA) the slice is uploaded, exactly as [`DeviceExt::upload`] does,
+    /// and the copy is freed when the `BorrowedInput` drops. Either way the buffer carries `T`'s dtype,
+    /// the slice's length and this device's id, and ops validate it like any other buffer.
+    fn borrow_host<'a, T: Element>(&self, data: &'a [T]) -> Result<BorrowedInput<'a>> {
+        let alloc = checked_alloc(self.desc(), T::DTYPE, data.len())?;
+        if self.host_memory() {
+            Ok(host::lend(self.desc(), alloc, data))
+        } else {
+            Ok(BorrowedInput::new(self.upload(data)?, false))
+        }
     }
 
     /// Overwrites a buffer's window with a typed slice.

@@ -4,14 +4,25 @@
 //! The storage is `u64` words, so that a window of any dtype starts aligned and is viewed in place
 //! with `bytemuck` (no `unsafe`). Allocation is fallible: a size the allocator refuses is
 //! [`Error::OutOfMemory`], never an abort.
+//!
+//! A host buffer can also be a caller's slice, lent without a copy for the life of a
+//! [`BorrowedInput`] ([`DeviceExt::borrow_host`](crate::DeviceExt::borrow_host)): read-only, and
+//! aligned for its dtype because it was a `&[T]`.
 
 use crate::backend::{Alloc, DeviceDesc, Download, Upload, Write};
-use crate::{BackendKind, Buffer, Element, Error, Result};
+use crate::lent::LentBytes;
+use crate::{BackendKind, BorrowedInput, Buffer, Element, Error, Result};
 
-/// The memory of one host buffer.
+/// The memory of one host buffer: owned words, or a caller's lent slice.
 #[derive(Debug)]
 pub struct HostMemory {
-    words: Vec<u64>,
+    memory: Memory,
+}
+
+#[derive(Debug)]
+enum Memory {
+    Owned(Vec<u64>),
+    Lent(LentBytes),
 }
 
 impl HostMemory {
@@ -26,7 +37,25 @@ impl HostMemory {
                 requested_bytes: bytes,
             })?;
         words.resize(len, 0);
-        Ok(HostMemory { words })
+        Ok(HostMemory {
+            memory: Memory::Owned(words),
+        })
+    }
+
+    /// Every byte of the allocation.
+    fn all(&self) -> &[u8] {
+        match &self.memory {
+            Memory::Owned(words) => bytemuck::cast_slice(words),
+            Memory::Lent(lent) => lent.as_slice(),
+        }
+    }
+
+    /// Every byte of the allocation, mutably; an error for a lent (read-only) slice.
+    fn all_mut(&mut self) -> Result<&mut [u8]> {
+        match &mut self.memory {
+            Memory::Owned(words) => Ok(bytemuck::cast_slice_mut(words)),
+            Memory::Lent(_) => Err(fault("a borrowed host input is read-only")),
+        }
     }
 }
 
@@ -82,8 +111,9 @@ pub fn bytes(buffer: &Buffer) -> Result<&[u8]> {
     let memory = buffer
         .storage::<HostMemory>()
         .ok_or_else(|| fault("the storage is not host memory"))?;
-    let all: &[u8] = bytemuck::cast_slice(&memory.words);
-    all.get(range)
+    memory
+        .all()
+        .get(range)
         .ok_or_else(|| fault("the window is outside the allocation"))
 }
 
@@ -93,8 +123,9 @@ pub fn bytes_mut(buffer: &mut Buffer) -> Result<&mut [u8]> {
     let memory = buffer
         .storage_mut::<HostMemory>()
         .ok_or_else(|| fault("the storage is not host memory"))?;
-    let all: &mut [u8] = bytemuck::cast_slice_mut(&mut memory.words);
-    all.get_mut(range)
+    memory
+        .all_mut()?
+        .get_mut(range)
         .ok_or_else(|| fault("the window is outside the allocation"))
 }
 
@@ -107,4 +138,20 @@ pub fn slice<T: Element>(buffer: &Buffer) -> Result<&[T]> {
 pub fn slice_mut<T: Element>(buffer: &mut Buffer) -> Result<&mut [T]> {
     bytemuck::try_cast_slice_mut(bytes_mut(buffer)?)
         .map_err(|_| fault("misaligned or partial element"))
+}
+
+/// `data` lent without a copy to the host-memory device `desc` describes, as a buffer of
+/// `alloc` (validated to be `data`'s dtype and length).
+pub(crate) fn lend<'a, T: Element>(
+    desc: &DeviceDesc,
+    alloc: Alloc,
+    data: &'a [T],
+) -> BorrowedInput<'a> {
+    let memory = HostMemory {
+        memory: Memory::Lent(LentBytes::new(bytemuck::cast_slice(data))),
+    };
+    BorrowedInput::new(
+        Buffer::from_storage(alloc.dtype(), alloc.len(), desc.id, Box::new(memory)),
+        true,
+    )
 }

@@ -15,7 +15,7 @@
 //! a [`backend::Call`] that only validation can build. The ops are listed once, in the op table
 //! ([`op`], [`for_each_op!`]); kernel registries and conformance cases are derived from it.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 /// `Display` and `FromStr` through an enum's `name()` and `ALL`: for the enums whose names appear in
 /// errors, spans, trial names and case files (`Op`, `BackendKind`, `DType`, `Strategy`). An unknown
@@ -49,6 +49,8 @@ mod device;
 mod dtype;
 mod error;
 mod kind;
+#[allow(unsafe_code)]
+mod lent;
 
 pub mod abi;
 pub mod backend;
@@ -64,7 +66,7 @@ pub mod testing;
 mod warm_up;
 
 pub use backend::Backend;
-pub use buffer::{Buffer, DeviceId};
+pub use buffer::{BorrowedInput, Buffer, DeviceId};
 pub use device::{Device, DeviceExt};
 pub use dtype::{DType, Element, FloatElement};
 pub use error::{Error, Result};

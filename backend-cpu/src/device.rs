@@ -177,6 +177,10 @@ impl Backend for CpuDevice {
         host::download(download)
     }
 
+    fn host_memory(&self) -> bool {
+        true
+    }
+
     fn run_synchronize(&self) -> Result<()> {
         Ok(())
     }

@@ -33,6 +33,13 @@ fn unavailable(reason: impl Into<String>) -> Error {
     }
 }
 
+/// The versions [`CudaDevice::probe`] found: the driver's (`12080` for 12.8) and NVRTC's.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Versions {
+    driver: i32,
+    nvrtc: (i32, i32),
+}
+
 /// One loaded module and the functions looked up in it.
 struct LoadedModule {
     module: Arc<CudaModule>,
@@ -66,6 +73,30 @@ impl CudaDevice {
     /// reason, never a panic: libcuda and libnvrtc are probed before cudarc touches them (its
     /// loaders panic when a library is absent).
     pub fn new(ordinal: usize) -> Result<Self> {
+        let versions = Self::probe()?;
+        let count = cudarc::driver::result::device::get_count()
+            .map_err(|e| unavailable(format!("cannot count CUDA devices: {e}")))?;
+        if ordinal >= usize::try_from(count).unwrap_or(0) {
+            return Err(unavailable(format!(
+                "no CUDA device {ordinal} ({count} found)"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| {
+            unavailable(format!("cannot create a context on device {ordinal}: {e}"))
+        })?;
+        // One stream carries every op, so cudarc's cross-stream event tracking is not needed.
+        // SAFETY: no buffer has been allocated in this context by this device yet, and all later
+        // work of this device runs on the one stream created below.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| unavailable(format!("cannot create a stream: {e}")))?;
+        Self::on_stream(ctx, stream, versions)
+    }
+
+    /// Checks that libcuda, a recent enough driver and NVRTC are there, and initialises the
+    /// driver: the driver's and NVRTC's versions.
+    pub(crate) fn probe() -> Result<Versions> {
         // SAFETY: only tries to open the library.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(unavailable(
@@ -86,23 +117,21 @@ impl CudaDevice {
         }
         let nvrtc_version = nvrtc::probe().map_err(unavailable)?;
         cudarc::driver::result::init().map_err(|e| unavailable(format!("cuInit failed: {e}")))?;
-        let count = cudarc::driver::result::device::get_count()
-            .map_err(|e| unavailable(format!("cannot count CUDA devices: {e}")))?;
-        if ordinal >= usize::try_from(count).unwrap_or(0) {
-            return Err(unavailable(format!(
-                "no CUDA device {ordinal} ({count} found)"
-            )));
-        }
-        let ctx = CudaContext::new(ordinal).map_err(|e| {
-            unavailable(format!("cannot create a context on device {ordinal}: {e}"))
-        })?;
-        // One stream carries every op, so cudarc's cross-stream event tracking is not needed.
-        // SAFETY: no buffer has been allocated in this context by this device yet, and all later
-        // work of this device runs on the one stream created below.
-        unsafe { ctx.disable_event_tracking() };
-        let stream = ctx
-            .new_stream()
-            .map_err(|e| unavailable(format!("cannot create a stream: {e}")))?;
+        Ok(Versions {
+            driver: driver_version,
+            nvrtc: nvrtc_version,
+        })
+    }
+
+    /// The device on `stream` of context `ctx`: checks the compute capability, picks the NVRTC
+    /// target and reads what the launches need.
+    pub(crate) fn on_stream(
+        ctx: Arc<CudaContext>,
+        stream: Arc<CudaStream>,
+        versions: Versions,
+    ) -> Result<Self> {
+        let ordinal = ctx.ordinal();
+        let (driver_version, nvrtc_version) = (versions.driver, versions.nvrtc);
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| unavailable(format!("cannot read the compute capability: {e}")))?;
@@ -323,9 +352,12 @@ impl CudaDevice {
             return Ok(());
         }
         let (start, end) = storage::window_bytes(dst);
-        let s = storage::storage_mut(dst).map_err(|e| e.into_api("upload"))?;
-        let mut view = s
-            .slice
+        let CudaStorage::Owned(slice) =
+            storage::storage_mut(dst).map_err(|e| e.into_api("upload"))?
+        else {
+            return Err(CudaError::BorrowedWrite.into_api("upload"));
+        };
+        let mut view = slice
             .try_slice_mut(start..end)
             .ok_or_else(|| CudaError::TooLarge { what: "window" }.into_api("upload"))?;
         self.stream
@@ -404,7 +436,7 @@ impl Backend for CudaDevice {
             alloc.dtype(),
             alloc.len(),
             self.desc.id,
-            Box::new(CudaStorage { slice }),
+            Box::new(CudaStorage::Owned(slice)),
         ))
     }
 
@@ -426,14 +458,16 @@ impl Backend for CudaDevice {
         if out.is_empty() {
             return Ok(out);
         }
-        let s = storage::storage(src).map_err(|e| e.into_api("download"))?;
-        let view = s
-            .slice
-            .try_slice(start..end)
-            .ok_or_else(|| CudaError::TooLarge { what: "window" }.into_api("download"))?;
-        self.stream
-            .memcpy_dtoh(&view, &mut out)
-            .map_err(|e| CudaError::driver("cuMemcpyDtoHAsync", e).into_api("download"))?;
+        match storage::storage(src).map_err(|e| e.into_api("download"))? {
+            CudaStorage::Owned(slice) => {
+                let view = slice
+                    .try_slice(start..end)
+                    .ok_or_else(|| CudaError::TooLarge { what: "window" }.into_api("download"))?;
+                self.stream.memcpy_dtoh(&view, &mut out)
+            }
+            CudaStorage::Borrowed { ptr } => self.download_borrowed(*ptr + start as u64, &mut out),
+        }
+        .map_err(|e| CudaError::driver("cuMemcpyDtoHAsync", e).into_api("download"))?;
         self.run_synchronize()?;
         Ok(out)
     }

@@ -36,6 +36,9 @@ pub enum CudaError {
     /// A buffer given to this device holds another backend's storage.
     #[error("buffer storage is not CUDA memory of this device")]
     ForeignBuffer,
+    /// A runner's borrowed device pointer was to be written (it is an input only).
+    #[error("a wrapped device pointer is read-only")]
+    BorrowedWrite,
     /// The kernel cache's lock was poisoned by a panic in another thread.
     #[error("the kernel cache is poisoned")]
     Poisoned,

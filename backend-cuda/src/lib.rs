@@ -62,9 +62,14 @@ pub mod nvrtc;
 mod args;
 mod device;
 mod error;
+mod external;
 mod ops;
 mod storage;
 
+/// The `cudarc` this backend is built with: a runner that hands over its own stream and device
+/// pointers ([`CudaDevice::from_stream`], [`CudaDevice::wrap_device_ptr`]) uses this one, so both
+/// name the same version.
+pub use cudarc;
 pub use device::CudaDevice;
 pub use error::CudaError;
 

@@ -1,14 +1,21 @@
 //! Device memory behind CUDA buffers, and the raw window pointers kernels receive.
 
+use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use specula_backend_api::Buffer;
 
 use crate::error::CudaError;
 
-/// The storage of a CUDA buffer: one byte allocation (at least 8 bytes, a multiple of 8, so every
-/// element type is aligned and a zero-length buffer still has a valid address).
-pub(crate) struct CudaStorage {
-    pub(crate) slice: CudaSlice<u8>,
+/// The storage of a CUDA buffer: one byte allocation of this device (at least 8 bytes, a
+/// multiple of 8, so every element type is aligned and a zero-length buffer still has a valid
+/// address), or a runner's device pointer borrowed as an input
+/// ([`CudaDevice::wrap_device_ptr`](crate::CudaDevice::wrap_device_ptr)).
+pub(crate) enum CudaStorage {
+    /// Memory this device allocated (freed, stream-ordered, on drop).
+    Owned(CudaSlice<u8>),
+    /// Memory at `ptr` in the device's context, owned by the runner (never freed here, never
+    /// written); the buffer's length is the runner's.
+    Borrowed { ptr: CUdeviceptr },
 }
 
 impl CudaStorage {
@@ -44,9 +51,12 @@ pub(crate) fn window_bytes(buffer: &Buffer) -> (usize, usize) {
 /// The device address of the first element of a buffer's window: what a kernel receives, so that
 /// every op honours windows by construction.
 pub(crate) fn window_ptr(buffer: &Buffer, stream: &CudaStream) -> Result<u64, CudaError> {
-    let s = storage(buffer)?;
-    // Event tracking is off for this context (one stream), so the guard records nothing.
-    let (base, _guard) = s.slice.device_ptr(stream);
+    let base = match storage(buffer)? {
+        // With event tracking off (a context this device made, one stream) the guard records
+        // nothing; on a runner's context it orders the read after the allocation's last write.
+        CudaStorage::Owned(slice) => slice.device_ptr(stream).0,
+        CudaStorage::Borrowed { ptr } => *ptr,
+    };
     Ok(base + window_bytes(buffer).0 as u64)
 }
 

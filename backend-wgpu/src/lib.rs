@@ -42,6 +42,7 @@
 
 mod device;
 mod error;
+mod external;
 mod gpu;
 mod kernels;
 mod ops;
@@ -53,6 +54,10 @@ use specula_backend_api::{BackendKind, Device, Error, Result};
 pub use device::WgpuDevice;
 pub use error::WgpuError;
 pub use gpu::MAX_BINDING_VAR;
+/// The `wgpu` this backend is built with: a runner that hands over its own device and buffers
+/// ([`WgpuDevice::from_wgpu`], [`WgpuDevice::wrap_buffer`]) uses this one, so both name the same
+/// version.
+pub use wgpu;
 
 /// The most storage buffers one of our kernels binds (the slot walk of `verify_draft_tokens`).
 const REQUIRED_STORAGE_BUFFERS: u32 = 18;
@@ -64,6 +69,35 @@ fn unavailable(reason: impl Into<String>) -> Error {
     Error::Unavailable {
         backend: BackendKind::Wgpu,
         reason: reason.into(),
+    }
+}
+
+/// `Err` naming the first limit below what the kernels need.
+fn check_limits(limits: &wgpu::Limits) -> std::result::Result<(), String> {
+    let short = [
+        (
+            "max_storage_buffers_per_shader_stage",
+            limits.max_storage_buffers_per_shader_stage,
+            REQUIRED_STORAGE_BUFFERS,
+        ),
+        (
+            "max_compute_invocations_per_workgroup",
+            limits.max_compute_invocations_per_workgroup,
+            kernels::WG,
+        ),
+        (
+            "max_compute_workgroup_storage_size",
+            limits.max_compute_workgroup_storage_size,
+            REQUIRED_WORKGROUP_STORAGE,
+        ),
+    ]
+    .into_iter()
+    .find(|&(_, has, needs)| has < needs);
+    match short {
+        None => Ok(()),
+        Some((name, has, needs)) => Err(format!(
+            "the device's {name} is {has}, the kernels need {needs} (request the adapter's limits)"
+        )),
     }
 }
 
@@ -86,9 +120,7 @@ fn usable_adapters() -> std::result::Result<Vec<wgpu::Adapter>, String> {
             .filter(|a| {
                 let caps = a.get_downlevel_capabilities();
                 caps.flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
-                    && a.limits().max_storage_buffers_per_shader_stage >= REQUIRED_STORAGE_BUFFERS
-                    && a.limits().max_compute_invocations_per_workgroup >= kernels::WG
-                    && a.limits().max_compute_workgroup_storage_size >= REQUIRED_WORKGROUP_STORAGE
+                    && check_limits(&a.limits()).is_ok()
             })
             .collect();
     adapters.sort_by_key(|a| u8::from(a.get_info().backend == wgpu::Backend::Gl));

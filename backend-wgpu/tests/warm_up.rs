@@ -5,10 +5,12 @@
 //! Without a usable adapter the tests are listed as ignored with the reason, and fail under
 //! `SPECULA_REQUIRE=wgpu` (`specula_backend_api::testing`).
 
+mod common;
+
 use std::process::ExitCode;
 
-use specula_backend_api::testing::{self, Needs, TestFn};
-use specula_backend_api::{DType, Device, Error, Op, WarmUp};
+use specula_backend_api::testing::{self, TestFn};
+use specula_backend_api::{DType, Device, Op, WarmUp};
 use specula_backend_wgpu::WgpuDevice;
 
 fn open() -> Result<WgpuDevice, String> {
@@ -86,11 +88,6 @@ fn a_planned_warm_up_compiles_only_its_plan() -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let availability = match specula_backend_wgpu::open_device(0) {
-        Err(Error::Unavailable { reason, .. }) => Err(reason),
-        _ => Ok(()),
-    };
-    let needs = Needs::new("wgpu", availability);
     let tests: Vec<(&str, TestFn)> = vec![
         (
             "warm_up_compiles_every_pipeline_once",
@@ -105,5 +102,5 @@ fn main() -> ExitCode {
             Box::new(a_planned_warm_up_compiles_only_its_plan),
         ),
     ];
-    testing::run(&needs, tests)
+    common::run_all_on_wgpu(tests)
 }

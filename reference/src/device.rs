@@ -66,6 +66,10 @@ impl Backend for ReferenceDevice {
         host::download(download)
     }
 
+    fn host_memory(&self) -> bool {
+        true
+    }
+
     fn run_synchronize(&self) -> Result<()> {
         // Every op has finished when its call returns.
         Ok(())

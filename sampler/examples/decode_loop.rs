@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use specula_backend_api::{Device, DeviceExt, Strategy};
 use specula_sampler::{
-    Decoder, NgramConfig, Request, SamplerConfig, SamplerError, SamplingParams, registry,
+    Decoder, NgramConfig, Request, SamplerConfig, SamplingParams, StepScores, registry,
 };
 
 const VOCAB: usize = 96;
@@ -90,6 +90,8 @@ fn requests() -> Vec<Request> {
 }
 
 struct Run {
+    /// Whether every step's logits were the runner's slice itself (no copy).
+    lent: bool,
     tokens: Vec<Vec<i32>>,
     steps: u64,
     acceptance: f64,
@@ -103,19 +105,23 @@ fn decode(device: &Arc<dyn Device>, config: SamplerConfig) -> Result<Run, Box<dy
         .into_iter()
         .map(|r| decoder.insert(r))
         .collect::<Result<Vec<_>, _>>()?;
+    let mut lent = true;
     while decoder.has_running() {
-        // The runner's forward pass: here, one row of logits per output row of the plan. Its
-        // error type is the runner's choice (here the sampler's own).
-        let output = decoder.step(|decoder, plan| {
-            let mut rows = Vec::with_capacity(plan.t_out() * VOCAB);
-            for row in 0..plan.t_out() {
-                rows.extend(toy_logits(&decoder.row_prefix(row)?));
-            }
-            Ok::<_, SamplerError>(device.upload(&rows)?)
-        })?;
-        if output.is_none() {
+        let plan = decoder.plan()?;
+        if plan.is_empty() {
             break;
         }
+        // The runner's forward pass: here, one row of logits per output row of the plan, on
+        // the host.
+        let mut rows = Vec::with_capacity(plan.t_out() * VOCAB);
+        for row in 0..plan.t_out() {
+            rows.extend(toy_logits(&decoder.row_prefix(row)?));
+        }
+        // Handed over for this call: on the CPU the buffer is `rows` itself (no copy); on a
+        // device whose memory is not the host's it is an upload of it.
+        let logits = device.borrow_host(&rows)?;
+        lent &= logits.is_lent();
+        decoder.finish(StepScores::logits(&logits))?;
     }
     let stats = decoder.stats();
     let tokens = slots
@@ -123,6 +129,7 @@ fn decode(device: &Arc<dyn Device>, config: SamplerConfig) -> Result<Run, Box<dy
         .map(|slot| decoder.remove(slot).map(|r| r.generated))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Run {
+        lent,
         tokens,
         steps: stats.steps,
         acceptance: stats.acceptance_rate(),
@@ -192,6 +199,14 @@ fn main() -> Result<(), Box<dyn Error>> {
         100.0 * spec.acceptance
     );
     println!("plain:       {} steps", base.steps);
+    println!(
+        "logits handed over {}",
+        if spec.lent && base.lent {
+            "without a copy (borrow_host lent the host rows)"
+        } else {
+            "by an upload (borrow_host copies to this device)"
+        }
+    );
     if !identical {
         return Err("speculative and plain decoding emitted different tokens".into());
     }

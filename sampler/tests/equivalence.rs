@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{Arrival, Forward, Rng, RunResult, ToyModel, VOCAB, device, request, run};
+use common::{
+    Arrival, Extras, Forward, Rng, RunResult, ToyModel, VOCAB, device, request, run, run_with,
+};
 use specula_backend_api::Strategy;
 use specula_sampler::{FinishReason, NgramConfig, SamplerConfig};
 
@@ -114,6 +116,46 @@ fn speculative_equals_plain(strategy: Strategy, cases: u64) {
             "no request stopped by {reason:?}"
         );
     }
+}
+
+/// Logits handed over with `borrow_host` (on the CPU: the runner's slice itself, no copy) give
+/// exactly the tokens, finish reasons and step counts of uploaded logits, plain and speculative,
+/// for every strategy that samples the target alone.
+#[test]
+fn borrowed_host_logits_equal_uploaded_logits() {
+    let device = device();
+    let model = ToyModel { vocab: VOCAB };
+    let borrowed = Extras {
+        borrow_host: true,
+        ..Extras::default()
+    };
+    let mut tokens = 0;
+    for strategy in [Strategy::TargetMatch, Strategy::Greedy, Strategy::TopP] {
+        for case in 0..8u64 {
+            let mut rng = Rng(0xB0_0000 + case * 7919 + strategy as u64);
+            let (max_bsz, max_model_len) = (rng.range(1, 5), rng.range(16, 100));
+            let count = rng.range(2, 9);
+            let arrivals = arrivals(&mut rng, &model, count, 14);
+            let config = if case % 2 == 0 {
+                plain_config(strategy, max_bsz, max_model_len)
+            } else {
+                spec_config(strategy, max_bsz, max_model_len, 4, &mut rng)
+            };
+            let a = run(&device, &config, &model, &arrivals, Forward::Prefix);
+            let b = run_with(
+                &device,
+                &config,
+                &model,
+                &arrivals,
+                Forward::Prefix,
+                borrowed,
+            );
+            assert_same_tokens(&format!("{strategy} case {case}"), &arrivals, &a, &b);
+            assert_eq!(a.stats.steps, b.stats.steps, "{strategy} case {case}");
+            tokens += a.stats.tokens_emitted;
+        }
+    }
+    assert!(tokens > 200, "{tokens} tokens compared");
 }
 
 #[test]

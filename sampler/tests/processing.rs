@@ -102,6 +102,7 @@ fn speculative_equals_plain(strategy: Strategy, runner_drafts: bool) {
         let extras = Extras {
             bitmask: (case % 2 == 0).then_some(bitmask as common::BitmaskFn),
             drafts: runner_drafts.then_some(repeating_drafts as common::DraftFn),
+            ..Extras::default()
         };
         let plain_extras = Extras {
             drafts: None,
@@ -154,6 +155,7 @@ fn every_parameter_does_what_it_says() {
         let extras = Extras {
             bitmask: Some(bitmask),
             drafts: None,
+            ..Extras::default()
         };
         let result = run_with(&device, &config, &model, &arrivals, Forward::Prefix, extras);
         for (arrival, tokens) in arrivals.iter().zip(&result.tokens) {
@@ -210,6 +212,7 @@ fn a_row_with_every_token_masked_stops_its_request() {
         let extras = Extras {
             bitmask: Some(closing),
             drafts: None,
+            ..Extras::default()
         };
         let result = run_with(&device, &config, &model, &arrivals, Forward::Prefix, extras);
         let tokens = &result.tokens[0];
@@ -332,6 +335,7 @@ fn steps_in_row_blocks_emit_the_tokens_of_whole_steps() {
             let extras = Extras {
                 bitmask: (case % 2 == 0).then_some(bitmask as common::BitmaskFn),
                 drafts: None,
+                ..Extras::default()
             };
             let config = speculative(strategy, 3, 5, true);
             let run = |device: &std::sync::Arc<dyn specula_backend_api::Device>| {

@@ -1,4 +1,5 @@
 //! Shared by the wgpu integration tests.
+#![allow(dead_code)] // each test file uses part of it
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -13,14 +14,26 @@ pub fn run_on_wgpu(
     body: fn(Arc<dyn Device>) -> Result<(), String>,
 ) -> ExitCode {
     let opened = specula_backend_wgpu::open(0);
-    let availability = match &opened {
-        Err(Error::Unavailable { reason, .. }) => Err(reason.clone()),
-        _ => Ok(()),
-    };
-    let needs = Needs::new("wgpu", availability);
+    let needs = needs_of(&opened);
     let test: TestFn = Box::new(move || {
         let wgpu = opened.map_err(|e| format!("opening wgpu: {e}"))?;
         body(wgpu)
     });
     testing::run(&needs, vec![(name, test)])
+}
+
+/// What the wgpu tests need, from an attempt to open device 0: missing (with the reason) when it
+/// is unavailable.
+pub fn needs_of<T>(opened: &Result<T, Error>) -> Needs {
+    let availability = match opened {
+        Err(Error::Unavailable { reason, .. }) => Err(reason.clone()),
+        _ => Ok(()),
+    };
+    Needs::new("wgpu", availability)
+}
+
+/// Runs `tests` if wgpu device 0 opens; else lists them as ignored with the reason (failing under
+/// `SPECULA_REQUIRE=wgpu`).
+pub fn run_all_on_wgpu(tests: Vec<(&str, TestFn)>) -> ExitCode {
+    testing::run(&needs_of(&specula_backend_wgpu::open_device(0)), tests)
 }

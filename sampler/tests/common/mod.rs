@@ -135,6 +135,20 @@ pub enum Forward {
     Probs,
 }
 
+/// The `Prefix` forward pass on the host: the logits of each output row from `row_prefix`,
+/// exactly `T_out` rows.
+pub fn prefix_rows(
+    decoder: &Decoder,
+    plan: &StepPlan,
+    model: &ToyModel,
+) -> Result<Vec<f32>, SamplerError> {
+    let mut rows = Vec::with_capacity(plan.t_out() * model.vocab);
+    for t in 0..plan.t_out() {
+        rows.extend(model.logits(&decoder.row_prefix(t)?));
+    }
+    Ok(rows)
+}
+
 /// The runner's forward pass for one plan.
 pub fn forward(
     device: &dyn Device,
@@ -145,13 +159,7 @@ pub fn forward(
 ) -> Result<Buffer, SamplerError> {
     let v = model.vocab;
     match mode {
-        Forward::Prefix => {
-            let mut rows = Vec::with_capacity(plan.t_out() * v);
-            for t in 0..plan.t_out() {
-                rows.extend(model.logits(&decoder.row_prefix(t)?));
-            }
-            Ok(device.upload(&rows)?)
-        }
+        Forward::Prefix => Ok(device.upload(&prefix_rows(decoder, plan, model)?)?),
         Forward::Probs => {
             let mut rows = Vec::with_capacity(plan.t_out() * v);
             for (t, row) in plan.output_rows.iter().enumerate() {
@@ -213,6 +221,9 @@ pub type DraftFn = fn(&[i32]) -> Vec<i32>;
 pub struct Extras {
     pub bitmask: Option<BitmaskFn>,
     pub drafts: Option<DraftFn>,
+    /// `Prefix` mode: hand the host logits over with `borrow_host` (no copy on a host-memory
+    /// device) instead of uploading them.
+    pub borrow_host: bool,
 }
 
 /// Runs arrivals through a decoder: a request is inserted at its arrival step (or as soon as a
@@ -271,7 +282,24 @@ pub fn run_with(
         }
         let plan = decoder.plan().expect("plan");
         assert!(!plan.is_empty(), "a running request must produce rows");
-        let scores = forward(device.as_ref(), &decoder, &plan, model, mode).expect("forward");
+        let (host_rows, lent, uploaded);
+        let scores: &Buffer = if extras.borrow_host {
+            assert!(
+                matches!(mode, Forward::Prefix),
+                "borrow_host needs Prefix mode"
+            );
+            host_rows = prefix_rows(&decoder, &plan, model).expect("forward");
+            lent = device.borrow_host(&host_rows).expect("borrow_host");
+            assert_eq!(
+                lent.is_lent(),
+                device.host_memory(),
+                "copied only off the host"
+            );
+            &lent
+        } else {
+            uploaded = forward(device.as_ref(), &decoder, &plan, model, mode).expect("forward");
+            &uploaded
+        };
         let mask = bitmask.map(|f| {
             let rows: Vec<u32> = (0..plan.t_out())
                 .flat_map(|t| f(&decoder.row_prefix(t).expect("row prefix"), model.vocab))
@@ -279,8 +307,8 @@ pub fn run_with(
             device.upload(&rows).expect("upload bitmask")
         });
         let step_scores = match mode {
-            Forward::Probs => StepScores::probs(&scores),
-            _ => StepScores::logits(&scores),
+            Forward::Probs => StepScores::probs(scores),
+            _ => StepScores::logits(scores),
         };
         let step_scores = match &mask {
             Some(mask) => step_scores.with_bitmask(mask),

@@ -1,0 +1,104 @@
+//! A runner's own CUDA objects: Specula opened on the runner's stream (`CudaDevice::from_stream`)
+//! and the runner's device pointer of logits as an input without a copy
+//! (`CudaDevice::wrap_device_ptr`): ops read from it what they read from an upload of the same
+//! rows, a download gives the rows back, and a null or misaligned pointer is refused.
+//!
+//! Needs an NVIDIA GPU: without one the tests are listed as ignored with the reason, and fail
+//! under `SPECULA_REQUIRE=cuda` (`ci/test-cuda.sh` on a GPU machine).
+
+use std::process::ExitCode;
+
+use cudarc::driver::{CudaContext, DevicePtr};
+use specula_backend_api::ops::RowShape;
+use specula_backend_api::testing::{self, Needs, TestFn};
+use specula_backend_api::{Buffer, DType, Device, DeviceExt, Error};
+use specula_backend_cuda::CudaDevice;
+
+const ROWS: usize = 4;
+const VOCAB: usize = 1000;
+
+/// `ROWS` rows whose maxima sit at 3, 999, 0 and 500.
+fn logits() -> Vec<f32> {
+    let mut rows: Vec<f32> = (0..ROWS * VOCAB)
+        .map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5)
+        .collect();
+    for (row, max) in [3, 999, 0, 500].into_iter().enumerate() {
+        rows[row * VOCAB + max] = 7.0;
+    }
+    rows
+}
+
+fn argmax(device: &dyn Device, input: &Buffer) -> Result<Vec<i32>, String> {
+    let mut out = device.alloc::<i32>(ROWS).map_err(|e| e.to_string())?;
+    let shape = RowShape {
+        rows: ROWS,
+        vocab: VOCAB,
+    };
+    device
+        .argmax(input, &mut out, &shape)
+        .map_err(|e| format!("argmax: {e}"))?;
+    device.download(&out).map_err(|e| e.to_string())
+}
+
+/// The runner's stream and rows: Specula on that stream reads the runner's allocation in place.
+fn a_wrapped_pointer_reads_as_an_upload() -> Result<(), String> {
+    let ctx = CudaContext::new(0).map_err(|e| format!("context: {e}"))?;
+    let stream = ctx.new_stream().map_err(|e| format!("stream: {e}"))?;
+    let rows = logits();
+    let runner_logits = stream
+        .clone_htod(&rows)
+        .map_err(|e| format!("upload: {e}"))?;
+    let device = CudaDevice::from_stream(stream.clone()).map_err(|e| e.to_string())?;
+    let (ptr, _sync) = runner_logits.device_ptr(&stream);
+    // SAFETY: `runner_logits` holds ROWS × VOCAB f32 in this context and outlives `input`;
+    // nothing writes it meanwhile.
+    let input = unsafe { device.wrap_device_ptr(ptr, DType::F32, rows.len()) }
+        .map_err(|e| format!("wrap_device_ptr: {e}"))?;
+    if !input.is_lent() || input.device() != device.id() {
+        return Err(format!("wrapped as {:?}", *input));
+    }
+    let uploaded = device.upload(&rows).map_err(|e| e.to_string())?;
+    let (from_runner, from_upload) = (argmax(&device, &input)?, argmax(&device, &uploaded)?);
+    if from_runner != [3, 999, 0, 500] || from_runner != from_upload {
+        return Err(format!(
+            "argmax {from_runner:?}, from an upload {from_upload:?}"
+        ));
+    }
+    match device.download::<f32>(&input) {
+        Ok(back) if back == rows => Ok(()),
+        Ok(_) => Err("the download differs from the rows".to_owned()),
+        Err(e) => Err(format!("download: {e}")),
+    }
+}
+
+/// A null or misaligned pointer is refused before anything runs.
+fn bad_pointers_are_refused() -> Result<(), String> {
+    let device = CudaDevice::new(0).map_err(|e| e.to_string())?;
+    for ptr in [0u64, 0x1002] {
+        // SAFETY: refused before the pointer is used.
+        match unsafe { device.wrap_device_ptr(ptr, DType::F32, 8) } {
+            Err(Error::InvalidArgument { .. }) => {}
+            other => return Err(format!("{ptr:#x}: {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let availability = match CudaDevice::new(0) {
+        Err(Error::Unavailable { reason, .. }) => Err(reason),
+        _ => Ok(()),
+    };
+    let needs = Needs::new("cuda", availability);
+    let tests: Vec<(&str, TestFn)> = vec![
+        (
+            "a_wrapped_pointer_reads_as_an_upload",
+            Box::new(a_wrapped_pointer_reads_as_an_upload),
+        ),
+        (
+            "bad_pointers_are_refused",
+            Box::new(bad_pointers_are_refused),
+        ),
+    ];
+    testing::run(&needs, tests)
+}
