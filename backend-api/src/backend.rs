@@ -10,6 +10,9 @@
 
 use std::fmt::Debug;
 
+use std::sync::Arc;
+
+use crate::transfer::{MemoryCounters, PendingDownload};
 use crate::{Buffer, Capabilities, DType, DeviceId, DeviceInfo, Op, Result};
 
 /// What an opened device is: its id (carried by every buffer it allocates), its description and
@@ -22,6 +25,8 @@ pub struct DeviceDesc {
     pub info: DeviceInfo,
     /// What it supports.
     pub capabilities: Capabilities,
+    /// The device's memory-operation counters ([`Device::memory_stats`](crate::Device::memory_stats)).
+    counters: Arc<MemoryCounters>,
 }
 
 impl DeviceDesc {
@@ -31,7 +36,13 @@ impl DeviceDesc {
             id: DeviceId::next(),
             info,
             capabilities,
+            counters: Arc::default(),
         }
+    }
+
+    /// The counters the front updates.
+    pub(crate) fn counters(&self) -> &Arc<MemoryCounters> {
+        &self.counters
     }
 }
 
@@ -191,7 +202,7 @@ impl<'c, 'b> Write<'c, 'b> {
 }
 
 /// A validated download of `src`'s window (`src` belongs to this device).
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct Download<'c> {
     src: &'c Buffer,
 }
@@ -298,6 +309,29 @@ pub trait Backend: Send + Sync + Debug {
     fn run_download(&self, download: Download<'_>) -> Result<Vec<u8>>;
     /// Waits for every enqueued op; reports execution faults.
     fn run_synchronize(&self) -> Result<()>;
+
+    /// Starts copying several windows to the host behind every enqueued op, returning without
+    /// waiting when the backend can; [`PendingDownload::wait`] then waits once for all of them.
+    ///
+    /// The default copies each window at once with [`Backend::run_download`] and returns
+    /// [`PendingDownload::ready`] (right for a host backend, whose ops have already run). A
+    /// device backend overrides it with its asynchronous copies: one staging buffer and one map
+    /// (wgpu), non-blocking reads and one wait (OpenCL), copies on the stream and one
+    /// synchronisation (CUDA).
+    fn run_start_download(&self, downloads: &[Download<'_>]) -> Result<PendingDownload> {
+        downloads
+            .iter()
+            .map(|&d| self.run_download(d))
+            .collect::<Result<Vec<_>>>()
+            .map(PendingDownload::ready)
+    }
+
+    /// Overwrites several windows, in order, as one batched write. The default calls
+    /// [`Backend::run_write`] for each; a backend that can enqueue its writes and wait once
+    /// overrides it.
+    fn run_write_many(&self, writes: Vec<Write<'_, '_>>) -> Result<()> {
+        writes.into_iter().try_for_each(|w| self.run_write(w))
+    }
 
     /// Runs one validated op call (usually `dispatch_ops!(self, call)`).
     fn run(&self, call: AnyCall<'_, '_>) -> Result<()>;

@@ -61,6 +61,7 @@ pub mod rng;
 pub mod slots;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod transfer;
 
 pub use backend::Backend;
 pub use buffer::{Buffer, DeviceId};
@@ -70,3 +71,4 @@ pub use error::{Error, Result};
 pub use kind::{BackendKind, Capabilities, DeviceInfo};
 pub use op::{Exactness, Op, OpSpec};
 pub use ops::Strategy;
+pub use transfer::{MemoryStats, PendingDownload, WriteAt};
