@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
-use specula_backend_api::{BackendKind, Buffer, Capabilities, DType, DeviceInfo, Op, Result};
+use specula_backend_api::{
+    BackendKind, Buffer, Capabilities, DType, DeviceInfo, Op, PendingDownload, Result,
+};
 
 use crate::gpu::{Gpu, WgpuStorage, storage_of};
 use crate::kernels::Kernel;
@@ -136,6 +138,21 @@ impl Backend for WgpuDevice {
 
     fn run_synchronize(&self) -> Result<()> {
         self.gpu.wait("synchronize")
+    }
+
+    /// One staging buffer for every window, one submission of the copies, one map: waited for
+    /// by [`PendingDownload::wait`].
+    fn run_start_download(&self, downloads: &[Download<'_>]) -> Result<PendingDownload> {
+        let windows = downloads
+            .iter()
+            .map(|d| {
+                let src = d.src();
+                let size = src.dtype().size_bytes() as u64;
+                let storage = storage_of(src)?;
+                Ok((storage, src.offset() as u64 * size, src.len() as u64 * size))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.gpu.start_read(&windows)
     }
 
     fn run(&self, call: AnyCall<'_, '_>) -> Result<()> {

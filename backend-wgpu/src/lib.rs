@@ -45,6 +45,7 @@ mod error;
 mod gpu;
 mod kernels;
 mod ops;
+mod transfer;
 
 use std::sync::Arc;
 
