@@ -8,8 +8,8 @@
 //! - `schedule`: the first half of a step, up to the runner's forward pass: the scheduler, the
 //!   n-gram proposer or the runner's drafts, and the plan (on the host and on the device);
 //! - `finish`: the second half, from the runner's scores: check, targets (from the logits
-//!   themselves: no softmax), verification, log-probabilities, then the commit on the device and
-//!   on the host.
+//!   themselves: no softmax), verification, log-probabilities, then the commit on the device (with
+//!   the start of the results' one transfer: `enqueue`) and on the host (`collect`).
 
 mod finish;
 mod schedule;
@@ -122,7 +122,9 @@ pub struct RemovedRequest {
 ///    [`gather_next_token`](Decoder::gather_next_token) and its LM head: `[R, V]` logits.
 /// 4. [`finish`](Decoder::finish): the strategy's target (argmax, sample or candidates),
 ///    `verify_draft_tokens`, optionally `accept_logprobs`, and `update_state`; returns each
-///    slot's emitted tokens.
+///    slot's emitted tokens. Or, to overlap the transfer of the results with the runner's next
+///    forward pass, [`enqueue`](Decoder::enqueue), the runner's work, then
+///    [`collect`](Decoder::collect): one blocking wait per step either way.
 ///
 /// Given logits, the step samples from them exactly, without a softmax: each token weighs an
 /// integer computed from its logit, the row maximum and the request's temperature
@@ -405,8 +407,15 @@ impl Decoder {
     /// again before [`finish`](Decoder::finish) returns the same plan. An empty plan means there is
     /// no running request: nothing to compute, and no `finish` to call.
     pub fn plan(&mut self) -> Result<StepPlan> {
-        if let Phase::Planned { plan } = &self.phase {
-            return Ok(plan.clone());
+        match &self.phase {
+            Phase::Planned { plan } => return Ok(plan.clone()),
+            Phase::Pending { .. } => {
+                return Err(SamplerError::Phase {
+                    call: "plan",
+                    phase: self.phase.name(),
+                });
+            }
+            Phase::Idle | Phase::Proposed { .. } => {}
         }
         self.propose()?;
         let Phase::Proposed { real_bsz } = self.phase else {

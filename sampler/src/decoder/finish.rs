@@ -28,9 +28,11 @@
 //! untouched, so an error leaves the step planned and `finish` can be called again.
 //!
 //! 8. [`commit_on_device`] consumes the [`Verified`] token: `update_state` commits the step on the
-//!    device, and the step's results are downloaded into a [`Committed`] value. This is the point
-//!    of no return: an error from here on ends the step.
-//! 9. [`commit_on_host`] consumes the [`Committed`] value: each slot's emitted tokens, drafts
+//!    device, and the one transfer of the step's results starts: a [`Downloading`] value, which
+//!    `Decoder::enqueue` keeps in its `PendingStep`. This is the point of no return: an error from
+//!    here on ends the step.
+//! 9. [`Downloading::wait`] (in `Decoder::collect`) waits once for the transfer and gives the
+//!    [`Committed`] value; [`commit_on_host`] consumes it: each slot's emitted tokens, drafts
 //!    accepted, log-probabilities and finish reason, into the slot table and the stats.
 
 use specula_backend_api::ops::{
