@@ -88,8 +88,9 @@ pub trait DownloadWait: Send {
 /// [`PendingDownload::waiting`] with its own asynchronous transfer.
 pub struct PendingDownload {
     inner: Inner,
-    /// The byte size of each buffer's window, as validated.
-    sizes: Vec<usize>,
+    /// The byte size of each buffer's window, as the front validated them (`None`: a backend's
+    /// own transfer, not through the front, is neither checked nor counted).
+    sizes: Option<Vec<usize>>,
     counters: Option<Arc<MemoryCounters>>,
 }
 
@@ -116,7 +117,7 @@ impl PendingDownload {
     pub fn ready(bytes: Vec<Vec<u8>>) -> Self {
         PendingDownload {
             inner: Inner::Ready(bytes),
-            sizes: Vec::new(),
+            sizes: None,
             counters: None,
         }
     }
@@ -125,31 +126,32 @@ impl PendingDownload {
     pub fn waiting(wait: Box<dyn DownloadWait>) -> Self {
         PendingDownload {
             inner: Inner::Waiting(wait),
-            sizes: Vec::new(),
+            sizes: None,
             counters: None,
         }
     }
 
     /// Records what the front validated: the window size of each buffer and the device's counters.
     pub(crate) fn validated(mut self, sizes: Vec<usize>, counters: Arc<MemoryCounters>) -> Self {
-        self.sizes = sizes;
+        self.sizes = Some(sizes);
         self.counters = Some(counters);
         self
     }
 
-    /// Number of buffers in the transfer.
+    /// Number of buffers in the transfer (as validated by the front; 0 for a backend's own).
     pub fn len(&self) -> usize {
-        self.sizes.len()
+        self.sizes.as_ref().map_or(0, Vec::len)
     }
 
     /// Whether the transfer holds no buffer.
     pub fn is_empty(&self) -> bool {
-        self.sizes.is_empty()
+        self.len() == 0
     }
 
     /// Blocks once until every buffer has arrived and returns their bytes, one vector per buffer
     /// in the order given to `start_download`. One blocking wait of the device
-    /// ([`MemoryStats::blocking_waits`]). A transfer that failed on the device is
+    /// ([`MemoryStats::blocking_waits`]; a backend waiting on its own transfer, not started by
+    /// the front, is not counted). A transfer that failed on the device is
     /// [`Error::Execution`]; bytes of the wrong size from a backend are [`Error::ShapeMismatch`].
     pub fn wait(self) -> Result<Vec<Vec<u8>>> {
         if let Some(counters) = &self.counters {
@@ -159,7 +161,9 @@ impl PendingDownload {
             Inner::Ready(bytes) => bytes,
             Inner::Waiting(wait) => wait.wait()?,
         };
-        check_sizes(&self.sizes, &bytes)?;
+        if let Some(sizes) = &self.sizes {
+            check_sizes(sizes, &bytes)?;
+        }
         Ok(bytes)
     }
 }

@@ -7,7 +7,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{Forward, ToyModel, VOCAB, forward};
-use specula_backend_api::{Device, DeviceExt, MemoryStats, Strategy};
+use specula_backend_api::transfer::elements;
+use specula_backend_api::{Device, DeviceExt, MemoryStats, Strategy, WriteAt};
 use specula_sampler::{
     Decoder, NgramConfig, Request, SamplerConfig, SamplerError, SamplingParams, StepOutput,
     StepScores, registry,
@@ -228,4 +229,67 @@ fn a_pending_step_blocks_the_calls_that_need_the_host_state() {
     decoder
         .insert(Request::new(vec![1]))
         .expect("insert after collect");
+}
+
+#[test]
+fn batched_transfers_are_exact_and_validated() {
+    let foreign = registry::open("cpu").expect("cpu");
+    for device in devices() {
+        let name = device.info().name.clone();
+        let mut ints = device.upload(&[1i32, 2, 3, 4, 5, 6]).expect("upload");
+        let mut bytes = device.upload(&[9u8, 8, 7, 6, 5]).expect("upload");
+        let mut seeds = device.upload(&[u64::MAX, 1, 2]).expect("upload");
+        let empty = device.alloc::<f32>(0).expect("alloc");
+        // Windows at odd byte offsets (u8 in the middle of a word).
+        bytes.set_window(1, 3).expect("window");
+        let before = device.memory_stats();
+        device
+            .write_many(&mut [
+                WriteAt::new(&mut ints, 4, &[-5i32, -6]),
+                WriteAt::new(&mut bytes, 1, &[42u8]),
+                WriteAt::new(&mut seeds, 0, &[7u64]),
+            ])
+            .expect("write_many");
+        assert_eq!(
+            (bytes.offset(), bytes.len()),
+            (1, 3),
+            "{name}: window restored"
+        );
+        let pending = device
+            .start_download(&[&ints, &bytes, &empty, &seeds])
+            .expect("start_download");
+        assert_eq!(pending.len(), 4);
+        let got = pending.wait().expect("wait");
+        let stats = device.memory_stats().since(&before);
+        assert_eq!((stats.writes, stats.blocking_waits), (1, 1), "{name}");
+        assert_eq!(elements::<i32>(&got[0]), [1, 2, 3, 4, -5, -6], "{name}");
+        assert_eq!(got[1], [8, 42, 6], "{name}");
+        assert!(got[2].is_empty(), "{name}");
+        assert_eq!(elements::<u64>(&got[3]), [7, 1, 2], "{name}");
+
+        // Nothing is written when one write of the batch does not fit its window.
+        let refused = device.write_many(&mut [
+            WriteAt::new(&mut ints, 0, &[100i32]),
+            WriteAt::new(&mut bytes, 2, &[1u8, 2]),
+        ]);
+        assert!(
+            matches!(
+                refused,
+                Err(specula_backend_api::Error::ShapeMismatch { .. })
+            ),
+            "{name}: {refused:?}"
+        );
+        let ints_now: Vec<i32> = device.download(&ints).expect("download");
+        assert_eq!(ints_now[0], 1, "{name}: a refused batch wrote");
+        // Another device's buffer is refused.
+        let other = foreign.upload(&[0i32]).expect("upload");
+        let mismatch = device.start_download(&[&ints, &other]);
+        assert!(
+            matches!(
+                mismatch,
+                Err(specula_backend_api::Error::DeviceMismatch { .. })
+            ),
+            "{name}: {mismatch:?}"
+        );
+    }
 }
