@@ -337,14 +337,15 @@ pub trait Backend: Send + Sync + Debug {
     fn run(&self, call: AnyCall<'_, '_>) -> Result<()>;
 
     /// Builds every kernel, pipeline or program the backend would otherwise build lazily at the
-    /// first call that needs it, for every op this device runs ([`Capabilities::runs`]) and every
-    /// dtype it supports. Idempotent: what is built is cached and not built again. A kernel that
-    /// fails to build is [`Error::KernelBuild`](crate::Error::KernelBuild), naming the op's
-    /// kernel.
+    /// first call that needs it, for the ops and score dtypes of `plan` (already narrowed to what
+    /// this device runs and supports, [`WarmUp::for_device`](crate::WarmUp::for_device)).
+    /// Idempotent: what is built is cached and not built again. A kernel that fails to build is
+    /// [`Error::KernelBuild`](crate::Error::KernelBuild), naming the op's kernel.
     ///
     /// The default builds nothing (a backend without compiled kernels: the CPU backend, the
     /// reference device).
-    fn run_warm_up(&self) -> Result<()> {
+    fn run_warm_up(&self, plan: &crate::WarmUp) -> Result<()> {
+        let _ = plan;
         Ok(())
     }
 }

@@ -6,7 +6,9 @@ use tracing::debug_span;
 use crate::backend::{Alloc, AnyCall, Backend, Download, Upload, Write};
 use crate::ops::{self, *};
 use crate::transfer::{MemoryStats, PendingDownload, WriteAt};
-use crate::{Buffer, Capabilities, DType, DeviceId, DeviceInfo, Element, Error, Op, Result};
+use crate::{
+    Buffer, Capabilities, DType, DeviceId, DeviceInfo, Element, Error, Op, Result, WarmUp,
+};
 
 /// One opened device of one backend: memory plus every op of the contract.
 ///
@@ -120,14 +122,29 @@ pub trait Device: Backend {
 
     /// Builds every kernel the device would otherwise build at the first call that needs it
     /// (WGSL pipelines, OpenCL programs, NVRTC modules), for every op it runs and every dtype it
-    /// supports, so that no later op call pays a compile. Call it once after opening the device
-    /// (a runner: after `Decoder::new`, before the first step); it is idempotent, and a device
+    /// supports, so that no later op call pays a compile: [`Device::warm_up_for`] with
+    /// [`WarmUp::all`]. Call it once after opening the device; it is idempotent, and a device
     /// without compiled kernels (CPU, reference) returns `Ok(())` at once. A kernel that fails to
-    /// build is [`Error::KernelBuild`] naming the op's kernel. Opens a `specula_warm_up` span.
+    /// build is [`Error::KernelBuild`] naming the op's kernel.
     fn warm_up(&self) -> Result<()> {
-        let _span =
-            debug_span!("specula_warm_up", backend = self.desc().info.kind.name()).entered();
-        self.run_warm_up()
+        self.warm_up_for(&WarmUp::all())
+    }
+
+    /// Builds the kernels of `plan` only: its ops (those this device runs) for score rows of its
+    /// float dtypes (those this device supports). A runner that knows its decoding mode and its
+    /// logits dtype builds what its steps launch and nothing else (on a software adapter a full
+    /// warm-up costs more than it saves). Idempotent; errors as [`Device::warm_up`]. Opens a
+    /// `specula_warm_up` span.
+    fn warm_up_for(&self, plan: &WarmUp) -> Result<()> {
+        let desc = self.desc();
+        let _span = debug_span!(
+            "specula_warm_up",
+            backend = desc.info.kind.name(),
+            ops = plan.ops().len(),
+            dtypes = plan.dtypes().len()
+        )
+        .entered();
+        self.run_warm_up(&plan.for_device(&desc.capabilities))
     }
 
     /// Computes the output layout (§5.1): rows per slot, the input and output prefix sums and the

@@ -62,6 +62,7 @@ pub mod slots;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod transfer;
+mod warm_up;
 
 pub use backend::Backend;
 pub use buffer::{Buffer, DeviceId};
@@ -72,3 +73,4 @@ pub use kind::{BackendKind, Capabilities, DeviceInfo};
 pub use op::{Exactness, Op, OpSpec};
 pub use ops::Strategy;
 pub use transfer::{MemoryStats, PendingDownload, WriteAt};
+pub use warm_up::WarmUp;

@@ -14,6 +14,7 @@ use specula_backend_api::abi::KernelArgs;
 use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
 use specula_backend_api::{
     BackendKind, Buffer, Capabilities, DType, DeviceInfo, Error, Op, PendingDownload, Result,
+    WarmUp,
 };
 
 use crate::error::CudaError;
@@ -466,11 +467,10 @@ impl Backend for CudaDevice {
         specula_backend_api::dispatch_ops!(self, call)
     }
 
-    /// Compiles (NVRTC) and loads every module of every op this device runs, one per kernel file
-    /// and instance, and looks up each of its functions ([`warm_up_plan`]).
-    fn run_warm_up(&self) -> Result<()> {
-        let caps = &self.desc.capabilities;
-        for (file, instance, stem) in warm_up_plan(|op| caps.runs(op)) {
+    /// Compiles (NVRTC) and loads every module of the plan, one per kernel file and instance,
+    /// and looks up each of its functions ([`warm_up_plan`]).
+    fn run_warm_up(&self, plan: &WarmUp) -> Result<()> {
+        for (file, instance, stem) in warm_up_plan(plan) {
             self.function(file, instance, stem)?;
         }
         Ok(())

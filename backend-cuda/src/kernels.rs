@@ -16,7 +16,7 @@ use specula_backend_api::abi;
 use specula_backend_api::logit_weights::{self, sanitize_logit};
 use specula_backend_api::ops::process_logits::{PENALTY_FIELDS, penalty};
 use specula_backend_api::rng::Purpose;
-use specula_backend_api::{DType, Op};
+use specula_backend_api::{DType, Op, WarmUp};
 
 use crate::launch;
 
@@ -118,6 +118,15 @@ impl KernelFile {
         }
     }
 
+    /// Whether a warm-up for `plan` builds `instance` of this file: an integer instance always,
+    /// a float one when its rows are of the plan's dtypes, and `verify_draft_tokens`' f32
+    /// instance always (the strategies other than REJECTION launch it whatever the rows).
+    fn builds_instance(self, instance: Instance, plan: &WarmUp) -> bool {
+        plan.builds_dtype(instance.suffix)
+            || (self == KernelFile::VerifyDraftTokens
+                && instance == Instance::float(DType::F32, DType::F32))
+    }
+
     /// The element-type instances this file is built for: `(suffix dtype, T, D)`.
     ///
     /// Integer-only files have one instance named `i32` (`u8` for the byte copy of gather); float
@@ -146,20 +155,23 @@ impl KernelFile {
     }
 }
 
-/// Every function a device may load, for the ops `runs` accepts: each kernel file of such an op,
-/// each of its instances ([`KernelFile::instances`]) and each entry-point stem
-/// ([`KernelFile::entry_stems`]), in table order. What the warm-up compiles and loads (one module
-/// per file and instance).
-pub fn warm_up_plan(runs: impl Fn(Op) -> bool) -> Vec<(KernelFile, Instance, &'static str)> {
+/// Every function a device may load for `plan`: each kernel file of the plan's ops, each of its
+/// instances ([`KernelFile::instances`]) whose rows are of the plan's dtypes (integer instances
+/// always) and each entry-point stem ([`KernelFile::entry_stems`]), in table order. What the
+/// warm-up compiles and loads (one module per file and instance).
+pub fn warm_up_plan(plan: &WarmUp) -> Vec<(KernelFile, Instance, &'static str)> {
     KernelFile::ALL
         .into_iter()
-        .filter(|file| runs(file.op()))
+        .filter(|file| plan.builds(file.op()))
         .flat_map(|file| {
-            file.instances().into_iter().flat_map(move |instance| {
-                file.entry_stems()
-                    .iter()
-                    .map(move |&stem| (file, instance, stem))
-            })
+            let instances = file.instances().into_iter();
+            instances
+                .filter(move |&instance| file.builds_instance(instance, plan))
+                .flat_map(move |instance| {
+                    file.entry_stems()
+                        .iter()
+                        .map(move |&stem| (file, instance, stem))
+                })
         })
         .collect()
 }
@@ -403,7 +415,7 @@ mod tests {
 
     #[test]
     fn the_warm_up_plan_covers_every_file_instance_and_entry() {
-        let all = warm_up_plan(|_| true);
+        let all = warm_up_plan(&WarmUp::all());
         let expected: usize = KernelFile::ALL
             .map(|f| f.instances().len() * f.entry_stems().len())
             .iter()
@@ -416,13 +428,33 @@ mod tests {
                 }
             }
         }
-        let without = warm_up_plan(|op| op != Op::ProcessLogits);
+        let ops = Op::ALL.into_iter().filter(|&op| op != Op::ProcessLogits);
+        let without = warm_up_plan(&WarmUp::new(ops, DType::FLOATS));
         assert!(
             without
                 .iter()
                 .all(|(f, _, _)| *f != KernelFile::ProcessLogits)
         );
         assert_eq!(without.len(), expected - 3);
+    }
+
+    #[test]
+    fn a_warm_up_for_one_dtype_builds_its_instances_and_the_integer_ones() {
+        let plan = warm_up_plan(&WarmUp::new(Op::ALL, [DType::BF16]));
+        for file in KernelFile::ALL {
+            let built: Vec<Instance> = plan
+                .iter()
+                .filter(|(f, _, _)| *f == file)
+                .map(|(_, i, _)| *i)
+                .collect();
+            for instance in file.instances() {
+                let wanted = !instance.suffix.is_float()
+                    || instance.suffix == DType::BF16
+                    || (file == KernelFile::VerifyDraftTokens
+                        && instance == Instance::float(DType::F32, DType::F32));
+                assert_eq!(built.contains(&instance), wanted, "{file:?} {instance:?}");
+            }
+        }
     }
 
     #[test]

@@ -950,19 +950,19 @@ fn verify_kernels_match_the_cpu_reference() {
                 let strategy_inputs = match strategy {
                     Strategy::Greedy => StrategyInputs::Greedy { target_tokens },
                     Strategy::TargetMatch => StrategyInputs::TargetMatch { target_tokens },
-                    Strategy::TopP => StrategyInputs::TopP {
+                    Strategy::TopP => StrategyInputs::TopP(CandidateInputs {
                         candidate_ids: &ci,
                         candidate_scores: &cs,
                         candidate_lens: &cl,
                         candidates: cands,
-                    },
-                    Strategy::Rejection => StrategyInputs::Rejection {
+                    }),
+                    Strategy::Rejection => StrategyInputs::Rejection(RejectionInputs {
                         target: Scores::Probs(&target_buf),
                         draft: &draft_buf,
                         top_k: &tk,
                         top_p: &tp,
                         fallback: with_fallback.then_some(&fb),
-                    },
+                    }),
                 };
                 let dt = up(&cpu, &cpu_drafts);
                 let inputs = slot_bufs.inputs(&dt, &sd, strategy_inputs);
@@ -1472,13 +1472,13 @@ fn logits_rejection_matches_the_reference() {
             let inputs = slot_bufs.inputs(
                 &dt,
                 &sd,
-                StrategyInputs::Rejection {
+                StrategyInputs::Rejection(RejectionInputs {
                     target: Scores::logits(&target_buf, &tt),
                     draft: &draft_buf,
                     top_k: &tk,
                     top_p: &tp,
                     fallback: with_fallback.then_some(&fb),
-                },
+                }),
             );
             let params = VerifyParams {
                 dims,

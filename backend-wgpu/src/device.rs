@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
 use specula_backend_api::{
-    BackendKind, Buffer, Capabilities, DType, DeviceInfo, Op, PendingDownload, Result,
+    BackendKind, Buffer, Capabilities, DType, DeviceInfo, PendingDownload, Result, WarmUp,
 };
 
 use crate::gpu::{Gpu, WgpuStorage, storage_of};
@@ -204,18 +204,13 @@ impl Backend for WgpuDevice {
         specula_backend_api::dispatch_ops!(self, call)
     }
 
-    /// Compiles the pipeline of every entry point of every module whose op this device runs, for
-    /// each float dtype it supports, and dispatches each once without workgroups (a driver may
+    /// Compiles the pipeline of every entry point of every module of the plan's ops, for each of
+    /// its float dtypes, and dispatches each once without workgroups (a driver may
     /// finish compiling at the first dispatch); waits for the device.
-    fn run_warm_up(&self) -> Result<()> {
-        let caps = &self.desc.capabilities;
-        let kernels = Op::ALL
-            .into_iter()
-            .filter(|&op| caps.runs(op))
-            .filter_map(Kernel::of);
-        for kernel in kernels {
+    fn run_warm_up(&self, plan: &WarmUp) -> Result<()> {
+        for kernel in plan.ops().iter().filter_map(|&op| Kernel::of(op)) {
             self.gpu
-                .prepare(kernel, &kernel.entry_points(&caps.float_dtypes))?;
+                .prepare(kernel, &kernel.entry_points(plan.dtypes()))?;
         }
         self.gpu.wait("warm_up")
     }

@@ -8,7 +8,7 @@
 use std::process::ExitCode;
 
 use specula_backend_api::testing::{self, Needs, TestFn};
-use specula_backend_api::{Device, Error};
+use specula_backend_api::{DType, Device, Error, Op, WarmUp};
 use specula_backend_wgpu::WgpuDevice;
 
 fn open() -> Result<WgpuDevice, String> {
@@ -60,6 +60,31 @@ fn after_warm_up_the_first_call_compiles_nothing() -> Result<(), String> {
     }
 }
 
+/// A warm-up for the first ops' kernels and dtypes compiles fewer pipelines than the full one,
+/// and the first calls then compile nothing.
+fn a_planned_warm_up_compiles_only_its_plan() -> Result<(), String> {
+    let full = open()?;
+    full.warm_up().map_err(|e| format!("warm_up: {e}"))?;
+    let some = open()?;
+    let plan = WarmUp::new([Op::Argmax, Op::TopKTopPSample], [DType::BF16, DType::F32]);
+    some.warm_up_for(&plan)
+        .map_err(|e| format!("warm_up_for: {e}"))?;
+    let (all, planned) = (full.pipelines_built(), some.pipelines_built());
+    if planned == 0 || planned >= all {
+        return Err(format!(
+            "warm_up_for compiled {planned} pipelines, the full warm-up {all}"
+        ));
+    }
+    first_ops(&some)?;
+    match some.pipelines_built() {
+        after if after == planned => Ok(()),
+        after => Err(format!(
+            "the first calls after warm_up_for compiled {} pipelines",
+            after - planned
+        )),
+    }
+}
+
 fn main() -> ExitCode {
     let availability = match specula_backend_wgpu::open_device(0) {
         Err(Error::Unavailable { reason, .. }) => Err(reason),
@@ -74,6 +99,10 @@ fn main() -> ExitCode {
         (
             "after_warm_up_the_first_call_compiles_nothing",
             Box::new(after_warm_up_the_first_call_compiles_nothing),
+        ),
+        (
+            "a_planned_warm_up_compiles_only_its_plan",
+            Box::new(a_planned_warm_up_compiles_only_its_plan),
         ),
     ];
     testing::run(&needs, tests)

@@ -2,9 +2,10 @@
 //! every call before it gets here; each op's host code is in `ops/<op>.rs`, beside its kernel file
 //! `kernels/<op>.cl`.
 
+use specula_backend_api::WarmUp;
 use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
 use specula_backend_api::{
-    BackendKind, Buffer, Capabilities, DType, DeviceInfo, Error, Op, PendingDownload, Result,
+    BackendKind, Buffer, Capabilities, DType, DeviceInfo, Error, PendingDownload, Result,
 };
 
 use crate::error::XpuSimError;
@@ -158,12 +159,11 @@ impl Backend for XpuSimDevice {
         specula_backend_api::dispatch_ops!(&self.runtime, call)
     }
 
-    /// Builds every program of every op this device runs, for every build option its host code
-    /// may use (dtypes, row kinds, strategies), and creates their kernels.
-    fn run_warm_up(&self) -> Result<()> {
-        let caps = &self.desc.capabilities;
-        for op in Op::ALL.into_iter().filter(|&op| caps.runs(op)) {
-            for (key, kernels) in kernel_programs(op) {
+    /// Builds every program of the plan's ops, for every build option their host code may use
+    /// with score rows of the plan's dtypes (row kinds, strategies), and creates their kernels.
+    fn run_warm_up(&self, plan: &WarmUp) -> Result<()> {
+        for &op in plan.ops() {
+            for (key, kernels) in kernel_programs(op, plan) {
                 for kernel in &kernels {
                     self.runtime.prepare(&key, kernel)?;
                 }

@@ -88,12 +88,12 @@ macro_rules! kernel_sources {
             }
         }
 
-        /// Every program `op`'s host code may launch, with its kernels (`ops::<op>::programs`;
-        /// none for [`Op::Memory`]): what the warm-up builds.
-        pub(crate) fn kernel_programs(op: Op) -> Vec<crate::ops::Program> {
+        /// Every program `op`'s host code may launch for score rows of the plan's dtypes, with
+        /// its kernels (`ops::<op>::programs`; none for [`Op::Memory`]): what the warm-up builds.
+        pub(crate) fn kernel_programs(op: Op, plan: &specula_backend_api::WarmUp) -> Vec<crate::ops::Program> {
             match op {
                 Op::Memory => Vec::new(),
-                $(Op::$variant => crate::ops::$name::programs(),)*
+                $(Op::$variant => crate::ops::$name::programs(plan),)*
             }
         }
 

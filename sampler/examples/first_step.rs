@@ -1,4 +1,5 @@
-//! How long a runner's first steps take, with and without [`Decoder::warm_up`].
+//! How long a runner's first steps take, with and without [`Decoder::warm_up`] (every kernel) or
+//! [`Decoder::warm_up_for`] (this configuration's kernels for f32 logits).
 //!
 //! The accelerated backends build their kernels at the first call of each op (wgpu its pipelines,
 //! xpu-sim its OpenCL programs, CUDA its NVRTC modules), so without a warm-up the first steps pay
@@ -8,6 +9,7 @@
 //! ```text
 //! cargo run --release -p specula-sampler --features wgpu --example first_step -- --backend wgpu
 //! cargo run --release -p specula-sampler --features wgpu --example first_step -- --backend wgpu --warm-up
+//! cargo run --release -p specula-sampler --features wgpu --example first_step -- --backend wgpu --warm-up-for
 //! ```
 //!
 //! On Mesa's lavapipe, set `MESA_SHADER_CACHE_DISABLE=true` to measure cold compiles (Mesa keeps
@@ -16,7 +18,7 @@
 use std::error::Error;
 use std::time::Instant;
 
-use specula_backend_api::{DeviceExt, Strategy};
+use specula_backend_api::{DType, DeviceExt, Strategy};
 use specula_sampler::{Decoder, NgramConfig, Request, SamplerConfig, SamplingParams, registry};
 
 const VOCAB: usize = 4096;
@@ -33,14 +35,32 @@ fn toy_logits(prefix: &[i32]) -> Vec<f32> {
         .collect()
 }
 
+/// Which warm-up runs before the first step.
+#[derive(Clone, Copy)]
+enum WarmUp {
+    None,
+    All,
+    Config,
+}
+
+impl WarmUp {
+    fn name(self) -> &'static str {
+        match self {
+            WarmUp::None | WarmUp::All => "warm_up",
+            WarmUp::Config => "warm_up_for(f32)",
+        }
+    }
+}
+
 fn main() -> Result<(), Box<dyn Error>> {
     let mut backend = "cpu".to_owned();
-    let mut warm_up = false;
+    let mut warm_up = WarmUp::None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--backend" => backend = args.next().ok_or("--backend needs a name")?,
-            "--warm-up" => warm_up = true,
+            "--warm-up" => warm_up = WarmUp::All,
+            "--warm-up-for" => warm_up = WarmUp::Config,
             other => return Err(format!("unknown argument `{other}`").into()),
         }
     }
@@ -49,8 +69,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         .with_ngram(4, NgramConfig::default());
     let mut decoder = Decoder::new(device.clone(), config)?;
     let started = Instant::now();
-    if warm_up {
-        decoder.warm_up()?;
+    match warm_up {
+        WarmUp::None => {}
+        WarmUp::All => decoder.warm_up()?,
+        WarmUp::Config => decoder.warm_up_for(DType::F32)?,
     }
     let warm_up_s = started.elapsed().as_secs_f64();
     for i in 0..8i32 {
@@ -79,13 +101,13 @@ fn main() -> Result<(), Box<dyn Error>> {
     }
     let steps: Vec<String> = times.iter().map(|t| format!("{t:.3}")).collect();
     println!(
-        "{} ({}): warm_up {} s, steps 1..={STEPS}: [{}] s, first step {:.3} s",
+        "{} ({}): {} {} s, steps 1..={STEPS}: [{}] s, first step {:.3} s",
         device.info().kind,
         device.info().name,
-        if warm_up {
-            format!("{warm_up_s:.3}")
-        } else {
-            "skipped".to_owned()
+        warm_up.name(),
+        match warm_up {
+            WarmUp::None => "skipped".to_owned(),
+            _ => format!("{warm_up_s:.3}"),
         },
         steps.join(", "),
         times[0]

@@ -1,10 +1,10 @@
 //! What a [`Decoder`](crate::Decoder) is built with, and what a request asks for.
 
-use specula_backend_api::Strategy;
 use specula_backend_api::abi::{
     DEFAULT_NGRAM_THRESHOLD, MAX_CANDIDATES, MAX_LOGPROBS_TOP_K, MAX_VOCAB,
 };
 use specula_backend_api::ops::BatchDims;
+use specula_backend_api::{DType, Op, Strategy, WarmUp};
 
 use crate::error::{Result, SamplerError};
 
@@ -141,6 +141,39 @@ pub struct SamplerConfig {
 }
 
 impl SamplerConfig {
+    /// What a step of this configuration may launch, for target rows of the float dtype `scores`
+    /// (what [`Decoder::warm_up_for`](crate::Decoder::warm_up_for) builds): the batch ops, the
+    /// strategy's sampling op (GREEDY: `argmax`, and the `top_k = 1` sample of processed rows;
+    /// TARGET_MATCH: `top_k_top_p_sample`; TOPP: `top_p_candidates`; REJECTION: the sample of a
+    /// step without drafts and the `softmax` of logits checked against draft probabilities),
+    /// `verify_draft_tokens`, `update_state`, `process_logits` (any request may ask for
+    /// processing), `ngram_match` with the proposer and `accept_logprobs` with log-probabilities.
+    pub fn warm_up_plan(&self, scores: DType) -> WarmUp {
+        let strategy_ops: &[Op] = match self.strategy {
+            Strategy::Greedy => &[Op::Argmax, Op::TopKTopPSample],
+            Strategy::TargetMatch => &[Op::TopKTopPSample],
+            Strategy::TopP => &[Op::TopPCandidates],
+            Strategy::Rejection => &[Op::TopKTopPSample, Op::Softmax],
+        };
+        let always = [
+            Op::BuildOutputLayout,
+            Op::BuildSamplingParams,
+            Op::GatherNextToken,
+            Op::ProcessLogits,
+            Op::VerifyDraftTokens,
+            Op::UpdateState,
+        ];
+        let optional = [
+            (self.ngram.is_some(), Op::NgramMatch),
+            (self.logprobs.is_some(), Op::AcceptLogprobs),
+        ];
+        let ops = always
+            .into_iter()
+            .chain(strategy_ops.iter().copied())
+            .chain(optional.into_iter().filter_map(|(on, op)| on.then_some(op)));
+        WarmUp::new(ops, [scores])
+    }
+
     /// A non-speculative configuration: `S = 1`, no proposer, 8 TOPP candidates, no logprobs
     /// (the same as [`SamplerConfig::plain`]).
     pub fn new(

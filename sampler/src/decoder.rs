@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use specula_backend_api::ops::BatchDims;
-use specula_backend_api::{Buffer, Device, DeviceExt};
+use specula_backend_api::{Buffer, DType, Device, DeviceExt};
 use tracing::{debug_span, warn};
 
 use crate::buffers::{Scratch, SlotBuffers};
@@ -186,11 +186,23 @@ impl Decoder {
     /// software adapter such as lavapipe), xpu-sim its OpenCL programs, CUDA its NVRTC modules;
     /// the CPU backend has nothing to build. Call it once, after [`Decoder::new`] and before the
     /// first step; calling it again builds nothing. It builds the kernels of every op and dtype
-    /// the device runs, not only those of this configuration. A kernel that fails to build is
-    /// [`SamplerError::Device`] carrying [`Error::KernelBuild`](specula_backend_api::Error::KernelBuild),
-    /// which names the op's kernel.
+    /// the device runs; [`Decoder::warm_up_for`] builds only this configuration's. A kernel that
+    /// fails to build is [`SamplerError::Device`] carrying
+    /// [`Error::KernelBuild`](specula_backend_api::Error::KernelBuild), which names the op's
+    /// kernel.
     pub fn warm_up(&self) -> Result<()> {
         self.device.warm_up().map_err(SamplerError::Device)
+    }
+
+    /// Builds the kernels this configuration's steps launch for target rows (logits or
+    /// probabilities) of the float dtype `scores`, and nothing else
+    /// ([`SamplerConfig::warm_up_plan`], [`Device::warm_up_for`]): a fraction of
+    /// [`Decoder::warm_up`]'s work when the runner knows its logits dtype. Steps with target rows
+    /// of another dtype still build theirs at first use. Errors as [`Decoder::warm_up`].
+    pub fn warm_up_for(&self, scores: DType) -> Result<()> {
+        self.device
+            .warm_up_for(&self.config.warm_up_plan(scores))
+            .map_err(SamplerError::Device)
     }
 
     /// The device.

@@ -39,8 +39,8 @@ pub use top_p_candidates::{
 };
 pub use update_state::{DecodeState, UpdateStateCall, UpdateStateInputs, UpdateStateParams};
 pub use verify_draft_tokens::{
-    Strategy, StrategyInputs, VerifyDraftTokensCall, VerifyFacts, VerifyInputs, VerifyOutputs,
-    VerifyParams, VerifySlotState,
+    CandidateInputs, RejectionInputs, Strategy, StrategyInputs, VerifyDraftTokensCall, VerifyFacts,
+    VerifyInputs, VerifyOutputs, VerifyParams, VerifySlotState,
 };
 
 use crate::backend::DeviceDesc;

@@ -70,35 +70,44 @@ pub enum StrategyInputs<'a> {
         /// Sampled token per output row.
         target_tokens: &'a Buffer,
     },
-    /// The output of `top_p_candidates`: `ids [rows, C]`, `scores [rows, C]`, `lens [rows]`.
-    TopP {
-        /// Candidate ids.
-        candidate_ids: &'a Buffer,
-        /// Candidate probabilities.
-        candidate_scores: &'a Buffer,
-        /// Candidate counts reaching `top_p`.
-        candidate_lens: &'a Buffer,
-        /// `C`, candidates per row.
-        candidates: usize,
-    },
-    /// Target rows `[rows, V]` and draft rows `[max_bsz · (S − 1), V]` (f32/f16/bf16 each), and the
-    /// target's per-row `top_k` i32 / `top_p` f32 filter.
-    Rejection {
-        /// Target rows: probabilities, or logits with their per-row temperature.
-        target: Scores<'a>,
-        /// Draft rows of the same kind as the target (logits are weighed at the temperature of
-        /// the output row they are checked against); row `b · (S − 1) + i` is draft `i + 1` of
-        /// slot `b`.
-        draft: &'a Buffer,
-        /// Per-row `top_k` of the target filter.
-        top_k: &'a Buffer,
-        /// Per-row `top_p` of the target filter.
-        top_p: &'a Buffer,
-        /// Optional `[rows]` i32 (from `process_logits`, `docs/semantics.md` §4c): a target row
-        /// whose kept weight is 0 yields this token where it would yield its first token in rank
-        /// order (-1: none, so the slot emits `end_tokens[0]` and stops).
-        fallback: Option<&'a Buffer>,
-    },
+    /// The output of `top_p_candidates`.
+    TopP(CandidateInputs<'a>),
+    /// Target and draft rows with the target's filter.
+    Rejection(RejectionInputs<'a>),
+}
+
+/// TOPP's inputs, the output of `top_p_candidates`: `ids [rows, C]`, `scores [rows, C]`,
+/// `lens [rows]`.
+#[derive(Clone, Copy, Debug)]
+pub struct CandidateInputs<'a> {
+    /// Candidate ids.
+    pub candidate_ids: &'a Buffer,
+    /// Candidate probabilities.
+    pub candidate_scores: &'a Buffer,
+    /// Candidate counts reaching `top_p`.
+    pub candidate_lens: &'a Buffer,
+    /// `C`, candidates per row.
+    pub candidates: usize,
+}
+
+/// REJECTION's inputs: target rows `[rows, V]` and draft rows `[max_bsz · (S − 1), V]`
+/// (f32/f16/bf16 each), and the target's per-row `top_k` i32 / `top_p` f32 filter.
+#[derive(Clone, Copy, Debug)]
+pub struct RejectionInputs<'a> {
+    /// Target rows: probabilities, or logits with their per-row temperature.
+    pub target: Scores<'a>,
+    /// Draft rows of the same kind as the target (logits are weighed at the temperature of
+    /// the output row they are checked against); row `b · (S − 1) + i` is draft `i + 1` of
+    /// slot `b`.
+    pub draft: &'a Buffer,
+    /// Per-row `top_k` of the target filter.
+    pub top_k: &'a Buffer,
+    /// Per-row `top_p` of the target filter.
+    pub top_p: &'a Buffer,
+    /// Optional `[rows]` i32 (from `process_logits`, `docs/semantics.md` §4c): a target row
+    /// whose kept weight is 0 yields this token where it would yield its first token in rank
+    /// order (-1: none, so the slot emits `end_tokens[0]` and stops).
+    pub fallback: Option<&'a Buffer>,
 }
 
 impl StrategyInputs<'_> {
@@ -107,8 +116,8 @@ impl StrategyInputs<'_> {
         match self {
             StrategyInputs::Greedy { .. } => Strategy::Greedy,
             StrategyInputs::TargetMatch { .. } => Strategy::TargetMatch,
-            StrategyInputs::TopP { .. } => Strategy::TopP,
-            StrategyInputs::Rejection { .. } => Strategy::Rejection,
+            StrategyInputs::TopP(_) => Strategy::TopP,
+            StrategyInputs::Rejection(_) => Strategy::Rejection,
         }
     }
 }
@@ -223,60 +232,68 @@ pub(crate) fn validate<'c, 'o>(
     }
     let rows = params.rows;
     check.exact("seeds", inputs.seeds, DType::U64, rows)?;
-    let mut float_dtypes = None;
-    let mut logits = false;
-    match inputs.strategy {
+    let facts = match inputs.strategy {
         StrategyInputs::Greedy { target_tokens }
         | StrategyInputs::TargetMatch { target_tokens } => {
             check.exact("target_tokens", target_tokens, DType::I32, rows)?;
+            VerifyFacts {
+                rejection_dtypes: None,
+                logits: false,
+            }
         }
-        StrategyInputs::TopP {
-            candidate_ids,
-            candidate_scores,
-            candidate_lens,
-            candidates,
-        } => {
-            check_candidates_count(&check, candidates)?;
-            let len = check.product("candidate_ids", rows, candidates)?;
-            check.exact("candidate_ids", candidate_ids, DType::I32, len)?;
-            check.exact("candidate_scores", candidate_scores, DType::F32, len)?;
-            check.exact("candidate_lens", candidate_lens, DType::I32, rows)?;
+        StrategyInputs::TopP(c) => {
+            validate_candidates(&check, &c, rows)?;
+            VerifyFacts {
+                rejection_dtypes: None,
+                logits: false,
+            }
         }
-        StrategyInputs::Rejection {
-            target,
-            draft,
-            top_k,
-            top_p,
-            fallback,
-        } => {
-            let shape = RowShape {
-                rows,
-                vocab: params.vocab,
-            };
-            let kind = target.validate(&check, ("target_probs", "target_logits"), &shape)?;
-            let draft_arg = if kind.logits {
-                "draft_logits"
-            } else {
-                "draft_probs"
-            };
-            let draft_rows = dims.max_bsz * (dims.max_step_tokens - 1);
-            let draft_len = check.product(draft_arg, draft_rows, params.vocab)?;
-            let draft = check.float(draft_arg, draft, draft_len)?;
-            check.exact("top_k", top_k, DType::I32, rows)?;
-            check.exact("top_p", top_p, DType::F32, rows)?;
-            check.fallback(fallback, rows)?;
-            float_dtypes = Some((kind.dtype, draft));
-            logits = kind.logits;
-        }
-    }
+        StrategyInputs::Rejection(r) => validate_rejection(&check, &r, params)?,
+    };
     check.exact("accept_tokens", out.accept_tokens, DType::I32, slot_tokens)?;
     check.exact("accept_num", out.accept_num, DType::I32, dims.max_bsz)?;
-    let facts = VerifyFacts {
-        rejection_dtypes: float_dtypes,
-        logits,
-    };
     let call = Call::new(*inputs, out, *params, facts);
     Ok(call
         .with_extent(params.rows, params.vocab)
         .launching_nothing_if(params.dims.max_bsz == 0))
+}
+
+/// Validates TOPP's candidates of `rows` output rows.
+fn validate_candidates(check: &Check<'_>, c: &CandidateInputs<'_>, rows: usize) -> Result<()> {
+    check_candidates_count(check, c.candidates)?;
+    let len = check.product("candidate_ids", rows, c.candidates)?;
+    check.exact("candidate_ids", c.candidate_ids, DType::I32, len)?;
+    check.exact("candidate_scores", c.candidate_scores, DType::F32, len)?;
+    check.exact("candidate_lens", c.candidate_lens, DType::I32, rows)
+}
+
+/// Validates REJECTION's target and draft rows and filter; the facts name their dtypes.
+fn validate_rejection(
+    check: &Check<'_>,
+    r: &RejectionInputs<'_>,
+    params: &VerifyParams<'_>,
+) -> Result<VerifyFacts> {
+    let (rows, dims) = (params.rows, &params.dims);
+    let shape = RowShape {
+        rows,
+        vocab: params.vocab,
+    };
+    let kind = r
+        .target
+        .validate(check, ("target_probs", "target_logits"), &shape)?;
+    let draft_arg = if kind.logits {
+        "draft_logits"
+    } else {
+        "draft_probs"
+    };
+    let draft_rows = dims.max_bsz * (dims.max_step_tokens - 1);
+    let draft_len = check.product(draft_arg, draft_rows, params.vocab)?;
+    let draft = check.float(draft_arg, r.draft, draft_len)?;
+    check.exact("top_k", r.top_k, DType::I32, rows)?;
+    check.exact("top_p", r.top_p, DType::F32, rows)?;
+    check.fallback(r.fallback, rows)?;
+    Ok(VerifyFacts {
+        rejection_dtypes: Some((kind.dtype, draft)),
+        logits: kind.logits,
+    })
 }

@@ -453,7 +453,7 @@ pub(crate) fn verify_draft_tokens(
     params: &VerifyParams<'_>,
 ) -> Result<()> {
     match (inputs.strategy, dtypes) {
-        (StrategyInputs::Rejection { .. }, Some((target, draft))) => {
+        (StrategyInputs::Rejection(_), Some((target, draft))) => {
             with_float!(target, Op::VerifyDraftTokens, T => {
                 with_float!(draft, Op::VerifyDraftTokens, D => verify_slots::<T, D>(inputs, out, params))
             })
@@ -472,30 +472,19 @@ fn verify_slots<T: FloatElement, D: FloatElement>(
         StrategyInputs::TargetMatch { target_tokens } => {
             Strategy::TargetMatch(slice::<i32>(target_tokens)?)
         }
-        StrategyInputs::TopP {
-            candidate_ids,
-            candidate_scores,
-            candidate_lens,
-            candidates,
-        } => Strategy::TopP {
-            ids: slice::<i32>(candidate_ids)?,
-            scores: slice::<f32>(candidate_scores)?,
-            lens: slice::<i32>(candidate_lens)?,
-            candidates,
+        StrategyInputs::TopP(c) => Strategy::TopP {
+            ids: slice::<i32>(c.candidate_ids)?,
+            scores: slice::<f32>(c.candidate_scores)?,
+            lens: slice::<i32>(c.candidate_lens)?,
+            candidates: c.candidates,
         },
-        StrategyInputs::Rejection {
-            target,
-            draft,
-            top_k,
-            top_p,
-            fallback,
-        } => Strategy::Rejection {
-            target: slice::<T>(target.matrix())?,
-            draft: slice::<D>(draft)?,
-            top_k: slice::<i32>(top_k)?,
-            top_p: slice::<f32>(top_p)?,
-            temperature: target.temperature().map(slice::<f32>).transpose()?,
-            fallback: fallback.map(slice::<i32>).transpose()?,
+        StrategyInputs::Rejection(r) => Strategy::Rejection {
+            target: slice::<T>(r.target.matrix())?,
+            draft: slice::<D>(r.draft)?,
+            top_k: slice::<i32>(r.top_k)?,
+            top_p: slice::<f32>(r.top_p)?,
+            temperature: r.target.temperature().map(slice::<f32>).transpose()?,
+            fallback: r.fallback.map(slice::<i32>).transpose()?,
         },
     };
     let state = &inputs.state;

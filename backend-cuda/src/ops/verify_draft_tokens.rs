@@ -62,32 +62,21 @@ pub(crate) fn run(device: &CudaDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
                 launch::STRATEGY_TARGET_MATCH
             };
         }
-        StrategyInputs::TopP {
-            candidate_ids,
-            candidate_scores,
-            candidate_lens,
-            candidates,
-        } => {
-            args.cand_ids = device.ptr(op, candidate_ids)?;
-            args.cand_scores = device.ptr(op, candidate_scores)?;
-            args.cand_lens = device.ptr(op, candidate_lens)?;
-            args.candidates = candidates as u64;
+        StrategyInputs::TopP(c) => {
+            args.cand_ids = device.ptr(op, c.candidate_ids)?;
+            args.cand_scores = device.ptr(op, c.candidate_scores)?;
+            args.cand_lens = device.ptr(op, c.candidate_lens)?;
+            args.candidates = c.candidates as u64;
             args.strategy = launch::STRATEGY_TOPP;
         }
-        StrategyInputs::Rejection {
-            target,
-            draft,
-            top_k,
-            top_p,
-            fallback,
-        } => {
-            let (target_probs, draft_probs) = (target.matrix(), draft);
+        StrategyInputs::Rejection(r) => {
+            let (target_probs, draft_probs) = (r.target.matrix(), r.draft);
             args.target_probs = device.ptr(op, target_probs)?;
             args.draft_probs = device.ptr(op, draft_probs)?;
-            args.top_k = device.ptr(op, top_k)?;
-            args.top_p = device.ptr(op, top_p)?;
-            args.temperature = device.opt_ptr(op, target.temperature())?;
-            args.fallback = device.opt_ptr(op, fallback)?;
+            args.top_k = device.ptr(op, r.top_k)?;
+            args.top_p = device.ptr(op, r.top_p)?;
+            args.temperature = device.opt_ptr(op, r.target.temperature())?;
+            args.fallback = device.opt_ptr(op, r.fallback)?;
             args.logits = flag(facts.logits);
             args.strategy = launch::STRATEGY_REJECTION;
             args.vec_target = device.vec_ok(op, target_probs, params.vocab)?;

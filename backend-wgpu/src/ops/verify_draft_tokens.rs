@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use specula_backend_api::ops::{
-    RowShape, SampleInputs, Scores, StrategyInputs, VerifyDraftTokensCall, VerifyInputs,
+    RejectionInputs, RowShape, SampleInputs, StrategyInputs, VerifyDraftTokensCall, VerifyInputs,
     VerifyParams,
 };
-use specula_backend_api::{Buffer, DType, Op, Result, Strategy};
+use specula_backend_api::{DType, Op, Result, Strategy};
 
 use super::top_k_top_p_sample::sample_dispatches;
 use super::{Binder, groups_for, u};
@@ -100,16 +100,9 @@ struct Rejection {
     pairs: Arc<WgpuStorage>,
 }
 
-/// The REJECTION inputs of a call.
+/// The REJECTION inputs of a call and their float dtypes.
 struct RejectionRows<'a> {
-    /// Target rows: probabilities, or logits with their per-row temperature.
-    target: Scores<'a>,
-    /// Draft rows of the same kind (logits at the temperature of their output row).
-    draft_rows: &'a Buffer,
-    top_k: &'a Buffer,
-    top_p: &'a Buffer,
-    /// `[rows]` i32, when given: the sample of a target row of kept weight 0 (`process_logits`).
-    fallback: Option<&'a Buffer>,
+    inputs: RejectionInputs<'a>,
     target_dtype: DType,
     draft_dtype: DType,
 }
@@ -133,13 +126,13 @@ fn rejection_dispatches(
     let aux = device.scratch("verify kept sets", (rows * 32) as u64)?;
     let pairs = device.scratch("verify pairs", (draft_rows * 8) as u64)?;
     let sample = SampleInputs {
-        scores: rejection.target,
-        top_k: rejection.top_k,
-        top_p: rejection.top_p,
+        scores: rejection.inputs.target,
+        top_k: rejection.inputs.top_k,
+        top_p: rejection.inputs.top_p,
         seed: inputs.seeds,
         // A target row of kept weight 0 (a row of total weight 0) samples its fallback, which the
         // slot walk then reads wherever REJECTION samples the target row.
-        fallback: rejection.fallback,
+        fallback: rejection.inputs.fallback,
     };
     let shape = RowShape {
         rows,
@@ -156,8 +149,8 @@ fn rejection_dispatches(
     )?);
     // Under accept_all only the drafts outside [0, V) are tested; reject_all tests none.
     if !params.reject_all && draft_rows > 0 {
-        for tc in gpu.row_chunks(rejection.target.matrix(), rows, params.vocab) {
-            for dc in gpu.row_chunks(rejection.draft_rows, draft_rows, params.vocab) {
+        for tc in gpu.row_chunks(rejection.inputs.target.matrix(), rows, params.vocab) {
+            for dc in gpu.row_chunks(rejection.inputs.draft, draft_rows, params.vocab) {
                 dispatches.push(pair_dispatch(
                     device,
                     inputs,
@@ -197,20 +190,20 @@ fn pair_dispatch(
         accept_all: u32::from(params.accept_all),
         target_row_lo: u(tc.0),
         target_row_hi: u(tc.1),
-        target_off: b.rows(21, rejection.target.matrix(), vocab, tc)?,
+        target_off: b.rows(21, rejection.inputs.target.matrix(), vocab, tc)?,
         draft_row_lo: u(dc.0),
-        draft_off: b.rows(22, rejection.draft_rows, vocab, dc)?,
+        draft_off: b.rows(22, rejection.inputs.draft, vocab, dc)?,
         draft_dtype: float_code(rejection.draft_dtype),
         pairs_in_dispatch: u(dc.1 - dc.0),
         draft_tokens_off: b.buffer(23, inputs.draft_tokens)?,
         this_time_off: b.buffer(24, inputs.lens.seq_lens_this_time)?,
         cu_out_off: b.buffer(25, inputs.cu_seqlens_q_output)?,
         seeds_off: b.buffer(26, inputs.seeds)?,
-        temperature_off: match rejection.target.temperature() {
+        temperature_off: match rejection.inputs.target.temperature() {
             Some(t) => b.buffer(29, t)?,
             None => b.dummy(29),
         },
-        logits: u32::from(rejection.target.is_logits()),
+        logits: u32::from(rejection.inputs.target.is_logits()),
     };
     Ok(b.dispatch(&PAIR, rejection.target_dtype, &args, args.pairs_in_dispatch))
 }
@@ -230,20 +223,15 @@ fn bind_strategy(
             b.dummy(16);
             Ok(([targets, unused[0], unused[1], unused[2]], 1))
         }
-        StrategyInputs::TopP {
-            candidate_ids,
-            candidate_scores,
-            candidate_lens,
-            candidates,
-        } => {
+        StrategyInputs::TopP(c) => {
             let targets = b.dummy(12);
-            let ids = b.buffer(13, candidate_ids)?;
-            let scores = b.buffer(14, candidate_scores)?;
-            let lens = b.buffer(15, candidate_lens)?;
+            let ids = b.buffer(13, c.candidate_ids)?;
+            let scores = b.buffer(14, c.candidate_scores)?;
+            let lens = b.buffer(15, c.candidate_lens)?;
             b.dummy(16);
-            Ok(([targets, ids, scores, lens], candidates))
+            Ok(([targets, ids, scores, lens], c.candidates))
         }
-        StrategyInputs::Rejection { .. } => {
+        StrategyInputs::Rejection(_) => {
             let Some(rejection) = rejection else {
                 return Err(crate::error::unsupported(
                     Op::VerifyDraftTokens,
@@ -265,22 +253,9 @@ pub(crate) fn run(device: &WgpuDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
     let dims = &params.dims;
     let mut dispatches = Vec::new();
     let rejection = match (inputs.strategy, facts.rejection_dtypes) {
-        (
-            StrategyInputs::Rejection {
-                target,
-                draft,
-                top_k,
-                top_p,
-                fallback,
-            },
-            Some((target_dtype, draft_dtype)),
-        ) => {
+        (StrategyInputs::Rejection(r), Some((target_dtype, draft_dtype))) => {
             let rows = RejectionRows {
-                target,
-                draft_rows: draft,
-                top_k,
-                top_p,
-                fallback,
+                inputs: r,
                 target_dtype,
                 draft_dtype,
             };

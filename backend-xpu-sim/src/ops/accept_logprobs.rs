@@ -4,6 +4,7 @@
 //! `accept_logprobs_<dtype>` (one cluster per packed entry scores it).
 
 use specula_backend_api::Result;
+use specula_backend_api::WarmUp;
 use specula_backend_api::ops::AcceptLogprobsCall;
 
 use super::{ArgsStruct, count, float_program, scratch_i32};
@@ -95,8 +96,8 @@ pub(crate) fn run(runtime: &Runtime, mut call: AcceptLogprobsCall<'_, '_>) -> Re
 
 /// The programs `run` may launch, one per float dtype, each with the pack and the scoring kernel
 /// (what the warm-up builds).
-pub(crate) fn programs() -> Vec<super::Program> {
-    let mut programs = super::float_programs(specula_backend_api::Op::AcceptLogprobs);
+pub(crate) fn programs(plan: &WarmUp) -> Vec<super::Program> {
+    let mut programs = super::float_programs(specula_backend_api::Op::AcceptLogprobs, plan);
     for (_, kernels) in &mut programs {
         kernels.insert(0, PACK.to_owned());
     }

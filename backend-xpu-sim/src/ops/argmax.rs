@@ -1,5 +1,6 @@
 //! `argmax` (`docs/semantics.md` §5.4, `kernels/argmax.cl`): one cluster per row.
 
+use specula_backend_api::WarmUp;
 use specula_backend_api::ops::ArgmaxCall;
 use specula_backend_api::{Op, Result};
 
@@ -34,6 +35,6 @@ pub(crate) fn run(runtime: &Runtime, mut call: ArgmaxCall<'_>) -> Result<()> {
 }
 
 /// The programs `run` may launch: one per float dtype (what the warm-up builds).
-pub(crate) fn programs() -> Vec<super::Program> {
-    super::float_programs(Op::Argmax)
+pub(crate) fn programs(plan: &WarmUp) -> Vec<super::Program> {
+    super::float_programs(Op::Argmax, plan)
 }

@@ -1,6 +1,7 @@
 //! `build_output_layout` (`docs/semantics.md` §5.1, `kernels/build_output_layout.cl`): a batch kernel on
 //! cluster 0.
 
+use specula_backend_api::WarmUp;
 use specula_backend_api::ops::BuildOutputLayoutCall;
 use specula_backend_api::{Op, Result};
 
@@ -48,6 +49,6 @@ pub(crate) fn run(runtime: &Runtime, mut call: BuildOutputLayoutCall<'_, '_>) ->
 }
 
 /// The one program `run` launches (what the warm-up builds).
-pub(crate) fn programs() -> Vec<super::Program> {
+pub(crate) fn programs(_plan: &WarmUp) -> Vec<super::Program> {
     vec![super::single(batch_program(Op::BuildOutputLayout))]
 }

@@ -1,6 +1,7 @@
 //! `build_sampling_params` (`docs/semantics.md` §5.3, `kernels/build_sampling_params.cl`): one output row per
 //! core.
 
+use specula_backend_api::WarmUp;
 use specula_backend_api::ops::BuildSamplingParamsCall;
 use specula_backend_api::{Op, Result};
 
@@ -61,6 +62,6 @@ pub(crate) fn run(runtime: &Runtime, mut call: BuildSamplingParamsCall<'_, '_>) 
 }
 
 /// The one program `run` launches (what the warm-up builds).
-pub(crate) fn programs() -> Vec<super::Program> {
+pub(crate) fn programs(_plan: &WarmUp) -> Vec<super::Program> {
     vec![super::single(batch_program(Op::BuildSamplingParams))]
 }

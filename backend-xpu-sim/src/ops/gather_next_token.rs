@@ -1,6 +1,7 @@
 //! `gather_next_token` (`docs/semantics.md` §5.2, `kernels/gather_next_token.cl`): one cluster per output row,
 //! a bit copy.
 
+use specula_backend_api::WarmUp;
 use specula_backend_api::ops::GatherNextTokenCall;
 use specula_backend_api::{DType, Op, Result};
 
@@ -75,7 +76,7 @@ pub(crate) fn run(runtime: &Runtime, mut call: GatherNextTokenCall<'_>) -> Resul
 
 /// The programs `run` may launch: one per dtype (the copy moves bits of any dtype; what the
 /// warm-up builds).
-pub(crate) fn programs() -> Vec<super::Program> {
+pub(crate) fn programs(_plan: &WarmUp) -> Vec<super::Program> {
     DType::ALL
         .into_iter()
         .map(|dtype| super::single(gather_program(dtype)))

@@ -25,6 +25,7 @@ pub(crate) mod top_p_candidates;
 pub(crate) mod update_state;
 pub(crate) mod verify_draft_tokens;
 
+use specula_backend_api::WarmUp;
 use specula_backend_api::abi::{self, KernelArgs, KernelField};
 use specula_backend_api::ops::ScoresKind;
 use specula_backend_api::{DType, Op, Result};
@@ -40,24 +41,23 @@ pub(crate) fn single((key, entry): (ProgramKey, String)) -> Program {
 }
 
 /// Every program of a row op over one float storage format ([`float_program`]), one per float
-/// dtype, with its one kernel.
-pub(crate) fn float_programs(op: Op) -> Vec<Program> {
-    DType::FLOATS
-        .into_iter()
-        .map(|dtype| single(float_program(op, dtype)))
+/// dtype of the warm-up plan, with its one kernel.
+pub(crate) fn float_programs(op: Op, plan: &WarmUp) -> Vec<Program> {
+    plan.dtypes()
+        .iter()
+        .map(|&dtype| single(float_program(op, dtype)))
         .collect()
 }
 
-/// Every program of a sampling op ([`scores_program`]): each float dtype, probabilities and
-/// logits rows.
-pub(crate) fn scores_programs(op: Op) -> Vec<Program> {
-    DType::FLOATS
-        .into_iter()
-        .flat_map(|dtype| [false, true].map(|logits| ScoresKind { dtype, logits }))
+/// Every program of a sampling op ([`scores_program`]): each float dtype of the warm-up plan,
+/// probabilities and logits rows.
+pub(crate) fn scores_programs(op: Op, plan: &WarmUp) -> Vec<Program> {
+    plan.dtypes()
+        .iter()
+        .flat_map(|&dtype| [false, true].map(|logits| ScoresKind { dtype, logits }))
         .map(|kind| single(scores_program(op, kind)))
         .collect()
 }
-
 /// A kernel argument struct as its program declares it: the name and fields of a
 /// [`kernel_args!`](specula_backend_api::kernel_args) struct.
 pub(crate) struct ArgsStruct {

@@ -2,6 +2,7 @@
 //! cluster per decode slot searches and writes a proposal to scratch), then
 //! `ngram_match_i32_budget` (one cluster grants the global draft budget in slot order).
 
+use specula_backend_api::WarmUp;
 use specula_backend_api::ops::NgramMatchCall;
 use specula_backend_api::{Op, Result};
 
@@ -95,7 +96,7 @@ pub(crate) fn run(runtime: &Runtime, mut call: NgramMatchCall<'_, '_>) -> Result
 
 /// The one program `run` launches, with the search and the budget kernel (what the warm-up
 /// builds).
-pub(crate) fn programs() -> Vec<super::Program> {
+pub(crate) fn programs(_plan: &WarmUp) -> Vec<super::Program> {
     let (key, entry) = batch_program(Op::NgramMatch);
     let budget = budget_kernel(&entry);
     vec![(key, vec![entry, budget])]

@@ -2,6 +2,7 @@
 //! row; rows of logits (every rule) or of probabilities (masks and min_p). The processed rows are
 //! always f32.
 
+use specula_backend_api::WarmUp;
 use specula_backend_api::ops::ProcessLogitsCall;
 use specula_backend_api::{Op, Result};
 
@@ -98,6 +99,6 @@ pub(crate) fn run(runtime: &Runtime, mut call: ProcessLogitsCall<'_, '_>) -> Res
 }
 
 /// The programs `run` may launch: one per float dtype and row kind (what the warm-up builds).
-pub(crate) fn programs() -> Vec<super::Program> {
-    super::scores_programs(Op::ProcessLogits)
+pub(crate) fn programs(plan: &WarmUp) -> Vec<super::Program> {
+    super::scores_programs(Op::ProcessLogits, plan)
 }

@@ -1,5 +1,6 @@
 //! `softmax` (`docs/semantics.md` §5.5, `kernels/softmax.cl`): one cluster per row, f32 throughout.
 
+use specula_backend_api::WarmUp;
 use specula_backend_api::ops::SoftmaxCall;
 use specula_backend_api::{Op, Result};
 
@@ -36,6 +37,6 @@ pub(crate) fn run(runtime: &Runtime, mut call: SoftmaxCall<'_>) -> Result<()> {
 }
 
 /// The programs `run` may launch: one per float dtype (what the warm-up builds).
-pub(crate) fn programs() -> Vec<super::Program> {
-    super::float_programs(Op::Softmax)
+pub(crate) fn programs(plan: &WarmUp) -> Vec<super::Program> {
+    super::float_programs(Op::Softmax, plan)
 }

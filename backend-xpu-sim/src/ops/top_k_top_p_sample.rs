@@ -1,6 +1,7 @@
 //! `top_k_top_p_sample` (`docs/semantics.md` §5.6, `kernels/top_k_top_p_sample.cl`): one cluster per row; rows
 //! of probabilities or of logits (§4b).
 
+use specula_backend_api::WarmUp;
 use specula_backend_api::ops::TopKTopPSampleCall;
 use specula_backend_api::{Op, Result};
 
@@ -51,6 +52,6 @@ pub(crate) fn run(runtime: &Runtime, mut call: TopKTopPSampleCall<'_>) -> Result
 }
 
 /// The programs `run` may launch: one per float dtype and row kind (what the warm-up builds).
-pub(crate) fn programs() -> Vec<super::Program> {
-    super::scores_programs(Op::TopKTopPSample)
+pub(crate) fn programs(plan: &WarmUp) -> Vec<super::Program> {
+    super::scores_programs(Op::TopKTopPSample, plan)
 }

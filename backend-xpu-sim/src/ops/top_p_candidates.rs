@@ -1,6 +1,7 @@
 //! `top_p_candidates` (`docs/semantics.md` §5.7, `kernels/top_p_candidates.cl`): one cluster per row; rows of
 //! probabilities or of logits (§4b).
 
+use specula_backend_api::WarmUp;
 use specula_backend_api::ops::TopPCandidatesCall;
 use specula_backend_api::{Op, Result};
 
@@ -60,6 +61,6 @@ pub(crate) fn run(runtime: &Runtime, mut call: TopPCandidatesCall<'_, '_>) -> Re
 }
 
 /// The programs `run` may launch: one per float dtype and row kind (what the warm-up builds).
-pub(crate) fn programs() -> Vec<super::Program> {
-    super::scores_programs(Op::TopPCandidates)
+pub(crate) fn programs(plan: &WarmUp) -> Vec<super::Program> {
+    super::scores_programs(Op::TopPCandidates, plan)
 }

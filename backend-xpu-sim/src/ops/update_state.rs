@@ -1,5 +1,6 @@
 //! `update_state` (`docs/semantics.md` §5.9, `kernels/update_state.cl`): one slot per core.
 
+use specula_backend_api::WarmUp;
 use specula_backend_api::ops::UpdateStateCall;
 use specula_backend_api::{Op, Result};
 
@@ -71,6 +72,6 @@ pub(crate) fn run(runtime: &Runtime, mut call: UpdateStateCall<'_, '_>) -> Resul
 }
 
 /// The one program `run` launches (what the warm-up builds).
-pub(crate) fn programs() -> Vec<super::Program> {
+pub(crate) fn programs(_plan: &WarmUp) -> Vec<super::Program> {
     vec![super::single(batch_program(Op::UpdateState))]
 }

@@ -2,6 +2,7 @@
 //! the strategy is a build option (`STRATEGY`), and so is the kind of REJECTION's rows
 //! (`LOGITS`: logits weighed by §4b, the draft rows at the temperature of their output row).
 
+use specula_backend_api::WarmUp;
 use specula_backend_api::ops::{Strategy, StrategyInputs, VerifyDraftTokensCall};
 use specula_backend_api::{Buffer, DType, Op, Result};
 
@@ -80,16 +81,11 @@ fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 1
             None,
             None,
         ],
-        StrategyInputs::TopP {
-            candidate_ids,
-            candidate_scores,
-            candidate_lens,
-            ..
-        } => [
+        StrategyInputs::TopP(c) => [
             None,
-            Some(candidate_ids),
-            Some(candidate_scores),
-            Some(candidate_lens),
+            Some(c.candidate_ids),
+            Some(c.candidate_scores),
+            Some(c.candidate_lens),
             None,
             None,
             None,
@@ -97,23 +93,17 @@ fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 1
             None,
             None,
         ],
-        StrategyInputs::Rejection {
-            target,
-            draft,
-            top_k,
-            top_p,
-            fallback,
-        } => [
+        StrategyInputs::Rejection(r) => [
             None,
             None,
             None,
             None,
-            Some(target.matrix()),
-            target.temperature(),
-            Some(draft),
-            Some(top_k),
-            Some(top_p),
-            fallback,
+            Some(r.target.matrix()),
+            r.target.temperature(),
+            Some(r.draft),
+            Some(r.top_k),
+            Some(r.top_p),
+            r.fallback,
         ],
     }
 }
@@ -146,7 +136,7 @@ pub(crate) fn run(runtime: &Runtime, mut call: VerifyDraftTokensCall<'_, '_>) ->
     let dtypes = facts.rejection_dtypes.unwrap_or((DType::F32, DType::F32));
     let (key, entry) = verify_program(inputs.strategy.strategy(), dtypes, facts.logits);
     let candidates = match inputs.strategy {
-        StrategyInputs::TopP { candidates, .. } => candidates,
+        StrategyInputs::TopP(c) => c.candidates,
         _ => 0,
     };
     let [
@@ -202,15 +192,16 @@ pub(crate) fn run(runtime: &Runtime, mut call: VerifyDraftTokensCall<'_, '_>) ->
 }
 
 /// The programs `run` may launch (what the warm-up builds): GREEDY, TARGET_MATCH and TOPP once
-/// each; REJECTION for every target and draft float dtype, over probabilities and logits rows.
-pub(crate) fn programs() -> Vec<super::Program> {
+/// each; REJECTION for every target dtype of the plan and every draft float dtype, over
+/// probabilities and logits rows.
+pub(crate) fn programs(plan: &WarmUp) -> Vec<super::Program> {
     let mut keys = Vec::new();
     for strategy in Strategy::ALL {
         if strategy != Strategy::Rejection {
             keys.push(verify_program(strategy, (DType::F32, DType::F32), false));
             continue;
         }
-        for target in DType::FLOATS {
+        for &target in plan.dtypes() {
             for draft in DType::FLOATS {
                 for logits in [false, true] {
                     keys.push(verify_program(strategy, (target, draft), logits));

@@ -154,23 +154,23 @@ impl OpCase for Params {
             Strategy::TargetMatch => StrategyInputs::TargetMatch {
                 target_tokens: &extra[0],
             },
-            Strategy::TopP => StrategyInputs::TopP {
+            Strategy::TopP => StrategyInputs::TopP(CandidateInputs {
                 candidate_ids: &extra[0],
                 candidate_scores: &extra[1],
                 candidate_lens: &extra[2],
                 candidates,
-            },
+            }),
             Strategy::Rejection => {
                 let Some((target, draft)) = &rejection else {
                     unreachable!("the REJECTION rows are uploaded above")
                 };
-                StrategyInputs::Rejection {
+                StrategyInputs::Rejection(RejectionInputs {
                     target: target.scores(),
                     draft,
                     top_k: &extra[0],
                     top_p: &extra[1],
                     fallback: fallback.as_ref(),
-                }
+                })
             }
         };
         let [accept_tokens, accept_num] = r.outputs([

@@ -327,43 +327,26 @@ fn strategy<'a>(
         | (StrategyInputs::TargetMatch { target_tokens }, _) => {
             Strategy::Target(slice(target_tokens)?)
         }
-        (
-            StrategyInputs::TopP {
-                candidate_ids,
-                candidate_scores,
-                candidate_lens,
-                candidates,
-            },
-            _,
-        ) => Strategy::TopP {
-            ids: view(OP, candidate_ids, rows, candidates)?,
-            scores: view(OP, candidate_scores, rows, candidates)?,
-            lens: slice(candidate_lens)?,
+        (StrategyInputs::TopP(c), _) => Strategy::TopP {
+            ids: view(OP, c.candidate_ids, rows, c.candidates)?,
+            scores: view(OP, c.candidate_scores, rows, c.candidates)?,
+            lens: slice(c.candidate_lens)?,
         },
-        (
-            StrategyInputs::Rejection {
-                target,
-                draft,
-                top_k,
-                top_p,
-                fallback,
-            },
-            Some((target_dtype, draft_dtype)),
-        ) => Strategy::Rejection {
-            target: ScoreMatrix::new(OP, kind(target_dtype, facts), &target, rows, params.vocab)?,
+        (StrategyInputs::Rejection(r), Some((target_dtype, draft_dtype))) => Strategy::Rejection {
+            target: ScoreMatrix::new(OP, kind(target_dtype, facts), &r.target, rows, params.vocab)?,
             draft: ScoreMatrix::of(
                 OP,
                 kind(draft_dtype, facts),
-                draft,
-                target.temperature(),
+                r.draft,
+                r.target.temperature(),
                 draft_rows,
                 params.vocab,
             )?,
-            top_k: slice(top_k)?,
-            top_p: slice(top_p)?,
-            fallback: fallback.map(slice).transpose()?,
+            top_k: slice(r.top_k)?,
+            top_p: slice(r.top_p)?,
+            fallback: r.fallback.map(slice).transpose()?,
         },
-        (StrategyInputs::Rejection { .. }, None) => {
+        (StrategyInputs::Rejection(_), None) => {
             return Err(specula_backend_api::Error::Execution {
                 backend: specula_backend_api::BackendKind::Cpu,
                 what: OP.name().to_owned(),

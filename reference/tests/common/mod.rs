@@ -327,19 +327,19 @@ impl VerifyBatch {
             HostStrategy::Greedy(_) => StrategyInputs::Greedy {
                 target_tokens: &extra[0],
             },
-            HostStrategy::TopP(.., c) => StrategyInputs::TopP {
+            HostStrategy::TopP(.., c) => StrategyInputs::TopP(CandidateInputs {
                 candidate_ids: &extra[0],
                 candidate_scores: &extra[1],
                 candidate_lens: &extra[2],
                 candidates: *c,
-            },
-            HostStrategy::Rejection(..) => StrategyInputs::Rejection {
+            }),
+            HostStrategy::Rejection(..) => StrategyInputs::Rejection(RejectionInputs {
                 target: Scores::Probs(&extra[0]),
                 draft: &extra[1],
                 top_k: &extra[2],
                 top_p: &extra[3],
                 fallback: None,
-            },
+            }),
         };
         let inputs = VerifyInputs {
             draft_tokens: &draft_tokens,

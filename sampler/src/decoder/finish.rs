@@ -36,11 +36,11 @@
 //!    accepted, log-probabilities and finish reason, into the slot table and the stats.
 
 use specula_backend_api::ops::{
-    CandidatesInputs, CandidatesOutputs, CandidatesParams, DecodeState, Logits, LogprobsInputs,
-    LogprobsOutputs, LogprobsParams, OutputLayout, ProcessInputs, ProcessOutputs, ProcessParams,
-    RowBlock, RowShape, SampleInputs, SampleParams, Scores as RowScores, SoftmaxParams,
-    StrategyInputs, UpdateStateInputs, UpdateStateParams, VerifyInputs, VerifyOutputs,
-    VerifyParams, VerifySlotState,
+    CandidateInputs, CandidatesInputs, CandidatesOutputs, CandidatesParams, DecodeState, Logits,
+    LogprobsInputs, LogprobsOutputs, LogprobsParams, OutputLayout, ProcessInputs, ProcessOutputs,
+    ProcessParams, RejectionInputs, RowBlock, RowShape, SampleInputs, SampleParams,
+    Scores as RowScores, SoftmaxParams, StrategyInputs, UpdateStateInputs, UpdateStateParams,
+    VerifyInputs, VerifyOutputs, VerifyParams, VerifySlotState,
 };
 use specula_backend_api::transfer::elements;
 use specula_backend_api::{Buffer, Device, DeviceExt, PendingDownload, Strategy, WriteAt};
@@ -664,20 +664,20 @@ fn strategy_inputs<'b>(
         },
         Strategy::TopP => {
             let c = targets.candidates.ok_or_else(missing_candidates)?;
-            StrategyInputs::TopP {
+            StrategyInputs::TopP(CandidateInputs {
                 candidate_ids: &c.ids,
                 candidate_scores: &c.scores,
                 candidate_lens: &c.lens,
                 candidates: config.candidates,
-            }
+            })
         }
-        Strategy::Rejection => StrategyInputs::Rejection {
+        Strategy::Rejection => StrategyInputs::Rejection(RejectionInputs {
             target: targets.scores,
             draft: checked.draft.ok_or(SamplerError::MissingDraftProbs)?,
             top_k: targets.top_k,
             top_p: targets.top_p,
             fallback: targets.fallback,
-        },
+        }),
     })
 }
 
