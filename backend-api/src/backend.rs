@@ -10,7 +10,10 @@
 
 use std::fmt::Debug;
 
+use std::sync::Arc;
+
 use crate::ops::ProcessedSampleCall;
+use crate::transfer::{MemoryCounters, PendingDownload};
 use crate::{Buffer, Capabilities, DType, DeviceId, DeviceInfo, Error, Op, Result};
 
 /// What an opened device is: its id (carried by every buffer it allocates), its description and
@@ -23,6 +26,8 @@ pub struct DeviceDesc {
     pub info: DeviceInfo,
     /// What it supports.
     pub capabilities: Capabilities,
+    /// The device's memory-operation counters ([`Device::memory_stats`](crate::Device::memory_stats)).
+    counters: Arc<MemoryCounters>,
 }
 
 impl DeviceDesc {
@@ -32,7 +37,13 @@ impl DeviceDesc {
             id: DeviceId::next(),
             info,
             capabilities,
+            counters: Arc::default(),
         }
+    }
+
+    /// The counters the front updates.
+    pub(crate) fn counters(&self) -> &Arc<MemoryCounters> {
+        &self.counters
     }
 }
 
@@ -197,7 +208,7 @@ impl<'c, 'b> Write<'c, 'b> {
 }
 
 /// A validated download of `src`'s window (`src` belongs to this device).
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct Download<'c> {
     src: &'c Buffer,
 }
@@ -311,6 +322,29 @@ pub trait Backend: Send + Sync + Debug {
     /// reference device say `true`.
     fn host_memory(&self) -> bool {
         false
+    }
+
+    /// Starts copying several windows to the host behind every enqueued op, returning without
+    /// waiting when the backend can; [`PendingDownload::wait`] then waits once for all of them.
+    ///
+    /// The default copies each window at once with [`Backend::run_download`] and returns
+    /// [`PendingDownload::ready`] (right for a host backend, whose ops have already run). A
+    /// device backend overrides it with its asynchronous copies: one staging buffer and one map
+    /// (wgpu), non-blocking reads and one wait (OpenCL), copies on the stream and one
+    /// synchronisation (CUDA).
+    fn run_start_download(&self, downloads: &[Download<'_>]) -> Result<PendingDownload> {
+        downloads
+            .iter()
+            .map(|&d| self.run_download(d))
+            .collect::<Result<Vec<_>>>()
+            .map(PendingDownload::ready)
+    }
+
+    /// Overwrites several windows, in order, as one batched write. The default calls
+    /// [`Backend::run_write`] for each; a backend that can enqueue its writes and wait once
+    /// overrides it.
+    fn run_write_many(&self, writes: Vec<Write<'_, '_>>) -> Result<()> {
+        writes.into_iter().try_for_each(|w| self.run_write(w))
     }
 
     /// Runs one validated op call (usually `dispatch_ops!(self, call)`).

@@ -6,6 +6,7 @@ use tracing::debug_span;
 use crate::backend::{Alloc, AnyCall, Backend, Download, Upload, Write};
 use crate::host;
 use crate::ops::{self, *};
+use crate::transfer::{MemoryStats, PendingDownload, WriteAt};
 use crate::{
     BorrowedInput, Buffer, Capabilities, DType, DeviceId, DeviceInfo, Element, Error, Op, Result,
     WarmUp,
@@ -47,31 +48,78 @@ pub trait Device: Backend {
     fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<Buffer> {
         let len = whole_elements(dtype, bytes)?;
         let alloc = checked_alloc(self.desc(), dtype, len)?;
+        self.desc().counters().uploaded();
         self.run_upload(Upload::new(alloc, bytes))
     }
     /// Overwrites the window of `dst` with `bytes` (exactly its size). Blocks until copied.
     fn write_bytes(&self, dst: &mut Buffer, bytes: &[u8]) -> Result<()> {
-        let supplied = whole_elements(dst.dtype(), bytes)?;
-        let check = Check::new(Op::Memory, self.desc());
-        check.exact("dst", dst, dst.dtype(), dst.len())?;
-        if supplied != dst.len() {
-            return Err(Error::ShapeMismatch {
-                op: Op::Memory,
-                arg: "bytes",
-                expected: dst.len(),
-                actual: supplied,
-            });
-        }
+        check_write(self.desc(), dst, None, bytes)?;
+        self.desc().counters().wrote();
         self.run_write(Write::new(dst, bytes))
+    }
+    /// Overwrites several windows, in order, with one batched write ([`MemoryStats::writes`]
+    /// counts it once): each [`WriteAt`] puts its bytes at an element offset of its buffer's
+    /// window. Every write is validated (owning device, whole elements, inside the window) before
+    /// any is made. The buffers' windows are as they were afterwards. Blocks until copied.
+    fn write_many(&self, writes: &mut [WriteAt<'_, '_>]) -> Result<()> {
+        for w in writes.iter() {
+            check_write(self.desc(), w.dst, Some(w.offset), w.bytes)?;
+        }
+        if writes.is_empty() {
+            return Ok(());
+        }
+        self.desc().counters().wrote();
+        let windows: Vec<(usize, usize)> = writes
+            .iter()
+            .map(|w| (w.dst.offset(), w.dst.len()))
+            .collect();
+        let narrowed = writes.iter_mut().try_for_each(|w| {
+            let len = w.bytes.len() / w.dst.dtype().size_bytes();
+            w.dst.set_window(w.dst.offset() + w.offset, len)
+        });
+        let written = narrowed.and_then(|()| {
+            let batch = writes
+                .iter_mut()
+                .map(|w| Write::new(&mut *w.dst, w.bytes))
+                .collect();
+            self.run_write_many(batch)
+        });
+        for (w, &(offset, len)) in writes.iter_mut().zip(&windows) {
+            // The window was valid before: restoring it cannot fail.
+            w.dst.set_window(offset, len)?;
+        }
+        written
     }
     /// Copies the window of `src` to the host. Blocks until the device has finished writing it.
     fn download_bytes(&self, src: &Buffer) -> Result<Vec<u8>> {
         Check::new(Op::Memory, self.desc()).exact("src", src, src.dtype(), src.len())?;
+        self.desc().counters().waited();
         self.run_download(Download::new(src))
+    }
+    /// Starts copying the windows of `srcs` to the host behind every op enqueued so far and
+    /// returns without waiting where the backend allows (wgpu, xpu-sim; the CPU backend has
+    /// already copied). [`PendingDownload::wait`] then blocks once for all of them: one
+    /// [`MemoryStats::blocking_waits`] however many buffers. Each buffer is validated like a
+    /// download (owning device).
+    fn start_download(&self, srcs: &[&Buffer]) -> Result<PendingDownload> {
+        let check = Check::new(Op::Memory, self.desc());
+        for src in srcs {
+            check.exact("src", src, src.dtype(), src.len())?;
+        }
+        let downloads: Vec<Download<'_>> = srcs.iter().map(|src| Download::new(src)).collect();
+        let sizes = srcs.iter().map(|src| src.size_bytes()).collect();
+        let pending = self.run_start_download(&downloads)?;
+        Ok(pending.validated(sizes, self.desc().counters().clone()))
     }
     /// Waits for every enqueued op; reports execution faults.
     fn synchronize(&self) -> Result<()> {
+        self.desc().counters().waited();
         self.run_synchronize()
+    }
+    /// How many blocking waits, writes and uploads this device has been asked for since it was
+    /// opened (see [`MemoryStats`]); [`MemoryStats::since`] gives those of a span of calls.
+    fn memory_stats(&self) -> MemoryStats {
+        self.desc().counters().snapshot()
     }
 
     /// Builds every kernel the device would otherwise build at the first call that needs it
@@ -314,6 +362,33 @@ fn front<'c, 'o: 'c, B: Backend + ?Sized>(backend: &B, call: AnyCall<'c, 'o>) ->
 
 /// The one implementation: every [`Backend`] is a [`Device`], with the front above.
 impl<B: Backend + ?Sized> Device for B {}
+
+/// `bytes` fit at element `offset` of `dst`'s window: `dst` belongs to the device and the bytes
+/// are whole elements of its dtype ending inside the window (`None`: exactly the whole window).
+fn check_write(
+    desc: &crate::backend::DeviceDesc,
+    dst: &Buffer,
+    offset: Option<usize>,
+    bytes: &[u8],
+) -> Result<()> {
+    let supplied = whole_elements(dst.dtype(), bytes)?;
+    Check::new(Op::Memory, desc).exact("dst", dst, dst.dtype(), dst.len())?;
+    let room = dst.len().saturating_sub(offset.unwrap_or(0));
+    let fits = match offset {
+        None => supplied == dst.len(),
+        Some(offset) => offset <= dst.len() && supplied <= room,
+    };
+    if !fits {
+        let expected = room;
+        return Err(Error::ShapeMismatch {
+            op: Op::Memory,
+            arg: "bytes",
+            expected,
+            actual: supplied,
+        });
+    }
+    Ok(())
+}
 
 /// The element count of `bytes` as `dtype` elements, or an error when they are not whole.
 fn whole_elements(dtype: DType, bytes: &[u8]) -> Result<usize> {

@@ -63,6 +63,7 @@ pub mod rng;
 pub mod slots;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod transfer;
 mod warm_up;
 
 pub use backend::Backend;
@@ -73,4 +74,5 @@ pub use error::{Error, Result};
 pub use kind::{BackendKind, Capabilities, DeviceInfo};
 pub use op::{Exactness, Op, OpSpec};
 pub use ops::Strategy;
+pub use transfer::{MemoryStats, PendingDownload, WriteAt};
 pub use warm_up::WarmUp;

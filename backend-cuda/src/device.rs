@@ -13,7 +13,8 @@ use cudarc::nvrtc::Ptx;
 use specula_backend_api::abi::KernelArgs;
 use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
 use specula_backend_api::{
-    BackendKind, Buffer, Capabilities, DType, DeviceInfo, Error, Op, Result, WarmUp,
+    BackendKind, Buffer, Capabilities, DType, DeviceInfo, Error, Op, PendingDownload, Result,
+    WarmUp,
 };
 
 use crate::error::CudaError;
@@ -69,6 +70,28 @@ impl std::fmt::Debug for CudaDevice {
 }
 
 impl CudaDevice {
+    /// Enqueues the copy of a download's window to a new host vector on the stream (the caller
+    /// synchronises).
+    fn copy_to_host(&self, download: Download<'_>) -> Result<Vec<u8>> {
+        let src = download.src();
+        let (start, end) = storage::window_bytes(src);
+        let mut out = vec![0u8; end - start];
+        if out.is_empty() {
+            return Ok(out);
+        }
+        match storage::storage(src).map_err(|e| e.into_api("download"))? {
+            CudaStorage::Owned(slice) => {
+                let view = slice
+                    .try_slice(start..end)
+                    .ok_or_else(|| CudaError::TooLarge { what: "window" }.into_api("download"))?;
+                self.stream.memcpy_dtoh(&view, &mut out)
+            }
+            CudaStorage::Borrowed { ptr } => self.download_borrowed(*ptr + start as u64, &mut out),
+        }
+        .map_err(|e| CudaError::driver("cuMemcpyDtoHAsync", e).into_api("download"))?;
+        Ok(out)
+    }
+
     /// Opens device `ordinal`. Every missing piece is reported as [`Error::Unavailable`] with the
     /// reason, never a panic: libcuda and libnvrtc are probed before cudarc touches them (its
     /// loaders panic when a library is absent).
@@ -452,24 +475,21 @@ impl Backend for CudaDevice {
     }
 
     fn run_download(&self, download: Download<'_>) -> Result<Vec<u8>> {
-        let src = download.src();
-        let (start, end) = storage::window_bytes(src);
-        let mut out = vec![0u8; end - start];
-        if out.is_empty() {
-            return Ok(out);
-        }
-        match storage::storage(src).map_err(|e| e.into_api("download"))? {
-            CudaStorage::Owned(slice) => {
-                let view = slice
-                    .try_slice(start..end)
-                    .ok_or_else(|| CudaError::TooLarge { what: "window" }.into_api("download"))?;
-                self.stream.memcpy_dtoh(&view, &mut out)
-            }
-            CudaStorage::Borrowed { ptr } => self.download_borrowed(*ptr + start as u64, &mut out),
-        }
-        .map_err(|e| CudaError::driver("cuMemcpyDtoHAsync", e).into_api("download"))?;
+        let out = self.copy_to_host(download)?;
         self.run_synchronize()?;
         Ok(out)
+    }
+
+    /// Every window's copy enqueued on the stream, then one synchronisation. The host memory is
+    /// pageable, so the driver may finish each copy before it returns; the step still pays one
+    /// stream synchronisation instead of one per buffer.
+    fn run_start_download(&self, downloads: &[Download<'_>]) -> Result<PendingDownload> {
+        let bytes = downloads
+            .iter()
+            .map(|&d| self.copy_to_host(d))
+            .collect::<Result<Vec<_>>>()?;
+        self.run_synchronize()?;
+        Ok(PendingDownload::ready(bytes))
     }
 
     fn run_synchronize(&self) -> Result<()> {

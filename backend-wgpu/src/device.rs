@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
-use specula_backend_api::{BackendKind, Buffer, Capabilities, DType, DeviceInfo, Result, WarmUp};
+use specula_backend_api::{
+    BackendKind, Buffer, Capabilities, DType, DeviceInfo, PendingDownload, Result, WarmUp,
+};
 
 use crate::gpu::{Gpu, WgpuStorage, storage_of};
 use crate::kernels::Kernel;
@@ -70,20 +72,51 @@ impl WgpuDevice {
     /// Writes `bytes` at byte `start` of `storage`, patching the covering words when the window
     /// is not 4-byte aligned.
     fn write_window(&self, storage: &WgpuStorage, start: u64, bytes: &[u8]) -> Result<()> {
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        if start.is_multiple_of(4) && bytes.len().is_multiple_of(4) {
-            return self.gpu.write_aligned(storage, start, bytes);
-        }
-        // Read the covering words, patch them, write them back.
-        let from = start / 4 * 4;
-        let to = (start + bytes.len() as u64).div_ceil(4) * 4;
-        let mut words = self.gpu.read(storage, from, to - from)?;
-        let skip = (start - from) as usize;
-        words[skip..skip + bytes.len()].copy_from_slice(bytes);
-        self.gpu.write_aligned(storage, from, &words)
+        self.write_windows(&[(storage, start, bytes)])
     }
+
+    /// Writes several windows `(storage, byte start, bytes)` in order. Storage is written in whole
+    /// words: the words a window covers only in part are read first, all of them in one batched
+    /// download (one wait), patched and written back.
+    fn write_windows(&self, windows: &[(&WgpuStorage, u64, &[u8])]) -> Result<()> {
+        let partial: Vec<_> = windows
+            .iter()
+            .filter(|(_, start, bytes)| !is_aligned(*start, bytes))
+            .map(|&(storage, start, bytes)| {
+                let (from, to) = covering_words(start, bytes.len());
+                (storage, from, to - from)
+            })
+            .collect();
+        let mut covering = match partial.is_empty() {
+            true => Vec::new(),
+            false => self.gpu.start_read(&partial)?.wait()?,
+        }
+        .into_iter();
+        for &(storage, start, bytes) in windows {
+            if is_aligned(start, bytes) {
+                self.gpu.write_aligned(storage, start, bytes)?;
+                continue;
+            }
+            let from = covering_words(start, bytes.len()).0;
+            let mut words = covering.next().unwrap_or_default();
+            let skip = (start - from) as usize;
+            if let Some(window) = words.get_mut(skip..skip + bytes.len()) {
+                window.copy_from_slice(bytes);
+            }
+            self.gpu.write_aligned(storage, from, &words)?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether a window can be written as it is: empty, or whole words at a word boundary.
+fn is_aligned(start: u64, bytes: &[u8]) -> bool {
+    bytes.is_empty() || (start.is_multiple_of(4) && bytes.len().is_multiple_of(4))
+}
+
+/// The byte range `from .. to` of the words covering `len` bytes at byte `start`.
+fn covering_words(start: u64, len: usize) -> (u64, u64) {
+    (start / 4 * 4, (start + len as u64).div_ceil(4) * 4)
 }
 
 impl Backend for WgpuDevice {
@@ -125,6 +158,20 @@ impl Backend for WgpuDevice {
         self.write_window(storage_of(dst)?, start, bytes)
     }
 
+    /// Every window written in order, after one batched read of the words the windows cover
+    /// only in part (u8 flags, say): at most one wait however many windows.
+    fn run_write_many(&self, mut writes: Vec<Write<'_, '_>>) -> Result<()> {
+        let parts: Vec<_> = writes.iter_mut().map(|w| w.parts()).collect();
+        let windows = parts
+            .iter()
+            .map(|(dst, bytes)| {
+                let start = (dst.offset() * dst.dtype().size_bytes()) as u64;
+                Ok((storage_of(dst)?, start, *bytes))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.write_windows(&windows)
+    }
+
     fn run_download(&self, download: Download<'_>) -> Result<Vec<u8>> {
         let src = download.src();
         let size = src.dtype().size_bytes() as u64;
@@ -137,6 +184,21 @@ impl Backend for WgpuDevice {
 
     fn run_synchronize(&self) -> Result<()> {
         self.gpu.wait("synchronize")
+    }
+
+    /// One staging buffer for every window, one submission of the copies, one map: waited for
+    /// by [`PendingDownload::wait`].
+    fn run_start_download(&self, downloads: &[Download<'_>]) -> Result<PendingDownload> {
+        let windows = downloads
+            .iter()
+            .map(|d| {
+                let src = d.src();
+                let size = src.dtype().size_bytes() as u64;
+                let storage = storage_of(src)?;
+                Ok((storage, src.offset() as u64 * size, src.len() as u64 * size))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.gpu.start_read(&windows)
     }
 
     fn run(&self, call: AnyCall<'_, '_>) -> Result<()> {

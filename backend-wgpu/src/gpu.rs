@@ -460,50 +460,12 @@ impl Gpu {
         self.check_alive(what)
     }
 
-    /// Copies `bytes` bytes at byte `start` of a storage buffer to the host (blocking).
+    /// Copies `bytes` bytes at byte `start` of a storage buffer to the host (blocking): the
+    /// batched download of one window, waited for at once.
     pub(crate) fn read(&self, storage: &WgpuStorage, start: u64, bytes: u64) -> Result<Vec<u8>> {
-        if bytes == 0 {
-            return Ok(Vec::new());
-        }
-        let from = start / 4 * 4;
-        let to = (start + bytes).div_ceil(4) * 4;
-        let size = to - from;
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("specula download"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let mut encoder = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("download"),
-            });
-        encoder.copy_buffer_to_buffer(&storage.buffer, from, &staging, 0, size);
-        self.queue.submit([encoder.finish()]);
-        if let Some(error) = pollster::block_on(scope.pop()) {
-            return Err(execution("download", WgpuError::from(error)));
-        }
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait("download")?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(execution("download", WgpuError::Map(e.to_string()))),
-            Err(e) => return Err(execution("download", WgpuError::Map(e.to_string()))),
-        }
-        let data = {
-            let view = staging
-                .get_mapped_range(..)
-                .map_err(|e| execution("download", WgpuError::Map(e.to_string())))?;
-            let skip = (start - from) as usize;
-            view[skip..skip + bytes as usize].to_vec()
-        };
-        staging.unmap();
-        Ok(data)
+        let mut read = self.start_read(&[(storage, start, bytes)])?.wait()?;
+        self.check_alive("download")?;
+        Ok(read.pop().unwrap_or_default())
     }
 
     /// Writes `data` at byte `start` of a storage buffer (4-byte aligned start and length).

@@ -46,6 +46,7 @@ mod external;
 mod gpu;
 mod kernels;
 mod ops;
+mod transfer;
 
 use std::sync::Arc;
 

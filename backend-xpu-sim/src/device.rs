@@ -4,7 +4,9 @@
 
 use specula_backend_api::WarmUp;
 use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
-use specula_backend_api::{BackendKind, Buffer, Capabilities, DType, DeviceInfo, Error, Result};
+use specula_backend_api::{
+    BackendKind, Buffer, Capabilities, DType, DeviceInfo, Error, PendingDownload, Result,
+};
 
 use crate::error::XpuSimError;
 use crate::launch::LaunchConfig;
@@ -140,6 +142,18 @@ impl Backend for XpuSimDevice {
 
     fn run_synchronize(&self) -> Result<()> {
         self.runtime.finish()
+    }
+
+    /// Non-blocking reads of every window and one flush; [`PendingDownload::wait`] waits once.
+    fn run_start_download(&self, downloads: &[Download<'_>]) -> Result<PendingDownload> {
+        let windows = downloads
+            .iter()
+            .map(|d| {
+                let src = d.src();
+                Ok((storage(src)?, byte_offset(src), src.size_bytes()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.runtime.start_read(&windows)
     }
 
     fn run(&self, call: AnyCall<'_, '_>) -> Result<()> {

@@ -13,13 +13,15 @@ use opencl3::error_codes::{
     CL_BUILD_PROGRAM_FAILURE, CL_INVALID_BUFFER_SIZE, CL_MEM_OBJECT_ALLOCATION_FAILURE,
     CL_OUT_OF_RESOURCES,
 };
+use opencl3::event::Event;
 use opencl3::kernel::Kernel;
 use opencl3::memory::{Buffer as ClBuffer, CL_MEM_READ_WRITE, ClMem};
 use opencl3::platform::get_platforms;
 use opencl3::program::Program;
-use opencl3::types::{CL_BLOCKING, cl_mem};
+use opencl3::types::{CL_BLOCKING, CL_NON_BLOCKING, cl_mem};
 use specula_backend_api::abi::{self, KernelArgs};
 use specula_backend_api::logit_weights::{self, sanitize_logit};
+use specula_backend_api::transfer::{DownloadWait, PendingDownload};
 use specula_backend_api::{BackendKind, Buffer, Error, Op, Result};
 
 use crate::error::XpuSimError;
@@ -28,6 +30,42 @@ use crate::ops::ArgsStruct;
 
 /// Elements one core stages into its local tile at a time (the XPU GM→LM copy size).
 pub(crate) const TILE: usize = 32;
+
+/// Non-blocking reads in flight and the host memory they write into.
+struct Reads {
+    events: Vec<Event>,
+    out: Vec<Vec<u8>>,
+}
+
+impl Reads {
+    /// Waits for every read (all of them, even after a failed one).
+    fn wait_all(&mut self) -> Result<()> {
+        let waited: Vec<_> = std::mem::take(&mut self.events)
+            .iter()
+            .map(Event::wait)
+            .collect();
+        waited
+            .into_iter()
+            .collect::<std::result::Result<Vec<()>, _>>()
+            .map_err(XpuSimError::cl("clWaitForEvents"))
+            .map_err(|e| e.into_execution("download"))?;
+        Ok(())
+    }
+}
+
+impl DownloadWait for Reads {
+    fn wait(mut self: Box<Self>) -> Result<Vec<Vec<u8>>> {
+        self.wait_all()?;
+        Ok(std::mem::take(&mut self.out))
+    }
+}
+
+impl Drop for Reads {
+    /// The reads write into `out`: it is freed only once they are done.
+    fn drop(&mut self) {
+        let _ = self.wait_all();
+    }
+}
 
 /// The common kernel file: Philox, 128-bit helpers, keys, row primitives.
 const COMMON: &str = include_str!("../kernels/common.cl");
@@ -317,6 +355,43 @@ impl Runtime {
                 .map_err(|e| e.into_execution("download"))?;
         }
         Ok(())
+    }
+
+    /// Enqueues a non-blocking read of each window `(storage, byte offset, bytes)` behind every
+    /// enqueued op and flushes the queue, without waiting: [`PendingDownload::wait`] waits once
+    /// for all of them.
+    pub(crate) fn start_read(
+        &self,
+        windows: &[(&ClStorage, usize, usize)],
+    ) -> Result<PendingDownload> {
+        let mut reads = Reads {
+            events: Vec::with_capacity(windows.len()),
+            out: windows
+                .iter()
+                .map(|&(_, _, bytes)| vec![0u8; bytes])
+                .collect(),
+        };
+        for (&(storage, offset, _), out) in windows.iter().zip(reads.out.iter_mut()) {
+            if out.is_empty() {
+                continue;
+            }
+            // SAFETY: a non-blocking read from a range inside the buffer (the front validated the
+            // window) into `out`, a heap allocation owned by `reads` that neither moves nor is
+            // freed before the read completes: `Reads` waits for every event before it hands the
+            // bytes out, and its `Drop` waits for them too.
+            let event = unsafe {
+                self.queue
+                    .enqueue_read_buffer(&storage.mem, CL_NON_BLOCKING, offset, out, &[])
+            }
+            .map_err(XpuSimError::cl("clEnqueueReadBuffer"))
+            .map_err(|e| e.into_execution("download"))?;
+            reads.events.push(event);
+        }
+        self.queue
+            .flush()
+            .map_err(XpuSimError::cl("clFlush"))
+            .map_err(|e| e.into_execution("download"))?;
+        Ok(PendingDownload::waiting(Box::new(reads)))
     }
 
     /// Waits for the queue.

@@ -6,6 +6,13 @@
 //! With TARGET_MATCH (or GREEDY) both must print exactly the same tokens; the speculative run takes
 //! fewer steps.
 //!
+//! Each step hands the runner's host logits over without a copy on the CPU (`borrow_host`; other
+//! devices upload them) and overlaps the sampler with the runner: `enqueue` starts the step on the
+//! device and its results' one transfer, a stand-in for the runner's next forward pass runs meanwhile, and
+//! `collect` waits once for the tokens. The example prints the blocking waits per step, counted by
+//! the device, beside the one wait per downloaded buffer that `finish` made before its transfers
+//! were batched. One request has its own stop token besides the decoder's end token.
+//!
 //! ```text
 //! cargo run -p specula-sampler --example decode_loop [-- --backend cpu] [--strategy greedy]
 //! ```
@@ -18,7 +25,7 @@ use std::sync::Arc;
 
 use specula_backend_api::{Device, DeviceExt, Strategy};
 use specula_sampler::{
-    Decoder, NgramConfig, Request, SamplerConfig, SamplingParams, StepScores, registry,
+    Decoder, NgramConfig, Request, SamplerConfig, SamplingParams, StepPlan, StepScores, registry,
 };
 
 const VOCAB: usize = 96;
@@ -64,6 +71,7 @@ fn requests() -> Vec<Request> {
             .with_seed(1)
             .with_max_dec_len(48),
         Request::new(chain(33, 6))
+            .with_logprobs(2)
             .with_params(
                 SamplingParams::default()
                     .with_seed(2)
@@ -71,8 +79,10 @@ fn requests() -> Vec<Request> {
                     .with_temperature(0.7),
             )
             .with_max_dec_len(40),
+        // Its own stop token, on top of the decoder's end token.
         Request::new(chain(42, 12))
             .with_params(SamplingParams::default().with_seed(3).with_top_k(5))
+            .with_stop_tokens(vec![47])
             .with_max_dec_len(32),
         Request::new(vec![77, 77, 77, 77])
             .with_params(SamplingParams::greedy().with_seed(4))
@@ -96,6 +106,51 @@ struct Run {
     steps: u64,
     acceptance: f64,
     drafts: u64,
+    waits: Waits,
+}
+
+/// Blocking waits per step from `enqueue` to `collect`, counted by the device, and the buffers of
+/// each step's one transfer (one blocking download each before the transfers were batched).
+#[derive(Default)]
+struct Waits {
+    waits: Vec<u64>,
+    buffers: Vec<usize>,
+}
+
+impl Waits {
+    fn summary(&self) -> String {
+        let range = |v: &[u64]| {
+            let (lo, hi) = (v.iter().min(), v.iter().max());
+            match (lo, hi) {
+                (Some(lo), Some(hi)) if lo == hi => format!("{lo}"),
+                (Some(lo), Some(hi)) => format!("{lo} to {hi}"),
+                _ => "-".to_owned(),
+            }
+        };
+        let buffers: Vec<u64> = self.buffers.iter().map(|&b| b as u64).collect();
+        format!(
+            "blocking waits per step {} (one per downloaded buffer before batching: {})",
+            range(&self.waits),
+            range(&buffers)
+        )
+    }
+}
+
+/// The runner's forward pass: one row of logits per output row of the plan, on the host.
+fn forward(decoder: &Decoder, plan: &StepPlan) -> Result<Vec<f32>, Box<dyn Error>> {
+    let mut rows = Vec::with_capacity(plan.t_out() * VOCAB);
+    for row in 0..plan.t_out() {
+        rows.extend(toy_logits(&decoder.row_prefix(row)?));
+    }
+    Ok(rows)
+}
+
+/// A stand-in for the work a runner overlaps with the step's transfer (its next forward pass, a
+/// draft model): here it puts the toy model's embedding table on the device.
+fn overlapped_work(device: &dyn Device) -> Result<(), Box<dyn Error>> {
+    let table: Vec<f32> = (0..VOCAB * 4).map(|i| i as f32).collect();
+    device.upload(&table)?;
+    Ok(())
 }
 
 fn decode(device: &Arc<dyn Device>, config: SamplerConfig) -> Result<Run, Box<dyn Error>> {
@@ -106,22 +161,25 @@ fn decode(device: &Arc<dyn Device>, config: SamplerConfig) -> Result<Run, Box<dy
         .map(|r| decoder.insert(r))
         .collect::<Result<Vec<_>, _>>()?;
     let mut lent = true;
+    let mut waits = Waits::default();
     while decoder.has_running() {
         let plan = decoder.plan()?;
         if plan.is_empty() {
             break;
         }
-        // The runner's forward pass: here, one row of logits per output row of the plan, on
-        // the host.
-        let mut rows = Vec::with_capacity(plan.t_out() * VOCAB);
-        for row in 0..plan.t_out() {
-            rows.extend(toy_logits(&decoder.row_prefix(row)?));
-        }
+        let rows = forward(&decoder, &plan)?;
         // Handed over for this call: on the CPU the buffer is `rows` itself (no copy); on a
         // device whose memory is not the host's it is an upload of it.
         let logits = device.borrow_host(&rows)?;
         lent &= logits.is_lent();
-        decoder.finish(StepScores::logits(&logits))?;
+        let before = device.memory_stats();
+        let pending = decoder.enqueue(StepScores::logits(&logits))?;
+        waits.buffers.push(pending.buffers());
+        overlapped_work(device.as_ref())?;
+        decoder.collect(pending)?;
+        waits
+            .waits
+            .push(device.memory_stats().since(&before).blocking_waits);
     }
     let stats = decoder.stats();
     let tokens = slots
@@ -134,6 +192,7 @@ fn decode(device: &Arc<dyn Device>, config: SamplerConfig) -> Result<Run, Box<dy
         steps: stats.steps,
         acceptance: stats.acceptance_rate(),
         drafts: stats.drafts_proposed,
+        waits,
     })
 }
 
@@ -166,7 +225,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         device.info().name
     );
 
-    let plain = SamplerConfig::new(strategy, 8, VOCAB, 96, vec![END_TOKEN]);
+    let mut plain = SamplerConfig::new(strategy, 8, VOCAB, 96, vec![END_TOKEN]);
+    plain.logprobs = Some(2);
     let speculative = plain.clone().with_ngram(
         6,
         NgramConfig {
@@ -207,6 +267,8 @@ fn main() -> Result<(), Box<dyn Error>> {
             "by an upload (borrow_host copies to this device)"
         }
     );
+    println!("speculative: {}", spec.waits.summary());
+    println!("plain:       {}", base.waits.summary());
     if !identical {
         return Err("speculative and plain decoding emitted different tokens".into());
     }

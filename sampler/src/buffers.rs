@@ -2,7 +2,7 @@
 //! allocated once and reused across steps.
 
 use specula_backend_api::ops::{OutputLayout, RowBlock, SlotLens};
-use specula_backend_api::{Buffer, Device, DeviceExt, Element, Strategy};
+use specula_backend_api::{Buffer, Device, DeviceExt, Element, Strategy, WriteAt};
 
 use crate::config::{Request, SamplerConfig};
 use crate::error::Result;
@@ -78,14 +78,13 @@ impl SlotBuffers {
         }
     }
 
-    /// Writes a newly inserted request's state into `slot`: its prompt and lengths (a prefill of
-    /// the whole prompt comes next), its seed, limits and sampling parameters. The stop flag is
+    /// Writes a newly inserted request's state into `slot`, in one batched write: its prompt
+    /// and lengths (a prefill of the whole prompt comes next), its seed, limits and sampling
+    /// parameters, and (when logits processing is on) its processing rows. The stop flag is
     /// cleared last: the slot is live from then on.
     ///
-    /// One blocking write per buffer (14). Not written: `is_block_step` and `reasoning_status`,
-    /// zeroed at allocation and written by no op, and `seq_lens_this_time`, which `propose` writes
-    /// whole before any op reads it. Fewer writes would need the per-slot buffers to share one
-    /// allocation or a device-side scatter, neither of which the device API has.
+    /// Not written: `is_block_step` and `reasoning_status`, zeroed at allocation and written by
+    /// no op, and `seq_lens_this_time`, which `propose` writes whole before any op reads it.
     pub fn load_request(
         &mut self,
         device: &dyn Device,
@@ -94,32 +93,53 @@ impl SlotBuffers {
         request: &Request,
     ) -> Result<()> {
         let s = config.max_step_tokens;
-        let prompt_len = as_i32(request.prompt.len());
+        let prompt_len = [as_i32(request.prompt.len())];
         let drafts = request.max_draft_tokens.unwrap_or(s - 1).min(s - 1);
-        let offset = slot * config.max_model_len;
-        write_at(device, &mut self.token_ids_all, offset, &request.prompt)?;
-        write_at(device, &mut self.prompt_lens, slot, &[prompt_len])?;
-        write_at(device, &mut self.step_idx, slot, &[0i32])?;
-        let seed = seeds::request_seed(request.seed);
-        write_at(device, &mut self.infer_seed, slot, &[seed])?;
-        write_at(device, &mut self.draft_tokens, slot * s, &vec![-1i32; s])?;
-        write_at(device, &mut self.seq_lens_encoder, slot, &[prompt_len])?;
-        write_at(device, &mut self.seq_lens_decoder, slot, &[0i32])?;
-        let max_dec_len = config.device_max_dec_len(request.max_dec_len);
-        write_at(device, &mut self.max_dec_len, slot, &[max_dec_len])?;
-        write_at(device, &mut self.draft_token_num, slot, &[as_i32(drafts)])?;
-        write_at(device, &mut self.top_p, slot, &[request.top_p])?;
-        write_at(device, &mut self.top_k, slot, &[as_i32(request.top_k)])?;
-        write_at(device, &mut self.temperature, slot, &[request.temperature])?;
+        let seed = [seeds::request_seed(request.seed)];
+        let no_drafts = vec![-1i32; s];
+        let max_dec_len = [config.device_max_dec_len(request.max_dec_len)];
+        let drafts = [as_i32(drafts)];
+        let (top_p, top_k) = ([request.top_p], [as_i32(request.top_k)]);
+        let temperature = [request.temperature];
+        let rows = self
+            .processing
+            .as_mut()
+            .map(|p| p.prepare(slot, request, &[]));
+        let mut writes = vec![
+            WriteAt::new(
+                &mut self.token_ids_all,
+                slot * config.max_model_len,
+                &request.prompt,
+            ),
+            WriteAt::new(&mut self.prompt_lens, slot, &prompt_len),
+            WriteAt::new(&mut self.step_idx, slot, &[0i32]),
+            WriteAt::new(&mut self.infer_seed, slot, &seed),
+            WriteAt::new(&mut self.draft_tokens, slot * s, &no_drafts),
+            WriteAt::new(&mut self.seq_lens_encoder, slot, &prompt_len),
+            WriteAt::new(&mut self.seq_lens_decoder, slot, &[0i32]),
+            WriteAt::new(&mut self.max_dec_len, slot, &max_dec_len),
+            WriteAt::new(&mut self.draft_token_num, slot, &drafts),
+            WriteAt::new(&mut self.top_p, slot, &top_p),
+            WriteAt::new(&mut self.top_k, slot, &top_k),
+            WriteAt::new(&mut self.temperature, slot, &temperature),
+        ];
+        if let (Some(p), Some(rows)) = (self.processing.as_mut(), &rows) {
+            writes.extend(p.writes(rows));
+        }
         // Last: the slot is live from here on.
-        write_at(device, &mut self.stop_flags, slot, &[0u8])
+        writes.push(WriteAt::new(&mut self.stop_flags, slot, &[0u8]));
+        device.write_many(&mut writes)?;
+        Ok(())
     }
 
-    /// Retires `slot`: a stopped slot is never touched by any op, and a zero encoder length keeps
-    /// a request removed before its prefill out of the proposer's budget.
+    /// Retires `slot` (one batched write): a stopped slot is never touched by any op, and a zero
+    /// encoder length keeps a request removed before its prefill out of the proposer's budget.
     pub fn clear_slot(&mut self, device: &dyn Device, slot: usize) -> Result<()> {
-        write_at(device, &mut self.stop_flags, slot, &[1u8])?;
-        write_at(device, &mut self.seq_lens_encoder, slot, &[0i32])
+        device.write_many(&mut [
+            WriteAt::new(&mut self.stop_flags, slot, &[1u8]),
+            WriteAt::new(&mut self.seq_lens_encoder, slot, &[0i32]),
+        ])?;
+        Ok(())
     }
 }
 

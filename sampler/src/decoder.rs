@@ -8,14 +8,15 @@
 //! - `schedule`: the first half of a step, up to the runner's forward pass: the scheduler, the
 //!   n-gram proposer or the runner's drafts, and the plan (on the host and on the device);
 //! - `finish`: the second half, from the runner's scores: check, targets (from the logits
-//!   themselves: no softmax), verification, log-probabilities, then the commit on the device and
-//!   on the host.
+//!   themselves: no softmax), verification, log-probabilities, then the commit on the device (with
+//!   the start of the results' one transfer: `enqueue`) and on the host (`collect`).
 
 mod finish;
 mod schedule;
 mod slots;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use specula_backend_api::ops::BatchDims;
 use specula_backend_api::{Buffer, DType, Device, DeviceExt};
@@ -37,6 +38,9 @@ enum Phase {
     Proposed { real_bsz: usize },
     /// The layout and per-row parameters are on the device; waiting for the runner's scores.
     Planned { plan: StepPlan },
+    /// Enqueued: committed on the device, its results on their way to the host; waiting for
+    /// [`Decoder::collect`].
+    Pending { plan: StepPlan },
 }
 
 impl Phase {
@@ -45,6 +49,7 @@ impl Phase {
             Phase::Idle => "idle (between steps)",
             Phase::Proposed { .. } => "proposed (after propose, before plan)",
             Phase::Planned { .. } => "planned (after plan, before finish)",
+            Phase::Pending { .. } => "pending (after enqueue, before collect)",
         }
     }
 }
@@ -60,6 +65,33 @@ impl StepContext<'_> {
     /// The batch dimensions of the plan.
     fn dims(&self) -> BatchDims {
         self.config.dims(self.plan.real_bsz)
+    }
+}
+
+/// A step enqueued by [`Decoder::enqueue`]: committed on the device, its results travelling to
+/// the host in one transfer. Hand it to [`Decoder::collect`] of the decoder that made it; until
+/// then that decoder refuses every call that needs the host state of the slots
+/// ([`SamplerError::Phase`] naming the pending phase). Dropping it unconsumed leaves the decoder
+/// pending for good.
+#[derive(Debug)]
+#[must_use = "a pending step must be collected: the decoder waits for it"]
+pub struct PendingStep {
+    decoder: u64,
+    step: u64,
+    downloading: finish::Downloading,
+}
+
+impl PendingStep {
+    /// The step number.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// How many device buffers travel in the step's one transfer (3 to 9: the accepted tokens,
+    /// their counts and the stop flags, plus the row fallbacks of a processed step and five
+    /// log-probability buffers when a request asked for them).
+    pub fn buffers(&self) -> usize {
+        self.downloading.buffers()
     }
 }
 
@@ -90,7 +122,9 @@ pub struct RemovedRequest {
 ///    [`gather_next_token`](Decoder::gather_next_token) and its LM head: `[R, V]` logits.
 /// 4. [`finish`](Decoder::finish): the strategy's target (argmax, sample or candidates),
 ///    `verify_draft_tokens`, optionally `accept_logprobs`, and `update_state`; returns each
-///    slot's emitted tokens.
+///    slot's emitted tokens. Or, to overlap the transfer of the results with the runner's next
+///    forward pass, [`enqueue`](Decoder::enqueue), the runner's work, then
+///    [`collect`](Decoder::collect): one blocking wait per step either way.
 ///
 /// Given logits, the step samples from them exactly, without a softmax: each token weighs an
 /// integer computed from its logit, the row maximum and the request's temperature
@@ -106,6 +140,8 @@ pub struct RemovedRequest {
 /// and with GREEDY or TARGET_MATCH emits exactly the same tokens as speculative decoding.
 #[derive(Debug)]
 pub struct Decoder {
+    /// Process-unique: ties a [`PendingStep`] to the decoder that enqueued it.
+    id: u64,
     device: Arc<dyn Device>,
     config: SamplerConfig,
     /// The host's view of the slots and the host mirrors of their device values.
@@ -131,7 +167,9 @@ impl Decoder {
         }
         let state = SlotBuffers::new(device.as_ref(), &config)?;
         let scratch = Scratch::new(device.as_ref(), &config)?;
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Decoder {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             slots: SlotTable::new(config.max_bsz, config.max_step_tokens),
             device,
             config,
@@ -210,12 +248,10 @@ impl Decoder {
             return Err(SamplerError::SlotOccupied { slot });
         }
         request.validate(&self.config)?;
-        // Processing first: `load_request` makes the slot live on the device, last.
+        // Processing first: `load_request` loads the slot's processing rows too, and makes the
+        // slot live on the device, last.
         if request.processes_logits() {
             self.enable_processing("a request's sampling parameters")?;
-        }
-        if let Some(p) = self.state.processing.as_mut() {
-            p.load(self.device.as_ref(), slot, &request, &[])?;
         }
         self.state
             .load_request(self.device.as_ref(), &self.config, slot, &request)?;
@@ -349,7 +385,7 @@ impl Decoder {
         match self.phase {
             Phase::Idle => {}
             Phase::Proposed { .. } => return Ok(()),
-            Phase::Planned { .. } => {
+            Phase::Planned { .. } | Phase::Pending { .. } => {
                 return Err(SamplerError::Phase {
                     call: "propose",
                     phase: self.phase.name(),
@@ -383,8 +419,15 @@ impl Decoder {
     /// again before [`finish`](Decoder::finish) returns the same plan. An empty plan means there is
     /// no running request: nothing to compute, and no `finish` to call.
     pub fn plan(&mut self) -> Result<StepPlan> {
-        if let Phase::Planned { plan } = &self.phase {
-            return Ok(plan.clone());
+        match &self.phase {
+            Phase::Planned { plan } => return Ok(plan.clone()),
+            Phase::Pending { .. } => {
+                return Err(SamplerError::Phase {
+                    call: "plan",
+                    phase: self.phase.name(),
+                });
+            }
+            Phase::Idle | Phase::Proposed { .. } => {}
         }
         self.propose()?;
         let Phase::Proposed { real_bsz } = self.phase else {
@@ -474,15 +517,40 @@ impl Decoder {
     /// validation) leaves the step planned, so `finish` can be called again with the right
     /// arguments. An error after that (a failed download) ends the step; the decoder's host mirrors
     /// may then disagree with the device and it should be discarded.
+    ///
+    /// `finish` is [`enqueue`](Decoder::enqueue) then [`collect`](Decoder::collect), with the same
+    /// results; a runner that overlaps the step with its next forward pass calls the two itself.
     pub fn finish(&mut self, scores: StepScores<'_>) -> Result<StepOutput> {
-        self.current_plan("finish")?;
+        let pending = self.enqueue_as("finish", scores)?;
+        self.collect(pending)
+    }
+
+    /// The device half of [`finish`](Decoder::finish): the strategy's target, verification,
+    /// optional log-probabilities and `update_state` are enqueued on the device, and the step's
+    /// results start their one transfer to the host, without waiting for them. Returns the
+    /// [`PendingStep`] to hand to [`collect`](Decoder::collect); in between the host is free, so
+    /// the runner can run its next forward pass (on its own buffers) while the tokens travel.
+    ///
+    /// Errors as for `finish`: one caught before the device state is updated leaves the step
+    /// planned (call `enqueue` again); one after it (starting the transfer) ends the step. While a
+    /// step is pending, [`insert`](Decoder::insert), [`remove`](Decoder::remove),
+    /// [`propose`](Decoder::propose), [`plan`](Decoder::plan) and `enqueue` are
+    /// [`SamplerError::Phase`] naming the pending phase; the host view of the slots
+    /// ([`generated`](Decoder::generated), ...) is that of before the step.
+    pub fn enqueue(&mut self, scores: StepScores<'_>) -> Result<PendingStep> {
+        self.enqueue_as("enqueue", scores)
+    }
+
+    /// [`enqueue`](Decoder::enqueue), its phase errors naming `call`.
+    fn enqueue_as(&mut self, call: &'static str, scores: StepScores<'_>) -> Result<PendingStep> {
+        self.current_plan(call)?;
         if scores.bitmask.is_some() {
             self.enable_processing("a token bitmask")?;
         }
         if let Some(p) = self.state.processing.as_mut() {
             p.sync(self.device.as_ref())?;
         }
-        let plan = self.take_plan("finish")?;
+        let plan = self.take_plan(call)?;
         let _span = debug_span!(
             "decode_step",
             step = self.step,
@@ -505,8 +573,46 @@ impl Decoder {
                 }
             };
         // The point of no return: from here an error ends the step.
-        let committed =
+        let downloading =
             finish::commit_on_device(&cx, &mut self.state, &mut self.scratch, verified)?;
+        self.phase = Phase::Pending { plan };
+        Ok(PendingStep {
+            decoder: self.id,
+            step: self.step,
+            downloading,
+        })
+    }
+
+    /// The host half of [`finish`](Decoder::finish): waits once for the pending step's results
+    /// (one blocking wait of the device, however many buffers), takes each slot's emitted tokens,
+    /// log-probabilities and finish reason into the slots and returns them; the decoder is then
+    /// between steps. A `pending` step this decoder did not enqueue, or when no step is pending,
+    /// is [`SamplerError::Phase`] (nothing changes). A failed transfer ends the step (see
+    /// `finish`).
+    pub fn collect(&mut self, pending: PendingStep) -> Result<StepOutput> {
+        if pending.decoder != self.id || pending.step != self.step {
+            return Err(SamplerError::Phase {
+                call: "collect (of a step another decoder enqueued)",
+                phase: self.phase.name(),
+            });
+        }
+        let plan = match std::mem::replace(&mut self.phase, Phase::Idle) {
+            Phase::Pending { plan } => plan,
+            other => {
+                let error = SamplerError::Phase {
+                    call: "collect",
+                    phase: other.name(),
+                };
+                self.phase = other;
+                return Err(error);
+            }
+        };
+        let cx = StepContext {
+            device: self.device.as_ref(),
+            config: &self.config,
+            plan: &plan,
+        };
+        let committed = pending.downloading.wait()?;
         let host = finish::commit_on_host(&cx, &mut self.slots, &mut self.stats, committed);
         self.step += 1;
         finish::stop_on_device(self.device.as_ref(), &mut self.state, &host)?;

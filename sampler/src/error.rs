@@ -63,7 +63,8 @@ pub enum SamplerError {
         /// The method called.
         call: &'static str,
         /// The phase the decoder is in: `"idle (between steps)"`, `"proposed (after propose,
-        /// before plan)"` or `"planned (after plan, before finish)"`.
+        /// before plan)"`, `"planned (after plan, before finish)"` or `"pending (after enqueue,
+        /// before collect)"`.
         phase: &'static str,
     },
     /// An index argument is not below its bound, e.g. `row_prefix(row)` with `row ≥ T_out`.

@@ -188,7 +188,7 @@ pub mod guide {}
 mod step;
 
 pub use config::{NgramConfig, Request, SamplerConfig, SamplingParams};
-pub use decoder::{Decoder, RemovedRequest};
+pub use decoder::{Decoder, PendingStep, RemovedRequest};
 pub use error::{Result, SamplerError, StepError};
 pub use registry::{BackendSpec, Probe, open, probe_all};
 pub use specula_backend_api::Strategy;

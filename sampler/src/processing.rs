@@ -9,11 +9,22 @@
 
 use specula_backend_api::ops::process_logits::{PENALTY_FIELDS, mask_words, penalty};
 use specula_backend_api::ops::{SlotProcessing, TokenHistory};
-use specula_backend_api::{Buffer, Device, DeviceExt};
+use specula_backend_api::{Buffer, Device, DeviceExt, WriteAt};
 
-use crate::buffers::write_at;
 use crate::config::{Request, SamplerConfig};
 use crate::error::Result;
+
+/// One slot's rows of the per-slot device state, on the host ([`Processing::prepare`]).
+#[derive(Debug)]
+pub(crate) struct SlotRows {
+    slot: usize,
+    /// `[V]` token counts of its history.
+    counts: Vec<i32>,
+    /// The mask of its prompt's tokens.
+    prompt: Vec<u32>,
+    /// The mask of its allowed tokens (every token when it names none).
+    allowed: Vec<u32>,
+}
 
 /// One slot's parameters as the device tables hold them.
 #[derive(Clone, Debug, Default)]
@@ -121,7 +132,8 @@ impl Processing {
     }
 
     /// Loads `request` into `slot`, whose history holds `generated` (empty for a new request):
-    /// its counts, prompt and allowed-token masks on the device, its parameters in the mirrors.
+    /// its counts, prompt and allowed-token masks on the device (one batched write), its
+    /// parameters in the mirrors.
     pub(crate) fn load(
         &mut self,
         device: &dyn Device,
@@ -129,22 +141,41 @@ impl Processing {
         request: &Request,
         generated: &[i32],
     ) -> Result<()> {
-        let (vocab, words) = (self.vocab, mask_words(self.vocab));
-        write_at(
-            device,
-            &mut self.token_counts,
-            slot * vocab,
-            &counts_of(generated, vocab),
-        )?;
-        let prompt = mask_of(&request.prompt, vocab);
-        write_at(device, &mut self.prompt_mask, slot * words, &prompt)?;
+        let rows = self.prepare(slot, request, generated);
+        device.write_many(&mut self.writes(&rows))?;
+        Ok(())
+    }
+
+    /// Takes `request`'s parameters into the mirrors of `slot` and returns its device rows, for
+    /// [`writes`](Processing::writes) to put on the device.
+    pub(crate) fn prepare(
+        &mut self,
+        slot: usize,
+        request: &Request,
+        generated: &[i32],
+    ) -> SlotRows {
+        let vocab = self.vocab;
         let allowed = match &request.allowed_token_ids {
             Some(ids) => mask_of(ids, vocab),
-            None => vec![u32::MAX; words],
+            None => vec![u32::MAX; mask_words(vocab)],
         };
-        write_at(device, &mut self.allowed, slot * words, &allowed)?;
         self.set_slot(slot, Some(request));
-        Ok(())
+        SlotRows {
+            slot,
+            counts: counts_of(generated, vocab),
+            prompt: mask_of(&request.prompt, vocab),
+            allowed,
+        }
+    }
+
+    /// The writes of a slot's rows: its counts, prompt mask and allowed-token mask.
+    pub(crate) fn writes<'a>(&'a mut self, rows: &'a SlotRows) -> [WriteAt<'a, 'a>; 3] {
+        let (vocab, words) = (self.vocab, mask_words(self.vocab));
+        [
+            WriteAt::new(&mut self.token_counts, rows.slot * vocab, &rows.counts),
+            WriteAt::new(&mut self.prompt_mask, rows.slot * words, &rows.prompt),
+            WriteAt::new(&mut self.allowed, rows.slot * words, &rows.allowed),
+        ]
     }
 
     /// Resets `slot`'s parameters (its request left).
@@ -170,14 +201,13 @@ impl Processing {
         self.uses.iter().any(|&u| u)
     }
 
-    /// Uploads the per-slot tables if a request came or went since the last upload.
+    /// Uploads the per-slot tables if a request came or went since the last upload: the
+    /// fixed-size tables in one batched write, the variable-length lists as new buffers.
     pub(crate) fn sync(&mut self, device: &dyn Device) -> Result<()> {
         if !self.dirty {
             return Ok(());
         }
-        device.write(&mut self.penalties_buf, &self.penalties)?;
-        device.write(&mut self.min_tokens_buf, &self.min_tokens)?;
-        let (offsets, ids) = flatten(
+        let (bias_offsets, ids) = flatten(
             self.lists
                 .iter()
                 .map(|l| l.bias.iter().map(|b| b.0).collect()),
@@ -189,9 +219,6 @@ impl Processing {
                 .map(|l| l.bias.iter().map(|b| b.1).collect()),
             0.0,
         );
-        device.write(&mut self.bias_offsets, &offsets)?;
-        self.bias_ids = device.upload(&ids)?;
-        self.bias_values = device.upload(&values)?;
         let encoded = self.lists.iter().map(|l| {
             l.bad_words
                 .iter()
@@ -201,8 +228,15 @@ impl Processing {
                 })
                 .collect()
         });
-        let (offsets, words) = flatten(encoded, 0);
-        device.write(&mut self.bad_word_offsets, &offsets)?;
+        let (word_offsets, words) = flatten(encoded, 0);
+        device.write_many(&mut [
+            WriteAt::new(&mut self.penalties_buf, 0, &self.penalties),
+            WriteAt::new(&mut self.min_tokens_buf, 0, &self.min_tokens),
+            WriteAt::new(&mut self.bias_offsets, 0, &bias_offsets),
+            WriteAt::new(&mut self.bad_word_offsets, 0, &word_offsets),
+        ])?;
+        self.bias_ids = device.upload(&ids)?;
+        self.bias_values = device.upload(&values)?;
         self.bad_words = device.upload(&words)?;
         self.dirty = false;
         Ok(())

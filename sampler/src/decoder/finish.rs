@@ -28,9 +28,11 @@
 //! untouched, so an error leaves the step planned and `finish` can be called again.
 //!
 //! 8. [`commit_on_device`] consumes the [`Verified`] token: `update_state` commits the step on the
-//!    device, and the step's results are downloaded into a [`Committed`] value. This is the point
-//!    of no return: an error from here on ends the step.
-//! 9. [`commit_on_host`] consumes the [`Committed`] value: each slot's emitted tokens, drafts
+//!    device, and the one transfer of the step's results starts: a [`Downloading`] value, which
+//!    `Decoder::enqueue` keeps in its `PendingStep`. This is the point of no return: an error from
+//!    here on ends the step.
+//! 9. [`Downloading::wait`] (in `Decoder::collect`) waits once for the transfer and gives the
+//!    [`Committed`] value; [`commit_on_host`] consumes it: each slot's emitted tokens, drafts
 //!    accepted, log-probabilities and finish reason, into the slot table and the stats.
 
 use specula_backend_api::ops::{
@@ -40,13 +42,12 @@ use specula_backend_api::ops::{
     Scores as RowScores, SoftmaxParams, StrategyInputs, UpdateStateInputs, UpdateStateParams,
     VerifyInputs, VerifyOutputs, VerifyParams, VerifySlotState,
 };
-use specula_backend_api::{Buffer, Device, DeviceExt, Strategy};
+use specula_backend_api::transfer::elements;
+use specula_backend_api::{Buffer, Device, DeviceExt, PendingDownload, Strategy, WriteAt};
 
 use super::StepContext;
 use super::slots::SlotTable;
-use crate::buffers::{
-    CandidateBuffers, LogprobBuffers, ProcessedBuffers, Scratch, SlotBuffers, window, write_at,
-};
+use crate::buffers::{CandidateBuffers, ProcessedBuffers, Scratch, SlotBuffers, window, write_at};
 use crate::config::SamplerConfig;
 use crate::error::{Result, SamplerError};
 use crate::step::{
@@ -827,13 +828,14 @@ fn logprobs(
 // ----- the commit -----
 
 /// Stage 8, the point of no return: `update_state` commits the verified step on the device, then
-/// its results are downloaded.
+/// the download of its results starts (one transfer of every buffer the host reads), without
+/// waiting for it.
 pub(super) fn commit_on_device(
     cx: &StepContext<'_>,
     state: &mut SlotBuffers,
     sc: &mut Scratch,
     verified: Verified,
-) -> Result<Committed> {
+) -> Result<Downloading> {
     let Verified {
         _sealed: (),
         processed,
@@ -841,7 +843,7 @@ pub(super) fn commit_on_device(
         logprobs,
     } = verified;
     update_state(cx, state, sc)?;
-    download(cx.device, state, sc, (processed, fused), logprobs)
+    start_download(cx.device, state, sc, (processed, fused), logprobs)
 }
 
 /// `update_state`: the accepted tokens into each slot's history, lengths, seeds and stop flags.
@@ -874,31 +876,83 @@ fn update_state(cx: &StepContext<'_>, st: &mut SlotBuffers, sc: &mut Scratch) ->
     Ok(())
 }
 
-/// The committed step's accepted tokens, their counts, the stop flags and (when
-/// `accept_logprobs` ran) the log-probabilities.
-fn download(
+/// A committed step whose results are on their way to the host: one [`PendingDownload`] of the
+/// accepted tokens, their counts, the stop flags, the row fallbacks of a processed step and (when
+/// `accept_logprobs` ran) the log-probabilities. Only [`commit_on_device`] makes one;
+/// [`Downloading::wait`] turns it into the [`Committed`] value. The step cannot be retried.
+#[derive(Debug)]
+pub(super) struct Downloading {
+    pending: PendingDownload,
+    processed: bool,
+    /// `K` of the log-probability buffers, when they are downloaded.
+    logprobs_top_k: Option<usize>,
+}
+
+/// Starts the one download of the committed step's results (see [`Downloading`]).
+fn start_download(
     device: &dyn Device,
     st: &SlotBuffers,
     sc: &Scratch,
     (processed, fused): (bool, bool),
     logprobs: bool,
-) -> Result<Committed> {
+) -> Result<Downloading> {
+    let mut srcs = vec![&sc.accept_tokens, &sc.accept_num, &st.stop_flags];
     let fallback = match (processed, &sc.processed) {
         // A fused target is -1 exactly where the row's fallback is: every token masked.
-        (true, _) if fused => Some(device.download(&sc.target_tokens)?),
-        (true, Some(p)) => Some(device.download(&p.fallback)?),
+        (true, _) if fused => Some(&sc.target_tokens),
+        (true, Some(p)) => Some(&p.fallback),
         _ => None,
     };
-    Ok(Committed {
-        fallback,
-        accept_tokens: device.download(&sc.accept_tokens)?,
-        accept_num: device.download(&sc.accept_num)?,
-        stop_flags: device.download(&st.stop_flags)?,
-        logprobs: match &sc.logprobs {
-            Some(lp) if logprobs => Some(DownloadedLogprobs::download(device, lp)?),
-            _ => None,
-        },
+    srcs.extend(fallback);
+    let lp = sc.logprobs.as_ref().filter(|_| logprobs);
+    if let Some(lp) = lp {
+        srcs.extend([
+            &lp.cu_accept,
+            &lp.logprobs,
+            &lp.ranks,
+            &lp.top_ids,
+            &lp.top_logprobs,
+        ]);
+    }
+    Ok(Downloading {
+        pending: device.start_download(&srcs)?,
+        processed: fallback.is_some(),
+        logprobs_top_k: lp.map(|lp| lp.top_k),
     })
+}
+
+impl Downloading {
+    /// Number of buffers in the step's one transfer (each was a blocking download of its own
+    /// before the transfers were batched).
+    pub(super) fn buffers(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Waits (once) for the step's results and sorts the bytes into a [`Committed`] value, in
+    /// the order [`start_download`] asked for them.
+    pub(super) fn wait(self) -> Result<Committed> {
+        let mut bytes = self.pending.wait()?.into_iter();
+        let mut next = || bytes.next().unwrap_or_default();
+        let accept_tokens = elements(&next());
+        let accept_num = elements(&next());
+        let stop_flags = next();
+        let fallback = self.processed.then(|| elements(&next()));
+        let logprobs = self.logprobs_top_k.map(|top_k| DownloadedLogprobs {
+            top_k,
+            cu_accept: elements(&next()),
+            logprobs: elements(&next()),
+            ranks: elements(&next()),
+            top_ids: elements(&next()),
+            top_logprobs: elements(&next()),
+        });
+        Ok(Committed {
+            fallback,
+            accept_tokens,
+            accept_num,
+            stop_flags,
+            logprobs,
+        })
+    }
 }
 
 /// What [`commit_on_host`] leaves for the device: the stop flags to write back when the host
@@ -956,18 +1010,28 @@ pub(super) fn commit_on_host(
     }
 }
 
-/// Writes back the stop flags of the slots the host stopped (one write), so no op touches them
-/// again, and the `infer_seed` of the slots whose tokens it cut (one write each), so the device
-/// holds the seed of the next token after the kept ones.
+/// Writes back the stop flags of the slots the host stopped, so no op touches them again, and
+/// the `infer_seed` of the slots whose tokens it cut, so the device holds the seed of the next
+/// token after the kept ones: one batched write, plus one write per further cut slot when the
+/// host cut the tokens of several slots in one step (a buffer takes one window per batch).
 pub(super) fn stop_on_device(
     device: &dyn Device,
     state: &mut SlotBuffers,
     host: &HostCommit,
 ) -> Result<()> {
+    let (first_seed, more_seeds) = match host.seeds.split_first() {
+        Some((&(slot, seed), more)) => (Some((slot, [seed])), more),
+        None => (None, &[][..]),
+    };
+    let mut writes = Vec::new();
     if let Some(stop_flags) = &host.stop_flags {
-        device.write(&mut state.stop_flags, stop_flags)?;
+        writes.push(WriteAt::new(&mut state.stop_flags, 0, stop_flags));
     }
-    for &(slot, seed) in &host.seeds {
+    if let Some((slot, seed)) = &first_seed {
+        writes.push(WriteAt::new(&mut state.infer_seed, *slot, seed));
+    }
+    device.write_many(&mut writes)?;
+    for &(slot, seed) in more_seeds {
         write_at(device, &mut state.infer_seed, slot, &[seed])?;
     }
     Ok(())
@@ -1045,18 +1109,6 @@ struct DownloadedLogprobs {
 }
 
 impl DownloadedLogprobs {
-    /// Downloads what `accept_logprobs` wrote.
-    fn download(device: &dyn Device, lp: &LogprobBuffers) -> Result<Self> {
-        Ok(DownloadedLogprobs {
-            top_k: lp.top_k,
-            cu_accept: device.download(&lp.cu_accept)?,
-            logprobs: device.download(&lp.logprobs)?,
-            ranks: device.download(&lp.ranks)?,
-            top_ids: device.download(&lp.top_ids)?,
-            top_logprobs: device.download(&lp.top_logprobs)?,
-        })
-    }
-
     /// The log-probabilities of the `tokens` slot `slot` emitted, with the top `k ≤ K`
     /// alternatives each.
     fn for_slot(&self, slot: usize, tokens: &[i32], k: usize) -> Vec<TokenLogprob> {

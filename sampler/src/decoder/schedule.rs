@@ -18,6 +18,7 @@ use specula_backend_api::ops::{
     SlotSamplingParams,
 };
 use specula_backend_api::slots::{SlotKind, slot_kind};
+use specula_backend_api::transfer::elements;
 use specula_backend_api::{Buffer, Device, DeviceExt};
 
 use super::StepContext;
@@ -75,7 +76,7 @@ fn schedule(slots: &mut SlotTable) -> (usize, usize) {
 }
 
 /// `ngram_match` over the scheduled slots, then the host mirrors of `seq_lens_this_time` and the
-/// draft rows from the device.
+/// draft rows from the device, in one transfer.
 fn propose_ngram(
     device: &dyn Device,
     config: &SamplerConfig,
@@ -105,8 +106,11 @@ fn propose_ngram(
             threshold: ngram.threshold,
         },
     )?;
-    slots.replace_this_time(device.download(&st.seq_lens_this_time)?);
-    slots.replace_drafts(device.download(&st.draft_tokens)?);
+    // One transfer (one wait) for both mirrors.
+    let pending = device.start_download(&[&st.seq_lens_this_time, &st.draft_tokens])?;
+    let mut bytes = pending.wait()?.into_iter();
+    slots.replace_this_time(elements(&bytes.next().unwrap_or_default()));
+    slots.replace_drafts(elements(&bytes.next().unwrap_or_default()));
     Ok(())
 }
 
