@@ -97,7 +97,7 @@ pub trait Device: Backend {
         self.run_download(Download::new(src))
     }
     /// Starts copying the windows of `srcs` to the host behind every op enqueued so far and
-    /// returns without waiting where the backend allows (wgpu, xpu-sim; the CPU backend has
+    /// returns without waiting where the backend allows (wgpu, xpu-sim, cuda; the CPU backend has
     /// already copied). [`PendingDownload::wait`] then blocks once for all of them: one
     /// [`MemoryStats::blocking_waits`] however many buffers. Each buffer is validated like a
     /// download (owning device).

@@ -17,6 +17,7 @@ use specula_backend_api::{
     WarmUp,
 };
 
+use crate::download::PinnedPool;
 use crate::error::CudaError;
 use crate::kernels::{Instance, KernelFile, compile_options, warm_up_plan};
 use crate::storage::{self, CudaStorage};
@@ -57,6 +58,8 @@ pub struct CudaDevice {
     pub(crate) multiprocessors: u32,
     pub(crate) cooperative: bool,
     modules: Mutex<HashMap<(KernelFile, Instance), LoadedModule>>,
+    /// The page-locked block downloads reuse ([`crate::download`]).
+    pub(crate) pinned: PinnedPool,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -211,6 +214,7 @@ impl CudaDevice {
             multiprocessors,
             cooperative,
             modules: Mutex::new(HashMap::new()),
+            pinned: PinnedPool::default(),
         })
     }
 
@@ -480,16 +484,10 @@ impl Backend for CudaDevice {
         Ok(out)
     }
 
-    /// Every window's copy enqueued on the stream, then one synchronisation. The host memory is
-    /// pageable, so the driver may finish each copy before it returns; the step still pays one
-    /// stream synchronisation instead of one per buffer.
+    /// Every window's copy enqueued on the stream into one page-locked block, and an event
+    /// behind them; returns at once, and the wait blocks once on the event ([`crate::download`]).
     fn run_start_download(&self, downloads: &[Download<'_>]) -> Result<PendingDownload> {
-        let bytes = downloads
-            .iter()
-            .map(|&d| self.copy_to_host(d))
-            .collect::<Result<Vec<_>>>()?;
-        self.run_synchronize()?;
-        Ok(PendingDownload::ready(bytes))
+        self.start_pinned_download(downloads)
     }
 
     fn run_synchronize(&self) -> Result<()> {

@@ -61,6 +61,7 @@ pub mod nvrtc;
 
 mod args;
 mod device;
+mod download;
 mod error;
 mod external;
 mod ops;

@@ -1,7 +1,9 @@
 //! A runner's own CUDA objects: Specula opened on the runner's stream (`CudaDevice::from_stream`)
 //! and the runner's device pointer of logits as an input without a copy
 //! (`CudaDevice::wrap_device_ptr`): ops read from it what they read from an upload of the same
-//! rows, a download gives the rows back, and a null or misaligned pointer is refused.
+//! rows, a download gives the rows back, and a null or misaligned pointer is refused. A started
+//! download (page-locked, waited once on an event) delivers every window, again when its block
+//! is reused or grown, and after a download dropped unwaited.
 //!
 //! Needs an NVIDIA GPU: without one the tests are listed as ignored with the reason, and fail
 //! under `SPECULA_REQUIRE=cuda` (`ci/test-cuda.sh` on a GPU machine).
@@ -11,6 +13,7 @@ use std::process::ExitCode;
 use cudarc::driver::{CudaContext, DevicePtr};
 use specula_backend_api::ops::RowShape;
 use specula_backend_api::testing::{self, Needs, TestFn};
+use specula_backend_api::transfer::elements;
 use specula_backend_api::{Buffer, DType, Device, DeviceExt, Error};
 use specula_backend_cuda::CudaDevice;
 
@@ -84,6 +87,46 @@ fn bad_pointers_are_refused() -> Result<(), String> {
     Ok(())
 }
 
+/// Windows at odd byte offsets, an empty buffer and one larger than the first page-locked block:
+/// `start_download` then `wait` gives what `download` gives, three times (the block reused, then
+/// grown), and a download dropped unwaited leaves the next one intact.
+fn a_started_download_delivers_every_window() -> Result<(), String> {
+    let device = CudaDevice::new(0).map_err(|e| e.to_string())?;
+    let ints = device
+        .upload(&[1i32, 2, 3, 4, 5, 6])
+        .map_err(|e| e.to_string())?;
+    let mut bytes = device
+        .upload(&[9u8, 8, 7, 6, 5])
+        .map_err(|e| e.to_string())?;
+    bytes.set_window(1, 3).map_err(|e| e.to_string())?;
+    let empty = device.alloc::<f32>(0).map_err(|e| e.to_string())?;
+    let large: Vec<f32> = (0..300_000).map(|i| i as f32 * 0.5).collect();
+    let large = device.upload(&large).map_err(|e| e.to_string())?;
+    let small: [&Buffer; 3] = [&ints, &bytes, &empty];
+    let grown: [&Buffer; 4] = [&ints, &bytes, &empty, &large];
+    for (round, srcs) in [&small[..], &small[..], &grown[..]].into_iter().enumerate() {
+        let dropped = device.start_download(srcs).map_err(|e| e.to_string())?;
+        drop(dropped);
+        let got = device
+            .start_download(srcs)
+            .and_then(|pending| pending.wait())
+            .map_err(|e| format!("round {round}: {e}"))?;
+        if elements::<i32>(&got[0]) != [1, 2, 3, 4, 5, 6]
+            || got[1] != [8, 7, 6]
+            || !got[2].is_empty()
+        {
+            return Err(format!("round {round}: {:?}", &got[..3]));
+        }
+        if let Some(last) = got.get(3) {
+            let want: Vec<f32> = device.download(&large).map_err(|e| e.to_string())?;
+            if elements::<f32>(last) != want {
+                return Err(format!("round {round}: the large window differs"));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let availability = match CudaDevice::new(0) {
         Err(Error::Unavailable { reason, .. }) => Err(reason),
@@ -94,6 +137,10 @@ fn main() -> ExitCode {
         (
             "a_wrapped_pointer_reads_as_an_upload",
             Box::new(a_wrapped_pointer_reads_as_an_upload),
+        ),
+        (
+            "a_started_download_delivers_every_window",
+            Box::new(a_started_download_delivers_every_window),
         ),
         (
             "bad_pointers_are_refused",
