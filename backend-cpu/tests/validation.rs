@@ -185,13 +185,7 @@ fn host_top_p_and_temperature_of_another_length_are_shape_mismatches() {
     let (top_k, top_p) = (zeros::<i32>(&dev, T_OUT), up(&dev, &[0.5f32; T_OUT]));
     let seed = zeros::<u64>(&dev, T_OUT);
     let mut tokens = zeros::<i32>(&dev, T_OUT);
-    let inputs = SampleInputs {
-        scores: Scores::Probs(&probs),
-        top_k: &top_k,
-        top_p: &top_p,
-        seed: &seed,
-        fallback: None,
-    };
+    let inputs = SampleInputs::new(Scores::Probs(&probs), &top_k, &top_p, &seed);
     let shape = RowShape {
         rows: T_OUT,
         vocab: V,

@@ -414,10 +414,7 @@ fn cpu_argmax(cpu: &CpuDevice, probs: &Buffer, shape: RowShape) -> Buffer {
 
 fn cpu_sample(cpu: &CpuDevice, inputs: &SampleInputs<'_>, shape: RowShape) -> Buffer {
     let mut tokens = cpu.alloc::<i32>(shape.rows).expect("alloc");
-    let params = SampleParams {
-        shape,
-        host_top_p: None,
-    };
+    let params = SampleParams::new(shape);
     cpu.top_k_top_p_sample(inputs, &mut tokens, &params)
         .expect("cpu sample");
     tokens
@@ -440,11 +437,7 @@ fn cpu_candidates(
             scores: &mut scores,
             lens: &mut lens,
         },
-        &CandidatesParams {
-            shape,
-            candidates,
-            host_top_p: None,
-        },
+        &CandidatesParams::new(shape, candidates),
     )
     .expect("cpu candidates");
     [ids, scores, lens]
@@ -488,13 +481,7 @@ fn sampling_kernels_match_the_cpu_reference() {
                 up(&cpu, &c.top_p),
                 up(&cpu, &c.seed),
             );
-            let inputs = SampleInputs {
-                scores: Scores::Probs(&probs),
-                top_k: &top_k,
-                top_p: &top_p,
-                seed: &seed,
-                fallback: None,
-            };
+            let inputs = SampleInputs::new(Scores::Probs(&probs), &top_k, &top_p, &seed);
             let want = down::<i32>(&cpu, &cpu_sample(&cpu, &inputs, c.shape()));
             for r in 0..rows_n {
                 assert_eq!(
@@ -532,12 +519,7 @@ fn check_candidates(
     work.write("batch_id.bin", &batch_id);
     work.run(bin, "candidates", &[&c.rows, &c.vocab, &offset, &cands]);
     let (probs, top_p, bid) = (c.probs(cpu), up(cpu, &c.top_p), up(cpu, &batch_id));
-    let inputs = CandidatesInputs {
-        scores: Scores::Probs(&probs),
-        top_p: &top_p,
-        batch_id_per_token_output: Some(&bid),
-        fallback: None,
-    };
+    let inputs = CandidatesInputs::new(Scores::Probs(&probs), &top_p).with_batch_id(Some(&bid));
     let [ids, scores, lens] = cpu_candidates(cpu, &inputs, c.shape(), cands);
     let (dtype, rows, vocab) = (c.dtype, c.rows, c.vocab);
     let label = format!("{dtype} candidates C={cands} {rows}x{vocab} offset {offset}");
@@ -850,20 +832,9 @@ fn verify_kernels_match_the_cpu_reference() {
             let shape = RowShape { rows, vocab };
             let greedy = down::<i32>(&cpu, &cpu_argmax(&cpu, &target_buf, shape));
             let (tk, tp, sd) = (up(&cpu, &top_k), up(&cpu, &top_p), up(&cpu, &seeds));
-            let sample = SampleInputs {
-                scores: Scores::Probs(&target_buf),
-                top_k: &tk,
-                top_p: &tp,
-                seed: &sd,
-                fallback: None,
-            };
+            let sample = SampleInputs::new(Scores::Probs(&target_buf), &tk, &tp, &sd);
             let sampled = down::<i32>(&cpu, &cpu_sample(&cpu, &sample, shape));
-            let candidates = CandidatesInputs {
-                scores: Scores::Probs(&target_buf),
-                top_p: &tp,
-                batch_id_per_token_output: None,
-                fallback: None,
-            };
+            let candidates = CandidatesInputs::new(Scores::Probs(&target_buf), &tp);
             let [ids, scores, lens] = cpu_candidates(&cpu, &candidates, shape, cands);
             let mut cand_ids = down::<i32>(&cpu, &ids);
             let cand_scores = down::<f32>(&cpu, &scores);
@@ -1067,18 +1038,9 @@ fn reference_sample(
     );
     let mut tokens = dev.alloc::<i32>(c.rows).expect("alloc");
     dev.top_k_top_p_sample(
-        &SampleInputs {
-            scores: Scores::logits(logits, temperature),
-            top_k: &top_k,
-            top_p: &top_p,
-            seed: &seed,
-            fallback: None,
-        },
+        &SampleInputs::new(Scores::logits(logits, temperature), &top_k, &top_p, &seed),
         &mut tokens,
-        &SampleParams {
-            shape: c.shape(),
-            host_top_p: None,
-        },
+        &SampleParams::new(c.shape()),
     )
     .expect("reference sample");
     dev.download(&tokens).expect("download")
@@ -1153,22 +1115,14 @@ fn logits_sampling_kernels_match_the_reference() {
                 let mut scores = dev.alloc::<f32>(rows_n * cands).expect("alloc");
                 let mut lens = dev.alloc::<i32>(rows_n).expect("alloc");
                 dev.top_p_candidates(
-                    &CandidatesInputs {
-                        scores: Scores::logits(&logits, &temp),
-                        top_p: &top_p,
-                        batch_id_per_token_output: Some(&bid),
-                        fallback: None,
-                    },
+                    &CandidatesInputs::new(Scores::logits(&logits, &temp), &top_p)
+                        .with_batch_id(Some(&bid)),
                     &mut CandidatesOutputs {
                         ids: &mut ids,
                         scores: &mut scores,
                         lens: &mut lens,
                     },
-                    &CandidatesParams {
-                        shape: c.shape(),
-                        candidates: cands,
-                        host_top_p: None,
-                    },
+                    &CandidatesParams::new(c.shape(), cands),
                 )
                 .expect("reference candidates");
                 let label =
@@ -1261,18 +1215,9 @@ fn sampling_fallback_matches_the_reference() {
                 );
                 let mut tokens = dev.alloc::<i32>(rows_n).expect("alloc");
                 dev.top_k_top_p_sample(
-                    &SampleInputs {
-                        scores,
-                        top_k: &top_k,
-                        top_p: &top_p,
-                        seed: &seed,
-                        fallback: Some(&fb),
-                    },
+                    &SampleInputs::new(scores, &top_k, &top_p, &seed).with_fallback(Some(&fb)),
                     &mut tokens,
-                    &SampleParams {
-                        shape: c.shape(),
-                        host_top_p: None,
-                    },
+                    &SampleParams::new(c.shape()),
                 )
                 .expect("reference sample");
                 let label =
@@ -1300,22 +1245,15 @@ fn sampling_fallback_matches_the_reference() {
                     let mut out_scores = dev.alloc::<f32>(rows_n * cands).expect("alloc");
                     let mut lens = dev.alloc::<i32>(rows_n).expect("alloc");
                     dev.top_p_candidates(
-                        &CandidatesInputs {
-                            scores,
-                            top_p: &top_p,
-                            batch_id_per_token_output: Some(&bid),
-                            fallback: Some(&fb),
-                        },
+                        &CandidatesInputs::new(scores, &top_p)
+                            .with_batch_id(Some(&bid))
+                            .with_fallback(Some(&fb)),
                         &mut CandidatesOutputs {
                             ids: &mut ids,
                             scores: &mut out_scores,
                             lens: &mut lens,
                         },
-                        &CandidatesParams {
-                            shape: c.shape(),
-                            candidates: cands,
-                            host_top_p: None,
-                        },
+                        &CandidatesParams::new(c.shape(), cands),
                     )
                     .expect("reference candidates");
                     let label = format!("{label} C={cands}");
@@ -1423,13 +1361,7 @@ fn logits_rejection_matches_the_reference() {
                 let mut tokens = dev.alloc::<i32>(rows.max(1)).expect("alloc");
                 if rows > 0 {
                     dev.top_k_top_p_sample(
-                        &SampleInputs {
-                            scores: Scores::logits(&target_buf, &tt),
-                            top_k: &tk,
-                            top_p: &tp,
-                            seed: &sd,
-                            fallback: None,
-                        },
+                        &SampleInputs::new(Scores::logits(&target_buf, &tt), &tk, &tp, &sd),
                         &mut tokens,
                         &SampleParams {
                             shape: RowShape { rows, vocab },

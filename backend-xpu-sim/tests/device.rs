@@ -79,13 +79,7 @@ fn sample(device: &dyn Device, probs: &[f32], vocab: usize) -> Result<Vec<i32>, 
         );
         let mut tokens = device.alloc::<i32>(rows)?;
         device.top_k_top_p_sample(
-            &SampleInputs {
-                scores: Scores::Probs(&probs),
-                top_k: &top_k,
-                top_p: &top_p,
-                seed: &seed,
-                fallback: None,
-            },
+            &SampleInputs::new(Scores::Probs(&probs), &top_k, &top_p, &seed),
             &mut tokens,
             &SampleParams {
                 shape: RowShape { rows, vocab },

@@ -70,13 +70,7 @@ impl OpCase for Params {
             .map(|p| ProcessingBuffers::load(r).map(|b| (b, p)))
             .transpose()?;
         let [tokens] = r.outputs([("tokens", DType::I32, &[rows])])?;
-        let inputs = SampleInputs {
-            scores: scores.scores(),
-            top_k: &top_k,
-            top_p: &top_p,
-            seed: &seed,
-            fallback: fallback.as_ref(),
-        };
+        let inputs = SampleInputs::new(scores.scores(), &top_k, &top_p, &seed).with_fallback(fallback.as_ref());
         let params = SampleParams {
             shape: RowShape { rows, vocab },
             host_top_p: host_top_p.as_deref(),

@@ -61,12 +61,7 @@ impl OpCase for Params {
             ("lens", DType::I32, &[rows]),
         ])?;
         device.top_p_candidates(
-            &CandidatesInputs {
-                scores: rows_in.scores(),
-                top_p: &top_p,
-                batch_id_per_token_output: batch_id.as_ref(),
-                fallback: fallback.as_ref(),
-            },
+            &CandidatesInputs::new(rows_in.scores(), &top_p).with_batch_id(batch_id.as_ref()).with_fallback(fallback.as_ref()),
             &mut CandidatesOutputs { ids, scores, lens },
             &CandidatesParams {
                 shape: RowShape { rows, vocab },

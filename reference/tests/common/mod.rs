@@ -34,13 +34,7 @@ pub fn sample<T: Element>(
     let (probs, k) = (dev.upload(probs).unwrap(), dev.upload(top_k).unwrap());
     let (p, s) = (dev.upload(top_p).unwrap(), dev.upload(seed).unwrap());
     let mut tokens = dev.alloc::<i32>(rows).unwrap();
-    let inputs = SampleInputs {
-        scores: Scores::Probs(&probs),
-        top_k: &k,
-        top_p: &p,
-        seed: &s,
-        fallback: None,
-    };
+    let inputs = SampleInputs::new(Scores::Probs(&probs), &k, &p, &s);
     let params = SampleParams {
         shape: RowShape { rows, vocab },
         host_top_p: None,
@@ -63,12 +57,7 @@ pub fn candidates<T: Element>(
     let mut ids = dev.alloc::<i32>(rows * c).unwrap();
     let mut scores = dev.alloc::<f32>(rows * c).unwrap();
     let mut lens = dev.alloc::<i32>(rows).unwrap();
-    let inputs = CandidatesInputs {
-        scores: Scores::Probs(&probs),
-        top_p: &p,
-        batch_id_per_token_output: None,
-        fallback: None,
-    };
+    let inputs = CandidatesInputs::new(Scores::Probs(&probs), &p);
     let mut out = CandidatesOutputs {
         ids: &mut ids,
         scores: &mut scores,
