@@ -201,11 +201,7 @@ fn logprobs_without_rows(device: &dyn Device, dims: BatchDims) -> Result<Vec<Vec
 fn accept_logprobs_packs_a_batch_without_rows() -> TestResult {
     let (device, cpu) = (open(LaunchConfig::default())?, cpu()?);
     for (max_bsz, real_bsz) in [(3, 0), (0, 0)] {
-        let dims = BatchDims {
-            max_bsz,
-            real_bsz,
-            max_step_tokens: 2,
-        };
+        let dims = BatchDims::new(max_bsz, real_bsz, 2);
         let got = logprobs_without_rows(&device, dims)?;
         let expected = logprobs_without_rows(&cpu, dims)?;
         if got != expected {
@@ -254,11 +250,7 @@ fn tiny_temperature_logprobs_tend_to_the_one_hot() -> TestResult {
                 top_logprobs: &mut top_logprobs,
             },
             &LogprobsParams {
-                dims: BatchDims {
-                    max_bsz: 1,
-                    real_bsz: 1,
-                    max_step_tokens: 2,
-                },
+                dims: BatchDims::new(1, 1, 2),
                 shape: RowShape { rows, vocab },
                 top_k: 0,
                 host_temperature: None,

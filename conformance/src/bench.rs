@@ -335,11 +335,7 @@ impl Bencher<'_> {
 
 /// Every slot of a batch of `slots` slots described, `s` tokens each at most.
 fn full_batch(slots: usize, s: usize) -> BatchDims {
-    BatchDims {
-        max_bsz: slots,
-        real_bsz: slots,
-        max_step_tokens: s,
-    }
+    BatchDims::new(slots, slots, s)
 }
 
 /// Runs every benchmark on `device` (named `backend`). `cpu` is the same device when it is the

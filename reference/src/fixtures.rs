@@ -585,11 +585,7 @@ impl ProcessCase {
             })
             .collect();
         let mut case = ProcessCase {
-            dims: BatchDims {
-                max_bsz,
-                real_bsz,
-                max_step_tokens: s,
-            },
+            dims: BatchDims::new(max_bsz, real_bsz, s),
             vocab,
             max_model_len: mml,
             rows,
@@ -894,11 +890,7 @@ pub fn hand_case() -> ProcessCase {
     scores[3 * vocab] = f32::NEG_INFINITY;
     scores[3 * vocab + 1] = f32::NEG_INFINITY;
     ProcessCase {
-        dims: BatchDims {
-            max_bsz: 2,
-            real_bsz: 2,
-            max_step_tokens: s,
-        },
+        dims: BatchDims::new(2, 2, s),
         vocab,
         max_model_len: mml,
         rows: 4,
@@ -1160,11 +1152,7 @@ impl StateCase {
         let n = max_bsz;
         let counts_on = !rng.chance(1, 4);
         StateCase {
-            dims: BatchDims {
-                max_bsz,
-                real_bsz,
-                max_step_tokens: s,
-            },
+            dims: BatchDims::new(max_bsz, real_bsz, s),
             mml,
             vocab,
             accept_tokens: (0..n * s).map(|_| token(rng, vocab, true)).collect(),

@@ -454,11 +454,7 @@ impl SamplerConfig {
 
     /// The batch dimensions of a step over slots `0 .. real_bsz`.
     pub(crate) fn dims(&self, real_bsz: usize) -> BatchDims {
-        BatchDims {
-            max_bsz: self.max_bsz,
-            real_bsz,
-            max_step_tokens: self.max_step_tokens,
-        }
+        BatchDims::new(self.max_bsz, real_bsz, self.max_step_tokens)
     }
 }
 

@@ -120,11 +120,7 @@ pub fn logprobs(
     k: usize,
 ) -> Logprobs {
     let n = tokens.len();
-    let dims = BatchDims {
-        max_bsz: 1,
-        real_bsz: 1,
-        max_step_tokens: n,
-    };
+    let dims = BatchDims::new(1, 1, n);
     let up_i32 = |v: &[i32]| dev.upload(v).unwrap();
     let (l, temperature) = (
         dev.upload(logits).unwrap(),
@@ -206,11 +202,7 @@ pub fn ngram(
             seq_lens_this_time: &mut this_time,
         },
         &NgramParams {
-            dims: BatchDims {
-                max_bsz: 1,
-                real_bsz: 1,
-                max_step_tokens: 4,
-            },
+            dims: BatchDims::new(1, 1, 4),
             max_model_len,
             max_ngram_size,
             min_ngram_size: 1,
@@ -265,11 +257,7 @@ impl VerifyBatch {
     pub fn one_slot(draft_tokens: &[i32], vocab: usize, strategy: HostStrategy) -> Self {
         let s = draft_tokens.len();
         VerifyBatch {
-            dims: BatchDims {
-                max_bsz: 1,
-                real_bsz: 1,
-                max_step_tokens: s,
-            },
+            dims: BatchDims::new(1, 1, s),
             rows: s,
             vocab,
             this_time: vec![s as i32],
