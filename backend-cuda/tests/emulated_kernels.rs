@@ -262,6 +262,17 @@ fn down<T: Element>(dev: &dyn Device, buffer: &Buffer) -> Vec<T> {
     dev.download(buffer).expect("download")
 }
 
+/// The struct `$ty` whose `$field`s are `$source`'s host vectors of the same names uploaded to
+/// `$dev`, and whose other fields are the given values.
+macro_rules! uploaded {
+    ($ty:ident { from $source:ident on $dev:ident: $($field:ident),+; $($other:ident: $value:expr),* $(,)? }) => {
+        $ty {
+            $($field: up($dev, &$source.$field),)+
+            $($other: $value,)*
+        }
+    };
+}
+
 /// The buffer's contents as `T` values (`u32` for the bits of an f32 buffer).
 fn bits<T: bytemuck::Pod>(dev: &dyn Device, buffer: &Buffer) -> Vec<T> {
     bytemuck::pod_collect_to_vec(&dev.download_bytes(buffer).expect("download"))
@@ -713,20 +724,11 @@ impl VerifySlots {
 
     /// The slot inputs and `end_tokens` on `dev`.
     fn upload(&self, dev: &dyn Device, end_tokens: &[i32]) -> SlotBuffers {
-        fn on<T: Element>(dev: &dyn Device, data: &[T]) -> Buffer {
-            dev.upload(data).expect("upload")
-        }
-        SlotBuffers {
-            this_time: on(dev, &self.this_time),
-            encoder: on(dev, &self.encoder),
-            cu_out: on(dev, &self.cu_out),
-            stop_flags: on(dev, &self.stop_flags),
-            is_block: on(dev, &self.is_block),
-            reasoning: on(dev, &self.reasoning),
-            step_idx: on(dev, &self.step_idx),
-            max_dec_len: on(dev, &self.max_dec_len),
-            end_tokens: on(dev, end_tokens),
-        }
+        uploaded!(SlotBuffers {
+            from self on dev: this_time, encoder, cu_out, stop_flags, is_block, reasoning,
+                step_idx, max_dec_len;
+            end_tokens: up(dev, end_tokens),
+        })
     }
 }
 
@@ -1856,17 +1858,11 @@ fn update_state_on(
         up(dev, &state.prompt_lens),
     );
     let (md, et) = (up(dev, &state.max_dec_len), up(dev, end_tokens));
-    let mut out = Updated {
-        accept_num: up(dev, &state.accept_num),
-        stop_flags: up(dev, &state.stop_flags),
-        token_ids_all: up(dev, &state.token_ids_all),
-        step_idx: up(dev, &state.step_idx),
-        infer_seed: up(dev, &state.infer_seed),
-        draft_tokens: up(dev, &state.draft_tokens),
-        encoder: up(dev, &state.encoder),
-        decoder: up(dev, &state.decoder),
+    let mut out = uploaded!(Updated {
+        from state on dev: accept_num, stop_flags, token_ids_all, step_idx, infer_seed,
+            draft_tokens, encoder, decoder;
         token_counts: counts.map(|c| up(dev, c)),
-    };
+    });
     dev.update_state(
         &UpdateStateInputs {
             accept_tokens: &at,
