@@ -102,18 +102,9 @@ pub fn first_sampling_ops(device: &dyn crate::Device) -> crate::Result<()> {
     let top_k = device.upload(&[0i32, 3])?;
     let top_p = device.upload(&[1.0f32, 0.9])?;
     let seed = device.upload(&[1u64, 2])?;
-    let inputs = SampleInputs {
-        scores: Scores::logits(&logits, &temperature),
-        top_k: &top_k,
-        top_p: &top_p,
-        seed: &seed,
-        fallback: None,
-    };
+    let inputs = SampleInputs::new(Scores::logits(&logits, &temperature), &top_k, &top_p, &seed);
     let mut tokens = device.alloc::<i32>(shape.rows)?;
-    let params = SampleParams {
-        shape,
-        host_top_p: None,
-    };
+    let params = SampleParams::new(shape);
     device.top_k_top_p_sample(&inputs, &mut tokens, &params)?;
     device.synchronize()
 }

@@ -49,17 +49,8 @@ fn bench(c: &mut Criterion) {
                 cpu.upload(&vec![k; batch]).unwrap(),
                 cpu.upload(&vec![p; batch]).unwrap(),
             );
-            let inputs = SampleInputs {
-                scores: Scores::Probs(&probs),
-                top_k: &top_k,
-                top_p: &top_p,
-                seed: &seed,
-                fallback: None,
-            };
-            let params = SampleParams {
-                shape,
-                host_top_p: None,
-            };
+            let inputs = SampleInputs::new(Scores::Probs(&probs), &top_k, &top_p, &seed);
+            let params = SampleParams::new(shape);
             group.bench_function(format!("top_k_top_p_sample_k{k}_p{p}"), |b| {
                 b.iter(|| {
                     cpu.top_k_top_p_sample(&inputs, &mut tokens, &params)

@@ -28,11 +28,7 @@ use specula_backend_cpu::CpuDevice;
 /// `real_bsz`: `T_out` = 4 output rows from 8 packed tokens, a capacity `real_bsz · S` of 9.
 const THIS_TIME: [i32; 4] = [3, 5, 0, 0];
 const ENCODER: [i32; 4] = [0, 5, 0, 0];
-const DIMS: BatchDims = BatchDims {
-    max_bsz: 4,
-    real_bsz: 3,
-    max_step_tokens: 3,
-};
+const DIMS: BatchDims = BatchDims::new(4, 3, 3);
 const T_OUT: usize = 4;
 const TOKEN_NUM: usize = 8;
 const CAP: usize = 9;
@@ -185,13 +181,7 @@ fn host_top_p_and_temperature_of_another_length_are_shape_mismatches() {
     let (top_k, top_p) = (zeros::<i32>(&dev, T_OUT), up(&dev, &[0.5f32; T_OUT]));
     let seed = zeros::<u64>(&dev, T_OUT);
     let mut tokens = zeros::<i32>(&dev, T_OUT);
-    let inputs = SampleInputs {
-        scores: Scores::Probs(&probs),
-        top_k: &top_k,
-        top_p: &top_p,
-        seed: &seed,
-        fallback: None,
-    };
+    let inputs = SampleInputs::new(Scores::Probs(&probs), &top_k, &top_p, &seed);
     let shape = RowShape {
         rows: T_OUT,
         vocab: V,

@@ -47,18 +47,9 @@ fn sample_and_argmax(
     let mut argmax = device.alloc::<i32>(rows)?;
     let start = std::time::Instant::now();
     device.top_k_top_p_sample(
-        &SampleInputs {
-            scores: Scores::Probs(&p),
-            top_k: &k,
-            top_p: &tp,
-            seed: &s,
-            fallback: None,
-        },
+        &SampleInputs::new(Scores::Probs(&p), &k, &tp, &s),
         &mut tokens,
-        &SampleParams {
-            shape,
-            host_top_p: None,
-        },
+        &SampleParams::new(shape),
     )?;
     device.argmax(&p, &mut argmax, &shape)?;
     device.synchronize()?;

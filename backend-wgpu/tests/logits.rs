@@ -102,12 +102,7 @@ fn candidate_scores_are_the_contract_shares(wgpu: Arc<dyn Device>) -> Result<(),
         let mut scores = wgpu.alloc::<f32>(rows * 8)?;
         let mut lens = wgpu.alloc::<i32>(rows)?;
         wgpu.top_p_candidates(
-            &CandidatesInputs {
-                scores: Scores::logits(&l, &t),
-                top_p: &p,
-                batch_id_per_token_output: None,
-                fallback: None,
-            },
+            &CandidatesInputs::new(Scores::logits(&l, &t), &p),
             &mut CandidatesOutputs {
                 ids: &mut ids,
                 scores: &mut scores,

@@ -79,13 +79,7 @@ fn sample(device: &dyn Device, probs: &[f32], vocab: usize) -> Result<Vec<i32>, 
         );
         let mut tokens = device.alloc::<i32>(rows)?;
         device.top_k_top_p_sample(
-            &SampleInputs {
-                scores: Scores::Probs(&probs),
-                top_k: &top_k,
-                top_p: &top_p,
-                seed: &seed,
-                fallback: None,
-            },
+            &SampleInputs::new(Scores::Probs(&probs), &top_k, &top_p, &seed),
             &mut tokens,
             &SampleParams {
                 shape: RowShape { rows, vocab },
@@ -207,11 +201,7 @@ fn logprobs_without_rows(device: &dyn Device, dims: BatchDims) -> Result<Vec<Vec
 fn accept_logprobs_packs_a_batch_without_rows() -> TestResult {
     let (device, cpu) = (open(LaunchConfig::default())?, cpu()?);
     for (max_bsz, real_bsz) in [(3, 0), (0, 0)] {
-        let dims = BatchDims {
-            max_bsz,
-            real_bsz,
-            max_step_tokens: 2,
-        };
+        let dims = BatchDims::new(max_bsz, real_bsz, 2);
         let got = logprobs_without_rows(&device, dims)?;
         let expected = logprobs_without_rows(&cpu, dims)?;
         if got != expected {
@@ -260,11 +250,7 @@ fn tiny_temperature_logprobs_tend_to_the_one_hot() -> TestResult {
                 top_logprobs: &mut top_logprobs,
             },
             &LogprobsParams {
-                dims: BatchDims {
-                    max_bsz: 1,
-                    real_bsz: 1,
-                    max_step_tokens: 2,
-                },
+                dims: BatchDims::new(1, 1, 2),
                 shape: RowShape { rows, vocab },
                 top_k: 0,
                 host_temperature: None,

@@ -335,11 +335,7 @@ impl Bencher<'_> {
 
 /// Every slot of a batch of `slots` slots described, `s` tokens each at most.
 fn full_batch(slots: usize, s: usize) -> BatchDims {
-    BatchDims {
-        max_bsz: slots,
-        real_bsz: slots,
-        max_step_tokens: s,
-    }
+    BatchDims::new(slots, slots, s)
 }
 
 /// Runs every benchmark on `device` (named `backend`). `cpu` is the same device when it is the
@@ -412,17 +408,8 @@ fn row_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
             continue;
         }
         let (top_k, top_p) = (d.upload(&vec![k; rows])?, d.upload(&vec![p; rows])?);
-        let inputs = SampleInputs {
-            scores: Scores::Probs(&probs),
-            top_k: &top_k,
-            top_p: &top_p,
-            seed: &seed,
-            fallback: None,
-        };
-        let params = SampleParams {
-            shape,
-            host_top_p: None,
-        };
+        let inputs = SampleInputs::new(Scores::Probs(&probs), &top_k, &top_p, &seed);
+        let params = SampleParams::new(shape);
         b.measure_rows(op, &probs, (rows, vocab), &mut || {
             d.top_k_top_p_sample(&inputs, &mut tokens, &params)
         })?;
@@ -439,17 +426,8 @@ fn row_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
             d.alloc::<f32>(rows * 8)?,
             d.alloc::<i32>(rows)?,
         );
-        let inputs = CandidatesInputs {
-            scores: Scores::Probs(&probs),
-            top_p: &top_p,
-            batch_id_per_token_output: None,
-            fallback: None,
-        };
-        let params = CandidatesParams {
-            shape,
-            candidates: 8,
-            host_top_p: None,
-        };
+        let inputs = CandidatesInputs::new(Scores::Probs(&probs), &top_p);
+        let params = CandidatesParams::new(shape, 8);
         let op = CANDIDATES_LINE.to_owned();
         b.measure_rows(op, &probs, (rows, vocab), &mut || {
             let mut outputs = CandidatesOutputs {
@@ -540,19 +518,11 @@ fn logits_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> 
     let mut probs = d.alloc::<f32>(rows * vocab)?;
     for (k, p) in SAMPLE_SETTINGS {
         let (top_k, top_p) = (d.upload(&vec![k; rows])?, d.upload(&vec![p; rows])?);
-        let params = SampleParams {
-            shape,
-            host_top_p: None,
-        };
+        let params = SampleParams::new(shape);
         let op = logits_sample_line(k, p);
         if b.wants(&op) {
-            let inputs = SampleInputs {
-                scores: Scores::logits(&logits, &temperature),
-                top_k: &top_k,
-                top_p: &top_p,
-                seed: &seed,
-                fallback: None,
-            };
+            let inputs =
+                SampleInputs::new(Scores::logits(&logits, &temperature), &top_k, &top_p, &seed);
             b.measure_rows(op, &logits, (rows, vocab), &mut || {
                 d.top_k_top_p_sample(&inputs, &mut tokens, &params)
             })?;
@@ -565,13 +535,7 @@ fn logits_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> 
                     host_temperature: None,
                 };
                 d.softmax(&logits, &temperature, &mut probs, &softmax)?;
-                let inputs = SampleInputs {
-                    scores: Scores::Probs(&probs),
-                    top_k: &top_k,
-                    top_p: &top_p,
-                    seed: &seed,
-                    fallback: None,
-                };
+                let inputs = SampleInputs::new(Scores::Probs(&probs), &top_k, &top_p, &seed);
                 d.top_k_top_p_sample(&inputs, &mut tokens, &params)
             })?;
         }
@@ -762,13 +726,8 @@ impl StepFixture {
             true => Scores::logits(scores, &self.row_temperature),
             false => Scores::Probs(scores),
         };
-        let inputs = SampleInputs {
-            scores,
-            top_k: &self.row_top_k,
-            top_p: &self.row_top_p,
-            seed: &self.row_seed,
-            fallback,
-        };
+        let inputs = SampleInputs::new(scores, &self.row_top_k, &self.row_top_p, &self.row_seed)
+            .with_fallback(fallback);
         let params = SampleParams {
             shape: RowShape {
                 rows: self.rows,

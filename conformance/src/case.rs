@@ -23,11 +23,7 @@ pub struct Dims {
 
 impl From<Dims> for BatchDims {
     fn from(d: Dims) -> Self {
-        BatchDims {
-            max_bsz: d.max_bsz,
-            real_bsz: d.real_bsz,
-            max_step_tokens: d.max_step_tokens,
-        }
+        BatchDims::new(d.max_bsz, d.real_bsz, d.max_step_tokens)
     }
 }
 

@@ -122,11 +122,7 @@ fn specula(
                 fallback: &mut fallback,
             },
             &ProcessParams {
-                dims: BatchDims {
-                    max_bsz: 1,
-                    real_bsz: 1,
-                    max_step_tokens: 1,
-                },
+                dims: BatchDims::new(1, 1, 1),
                 shape: RowShape {
                     rows: 1,
                     vocab: VOCAB,

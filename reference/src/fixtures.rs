@@ -585,11 +585,7 @@ impl ProcessCase {
             })
             .collect();
         let mut case = ProcessCase {
-            dims: BatchDims {
-                max_bsz,
-                real_bsz,
-                max_step_tokens: s,
-            },
+            dims: BatchDims::new(max_bsz, real_bsz, s),
             vocab,
             max_model_len: mml,
             rows,
@@ -894,11 +890,7 @@ pub fn hand_case() -> ProcessCase {
     scores[3 * vocab] = f32::NEG_INFINITY;
     scores[3 * vocab + 1] = f32::NEG_INFINITY;
     ProcessCase {
-        dims: BatchDims {
-            max_bsz: 2,
-            real_bsz: 2,
-            max_step_tokens: s,
-        },
+        dims: BatchDims::new(2, 2, s),
         vocab,
         max_model_len: mml,
         rows: 4,
@@ -1054,40 +1046,24 @@ pub fn run_sampling(device: &dyn Device, c: &SampleCase) -> Result<SampleOut> {
     };
     let mut tokens = device.alloc::<i32>(rows)?;
     device.top_k_top_p_sample(
-        &SampleInputs {
-            scores,
-            top_k: &k,
-            top_p: &p,
-            seed: &s,
-            fallback: Some(&f),
-        },
+        &SampleInputs::new(scores, &k, &p, &s).with_fallback(Some(&f)),
         &mut tokens,
-        &SampleParams {
-            shape: c.shape,
-            host_top_p: None,
-        },
+        &SampleParams::new(c.shape),
     )?;
     let n = c.candidates;
     let mut ids = device.alloc::<i32>(rows * n)?;
     let mut sc = device.alloc::<f32>(rows * n)?;
     let mut lens = device.alloc::<i32>(rows)?;
     device.top_p_candidates(
-        &CandidatesInputs {
-            scores,
-            top_p: &p,
-            batch_id_per_token_output: batch_id.as_ref(),
-            fallback: Some(&f),
-        },
+        &CandidatesInputs::new(scores, &p)
+            .with_batch_id(batch_id.as_ref())
+            .with_fallback(Some(&f)),
         &mut CandidatesOutputs {
             ids: &mut ids,
             scores: &mut sc,
             lens: &mut lens,
         },
-        &CandidatesParams {
-            shape: c.shape,
-            candidates: n,
-            host_top_p: None,
-        },
+        &CandidatesParams::new(c.shape, n),
     )?;
     device.synchronize()?;
     let sc: Vec<f32> = device.download(&sc)?;
@@ -1176,11 +1152,7 @@ impl StateCase {
         let n = max_bsz;
         let counts_on = !rng.chance(1, 4);
         StateCase {
-            dims: BatchDims {
-                max_bsz,
-                real_bsz,
-                max_step_tokens: s,
-            },
+            dims: BatchDims::new(max_bsz, real_bsz, s),
             mml,
             vocab,
             accept_tokens: (0..n * s).map(|_| token(rng, vocab, true)).collect(),

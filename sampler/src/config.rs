@@ -454,12 +454,29 @@ impl SamplerConfig {
 
     /// The batch dimensions of a step over slots `0 .. real_bsz`.
     pub(crate) fn dims(&self, real_bsz: usize) -> BatchDims {
-        BatchDims {
-            max_bsz: self.max_bsz,
-            real_bsz,
-            max_step_tokens: self.max_step_tokens,
-        }
+        BatchDims::new(self.max_bsz, real_bsz, self.max_step_tokens)
     }
+}
+
+/// Builder setters: each `name(param: Type) => field;` (`=> field` where the field is named
+/// otherwise) is a `pub fn name(mut self, param: Type) -> Self` that sets `self.field`, with the
+/// doc comment written above it.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident($param:ident: $ty:ty) $(=> $field:ident)?;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, $param: $ty) -> Self {
+                setters!(@set self, $param $(, $field)?);
+                self
+            }
+        )*
+    };
+    (@set $self:ident, $param:ident) => {
+        $self.$param = $param
+    };
+    (@set $self:ident, $param:ident, $field:ident) => {
+        $self.$field = $param
+    };
 }
 
 /// How a request samples its tokens, by name (as vLLM's `SamplingParams`): build it from
@@ -522,34 +539,21 @@ impl SamplingParams {
         SamplingParams::default().with_temperature(0.0)
     }
 
-    /// Sets the temperature.
-    pub fn with_temperature(mut self, temperature: f32) -> Self {
-        self.temperature = temperature;
-        self
-    }
+    setters! {
+        /// Sets the temperature.
+        with_temperature(temperature: f32);
 
-    /// Sets `top_p`.
-    pub fn with_top_p(mut self, top_p: f32) -> Self {
-        self.top_p = top_p;
-        self
-    }
+        /// Sets `top_p`.
+        with_top_p(top_p: f32);
 
-    /// Sets `top_k`.
-    pub fn with_top_k(mut self, top_k: usize) -> Self {
-        self.top_k = top_k;
-        self
-    }
+        /// Sets `top_k`.
+        with_top_k(top_k: usize);
 
-    /// Sets the seed.
-    pub fn with_seed(mut self, seed: u64) -> Self {
-        self.seed = seed;
-        self
-    }
+        /// Sets the seed.
+        with_seed(seed: u64);
 
-    /// Sets the repetition penalty `α` (> 0; 1 is off).
-    pub fn with_repetition_penalty(mut self, alpha: f32) -> Self {
-        self.repetition_penalty = alpha;
-        self
+        /// Sets the repetition penalty `α` (> 0; 1 is off).
+        with_repetition_penalty(alpha: f32) => repetition_penalty;
     }
 
     /// Sets the frequency penalty `β` and the presence penalty `γ` (0 is off).
@@ -559,16 +563,12 @@ impl SamplingParams {
         self
     }
 
-    /// Sets `min_p` (in `[0, 1]`; 0 is off).
-    pub fn with_min_p(mut self, min_p: f32) -> Self {
-        self.min_p = min_p;
-        self
-    }
+    setters! {
+        /// Sets `min_p` (in `[0, 1]`; 0 is off).
+        with_min_p(min_p: f32);
 
-    /// Sets `min_tokens` (end tokens are masked until this many tokens are generated).
-    pub fn with_min_tokens(mut self, min_tokens: usize) -> Self {
-        self.min_tokens = min_tokens;
-        self
+        /// Sets `min_tokens` (end tokens are masked until this many tokens are generated).
+        with_min_tokens(min_tokens: usize);
     }
 
     /// Whether a logits-processing parameter (`docs/semantics.md` §4c) is on.
@@ -737,16 +737,12 @@ impl Request {
         }
     }
 
-    /// Sets the logit bias (`(token, value)` pairs).
-    pub fn with_logit_bias(mut self, bias: Vec<(i32, f32)>) -> Self {
-        self.logit_bias = bias;
-        self
-    }
+    setters! {
+        /// Sets the logit bias (`(token, value)` pairs).
+        with_logit_bias(bias: Vec<(i32, f32)>) => logit_bias;
 
-    /// Sets the bad words (token sequences).
-    pub fn with_bad_words(mut self, bad_words: Vec<Vec<i32>>) -> Self {
-        self.bad_words = bad_words;
-        self
+        /// Sets the bad words (token sequences).
+        with_bad_words(bad_words: Vec<Vec<i32>>);
     }
 
     /// Restricts the emitted tokens to `allowed`.
@@ -764,10 +760,9 @@ impl Request {
             || self.allowed_token_ids.is_some()
     }
 
-    /// Sets the seed.
-    pub fn with_seed(mut self, seed: u64) -> Self {
-        self.seed = seed;
-        self
+    setters! {
+        /// Sets the seed.
+        with_seed(seed: u64);
     }
 
     /// Sets `top_p`, `top_k` and the temperature, by position (easy to swap).
@@ -780,18 +775,14 @@ impl Request {
         self
     }
 
-    /// Sets `max_dec_len`: the request ends after exactly that many tokens, finish reason
-    /// [`Length`](crate::FinishReason::Length).
-    pub fn with_max_dec_len(mut self, max_dec_len: usize) -> Self {
-        self.max_dec_len = max_dec_len;
-        self
-    }
+    setters! {
+        /// Sets `max_dec_len`: the request ends after exactly that many tokens, finish reason
+        /// [`Length`](crate::FinishReason::Length).
+        with_max_dec_len(max_dec_len: usize);
 
-    /// Sets the request's own stop tokens (see [`stop_tokens`](Request::stop_tokens)); the
-    /// decoder's end tokens still apply.
-    pub fn with_stop_tokens(mut self, stop_tokens: Vec<i32>) -> Self {
-        self.stop_tokens = stop_tokens;
-        self
+        /// Sets the request's own stop tokens (see [`stop_tokens`](Request::stop_tokens)); the
+        /// decoder's end tokens still apply.
+        with_stop_tokens(stop_tokens: Vec<i32>);
     }
 
     /// Asks for the log-probability of each emitted token with its top-`k` alternatives (`k ≤`

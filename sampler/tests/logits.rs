@@ -44,13 +44,12 @@ fn expected_tokens(
     let mut tokens = device.alloc::<i32>(rows).expect("alloc");
     device
         .top_k_top_p_sample(
-            &SampleInputs {
-                scores: Scores::logits(logits, &temperature),
-                top_k: &device.upload(&top_k).expect("upload"),
-                top_p: &device.upload(&top_p).expect("upload"),
-                seed: &device.upload(&seed).expect("upload"),
-                fallback: None,
-            },
+            &SampleInputs::new(
+                Scores::logits(logits, &temperature),
+                &device.upload(&top_k).expect("upload"),
+                &device.upload(&top_p).expect("upload"),
+                &device.upload(&seed).expect("upload"),
+            ),
             &mut tokens,
             &SampleParams {
                 shape: RowShape { rows, vocab: VOCAB },

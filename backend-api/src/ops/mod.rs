@@ -58,6 +58,16 @@ pub struct BatchDims {
 }
 
 impl BatchDims {
+    /// A batch of `max_bsz` slots, `0 .. real_bsz` described this step, at most `max_step_tokens`
+    /// (`S`) tokens a decode slot.
+    pub const fn new(max_bsz: usize, real_bsz: usize, max_step_tokens: usize) -> Self {
+        BatchDims {
+            max_bsz,
+            real_bsz,
+            max_step_tokens,
+        }
+    }
+
     /// The number of output rows a step can produce at most: `real_bsz · S` (saturating, so an
     /// absurd shape fails the buffer-size checks instead of overflowing).
     pub fn max_output_rows(&self) -> usize {

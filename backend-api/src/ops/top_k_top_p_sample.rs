@@ -48,6 +48,35 @@ pub struct SampleParams<'a> {
     pub host_top_p: Option<&'a [f32]>,
 }
 
+impl<'a> SampleInputs<'a> {
+    /// The inputs of `top_k_top_p_sample` (`docs/semantics.md` §5.6) without a `fallback`: every
+    /// row of total weight 0 yields its first token in rank order.
+    pub fn new(scores: Scores<'a>, top_k: &'a Buffer, top_p: &'a Buffer, seed: &'a Buffer) -> Self {
+        SampleInputs {
+            scores,
+            top_k,
+            top_p,
+            seed,
+            fallback: None,
+        }
+    }
+
+    /// These inputs with the `fallback` input (`None`: without one).
+    pub fn with_fallback(self, fallback: Option<&'a Buffer>) -> Self {
+        SampleInputs { fallback, ..self }
+    }
+}
+
+impl SampleParams<'_> {
+    /// The parameters of `top_k_top_p_sample` over `shape`, without a host copy of `top_p`.
+    pub fn new(shape: RowShape) -> Self {
+        SampleParams {
+            shape,
+            host_top_p: None,
+        }
+    }
+}
+
 /// Validates `top_k_top_p_sample`.
 pub(crate) fn validate<'c>(
     device: &DeviceDesc,

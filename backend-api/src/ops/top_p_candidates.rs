@@ -50,6 +50,44 @@ pub struct CandidatesOutputs<'a> {
     pub lens: &'a mut Buffer,
 }
 
+impl<'a> CandidatesInputs<'a> {
+    /// The inputs of `top_p_candidates` (`docs/semantics.md` §5.7) without
+    /// `batch_id_per_token_output` (every row is processed) and without a `fallback`.
+    pub fn new(scores: Scores<'a>, top_p: &'a Buffer) -> Self {
+        CandidatesInputs {
+            scores,
+            top_p,
+            batch_id_per_token_output: None,
+            fallback: None,
+        }
+    }
+
+    /// These inputs with the `batch_id_per_token_output` input (`None`: without one).
+    pub fn with_batch_id(self, batch_id_per_token_output: Option<&'a Buffer>) -> Self {
+        CandidatesInputs {
+            batch_id_per_token_output,
+            ..self
+        }
+    }
+
+    /// These inputs with the `fallback` input (`None`: without one).
+    pub fn with_fallback(self, fallback: Option<&'a Buffer>) -> Self {
+        CandidatesInputs { fallback, ..self }
+    }
+}
+
+impl CandidatesParams<'_> {
+    /// The parameters of `top_p_candidates` over `shape` with `candidates` per row, without a
+    /// host copy of `top_p`.
+    pub fn new(shape: RowShape, candidates: usize) -> Self {
+        CandidatesParams {
+            shape,
+            candidates,
+            host_top_p: None,
+        }
+    }
+}
+
 /// Validates `top_p_candidates`.
 pub(crate) fn validate<'c, 'o>(
     device: &DeviceDesc,

@@ -52,6 +52,22 @@ struct FastScratch {
     bins: Vec<u64>,
 }
 
+impl FastScratch {
+    /// Replaces `candidates` with the tokens of `row` whose key reaches `floor`, from the
+    /// sample [`scan_row`] kept ([`collect`]); `false` as soon as there are more than `cap`.
+    fn collect_above<T: FloatElement>(&mut self, row: &[T], floor: u32, cap: usize) -> bool {
+        self.candidates.clear();
+        collect(
+            row,
+            &self.group_max,
+            &self.group_pos,
+            floor,
+            cap,
+            &mut self.candidates,
+        )
+    }
+}
+
 thread_local! {
     static FAST: std::cell::RefCell<FastScratch> = std::cell::RefCell::new(FastScratch::default());
 }
@@ -324,15 +340,7 @@ fn sample_top_k<T: FloatElement>(
     draw: u64,
 ) -> Option<usize> {
     let floor = count_floor(s, k);
-    s.candidates.clear();
-    if !collect(
-        row,
-        &s.group_max,
-        &s.group_pos,
-        floor,
-        4 * k + 4096,
-        &mut s.candidates,
-    ) {
+    if !s.collect_above(row, floor, 4 * k + 4096) {
         return None; // many ties at the floor: the histogram path decides
     }
     keep_top_k(s, k);
@@ -371,16 +379,8 @@ fn sample_top_p<T: FloatElement>(
     // When the sample falls short, every positive weight is needed.
     let floor = floor_for(&s.group_max, Want::Mass(wanted), &mut s.keys)
         .map_or(MIN_WEIGHT_KEY, |key| key.max(MIN_WEIGHT_KEY));
-    s.candidates.clear();
     let cap = row.len() / 4;
-    if !collect(
-        row,
-        &s.group_max,
-        &s.group_pos,
-        floor,
-        cap,
-        &mut s.candidates,
-    ) {
+    if !s.collect_above(row, floor, cap) {
         return None; // a flat row: the histogram path is cheaper
     }
     // `None` when the estimate was wrong (rows far from a distribution): the histogram path decides.
@@ -405,16 +405,8 @@ pub(crate) fn candidates_row_fast<T: FloatElement>(
             return None;
         }
         let floor = count_floor(s, c).max(MIN_WEIGHT_KEY);
-        s.candidates.clear();
         let cap = 4 * c + 4096;
-        if !collect(
-            row,
-            &s.group_max,
-            &s.group_pos,
-            floor,
-            cap,
-            &mut s.candidates,
-        ) {
+        if !s.collect_above(row, floor, cap) {
             return None;
         }
         keep_top_k(s, c);

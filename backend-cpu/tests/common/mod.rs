@@ -44,37 +44,19 @@ pub fn sample_and_candidates<T: Element>(
     let (probs, top_k) = (up(dev, &rows.probs), up(dev, &rows.top_k));
     let (top_p, seed) = (up(dev, &rows.top_p), up(dev, &rows.seed));
     let mut tokens = zeros::<i32>(dev, n);
-    let inputs = SampleInputs {
-        scores: Scores::Probs(&probs),
-        top_k: &top_k,
-        top_p: &top_p,
-        seed: &seed,
-        fallback: None,
-    };
-    let params = SampleParams {
-        shape,
-        host_top_p: None,
-    };
+    let inputs = SampleInputs::new(Scores::Probs(&probs), &top_k, &top_p, &seed);
+    let params = SampleParams::new(shape);
     dev.top_k_top_p_sample(&inputs, &mut tokens, &params)
         .expect("top_k_top_p_sample");
     let (mut ids, mut scores) = (zeros::<i32>(dev, n * C), zeros::<f32>(dev, n * C));
     let mut lens = zeros::<i32>(dev, n);
-    let inputs = CandidatesInputs {
-        scores: Scores::Probs(&probs),
-        top_p: &top_p,
-        batch_id_per_token_output: None,
-        fallback: None,
-    };
+    let inputs = CandidatesInputs::new(Scores::Probs(&probs), &top_p);
     let mut outputs = CandidatesOutputs {
         ids: &mut ids,
         scores: &mut scores,
         lens: &mut lens,
     };
-    let params = CandidatesParams {
-        shape,
-        candidates: C,
-        host_top_p: None,
-    };
+    let params = CandidatesParams::new(shape, C);
     dev.top_p_candidates(&inputs, &mut outputs, &params)
         .expect("top_p_candidates");
     (

@@ -268,6 +268,25 @@ pub fn spoiled_rows(
     values
 }
 
+/// The first hostile `top_p` values of the sampling ops' hostile cases: NaN, negative, 0, above
+/// 1, +inf, tiny, an ordinary 0.5.
+pub const HOSTILE_TOP_P: [f32; 7] = [f32::NAN, -0.5, 0.0, 1.5, f32::INFINITY, 1e-30, 0.5];
+
+/// The hostile spoils of probability rows that the sampling ops' hostile cases share, for
+/// [`spoiled_rows`]: a row of `kind` 0 or 1 gets NaN or +inf where `draw` is 0, of kind 2 is
+/// negated, of kind 3 is zero. Whether `kind` is one of these (others are the caller's).
+pub fn spoil_probability(kind: usize, draw: usize, x: &mut f32) -> bool {
+    match (kind, draw) {
+        (0, 0) => *x = f32::NAN,
+        (1, 0) => *x = f32::INFINITY,
+        (2, _) => *x = -*x,
+        (3, _) => *x = 0.0,
+        (0 | 1, _) => {}
+        _ => return false,
+    }
+    true
+}
+
 /// `n` hostile i32 values (lengths, offsets, ids): each `i32::MIN`, -1, `i32::MAX` or random bits
 /// with probability 1/7, otherwise in `0 ..= hi`.
 pub fn garbage_i32(rng: &mut Rng, n: usize, hi: usize) -> Vec<i32> {

@@ -5,7 +5,7 @@ use specula_backend_api::DType;
 use specula_backend_api::ops::*;
 
 use super::generate::{
-    EDGE_SEEDS, FLOAT_DTYPES, Rng, f32s, hostile_logit_rows, i32s, logit_row, pick_temperature,
+    EDGE_SEEDS, FLOAT_DTYPES, HOSTILE_TOP_P, Rng, f32s, hostile_logit_rows, i32s, logit_row, pick_temperature, spoil_probability,
     prob_row, rows_with_ties, spoiled_rows, u64s, weightless_rows, with_score_rows,
 };
 use super::process_logits::{self, ProcessingBuffers, Setup, processing_specs};
@@ -70,13 +70,7 @@ impl OpCase for Params {
             .map(|p| ProcessingBuffers::load(r).map(|b| (b, p)))
             .transpose()?;
         let [tokens] = r.outputs([("tokens", DType::I32, &[rows])])?;
-        let inputs = SampleInputs {
-            scores: scores.scores(),
-            top_k: &top_k,
-            top_p: &top_p,
-            seed: &seed,
-            fallback: fallback.as_ref(),
-        };
+        let inputs = SampleInputs::new(scores.scores(), &top_k, &top_p, &seed).with_fallback(fallback.as_ref());
         let params = SampleParams {
             shape: RowShape { rows, vocab },
             host_top_p: host_top_p.as_deref(),
@@ -410,15 +404,15 @@ fn hostile() -> Vec<Case> {
         vocab,
         prob_row,
         4,
-        |rng, r, draw, x| match (r % 8, draw) {
-            (0, 0) => *x = f32::NAN,
-            (1, 0) => *x = f32::INFINITY,
-            (2, _) => *x = -*x,
-            (3, _) => *x = 0.0,
-            (4, _) => *x = 1.0,
-            (5, 1) => *x = -0.0,
-            (6, _) => *x = f32::from_bits(rng.next_u64() as u32),
-            _ => {}
+        |rng, r, draw, x| {
+            if !spoil_probability(r % 8, draw, x) {
+                match (r % 8, draw) {
+                    (4, _) => *x = 1.0,
+                    (5, 1) => *x = -0.0,
+                    (6, _) => *x = f32::from_bits(rng.next_u64() as u32),
+                    _ => {}
+                }
+            }
         },
     );
     let v = vocab as i32;
@@ -440,25 +434,8 @@ fn hostile() -> Vec<Case> {
         1,
         v - 1,
     ];
-    let nan = f32::NAN;
-    let top_p = [
-        nan,
-        -0.5,
-        0.0,
-        1.5,
-        f32::INFINITY,
-        1e-30,
-        0.5,
-        f32::MIN_POSITIVE,
-        1.0,
-        0.9,
-        -0.0,
-        2.0,
-        nan,
-        0.1,
-        1.0,
-        0.7,
-    ];
+    let more = [f32::MIN_POSITIVE, 1.0, 0.9, -0.0, 2.0, f32::NAN, 0.1, 1.0, 0.7];
+    let top_p: Vec<f32> = HOSTILE_TOP_P.into_iter().chain(more).collect();
     let seed: Vec<u64> = EDGE_SEEDS
         .iter()
         .chain(EDGE_SEEDS.iter())

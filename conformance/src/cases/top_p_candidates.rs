@@ -5,7 +5,7 @@ use specula_backend_api::DType;
 use specula_backend_api::ops::*;
 
 use super::generate::{
-    FLOAT_DTYPES, Rng, f32s, float_tensor, hostile_logit_rows, i32s, logit_row, pick_temperature,
+    FLOAT_DTYPES, HOSTILE_TOP_P, Rng, f32s, spoil_probability, float_tensor, hostile_logit_rows, i32s, logit_row, pick_temperature,
     prob_row, rows_with_ties, spoiled_rows, weightless_rows, with_score_rows,
 };
 use super::top_k_top_p_sample::pick_top_p;
@@ -61,12 +61,7 @@ impl OpCase for Params {
             ("lens", DType::I32, &[rows]),
         ])?;
         device.top_p_candidates(
-            &CandidatesInputs {
-                scores: rows_in.scores(),
-                top_p: &top_p,
-                batch_id_per_token_output: batch_id.as_ref(),
-                fallback: fallback.as_ref(),
-            },
+            &CandidatesInputs::new(rows_in.scores(), &top_p).with_batch_id(batch_id.as_ref()).with_fallback(fallback.as_ref()),
             &mut CandidatesOutputs { ids, scores, lens },
             &CandidatesParams {
                 shape: RowShape { rows, vocab },
@@ -397,30 +392,14 @@ fn hostile() -> Vec<Case> {
         vocab,
         prob_row,
         4,
-        |rng, r, draw, x| match (r % 6, draw) {
-            (0, 0) => *x = f32::NAN,
-            (1, 0) => *x = f32::INFINITY,
-            (2, _) => *x = -*x,
-            (3, _) => *x = 0.0,
-            (4, _) => *x = f32::from_bits(rng.next_u64() as u32),
-            _ => {}
+        |rng, r, draw, x| {
+            if !spoil_probability(r % 6, draw, x) && r % 6 == 4 {
+                *x = f32::from_bits(rng.next_u64() as u32);
+            }
         },
     );
-    let nan = f32::NAN;
-    let top_p = [
-        nan,
-        -0.5,
-        0.0,
-        1.5,
-        f32::INFINITY,
-        1e-30,
-        0.5,
-        1.0,
-        nan,
-        0.9,
-        2.0,
-        -0.0,
-    ];
+    let more = [1.0, f32::NAN, 0.9, 2.0, -0.0];
+    let top_p: Vec<f32> = HOSTILE_TOP_P.into_iter().chain(more).collect();
     let batch_id = [0, -1, i32::MAX, i32::MIN, 3, -7, 1, 1, 2, -1, 100, 0];
     let mut out = Vec::new();
     for dtype in FLOAT_DTYPES {

@@ -34,13 +34,7 @@ pub fn sample<T: Element>(
     let (probs, k) = (dev.upload(probs).unwrap(), dev.upload(top_k).unwrap());
     let (p, s) = (dev.upload(top_p).unwrap(), dev.upload(seed).unwrap());
     let mut tokens = dev.alloc::<i32>(rows).unwrap();
-    let inputs = SampleInputs {
-        scores: Scores::Probs(&probs),
-        top_k: &k,
-        top_p: &p,
-        seed: &s,
-        fallback: None,
-    };
+    let inputs = SampleInputs::new(Scores::Probs(&probs), &k, &p, &s);
     let params = SampleParams {
         shape: RowShape { rows, vocab },
         host_top_p: None,
@@ -63,12 +57,7 @@ pub fn candidates<T: Element>(
     let mut ids = dev.alloc::<i32>(rows * c).unwrap();
     let mut scores = dev.alloc::<f32>(rows * c).unwrap();
     let mut lens = dev.alloc::<i32>(rows).unwrap();
-    let inputs = CandidatesInputs {
-        scores: Scores::Probs(&probs),
-        top_p: &p,
-        batch_id_per_token_output: None,
-        fallback: None,
-    };
+    let inputs = CandidatesInputs::new(Scores::Probs(&probs), &p);
     let mut out = CandidatesOutputs {
         ids: &mut ids,
         scores: &mut scores,
@@ -131,11 +120,7 @@ pub fn logprobs(
     k: usize,
 ) -> Logprobs {
     let n = tokens.len();
-    let dims = BatchDims {
-        max_bsz: 1,
-        real_bsz: 1,
-        max_step_tokens: n,
-    };
+    let dims = BatchDims::new(1, 1, n);
     let up_i32 = |v: &[i32]| dev.upload(v).unwrap();
     let (l, temperature) = (
         dev.upload(logits).unwrap(),
@@ -217,11 +202,7 @@ pub fn ngram(
             seq_lens_this_time: &mut this_time,
         },
         &NgramParams {
-            dims: BatchDims {
-                max_bsz: 1,
-                real_bsz: 1,
-                max_step_tokens: 4,
-            },
+            dims: BatchDims::new(1, 1, 4),
             max_model_len,
             max_ngram_size,
             min_ngram_size: 1,
@@ -276,11 +257,7 @@ impl VerifyBatch {
     pub fn one_slot(draft_tokens: &[i32], vocab: usize, strategy: HostStrategy) -> Self {
         let s = draft_tokens.len();
         VerifyBatch {
-            dims: BatchDims {
-                max_bsz: 1,
-                real_bsz: 1,
-                max_step_tokens: s,
-            },
+            dims: BatchDims::new(1, 1, s),
             rows: s,
             vocab,
             this_time: vec![s as i32],

@@ -213,6 +213,17 @@ fn with_entry<T: Element>(base: &Case, name: &str, index: usize, value: T) -> Ca
     case
 }
 
+/// `base` with entry `index` of input `name` set to `value`: the case `invalid::<what>`, which
+/// every device must reject as an invalid argument naming `name`.
+fn bad_entry<T: Element>(base: &Case, what: &str, name: &str, index: usize, value: T) -> Case {
+    reject(
+        what,
+        with_entry(base, name, index, value),
+        InvalidArgument,
+        name,
+    )
+}
+
 /// `V == 0` and `V > 2^20`, through `make(vocab)` (the baseline with another vocabulary).
 fn vocab_cases(make: impl Fn(usize) -> Case) -> Vec<Case> {
     vec![
@@ -235,15 +246,7 @@ fn host_top_p_cases(base: &Case, index: usize) -> Vec<Case> {
         ("nan", f32::NAN),
     ]
     .into_iter()
-    .map(|(what, p)| {
-        let case = with_entry(base, "top_p", index, p);
-        reject(
-            &format!("host_top_p_{what}"),
-            case,
-            InvalidArgument,
-            "top_p",
-        )
-    })
+    .map(|(what, p)| bad_entry(base, &format!("host_top_p_{what}"), "top_p", index, p))
     .collect()
 }
 
@@ -252,9 +255,8 @@ fn host_temperature_cases(base: &Case, index: usize) -> Vec<Case> {
     [("negative", -1.0), ("nan", f32::NAN)]
         .into_iter()
         .map(|(what, t)| {
-            let case = with_entry(base, "temperature", index, t);
             let what = format!("host_temperature_{what}");
-            reject(&what, case, InvalidArgument, "temperature")
+            bad_entry(base, &what, "temperature", index, t)
         })
         .collect()
 }

@@ -6,7 +6,7 @@ use specula_backend_api::DType;
 use specula_backend_api::ops::process_logits::mask_words;
 
 use super::Break::{Dtype, Empty, Foreign, HostDtype, Long, Short};
-use super::{VOCAB, batch, broken, dims_cases, reject, vocab_cases, with_entry};
+use super::{VOCAB, bad_entry, batch, broken, dims_cases, reject, vocab_cases};
 use crate::case::ErrorKind::{InvalidArgument, ShapeMismatch};
 use crate::case::{Case, Dims};
 use crate::cases::process_logits::Setup;
@@ -93,12 +93,7 @@ pub(super) fn cases() -> Vec<Case> {
         ],
     );
     let host = |what: &str, name: &str, index: usize, value: f32| {
-        reject(
-            what,
-            with_entry(&base, name, index, value),
-            InvalidArgument,
-            name,
-        )
+        bad_entry(&base, what, name, index, value)
     };
     out.extend([
         host("repetition_zero", "penalties", 0, 0.0),
@@ -110,12 +105,7 @@ pub(super) fn cases() -> Vec<Case> {
         host("bias_value_infinite", "bias_values", 1, f32::NEG_INFINITY),
     ]);
     let id = |what: &str, name: &str, index: usize, value: i32| {
-        reject(
-            what,
-            with_entry(&base, name, index, value),
-            InvalidArgument,
-            name,
-        )
+        bad_entry(&base, what, name, index, value)
     };
     out.extend([
         id("bias_id_negative", "bias_ids", 0, -1),
