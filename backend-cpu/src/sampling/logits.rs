@@ -279,6 +279,36 @@ impl TopRanked {
                 self.out.push((key, (first + j) as u32));
             }
         }
+        self.refloor();
+    }
+
+    /// Offers tokens by their rank keys, `keys[j]` that of token `first + j` (1 to 64 of them),
+    /// for a caller whose values are sanitized already: one vectorised compare with the floor
+    /// key, then a push per token above it.
+    #[inline(always)]
+    pub(crate) fn push_keys(&mut self, first: usize, keys: &[u32]) {
+        if keys.is_empty() {
+            return;
+        }
+        let above = match self.floor {
+            None => u64::MAX >> (64 - keys.len()),
+            Some((f, _)) => keys
+                .iter()
+                .enumerate()
+                .fold(0u64, |above, (j, &key)| above | u64::from(key > f) << j),
+        };
+        let mut rest = above;
+        while rest != 0 {
+            let j = rest.trailing_zeros() as usize;
+            self.out.push((keys[j], (first + j) as u32));
+            rest &= rest - 1;
+        }
+        self.refloor();
+    }
+
+    /// Once the buffer is full, keeps its `k` best and raises the floor to the k-th key.
+    #[inline(always)]
+    fn refloor(&mut self) {
         if self.out.len() >= self.capacity {
             keep_best(&mut self.out, self.k);
             let f = self.out[self.k - 1].0;

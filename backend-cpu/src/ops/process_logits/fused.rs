@@ -17,7 +17,9 @@ use rayon::prelude::*;
 use specula_backend_api::ops::{ProcessedSampleCall, ScoresKind};
 use specula_backend_api::rng::{Purpose, draw};
 
-use super::{Batch, MinPFloor, Row, dense_word_values, first_unmasked, process_row, with_batch};
+use super::{
+    Batch, MinPFloor, Row, dense_word_values, first_unmasked, key_select, process_row, with_batch,
+};
 use crate::CpuDevice;
 use crate::ops::top_k_top_p_sample::sample_row;
 use crate::ops::{weighs_nothing, with_float};
@@ -215,7 +217,12 @@ fn processed_top_ranked_generic<T: FloatElement>(
                 values[v - first] = x;
                 next += 1;
             }
-            ranked.push(first, values);
+            let mut keys = [0u32; 32];
+            for (key, &x) in keys.iter_mut().zip(values.iter()) {
+                *key = key_select(x);
+            }
+            // The processed values are sanitized: their keys need no sanitizing.
+            ranked.push_keys(first, &keys[..values.len()]);
         }
     }
     ranked.finish()
