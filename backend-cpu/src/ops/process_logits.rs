@@ -18,6 +18,7 @@ use specula_backend_api::{DType, FloatElement, Op, Result};
 
 use super::{len_or_zero, token_index, with_float};
 use crate::CpuDevice;
+use crate::sampling::logits::{key_select, sanitize_select};
 use crate::sampling::scan::{compiled_for, dispatch};
 
 mod fused;
@@ -463,30 +464,6 @@ fn plain_f32_word(src: &[u32; 32], dst: &mut [u32; 32], kept: u32) -> u32 {
         keys[j] = y ^ (sign | SIGN);
     }
     keys.into_iter().fold(0, u32::max)
-}
-
-/// [`sanitize_logit`] with selects: NaN → −inf, `|l| < 2^-76` → +0, finite `|l| > 2^64` →
-/// ±2^64.
-#[inline(always)]
-fn sanitize_select(l: f32) -> f32 {
-    const TINY: f32 = f32::from_bits(0x1980_0000);
-    const HUGE: f32 = f32::from_bits(0x5f80_0000);
-    let a = l.abs();
-    let y = if l.is_nan() { f32::NEG_INFINITY } else { l };
-    let y = if a < TINY { 0.0 } else { y };
-    if a > HUGE && a < f32::INFINITY {
-        f32::from_bits(HUGE.to_bits() | (l.to_bits() & 0x8000_0000))
-    } else {
-        y
-    }
-}
-
-/// The rank key of a sanitized logit (`logit_rank_key` without the sanitizing), branch-free.
-#[inline(always)]
-fn key_select(l: f32) -> u32 {
-    let bits = (l + 0.0).to_bits();
-    let sign = ((bits as i32) >> 31) as u32;
-    bits ^ (sign | 0x8000_0000)
 }
 
 /// The first token whose rank key is `key` (the row's largest).
