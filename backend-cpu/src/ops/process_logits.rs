@@ -684,13 +684,39 @@ fn slot_penalized_words(batch: &Batch<'_>, b: usize, (bits, counted): (&mut [u64
     let words = mask_words(batch.vocab);
     let prompt = &batch.prompt_mask[b * words..(b + 1) * words];
     let counts = &batch.token_counts[b * batch.vocab..(b + 1) * batch.vocab];
+    if repetition {
+        dispatch!(count_words_generic::<true>(counts, prompt, bits, counted)
+            via count_words_avx512, count_words_avx2);
+    } else {
+        dispatch!(count_words_generic::<false>(counts, prompt, bits, counted)
+            via count_words_avx512, count_words_avx2);
+    }
+}
+
+compiled_for!(avx512, fn count_words_avx512 [const R: bool]
+    (counts: &[i32], prompt: &[u32], bits: &mut [u64], counted: &mut [u32]) -> ()
+    = count_words_generic [R]);
+compiled_for!(avx2, fn count_words_avx2 [const R: bool]
+    (counts: &[i32], prompt: &[u32], bits: &mut [u64], counted: &mut [u32]) -> ()
+    = count_words_generic [R]);
+
+/// The loop of [`slot_penalized_words`]: per 32-token word, the bits of the tokens of a positive
+/// count into `counted`, and into `bits` whether the word has one or (with the repetition
+/// penalty on, `R`) a token of `prompt`.
+#[inline(always)]
+fn count_words_generic<const R: bool>(
+    counts: &[i32],
+    prompt: &[u32],
+    bits: &mut [u64],
+    counted: &mut [u32],
+) {
     for (w, (chunk, counted)) in counts.chunks(32).zip(counted.iter_mut()).enumerate() {
         // A fold, not `any`: the compare of the whole word vectorises.
         *counted = chunk
             .iter()
             .enumerate()
             .fold(0, |word, (j, &c)| word | u32::from(c > 0) << j);
-        let touched = (repetition && prompt[w] != 0) || *counted != 0;
+        let touched = (R && prompt[w] != 0) || *counted != 0;
         bits[w / 64] |= u64::from(touched) << (w % 64);
     }
 }
