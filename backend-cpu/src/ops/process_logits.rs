@@ -18,6 +18,7 @@ use specula_backend_api::{DType, FloatElement, Op, Result};
 
 use super::{len_or_zero, token_index, with_float};
 use crate::CpuDevice;
+use crate::sampling::logits::{key_select, sanitize_select};
 use crate::sampling::scan::{compiled_for, dispatch};
 
 mod fused;
@@ -67,6 +68,9 @@ struct Batch<'a> {
     temperature: Option<&'a [f32]>,
     /// Per slot, one bit per 32-token word that a penalty may change (see [`penalized_words`]).
     penalized: &'a [u64],
+    /// Per slot, one bit per token with a positive count, in the words of the slots
+    /// [`penalized_words`] scanned (zero elsewhere).
+    counted: &'a [u32],
 }
 
 /// One row's slot, position and parameters.
@@ -81,6 +85,8 @@ struct Row<'a> {
     prompt: &'a [u32],
     /// The slot's bits of [`Batch::penalized`].
     penalized: &'a [u64],
+    /// The slot's words of [`Batch::counted`].
+    counted: &'a [u32],
     drafts: &'a [i32],
     bias: (&'a [i32], &'a [f32]),
     end_masked: bool,
@@ -132,6 +138,7 @@ impl<'a> Batch<'a> {
                 let n = words.div_ceil(64);
                 &self.penalized[b * n..(b + 1) * n]
             },
+            counted: &self.counted[b * words..(b + 1) * words],
             drafts,
             bias: (&self.bias_ids[bias.clone()], &self.bias_values[bias]),
             end_masked: generated < i64::from(self.min_tokens[b]),
@@ -392,6 +399,7 @@ fn dense_word_values<T: FloatElement>(
         return plain_word(src, dst, kept, batch.logits);
     }
     let mut best = 0u32;
+    let counted = row.counted[w];
     for (j, (x, o)) in src.iter().zip(dst.iter_mut()).enumerate() {
         let x = x.to_f32();
         *o = if kept >> j & 1 == 0 {
@@ -399,8 +407,15 @@ fn dense_word_values<T: FloatElement>(
         } else if !batch.logits {
             sanitize_prob(x)
         } else {
+            // The word is penalized, so the slot's counts were scanned: only the tokens of a
+            // positive count read the count table.
             let v = w * 32 + j;
-            row.penalize(sanitize_logit(x), v, row.base_count(v))
+            let count = if counted >> j & 1 == 1 {
+                row.base_count(v)
+            } else {
+                0
+            };
+            row.penalize(sanitize_logit(x), v, count)
         };
         best = best.max(rank_key(*o, batch.logits));
     }
@@ -463,30 +478,6 @@ fn plain_f32_word(src: &[u32; 32], dst: &mut [u32; 32], kept: u32) -> u32 {
         keys[j] = y ^ (sign | SIGN);
     }
     keys.into_iter().fold(0, u32::max)
-}
-
-/// [`sanitize_logit`] with selects: NaN → −inf, `|l| < 2^-76` → +0, finite `|l| > 2^64` →
-/// ±2^64.
-#[inline(always)]
-fn sanitize_select(l: f32) -> f32 {
-    const TINY: f32 = f32::from_bits(0x1980_0000);
-    const HUGE: f32 = f32::from_bits(0x5f80_0000);
-    let a = l.abs();
-    let y = if l.is_nan() { f32::NEG_INFINITY } else { l };
-    let y = if a < TINY { 0.0 } else { y };
-    if a > HUGE && a < f32::INFINITY {
-        f32::from_bits(HUGE.to_bits() | (l.to_bits() & 0x8000_0000))
-    } else {
-        y
-    }
-}
-
-/// The rank key of a sanitized logit (`logit_rank_key` without the sanitizing), branch-free.
-#[inline(always)]
-fn key_select(l: f32) -> u32 {
-    let bits = (l + 0.0).to_bits();
-    let sign = ((bits as i32) >> 31) as u32;
-    bits ^ (sign | 0x8000_0000)
 }
 
 /// The first token whose rank key is `key` (the row's largest).
@@ -660,7 +651,7 @@ fn lowest_kept(m: f32, scale: RowScale, minp: u128) -> f32 {
 /// neutral (a neutral slot — no usable repetition factors or both 1, β = γ = 0 — leaves every
 /// value as the dense masks left it). Computed once per call, so that the rows of a slot do not
 /// each scan its `[V]` count table.
-fn penalized_words(batch: &Batch<'_>, block: RowBlock) -> Vec<u64> {
+fn penalized_words(batch: &Batch<'_>, block: RowBlock) -> (Vec<u64>, Vec<u32>) {
     let words = mask_words(batch.vocab);
     let n = words.div_ceil(64);
     let mut needed = vec![false; batch.real_bsz];
@@ -670,15 +661,17 @@ fn penalized_words(batch: &Batch<'_>, block: RowBlock) -> Vec<u64> {
         }
     }
     let mut bits = vec![0u64; batch.real_bsz * n];
+    let mut counted = vec![0u32; batch.real_bsz * words];
     bits.par_chunks_mut(n.max(1))
+        .zip(counted.par_chunks_mut(words.max(1)))
         .enumerate()
         .filter(|(b, _)| needed[*b])
-        .for_each(|(b, bits)| slot_penalized_words(batch, b, bits));
-    bits
+        .for_each(|(b, (bits, counted))| slot_penalized_words(batch, b, (bits, counted)));
+    (bits, counted)
 }
 
-/// [`penalized_words`] of slot `b`.
-fn slot_penalized_words(batch: &Batch<'_>, b: usize, bits: &mut [u64]) {
+/// [`penalized_words`] of slot `b`, with its bits of [`Batch::counted`].
+fn slot_penalized_words(batch: &Batch<'_>, b: usize, (bits, counted): (&mut [u64], &mut [u32])) {
     let p = &batch.penalties[b * PENALTY_FIELDS..(b + 1) * PENALTY_FIELDS];
     let (alpha, inverse) = (p[penalty::REPETITION], p[penalty::REPETITION_INVERSE]);
     let usable = |x: f32| (FACTOR_MIN..=FACTOR_MAX).contains(&x);
@@ -691,10 +684,39 @@ fn slot_penalized_words(batch: &Batch<'_>, b: usize, bits: &mut [u64]) {
     let words = mask_words(batch.vocab);
     let prompt = &batch.prompt_mask[b * words..(b + 1) * words];
     let counts = &batch.token_counts[b * batch.vocab..(b + 1) * batch.vocab];
-    for (w, chunk) in counts.chunks(32).enumerate() {
+    if repetition {
+        dispatch!(count_words_generic::<true>(counts, prompt, bits, counted)
+            via count_words_avx512, count_words_avx2);
+    } else {
+        dispatch!(count_words_generic::<false>(counts, prompt, bits, counted)
+            via count_words_avx512, count_words_avx2);
+    }
+}
+
+compiled_for!(avx512, fn count_words_avx512 [const R: bool]
+    (counts: &[i32], prompt: &[u32], bits: &mut [u64], counted: &mut [u32]) -> ()
+    = count_words_generic [R]);
+compiled_for!(avx2, fn count_words_avx2 [const R: bool]
+    (counts: &[i32], prompt: &[u32], bits: &mut [u64], counted: &mut [u32]) -> ()
+    = count_words_generic [R]);
+
+/// The loop of [`slot_penalized_words`]: per 32-token word, the bits of the tokens of a positive
+/// count into `counted`, and into `bits` whether the word has one or (with the repetition
+/// penalty on, `R`) a token of `prompt`.
+#[inline(always)]
+fn count_words_generic<const R: bool>(
+    counts: &[i32],
+    prompt: &[u32],
+    bits: &mut [u64],
+    counted: &mut [u32],
+) {
+    for (w, (chunk, counted)) in counts.chunks(32).zip(counted.iter_mut()).enumerate() {
         // A fold, not `any`: the compare of the whole word vectorises.
-        let counted = chunk.iter().fold(false, |any, &c| any | (c > 0));
-        let touched = (repetition && prompt[w] != 0) || counted;
+        *counted = chunk
+            .iter()
+            .enumerate()
+            .fold(0, |word, (j, &c)| word | u32::from(c > 0) << j);
+        let touched = (R && prompt[w] != 0) || *counted != 0;
         bits[w / 64] |= u64::from(touched) << (w % 64);
     }
 }
@@ -762,10 +784,12 @@ fn with_batch<R>(
         bitmask: inputs.bitmask.map(slice).transpose()?,
         temperature: inputs.scores.temperature().map(slice).transpose()?,
         penalized: &[],
+        counted: &[],
     };
-    let penalized = device.install(|| penalized_words(&batch, params.row_block()));
+    let (penalized, counted) = device.install(|| penalized_words(&batch, params.row_block()));
     then(&Batch {
         penalized: &penalized,
+        counted: &counted,
         ..batch
     })
 }

@@ -220,6 +220,30 @@ fn any_not_below<T: FloatElement>(chunk: &[T], lo: f32) -> bool {
     })
 }
 
+/// [`sanitize_logit`] with selects: NaN → −inf, `|l| < 2^-76` → +0, finite `|l| > 2^64` →
+/// ±2^64.
+#[inline(always)]
+pub(crate) fn sanitize_select(l: f32) -> f32 {
+    const TINY: f32 = f32::from_bits(0x1980_0000);
+    const HUGE: f32 = f32::from_bits(0x5f80_0000);
+    let a = l.abs();
+    let y = if l.is_nan() { f32::NEG_INFINITY } else { l };
+    let y = if a < TINY { 0.0 } else { y };
+    if a > HUGE && a < f32::INFINITY {
+        f32::from_bits(HUGE.to_bits() | (l.to_bits() & 0x8000_0000))
+    } else {
+        y
+    }
+}
+
+/// The rank key of a sanitized logit (`logit_rank_key` without the sanitizing), branch-free.
+#[inline(always)]
+pub(crate) fn key_select(l: f32) -> u32 {
+    let bits = (l + 0.0).to_bits();
+    let sign = ((bits as i32) >> 31) as u32;
+    bits ^ (sign | 0x8000_0000)
+}
+
 /// The sanitized logit of a rank key (the inverse of `logit_rank_key` on sanitized values).
 pub(crate) fn value_of_key(key: u32) -> f32 {
     if key >> 31 == 1 {
@@ -231,14 +255,27 @@ pub(crate) fn value_of_key(key: u32) -> f32 {
 
 /// The `k` best-ranked tokens of `row` as `(key, id)`, in rank order (`0 < k < row.len()`): one
 /// streaming pass with an adaptive floor, the k-th key among the tokens kept so far.
+/// Runs the loop compiled for the widest vector unit of the CPU, as the fused processed pass does.
 pub(crate) fn top_ranked<T: FloatElement>(row: &[T], k: usize, out: &mut Vec<(u32, u32)>) {
-    let mut ranked = TopRanked::new(k, std::mem::take(out));
+    let ranked = TopRanked::new(k, std::mem::take(out));
+    *out = dispatch!(top_ranked_generic::<T>(row, ranked)
+        via top_ranked_avx512, top_ranked_avx2);
+}
+
+compiled_for!(avx512, fn top_ranked_avx512 [T: FloatElement]
+    (row: &[T], ranked: TopRanked) -> Vec<(u32, u32)> = top_ranked_generic [T]);
+compiled_for!(avx2, fn top_ranked_avx2 [T: FloatElement]
+    (row: &[T], ranked: TopRanked) -> Vec<(u32, u32)> = top_ranked_generic [T]);
+
+/// [`top_ranked`] as written.
+#[inline(always)]
+fn top_ranked_generic<T: FloatElement>(row: &[T], mut ranked: TopRanked) -> Vec<(u32, u32)> {
     for (c, chunk) in row.chunks(CHUNK).enumerate() {
         if !ranked.skips(chunk) {
             ranked.push(c * CHUNK, chunk);
         }
     }
-    *out = ranked.finish();
+    ranked.finish()
 }
 
 /// The state of [`top_ranked`]'s streaming pass, fed chunk by chunk (the fused processing feeds
@@ -272,13 +309,42 @@ impl TopRanked {
     /// Offers the tokens of `chunk` (ids from `first`).
     #[inline(always)]
     pub(crate) fn push<T: FloatElement>(&mut self, first: usize, chunk: &[T]) {
-        for (j, &x) in chunk.iter().enumerate() {
-            let key = logit_rank_key(x.to_f32());
-            // A token tied with the floor key comes later in id order than the kept one: out.
-            if self.floor.is_none_or(|(f, _)| key > f) {
-                self.out.push((key, (first + j) as u32));
-            }
+        let mut keys = [0u32; CHUNK];
+        for (key, &x) in keys.iter_mut().zip(chunk) {
+            // `logit_rank_key`, branch-free.
+            *key = key_select(sanitize_select(x.to_f32()));
         }
+        self.push_keys(first, &keys[..chunk.len().min(CHUNK)]);
+    }
+
+    /// Offers tokens by their rank keys, `keys[j]` that of token `first + j` (1 to 64 of them),
+    /// for a caller whose values are sanitized already: one vectorised compare with the floor
+    /// key, then a push per token above it.
+    #[inline(always)]
+    pub(crate) fn push_keys(&mut self, first: usize, keys: &[u32]) {
+        if keys.is_empty() {
+            return;
+        }
+        let above = match self.floor {
+            None => u64::MAX >> (64 - keys.len()),
+            Some((f, _)) => keys
+                .iter()
+                .enumerate()
+                .fold(0u64, |above, (j, &key)| above | u64::from(key > f) << j),
+        };
+        let mut rest = above;
+        // A token tied with the floor key comes later in id order than the kept one: out.
+        while rest != 0 {
+            let j = rest.trailing_zeros() as usize;
+            self.out.push((keys[j], (first + j) as u32));
+            rest &= rest - 1;
+        }
+        self.refloor();
+    }
+
+    /// Once the buffer is full, keeps its `k` best and raises the floor to the k-th key.
+    #[inline(always)]
+    fn refloor(&mut self) {
         if self.out.len() >= self.capacity {
             keep_best(&mut self.out, self.k);
             let f = self.out[self.k - 1].0;

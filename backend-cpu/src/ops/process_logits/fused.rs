@@ -17,7 +17,9 @@ use rayon::prelude::*;
 use specula_backend_api::ops::{ProcessedSampleCall, ScoresKind};
 use specula_backend_api::rng::{Purpose, draw};
 
-use super::{Batch, MinPFloor, Row, dense_word_values, first_unmasked, process_row, with_batch};
+use super::{
+    Batch, MinPFloor, Row, dense_word_values, first_unmasked, key_select, process_row, with_batch,
+};
 use crate::CpuDevice;
 use crate::ops::top_k_top_p_sample::sample_row;
 use crate::ops::{weighs_nothing, with_float};
@@ -188,26 +190,40 @@ fn processed_top_ranked_generic<T: FloatElement>(
     let patches = patches(batch, row, input);
     let never_raises = row.never_raises();
     let mut next = 0;
-    let mut values = [0f32; CHUNK];
+    let mut values = [0f32; 32];
+    // The dense rules never raise a token above its sanitized input then (sanitizing keeps the
+    // order, masks lower to −inf): a span whose raw logits all stay below the floor, with no
+    // sparse token and no penalty that raises, offers nothing.
+    let offers = |ranked: &TopRanked, next: usize, (first, span): (usize, &[T])| {
+        let end = first + span.len();
+        patches.get(next).is_some_and(|&(v, _)| v < end)
+            || (!never_raises && (first / 32..end.div_ceil(32)).any(|w| row.penalizes_word(w)))
+            || !ranked.skips(span)
+    };
     for (c, chunk) in input.chunks(CHUNK).enumerate() {
-        let (first, end) = (c * CHUNK, c * CHUNK + chunk.len());
-        let patched = patches.get(next).is_some_and(|&(v, _)| v < end);
-        let raised = !never_raises && (first / 32..end.div_ceil(32)).any(|w| row.penalizes_word(w));
-        // The dense rules never raise a token above its sanitized input then (sanitizing keeps
-        // the order, masks lower to −inf): a chunk whose raw logits all stay below the floor
-        // offers nothing.
-        if !patched && !raised && ranked.skips(chunk) {
+        if !offers(&ranked, next, (c * CHUNK, chunk)) {
             continue;
         }
-        let values = &mut values[..chunk.len()];
-        for (i, (src, dst)) in chunk.chunks(32).zip(values.chunks_mut(32)).enumerate() {
-            dense_word_values(batch, row, first / 32 + i, src, dst, f32::NEG_INFINITY);
+        // A chunk that may offer a token is processed a word at a time: most of its words do
+        // not, and skipping them skips their mask words and counts.
+        for (i, src) in chunk.chunks(32).enumerate() {
+            let first = c * CHUNK + i * 32;
+            if !offers(&ranked, next, (first, src)) {
+                continue;
+            }
+            let values = &mut values[..src.len()];
+            dense_word_values(batch, row, first / 32, src, values, f32::NEG_INFINITY);
+            while let Some(&(v, x)) = patches.get(next).filter(|(v, _)| *v < first + src.len()) {
+                values[v - first] = x;
+                next += 1;
+            }
+            let mut keys = [0u32; 32];
+            for (key, &x) in keys.iter_mut().zip(values.iter()) {
+                *key = key_select(x);
+            }
+            // The processed values are sanitized: their keys need no sanitizing.
+            ranked.push_keys(first, &keys[..values.len()]);
         }
-        while let Some(&(v, x)) = patches.get(next).filter(|(v, _)| *v < end) {
-            values[v - first] = x;
-            next += 1;
-        }
-        ranked.push(first, values);
     }
     ranked.finish()
 }
