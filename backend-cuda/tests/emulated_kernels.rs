@@ -962,6 +962,7 @@ fn verify_kernels_match_the_cpu_reference() {
                         top_k: &tk,
                         top_p: &tp,
                         fallback: with_fallback.then_some(&fb),
+                        draft_index: None,
                     }),
                 };
                 let dt = up(&cpu, &cpu_drafts);
@@ -1478,6 +1479,7 @@ fn logits_rejection_matches_the_reference() {
                     top_k: &tk,
                     top_p: &tp,
                     fallback: with_fallback.then_some(&fb),
+                    draft_index: None,
                 }),
             );
             let params = VerifyParams {

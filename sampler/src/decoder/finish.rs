@@ -771,6 +771,7 @@ fn strategy_inputs<'b>(
             top_k: targets.top_k,
             top_p: targets.top_p,
             fallback: targets.fallback,
+            draft_index: None,
         }),
     })
 }
