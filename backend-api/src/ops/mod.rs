@@ -287,7 +287,7 @@ impl<'d> Check<'d> {
     ) -> Result<(DType, usize)> {
         let dtype = self.float(arg, buffer, buffer.len())?;
         let rows = buffer.len() / vocab.max(1);
-        if rows == 0 || buffer.len() % vocab.max(1) != 0 {
+        if rows == 0 || !buffer.len().is_multiple_of(vocab.max(1)) {
             return Err(Error::invalid(
                 self.op,
                 arg,
