@@ -182,15 +182,23 @@ fn rejection_accepts_every_draft_when_draft_logits_equal_the_target() {
     }
 }
 
+/// A REJECTION decoder past its prefill with `n` drafts of the toy chain set and planned: the
+/// step's target logits (`T_out` rows) and the dense draft logits.
+fn drafted_step(model: &ToyModel, n: usize) -> (Decoder, Buffer, Vec<f32>) {
+    let (mut decoder, slot) = rejection_decoder(model, 1.0);
+    let device = decoder.device().clone();
+    let draft_logits = drafts_with_logits(&mut decoder, slot, model, n);
+    let plan = decoder.plan().expect("plan");
+    let logits = forward(device.as_ref(), &decoder, &plan, model, Forward::Prefix).expect("fwd");
+    (decoder, logits, draft_logits)
+}
+
 /// Draft logits need target logits; draft probabilities still go with target logits.
 #[test]
 fn draft_rows_follow_the_target_kind() {
     let model = ToyModel { vocab: VOCAB };
-    let (mut decoder, slot) = rejection_decoder(&model, 1.0);
+    let (mut decoder, logits, draft_logits) = drafted_step(&model, 3);
     let device = decoder.device().clone();
-    let draft_logits = drafts_with_logits(&mut decoder, slot, &model, 3);
-    let plan = decoder.plan().expect("plan");
-    let logits = forward(device.as_ref(), &decoder, &plan, &model, Forward::Prefix).expect("fwd");
     let softmax = |rows: &[f32]| -> Vec<f32> {
         rows.chunks_exact(VOCAB)
             .flat_map(|row| model.softmax(row, 1.0))
@@ -323,11 +331,8 @@ fn compact_draft_rows_emit_the_dense_tokens() {
 #[test]
 fn compact_draft_rows_are_one_per_draft() {
     let model = ToyModel { vocab: VOCAB };
-    let (mut decoder, slot) = rejection_decoder(&model, 1.0);
+    let (mut decoder, logits, dense_rows) = drafted_step(&model, 2);
     let device = decoder.device().clone();
-    let dense_rows = drafts_with_logits(&mut decoder, slot, &model, 2);
-    let plan = decoder.plan().expect("plan");
-    let logits = forward(device.as_ref(), &decoder, &plan, &model, Forward::Prefix).expect("fwd");
     let dense_rows = device.upload(&dense_rows).expect("upload");
     let result = decoder.finish(StepScores::logits(&logits).with_draft_rows(&dense_rows));
     assert!(matches!(
