@@ -13,6 +13,9 @@
 // kept set and each draft row's maximum (its weighing depends on the temperature of the row it is
 // checked against, known only per slot); the slot's check then weighs and totals the draft row.
 // With `fallback`, REJECTION's sample of a target row of kept weight 0 is fallback[r] (§4c).
+// With `draft_index`, REJECTION's draft rows are compact (§5.8.1): `draft_rows` rows, the row of
+// draft i + 1 of slot b at draft_index[b · (S − 1) + i], read only when that draft is tested; an
+// entry outside [0, draft_rows) rejects the draft and samples the target row.
 
 struct VerifyArgs {
     const i32* draft_tokens;  // [max_bsz, S]
@@ -31,11 +34,12 @@ struct VerifyArgs {
     const float* cand_scores;  // TOPP: [rows, C]
     const i32* cand_lens;      // TOPP: [rows]
     const SPECULA_T::raw* target_probs;  // REJECTION: [rows, vocab]
-    const SPECULA_D::raw* draft_probs;   // REJECTION: [max_bsz · (S − 1), vocab]
+    const SPECULA_D::raw* draft_probs;   // REJECTION: [draft_rows, vocab]
     const i32* top_k;                    // REJECTION: [rows]
     const float* top_p;                  // REJECTION: [rows]
     const float* temperature;            // REJECTION of logits rows: [rows]
     const i32* fallback;                 // REJECTION: [rows] or null: the sample of a row of kept weight 0
+    const i32* draft_index;              // REJECTION: [max_bsz · (S − 1)] or null (dense): each draft's row
     unsigned char* stats;                // REJECTION scratch: [rows] TargetStats, then [draft rows] DraftStat
     i32* accept_tokens;                  // [max_bsz, S]
     i32* accept_num;                     // [max_bsz]
@@ -334,11 +338,19 @@ struct RejectionPolicy {
         Check c = rejected();
         if (row < 0) return c;
         const u64 r = (u64)row;
-        const u64 qrow = (u64)slot * (a.max_step_tokens - 1) + i;
+        const u64 dense = (u64)slot * (a.max_step_tokens - 1) + i;
+        // The draft's row (the same for the whole block): dense, or the index's entry.
+        const i64 entry = a.draft_index != 0 ? (i64)a.draft_index[dense] : (i64)dense;
+        c.has_correction = true;
+        if (entry < 0 || (u64)entry >= a.draft_rows) {
+            // No such draft row: reject, sample the target (`docs/semantics.md` §5.8.1).
+            c.correction = sample_target(a, r);
+            return c;
+        }
+        const u64 qrow = (u64)entry;
         const TargetStats st = target_stats(a)[r];
         const RowPair pair = row_pair(a, r, qrow, st);
         const u64 wq_total = pair.wq_total;
-        c.has_correction = true;
         // Only probability rows can fail to be a distribution (their weights are bounded by 2^40
         // each, not normalised); a logits row always is one.
         const bool not_distributions = a.logits == 0 && (st.raw_total >= SPECULA_REJECTION_MAX_TOTAL_WEIGHT ||

@@ -100,7 +100,7 @@ specula_backend_api::kernel_args! {
         is_block_step: u64, reasoning: u64, step_idx: u64, max_dec_len: u64, end_tokens: u64,
         seeds: u64, target_tokens: u64, cand_ids: u64, cand_scores: u64, cand_lens: u64,
         target_probs: u64, draft_probs: u64, top_k: u64, top_p: u64, temperature: u64,
-        fallback: u64, stats: u64, accept_tokens: u64, accept_num: u64,
+        fallback: u64, draft_index: u64, stats: u64, accept_tokens: u64, accept_num: u64,
         rows: u64, max_step_tokens: u64, n_end: u64, candidates: u64, draft_rows: u64,
         max_bsz: u32, real_bsz: u32, vocab: u32, strategy: u32, accept_all: u32, reject_all: u32,
         vec_target: u32, vec_draft: u32, logits: u32, pad: u32,

@@ -962,6 +962,7 @@ fn verify_kernels_match_the_cpu_reference() {
                         top_k: &tk,
                         top_p: &tp,
                         fallback: with_fallback.then_some(&fb),
+                        draft_index: None,
                     }),
                 };
                 let dt = up(&cpu, &cpu_drafts);
@@ -1282,6 +1283,17 @@ fn logits_rejection_matches_the_reference() {
                     }
                 })
                 .collect();
+            // Compact draft rows on odd trials (`docs/semantics.md` §5.8.1): shuffled, every
+            // fifth dropped (its entry negative or too large: rejected, the target sampled).
+            let (draft, index) = match trial % 2 {
+                1 => compact_draft_rows(&mut rng, &draft, vocab),
+                _ => (draft, Vec::new()),
+            };
+            let compact_rows = if index.is_empty() {
+                0
+            } else {
+                draft.len() / vocab
+            };
             let temperature = temperatures(rows, trial);
             // The fallback on two trials of three: rows of kind 3 (all −inf / NaN) weigh 0 and
             // sample it wherever REJECTION samples the target row.
@@ -1320,7 +1332,8 @@ fn logits_rejection_matches_the_reference() {
             work.write("draft_tokens.bin", &draft_tokens);
             work.write("temperature.bin", &temperature);
             work.write("fallback.bin", &fallback);
-            let args: [&dyn Display; 13] = [
+            work.write("draft_index.bin", &index);
+            let args: [&dyn Display; 14] = [
                 &rows,
                 &vocab,
                 &0,
@@ -1334,10 +1347,12 @@ fn logits_rejection_matches_the_reference() {
                 &end_tokens.len(),
                 &1,
                 &u32::from(with_fallback),
+                &compact_rows,
             ];
             work.run(&bin, "verify", &args);
             let slot_bufs = slots.upload(&dev, &end_tokens);
             let dt = up(&dev, &draft_tokens);
+            let draft_index = (compact_rows > 0).then(|| up(&dev, &index));
             let inputs = slot_bufs.inputs(
                 &dt,
                 &sd,
@@ -1347,11 +1362,12 @@ fn logits_rejection_matches_the_reference() {
                     top_k: &tk,
                     top_p: &tp,
                     fallback: with_fallback.then_some(&fb),
+                    draft_index: draft_index.as_ref(),
                 }),
             );
             let want = verify_on(&dev, &inputs, (dims, rows, vocab), (accept_all, reject_all));
             let label = format!(
-                "{dtype} logits REJECTION trial {trial} (accept_all {accept_all}, reject_all {reject_all}, fallback {with_fallback})"
+                "{dtype} logits REJECTION trial {trial} (accept_all {accept_all}, reject_all {reject_all}, fallback {with_fallback}, compact rows {compact_rows})"
             );
             if !accept_all {
                 let want_num = bits::<i32>(&dev, &want[1]);
@@ -1361,6 +1377,27 @@ fn logits_rejection_matches_the_reference() {
         }
         assert!(accepted > 0, "{dtype}: no draft passed the acceptance test");
     }
+}
+
+/// The compact form (`docs/semantics.md` §5.8.1) of dense draft rows: the rows shuffled, every
+/// fifth dropped, and the index of each dense row (a dropped one's entry negative or too large).
+fn compact_draft_rows(rng: &mut Lcg, dense: &[f32], vocab: usize) -> (Vec<f32>, Vec<i32>) {
+    let dense_rows = dense.len() / vocab;
+    let mut order: Vec<usize> = (0..dense_rows).collect();
+    for k in (1..order.len()).rev() {
+        order.swap(k, (rng.next() % (k as u64 + 1)) as usize);
+    }
+    let kept: Vec<usize> = order.into_iter().filter(|&q| q % 5 != 4).collect();
+    let n = kept.len() as i32;
+    let mut index: Vec<i32> = (0..dense_rows)
+        .map(|q| [-1, n, n + 3, i32::MIN, i32::MAX][q % 5])
+        .collect();
+    let mut rows = Vec::with_capacity(kept.len() * vocab);
+    for (row, &q) in kept.iter().enumerate() {
+        index[q] = row as i32;
+        rows.extend_from_slice(&dense[q * vocab..(q + 1) * vocab]);
+    }
+    (rows, index)
 }
 
 /// Whether an emulated logprob is the CPU's: both NaN, equal, or within the f32 rounding of `exp`

@@ -10,7 +10,10 @@
 // rows, so it is rejected and corrected from the residual like any other draft): the acceptance test
 // `U · wq[d] · Wp < 2^32 · wp[d] · Wq` exactly in 160-bit limbs (the products reach 2^133 on logits
 // rows), and on rejection the residual draw by a chunked prefix scan. The slot walk then reads the
-// pair results. With `logits` both rows are logits, weighed by `docs/semantics.md` §4b at the temperature of
+// pair results. With `has_draft_index` the draft rows are compact (`docs/semantics.md` §5.8.1): the
+// dispatch runs over every dense pair j = b·(S − 1) + i and reads the row the index names when it
+// lies in the bound draft chunk; an entry outside [0, draft_rows) posts PAIR_RESAMPLE_TARGET
+// (from the first draft chunk's dispatch). With `logits` both rows are logits, weighed by `docs/semantics.md` §4b at the temperature of
 // the output row (the draft row from its own maximum).
 
 // `struct VerifyDraftTokensArgs` is generated from its `kernel_args!` declaration in src/ops/verify_draft_tokens.rs.
@@ -233,6 +236,8 @@ fn verify_draft_tokens_i32(@builtin(global_invocation_id) gid: vec3<u32>) {
 @group(0) @binding(28) var<storage, read_write> pairs_out: array<u32>;
 // logits rows: the temperature of each output row (f32 bits)
 @group(0) @binding(29) var<storage, read> pair_temperature: array<u32>;
+// compact draft rows: the row of each draft (`has_draft_index`)
+@group(0) @binding(30) var<storage, read> pair_draft_index: array<i32>;
 
 struct Pair {
     is_active: u32,
@@ -244,6 +249,8 @@ struct Pair {
     seed: vec2<u32>,
     kept_mass: vec2<u32>,
     total: vec2<u32>,
+    // the draft row within the bound draft chunk
+    qrow: u32,
 }
 
 var<private> g_qbase: u32;
@@ -367,11 +374,11 @@ fn verify_draft_tokens_pair_main(g: u32, lid: u32, dt: u32) {
     if g >= pp.pairs_in_dispatch {
         return;
     }
-    let j = pp.draft_row_lo + g;
+    let j = pp.pair_lo + g;
     let s = pp.step_tokens;
     let vocab = pp.vocab;
     if lid == 0u {
-        var pr = Pair(0u, 0u, 0u, 0u, 0u, 0u, vec2<u32>(0u), vec2<u32>(0u), vec2<u32>(0u));
+        var pr = Pair(0u, 0u, 0u, 0u, 0u, 0u, vec2<u32>(0u), vec2<u32>(0u), vec2<u32>(0u), 0u);
         if s > 1u {
             let b = j / (s - 1u);
             let i = j % (s - 1u);
@@ -384,12 +391,28 @@ fn verify_draft_tokens_pair_main(g: u32, lid: u32, dt: u32) {
                     let d = bitcast<u32>(pair_draft_tokens[pp.draft_tokens_off + b * s + i + 1u]);
                     let tested = pp.accept_all == 0u || d >= vocab;
                     if r >= pp.target_row_lo && r < pp.target_row_hi && tested {
-                        let a = 8u * r;
-                        let sd = pp.seeds_off + 2u * r;
-                        pr = Pair(1u, r, d, kept_aux[a], kept_aux[a + 1u], kept_aux[a + 2u],
-                            vec2<u32>(pair_seeds[sd], pair_seeds[sd + 1u]),
-                            vec2<u32>(kept_aux[a + 3u], kept_aux[a + 4u]),
-                            vec2<u32>(kept_aux[a + 5u], kept_aux[a + 6u]));
+                        // The draft's row: j, or the index's entry (read for a tested draft only).
+                        var q = j;
+                        var q_ok = true;
+                        if pp.has_draft_index != 0u {
+                            let e = pair_draft_index[pp.draft_index_off + j];
+                            q_ok = e >= 0 && u32(e) < pp.draft_rows;
+                            q = bitcast<u32>(e);
+                        }
+                        if !q_ok {
+                            // No such row: rejected, the target row sampled (one dispatch posts).
+                            if pp.draft_row_lo == 0u {
+                                post_pair(j, PAIR_RESAMPLE_TARGET, 0u);
+                            }
+                        } else if q >= pp.draft_row_lo && q < pp.draft_row_hi {
+                            let a = 8u * r;
+                            let sd = pp.seeds_off + 2u * r;
+                            pr = Pair(1u, r, d, kept_aux[a], kept_aux[a + 1u], kept_aux[a + 2u],
+                                vec2<u32>(pair_seeds[sd], pair_seeds[sd + 1u]),
+                                vec2<u32>(kept_aux[a + 3u], kept_aux[a + 4u]),
+                                vec2<u32>(kept_aux[a + 5u], kept_aux[a + 6u]),
+                                q - pp.draft_row_lo);
+                        }
                     }
                 }
             }
@@ -401,7 +424,7 @@ fn verify_draft_tokens_pair_main(g: u32, lid: u32, dt: u32) {
         return;
     }
     begin_row(dt, pp.target_off + (pr.row - pp.target_row_lo) * vocab);
-    g_qbase = pp.draft_off + g * vocab;
+    g_qbase = pp.draft_off + pr.qrow * vocab;
     g_qweigh = by_key();
     if pp.logits != 0u {
         // Both rows at the temperature of the output row, each from its own maximum.

@@ -184,7 +184,7 @@ __kernel void ENTRY(BUF(const int, draft_tokens), BUF(const int, this_time), BUF
                     BUF(const T_STORE, target_scores), BUF(const uint, temperature),
                     BUF(const D_STORE, draft_scores), BUF(const int, rj_top_k),
                     BUF(const uint, rj_top_p), BUF(const int, rj_fallback),
-                    BUF(int, accept_tokens), BUF(int, accept_num),
+                    BUF(const int, draft_index), BUF(int, accept_tokens), BUF(int, accept_num),
                     const struct VerifyDraftTokensArgs args) {
     BIND(const int, draft_tokens);
     BIND(const int, this_time);
@@ -207,6 +207,7 @@ __kernel void ENTRY(BUF(const int, draft_tokens), BUF(const int, this_time), BUF
     BIND(const int, rj_top_k);
     BIND(const uint, rj_top_p);
     BIND(const int, rj_fallback);
+    BIND(const int, draft_index);
     BIND(int, accept_tokens);
     BIND(int, accept_num);
     const uint max_bsz = args.max_bsz, real_bsz = args.real_bsz, s = args.max_step_tokens;
@@ -239,14 +240,22 @@ __kernel void ENTRY(BUF(const int, draft_tokens), BUF(const int, this_time), BUF
             int d = checking ? draft_tokens[(ulong)b * s + i + 1u] : -1;
             bool d_ok = in_vocab(d, V);
             ulong rr = row_ok ? (ulong)r : 0ul;
-            ulong draft_row = checking ? (ulong)b * (s - 1u) + i : 0ul;
             bool has_fallback = row_ok && args.has_fallback != 0u;
             // Every draft is tested (an out-of-vocabulary one weighs 0 and is rejected by the
             // test, under accept_all too), except that accept_all accepts the drafts in [0, V)
             // untested.
+            bool tested = checking && row_ok && (!accept_every || !d_ok);
+            // The draft's row: dense, or the index's entry, read only for a tested draft; an
+            // entry outside [0, draft_rows) leaves the draft untestable (Vq = 0): rejected, the
+            // target row sampled (contract 5.8.1).
+            ulong dense = (ulong)b * (s - 1u) + i;
+            long q_row = !tested ? 0l
+                         : args.has_draft_index != 0u ? (long)draft_index[dense] : (long)dense;
+            bool q_ok = tested && q_row >= 0l && q_row < (long)args.draft_rows;
+            ulong draft_row = q_ok ? (ulong)q_row : 0ul;
             RejectionStep step = rejection_step(
                 target_scores + rr * V, row_ok ? V : 0u, draft_scores + draft_row * V,
-                (checking && row_ok && (!accept_every || !d_ok)) ? V : 0u, S, d,
+                q_ok ? V : 0u, S, d,
                 row_ok ? ROW_TEMPERATURE(temperature, rr) : ONE_KEY, row_ok ? rj_top_k[rr] : 0,
                 row_ok ? rj_top_p[rr] : ONE_KEY, row_ok ? seeds[rr] : 0ul,
                 has_fallback, has_fallback ? rj_fallback[rr] : -1);

@@ -200,6 +200,11 @@ pub(crate) struct Scratch {
     pub logprobs: Option<LogprobBuffers>,
     /// Logits processing's outputs (from the first step that processes).
     pub processed: Option<ProcessedBuffers>,
+    /// `[max_bsz · (S − 1)]` i32: REJECTION's index of compact draft rows
+    /// (`docs/semantics.md` §5.8.1), from the first step given compact rows.
+    pub draft_index: Option<Buffer>,
+    /// Its host copy, rebuilt each such step (capacity kept).
+    pub draft_index_host: Vec<i32>,
 }
 
 /// The outputs of `process_logits` and the `top_k = 1` row of GREEDY targets under it.
@@ -282,6 +287,8 @@ impl Scratch {
             accept_num: device.alloc::<i32>(n)?,
             logprobs,
             processed: None,
+            draft_index: None,
+            draft_index_host: Vec::new(),
         })
     }
 

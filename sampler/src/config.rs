@@ -352,17 +352,15 @@ impl SamplerConfig {
     /// let slot = decoder.insert(Request::new(vec![1]).with_seed(3).with_max_dec_len(9))?;
     /// while decoder.has_running() {
     ///     decoder.propose()?;
-    ///     let max_bsz = decoder.config().max_bsz;
-    ///     let mut draft_rows = vec![0.0f32; max_bsz * (S - 1) * V];
+    ///     // Only the drafted rows, in slot order then draft order (the plan's order).
+    ///     let mut draft_rows = Vec::new();
     ///     for b in decoder.decode_slots() {
     ///         let last = *decoder.context(b).and_then(|c| c.last()).unwrap_or(&0);
     ///         let drafts = [next(last), next(next(last))];
     ///         decoder.set_drafts(b, &drafts)?;
     ///         // The draft model's row for draft i + 1 predicts it from the tokens before it.
-    ///         let before = [last, drafts[0]];
-    ///         for i in 0..S - 1 {
-    ///             let at = (b * (S - 1) + i) * V;
-    ///             draft_rows.splice(at..at + V, row(before[i]));
+    ///         for before in [last, drafts[0]] {
+    ///             draft_rows.extend(row(before));
     ///         }
     ///     }
     ///     let plan = decoder.plan()?;
@@ -371,7 +369,7 @@ impl SamplerConfig {
     ///         target.extend(row(*decoder.row_prefix(r)?.last().unwrap_or(&0)));
     ///     }
     ///     let (target, draft) = (device.upload(&target)?, device.upload(&draft_rows)?);
-    ///     decoder.finish(StepScores::logits(&target).with_draft(&draft))?;
+    ///     decoder.finish(StepScores::logits(&target).with_draft_rows(&draft))?;
     /// }
     /// assert_eq!(decoder.generated(slot), Some(&[2, 3, 4, 5, 6, 7, 1, 2, 3][..]));
     /// assert!(decoder.stats().drafts_accepted > 0);

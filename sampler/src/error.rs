@@ -103,6 +103,17 @@ pub enum SamplerError {
     /// the target rows' temperatures, which probabilities do not carry).
     #[error("draft logits need target logits: finish was given target probabilities")]
     DraftLogitsNeedLogits,
+    /// REJECTION's compact draft rows ([`StepScores::with_draft_rows`](crate::StepScores::with_draft_rows))
+    /// are not one row of `V` per draft of the step's plan.
+    #[error(
+        "compact draft rows: {actual} elements, expected {expected} (one row of V per draft of the plan)"
+    )]
+    DraftRows {
+        /// `drafts · V`.
+        expected: usize,
+        /// The buffer's length.
+        actual: usize,
+    },
     /// A request of the step asked for log-probabilities but `finish` was given probabilities
     /// instead of logits.
     #[error("logprobs need logits: finish was given probabilities")]

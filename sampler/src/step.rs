@@ -149,6 +149,10 @@ pub struct StepScores<'a> {
     pub target: Scores<'a>,
     /// REJECTION only: the draft model's rows (draft logits need target logits).
     pub draft: Option<Scores<'a>>,
+    /// The draft rows are compact (`docs/semantics.md` §5.8.1): one row of `V` per draft of the
+    /// plan, in the plan's order (slot order, then draft order), rather than the dense
+    /// `[max_bsz · (S − 1), V]`.
+    pub compact_draft: bool,
     /// A token bitmask for structured output: `[R, ceil(V / 32)]` u32, one row per score row;
     /// a 0 bit masks the token (`docs/semantics.md` §4c).
     pub bitmask: Option<&'a Buffer>,
@@ -161,6 +165,7 @@ impl<'a> StepScores<'a> {
         StepScores {
             target: Scores::Logits(logits),
             draft: None,
+            compact_draft: false,
             bitmask: None,
         }
     }
@@ -170,6 +175,7 @@ impl<'a> StepScores<'a> {
         StepScores {
             target: Scores::Probs(probs),
             draft: None,
+            compact_draft: false,
             bitmask: None,
         }
     }
@@ -178,6 +184,17 @@ impl<'a> StepScores<'a> {
     /// target logits, probabilities with target probabilities.
     pub fn with_draft(mut self, draft: &'a Buffer) -> Self {
         self.draft = Some(self.target.same_kind(draft));
+        self.compact_draft = false;
+        self
+    }
+
+    /// Adds only the drafted rows of the draft model (REJECTION), of the same kind as the
+    /// target: `[n_drafts, V]`, one row per draft of the plan in the plan's order (slot order,
+    /// then draft order; [`StepPlan::drafts`] rows in all). The decoder gives the op the index
+    /// of each draft's row (`docs/semantics.md` §5.8.1).
+    pub fn with_draft_rows(mut self, draft_rows: &'a Buffer) -> Self {
+        self.draft = Some(self.target.same_kind(draft_rows));
+        self.compact_draft = true;
         self
     }
 
@@ -191,6 +208,16 @@ impl<'a> StepScores<'a> {
     /// Adds the draft model's probabilities (REJECTION), whatever the target's kind.
     pub fn with_draft_probs(mut self, draft_probs: &'a Buffer) -> Self {
         self.draft = Some(Scores::Probs(draft_probs));
+        self.compact_draft = false;
+        self
+    }
+
+    /// Adds only the drafted rows of the draft model as probabilities (REJECTION), whatever the
+    /// target's kind: `[n_drafts, V]` in the order of
+    /// [`with_draft_rows`](StepScores::with_draft_rows).
+    pub fn with_draft_probs_rows(mut self, draft_probs: &'a Buffer) -> Self {
+        self.draft = Some(Scores::Probs(draft_probs));
+        self.compact_draft = true;
         self
     }
 }

@@ -181,15 +181,23 @@ fn rejection_accepts_every_draft_when_draft_logits_equal_the_target() {
     }
 }
 
+/// A REJECTION decoder past its prefill with `n` drafts of the toy chain set and planned: the
+/// step's target logits (`T_out` rows) and the dense draft logits.
+fn drafted_step(model: &ToyModel, n: usize) -> (Decoder, Buffer, Vec<f32>) {
+    let (mut decoder, slot) = rejection_decoder(model, 1.0);
+    let device = decoder.device().clone();
+    let draft_logits = drafts_with_logits(&mut decoder, slot, model, n);
+    let plan = decoder.plan().expect("plan");
+    let logits = forward(device.as_ref(), &decoder, &plan, model, Forward::Prefix).expect("fwd");
+    (decoder, logits, draft_logits)
+}
+
 /// Draft logits need target logits; draft probabilities still go with target logits.
 #[test]
 fn draft_rows_follow_the_target_kind() {
     let model = ToyModel { vocab: VOCAB };
-    let (mut decoder, slot) = rejection_decoder(&model, 1.0);
+    let (mut decoder, logits, draft_logits) = drafted_step(&model, 3);
     let device = decoder.device().clone();
-    let draft_logits = drafts_with_logits(&mut decoder, slot, &model, 3);
-    let plan = decoder.plan().expect("plan");
-    let logits = forward(device.as_ref(), &decoder, &plan, &model, Forward::Prefix).expect("fwd");
     let softmax = |rows: &[f32]| -> Vec<f32> {
         rows.chunks_exact(VOCAB)
             .flat_map(|row| model.softmax(row, 1.0))
@@ -202,6 +210,7 @@ fn draft_rows_follow_the_target_kind() {
     let mixed = StepScores {
         target: StepRows::Probs(&probs),
         draft: Some(StepRows::Logits(&draft_logits)),
+        compact_draft: false,
         bitmask: None,
     };
     assert!(matches!(
@@ -212,4 +221,122 @@ fn draft_rows_follow_the_target_kind() {
         .finish(StepScores::logits(&logits).with_draft_probs(&draft_probs))
         .expect("finish");
     assert!(!output.slots[0].tokens.is_empty());
+}
+
+/// One REJECTION step on two decoders in lockstep (the same requests and drafts): `dense` is
+/// given the dense `[max_bsz · (S − 1), V]` draft logits, `compact` only the drafted rows in the
+/// plan's order (`StepScores::with_draft_rows`). Slot `b` drafts `(step + b) mod S` tokens
+/// (0 ..= S − 1), now and then off the model's chain; the draft logits are the target's with
+/// noise. Returns the two outputs and the number of drafts.
+fn lockstep_rejection_step(
+    [dense, compact]: [&mut Decoder; 2],
+    model: &ToyModel,
+    rng: &mut Rng,
+    step: usize,
+) -> [specula_sampler::StepOutput; 2] {
+    let device = dense.device().clone();
+    let s = dense.config().max_step_tokens;
+    dense.propose().expect("propose");
+    compact.propose().expect("propose");
+    let mut dense_rows = vec![0.0f32; dense.config().max_bsz * (s - 1) * VOCAB];
+    for slot in dense.decode_slots() {
+        let mut context = dense.context(slot).expect("slot").to_vec();
+        let mut drafts = Vec::new();
+        for i in 0..(step + slot) % s {
+            let row = &mut dense_rows[(slot * (s - 1) + i) * VOCAB..][..VOCAB];
+            row.copy_from_slice(&model.logits(&context));
+            row.iter_mut()
+                .for_each(|x| *x += rng.range(0, 200) as f32 / 100.0 - 1.0);
+            let last = *context.last().expect("non-empty");
+            let d = match rng.range(0, 4) {
+                0 => rng.range(0, VOCAB - 1) as i32,
+                _ => model.successor(last),
+            };
+            drafts.push(d);
+            context.push(d);
+        }
+        dense.set_drafts(slot, &drafts).expect("set drafts");
+        compact.set_drafts(slot, &drafts).expect("set drafts");
+    }
+    let plan = dense.plan().expect("plan");
+    assert_eq!(compact.plan().expect("plan"), plan);
+    let compact_rows: Vec<f32> = plan
+        .slots
+        .iter()
+        .flat_map(|p| (0..p.drafts).map(move |i| p.slot * (s - 1) + i))
+        .flat_map(|q| dense_rows[q * VOCAB..(q + 1) * VOCAB].to_vec())
+        .collect();
+    let logits = forward(device.as_ref(), dense, &plan, model, Forward::Prefix).expect("fwd");
+    let dense_rows = device.upload(&dense_rows).expect("upload");
+    let dense_out = dense
+        .finish(StepScores::logits(&logits).with_draft(&dense_rows))
+        .expect("dense finish");
+    let compact_out = match plan.drafts() {
+        0 => compact.finish(StepScores::logits(&logits)),
+        _ => {
+            let rows = device.upload(&compact_rows).expect("upload");
+            compact.finish(StepScores::logits(&logits).with_draft_rows(&rows))
+        }
+    };
+    [dense_out, compact_out.expect("compact finish")]
+}
+
+/// REJECTION given only the drafted rows emits exactly the tokens of the dense draft rows, step
+/// by step, with three requests drafting 0 ..= S − 1 tokens each; compact rows that are not one
+/// per draft are refused.
+#[test]
+fn compact_draft_rows_emit_the_dense_tokens() {
+    let model = ToyModel { vocab: VOCAB };
+    let config = SamplerConfig {
+        max_step_tokens: 4,
+        ..SamplerConfig::new(Strategy::Rejection, 3, VOCAB, 64, vec![0])
+    };
+    let device = device();
+    let mut decoders =
+        [0, 1].map(|_| Decoder::new(device.clone(), config.clone()).expect("decoder"));
+    let mut rng = Rng(77);
+    let prompts = [vec![3, 9, 14], vec![5, 2], vec![11, 12, 13, 7]];
+    for decoder in &mut decoders {
+        for (k, prompt) in prompts.iter().enumerate() {
+            let params = SamplingParams::default()
+                .with_seed(5 + k as u64)
+                .with_temperature(0.8);
+            let request = Request::new(prompt.clone()).with_params(params);
+            decoder.insert(request).expect("insert");
+        }
+    }
+    let [dense, compact] = &mut decoders;
+    let (mut drafts, mut accepted, mut rejected) = (0, 0, 0);
+    for step in 0..12 {
+        if !dense.has_running() {
+            break;
+        }
+        let [a, b] = lockstep_rejection_step([dense, compact], &model, &mut rng, step);
+        assert_eq!(a.slots, b.slots, "step {step}");
+        for out in &a.slots {
+            drafts += out.drafts_proposed;
+            accepted += out.drafts_accepted;
+            rejected += usize::from(out.drafts_accepted < out.drafts_proposed);
+        }
+    }
+    // Both outcomes happened, over steps with drafts.
+    assert!(
+        drafts > 0 && accepted > 0 && rejected > 0,
+        "{drafts} {accepted} {rejected}"
+    );
+}
+
+/// Compact draft rows must be one row of V per draft of the plan.
+#[test]
+fn compact_draft_rows_are_one_per_draft() {
+    let model = ToyModel { vocab: VOCAB };
+    let (mut decoder, logits, dense_rows) = drafted_step(&model, 2);
+    let device = decoder.device().clone();
+    let dense_rows = device.upload(&dense_rows).expect("upload");
+    let result = decoder.finish(StepScores::logits(&logits).with_draft_rows(&dense_rows));
+    assert!(matches!(
+        result,
+        Err(SamplerError::DraftRows { expected, actual })
+            if expected == 2 * VOCAB && actual == 2 * 3 * VOCAB
+    ));
 }

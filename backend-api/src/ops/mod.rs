@@ -287,6 +287,27 @@ impl<'d> Check<'d> {
         self.supported(buffer.dtype())
     }
 
+    /// A float buffer (f32, f16 or bf16) of a whole number `n ≥ 1` of rows of `vocab` elements;
+    /// returns its dtype and `n`.
+    pub(crate) fn float_rows(
+        &self,
+        arg: &'static str,
+        buffer: &Buffer,
+        vocab: usize,
+    ) -> Result<(DType, usize)> {
+        let dtype = self.float(arg, buffer, buffer.len())?;
+        let rows = buffer.len() / vocab.max(1);
+        if rows == 0 || !buffer.len().is_multiple_of(vocab.max(1)) {
+            return Err(Error::invalid(
+                self.op,
+                arg,
+                format!("a whole number >= 1 of rows of {vocab}"),
+                buffer.len(),
+            ));
+        }
+        Ok((dtype, rows))
+    }
+
     /// A vocabulary size in `1 ..= 2^20`.
     pub(crate) fn vocab(&self, vocab: usize) -> Result<()> {
         if vocab == 0 || vocab > crate::abi::MAX_VOCAB {

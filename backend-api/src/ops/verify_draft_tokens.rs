@@ -20,6 +20,9 @@ pub struct VerifyFacts {
     /// The REJECTION rows are logits (weighed by `docs/semantics.md` §4b) rather than
     /// probabilities.
     pub logits: bool,
+    /// The number of REJECTION draft rows: `n_drafts` with a `draft_index`, `max_bsz · (S − 1)`
+    /// without one; 0 for the other strategies.
+    pub draft_rows: usize,
 }
 
 /// How drafts are checked and the phase-2 token chosen (`docs/semantics.md` §5.8).
@@ -90,16 +93,24 @@ pub struct CandidateInputs<'a> {
     pub candidates: usize,
 }
 
-/// REJECTION's inputs: target rows `[rows, V]` and draft rows `[max_bsz · (S − 1), V]`
-/// (f32/f16/bf16 each), and the target's per-row `top_k` i32 / `top_p` f32 filter.
+/// REJECTION's inputs (`docs/semantics.md` §5.8): target rows `[rows, V]` and draft rows (f32/f16/bf16
+/// each), and the target's per-row `top_k` i32 / `top_p` f32 filter. The draft rows are dense,
+/// `[max_bsz · (S − 1), V]`, or compact, `[n_drafts, V]` (`n_drafts ≥ 1`) with a `draft_index`
+/// naming the row of each draft.
 #[derive(Clone, Copy, Debug)]
 pub struct RejectionInputs<'a> {
     /// Target rows: probabilities, or logits with their per-row temperature.
     pub target: Scores<'a>,
     /// Draft rows of the same kind as the target (logits are weighed at the temperature of
-    /// the output row they are checked against); row `b · (S − 1) + i` is draft `i + 1` of
-    /// slot `b`.
+    /// the output row they are checked against): without `draft_index`, row `b · (S − 1) + i`
+    /// is draft `i + 1` of slot `b`; with it, a whole number `n_drafts ≥ 1` of rows of `V`.
     pub draft: &'a Buffer,
+    /// Optional `[max_bsz · (S − 1)]` i32 (`docs/semantics.md` §5.8.1): entry `b · (S − 1) + i`
+    /// is the row of `draft` that holds draft `i + 1` of slot `b`. Only the entries of drafts
+    /// actually tested are read; one outside `[0, n_drafts)` rejects its draft, and the
+    /// correction is sampled from the target row as `top_k_top_p_sample` does (§5.6), as for a
+    /// row that is not a distribution. `None`: the dense layout (the identity index).
+    pub draft_index: Option<&'a Buffer>,
     /// Per-row `top_k` of the target filter.
     pub top_k: &'a Buffer,
     /// Per-row `top_p` of the target filter.
@@ -239,6 +250,7 @@ pub(crate) fn validate<'c, 'o>(
             VerifyFacts {
                 rejection_dtypes: None,
                 logits: false,
+                draft_rows: 0,
             }
         }
         StrategyInputs::TopP(c) => {
@@ -246,6 +258,7 @@ pub(crate) fn validate<'c, 'o>(
             VerifyFacts {
                 rejection_dtypes: None,
                 logits: false,
+                draft_rows: 0,
             }
         }
         StrategyInputs::Rejection(r) => validate_rejection(&check, &r, params)?,
@@ -286,14 +299,23 @@ fn validate_rejection(
     } else {
         "draft_probs"
     };
-    let draft_rows = dims.max_bsz * (dims.max_step_tokens - 1);
-    let draft_len = check.product(draft_arg, draft_rows, params.vocab)?;
-    let draft = check.float(draft_arg, r.draft, draft_len)?;
+    let dense_rows = check.product("draft_index", dims.max_bsz, dims.max_step_tokens - 1)?;
+    let (draft, draft_rows) = match r.draft_index {
+        None => {
+            let draft_len = check.product(draft_arg, dense_rows, params.vocab)?;
+            (check.float(draft_arg, r.draft, draft_len)?, dense_rows)
+        }
+        Some(index) => {
+            check.exact("draft_index", index, DType::I32, dense_rows)?;
+            check.float_rows(draft_arg, r.draft, params.vocab)?
+        }
+    };
     check.exact("top_k", r.top_k, DType::I32, rows)?;
     check.exact("top_p", r.top_p, DType::F32, rows)?;
     check.fallback(r.fallback, rows)?;
     Ok(VerifyFacts {
         rejection_dtypes: Some((kind.dtype, draft)),
         logits: kind.logits,
+        draft_rows,
     })
 }

@@ -36,6 +36,8 @@ enum Strategy<'a, T, D> {
         temperature: Option<&'a [f32]>,
         /// The target rows' fallbacks (`process_logits`), when given.
         fallback: Option<&'a [i32]>,
+        /// The row of `draft` of each draft (`docs/semantics.md` §5.8.1); `None`: dense.
+        draft_index: Option<&'a [i32]>,
     },
 }
 
@@ -137,11 +139,20 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
                 top_k,
                 top_p,
                 temperature,
+                draft_index,
                 ..
             } => {
                 let Some(r) = row else { return (false, None) };
-                let draft_row_index = slot * (self.max_step_tokens - 1) + i;
-                let q = &draft[draft_row_index * self.vocab..(draft_row_index + 1) * self.vocab];
+                // A draft row outside the draft rows rejects the draft; phase 2 then samples
+                // the target row, as for a row that is not a distribution (§5.8.1).
+                let Some(q) = draft_row(
+                    draft,
+                    *draft_index,
+                    slot * (self.max_step_tokens - 1) + i,
+                    self.vocab,
+                ) else {
+                    return (false, None);
+                };
                 let p = self.target_row(target, r);
                 let (accepted, correction) = match temperature {
                     Some(t) => rejection_check_logits(
@@ -291,6 +302,21 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
         out.emit(token);
         out.len as i32
     }
+}
+
+/// The draft row of dense position `dense` (`b · (S − 1) + i`): that row of `draft`, or with an
+/// index the row its entry names; `None` when that row does not exist.
+fn draft_row<'a, D>(
+    draft: &'a [D],
+    index: Option<&[i32]>,
+    dense: usize,
+    vocab: usize,
+) -> Option<&'a [D]> {
+    let row = match index {
+        None => dense,
+        Some(index) => usize::try_from(index[dense]).ok()?,
+    };
+    draft.get(row * vocab..(row + 1) * vocab)
 }
 
 /// The REJECTION test of draft `d` against target row `p` (filtered by `top_k`/`top_p`) and draft
@@ -485,6 +511,7 @@ fn verify_slots<T: FloatElement, D: FloatElement>(
             top_p: slice::<f32>(r.top_p)?,
             temperature: r.target.temperature().map(slice::<f32>).transpose()?,
             fallback: r.fallback.map(slice::<i32>).transpose()?,
+            draft_index: r.draft_index.map(slice::<i32>).transpose()?,
         },
     };
     let state = &inputs.state;

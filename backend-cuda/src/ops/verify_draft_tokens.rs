@@ -77,6 +77,9 @@ pub(crate) fn run(device: &CudaDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
             args.top_p = device.ptr(op, r.top_p)?;
             args.temperature = device.opt_ptr(op, r.target.temperature())?;
             args.fallback = device.opt_ptr(op, r.fallback)?;
+            // Null: the dense rows; else the compact rows' index (`docs/semantics.md` §5.8.1).
+            args.draft_index = device.opt_ptr(op, r.draft_index)?;
+            args.draft_rows = facts.draft_rows as u64;
             args.logits = flag(facts.logits);
             args.strategy = launch::STRATEGY_REJECTION;
             args.vec_target = device.vec_ok(op, target_probs, params.vocab)?;
@@ -90,12 +93,11 @@ pub(crate) fn run(device: &CudaDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
     kernels.launch("verify_draft_tokens", (blocks, 1, 1), BATCH_BLOCK, &args)
 }
 
-/// REJECTION: the pre-pass over every target and draft row (into scratch), then one block per
-/// slot.
+/// REJECTION: the pre-pass over every target and draft row (`args.draft_rows`, dense or
+/// compact) into scratch, then one block per slot.
 fn rejection(device: &CudaDevice, args: &mut VerifyArgs, instance: Instance) -> Result<()> {
     let op = Op::VerifyDraftTokens;
-    let draft_rows = u64::from(args.max_bsz) * (args.max_step_tokens - 1);
-    args.draft_rows = draft_rows;
+    let draft_rows = args.draft_rows;
     let scratch_bytes = TARGET_STATS_BYTES * args.rows + DRAFT_TOTAL_BYTES * draft_rows;
     let scratch = device.scratch(op, scratch_bytes)?;
     args.stats = device.scratch_ptr(&scratch);

@@ -9,8 +9,9 @@
 //   driver argmax     DIR ROWS VOCAB OFFSET                 (probs -> tokens)
 //   driver softmax    DIR ROWS VOCAB OFFSET                 (probs temperature -> probs)
 //   driver verify     DIR ROWS VOCAB OFFSET MAX_BSZ REAL_BSZ S STRATEGY ACCEPT_ALL REJECT_ALL C N_END
-//                     [LOGITS [FALLBACK]]   (REJECTION with LOGITS 1 reads temperature: the rows
-//                     are logits; with FALLBACK 1 it reads fallback)
+//                     [LOGITS [FALLBACK [DRAFT_ROWS]]]   (REJECTION with LOGITS 1 reads temperature:
+//                     the rows are logits; with FALLBACK 1 it reads fallback; with DRAFT_ROWS > 0
+//                     the draft rows are that many compact rows and it reads draft_index)
 //   driver logprobs   DIR ROWS VOCAB OFFSET MAX_BSZ REAL_BSZ S K
 //   driver batch      DIR MAX_BSZ REAL_BSZ S CAPACITY ROW_BYTES TOKEN_NUM MAX_MODEL_LEN THRESHOLD
 //                     MIN_N MAX_N N_END   (layout, sampling params, gather, update_state, ngram)
@@ -195,7 +196,9 @@ static void run_verify(const Run& run) {
         a.logits = (u32)run.opt_arg(14);
         a.temperature = a.logits != 0 ? run.in<float>("temperature") : nullptr;
         a.fallback = run.opt_arg(15) != 0 ? run.in<i32>("fallback") : nullptr;
-        a.draft_rows = (u64)max_bsz * (s - 1);
+        const u64 compact_rows = run.opt_arg(16);
+        a.draft_index = compact_rows != 0 ? run.in<i32>("draft_index") : nullptr;
+        a.draft_rows = compact_rows != 0 ? compact_rows : (u64)max_bsz * (s - 1);
         a.vec_target = vec_ok(a.target_probs, sizeof(raw), vocab);
         a.vec_draft = vec_ok(a.draft_probs, sizeof(draft_raw), vocab);
         a.stats = dalloc<unsigned char>(sizeof(TargetStats) * rows + 8 * a.draft_rows + 8);

@@ -48,9 +48,11 @@ specula_backend_api::kernel_args! {
         accept_num_off: u32,
     }
 
-    /// `verify_draft_tokens_pair_<dtype>`: the REJECTION test of the drafts whose rows lie in
-    /// one target chunk and one draft chunk (logits rows at the output row's `temperature` when
-    /// `logits` is 1).
+    /// `verify_draft_tokens_pair_<dtype>`: the REJECTION test of the drafts (pairs `pair_lo ..
+    /// pair_lo + pairs_in_dispatch`, dense index `b · (S − 1) + i`) whose rows lie in one target
+    /// chunk and one draft chunk (logits rows at the output row's `temperature` when `logits` is
+    /// 1; the draft row of pair j is j, or with `has_draft_index` its entry of `draft_index`,
+    /// one of `draft_rows`, `docs/semantics.md` §5.8.1).
     pub(crate) struct VerifyDraftTokensPairArgs {
         real_bsz: u32,
         step_tokens: u32,
@@ -61,6 +63,7 @@ specula_backend_api::kernel_args! {
         target_row_hi: u32,
         target_off: u32,
         draft_row_lo: u32,
+        draft_row_hi: u32,
         draft_off: u32,
         draft_dtype: u32,
         pairs_in_dispatch: u32,
@@ -70,6 +73,10 @@ specula_backend_api::kernel_args! {
         seeds_off: u32,
         temperature_off: u32,
         logits: u32,
+        pair_lo: u32,
+        has_draft_index: u32,
+        draft_index_off: u32,
+        draft_rows: u32,
     }
 }
 
@@ -96,7 +103,7 @@ fn strategy_code(strategy: Strategy) -> u32 {
 struct Rejection {
     /// `[rows]` i32: each target row sampled as 4.3.
     targets: Arc<WgpuStorage>,
-    /// `[max_bsz · (S − 1)]` (status, token) pairs: the test of every draft.
+    /// `[max_bsz · (S − 1)]` (status, token) pairs: the test of every draft (dense).
     pairs: Arc<WgpuStorage>,
 }
 
@@ -105,6 +112,8 @@ struct RejectionRows<'a> {
     inputs: RejectionInputs<'a>,
     target_dtype: DType,
     draft_dtype: DType,
+    /// The rows of `inputs.draft` (`n_drafts` when compact, else `max_bsz · (S − 1)`).
+    draft_rows: usize,
 }
 
 /// Records the sampling of the target rows and, unless `reject_all`, the test of the drafts (an
@@ -121,10 +130,10 @@ fn rejection_dispatches(
     let gpu = &device.gpu;
     let dims = &params.dims;
     let rows = params.rows;
-    let draft_rows = dims.max_bsz * (dims.max_step_tokens - 1);
+    let pair_count = dims.max_bsz * (dims.max_step_tokens - 1);
     let targets = device.scratch("verify targets", (rows * 4) as u64)?;
     let aux = device.scratch("verify kept sets", (rows * 32) as u64)?;
-    let pairs = device.scratch("verify pairs", (draft_rows * 8) as u64)?;
+    let pairs = device.scratch("verify pairs", (pair_count * 8) as u64)?;
     let sample = SampleInputs {
         scores: rejection.inputs.target,
         top_k: rejection.inputs.top_k,
@@ -148,7 +157,8 @@ fn rejection_dispatches(
         &shape,
     )?);
     // Under accept_all only the drafts outside [0, V) are tested; reject_all tests none.
-    if !params.reject_all && draft_rows > 0 {
+    if !params.reject_all && pair_count > 0 {
+        let draft_rows = rejection.draft_rows;
         for tc in gpu.row_chunks(rejection.inputs.target.matrix(), rows, params.vocab) {
             for dc in gpu.row_chunks(rejection.inputs.draft, draft_rows, params.vocab) {
                 dispatches.push(pair_dispatch(
@@ -166,7 +176,8 @@ fn rejection_dispatches(
     Ok(Rejection { targets, pairs })
 }
 
-/// The pair test of the draft rows in chunk `dc` against the target rows in chunk `tc`.
+/// The pair test of the draft rows in chunk `dc` against the target rows in chunk `tc`: densely
+/// the pairs of those rows, with a `draft_index` every pair (each reads its row if in `dc`).
 fn pair_dispatch(
     device: &WgpuDevice,
     inputs: &VerifyInputs<'_>,
@@ -179,6 +190,11 @@ fn pair_dispatch(
     let op = Op::VerifyDraftTokens;
     let dims = &params.dims;
     let vocab = params.vocab;
+    let index = rejection.inputs.draft_index;
+    let (pair_lo, pair_count) = match index {
+        Some(_) => (0, dims.max_bsz * (dims.max_step_tokens - 1)),
+        None => (dc.0, dc.1 - dc.0),
+    };
     let mut b = Binder::new(device, op);
     b.scratch(27, aux);
     b.scratch(28, pairs);
@@ -192,9 +208,10 @@ fn pair_dispatch(
         target_row_hi: u(tc.1),
         target_off: b.rows(21, rejection.inputs.target.matrix(), vocab, tc)?,
         draft_row_lo: u(dc.0),
+        draft_row_hi: u(dc.1),
         draft_off: b.rows(22, rejection.inputs.draft, vocab, dc)?,
         draft_dtype: float_code(rejection.draft_dtype),
-        pairs_in_dispatch: u(dc.1 - dc.0),
+        pairs_in_dispatch: u(pair_count),
         draft_tokens_off: b.buffer(23, inputs.draft_tokens)?,
         this_time_off: b.buffer(24, inputs.lens.seq_lens_this_time)?,
         cu_out_off: b.buffer(25, inputs.cu_seqlens_q_output)?,
@@ -204,6 +221,13 @@ fn pair_dispatch(
             None => b.dummy(29),
         },
         logits: u32::from(rejection.inputs.target.is_logits()),
+        pair_lo: u(pair_lo),
+        has_draft_index: u32::from(index.is_some()),
+        draft_index_off: match index {
+            Some(index) => b.buffer(30, index)?,
+            None => b.dummy(30),
+        },
+        draft_rows: u(rejection.draft_rows),
     };
     Ok(b.dispatch(&PAIR, rejection.target_dtype, &args, args.pairs_in_dispatch))
 }
@@ -258,6 +282,7 @@ pub(crate) fn run(device: &WgpuDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
                 inputs: r,
                 target_dtype,
                 draft_dtype,
+                draft_rows: facts.draft_rows,
             };
             Some(rejection_dispatches(
                 device,

@@ -11,7 +11,9 @@ use crate::runtime::{KernelBuffers, ProgramKey, Runtime};
 
 specula_backend_api::kernel_args! {
     /// The parameters of `verify_draft_tokens_<dtype>` (`rj_fallback`: when `has_fallback`,
-    /// REJECTION's token for a target row whose kept weight is 0).
+    /// REJECTION's token for a target row whose kept weight is 0; `draft_index`: when
+    /// `has_draft_index`, the row of `draft_scores` (of `draft_rows`) of each draft,
+    /// `docs/semantics.md` §5.8.1).
     pub(crate) struct VerifyDraftTokensArgs {
         draft_tokens_offset: u64,
         this_time_offset: u64,
@@ -34,6 +36,7 @@ specula_backend_api::kernel_args! {
         rj_top_k_offset: u64,
         rj_top_p_offset: u64,
         rj_fallback_offset: u64,
+        draft_index_offset: u64,
         accept_tokens_offset: u64,
         accept_num_offset: u64,
         max_bsz: u32,
@@ -46,6 +49,8 @@ specula_backend_api::kernel_args! {
         accept_all: u32,
         reject_all: u32,
         has_fallback: u32,
+        has_draft_index: u32,
+        draft_rows: u32,
     }
 }
 
@@ -62,15 +67,16 @@ fn strategy_code(strategy: Strategy) -> &'static str {
     }
 }
 
-/// The kernel's ten strategy buffers, in parameter order (`target_tokens`, `cand_ids`,
+/// The kernel's eleven strategy buffers, in parameter order (`target_tokens`, `cand_ids`,
 /// `cand_scores`, `cand_lens`, `target_scores`, `temperature`, `draft_scores`, `rj_top_k`,
-/// `rj_top_p`, `rj_fallback`): those the strategy uses, `None` for the others (`temperature` for
-/// logits rows only, `rj_fallback` when given).
-fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 10] {
+/// `rj_top_p`, `rj_fallback`, `draft_index`): those the strategy uses, `None` for the others
+/// (`temperature` for logits rows only, `rj_fallback` and `draft_index` when given).
+fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 11] {
     match *strategy {
         StrategyInputs::Greedy { target_tokens }
         | StrategyInputs::TargetMatch { target_tokens } => [
             Some(target_tokens),
+            None,
             None,
             None,
             None,
@@ -92,6 +98,7 @@ fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 1
             None,
             None,
             None,
+            None,
         ],
         StrategyInputs::Rejection(r) => [
             None,
@@ -104,6 +111,7 @@ fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 1
             Some(r.top_k),
             Some(r.top_p),
             r.fallback,
+            r.draft_index,
         ],
     }
 }
@@ -150,6 +158,7 @@ pub(crate) fn run(runtime: &Runtime, mut call: VerifyDraftTokensCall<'_, '_>) ->
         rj_top_k,
         rj_top_p,
         rj_fallback,
+        draft_index,
     ] = strategy_buffers(&inputs.strategy);
     let (lens, state, dims) = (&inputs.lens, &inputs.state, &params.dims);
     let mut buffers = KernelBuffers::default();
@@ -175,6 +184,7 @@ pub(crate) fn run(runtime: &Runtime, mut call: VerifyDraftTokensCall<'_, '_>) ->
         rj_top_k_offset: buffers.bind_optional(runtime, rj_top_k)?,
         rj_top_p_offset: buffers.bind_optional(runtime, rj_top_p)?,
         rj_fallback_offset: buffers.bind_optional(runtime, rj_fallback)?,
+        draft_index_offset: buffers.bind_optional(runtime, draft_index)?,
         accept_tokens_offset: buffers.bind(out.accept_tokens)?,
         accept_num_offset: buffers.bind(out.accept_num)?,
         max_bsz: count(dims.max_bsz),
@@ -187,6 +197,8 @@ pub(crate) fn run(runtime: &Runtime, mut call: VerifyDraftTokensCall<'_, '_>) ->
         accept_all: flag(params.accept_all),
         reject_all: flag(params.reject_all),
         has_fallback: flag(rj_fallback.is_some()),
+        has_draft_index: flag(draft_index.is_some()),
+        draft_rows: count(facts.draft_rows),
     };
     runtime.launch(&key, &entry, &buffers, &args)
 }

@@ -21,7 +21,8 @@ use crate::exec::{HostLens, OpCase, Runner};
 /// Inputs `draft_tokens`, `seq_lens_this_time`, `seq_lens_encoder`, `cu_seqlens_q_output`,
 /// `stop_flags`, `is_block_step`, `reasoning_status`, `step_idx`, `max_dec_len`, `end_tokens`,
 /// `seeds`, and per strategy `target_tokens` | `candidate_ids`, `candidate_scores`,
-/// `candidate_lens` | `target_probs`, `draft_probs`, `top_k`, `top_p`.
+/// `candidate_lens` | `target_probs`, `draft_probs`, `top_k`, `top_p` (and `draft_index` with
+/// compact draft rows).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Params {
     /// Batch shape.
@@ -42,6 +43,10 @@ pub struct Params {
     /// probabilities.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub logits: bool,
+    /// REJECTION's compact draft rows (`docs/semantics.md` §5.8.1): the draft holds this many
+    /// rows and a `draft_index [max_bsz · (S − 1)]` names the row of each draft; `None`: dense.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_rows: Option<usize>,
 }
 
 impl OpCase for Params {
@@ -76,13 +81,17 @@ impl OpCase for Params {
                 } else {
                     "draft_probs"
                 };
-                let draft_len = n * (d.max_step_tokens - 1) * v;
+                let dense_rows = n * (d.max_step_tokens - 1);
+                let draft_rows = self.draft_rows.unwrap_or(dense_rows);
                 rejection.extend([
-                    TensorSpec::new(draft, Want::Float, draft_len),
+                    TensorSpec::new(draft, Want::Float, draft_rows * v),
                     TensorSpec::i32("top_k", rows),
                     TensorSpec::new("top_p", Want::Is(DType::F32), rows),
                     TensorSpec::i32("fallback", rows).optional(),
                 ]);
+                if self.draft_rows.is_some() {
+                    rejection.push(TensorSpec::i32("draft_index", dense_rows));
+                }
                 rejection
             }
             _ => vec![TensorSpec::i32("target_tokens", rows)],
@@ -147,6 +156,7 @@ impl OpCase for Params {
             .map(|n| r.input(n))
             .collect::<Result<Vec<_>>>()?;
         let fallback = r.optional("fallback")?;
+        let draft_index = r.optional("draft_index")?;
         let strategy_inputs = match strategy {
             Strategy::Greedy => StrategyInputs::Greedy {
                 target_tokens: &extra[0],
@@ -170,6 +180,7 @@ impl OpCase for Params {
                     top_k: &extra[0],
                     top_p: &extra[1],
                     fallback: fallback.as_ref(),
+                    draft_index: draft_index.as_ref(),
                 })
             }
         };
@@ -336,6 +347,7 @@ impl State {
             accept_all,
             reject_all,
             logits: false,
+            draft_rows: None,
         };
         let case = Case::new(name, params);
         // Padded per-row inputs (rows > T_out) are what a runner without host copies passes;
@@ -364,6 +376,16 @@ impl State {
     fn shaped(&self, data: &[i32]) -> crate::tensor::HostTensor {
         let d = self.batch.dims;
         crate::tensor::HostTensor::new(&[d.max_bsz, d.max_step_tokens], data)
+    }
+
+    /// The dense draft row `b · (S − 1) + i` of every draft that has its output row (the drafts
+    /// REJECTION can test), in slot then draft order.
+    fn tested_drafts(&self) -> Vec<usize> {
+        // Position `b · S + i + 1` in `draft_tokens` is dense row `b · (S − 1) + i`.
+        self.decode_rows()
+            .into_iter()
+            .map(|(b, _, pos)| pos - b - 1)
+            .collect()
     }
 
     /// `(slot, output row, draft position in draft_tokens)` of every draft of every decode slot
@@ -609,6 +631,111 @@ fn rejection_fallback_cases() -> Vec<Case> {
     out
 }
 
+/// The compact form of the dense REJECTION `case` (`docs/semantics.md` §5.8.1): only the draft
+/// rows of `tested` (dense rows `b · (S − 1) + i`), in a shuffled order, with a `draft_index`
+/// naming each; the other index entries are garbage the op never reads. A dense case whose
+/// drafts are all untested keeps its first row.
+pub(crate) fn compact(rng: &mut Rng, mut case: Case, tested: &[usize], name: String) -> Case {
+    let CaseParams::VerifyDraftTokens(params) = &mut case.params else {
+        return case;
+    };
+    let d = params.dims;
+    let dense_rows = d.max_bsz * (d.max_step_tokens - 1);
+    let mut order = if tested.is_empty() {
+        vec![0]
+    } else {
+        tested.to_vec()
+    };
+    for k in (1..order.len()).rev() {
+        order.swap(k, rng.below(k + 1));
+    }
+    let n = order.len() as i32;
+    let mut index: Vec<i32> = (0..dense_rows)
+        .map(|_| rng.pick(&[-1, n, n + 7, i32::MIN, i32::MAX]))
+        .collect();
+    for (row, &dense) in order.iter().enumerate() {
+        index[dense] = row as i32;
+    }
+    params.draft_rows = Some(order.len());
+    let vocab = params.vocab;
+    let draft_name = match params.logits {
+        true => "draft_logits",
+        false => "draft_probs",
+    };
+    if let Some(t) = case.inputs.get_mut(draft_name) {
+        let row_bytes = vocab * t.dtype.size_bytes();
+        let bytes = order
+            .iter()
+            .flat_map(|&r| t.bytes[r * row_bytes..(r + 1) * row_bytes].iter().copied())
+            .collect();
+        *t = crate::tensor::HostTensor {
+            dtype: t.dtype,
+            shape: vec![order.len(), vocab],
+            bytes,
+        };
+    }
+    case.name = name;
+    case.with("draft_index", i32s(&index))
+}
+
+/// Pairs `(dense, compact)` of REJECTION cases (probabilities and logits, the compact rows
+/// shuffled) that must emit the same tokens.
+pub(crate) fn compact_pairs() -> Vec<(Case, Case)> {
+    let (f32_, f16_, bf16_) = (DType::F32, DType::F16, DType::BF16);
+    let shapes = [
+        (dims(3, 3, 4), 97, f32_, f32_, false),
+        (dims(8, 8, 6), 257, f32_, f32_, false),
+        (dims(13, 11, 5), 129, bf16_, f16_, false),
+        (dims(4, 4, 3), 1000, f32_, bf16_, false),
+        (dims(3, 3, 4), 151936, f32_, f32_, false),
+        (dims(5, 4, 3), 1000, f16_, f16_, true),
+        (dims(8, 8, 6), 129, bf16_, f32_, true),
+    ];
+    let mut out = Vec::new();
+    for (i, (d, vocab, t, q, logits)) in shapes.into_iter().enumerate() {
+        let mut rng = Rng::new("verify/rejection/compact", i as u64);
+        let batch = Batch::random(&mut rng, d, 20);
+        let state = State::random(&mut rng, batch, vocab, i % 3 == 2);
+        let tested = state.tested_drafts();
+        let kind = if logits { "logits_" } else { "" };
+        let shape = format!("{kind}{}_{}_v{vocab}", dtypes_name(t, q), batch_name(&d));
+        let dense_name = format!("rejection::dense_{shape}");
+        let dense = match logits {
+            true => rejection_logits_case(&mut rng, state, dense_name, (t, q)),
+            false => rejection_case(&mut rng, state, dense_name, (t, q)),
+        };
+        let name = format!("rejection::compact_{shape}");
+        let compact = compact(&mut rng, dense.clone(), &tested, name);
+        out.push((dense, compact));
+    }
+    out
+}
+
+/// The compact REJECTION cases: every compact twin of [`compact_pairs`], and one whose index
+/// holds negative and too large entries for tested drafts (`docs/semantics.md` §5.8.1).
+fn compact_cases() -> Vec<Case> {
+    let mut out: Vec<Case> = compact_pairs().into_iter().map(|(_, c)| c).collect();
+    let Some(mut case) = out.first().cloned() else {
+        return out;
+    };
+    let mut rng = Rng::new("verify/rejection/compact_out_of_range", 0);
+    let n = match &case.params {
+        CaseParams::VerifyDraftTokens(p) => p.draft_rows.unwrap_or(0) as i32,
+        _ => 0,
+    };
+    if let Some(t) = case.inputs.get_mut("draft_index")
+        && let Ok(mut index) = t.to_vec::<i32>()
+    {
+        for entry in index.iter_mut().filter(|e| (0..n).contains(*e)).step_by(3) {
+            *entry = rng.pick(&[-1, -n, n, n + 1, i32::MIN, i32::MAX]);
+        }
+        *t = i32s(&index);
+    }
+    case.name = "rejection::compact_index_out_of_range".into();
+    out.push(case);
+    out
+}
+
 fn dtypes_name(t: DType, q: DType) -> String {
     if t == q {
         t.to_string()
@@ -621,6 +748,7 @@ fn dtypes_name(t: DType, q: DType) -> String {
 pub fn cases(size: Size) -> Vec<Case> {
     let mut out = golden();
     out.extend(rejection_fallback_cases());
+    out.extend(compact_cases());
     let vocabs = [32000, 128256, 151936, 97];
     for (i, d) in batch_shapes(size).into_iter().enumerate() {
         let vocab = vocabs[i % vocabs.len()];
@@ -1142,4 +1270,31 @@ fn hostile() -> Vec<Case> {
         false,
     ));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::compact_pairs;
+    use crate::exec::run_case;
+    use specula_backend_api::Device;
+
+    /// The compact draft rows give the dense layout's tokens, on the reference and on the CPU.
+    #[test]
+    fn compact_rejection_rows_emit_the_dense_tokens() {
+        let reference = specula_reference::ReferenceDevice::new();
+        let cpu = specula_backend_cpu::CpuDevice::new().expect("a CPU device");
+        let devices: [&dyn Device; 2] = [&reference, &cpu];
+        let mut accepted = 0;
+        for (dense, compact) in compact_pairs() {
+            for device in devices {
+                let dense_out = run_case(device, &dense).expect("the dense case runs");
+                let compact_out = run_case(device, &compact).expect("the compact case runs");
+                assert_eq!(dense_out.tensors, compact_out.tensors, "{}", compact.name);
+                let nums = dense_out.tensors["accept_num"].to_vec::<i32>();
+                accepted += nums.expect("i32 accept_num").iter().filter(|&&n| n > 1).count();
+            }
+        }
+        // Drafts were accepted (rows were read, not every draft rejected).
+        assert!(accepted > 0);
+    }
 }

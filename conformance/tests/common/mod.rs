@@ -21,6 +21,7 @@ pub fn verify_case() -> Case {
         accept_all: false,
         reject_all: false,
         logits: false,
+        draft_rows: None,
     };
     Case::new("hand::bs2_s3", params)
         .with(

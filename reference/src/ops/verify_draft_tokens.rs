@@ -41,6 +41,8 @@ enum Strategy<'a> {
         top_p: &'a [f32],
         /// The target rows' fallbacks (`process_logits`), when given.
         fallback: Option<&'a [i32]>,
+        /// The row of `draft` of each draft (§5.8.1); `None`: the dense layout.
+        draft_index: Option<&'a [i32]>,
     },
 }
 
@@ -224,16 +226,27 @@ impl Verifier<'_> {
             top_k,
             top_p,
             fallback,
+            draft_index,
         } = &self.strategy
         else {
             return Verdict::Reject(None);
         };
-        let (Some(p), Some(q)) = (target.row(r), draft.row_at(b * (self.s - 1) + i, r)) else {
+        let Some(p) = target.row(r) else {
             return Verdict::Reject(None);
         };
         let seed = self.seeds[r];
         let fallback = fallback.map(|f| f[r]);
         let sample_target = || sample_row(&p, top_k[r], top_p[r], seed, fallback);
+        // The draft's row: `b · (S − 1) + i` densely, else the index's entry; an entry outside
+        // the draft rows rejects the draft like a row that is not a distribution (§5.8.1).
+        let dense = b * (self.s - 1) + i;
+        let q_row = match draft_index {
+            None => Some(dense),
+            Some(index) => usize::try_from(index[dense]).ok(),
+        };
+        let Some(q) = q_row.and_then(|row| draft.row_at(row, r)) else {
+            return Verdict::Reject(Some(sample_target()));
+        };
         // Only probability rows can fail to be a distribution (their weights are bounded by 2^40
         // each, not normalised); a logits row always is one.
         if !p.is_logits() && (p.total() >= NOT_A_DISTRIBUTION || q.total() >= NOT_A_DISTRIBUTION) {
@@ -321,7 +334,6 @@ fn strategy<'a>(
     params: &VerifyParams<'_>,
 ) -> Result<Strategy<'a>> {
     let rows = params.rows;
-    let draft_rows = params.dims.max_bsz * (params.dims.max_step_tokens - 1);
     Ok(match (inputs.strategy, facts.rejection_dtypes) {
         (StrategyInputs::Greedy { target_tokens }, _)
         | (StrategyInputs::TargetMatch { target_tokens }, _) => {
@@ -339,12 +351,13 @@ fn strategy<'a>(
                 kind(draft_dtype, facts),
                 r.draft,
                 r.target.temperature(),
-                draft_rows,
+                facts.draft_rows,
                 params.vocab,
             )?,
             top_k: slice(r.top_k)?,
             top_p: slice(r.top_p)?,
             fallback: r.fallback.map(slice).transpose()?,
+            draft_index: r.draft_index.map(slice).transpose()?,
         },
         (StrategyInputs::Rejection(_), None) => {
             return Err(specula_backend_api::Error::Execution {

@@ -316,6 +316,7 @@ impl VerifyBatch {
                 top_k: &extra[2],
                 top_p: &extra[3],
                 fallback: None,
+                draft_index: None,
             }),
         };
         let inputs = VerifyInputs {

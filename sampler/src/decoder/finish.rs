@@ -61,6 +61,8 @@ struct Checked<'s> {
     is_logits: bool,
     /// REJECTION with drafts: the draft model's rows (`None` otherwise).
     draft: Option<&'s Buffer>,
+    /// The draft rows are compact: one per draft of the plan, in the plan's order.
+    compact_draft: bool,
     /// The target's probabilities are computed by `softmax` (REJECTION with drafts, target
     /// logits, draft probabilities).
     softmax: bool,
@@ -180,7 +182,7 @@ fn check_scores<'s>(
     }
     let rejection = config.strategy == Strategy::Rejection && plan.drafts() > 0;
     let draft = if rejection {
-        Some(check_draft(scores)?)
+        Some(check_draft(config.vocab, plan, scores)?)
     } else {
         None
     };
@@ -188,6 +190,7 @@ fn check_scores<'s>(
         target,
         is_logits,
         draft: draft.map(|d| d.buffer()),
+        compact_draft: rejection && scores.compact_draft,
         softmax: is_logits && draft.is_some_and(|d| !d.is_logits()),
         rows,
         verify_rows: if rejection { rows } else { plan.t_out() },
@@ -221,14 +224,53 @@ fn score_rows(vocab: usize, plan: &StepPlan, target: &Buffer) -> Result<usize> {
     Ok(rows)
 }
 
-/// REJECTION with drafts: the draft model's rows are given, and draft logits come with target
-/// logits (draft probabilities go with either).
-fn check_draft<'s>(scores: StepScores<'s>) -> Result<Scores<'s>> {
+/// REJECTION with drafts: the draft model's rows are given (compact ones, one row of `V` per
+/// draft of the plan), and draft logits come with target logits (draft probabilities go with
+/// either).
+fn check_draft<'s>(vocab: usize, plan: &StepPlan, scores: StepScores<'s>) -> Result<Scores<'s>> {
     let draft = scores.draft.ok_or(SamplerError::MissingDraftProbs)?;
     if draft.is_logits() && !scores.target.is_logits() {
         return Err(SamplerError::DraftLogitsNeedLogits);
     }
+    let expected = plan.drafts().saturating_mul(vocab);
+    if scores.compact_draft && draft.buffer().len() != expected {
+        return Err(SamplerError::DraftRows {
+            expected,
+            actual: draft.buffer().len(),
+        });
+    }
     Ok(draft)
+}
+
+/// REJECTION with compact draft rows: writes the index of each draft's row
+/// (`docs/semantics.md` §5.8.1) into the decoder's `[max_bsz · (S − 1)]` buffer (allocated on the
+/// first such step): the plan's drafts in slot order, then draft order; -1 where a slot has no
+/// such draft (never read).
+fn write_draft_index(cx: &StepContext<'_>, sc: &mut Scratch, checked: &Checked<'_>) -> Result<()> {
+    if !checked.compact_draft {
+        return Ok(());
+    }
+    let per_slot = cx.config.max_step_tokens.saturating_sub(1);
+    let index = &mut sc.draft_index_host;
+    index.clear();
+    index.resize(cx.config.max_bsz * per_slot, -1);
+    let dense = cx
+        .plan
+        .slots
+        .iter()
+        .flat_map(|p| (0..p.drafts).map(move |i| p.slot * per_slot + i));
+    for (row, at) in dense.enumerate() {
+        if let Some(entry) = index.get_mut(at) {
+            *entry = i32::try_from(row).unwrap_or(i32::MAX);
+        }
+    }
+    if sc.draft_index.is_none() {
+        sc.draft_index = Some(cx.device.alloc::<i32>(index.len())?);
+    }
+    if let Some(buffer) = sc.draft_index.as_mut() {
+        cx.device.write(buffer, index.as_slice())?;
+    }
+    Ok(())
 }
 
 /// The strategy the step runs: with no drafts to test, REJECTION's phase 2 is exactly a
@@ -690,6 +732,8 @@ struct Targets<'b> {
     top_p: &'b Buffer,
     /// The rows' fallbacks when they are processed.
     fallback: Option<&'b Buffer>,
+    /// REJECTION's index of compact draft rows.
+    draft_index: Option<&'b Buffer>,
 }
 
 /// Stage 6: `verify_draft_tokens` against the rows `checked.verify_rows` says, with the host slot
@@ -702,6 +746,7 @@ fn verify(
     checked: &Checked<'_>,
     row_temperature: &[f32],
 ) -> Result<()> {
+    write_draft_index(cx, sc, checked)?;
     let targets = Targets {
         tokens: &sc.target_tokens,
         candidates: sc.candidates.as_ref(),
@@ -715,6 +760,7 @@ fn verify(
         top_k: &sc.row_top_k,
         top_p: &sc.row_top_p,
         fallback: fallback(checked, sc.processed.as_ref()),
+        draft_index: sc.draft_index.as_ref().filter(|_| checked.compact_draft),
     };
     let strategy = strategy_inputs(cx.config, checked, &targets)?;
     let rows = checked.verify_rows;
@@ -771,6 +817,7 @@ fn strategy_inputs<'b>(
             top_k: targets.top_k,
             top_p: targets.top_p,
             fallback: targets.fallback,
+            draft_index: targets.draft_index,
         }),
     })
 }
@@ -1229,6 +1276,7 @@ mod tests {
         let mixed = StepScores {
             target: Scores::Probs(&target),
             draft: Some(Scores::Logits(&draft)),
+            compact_draft: false,
             bitmask: None,
         };
         assert!(matches!(
@@ -1246,7 +1294,20 @@ mod tests {
             assert_eq!((checked.rows, checked.verify_rows), (3, 3));
             assert_eq!(checked.strategy, Strategy::Rejection);
             assert!(checked.draft.is_some());
+            assert!(!checked.compact_draft);
         }
+        // Compact rows: one row of V per draft of the plan (1 here), not the dense 2.
+        let one_row = device.upload(&[0.0f32; 8]).expect("upload");
+        let compact = check(StepScores::logits(&target).with_draft_rows(&one_row));
+        assert!(compact.expect("one row per draft").compact_draft);
+        let dense_as_compact = check(StepScores::logits(&target).with_draft_probs_rows(&draft));
+        assert!(matches!(
+            dense_as_compact,
+            Err(SamplerError::DraftRows {
+                expected: 8,
+                actual: 16
+            })
+        ));
         let target_match = SamplerConfig {
             strategy: Strategy::TargetMatch,
             ..config.clone()

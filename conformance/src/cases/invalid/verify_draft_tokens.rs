@@ -7,10 +7,10 @@ use specula_backend_api::{DType, Strategy};
 use super::Break::{Dtype, Empty, Foreign, HostDtype, Long, Short};
 use super::{
     CANDIDATES, END_TOKENS, VOCAB, batch, broken, dims_cases, foreign, host_lens_cases, prob_rows,
-    reject, too_short, vocab_cases, wrong_dtype,
+    reject, too_long, too_short, vocab_cases, wrong_dtype,
 };
 use crate::case::ErrorKind::{InvalidArgument, ShapeMismatch};
-use crate::case::{Case, Dims};
+use crate::case::{Case, CaseParams, Dims};
 use crate::cases::generate::{f32s, i32s, u8s, u64s};
 use crate::cases::verify_draft_tokens::Params;
 
@@ -25,6 +25,7 @@ fn params(dims: Dims, rows: usize, vocab: usize, strategy: Strategy) -> Params {
         accept_all: false,
         reject_all: false,
         logits: false,
+        draft_rows: None,
     }
 }
 
@@ -82,10 +83,26 @@ fn baseline(strategy: Strategy) -> Case {
     with(b.dims, b.t_out(), VOCAB, strategy)
 }
 
-/// The valid calls the cases break, one per strategy.
+/// REJECTION's baseline with compact draft rows: 2 rows, the index alternating between them.
+fn compact_baseline() -> Case {
+    let b = batch();
+    let dense_rows = b.dims.max_bsz * (b.dims.max_step_tokens - 1);
+    let index: Vec<i32> = (0..dense_rows as i32).map(|r| r % 2).collect();
+    let mut base = baseline(Strategy::Rejection)
+        .with("draft_probs", prob_rows(2, VOCAB))
+        .with("draft_index", i32s(&index));
+    if let CaseParams::VerifyDraftTokens(p) = &mut base.params {
+        p.draft_rows = Some(2);
+    }
+    base
+}
+
+/// The valid calls the cases break, one per strategy and REJECTION's compact form.
 #[cfg(test)]
 pub(super) fn baselines() -> Vec<Case> {
-    Strategy::ALL.into_iter().map(baseline).collect()
+    let mut out: Vec<Case> = Strategy::ALL.into_iter().map(baseline).collect();
+    out.push(compact_baseline());
+    out
 }
 
 /// `invalid::<strategy>_<what>`: `case` renamed after its strategy.
@@ -221,6 +238,28 @@ fn rejection_cases() -> Vec<Case> {
         rejection(wrong_dtype(&base, "draft_probs", DType::I32)),
         rejection(too_short(&base, "top_k")),
         rejection(wrong_dtype(&base, "top_p", DType::U32)),
+    ]
+    .into_iter()
+    .chain(compact_rejection_cases())
+    .collect()
+}
+
+/// The cases of REJECTION's compact draft rows (`docs/semantics.md` §5.8.1): a `draft_index` of
+/// another dtype or length, and draft rows that are not a whole number `≥ 1` of rows of `V`.
+fn compact_rejection_cases() -> Vec<Case> {
+    let base = compact_baseline();
+    let rows = |what, len: usize| {
+        let case = base.clone().with("draft_probs", f32s(&vec![0.125; len]));
+        reject(what, case, InvalidArgument, "draft_probs")
+    };
+    let rejection = |case| named(Strategy::Rejection, case);
+    vec![
+        rejection(wrong_dtype(&base, "draft_index", DType::U32)),
+        rejection(too_short(&base, "draft_index")),
+        rejection(too_long(&base, "draft_index")),
+        rows("rejection_compact_draft_probs_not_whole_rows", 2 * VOCAB + 3),
+        rows("rejection_compact_draft_probs_no_row", 0),
+        rows("rejection_compact_draft_probs_part_of_a_row", VOCAB - 1),
     ]
 }
 
