@@ -485,7 +485,7 @@ impl Backend for CudaDevice {
     }
 
     /// Every window's copy enqueued on the stream into one page-locked block, and an event
-    /// behind them; returns at once, and the wait blocks once on the event ([`crate::download`]).
+    /// behind them; returns at once, and the wait blocks once on the event (`src/download.rs`).
     fn run_start_download(&self, downloads: &[Download<'_>]) -> Result<PendingDownload> {
         self.start_pinned_download(downloads)
     }
