@@ -9,6 +9,8 @@
 //! [`BorrowedInput`] ([`DeviceExt::borrow_host`](crate::DeviceExt::borrow_host)): read-only, and
 //! aligned for its dtype because it was a `&[T]`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::backend::{Alloc, DeviceDesc, Download, Upload, Write};
 use crate::lent::LentBytes;
 use crate::{BackendKind, BorrowedInput, Buffer, Element, Error, Result};
@@ -17,6 +19,16 @@ use crate::{BackendKind, BorrowedInput, Buffer, Element, Error, Result};
 #[derive(Debug)]
 pub struct HostMemory {
     memory: Memory,
+    /// The contents' [`stamp`]: a new one at creation and at every mutable access.
+    stamp: u64,
+}
+
+/// The next stamp to hand out: stamps are never reused in a process.
+static NEXT_STAMP: AtomicU64 = AtomicU64::new(1);
+
+/// A stamp no host memory has had before.
+fn fresh_stamp() -> u64 {
+    NEXT_STAMP.fetch_add(1, Ordering::Relaxed)
 }
 
 #[derive(Debug)]
@@ -39,6 +51,7 @@ impl HostMemory {
         words.resize(len, 0);
         Ok(HostMemory {
             memory: Memory::Owned(words),
+            stamp: fresh_stamp(),
         })
     }
 
@@ -50,8 +63,10 @@ impl HostMemory {
         }
     }
 
-    /// Every byte of the allocation, mutably; an error for a lent (read-only) slice.
+    /// Every byte of the allocation, mutably; an error for a lent (read-only) slice. The
+    /// contents take a new stamp: the caller may write them.
     fn all_mut(&mut self) -> Result<&mut [u8]> {
+        self.stamp = fresh_stamp();
         match &mut self.memory {
             Memory::Owned(words) => Ok(bytemuck::cast_slice_mut(words)),
             Memory::Lent(_) => Err(fault("a borrowed host input is read-only")),
@@ -105,6 +120,15 @@ fn window(buffer: &Buffer) -> std::ops::Range<usize> {
     buffer.offset() * size..(buffer.offset() + buffer.len()) * size
 }
 
+/// The stamp of a host buffer's contents (its whole allocation), or `None` when its storage is
+/// not host memory. Every mutable access to the allocation ([`bytes_mut`], and so every write,
+/// upload and op output) gives it a stamp never handed out before, so a device may keep
+/// something derived from a buffer's contents between calls and know it is still current while
+/// the stamp it recorded is the buffer's.
+pub fn stamp(buffer: &Buffer) -> Option<u64> {
+    buffer.storage::<HostMemory>().map(|memory| memory.stamp)
+}
+
 /// The bytes of a host buffer's window.
 pub fn bytes(buffer: &Buffer) -> Result<&[u8]> {
     let range = window(buffer);
@@ -149,6 +173,7 @@ pub(crate) fn lend<'a, T: Element>(
 ) -> BorrowedInput<'a> {
     let memory = HostMemory {
         memory: Memory::Lent(LentBytes::new(bytemuck::cast_slice(data))),
+        stamp: fresh_stamp(),
     };
     BorrowedInput::new(
         Buffer::from_storage(alloc.dtype(), alloc.len(), desc.id, Box::new(memory)),
