@@ -7,6 +7,7 @@ use specula_backend_api::{
 };
 
 use crate::ops;
+use crate::ops::process_logits::counted::CountedTables;
 use specula_backend_api::host;
 
 /// The bytes of `f32` rows the CPU asks callers to process and sample at a time
@@ -38,6 +39,8 @@ fn row_block_bytes() -> Option<usize> {
 pub struct CpuDevice {
     desc: DeviceDesc,
     pool: rayon::ThreadPool,
+    /// The counted bits of the count tables the processing ops have read, kept between calls.
+    counted: CountedTables,
 }
 
 impl CpuDevice {
@@ -75,6 +78,7 @@ impl CpuDevice {
         Ok(CpuDevice {
             desc: DeviceDesc::new(info, capabilities),
             pool,
+            counted: CountedTables::default(),
         })
     }
 
@@ -136,6 +140,11 @@ impl CpuDevice {
         Ok(())
     }
 
+    /// The counted bits of the count tables this device has seen.
+    pub(crate) fn counted_tables(&self) -> &CountedTables {
+        &self.counted
+    }
+
     /// Runs `f` on this device's thread pool.
     pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.pool.install(f)
@@ -169,8 +178,13 @@ impl Backend for CpuDevice {
         host::upload(&self.desc, upload)
     }
 
-    fn run_write(&self, write: Write<'_, '_>) -> Result<()> {
-        host::write(write)
+    fn run_write(&self, mut write: Write<'_, '_>) -> Result<()> {
+        let (dst, bytes) = write.parts();
+        let before = host::stamp(dst);
+        host::bytes_mut(dst)?.copy_from_slice(bytes);
+        // A write to a count table marks the slots it covers for a new scan.
+        self.counted.written(before, dst);
+        Ok(())
     }
 
     fn run_download(&self, download: Download<'_>) -> Result<Vec<u8>> {

@@ -741,6 +741,19 @@ pub fn run_process_block(
     c: &ProcessCase,
     block: Option<RowBlock>,
 ) -> Result<ProcessOut> {
+    let token_counts = device.upload(&c.token_counts)?;
+    run_process_with_counts(device, c, block, &token_counts)
+}
+
+/// [`run_process_block`] with the count table already on `device` (`token_counts`, which should
+/// hold `c.token_counts`): a device that keeps something derived from a table between calls is
+/// tested on the same buffer across calls.
+pub fn run_process_with_counts(
+    device: &dyn Device,
+    c: &ProcessCase,
+    block: Option<RowBlock>,
+    token_counts: &Buffer,
+) -> Result<ProcessOut> {
     let rows = block.map_or(c.rows, |b| b.rows);
     let scores = upload_scores(device, &c.scores, c.dtype)?;
     let temperature = device.upload(&c.temperature)?;
@@ -750,7 +763,6 @@ pub fn run_process_block(
     let prompt_lens = device.upload(&c.prompt_lens)?;
     let step_idx = device.upload(&c.step_idx)?;
     let draft_tokens = device.upload(&c.draft_tokens)?;
-    let token_counts = device.upload(&c.token_counts)?;
     let prompt_mask = device.upload(&c.prompt_mask)?;
     let penalties = device.upload(&c.penalties)?;
     let min_tokens = device.upload(&c.min_tokens)?;
@@ -781,7 +793,7 @@ pub fn run_process_block(
                 prompt_lens: &prompt_lens,
                 step_idx: &step_idx,
                 draft_tokens: &draft_tokens,
-                token_counts: &token_counts,
+                token_counts,
                 prompt_mask: &prompt_mask,
             },
             slots: SlotProcessing {
@@ -1199,6 +1211,22 @@ pub type StateOut = (
 
 /// Uploads `c` to `device`, runs `update_state` and downloads every buffer it may write.
 pub fn run_state(device: &dyn Device, c: &StateCase) -> Result<StateOut> {
+    let mut counts = c
+        .token_counts
+        .as_deref()
+        .map(|t| device.upload(t))
+        .transpose()?;
+    run_state_with_counts(device, c, counts.as_mut())
+}
+
+/// [`run_state`] with the count table already on `device` (`counts`, which should hold
+/// `c.token_counts`; `None`: `update_state` without counts). The downloaded counts are the
+/// buffer's after the call.
+pub fn run_state_with_counts(
+    device: &dyn Device,
+    c: &StateCase,
+    mut counts: Option<&mut Buffer>,
+) -> Result<StateOut> {
     let accept_tokens = device.upload(&c.accept_tokens)?;
     let is_block = device.upload(&c.is_block)?;
     let prompt_lens = device.upload(&c.prompt_lens)?;
@@ -1212,11 +1240,6 @@ pub fn run_state(device: &dyn Device, c: &StateCase) -> Result<StateOut> {
     let mut draft_tokens = device.upload(&c.draft_tokens)?;
     let mut encoder = device.upload(&c.encoder)?;
     let mut decoder = device.upload(&c.decoder)?;
-    let mut counts = c
-        .token_counts
-        .as_deref()
-        .map(|t| device.upload(t))
-        .transpose()?;
     device.update_state(
         &UpdateStateInputs {
             accept_tokens: &accept_tokens,
@@ -1234,7 +1257,7 @@ pub fn run_state(device: &dyn Device, c: &StateCase) -> Result<StateOut> {
             draft_tokens: &mut draft_tokens,
             seq_lens_encoder: &mut encoder,
             seq_lens_decoder: &mut decoder,
-            token_counts: counts.as_mut(),
+            token_counts: counts.as_deref_mut(),
         },
         &UpdateStateParams {
             dims: c.dims,
@@ -1253,7 +1276,7 @@ pub fn run_state(device: &dyn Device, c: &StateCase) -> Result<StateOut> {
         device.download(&encoder)?,
         device.download(&decoder)?,
         counts
-            .map(|t| device.download(&t))
+            .map(|t| device.download(&*t))
             .transpose()?
             .unwrap_or_default(),
     ))

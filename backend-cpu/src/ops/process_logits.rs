@@ -21,6 +21,7 @@ use crate::CpuDevice;
 use crate::sampling::logits::{key_select, sanitize_select};
 use crate::sampling::scan::{compiled_for, dispatch};
 
+pub(crate) mod counted;
 mod fused;
 #[cfg(target_arch = "x86_64")]
 use crate::sampling::scan::{has_avx2, has_avx512};
@@ -68,8 +69,8 @@ struct Batch<'a> {
     temperature: Option<&'a [f32]>,
     /// Per slot, one bit per 32-token word that a penalty may change (see [`penalized_words`]).
     penalized: &'a [u64],
-    /// Per slot, one bit per token with a positive count, in the words of the slots
-    /// [`penalized_words`] scanned (zero elsewhere).
+    /// Per slot of the table, one bit per token with a positive count ([`counted::Counted`]),
+    /// current for the slots [`penalized_slots`] names.
     counted: &'a [u32],
 }
 
@@ -407,8 +408,8 @@ fn dense_word_values<T: FloatElement>(
         } else if !batch.logits {
             sanitize_prob(x)
         } else {
-            // The word is penalized, so the slot's counts were scanned: only the tokens of a
-            // positive count read the count table.
+            // The word is penalized, so the slot's counted bits are current: only the tokens
+            // of a positive count read the count table.
             let v = w * 32 + j;
             let count = if counted >> j & 1 == 1 {
                 row.base_count(v)
@@ -646,79 +647,53 @@ fn lowest_kept(m: f32, scale: RowScale, minp: u128) -> f32 {
     value(hi)
 }
 
-/// Per slot of a row of the block, a bit per 32-token word that the repetition, frequency or
-/// presence penalty may change: a word with a prompt token or a positive count, in a slot whose penalties are not
-/// neutral (a neutral slot — no usable repetition factors or both 1, β = γ = 0 — leaves every
-/// value as the dense masks left it). Computed once per call, so that the rows of a slot do not
-/// each scan its `[V]` count table.
-fn penalized_words(batch: &Batch<'_>, block: RowBlock) -> (Vec<u64>, Vec<u32>) {
-    let words = mask_words(batch.vocab);
-    let n = words.div_ceil(64);
-    let mut needed = vec![false; batch.real_bsz];
-    for r in block.first..block.first + block.rows {
-        if let Some((b, _)) = batch.source(r) {
-            needed[b] = true;
-        }
-    }
-    let mut bits = vec![0u64; batch.real_bsz * n];
-    let mut counted = vec![0u32; batch.real_bsz * words];
-    bits.par_chunks_mut(n.max(1))
-        .zip(counted.par_chunks_mut(words.max(1)))
-        .enumerate()
-        .filter(|(b, _)| needed[*b])
-        .for_each(|(b, (bits, counted))| slot_penalized_words(batch, b, (bits, counted)));
-    (bits, counted)
-}
-
-/// [`penalized_words`] of slot `b`, with its bits of [`Batch::counted`].
-fn slot_penalized_words(batch: &Batch<'_>, b: usize, (bits, counted): (&mut [u64], &mut [u32])) {
+/// Whether the penalties of slot `b` may change a value: a usable repetition factor other than
+/// 1 (`.0`), or a frequency or presence penalty other than 0 (`.1`).
+fn slot_penalties(batch: &Batch<'_>, b: usize) -> (bool, bool) {
     let p = &batch.penalties[b * PENALTY_FIELDS..(b + 1) * PENALTY_FIELDS];
     let (alpha, inverse) = (p[penalty::REPETITION], p[penalty::REPETITION_INVERSE]);
     let usable = |x: f32| (FACTOR_MIN..=FACTOR_MAX).contains(&x);
     let repetition = usable(alpha) && usable(inverse) && (alpha != 1.0 || inverse != 1.0);
     let additive_on =
         additive(p[penalty::FREQUENCY]) != 0.0 || additive(p[penalty::PRESENCE]) != 0.0;
-    if !repetition && !additive_on {
-        return;
-    }
-    let words = mask_words(batch.vocab);
-    let prompt = &batch.prompt_mask[b * words..(b + 1) * words];
-    let counts = &batch.token_counts[b * batch.vocab..(b + 1) * batch.vocab];
-    if repetition {
-        dispatch!(count_words_generic::<true>(counts, prompt, bits, counted)
-            via count_words_avx512, count_words_avx2);
-    } else {
-        dispatch!(count_words_generic::<false>(counts, prompt, bits, counted)
-            via count_words_avx512, count_words_avx2);
-    }
+    (repetition, additive_on)
 }
 
-compiled_for!(avx512, fn count_words_avx512 [const R: bool]
-    (counts: &[i32], prompt: &[u32], bits: &mut [u64], counted: &mut [u32]) -> ()
-    = count_words_generic [R]);
-compiled_for!(avx2, fn count_words_avx2 [const R: bool]
-    (counts: &[i32], prompt: &[u32], bits: &mut [u64], counted: &mut [u32]) -> ()
-    = count_words_generic [R]);
-
-/// The loop of [`slot_penalized_words`]: per 32-token word, the bits of the tokens of a positive
-/// count into `counted`, and into `bits` whether the word has one or (with the repetition
-/// penalty on, `R`) a token of `prompt`.
-#[inline(always)]
-fn count_words_generic<const R: bool>(
-    counts: &[i32],
-    prompt: &[u32],
-    bits: &mut [u64],
-    counted: &mut [u32],
-) {
-    for (w, (chunk, counted)) in counts.chunks(32).zip(counted.iter_mut()).enumerate() {
-        // A fold, not `any`: the compare of the whole word vectorises.
-        *counted = chunk
-            .iter()
-            .enumerate()
-            .fold(0, |word, (j, &c)| word | u32::from(c > 0) << j);
-        let touched = (R && prompt[w] != 0) || *counted != 0;
-        bits[w / 64] |= u64::from(touched) << (w % 64);
+/// Per slot of the table, whether a row of `block` belongs to it and its penalties are not
+/// neutral (a neutral slot — no usable repetition factors or both 1, β = γ = 0 — leaves every
+/// value as the dense masks left it): the slots whose counted bits the rows read.
+fn penalized_slots(batch: &Batch<'_>, block: RowBlock, slots: usize) -> Vec<bool> {
+    let mut wanted = vec![false; slots];
+    for r in block.first..block.first + block.rows {
+        if let Some((b, _)) = batch.source(r) {
+            let (repetition, additive_on) = slot_penalties(batch, b);
+            wanted[b] = repetition || additive_on;
+        }
     }
+    wanted
+}
+
+/// Per slot of `wanted`, a bit per 32-token word that the repetition, frequency or presence
+/// penalty may change: a word with a positive count (`counted`, the table's counted bits), or
+/// with a prompt token when the repetition penalty is on. Computed once per call, so that the
+/// rows of a slot share it.
+fn penalized_words(batch: &Batch<'_>, wanted: &[bool], counted: &[u32]) -> Vec<u64> {
+    let words = mask_words(batch.vocab);
+    let n = words.div_ceil(64);
+    let mut bits = vec![0u64; batch.real_bsz * n];
+    bits.par_chunks_mut(n.max(1))
+        .enumerate()
+        .filter(|(b, _)| wanted[*b])
+        .for_each(|(b, bits)| {
+            let (repetition, _) = slot_penalties(batch, b);
+            let prompt = &batch.prompt_mask[b * words..(b + 1) * words];
+            let counted = &counted[b * words..(b + 1) * words];
+            for (w, (&prompt, &counted)) in prompt.iter().zip(counted).enumerate() {
+                let touched = (repetition && prompt != 0) || counted != 0;
+                bits[w / 64] |= u64::from(touched) << (w % 64);
+            }
+        });
+    bits
 }
 
 /// Processes the rows of the block: scores row `block.first + i` into output row `i`.
@@ -786,12 +761,20 @@ fn with_batch<R>(
         penalized: &[],
         counted: &[],
     };
-    let (penalized, counted) = device.install(|| penalized_words(&batch, params.row_block()));
-    then(&Batch {
+    let tables = device.counted_tables();
+    let mut counted = tables.take(h.token_counts, shape.vocab);
+    let wanted = penalized_slots(&batch, params.row_block(), dims.max_bsz);
+    let penalized = device.install(|| {
+        counted.bring_up_to_date(batch.token_counts, shape.vocab, &wanted);
+        penalized_words(&batch, &wanted, counted.words())
+    });
+    let result = then(&Batch {
         penalized: &penalized,
-        counted: &counted,
+        counted: counted.words(),
         ..batch
-    })
+    });
+    tables.put(counted);
+    result
 }
 
 /// Runs a validated `process_logits` call (the front has checked every argument).

@@ -20,12 +20,17 @@ fn clamp_i32(value: i64) -> i32 {
     value.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32
 }
 
+/// What slot `b` counted: its row of the count table after counting, and the tokens.
+type OnCounted<'f> = &'f mut dyn FnMut(usize, &[i32], &[i32]);
+
 /// Applies the accepted tokens of slots `0 .. real_bsz` to the decode state; stopped and blocked
-/// slots, slots with nothing accepted and slots `≥ real_bsz` are left untouched.
+/// slots, slots with nothing accepted and slots `≥ real_bsz` are left untouched. Each slot's
+/// counted tokens are also handed to `on_counted`.
 pub(crate) fn update_state(
     inputs: &UpdateStateInputs<'_>,
     state: &mut DecodeState<'_>,
     params: &UpdateStateParams,
+    on_counted: OnCounted<'_>,
 ) -> Result<()> {
     let dims = &params.dims;
     let s = dims.max_step_tokens;
@@ -80,10 +85,9 @@ pub(crate) fn update_state(
             dst.copy_from_slice(tokens);
         }
         if let Some(counts) = counts.as_deref_mut() {
-            count_tokens(
-                &mut counts[b * params.vocab..(b + 1) * params.vocab],
-                tokens,
-            );
+            let row = &mut counts[b * params.vocab..(b + 1) * params.vocab];
+            count_tokens(row, tokens);
+            on_counted(b, row, tokens);
         }
         let new_step = clamp_i32(step as i64 + n as i64);
         step_idx[b] = new_step;
@@ -117,7 +121,18 @@ fn count_tokens(counts: &mut [i32], tokens: &[i32]) {
 }
 
 /// Runs a validated `update_state` call (the front has checked every argument).
-pub(crate) fn run(_device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
+/// The device's counted bits of the count table follow the tokens counted.
+pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     let (inputs, state, params, _) = call.parts();
-    update_state(inputs, state, params)
+    let tables = device.counted_tables();
+    let mut update = (state.token_counts.as_deref()).map(|t| tables.start_update(t, params.vocab));
+    update_state(inputs, state, params, &mut |b, counts, tokens| {
+        if let Some(update) = update.as_mut() {
+            update.counted(b, counts, tokens);
+        }
+    })?;
+    if let (Some(update), Some(table)) = (update, state.token_counts.as_deref()) {
+        update.finish(table);
+    }
+    Ok(())
 }
