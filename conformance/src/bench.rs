@@ -66,6 +66,13 @@ fn processed_step_line(s: usize) -> String {
     format!("step(target_match,S={s},logits,T=0.8,processed)")
 }
 
+/// The processed step timed in pairs with the step without processing (alternating which runs
+/// first): its ratio is the median of the pairs' ratios, which the drift of a shared machine's
+/// load moves far less than a ratio of two lines measured one after the other.
+fn paired_step_line(s: usize) -> String {
+    format!("step(target_match,S={s},logits,T=0.8,processed/plain)")
+}
+
 /// The tokens per slot of the processed step line.
 const PROCESSED_STEP_TOKENS: usize = 6;
 
@@ -96,6 +103,7 @@ pub fn line_names() -> Vec<String> {
     names.extend(STEP_TOKENS.map(|s| step_line(s, false)));
     names.extend(STEP_TOKENS.map(|s| step_line(s, true)));
     names.push(processed_step_line(PROCESSED_STEP_TOKENS));
+    names.push(paired_step_line(PROCESSED_STEP_TOKENS));
     names.push(GATHER_LINE.to_owned());
     names
 }
@@ -140,6 +148,11 @@ pub struct Measurement {
     pub min_s: f64,
     /// Effective bandwidth over `bytes` at the median, GB/s.
     pub gbps: f64,
+    /// Median CPU seconds per call: the time the process's threads ran during the call, all
+    /// threads together (Linux only; `None` elsewhere). Other tenants of a shared machine
+    /// stretch `median_s` when they take the cores; they stretch this far less, so ratios of it
+    /// between lines are steadier.
+    pub cpu_median_s: Option<f64>,
     /// Median seconds of the floor (CPU only).
     pub floor_median_s: Option<f64>,
     /// `median_s / floor_median_s`.
@@ -275,13 +288,11 @@ impl Bencher<'_> {
             device.synchronize()?;
         }
         let repeats = self.options.repeats.max(1);
-        let (mut times, mut floors) = (Vec::new(), Vec::new());
+        let (mut times, mut floors, mut cpu_times) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..repeats {
-            self.evict();
-            let start = Instant::now();
-            call()?;
-            device.synchronize()?;
-            times.push(start.elapsed().as_secs_f64());
+            let (time, cpu_time) = self.timed(call)?;
+            times.push(time);
+            cpu_times.extend(cpu_time);
             if let (Some(cpu), Some(f)) = (self.cpu, floor.as_mut())
                 && !matches!(f, Floor::ReadAfter(_))
             {
@@ -296,6 +307,7 @@ impl Bencher<'_> {
         let min_s = times.iter().copied().fold(f64::INFINITY, f64::min);
         let median_s = median(&mut times);
         let floor_median_s = (!floors.is_empty()).then(|| median(&mut floors));
+        let cpu_median_s = (cpu_times.len() == times.len()).then(|| median(&mut cpu_times));
         let measurement = Measurement {
             backend: self.backend.to_owned(),
             op,
@@ -306,9 +318,75 @@ impl Bencher<'_> {
             median_s,
             min_s,
             gbps: bytes as f64 / median_s / 1e9,
+            cpu_median_s,
             floor_median_s,
             ratio: floor_median_s.map(|f| median_s / f),
             floor_kind: floor_median_s.and(floor.as_ref().map(Floor::kind)),
+        };
+        (self.progress)(&measurement);
+        self.out.push(measurement);
+        Ok(())
+    }
+
+    /// One timed call (after evicting the caches when cold): its seconds and CPU seconds.
+    fn timed(&mut self, call: &mut dyn FnMut() -> Result<()>) -> Result<(f64, Option<f64>)> {
+        self.evict();
+        let cpu_start = process_cpu_s();
+        let start = Instant::now();
+        call()?;
+        self.device.synchronize()?;
+        let time = start.elapsed().as_secs_f64();
+        let cpu_time = cpu_start.zip(process_cpu_s()).map(|(a, b)| b - a);
+        Ok((time, cpu_time))
+    }
+
+    /// Measures `call` in pairs with `base` (the same work without what `call` adds), the order
+    /// alternating from pair to pair: the floor column is `base`'s median, the ratio the median
+    /// of the pairs' ratios.
+    fn measure_paired(
+        &mut self,
+        op: String,
+        (batch, width, step_tokens): (usize, usize, usize),
+        bytes: u64,
+        base: &mut dyn FnMut() -> Result<()>,
+        call: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        for _ in 0..self.options.warmup {
+            base()?;
+            call()?;
+            self.device.synchronize()?;
+        }
+        let (mut times, mut base_times, mut ratios, mut cpu_times) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for i in 0..self.options.repeats.max(1) {
+            let ((time, cpu_time), (base_time, _)) = if i % 2 == 0 {
+                let b = self.timed(base)?;
+                (self.timed(call)?, b)
+            } else {
+                let c = self.timed(call)?;
+                (c, self.timed(base)?)
+            };
+            ratios.push(time / base_time);
+            times.push(time);
+            base_times.push(base_time);
+            cpu_times.extend(cpu_time);
+        }
+        let min_s = times.iter().copied().fold(f64::INFINITY, f64::min);
+        let median_s = median(&mut times);
+        let measurement = Measurement {
+            backend: self.backend.to_owned(),
+            op,
+            batch,
+            width,
+            step_tokens,
+            bytes,
+            median_s,
+            min_s,
+            gbps: bytes as f64 / median_s / 1e9,
+            cpu_median_s: (cpu_times.len() == times.len()).then(|| median(&mut cpu_times)),
+            floor_median_s: Some(median(&mut base_times)),
+            ratio: Some(median(&mut ratios)),
+            floor_kind: Some("paired"),
         };
         (self.progress)(&measurement);
         self.out.push(measurement);
@@ -331,6 +409,21 @@ impl Bencher<'_> {
     fn wants(&self, op: &str) -> bool {
         self.options.ops.is_empty() || self.options.ops.iter().any(|o| op.contains(o.as_str()))
     }
+}
+
+/// The CPU seconds every thread of this process has run so far: the sum of the first field
+/// (nanoseconds on a CPU) of `/proc/self/task/*/schedstat`. `None` where that cannot be read.
+fn process_cpu_s() -> Option<f64> {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path().join("schedstat");
+        // A thread may end between the listing and the read: it no longer counts.
+        let Ok(text) = std::fs::read_to_string(path) else {
+            continue;
+        };
+        ns += text.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(ns as f64 * 1e-9)
 }
 
 /// Every slot of a batch of `slots` slots described, `s` tokens each at most.
@@ -383,7 +476,10 @@ pub fn run(
             }
             let s = PROCESSED_STEP_TOKENS;
             if d.capabilities().processing && b.wants(&processed_step_line(s)) {
-                processed_step_bench(&mut b, slots, s, vocab)?;
+                processed_step_bench(&mut b, (slots, s, vocab), false)?;
+            }
+            if d.capabilities().processing && b.wants(&paired_step_line(s)) {
+                processed_step_bench(&mut b, (slots, s, vocab), true)?;
             }
         }
     }
@@ -967,7 +1063,11 @@ impl ProcessingBench {
 /// the logits with the processing applied by the sampling op (one call, no processed rows); any
 /// other runs `process_logits` then the sampling op a block of rows at a time, as the Decoder
 /// runs it ([`block_rows`]).
-fn processed_step_bench(b: &mut Bencher<'_>, slots: usize, s: usize, vocab: usize) -> Result<()> {
+fn processed_step_bench(
+    b: &mut Bencher<'_>,
+    (slots, s, vocab): (usize, usize, usize),
+    paired: bool,
+) -> Result<()> {
     let d = b.device;
     let rows = slots * s;
     let logits = d.upload(&logit_rows(rows, vocab, 7))?;
@@ -976,29 +1076,48 @@ fn processed_step_bench(b: &mut Bencher<'_>, slots: usize, s: usize, vocab: usiz
     let mut processed = d.alloc::<f32>(block * vocab)?;
     let mut fallback = d.alloc::<i32>(block)?;
     let mut f = StepFixture::new(d, (slots, s, vocab), 0.8, 13)?;
-    b.measure(
-        processed_step_line(s),
+    let bytes = (rows * vocab * 4) as u64;
+    let mut call = || {
+        f.plan(d)?;
+        if d.capabilities().fused_processing {
+            // The sampling op processes the rows itself: no processed rows, no blocks.
+            f.sample_processed(d, (&logits, true), (None, Some(&p)))?;
+            return f.verify(d);
+        }
+        let block_rows = block_rows(d, rows, vocab);
+        for first in (0..rows).step_by(block_rows) {
+            let block = RowBlock {
+                first,
+                rows: block_rows.min(rows - first),
+            };
+            p.process((d, &f), &logits, block, (&mut processed, &mut fallback))?;
+            f.sample_block(d, (&processed, true), Some(&fallback), block)?;
+        }
+        f.verify(d)
+    };
+    if !paired {
+        let floor = Some(Floor::ReadAfter(&logits));
+        return b.measure(
+            processed_step_line(s),
+            (slots, vocab, s),
+            bytes,
+            floor,
+            &mut call,
+        );
+    }
+    // The same step without processing, on the same logits, with its own fixture.
+    let mut plain = StepFixture::new(d, (slots, s, vocab), 0.8, 13)?;
+    let mut base = || {
+        plain.plan(d)?;
+        plain.sample(d, (&logits, true), None)?;
+        plain.verify(d)
+    };
+    b.measure_paired(
+        paired_step_line(s),
         (slots, vocab, s),
-        (rows * vocab * 4) as u64,
-        Some(Floor::ReadAfter(&logits)),
-        &mut || {
-            f.plan(d)?;
-            if d.capabilities().fused_processing {
-                // The sampling op processes the rows itself: no processed rows, no blocks.
-                f.sample_processed(d, (&logits, true), (None, Some(&p)))?;
-                return f.verify(d);
-            }
-            let block_rows = block_rows(d, rows, vocab);
-            for first in (0..rows).step_by(block_rows) {
-                let block = RowBlock {
-                    first,
-                    rows: block_rows.min(rows - first),
-                };
-                p.process((d, &f), &logits, block, (&mut processed, &mut fallback))?;
-                f.sample_block(d, (&processed, true), Some(&fallback), block)?;
-            }
-            f.verify(d)
-        },
+        bytes,
+        &mut base,
+        &mut call,
     )
 }
 
