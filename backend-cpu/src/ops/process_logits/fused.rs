@@ -32,6 +32,11 @@ use crate::sampling::scan::{has_avx2, has_avx512};
 use specula_backend_api::host::{slice, slice_mut};
 use specula_backend_api::{FloatElement, Op, Result};
 
+/// The chunks whose dense mask words share a 64-byte line (16 words of 32 tokens).
+const PREFETCH_EVERY: usize = 64 * 8 / CHUNK;
+/// How many chunks ahead the mask words are asked for (two lines ahead).
+const PREFETCH_AHEAD: usize = 2 * PREFETCH_EVERY;
+
 /// Per-thread scratch: a processed row (rows sampled by composition) and the top-k buffer.
 type Scratch = (Vec<f32>, Vec<(u32, u32)>);
 
@@ -201,6 +206,10 @@ fn processed_top_ranked_generic<T: FloatElement>(
             || !ranked.skips(span)
     };
     for (c, chunk) in input.chunks(CHUNK).enumerate() {
+        if c % PREFETCH_EVERY == 0 {
+            let ahead = (c + PREFETCH_AHEAD) * CHUNK / 32;
+            batch.prefetch_dense_words(row.r, row.b, ahead);
+        }
         if !offers(&ranked, next, (c * CHUNK, chunk)) {
             continue;
         }
