@@ -48,39 +48,16 @@ fn strategy_code(strategy: Strategy) -> &'static str {
 /// `rj_top_p`, `rj_fallback`, `draft_index`): those the strategy uses, `None` for the others
 /// (`temperature` for logits rows only, `rj_fallback` and `draft_index` when given).
 fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 11] {
+    let mut buffers = [None; 11];
     match *strategy {
         StrategyInputs::Greedy { target_tokens }
-        | StrategyInputs::TargetMatch { target_tokens } => [
-            Some(target_tokens),
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-        ],
-        StrategyInputs::TopP(c) => [
-            None,
+        | StrategyInputs::TargetMatch { target_tokens } => buffers[0] = Some(target_tokens),
+        StrategyInputs::TopP(c) => buffers[1..4].copy_from_slice(&[
             Some(c.candidate_ids),
             Some(c.candidate_scores),
             Some(c.candidate_lens),
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-        ],
-        StrategyInputs::Rejection(r) => [
-            None,
-            None,
-            None,
-            None,
+        ]),
+        StrategyInputs::Rejection(r) => buffers[4..].copy_from_slice(&[
             Some(r.target.matrix()),
             r.target.temperature(),
             Some(r.draft),
@@ -88,8 +65,9 @@ fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 1
             Some(r.top_p),
             r.fallback,
             r.draft_index,
-        ],
+        ]),
     }
+    buffers
 }
 
 /// The program and entry point (`verify_draft_tokens_<dtype>`) of `strategy`, REJECTION's target
