@@ -326,13 +326,14 @@ __device__ __noinline__ u64 row_total_weight(const typename E::raw* __restrict__
     return total;
 }
 
-// The first token of the row in rank order: the largest key, lowest id (0 for an all-zero row).
-template <class E, class K>
-__device__ __noinline__ u32 first_in_rank(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s,
-                                          const Weigh& wg) {
+// The largest pack_key_id(key(x, i), i) over the row, every block of a split row (through the
+// row's `first` slot): the largest key, lowest id; 0 for an empty row.
+template <class E, class F>
+__device__ __forceinline__ u64 row_max_packed(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s,
+                                              F key) {
     u64 best = 0;
     for_slice_items<E>(row, p, [&](u32 i, float x) {
-        const u64 packed = pack_key_id(K::key(wg, x, i), i);
+        const u64 packed = pack_key_id(key(x, i), i);
         best = packed > best ? packed : best;
     });
     best = block_max_u64<SEL_BLOCK>(best, s.sa);
@@ -342,6 +343,14 @@ __device__ __noinline__ u32 first_in_rank(const typename E::raw* __restrict__ ro
         best = __ldcg(p.first);
         __syncthreads();
     }
+    return best;
+}
+
+// The first token of the row in rank order: the largest key, lowest id (0 for an all-zero row).
+template <class E, class K>
+__device__ __noinline__ u32 first_in_rank(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s,
+                                          const Weigh& wg) {
+    const u64 best = row_max_packed<E>(row, p, s, [&](float x, u32 i) { return K::key(wg, x, i); });
     // An empty slice or row keeps 0, which is pack_key_id(0, U32_MAX): map it to id 0.
     return best == 0 ? 0u : packed_id(best);
 }
@@ -353,20 +362,9 @@ template <class E>
 __device__ __noinline__ Weigh row_weigh(const typename E::raw* __restrict__ row, RowPart& p, SelShared& s,
                                        bool logits, float t) {
     if (!logits) return weigh_by_key();
-    u64 best = 0;
-    for_slice_items<E>(row, p, [&](u32 i, float x) {
-        const u64 packed = pack_key_id(logit_rank_key(x), i);
-        best = packed > best ? packed : best;
-    });
-    best = block_max_u64<SEL_BLOCK>(best, s.sa);
-    if (p.nblocks > 1) {
-        // The same maximum as first_in_rank's on this row (the first maximum keeps its key), so
-        // both may share the slot.
-        if (threadIdx.x == 0) atomicMax(p.first, best);
-        grid_barrier(p);
-        best = __ldcg(p.first);
-        __syncthreads();
-    }
+    // The same maximum as first_in_rank's on this row (the first maximum keeps its key), so both
+    // may share the `first` slot of a split row.
+    const u64 best = row_max_packed<E>(row, p, s, [](float x, u32) { return logit_rank_key(x); });
     // Keys are never 0, so best is 0 only for an empty row (every row has V >= 1 tokens).
     if (best == 0) return logits_weigh(SPECULA_NEG_INF_LOGIT_KEY, 0, t);
     return logits_weigh((u32)(best >> 32), packed_id(best), t);

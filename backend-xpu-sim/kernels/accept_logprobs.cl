@@ -11,13 +11,8 @@ __kernel void accept_logprobs_pack(BUF(const int, accept_tokens), BUF(const int,
                                    BUF(const int, encoder), BUF(const int, cu_out),
                                    BUF(int, cu_accept), BUF(int, token_ids), BUF(int, entry_row),
                                    const struct AcceptLogprobsPackArgs args) {
-    BIND(const int, accept_tokens);
-    BIND(const int, accept_num);
-    BIND(const int, encoder);
-    BIND(const int, cu_out);
-    BIND(int, cu_accept);
-    BIND(int, token_ids);
-    BIND(int, entry_row);
+    BIND(const int, accept_tokens, accept_num, encoder, cu_out);
+    BIND(int, cu_accept, token_ids, entry_row);
     const uint max_bsz = args.max_bsz, real_bsz = args.real_bsz;
     const uint s = args.max_step_tokens, rows = args.rows;
     __local Scratch S[1];
@@ -64,12 +59,9 @@ __kernel void ENTRY(BUF(const T_STORE, logits), BUF(const float, temperature),
                     const struct AcceptLogprobsArgs args) {
     BIND(const T_STORE, logits);
     BIND(const float, temperature);
-    BIND(const int, token_ids);
-    BIND(const int, entry_row);
-    BIND(float, logprobs);
-    BIND(int, ranks);
-    BIND(int, top_ids);
-    BIND(float, top_logprobs);
+    BIND(const int, token_ids, entry_row);
+    BIND(float, logprobs, top_logprobs);
+    BIND(int, ranks, top_ids);
     const uint entries = args.entries, V = args.vocab, K = args.top_k;
     __local Scratch S[1];
     // Every phase runs for every entry (no barrier under a branch); an entry without a source row

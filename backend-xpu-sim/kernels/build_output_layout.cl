@@ -11,12 +11,8 @@ __kernel void build_output_layout_i32(BUF(const int, this_time), BUF(const int, 
                                       BUF(int, seq_lens_output), BUF(int, cu_seqlens_q),
                                       BUF(int, cu_seqlens_q_output), BUF(int, batch_id),
                                       const struct BuildOutputLayoutArgs args) {
-    BIND(const int, this_time);
-    BIND(const int, encoder);
-    BIND(int, seq_lens_output);
-    BIND(int, cu_seqlens_q);
-    BIND(int, cu_seqlens_q_output);
-    BIND(int, batch_id);
+    BIND(const int, this_time, encoder);
+    BIND(int, seq_lens_output, cu_seqlens_q, cu_seqlens_q_output, batch_id);
     const uint max_bsz = args.max_bsz, real_bsz = args.real_bsz;
     const uint s = args.max_step_tokens, cap = args.capacity;
     __local Scratch S[1];

@@ -23,17 +23,11 @@ __kernel void build_sampling_params_i32(BUF(const uint, slot_top_p), BUF(const i
                                         BUF(int, top_k), BUF(uint, temperature),
                                         BUF(ulong, seed),
                                         const struct BuildSamplingParamsArgs args) {
-    BIND(const uint, slot_top_p);
-    BIND(const int, slot_top_k);
-    BIND(const uint, slot_temperature);
+    BIND(const uint, slot_top_p, slot_temperature);
+    BIND(const int, slot_top_k, this_time, encoder, cu_out, batch_id);
     BIND(const ulong, slot_seed);
-    BIND(const int, this_time);
-    BIND(const int, encoder);
-    BIND(const int, cu_out);
-    BIND(const int, batch_id);
-    BIND(uint, top_p);
+    BIND(uint, top_p, temperature);
     BIND(int, top_k);
-    BIND(uint, temperature);
     BIND(ulong, seed);
     const uint real_bsz = args.real_bsz, s = args.max_step_tokens, rows = args.rows;
     // top_p and temperature are copied as bit patterns (uint views): no float is touched here.

@@ -57,14 +57,24 @@
 // one item per core across every cluster (global-stride)
 #define FOR_EVERY_CORE(i, n) for (uint i = GRP * CORES + LID; i < (n); i += NGRP * CORES)
 
-// Kernel parameters: the buffers are positional pointer arguments (BUF), then one struct passed by
-// value as the last argument, always named `args`: `const struct <Op>Args args`. The host writes
-// the struct into the program (after this file, before the op's file) from the Rust
-// `kernel_args!` struct of the same name: its 64-bit fields as ulong, its 32-bit ones as uint, in
-// the same order (64-bit first, then 32-bit in pairs, so neither side pads). It holds the element
-// offset of every buffer's window (`<name>_offset`) and the op's scalars.
-#define BUF(T, name) __global T* name##_b
-#define BIND(T, name) __global T* name = name##_b + args.name##_offset
+// Kernel parameters: each buffer is a positional pointer argument and the element offset of its
+// window (BUF), then one struct passed by value as the last argument, always named `args`: `const
+// struct <Op>Args args`, the op's scalars. The host writes the struct into the program (after this
+// file, before the op's file) from the Rust `kernel_args!` struct of the same name: its 64-bit
+// fields as ulong, its 32-bit ones as uint, in the same order (64-bit first, then 32-bit in pairs,
+// so neither side pads).
+#define BUF(T, name) __global T* name##_b, const ulong name##_offset
+// BIND(T, a, b, ..): the window of each named buffer parameter, `__global T* a = a_b +
+// a_offset;` and so on, for one to six buffers of one element type.
+#define BIND_1(T, a) __global T* a = a##_b + a##_offset
+#define BIND_2(T, a, b) BIND_1(T, a); BIND_1(T, b)
+#define BIND_3(T, a, b, c) BIND_2(T, a, b); BIND_1(T, c)
+#define BIND_4(T, a, b, c, d) BIND_2(T, a, b); BIND_2(T, c, d)
+#define BIND_5(T, a, b, c, d, e) BIND_4(T, a, b, c, d); BIND_1(T, e)
+#define BIND_6(T, a, b, c, d, e, f) BIND_4(T, a, b, c, d); BIND_2(T, e, f)
+#define BIND_PICK(_1, _2, _3, _4, _5, _6, bind, ...) bind
+#define BIND(T, ...) \
+    BIND_PICK(__VA_ARGS__, BIND_6, BIND_5, BIND_4, BIND_3, BIND_2, BIND_1, -)(T, __VA_ARGS__)
 
 // The most members gather_sorted orders: C of top_p_candidates, K of accept_logprobs (K <= C).
 #define SEL_MAX MAX_CANDIDATES

@@ -13,11 +13,7 @@ __kernel void ENTRY(BUF(const ELEM, hidden_states), BUF(const int, cu_in), BUF(c
                     BUF(const int, encoder), BUF(const int, cu_out), BUF(const int, batch_id),
                     BUF(ELEM, out), const struct GatherNextTokenArgs args) {
     BIND(const ELEM, hidden_states);
-    BIND(const int, cu_in);
-    BIND(const int, this_time);
-    BIND(const int, encoder);
-    BIND(const int, cu_out);
-    BIND(const int, batch_id);
+    BIND(const int, cu_in, this_time, encoder, cu_out, batch_id);
     BIND(ELEM, out);
     const ulong token_num = args.token_num, hidden = args.hidden;
     const uint real_bsz = args.real_bsz, s = args.max_step_tokens, out_rows = args.rows;

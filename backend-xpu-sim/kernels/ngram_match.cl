@@ -29,13 +29,8 @@ __kernel void ngram_match_i32(BUF(const int, token_ids_all), BUF(const int, prom
                               BUF(const int, encoder), BUF(const int, max_dec_len),
                               BUF(const int, this_time), BUF(int, proposal),
                               const struct NgramMatchArgs args) {
-    BIND(const int, token_ids_all);
-    BIND(const int, prompt_lens);
-    BIND(const int, step_idx);
-    BIND(const int, draft_token_num);
-    BIND(const int, encoder);
-    BIND(const int, max_dec_len);
-    BIND(const int, this_time);
+    BIND(const int, token_ids_all, prompt_lens, step_idx, draft_token_num);
+    BIND(const int, encoder, max_dec_len, this_time);
     BIND(int, proposal);
     const uint real_bsz = args.real_bsz, s = args.max_step_tokens, min_n = args.min_ngram_size;
     const ulong max_model_len = args.max_model_len, max_n = args.max_ngram_size;
@@ -90,11 +85,8 @@ __kernel void ngram_match_i32_budget(BUF(const int, token_ids_all), BUF(const in
                                      BUF(const int, proposal), BUF(int, draft_tokens),
                                      BUF(int, this_time),
                                      const struct NgramMatchBudgetArgs args) {
-    BIND(const int, token_ids_all);
-    BIND(const int, encoder);
-    BIND(const int, proposal);
-    BIND(int, draft_tokens);
-    BIND(int, this_time);
+    BIND(const int, token_ids_all, encoder, proposal);
+    BIND(int, draft_tokens, this_time);
     const uint real_bsz = args.real_bsz, s = args.max_step_tokens;
     const ulong max_model_len = args.max_model_len, threshold = args.threshold;
     __local Scratch S[1];

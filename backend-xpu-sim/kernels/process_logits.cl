@@ -96,25 +96,10 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
                     BUF(const uint, allowed), BUF(const uint, bitmask), BUF(uint, processed),
                     BUF(int, fallback), const struct ProcessLogitsArgs args) {
     BIND(const T_STORE, matrix);
-    BIND(const uint, temperature);
-    BIND(const int, cu_out);
-    BIND(const int, batch_id);
-    BIND(const int, token_ids_all);
-    BIND(const int, prompt_lens);
-    BIND(const int, step_idx);
-    BIND(const int, draft_tokens);
-    BIND(const int, token_counts);
-    BIND(const uint, prompt_mask);
-    BIND(const uint, penalties);
-    BIND(const int, min_tokens);
-    BIND(const int, end_tokens);
-    BIND(const int, bias_offsets);
-    BIND(const int, bias_ids);
-    BIND(const uint, bias_values);
-    BIND(const int, bad_word_offsets);
-    BIND(const int, bad_words);
-    BIND(const uint, allowed);
-    BIND(const uint, bitmask);
+    BIND(const uint, temperature, prompt_mask, penalties, bias_values, allowed, bitmask);
+    BIND(const int, cu_out, batch_id, token_ids_all, prompt_lens, step_idx);
+    BIND(const int, draft_tokens, token_counts, min_tokens, end_tokens);
+    BIND(const int, bias_offsets, bias_ids, bad_word_offsets, bad_words);
     BIND(uint, processed);
     BIND(int, fallback);
     const uint rows = args.rows, V = args.vocab, S_TOK = args.max_step_tokens;

@@ -12,12 +12,10 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature), BU
                     BUF(const uint, top_p), BUF(const ulong, seed), BUF(int, tokens),
                     BUF(const int, fallback), const struct TopKTopPSampleArgs args) {
     BIND(const T_STORE, matrix);
-    BIND(const uint, temperature);
-    BIND(const int, top_k);
-    BIND(const uint, top_p);
+    BIND(const uint, temperature, top_p);
+    BIND(const int, top_k, fallback);
     BIND(const ulong, seed);
     BIND(int, tokens);
-    BIND(const int, fallback);
     const uint rows = args.rows, V = args.vocab;
     __local Scratch S[1];
     FOR_CLUSTER_ROWS(r, rows) {

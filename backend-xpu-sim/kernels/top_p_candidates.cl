@@ -29,13 +29,10 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
                     BUF(uint, scores), BUF(int, lens), BUF(const int, fallback),
                     const struct TopPCandidatesArgs args) {
     BIND(const T_STORE, matrix);
-    BIND(const uint, temperature);
-    BIND(const uint, top_p);
-    BIND(const int, batch_id);
-    BIND(int, ids);
+    BIND(const uint, temperature, top_p);
+    BIND(const int, batch_id, fallback);
+    BIND(int, ids, lens);
     BIND(uint, scores);
-    BIND(int, lens);
-    BIND(const int, fallback);
     const uint has_batch_id = args.has_batch_id, rows = args.rows;
     const uint V = args.vocab, C = args.candidates;
     __local Scratch S[1];

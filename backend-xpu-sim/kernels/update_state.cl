@@ -15,20 +15,12 @@ __kernel void update_state_i32(BUF(const int, accept_tokens), BUF(const uchar, i
                                BUF(ulong, infer_seed), BUF(int, draft_tokens),
                                BUF(int, seq_lens_encoder), BUF(int, seq_lens_decoder),
                                BUF(int, token_counts), const struct UpdateStateArgs args) {
-    BIND(const int, accept_tokens);
+    BIND(const int, accept_tokens, prompt_lens, max_dec_len, end_tokens);
     BIND(const uchar, is_block_step);
-    BIND(const int, prompt_lens);
-    BIND(const int, max_dec_len);
-    BIND(const int, end_tokens);
-    BIND(int, accept_num);
+    BIND(int, accept_num, token_ids_all, step_idx, draft_tokens);
+    BIND(int, seq_lens_encoder, seq_lens_decoder, token_counts);
     BIND(uchar, stop_flags);
-    BIND(int, token_ids_all);
-    BIND(int, step_idx);
     BIND(ulong, infer_seed);
-    BIND(int, draft_tokens);
-    BIND(int, seq_lens_encoder);
-    BIND(int, seq_lens_decoder);
-    BIND(int, token_counts);
     const uint real_bsz = args.real_bsz, s = args.max_step_tokens, num_end = args.num_end;
     const uint has_counts = args.has_counts, V = args.vocab;
     const ulong max_model_len = args.max_model_len;

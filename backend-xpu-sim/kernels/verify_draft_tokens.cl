@@ -186,30 +186,15 @@ __kernel void ENTRY(BUF(const int, draft_tokens), BUF(const int, this_time), BUF
                     BUF(const uint, rj_top_p), BUF(const int, rj_fallback),
                     BUF(const int, draft_index), BUF(int, accept_tokens), BUF(int, accept_num),
                     const struct VerifyDraftTokensArgs args) {
-    BIND(const int, draft_tokens);
-    BIND(const int, this_time);
-    BIND(const int, encoder);
-    BIND(const int, cu_out);
-    BIND(const uchar, stop_flags);
-    BIND(const uchar, is_block_step);
-    BIND(const int, reasoning_status);
-    BIND(const int, step_idx);
-    BIND(const int, max_dec_len);
-    BIND(const int, end_tokens);
+    BIND(const int, draft_tokens, this_time, encoder, cu_out, reasoning_status);
+    BIND(const int, step_idx, max_dec_len, end_tokens, target_tokens, cand_ids);
+    BIND(const int, cand_lens, rj_top_k, rj_fallback, draft_index);
+    BIND(const uchar, stop_flags, is_block_step);
     BIND(const ulong, seeds);
-    BIND(const int, target_tokens);
-    BIND(const int, cand_ids);
-    BIND(const uint, cand_scores);
-    BIND(const int, cand_lens);
+    BIND(const uint, cand_scores, temperature, rj_top_p);
     BIND(const T_STORE, target_scores);
-    BIND(const uint, temperature);
     BIND(const D_STORE, draft_scores);
-    BIND(const int, rj_top_k);
-    BIND(const uint, rj_top_p);
-    BIND(const int, rj_fallback);
-    BIND(const int, draft_index);
-    BIND(int, accept_tokens);
-    BIND(int, accept_num);
+    BIND(int, accept_tokens, accept_num);
     const uint max_bsz = args.max_bsz, real_bsz = args.real_bsz, s = args.max_step_tokens;
     const uint rows = args.rows, V = args.vocab, num_end = args.num_end, C = args.candidates;
     const uint accept_all = args.accept_all, reject_all = args.reject_all;

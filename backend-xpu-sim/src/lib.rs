@@ -68,12 +68,12 @@
 //! [`Error::KernelBuild`](specula_backend_api::Error) with the compiler log. Entry points are
 //! `<op>_<dtype>` (the two-stage ops add `accept_logprobs_pack` and `ngram_match_i32_budget`).
 //!
-//! Kernel parameters follow one convention: the buffers are positional arguments, then one
-//! argument struct per kernel (`specula_backend_api::kernel_args!`, e.g. `ArgmaxArgs`) passed by
-//! value, holding the window offset of every buffer and the scalars. The kernel files do not
-//! re-type these structs: the runtime writes each one as OpenCL C from its Rust declaration into
-//! the program, between `common.cl` and the op's file. Validation happens once, in the front of
-//! `backend-api`, before any of this runs.
+//! Kernel parameters follow one convention: each buffer is a positional argument followed by the
+//! element offset of its window, then one argument struct per kernel
+//! (`specula_backend_api::kernel_args!`, e.g. `ArgmaxArgs`) passed by value, holding the scalars.
+//! The kernel files do not re-type these structs: the runtime writes each one as OpenCL C from its
+//! Rust declaration into the program, between `common.cl` and the op's file. Validation happens
+//! once, in the front of `backend-api`, before any of this runs.
 //!
 //! The OpenCL library is loaded at run time (`opencl3`'s `dynamic` feature), so the crate builds
 //! without OpenCL installed; [`open`] then returns `Unavailable` with the reason.

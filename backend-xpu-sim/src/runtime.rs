@@ -134,42 +134,53 @@ impl ClStorage {
     }
 }
 
-/// The buffer parameters of one launch, in the kernel's order, collected while its argument struct
-/// is written: each `bind` appends a buffer and returns the element offset of its window, the
-/// struct's `<name>_offset` field. The fields of a struct expression are evaluated in the order
-/// they are written, so `XArgs { a_offset: buffers.bind(a)?, b_offset: buffers.bind(b)?, .. }`
-/// lists each buffer once, where its offset goes, in the kernel's parameter order.
+/// The buffer parameters of one launch, in the kernel's order: each buffer with the element offset
+/// of its window, the two kernel parameters of its `BUF(T, name)` (`__global T* name_b`, `ulong
+/// name_offset`). `KernelBuffers::of(&[a, b])?` binds a launch whose buffers are all call buffers;
+/// the chained `bind`, `bind_optional` and `bind_scratch` list mixed ones, in parameter order.
 #[derive(Default)]
-pub(crate) struct KernelBuffers(Vec<cl_mem>);
+pub(crate) struct KernelBuffers(Vec<(cl_mem, u64)>);
 
 impl KernelBuffers {
-    /// Appends an xpu-sim buffer; returns its window offset.
-    pub(crate) fn bind(&mut self, buffer: &Buffer) -> Result<u64> {
-        let mem = buffer
-            .storage::<ClStorage>()
-            .map(ClStorage::raw)
-            .ok_or_else(|| XpuSimError::ForeignStorage.into_execution("kernel arguments"))?;
-        self.0.push(mem);
-        Ok(buffer.offset() as u64)
+    /// The xpu-sim buffers `buffers`, in order.
+    pub(crate) fn of(buffers: &[&Buffer]) -> Result<Self> {
+        let mut bound = Self::default();
+        bound.bind(buffers)?;
+        Ok(bound)
+    }
+
+    /// Appends xpu-sim buffers, each with its window offset.
+    pub(crate) fn bind(&mut self, buffers: &[&Buffer]) -> Result<&mut Self> {
+        for buffer in buffers {
+            let mem = buffer
+                .storage::<ClStorage>()
+                .map(ClStorage::raw)
+                .ok_or_else(|| XpuSimError::ForeignStorage.into_execution("kernel arguments"))?;
+            self.0.push((mem, buffer.offset() as u64));
+        }
+        Ok(self)
     }
 
     /// Appends a whole scratch buffer (offset 0).
-    pub(crate) fn bind_scratch(&mut self, scratch: &ClStorage) -> u64 {
-        self.0.push(scratch.raw());
-        0
+    pub(crate) fn bind_scratch(&mut self, scratch: &ClStorage) -> &mut Self {
+        self.0.push((scratch.raw(), 0));
+        self
     }
 
-    /// Appends `buffer`, or the runtime's placeholder (offset 0) for a parameter the call does not
-    /// use.
+    /// Appends each buffer, or the runtime's placeholder (offset 0) for a parameter the call does
+    /// not use.
     pub(crate) fn bind_optional(
         &mut self,
         runtime: &Runtime,
-        buffer: Option<&Buffer>,
-    ) -> Result<u64> {
-        match buffer {
-            Some(buffer) => self.bind(buffer),
-            None => Ok(self.bind_scratch(runtime.placeholder())),
+        buffers: &[Option<&Buffer>],
+    ) -> Result<&mut Self> {
+        for &buffer in buffers {
+            match buffer {
+                Some(buffer) => self.bind(&[buffer])?,
+                None => self.bind_scratch(runtime.placeholder()),
+            };
         }
+        Ok(self)
     }
 }
 
@@ -403,8 +414,9 @@ impl Runtime {
     }
 
     /// Enqueues kernel `name` of the program `key` over `clusters × cores`, building the program
-    /// on first use. The kernel's parameters are `buffers` (positional, in the kernel's order), then
-    /// `args` by value: the struct of the same name, which the program declares from `A`.
+    /// on first use. The kernel's parameters are `buffers` (positional, in the kernel's order, each
+    /// followed by its window offset), then `args` by value: the struct of the same name, which
+    /// the program declares from `A`.
     pub(crate) fn launch<A: KernelArgs + Pod>(
         &self,
         key: &ProgramKey,
@@ -412,15 +424,6 @@ impl Runtime {
         buffers: &KernelBuffers,
         args: &A,
     ) -> Result<()> {
-        debug_assert_eq!(
-            buffers.0.len(),
-            A::FIELDS
-                .iter()
-                .filter(|f| f.name.ends_with("_offset"))
-                .count(),
-            "{name}: one buffer per offset field of {}",
-            A::STRUCT
-        );
         let mut cache = self
             .cache
             .lock()
@@ -520,18 +523,27 @@ impl Runtime {
     }
 }
 
-/// Sets the kernel's parameters: the buffers, then the argument struct by value.
+/// Sets the kernel's parameters: each buffer and its window offset, then the argument struct by
+/// value.
 fn set_args<A: KernelArgs + Pod>(
     kernel: &Kernel,
-    buffers: &[cl_mem],
+    buffers: &[(cl_mem, u64)],
     args: &A,
 ) -> std::result::Result<(), XpuSimError> {
+    debug_assert_eq!(
+        kernel.num_args().ok(),
+        u32::try_from(2 * buffers.len() + 1).ok(),
+        "two parameters per buffer, then {}",
+        A::STRUCT
+    );
     let mut index = 0;
-    for buffer in buffers {
+    for (buffer, offset) in buffers {
         // SAFETY: a live OpenCL memory object for a `__global` pointer parameter; the host code
         // passes the buffers in the order of the kernel's parameters.
         unsafe { kernel.set_arg(index, buffer) }.map_err(XpuSimError::cl("clSetKernelArg"))?;
-        index += 1;
+        // SAFETY: a `u64` for the `ulong <name>_offset` parameter after each buffer (`BUF`).
+        unsafe { kernel.set_arg(index + 1, offset) }.map_err(XpuSimError::cl("clSetKernelArg"))?;
+        index += 2;
     }
     // SAFETY: `A` is `#[repr(C)]` plain old data without padding (`Pod`), and the struct the kernel
     // takes by value after its buffers is generated from it (`program_source`; `ops::tests` checks

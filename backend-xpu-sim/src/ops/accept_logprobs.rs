@@ -13,34 +13,17 @@ use crate::runtime::{KernelBuffers, Runtime};
 specula_backend_api::kernel_args! {
     /// The parameters of `accept_logprobs_pack`.
     pub(crate) struct AcceptLogprobsPackArgs {
-        accept_tokens_offset: u64,
-        accept_num_offset: u64,
-        encoder_offset: u64,
-        cu_out_offset: u64,
-        cu_accept_offset: u64,
-        token_ids_offset: u64,
-        entry_row_offset: u64,
         max_bsz: u32,
         real_bsz: u32,
         max_step_tokens: u32,
         rows: u32,
     }
 
-    /// The parameters of `accept_logprobs_<dtype>` (`pad`: explicit padding to a multiple of
-    /// 8 bytes, always 0).
+    /// The parameters of `accept_logprobs_<dtype>`.
     pub(crate) struct AcceptLogprobsArgs {
-        logits_offset: u64,
-        temperature_offset: u64,
-        token_ids_offset: u64,
-        entry_row_offset: u64,
-        logprobs_offset: u64,
-        ranks_offset: u64,
-        top_ids_offset: u64,
-        top_logprobs_offset: u64,
         entries: u32,
         vocab: u32,
         top_k: u32,
-        pad: u32,
     }
 }
 
@@ -62,14 +45,17 @@ pub(crate) fn run(runtime: &Runtime, mut call: AcceptLogprobsCall<'_, '_>) -> Re
     let (key, entry) = float_program(specula_backend_api::Op::AcceptLogprobs, *dtype);
     let entry_row = scratch_i32(runtime, entries)?;
     let mut buffers = KernelBuffers::default();
+    buffers
+        .bind(&[
+            inputs.accept_tokens,
+            inputs.accept_num,
+            inputs.seq_lens_encoder,
+            inputs.cu_seqlens_q_output,
+            out.cu_accept,
+            out.token_ids,
+        ])?
+        .bind_scratch(&entry_row);
     let pack = AcceptLogprobsPackArgs {
-        accept_tokens_offset: buffers.bind(inputs.accept_tokens)?,
-        accept_num_offset: buffers.bind(inputs.accept_num)?,
-        encoder_offset: buffers.bind(inputs.seq_lens_encoder)?,
-        cu_out_offset: buffers.bind(inputs.cu_seqlens_q_output)?,
-        cu_accept_offset: buffers.bind(out.cu_accept)?,
-        token_ids_offset: buffers.bind(out.token_ids)?,
-        entry_row_offset: buffers.bind_scratch(&entry_row),
         max_bsz: count(dims.max_bsz),
         real_bsz: count(dims.real_bsz),
         max_step_tokens: count(dims.max_step_tokens),
@@ -77,19 +63,14 @@ pub(crate) fn run(runtime: &Runtime, mut call: AcceptLogprobsCall<'_, '_>) -> Re
     };
     runtime.launch(&key, PACK, &buffers, &pack)?;
     let mut buffers = KernelBuffers::default();
+    buffers
+        .bind(&[inputs.logits, inputs.temperature, out.token_ids])?
+        .bind_scratch(&entry_row)
+        .bind(&[out.logprobs, out.ranks, out.top_ids, out.top_logprobs])?;
     let score = AcceptLogprobsArgs {
-        logits_offset: buffers.bind(inputs.logits)?,
-        temperature_offset: buffers.bind(inputs.temperature)?,
-        token_ids_offset: buffers.bind(out.token_ids)?,
-        entry_row_offset: buffers.bind_scratch(&entry_row),
-        logprobs_offset: buffers.bind(out.logprobs)?,
-        ranks_offset: buffers.bind(out.ranks)?,
-        top_ids_offset: buffers.bind(out.top_ids)?,
-        top_logprobs_offset: buffers.bind(out.top_logprobs)?,
         entries: count(entries),
         vocab: count(params.shape.vocab),
         top_k: count(params.top_k),
-        pad: 0,
     };
     runtime.launch(&key, &entry, &buffers, &score)
 }

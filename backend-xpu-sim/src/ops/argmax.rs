@@ -10,8 +10,6 @@ use crate::runtime::{KernelBuffers, Runtime};
 specula_backend_api::kernel_args! {
     /// The parameters of `argmax_<dtype>`.
     pub(crate) struct ArgmaxArgs {
-        input_offset: u64,
-        out_offset: u64,
         rows: u32,
         vocab: u32,
     }
@@ -24,10 +22,8 @@ pub(crate) const ARGS: &[ArgsStruct] = &[ArgsStruct::of::<ArgmaxArgs>()];
 pub(crate) fn run(runtime: &Runtime, mut call: ArgmaxCall<'_>) -> Result<()> {
     let (input, out, shape, dtype) = call.parts();
     let (key, entry) = float_program(Op::Argmax, *dtype);
-    let mut buffers = KernelBuffers::default();
+    let buffers = KernelBuffers::of(&[input, out])?;
     let args = ArgmaxArgs {
-        input_offset: buffers.bind(input)?,
-        out_offset: buffers.bind(out)?,
         rows: count(shape.rows),
         vocab: count(shape.vocab),
     };

@@ -11,12 +11,6 @@ use crate::runtime::{KernelBuffers, Runtime};
 specula_backend_api::kernel_args! {
     /// The parameters of `build_output_layout_i32`.
     pub(crate) struct BuildOutputLayoutArgs {
-        this_time_offset: u64,
-        encoder_offset: u64,
-        seq_lens_output_offset: u64,
-        cu_seqlens_q_offset: u64,
-        cu_seqlens_q_output_offset: u64,
-        batch_id_offset: u64,
         max_bsz: u32,
         real_bsz: u32,
         max_step_tokens: u32,
@@ -31,14 +25,15 @@ pub(crate) const ARGS: &[ArgsStruct] = &[ArgsStruct::of::<BuildOutputLayoutArgs>
 pub(crate) fn run(runtime: &Runtime, mut call: BuildOutputLayoutCall<'_, '_>) -> Result<()> {
     let (lens, out, params, capacity) = call.parts();
     let dims = &params.dims;
-    let mut buffers = KernelBuffers::default();
+    let buffers = KernelBuffers::of(&[
+        lens.seq_lens_this_time,
+        lens.seq_lens_encoder,
+        out.seq_lens_output,
+        out.cu_seqlens_q,
+        out.cu_seqlens_q_output,
+        out.batch_id_per_token_output,
+    ])?;
     let args = BuildOutputLayoutArgs {
-        this_time_offset: buffers.bind(lens.seq_lens_this_time)?,
-        encoder_offset: buffers.bind(lens.seq_lens_encoder)?,
-        seq_lens_output_offset: buffers.bind(out.seq_lens_output)?,
-        cu_seqlens_q_offset: buffers.bind(out.cu_seqlens_q)?,
-        cu_seqlens_q_output_offset: buffers.bind(out.cu_seqlens_q_output)?,
-        batch_id_offset: buffers.bind(out.batch_id_per_token_output)?,
         max_bsz: count(dims.max_bsz),
         real_bsz: count(dims.real_bsz),
         max_step_tokens: count(dims.max_step_tokens),

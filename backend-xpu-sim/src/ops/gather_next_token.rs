@@ -11,13 +11,6 @@ use crate::runtime::{KernelBuffers, ProgramKey, Runtime};
 specula_backend_api::kernel_args! {
     /// The parameters of `gather_next_token_<dtype>`.
     pub(crate) struct GatherNextTokenArgs {
-        hidden_states_offset: u64,
-        cu_in_offset: u64,
-        this_time_offset: u64,
-        encoder_offset: u64,
-        cu_out_offset: u64,
-        batch_id_offset: u64,
-        out_offset: u64,
         token_num: u64,
         hidden: u64,
         real_bsz: u32,
@@ -55,15 +48,16 @@ pub(crate) fn run(runtime: &Runtime, mut call: GatherNextTokenCall<'_>) -> Resul
     let (inputs, out, params, rows) = call.parts();
     let (key, entry) = gather_program(inputs.hidden_states.dtype());
     let (lens, layout) = (&inputs.lens, &inputs.layout);
-    let mut buffers = KernelBuffers::default();
+    let buffers = KernelBuffers::of(&[
+        inputs.hidden_states,
+        inputs.cu_seqlens_q,
+        lens.seq_lens_this_time,
+        lens.seq_lens_encoder,
+        layout.cu_seqlens_q_output,
+        layout.batch_id_per_token_output,
+        out,
+    ])?;
     let args = GatherNextTokenArgs {
-        hidden_states_offset: buffers.bind(inputs.hidden_states)?,
-        cu_in_offset: buffers.bind(inputs.cu_seqlens_q)?,
-        this_time_offset: buffers.bind(lens.seq_lens_this_time)?,
-        encoder_offset: buffers.bind(lens.seq_lens_encoder)?,
-        cu_out_offset: buffers.bind(layout.cu_seqlens_q_output)?,
-        batch_id_offset: buffers.bind(layout.batch_id_per_token_output)?,
-        out_offset: buffers.bind(out)?,
         token_num: params.token_num as u64,
         hidden: params.hidden as u64,
         real_bsz: count(params.dims.real_bsz),

@@ -4,13 +4,13 @@
 //! something to do), so shapes, dtypes, devices and host scalars are known to be right; buffer
 //! *contents* may still be anything, and the kernels clamp them as the contract says.
 //!
-//! Kernel parameters follow one convention: the buffers are positional arguments, then one
+//! Kernel parameters follow one convention: each buffer is a positional argument followed by the
+//! element offset of its window, both set from one [`KernelBuffers`](crate::runtime::KernelBuffers)
+//! entry, so each buffer is named once, in the kernel's parameter order; then one
 //! [`kernel_args!`](specula_backend_api::kernel_args) struct per kernel, passed by value, holding
-//! the element offset of every buffer's window and the scalars. The kernel files do not declare
-//! these structs: each module lists its own in `ARGS`, and the runtime writes them as OpenCL C into
-//! the program between `common.cl` and the kernel file ([`ArgsStruct::declaration`]). Each offset
-//! field is written by [`KernelBuffers::bind`](crate::runtime::KernelBuffers::bind), which collects
-//! the buffer for the launch at the same time, so each buffer is named once.
+//! the scalars. The kernel files do not declare these structs: each module lists its own in
+//! `ARGS`, and the runtime writes them as OpenCL C into the program between `common.cl` and the
+//! kernel file ([`ArgsStruct::declaration`]).
 
 pub(crate) mod accept_logprobs;
 pub(crate) mod argmax;

@@ -13,14 +13,6 @@ specula_backend_api::kernel_args! {
     /// The parameters of `ngram_match_i32`, the search (`pad`: explicit padding to a multiple of
     /// 8 bytes, always 0).
     pub(crate) struct NgramMatchArgs {
-        token_ids_all_offset: u64,
-        prompt_lens_offset: u64,
-        step_idx_offset: u64,
-        draft_token_num_offset: u64,
-        encoder_offset: u64,
-        max_dec_len_offset: u64,
-        this_time_offset: u64,
-        proposal_offset: u64,
         max_model_len: u64,
         max_ngram_size: u64,
         real_bsz: u32,
@@ -31,11 +23,6 @@ specula_backend_api::kernel_args! {
 
     /// The parameters of `ngram_match_i32_budget`, the global budget.
     pub(crate) struct NgramMatchBudgetArgs {
-        token_ids_all_offset: u64,
-        encoder_offset: u64,
-        proposal_offset: u64,
-        draft_tokens_offset: u64,
-        this_time_offset: u64,
         max_model_len: u64,
         threshold: u64,
         real_bsz: u32,
@@ -62,15 +49,18 @@ pub(crate) fn run(runtime: &Runtime, mut call: NgramMatchCall<'_, '_>) -> Result
     let (key, entry) = batch_program(Op::NgramMatch);
     let proposal = scratch_i32(runtime, dims.real_bsz.saturating_mul(3))?;
     let mut buffers = KernelBuffers::default();
+    buffers
+        .bind(&[
+            inputs.token_ids_all,
+            inputs.prompt_lens,
+            inputs.step_idx,
+            inputs.draft_token_num,
+            inputs.seq_lens_encoder,
+            inputs.max_dec_len,
+            out.seq_lens_this_time,
+        ])?
+        .bind_scratch(&proposal);
     let search = NgramMatchArgs {
-        token_ids_all_offset: buffers.bind(inputs.token_ids_all)?,
-        prompt_lens_offset: buffers.bind(inputs.prompt_lens)?,
-        step_idx_offset: buffers.bind(inputs.step_idx)?,
-        draft_token_num_offset: buffers.bind(inputs.draft_token_num)?,
-        encoder_offset: buffers.bind(inputs.seq_lens_encoder)?,
-        max_dec_len_offset: buffers.bind(inputs.max_dec_len)?,
-        this_time_offset: buffers.bind(out.seq_lens_this_time)?,
-        proposal_offset: buffers.bind_scratch(&proposal),
         max_model_len: params.max_model_len as u64,
         max_ngram_size: params.max_ngram_size as u64,
         real_bsz: count(dims.real_bsz),
@@ -80,12 +70,11 @@ pub(crate) fn run(runtime: &Runtime, mut call: NgramMatchCall<'_, '_>) -> Result
     };
     runtime.launch(&key, &entry, &buffers, &search)?;
     let mut buffers = KernelBuffers::default();
+    buffers
+        .bind(&[inputs.token_ids_all, inputs.seq_lens_encoder])?
+        .bind_scratch(&proposal)
+        .bind(&[out.draft_tokens, out.seq_lens_this_time])?;
     let budget = NgramMatchBudgetArgs {
-        token_ids_all_offset: buffers.bind(inputs.token_ids_all)?,
-        encoder_offset: buffers.bind(inputs.seq_lens_encoder)?,
-        proposal_offset: buffers.bind_scratch(&proposal),
-        draft_tokens_offset: buffers.bind(out.draft_tokens)?,
-        this_time_offset: buffers.bind(out.seq_lens_this_time)?,
         max_model_len: params.max_model_len as u64,
         threshold: params.threshold as u64,
         real_bsz: count(dims.real_bsz),

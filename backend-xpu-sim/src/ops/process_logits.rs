@@ -14,28 +14,6 @@ specula_backend_api::kernel_args! {
     /// `bitmask`: the placeholder and a 0 flag when absent). `rows` rows of the block starting at
     /// scores row `first`: output row `i` is the processing of scores row `first + i`.
     pub(crate) struct ProcessLogitsArgs {
-        matrix_offset: u64,
-        temperature_offset: u64,
-        cu_out_offset: u64,
-        batch_id_offset: u64,
-        token_ids_all_offset: u64,
-        prompt_lens_offset: u64,
-        step_idx_offset: u64,
-        draft_tokens_offset: u64,
-        token_counts_offset: u64,
-        prompt_mask_offset: u64,
-        penalties_offset: u64,
-        min_tokens_offset: u64,
-        end_tokens_offset: u64,
-        bias_offsets_offset: u64,
-        bias_ids_offset: u64,
-        bias_values_offset: u64,
-        bad_word_offsets_offset: u64,
-        bad_words_offset: u64,
-        allowed_offset: u64,
-        bitmask_offset: u64,
-        processed_offset: u64,
-        fallback_offset: u64,
         max_model_len: u64,
         rows: u32,
         vocab: u32,
@@ -60,29 +38,30 @@ pub(crate) fn run(runtime: &Runtime, mut call: ProcessLogitsCall<'_, '_>) -> Res
     let (h, s) = (&inputs.history, &inputs.slots);
     let block = params.row_block();
     let mut buffers = KernelBuffers::default();
+    buffers
+        .bind(&[inputs.scores.matrix()])?
+        .bind_optional(runtime, &[inputs.scores.temperature()])?
+        .bind(&[
+            inputs.layout.cu_seqlens_q_output,
+            inputs.layout.batch_id_per_token_output,
+            h.token_ids_all,
+            h.prompt_lens,
+            h.step_idx,
+            h.draft_tokens,
+            h.token_counts,
+            h.prompt_mask,
+            s.penalties,
+            s.min_tokens,
+            s.end_tokens,
+            s.bias_offsets,
+            s.bias_ids,
+            s.bias_values,
+            s.bad_word_offsets,
+            s.bad_words,
+        ])?
+        .bind_optional(runtime, &[s.allowed, inputs.bitmask])?
+        .bind(&[out.processed, out.fallback])?;
     let args = ProcessLogitsArgs {
-        matrix_offset: buffers.bind(inputs.scores.matrix())?,
-        temperature_offset: buffers.bind_optional(runtime, inputs.scores.temperature())?,
-        cu_out_offset: buffers.bind(inputs.layout.cu_seqlens_q_output)?,
-        batch_id_offset: buffers.bind(inputs.layout.batch_id_per_token_output)?,
-        token_ids_all_offset: buffers.bind(h.token_ids_all)?,
-        prompt_lens_offset: buffers.bind(h.prompt_lens)?,
-        step_idx_offset: buffers.bind(h.step_idx)?,
-        draft_tokens_offset: buffers.bind(h.draft_tokens)?,
-        token_counts_offset: buffers.bind(h.token_counts)?,
-        prompt_mask_offset: buffers.bind(h.prompt_mask)?,
-        penalties_offset: buffers.bind(s.penalties)?,
-        min_tokens_offset: buffers.bind(s.min_tokens)?,
-        end_tokens_offset: buffers.bind(s.end_tokens)?,
-        bias_offsets_offset: buffers.bind(s.bias_offsets)?,
-        bias_ids_offset: buffers.bind(s.bias_ids)?,
-        bias_values_offset: buffers.bind(s.bias_values)?,
-        bad_word_offsets_offset: buffers.bind(s.bad_word_offsets)?,
-        bad_words_offset: buffers.bind(s.bad_words)?,
-        allowed_offset: buffers.bind_optional(runtime, s.allowed)?,
-        bitmask_offset: buffers.bind_optional(runtime, inputs.bitmask)?,
-        processed_offset: buffers.bind(out.processed)?,
-        fallback_offset: buffers.bind(out.fallback)?,
         max_model_len: params.max_model_len as u64,
         rows: count(block.rows),
         vocab: count(params.shape.vocab),

@@ -10,9 +10,6 @@ use crate::runtime::{KernelBuffers, Runtime};
 specula_backend_api::kernel_args! {
     /// The parameters of `softmax_<dtype>`.
     pub(crate) struct SoftmaxArgs {
-        logits_offset: u64,
-        temperature_offset: u64,
-        probs_offset: u64,
         rows: u32,
         vocab: u32,
     }
@@ -25,11 +22,8 @@ pub(crate) const ARGS: &[ArgsStruct] = &[ArgsStruct::of::<SoftmaxArgs>()];
 pub(crate) fn run(runtime: &Runtime, mut call: SoftmaxCall<'_>) -> Result<()> {
     let (inputs, probs, params, dtype) = call.parts();
     let (key, entry) = float_program(Op::Softmax, *dtype);
-    let mut buffers = KernelBuffers::default();
+    let buffers = KernelBuffers::of(&[inputs.logits, inputs.temperature, probs])?;
     let args = SoftmaxArgs {
-        logits_offset: buffers.bind(inputs.logits)?,
-        temperature_offset: buffers.bind(inputs.temperature)?,
-        probs_offset: buffers.bind(probs)?,
         rows: count(params.shape.rows),
         vocab: count(params.shape.vocab),
     };

@@ -10,19 +10,11 @@ use crate::runtime::{KernelBuffers, Runtime};
 
 specula_backend_api::kernel_args! {
     /// The parameters of `top_k_top_p_sample_<dtype>` (`temperature`: logits rows only;
-    /// `fallback`: when `has_fallback`, the token of a row of total weight 0; `pad`: always 0).
+    /// `fallback`: when `has_fallback`, the token of a row of total weight 0).
     pub(crate) struct TopKTopPSampleArgs {
-        matrix_offset: u64,
-        temperature_offset: u64,
-        top_k_offset: u64,
-        top_p_offset: u64,
-        seed_offset: u64,
-        tokens_offset: u64,
-        fallback_offset: u64,
         rows: u32,
         vocab: u32,
         has_fallback: u32,
-        pad: u32,
     }
 }
 
@@ -35,18 +27,15 @@ pub(crate) fn run(runtime: &Runtime, mut call: TopKTopPSampleCall<'_>) -> Result
     let (inputs, tokens, params, kind) = call.parts();
     let (key, entry) = scores_program(Op::TopKTopPSample, *kind);
     let mut buffers = KernelBuffers::default();
+    buffers
+        .bind(&[inputs.scores.matrix()])?
+        .bind_optional(runtime, &[inputs.scores.temperature()])?
+        .bind(&[inputs.top_k, inputs.top_p, inputs.seed, tokens])?
+        .bind_optional(runtime, &[inputs.fallback])?;
     let args = TopKTopPSampleArgs {
-        matrix_offset: buffers.bind(inputs.scores.matrix())?,
-        temperature_offset: buffers.bind_optional(runtime, inputs.scores.temperature())?,
-        top_k_offset: buffers.bind(inputs.top_k)?,
-        top_p_offset: buffers.bind(inputs.top_p)?,
-        seed_offset: buffers.bind(inputs.seed)?,
-        tokens_offset: buffers.bind(tokens)?,
-        fallback_offset: buffers.bind_optional(runtime, inputs.fallback)?,
         rows: count(params.shape.rows),
         vocab: count(params.shape.vocab),
         has_fallback: flag(inputs.fallback.is_some()),
-        pad: 0,
     };
     runtime.launch(&key, &entry, &buffers, &args)
 }

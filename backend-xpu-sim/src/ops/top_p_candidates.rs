@@ -10,23 +10,13 @@ use crate::runtime::{KernelBuffers, Runtime};
 
 specula_backend_api::kernel_args! {
     /// The parameters of `top_p_candidates_<dtype>` (`temperature`: logits rows only;
-    /// `fallback`: when `has_fallback`, the one candidate of a row of total weight 0; `pad`:
-    /// always 0).
+    /// `fallback`: when `has_fallback`, the one candidate of a row of total weight 0).
     pub(crate) struct TopPCandidatesArgs {
-        matrix_offset: u64,
-        temperature_offset: u64,
-        top_p_offset: u64,
-        batch_id_offset: u64,
-        ids_offset: u64,
-        scores_offset: u64,
-        lens_offset: u64,
-        fallback_offset: u64,
         has_batch_id: u32,
         rows: u32,
         vocab: u32,
         candidates: u32,
         has_fallback: u32,
-        pad: u32,
     }
 }
 
@@ -41,21 +31,19 @@ pub(crate) fn run(runtime: &Runtime, mut call: TopPCandidatesCall<'_, '_>) -> Re
     let (key, entry) = scores_program(Op::TopPCandidates, *kind);
     let batch_id = inputs.batch_id_per_token_output;
     let mut buffers = KernelBuffers::default();
+    buffers
+        .bind(&[inputs.scores.matrix()])?
+        .bind_optional(runtime, &[inputs.scores.temperature()])?
+        .bind(&[inputs.top_p])?
+        .bind_optional(runtime, &[batch_id])?
+        .bind(&[out.ids, out.scores, out.lens])?
+        .bind_optional(runtime, &[inputs.fallback])?;
     let args = TopPCandidatesArgs {
-        matrix_offset: buffers.bind(inputs.scores.matrix())?,
-        temperature_offset: buffers.bind_optional(runtime, inputs.scores.temperature())?,
-        top_p_offset: buffers.bind(inputs.top_p)?,
-        batch_id_offset: buffers.bind_optional(runtime, batch_id)?,
-        ids_offset: buffers.bind(out.ids)?,
-        scores_offset: buffers.bind(out.scores)?,
-        lens_offset: buffers.bind(out.lens)?,
-        fallback_offset: buffers.bind_optional(runtime, inputs.fallback)?,
         has_batch_id: flag(batch_id.is_some()),
         rows: count(params.shape.rows),
         vocab: count(params.shape.vocab),
         candidates: count(params.candidates),
         has_fallback: flag(inputs.fallback.is_some()),
-        pad: 0,
     };
     runtime.launch(&key, &entry, &buffers, &args)
 }

@@ -11,20 +11,6 @@ specula_backend_api::kernel_args! {
     /// The parameters of `update_state_i32` (`token_counts`: the placeholder and `has_counts = 0`
     /// when the call has no token counts; `pad`: explicit padding to a multiple of 8 bytes, always 0).
     pub(crate) struct UpdateStateArgs {
-        accept_tokens_offset: u64,
-        is_block_step_offset: u64,
-        prompt_lens_offset: u64,
-        max_dec_len_offset: u64,
-        end_tokens_offset: u64,
-        accept_num_offset: u64,
-        stop_flags_offset: u64,
-        token_ids_all_offset: u64,
-        step_idx_offset: u64,
-        infer_seed_offset: u64,
-        draft_tokens_offset: u64,
-        seq_lens_encoder_offset: u64,
-        seq_lens_decoder_offset: u64,
-        token_counts_offset: u64,
         max_model_len: u64,
         real_bsz: u32,
         max_step_tokens: u32,
@@ -44,21 +30,24 @@ pub(crate) fn run(runtime: &Runtime, mut call: UpdateStateCall<'_, '_>) -> Resul
     let (inputs, state, params, _) = call.parts();
     let counts = state.token_counts.as_deref();
     let mut buffers = KernelBuffers::default();
+    buffers
+        .bind(&[
+            inputs.accept_tokens,
+            inputs.is_block_step,
+            inputs.prompt_lens,
+            inputs.max_dec_len,
+            inputs.end_tokens,
+            state.accept_num,
+            state.stop_flags,
+            state.token_ids_all,
+            state.step_idx,
+            state.infer_seed,
+            state.draft_tokens,
+            state.seq_lens_encoder,
+            state.seq_lens_decoder,
+        ])?
+        .bind_optional(runtime, &[counts])?;
     let args = UpdateStateArgs {
-        accept_tokens_offset: buffers.bind(inputs.accept_tokens)?,
-        is_block_step_offset: buffers.bind(inputs.is_block_step)?,
-        prompt_lens_offset: buffers.bind(inputs.prompt_lens)?,
-        max_dec_len_offset: buffers.bind(inputs.max_dec_len)?,
-        end_tokens_offset: buffers.bind(inputs.end_tokens)?,
-        accept_num_offset: buffers.bind(state.accept_num)?,
-        stop_flags_offset: buffers.bind(state.stop_flags)?,
-        token_ids_all_offset: buffers.bind(state.token_ids_all)?,
-        step_idx_offset: buffers.bind(state.step_idx)?,
-        infer_seed_offset: buffers.bind(state.infer_seed)?,
-        draft_tokens_offset: buffers.bind(state.draft_tokens)?,
-        seq_lens_encoder_offset: buffers.bind(state.seq_lens_encoder)?,
-        seq_lens_decoder_offset: buffers.bind(state.seq_lens_decoder)?,
-        token_counts_offset: buffers.bind_optional(runtime, counts)?,
         max_model_len: params.max_model_len as u64,
         real_bsz: count(params.dims.real_bsz),
         max_step_tokens: count(params.dims.max_step_tokens),

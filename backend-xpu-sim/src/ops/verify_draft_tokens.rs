@@ -15,30 +15,6 @@ specula_backend_api::kernel_args! {
     /// `has_draft_index`, the row of `draft_scores` (of `draft_rows`) of each draft,
     /// `docs/semantics.md` §5.8.1).
     pub(crate) struct VerifyDraftTokensArgs {
-        draft_tokens_offset: u64,
-        this_time_offset: u64,
-        encoder_offset: u64,
-        cu_out_offset: u64,
-        stop_flags_offset: u64,
-        is_block_step_offset: u64,
-        reasoning_status_offset: u64,
-        step_idx_offset: u64,
-        max_dec_len_offset: u64,
-        end_tokens_offset: u64,
-        seeds_offset: u64,
-        target_tokens_offset: u64,
-        cand_ids_offset: u64,
-        cand_scores_offset: u64,
-        cand_lens_offset: u64,
-        target_scores_offset: u64,
-        temperature_offset: u64,
-        draft_scores_offset: u64,
-        rj_top_k_offset: u64,
-        rj_top_p_offset: u64,
-        rj_fallback_offset: u64,
-        draft_index_offset: u64,
-        accept_tokens_offset: u64,
-        accept_num_offset: u64,
         max_bsz: u32,
         real_bsz: u32,
         max_step_tokens: u32,
@@ -72,39 +48,16 @@ fn strategy_code(strategy: Strategy) -> &'static str {
 /// `rj_top_p`, `rj_fallback`, `draft_index`): those the strategy uses, `None` for the others
 /// (`temperature` for logits rows only, `rj_fallback` and `draft_index` when given).
 fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 11] {
+    let mut buffers = [None; 11];
     match *strategy {
         StrategyInputs::Greedy { target_tokens }
-        | StrategyInputs::TargetMatch { target_tokens } => [
-            Some(target_tokens),
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-        ],
-        StrategyInputs::TopP(c) => [
-            None,
+        | StrategyInputs::TargetMatch { target_tokens } => buffers[0] = Some(target_tokens),
+        StrategyInputs::TopP(c) => buffers[1..4].copy_from_slice(&[
             Some(c.candidate_ids),
             Some(c.candidate_scores),
             Some(c.candidate_lens),
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-        ],
-        StrategyInputs::Rejection(r) => [
-            None,
-            None,
-            None,
-            None,
+        ]),
+        StrategyInputs::Rejection(r) => buffers[4..].copy_from_slice(&[
             Some(r.target.matrix()),
             r.target.temperature(),
             Some(r.draft),
@@ -112,8 +65,9 @@ fn strategy_buffers<'b>(strategy: &StrategyInputs<'b>) -> [Option<&'b Buffer>; 1
             Some(r.top_p),
             r.fallback,
             r.draft_index,
-        ],
+        ]),
     }
+    buffers
 }
 
 /// The program and entry point (`verify_draft_tokens_<dtype>`) of `strategy`, REJECTION's target
@@ -147,46 +101,27 @@ pub(crate) fn run(runtime: &Runtime, mut call: VerifyDraftTokensCall<'_, '_>) ->
         StrategyInputs::TopP(c) => c.candidates,
         _ => 0,
     };
-    let [
-        target_tokens,
-        cand_ids,
-        cand_scores,
-        cand_lens,
-        target_scores,
-        temperature,
-        draft_scores,
-        rj_top_k,
-        rj_top_p,
-        rj_fallback,
-        draft_index,
-    ] = strategy_buffers(&inputs.strategy);
+    let strategy = strategy_buffers(&inputs.strategy);
+    let [.., rj_fallback, draft_index] = strategy;
     let (lens, state, dims) = (&inputs.lens, &inputs.state, &params.dims);
     let mut buffers = KernelBuffers::default();
+    buffers
+        .bind(&[
+            inputs.draft_tokens,
+            lens.seq_lens_this_time,
+            lens.seq_lens_encoder,
+            inputs.cu_seqlens_q_output,
+            state.stop_flags,
+            state.is_block_step,
+            state.reasoning_status,
+            state.step_idx,
+            state.max_dec_len,
+            state.end_tokens,
+            inputs.seeds,
+        ])?
+        .bind_optional(runtime, &strategy)?
+        .bind(&[out.accept_tokens, out.accept_num])?;
     let args = VerifyDraftTokensArgs {
-        draft_tokens_offset: buffers.bind(inputs.draft_tokens)?,
-        this_time_offset: buffers.bind(lens.seq_lens_this_time)?,
-        encoder_offset: buffers.bind(lens.seq_lens_encoder)?,
-        cu_out_offset: buffers.bind(inputs.cu_seqlens_q_output)?,
-        stop_flags_offset: buffers.bind(state.stop_flags)?,
-        is_block_step_offset: buffers.bind(state.is_block_step)?,
-        reasoning_status_offset: buffers.bind(state.reasoning_status)?,
-        step_idx_offset: buffers.bind(state.step_idx)?,
-        max_dec_len_offset: buffers.bind(state.max_dec_len)?,
-        end_tokens_offset: buffers.bind(state.end_tokens)?,
-        seeds_offset: buffers.bind(inputs.seeds)?,
-        target_tokens_offset: buffers.bind_optional(runtime, target_tokens)?,
-        cand_ids_offset: buffers.bind_optional(runtime, cand_ids)?,
-        cand_scores_offset: buffers.bind_optional(runtime, cand_scores)?,
-        cand_lens_offset: buffers.bind_optional(runtime, cand_lens)?,
-        target_scores_offset: buffers.bind_optional(runtime, target_scores)?,
-        temperature_offset: buffers.bind_optional(runtime, temperature)?,
-        draft_scores_offset: buffers.bind_optional(runtime, draft_scores)?,
-        rj_top_k_offset: buffers.bind_optional(runtime, rj_top_k)?,
-        rj_top_p_offset: buffers.bind_optional(runtime, rj_top_p)?,
-        rj_fallback_offset: buffers.bind_optional(runtime, rj_fallback)?,
-        draft_index_offset: buffers.bind_optional(runtime, draft_index)?,
-        accept_tokens_offset: buffers.bind(out.accept_tokens)?,
-        accept_num_offset: buffers.bind(out.accept_num)?,
         max_bsz: count(dims.max_bsz),
         real_bsz: count(dims.real_bsz),
         max_step_tokens: count(dims.max_step_tokens),
