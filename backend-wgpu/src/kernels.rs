@@ -265,17 +265,43 @@ fn logit_tiny_bits() -> u32 {
 
 /// A kernel of a module: the entry points `<op>[_<suffix>]_<dtype>` of `kernel`'s module, whose
 /// uniform at `args_binding` is an `A` (its [`kernel_args!`](specula_backend_api::kernel_args)
-/// struct). Declared once per kernel beside its host code; dispatches and the module's generated
-/// argument structs both come from it.
+/// struct) after the head `H` its kernels share (`()`: none; [`RowHead`]: the row kernels').
+/// Declared once per kernel beside its host code; dispatches and the module's generated argument
+/// structs both come from it.
 #[derive(Debug)]
-pub(crate) struct Entry<A> {
+pub(crate) struct Entry<A, H = ()> {
     kernel: Kernel,
     suffix: Option<&'static str>,
     args_binding: u32,
-    args: PhantomData<fn() -> A>,
+    args: PhantomData<fn() -> (H, A)>,
 }
 
-impl<A: KernelArgs> Entry<A> {
+/// The fields a kernel's uniform holds before those of its own argument struct: the same in Rust
+/// (the head's bytes, then the struct's) and in the generated WGSL struct.
+pub(crate) trait Head: bytemuck::Pod {
+    /// The head's fields, in order (none for `()`).
+    const FIELDS: &'static [KernelField];
+}
+
+impl Head for () {
+    const FIELDS: &'static [KernelField] = &[];
+}
+
+specula_backend_api::kernel_args! {
+    /// The head of a row kernel's uniform (one workgroup per row): rows `row0 .. row0 + rows` of
+    /// a `[.., vocab]` matrix, the chunk a dispatch covers (`ops::row_chunk_dispatches` fills it).
+    pub(crate) struct RowHead {
+        rows: u32,
+        vocab: u32,
+        row0: u32,
+    }
+}
+
+impl Head for RowHead {
+    const FIELDS: &'static [KernelField] = <RowHead as KernelArgs>::FIELDS;
+}
+
+impl<A: KernelArgs, H: Head> Entry<A, H> {
     /// The kernel `<op>[_<suffix>]` of `kernel`'s module, its arguments bound at `args_binding`.
     pub(crate) const fn new(
         kernel: Kernel,
@@ -307,7 +333,7 @@ impl<A: KernelArgs> Entry<A> {
 
     /// The argument struct, as generated into the module.
     pub(crate) const fn args(&self) -> ArgsStruct {
-        ArgsStruct::of::<A>(self.suffix, self.args_binding)
+        ArgsStruct::of::<A, H>(self.suffix, self.args_binding)
     }
 }
 
@@ -318,11 +344,13 @@ impl<A: KernelArgs> Entry<A> {
 pub(crate) struct ArgsStruct {
     /// The struct's name, in Rust and in WGSL.
     pub(crate) name: &'static str,
-    /// Its fields, in order, every one a `u32`.
+    /// The fields of its [`Head`], first in the uniform.
+    pub(crate) head: &'static [KernelField],
+    /// Its own fields, in order, every one a `u32`.
     pub(crate) fields: &'static [KernelField],
     /// The suffix of the kernel whose uniform it is (`<op>[_<suffix>]_<dtype>`).
     pub(crate) suffix: Option<&'static str>,
-    /// The size of the Rust struct in bytes (checked against the shader by the tests).
+    /// The size of the head and the Rust struct in bytes (checked against the shader by the tests).
     #[cfg(test)]
     pub(crate) bytes: usize,
     /// The binding of the uniform that holds it (checked against the shader by the tests).
@@ -331,38 +359,58 @@ pub(crate) struct ArgsStruct {
 }
 
 impl ArgsStruct {
-    /// The struct of `A`, the uniform of the kernel `suffix` bound at `binding`. WGSL has no
-    /// 64-bit integers, so every field must be a `u32` (a 64-bit host value is a `*_lo`, `*_hi`
-    /// pair); used in a constant, another size fails to compile.
-    pub(crate) const fn of<A: KernelArgs>(suffix: Option<&'static str>, binding: u32) -> Self {
-        let mut i = 0;
-        while i < A::FIELDS.len() {
-            assert!(A::FIELDS[i].bytes == 4, "WGSL argument fields are u32");
-            i += 1;
-        }
+    /// The struct of `A` after the head `H`, the uniform of the kernel `suffix` bound at
+    /// `binding`. WGSL has no 64-bit integers, so every field must be a `u32` (a 64-bit host value
+    /// is a `*_lo`, `*_hi` pair); used in a constant, another size fails to compile.
+    pub(crate) const fn of<A: KernelArgs, H: Head>(
+        suffix: Option<&'static str>,
+        binding: u32,
+    ) -> Self {
+        assert!(
+            all_u32(H::FIELDS) && all_u32(A::FIELDS),
+            "WGSL argument fields are u32"
+        );
         #[cfg(not(test))]
         let _ = binding;
         ArgsStruct {
             name: A::STRUCT,
+            head: H::FIELDS,
             fields: A::FIELDS,
             suffix,
             #[cfg(test)]
-            bytes: std::mem::size_of::<A>(),
+            bytes: std::mem::size_of::<H>() + std::mem::size_of::<A>(),
             #[cfg(test)]
             binding,
         }
     }
 
+    /// Every field, the head's first, as the uniform holds them.
+    pub(crate) fn all_fields(&self) -> impl Iterator<Item = &'static KernelField> {
+        self.head.iter().chain(self.fields)
+    }
+
     /// The WGSL declaration: `struct Name {\n    field: u32,\n    ...\n}`.
     pub(crate) fn wgsl(&self) -> String {
         let mut out = format!("struct {} {{\n", self.name);
-        for field in self.fields {
+        for field in self.all_fields() {
             // Writing to a String cannot fail.
             let _ = writeln!(out, "    {}: u32,", field.name);
         }
         out.push_str("}\n");
         out
     }
+}
+
+/// Whether every field is a `u32`.
+const fn all_u32(fields: &[KernelField]) -> bool {
+    let mut i = 0;
+    while i < fields.len() {
+        if fields[i].bytes != 4 {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
 /// The whole source of a module: prelude, argument structs, common helpers, libraries, the op's
@@ -441,7 +489,7 @@ pub(crate) mod reflect {
             })
             .collect();
         let expected: Vec<(String, u32, bool)> = (0u32..)
-            .zip(args.fields)
+            .zip(args.all_fields())
             .map(|(i, f)| (f.name.to_owned(), 4 * i, f.bytes == 4))
             .collect();
         if found != expected {
@@ -548,7 +596,7 @@ mod tests {
             /// A struct of two fields.
             struct PairArgs { rows: u32, vocab: u32 }
         }
-        let args = ArgsStruct::of::<PairArgs>(None, 0);
+        let args = ArgsStruct::of::<PairArgs, ()>(None, 0);
         let generated = reflect::parse("generated", &args.wgsl());
         assert_eq!(reflect::check_layout(&generated, &args), Ok(()));
         let swapped = reflect::parse("swapped", "struct PairArgs { vocab: u32, rows: u32 }");
@@ -557,6 +605,28 @@ mod tests {
         assert!(reflect::check_layout(&wide, &args).is_err());
         let other = reflect::parse("other", "struct OtherArgs { rows: u32, vocab: u32 }");
         assert!(reflect::check_layout(&other, &args).is_err());
+    }
+
+    #[test]
+    fn a_head_comes_first_in_the_struct_and_the_uniform() {
+        specula_backend_api::kernel_args! {
+            /// A row kernel's own arguments.
+            struct HeadedArgs { input_off: u32, out_off: u32 }
+        }
+        let args = ArgsStruct::of::<HeadedArgs, RowHead>(None, 3);
+        assert_eq!(
+            args.wgsl(),
+            "struct HeadedArgs {\n    rows: u32,\n    vocab: u32,\n    row0: u32,\n    \
+             input_off: u32,\n    out_off: u32,\n}\n"
+        );
+        assert_eq!((args.bytes, args.binding), (20, 3));
+        let generated = reflect::parse("generated", &args.wgsl());
+        assert_eq!(reflect::check_layout(&generated, &args), Ok(()));
+        let headless = reflect::parse(
+            "headless",
+            "struct HeadedArgs { input_off: u32, out_off: u32 }",
+        );
+        assert!(reflect::check_layout(&headless, &args).is_err());
     }
 
     #[test]
