@@ -7,6 +7,7 @@ use std::marker::PhantomData;
 
 use specula_backend_api::abi::{self, KernelArgs, KernelField};
 use specula_backend_api::logit_weights;
+use specula_backend_api::ops::BatchDims;
 use specula_backend_api::{DType, Op};
 
 /// Workgroup size of the row kernels (one workgroup per row).
@@ -265,7 +266,8 @@ fn logit_tiny_bits() -> u32 {
 
 /// A kernel of a module: the entry points `<op>[_<suffix>]_<dtype>` of `kernel`'s module, whose
 /// uniform at `args_binding` is an `A` (its [`kernel_args!`](specula_backend_api::kernel_args)
-/// struct) after the head `H` its kernels share (`()`: none; [`RowHead`]: the row kernels').
+/// struct) after the head `H` its kernels share (`()`: none; [`RowHead`]: the row kernels';
+/// [`BatchHead`]: the batch kernels').
 /// Declared once per kernel beside its host code; dispatches and the module's generated argument
 /// structs both come from it.
 #[derive(Debug)]
@@ -299,6 +301,31 @@ specula_backend_api::kernel_args! {
 
 impl Head for RowHead {
     const FIELDS: &'static [KernelField] = <RowHead as KernelArgs>::FIELDS;
+}
+
+specula_backend_api::kernel_args! {
+    /// The head of a batch kernel's uniform: the call's batch shape ([`BatchDims`]; `step_tokens`
+    /// is `S`).
+    pub(crate) struct BatchHead {
+        max_bsz: u32,
+        real_bsz: u32,
+        step_tokens: u32,
+    }
+}
+
+impl Head for BatchHead {
+    const FIELDS: &'static [KernelField] = <BatchHead as KernelArgs>::FIELDS;
+}
+
+impl BatchHead {
+    /// The head of a call of batch shape `dims`.
+    pub(crate) fn of(dims: &BatchDims) -> Self {
+        BatchHead {
+            max_bsz: crate::ops::u(dims.max_bsz),
+            real_bsz: crate::ops::u(dims.real_bsz),
+            step_tokens: crate::ops::u(dims.max_step_tokens),
+        }
+    }
 }
 
 impl<A: KernelArgs, H: Head> Entry<A, H> {
@@ -627,6 +654,32 @@ mod tests {
             "struct HeadedArgs { input_off: u32, out_off: u32 }",
         );
         assert!(reflect::check_layout(&headless, &args).is_err());
+    }
+
+    #[test]
+    fn the_batch_head_is_the_batch_shape() {
+        let head = BatchHead::of(&BatchDims::new(6, 4, 3));
+        assert_eq!(
+            head,
+            BatchHead {
+                max_bsz: 6,
+                real_bsz: 4,
+                step_tokens: 3
+            }
+        );
+        let args = ArgsStruct::of::<RowHead, BatchHead>(None, 0);
+        let names: Vec<&str> = args.all_fields().map(|f| f.name).collect();
+        assert_eq!(
+            names,
+            [
+                "max_bsz",
+                "real_bsz",
+                "step_tokens",
+                "rows",
+                "vocab",
+                "row0"
+            ]
+        );
     }
 
     #[test]
