@@ -336,11 +336,8 @@ fn is_nan_bits(bits: u32) -> bool {
     return (bits & 0x7fffffffu) > 0x7f800000u;
 }
 
-/// A key that orders like argmax's order: NaN lowest (0), -0 == +0, then by value.
-fn order_key(bits: u32) -> u32 {
-    if is_nan_bits(bits) {
-        return 0u;
-    }
+/// An order-preserving u32 of a non-NaN f32 bit pattern, -0 and +0 one key (never 0).
+fn float_key(bits: u32) -> u32 {
     var b = bits;
     if b == 0x80000000u {
         b = 0u;
@@ -349,6 +346,14 @@ fn order_key(bits: u32) -> u32 {
         return ~b;
     }
     return b | 0x80000000u;
+}
+
+/// A key that orders like argmax's order: NaN lowest (0), -0 == +0, then by value.
+fn order_key(bits: u32) -> u32 {
+    if is_nan_bits(bits) {
+        return 0u;
+    }
+    return float_key(bits);
 }
 
 /// A key that orders like a logit for ranks: NaN counts as -inf, -0 == +0.
@@ -479,14 +484,7 @@ fn sanitize_logit(b: u32) -> u32 {
 /// The rank key of a logit: an order-preserving u32 of the sanitized value (+0 and -0 one key,
 /// never 0). The rank order of a logits row is key descending, then id ascending.
 fn logit_rank_key(b: u32) -> u32 {
-    var s = sanitize_logit(b);
-    if s == 0x80000000u {
-        s = 0u;
-    }
-    if (s & 0x80000000u) != 0u {
-        return ~s;
-    }
-    return s | 0x80000000u;
+    return float_key(sanitize_logit(b));
 }
 
 /// The sanitized logit of a rank key.

@@ -208,17 +208,28 @@ fn wg_best(lid: u32, key: u32, id: u32) -> vec2<u32> {
 /// bits): its maximum rank key and the first id holding it (a workgroup reduction), then the scale
 /// of the temperature. Sets `g_weigh` (the same on every invocation).
 fn weigh_logits_row(lid: u32, vocab: u32, t_bits: u32) {
-    var bk = 0u;
-    var bi = 0xffffffffu;
+    var best = vec2<u32>(0u, 0xffffffffu);
     for (var i = lid; i < vocab; i += WG) {
-        let k = logit_rank_key(row_bits(i));
-        if k > bk {
-            bk = k;
-            bi = i;
-        }
+        best = keep_larger(best, logit_rank_key(row_bits(i)), i);
     }
-    let best = wg_best(lid, bk, bi);
-    g_weigh = logits_weigh(best.x, best.y, t_bits);
+    g_weigh = weigh_best(lid, best, t_bits);
+}
+
+/// An invocation's running best `(key, id)` after visiting id `i` of key `k`: the larger key, the
+/// earlier id on a tie (an invocation visits its ids in ascending order).
+fn keep_larger(best: vec2<u32>, k: u32, i: u32) -> vec2<u32> {
+    if k > best.x {
+        return vec2<u32>(k, i);
+    }
+    return best;
+}
+
+/// A logits row's weighing from each invocation's best `(rank key, id)`: the row's maximum key and
+/// the first id holding it (a workgroup reduction), then the scale of the temperature `t_bits`
+/// (`docs/semantics.md` §4b).
+fn weigh_best(lid: u32, best: vec2<u32>, t_bits: u32) -> Weigh {
+    let row_best = wg_best(lid, best.x, best.y);
+    return logits_weigh(row_best.x, row_best.y, t_bits);
 }
 
 /// The first token of the row in rank order (largest key, lowest id; 0 for an empty row).

@@ -289,17 +289,11 @@ fn q_weight(i: u32) -> vec2<u32> {
 /// reduction) at the temperature `t_bits` of the output row it is checked against. Sets
 /// `g_qweigh` (the same on every invocation).
 fn weigh_draft_row(lid: u32, vocab: u32, t_bits: u32) {
-    var bk = 0u;
-    var bi = 0xffffffffu;
+    var best = vec2<u32>(0u, 0xffffffffu);
     for (var i = lid; i < vocab; i += WG) {
-        let k = logit_rank_key(q_bits(i));
-        if k > bk {
-            bk = k;
-            bi = i;
-        }
+        best = keep_larger(best, logit_rank_key(q_bits(i)), i);
     }
-    let best = wg_best(lid, bk, bi);
-    g_qweigh = logits_weigh(best.x, best.y, t_bits);
+    g_qweigh = weigh_best(lid, best, t_bits);
 }
 
 /// The acceptance test with `u` = the high 32 bits of the ACCEPT draw:

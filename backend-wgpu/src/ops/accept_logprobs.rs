@@ -6,15 +6,12 @@ use specula_backend_api::{DType, Op, Result};
 
 use super::{Binder, chunks_or_empty, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel};
+use crate::kernels::{ArgsStruct, BatchHead, Entry, Kernel};
 
 specula_backend_api::kernel_args! {
-    /// `accept_logprobs_pack_i32`: the packed offsets and one (token, source row) entry per
-    /// accepted token.
+    /// `accept_logprobs_pack_i32`, after its [`BatchHead`]: the packed offsets and one (token,
+    /// source row) entry per accepted token.
     pub(crate) struct AcceptLogprobsPackArgs {
-        max_bsz: u32,
-        real_bsz: u32,
-        step_tokens: u32,
         rows: u32,
         accept_tokens_off: u32,
         accept_num_off: u32,
@@ -42,7 +39,8 @@ specula_backend_api::kernel_args! {
 }
 
 /// `accept_logprobs_pack_i32`.
-const PACK: Entry<AcceptLogprobsPackArgs> = Entry::new(Kernel::AcceptLogprobs, Some("pack"), 9);
+const PACK: Entry<AcceptLogprobsPackArgs, BatchHead> =
+    Entry::new(Kernel::AcceptLogprobs, Some("pack"), 9);
 /// `accept_logprobs_<dtype>`.
 const SCORE: Entry<AcceptLogprobsArgs> = Entry::new(Kernel::AcceptLogprobs, None, 0);
 
@@ -62,9 +60,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: AcceptLogprobsCall<'_, '_>) -> 
     let mut b = Binder::new(device, op);
     b.scratch(15, &scratch);
     let args = AcceptLogprobsPackArgs {
-        max_bsz: u(dims.max_bsz),
-        real_bsz: u(dims.real_bsz),
-        step_tokens: u(dims.max_step_tokens),
         rows: u(shape.rows),
         accept_tokens_off: b.buffer(10, inputs.accept_tokens)?,
         accept_num_off: b.buffer(11, inputs.accept_num)?,
@@ -72,7 +67,8 @@ pub(crate) fn run(device: &WgpuDevice, mut call: AcceptLogprobsCall<'_, '_>) -> 
         cu_out_off: b.buffer(13, inputs.cu_seqlens_q_output)?,
         cu_accept_off: b.buffer(14, out.cu_accept)?,
     };
-    let mut dispatches = vec![b.dispatch(&PACK, DType::I32, &args, 1)];
+    let mut dispatches =
+        vec![b.dispatch_with_head(&PACK, DType::I32, (&BatchHead::of(dims), &args), 1)];
 
     for (i, &chunk) in chunks_or_empty(device, inputs.logits, shape.rows, shape.vocab)
         .iter()

@@ -3,23 +3,20 @@
 use specula_backend_api::ops::ArgmaxCall;
 use specula_backend_api::{Op, Result};
 
-use super::{row_chunk_dispatches, u};
+use super::row_chunk_dispatches;
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel};
+use crate::kernels::{ArgsStruct, Entry, Kernel, RowHead};
 
 specula_backend_api::kernel_args! {
-    /// `argmax_<dtype>`: rows `row0 ..` of the chunk bound at `input`.
+    /// `argmax_<dtype>`, after its [`RowHead`]: rows `row0 ..` of the chunk bound at `input`.
     pub(crate) struct ArgmaxArgs {
-        rows: u32,
-        vocab: u32,
-        row0: u32,
         input_off: u32,
         out_off: u32,
     }
 }
 
 /// `argmax_<dtype>`.
-const ARGMAX: Entry<ArgmaxArgs> = Entry::new(Kernel::Argmax, None, 0);
+const ARGMAX: Entry<ArgmaxArgs, RowHead> = Entry::new(Kernel::Argmax, None, 0);
 
 /// The argument structs of `shaders/argmax.wgsl`, generated into its module.
 pub(crate) const ARGS: &[ArgsStruct] = &[ARGMAX.args()];
@@ -31,9 +28,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: ArgmaxCall<'_>) -> Result<()> {
     let kernel = (&ARGMAX, dtype);
     let dispatches = row_chunk_dispatches(device, op, kernel, input, shape, |b, chunk| {
         Ok(ArgmaxArgs {
-            rows: u(chunk.1 - chunk.0),
-            vocab: u(shape.vocab),
-            row0: u(chunk.0),
             input_off: b.rows(1, input, shape.vocab, chunk)?,
             out_off: b.buffer(2, out)?,
         })

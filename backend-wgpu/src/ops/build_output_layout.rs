@@ -6,14 +6,11 @@ use specula_backend_api::{DType, Op, Result};
 
 use super::{Binder, element_groups, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel};
+use crate::kernels::{ArgsStruct, BatchHead, Entry, Kernel};
 
 specula_backend_api::kernel_args! {
-    /// `build_output_layout_i32`: rows per slot and both prefix sums.
+    /// `build_output_layout_i32`, after its [`BatchHead`]: rows per slot and both prefix sums.
     pub(crate) struct BuildOutputLayoutArgs {
-        max_bsz: u32,
-        real_bsz: u32,
-        step_tokens: u32,
         this_time_off: u32,
         encoder_off: u32,
         seq_lens_output_off: u32,
@@ -31,7 +28,8 @@ specula_backend_api::kernel_args! {
 }
 
 /// `build_output_layout_i32`.
-const SUMS: Entry<BuildOutputLayoutArgs> = Entry::new(Kernel::BuildOutputLayout, None, 0);
+const SUMS: Entry<BuildOutputLayoutArgs, BatchHead> =
+    Entry::new(Kernel::BuildOutputLayout, None, 0);
 /// `build_output_layout_rows_i32`.
 const ROWS: Entry<BuildOutputLayoutRowsArgs> =
     Entry::new(Kernel::BuildOutputLayout, Some("rows"), 6);
@@ -46,16 +44,13 @@ pub(crate) fn run(device: &WgpuDevice, mut call: BuildOutputLayoutCall<'_, '_>) 
     let dims = &params.dims;
     let mut b = Binder::new(device, op);
     let args = BuildOutputLayoutArgs {
-        max_bsz: u(dims.max_bsz),
-        real_bsz: u(dims.real_bsz),
-        step_tokens: u(dims.max_step_tokens),
         this_time_off: b.buffer(1, lens.seq_lens_this_time)?,
         encoder_off: b.buffer(2, lens.seq_lens_encoder)?,
         seq_lens_output_off: b.buffer(3, out.seq_lens_output)?,
         cu_q_off: b.buffer(4, out.cu_seqlens_q)?,
         cu_out_off: b.buffer(5, out.cu_seqlens_q_output)?,
     };
-    let sums = b.dispatch(&SUMS, DType::I32, &args, 1);
+    let sums = b.dispatch_with_head(&SUMS, DType::I32, (&BatchHead::of(dims), &args), 1);
 
     let mut b = Binder::new(device, op);
     let args = BuildOutputLayoutRowsArgs {

@@ -6,14 +6,13 @@ use specula_backend_api::{DType, Op, Result};
 
 use super::{Binder, element_groups, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel};
+use crate::kernels::{ArgsStruct, BatchHead, Entry, Kernel};
 
 specula_backend_api::kernel_args! {
-    /// `build_sampling_params_i32`: the shape and the offset of every buffer.
+    /// `build_sampling_params_i32`, after its [`BatchHead`]: the shape and the offset of every
+    /// buffer.
     pub(crate) struct BuildSamplingParamsArgs {
         rows: u32,
-        real_bsz: u32,
-        step_tokens: u32,
         top_p_off: u32,
         top_k_off: u32,
         temperature_off: u32,
@@ -30,7 +29,8 @@ specula_backend_api::kernel_args! {
 }
 
 /// `build_sampling_params_i32`.
-const BUILD: Entry<BuildSamplingParamsArgs> = Entry::new(Kernel::BuildSamplingParams, None, 0);
+const BUILD: Entry<BuildSamplingParamsArgs, BatchHead> =
+    Entry::new(Kernel::BuildSamplingParams, None, 0);
 
 /// The argument structs of `shaders/build_sampling_params.wgsl`, generated into its module.
 pub(crate) const ARGS: &[ArgsStruct] = &[BUILD.args()];
@@ -43,8 +43,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: BuildSamplingParamsCall<'_, '_>
     let mut b = Binder::new(device, op);
     let args = BuildSamplingParamsArgs {
         rows: u(rows),
-        real_bsz: u(dims.real_bsz),
-        step_tokens: u(dims.max_step_tokens),
         top_p_off: b.buffer(1, inputs.slots.top_p)?,
         top_k_off: b.buffer(2, inputs.slots.top_k)?,
         temperature_off: b.buffer(3, inputs.slots.temperature)?,
@@ -58,6 +56,11 @@ pub(crate) fn run(device: &WgpuDevice, mut call: BuildSamplingParamsCall<'_, '_>
         out_temperature_off: b.buffer(11, out.temperature)?,
         out_seed_off: b.buffer(12, out.seed)?,
     };
-    let d = b.dispatch(&BUILD, DType::I32, &args, element_groups(rows));
+    let d = b.dispatch_with_head(
+        &BUILD,
+        DType::I32,
+        (&BatchHead::of(dims), &args),
+        element_groups(rows),
+    );
     device.gpu.run(op, vec![d])
 }

@@ -6,10 +6,11 @@ use specula_backend_api::{DType, Op, Result};
 
 use super::{Binder, chunks_or_empty, element_groups, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel};
+use crate::kernels::{ArgsStruct, BatchHead, Entry, Kernel};
 
 specula_backend_api::kernel_args! {
-    /// `gather_next_token_i32`: the output window in bytes and words, the input chunk, the layout.
+    /// `gather_next_token_i32`, after its [`BatchHead`]: the output window in bytes and words, the
+    /// input chunk, the layout.
     pub(crate) struct GatherNextTokenArgs {
         row_bytes: u32,
         out_byte_off: u32,
@@ -21,8 +22,6 @@ specula_backend_api::kernel_args! {
         in_row_hi: u32,
         first_chunk: u32,
         token_num: u32,
-        real_bsz: u32,
-        step_tokens: u32,
         is_speculative: u32,
         cu_q_off: u32,
         this_time_off: u32,
@@ -33,7 +32,7 @@ specula_backend_api::kernel_args! {
 }
 
 /// `gather_next_token_i32`.
-const GATHER: Entry<GatherNextTokenArgs> = Entry::new(Kernel::GatherNextToken, None, 0);
+const GATHER: Entry<GatherNextTokenArgs, BatchHead> = Entry::new(Kernel::GatherNextToken, None, 0);
 
 /// The argument structs of `shaders/gather_next_token.wgsl`, generated into its module.
 pub(crate) const ARGS: &[ArgsStruct] = &[GATHER.args()];
@@ -75,8 +74,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: GatherNextTokenCall<'_>) -> Res
             in_row_hi: u(hi),
             first_chunk: u32::from(i == 0),
             token_num: u(params.token_num),
-            real_bsz: u(dims.real_bsz),
-            step_tokens: u(dims.max_step_tokens),
             is_speculative: u32::from(params.is_speculative),
             cu_q_off: b.buffer(2, inputs.cu_seqlens_q)?,
             this_time_off: b.buffer(3, inputs.lens.seq_lens_this_time)?,
@@ -84,7 +81,12 @@ pub(crate) fn run(device: &WgpuDevice, mut call: GatherNextTokenCall<'_>) -> Res
             cu_out_off: b.buffer(5, inputs.layout.cu_seqlens_q_output)?,
             batch_id_off: b.buffer(6, inputs.layout.batch_id_per_token_output)?,
         };
-        dispatches.push(b.dispatch(&GATHER, DType::I32, &args, element_groups(words)));
+        dispatches.push(b.dispatch_with_head(
+            &GATHER,
+            DType::I32,
+            (&BatchHead::of(dims), &args),
+            element_groups(words),
+        ));
     }
     device.gpu.run(op, dispatches)
 }

@@ -3,11 +3,12 @@
 //! and submitted together (one submission per op call; nothing is read back).
 //!
 //! Every kernel's uniform parameters are a [`kernel_args!`](specula_backend_api::kernel_args)
-//! struct declared beside the op's host code with the kernel's [`Entry`] (entry point and uniform
-//! binding); the module's `ARGS` lists them, and the WGSL `struct` of the same name is generated
-//! from each into the shader module (`kernels.rs`, checked with naga by its tests). WGSL has no
-//! 64-bit integers, so a 64-bit value is two `u32` fields `*_lo`, `*_hi`; every field is a `u32`,
-//! so the uniform layout is `4·i` with no padding.
+//! struct declared beside the op's host code with the kernel's [`Entry`] (entry point, uniform
+//! binding and the [`Head`] before the struct: the row kernels' [`RowHead`], which
+//! [`row_chunk_dispatches`] fills); the module's `ARGS` lists them, and the WGSL `struct` of the
+//! same name (head fields first) is generated from each into the shader module (`kernels.rs`,
+//! checked with naga by its tests). WGSL has no 64-bit integers, so a 64-bit value is two `u32`
+//! fields `*_lo`, `*_hi`; every field is a `u32`, so the uniform layout is `4·i` with no padding.
 
 pub(crate) mod accept_logprobs;
 pub(crate) mod argmax;
@@ -28,7 +29,7 @@ use specula_backend_api::{Buffer, DType, Op, Result};
 
 use crate::WgpuDevice;
 use crate::gpu::{Bound, Dispatch, WgpuStorage};
-use crate::kernels::{Entry, WG};
+use crate::kernels::{Entry, Head, RowHead, WG};
 
 /// A count as a kernel parameter (inputs are validated far below `u32::MAX`; saturate anyway).
 pub(crate) fn u(x: usize) -> u32 {
@@ -129,11 +130,23 @@ impl<'d> Binder<'d> {
         args: &A,
         groups: u32,
     ) -> Dispatch {
+        self.dispatch_with_head(kernel, dtype, (&(), args), groups)
+    }
+
+    /// The dispatch of `kernel`'s entry point for `dtype` over `groups` workgroups, with `head`
+    /// then `args` as its uniform.
+    pub(crate) fn dispatch_with_head<A: KernelArgs + bytemuck::Pod, H: Head>(
+        self,
+        kernel: &Entry<A, H>,
+        dtype: DType,
+        (head, args): (&H, &A),
+        groups: u32,
+    ) -> Dispatch {
         Dispatch {
             kernel: kernel.kernel(),
             entry: kernel.name(dtype),
             params_binding: kernel.args_binding(),
-            params: bytemuck::bytes_of(args).to_vec(),
+            params: [bytemuck::bytes_of(head), bytemuck::bytes_of(args)].concat(),
             bindings: self.bindings,
             groups,
         }
@@ -141,12 +154,12 @@ impl<'d> Binder<'d> {
 }
 
 /// The dispatches of a kernel with one workgroup per row, recorded for `op`: one per row chunk of
-/// the `[rows, vocab]` matrix `matrix` (chunks that fit the largest binding). `args` binds the
-/// chunk's buffers and returns the kernel's arguments.
+/// the `[rows, vocab]` matrix `matrix` (chunks that fit the largest binding), each with the
+/// chunk's [`RowHead`]. `args` binds the chunk's buffers and returns the kernel's own arguments.
 pub(crate) fn row_chunk_dispatches<A: KernelArgs + bytemuck::Pod>(
     device: &WgpuDevice,
     op: Op,
-    (kernel, dtype): (&Entry<A>, DType),
+    (kernel, dtype): (&Entry<A, RowHead>, DType),
     matrix: &Buffer,
     shape: &RowShape,
     mut args: impl FnMut(&mut Binder<'_>, (usize, usize)) -> Result<A>,
@@ -156,8 +169,13 @@ pub(crate) fn row_chunk_dispatches<A: KernelArgs + bytemuck::Pod>(
         .into_iter()
         .map(|chunk| {
             let mut b = Binder::new(device, op);
+            let head = RowHead {
+                rows: u(chunk.1 - chunk.0),
+                vocab: u(shape.vocab),
+                row0: u(chunk.0),
+            };
             let chunk_args = args(&mut b, chunk)?;
-            Ok(b.dispatch(kernel, dtype, &chunk_args, u(chunk.1 - chunk.0)))
+            Ok(b.dispatch_with_head(kernel, dtype, (&head, &chunk_args), head.rows))
         })
         .collect()
 }

@@ -6,13 +6,11 @@ use specula_backend_api::{DType, Op, Result};
 
 use super::{Binder, split_u64, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel};
+use crate::kernels::{ArgsStruct, BatchHead, Entry, Kernel};
 
 specula_backend_api::kernel_args! {
-    /// `ngram_match_i32`: the per-slot search.
+    /// `ngram_match_i32`, after its [`BatchHead`]: the per-slot search.
     pub(crate) struct NgramMatchArgs {
-        real_bsz: u32,
-        step_tokens: u32,
         max_model_len: u32,
         min_ngram: u32,
         max_ngram: u32,
@@ -25,11 +23,9 @@ specula_backend_api::kernel_args! {
         this_time_off: u32,
     }
 
-    /// `ngram_match_budget_i32`: the global budget walk; the threshold is the host's 64-bit value
-    /// (compared exactly, as the CPU compares usize).
+    /// `ngram_match_budget_i32`, after its [`BatchHead`]: the global budget walk; the threshold is
+    /// the host's 64-bit value (compared exactly, as the CPU compares usize).
     pub(crate) struct NgramMatchBudgetArgs {
-        real_bsz: u32,
-        step_tokens: u32,
         max_model_len: u32,
         threshold_lo: u32,
         threshold_hi: u32,
@@ -41,9 +37,10 @@ specula_backend_api::kernel_args! {
 }
 
 /// `ngram_match_i32`.
-const SEARCH: Entry<NgramMatchArgs> = Entry::new(Kernel::NgramMatch, None, 0);
+const SEARCH: Entry<NgramMatchArgs, BatchHead> = Entry::new(Kernel::NgramMatch, None, 0);
 /// `ngram_match_budget_i32`.
-const BUDGET: Entry<NgramMatchBudgetArgs> = Entry::new(Kernel::NgramMatch, Some("budget"), 10);
+const BUDGET: Entry<NgramMatchBudgetArgs, BatchHead> =
+    Entry::new(Kernel::NgramMatch, Some("budget"), 10);
 
 /// The argument structs of `shaders/ngram_match.wgsl`, generated into its module.
 pub(crate) const ARGS: &[ArgsStruct] = &[SEARCH.args(), BUDGET.args()];
@@ -58,8 +55,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: NgramMatchCall<'_, '_>) -> Resu
     let mut b = Binder::new(device, op);
     b.scratch(8, &proposals);
     let args = NgramMatchArgs {
-        real_bsz: u(dims.real_bsz),
-        step_tokens: u(dims.max_step_tokens),
         max_model_len: u(params.max_model_len),
         min_ngram: u(params.min_ngram_size),
         max_ngram: u(params.max_ngram_size),
@@ -71,14 +66,17 @@ pub(crate) fn run(device: &WgpuDevice, mut call: NgramMatchCall<'_, '_>) -> Resu
         max_dec_len_off: b.buffer(6, inputs.max_dec_len)?,
         this_time_off: b.buffer(7, out.seq_lens_this_time)?,
     };
-    let search = b.dispatch(&SEARCH, DType::I32, &args, args.real_bsz);
+    let search = b.dispatch_with_head(
+        &SEARCH,
+        DType::I32,
+        (&BatchHead::of(dims), &args),
+        u(dims.real_bsz),
+    );
 
     let (threshold_lo, threshold_hi) = split_u64(params.threshold as u64);
     let mut b = Binder::new(device, op);
     b.scratch(13, &proposals);
     let args = NgramMatchBudgetArgs {
-        real_bsz: u(dims.real_bsz),
-        step_tokens: u(dims.max_step_tokens),
         max_model_len: u(params.max_model_len),
         threshold_lo,
         threshold_hi,
@@ -87,6 +85,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: NgramMatchCall<'_, '_>) -> Resu
         this_time_off: b.buffer(14, out.seq_lens_this_time)?,
         draft_tokens_off: b.buffer(15, out.draft_tokens)?,
     };
-    let budget = b.dispatch(&BUDGET, DType::I32, &args, 1);
+    let budget = b.dispatch_with_head(&BUDGET, DType::I32, (&BatchHead::of(dims), &args), 1);
     device.gpu.run(op, vec![search, budget])
 }

@@ -9,22 +9,19 @@ use specula_backend_api::{Op, Result};
 
 use super::{row_chunk_dispatches, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel};
+use crate::kernels::{ArgsStruct, Entry, Kernel, RowHead};
 
 /// The storage buffers the kernel binds (the adapter must allow as many per stage for the device
 /// to offer logits processing).
 pub(crate) const STORAGE_BUFFERS: u32 = 22;
 
 specula_backend_api::kernel_args! {
-    /// `process_logits_<dtype>`: output rows `row0 ..` of the chunk bound at `processed`, which
-    /// are scores rows `first + row0 ..` of the chunk bound at `scores` (logits with their
-    /// per-row `temperature` when `logits` is 1; every per-row input is read at the scores row),
-    /// the shape, the lengths of the lists, whether `allowed` and `bitmask` are given, and the
-    /// offset of every buffer.
+    /// `process_logits_<dtype>`, after its [`RowHead`]: output rows `row0 ..` of the chunk bound at
+    /// `processed`, which are scores rows `first + row0 ..` of the chunk bound at `scores` (logits
+    /// with their per-row `temperature` when `logits` is 1; every per-row input is read at the
+    /// scores row), the shape, the lengths of the lists, whether `allowed` and `bitmask` are given,
+    /// and the offset of every buffer.
     pub(crate) struct ProcessLogitsArgs {
-        rows: u32,
-        vocab: u32,
-        row0: u32,
         first: u32,
         real_bsz: u32,
         step_tokens: u32,
@@ -62,7 +59,7 @@ specula_backend_api::kernel_args! {
 }
 
 /// `process_logits_<dtype>`.
-const PROCESS: Entry<ProcessLogitsArgs> = Entry::new(Kernel::ProcessLogits, None, 0);
+const PROCESS: Entry<ProcessLogitsArgs, RowHead> = Entry::new(Kernel::ProcessLogits, None, 0);
 
 /// The argument structs of `shaders/process_logits.wgsl`, generated into its module.
 pub(crate) const ARGS: &[ArgsStruct] = &[PROCESS.args()];
@@ -89,9 +86,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: ProcessLogitsCall<'_, '_>) -> R
         |b, chunk| {
             let scores_rows = (block.first + chunk.0, block.first + chunk.1);
             Ok(ProcessLogitsArgs {
-                rows: u(chunk.1 - chunk.0),
-                vocab: u(shape.vocab),
-                row0: u(chunk.0),
                 first: u(block.first),
                 real_bsz: u(dims.real_bsz),
                 step_tokens: u(dims.max_step_tokens),

@@ -3,16 +3,14 @@
 use specula_backend_api::ops::SoftmaxCall;
 use specula_backend_api::{Op, Result};
 
-use super::{row_chunk_dispatches, u};
+use super::row_chunk_dispatches;
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel};
+use crate::kernels::{ArgsStruct, Entry, Kernel, RowHead};
 
 specula_backend_api::kernel_args! {
-    /// `softmax_<dtype>`: rows `row0 ..` of the chunks bound at `logits` and `probs`.
+    /// `softmax_<dtype>`, after its [`RowHead`]: rows `row0 ..` of the chunks bound at `logits` and
+    /// `probs`.
     pub(crate) struct SoftmaxArgs {
-        rows: u32,
-        vocab: u32,
-        row0: u32,
         logits_off: u32,
         temperature_off: u32,
         probs_off: u32,
@@ -20,7 +18,7 @@ specula_backend_api::kernel_args! {
 }
 
 /// `softmax_<dtype>`.
-const SOFTMAX: Entry<SoftmaxArgs> = Entry::new(Kernel::Softmax, None, 0);
+const SOFTMAX: Entry<SoftmaxArgs, RowHead> = Entry::new(Kernel::Softmax, None, 0);
 
 /// The argument structs of `shaders/softmax.wgsl`, generated into its module.
 pub(crate) const ARGS: &[ArgsStruct] = &[SOFTMAX.args()];
@@ -34,9 +32,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: SoftmaxCall<'_>) -> Result<()> 
     // Chunks must fit both the logits and the f32 output.
     let dispatches = row_chunk_dispatches(device, op, kernel, probs, shape, |b, chunk| {
         Ok(SoftmaxArgs {
-            rows: u(chunk.1 - chunk.0),
-            vocab: u(shape.vocab),
-            row0: u(chunk.0),
             logits_off: b.rows(1, inputs.logits, shape.vocab, chunk)?,
             temperature_off: b.buffer(2, inputs.temperature)?,
             probs_off: b.rows(3, probs, shape.vocab, chunk)?,

@@ -4,20 +4,17 @@
 use specula_backend_api::ops::{RowShape, SampleInputs, TopKTopPSampleCall};
 use specula_backend_api::{DType, Op, Result};
 
-use super::{row_chunk_dispatches, u};
+use super::row_chunk_dispatches;
 use crate::WgpuDevice;
 use crate::gpu::{Bound, Dispatch};
-use crate::kernels::{ArgsStruct, Entry, Kernel};
+use crate::kernels::{ArgsStruct, Entry, Kernel, RowHead};
 
 specula_backend_api::kernel_args! {
-    /// `top_k_top_p_sample_<dtype>`: rows `row0 ..` of the chunk bound at `probs` (logits with
-    /// their per-row `temperature` when `logits` is 1); with `with_aux` each row's kept set and
-    /// total weight are written to `aux` (8 words per row); with `has_fallback` a row of total
-    /// weight 0 yields its entry of `fallback` (`process_logits`).
+    /// `top_k_top_p_sample_<dtype>`, after its [`RowHead`]: rows `row0 ..` of the chunk bound at
+    /// `probs` (logits with their per-row `temperature` when `logits` is 1); with `with_aux` each
+    /// row's kept set and total weight are written to `aux` (8 words per row); with `has_fallback`
+    /// a row of total weight 0 yields its entry of `fallback` (`process_logits`).
     pub(crate) struct TopKTopPSampleArgs {
-        rows: u32,
-        vocab: u32,
-        row0: u32,
         probs_off: u32,
         top_k_off: u32,
         top_p_off: u32,
@@ -33,7 +30,7 @@ specula_backend_api::kernel_args! {
 }
 
 /// `top_k_top_p_sample_<dtype>`.
-const SAMPLE: Entry<TopKTopPSampleArgs> = Entry::new(Kernel::TopKTopPSample, None, 0);
+const SAMPLE: Entry<TopKTopPSampleArgs, RowHead> = Entry::new(Kernel::TopKTopPSample, None, 0);
 
 /// The argument structs of `shaders/top_k_top_p_sample.wgsl`, generated into its module.
 pub(crate) const ARGS: &[ArgsStruct] = &[SAMPLE.args()];
@@ -58,9 +55,6 @@ pub(crate) fn sample_dispatches(
         shape,
         |b, chunk| {
             Ok(TopKTopPSampleArgs {
-                rows: u(chunk.1 - chunk.0),
-                vocab: u(shape.vocab),
-                row0: u(chunk.0),
                 probs_off: b.rows(1, inputs.scores.matrix(), shape.vocab, chunk)?,
                 top_k_off: b.buffer(2, inputs.top_k)?,
                 top_p_off: b.buffer(3, inputs.top_p)?,

@@ -6,16 +6,13 @@ use specula_backend_api::{Op, Result};
 
 use super::{row_chunk_dispatches, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel};
+use crate::kernels::{ArgsStruct, Entry, Kernel, RowHead};
 
 specula_backend_api::kernel_args! {
-    /// `top_p_candidates_<dtype>`: rows `row0 ..` of the chunk bound at `probs` (logits with their
-    /// per-row `temperature` when `logits` is 1), `C` candidates; with `has_fallback` a row of
-    /// total weight 0 yields its entry of `fallback` (`process_logits`).
+    /// `top_p_candidates_<dtype>`, after its [`RowHead`]: rows `row0 ..` of the chunk bound at
+    /// `probs` (logits with their per-row `temperature` when `logits` is 1), `C` candidates; with
+    /// `has_fallback` a row of total weight 0 yields its entry of `fallback` (`process_logits`).
     pub(crate) struct TopPCandidatesArgs {
-        rows: u32,
-        vocab: u32,
-        row0: u32,
         probs_off: u32,
         top_p_off: u32,
         batch_id_off: u32,
@@ -32,7 +29,8 @@ specula_backend_api::kernel_args! {
 }
 
 /// `top_p_candidates_<dtype>`.
-const TOP_P_CANDIDATES: Entry<TopPCandidatesArgs> = Entry::new(Kernel::TopPCandidates, None, 0);
+const TOP_P_CANDIDATES: Entry<TopPCandidatesArgs, RowHead> =
+    Entry::new(Kernel::TopPCandidates, None, 0);
 
 /// The argument structs of `shaders/top_p_candidates.wgsl`, generated into its module.
 pub(crate) const ARGS: &[ArgsStruct] = &[TOP_P_CANDIDATES.args()];
@@ -51,9 +49,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: TopPCandidatesCall<'_, '_>) -> 
         shape,
         |b, chunk| {
             Ok(TopPCandidatesArgs {
-                rows: u(chunk.1 - chunk.0),
-                vocab: u(shape.vocab),
-                row0: u(chunk.0),
                 probs_off: b.rows(1, inputs.scores.matrix(), shape.vocab, chunk)?,
                 top_p_off: b.buffer(2, inputs.top_p)?,
                 batch_id_off: match inputs.batch_id_per_token_output {

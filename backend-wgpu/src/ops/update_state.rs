@@ -5,13 +5,12 @@ use specula_backend_api::{DType, Op, Result};
 
 use super::{Binder, groups_for, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel, SLOT_WG};
+use crate::kernels::{ArgsStruct, BatchHead, Entry, Kernel, SLOT_WG};
 
 specula_backend_api::kernel_args! {
-    /// `update_state_i32`: the shape, the number of end tokens and the offset of every buffer.
+    /// `update_state_i32`, after its [`BatchHead`]: the shape, the number of end tokens and the
+    /// offset of every buffer.
     pub(crate) struct UpdateStateArgs {
-        real_bsz: u32,
-        step_tokens: u32,
         max_model_len: u32,
         end_count: u32,
         accept_tokens_off: u32,
@@ -34,7 +33,7 @@ specula_backend_api::kernel_args! {
 }
 
 /// `update_state_i32`.
-const UPDATE: Entry<UpdateStateArgs> = Entry::new(Kernel::UpdateState, None, 0);
+const UPDATE: Entry<UpdateStateArgs, BatchHead> = Entry::new(Kernel::UpdateState, None, 0);
 
 /// The argument structs of `shaders/update_state.wgsl`, generated into its module.
 pub(crate) const ARGS: &[ArgsStruct] = &[UPDATE.args()];
@@ -46,8 +45,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: UpdateStateCall<'_, '_>) -> Res
     let dims = &params.dims;
     let mut b = Binder::new(device, op);
     let args = UpdateStateArgs {
-        real_bsz: u(dims.real_bsz),
-        step_tokens: u(dims.max_step_tokens),
         max_model_len: u(params.max_model_len),
         end_count: u(inputs.end_tokens.len()),
         accept_tokens_off: b.buffer(1, inputs.accept_tokens)?,
@@ -70,10 +67,10 @@ pub(crate) fn run(device: &WgpuDevice, mut call: UpdateStateCall<'_, '_>) -> Res
             None => b.dummy(14),
         },
     };
-    let d = b.dispatch(
+    let d = b.dispatch_with_head(
         &UPDATE,
         DType::I32,
-        &args,
+        (&BatchHead::of(dims), &args),
         groups_for(dims.real_bsz, SLOT_WG),
     );
     device.gpu.run(op, vec![d])

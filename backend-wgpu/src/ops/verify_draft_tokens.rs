@@ -14,14 +14,11 @@ use super::top_k_top_p_sample::sample_dispatches;
 use super::{Binder, groups_for, u};
 use crate::WgpuDevice;
 use crate::gpu::{Dispatch, WgpuStorage};
-use crate::kernels::{ArgsStruct, Entry, Kernel, SLOT_WG, float_code};
+use crate::kernels::{ArgsStruct, BatchHead, Entry, Kernel, SLOT_WG, float_code};
 
 specula_backend_api::kernel_args! {
-    /// `verify_draft_tokens_i32`: the slot walk.
+    /// `verify_draft_tokens_i32`, after its [`BatchHead`]: the slot walk.
     pub(crate) struct VerifyDraftTokensArgs {
-        max_bsz: u32,
-        real_bsz: u32,
-        step_tokens: u32,
         rows: u32,
         vocab: u32,
         accept_all: u32,
@@ -48,14 +45,12 @@ specula_backend_api::kernel_args! {
         accept_num_off: u32,
     }
 
-    /// `verify_draft_tokens_pair_<dtype>`: the REJECTION test of the drafts (pairs `pair_lo ..
-    /// pair_lo + pairs_in_dispatch`, dense index `b · (S − 1) + i`) whose rows lie in one target
-    /// chunk and one draft chunk (logits rows at the output row's `temperature` when `logits` is
-    /// 1; the draft row of pair j is j, or with `has_draft_index` its entry of `draft_index`,
-    /// one of `draft_rows`, `docs/semantics.md` §5.8.1).
+    /// `verify_draft_tokens_pair_<dtype>`, after its [`BatchHead`]: the REJECTION test of the
+    /// drafts (pairs `pair_lo .. pair_lo + pairs_in_dispatch`, dense index `b · (S − 1) + i`) whose
+    /// rows lie in one target chunk and one draft chunk (logits rows at the output row's
+    /// `temperature` when `logits` is 1; the draft row of pair j is j, or with `has_draft_index`
+    /// its entry of `draft_index`, one of `draft_rows`, `docs/semantics.md` §5.8.1).
     pub(crate) struct VerifyDraftTokensPairArgs {
-        real_bsz: u32,
-        step_tokens: u32,
         rows: u32,
         vocab: u32,
         accept_all: u32,
@@ -81,9 +76,10 @@ specula_backend_api::kernel_args! {
 }
 
 /// `verify_draft_tokens_i32`.
-const WALK: Entry<VerifyDraftTokensArgs> = Entry::new(Kernel::VerifyDraftTokens, None, 0);
+const WALK: Entry<VerifyDraftTokensArgs, BatchHead> =
+    Entry::new(Kernel::VerifyDraftTokens, None, 0);
 /// `verify_draft_tokens_pair_<dtype>`.
-const PAIR: Entry<VerifyDraftTokensPairArgs> =
+const PAIR: Entry<VerifyDraftTokensPairArgs, BatchHead> =
     Entry::new(Kernel::VerifyDraftTokens, Some("pair"), 20);
 
 /// The argument structs of `shaders/verify_draft_tokens.wgsl`, generated into its module.
@@ -199,8 +195,6 @@ fn pair_dispatch(
     b.scratch(27, aux);
     b.scratch(28, pairs);
     let args = VerifyDraftTokensPairArgs {
-        real_bsz: u(dims.real_bsz),
-        step_tokens: u(dims.max_step_tokens),
         rows: u(params.rows),
         vocab: u(vocab),
         accept_all: u32::from(params.accept_all),
@@ -229,7 +223,12 @@ fn pair_dispatch(
         },
         draft_rows: u(rejection.draft_rows),
     };
-    Ok(b.dispatch(&PAIR, rejection.target_dtype, &args, args.pairs_in_dispatch))
+    Ok(b.dispatch_with_head(
+        &PAIR,
+        rejection.target_dtype,
+        (&BatchHead::of(dims), &args),
+        args.pairs_in_dispatch,
+    ))
 }
 
 /// Binds the strategy's inputs (12 targets, 13–15 candidates, 16 pairs); returns the offsets of
@@ -299,9 +298,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
     let ([targets_off, cand_ids_off, cand_scores_off, cand_lens_off], candidates) =
         bind_strategy(&mut b, &inputs.strategy, rejection.as_ref())?;
     let args = VerifyDraftTokensArgs {
-        max_bsz: u(dims.max_bsz),
-        real_bsz: u(dims.real_bsz),
-        step_tokens: u(dims.max_step_tokens),
         rows: u(params.rows),
         vocab: u(params.vocab),
         accept_all: u32::from(params.accept_all && !params.reject_all),
@@ -328,6 +324,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
         accept_num_off: b.buffer(18, out.accept_num)?,
     };
     let groups = groups_for(dims.max_bsz, SLOT_WG);
-    dispatches.push(b.dispatch(&WALK, DType::I32, &args, groups));
+    dispatches.push(b.dispatch_with_head(&WALK, DType::I32, (&BatchHead::of(dims), &args), groups));
     device.gpu.run(op, dispatches)
 }
