@@ -148,11 +148,6 @@ pub struct Measurement {
     pub min_s: f64,
     /// Effective bandwidth over `bytes` at the median, GB/s.
     pub gbps: f64,
-    /// Median CPU seconds per call: the time the process's threads ran during the call, all
-    /// threads together (Linux only; `None` elsewhere). Other tenants of a shared machine
-    /// stretch `median_s` when they take the cores; they stretch this far less, so ratios of it
-    /// between lines are steadier.
-    pub cpu_median_s: Option<f64>,
     /// Median seconds of the floor (CPU only).
     pub floor_median_s: Option<f64>,
     /// `median_s / floor_median_s`.
@@ -288,11 +283,9 @@ impl Bencher<'_> {
             device.synchronize()?;
         }
         let repeats = self.options.repeats.max(1);
-        let (mut times, mut floors, mut cpu_times) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut times, mut floors) = (Vec::new(), Vec::new());
         for _ in 0..repeats {
-            let (time, cpu_time) = self.timed(call)?;
-            times.push(time);
-            cpu_times.extend(cpu_time);
+            times.push(self.timed(call)?);
             if let (Some(cpu), Some(f)) = (self.cpu, floor.as_mut())
                 && !matches!(f, Floor::ReadAfter(_))
             {
@@ -304,10 +297,26 @@ impl Bencher<'_> {
                 floors.push(self.time_floor(cpu, f)?);
             }
         }
+        let floor = (!floors.is_empty())
+            .then(|| median(&mut floors))
+            .zip(floor.as_ref().map(Floor::kind))
+            .map(|(median_s, kind)| (median_s, None, kind));
+        let line = (op, (batch, width, step_tokens), bytes);
+        self.record(line, times, floor);
+        Ok(())
+    }
+
+    /// Reports and keeps the [`Measurement`] of `line` (its op, shape and bytes) from the
+    /// seconds of its timed calls, with its floor: the floor's median, the ratio when it is not
+    /// the op's median over the floor's, and what the floor is.
+    fn record(
+        &mut self,
+        (op, (batch, width, step_tokens), bytes): (String, (usize, usize, usize), u64),
+        mut times: Vec<f64>,
+        floor: Option<(f64, Option<f64>, &'static str)>,
+    ) {
         let min_s = times.iter().copied().fold(f64::INFINITY, f64::min);
         let median_s = median(&mut times);
-        let floor_median_s = (!floors.is_empty()).then(|| median(&mut floors));
-        let cpu_median_s = (cpu_times.len() == times.len()).then(|| median(&mut cpu_times));
         let measurement = Measurement {
             backend: self.backend.to_owned(),
             op,
@@ -318,26 +327,21 @@ impl Bencher<'_> {
             median_s,
             min_s,
             gbps: bytes as f64 / median_s / 1e9,
-            cpu_median_s,
-            floor_median_s,
-            ratio: floor_median_s.map(|f| median_s / f),
-            floor_kind: floor_median_s.and(floor.as_ref().map(Floor::kind)),
+            floor_median_s: floor.map(|f| f.0),
+            ratio: floor.map(|(f, ratio, _)| ratio.unwrap_or(median_s / f)),
+            floor_kind: floor.map(|f| f.2),
         };
         (self.progress)(&measurement);
         self.out.push(measurement);
-        Ok(())
     }
 
-    /// One timed call (after evicting the caches when cold): its seconds and CPU seconds.
-    fn timed(&mut self, call: &mut dyn FnMut() -> Result<()>) -> Result<(f64, Option<f64>)> {
+    /// One timed call (after evicting the caches when cold): its seconds.
+    fn timed(&mut self, call: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
         self.evict();
-        let cpu_start = process_cpu_s();
         let start = Instant::now();
         call()?;
         self.device.synchronize()?;
-        let time = start.elapsed().as_secs_f64();
-        let cpu_time = cpu_start.zip(process_cpu_s()).map(|(a, b)| b - a);
-        Ok((time, cpu_time))
+        Ok(start.elapsed().as_secs_f64())
     }
 
     /// Measures `call` in pairs with `base` (the same work without what `call` adds), the order
@@ -356,10 +360,9 @@ impl Bencher<'_> {
             call()?;
             self.device.synchronize()?;
         }
-        let (mut times, mut base_times, mut ratios, mut cpu_times) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut times, mut base_times, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..self.options.repeats.max(1) {
-            let ((time, cpu_time), (base_time, _)) = if i % 2 == 0 {
+            let (time, base_time) = if i % 2 == 0 {
                 let b = self.timed(base)?;
                 (self.timed(call)?, b)
             } else {
@@ -369,27 +372,10 @@ impl Bencher<'_> {
             ratios.push(time / base_time);
             times.push(time);
             base_times.push(base_time);
-            cpu_times.extend(cpu_time);
         }
-        let min_s = times.iter().copied().fold(f64::INFINITY, f64::min);
-        let median_s = median(&mut times);
-        let measurement = Measurement {
-            backend: self.backend.to_owned(),
-            op,
-            batch,
-            width,
-            step_tokens,
-            bytes,
-            median_s,
-            min_s,
-            gbps: bytes as f64 / median_s / 1e9,
-            cpu_median_s: (cpu_times.len() == times.len()).then(|| median(&mut cpu_times)),
-            floor_median_s: Some(median(&mut base_times)),
-            ratio: Some(median(&mut ratios)),
-            floor_kind: Some("paired"),
-        };
-        (self.progress)(&measurement);
-        self.out.push(measurement);
+        let floor = (median(&mut base_times), Some(median(&mut ratios)), "paired");
+        let line = (op, (batch, width, step_tokens), bytes);
+        self.record(line, times, Some(floor));
         Ok(())
     }
 
@@ -409,21 +395,6 @@ impl Bencher<'_> {
     fn wants(&self, op: &str) -> bool {
         self.options.ops.is_empty() || self.options.ops.iter().any(|o| op.contains(o.as_str()))
     }
-}
-
-/// The CPU seconds every thread of this process has run so far: the sum of the first field
-/// (nanoseconds on a CPU) of `/proc/self/task/*/schedstat`. `None` where that cannot be read.
-fn process_cpu_s() -> Option<f64> {
-    let mut ns = 0u64;
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let path = task.ok()?.path().join("schedstat");
-        // A thread may end between the listing and the read: it no longer counts.
-        let Ok(text) = std::fs::read_to_string(path) else {
-            continue;
-        };
-        ns += text.split_whitespace().next()?.parse::<u64>().ok()?;
-    }
-    Some(ns as f64 * 1e-9)
 }
 
 /// Every slot of a batch of `slots` slots described, `s` tokens each at most.

@@ -542,25 +542,22 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
         .unwrap_or_else(|| BackendKind::ALL.map(BackendChoice::first).to_vec());
     let mut all: Vec<Measurement> = Vec::new();
     println!(
-        "specula bench: {} caches, {} warm-up + {} timed calls per shape; cpu = CPU time of all threads during a call; floor = one streaming read of the same input on the same threads (memcpy for gather; for processed/plain, the step without processing timed in alternation, the ratio the median of the pairs' ratios)",
+        "specula bench: {} caches, {} warm-up + {} timed calls per shape; floor = one streaming read of the same input on the same threads (memcpy for gather; for processed/plain, the step without processing timed in alternation, the ratio the median of the pairs' ratios)",
         if options.cold { "cold" } else { "warm" },
         options.warmup,
         options.repeats
     );
     println!(
-        "{:<8} {:<32} {:>6} {:>7} {:>2} {:>11} {:>11} {:>11} {:>8} {:>11} {:>7}",
-        "backend", "op", "batch", "width", "S", "median", "min", "cpu", "GB/s", "floor", "ratio"
+        "{:<8} {:<32} {:>6} {:>7} {:>2} {:>11} {:>11} {:>8} {:>11} {:>7}",
+        "backend", "op", "batch", "width", "S", "median", "min", "GB/s", "floor", "ratio"
     );
     let mut print = |m: &Measurement| {
         let floor = m
             .floor_median_s
             .map_or("-".to_owned(), |f| format!("{:.1} us", f * 1e6));
         let ratio = m.ratio.map_or("-".to_owned(), |r| format!("{r:.2}x"));
-        let cpu = m
-            .cpu_median_s
-            .map_or("-".to_owned(), |c| format!("{:.1} us", c * 1e6));
         println!(
-            "{:<8} {:<32} {:>6} {:>7} {:>2} {:>8.1} us {:>8.1} us {:>11} {:>8.2} {:>11} {:>7}",
+            "{:<8} {:<32} {:>6} {:>7} {:>2} {:>8.1} us {:>8.1} us {:>8.2} {:>11} {:>7}",
             m.backend,
             m.op,
             m.batch,
@@ -568,7 +565,6 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
             m.step_tokens,
             m.median_s * 1e6,
             m.min_s * 1e6,
-            cpu,
             m.gbps,
             floor,
             ratio
