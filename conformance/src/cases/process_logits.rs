@@ -649,6 +649,8 @@ pub fn cases(size: Size) -> Vec<Case> {
         out.push(st.case(name));
     }
     out.extend(hostile_setups().into_iter().map(|(name, st)| st.case(name)));
+    let (name, st) = penalized_leaders();
+    out.push(st.case(name));
     out
 }
 
@@ -689,6 +691,67 @@ pub(crate) fn random_setups(size: Size) -> Vec<(String, Setup)> {
         }
     }
     out
+}
+
+/// Rows whose largest logits are the tokens a penalty lowers (each slot's counted and prompt
+/// tokens and drafts), every other rule on, under penalties that only lower (so a backend may
+/// skip the tokens whose input stays below its top-k floor): which of them stay at the top is
+/// the penalties' doing, at vocabulary 4099, far past the first chunks of a row.
+pub(crate) fn penalized_leaders() -> (String, Setup) {
+    let mut rng = Rng::new("process_logits/penalized_leaders", 0);
+    let (d, vocab) = (dims(8, 8, 4), 4099);
+    // Dense masks only (each word drops a token or two), so that most leaders stay.
+    let f = Features {
+        allowed: false,
+        bitmask: false,
+        ..Features::ALL
+    };
+    let mut st = Setup::random(&mut rng, d, vocab, true, DType::F32, f);
+    let mut dense_masks = |count: usize| -> Vec<u32> {
+        (0..count * mask_words(vocab))
+            .map(|_| !(1u32 << rng.below(32)) & !(1u32 << rng.below(32)))
+            .collect()
+    };
+    st.allowed = Some(dense_masks(d.max_bsz));
+    st.bitmask = Some(dense_masks(st.rows));
+    for p in st.penalties.chunks_exact_mut(PENALTY_FIELDS) {
+        let alpha = rng.pick(&[1.0, 1.5, 3.0]);
+        p[penalty::REPETITION] = alpha;
+        p[penalty::REPETITION_INVERSE] = 1.0 / alpha;
+        p[penalty::FREQUENCY] = rng.pick(&[0.0, 0.75, 4.0]);
+        p[penalty::PRESENCE] = rng.pick(&[0.0, 0.5, 2.0]);
+    }
+    for r in 0..st.rows {
+        let Some(b) = usize::try_from(st.batch_id[r]).ok().filter(|&b| b < d.real_bsz) else {
+            continue;
+        };
+        let row = &mut st.scores[r * vocab..(r + 1) * vocab];
+        let top = row.iter().copied().fold(0.0f32, f32::max);
+        let s = d.max_step_tokens;
+        let drafts = st.draft_tokens[b * s..(b + 1) * s].iter();
+        let words = &st.prompt_mask[b * mask_words(vocab)..(b + 1) * mask_words(vocab)];
+        for v in 0..vocab {
+            let counted = st.token_counts[b * vocab + v] > 0 || words[v / 32] >> (v % 32) & 1 == 1;
+            if counted || drafts.clone().any(|&t| t as usize == v) {
+                row[v] = top + (1 + rng.below(40)) as f32 * 0.25;
+            }
+        }
+        // The tokens a sparse rule names (biased, banned, end tokens) above them all, so that
+        // one offered at a value its rule does not give would be drawn.
+        let list = |offsets: &[i32], all: &[i32]| {
+            let range = offsets[b].max(0) as usize..offsets[b + 1].max(0) as usize;
+            all.get(range).unwrap_or_default().to_vec()
+        };
+        let mut named = list(&st.bias_offsets, &st.bias_ids);
+        named.extend(list(&st.bad_word_offsets, &st.bad_words));
+        named.extend(&st.end_tokens);
+        for t in named {
+            if let Some(x) = usize::try_from(t).ok().and_then(|v| row.get_mut(v)) {
+                *x = top + 10.0 + rng.below(32) as f32 * 0.25;
+            }
+        }
+    }
+    ("penalized_leaders_logits_4099_f32".to_owned(), st)
 }
 
 /// Blocks of the rows of an "all" case: a middle block, the last row alone, and an empty block

@@ -249,6 +249,9 @@ fn processed_cases(size: Size) -> Vec<Case> {
         .into_iter()
         .map(|(name, st)| processed_case(name, &st))
         .collect();
+    // Every row at a top-k a backend may stream, so the penalties decide what enters it.
+    let (name, st) = process_logits::penalized_leaders();
+    out.push(processed_case_at(name, &st, |rng| rng.pick(&[1, 5, 20, 50])));
     out.extend(
         process_logits::hostile_setups()
             .into_iter()
@@ -259,8 +262,13 @@ fn processed_cases(size: Size) -> Vec<Case> {
 
 /// The fused sampling of the rows of `st` at random `top_k`, `top_p` and seeds.
 pub(crate) fn processed_case(name: String, st: &Setup) -> Case {
+    processed_case_at(name, st, |rng| pick_top_k(rng, st.vocab))
+}
+
+/// [`processed_case`] with each row's `top_k` from `pick`.
+fn processed_case_at(name: String, st: &Setup, pick: impl Fn(&mut Rng) -> i32) -> Case {
     let mut rng = Rng::new(&format!("sample/processed/{name}"), 0);
-    let top_k: Vec<i32> = (0..st.rows).map(|_| pick_top_k(&mut rng, st.vocab)).collect();
+    let top_k: Vec<i32> = (0..st.rows).map(|_| pick(&mut rng)).collect();
     let top_p: Vec<f32> = (0..st.rows).map(|_| pick_top_p(&mut rng)).collect();
     let seed: Vec<u64> = (0..st.rows).map(|_| rng.seed()).collect();
     let params = Params {
