@@ -239,6 +239,26 @@ impl Row<'_> {
             && self.presence >= 0.0
     }
 
+    /// Token `v`'s logit after the dense rules alone, given its input `x`: what
+    /// [`dense_word_values`] writes for it (−inf when a dense mask drops it).
+    #[inline]
+    fn dense_logit(&self, batch: &Batch<'_>, v: usize, x: f32) -> f32 {
+        let (w, j) = (v / 32, v % 32);
+        if batch.dense_word(self.r, self.b, w) >> j & 1 == 0 {
+            return f32::NEG_INFINITY;
+        }
+        if !self.penalizes_word(w) {
+            return sanitize_select(x);
+        }
+        // The word is penalized, so the slot's counted bits are current.
+        let count = if self.counted[w] >> j & 1 == 1 {
+            self.base_count(v)
+        } else {
+            0
+        };
+        self.penalize(sanitize_logit(x), v, count)
+    }
+
     /// The slot's count of `v` (negative table entries count as 0), without the drafts.
     #[inline]
     fn base_count(&self, v: usize) -> i32 {

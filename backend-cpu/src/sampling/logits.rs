@@ -306,6 +306,42 @@ impl TopRanked {
         self.floor.is_some_and(|(_, lo)| !any_not_below(chunk, lo))
     }
 
+    /// Whether the pass has a floor yet (before it, every token offered is kept).
+    #[inline(always)]
+    pub(crate) fn has_floor(&self) -> bool {
+        self.floor.is_some()
+    }
+
+    /// The tokens of `chunk` (bit `j`: token `j`, 1 to 64 of them) whose raw logit is not below
+    /// the floor's raw bound (NaN included), every token before there is a floor: when values
+    /// are only ever lowered, no other token of the chunk can enter.
+    #[inline(always)]
+    pub(crate) fn candidates<T: FloatElement>(&self, chunk: &[T]) -> u64 {
+        match self.floor {
+            None => u64::MAX >> (64 - chunk.len().clamp(1, 64)),
+            Some((_, lo)) => chunk.iter().enumerate().fold(0u64, |mask, (j, &x)| {
+                let x = x.to_f32();
+                mask | u64::from((x >= lo) | x.is_nan()) << j
+            }),
+        }
+    }
+
+    /// Offers token `id` by its rank key, without raising the floor: a caller offering tokens
+    /// one at a time calls [`settle`](Self::settle) after each batch of them.
+    #[inline(always)]
+    pub(crate) fn offer(&mut self, id: usize, key: u32) {
+        // A token tied with the floor key comes later in id order than the kept one: out.
+        if self.floor.is_none_or(|(f, _)| key > f) {
+            self.out.push((key, id as u32));
+        }
+    }
+
+    /// Raises the floor once enough tokens were offered (after [`offer`](Self::offer)s).
+    #[inline(always)]
+    pub(crate) fn settle(&mut self) {
+        self.refloor();
+    }
+
     /// Offers the tokens of `chunk` (ids from `first`).
     #[inline(always)]
     pub(crate) fn push<T: FloatElement>(&mut self, first: usize, chunk: &[T]) {

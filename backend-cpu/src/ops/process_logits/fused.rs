@@ -213,6 +213,16 @@ fn processed_top_ranked_generic<T: FloatElement>(
         if !offers(&ranked, next, (c * CHUNK, chunk)) {
             continue;
         }
+        if never_raises && ranked.has_floor() {
+            next = offer_candidates(
+                batch,
+                row,
+                (c * CHUNK, chunk),
+                (&patches, next),
+                &mut ranked,
+            );
+            continue;
+        }
         // A chunk that may offer a token is processed a word at a time: most of its words do
         // not, and skipping them skips their mask words and counts.
         for (i, src) in chunk.chunks(32).enumerate() {
@@ -235,6 +245,35 @@ fn processed_top_ranked_generic<T: FloatElement>(
         }
     }
     ranked.finish()
+}
+
+/// Offers the tokens of a chunk (ids from `first`) that may enter, when no rule raises a value
+/// outside the sparse tokens: the sparse tokens of the chunk (`patches` from `next`) at their
+/// patched values, and each other token whose raw logit is not below the floor's bound at its
+/// dense value; every other token's processed value is at most its sanitized input, below the
+/// floor. Returns the next patch.
+#[inline(always)]
+fn offer_candidates<T: FloatElement>(
+    batch: &Batch<'_>,
+    row: &Row<'_>,
+    (first, chunk): (usize, &[T]),
+    (patches, mut next): (&[(usize, f32)], usize),
+    ranked: &mut TopRanked,
+) -> usize {
+    let mut candidates = ranked.candidates(chunk);
+    while let Some(&(v, x)) = patches.get(next).filter(|(v, _)| *v < first + chunk.len()) {
+        candidates &= !(1u64 << (v - first));
+        ranked.offer(v, key_select(x));
+        next += 1;
+    }
+    while candidates != 0 {
+        let j = candidates.trailing_zeros() as usize;
+        let x = row.dense_logit(batch, first + j, chunk[j].to_f32());
+        ranked.offer(first + j, key_select(x));
+        candidates &= candidates - 1;
+    }
+    ranked.settle();
+    next
 }
 
 /// The tokens a sparse rule touches and their processed values, in id order.
