@@ -1,7 +1,7 @@
 //! `update_state` (`shaders/update_state.wgsl`): one dispatch, one invocation per slot.
 
 use specula_backend_api::ops::UpdateStateCall;
-use specula_backend_api::{DType, Op, Result};
+use specula_backend_api::{Op, Result};
 
 use super::{Binder, groups_for, u};
 use crate::WgpuDevice;
@@ -67,11 +67,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: UpdateStateCall<'_, '_>) -> Res
             None => b.dummy(14),
         },
     };
-    let d = b.dispatch_with_head(
-        &UPDATE,
-        DType::I32,
-        (&BatchHead::of(dims), &args),
-        groups_for(dims.real_bsz, SLOT_WG),
-    );
+    let d = b.batch_dispatch(&UPDATE, dims, &args, groups_for(dims.real_bsz, SLOT_WG));
     device.gpu.run(op, vec![d])
 }

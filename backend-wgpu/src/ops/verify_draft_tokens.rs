@@ -324,6 +324,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
         accept_num_off: b.buffer(18, out.accept_num)?,
     };
     let groups = groups_for(dims.max_bsz, SLOT_WG);
-    dispatches.push(b.dispatch_with_head(&WALK, DType::I32, (&BatchHead::of(dims), &args), groups));
+    dispatches.push(b.batch_dispatch(&WALK, dims, &args, groups));
     device.gpu.run(op, dispatches)
 }
