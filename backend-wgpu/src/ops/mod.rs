@@ -116,6 +116,15 @@ impl<'d> Binder<'d> {
             .push((binding, self.device.gpu.bind_scratch(storage)));
     }
 
+    /// Binds an optional buffer's whole window, or the placeholder when it is absent; returns its
+    /// element offset.
+    pub(crate) fn optional(&mut self, binding: u32, buffer: Option<&Buffer>) -> Result<u32> {
+        match buffer {
+            Some(buffer) => self.buffer(binding, buffer),
+            None => Ok(self.dummy(binding)),
+        }
+    }
+
     /// Binds a placeholder for a binding this call does not use; returns its offset (0).
     pub(crate) fn dummy(&mut self, binding: u32) -> u32 {
         self.bound(binding, self.device.gpu.dummy())

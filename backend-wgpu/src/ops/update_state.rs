@@ -62,10 +62,7 @@ pub(crate) fn run(device: &WgpuDevice, mut call: UpdateStateCall<'_, '_>) -> Res
         decoder_off: b.buffer(13, state.seq_lens_decoder)?,
         vocab: u(params.vocab),
         has_counts: u32::from(state.token_counts.is_some()),
-        counts_off: match state.token_counts.as_deref() {
-            Some(counts) => b.buffer(14, counts)?,
-            None => b.dummy(14),
-        },
+        counts_off: b.optional(14, state.token_counts.as_deref())?,
     };
     let d = b.batch_dispatch(&UPDATE, dims, &args, groups_for(dims.real_bsz, SLOT_WG));
     device.gpu.run(op, vec![d])
