@@ -22,6 +22,15 @@ fn first_ops(device: &WgpuDevice) -> Result<(), String> {
     testing::first_sampling_ops(device).map_err(|e| format!("running the ops: {e}"))
 }
 
+/// `Ok` when `device` has compiled no pipeline beyond the `before` it had; else how many `what`
+/// compiled.
+fn compiled_nothing_more(device: &WgpuDevice, before: usize, what: &str) -> Result<(), String> {
+    match device.pipelines_built() {
+        after if after == before => Ok(()),
+        after => Err(format!("{what} compiled {} pipelines", after - before)),
+    }
+}
+
 /// The warm-up compiles pipelines, and a second one compiles none.
 fn warm_up_compiles_every_pipeline_once() -> Result<(), String> {
     let device = open()?;
@@ -33,13 +42,7 @@ fn warm_up_compiles_every_pipeline_once() -> Result<(), String> {
     device
         .warm_up()
         .map_err(|e| format!("second warm_up: {e}"))?;
-    match device.pipelines_built() {
-        again if again == built => Ok(()),
-        again => Err(format!(
-            "a second warm_up compiled {} pipelines",
-            again - built
-        )),
-    }
+    compiled_nothing_more(&device, built, "a second warm_up")
 }
 
 /// After the warm-up the first op calls compile nothing; without it they do.
@@ -53,13 +56,7 @@ fn after_warm_up_the_first_call_compiles_nothing() -> Result<(), String> {
     warm.warm_up().map_err(|e| format!("warm_up: {e}"))?;
     let built = warm.pipelines_built();
     first_ops(&warm)?;
-    match warm.pipelines_built() {
-        after if after == built => Ok(()),
-        after => Err(format!(
-            "the first calls after warm_up compiled {} pipelines",
-            after - built
-        )),
-    }
+    compiled_nothing_more(&warm, built, "the first calls after warm_up")
 }
 
 /// A warm-up for the first ops' kernels and dtypes compiles fewer pipelines than the full one,
@@ -78,13 +75,7 @@ fn a_planned_warm_up_compiles_only_its_plan() -> Result<(), String> {
         ));
     }
     first_ops(&some)?;
-    match some.pipelines_built() {
-        after if after == planned => Ok(()),
-        after => Err(format!(
-            "the first calls after warm_up_for compiled {} pipelines",
-            after - planned
-        )),
-    }
+    compiled_nothing_more(&some, planned, "the first calls after warm_up_for")
 }
 
 fn main() -> ExitCode {

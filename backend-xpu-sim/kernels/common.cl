@@ -503,21 +503,6 @@ inline void bin_add_mass(volatile __local uint* lo, volatile __local uint* hi, u
 // Every core of the cluster calls them (uniform control flow). They end with a barrier, so the
 // scratch they use (part_*, bc_*[0]) is free again when they return.
 
-// The sum of every core's `v`.
-inline ulong cluster_sum(ulong v, __local Scratch* S) {
-    S->part_mass[LID] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (LID == 0u) {
-        ulong total = 0ul;
-        for (uint c = 0; c < CORES; c++) total += S->part_mass[c];
-        S->bc_u64[0] = total;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    ulong total = S->bc_u64[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return total;
-}
-
 // The sum of the `v` of the cores before this one (an exclusive scan in core order); *total gets
 // the sum over every core.
 inline ulong cluster_scan(ulong v, __local Scratch* S, ulong* total) {
@@ -537,6 +522,13 @@ inline ulong cluster_scan(ulong v, __local Scratch* S, ulong* total) {
     *total = S->bc_u64[0];
     barrier(CLK_LOCAL_MEM_FENCE);
     return mine;
+}
+
+// The sum of every core's `v` (the total of `cluster_scan`, summed in the same core order).
+inline ulong cluster_sum(ulong v, __local Scratch* S) {
+    ulong total;
+    cluster_scan(v, S, &total);
+    return total;
 }
 
 // The smallest of every core's `v`.

@@ -4,20 +4,23 @@
 //! the warm-up builds every program once. Without an OpenCL device every test is reported as
 //! ignored with the reason, and fails under `SPECULA_REQUIRE=xpu-sim`.
 
+mod common;
+
+use common::open;
+
 use std::process::ExitCode;
 
 use specula_backend_api::ops::{
     BatchDims, LogprobsInputs, LogprobsOutputs, LogprobsParams, RowShape, SampleInputs,
     SampleParams, Scores,
 };
-use specula_backend_api::testing::{self, Needs, TestFn};
+use specula_backend_api::testing::{self, TestFn};
 use specula_backend_api::{Device, DeviceExt, Error};
 use specula_backend_xpu_sim::{LaunchConfig, XpuSimDevice};
 
 type TestResult = Result<(), String>;
 
 fn main() -> ExitCode {
-    let needs = Needs::new("xpu-sim", availability());
     let tests: Vec<(&str, TestFn)> = vec![
         (
             "launch_shapes_agree_with_the_cpu",
@@ -40,25 +43,12 @@ fn main() -> ExitCode {
             Box::new(warm_up_builds_every_program_once),
         ),
     ];
-    testing::run(&needs, tests)
-}
-
-/// `Err(reason)` when there is no OpenCL device. Any other error opening it is not a missing
-/// device: the tests run and report it.
-fn availability() -> Result<(), String> {
-    match XpuSimDevice::with_launch(0, LaunchConfig::default()) {
-        Err(Error::Unavailable { reason, .. }) => Err(reason),
-        Ok(_) | Err(_) => Ok(()),
-    }
+    common::run_all_on_xpu_sim(tests)
 }
 
 /// The error of a device call, as a test failure.
 fn fail(context: &str) -> impl Fn(Error) -> String + '_ {
     move |e| format!("{context}: {e}")
-}
-
-fn open(launch: LaunchConfig) -> Result<XpuSimDevice, String> {
-    XpuSimDevice::with_launch(0, launch).map_err(fail("open"))
 }
 
 fn cpu() -> Result<specula_backend_cpu::CpuDevice, String> {

@@ -5,12 +5,16 @@
 //! Without an OpenCL device every test is reported as ignored with the reason, and fails under
 //! `SPECULA_REQUIRE=xpu-sim`.
 
+mod common;
+
+use common::open;
+
 use std::process::ExitCode;
 
+use specula_backend_api::DType;
 use specula_backend_api::ops::RowShape;
-use specula_backend_api::testing::{self, Needs, TestFn};
-use specula_backend_api::{DType, Error};
-use specula_backend_xpu_sim::{LaunchConfig, XpuSimDevice};
+use specula_backend_api::testing::TestFn;
+use specula_backend_xpu_sim::LaunchConfig;
 use specula_reference::ReferenceDevice;
 use specula_reference::fixtures::{
     self, ProcessCase, Rng, SampleCase, Shape, Spec, StateCase, compare_process, compare_sampling,
@@ -20,7 +24,6 @@ use specula_reference::fixtures::{
 type TestResult = Result<(), String>;
 
 fn main() -> ExitCode {
-    let needs = Needs::new("xpu-sim", availability());
     let tests: Vec<(&str, TestFn)> = vec![
         (
             "process_logits_matches_the_reference",
@@ -39,19 +42,7 @@ fn main() -> ExitCode {
             Box::new(token_counts_match_the_reference),
         ),
     ];
-    testing::run(&needs, tests)
-}
-
-/// `Err(reason)` when there is no OpenCL device.
-fn availability() -> Result<(), String> {
-    match XpuSimDevice::with_launch(0, LaunchConfig::default()) {
-        Err(Error::Unavailable { reason, .. }) => Err(reason),
-        Ok(_) | Err(_) => Ok(()),
-    }
-}
-
-fn open(launch: LaunchConfig) -> Result<XpuSimDevice, String> {
-    XpuSimDevice::with_launch(0, launch).map_err(|e| format!("open: {e}"))
+    common::run_all_on_xpu_sim(tests)
 }
 
 /// A random case over `vocab` (a random small batch, `hostile` or not) seeded with `seed`.

@@ -2,7 +2,7 @@
 //! one workgroup per packed entry, one dispatch per logits chunk.
 
 use specula_backend_api::ops::AcceptLogprobsCall;
-use specula_backend_api::{DType, Op, Result};
+use specula_backend_api::{Op, Result};
 
 use super::{Binder, chunks_or_empty, u};
 use crate::WgpuDevice;
@@ -67,8 +67,7 @@ pub(crate) fn run(device: &WgpuDevice, mut call: AcceptLogprobsCall<'_, '_>) -> 
         cu_out_off: b.buffer(13, inputs.cu_seqlens_q_output)?,
         cu_accept_off: b.buffer(14, out.cu_accept)?,
     };
-    let mut dispatches =
-        vec![b.dispatch_with_head(&PACK, DType::I32, (&BatchHead::of(dims), &args), 1)];
+    let mut dispatches = vec![b.batch_dispatch(&PACK, dims, &args, 1)];
 
     for (i, &chunk) in chunks_or_empty(device, inputs.logits, shape.rows, shape.vocab)
         .iter()

@@ -50,7 +50,7 @@ pub(crate) fn run(device: &WgpuDevice, mut call: BuildOutputLayoutCall<'_, '_>) 
         cu_q_off: b.buffer(4, out.cu_seqlens_q)?,
         cu_out_off: b.buffer(5, out.cu_seqlens_q_output)?,
     };
-    let sums = b.dispatch_with_head(&SUMS, DType::I32, (&BatchHead::of(dims), &args), 1);
+    let sums = b.batch_dispatch(&SUMS, dims, &args, 1);
 
     let mut b = Binder::new(device, op);
     let args = BuildOutputLayoutRowsArgs {

@@ -2,7 +2,7 @@
 //! per output row.
 
 use specula_backend_api::ops::BuildSamplingParamsCall;
-use specula_backend_api::{DType, Op, Result};
+use specula_backend_api::{Op, Result};
 
 use super::{Binder, element_groups, u};
 use crate::WgpuDevice;
@@ -56,11 +56,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: BuildSamplingParamsCall<'_, '_>
         out_temperature_off: b.buffer(11, out.temperature)?,
         out_seed_off: b.buffer(12, out.seed)?,
     };
-    let d = b.dispatch_with_head(
-        &BUILD,
-        DType::I32,
-        (&BatchHead::of(dims), &args),
-        element_groups(rows),
-    );
+    let d = b.batch_dispatch(&BUILD, dims, &args, element_groups(rows));
     device.gpu.run(op, vec![d])
 }

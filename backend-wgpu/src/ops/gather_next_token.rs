@@ -2,7 +2,7 @@
 //! (one in practice), a byte-exact copy per output word.
 
 use specula_backend_api::ops::GatherNextTokenCall;
-use specula_backend_api::{DType, Op, Result};
+use specula_backend_api::{Op, Result};
 
 use super::{Binder, chunks_or_empty, element_groups, u};
 use crate::WgpuDevice;
@@ -81,12 +81,7 @@ pub(crate) fn run(device: &WgpuDevice, mut call: GatherNextTokenCall<'_>) -> Res
             cu_out_off: b.buffer(5, inputs.layout.cu_seqlens_q_output)?,
             batch_id_off: b.buffer(6, inputs.layout.batch_id_per_token_output)?,
         };
-        dispatches.push(b.dispatch_with_head(
-            &GATHER,
-            DType::I32,
-            (&BatchHead::of(dims), &args),
-            element_groups(words),
-        ));
+        dispatches.push(b.batch_dispatch(&GATHER, dims, &args, element_groups(words)));
     }
     device.gpu.run(op, dispatches)
 }

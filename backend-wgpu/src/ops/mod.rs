@@ -24,12 +24,12 @@ pub(crate) mod update_state;
 pub(crate) mod verify_draft_tokens;
 
 use specula_backend_api::abi::KernelArgs;
-use specula_backend_api::ops::RowShape;
+use specula_backend_api::ops::{BatchDims, RowShape};
 use specula_backend_api::{Buffer, DType, Op, Result};
 
 use crate::WgpuDevice;
 use crate::gpu::{Bound, Dispatch, WgpuStorage};
-use crate::kernels::{Entry, Head, RowHead, WG};
+use crate::kernels::{BatchHead, Entry, Head, RowHead, WG};
 
 /// A count as a kernel parameter (inputs are validated far below `u32::MAX`; saturate anyway).
 pub(crate) fn u(x: usize) -> u32 {
@@ -116,6 +116,15 @@ impl<'d> Binder<'d> {
             .push((binding, self.device.gpu.bind_scratch(storage)));
     }
 
+    /// Binds an optional buffer's whole window, or the placeholder when it is absent; returns its
+    /// element offset.
+    pub(crate) fn optional(&mut self, binding: u32, buffer: Option<&Buffer>) -> Result<u32> {
+        match buffer {
+            Some(buffer) => self.buffer(binding, buffer),
+            None => Ok(self.dummy(binding)),
+        }
+    }
+
     /// Binds a placeholder for a binding this call does not use; returns its offset (0).
     pub(crate) fn dummy(&mut self, binding: u32) -> u32 {
         self.bound(binding, self.device.gpu.dummy())
@@ -131,6 +140,18 @@ impl<'d> Binder<'d> {
         groups: u32,
     ) -> Dispatch {
         self.dispatch_with_head(kernel, dtype, (&(), args), groups)
+    }
+
+    /// The dispatch of the batch kernel `kernel`'s `i32` entry point over `groups` workgroups,
+    /// with the [`BatchHead`] of `dims` then `args` as its uniform.
+    pub(crate) fn batch_dispatch<A: KernelArgs + bytemuck::Pod>(
+        self,
+        kernel: &Entry<A, BatchHead>,
+        dims: &BatchDims,
+        args: &A,
+        groups: u32,
+    ) -> Dispatch {
+        self.dispatch_with_head(kernel, DType::I32, (&BatchHead::of(dims), args), groups)
     }
 
     /// The dispatch of `kernel`'s entry point for `dtype` over `groups` workgroups, with `head`

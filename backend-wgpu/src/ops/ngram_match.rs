@@ -2,7 +2,7 @@
 //! workgroup per slot), then the budget walk (one invocation).
 
 use specula_backend_api::ops::NgramMatchCall;
-use specula_backend_api::{DType, Op, Result};
+use specula_backend_api::{Op, Result};
 
 use super::{Binder, split_u64, u};
 use crate::WgpuDevice;
@@ -66,12 +66,7 @@ pub(crate) fn run(device: &WgpuDevice, mut call: NgramMatchCall<'_, '_>) -> Resu
         max_dec_len_off: b.buffer(6, inputs.max_dec_len)?,
         this_time_off: b.buffer(7, out.seq_lens_this_time)?,
     };
-    let search = b.dispatch_with_head(
-        &SEARCH,
-        DType::I32,
-        (&BatchHead::of(dims), &args),
-        u(dims.real_bsz),
-    );
+    let search = b.batch_dispatch(&SEARCH, dims, &args, u(dims.real_bsz));
 
     let (threshold_lo, threshold_hi) = split_u64(params.threshold as u64);
     let mut b = Binder::new(device, op);
@@ -85,6 +80,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: NgramMatchCall<'_, '_>) -> Resu
         this_time_off: b.buffer(14, out.seq_lens_this_time)?,
         draft_tokens_off: b.buffer(15, out.draft_tokens)?,
     };
-    let budget = b.dispatch_with_head(&BUDGET, DType::I32, (&BatchHead::of(dims), &args), 1);
+    let budget = b.batch_dispatch(&BUDGET, dims, &args, 1);
     device.gpu.run(op, vec![search, budget])
 }

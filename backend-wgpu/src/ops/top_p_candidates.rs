@@ -51,19 +51,13 @@ pub(crate) fn run(device: &WgpuDevice, mut call: TopPCandidatesCall<'_, '_>) -> 
             Ok(TopPCandidatesArgs {
                 probs_off: b.rows(1, inputs.scores.matrix(), shape.vocab, chunk)?,
                 top_p_off: b.buffer(2, inputs.top_p)?,
-                batch_id_off: match inputs.batch_id_per_token_output {
-                    Some(batch_id) => b.buffer(3, batch_id)?,
-                    None => b.dummy(3),
-                },
+                batch_id_off: b.optional(3, inputs.batch_id_per_token_output)?,
                 has_batch_id: u32::from(inputs.batch_id_per_token_output.is_some()),
                 ids_off: b.buffer(4, out.ids)?,
                 scores_off: b.buffer(5, out.scores)?,
                 lens_off: b.buffer(6, out.lens)?,
                 candidates: u(params.candidates),
-                temperature_off: match inputs.scores.temperature() {
-                    Some(t) => b.buffer(7, t)?,
-                    None => b.dummy(7),
-                },
+                temperature_off: b.optional(7, inputs.scores.temperature())?,
                 logits: u32::from(kind.logits),
                 // Without a fallback, `top_p` stands in (read-only, never read).
                 fallback_off: b.buffer(8, inputs.fallback.unwrap_or(inputs.top_p))?,

@@ -1,7 +1,7 @@
 //! `update_state` (`shaders/update_state.wgsl`): one dispatch, one invocation per slot.
 
 use specula_backend_api::ops::UpdateStateCall;
-use specula_backend_api::{DType, Op, Result};
+use specula_backend_api::{Op, Result};
 
 use super::{Binder, groups_for, u};
 use crate::WgpuDevice;
@@ -62,16 +62,8 @@ pub(crate) fn run(device: &WgpuDevice, mut call: UpdateStateCall<'_, '_>) -> Res
         decoder_off: b.buffer(13, state.seq_lens_decoder)?,
         vocab: u(params.vocab),
         has_counts: u32::from(state.token_counts.is_some()),
-        counts_off: match state.token_counts.as_deref() {
-            Some(counts) => b.buffer(14, counts)?,
-            None => b.dummy(14),
-        },
+        counts_off: b.optional(14, state.token_counts.as_deref())?,
     };
-    let d = b.dispatch_with_head(
-        &UPDATE,
-        DType::I32,
-        (&BatchHead::of(dims), &args),
-        groups_for(dims.real_bsz, SLOT_WG),
-    );
+    let d = b.batch_dispatch(&UPDATE, dims, &args, groups_for(dims.real_bsz, SLOT_WG));
     device.gpu.run(op, vec![d])
 }

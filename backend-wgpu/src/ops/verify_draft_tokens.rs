@@ -210,17 +210,11 @@ fn pair_dispatch(
         this_time_off: b.buffer(24, inputs.lens.seq_lens_this_time)?,
         cu_out_off: b.buffer(25, inputs.cu_seqlens_q_output)?,
         seeds_off: b.buffer(26, inputs.seeds)?,
-        temperature_off: match rejection.inputs.target.temperature() {
-            Some(t) => b.buffer(29, t)?,
-            None => b.dummy(29),
-        },
+        temperature_off: b.optional(29, rejection.inputs.target.temperature())?,
         logits: u32::from(rejection.inputs.target.is_logits()),
         pair_lo: u(pair_lo),
         has_draft_index: u32::from(index.is_some()),
-        draft_index_off: match index {
-            Some(index) => b.buffer(30, index)?,
-            None => b.dummy(30),
-        },
+        draft_index_off: b.optional(30, index)?,
         draft_rows: u(rejection.draft_rows),
     };
     Ok(b.dispatch_with_head(
@@ -324,6 +318,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
         accept_num_off: b.buffer(18, out.accept_num)?,
     };
     let groups = groups_for(dims.max_bsz, SLOT_WG);
-    dispatches.push(b.dispatch_with_head(&WALK, DType::I32, (&BatchHead::of(dims), &args), groups));
+    dispatches.push(b.batch_dispatch(&WALK, dims, &args, groups));
     device.gpu.run(op, dispatches)
 }
