@@ -5,8 +5,8 @@ use specula_backend_api::DType;
 use specula_backend_api::ops::*;
 
 use super::generate::{
-    EDGE_SEEDS, FLOAT_DTYPES, HOSTILE_TOP_P, Rng, f32s, hostile_logit_rows, i32s, logit_row, pick_temperature, spoil_probability,
-    prob_row, rows_with_ties, spoiled_rows, u64s, weightless_rows, with_score_rows,
+    EDGE_SEEDS, FLOAT_DTYPES, HOSTILE_TOP_P, Rng, f32s, hostile_logit_rows, hostile_prob_rows, i32s,
+    logit_row, pick_temperature, prob_row, rows_with_ties, u64s, weightless_rows, with_score_rows,
 };
 use super::process_logits::{self, ProcessingBuffers, Setup, processing_specs};
 use super::{Size, row_gens};
@@ -398,23 +398,14 @@ fn hostile() -> Vec<Case> {
     let mut rng = Rng::new("sample/hostile", 1);
     let vocab = 1031;
     let rows = 16;
-    let probs = spoiled_rows(
-        &mut rng,
-        rows,
-        vocab,
-        prob_row,
-        4,
-        |rng, r, draw, x| {
-            if !spoil_probability(r % 8, draw, x) {
-                match (r % 8, draw) {
-                    (4, _) => *x = 1.0,
-                    (5, 1) => *x = -0.0,
-                    (6, _) => *x = f32::from_bits(rng.next_u64() as u32),
-                    _ => {}
-                }
-            }
-        },
-    );
+    let probs = hostile_prob_rows(&mut rng, rows, vocab, 8, |rng, kind, draw, x| {
+        match (kind, draw) {
+            (4, _) => *x = 1.0,
+            (5, 1) => *x = -0.0,
+            (6, _) => *x = f32::from_bits(rng.next_u64() as u32),
+            _ => {}
+        }
+    });
     let v = vocab as i32;
     let top_k = [
         -1,

@@ -5,8 +5,8 @@ use specula_backend_api::DType;
 use specula_backend_api::ops::*;
 
 use super::generate::{
-    FLOAT_DTYPES, HOSTILE_TOP_P, Rng, f32s, spoil_probability, float_tensor, hostile_logit_rows, i32s, logit_row, pick_temperature,
-    prob_row, rows_with_ties, spoiled_rows, weightless_rows, with_score_rows,
+    FLOAT_DTYPES, HOSTILE_TOP_P, Rng, f32s, float_tensor, hostile_logit_rows, hostile_prob_rows, i32s,
+    logit_row, pick_temperature, prob_row, rows_with_ties, weightless_rows, with_score_rows,
 };
 use super::top_k_top_p_sample::pick_top_p;
 use super::{Size, row_gens};
@@ -386,18 +386,11 @@ fn hostile() -> Vec<Case> {
     let mut rng = Rng::new("candidates/hostile", 1);
     let vocab = 1031;
     let rows = 12;
-    let probs = spoiled_rows(
-        &mut rng,
-        rows,
-        vocab,
-        prob_row,
-        4,
-        |rng, r, draw, x| {
-            if !spoil_probability(r % 6, draw, x) && r % 6 == 4 {
-                *x = f32::from_bits(rng.next_u64() as u32);
-            }
-        },
-    );
+    let probs = hostile_prob_rows(&mut rng, rows, vocab, 6, |rng, kind, _, x| {
+        if kind == 4 {
+            *x = f32::from_bits(rng.next_u64() as u32);
+        }
+    });
     let more = [1.0, f32::NAN, 0.9, 2.0, -0.0];
     let top_p: Vec<f32> = HOSTILE_TOP_P.into_iter().chain(more).collect();
     let batch_id = [0, -1, i32::MAX, i32::MIN, 3, -7, 1, 1, 2, -1, 100, 0];
