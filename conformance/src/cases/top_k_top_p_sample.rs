@@ -183,6 +183,14 @@ pub(crate) fn pick_top_p(rng: &mut Rng) -> f32 {
     rng.pick(&[1.0, 1.0, 0.95, 0.9, 0.8, 0.5, 0.3, 0.999, 1e-6])
 }
 
+/// Random `top_k`, `top_p` and seeds for `rows` rows of `vocab` tokens, drawn in that order.
+fn pick_row_params(rng: &mut Rng, rows: usize, vocab: usize) -> (Vec<i32>, Vec<f32>, Vec<u64>) {
+    let top_k = (0..rows).map(|_| pick_top_k(rng, vocab)).collect();
+    let top_p = (0..rows).map(|_| pick_top_p(rng)).collect();
+    let seed = (0..rows).map(|_| rng.seed()).collect();
+    (top_k, top_p, seed)
+}
+
 /// Every case of `top_k_top_p_sample`.
 pub fn cases(size: Size) -> Vec<Case> {
     let mut out = golden();
@@ -191,9 +199,7 @@ pub fn cases(size: Size) -> Vec<Case> {
         for mut g in row_gens(size, "sample", dtype) {
             let (rng, rows, vocab) = (&mut g.rng, g.rows, g.vocab);
             let probs = rows_with_ties(rng, rows, |rng, _| prob_row(rng, vocab));
-            let top_k: Vec<i32> = (0..rows).map(|_| pick_top_k(rng, vocab)).collect();
-            let top_p: Vec<f32> = (0..rows).map(|_| pick_top_p(rng)).collect();
-            let seed: Vec<u64> = (0..rows).map(|_| rng.seed()).collect();
+            let (top_k, top_p, seed) = pick_row_params(rng, rows, vocab);
             out.push(case(g.name(), dtype, vocab, &probs, &top_k, &top_p, &seed));
         }
         // Many rows of one distribution with distinct seeds: every kept token gets drawn.
@@ -260,9 +266,7 @@ fn processed_cases(size: Size) -> Vec<Case> {
 /// The fused sampling of the rows of `st` at random `top_k`, `top_p` and seeds.
 pub(crate) fn processed_case(name: String, st: &Setup) -> Case {
     let mut rng = Rng::new(&format!("sample/processed/{name}"), 0);
-    let top_k: Vec<i32> = (0..st.rows).map(|_| pick_top_k(&mut rng, st.vocab)).collect();
-    let top_p: Vec<f32> = (0..st.rows).map(|_| pick_top_p(&mut rng)).collect();
-    let seed: Vec<u64> = (0..st.rows).map(|_| rng.seed()).collect();
+    let (top_k, top_p, seed) = pick_row_params(&mut rng, st.rows, st.vocab);
     let params = Params {
         rows: st.rows,
         vocab: st.vocab,
@@ -287,9 +291,7 @@ fn logits_cases(size: Size) -> Vec<Case> {
             let (rng, rows, vocab) = (&mut g.rng, g.rows, g.vocab);
             let logits = rows_with_ties(rng, rows, |rng, _| logit_row(rng, vocab));
             let temperature: Vec<f32> = (0..rows).map(|_| pick_temperature(rng)).collect();
-            let top_k: Vec<i32> = (0..rows).map(|_| pick_top_k(rng, vocab)).collect();
-            let top_p: Vec<f32> = (0..rows).map(|_| pick_top_p(rng)).collect();
-            let seed: Vec<u64> = (0..rows).map(|_| rng.seed()).collect();
+            let (top_k, top_p, seed) = pick_row_params(rng, rows, vocab);
             let name = format!("logits::{}", g.name());
             out.push(logits_case(
                 name,

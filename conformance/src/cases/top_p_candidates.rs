@@ -73,6 +73,9 @@ impl OpCase for Params {
     }
 }
 
+/// The candidate counts `C` the random cases cycle through, one per row shape.
+const CANDIDATE_COUNTS: [usize; 5] = [1, 8, 20, 64, 128];
+
 /// A case of `probs` in `dtype`, one row per entry of `top_p`.
 pub(crate) fn case(
     name: String,
@@ -145,12 +148,11 @@ fn rows_case(
 /// Logits rows (`docs/semantics.md` §4b) at every temperature, in every dtype and shape, hostile
 /// logits, and the contract's known-answer row with its exact scores.
 fn logits_cases(size: Size) -> Vec<Case> {
-    let counts = [1, 8, 20, 64, 128];
     let mut out = vec![logits_known_answers()];
     for dtype in FLOAT_DTYPES {
         for mut g in row_gens(size, "candidates/logits", dtype) {
             let (i, rng, rows, vocab) = (g.index, &mut g.rng, g.rows, g.vocab);
-            let c = counts[i % counts.len()];
+            let c = CANDIDATE_COUNTS[i % CANDIDATE_COUNTS.len()];
             let logits = rows_with_ties(rng, rows, |rng, _| logit_row(rng, vocab));
             let temperature: Vec<f32> = (0..rows).map(|_| pick_temperature(rng)).collect();
             let top_p: Vec<f32> = (0..rows).map(|_| pick_top_p(rng)).collect();
@@ -297,11 +299,10 @@ fn fallback_cases() -> Vec<Case> {
 pub fn cases(size: Size) -> Vec<Case> {
     let mut out = golden();
     out.extend(fallback_cases());
-    let counts = [1, 8, 20, 64, 128];
     for dtype in FLOAT_DTYPES {
         for mut g in row_gens(size, "candidates", dtype) {
             let (i, rng, rows, vocab) = (g.index, &mut g.rng, g.rows, g.vocab);
-            let c = counts[i % counts.len()];
+            let c = CANDIDATE_COUNTS[i % CANDIDATE_COUNTS.len()];
             let probs = rows_with_ties(rng, rows, |rng, _| prob_row(rng, vocab));
             let top_p: Vec<f32> = (0..rows).map(|_| pick_top_p(rng)).collect();
             // Every other shape passes the layout's batch ids, with padding rows at the end.
