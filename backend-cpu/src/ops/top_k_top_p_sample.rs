@@ -84,10 +84,7 @@ pub(crate) fn top_k_top_p_sample(
 /// Runs a validated `top_k_top_p_sample` call (the front has checked every argument).
 pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     let (inputs, tokens, params, kind) = call.parts();
-    let temperature = match inputs.scores.temperature() {
-        Some(t) if kind.logits => Some(slice::<f32>(t)?),
-        _ => None,
-    };
+    let temperature = super::logits_temperature(&inputs.scores, kind)?;
     device
         .install(|| top_k_top_p_sample(kind.dtype, inputs, temperature, tokens, &params.shape))?;
     let Some(fallback) = inputs.fallback else {
