@@ -168,10 +168,19 @@ fn header(json: &str) -> Option<HashMap<String, String>> {
     Some(HashMap::from([("specula".to_owned(), json.to_owned())]))
 }
 
+/// Writes a file to the path it is given.
+type Writer = Box<dyn Fn(&Path)>;
+
+/// A writer of a two-element f32 `input` under the case header `json` (none: no Specula header).
+fn f32_input_under(json: Option<String>) -> Writer {
+    Box::new(move |p| {
+        write_safetensors(p, json.as_deref().and_then(header), safetensors::Dtype::F32)
+    })
+}
+
 #[test]
 fn malformed_files_give_clear_errors() {
     let argmax = r#"{"format":"specula-case","version":1,"name":"x","params":{"op":"argmax","rows":1,"vocab":2}}"#;
-    type Writer = Box<dyn Fn(&Path)>;
     let cases: Vec<(&str, Writer, &str)> = vec![
         (
             "not-safetensors",
@@ -188,34 +197,22 @@ fn malformed_files_give_clear_errors() {
         ),
         (
             "no-header",
-            Box::new(|p| write_safetensors(p, None, safetensors::Dtype::F32)),
+            f32_input_under(None),
             "not a Specula case file",
         ),
         (
             "header-not-json",
-            Box::new(|p| write_safetensors(p, header("{oops"), safetensors::Dtype::F32)),
+            f32_input_under(Some("{oops".to_owned())),
             "case header is not JSON",
         ),
         (
             "wrong-version",
-            Box::new(|p| {
-                write_safetensors(
-                    p,
-                    header(&argmax.replace("\"version\":1", "\"version\":99")),
-                    safetensors::Dtype::F32,
-                )
-            }),
+            f32_input_under(Some(argmax.replace("\"version\":1", "\"version\":99"))),
             "case file version 99",
         ),
         (
             "unknown-op",
-            Box::new(|p| {
-                write_safetensors(
-                    p,
-                    header(&argmax.replace("argmax", "frobnicate")),
-                    safetensors::Dtype::F32,
-                )
-            }),
+            f32_input_under(Some(argmax.replace("argmax", "frobnicate"))),
             "bad case header",
         ),
         (

@@ -74,6 +74,18 @@ pub(crate) fn weighs_nothing(value: f32, logits: bool) -> bool {
     }
 }
 
+/// The per-row temperatures of a sampling op's rows when they are logits (`docs/semantics.md`
+/// §4b); `None` for probability rows.
+pub(crate) fn logits_temperature<'a>(
+    scores: &specula_backend_api::ops::Scores<'a>,
+    kind: &specula_backend_api::ops::ScoresKind,
+) -> specula_backend_api::Result<Option<&'a [f32]>> {
+    match scores.temperature() {
+        Some(t) if kind.logits => Ok(Some(specula_backend_api::host::slice::<f32>(t)?)),
+        _ => Ok(None),
+    }
+}
+
 /// The f32 value of token `id` of row `r` in a `[rows, vocab]` float matrix (-inf outside it).
 pub(crate) fn row_value(
     matrix: &specula_backend_api::Buffer,

@@ -47,9 +47,12 @@ pub(crate) fn sample_row_histogram<T: FloatElement>(
     }
 }
 
+/// Samples every row; `temperature` is given for logits rows (`docs/semantics.md` §4b: the same
+/// decisions from the rows' integer weights).
 pub(crate) fn top_k_top_p_sample(
     dtype: DType,
     inputs: &SampleInputs<'_>,
+    temperature: Option<&[f32]>,
     tokens: &mut Buffer,
     shape: &RowShape,
 ) -> Result<()> {
@@ -58,42 +61,21 @@ pub(crate) fn top_k_top_p_sample(
     let seed = slice::<u64>(inputs.seed)?;
     let tokens = slice_mut::<i32>(tokens)?;
     with_float!(dtype, Op::TopKTopPSample, T => {
-        let probs = slice::<T>(inputs.scores.matrix())?;
+        let scores = slice::<T>(inputs.scores.matrix())?;
         let parts = super::parts_per_row(shape.rows);
         tokens
             .par_iter_mut()
-            .zip(probs.par_chunks_exact(shape.vocab))
+            .zip(scores.par_chunks_exact(shape.vocab))
             .enumerate()
             .for_each(|(r, (token, row))| {
-                *token = sample_row(row, top_k[r], top_p[r], seed[r], parts) as i32;
-            });
-        Ok(())
-    })
-}
-
-/// Samples every logits row at its temperature (`docs/semantics.md` §4b): the same decisions from the
-/// rows' integer weights.
-pub(crate) fn top_k_top_p_sample_logits(
-    dtype: DType,
-    inputs: &SampleInputs<'_>,
-    temperature: &Buffer,
-    tokens: &mut Buffer,
-    shape: &RowShape,
-) -> Result<()> {
-    let top_k = slice::<i32>(inputs.top_k)?;
-    let top_p = slice::<f32>(inputs.top_p)?;
-    let seed = slice::<u64>(inputs.seed)?;
-    let temperature = slice::<f32>(temperature)?;
-    let tokens = slice_mut::<i32>(tokens)?;
-    with_float!(dtype, Op::TopKTopPSample, T => {
-        let logits = slice::<T>(inputs.scores.matrix())?;
-        tokens
-            .par_iter_mut()
-            .zip(logits.par_chunks_exact(shape.vocab))
-            .enumerate()
-            .for_each(|(r, (token, row))| {
-                let draw = draw(seed[r], Purpose::Sample);
-                *token = logits::sample_row(row, temperature[r], top_k[r], top_p[r], draw) as i32;
+                let id = match temperature {
+                    Some(temperature) => {
+                        let draw = draw(seed[r], Purpose::Sample);
+                        logits::sample_row(row, temperature[r], top_k[r], top_p[r], draw)
+                    }
+                    None => sample_row(row, top_k[r], top_p[r], seed[r], parts),
+                };
+                *token = id as i32;
             });
         Ok(())
     })
@@ -102,12 +84,9 @@ pub(crate) fn top_k_top_p_sample_logits(
 /// Runs a validated `top_k_top_p_sample` call (the front has checked every argument).
 pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     let (inputs, tokens, params, kind) = call.parts();
-    match inputs.scores.temperature() {
-        Some(temperature) if kind.logits => device.install(|| {
-            top_k_top_p_sample_logits(kind.dtype, inputs, temperature, tokens, &params.shape)
-        })?,
-        _ => device.install(|| top_k_top_p_sample(kind.dtype, inputs, tokens, &params.shape))?,
-    }
+    let temperature = super::logits_temperature(&inputs.scores, kind)?;
+    device
+        .install(|| top_k_top_p_sample(kind.dtype, inputs, temperature, tokens, &params.shape))?;
     let Some(fallback) = inputs.fallback else {
         return Ok(());
     };

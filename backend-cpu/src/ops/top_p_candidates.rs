@@ -128,10 +128,7 @@ pub(crate) fn top_p_candidates(
 /// Runs a validated `top_p_candidates` call (the front has checked every argument).
 pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     let (inputs, out, params, kind) = call.parts();
-    let temperature = match inputs.scores.temperature() {
-        Some(t) if kind.logits => Some(slice::<f32>(t)?),
-        _ => None,
-    };
+    let temperature = super::logits_temperature(&inputs.scores, kind)?;
     device.install(|| top_p_candidates(kind.dtype, inputs, temperature, out, params))?;
     let Some(fallback) = inputs.fallback else {
         return Ok(());

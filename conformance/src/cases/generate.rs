@@ -268,6 +268,24 @@ pub fn spoiled_rows(
     values
 }
 
+/// `rows` probability rows of `vocab` for the sampling ops' hostile cases: each element of row `r`
+/// gets a fresh `draw` in `0 .. 4` and is spoiled by [`spoil_probability`] as kind `r % period`;
+/// the kinds it leaves to the caller go to `other(rng, kind, draw, x)`.
+pub fn hostile_prob_rows(
+    rng: &mut Rng,
+    rows: usize,
+    vocab: usize,
+    period: usize,
+    other: impl Fn(&mut Rng, usize, usize, &mut f32),
+) -> Vec<f32> {
+    spoiled_rows(rng, rows, vocab, prob_row, 4, |rng, r, draw, x| {
+        let kind = r % period;
+        if !spoil_probability(kind, draw, x) {
+            other(rng, kind, draw, x);
+        }
+    })
+}
+
 /// The first hostile `top_p` values of the sampling ops' hostile cases: NaN, negative, 0, above
 /// 1, +inf, tiny, an ordinary 0.5.
 pub const HOSTILE_TOP_P: [f32; 7] = [f32::NAN, -0.5, 0.0, 1.5, f32::INFINITY, 1e-30, 0.5];

@@ -5,8 +5,8 @@ use specula_backend_api::DType;
 use specula_backend_api::ops::*;
 
 use super::generate::{
-    EDGE_SEEDS, FLOAT_DTYPES, HOSTILE_TOP_P, Rng, f32s, hostile_logit_rows, i32s, logit_row, pick_temperature, spoil_probability,
-    prob_row, rows_with_ties, spoiled_rows, u64s, weightless_rows, with_score_rows,
+    EDGE_SEEDS, FLOAT_DTYPES, HOSTILE_TOP_P, Rng, f32s, hostile_logit_rows, hostile_prob_rows, i32s,
+    logit_row, pick_temperature, prob_row, rows_with_ties, u64s, weightless_rows, with_score_rows,
 };
 use super::process_logits::{self, ProcessingBuffers, Setup, processing_specs};
 use super::{Size, row_gens};
@@ -183,6 +183,18 @@ pub(crate) fn pick_top_p(rng: &mut Rng) -> f32 {
     rng.pick(&[1.0, 1.0, 0.95, 0.9, 0.8, 0.5, 0.3, 0.999, 1e-6])
 }
 
+/// Random `top_k` (each from `pick_k`), `top_p` and seeds for `rows` rows, drawn in that order.
+fn pick_row_params(
+    rng: &mut Rng,
+    rows: usize,
+    pick_k: impl Fn(&mut Rng) -> i32,
+) -> (Vec<i32>, Vec<f32>, Vec<u64>) {
+    let top_k = (0..rows).map(|_| pick_k(rng)).collect();
+    let top_p = (0..rows).map(|_| pick_top_p(rng)).collect();
+    let seed = (0..rows).map(|_| rng.seed()).collect();
+    (top_k, top_p, seed)
+}
+
 /// Every case of `top_k_top_p_sample`.
 pub fn cases(size: Size) -> Vec<Case> {
     let mut out = golden();
@@ -191,9 +203,7 @@ pub fn cases(size: Size) -> Vec<Case> {
         for mut g in row_gens(size, "sample", dtype) {
             let (rng, rows, vocab) = (&mut g.rng, g.rows, g.vocab);
             let probs = rows_with_ties(rng, rows, |rng, _| prob_row(rng, vocab));
-            let top_k: Vec<i32> = (0..rows).map(|_| pick_top_k(rng, vocab)).collect();
-            let top_p: Vec<f32> = (0..rows).map(|_| pick_top_p(rng)).collect();
-            let seed: Vec<u64> = (0..rows).map(|_| rng.seed()).collect();
+            let (top_k, top_p, seed) = pick_row_params(rng, rows, |rng| pick_top_k(rng, vocab));
             out.push(case(g.name(), dtype, vocab, &probs, &top_k, &top_p, &seed));
         }
         // Many rows of one distribution with distinct seeds: every kept token gets drawn.
@@ -268,9 +278,7 @@ pub(crate) fn processed_case(name: String, st: &Setup) -> Case {
 /// [`processed_case`] with each row's `top_k` from `pick`.
 fn processed_case_at(name: String, st: &Setup, pick: impl Fn(&mut Rng) -> i32) -> Case {
     let mut rng = Rng::new(&format!("sample/processed/{name}"), 0);
-    let top_k: Vec<i32> = (0..st.rows).map(|_| pick(&mut rng)).collect();
-    let top_p: Vec<f32> = (0..st.rows).map(|_| pick_top_p(&mut rng)).collect();
-    let seed: Vec<u64> = (0..st.rows).map(|_| rng.seed()).collect();
+    let (top_k, top_p, seed) = pick_row_params(&mut rng, st.rows, pick);
     let params = Params {
         rows: st.rows,
         vocab: st.vocab,
@@ -295,9 +303,7 @@ fn logits_cases(size: Size) -> Vec<Case> {
             let (rng, rows, vocab) = (&mut g.rng, g.rows, g.vocab);
             let logits = rows_with_ties(rng, rows, |rng, _| logit_row(rng, vocab));
             let temperature: Vec<f32> = (0..rows).map(|_| pick_temperature(rng)).collect();
-            let top_k: Vec<i32> = (0..rows).map(|_| pick_top_k(rng, vocab)).collect();
-            let top_p: Vec<f32> = (0..rows).map(|_| pick_top_p(rng)).collect();
-            let seed: Vec<u64> = (0..rows).map(|_| rng.seed()).collect();
+            let (top_k, top_p, seed) = pick_row_params(rng, rows, |rng| pick_top_k(rng, vocab));
             let name = format!("logits::{}", g.name());
             out.push(logits_case(
                 name,
@@ -406,23 +412,14 @@ fn hostile() -> Vec<Case> {
     let mut rng = Rng::new("sample/hostile", 1);
     let vocab = 1031;
     let rows = 16;
-    let probs = spoiled_rows(
-        &mut rng,
-        rows,
-        vocab,
-        prob_row,
-        4,
-        |rng, r, draw, x| {
-            if !spoil_probability(r % 8, draw, x) {
-                match (r % 8, draw) {
-                    (4, _) => *x = 1.0,
-                    (5, 1) => *x = -0.0,
-                    (6, _) => *x = f32::from_bits(rng.next_u64() as u32),
-                    _ => {}
-                }
-            }
-        },
-    );
+    let probs = hostile_prob_rows(&mut rng, rows, vocab, 8, |rng, kind, draw, x| {
+        match (kind, draw) {
+            (4, _) => *x = 1.0,
+            (5, 1) => *x = -0.0,
+            (6, _) => *x = f32::from_bits(rng.next_u64() as u32),
+            _ => {}
+        }
+    });
     let v = vocab as i32;
     let top_k = [
         -1,

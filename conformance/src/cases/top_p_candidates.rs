@@ -5,8 +5,8 @@ use specula_backend_api::DType;
 use specula_backend_api::ops::*;
 
 use super::generate::{
-    FLOAT_DTYPES, HOSTILE_TOP_P, Rng, f32s, spoil_probability, float_tensor, hostile_logit_rows, i32s, logit_row, pick_temperature,
-    prob_row, rows_with_ties, spoiled_rows, weightless_rows, with_score_rows,
+    FLOAT_DTYPES, HOSTILE_TOP_P, Rng, f32s, float_tensor, hostile_logit_rows, hostile_prob_rows, i32s,
+    logit_row, pick_temperature, prob_row, rows_with_ties, weightless_rows, with_score_rows,
 };
 use super::top_k_top_p_sample::pick_top_p;
 use super::{Size, row_gens};
@@ -72,6 +72,9 @@ impl OpCase for Params {
         Ok(())
     }
 }
+
+/// The candidate counts `C` the random cases cycle through, one per row shape.
+const CANDIDATE_COUNTS: [usize; 5] = [1, 8, 20, 64, 128];
 
 /// A case of `probs` in `dtype`, one row per entry of `top_p`.
 pub(crate) fn case(
@@ -145,12 +148,11 @@ fn rows_case(
 /// Logits rows (`docs/semantics.md` §4b) at every temperature, in every dtype and shape, hostile
 /// logits, and the contract's known-answer row with its exact scores.
 fn logits_cases(size: Size) -> Vec<Case> {
-    let counts = [1, 8, 20, 64, 128];
     let mut out = vec![logits_known_answers()];
     for dtype in FLOAT_DTYPES {
         for mut g in row_gens(size, "candidates/logits", dtype) {
             let (i, rng, rows, vocab) = (g.index, &mut g.rng, g.rows, g.vocab);
-            let c = counts[i % counts.len()];
+            let c = CANDIDATE_COUNTS[i % CANDIDATE_COUNTS.len()];
             let logits = rows_with_ties(rng, rows, |rng, _| logit_row(rng, vocab));
             let temperature: Vec<f32> = (0..rows).map(|_| pick_temperature(rng)).collect();
             let top_p: Vec<f32> = (0..rows).map(|_| pick_top_p(rng)).collect();
@@ -297,11 +299,10 @@ fn fallback_cases() -> Vec<Case> {
 pub fn cases(size: Size) -> Vec<Case> {
     let mut out = golden();
     out.extend(fallback_cases());
-    let counts = [1, 8, 20, 64, 128];
     for dtype in FLOAT_DTYPES {
         for mut g in row_gens(size, "candidates", dtype) {
             let (i, rng, rows, vocab) = (g.index, &mut g.rng, g.rows, g.vocab);
-            let c = counts[i % counts.len()];
+            let c = CANDIDATE_COUNTS[i % CANDIDATE_COUNTS.len()];
             let probs = rows_with_ties(rng, rows, |rng, _| prob_row(rng, vocab));
             let top_p: Vec<f32> = (0..rows).map(|_| pick_top_p(rng)).collect();
             // Every other shape passes the layout's batch ids, with padding rows at the end.
@@ -386,18 +387,11 @@ fn hostile() -> Vec<Case> {
     let mut rng = Rng::new("candidates/hostile", 1);
     let vocab = 1031;
     let rows = 12;
-    let probs = spoiled_rows(
-        &mut rng,
-        rows,
-        vocab,
-        prob_row,
-        4,
-        |rng, r, draw, x| {
-            if !spoil_probability(r % 6, draw, x) && r % 6 == 4 {
-                *x = f32::from_bits(rng.next_u64() as u32);
-            }
-        },
-    );
+    let probs = hostile_prob_rows(&mut rng, rows, vocab, 6, |rng, kind, _, x| {
+        if kind == 4 {
+            *x = f32::from_bits(rng.next_u64() as u32);
+        }
+    });
     let more = [1.0, f32::NAN, 0.9, 2.0, -0.0];
     let top_p: Vec<f32> = HOSTILE_TOP_P.into_iter().chain(more).collect();
     let batch_id = [0, -1, i32::MAX, i32::MIN, 3, -7, 1, 1, 2, -1, 100, 0];

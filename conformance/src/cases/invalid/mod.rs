@@ -237,6 +237,15 @@ fn vocab_cases(make: impl Fn(usize) -> Case) -> Vec<Case> {
     ]
 }
 
+/// The baseline `make(VOCAB)` of a row op whose only shape parameter is the vocabulary, and its
+/// first cases: the baseline's tensors broken as `table` says, then [`vocab_cases`].
+fn vocab_op_cases(make: fn(usize) -> Case, table: &[(&str, &[Break])]) -> (Case, Vec<Case>) {
+    let base = make(VOCAB);
+    let mut out = broken(&base, table);
+    out.extend(vocab_cases(make));
+    (base, out)
+}
+
 /// Host `top_p` out of (0, 1] in entry `index` of input `top_p`: 0, negative, above 1, NaN.
 fn host_top_p_cases(base: &Case, index: usize) -> Vec<Case> {
     [

@@ -3,7 +3,7 @@
 use specula_backend_api::DType;
 
 use super::Break::{Dtype, Foreign, HostDtype, Long};
-use super::{VOCAB, batch, broken, host_temperature_cases, logit_rows, vocab_cases};
+use super::{VOCAB, batch, host_temperature_cases, logit_rows, vocab_op_cases};
 use crate::case::Case;
 use crate::cases::generate::f32s;
 use crate::cases::softmax::Params;
@@ -24,15 +24,13 @@ pub(super) fn baselines() -> Vec<Case> {
 
 /// Every `invalid::` case of `softmax`.
 pub(super) fn cases() -> Vec<Case> {
-    let base = with_vocab(VOCAB);
-    let mut out = broken(
-        &base,
+    let (base, mut out) = vocab_op_cases(
+        with_vocab,
         &[
             ("logits", &[Dtype(DType::U32), Long, Foreign]),
             ("temperature", &[HostDtype(DType::I32), Long, Foreign]),
         ],
     );
-    out.extend(vocab_cases(with_vocab));
     out.extend(host_temperature_cases(&base, 1));
     out
 }

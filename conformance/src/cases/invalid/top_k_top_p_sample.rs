@@ -3,7 +3,7 @@
 use specula_backend_api::DType;
 
 use super::Break::{Dtype, Foreign, HostDtype, Long, Short};
-use super::{VOCAB, batch, broken, host_top_p_cases, prob_rows, reject, vocab_cases};
+use super::{VOCAB, batch, host_top_p_cases, prob_rows, reject, vocab_op_cases};
 use crate::case::ErrorKind::InvalidArgument;
 use crate::cases::process_logits::golden_setups;
 use crate::cases::top_k_top_p_sample::processed_case;
@@ -38,9 +38,8 @@ pub(super) fn baselines() -> Vec<Case> {
 
 /// Every `invalid::` case of `top_k_top_p_sample`.
 pub(super) fn cases() -> Vec<Case> {
-    let base = with_vocab(VOCAB);
-    let mut out = broken(
-        &base,
+    let (base, mut out) = vocab_op_cases(
+        with_vocab,
         &[
             ("probs", &[Dtype(DType::I32), Short, Foreign]),
             ("top_k", &[Dtype(DType::F32), Short]),
@@ -48,7 +47,6 @@ pub(super) fn cases() -> Vec<Case> {
             ("seed", &[Dtype(DType::U32), Short, Foreign]),
         ],
     );
-    out.extend(vocab_cases(with_vocab));
     out.extend(host_top_p_cases(&base, 2));
     out.push(processed_with_fallback());
     out
