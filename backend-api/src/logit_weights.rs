@@ -49,6 +49,27 @@ pub fn sanitize_logit(l: f32) -> f32 {
     }
 }
 
+/// The bit pattern of the least positive f32 that [`sanitize_logit`] does not flush to +0
+/// (2^-76), taken from the function itself by bisection over the positive finite patterns (it
+/// flushes exactly a lower range of them), for the kernels that sanitize on bits.
+pub fn logit_tiny_bits() -> u32 {
+    let (mut lo, mut hi) = (0u32, f32::INFINITY.to_bits());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if sanitize_logit(f32::from_bits(mid)) == 0.0 {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// The bit pattern of the largest finite magnitude [`sanitize_logit`] leaves (2^64).
+pub fn logit_huge_bits() -> u32 {
+    sanitize_logit(f32::MAX).to_bits()
+}
+
 /// The rank key of a logit: an order-preserving `u32` of the sanitized value (larger key = larger
 /// logit; +0 and −0 are one key). The rank order of a logits row is "key descending, then id
 /// ascending".
@@ -195,6 +216,27 @@ pub fn row_weights(row: &[f32], t: f32) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_logit_bounds_are_those_of_sanitize_logit() {
+        // 2^-76 and 2^64 (`docs/semantics.md` §4b step 1).
+        let tiny = logit_tiny_bits();
+        assert_eq!(tiny, 0x1980_0000);
+        for bits in [tiny - 1, tiny / 2, 1] {
+            assert_eq!(sanitize_logit(f32::from_bits(bits)).to_bits(), 0);
+            assert_eq!(sanitize_logit(-f32::from_bits(bits)).to_bits(), 0);
+        }
+        for bits in [tiny, tiny + 1, 1f32.to_bits()] {
+            let l = f32::from_bits(bits);
+            assert_eq!(sanitize_logit(l), l);
+            assert_eq!(sanitize_logit(-l), -l);
+        }
+        let huge = f32::from_bits(logit_huge_bits());
+        assert_eq!(logit_huge_bits(), 0x5f80_0000);
+        assert_eq!(sanitize_logit(f32::from_bits(huge.to_bits() + 1)), huge);
+        assert_eq!(sanitize_logit(huge), huge);
+        assert_eq!(sanitize_logit(-f32::MAX), -huge);
+    }
 
     const KNOWN: [f32; 8] = [2.0, 1.0, 0.0, -1.5, f32::NEG_INFINITY, f32::NAN, 2.0, -30.0];
     const FULL: u64 = 1 << 40;

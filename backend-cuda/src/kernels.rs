@@ -13,7 +13,7 @@
 //! [`KernelFile::source`] and [`compile_options`], so CI checks exactly what a GPU runs.
 
 use specula_backend_api::abi;
-use specula_backend_api::logit_weights::{self, sanitize_logit};
+use specula_backend_api::logit_weights;
 use specula_backend_api::ops::process_logits::{PENALTY_FIELDS, penalty};
 use specula_backend_api::rng::Purpose;
 use specula_backend_api::{DType, Op, WarmUp};
@@ -238,10 +238,13 @@ pub fn defines() -> Vec<(String, String)> {
         ),
         d("GAP_LIMIT", format!("{}ull", logit_weights::GAP_LIMIT)),
         d("EXP2_COEFFICIENTS", coefficients.join(",")),
-        d("LOGIT_TINY_BITS", format!("{:#x}u", logit_tiny_bits())),
+        d(
+            "LOGIT_TINY_BITS",
+            format!("{:#x}u", logit_weights::logit_tiny_bits()),
+        ),
         d(
             "LOGIT_HUGE_BITS",
-            format!("{:#x}u", sanitize_logit(f32::MAX).to_bits()),
+            format!("{:#x}u", logit_weights::logit_huge_bits()),
         ),
         d("PHILOX_M0", format!("{:#x}u", abi::PHILOX_M0)),
         d("PHILOX_M1", format!("{:#x}u", abi::PHILOX_M1)),
@@ -288,22 +291,6 @@ pub fn defines() -> Vec<(String, String)> {
         d("STRATEGY_TOPP", launch::STRATEGY_TOPP.to_string()),
         d("STRATEGY_REJECTION", launch::STRATEGY_REJECTION.to_string()),
     ]
-}
-
-/// The least positive f32 bit pattern that `sanitize_logit` does not flush to 0 (a positive finite
-/// magnitude below it counts as +0): found by bisection over the positive finite patterns, on
-/// which the function flushes exactly a lower range.
-fn logit_tiny_bits() -> u32 {
-    let (mut lo, mut hi) = (0u32, f32::INFINITY.to_bits());
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if sanitize_logit(f32::from_bits(mid)) == 0.0 {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    lo
 }
 
 /// The NVRTC options of an instance for a target (`sm_90` for a CUBIN, `compute_90` for PTX).
@@ -394,8 +381,8 @@ mod tests {
     #[test]
     fn the_logit_bounds_are_those_of_the_contract() {
         // 2^-76 and 2^64 (`docs/semantics.md` §4b step 1).
-        assert_eq!(logit_tiny_bits(), 0x1980_0000);
-        assert_eq!(sanitize_logit(f32::MAX).to_bits(), 0x5f80_0000);
+        assert_eq!(logit_weights::logit_tiny_bits(), 0x1980_0000);
+        assert_eq!(logit_weights::logit_huge_bits(), 0x5f80_0000);
         let defines = defines();
         let value = |name: &str| {
             defines

@@ -234,30 +234,14 @@ fn logits_prelude() -> String {
         hi = (logit_weights::LOG2E_Q63 >> 32) as u32,
         f = logit_weights::GAP_FRACTION_BITS,
         limit = logit_weights::GAP_LIMIT,
-        tiny = logit_tiny_bits(),
-        huge = logit_weights::sanitize_logit(f32::MAX).to_bits(),
+        tiny = logit_weights::logit_tiny_bits(),
+        huge = logit_weights::logit_huge_bits(),
     );
     for (k, a) in logit_weights::EXP2_COEFFICIENTS.iter().enumerate() {
         // Writing to a String cannot fail.
         let _ = writeln!(out, "const EXP2_A{k}: u32 = {a}u;");
     }
     out
-}
-
-/// The least positive f32 bit pattern that `sanitize_logit` does not flush to 0 (a positive finite
-/// magnitude below it counts as +0): found by bisection over the positive finite patterns, on
-/// which the function flushes exactly a lower range.
-fn logit_tiny_bits() -> u32 {
-    let (mut lo, mut hi) = (0u32, f32::INFINITY.to_bits());
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if logit_weights::sanitize_logit(f32::from_bits(mid)) == 0.0 {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    lo
 }
 
 /// A kernel of a module: the entry points `<op>[_<suffix>]_<dtype>` of `kernel`'s module, whose
@@ -689,7 +673,7 @@ mod tests {
     fn the_prelude_carries_the_logits_constants() {
         let p = prelude();
         // The bounds of sanitize_logit: exactly 2^-76 and 2^64.
-        assert_eq!(logit_tiny_bits(), 0x1980_0000);
+        assert_eq!(logit_weights::logit_tiny_bits(), 0x1980_0000);
         assert!(p.contains("LOGIT_TINY_BITS: u32 = 0x19800000u"));
         assert!(p.contains("LOGIT_HUGE_BITS: u32 = 0x5f800000u"));
         assert!(p.contains("GAP_LIMIT: u32 = 671088640u"));
