@@ -5,7 +5,9 @@
 //! is processed on the fly (the dense rules of [`dense_word_values`], then the sparse tokens
 //! patched from their input values) and offered to the streaming top-k ([`TopRanked`]); a chunk
 //! that neither a penalty nor a sparse rule touches is first tested on its raw logits against
-//! the top-k floor, since sanitizing never reorders logits and the masks only lower them. The
+//! the top-k floor, since sanitizing never reorders logits and the masks only lower them; once
+//! the pass has a floor and no penalty of the row raises a value, a passing chunk offers only its
+//! candidates (raw logit not below the floor's bound) and its sparse tokens. The
 //! row maximum is the first of the top k, so min_p becomes a floor on their values (the
 //! threshold `process_logits` computes) instead of a drop pass. Every other row (probabilities,
 //! no top-k, a top-k beyond the streaming pass) is processed into a per-thread scratch row and
