@@ -45,6 +45,17 @@ impl Needs {
         }
     }
 
+    /// What tests of device `name` need, from an attempt to open it: missing (with the reason)
+    /// when it failed with [`Error::Unavailable`](crate::Error::Unavailable). Any other error is
+    /// not a missing device: the tests run and report it.
+    pub fn of_open<T>(name: impl Into<String>, opened: &crate::Result<T>) -> Self {
+        let availability = match opened {
+            Err(crate::Error::Unavailable { reason, .. }) => Err(reason.clone()),
+            Ok(_) | Err(_) => Ok(()),
+        };
+        Needs::new(name, availability)
+    }
+
     /// Why the tests cannot run, if they cannot.
     pub fn missing(&self) -> Option<&str> {
         self.availability.as_ref().err().map(String::as_str)

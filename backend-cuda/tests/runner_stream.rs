@@ -128,11 +128,7 @@ fn a_started_download_delivers_every_window() -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let availability = match CudaDevice::new(0) {
-        Err(Error::Unavailable { reason, .. }) => Err(reason),
-        _ => Ok(()),
-    };
-    let needs = Needs::new("cuda", availability);
+    let needs = Needs::of_open("cuda", &CudaDevice::new(0));
     let tests: Vec<(&str, TestFn)> = vec![
         (
             "a_wrapped_pointer_reads_as_an_upload",

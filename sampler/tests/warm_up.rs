@@ -10,14 +10,14 @@ use std::sync::Arc;
 
 use common::{Arrival, Extras, Forward, Rng, ToyModel, VOCAB, request, run_with};
 use specula_backend_api::testing::{self, Needs, TestFn};
-use specula_backend_api::{DType, Device, Error, Strategy};
+use specula_backend_api::{DType, Device, Strategy};
 use specula_backend_xpu_sim::XpuSimDevice;
 use specula_sampler::{Decoder, NgramConfig, SamplerConfig};
 
 type TestResult = Result<(), String>;
 
 fn main() -> ExitCode {
-    let needs = Needs::new("xpu-sim", availability());
+    let needs = Needs::of_open("xpu-sim", &XpuSimDevice::new(0));
     let tests: Vec<(&str, TestFn)> = vec![
         (
             "warm_up_for_builds_less_than_the_full_warm_up",
@@ -29,14 +29,6 @@ fn main() -> ExitCode {
         ),
     ];
     testing::run(&needs, tests)
-}
-
-/// `Err(reason)` when there is no OpenCL device.
-fn availability() -> Result<(), String> {
-    match XpuSimDevice::new(0) {
-        Err(Error::Unavailable { reason, .. }) => Err(reason),
-        Ok(_) | Err(_) => Ok(()),
-    }
 }
 
 fn open() -> Result<Arc<XpuSimDevice>, String> {

@@ -25,11 +25,7 @@ pub fn run_on_wgpu(
 /// What the wgpu tests need, from an attempt to open device 0: missing (with the reason) when it
 /// is unavailable.
 pub fn needs_of<T>(opened: &Result<T, Error>) -> Needs {
-    let availability = match opened {
-        Err(Error::Unavailable { reason, .. }) => Err(reason.clone()),
-        _ => Ok(()),
-    };
-    Needs::new("wgpu", availability)
+    Needs::of_open("wgpu", opened)
 }
 
 /// Runs `tests` if wgpu device 0 opens; else lists them as ignored with the reason (failing under
