@@ -37,10 +37,10 @@
 
 use specula_backend_api::ops::{
     CandidateInputs, CandidatesInputs, CandidatesOutputs, CandidatesParams, DecodeState, Logits,
-    LogprobsInputs, LogprobsOutputs, LogprobsParams, OutputLayout, ProcessOutputs, ProcessParams,
-    RejectionInputs, RowBlock, RowProcessing, RowShape, SampleInputs, SampleParams,
-    Scores as RowScores, SoftmaxParams, StrategyInputs, UpdateStateInputs, UpdateStateParams,
-    VerifyInputs, VerifyOutputs, VerifyParams, VerifySlotState,
+    LogprobsInputs, LogprobsParams, OutputLayout, ProcessOutputs, ProcessParams, RejectionInputs,
+    RowBlock, RowProcessing, RowShape, SampleInputs, SampleParams, Scores as RowScores,
+    SoftmaxParams, StrategyInputs, UpdateStateInputs, UpdateStateParams, VerifyInputs,
+    VerifyOutputs, VerifyParams, VerifySlotState,
 };
 use specula_backend_api::transfer::elements;
 use specula_backend_api::{Buffer, Device, DeviceExt, PendingDownload, Strategy, WriteAt};
@@ -854,14 +854,7 @@ fn logprobs(
             seq_lens_encoder: &st.seq_lens_encoder,
             cu_seqlens_q_output: &sc.cu_seqlens_q_output,
         },
-        &mut LogprobsOutputs {
-            cu_accept: &mut lp.cu_accept,
-            token_ids: &mut lp.token_ids,
-            logprobs: &mut lp.logprobs,
-            ranks: &mut lp.ranks,
-            top_ids: &mut lp.top_ids,
-            top_logprobs: &mut lp.top_logprobs,
-        },
+        &mut lp.out.outputs(),
         &LogprobsParams {
             dims: cx.dims(),
             shape: checked.shape(cx.config.vocab),
@@ -953,12 +946,13 @@ fn start_download(
     srcs.extend(fallback);
     let lp = sc.logprobs.as_ref().filter(|_| logprobs);
     if let Some(lp) = lp {
+        let out = &lp.out;
         srcs.extend([
-            &lp.cu_accept,
-            &lp.logprobs,
-            &lp.ranks,
-            &lp.top_ids,
-            &lp.top_logprobs,
+            &out.cu_accept,
+            &out.logprobs,
+            &out.ranks,
+            &out.top_ids,
+            &out.top_logprobs,
         ]);
     }
     Ok(Downloading {
