@@ -611,54 +611,45 @@ fn targets(
         &row_temperature[block.first..block.first + block.rows],
     )?;
     let fallback = fallback(checked, sc.processed.as_ref());
-    match (
+    let top_k = match (
         checked.strategy,
         sc.processed.as_ref().filter(|_| checked.processing),
     ) {
-        // Under processing a masked row has no argmax: GREEDY is the equal `top_k = 1` sample,
-        // which yields the row's fallback.
-        (Strategy::Greedy, Some(p)) => cx.device.top_k_top_p_sample(
-            &SampleInputs {
-                scores,
-                top_k: &p.ones,
-                top_p: &sc.row_top_p,
-                seed: &sc.row_seed,
-                fallback,
-            },
-            &mut sc.target_tokens,
-            &SampleParams {
-                shape,
-                host_top_p: None,
-            },
-        )?,
         (Strategy::Greedy, None) => {
             cx.device
-                .argmax(scores.matrix(), &mut sc.target_tokens, &shape)?
+                .argmax(scores.matrix(), &mut sc.target_tokens, &shape)?;
+            return Ok(());
         }
-        (Strategy::TargetMatch, _) => cx.device.top_k_top_p_sample(
-            &SampleInputs {
-                scores,
-                top_k: &sc.row_top_k,
-                top_p: &sc.row_top_p,
-                seed: &sc.row_seed,
-                fallback,
-            },
-            &mut sc.target_tokens,
-            &SampleParams {
-                shape,
-                host_top_p: None,
-            },
-        )?,
-        (Strategy::TopP, _) => top_p_candidates(
-            cx,
-            (scores, fallback),
-            &sc.row_top_p,
-            &mut sc.batch_id_per_token_output,
-            sc.candidates.as_mut(),
-            (shape, block.first),
-        )?,
-        (Strategy::Rejection, _) => {}
-    }
+        // Under processing a masked row has no argmax: GREEDY is the equal `top_k = 1` sample,
+        // which yields the row's fallback.
+        (Strategy::Greedy, Some(p)) => &p.ones,
+        (Strategy::TargetMatch, _) => &sc.row_top_k,
+        (Strategy::TopP, _) => {
+            return top_p_candidates(
+                cx,
+                (scores, fallback),
+                &sc.row_top_p,
+                &mut sc.batch_id_per_token_output,
+                sc.candidates.as_mut(),
+                (shape, block.first),
+            );
+        }
+        (Strategy::Rejection, _) => return Ok(()),
+    };
+    cx.device.top_k_top_p_sample(
+        &SampleInputs {
+            scores,
+            top_k,
+            top_p: &sc.row_top_p,
+            seed: &sc.row_seed,
+            fallback,
+        },
+        &mut sc.target_tokens,
+        &SampleParams {
+            shape,
+            host_top_p: None,
+        },
+    )?;
     Ok(())
 }
 
