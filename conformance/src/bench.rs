@@ -535,14 +535,7 @@ fn float_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
         let accept_num = d.upload(&vec![1i32; rows])?;
         let encoder = d.alloc::<i32>(rows)?;
         let cu_out = d.upload(&(0..=rows as i32).collect::<Vec<_>>())?;
-        let (mut cu_accept, mut token_ids, mut logprobs, mut ranks) = (
-            d.alloc::<i32>(rows + 1)?,
-            d.alloc::<i32>(rows)?,
-            d.alloc::<f32>(rows)?,
-            d.alloc::<i32>(rows)?,
-        );
-        let (mut top_ids, mut top_logprobs) =
-            (d.alloc::<i32>(rows * top_k)?, d.alloc::<f32>(rows * top_k)?);
+        let mut out = LogprobsBuffers::alloc(d, rows, rows, top_k)?;
         let inputs = LogprobsInputs {
             logits: &logits,
             temperature: &temperature,
@@ -558,15 +551,7 @@ fn float_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
             host_temperature: None,
         };
         b.measure_rows(LOGPROBS_LINE.into(), &logits, (rows, vocab), &mut || {
-            let mut out = LogprobsOutputs {
-                cu_accept: &mut cu_accept,
-                token_ids: &mut token_ids,
-                logprobs: &mut logprobs,
-                ranks: &mut ranks,
-                top_ids: &mut top_ids,
-                top_logprobs: &mut top_logprobs,
-            };
-            d.accept_logprobs(&inputs, &mut out, &params)
+            d.accept_logprobs(&inputs, &mut out.outputs(), &params)
         })?;
     }
     Ok(())

@@ -25,15 +25,15 @@
 //! Properties that weigh logits rows ([`Property::logits`]) run only on backends whose
 //! `Capabilities::logits` holds, and are skipped with the reason elsewhere.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use specula_backend_api::abi::MAX_INFER_SEED;
 use specula_backend_api::ops::{RowShape, SoftmaxParams};
 use specula_backend_api::{Buffer, DType, Device, DeviceExt, Op, Strategy};
+use specula_sampler::arrivals::{Arrival, serve};
 use specula_sampler::{
-    Decoder, FinishReason, NgramConfig, Request, SamplerConfig, SamplingParams, StepPlan,
-    StepScores,
+    Decoder, FinishReason, NgramConfig, Request, SamplerConfig, SamplingParams, StepError,
+    StepPlan, StepScores,
 };
 
 use crate::case::ErrorKind::{
@@ -257,13 +257,6 @@ fn with_processing(rng: &mut Rng, request: Request) -> Request {
     }
 }
 
-/// One request arriving at a step.
-#[derive(Clone, Debug)]
-struct Arrival {
-    step: u64,
-    request: Request,
-}
-
 /// Generated tokens and finish reasons per arrival, and the decoder's counters.
 struct RunResult {
     tokens: Vec<Vec<i32>>,
@@ -369,8 +362,8 @@ fn finish(
     }
 }
 
-/// Runs arrivals through a decoder: a request is inserted at its arrival step (or as soon as a
-/// slot is free, or at once when nothing runs); finished requests are removed after each step.
+/// Runs arrivals through a decoder ([`serve`]), the runner's step forwarding in `mode` and
+/// handing the scores over as `kind` says.
 fn run(
     device: &Arc<dyn Device>,
     config: &SamplerConfig,
@@ -379,62 +372,24 @@ fn run(
     kind: RowKind,
 ) -> Result<RunResult, String> {
     let mut decoder = Decoder::new(device.clone(), config.clone()).map_err(err)?;
-    let mut pending: VecDeque<(usize, &Arrival)> = arrivals.iter().enumerate().collect();
-    let mut in_slot: Vec<Option<usize>> = vec![None; config.max_bsz];
-    let mut result = RunResult {
-        tokens: vec![Vec::new(); arrivals.len()],
-        finished: vec![None; arrivals.len()],
-        steps: 0,
-        proposed: 0,
-        accepted: 0,
-    };
-    let mut guard = 0;
-    loop {
-        while let Some(&(index, arrival)) = pending.front() {
-            let due = arrival.step <= decoder.step_number() || !decoder.has_running();
-            if !due || decoder.free_slots() == 0 {
-                break;
-            }
-            let slot = decoder.insert(arrival.request.clone()).map_err(err)?;
-            in_slot[slot] = Some(index);
-            pending.pop_front();
-        }
-        if pending.is_empty() && !decoder.has_running() {
-            break;
-        }
-        let plan = decoder.plan().map_err(err)?;
+    let served = serve(&mut decoder, arrivals, |decoder| {
+        let plan = decoder.plan()?;
         if plan.is_empty() {
-            return Err("a running request produced no output row".into());
+            return Ok(None);
         }
-        let logits = forward(device.as_ref(), &decoder, &plan, mode)?;
-        let output = finish(device.as_ref(), &mut decoder, &plan, &logits, kind)?;
-        for slot_output in &output.slots {
-            if slot_output.tokens.is_empty() && slot_output.finished.is_none() {
-                return Err(format!(
-                    "slot {} emitted nothing and did not finish",
-                    slot_output.slot
-                ));
-            }
-            if slot_output.finished.is_some() {
-                let slot = slot_output.slot;
-                let removed = decoder.remove(slot).map_err(err)?;
-                let index = in_slot[slot]
-                    .take()
-                    .ok_or("a finished slot was not tracked")?;
-                result.tokens[index] = removed.generated;
-                result.finished[index] = removed.finished;
-            }
-        }
-        guard += 1;
-        if guard > 100_000 {
-            return Err("decoding does not terminate".into());
-        }
-    }
+        let logits = forward(device.as_ref(), decoder, &plan, mode).map_err(StepError::Forward)?;
+        let output = finish(device.as_ref(), decoder, &plan, &logits, kind);
+        output.map(Some).map_err(StepError::Forward)
+    })
+    .map_err(err)?;
     let stats = decoder.stats();
-    result.steps = stats.steps;
-    result.proposed = stats.drafts_proposed;
-    result.accepted = stats.drafts_accepted;
-    Ok(result)
+    Ok(RunResult {
+        tokens: served.generated,
+        finished: served.finished,
+        steps: stats.steps,
+        proposed: stats.drafts_proposed,
+        accepted: stats.drafts_accepted,
+    })
 }
 
 /// A prompt that mostly follows the model's favoured chain, so n-gram lookups find matches.

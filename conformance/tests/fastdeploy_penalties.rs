@@ -10,10 +10,11 @@
 //! op; Specula weighs the processed logits at the temperature instead, so the comparison is at
 //! temperature 1.)
 
-use specula_backend_api::ops::*;
-use specula_backend_api::{Device, DeviceExt};
+use specula_backend_api::ops::BatchDims;
+use specula_backend_api::{DType, Device};
 use specula_backend_cpu::CpuDevice;
 use specula_reference::ReferenceDevice;
+use specula_reference::fixtures::{ProcessCase, run_process};
 
 const VOCAB: usize = 1000;
 
@@ -61,79 +62,44 @@ fn specula(
     generated: &[i32],
     (alpha, beta, gamma): (f32, f32, f32),
 ) -> Vec<f32> {
-    let max_model_len = prompt.len() + generated.len() + 1;
-    let words = VOCAB.div_ceil(32);
-    let mut prompt_mask = vec![0u32; words];
+    let mut prompt_mask = vec![0u32; VOCAB.div_ceil(32)];
     for &t in prompt {
         prompt_mask[t as usize / 32] |= 1 << (t % 32);
     }
-    let mut counts = vec![0i32; VOCAB];
+    let mut token_counts = vec![0i32; VOCAB];
     for &t in generated {
-        counts[t as usize] += 1;
+        token_counts[t as usize] += 1;
     }
-    let history = [prompt, generated, &[0]].concat();
-    let up = |data: &[i32]| device.upload(data).expect("upload");
-    let (cu, batch_id) = (up(&[0, 1]), up(&[0]));
-    let (token_ids_all, prompt_lens) = (up(&history), up(&[prompt.len() as i32]));
-    let (step_idx, drafts, counts) = (up(&[generated.len() as i32]), up(&[7]), up(&counts));
-    let prompt_mask = device.upload(&prompt_mask).expect("upload");
-    let penalties = device
-        .upload(&[alpha, 1.0 / alpha, beta, gamma, 0.0])
-        .expect("upload");
-    let (min_tokens, end_tokens) = (up(&[0]), up(&[VOCAB as i32 - 1]));
-    let (bias_offsets, bias_ids) = (up(&[0, 0]), up(&[0]));
-    let bias_values = device.upload(&[0.0f32]).expect("upload");
-    let (bad_word_offsets, bad_words) = (up(&[0, 0]), up(&[0]));
-    let logits = device.upload(logits).expect("upload");
-    let temperature = device.upload(&[1.0f32]).expect("upload");
-    let mut processed = device.alloc::<f32>(VOCAB).expect("alloc");
-    let mut fallback = device.alloc::<i32>(1).expect("alloc");
-    device
-        .process_logits(
-            &ProcessInputs {
-                scores: Scores::logits(&logits, &temperature),
-                layout: OutputLayout {
-                    cu_seqlens_q_output: &cu,
-                    batch_id_per_token_output: &batch_id,
-                },
-                history: TokenHistory {
-                    token_ids_all: &token_ids_all,
-                    prompt_lens: &prompt_lens,
-                    step_idx: &step_idx,
-                    draft_tokens: &drafts,
-                    token_counts: &counts,
-                    prompt_mask: &prompt_mask,
-                },
-                slots: SlotProcessing {
-                    penalties: &penalties,
-                    min_tokens: &min_tokens,
-                    end_tokens: &end_tokens,
-                    bias_offsets: &bias_offsets,
-                    bias_ids: &bias_ids,
-                    bias_values: &bias_values,
-                    bad_word_offsets: &bad_word_offsets,
-                    bad_words: &bad_words,
-                    allowed: None,
-                },
-                bitmask: None,
-            },
-            &mut ProcessOutputs {
-                processed: &mut processed,
-                fallback: &mut fallback,
-            },
-            &ProcessParams {
-                dims: BatchDims::new(1, 1, 1),
-                shape: RowShape {
-                    rows: 1,
-                    vocab: VOCAB,
-                },
-                block: None,
-                max_model_len,
-                host: None,
-            },
-        )
-        .expect("process_logits");
-    device.download(&processed).expect("download")
+    let case = ProcessCase {
+        dims: BatchDims::new(1, 1, 1),
+        vocab: VOCAB,
+        max_model_len: prompt.len() + generated.len() + 1,
+        rows: 1,
+        dtype: DType::F32,
+        logits: true,
+        scores: logits.to_vec(),
+        temperature: vec![1.0],
+        cu_out: vec![0, 1],
+        batch_id: vec![0],
+        token_ids_all: [prompt, generated, &[0]].concat(),
+        prompt_lens: vec![prompt.len() as i32],
+        step_idx: vec![generated.len() as i32],
+        draft_tokens: vec![7],
+        token_counts,
+        prompt_mask,
+        penalties: vec![alpha, 1.0 / alpha, beta, gamma, 0.0],
+        min_tokens: vec![0],
+        end_tokens: vec![VOCAB as i32 - 1],
+        bias_offsets: vec![0, 0],
+        bias_ids: vec![0],
+        bias_values: vec![0.0],
+        bad_word_offsets: vec![0, 0],
+        bad_words: vec![0],
+        allowed: None,
+        bitmask: None,
+    };
+    let (processed, _fallback) = run_process(device, &case).expect("process_logits");
+    processed.into_iter().map(f32::from_bits).collect()
 }
 
 /// A row of ordinary logits, a prompt and a generated history with repeats.

@@ -1,7 +1,7 @@
 //! The device buffers of a decoder: the persistent per-slot state and the per-step scratch, both
 //! allocated once and reused across steps.
 
-use specula_backend_api::ops::{OutputLayout, RowBlock, SlotLens};
+use specula_backend_api::ops::{LogprobsBuffers, OutputLayout, RowBlock, SlotLens};
 use specula_backend_api::{Buffer, Device, DeviceExt, Element, Strategy, WriteAt};
 
 use crate::config::{Request, SamplerConfig};
@@ -163,12 +163,7 @@ pub(crate) struct CandidateBuffers {
 #[derive(Debug)]
 pub(crate) struct LogprobBuffers {
     pub top_k: usize,
-    pub cu_accept: Buffer,
-    pub token_ids: Buffer,
-    pub logprobs: Buffer,
-    pub ranks: Buffer,
-    pub top_ids: Buffer,
-    pub top_logprobs: Buffer,
+    pub out: LogprobsBuffers,
 }
 
 /// Buffers written and read within one step. Row buffers have `max_bsz · S` rows and are
@@ -262,12 +257,7 @@ impl Scratch {
         let logprobs = match config.logprobs {
             Some(k) => Some(LogprobBuffers {
                 top_k: k,
-                cu_accept: device.alloc::<i32>(n + 1)?,
-                token_ids: device.alloc::<i32>(rows)?,
-                logprobs: device.alloc::<f32>(rows)?,
-                ranks: device.alloc::<i32>(rows)?,
-                top_ids: device.alloc::<i32>(rows * k)?,
-                top_logprobs: device.alloc::<f32>(rows * k)?,
+                out: LogprobsBuffers::alloc(device, n, rows, k)?,
             }),
             None => None,
         };

@@ -13,6 +13,8 @@
 //!   [`with_runner_drafts`](SamplerConfig::with_runner_drafts) (drafts from
 //!   [`Decoder::set_drafts`] for the [`Decoder::decode_slots`]) and
 //!   [`with_rejection`](SamplerConfig::with_rejection) (a draft model's rows);
+//! - [`arrivals`]: [`serve`](arrivals::serve) requests as they arrive, inserting and removing
+//!   them around the runner's step;
 //! - [`seeds`]: the per-token seed schedule (`infer_seed` advances by 4 per emitted token).
 //!
 //! ## Sampling from logits
@@ -173,6 +175,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod arrivals;
 mod buffers;
 mod config;
 mod decoder;

@@ -2,7 +2,7 @@
 
 use super::{BatchDims, Check, RowShape};
 use crate::backend::{Call, DeviceDesc};
-use crate::{Buffer, DType, Error, Op, Result};
+use crate::{Buffer, DType, Device, DeviceExt, Error, Op, Result};
 
 /// A validated `accept_logprobs`. Facts: the logits dtype. Always launched: the packed offsets
 /// `cu_accept` have `max_bsz + 1` entries even when nothing was accepted.
@@ -44,6 +44,57 @@ pub struct LogprobsOutputs<'a> {
     pub top_ids: &'a mut Buffer,
     /// `[max_bsz · S, K]` f32: their log-probabilities; -inf beyond the total.
     pub top_logprobs: &'a mut Buffer,
+}
+
+/// The six output buffers of `accept_logprobs`, owned: allocated once with
+/// [`alloc`](LogprobsBuffers::alloc), lent to each call with
+/// [`outputs`](LogprobsBuffers::outputs).
+#[derive(Debug)]
+pub struct LogprobsBuffers {
+    /// See [`LogprobsOutputs::cu_accept`].
+    pub cu_accept: Buffer,
+    /// See [`LogprobsOutputs::token_ids`].
+    pub token_ids: Buffer,
+    /// See [`LogprobsOutputs::logprobs`].
+    pub logprobs: Buffer,
+    /// See [`LogprobsOutputs::ranks`].
+    pub ranks: Buffer,
+    /// See [`LogprobsOutputs::top_ids`].
+    pub top_ids: Buffer,
+    /// See [`LogprobsOutputs::top_logprobs`].
+    pub top_logprobs: Buffer,
+}
+
+impl LogprobsBuffers {
+    /// Zeroed outputs for `max_bsz` slots, `packed` (`max_bsz · S`) packed entries and `top_k`
+    /// top log-probabilities per entry.
+    pub fn alloc<D: Device + ?Sized>(
+        device: &D,
+        max_bsz: usize,
+        packed: usize,
+        top_k: usize,
+    ) -> Result<Self> {
+        Ok(Self {
+            cu_accept: device.alloc::<i32>(max_bsz + 1)?,
+            token_ids: device.alloc::<i32>(packed)?,
+            logprobs: device.alloc::<f32>(packed)?,
+            ranks: device.alloc::<i32>(packed)?,
+            top_ids: device.alloc::<i32>(packed * top_k)?,
+            top_logprobs: device.alloc::<f32>(packed * top_k)?,
+        })
+    }
+
+    /// The buffers, lent as the outputs of one `accept_logprobs` call.
+    pub fn outputs(&mut self) -> LogprobsOutputs<'_> {
+        LogprobsOutputs {
+            cu_accept: &mut self.cu_accept,
+            token_ids: &mut self.token_ids,
+            logprobs: &mut self.logprobs,
+            ranks: &mut self.ranks,
+            top_ids: &mut self.top_ids,
+            top_logprobs: &mut self.top_logprobs,
+        }
+    }
 }
 
 /// Parameters of `accept_logprobs`.

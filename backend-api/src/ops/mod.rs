@@ -19,7 +19,9 @@ pub mod top_p_candidates;
 pub mod update_state;
 pub mod verify_draft_tokens;
 
-pub use accept_logprobs::{AcceptLogprobsCall, LogprobsInputs, LogprobsOutputs, LogprobsParams};
+pub use accept_logprobs::{
+    AcceptLogprobsCall, LogprobsBuffers, LogprobsInputs, LogprobsOutputs, LogprobsParams,
+};
 pub use argmax::ArgmaxCall;
 pub use build_output_layout::{BuildOutputLayoutCall, LayoutOutputs, LayoutParams};
 pub use build_sampling_params::{

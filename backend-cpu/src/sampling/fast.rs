@@ -434,22 +434,17 @@ pub(crate) fn candidates_row_fast<T: FloatElement>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampling::lcg::Lcg;
 
     /// Softmax-like rows that sum to about 1, with exact ties, in f32.
     fn normalized_rows(seed: u64, rows: usize, vocab: usize) -> Vec<Vec<f32>> {
-        let mut x = seed;
+        let mut lcg = Lcg(seed);
         (0..rows)
             .map(|r| {
                 let mut row: Vec<f32> = (0..vocab)
                     .map(|_| {
-                        x = x
-                            .wrapping_mul(6364136223846793005)
-                            .wrapping_add(1442695040888963407);
-                        let u = (x >> 40) as f32 / (1u64 << 24) as f32;
-                        x = x
-                            .wrapping_mul(6364136223846793005)
-                            .wrapping_add(1442695040888963407);
-                        let u2 = ((x >> 40) as f32 + 0.5) / (1u64 << 24) as f32;
+                        let u = lcg.unit();
+                        let u2 = ((lcg.next_u64() >> 40) as f32 + 0.5) / (1u64 << 24) as f32;
                         let gaussian =
                             (-2.0 * (u + 1e-7).ln()).sqrt() * (std::f32::consts::TAU * u2).cos();
                         let logit = match r % 3 {

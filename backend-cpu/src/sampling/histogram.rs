@@ -335,6 +335,7 @@ pub(crate) fn total_weight<T: FloatElement>(row: &[T]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampling::lcg::Lcg;
 
     /// The rank order by a full sort, for checking the histogram selection.
     fn rank_order(row: &[f32]) -> Vec<usize> {
@@ -351,13 +352,10 @@ mod tests {
     }
 
     fn lcg_row(seed: u64, vocab: usize, ties: bool) -> Vec<f32> {
-        let mut x = seed;
+        let mut lcg = Lcg(seed);
         (0..vocab)
             .map(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let u = (x >> 40) as f32 / (1u64 << 24) as f32;
+                let u = lcg.unit();
                 if ties {
                     (u * 8.0).floor() / 64.0
                 } else {

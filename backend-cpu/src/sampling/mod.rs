@@ -6,5 +6,7 @@
 
 pub(crate) mod fast;
 pub(crate) mod histogram;
+#[cfg(test)]
+pub(crate) mod lcg;
 pub(crate) mod logits;
 pub(crate) mod scan;

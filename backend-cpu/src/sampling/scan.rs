@@ -994,6 +994,7 @@ pub(crate) fn argmax_row<T: FloatElement>(row: &[T]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampling::lcg::Lcg;
     use specula_backend_api::fixed_point::{key_weight, rank_key};
 
     /// The AVX2 pass writes what the generic loop writes: block weights, the two largest keys of
@@ -1066,13 +1067,11 @@ mod tests {
 
     /// Hostile values: NaN, infinities, negatives, −0, subnormals, values above 1, ties.
     fn hostile_row(seed: u64, len: usize) -> Vec<f32> {
-        let mut x = seed;
+        let mut lcg = Lcg(seed);
         (0..len)
             .map(|i| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let u = (x >> 40) as f32 / (1u64 << 24) as f32;
+                let u = lcg.unit();
+                let x = lcg.0;
                 match i % 11 {
                     0 => f32::NAN,
                     1 => -u,

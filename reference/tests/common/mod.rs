@@ -128,12 +128,7 @@ pub fn logprobs(
     );
     let (accept_tokens, accept_num) = (up_i32(tokens), up_i32(&[n as i32]));
     let (encoder, cu_out) = (up_i32(&[0]), up_i32(&[0, n as i32]));
-    let mut cu_accept = dev.alloc::<i32>(2).unwrap();
-    let mut token_ids = dev.alloc::<i32>(n).unwrap();
-    let mut lps = dev.alloc::<f32>(n).unwrap();
-    let mut ranks = dev.alloc::<i32>(n).unwrap();
-    let mut top_ids = dev.alloc::<i32>(n * k).unwrap();
-    let mut top_lps = dev.alloc::<f32>(n * k).unwrap();
+    let mut out = LogprobsBuffers::alloc(dev, 1, n, k).unwrap();
     dev.accept_logprobs(
         &LogprobsInputs {
             logits: &l,
@@ -143,14 +138,7 @@ pub fn logprobs(
             seq_lens_encoder: &encoder,
             cu_seqlens_q_output: &cu_out,
         },
-        &mut LogprobsOutputs {
-            cu_accept: &mut cu_accept,
-            token_ids: &mut token_ids,
-            logprobs: &mut lps,
-            ranks: &mut ranks,
-            top_ids: &mut top_ids,
-            top_logprobs: &mut top_lps,
-        },
+        &mut out.outputs(),
         &LogprobsParams {
             dims,
             shape: RowShape { rows: n, vocab },
@@ -160,10 +148,10 @@ pub fn logprobs(
     )
     .unwrap();
     Logprobs {
-        logprobs: dev.download(&lps).unwrap(),
-        ranks: dev.download(&ranks).unwrap(),
-        top_ids: dev.download(&top_ids).unwrap(),
-        top_logprobs: dev.download(&top_lps).unwrap(),
+        logprobs: dev.download(&out.logprobs).unwrap(),
+        ranks: dev.download(&out.ranks).unwrap(),
+        top_ids: dev.download(&out.top_ids).unwrap(),
+        top_logprobs: dev.download(&out.top_logprobs).unwrap(),
     }
 }
 

@@ -37,10 +37,10 @@
 
 use specula_backend_api::ops::{
     CandidateInputs, CandidatesInputs, CandidatesOutputs, CandidatesParams, DecodeState, Logits,
-    LogprobsInputs, LogprobsOutputs, LogprobsParams, OutputLayout, ProcessOutputs, ProcessParams,
-    RejectionInputs, RowBlock, RowProcessing, RowShape, SampleInputs, SampleParams,
-    Scores as RowScores, SoftmaxParams, StrategyInputs, UpdateStateInputs, UpdateStateParams,
-    VerifyInputs, VerifyOutputs, VerifyParams, VerifySlotState,
+    LogprobsInputs, LogprobsParams, OutputLayout, ProcessOutputs, ProcessParams, RejectionInputs,
+    RowBlock, RowProcessing, RowShape, SampleInputs, SampleParams, Scores as RowScores,
+    SoftmaxParams, StrategyInputs, UpdateStateInputs, UpdateStateParams, VerifyInputs,
+    VerifyOutputs, VerifyParams, VerifySlotState,
 };
 use specula_backend_api::transfer::elements;
 use specula_backend_api::{Buffer, Device, DeviceExt, PendingDownload, Strategy, WriteAt};
@@ -611,54 +611,45 @@ fn targets(
         &row_temperature[block.first..block.first + block.rows],
     )?;
     let fallback = fallback(checked, sc.processed.as_ref());
-    match (
+    let top_k = match (
         checked.strategy,
         sc.processed.as_ref().filter(|_| checked.processing),
     ) {
-        // Under processing a masked row has no argmax: GREEDY is the equal `top_k = 1` sample,
-        // which yields the row's fallback.
-        (Strategy::Greedy, Some(p)) => cx.device.top_k_top_p_sample(
-            &SampleInputs {
-                scores,
-                top_k: &p.ones,
-                top_p: &sc.row_top_p,
-                seed: &sc.row_seed,
-                fallback,
-            },
-            &mut sc.target_tokens,
-            &SampleParams {
-                shape,
-                host_top_p: None,
-            },
-        )?,
         (Strategy::Greedy, None) => {
             cx.device
-                .argmax(scores.matrix(), &mut sc.target_tokens, &shape)?
+                .argmax(scores.matrix(), &mut sc.target_tokens, &shape)?;
+            return Ok(());
         }
-        (Strategy::TargetMatch, _) => cx.device.top_k_top_p_sample(
-            &SampleInputs {
-                scores,
-                top_k: &sc.row_top_k,
-                top_p: &sc.row_top_p,
-                seed: &sc.row_seed,
-                fallback,
-            },
-            &mut sc.target_tokens,
-            &SampleParams {
-                shape,
-                host_top_p: None,
-            },
-        )?,
-        (Strategy::TopP, _) => top_p_candidates(
-            cx,
-            (scores, fallback),
-            &sc.row_top_p,
-            &mut sc.batch_id_per_token_output,
-            sc.candidates.as_mut(),
-            (shape, block.first),
-        )?,
-        (Strategy::Rejection, _) => {}
-    }
+        // Under processing a masked row has no argmax: GREEDY is the equal `top_k = 1` sample,
+        // which yields the row's fallback.
+        (Strategy::Greedy, Some(p)) => &p.ones,
+        (Strategy::TargetMatch, _) => &sc.row_top_k,
+        (Strategy::TopP, _) => {
+            return top_p_candidates(
+                cx,
+                (scores, fallback),
+                &sc.row_top_p,
+                &mut sc.batch_id_per_token_output,
+                sc.candidates.as_mut(),
+                (shape, block.first),
+            );
+        }
+        (Strategy::Rejection, _) => return Ok(()),
+    };
+    cx.device.top_k_top_p_sample(
+        &SampleInputs {
+            scores,
+            top_k,
+            top_p: &sc.row_top_p,
+            seed: &sc.row_seed,
+            fallback,
+        },
+        &mut sc.target_tokens,
+        &SampleParams {
+            shape,
+            host_top_p: None,
+        },
+    )?;
     Ok(())
 }
 
@@ -854,14 +845,7 @@ fn logprobs(
             seq_lens_encoder: &st.seq_lens_encoder,
             cu_seqlens_q_output: &sc.cu_seqlens_q_output,
         },
-        &mut LogprobsOutputs {
-            cu_accept: &mut lp.cu_accept,
-            token_ids: &mut lp.token_ids,
-            logprobs: &mut lp.logprobs,
-            ranks: &mut lp.ranks,
-            top_ids: &mut lp.top_ids,
-            top_logprobs: &mut lp.top_logprobs,
-        },
+        &mut lp.out.outputs(),
         &LogprobsParams {
             dims: cx.dims(),
             shape: checked.shape(cx.config.vocab),
@@ -953,12 +937,13 @@ fn start_download(
     srcs.extend(fallback);
     let lp = sc.logprobs.as_ref().filter(|_| logprobs);
     if let Some(lp) = lp {
+        let out = &lp.out;
         srcs.extend([
-            &lp.cu_accept,
-            &lp.logprobs,
-            &lp.ranks,
-            &lp.top_ids,
-            &lp.top_logprobs,
+            &out.cu_accept,
+            &out.logprobs,
+            &out.ranks,
+            &out.top_ids,
+            &out.top_logprobs,
         ]);
     }
     Ok(Downloading {

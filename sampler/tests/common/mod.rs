@@ -1,13 +1,14 @@
 //! A toy target model and a driver loop shared by the integration tests.
 #![allow(dead_code)]
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use specula_backend_api::{Buffer, Device, DeviceExt};
+pub use specula_sampler::arrivals::Arrival;
+use specula_sampler::arrivals::serve;
 use specula_sampler::{
     DecodeStats, Decoder, FinishReason, Request, SamplerConfig, SamplerError, SamplingParams,
-    StepPlan, StepScores, registry,
+    StepError, StepOutput, StepPlan, StepScores, registry,
 };
 
 /// The toy model's vocabulary in every test.
@@ -193,13 +194,6 @@ pub fn forward(
     }
 }
 
-/// One request arriving at a given step.
-#[derive(Clone, Debug)]
-pub struct Arrival {
-    pub step: u64,
-    pub request: Request,
-}
-
 /// What a run produced.
 #[derive(Debug)]
 pub struct RunResult {
@@ -248,91 +242,95 @@ pub fn run_with(
     mode: Forward,
     extras: Extras,
 ) -> RunResult {
-    let bitmask = extras.bitmask;
     let mut decoder = Decoder::new(device.clone(), config.clone()).expect("decoder");
-    let mut pending: VecDeque<(usize, &Arrival)> = arrivals.iter().enumerate().collect();
-    let mut in_slot: Vec<Option<usize>> = vec![None; config.max_bsz];
-    let mut tokens = vec![Vec::new(); arrivals.len()];
-    let mut finished = vec![None; arrivals.len()];
-    let mut guard = 0;
-    loop {
-        while let Some(&(index, arrival)) = pending.front() {
-            let due = arrival.step <= decoder.step_number() || !decoder.has_running();
-            if !due || decoder.free_slots() == 0 {
-                break;
-            }
-            let slot = decoder.insert(arrival.request.clone()).expect("insert");
-            in_slot[slot] = Some(index);
-            pending.pop_front();
-        }
-        if pending.is_empty() && !decoder.has_running() {
-            break;
-        }
-        if let Some(drafts) = extras.drafts {
-            decoder.propose().expect("propose");
-            for slot in decoder.occupied_slots() {
-                let decoding = decoder.generated(slot).is_some_and(|g| !g.is_empty());
-                if decoder.is_running(slot) && decoding {
-                    let context = decoder.context(slot).expect("occupied").to_vec();
-                    let mut d = drafts(&context);
-                    d.truncate(config.max_step_tokens - 1);
-                    decoder.set_drafts(slot, &d).expect("set drafts");
-                }
-            }
-        }
-        let plan = decoder.plan().expect("plan");
-        assert!(!plan.is_empty(), "a running request must produce rows");
-        let (host_rows, lent, uploaded);
-        let scores: &Buffer = if extras.borrow_host {
-            assert!(
-                matches!(mode, Forward::Prefix),
-                "borrow_host needs Prefix mode"
-            );
-            host_rows = prefix_rows(&decoder, &plan, model).expect("forward");
-            lent = device.borrow_host(&host_rows).expect("borrow_host");
-            assert_eq!(
-                lent.is_lent(),
-                device.host_memory(),
-                "copied only off the host"
-            );
-            &lent
-        } else {
-            uploaded = forward(device.as_ref(), &decoder, &plan, model, mode).expect("forward");
-            &uploaded
-        };
-        let mask = bitmask.map(|f| {
-            let rows: Vec<u32> = (0..plan.t_out())
-                .flat_map(|t| f(&decoder.row_prefix(t).expect("row prefix"), model.vocab))
-                .collect();
-            device.upload(&rows).expect("upload bitmask")
-        });
-        let step_scores = match mode {
-            Forward::Probs => StepScores::probs(scores),
-            _ => StepScores::logits(scores),
-        };
-        let step_scores = match &mask {
-            Some(mask) => step_scores.with_bitmask(mask),
-            None => step_scores,
-        };
-        let output = decoder.finish(step_scores).expect("finish");
-        for slot_output in &output.slots {
-            assert!(!slot_output.tokens.is_empty() || slot_output.finished.is_some());
-            if slot_output.finished.is_some() {
-                let slot = slot_output.slot;
-                let removed = decoder.remove(slot).expect("remove");
-                let index = in_slot[slot].take().expect("tracked");
-                tokens[index] = removed.generated;
-                finished[index] = removed.finished;
-            }
-        }
-        guard += 1;
-        assert!(guard < 100_000, "decoding does not terminate");
-    }
+    let served = serve(&mut decoder, arrivals, |decoder| {
+        step(device, decoder, model, mode, extras).map_err(StepError::<SamplerError>::Sampler)
+    })
+    .expect("serve");
     RunResult {
-        tokens,
-        finished,
+        tokens: served.generated,
+        finished: served.finished,
         stats: decoder.stats(),
     }
+}
+
+/// One step of [`run_with`]: the runner's drafts, the forward pass in `mode`, the bitmask.
+fn step(
+    device: &Arc<dyn Device>,
+    decoder: &mut Decoder,
+    model: &ToyModel,
+    mode: Forward,
+    extras: Extras,
+) -> Result<Option<StepOutput>, SamplerError> {
+    if let Some(drafts) = extras.drafts {
+        set_runner_drafts(decoder, drafts)?;
+    }
+    let plan = decoder.plan()?;
+    if plan.is_empty() {
+        return Ok(None);
+    }
+    let (host_rows, lent, uploaded);
+    let scores: &Buffer = if extras.borrow_host {
+        assert!(
+            matches!(mode, Forward::Prefix),
+            "borrow_host needs Prefix mode"
+        );
+        host_rows = prefix_rows(decoder, &plan, model)?;
+        lent = device.borrow_host(&host_rows)?;
+        assert_eq!(
+            lent.is_lent(),
+            device.host_memory(),
+            "copied only off the host"
+        );
+        &lent
+    } else {
+        uploaded = forward(device.as_ref(), decoder, &plan, model, mode)?;
+        &uploaded
+    };
+    let mask = match extras.bitmask {
+        Some(f) => Some(bitmask_rows(device.as_ref(), decoder, &plan, model, f)?),
+        None => None,
+    };
+    let step_scores = match mode {
+        Forward::Probs => StepScores::probs(scores),
+        _ => StepScores::logits(scores),
+    };
+    let step_scores = match &mask {
+        Some(mask) => step_scores.with_bitmask(mask),
+        None => step_scores,
+    };
+    Ok(Some(decoder.finish(step_scores)?))
+}
+
+/// Sets the runner's drafts (`S − 1` at most) for every running decode slot.
+fn set_runner_drafts(decoder: &mut Decoder, drafts: DraftFn) -> Result<(), SamplerError> {
+    let most = decoder.config().max_step_tokens - 1;
+    decoder.propose()?;
+    for slot in decoder.occupied_slots() {
+        let decoding = decoder.generated(slot).is_some_and(|g| !g.is_empty());
+        if decoder.is_running(slot) && decoding {
+            let context = decoder.context(slot).expect("occupied").to_vec();
+            let mut d = drafts(&context);
+            d.truncate(most);
+            decoder.set_drafts(slot, &d)?;
+        }
+    }
+    Ok(())
+}
+
+/// The runner's token bitmask for every output row of `plan`, on the device.
+fn bitmask_rows(
+    device: &dyn Device,
+    decoder: &Decoder,
+    plan: &StepPlan,
+    model: &ToyModel,
+    bitmask: BitmaskFn,
+) -> Result<Buffer, SamplerError> {
+    let mut rows = Vec::new();
+    for t in 0..plan.t_out() {
+        rows.extend(bitmask(&decoder.row_prefix(t)?, model.vocab));
+    }
+    Ok(device.upload(&rows)?)
 }
 
 /// A prompt that follows the model's favoured chain with a few random tokens mixed in, so n-gram
