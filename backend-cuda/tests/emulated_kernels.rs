@@ -170,6 +170,13 @@ impl Workdir {
         std::fs::write(self.0.join(name), bytemuck::cast_slice(data)).expect("write");
     }
 
+    /// Writes each `(name, data)` of `files` as the input file `name`.
+    fn write_each(&self, files: &[(&str, &[i32])]) {
+        for (name, data) in files {
+            self.write(name, data);
+        }
+    }
+
     /// The output file `name`, as `T` values.
     fn read<T: bytemuck::Pod>(&self, name: &str) -> Vec<T> {
         bytemuck::pod_collect_to_vec(&std::fs::read(self.0.join(name)).expect("read output"))
@@ -545,9 +552,7 @@ fn check_candidates(
     offset: usize,
     cands: usize,
 ) {
-    let batch_id: Vec<i32> = (0..c.rows as i32)
-        .map(|r| if r % 5 == 4 { -1 } else { r })
-        .collect();
+    let batch_id = padded_batch_ids(c.rows, 5);
     work.write("batch_id.bin", &batch_id);
     work.run(bin, "candidates", &[&c.rows, &c.vocab, &offset, &cands]);
     let (probs, top_p, bid) = (c.probs(cpu), up(cpu, &c.top_p), up(cpu, &batch_id));
@@ -556,6 +561,13 @@ fn check_candidates(
     let (dtype, rows, vocab) = (c.dtype, c.rows, c.vocab);
     let label = format!("{dtype} candidates C={cands} {rows}x{vocab} offset {offset}");
     Expect::new(work, cpu, label).candidates(&want);
+}
+
+/// `batch_id` for `rows` rows: row `r`, or −1 (padding) for every `every`-th row.
+fn padded_batch_ids(rows: usize, every: i32) -> Vec<i32> {
+    (0..rows as i32)
+        .map(|r| if r % every == every - 1 { -1 } else { r })
+        .collect()
 }
 
 /// The output rows of a slot (the layout rule), for building consistent batches.
@@ -707,17 +719,15 @@ impl VerifySlots {
 
     /// Writes the slot inputs and `end_tokens` for the `verify` driver.
     fn write(&self, work: &Workdir, end_tokens: &[i32]) {
-        for (name, data) in [
+        work.write_each(&[
             ("this_time.bin", &self.this_time),
             ("encoder.bin", &self.encoder),
             ("cu_out.bin", &self.cu_out),
             ("reasoning.bin", &self.reasoning),
             ("step_idx.bin", &self.step_idx),
             ("max_dec_len.bin", &self.max_dec_len),
-        ] {
-            work.write(name, data);
-        }
-        work.write("end_tokens.bin", end_tokens);
+            ("end_tokens.bin", end_tokens),
+        ]);
         work.write("stop_flags.bin", &self.stop_flags);
         work.write("is_block_step.bin", &self.is_block);
     }
@@ -1123,9 +1133,7 @@ fn logits_sampling_kernels_match_the_reference() {
             if splits > 1 {
                 continue;
             }
-            let batch_id: Vec<i32> = (0..rows_n as i32)
-                .map(|r| if r % 5 == 4 { -1 } else { r })
-                .collect();
+            let batch_id = padded_batch_ids(rows_n, 5);
             work.write("batch_id.bin", &batch_id);
             for cands in [1usize, 7, 128] {
                 work.run(&bin, "candidates", &[&rows_n, &vocab, &offset, &cands, &1]);
@@ -1211,9 +1219,7 @@ fn sampling_fallback_matches_the_reference() {
                 if splits > 1 {
                     continue;
                 }
-                let batch_id: Vec<i32> = (0..rows_n as i32)
-                    .map(|r| if r % 7 == 6 { -1 } else { r })
-                    .collect();
+                let batch_id = padded_batch_ids(rows_n, 7);
                 work.write("batch_id.bin", &batch_id);
                 for cands in [1usize, 5] {
                     work.run(
@@ -1647,7 +1653,7 @@ fn batch_kernels_match_the_cpu_reference() {
         let threshold = mandatory + [100usize, 2, 0, 1, 3][trial % 5];
         let (min_n, max_n) = [(1usize, 3usize), (2, 2), (1, 1), (3, 5)][trial % 4];
 
-        for (name, data) in [
+        work.write_each(&[
             ("this_time.bin", this_time),
             ("encoder.bin", encoder),
             ("slot_top_k.bin", &slot_top_k),
@@ -1660,10 +1666,8 @@ fn batch_kernels_match_the_cpu_reference() {
             ("draft_tokens.bin", &state.draft_tokens),
             ("decoder.bin", &state.decoder),
             ("draft_token_num.bin", &state.draft_token_num),
-        ] {
-            work.write(name, data);
-        }
-        work.write("end_tokens.bin", &end_tokens);
+            ("end_tokens.bin", &end_tokens),
+        ]);
         work.write("slot_top_p.bin", &slot_top_p);
         work.write("slot_temperature.bin", &slot_temperature);
         work.write("slot_seed.bin", &slot_seed);
@@ -2148,7 +2152,7 @@ fn process_case(
 fn write_process_case(work: &Workdir, case: &ProcessCase) {
     work.write("probs.bin", &case.score_bytes());
     work.write("temperature.bin", &case.temperature);
-    for (name, data) in [
+    work.write_each(&[
         ("cu_out.bin", &case.cu_out),
         ("batch_id.bin", &case.batch_id),
         ("token_ids_all.bin", &case.token_ids_all),
@@ -2162,9 +2166,7 @@ fn write_process_case(work: &Workdir, case: &ProcessCase) {
         ("bias_ids.bin", &case.bias_ids),
         ("bad_word_offsets.bin", &case.bad_word_offsets),
         ("bad_words.bin", &case.bad_words),
-    ] {
-        work.write(name, data);
-    }
+    ]);
     work.write("prompt_mask.bin", &case.prompt_mask);
     work.write("penalties.bin", &case.penalties);
     work.write("bias_values.bin", &case.bias_values);
