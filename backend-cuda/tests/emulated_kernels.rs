@@ -787,6 +787,67 @@ fn write_verify_rows(
     work.write("draft_probs.bin", draft_bytes);
 }
 
+/// One `driver verify` run (see `emulator/driver.cpp`) over rows at window offset 0, its
+/// numeric arguments by name.
+struct VerifyRun {
+    rows: usize,
+    vocab: usize,
+    dims: BatchDims,
+    n_end: usize,
+    /// 0 GREEDY, 1 TARGET_MATCH, 2 TOP_P, 3 REJECTION.
+    strategy: u32,
+    accept_all: bool,
+    reject_all: bool,
+    candidates: usize,
+    /// REJECTION's rows are logits (it reads `temperature.bin`).
+    logits: bool,
+    /// REJECTION reads `fallback.bin`.
+    fallback: bool,
+    /// With more than 0, the draft rows are that many compact rows (`draft_index.bin`).
+    draft_rows: usize,
+}
+
+impl VerifyRun {
+    /// A run of `strategy` without flags, candidates or compact draft rows.
+    fn new(rows: usize, vocab: usize, dims: BatchDims, n_end: usize, strategy: u32) -> Self {
+        VerifyRun {
+            rows,
+            vocab,
+            dims,
+            n_end,
+            strategy,
+            accept_all: false,
+            reject_all: false,
+            candidates: 0,
+            logits: false,
+            fallback: false,
+            draft_rows: 0,
+        }
+    }
+
+    /// Runs the driver `bin` on the inputs in `work`.
+    fn run(&self, work: &Workdir, bin: &Path) {
+        let d = &self.dims;
+        let args: [&dyn Display; 14] = [
+            &self.rows,
+            &self.vocab,
+            &0,
+            &d.max_bsz,
+            &d.real_bsz,
+            &d.max_step_tokens,
+            &self.strategy,
+            &u32::from(self.accept_all),
+            &u32::from(self.reject_all),
+            &self.candidates,
+            &self.n_end,
+            &u32::from(self.logits),
+            &u32::from(self.fallback),
+            &self.draft_rows,
+        ];
+        work.run(bin, "verify", &args);
+    }
+}
+
 fn verify_kernels_match_the_cpu_reference() {
     let work = Workdir::new("verify");
     let cpu = cpu();
@@ -933,25 +994,15 @@ fn verify_kernels_match_the_cpu_reference() {
                 };
                 work.write("draft_tokens.bin", kernel_drafts);
                 work.write("target_tokens.bin", targets);
-                let accept_every = u32::from(accept_all && !reject_all);
-                let reject_every = u32::from(reject_all);
-                let fallback_flag = u32::from(rejection && with_fallback);
-                let args: [&dyn Display; 13] = [
-                    &rows,
-                    &vocab,
-                    &0,
-                    &max_bsz,
-                    &real_bsz,
-                    &s,
-                    &strategy_code,
-                    &accept_every,
-                    &reject_every,
-                    &cands,
-                    &end_tokens.len(),
-                    &0,
-                    &fallback_flag,
-                ];
-                work.run(&bin, "verify", &args);
+                let fallback = rejection && with_fallback;
+                VerifyRun {
+                    accept_all: accept_all && !reject_all,
+                    reject_all,
+                    candidates: cands,
+                    fallback,
+                    ..VerifyRun::new(rows, vocab, dims, end_tokens.len(), strategy_code)
+                }
+                .run(&work, &bin);
                 let target_tokens = if strategy_code == 0 {
                     &greedy_buf
                 } else {
@@ -982,7 +1033,7 @@ fn verify_kernels_match_the_cpu_reference() {
                     "{dtype} {} trial {trial} (accept_all {accept_all}, reject_all {reject_all}, \
                      fallback {})",
                     strategy.name(),
-                    fallback_flag != 0
+                    fallback
                 );
                 Expect::new(&work, &cpu, label).verified(&want);
             }
@@ -1339,23 +1390,15 @@ fn logits_rejection_matches_the_reference() {
             work.write("temperature.bin", &temperature);
             work.write("fallback.bin", &fallback);
             work.write("draft_index.bin", &index);
-            let args: [&dyn Display; 14] = [
-                &rows,
-                &vocab,
-                &0,
-                &max_bsz,
-                &real_bsz,
-                &s,
-                &3,
-                &u32::from(accept_all),
-                &u32::from(reject_all),
-                &0,
-                &end_tokens.len(),
-                &1,
-                &u32::from(with_fallback),
-                &compact_rows,
-            ];
-            work.run(&bin, "verify", &args);
+            VerifyRun {
+                accept_all,
+                reject_all,
+                logits: true,
+                fallback: with_fallback,
+                draft_rows: compact_rows,
+                ..VerifyRun::new(rows, vocab, dims, end_tokens.len(), 3)
+            }
+            .run(&work, &bin);
             let slot_bufs = slots.upload(&dev, &end_tokens);
             let dt = up(&dev, &draft_tokens);
             let draft_index = (compact_rows > 0).then(|| up(&dev, &index));
