@@ -87,6 +87,13 @@ static u32 vec_ok(const void* p, size_t elem, u32 vocab) {
 
 static u32 blocks_for(u64 n, u32 block) { return (u32)((n + block - 1) / block); }
 
+// An output of `n` elements in device memory, each `garbage` (the kernel must write every one).
+template <class T> static T* dalloc_filled(u64 n, T garbage) {
+    T* p = dalloc<T>(n);
+    for (u64 i = 0; i < n; ++i) p[i] = garbage;
+    return p;
+}
+
 // The scores of a sampling kernel's `a`: logits rows (LOGITS, argument `i`: reads temperature) or
 // probabilities, with a fallback per row or not (FALLBACK, argument `i + 1`: reads fallback).
 template <class Args> static void read_scores_kind(const Run& run, Args& a, int i) {
@@ -105,8 +112,7 @@ static void run_sample(const Run& run) {
     a.seed = run.in<u64>("seed");
     read_scores_kind(run, a, 8);
     a.pad = 0;
-    a.tokens = dalloc<i32>(rows);
-    for (u32 r = 0; r < rows; ++r) a.tokens[r] = -7;
+    a.tokens = dalloc_filled<i32>(rows, -7);
     a.rows = rows;
     a.vocab = vocab;
     a.vec = vec_ok(a.probs, sizeof(raw), vocab);
@@ -194,9 +200,8 @@ static void run_verify(const Run& run) {
     a.max_dec_len = run.in<i32>("max_dec_len");
     a.end_tokens = run.in<i32>("end_tokens");
     a.seeds = run.in<u64>("seeds");
-    a.accept_tokens = dalloc<i32>(max_bsz * s);
+    a.accept_tokens = dalloc_filled<i32>(max_bsz * s, -9);
     a.accept_num = dalloc<i32>(max_bsz);
-    for (u64 i = 0; i < max_bsz * s; ++i) a.accept_tokens[i] = -9;
     if (a.strategy == SPECULA_STRATEGY_REJECTION) {
         a.target_probs = run.in<raw>("target_probs", run.offset());
         a.draft_probs = run.in<draft_raw>("draft_probs");
@@ -301,10 +306,9 @@ static void run_process(const Run& run) {
     a.allowed = run.in_if<u32>(run.arg(13) != 0, "allowed");
     a.bitmask = run.in_if<u32>(run.arg(14) != 0, "bitmask");
     a.processed = dalloc<float>((u64)rows * vocab);
-    a.fallback = dalloc<i32>(rows);
+    a.fallback = dalloc_filled<i32>(rows, -7);
     // Garbage in the outputs: every element must be written.
     memset(a.processed, 0x5a, sizeof(float) * (u64)rows * vocab);
-    for (u32 r = 0; r < rows; ++r) a.fallback[r] = -7;
     if (rows > 0) launch(SPECULA_ENTRY(process_logits), rows, 1, SPECULA_ROW_BLOCK, a, 2);
     run.out("processed", a.processed, (u64)rows * vocab);
     run.out("fallback", a.fallback, rows);
