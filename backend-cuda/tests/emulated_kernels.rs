@@ -170,6 +170,13 @@ impl Workdir {
         std::fs::write(self.0.join(name), bytemuck::cast_slice(data)).expect("write");
     }
 
+    /// Writes each `(name, data)` of `files` as the input file `name`.
+    fn write_each(&self, files: &[(&str, &[i32])]) {
+        for (name, data) in files {
+            self.write(name, data);
+        }
+    }
+
     /// The output file `name`, as `T` values.
     fn read<T: bytemuck::Pod>(&self, name: &str) -> Vec<T> {
         bytemuck::pod_collect_to_vec(&std::fs::read(self.0.join(name)).expect("read output"))
@@ -545,9 +552,7 @@ fn check_candidates(
     offset: usize,
     cands: usize,
 ) {
-    let batch_id: Vec<i32> = (0..c.rows as i32)
-        .map(|r| if r % 5 == 4 { -1 } else { r })
-        .collect();
+    let batch_id = padded_batch_ids(c.rows, 5);
     work.write("batch_id.bin", &batch_id);
     work.run(bin, "candidates", &[&c.rows, &c.vocab, &offset, &cands]);
     let (probs, top_p, bid) = (c.probs(cpu), up(cpu, &c.top_p), up(cpu, &batch_id));
@@ -556,6 +561,13 @@ fn check_candidates(
     let (dtype, rows, vocab) = (c.dtype, c.rows, c.vocab);
     let label = format!("{dtype} candidates C={cands} {rows}x{vocab} offset {offset}");
     Expect::new(work, cpu, label).candidates(&want);
+}
+
+/// `batch_id` for `rows` rows: row `r`, or −1 (padding) for every `every`-th row.
+fn padded_batch_ids(rows: usize, every: i32) -> Vec<i32> {
+    (0..rows as i32)
+        .map(|r| if r % every == every - 1 { -1 } else { r })
+        .collect()
 }
 
 /// The output rows of a slot (the layout rule), for building consistent batches.
@@ -707,17 +719,15 @@ impl VerifySlots {
 
     /// Writes the slot inputs and `end_tokens` for the `verify` driver.
     fn write(&self, work: &Workdir, end_tokens: &[i32]) {
-        for (name, data) in [
+        work.write_each(&[
             ("this_time.bin", &self.this_time),
             ("encoder.bin", &self.encoder),
             ("cu_out.bin", &self.cu_out),
             ("reasoning.bin", &self.reasoning),
             ("step_idx.bin", &self.step_idx),
             ("max_dec_len.bin", &self.max_dec_len),
-        ] {
-            work.write(name, data);
-        }
-        work.write("end_tokens.bin", end_tokens);
+            ("end_tokens.bin", end_tokens),
+        ]);
         work.write("stop_flags.bin", &self.stop_flags);
         work.write("is_block_step.bin", &self.is_block);
     }
@@ -775,6 +785,67 @@ fn write_verify_rows(
     work.write("seeds.bin", seeds);
     work.write("target_probs.bin", target_bytes);
     work.write("draft_probs.bin", draft_bytes);
+}
+
+/// One `driver verify` run (see `emulator/driver.cpp`) over rows at window offset 0, its
+/// numeric arguments by name.
+struct VerifyRun {
+    rows: usize,
+    vocab: usize,
+    dims: BatchDims,
+    n_end: usize,
+    /// 0 GREEDY, 1 TARGET_MATCH, 2 TOP_P, 3 REJECTION.
+    strategy: u32,
+    accept_all: bool,
+    reject_all: bool,
+    candidates: usize,
+    /// REJECTION's rows are logits (it reads `temperature.bin`).
+    logits: bool,
+    /// REJECTION reads `fallback.bin`.
+    fallback: bool,
+    /// With more than 0, the draft rows are that many compact rows (`draft_index.bin`).
+    draft_rows: usize,
+}
+
+impl VerifyRun {
+    /// A run of `strategy` without flags, candidates or compact draft rows.
+    fn new(rows: usize, vocab: usize, dims: BatchDims, n_end: usize, strategy: u32) -> Self {
+        VerifyRun {
+            rows,
+            vocab,
+            dims,
+            n_end,
+            strategy,
+            accept_all: false,
+            reject_all: false,
+            candidates: 0,
+            logits: false,
+            fallback: false,
+            draft_rows: 0,
+        }
+    }
+
+    /// Runs the driver `bin` on the inputs in `work`.
+    fn run(&self, work: &Workdir, bin: &Path) {
+        let d = &self.dims;
+        let args: [&dyn Display; 14] = [
+            &self.rows,
+            &self.vocab,
+            &0,
+            &d.max_bsz,
+            &d.real_bsz,
+            &d.max_step_tokens,
+            &self.strategy,
+            &u32::from(self.accept_all),
+            &u32::from(self.reject_all),
+            &self.candidates,
+            &self.n_end,
+            &u32::from(self.logits),
+            &u32::from(self.fallback),
+            &self.draft_rows,
+        ];
+        work.run(bin, "verify", &args);
+    }
 }
 
 fn verify_kernels_match_the_cpu_reference() {
@@ -923,25 +994,15 @@ fn verify_kernels_match_the_cpu_reference() {
                 };
                 work.write("draft_tokens.bin", kernel_drafts);
                 work.write("target_tokens.bin", targets);
-                let accept_every = u32::from(accept_all && !reject_all);
-                let reject_every = u32::from(reject_all);
-                let fallback_flag = u32::from(rejection && with_fallback);
-                let args: [&dyn Display; 13] = [
-                    &rows,
-                    &vocab,
-                    &0,
-                    &max_bsz,
-                    &real_bsz,
-                    &s,
-                    &strategy_code,
-                    &accept_every,
-                    &reject_every,
-                    &cands,
-                    &end_tokens.len(),
-                    &0,
-                    &fallback_flag,
-                ];
-                work.run(&bin, "verify", &args);
+                let fallback = rejection && with_fallback;
+                VerifyRun {
+                    accept_all: accept_all && !reject_all,
+                    reject_all,
+                    candidates: cands,
+                    fallback,
+                    ..VerifyRun::new(rows, vocab, dims, end_tokens.len(), strategy_code)
+                }
+                .run(&work, &bin);
                 let target_tokens = if strategy_code == 0 {
                     &greedy_buf
                 } else {
@@ -972,7 +1033,7 @@ fn verify_kernels_match_the_cpu_reference() {
                     "{dtype} {} trial {trial} (accept_all {accept_all}, reject_all {reject_all}, \
                      fallback {})",
                     strategy.name(),
-                    fallback_flag != 0
+                    fallback
                 );
                 Expect::new(&work, &cpu, label).verified(&want);
             }
@@ -1123,9 +1184,7 @@ fn logits_sampling_kernels_match_the_reference() {
             if splits > 1 {
                 continue;
             }
-            let batch_id: Vec<i32> = (0..rows_n as i32)
-                .map(|r| if r % 5 == 4 { -1 } else { r })
-                .collect();
+            let batch_id = padded_batch_ids(rows_n, 5);
             work.write("batch_id.bin", &batch_id);
             for cands in [1usize, 7, 128] {
                 work.run(&bin, "candidates", &[&rows_n, &vocab, &offset, &cands, &1]);
@@ -1211,9 +1270,7 @@ fn sampling_fallback_matches_the_reference() {
                 if splits > 1 {
                     continue;
                 }
-                let batch_id: Vec<i32> = (0..rows_n as i32)
-                    .map(|r| if r % 7 == 6 { -1 } else { r })
-                    .collect();
+                let batch_id = padded_batch_ids(rows_n, 7);
                 work.write("batch_id.bin", &batch_id);
                 for cands in [1usize, 5] {
                     work.run(
@@ -1333,23 +1390,15 @@ fn logits_rejection_matches_the_reference() {
             work.write("temperature.bin", &temperature);
             work.write("fallback.bin", &fallback);
             work.write("draft_index.bin", &index);
-            let args: [&dyn Display; 14] = [
-                &rows,
-                &vocab,
-                &0,
-                &max_bsz,
-                &real_bsz,
-                &s,
-                &3,
-                &u32::from(accept_all),
-                &u32::from(reject_all),
-                &0,
-                &end_tokens.len(),
-                &1,
-                &u32::from(with_fallback),
-                &compact_rows,
-            ];
-            work.run(&bin, "verify", &args);
+            VerifyRun {
+                accept_all,
+                reject_all,
+                logits: true,
+                fallback: with_fallback,
+                draft_rows: compact_rows,
+                ..VerifyRun::new(rows, vocab, dims, end_tokens.len(), 3)
+            }
+            .run(&work, &bin);
             let slot_bufs = slots.upload(&dev, &end_tokens);
             let dt = up(&dev, &draft_tokens);
             let draft_index = (compact_rows > 0).then(|| up(&dev, &index));
@@ -1647,7 +1696,7 @@ fn batch_kernels_match_the_cpu_reference() {
         let threshold = mandatory + [100usize, 2, 0, 1, 3][trial % 5];
         let (min_n, max_n) = [(1usize, 3usize), (2, 2), (1, 1), (3, 5)][trial % 4];
 
-        for (name, data) in [
+        work.write_each(&[
             ("this_time.bin", this_time),
             ("encoder.bin", encoder),
             ("slot_top_k.bin", &slot_top_k),
@@ -1660,10 +1709,8 @@ fn batch_kernels_match_the_cpu_reference() {
             ("draft_tokens.bin", &state.draft_tokens),
             ("decoder.bin", &state.decoder),
             ("draft_token_num.bin", &state.draft_token_num),
-        ] {
-            work.write(name, data);
-        }
-        work.write("end_tokens.bin", &end_tokens);
+            ("end_tokens.bin", &end_tokens),
+        ]);
         work.write("slot_top_p.bin", &slot_top_p);
         work.write("slot_temperature.bin", &slot_temperature);
         work.write("slot_seed.bin", &slot_seed);
@@ -2148,7 +2195,7 @@ fn process_case(
 fn write_process_case(work: &Workdir, case: &ProcessCase) {
     work.write("probs.bin", &case.score_bytes());
     work.write("temperature.bin", &case.temperature);
-    for (name, data) in [
+    work.write_each(&[
         ("cu_out.bin", &case.cu_out),
         ("batch_id.bin", &case.batch_id),
         ("token_ids_all.bin", &case.token_ids_all),
@@ -2162,9 +2209,7 @@ fn write_process_case(work: &Workdir, case: &ProcessCase) {
         ("bias_ids.bin", &case.bias_ids),
         ("bad_word_offsets.bin", &case.bad_word_offsets),
         ("bad_words.bin", &case.bad_words),
-    ] {
-        work.write(name, data);
-    }
+    ]);
     work.write("prompt_mask.bin", &case.prompt_mask);
     work.write("penalties.bin", &case.penalties);
     work.write("bias_values.bin", &case.bias_values);

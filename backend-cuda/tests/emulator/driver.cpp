@@ -65,6 +65,11 @@ struct Run {
         return p;
     }
 
+    // Input `name` when `present`, else no buffer.
+    template <class T> T* in_if(bool present, const char* name) const {
+        return present ? in<T>(name) : nullptr;
+    }
+
     // Output `name`: the `n` elements at `p`.
     template <class T> void out(const char* name, const T* p, u64 n) const {
         write_file(dir + name + ".out", p, sizeof(T) * n);
@@ -82,6 +87,21 @@ static u32 vec_ok(const void* p, size_t elem, u32 vocab) {
 
 static u32 blocks_for(u64 n, u32 block) { return (u32)((n + block - 1) / block); }
 
+// An output of `n` elements in device memory, each `garbage` (the kernel must write every one).
+template <class T> static T* dalloc_filled(u64 n, T garbage) {
+    T* p = dalloc<T>(n);
+    for (u64 i = 0; i < n; ++i) p[i] = garbage;
+    return p;
+}
+
+// The scores of a sampling kernel's `a`: logits rows (LOGITS, argument `i`: reads temperature) or
+// probabilities, with a fallback per row or not (FALLBACK, argument `i + 1`: reads fallback).
+template <class Args> static void read_scores_kind(const Run& run, Args& a, int i) {
+    a.logits = (u32)run.opt_arg(i);
+    a.temperature = run.in_if<float>(a.logits != 0, "temperature");
+    a.fallback = run.in_if<i32>(run.opt_arg(i + 1) != 0, "fallback");
+}
+
 static void run_sample(const Run& run) {
     const u32 rows = run.rows(), vocab = run.vocab(), splits = (u32)run.arg(6);
     const u64 stride = run.arg(7);
@@ -90,12 +110,9 @@ static void run_sample(const Run& run) {
     a.top_k = run.in<i32>("top_k");
     a.top_p = run.in<float>("top_p");
     a.seed = run.in<u64>("seed");
-    a.logits = (u32)run.opt_arg(8);
+    read_scores_kind(run, a, 8);
     a.pad = 0;
-    a.temperature = a.logits != 0 ? run.in<float>("temperature") : nullptr;
-    a.fallback = run.opt_arg(9) != 0 ? run.in<i32>("fallback") : nullptr;
-    a.tokens = dalloc<i32>(rows);
-    for (u32 r = 0; r < rows; ++r) a.tokens[r] = -7;
+    a.tokens = dalloc_filled<i32>(rows, -7);
     a.rows = rows;
     a.vocab = vocab;
     a.vec = vec_ok(a.probs, sizeof(raw), vocab);
@@ -115,10 +132,8 @@ static void run_candidates(const Run& run) {
     a.probs = run.in<raw>("probs", run.offset());
     a.top_p = run.in<float>("top_p");
     a.batch_id = run.in<i32>("batch_id");
-    a.logits = (u32)run.opt_arg(7);
+    read_scores_kind(run, a, 7);
     a.pad = 0;
-    a.temperature = a.logits != 0 ? run.in<float>("temperature") : nullptr;
-    a.fallback = run.opt_arg(8) != 0 ? run.in<i32>("fallback") : nullptr;
     a.ids = dalloc<i32>((u64)rows * c);
     a.scores = dalloc<float>((u64)rows * c);
     a.lens = dalloc<i32>(rows);
@@ -185,19 +200,16 @@ static void run_verify(const Run& run) {
     a.max_dec_len = run.in<i32>("max_dec_len");
     a.end_tokens = run.in<i32>("end_tokens");
     a.seeds = run.in<u64>("seeds");
-    a.accept_tokens = dalloc<i32>(max_bsz * s);
+    a.accept_tokens = dalloc_filled<i32>(max_bsz * s, -9);
     a.accept_num = dalloc<i32>(max_bsz);
-    for (u64 i = 0; i < max_bsz * s; ++i) a.accept_tokens[i] = -9;
     if (a.strategy == SPECULA_STRATEGY_REJECTION) {
         a.target_probs = run.in<raw>("target_probs", run.offset());
         a.draft_probs = run.in<draft_raw>("draft_probs");
         a.top_k = run.in<i32>("top_k");
         a.top_p = run.in<float>("top_p");
-        a.logits = (u32)run.opt_arg(14);
-        a.temperature = a.logits != 0 ? run.in<float>("temperature") : nullptr;
-        a.fallback = run.opt_arg(15) != 0 ? run.in<i32>("fallback") : nullptr;
+        read_scores_kind(run, a, 14);
         const u64 compact_rows = run.opt_arg(16);
-        a.draft_index = compact_rows != 0 ? run.in<i32>("draft_index") : nullptr;
+        a.draft_index = run.in_if<i32>(compact_rows != 0, "draft_index");
         a.draft_rows = compact_rows != 0 ? compact_rows : (u64)max_bsz * (s - 1);
         a.vec_target = vec_ok(a.target_probs, sizeof(raw), vocab);
         a.vec_draft = vec_ok(a.draft_probs, sizeof(draft_raw), vocab);
@@ -274,7 +286,7 @@ static void run_process(const Run& run) {
     a.n_bad_words = run.arg(11);
     a.logits = (u32)run.arg(12);
     a.scores = run.in<raw>("probs");
-    a.temperature = a.logits != 0 ? run.in<float>("temperature") : nullptr;
+    a.temperature = run.in_if<float>(a.logits != 0, "temperature");
     a.cu_out = run.in<i32>("cu_out");
     a.batch_id = run.in<i32>("batch_id");
     a.token_ids_all = run.in<i32>("token_ids_all");
@@ -291,13 +303,12 @@ static void run_process(const Run& run) {
     a.bias_values = run.in<float>("bias_values");
     a.bad_word_offsets = run.in<i32>("bad_word_offsets");
     a.bad_words = run.in<i32>("bad_words");
-    a.allowed = run.arg(13) != 0 ? run.in<u32>("allowed") : nullptr;
-    a.bitmask = run.arg(14) != 0 ? run.in<u32>("bitmask") : nullptr;
+    a.allowed = run.in_if<u32>(run.arg(13) != 0, "allowed");
+    a.bitmask = run.in_if<u32>(run.arg(14) != 0, "bitmask");
     a.processed = dalloc<float>((u64)rows * vocab);
-    a.fallback = dalloc<i32>(rows);
+    a.fallback = dalloc_filled<i32>(rows, -7);
     // Garbage in the outputs: every element must be written.
     memset(a.processed, 0x5a, sizeof(float) * (u64)rows * vocab);
-    for (u32 r = 0; r < rows; ++r) a.fallback[r] = -7;
     if (rows > 0) launch(SPECULA_ENTRY(process_logits), rows, 1, SPECULA_ROW_BLOCK, a, 2);
     run.out("processed", a.processed, (u64)rows * vocab);
     run.out("fallback", a.fallback, rows);
@@ -393,7 +404,7 @@ static void run_gather(const Run& run, const Batch& b, const LayoutArgs& l) {
 // update_state; with `counts`, also token_counts (token_counts.bin, VOCAB entries per slot).
 static void run_update_state(const Run& run, const Batch& b, bool counts = false, u64 vocab = 0) {
     UpdateStateArgs u;
-    u.token_counts = counts ? run.in<i32>("token_counts") : nullptr;
+    u.token_counts = run.in_if<i32>(counts, "token_counts");
     u.vocab = counts ? vocab : 0;
     u.accept_tokens = run.in<i32>("accept_tokens");
     u.is_block_step = run.in<u8>("is_block_step");
