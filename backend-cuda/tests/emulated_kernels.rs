@@ -1455,35 +1455,18 @@ fn logprob_close(x: f32, y: f32) -> bool {
     (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= 1e-4 * (1.0 + y.abs())
 }
 
-/// `accept_logprobs` on the CPU: `[cu_accept, token_ids, logprobs, ranks, top_ids,
-/// top_logprobs]`.
+/// `accept_logprobs` on the CPU.
 fn cpu_logprobs(
     cpu: &CpuDevice,
     inputs: &LogprobsInputs<'_>,
     params: &LogprobsParams,
-) -> [Buffer; 6] {
+) -> LogprobsBuffers {
     let (dims, k) = (params.dims, params.top_k);
     let entries = dims.max_bsz * dims.max_step_tokens;
-    let mut cu_accept = cpu.alloc::<i32>(dims.max_bsz + 1).expect("a");
-    let mut token_ids = cpu.alloc::<i32>(entries).expect("a");
-    let mut logprobs = cpu.alloc::<f32>(entries).expect("a");
-    let mut ranks = cpu.alloc::<i32>(entries).expect("a");
-    let mut top_ids = cpu.alloc::<i32>(entries * k).expect("a");
-    let mut top_logprobs = cpu.alloc::<f32>(entries * k).expect("a");
-    cpu.accept_logprobs(
-        inputs,
-        &mut LogprobsOutputs {
-            cu_accept: &mut cu_accept,
-            token_ids: &mut token_ids,
-            logprobs: &mut logprobs,
-            ranks: &mut ranks,
-            top_ids: &mut top_ids,
-            top_logprobs: &mut top_logprobs,
-        },
-        params,
-    )
-    .expect("cpu logprobs");
-    [cu_accept, token_ids, logprobs, ranks, top_ids, top_logprobs]
+    let mut out = LogprobsBuffers::alloc(cpu, dims.max_bsz, entries, k).expect("a");
+    cpu.accept_logprobs(inputs, &mut out.outputs(), params)
+        .expect("cpu logprobs");
+    out
 }
 
 fn logprob_kernels_match_the_cpu_reference() {
@@ -1556,15 +1539,19 @@ fn logprob_kernels_match_the_cpu_reference() {
                 top_k: k,
                 host_temperature: None,
             };
-            let [cu_accept, token_ids, lps, ranks, top_ids, top_lps] =
-                cpu_logprobs(&cpu, &inputs, &params);
+            let out = cpu_logprobs(&cpu, &inputs, &params);
             let expect = Expect::new(&work, &cpu, format!("{dtype} logprobs V={vocab} K={k}"));
-            expect.same::<i32>("cu_accept.out", &cu_accept, "cu_accept");
-            expect.same::<i32>("token_ids.out", &token_ids, "token_ids");
-            expect.same::<i32>("ranks.out", &ranks, "ranks");
-            expect.same::<i32>("top_ids.out", &top_ids, "top_ids");
-            expect.close("logprobs.out", &lps, "logprobs", logprob_close);
-            expect.close("top_logprobs.out", &top_lps, "top_logprobs", logprob_close);
+            expect.same::<i32>("cu_accept.out", &out.cu_accept, "cu_accept");
+            expect.same::<i32>("token_ids.out", &out.token_ids, "token_ids");
+            expect.same::<i32>("ranks.out", &out.ranks, "ranks");
+            expect.same::<i32>("top_ids.out", &out.top_ids, "top_ids");
+            expect.close("logprobs.out", &out.logprobs, "logprobs", logprob_close);
+            expect.close(
+                "top_logprobs.out",
+                &out.top_logprobs,
+                "top_logprobs",
+                logprob_close,
+            );
         }
     }
 }

@@ -11,7 +11,7 @@ use common::open;
 use std::process::ExitCode;
 
 use specula_backend_api::ops::{
-    BatchDims, LogprobsInputs, LogprobsOutputs, LogprobsParams, RowShape, SampleInputs,
+    BatchDims, LogprobsBuffers, LogprobsInputs, LogprobsParams, RowShape, SampleInputs,
     SampleParams, Scores,
 };
 use specula_backend_api::testing::{self, TestFn};
@@ -138,12 +138,14 @@ fn logprobs_without_rows(device: &dyn Device, dims: BatchDims) -> Result<Vec<Vec
         let accept_num = device.upload(&vec![2i32; dims.max_bsz])?;
         let seq_lens_encoder = device.upload(&vec![0i32; dims.max_bsz])?;
         let cu_seqlens_q_output = device.upload(&vec![0i32; dims.real_bsz + 1])?;
-        let mut cu_accept = device.upload(&garbage(dims.max_bsz + 1))?;
-        let mut token_ids = device.upload(&garbage(slot_tokens))?;
-        let mut logprobs = device.upload(&vec![7.0f32; slot_tokens])?;
-        let mut ranks = device.upload(&garbage(slot_tokens))?;
-        let mut top_ids = device.upload(&garbage(slot_tokens * top_k))?;
-        let mut top_logprobs = device.upload(&vec![7.0f32; slot_tokens * top_k])?;
+        let mut out = LogprobsBuffers {
+            cu_accept: device.upload(&garbage(dims.max_bsz + 1))?,
+            token_ids: device.upload(&garbage(slot_tokens))?,
+            logprobs: device.upload(&vec![7.0f32; slot_tokens])?,
+            ranks: device.upload(&garbage(slot_tokens))?,
+            top_ids: device.upload(&garbage(slot_tokens * top_k))?,
+            top_logprobs: device.upload(&vec![7.0f32; slot_tokens * top_k])?,
+        };
         device.accept_logprobs(
             &LogprobsInputs {
                 logits: &logits,
@@ -153,14 +155,7 @@ fn logprobs_without_rows(device: &dyn Device, dims: BatchDims) -> Result<Vec<Vec
                 seq_lens_encoder: &seq_lens_encoder,
                 cu_seqlens_q_output: &cu_seqlens_q_output,
             },
-            &mut LogprobsOutputs {
-                cu_accept: &mut cu_accept,
-                token_ids: &mut token_ids,
-                logprobs: &mut logprobs,
-                ranks: &mut ranks,
-                top_ids: &mut top_ids,
-                top_logprobs: &mut top_logprobs,
-            },
+            &mut out.outputs(),
             &LogprobsParams {
                 dims,
                 shape: RowShape { rows: 0, vocab },
@@ -174,12 +169,12 @@ fn logprobs_without_rows(device: &dyn Device, dims: BatchDims) -> Result<Vec<Vec
                 .map(|b| bytemuck::pod_collect_to_vec(&b))
         };
         [
-            &cu_accept,
-            &token_ids,
-            &logprobs,
-            &ranks,
-            &top_ids,
-            &top_logprobs,
+            &out.cu_accept,
+            &out.token_ids,
+            &out.logprobs,
+            &out.ranks,
+            &out.top_ids,
+            &out.top_logprobs,
         ]
         .into_iter()
         .map(bits)
@@ -216,12 +211,7 @@ fn tiny_temperature_logprobs_tend_to_the_one_hot() -> TestResult {
         let logits = device.upload(&[row, row].concat())?;
         let temperature = device.upload(&[1e-10f32; 2])?;
         // One decode slot accepting tokens 1 (scored on row 0) and 0 (on row 1).
-        let mut logprobs_out = device.alloc::<f32>(2)?;
-        let mut top_ids = device.alloc::<i32>(0)?;
-        let mut top_logprobs = device.alloc::<f32>(0)?;
-        let mut cu_accept = device.alloc::<i32>(2)?;
-        let mut token_ids = device.alloc::<i32>(2)?;
-        let mut ranks = device.alloc::<i32>(2)?;
+        let mut out = LogprobsBuffers::alloc(&device, 1, 2, 0)?;
         device.accept_logprobs(
             &LogprobsInputs {
                 logits: &logits,
@@ -231,14 +221,7 @@ fn tiny_temperature_logprobs_tend_to_the_one_hot() -> TestResult {
                 seq_lens_encoder: &device.upload(&[0i32])?,
                 cu_seqlens_q_output: &device.upload(&[0i32, 2])?,
             },
-            &mut LogprobsOutputs {
-                cu_accept: &mut cu_accept,
-                token_ids: &mut token_ids,
-                logprobs: &mut logprobs_out,
-                ranks: &mut ranks,
-                top_ids: &mut top_ids,
-                top_logprobs: &mut top_logprobs,
-            },
+            &mut out.outputs(),
             &LogprobsParams {
                 dims: BatchDims::new(1, 1, 2),
                 shape: RowShape { rows, vocab },
@@ -246,7 +229,7 @@ fn tiny_temperature_logprobs_tend_to_the_one_hot() -> TestResult {
                 host_temperature: None,
             },
         )?;
-        device.download(&logprobs_out)
+        device.download(&out.logprobs)
     };
     let logprobs = run().map_err(fail("accept_logprobs"))?;
     if logprobs != [0.0, f32::NEG_INFINITY] {
