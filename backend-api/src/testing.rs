@@ -65,6 +65,33 @@ impl Needs {
 /// A test body: `Err(message)` fails it (panics fail it too).
 pub type TestFn = Box<dyn FnOnce() -> Result<(), String> + Send>;
 
+/// The test list of [`run`], each test named after its function, so a name cannot drift from
+/// what it runs: `named_tests![a, b]` is `vec![("a", a), ("b", b)]` with each function boxed as a
+/// [`TestFn`]; `named_tests![wrap => a, b]` hands each function to `wrap`, which returns the
+/// [`TestFn`] (a test written as a plain `fn()` that panics, say).
+///
+/// ```
+/// use specula_backend_api::named_tests;
+/// use specula_backend_api::testing::TestFn;
+/// fn reads_large_rows() -> Result<(), String> {
+///     Ok(())
+/// }
+/// let tests: Vec<(&str, TestFn)> = named_tests![reads_large_rows];
+/// assert_eq!(tests[0].0, "reads_large_rows");
+/// ```
+#[macro_export]
+macro_rules! named_tests {
+    ($wrap:path => $($test:ident),+ $(,)?) => {
+        ::std::vec![$((::std::stringify!($test), $wrap($test))),+]
+    };
+    ($($test:ident),+ $(,)?) => {
+        ::std::vec![$((
+            ::std::stringify!($test),
+            ::std::boxed::Box::new($test) as $crate::testing::TestFn,
+        )),+]
+    };
+}
+
 /// Runs `tests` with libtest's command line (filters, `--ignored`, ...). When `needs` is missing,
 /// every test is listed as ignored with the reason in its name — and fails instead when
 /// [`REQUIRE_VAR`] names it, or when it is forced to run with `--include-ignored`.

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use half::{bf16, f16};
+use specula_backend_api::named_tests;
 use specula_backend_api::ops::*;
 use specula_backend_api::testing::{self, Needs, TestFn};
 use specula_backend_api::{Buffer, DType, Device, DeviceExt, Element};
@@ -45,47 +46,17 @@ const NEED: &str = "cuda-emulator";
 const STD: &str = "c++20";
 
 fn main() -> ExitCode {
-    let tests: Vec<(&str, TestFn)> = vec![
-        (
-            "sampling_kernels_match_the_cpu_reference_on_the_host_emulator",
-            panicking(sampling_kernels_match_the_cpu_reference),
-        ),
-        (
-            "verify_kernels_match_the_cpu_reference_on_the_host_emulator",
-            panicking(verify_kernels_match_the_cpu_reference),
-        ),
-        (
-            "logits_sampling_kernels_match_the_reference_on_the_host_emulator",
-            panicking(logits_sampling_kernels_match_the_reference),
-        ),
-        (
-            "sampling_fallback_matches_the_reference_on_the_host_emulator",
-            panicking(sampling_fallback_matches_the_reference),
-        ),
-        (
-            "process_logits_matches_the_reference_on_the_host_emulator",
-            panicking(process_logits_matches_the_reference),
-        ),
-        (
-            "logits_rejection_matches_the_reference_on_the_host_emulator",
-            panicking(logits_rejection_matches_the_reference),
-        ),
-        (
-            "logprob_kernels_match_the_cpu_reference_on_the_host_emulator",
-            panicking(logprob_kernels_match_the_cpu_reference),
-        ),
-        (
-            "batch_kernels_match_the_cpu_reference_on_the_host_emulator",
-            panicking(batch_kernels_match_the_cpu_reference),
-        ),
-        (
-            "scaled_logits_subtract_the_row_maximum_first_on_the_host_emulator",
-            panicking(scaled_logits_subtract_the_row_maximum_first),
-        ),
-        (
-            "an_infinite_temperature_is_uniform_over_the_finite_logits_on_the_host_emulator",
-            panicking(an_infinite_temperature_is_uniform_over_the_finite_logits),
-        ),
+    let tests: Vec<(&str, TestFn)> = named_tests![
+        panicking => sampling_kernels_match_the_cpu_reference,
+        verify_kernels_match_the_cpu_reference,
+        logits_sampling_kernels_match_the_reference,
+        sampling_fallback_matches_the_reference,
+        process_logits_matches_the_reference,
+        logits_rejection_matches_the_reference,
+        logprob_kernels_match_the_cpu_reference,
+        batch_kernels_match_the_cpu_reference,
+        scaled_logits_subtract_the_row_maximum_first,
+        an_infinite_temperature_is_uniform_over_the_finite_logits,
     ];
     testing::run(&needs(), tests)
 }

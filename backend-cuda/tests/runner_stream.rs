@@ -11,6 +11,7 @@
 use std::process::ExitCode;
 
 use cudarc::driver::{CudaContext, DevicePtr};
+use specula_backend_api::named_tests;
 use specula_backend_api::ops::RowShape;
 use specula_backend_api::testing::{self, Needs, TestFn};
 use specula_backend_api::transfer::elements;
@@ -129,19 +130,10 @@ fn a_started_download_delivers_every_window() -> Result<(), String> {
 
 fn main() -> ExitCode {
     let needs = Needs::of_open("cuda", &CudaDevice::new(0));
-    let tests: Vec<(&str, TestFn)> = vec![
-        (
-            "a_wrapped_pointer_reads_as_an_upload",
-            Box::new(a_wrapped_pointer_reads_as_an_upload),
-        ),
-        (
-            "a_started_download_delivers_every_window",
-            Box::new(a_started_download_delivers_every_window),
-        ),
-        (
-            "bad_pointers_are_refused",
-            Box::new(bad_pointers_are_refused),
-        ),
+    let tests: Vec<(&str, TestFn)> = named_tests![
+        a_wrapped_pointer_reads_as_an_upload,
+        a_started_download_delivers_every_window,
+        bad_pointers_are_refused,
     ];
     testing::run(&needs, tests)
 }

@@ -12,6 +12,7 @@ mod common;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use specula_backend_api::named_tests;
 use specula_backend_api::testing::TestFn;
 use specula_backend_api::{Backend, DType, Device, DeviceExt, Error, Strategy};
 use specula_backend_wgpu::WgpuDevice;
@@ -190,16 +191,10 @@ fn a_host_slice_is_uploaded() -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let tests: Vec<(&str, TestFn)> = vec![
-        (
-            "steps_from_the_runners_buffer_equal_uploaded_steps",
-            Box::new(steps_from_the_runners_buffer_equal_uploaded_steps),
-        ),
-        ("bad_buffers_are_refused", Box::new(bad_buffers_are_refused)),
-        (
-            "a_host_slice_is_uploaded",
-            Box::new(a_host_slice_is_uploaded),
-        ),
+    let tests: Vec<(&str, TestFn)> = named_tests![
+        steps_from_the_runners_buffer_equal_uploaded_steps,
+        bad_buffers_are_refused,
+        a_host_slice_is_uploaded,
     ];
     common::run_all_on_wgpu(tests)
 }

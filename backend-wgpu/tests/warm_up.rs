@@ -9,6 +9,7 @@ mod common;
 
 use std::process::ExitCode;
 
+use specula_backend_api::named_tests;
 use specula_backend_api::testing::{self, TestFn};
 use specula_backend_api::{DType, Device, Op, WarmUp};
 use specula_backend_wgpu::WgpuDevice;
@@ -79,19 +80,10 @@ fn a_planned_warm_up_compiles_only_its_plan() -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let tests: Vec<(&str, TestFn)> = vec![
-        (
-            "warm_up_compiles_every_pipeline_once",
-            Box::new(warm_up_compiles_every_pipeline_once),
-        ),
-        (
-            "after_warm_up_the_first_call_compiles_nothing",
-            Box::new(after_warm_up_the_first_call_compiles_nothing),
-        ),
-        (
-            "a_planned_warm_up_compiles_only_its_plan",
-            Box::new(a_planned_warm_up_compiles_only_its_plan),
-        ),
+    let tests: Vec<(&str, TestFn)> = named_tests![
+        warm_up_compiles_every_pipeline_once,
+        after_warm_up_the_first_call_compiles_nothing,
+        a_planned_warm_up_compiles_only_its_plan,
     ];
     common::run_all_on_wgpu(tests)
 }

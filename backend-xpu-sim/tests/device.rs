@@ -10,6 +10,7 @@ use common::open;
 
 use std::process::ExitCode;
 
+use specula_backend_api::named_tests;
 use specula_backend_api::ops::{
     BatchDims, LogprobsBuffers, LogprobsInputs, LogprobsParams, RowShape, SampleInputs,
     SampleParams, Scores,
@@ -21,27 +22,12 @@ use specula_backend_xpu_sim::{LaunchConfig, XpuSimDevice};
 type TestResult = Result<(), String>;
 
 fn main() -> ExitCode {
-    let tests: Vec<(&str, TestFn)> = vec![
-        (
-            "launch_shapes_agree_with_the_cpu",
-            Box::new(launch_shapes_agree_with_the_cpu),
-        ),
-        (
-            "out_of_range_launches_are_unavailable",
-            Box::new(out_of_range_launches_are_unavailable),
-        ),
-        (
-            "accept_logprobs_packs_a_batch_without_rows",
-            Box::new(accept_logprobs_packs_a_batch_without_rows),
-        ),
-        (
-            "tiny_temperature_logprobs_tend_to_the_one_hot",
-            Box::new(tiny_temperature_logprobs_tend_to_the_one_hot),
-        ),
-        (
-            "warm_up_builds_every_program_once",
-            Box::new(warm_up_builds_every_program_once),
-        ),
+    let tests: Vec<(&str, TestFn)> = named_tests![
+        launch_shapes_agree_with_the_cpu,
+        out_of_range_launches_are_unavailable,
+        accept_logprobs_packs_a_batch_without_rows,
+        tiny_temperature_logprobs_tend_to_the_one_hot,
+        warm_up_builds_every_program_once,
     ];
     common::run_all_on_xpu_sim(tests)
 }

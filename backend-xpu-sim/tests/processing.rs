@@ -12,6 +12,7 @@ use common::open;
 use std::process::ExitCode;
 
 use specula_backend_api::DType;
+use specula_backend_api::named_tests;
 use specula_backend_api::ops::RowShape;
 use specula_backend_api::testing::TestFn;
 use specula_backend_xpu_sim::LaunchConfig;
@@ -24,23 +25,11 @@ use specula_reference::fixtures::{
 type TestResult = Result<(), String>;
 
 fn main() -> ExitCode {
-    let tests: Vec<(&str, TestFn)> = vec![
-        (
-            "process_logits_matches_the_reference",
-            Box::new(process_logits_matches_the_reference),
-        ),
-        (
-            "process_logits_launch_shapes_agree",
-            Box::new(process_logits_launch_shapes_agree),
-        ),
-        (
-            "sampling_fallback_matches_the_reference",
-            Box::new(sampling_fallback_matches_the_reference),
-        ),
-        (
-            "token_counts_match_the_reference",
-            Box::new(token_counts_match_the_reference),
-        ),
+    let tests: Vec<(&str, TestFn)> = named_tests![
+        process_logits_matches_the_reference,
+        process_logits_launch_shapes_agree,
+        sampling_fallback_matches_the_reference,
+        token_counts_match_the_reference,
     ];
     common::run_all_on_xpu_sim(tests)
 }

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use common::{Arrival, Extras, Forward, Rng, ToyModel, VOCAB, request, run_with};
+use specula_backend_api::named_tests;
 use specula_backend_api::testing::{self, Needs, TestFn};
 use specula_backend_api::{DType, Device, Strategy};
 use specula_backend_xpu_sim::XpuSimDevice;
@@ -18,15 +19,9 @@ type TestResult = Result<(), String>;
 
 fn main() -> ExitCode {
     let needs = Needs::of_open("xpu-sim", &XpuSimDevice::new(0));
-    let tests: Vec<(&str, TestFn)> = vec![
-        (
-            "warm_up_for_builds_less_than_the_full_warm_up",
-            Box::new(warm_up_for_builds_less_than_the_full_warm_up),
-        ),
-        (
-            "after_warm_up_for_the_steps_of_the_configuration_build_nothing",
-            Box::new(after_warm_up_for_the_steps_of_the_configuration_build_nothing),
-        ),
+    let tests: Vec<(&str, TestFn)> = named_tests![
+        warm_up_for_builds_less_than_the_full_warm_up,
+        after_warm_up_for_the_steps_of_the_configuration_build_nothing,
     ];
     testing::run(&needs, tests)
 }
