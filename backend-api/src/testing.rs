@@ -3,13 +3,18 @@
 //! **fails** when the environment variable [`REQUIRE_VAR`] names it (the CI lanes that must have
 //! the device).
 //!
-//! A test file declares `harness = false` and hands its tests to [`run`]:
+//! A test file declares `harness = false` and hands its tests to [`run`], usually listed with
+//! [`named_tests!`](crate::named_tests), which names each test after its function:
 //!
 //! ```no_run
+//! use specula_backend_api::named_tests;
 //! use specula_backend_api::testing::{self, Needs};
+//! fn reads_large_rows() -> Result<(), String> {
+//!     Ok(())
+//! }
 //! fn main() -> std::process::ExitCode {
 //!     let needs = Needs::new("wgpu", Err("no adapter".to_owned()));
-//!     testing::run(&needs, vec![("reads_large_rows", Box::new(|| Ok(())))])
+//!     testing::run(&needs, named_tests![reads_large_rows])
 //! }
 //! ```
 
