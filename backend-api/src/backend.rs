@@ -13,7 +13,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use crate::ops::ProcessedSampleCall;
-use crate::transfer::{MemoryCounters, PendingDownload};
+use crate::transfer::{DriverCounters, MemoryCounters, PendingDownload};
 use crate::{Buffer, Capabilities, DType, DeviceId, DeviceInfo, Error, Op, Result};
 
 /// What an opened device is: its id (carried by every buffer it allocates), its description and
@@ -28,6 +28,8 @@ pub struct DeviceDesc {
     pub capabilities: Capabilities,
     /// The device's memory-operation counters ([`Device::memory_stats`](crate::Device::memory_stats)).
     counters: Arc<MemoryCounters>,
+    /// The backend's driver-call counters, when it counts them ([`MemoryStats::driver`](crate::MemoryStats::driver)).
+    driver: Option<Arc<DriverCounters>>,
 }
 
 impl DeviceDesc {
@@ -38,7 +40,24 @@ impl DeviceDesc {
             info,
             capabilities,
             counters: Arc::default(),
+            driver: None,
         }
+    }
+
+    /// This description, for a backend that counts its driver calls: [`Device::memory_stats`]
+    /// then reports them ([`MemoryStats::driver`](crate::MemoryStats::driver)), as the backend
+    /// records them through [`DeviceDesc::driver_counters`].
+    ///
+    /// [`Device::memory_stats`]: crate::Device::memory_stats
+    pub fn counting_driver_calls(mut self) -> Self {
+        self.driver = Some(Arc::default());
+        self
+    }
+
+    /// The driver-call counters a backend records into (`None` unless the description was made
+    /// [`counting_driver_calls`](DeviceDesc::counting_driver_calls)).
+    pub fn driver_counters(&self) -> Option<&Arc<DriverCounters>> {
+        self.driver.as_ref()
     }
 
     /// The counters the front updates.

@@ -117,9 +117,12 @@ pub trait Device: Backend {
         self.run_synchronize()
     }
     /// How many blocking waits, writes and uploads this device has been asked for since it was
-    /// opened (see [`MemoryStats`]); [`MemoryStats::since`] gives those of a span of calls.
+    /// opened (see [`MemoryStats`]), and, on a backend that counts them, the driver calls it made
+    /// ([`MemoryStats::driver`]); [`MemoryStats::since`] gives those of a span of calls.
     fn memory_stats(&self) -> MemoryStats {
-        self.desc().counters().snapshot()
+        let desc = self.desc();
+        desc.counters()
+            .snapshot(desc.driver_counters().map(|c| c.as_ref()))
     }
 
     /// Builds every kernel the device would otherwise build at the first call that needs it

@@ -74,5 +74,5 @@ pub use error::{Error, Result};
 pub use kind::{BackendKind, Capabilities, DeviceInfo};
 pub use op::{Exactness, Op, OpSpec};
 pub use ops::Strategy;
-pub use transfer::{MemoryStats, PendingDownload, WriteAt};
+pub use transfer::{DriverStats, MemoryStats, PendingDownload, WriteAt};
 pub use warm_up::WarmUp;

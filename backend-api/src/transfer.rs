@@ -1,6 +1,6 @@
 //! Batched transfers: several buffers downloaded with one wait ([`PendingDownload`]), several
-//! windows written with one call ([`WriteAt`]), and the count of each device's blocking waits and
-//! writes ([`MemoryStats`]).
+//! windows written with one call ([`WriteAt`]), the count of each device's blocking waits and
+//! writes ([`MemoryStats`]), and of the driver calls a backend makes ([`DriverStats`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +17,10 @@ use crate::{Buffer, Element, Error, Op, Result};
 /// `write`) and each [`write_many`](crate::Device::write_many), however many windows it writes;
 /// an *upload* each [`upload_bytes`](crate::Device::upload_bytes). Calls refused by validation
 /// are not counted.
+///
+/// These three are counted by the validating front, the same way on every backend. What the
+/// calls cost the backend's driver is [`MemoryStats::driver`], counted by the backend itself
+/// where it has a driver to count ([`DriverStats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryStats {
     /// Calls that waited for the device.
@@ -25,6 +29,11 @@ pub struct MemoryStats {
     pub writes: u64,
     /// Upload calls (new buffers from host bytes).
     pub uploads: u64,
+    /// The driver calls the backend made, or `None` where it does not count them: the CPU
+    /// backend and the reference device have no driver (an op is host code), and the wgpu and
+    /// xpu-sim backends do not count theirs. The CUDA backend counts every driver call that
+    /// allocates, waits, copies or launches ([`DriverStats`]).
+    pub driver: Option<DriverStats>,
 }
 
 impl MemoryStats {
@@ -34,6 +43,97 @@ impl MemoryStats {
             blocking_waits: self.blocking_waits.saturating_sub(earlier.blocking_waits),
             writes: self.writes.saturating_sub(earlier.writes),
             uploads: self.uploads.saturating_sub(earlier.uploads),
+            driver: self
+                .driver
+                .zip(earlier.driver)
+                .map(|(now, then)| now.since(&then)),
+        }
+    }
+}
+
+/// The driver calls of a device backend, counted where each call is made
+/// ([`MemoryStats::driver`]; [`MemoryStats::since`] gives those of one op or one step).
+///
+/// A decoding loop that is at kernel speed makes, per op after its warm-up, no allocation and no
+/// synchronisation: only its launches, and the copies of what it uploads or downloads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverStats {
+    /// Memory allocations: device memory (buffers, the growth of a scratch arena) and
+    /// page-locked host memory.
+    pub allocations: u64,
+    /// Host waits on the device: stream and event synchronisations.
+    pub synchronizations: u64,
+    /// Copies between host and device memory (each enqueued copy).
+    pub copies: u64,
+    /// Kernel launches (a captured step's replay counts one).
+    pub launches: u64,
+}
+
+impl DriverStats {
+    /// What happened between `earlier` and `self` (both of one device).
+    pub fn since(&self, earlier: &DriverStats) -> DriverStats {
+        DriverStats {
+            allocations: self.allocations.saturating_sub(earlier.allocations),
+            synchronizations: self
+                .synchronizations
+                .saturating_sub(earlier.synchronizations),
+            copies: self.copies.saturating_sub(earlier.copies),
+            launches: self.launches.saturating_sub(earlier.launches),
+        }
+    }
+}
+
+/// The live counters behind [`DriverStats`]: a backend that counts its driver calls opens its
+/// device with [`DeviceDesc::counting_driver_calls`](crate::backend::DeviceDesc::counting_driver_calls)
+/// and records each call, at the one place it makes it, through
+/// [`DeviceDesc::driver_counters`](crate::backend::DeviceDesc::driver_counters).
+///
+/// ```
+/// use specula_backend_api::transfer::DriverCounters;
+/// let counters = DriverCounters::default();
+/// let before = counters.snapshot();
+/// counters.launched();
+/// counters.launched();
+/// counters.synchronized();
+/// let step = counters.snapshot().since(&before);
+/// assert_eq!((step.launches, step.synchronizations, step.allocations), (2, 1, 0));
+/// ```
+#[derive(Debug, Default)]
+pub struct DriverCounters {
+    allocations: AtomicU64,
+    synchronizations: AtomicU64,
+    copies: AtomicU64,
+    launches: AtomicU64,
+}
+
+impl DriverCounters {
+    /// One allocation.
+    pub fn allocated(&self) {
+        self.allocations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One synchronisation.
+    pub fn synchronized(&self) {
+        self.synchronizations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One host↔device copy.
+    pub fn copied(&self) {
+        self.copies.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One launch.
+    pub fn launched(&self) {
+        self.launches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts so far.
+    pub fn snapshot(&self) -> DriverStats {
+        DriverStats {
+            allocations: self.allocations.load(Ordering::Relaxed),
+            synchronizations: self.synchronizations.load(Ordering::Relaxed),
+            copies: self.copies.load(Ordering::Relaxed),
+            launches: self.launches.load(Ordering::Relaxed),
         }
     }
 }
@@ -59,11 +159,13 @@ impl MemoryCounters {
         self.uploads.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn snapshot(&self) -> MemoryStats {
+    /// The front's counts, with the backend's driver counts when it keeps them.
+    pub(crate) fn snapshot(&self, driver: Option<&DriverCounters>) -> MemoryStats {
         MemoryStats {
             blocking_waits: self.blocking_waits.load(Ordering::Relaxed),
             writes: self.writes.load(Ordering::Relaxed),
             uploads: self.uploads.load(Ordering::Relaxed),
+            driver: driver.map(DriverCounters::snapshot),
         }
     }
 }
@@ -228,22 +330,55 @@ mod tests {
 
     #[test]
     fn since_subtracts_per_field() {
+        let driver = |launches| DriverStats {
+            allocations: 2,
+            synchronizations: 5,
+            copies: 9,
+            launches,
+        };
         let a = MemoryStats {
             blocking_waits: 3,
             writes: 17,
             uploads: 1,
+            driver: Some(driver(40)),
         };
         let b = MemoryStats {
             blocking_waits: 4,
             writes: 18,
             uploads: 1,
+            driver: Some(driver(43)),
         };
         assert_eq!(
             b.since(&a),
             MemoryStats {
                 blocking_waits: 1,
                 writes: 1,
-                uploads: 0
+                uploads: 0,
+                driver: Some(DriverStats {
+                    launches: 3,
+                    ..DriverStats::default()
+                }),
+            }
+        );
+        let uncounted = MemoryStats { driver: None, ..b };
+        assert_eq!(uncounted.since(&a).driver, None);
+    }
+
+    #[test]
+    fn driver_counters_count_each_kind_apart() {
+        let counters = DriverCounters::default();
+        counters.allocated();
+        counters.copied();
+        counters.copied();
+        counters.synchronized();
+        counters.launched();
+        assert_eq!(
+            counters.snapshot(),
+            DriverStats {
+                allocations: 1,
+                synchronizations: 1,
+                copies: 2,
+                launches: 1,
             }
         );
     }
