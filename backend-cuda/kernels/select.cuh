@@ -13,6 +13,17 @@
 // (atomics into a fresh, zeroed region per pass) behind a grid barrier, so every block then makes
 // the same decision from the same totals. The split kernels are launched cooperatively, which
 // guarantees that the blocks of the grid are co-resident, so the barrier cannot hang.
+//
+// A split row's global state needs no zeroing by the host (its scratch is reused from launch to
+// launch, with any content): the blocks first zero the histogram regions and the `first` slot
+// themselves, then meet at a grid barrier (`split_row_begin`). The barrier itself lives in two
+// words per row that only this protocol writes (`sync`, zeroed once when the host allocated
+// them): an epoch, and the arrival word (tag << 32 | arrivals). Each launch's blocks read the
+// epoch e at their start and count their arrivals under tag e + 1; an arrival that finds another
+// tag restarts the count at 1 with its own. Block 0 stores e + 1 as the epoch once every block
+// has read it (after the first barrier), so the next launch uses tag e + 2, which the arrival
+// word cannot hold yet: no launch can mistake the last one's arrivals for its own, and no reset
+// is needed at the end (a replayed CUDA graph, whose arguments never change, works the same).
 
 #define SEL_BLOCK SPECULA_SELECT_BLOCK
 #define SEL_ITEMS SPECULA_SELECT_ITEMS
@@ -29,7 +40,8 @@ struct RowPart {
     u32 block;    // this block's index within the row
     u32 generation;  // grid barriers passed so far
     u32 pass;        // global histogram regions used so far
-    u32* barrier;    // arrival counter (split rows only)
+    u32 tag;         // this launch's barrier tag: the row's epoch + 1 (split rows only)
+    u64* sync;       // [2]: the row's epoch and arrival words (split rows only)
     u64* first;      // packed (key, id) maximum (split rows only)
     u32* g_count;    // [SEL_MAX_PASSES][SEL_BINS]
     u64* g_mass;     // [SEL_MAX_PASSES][SEL_BINS]
@@ -37,7 +49,8 @@ struct RowPart {
     u32* x_count;    // [nblocks] per-block exchange
 };
 
-// Bytes of the global state of one split row; the Rust side computes the same value
+// Bytes of the global state of one split row in its scratch (the `first` slot, 8 bytes unused,
+// the histogram regions, the exchange); the Rust side computes the same value
 // (`launch::split_row_scratch_bytes`), and passes `stride` = this rounded up to 256.
 #define SEL_SPLIT_FIXED_BYTES 16
 
@@ -50,7 +63,7 @@ __device__ __forceinline__ RowPart row_part_single(u32 vocab, bool vec) {
     return p;
 }
 
-__device__ __forceinline__ RowPart row_part_split(unsigned char* scratch, u64 stride, u32 row,
+__device__ __forceinline__ RowPart row_part_split(unsigned char* scratch, u64 stride, u64* sync, u32 row,
                                                   u32 nblocks, u32 block, u32 vocab, bool vec) {
     RowPart p = row_part_single(vocab, vec);
     const u32 slice = ((vocab + nblocks - 1) / nblocks + SEL_CHUNK - 1) / SEL_CHUNK * SEL_CHUNK;
@@ -61,8 +74,8 @@ __device__ __forceinline__ RowPart row_part_split(unsigned char* scratch, u64 st
     p.nblocks = nblocks;
     p.block = block;
     unsigned char* base = scratch + stride * row;
-    p.barrier = reinterpret_cast<u32*>(base);
-    p.first = reinterpret_cast<u64*>(base + 8);
+    p.sync = sync + 2ull * row;
+    p.first = reinterpret_cast<u64*>(base);
     p.g_count = reinterpret_cast<u32*>(base + SEL_SPLIT_FIXED_BYTES);
     p.g_mass = reinterpret_cast<u64*>(base + SEL_SPLIT_FIXED_BYTES + 4ull * SEL_MAX_PASSES * SEL_BINS);
     p.x_mass = reinterpret_cast<u64*>(base + SEL_SPLIT_FIXED_BYTES + 12ull * SEL_MAX_PASSES * SEL_BINS);
@@ -83,6 +96,18 @@ struct SelShared {
     i32 token;
 };
 
+// Counts one arrival in the arrival word under `tag`: the count goes on when the word holds
+// this tag, and restarts at 1 when it holds another (a previous launch's).
+__device__ __forceinline__ void barrier_arrive(u64* word, u32 tag) {
+    u64 old = *reinterpret_cast<volatile u64*>(word);
+    for (;;) {
+        const u64 next = (u32)(old >> 32) == tag ? old + 1ull : (((u64)tag << 32) | 1ull);
+        const u64 seen = atomicCAS(word, old, next);
+        if (seen == old) return;
+        old = seen;
+    }
+}
+
 // Waits for every block of a split row (a plain __syncthreads for a single block).
 __device__ __forceinline__ void grid_barrier(RowPart& p) {
     __syncthreads();
@@ -90,12 +115,34 @@ __device__ __forceinline__ void grid_barrier(RowPart& p) {
     p.generation += 1;
     if (threadIdx.x == 0) {
         __threadfence();
-        atomicAdd(p.barrier, 1u);
+        u64* word = p.sync + 1;
+        barrier_arrive(word, p.tag);
         const u32 want = p.generation * p.nblocks;
-        while (*reinterpret_cast<volatile u32*>(p.barrier) < want) __nanosleep(64);
+        for (;;) {
+            const u64 v = *reinterpret_cast<volatile u64*>(word);
+            if ((u32)(v >> 32) == p.tag && (u32)v >= want) break;
+            __nanosleep(64);
+        }
         __threadfence();
     }
     __syncthreads();
+}
+
+// Starts a split row (nothing for a single block): reads the row's epoch, zeroes this block's
+// share of the histogram regions (and block 0 the `first` slot), meets the other blocks, and
+// advances the epoch for the next launch (see the file comment).
+__device__ __forceinline__ void split_row_begin(RowPart& p) {
+    if (p.nblocks <= 1) return;
+    p.tag = (u32)*reinterpret_cast<volatile u64*>(p.sync) + 1u;
+    const u64 words = (u64)SEL_MAX_PASSES * SEL_BINS;
+    for (u64 i = (u64)p.block * SEL_BLOCK + threadIdx.x; i < words; i += (u64)p.nblocks * SEL_BLOCK) {
+        p.g_count[i] = 0;
+        p.g_mass[i] = 0;
+    }
+    if (p.block == 0 && threadIdx.x == 0) *p.first = 0;
+    grid_barrier(p);
+    // Every block has read the epoch (each read it before its first arrival).
+    if (p.block == 0 && threadIdx.x == 0) *reinterpret_cast<volatile u64*>(p.sync) = p.tag;
 }
 
 // Keys of the sampling rows, in rank order: row_key of the row's weighing w (the bits of

@@ -15,7 +15,8 @@ struct SampleArgs {
     const u64* seed;                       // [rows]
     const i32* fallback;                   // [rows] or null: the token of a row of weight 0
     i32* tokens;                           // [rows]
-    unsigned char* scratch;                // split rows: [rows][stride]
+    unsigned char* scratch;                // split rows: [rows][stride], any content
+    u64* sync;                             // split rows: [rows][2] barrier words (select.cuh)
     u64 scratch_stride;
     u32 rows;
     u32 vocab;
@@ -59,6 +60,7 @@ extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
     __shared__ SelShared s;
     const u32 r = blockIdx.y;
     if (r >= a.rows) return;
-    RowPart p = row_part_split(a.scratch, a.scratch_stride, r, a.splits, blockIdx.x, a.vocab, a.vec != 0);
+    RowPart p = row_part_split(a.scratch, a.scratch_stride, a.sync, r, a.splits, blockIdx.x, a.vocab, a.vec != 0);
+    split_row_begin(p);
     sample_one_row(a, r, p, s);
 }

@@ -71,7 +71,7 @@ specula_backend_api::kernel_args! {
     /// `top_k_top_p_sample.cu`.
     pub(crate) struct SampleArgs {
         probs: u64, temperature: u64, top_k: u64, top_p: u64, seed: u64, fallback: u64, tokens: u64,
-        scratch: u64,
+        scratch: u64, sync: u64,
         scratch_stride: u64,
         rows: u32, vocab: u32, vec: u32, splits: u32, logits: u32, pad: u32,
     }

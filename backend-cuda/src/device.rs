@@ -2,13 +2,10 @@
 //! here, each op in `ops/<op>.rs`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, DriverError,
-    LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr};
 use cudarc::nvrtc::Ptx;
 use specula_backend_api::abi::KernelArgs;
 use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
@@ -17,9 +14,13 @@ use specula_backend_api::{
     WarmUp,
 };
 
+use crate::arena::{Allocate, Arena};
 use crate::download::PinnedPool;
+use crate::driver::{DeviceBlock, Driver};
 use crate::error::CudaError;
-use crate::kernels::{Instance, KernelFile, compile_options, warm_up_plan};
+use crate::kernels::{
+    Instance, KernelFile, compile_options, function_slot, function_slots, warm_up_plan,
+};
 use crate::storage::{self, CudaStorage};
 use crate::{launch, nvrtc, ops};
 
@@ -42,24 +43,96 @@ pub(crate) struct Versions {
     nvrtc: (i32, i32),
 }
 
-/// One loaded module and the functions looked up in it.
-struct LoadedModule {
-    module: Arc<CudaModule>,
-    functions: HashMap<String, CudaFunction>,
+/// The scratch of a device's ops: the arena ([`crate::arena`]) and the grid-barrier words of
+/// split rows.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    arena: Arena<DeviceBlock>,
+    /// [`launch::SPLIT_MAX_ROWS`] × [`launch::GRID_SYNC_BYTES`], zeroed once when allocated and
+    /// from then on only written by the split sampling kernel, whose barrier protocol keeps them
+    /// valid from one launch to the next (`select.cuh`, `row_part_split`).
+    grid_sync: Option<Arc<DeviceBlock>>,
+}
+
+impl Scratch {
+    /// The blocks a captured step's kernels read: kept alive for as long as it can replay.
+    pub(crate) fn blocks(&self) -> Vec<Arc<DeviceBlock>> {
+        self.arena
+            .block()
+            .into_iter()
+            .chain(self.grid_sync.clone())
+            .collect()
+    }
+}
+
+impl Allocate for Driver {
+    type Block = DeviceBlock;
+    type Error = CudaError;
+    fn allocate(&self, bytes: usize) -> std::result::Result<DeviceBlock, CudaError> {
+        self.alloc_uninit(bytes)
+    }
+    fn address(block: &DeviceBlock) -> u64 {
+        block.ptr()
+    }
+}
+
+/// One op's scratch: the address of at least the bytes it asked for, and the arena held (so no
+/// other op enqueues kernels on the same bytes before this op's kernels are enqueued).
+pub(crate) struct ScratchGuard<'d> {
+    device: &'d CudaDevice,
+    scratch: MutexGuard<'d, Scratch>,
+    ptr: u64,
+}
+
+impl ScratchGuard<'_> {
+    /// The scratch's device address.
+    pub(crate) fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The address of the grid-barrier words of split rows (allocated, zeroed, at first use).
+    pub(crate) fn grid_sync(&mut self, op: Op) -> Result<u64> {
+        if let Some(block) = &self.scratch.grid_sync {
+            return Ok(block.ptr());
+        }
+        let bytes = launch::SPLIT_MAX_ROWS * launch::GRID_SYNC_BYTES as usize;
+        let block = self
+            .device
+            .driver
+            .alloc_zeroed(bytes)
+            .map_err(|e| self.device.api_error(e, op))?;
+        let ptr = block.ptr();
+        self.scratch.grid_sync = Some(Arc::new(block));
+        Ok(ptr)
+    }
 }
 
 /// One NVIDIA GPU: a context, one stream every op is enqueued on, and the kernels built for the
 /// device's architecture (compiled by NVRTC at first use, cached per file and element types).
+///
+/// Per op, the host path makes no driver call but its launches: its scratch comes from a
+/// per-device arena ([`crate::arena`]), its function from a table filled once per entry point,
+/// its small parameters travel inside the kernel's one argument struct, and only a download (or
+/// [`Device::synchronize`](specula_backend_api::Device::synchronize)) waits for the device.
+/// [`Device::memory_stats`](specula_backend_api::Device::memory_stats) counts the driver calls
+/// (`driver`: allocations, synchronisations, copies, launches). A decoder step whose shapes
+/// repeat can be recorded once and replayed as one CUDA graph ([`CudaDevice::capture_step`]).
 pub struct CudaDevice {
     desc: DeviceDesc,
-    pub(crate) ctx: Arc<CudaContext>,
-    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) driver: Driver,
     target: String,
     pub(crate) multiprocessors: u32,
     pub(crate) cooperative: bool,
-    modules: Mutex<HashMap<(KernelFile, Instance), LoadedModule>>,
+    /// The modules built so far (a function keeps its own module alive; this lets the other
+    /// entry points of a built module be looked up without compiling it again).
+    modules: Mutex<HashMap<(KernelFile, Instance), Arc<CudaModule>>>,
+    /// Every entry point of every file and instance, looked up once ([`function_slot`]).
+    functions: Box<[OnceLock<CudaFunction>]>,
+    pub(crate) scratch: Mutex<Scratch>,
     /// The page-locked block downloads reuse ([`crate::download`]).
     pub(crate) pinned: PinnedPool,
+    /// The read-floor kernel of the benchmarks ([`CudaDevice::read_floor`]), loaded at first use.
+    pub(crate) floor: OnceLock<crate::timing::FloorKernel>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -73,8 +146,8 @@ impl std::fmt::Debug for CudaDevice {
 }
 
 impl CudaDevice {
-    /// Enqueues the copy of a download's window to a new host vector on the stream (the caller
-    /// synchronises).
+    /// Enqueues the copy of a download's window to a new host vector on the stream (into pageable
+    /// memory the copy is done when the call returns).
     fn copy_to_host(&self, download: Download<'_>) -> Result<Vec<u8>> {
         let src = download.src();
         let (start, end) = storage::window_bytes(src);
@@ -82,17 +155,35 @@ impl CudaDevice {
         if out.is_empty() {
             return Ok(out);
         }
-        match storage::storage(src).map_err(|e| e.into_api("download"))? {
-            CudaStorage::Owned(slice) => {
-                let view = slice
-                    .try_slice(start..end)
-                    .ok_or_else(|| CudaError::TooLarge { what: "window" }.into_api("download"))?;
-                self.stream.memcpy_dtoh(&view, &mut out)
-            }
-            CudaStorage::Borrowed { ptr } => self.download_borrowed(*ptr + start as u64, &mut out),
-        }
-        .map_err(|e| CudaError::driver("cuMemcpyDtoHAsync", e).into_api("download"))?;
+        let ptr = storage::window_ptr(src).map_err(|e| e.into_api("download"))?;
+        // SAFETY: `ptr` is the validated window of a buffer of this device (or a wrapped pointer,
+        // valid for its length by `wrap_device_ptr`'s contract), `out` is exactly its size, and
+        // the caller synchronises before reading `out`.
+        unsafe { self.driver.copy_to_host(ptr, &mut out) }
+            .map_err(|e| self.api_error_for(e, Op::Memory, "download"))?;
         Ok(out)
+    }
+
+    /// The API error of a failed driver call of `op` (a refused call while capturing is
+    /// [`Error::Unsupported`]).
+    pub(crate) fn api_error(&self, error: CudaError, op: Op) -> Error {
+        self.api_error_for(error, op, op.name())
+    }
+
+    /// [`CudaDevice::api_error`], naming what failed (`download`, `upload`, ...) for an
+    /// execution error.
+    pub(crate) fn api_error_for(&self, error: CudaError, op: Op, what: &str) -> Error {
+        match error {
+            CudaError::NotCapturable { what } => Error::Unsupported {
+                backend: BackendKind::Cuda,
+                op,
+                what: format!(
+                    "{what} while a step is captured (run the step once before capturing it, so that \
+                     its kernels and scratch are ready; a captured step launches kernels only)"
+                ),
+            },
+            other => other.into_api(what),
+        }
     }
 
     /// Opens device `ordinal`. Every missing piece is reported as [`Error::Unavailable`] with the
@@ -206,15 +297,19 @@ impl CudaDevice {
             fused_processing: false,
             row_block_bytes: None,
         };
+        let desc = DeviceDesc::new(info, capabilities).counting_driver_calls();
+        let counters = desc.driver_counters().cloned().unwrap_or_default();
         Ok(CudaDevice {
-            desc: DeviceDesc::new(info, capabilities),
-            ctx,
-            stream,
+            desc,
+            driver: Driver::new(ctx, stream, counters),
             target,
             multiprocessors,
             cooperative,
             modules: Mutex::new(HashMap::new()),
+            functions: (0..function_slots()).map(|_| OnceLock::new()).collect(),
+            scratch: Mutex::new(Scratch::default()),
             pinned: PinnedPool::default(),
+            floor: OnceLock::new(),
         })
     }
 
@@ -223,33 +318,59 @@ impl CudaDevice {
         &self.target
     }
 
-    /// The function `stem` of `file` built for `instance`, compiling and loading the module at
-    /// first use. An NVRTC error is [`Error::KernelBuild`] with the log.
-    fn function(&self, file: KernelFile, instance: Instance, stem: &str) -> Result<CudaFunction> {
-        let entry = instance.entry(stem);
-        let mut modules = self
-            .modules
-            .lock()
-            .map_err(|_| CudaError::Poisoned.into_api(file.op().name()))?;
-        let loaded = match modules.entry((file, instance)) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(slot) => {
-                slot.insert(self.build_module(file, instance)?)
+    /// The function `stem` of `file` built for `instance`: from the device's table, or, at its
+    /// first use, compiled and loaded (an NVRTC error is [`Error::KernelBuild`] with the log).
+    fn function(
+        &self,
+        file: KernelFile,
+        instance: Instance,
+        stem: &'static str,
+    ) -> Result<&CudaFunction> {
+        let slot = function_slot(file, instance, stem)
+            .and_then(|slot| self.functions.get(slot))
+            .ok_or_else(|| CudaError::UnknownKernel { stem }.into_api(file.op().name()))?;
+        match slot.get() {
+            Some(f) => Ok(f),
+            None => self.load_function(slot, file, instance, stem),
+        }
+    }
+
+    /// Loads `stem` of `file` for `instance` into `slot`, building the module at first use.
+    fn load_function<'a>(
+        &self,
+        slot: &'a OnceLock<CudaFunction>,
+        file: KernelFile,
+        instance: Instance,
+        stem: &'static str,
+    ) -> Result<&'a CudaFunction> {
+        let op = file.op();
+        if self.driver.is_capturing() {
+            let error = CudaError::NotCapturable {
+                what: "building a kernel",
+            };
+            return Err(self.api_error(error, op));
+        }
+        let module = {
+            let mut modules = self
+                .modules
+                .lock()
+                .map_err(|_| CudaError::Poisoned.into_api(op.name()))?;
+            match modules.entry((file, instance)) {
+                std::collections::hash_map::Entry::Occupied(o) => o.get().clone(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(self.build_module(file, instance)?).clone()
+                }
             }
         };
-        if let Some(f) = loaded.functions.get(&entry) {
-            return Ok(f.clone());
-        }
-        let f = loaded
-            .module
-            .load_function(&entry)
-            .map_err(|e| CudaError::driver("cuModuleGetFunction", e).into_api(file.op().name()))?;
-        loaded.functions.insert(entry, f.clone());
-        Ok(f)
+        let f = module
+            .load_function(&instance.entry(stem))
+            .map_err(|e| CudaError::driver("cuModuleGetFunction", e).into_api(op.name()))?;
+        // Another thread may have filled the slot meanwhile: both functions are the same entry.
+        Ok(slot.get_or_init(|| f))
     }
 
     /// Compiles `file` for `instance` with NVRTC and loads it into the context.
-    fn build_module(&self, file: KernelFile, instance: Instance) -> Result<LoadedModule> {
+    fn build_module(&self, file: KernelFile, instance: Instance) -> Result<Arc<CudaModule>> {
         let _span = tracing::debug_span!(
             "nvrtc",
             backend = "cuda",
@@ -285,14 +406,10 @@ impl CudaDevice {
             nvrtc::Image::Cubin(bytes) => Ptx::from_binary(bytes),
             nvrtc::Image::Ptx(bytes) => Ptx::from_src(nvrtc::ptx_text(&bytes)),
         };
-        let module = self
+        self.driver
             .ctx
             .load_module(ptx)
-            .map_err(|e| CudaError::driver("cuModuleLoadData", e).into_api(file.op().name()))?;
-        Ok(LoadedModule {
-            module,
-            functions: HashMap::new(),
-        })
+            .map_err(|e| CudaError::driver("cuModuleLoadData", e).into_api(file.op().name()))
     }
 
     /// The kernels of `file` built for `instance`, to launch (compiled at first use).
@@ -304,62 +421,38 @@ impl CudaDevice {
         }
     }
 
-    /// Enqueues `f` with one argument block on the device's stream, cooperatively or not.
-    fn enqueue<A: KernelArgs + DeviceRepr>(
-        &self,
-        f: &CudaFunction,
-        grid: (u32, u32, u32),
-        block: u32,
-        args: &A,
-        cooperative: bool,
-    ) -> std::result::Result<(), DriverError> {
-        let cfg = LaunchConfig {
-            grid_dim: grid,
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut builder = self.stream.launch_builder(f);
-        builder.arg(args);
-        // SAFETY: `args` is a `kernel_args!` struct that mirrors the kernel's argument struct field
-        // for field (checked by `args::tests`); every pointer in it is a window of a validated
-        // buffer of this device, or scratch that lives until the stream has consumed it (freed
-        // stream-ordered on drop).
-        let launched = unsafe {
-            if cooperative {
-                builder.launch_cooperative(cfg)
-            } else {
-                builder.launch(cfg)
-            }
-        };
-        launched.map(|_| ())
-    }
-
-    /// Zeroed scratch memory for one op (freed, stream-ordered, when dropped).
-    pub(crate) fn scratch(&self, op: Op, bytes: u64) -> Result<CudaSlice<u8>> {
-        let bytes = usize::try_from(bytes.max(8)).map_err(|_| Error::OutOfMemory {
-            backend: BackendKind::Cuda,
-            requested_bytes: usize::MAX,
-        })?;
-        self.stream
-            .alloc_zeros::<u8>(bytes)
-            .map_err(|e| CudaError::driver("cuMemAllocAsync", e).into_api(op.name()))
-    }
-
-    /// The device address of a scratch allocation.
-    pub(crate) fn scratch_ptr(&self, scratch: &CudaSlice<u8>) -> u64 {
-        use cudarc::driver::DevicePtr;
-        let (ptr, _guard) = scratch.device_ptr(&self.stream);
-        ptr
+    /// At least `bytes` of scratch for one op, from the device's arena (any content: the kernels
+    /// write what they read), held until the guard is dropped.
+    pub(crate) fn scratch(&self, op: Op, bytes: u64) -> Result<ScratchGuard<'_>> {
+        let mut scratch = self
+            .scratch
+            .lock()
+            .map_err(|_| CudaError::Poisoned.into_api(op.name()))?;
+        let ptr = scratch
+            .arena
+            .reserve(&self.driver, bytes)
+            .map_err(|error| match error {
+                Some(e) => self.api_error(e, op),
+                None => Error::OutOfMemory {
+                    backend: BackendKind::Cuda,
+                    requested_bytes: usize::try_from(bytes).unwrap_or(usize::MAX),
+                },
+            })?;
+        Ok(ScratchGuard {
+            device: self,
+            scratch,
+            ptr,
+        })
     }
 
     /// The window address of a validated buffer.
     pub(crate) fn ptr(&self, op: Op, buffer: &Buffer) -> Result<u64> {
-        storage::window_ptr(buffer, &self.stream).map_err(|e| e.into_api(op.name()))
+        storage::window_ptr(buffer).map_err(|e| e.into_api(op.name()))
     }
 
     /// The window address of an optional validated buffer (0 when absent).
     pub(crate) fn opt_ptr(&self, op: Op, buffer: Option<&Buffer>) -> Result<u64> {
-        storage::optional_ptr(buffer, &self.stream).map_err(|e| e.into_api(op.name()))
+        storage::optional_ptr(buffer).map_err(|e| e.into_api(op.name()))
     }
 
     /// The kernels' `vec` flag for `[vocab]` rows of `buffer`: 1 when they can be read four
@@ -373,26 +466,20 @@ impl CudaDevice {
         )))
     }
 
-    /// Copies `bytes` (exactly the window's size) into the window and waits for the copy.
+    /// Enqueues the copy of `bytes` (exactly the window's size) into the window. No wait: the
+    /// driver has staged `bytes` when the copy returns ([`Driver::copy_to_device`]), and every
+    /// later op reads the window after the copy, in stream order.
     fn copy_into_window(&self, dst: &mut Buffer, bytes: &[u8]) -> Result<()> {
         if bytes.is_empty() {
             return Ok(());
         }
-        let (start, end) = storage::window_bytes(dst);
-        let CudaStorage::Owned(slice) =
-            storage::storage_mut(dst).map_err(|e| e.into_api("upload"))?
-        else {
+        let CudaStorage::Owned(_) = storage::storage(dst).map_err(|e| e.into_api("upload"))? else {
             return Err(CudaError::BorrowedWrite.into_api("upload"));
         };
-        let mut view = slice
-            .try_slice_mut(start..end)
-            .ok_or_else(|| CudaError::TooLarge { what: "window" }.into_api("upload"))?;
-        self.stream
-            .memcpy_htod(bytes, &mut view)
-            .map_err(|e| CudaError::driver("cuMemcpyHtoDAsync", e).into_api("upload"))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| CudaError::driver("cuStreamSynchronize", e).into_api("upload"))
+        let ptr = storage::window_ptr(dst).map_err(|e| e.into_api("upload"))?;
+        self.driver
+            .copy_to_device(bytes, ptr)
+            .map_err(|e| self.api_error_for(e, Op::Memory, "upload"))
     }
 }
 
@@ -408,14 +495,17 @@ impl Kernels<'_> {
     /// device's stream.
     pub(crate) fn launch<A: KernelArgs + DeviceRepr>(
         &self,
-        stem: &str,
+        stem: &'static str,
         grid: (u32, u32, u32),
         block: u32,
         args: &A,
     ) -> Result<()> {
         let f = self.device.function(self.file, self.instance, stem)?;
-        self.device
-            .enqueue(&f, grid, block, args, false)
+        // SAFETY: `args` is a `kernel_args!` struct that mirrors the kernel's argument struct
+        // field for field (checked by `args::tests`); every pointer in it is a window of a
+        // validated buffer of this device, or scratch of the device's arena, which lives until
+        // the stream has consumed it (a growth frees the old block stream-ordered).
+        unsafe { self.device.driver.launch(f, grid, block, args, false) }
             .map_err(|e| CudaError::driver("cuLaunchKernel", e).into_api(self.file.op().name()))
     }
 
@@ -423,13 +513,14 @@ impl Kernels<'_> {
     /// grid does not fit the device at once, so the caller can fall back.
     pub(crate) fn launch_cooperative<A: KernelArgs + DeviceRepr>(
         &self,
-        stem: &str,
+        stem: &'static str,
         grid: (u32, u32, u32),
         block: u32,
         args: &A,
     ) -> Result<bool> {
         let f = self.device.function(self.file, self.instance, stem)?;
-        match self.device.enqueue(&f, grid, block, args, true) {
+        // SAFETY: as in `launch`.
+        match unsafe { self.device.driver.launch(f, grid, block, args, true) } {
             Ok(()) => Ok(true),
             Err(cudarc::driver::DriverError(
                 cudarc::driver::sys::CUresult::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
@@ -453,17 +544,22 @@ impl Backend for CudaDevice {
             requested_bytes,
         };
         let bytes = CudaStorage::allocation_bytes(alloc.bytes()).ok_or_else(|| oom(usize::MAX))?;
-        let slice = self.stream.alloc_zeros::<u8>(bytes).map_err(|e| match e {
-            cudarc::driver::DriverError(
-                cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
-            ) => oom(bytes),
-            other => CudaError::driver("cuMemAlloc", other).into_api("alloc"),
-        })?;
+        let block =
+            self.driver.alloc_zeroed(bytes).map_err(|e| match e {
+                CudaError::Driver {
+                    source:
+                        cudarc::driver::DriverError(
+                            cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+                        ),
+                    ..
+                } => oom(bytes),
+                other => self.api_error_for(other, Op::Memory, "alloc"),
+            })?;
         Ok(Buffer::from_storage(
             alloc.dtype(),
             alloc.len(),
             self.desc.id,
-            Box::new(CudaStorage::Owned(slice)),
+            Box::new(CudaStorage::Owned(block)),
         ))
     }
 
@@ -491,9 +587,9 @@ impl Backend for CudaDevice {
     }
 
     fn run_synchronize(&self) -> Result<()> {
-        self.stream
+        self.driver
             .synchronize()
-            .map_err(|e| CudaError::driver("cuStreamSynchronize", e).into_api("synchronize"))
+            .map_err(|e| self.api_error_for(e, Op::Memory, "synchronize"))
     }
 
     fn run(&self, call: AnyCall<'_, '_>) -> Result<()> {

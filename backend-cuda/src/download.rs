@@ -10,18 +10,19 @@
 
 use std::sync::{Arc, Mutex, Weak};
 
-use cudarc::driver::{CudaEvent, PinnedHostSlice};
-use specula_backend_api::Result;
+use cudarc::driver::CudaEvent;
 use specula_backend_api::backend::Download;
-use specula_backend_api::transfer::{DownloadWait, PendingDownload};
+use specula_backend_api::transfer::{DownloadWait, DriverCounters, PendingDownload};
+use specula_backend_api::{Op, Result};
 
 use crate::device::CudaDevice;
+use crate::driver::{Driver, PinnedBlock};
 use crate::error::CudaError;
 use crate::storage;
 
 /// The page-locked block a device keeps between downloads (`None` until the first, or while it
 /// is in flight).
-pub(crate) type PinnedPool = Arc<Mutex<Option<PinnedHostSlice<u8>>>>;
+pub(crate) type PinnedPool = Arc<Mutex<Option<PinnedBlock>>>;
 
 /// The smallest block allocated: a step's results are a few kilobytes.
 const MIN_BLOCK_BYTES: usize = 64 << 10;
@@ -44,35 +45,41 @@ impl CudaDevice {
         if total == 0 {
             return Ok(PendingDownload::ready(vec![Vec::new(); sizes.len()]));
         }
-        let mut block = self.take_block(total).map_err(api)?;
+        let mut block = self.take_block(total).map_err(|e| self.download_error(e))?;
         if let Err(error) = self.enqueue_copies(downloads, &sizes, &mut block) {
             // Copies already enqueued write into the block: let them land before it is freed.
-            if let Err(sync) = self.stream.synchronize() {
+            if let Err(sync) = self.driver.synchronize() {
                 tracing::warn!(%sync, "cannot synchronise after a failed download");
             }
-            return Err(api(error));
+            return Err(self.download_error(error));
         }
         let event = self
-            .ctx
-            .new_event(None)
-            .map_err(|e| api(CudaError::driver("cuEventCreate", e)))?;
-        if let Err(e) = event.record(&self.stream) {
-            if let Err(sync) = self.stream.synchronize() {
+            .driver
+            .new_event(false)
+            .map_err(|e| self.download_error(e))?;
+        if let Err(e) = self.driver.record(&event) {
+            if let Err(sync) = self.driver.synchronize() {
                 tracing::warn!(%sync, "cannot synchronise after a failed event record");
             }
-            return Err(api(CudaError::driver("cuEventRecord", e)));
+            return Err(self.download_error(e));
         }
         Ok(PendingDownload::waiting(Box::new(InFlight {
             block: Some(block),
             sizes,
             event,
+            counters: self.driver.counters().clone(),
             pool: Arc::downgrade(&self.pinned),
         })))
     }
 
+    /// A download's error (a refused call while a step is captured is unsupported).
+    fn download_error(&self, error: CudaError) -> specula_backend_api::Error {
+        self.api_error_for(error, Op::Memory, "download")
+    }
+
     /// The device's kept block if it holds `total` bytes, else a new one (the next power of two,
     /// at least [`MIN_BLOCK_BYTES`]).
-    fn take_block(&self, total: usize) -> std::result::Result<PinnedHostSlice<u8>, CudaError> {
+    fn take_block(&self, total: usize) -> std::result::Result<PinnedBlock, CudaError> {
         let kept = self.pinned.lock().map_err(|_| CudaError::Poisoned)?.take();
         if let Some(block) = kept.filter(|b| b.len() >= total) {
             return Ok(block);
@@ -81,11 +88,7 @@ impl CudaDevice {
             .checked_next_power_of_two()
             .ok_or(CudaError::TooLarge { what: "download" })?
             .max(MIN_BLOCK_BYTES);
-        // SAFETY: the block's bytes are uninitialised; every byte that is read back (the first
-        // `total`, split by window) is written by a copy enqueued before the event `wait` syncs.
-        // Flags 0: cacheable memory, since the host reads it (write-combined memory reads slowly).
-        unsafe { self.ctx.alloc_pinned_with_flags::<u8>(bytes, 0) }
-            .map_err(|e| CudaError::driver("cuMemHostAlloc", e))
+        self.driver.alloc_pinned(bytes)
     }
 
     /// Enqueues one `cuMemcpyDtoHAsync` per non-empty window, back to back in `block`.
@@ -93,36 +96,31 @@ impl CudaDevice {
         &self,
         downloads: &[Download<'_>],
         sizes: &[usize],
-        block: &mut PinnedHostSlice<u8>,
+        block: &mut PinnedBlock,
     ) -> std::result::Result<(), CudaError> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| CudaError::driver("cuCtxSetCurrent", e))?;
-        let base = block
-            .as_mut_ptr()
-            .map_err(|e| CudaError::driver("cuEventSynchronize", e))?;
+        let base = block.ptr();
         let mut at = 0;
         for (download, &size) in downloads.iter().zip(sizes) {
             if size == 0 {
                 continue;
             }
-            let src = storage::window_ptr(download.src(), &self.stream)?;
+            let src = storage::window_ptr(download.src())?;
             // SAFETY: `at + size ≤ total ≤ block.len()` (the sizes sum to `total`), so the slice
-            // lies inside the block, and no other slice of it is alive; `src` is the window's
-            // device address, valid for `size` bytes (the front validated the window), in this
-            // context (bound above). The block outlives the copy: `InFlight` (or the error path
-            // of `start_pinned_download`) syncs before it is freed or read.
+            // lies inside the block, and no other slice of it is alive (`block` is borrowed
+            // mutably).
             let dst = unsafe { std::slice::from_raw_parts_mut(base.add(at), size) };
-            // SAFETY: as above; the copy is ordered on the stream after every op enqueued before.
-            unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
-                .map_err(|e| CudaError::driver("cuMemcpyDtoHAsync", e))?;
+            // SAFETY: `src` is the window's device address, valid for `size` bytes (the front
+            // validated the window). The block outlives the copy: `InFlight` (or the error path
+            // of `start_pinned_download`) waits before it is freed or read. The copy is ordered on
+            // the stream after every op enqueued before.
+            unsafe { self.driver.copy_to_host(src, dst) }?;
             at += size;
         }
         Ok(())
     }
 }
 
-/// A driver error as the API's error of a download.
+/// A driver error as the API's error of a download's wait.
 fn api(error: CudaError) -> specula_backend_api::Error {
     error.into_api("download")
 }
@@ -130,33 +128,33 @@ fn api(error: CudaError) -> specula_backend_api::Error {
 /// The downloads of one `start_download`, on their way into a page-locked block.
 struct InFlight {
     /// `None` once `wait` took it.
-    block: Option<PinnedHostSlice<u8>>,
+    block: Option<PinnedBlock>,
     sizes: Vec<usize>,
     /// Recorded on the stream behind the copies.
     event: CudaEvent,
+    /// The device's driver counters (the wait is one synchronisation).
+    counters: Arc<DriverCounters>,
     /// Where the block goes back once read (gone with the device).
-    pool: Weak<Mutex<Option<PinnedHostSlice<u8>>>>,
+    pool: Weak<Mutex<Option<PinnedBlock>>>,
 }
 
 impl DownloadWait for InFlight {
     fn wait(mut self: Box<Self>) -> Result<Vec<Vec<u8>>> {
-        self.event
-            .synchronize()
-            .map_err(|e| api(CudaError::driver("cuEventSynchronize", e)))?;
+        Driver::wait_event(&self.counters, &self.event).map_err(api)?;
         let Some(block) = self.block.take() else {
             // `wait` consumes the download, so the block is always here; were it not, the
             // front's size check would report the missing windows.
             return Ok(Vec::new());
         };
-        let bytes = split(&block, &self.sizes).map_err(api);
+        let bytes = split(&block, &self.sizes);
         self.give_back(block);
-        bytes
+        Ok(bytes)
     }
 }
 
 impl InFlight {
     /// Returns the block to the device's pool, keeping the larger of the two.
-    fn give_back(&self, block: PinnedHostSlice<u8>) {
+    fn give_back(&self, block: PinnedBlock) {
         let Some(pool) = self.pool.upgrade() else {
             return;
         };
@@ -168,23 +166,20 @@ impl InFlight {
     }
 }
 
-/// Copies each window's bytes out of the block, in order.
-fn split(
-    block: &PinnedHostSlice<u8>,
-    sizes: &[usize],
-) -> std::result::Result<Vec<Vec<u8>>, CudaError> {
-    let bytes = block
-        .as_slice()
-        .map_err(|e| CudaError::driver("cuEventSynchronize", e))?;
+/// Copies each window's bytes out of the block, in order (after the event's wait).
+fn split(block: &PinnedBlock, sizes: &[usize]) -> Vec<Vec<u8>> {
+    // SAFETY: the block holds `block.len()` bytes, every copy into it has landed (the caller
+    // waited for the event recorded behind them), and no mutable slice of it is alive.
+    let bytes = unsafe { std::slice::from_raw_parts(block.ptr(), block.len()) };
     let mut at = 0;
-    Ok(sizes
+    sizes
         .iter()
         .map(|&size| {
             let window = bytes[at..at + size].to_vec();
             at += size;
             window
         })
-        .collect())
+        .collect()
 }
 
 impl Drop for InFlight {
@@ -192,7 +187,7 @@ impl Drop for InFlight {
     /// before the block is freed.
     fn drop(&mut self) {
         if self.block.is_some()
-            && let Err(error) = self.event.synchronize()
+            && let Err(error) = Driver::wait_event(&self.counters, &self.event)
         {
             tracing::warn!(%error, "cannot wait for a dropped download");
         }

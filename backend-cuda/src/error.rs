@@ -42,6 +42,19 @@ pub enum CudaError {
     /// The kernel cache's lock was poisoned by a panic in another thread.
     #[error("the kernel cache is poisoned")]
     Poisoned,
+    /// A call that cannot be part of a captured step (an allocation, a copy, a wait, a kernel
+    /// build) was made while a step was being captured ([`crate::CudaDevice::capture_step`]).
+    #[error("{what} cannot be captured")]
+    NotCapturable {
+        /// What was refused.
+        what: &'static str,
+    },
+    /// An entry point that is not in its kernel file's list (a bug of this crate).
+    #[error("no entry point {stem} in the kernel table")]
+    UnknownKernel {
+        /// The entry point's stem.
+        stem: &'static str,
+    },
     /// A size does not fit the launch limits of the device.
     #[error("{what} exceeds the device limit")]
     TooLarge {

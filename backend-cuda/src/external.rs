@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::CudaStream;
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{CudaStream, DriverError};
 use specula_backend_api::{BorrowedInput, Buffer, DType, Device, Error, Op, Result};
 
 use crate::device::CudaDevice;
@@ -24,7 +24,7 @@ impl CudaDevice {
 
     /// The stream every op of this device is enqueued on.
     pub fn cuda_stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+        &self.driver.stream
     }
 
     /// The runner's device memory at `ptr`, read as `len` elements of `dtype`, as an input buffer
@@ -68,18 +68,5 @@ impl CudaDevice {
         let storage = CudaStorage::Borrowed { ptr };
         let buffer = Buffer::from_storage(dtype, len, self.id(), Box::new(storage));
         Ok(BorrowedInput::new(buffer, true))
-    }
-
-    /// Copies `out.len()` bytes at the runner's `ptr` to `out` on the stream (the caller waits).
-    pub(crate) fn download_borrowed(
-        &self,
-        ptr: CUdeviceptr,
-        out: &mut [u8],
-    ) -> std::result::Result<(), DriverError> {
-        self.ctx.bind_to_thread()?;
-        // SAFETY: `ptr` is a window of a wrapped device pointer, valid for its length by the
-        // contract of `wrap_device_ptr`, in this context (bound above); `out` is exactly the
-        // window's size, and the caller synchronises the stream before reading it.
-        unsafe { cudarc::driver::result::memcpy_dtoh_async(out, ptr, self.stream.cu_stream()) }
     }
 }

@@ -25,6 +25,27 @@ pub const COMMON: &str = include_str!("../kernels/common.cuh");
 /// The rank-order selection shared by the sampling kernels.
 pub const SELECT: &str = include_str!("../kernels/select.cuh");
 
+/// The read-floor kernel of the benchmarks (not an op: `CudaDevice::read_floor`).
+pub const READ_FLOOR: &str = include_str!("../kernels/read_floor.cu");
+
+/// The NVRTC options of the read-floor kernel for a target.
+pub fn floor_options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_owned(),
+    ]
+}
+
+/// Blocks of the read-floor kernel for `bytes`: enough 256-thread blocks to read 16 bytes per
+/// thread four times, at most `resident` (what the device runs at once), at least 1.
+pub fn floor_blocks(bytes: u64, resident: u32) -> u32 {
+    let per_block = 256 * 16 * 4;
+    let wanted = bytes.div_ceil(per_block).max(1);
+    u32::try_from(wanted)
+        .unwrap_or(u32::MAX)
+        .clamp(1, resident.max(1))
+}
+
 /// Declares [`KernelFile`] from the op table: one variant per op, whose source is
 /// `kernels/<op>.cu`, so an op without its kernel file does not compile.
 macro_rules! kernel_files {
@@ -153,6 +174,73 @@ impl KernelFile {
                 .collect(),
         }
     }
+}
+
+impl KernelFile {
+    /// How many instances the file is built for ([`KernelFile::instances`]), without allocating.
+    pub const fn instance_count(self) -> usize {
+        match self {
+            KernelFile::BuildOutputLayout
+            | KernelFile::BuildSamplingParams
+            | KernelFile::UpdateState
+            | KernelFile::NgramMatch
+            | KernelFile::GatherNextToken => 1,
+            KernelFile::VerifyDraftTokens => DType::FLOATS.len() * DType::FLOATS.len(),
+            _ => DType::FLOATS.len(),
+        }
+    }
+
+    /// The position of `instance` in [`KernelFile::instances`], without allocating (`None`: the
+    /// file is not built for it).
+    pub fn instance_index(self, instance: Instance) -> Option<usize> {
+        let float = |d: DType| DType::FLOATS.iter().position(|&f| f == d);
+        match self.instance_count() {
+            1 => (self.instances_single() == instance).then_some(0),
+            n if n == DType::FLOATS.len() => (instance.draft == instance.target
+                && instance.suffix == instance.target)
+                .then(|| float(instance.target))
+                .flatten(),
+            _ => {
+                let (t, d) = (float(instance.target)?, float(instance.draft)?);
+                (instance.suffix == instance.target).then_some(t * DType::FLOATS.len() + d)
+            }
+        }
+    }
+
+    /// The one instance of an integer-only file.
+    fn instances_single(self) -> Instance {
+        match self {
+            KernelFile::GatherNextToken => Instance::integer(DType::U8),
+            _ => Instance::integer(DType::I32),
+        }
+    }
+
+    /// The position of `stem` in [`KernelFile::entry_stems`].
+    pub fn stem_index(self, stem: &str) -> Option<usize> {
+        self.entry_stems().iter().position(|&s| s == stem)
+    }
+}
+
+/// The number of functions of every file, instance and entry point: the size of a device's
+/// table of loaded functions ([`function_slot`]).
+pub fn function_slots() -> usize {
+    KernelFile::ALL
+        .iter()
+        .map(|f| f.instance_count() * f.entry_stems().len())
+        .sum()
+}
+
+/// The index of entry `stem` of `file` built for `instance` in a table of [`function_slots`]
+/// functions: files in table order, then instances, then entry points. No allocation, so a
+/// launch finds its function with a few comparisons.
+pub fn function_slot(file: KernelFile, instance: Instance, stem: &str) -> Option<usize> {
+    let base: usize = KernelFile::ALL
+        .iter()
+        .take_while(|&&f| f != file)
+        .map(|f| f.instance_count() * f.entry_stems().len())
+        .sum();
+    let stems = file.entry_stems().len();
+    Some(base + file.instance_index(instance)? * stems + file.stem_index(stem)?)
 }
 
 /// Every function a device may load for `plan`: each kernel file of the plan's ops, each of its
@@ -442,6 +530,54 @@ mod tests {
                 assert_eq!(built.contains(&instance), wanted, "{file:?} {instance:?}");
             }
         }
+    }
+
+    #[test]
+    fn every_function_has_its_own_slot() {
+        let mut seen = vec![false; function_slots()];
+        for file in KernelFile::ALL {
+            assert_eq!(file.instances().len(), file.instance_count());
+            for (i, instance) in file.instances().into_iter().enumerate() {
+                assert_eq!(
+                    file.instance_index(instance),
+                    Some(i),
+                    "{file:?} {instance:?}"
+                );
+                for stem in file.entry_stems() {
+                    let slot = function_slot(file, instance, stem).expect("a slot");
+                    assert!(
+                        !seen[slot],
+                        "{file:?} {instance:?} {stem} shares slot {slot}"
+                    );
+                    seen[slot] = true;
+                }
+            }
+        }
+        assert!(seen.iter().all(|&s| s), "every slot is used");
+        let other = Instance::float(DType::F16, DType::F32);
+        assert_eq!(KernelFile::Argmax.instance_index(other), None);
+        assert_eq!(KernelFile::Argmax.stem_index("softmax"), None);
+        assert_eq!(
+            function_slot(
+                KernelFile::UpdateState,
+                Instance::integer(DType::U8),
+                "update_state"
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn the_read_floor_fills_the_device_without_idle_blocks() {
+        assert_eq!(floor_blocks(0, 1056), 1);
+        assert_eq!(floor_blocks(16, 1056), 1);
+        assert_eq!(
+            floor_blocks(64 * 151_936 * 4, 1056),
+            1056,
+            "39 MB: every resident block"
+        );
+        assert_eq!(floor_blocks(256 * 64 * 10, 1056), 10);
+        assert_eq!(floor_blocks(u64::MAX, 0), 1);
     }
 
     #[test]

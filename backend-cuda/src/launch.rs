@@ -43,14 +43,19 @@ pub fn split_slice(vocab: u32, splits: u32) -> u32 {
     per.div_ceil(SELECT_CHUNK) * SELECT_CHUNK
 }
 
-/// Bytes of global state one split row needs: barrier and first-token words, the histogram
-/// regions (u32 counts and u64 masses), and the per-block exchange (u64 + u32), rounded up to 256.
+/// Bytes of the scratch one split row needs (any content: the blocks zero what they accumulate
+/// into): the first-token word and 8 bytes unused, the histogram regions (u32 counts and u64
+/// masses), and the per-block exchange (u64 + u32), rounded up to 256.
 pub fn split_row_scratch_bytes(splits: u32) -> u64 {
     let fixed = 16u64;
     let hist = 12 * u64::from(SELECT_MAX_PASSES) * SELECT_BINS;
     let exchange = 12 * u64::from(splits);
     (fixed + hist + exchange).div_ceil(256) * 256
 }
+
+/// Bytes of a split row's barrier words (an epoch and an arrival word, `select.cuh`): kept per
+/// row index apart from the scratch, zeroed once, and only ever written by the split kernel.
+pub const GRID_SYNC_BYTES: u64 = 16;
 
 /// Whether rows starting at `ptr` with `vocab` elements of `elem_bytes` each can be read four
 /// elements at a time (every row start aligned to four elements).

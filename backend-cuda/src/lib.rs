@@ -36,6 +36,21 @@
 //! without host round-trips; every op of a step is enqueued on one stream, and only downloads
 //! synchronise.
 //!
+//! ## The host path of an op
+//!
+//! After its warm-up an op makes no driver call but its launches (counted:
+//! [`Device::memory_stats`](specula_backend_api::Device::memory_stats)'s `driver`, by the one
+//! module that calls the driver to allocate, copy, wait or launch). Its scratch comes from a
+//! per-device arena grown on demand and reused, never zeroed per call (the kernels write what
+//! they read; a split row's grid barrier keeps its own two words valid from launch to launch);
+//! its function from a table filled once per entry point; its buffers' addresses were read when
+//! they were allocated; its small parameters travel inside the kernel's one argument struct.
+//! Writes and uploads enqueue their copy without waiting (the driver stages pageable memory
+//! before it returns); only downloads and `synchronize` wait. A step whose shapes repeat can be
+//! recorded as one CUDA graph and replayed with one launch ([`CudaDevice::capture_step`]). For
+//! benchmarks, [`KernelTimer`] measures device time with CUDA events and
+//! [`CudaDevice::read_floor`] reads a buffer once with a kernel that does nothing else.
+//!
 //! ## Sampling from logits
 //!
 //! The sampling ops and REJECTION also take logits rows with a per-row temperature (`docs/semantics.md` §4b):
@@ -59,20 +74,26 @@ pub mod kernels;
 pub mod launch;
 pub mod nvrtc;
 
+mod arena;
 mod args;
+mod capture;
 mod device;
 mod download;
+mod driver;
 mod error;
 mod external;
 mod ops;
 mod storage;
+mod timing;
 
+pub use capture::CapturedStep;
 /// The `cudarc` this backend is built with: a runner that hands over its own stream and device
 /// pointers ([`CudaDevice::from_stream`], [`CudaDevice::wrap_device_ptr`]) uses this one, so both
 /// name the same version.
 pub use cudarc;
 pub use device::CudaDevice;
 pub use error::CudaError;
+pub use timing::KernelTimer;
 
 use std::sync::Arc;
 

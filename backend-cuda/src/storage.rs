@@ -1,9 +1,9 @@
 //! Device memory behind CUDA buffers, and the raw window pointers kernels receive.
 
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use specula_backend_api::Buffer;
 
+use crate::driver::DeviceBlock;
 use crate::error::CudaError;
 
 /// The storage of a CUDA buffer: one byte allocation of this device (at least 8 bytes, a
@@ -11,8 +11,8 @@ use crate::error::CudaError;
 /// address), or a runner's device pointer borrowed as an input
 /// ([`CudaDevice::wrap_device_ptr`](crate::CudaDevice::wrap_device_ptr)).
 pub(crate) enum CudaStorage {
-    /// Memory this device allocated (freed, stream-ordered, on drop).
-    Owned(CudaSlice<u8>),
+    /// Memory this device allocated (freed, stream-ordered, on drop), with its address.
+    Owned(DeviceBlock),
     /// Memory at `ptr` in the device's context, owned by the runner (never freed here, never
     /// written); the buffer's length is the runner's.
     Borrowed { ptr: CUdeviceptr },
@@ -32,13 +32,6 @@ pub(crate) fn storage(buffer: &Buffer) -> Result<&CudaStorage, CudaError> {
         .ok_or(CudaError::ForeignBuffer)
 }
 
-/// The storage of a buffer, mutably.
-pub(crate) fn storage_mut(buffer: &mut Buffer) -> Result<&mut CudaStorage, CudaError> {
-    buffer
-        .storage_mut::<CudaStorage>()
-        .ok_or(CudaError::ForeignBuffer)
-}
-
 /// The byte range of a buffer's window within its allocation.
 pub(crate) fn window_bytes(buffer: &Buffer) -> (usize, usize) {
     let size = buffer.dtype().size_bytes();
@@ -49,20 +42,20 @@ pub(crate) fn window_bytes(buffer: &Buffer) -> (usize, usize) {
 }
 
 /// The device address of the first element of a buffer's window: what a kernel receives, so that
-/// every op honours windows by construction.
-pub(crate) fn window_ptr(buffer: &Buffer, stream: &CudaStream) -> Result<u64, CudaError> {
+/// every op honours windows by construction. No driver call: the address was read when the
+/// memory was allocated, and every op of the device runs in order on its one stream (so nothing
+/// needs cudarc's per-access events, even on a runner's context that tracks them).
+pub(crate) fn window_ptr(buffer: &Buffer) -> Result<u64, CudaError> {
     let base = match storage(buffer)? {
-        // With event tracking off (a context this device made, one stream) the guard records
-        // nothing; on a runner's context it orders the read after the allocation's last write.
-        CudaStorage::Owned(slice) => slice.device_ptr(stream).0,
+        CudaStorage::Owned(block) => block.ptr(),
         CudaStorage::Borrowed { ptr } => *ptr,
     };
     Ok(base + window_bytes(buffer).0 as u64)
 }
 
 /// The window pointer of an optional buffer, 0 (a null pointer) when absent.
-pub(crate) fn optional_ptr(buffer: Option<&Buffer>, stream: &CudaStream) -> Result<u64, CudaError> {
-    buffer.map_or(Ok(0), |b| window_ptr(b, stream))
+pub(crate) fn optional_ptr(buffer: Option<&Buffer>) -> Result<u64, CudaError> {
+    buffer.map_or(Ok(0), window_ptr)
 }
 
 #[cfg(test)]

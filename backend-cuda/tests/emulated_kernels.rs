@@ -11,6 +11,11 @@
 //! The real kernel sources (every `kernels/<op>.cu` of the op table) are compiled with a C++20
 //! compiler (`g++`, `c++` or `clang++`).
 //!
+//! Scratch starts full of garbage (REJECTION's stats, `ngram_match`'s proposals,
+//! `accept_logprobs`' entries, a split row's histograms), as the device's reused arena leaves it:
+//! every kernel must write what it reads. An f32 split row runs twice on the same scratch and
+//! barrier words, so the second launch starts from what the first left there.
+//!
 //! The emulation takes minutes, so these tests run only when `SPECULA_REQUIRE` names
 //! `cuda-emulator` (the CUDA CI lanes); otherwise they are listed as ignored with the reason, as
 //! they are when no compiler is found. With `SPECULA_REQUIRE=cuda-emulator` and no compiler they
@@ -479,10 +484,12 @@ fn sampling_kernels_match_the_cpu_reference() {
             }
             c.write(&work);
             let stride = launch::split_row_scratch_bytes(splits);
+            // f32 split rows run twice (probabilities, no fallback, again).
+            let again = u32::from(dtype == DType::F32);
             work.run(
                 &bin,
                 "sample",
-                &[&rows_n, &vocab, &offset, &splits, &stride],
+                &[&rows_n, &vocab, &offset, &splits, &stride, &0, &0, &again],
             );
             let got = work.read::<i32>("tokens.out");
             let (probs, top_k, top_p, seed) = (
@@ -499,6 +506,11 @@ fn sampling_kernels_match_the_cpu_reference() {
                     "{dtype} sample row {r} of {rows_n}x{vocab} (offset {offset}, splits {splits}): top_k {} top_p {}",
                     c.top_k[r], c.top_p[r]
                 );
+            }
+            if splits > 1 && again == 1 {
+                // The same launch again on the scratch and barrier words the first one left.
+                let again = work.read::<i32>("tokens_again.out");
+                assert_eq!(again, want, "{dtype} split sample, second launch");
             }
             if splits == 1 {
                 // argmax and top_p_candidates (a few widths, padding rows) on the same rows.
@@ -1129,10 +1141,12 @@ fn logits_sampling_kernels_match_the_reference() {
             c.write(&work);
             work.write("temperature.bin", &temperature);
             let stride = launch::split_row_scratch_bytes(splits);
+            // f32 split rows run twice (logits, no fallback, again).
+            let again = u32::from(dtype == DType::F32);
             work.run(
                 &bin,
                 "sample",
-                &[&rows_n, &vocab, &offset, &splits, &stride, &1],
+                &[&rows_n, &vocab, &offset, &splits, &stride, &1, &0, &again],
             );
             let got = work.read::<i32>("tokens.out");
             let logits = dev.upload_bytes(dtype, &c.probs).expect("upload");
@@ -1153,6 +1167,10 @@ fn logits_sampling_kernels_match_the_reference() {
                 );
             }
             if splits > 1 {
+                if again == 1 {
+                    let again = work.read::<i32>("tokens_again.out");
+                    assert_eq!(again, want, "{dtype} logits split sample, second launch");
+                }
                 continue;
             }
             let batch_id = padded_batch_ids(rows_n, 5);

@@ -1,5 +1,6 @@
 //! `nvrtc-check`: compiles every CUDA kernel of the backend with NVRTC, with exactly the options
-//! the runtime uses, for each requested architecture; no GPU is needed.
+//! the runtime uses, for each requested architecture; no GPU is needed. The benchmarks' read-floor
+//! kernel (`kernels/read_floor.cu`, not an op) is checked the same way.
 //!
 //! ```text
 //! cargo run -p specula-backend-cuda --bin nvrtc-check -- --arch sm_80,sm_90 [--ptxas PATH]
@@ -18,7 +19,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use specula_backend_cuda::kernels::{KernelFile, compile_options};
+use specula_backend_cuda::kernels::{self, KernelFile, compile_options};
 use specula_backend_cuda::nvrtc;
 
 struct Args {
@@ -225,6 +226,44 @@ fn check(
     }
 }
 
+/// Compiles the read-floor kernel of the benchmarks for `arch` (and assembles it with ptxas when
+/// asked), as [`check`] does an op's instance.
+fn check_floor(arch: &str, ptxas: Option<&PathBuf>) -> (bool, String) {
+    let label = format!("{arch} read_floor.cu");
+    let out = match nvrtc::compile(
+        kernels::READ_FLOOR,
+        "read_floor.cu",
+        &kernels::floor_options(arch),
+    ) {
+        Err(e) => return (false, format!("FAIL {label}\n{e}\n")),
+        Ok(out) => out,
+    };
+    let ptx = nvrtc::ptx_text(&out.ptx);
+    if nvrtc::log_has_warning(&out.log) {
+        return (false, format!("FAIL {label} (warnings)\n{}\n", out.log));
+    }
+    if !ptx.contains(".entry read_floor(") {
+        return (false, format!("FAIL {label}: no entry point read_floor\n"));
+    }
+    let report = format!("ok   {label}\n");
+    match ptxas.map(|p| run_ptxas(p, arch, &ptx, &format!("read_floor_{arch}"))) {
+        None => (true, report),
+        Some(Err(log)) => (false, format!("{report}FAIL ptxas {label}\n{log}\n")),
+        Some(Ok(usages)) => {
+            let lines: String = usages
+                .iter()
+                .map(|u| {
+                    format!(
+                        "     {:<48} regs {:>3}  spill st/ld {:>4}/{:<4}\n",
+                        u.function, u.registers, u.spill_stores, u.spill_loads
+                    )
+                })
+                .collect();
+            (true, report + &lines)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
@@ -277,6 +316,12 @@ fn main() -> ExitCode {
     });
     let mut results = results.into_inner().unwrap_or_default();
     results.sort_by_key(|r| r.0);
+    if args.only.as_deref().is_none_or(|o| o == "read_floor") {
+        for arch in &args.archs {
+            let (ok, report) = check_floor(arch, args.ptxas.as_ref());
+            results.push((results.len(), ok, report));
+        }
+    }
     let failures = results.iter().filter(|r| !r.1).count();
     let compiled = results.len() - failures;
     for (_, _, report) in &results {

@@ -32,7 +32,7 @@ pub(crate) fn run(device: &CudaDevice, mut call: AcceptLogprobsCall<'_, '_>) -> 
         ranks: device.ptr(op, out.ranks)?,
         top_ids: device.ptr(op, out.top_ids)?,
         top_logprobs: device.ptr(op, out.top_logprobs)?,
-        entries: device.scratch_ptr(&scratch),
+        entries: scratch.ptr(),
         rows: params.shape.rows as u64,
         max_step_tokens: dims.max_step_tokens as u64,
         max_bsz: to_u32(op, "max_bsz", dims.max_bsz)?,

@@ -32,7 +32,7 @@ pub(crate) fn run(device: &CudaDevice, mut call: NgramMatchCall<'_, '_>) -> Resu
         max_dec_len: device.ptr(op, inputs.max_dec_len)?,
         draft_tokens: device.ptr(op, out.draft_tokens)?,
         this_time: device.ptr(op, out.seq_lens_this_time)?,
-        proposals: device.scratch_ptr(&scratch),
+        proposals: scratch.ptr(),
         max_model_len: params.max_model_len as u64,
         max_step_tokens: dims.max_step_tokens as u64,
         threshold: params.threshold as u64,

@@ -28,6 +28,7 @@ pub(crate) fn run(device: &CudaDevice, mut call: TopKTopPSampleCall<'_>) -> Resu
         fallback: device.opt_ptr(op, inputs.fallback)?,
         tokens: device.ptr(op, tokens)?,
         scratch: 0,
+        sync: 0,
         scratch_stride: 0,
         rows: grid_x(op, shape.rows)?,
         vocab: to_u32(op, "vocab", shape.vocab)?,
@@ -36,7 +37,9 @@ pub(crate) fn run(device: &CudaDevice, mut call: TopKTopPSampleCall<'_>) -> Resu
         logits: flag(kind.logits),
         pad: 0,
     };
-    let splits = if device.cooperative {
+    // A captured step launches one block per row (the same tokens): a cooperative launch whose
+    // grid may not fit at replay time has no fallback inside a graph.
+    let splits = if device.cooperative && !device.driver.is_capturing() {
         launch::sample_splits(shape.rows, shape.vocab, device.multiprocessors)
     } else {
         1
@@ -44,8 +47,9 @@ pub(crate) fn run(device: &CudaDevice, mut call: TopKTopPSampleCall<'_>) -> Resu
     if splits > 1 {
         // A few rows of a large vocabulary: several cooperating blocks per row.
         let stride = launch::split_row_scratch_bytes(splits);
-        let scratch = device.scratch(op, stride * shape.rows as u64)?;
-        args.scratch = device.scratch_ptr(&scratch);
+        let mut scratch = device.scratch(op, stride * shape.rows as u64)?;
+        args.scratch = scratch.ptr();
+        args.sync = scratch.grid_sync(op)?;
         args.scratch_stride = stride;
         args.splits = splits;
         let grid = (splits, args.rows, 1);

@@ -100,7 +100,7 @@ fn rejection(device: &CudaDevice, args: &mut VerifyArgs, instance: Instance) -> 
     let draft_rows = args.draft_rows;
     let scratch_bytes = TARGET_STATS_BYTES * args.rows + DRAFT_TOTAL_BYTES * draft_rows;
     let scratch = device.scratch(op, scratch_bytes)?;
-    args.stats = device.scratch_ptr(&scratch);
+    args.stats = scratch.ptr();
     let kernels = device.kernels(FILE, instance);
     let prepare_blocks = args.rows + draft_rows;
     if prepare_blocks > 0 {

@@ -2,8 +2,12 @@
 // the emulator, common.cuh, select.cuh and the kernel files. Inputs are DIR/<name>.bin, outputs
 // DIR/<name>.out; OFFSET is the window offset, in elements, of the probability or logit rows.
 //
-//   driver sample     DIR ROWS VOCAB OFFSET SPLITS STRIDE [LOGITS [FALLBACK]]
-//                     (probs top_k top_p seed [temperature] [fallback] -> tokens)
+//   driver sample     DIR ROWS VOCAB OFFSET SPLITS STRIDE [LOGITS [FALLBACK [AGAIN]]]
+//                     (probs top_k top_p seed [temperature] [fallback] -> tokens; with AGAIN 1,
+//                     split rows run twice on the same scratch and barrier words -> tokens_again)
+//
+// Scratch (split rows, REJECTION's stats, ngram's proposals, logprobs' entries) starts full of
+// garbage, as the device's reused arena may be: every kernel must write what it reads.
 //   driver candidates DIR ROWS VOCAB OFFSET C [LOGITS [FALLBACK]]
 //                     (probs top_p batch_id [temperature] [fallback] -> ids scores lens)
 //   driver argmax     DIR ROWS VOCAB OFFSET                 (probs -> tokens)
@@ -87,6 +91,17 @@ static u32 vec_ok(const void* p, size_t elem, u32 vocab) {
 
 static u32 blocks_for(u64 n, u32 block) { return (u32)((n + block - 1) / block); }
 
+// Scratch of `n` bytes full of garbage (a reused arena holds what the last op left there).
+static unsigned char* dalloc_scratch(u64 n) {
+    unsigned char* p = dalloc<unsigned char>(n);
+    u64 x = 0x9e3779b97f4a7c15ull;
+    for (u64 i = 0; i < n; ++i) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = (unsigned char)(x >> 56);
+    }
+    return p;
+}
+
 // An output of `n` elements in device memory, each `garbage` (the kernel must write every one).
 template <class T> static T* dalloc_filled(u64 n, T garbage) {
     T* p = dalloc<T>(n);
@@ -118,12 +133,21 @@ static void run_sample(const Run& run) {
     a.vec = vec_ok(a.probs, sizeof(raw), vocab);
     a.splits = splits;
     a.scratch_stride = stride;
-    a.scratch = splits > 1 ? dalloc<unsigned char>(stride * rows) : nullptr;
-    if (splits > 1)
+    a.scratch = splits > 1 ? dalloc_scratch(stride * rows) : nullptr;
+    // The barrier words: zeroed once, as the device allocates them.
+    a.sync = splits > 1 ? dalloc<u64>(2 * (u64)rows) : nullptr;
+    if (splits > 1) {
         launch(SPECULA_ENTRY(top_k_top_p_sample_split), splits, rows, SEL_BLOCK, a, splits * rows);
-    else
+        run.out("tokens", a.tokens, rows);
+        if (run.opt_arg(10) == 0) return;
+        // Again on what the first launch left in the scratch and the barrier words.
+        for (u32 r = 0; r < rows; ++r) a.tokens[r] = -7;
+        launch(SPECULA_ENTRY(top_k_top_p_sample_split), splits, rows, SEL_BLOCK, a, splits * rows);
+        run.out("tokens_again", a.tokens, rows);
+    } else {
         launch(SPECULA_ENTRY(top_k_top_p_sample), rows, 1, SEL_BLOCK, a, 2);
-    run.out("tokens", a.tokens, rows);
+        run.out("tokens", a.tokens, rows);
+    }
 }
 
 static void run_candidates(const Run& run) {
@@ -213,7 +237,7 @@ static void run_verify(const Run& run) {
         a.draft_rows = compact_rows != 0 ? compact_rows : (u64)max_bsz * (s - 1);
         a.vec_target = vec_ok(a.target_probs, sizeof(raw), vocab);
         a.vec_draft = vec_ok(a.draft_probs, sizeof(draft_raw), vocab);
-        a.stats = dalloc<unsigned char>(sizeof(TargetStats) * rows + 8 * a.draft_rows + 8);
+        a.stats = dalloc_scratch(sizeof(TargetStats) * rows + 8 * a.draft_rows + 8);
         if (rows + a.draft_rows > 0)
             launch(SPECULA_ENTRY(verify_draft_tokens_rejection_prepare), (u32)(rows + a.draft_rows), 1, SEL_BLOCK, a, 2);
         launch(SPECULA_ENTRY(verify_draft_tokens_rejection), max_bsz, 1, SEL_BLOCK, a, 2);
@@ -249,7 +273,7 @@ static void run_logprobs(const Run& run) {
     a.ranks = dalloc<i32>(entries);
     a.top_ids = dalloc<i32>(entries * k + 1);
     a.top_logprobs = dalloc<float>(entries * k + 1);
-    a.entries = dalloc<u32>(2 * entries + 1);
+    a.entries = reinterpret_cast<u32*>(dalloc_scratch(4 * (2 * entries + 1)));
     a.rows = rows;
     a.max_step_tokens = s;
     a.max_bsz = max_bsz;
@@ -448,7 +472,7 @@ static void run_ngram(const Run& run, const Batch& b) {
     n.max_dec_len = run.in<i32>("max_dec_len");
     n.draft_tokens = run.in<i32>("draft_tokens");
     n.this_time = run.in<i32>("this_time");
-    n.proposals = dalloc<u64>(2 * b.real_bsz + 1);
+    n.proposals = reinterpret_cast<u64*>(dalloc_scratch(8 * (2 * (u64)b.real_bsz + 1)));
     n.max_model_len = b.max_model_len;
     n.max_step_tokens = b.s;
     n.threshold = b.threshold;

@@ -2,6 +2,7 @@
 // or newer): enough for `common.cuh`, `select.cuh` and the kernel files to compile on the host.
 // What a launch needs on top (threads, `__syncthreads`, warp shuffles, device memory) is in
 // shim.hpp; a one-thread host build supplies its own `__syncthreads` and shuffles instead.
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <math.h>
 #include <sched.h>
+#include <unistd.h>
 
 #define __device__
 #define __global__
@@ -43,10 +45,28 @@ inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll((unsigned
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
-inline void __nanosleep(unsigned) { sched_yield(); }
+// A spin wait (a grid barrier's): yields. A wait that goes on for ten minutes (calls less than a
+// second apart) fails its block: a barrier that is never released, instead of a hung test.
+inline void __nanosleep(unsigned) {
+    typedef std::chrono::steady_clock clock;
+    static thread_local clock::time_point start{}, last{};
+    const clock::time_point now = clock::now();
+    if (now - last > std::chrono::seconds(1)) start = now;
+    last = now;
+    if (now - start > std::chrono::minutes(10)) {
+        fprintf(stderr, "a spin wait lasted ten minutes: a grid barrier is never released\n");
+        _exit(6);
+    }
+    sched_yield();
+}
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 template <class T> T __ldcg(const T* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 template <class T> T atomicAdd(T* p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+template <class T> T atomicCAS(T* p, T compare, T v) {
+    // On failure `compare` becomes the current value; on success it is the old one already.
+    __atomic_compare_exchange_n(p, &compare, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    return compare;
+}
 template <class T> T atomicMin(T* p, T v) {
     T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
     while (v < old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
