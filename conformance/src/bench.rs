@@ -11,6 +11,15 @@
 //! Inputs are LLM-like: probabilities are the softmax of Gaussian logits with standard deviation
 //! 3.5 (the top-p 0.9 set of such a row holds one to three thousand of its 151936 tokens),
 //! generated deterministically.
+//!
+//! On a GPU ([`run_on_device`], with the backend's [`DeviceClock`]) each repetition gives three
+//! times: the *host* time of the call (until it returns, nothing waited for), its *kernel* time
+//! (device events around the call), and the end-to-end time (until a synchronisation returns);
+//! right after it, the device's *read floor*: the kernel time of one read of the same input by a
+//! kernel that does nothing else. The ratio is kernel over floor. `cold` reads a large device
+//! buffer between repetitions, so that neither finds its input in the GPU's L2. With
+//! [`BenchOptions::graph`], the unified step is also captured once and timed as replays of one
+//! graph (`step(...,graph)` lines).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,6 +42,35 @@ pub struct BenchOptions {
     pub quick: bool,
     /// Only lines whose op name ([`line_names`]) contains one of these (all when empty).
     pub ops: Vec<String>,
+    /// Also time the unified step captured as one graph and replayed (a device with a
+    /// [`DeviceClock`] only).
+    pub graph: bool,
+    /// Test-sized shapes instead of the 151936 vocabulary: 4096 at batches 1 and 4, 4 slots.
+    pub tiny: bool,
+}
+
+/// What a GPU backend lends the bench: device-side timing by events, the device read floor and
+/// captured steps. [`run_on_device`] takes one; the CPU backend's floor is
+/// [`CpuDevice::read_floor`] instead.
+pub trait DeviceClock {
+    /// Marks the start of the device work enqueued from now on.
+    fn start(&self) -> Result<()>;
+    /// Marks its end (enqueued; nothing waits).
+    fn stop(&self) -> Result<()>;
+    /// Seconds of device time between the last start and stop marks (waits for the stop mark).
+    fn elapsed(&self) -> Result<f64>;
+    /// Enqueues one read of `buffer`'s window by a kernel that does nothing else.
+    fn read_floor(&self, buffer: &Buffer) -> Result<()>;
+    /// Enqueues a read of a buffer larger than the device's caches (the cold mode).
+    fn evict(&self) -> Result<()>;
+    /// Records `step` once (its calls on the device) and returns what replays it.
+    fn capture<'s>(&'s self, step: &mut dyn FnMut() -> Result<()>) -> Result<Box<dyn Replay + 's>>;
+}
+
+/// A step captured by [`DeviceClock::capture`].
+pub trait Replay {
+    /// Enqueues the whole step again.
+    fn replay(&self) -> Result<()>;
 }
 
 /// The `(top_k, top_p)` settings the sampling lines are measured in.
@@ -58,6 +96,15 @@ fn step_line(s: usize, from_logits: bool) -> String {
         format!("step(target_match,S={s},logits,T=0.8)")
     } else {
         format!("step(target_match,S={s})")
+    }
+}
+
+/// The unified step captured once and replayed as one graph ([`BenchOptions::graph`]).
+fn graph_step_line(s: usize, from_logits: bool) -> String {
+    if from_logits {
+        format!("step(target_match,S={s},logits,T=0.8,graph)")
+    } else {
+        format!("step(target_match,S={s},graph)")
     }
 }
 
@@ -102,6 +149,8 @@ pub fn line_names() -> Vec<String> {
     names.push(LOGPROBS_LINE.to_owned());
     names.extend(STEP_TOKENS.map(|s| step_line(s, false)));
     names.extend(STEP_TOKENS.map(|s| step_line(s, true)));
+    names.extend(STEP_TOKENS.map(|s| graph_step_line(s, false)));
+    names.extend(STEP_TOKENS.map(|s| graph_step_line(s, true)));
     names.push(processed_step_line(PROCESSED_STEP_TOKENS));
     names.push(paired_step_line(PROCESSED_STEP_TOKENS));
     names.push(GATHER_LINE.to_owned());
@@ -148,12 +197,17 @@ pub struct Measurement {
     pub min_s: f64,
     /// Effective bandwidth over `bytes` at the median, GB/s.
     pub gbps: f64,
-    /// Median seconds of the floor (CPU only).
+    /// Median seconds of the floor: on the CPU one streaming read (or copy) of the input; on a
+    /// GPU the kernel time of one read of it.
     pub floor_median_s: Option<f64>,
-    /// `median_s / floor_median_s`.
+    /// `median_s / floor_median_s` on the CPU; on a GPU `kernel_median_s / floor_median_s`.
     pub ratio: Option<f64>,
-    /// What the floor is (`read` or `memcpy`).
+    /// What the floor is (`read`, `memcpy`, `paired` or `device read`).
     pub floor_kind: Option<&'static str>,
+    /// GPU: median seconds until the call returned (the host's part, nothing waited for).
+    pub host_median_s: Option<f64>,
+    /// GPU: median seconds of device time of the call (events around it).
+    pub kernel_median_s: Option<f64>,
 }
 
 /// The floor the CPU backend measures next to an op.
@@ -235,12 +289,31 @@ impl Evictor {
     }
 }
 
+/// Medians of one op's repetitions on a GPU, in seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DeviceTimes {
+    /// The call's host time.
+    pub host: f64,
+    /// The call's kernel time.
+    pub kernel: f64,
+    /// The read floor's kernel time.
+    pub floor: f64,
+}
+
+/// The buffer a floor reads.
+fn floor_source<'f>(floor: &'f Floor<'_>) -> &'f Buffer {
+    match floor {
+        Floor::Read(b) | Floor::ReadAfter(b) | Floor::Copy(b, _) => b,
+    }
+}
+
 /// Measures the ops of one backend and tells `progress` each measurement.
 struct Bencher<'a> {
     options: &'a BenchOptions,
     backend: &'a str,
     device: &'a dyn Device,
     cpu: Option<&'a CpuDevice>,
+    clock: Option<&'a dyn DeviceClock>,
     evictor: Option<Evictor>,
     out: Vec<Measurement>,
     progress: &'a mut dyn FnMut(&Measurement),
@@ -277,6 +350,13 @@ impl Bencher<'_> {
         mut floor: Option<Floor<'_>>,
         call: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
+        if let Some(clock) = self.clock {
+            let source = floor.as_ref().map(floor_source);
+            let times = self.measure_on_device(clock, source, call)?;
+            let line = (op, (batch, width, step_tokens), bytes);
+            self.record_device(line, times);
+            return Ok(());
+        }
         let device = self.device;
         for _ in 0..self.options.warmup {
             call()?;
@@ -303,7 +383,87 @@ impl Bencher<'_> {
             .map(|(median_s, kind)| (median_s, None, kind));
         let line = (op, (batch, width, step_tokens), bytes);
         self.record(line, times, floor);
+        self.report_last();
         Ok(())
+    }
+
+    /// Tells `progress` the last measurement.
+    fn report_last(&mut self) {
+        if let Some(m) = self.out.last() {
+            (self.progress)(m);
+        }
+    }
+
+    /// Times `call` on the device ([`DeviceClock`]): per repetition its host, kernel and
+    /// end-to-end seconds, then (with `floor`) the kernel seconds of one read of `floor`.
+    fn measure_on_device(
+        &mut self,
+        clock: &dyn DeviceClock,
+        floor: Option<&Buffer>,
+        call: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<(Vec<f64>, Vec<DeviceTimes>)> {
+        let device = self.device;
+        for _ in 0..self.options.warmup {
+            call()?;
+            device.synchronize()?;
+        }
+        let (mut e2e, mut times) = (Vec::new(), Vec::new());
+        for _ in 0..self.options.repeats.max(1) {
+            self.evict_device(clock)?;
+            clock.start()?;
+            let start = Instant::now();
+            call()?;
+            let host = start.elapsed().as_secs_f64();
+            clock.stop()?;
+            device.synchronize()?;
+            e2e.push(start.elapsed().as_secs_f64());
+            let kernel = clock.elapsed()?;
+            let floor = match floor {
+                Some(buffer) => {
+                    self.evict_device(clock)?;
+                    clock.start()?;
+                    clock.read_floor(buffer)?;
+                    clock.stop()?;
+                    clock.elapsed()?
+                }
+                None => f64::NAN,
+            };
+            times.push(DeviceTimes {
+                host,
+                kernel,
+                floor,
+            });
+        }
+        Ok((e2e, times))
+    }
+
+    /// In the cold mode, reads a buffer larger than the GPU's caches and waits for it.
+    fn evict_device(&self, clock: &dyn DeviceClock) -> Result<()> {
+        if self.options.cold {
+            clock.evict()?;
+            self.device.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// Reports and keeps the [`Measurement`] of a line measured on the device.
+    fn record_device(
+        &mut self,
+        line: (String, (usize, usize, usize), u64),
+        (e2e, times): (Vec<f64>, Vec<DeviceTimes>),
+    ) {
+        let medians = device_medians(&times);
+        let floor = (!medians.floor.is_nan()).then_some((
+            medians.floor,
+            Some(medians.kernel / medians.floor),
+            "device read",
+        ));
+        self.record(line, e2e, floor);
+        if let Some(m) = self.out.last_mut() {
+            m.host_median_s = Some(medians.host);
+            m.kernel_median_s = Some(medians.kernel);
+        }
+        self.report_last();
     }
 
     /// Reports and keeps the [`Measurement`] of `line` (its op, shape and bytes) from the
@@ -330,8 +490,9 @@ impl Bencher<'_> {
             floor_median_s: floor.map(|f| f.0),
             ratio: floor.map(|(f, ratio, _)| ratio.unwrap_or(median_s / f)),
             floor_kind: floor.map(|f| f.2),
+            host_median_s: None,
+            kernel_median_s: None,
         };
-        (self.progress)(&measurement);
         self.out.push(measurement);
     }
 
@@ -376,6 +537,7 @@ impl Bencher<'_> {
         let floor = (median(&mut base_times), Some(median(&mut ratios)), "paired");
         let line = (op, (batch, width, step_tokens), bytes);
         self.record(line, times, Some(floor));
+        self.report_last();
         Ok(())
     }
 
@@ -395,6 +557,34 @@ impl Bencher<'_> {
     fn wants(&self, op: &str) -> bool {
         self.options.ops.is_empty() || self.options.ops.iter().any(|o| op.contains(o.as_str()))
     }
+
+    /// Whether the step of `s` tokens (from logits or not) is measured: its plain line, or its
+    /// captured one on a device that can capture.
+    fn wants_step(&self, s: usize, from_logits: bool) -> bool {
+        self.wants(&step_line(s, from_logits)) || self.wants_graph(s, from_logits)
+    }
+
+    /// Whether the captured step of `s` tokens is measured.
+    fn wants_graph(&self, s: usize, from_logits: bool) -> bool {
+        self.options.graph && self.clock.is_some() && self.wants(&graph_step_line(s, from_logits))
+    }
+}
+
+/// The medians of each of the device times (NaN floors stay NaN: no floor was measured).
+pub fn device_medians(times: &[DeviceTimes]) -> DeviceTimes {
+    if times.is_empty() {
+        return DeviceTimes {
+            host: f64::NAN,
+            kernel: f64::NAN,
+            floor: f64::NAN,
+        };
+    }
+    let of = |f: fn(&DeviceTimes) -> f64| median(&mut times.iter().map(f).collect::<Vec<_>>());
+    DeviceTimes {
+        host: of(|t| t.host),
+        kernel: of(|t| t.kernel),
+        floor: of(|t| t.floor),
+    }
 }
 
 /// Every slot of a batch of `slots` slots described, `s` tokens each at most.
@@ -411,21 +601,57 @@ pub fn run(
     options: &BenchOptions,
     progress: &mut dyn FnMut(&Measurement),
 ) -> Result<Vec<Measurement>> {
-    let d: &dyn Device = device.as_ref();
-    let mut b = Bencher {
+    let b = Bencher {
         options,
         backend,
-        device: d,
+        device: device.as_ref(),
         cpu,
+        clock: None,
         evictor: options.cold.then(Evictor::new),
         out: Vec::new(),
         progress,
     };
-    let (vocabs, batches): (&[usize], &[usize]) = if options.quick {
-        (&[151_936], &[1, 64])
-    } else {
-        (&[32_000, 128_256, 151_936], &[1, 8, 64, 256])
+    run_all(b)
+}
+
+/// Runs every benchmark on a GPU `device` (named `backend`) with its `clock`: each line gives
+/// the host, kernel and end-to-end times of a call and the device read floor next to it (see the
+/// module's documentation), and with [`BenchOptions::graph`] the captured step.
+pub fn run_on_device(
+    backend: &str,
+    device: &Arc<dyn Device>,
+    clock: &dyn DeviceClock,
+    options: &BenchOptions,
+    progress: &mut dyn FnMut(&Measurement),
+) -> Result<Vec<Measurement>> {
+    let b = Bencher {
+        options,
+        backend,
+        device: device.as_ref(),
+        cpu: None,
+        clock: Some(clock),
+        evictor: None,
+        out: Vec::new(),
+        progress,
     };
+    run_all(b)
+}
+
+/// The vocabularies and batches measured, and the slot counts of the unified step.
+fn shapes(options: &BenchOptions) -> (&'static [usize], &'static [usize], &'static [usize]) {
+    if options.tiny {
+        (&[4096], &[1, 4], &[4])
+    } else if options.quick {
+        (&[151_936], &[1, 64], &[64])
+    } else {
+        (&[32_000, 128_256, 151_936], &[1, 8, 64, 256], &[1, 8, 64])
+    }
+}
+
+/// Runs every benchmark `b` wants.
+fn run_all(mut b: Bencher<'_>) -> Result<Vec<Measurement>> {
+    let (d, options) = (b.device, b.options);
+    let (vocabs, batches, slot_counts) = shapes(options);
     for &vocab in vocabs {
         for &rows in batches {
             row_benches(&mut b, rows, vocab)?;
@@ -435,13 +661,12 @@ pub fn run(
             }
         }
         // The unified step (TARGET_MATCH): layout, per-row parameters, sampling, verification.
-        let slot_counts: &[usize] = if options.quick { &[64] } else { &[1, 8, 64] };
         for &slots in slot_counts {
             for s in STEP_TOKENS {
-                if b.wants(&step_line(s, false)) {
+                if b.wants_step(s, false) {
                     step_bench(&mut b, slots, s, vocab, false)?;
                 }
-                if d.capabilities().logits && b.wants(&step_line(s, true)) {
+                if d.capabilities().logits && b.wants_step(s, true) {
                     step_bench(&mut b, slots, s, vocab, true)?;
                 }
             }
@@ -852,17 +1077,27 @@ fn step_bench(
     };
     let temperature = if from_logits { 0.8 } else { 1.0 };
     let mut f = StepFixture::new(d, (slots, s, vocab), temperature, 1)?;
-    b.measure(
-        step_line(s, from_logits),
-        (slots, vocab, s),
-        (rows * vocab * 4) as u64,
-        Some(Floor::ReadAfter(&scores)),
-        &mut || {
-            f.plan(d)?;
-            f.sample(d, (&scores, from_logits), None)?;
-            f.verify(d)
-        },
-    )
+    let shape = (slots, vocab, s);
+    let bytes = (rows * vocab * 4) as u64;
+    let mut step = || {
+        f.plan(d)?;
+        f.sample(d, (&scores, from_logits), None)?;
+        f.verify(d)
+    };
+    if b.wants(&step_line(s, from_logits)) {
+        let floor = Some(Floor::ReadAfter(&scores));
+        b.measure(step_line(s, from_logits), shape, bytes, floor, &mut step)?;
+    }
+    let Some(clock) = b.clock.filter(|_| b.wants_graph(s, from_logits)) else {
+        return Ok(());
+    };
+    // Run once (kernels built, scratch grown), then record the step and time its replays.
+    step()?;
+    d.synchronize()?;
+    let captured = clock.capture(&mut step)?;
+    let floor = Some(Floor::ReadAfter(&scores));
+    let line = graph_step_line(s, from_logits);
+    b.measure(line, shape, bytes, floor, &mut || captured.replay())
 }
 
 /// The per-slot state of the processed step: 200-token prompts and 10 generated tokens per slot,
@@ -1113,7 +1348,7 @@ fn gather_bench(b: &mut Bencher<'_>) -> Result<()> {
         is_speculative: true,
         host: None,
     };
-    let floor = b.cpu.is_some().then_some(Floor::Copy(&x, &mut copy));
+    let floor = (b.cpu.is_some() || b.clock.is_some()).then_some(Floor::Copy(&x, &mut copy));
     b.measure(
         GATHER_LINE.into(),
         (rows, hidden, s),
@@ -1206,4 +1441,141 @@ pub fn plot_svg(
         .draw()
         .map_err(|e| e.to_string())?;
     root.present().map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    use super::*;
+
+    /// A device clock over the CPU backend: the op's "kernel" takes 3 µs, a floor read 1 µs;
+    /// it counts what the bench asks of it.
+    #[derive(Default)]
+    struct FakeClock {
+        floor_pending: Cell<bool>,
+        floors: Cell<u32>,
+        evictions: Cell<u32>,
+        captures: Cell<u32>,
+        replays: Rc<Cell<u32>>,
+    }
+
+    struct FakeReplay(Rc<Cell<u32>>);
+
+    impl Replay for FakeReplay {
+        fn replay(&self) -> Result<()> {
+            self.0.set(self.0.get() + 1);
+            Ok(())
+        }
+    }
+
+    impl DeviceClock for FakeClock {
+        fn start(&self) -> Result<()> {
+            self.floor_pending.set(false);
+            Ok(())
+        }
+        fn stop(&self) -> Result<()> {
+            Ok(())
+        }
+        fn elapsed(&self) -> Result<f64> {
+            Ok(if self.floor_pending.get() { 1e-6 } else { 3e-6 })
+        }
+        fn read_floor(&self, _buffer: &Buffer) -> Result<()> {
+            self.floor_pending.set(true);
+            self.floors.set(self.floors.get() + 1);
+            Ok(())
+        }
+        fn evict(&self) -> Result<()> {
+            self.evictions.set(self.evictions.get() + 1);
+            Ok(())
+        }
+        fn capture<'s>(
+            &'s self,
+            step: &mut dyn FnMut() -> Result<()>,
+        ) -> Result<Box<dyn Replay + 's>> {
+            step()?;
+            self.captures.set(self.captures.get() + 1);
+            Ok(Box::new(FakeReplay(self.replays.clone())))
+        }
+    }
+
+    fn options(graph: bool) -> BenchOptions {
+        BenchOptions {
+            warmup: 1,
+            repeats: 3,
+            cold: true,
+            quick: false,
+            ops: vec!["argmax".to_owned(), "step(target_match,S=1".to_owned()],
+            graph,
+            tiny: true,
+        }
+    }
+
+    fn run_fake(clock: &FakeClock, graph: bool) -> Vec<Measurement> {
+        let device: Arc<dyn Device> = Arc::new(CpuDevice::with_threads(1).expect("cpu"));
+        run_on_device("fake", &device, clock, &options(graph), &mut |_| {}).expect("bench")
+    }
+
+    #[test]
+    fn a_device_line_has_host_kernel_and_floor_times() {
+        let clock = FakeClock::default();
+        let lines = run_fake(&clock, false);
+        let argmax: Vec<&Measurement> = lines.iter().filter(|m| m.op == "argmax").collect();
+        assert_eq!(argmax.len(), 2, "batches 1 and 4");
+        for m in lines.iter() {
+            assert_eq!(m.kernel_median_s, Some(3e-6), "{}", m.op);
+            assert_eq!(m.floor_median_s, Some(1e-6), "{}", m.op);
+            assert_eq!(m.ratio, Some(3.0), "kernel over floor: {}", m.op);
+            assert_eq!(m.floor_kind, Some("device read"));
+            let host = m.host_median_s.expect("host time");
+            assert!(
+                host > 0.0 && host <= m.median_s,
+                "host {host} within {}",
+                m.median_s
+            );
+        }
+        // Every line: 3 repetitions, each one floor read and two evictions (before the call and
+        // before the floor).
+        let n = lines.len() as u32;
+        assert_eq!(clock.floors.get(), 3 * n);
+        assert_eq!(clock.evictions.get(), 6 * n);
+        assert!(lines.iter().all(|m| !m.op.contains("graph")));
+        assert_eq!(clock.captures.get(), 0);
+    }
+
+    #[test]
+    fn the_graph_option_times_replays_of_the_captured_step() {
+        let clock = FakeClock::default();
+        let lines = run_fake(&clock, true);
+        let graphs: Vec<&str> = lines
+            .iter()
+            .filter(|m| m.op.contains("graph"))
+            .map(|m| m.op.as_str())
+            .collect();
+        assert_eq!(
+            graphs,
+            [
+                "step(target_match,S=1,graph)",
+                "step(target_match,S=1,logits,T=0.8,graph)"
+            ]
+        );
+        assert!(lines.iter().any(|m| m.op == "step(target_match,S=1)"));
+        assert_eq!(clock.captures.get(), 2);
+        // Warm-up 1 + 3 timed replays per captured line.
+        assert_eq!(clock.replays.get(), 2 * 4);
+        assert!(graphs.iter().all(|g| line_names().iter().any(|n| n == g)));
+    }
+
+    #[test]
+    fn device_medians_take_each_time_apart() {
+        let t = |host, kernel, floor| DeviceTimes {
+            host,
+            kernel,
+            floor,
+        };
+        let m = device_medians(&[t(1.0, 9.0, 5.0), t(3.0, 7.0, 4.0), t(2.0, 8.0, 6.0)]);
+        assert_eq!(m, t(2.0, 8.0, 5.0));
+        assert!(device_medians(&[]).kernel.is_nan());
+    }
 }

@@ -15,6 +15,8 @@ pub mod bench;
 pub mod case;
 pub mod cases;
 pub mod compare;
+#[cfg(feature = "cuda")]
+pub mod cuda_clock;
 pub mod exec;
 pub mod fuzz;
 pub mod properties;

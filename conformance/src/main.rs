@@ -9,7 +9,7 @@
 //! specula list   [--op OP,...] [--quick]
 //! specula fuzz   [--seconds N] [--seed S] [--cases N] [--backend ...] [--out-dir DIR]
 //! specula bench  [--backend ...] [--op OPS] [--quick] [--warm] [--warmup N] [--repeats N]
-//!                [--json FILE] [--plot FILE]
+//!                [--graph] [--json FILE] [--plot FILE]
 //! ```
 //!
 //! Exit status: 0 when everything that ran passed, 1 when a trial failed (or nothing ran), 2 for
@@ -61,7 +61,8 @@ enum Command {
     /// the throughput, saves any failing case as a replay file.
     Fuzz(FuzzArgs),
     /// Time each op on each backend next to the memory floor (one streaming read of the same
-    /// input on the same threads, CPU backend) and print the ratios.
+    /// input on the same threads, CPU backend; on a CUDA device the kernel time of the call and
+    /// of one read of the same input by a kernel) and print the ratios.
     Bench(BenchArgs),
 }
 
@@ -87,6 +88,9 @@ struct BenchArgs {
     /// Timed calls per shape.
     #[arg(long, default_value_t = 15)]
     repeats: usize,
+    /// Also time the unified step captured once as a CUDA graph and replayed (CUDA devices).
+    #[arg(long)]
+    graph: bool,
     /// Also write the measurements as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -534,6 +538,8 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
         cold: !args.warm,
         quick: args.quick,
         ops: args.op.clone(),
+        graph: args.graph,
+        tiny: false,
     };
     let choices: Vec<BackendChoice> = args
         .backend
@@ -548,16 +554,28 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
         options.repeats
     );
     println!(
-        "{:<8} {:<32} {:>6} {:>7} {:>2} {:>11} {:>11} {:>8} {:>11} {:>7}",
-        "backend", "op", "batch", "width", "S", "median", "min", "GB/s", "floor", "ratio"
+        "on a CUDA device: host = until the call returns, kernel = CUDA events around it, floor = the kernel time of one read of the same input, ratio = kernel / floor; median = end to end (the call and a synchronisation)"
     );
+    println!(
+        "{:<8} {:<32} {:>6} {:>7} {:>2} {:>11} {:>11} {:>8} {:>11} {:>7} {:>10} {:>10}",
+        "backend",
+        "op",
+        "batch",
+        "width",
+        "S",
+        "median",
+        "min",
+        "GB/s",
+        "floor",
+        "ratio",
+        "host",
+        "kernel"
+    );
+    let micros = |s: Option<f64>| s.map_or("-".to_owned(), |s| format!("{:.1} us", s * 1e6));
     let mut print = |m: &Measurement| {
-        let floor = m
-            .floor_median_s
-            .map_or("-".to_owned(), |f| format!("{:.1} us", f * 1e6));
         let ratio = m.ratio.map_or("-".to_owned(), |r| format!("{r:.2}x"));
         println!(
-            "{:<8} {:<32} {:>6} {:>7} {:>2} {:>8.1} us {:>8.1} us {:>8.2} {:>11} {:>7}",
+            "{:<8} {:<32} {:>6} {:>7} {:>2} {:>8.1} us {:>8.1} us {:>8.2} {:>11} {:>7} {:>10} {:>10}",
             m.backend,
             m.op,
             m.batch,
@@ -566,8 +584,10 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
             m.median_s * 1e6,
             m.min_s * 1e6,
             m.gbps,
-            floor,
-            ratio
+            micros(m.floor_median_s),
+            ratio,
+            micros(m.host_median_s),
+            micros(m.kernel_median_s)
         );
     };
     for choice in choices {
@@ -581,6 +601,15 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
                 bench::run("cpu", &device, Some(&cpu), &options, &mut print)
                     .map_err(|e| CliError(e.to_string()))?,
             );
+            continue;
+        }
+        #[cfg(feature = "cuda")]
+        if choice.kind == BackendKind::Cuda {
+            match specula_backend_cuda::CudaDevice::new(choice.ordinal) {
+                Ok(cuda) => all.extend(cuda_bench(&name, cuda, &options, &mut print)?),
+                Err(e) if args.backend.0.is_none() => println!("{name}: skipped ({e})"),
+                Err(e) => return Err(CliError(format!("backend {name} is unavailable: {e}"))),
+            }
             continue;
         }
         match specula_sampler::registry::open_kind(choice.kind, choice.ordinal) {
@@ -606,6 +635,23 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
         bench::plot_svg(path, &all).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `specula bench` on an opened CUDA device, with its device clock (kernel times, the device
+/// read floor, captured steps).
+#[cfg(feature = "cuda")]
+fn cuda_bench(
+    name: &str,
+    cuda: specula_backend_cuda::CudaDevice,
+    options: &specula_conformance::bench::BenchOptions,
+    print: &mut dyn FnMut(&specula_conformance::bench::Measurement),
+) -> Result<Vec<specula_conformance::bench::Measurement>, CliError> {
+    use specula_conformance::cuda_clock::CudaClock;
+    let cuda = std::sync::Arc::new(cuda);
+    let clock = CudaClock::new(cuda.clone()).map_err(|e| CliError(e.to_string()))?;
+    let device: std::sync::Arc<dyn specula_backend_api::Device> = cuda;
+    specula_conformance::bench::run_on_device(name, &device, &clock, options, print)
+        .map_err(|e| CliError(e.to_string()))
 }
 
 /// The environment variable the Vulkan loader (and Wayland) want to name a private directory.

@@ -53,6 +53,22 @@ fn bench_accepts_a_part_of_a_line_name() {
 }
 
 #[test]
+fn bench_takes_graph_lines_and_names_a_missing_cuda_device() {
+    // `--graph` and the captured step's lines parse; CUDA device 99 exists nowhere, so the bench
+    // stops with the one-line error (with a GPU or without, with the cuda feature or without).
+    let o = specula(&[
+        "bench",
+        "--backend",
+        "cuda:99",
+        "--graph",
+        "--op",
+        "graph",
+        "--quick",
+    ]);
+    assert_clean_error(&o, &["backend cuda:99 is unavailable"]);
+}
+
+#[test]
 fn backends_take_device_numbers() {
     // Device 0 named with its number runs, and is reported under the plain name.
     let o = specula(&["run", "--quick", "--backend", "cpu:0", "--op", "argmax"]);
