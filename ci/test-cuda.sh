@@ -9,8 +9,10 @@
 #     the CPU reference (SPECULA_REQUIRE=cuda-emulator: ignored elsewhere, failing here without a
 #     C++20 compiler).
 #  2. On a machine with an NVIDIA GPU (nvidia-smi works, or SPECULA_CUDA_GPU=1): the full
-#     conformance suite with SPECULA_REQUIRE=cuda (a missing device is a failure there), then the
-#     benchmarks.
+#     conformance suite with SPECULA_REQUIRE=cuda (a missing device is a failure there), the
+#     driver-call counts (after its warm-up an op makes 0 allocations, 0 synchronisations and 0
+#     copies: only its launches) and the captured step, then the benchmarks (kernel time next to
+#     the device read floor, and the step captured as a CUDA graph).
 #
 # Environment: VENV (default .venv-cuda) for the wheels; NVRTC_ARCHS (default sm_80,sm_90);
 # SPECULA_CUDA_SKIP_EMULATION=1 skips the (slow, minutes) emulated-kernel tests.
@@ -67,7 +69,11 @@ step "conformance on the GPU (SPECULA_REQUIRE=cuda: a missing device fails)"
 nvidia-smi -L
 SPECULA_REQUIRE=cuda cargo test --locked --release -p specula-conformance --test conformance -- cuda::
 SPECULA_REQUIRE=cuda cargo test --locked --release -p specula-backend-cuda --test runner_stream
+
+step "driver calls per op after the warm-up (0 allocations, 0 synchronisations), the captured step"
+SPECULA_REQUIRE=cuda cargo test --locked --release -p specula-backend-cuda --test driver_counts
 SPECULA_REQUIRE=cuda cargo run --locked --release -p specula-conformance --bin specula -- run --backend cuda
 
-step "benchmarks on the GPU"
-cargo run --locked --release -p specula-conformance --bin specula -- bench --backend cuda,cpu --json target/bench-cuda.json
+step "benchmarks on the GPU: host, kernel and end-to-end time per op next to the device read floor"
+cargo run --locked --release -p specula-conformance --bin specula -- bench --quick --backend cuda --graph --json target/bench-cuda-quick.json
+cargo run --locked --release -p specula-conformance --bin specula -- bench --backend cuda,cpu --graph --json target/bench-cuda.json
