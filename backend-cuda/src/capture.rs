@@ -94,14 +94,18 @@ impl CudaDevice {
         let ended = capture.end();
         recorded?;
         let kernels = self.driver.counters().snapshot().launches - before;
-        let graph = ended.map_err(capture_error)?.ok_or_else(|| {
+        let nothing = || {
             Error::invalid(
                 Op::Memory,
                 "captured step",
                 "a step that launches at least one kernel",
                 "no launch",
             )
-        })?;
+        };
+        let graph = ended.map_err(capture_error)?.ok_or_else(nothing)?;
+        if kernels == 0 {
+            return Err(nothing());
+        }
         let scratch = self
             .scratch
             .lock()
