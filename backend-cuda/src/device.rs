@@ -111,7 +111,7 @@ impl ScratchGuard<'_> {
 /// device's architecture (compiled by NVRTC at first use, cached per file and element types).
 ///
 /// Per op, the host path makes no driver call but its launches: its scratch comes from a
-/// per-device arena ([`crate::arena`]), its function from a table filled once per entry point,
+/// per-device arena (grown on demand, reused), its function from a table filled once per entry point,
 /// its small parameters travel inside the kernel's one argument struct, and only a download (or
 /// [`Device::synchronize`](specula_backend_api::Device::synchronize)) waits for the device.
 /// [`Device::memory_stats`](specula_backend_api::Device::memory_stats) counts the driver calls

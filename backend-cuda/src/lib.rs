@@ -39,7 +39,7 @@
 //! ## The host path of an op
 //!
 //! After its warm-up an op makes no driver call but its launches (counted:
-//! [`Device::memory_stats`](specula_backend_api::Device::memory_stats)'s `driver`, by the one
+//! [`Device::memory_stats`]'s `driver`, by the one
 //! module that calls the driver to allocate, copy, wait or launch). Its scratch comes from a
 //! per-device arena grown on demand and reused, never zeroed per call (the kernels write what
 //! they read; a split row's grid barrier keeps its own two words valid from launch to launch);
