@@ -319,7 +319,26 @@ struct Bencher<'a> {
     progress: &'a mut dyn FnMut(&Measurement),
 }
 
-impl Bencher<'_> {
+impl<'a> Bencher<'a> {
+    /// A bencher of `device` without a floor (no CPU device, no clock, no host evictor).
+    fn new(
+        backend: &'a str,
+        device: &'a dyn Device,
+        options: &'a BenchOptions,
+        progress: &'a mut dyn FnMut(&Measurement),
+    ) -> Self {
+        Bencher {
+            options,
+            backend,
+            device,
+            cpu: None,
+            clock: None,
+            evictor: None,
+            out: Vec::new(),
+            progress,
+        }
+    }
+
     /// Pushes the inputs out of the caches (cold runs).
     fn evict(&mut self) {
         if let Some(e) = self.evictor.as_mut() {
@@ -602,14 +621,9 @@ pub fn run(
     progress: &mut dyn FnMut(&Measurement),
 ) -> Result<Vec<Measurement>> {
     let b = Bencher {
-        options,
-        backend,
-        device: device.as_ref(),
         cpu,
-        clock: None,
         evictor: options.cold.then(Evictor::new),
-        out: Vec::new(),
-        progress,
+        ..Bencher::new(backend, device.as_ref(), options, progress)
     };
     run_all(b)
 }
@@ -625,14 +639,8 @@ pub fn run_on_device(
     progress: &mut dyn FnMut(&Measurement),
 ) -> Result<Vec<Measurement>> {
     let b = Bencher {
-        options,
-        backend,
-        device: device.as_ref(),
-        cpu: None,
         clock: Some(clock),
-        evictor: None,
-        out: Vec::new(),
-        progress,
+        ..Bencher::new(backend, device.as_ref(), options, progress)
     };
     run_all(b)
 }
