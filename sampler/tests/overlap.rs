@@ -218,10 +218,8 @@ fn a_pending_step_blocks_the_calls_that_need_the_host_state() {
     let other_pending = other
         .enqueue(StepScores::logits(&other_logits))
         .expect("enqueue");
-    assert!(matches!(
-        decoder.collect(other_pending),
-        Err(SamplerError::Phase { .. })
-    ));
+    // Refused (`SamplerError::ForeignStep`, `abandoned_steps.rs`); this decoder is unchanged.
+    assert!(decoder.collect(other_pending).is_err());
     let output = decoder.collect(pending).expect("collect");
     assert_eq!(output.slots.len(), 1);
     assert_eq!(output.slots[0].tokens.len(), 1);
@@ -291,5 +289,106 @@ fn batched_transfers_are_exact_and_validated() {
             ),
             "{name}: {mismatch:?}"
         );
+    }
+}
+
+/// Decodes `requests` on a fresh decoder with `finish` alone: the tokens each slot generates.
+fn plain_tokens(device: &Arc<dyn Device>, requests: &[Request]) -> Vec<Vec<i32>> {
+    let model = ToyModel { vocab: VOCAB };
+    let mut decoder = Decoder::new(device.clone(), config()).expect("decoder");
+    for request in requests {
+        decoder.insert(request.clone()).expect("insert");
+    }
+    while decoder.has_running() {
+        let plan = decoder.plan().expect("plan");
+        let logits =
+            forward(device.as_ref(), &decoder, &plan, &model, Forward::Prefix).expect("forward");
+        decoder.finish(StepScores::logits(&logits)).expect("finish");
+    }
+    (0..requests.len())
+        .map(|slot| decoder.generated(slot).expect("a request").to_vec())
+        .collect()
+}
+
+/// Plans `decoder`'s next step and enqueues it with the toy model's logits.
+fn enqueue_next(device: &Arc<dyn Device>, decoder: &mut Decoder) -> specula_sampler::PendingStep {
+    let model = ToyModel { vocab: VOCAB };
+    let plan = decoder.plan().expect("plan");
+    let logits =
+        forward(device.as_ref(), decoder, &plan, &model, Forward::Prefix).expect("forward");
+    decoder
+        .enqueue(StepScores::logits(&logits))
+        .expect("enqueue")
+}
+
+/// Finishes every remaining step of `decoder` and returns each slot's generated tokens.
+fn run_to_the_end(device: &Arc<dyn Device>, decoder: &mut Decoder, slots: usize) -> Vec<Vec<i32>> {
+    let model = ToyModel { vocab: VOCAB };
+    while decoder.has_running() {
+        let plan = decoder.plan().expect("plan");
+        let logits =
+            forward(device.as_ref(), decoder, &plan, &model, Forward::Prefix).expect("forward");
+        decoder.finish(StepScores::logits(&logits)).expect("finish");
+    }
+    (0..slots)
+        .map(|slot| decoder.generated(slot).expect("a request").to_vec())
+        .collect()
+}
+
+/// A pending step handed to another decoder's `collect` is refused there, and wedges neither
+/// decoder: the one it was handed to collects its own step, and the one that enqueued it collects
+/// the abandoned step itself at its next call, so both decode on to exactly the tokens of a
+/// decoder that never met the mistake.
+#[test]
+fn a_step_handed_to_another_decoder_wedges_neither() {
+    for device in devices() {
+        let requests = requests();
+        let expected = plain_tokens(&device, &requests);
+        let mut first = Decoder::new(device.clone(), config()).expect("decoder");
+        let mut second = Decoder::new(device.clone(), config()).expect("decoder");
+        for request in &requests {
+            first.insert(request.clone()).expect("insert");
+            second.insert(request.clone()).expect("insert");
+        }
+        let first_pending = enqueue_next(&device, &mut first);
+        let second_pending = enqueue_next(&device, &mut second);
+        assert!(first.collect(second_pending).is_err());
+        first.collect(first_pending).expect("collect its own step");
+        // The second decoder's step was abandoned: its next call collects it, then goes on.
+        second.plan().expect("plan after the abandoned step");
+        let slots = requests.len();
+        assert_eq!(run_to_the_end(&device, &mut first, slots), expected);
+        assert_eq!(run_to_the_end(&device, &mut second, slots), expected);
+    }
+}
+
+/// A pending step dropped uncollected is collected by its decoder at its next call (any of
+/// them), which then decodes on to exactly the tokens of a decoder that never dropped one.
+#[test]
+fn a_dropped_pending_step_is_collected_by_its_decoder() {
+    for device in devices() {
+        let requests = requests();
+        let expected = plain_tokens(&device, &requests);
+        let mut decoder = Decoder::new(device.clone(), config()).expect("decoder");
+        for request in &requests {
+            decoder.insert(request.clone()).expect("insert");
+        }
+        let mut steps = 0;
+        while decoder.has_running() {
+            // Every other step is dropped; the next call (here `propose`) collects it.
+            let pending = enqueue_next(&device, &mut decoder);
+            if steps % 2 == 0 {
+                drop(pending);
+                decoder.propose().expect("propose after a dropped step");
+            } else {
+                decoder.collect(pending).expect("collect");
+            }
+            steps += 1;
+        }
+        assert!(steps > 2, "{steps} steps");
+        let generated: Vec<Vec<i32>> = (0..requests.len())
+            .map(|slot| decoder.generated(slot).expect("a request").to_vec())
+            .collect();
+        assert_eq!(generated, expected, "{}", device.info().name);
     }
 }
