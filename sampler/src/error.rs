@@ -100,6 +100,19 @@ pub enum SamplerError {
         /// What is wrong.
         reason: String,
     },
+    /// A buffer handed to the step ([`StepScores`](crate::StepScores)) cannot be used: it belongs
+    /// to another device, or its dtype, or its length where the plan fixes it (dense draft rows,
+    /// the bitmask), is not what the argument takes. `argument` names it as the runner passed it:
+    /// `"StepScores::logits"`, `"StepScores::probs"`, `"StepScores::with_draft"`,
+    /// `"StepScores::with_draft_rows"`, `"StepScores::with_draft_probs"`,
+    /// `"StepScores::with_draft_probs_rows"` or `"StepScores::with_bitmask"`.
+    #[error("{argument}: {reason}")]
+    StepBuffer {
+        /// The argument, as the runner passed it.
+        argument: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Drafts given with `set_drafts` do not fit the slot.
     #[error("drafts for slot {slot}: {reason}")]
     Drafts {
