@@ -957,7 +957,16 @@ mod tests {
     #[test]
     fn sampling_params_default_to_a_new_requests_values() {
         let request = Request::new(vec![1]);
-        assert_eq!(request.params(), SamplingParams::default());
+        // A request's parameters carry its seed; the defaults leave the request's seed as it is.
+        let params = request.params();
+        assert_eq!(params.seed, Some(0));
+        assert_eq!(
+            SamplingParams {
+                seed: None,
+                ..params
+            },
+            SamplingParams::default()
+        );
         assert_eq!(SamplingParams::greedy().temperature, 0.0);
     }
 

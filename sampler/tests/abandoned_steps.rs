@@ -4,13 +4,9 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::{Forward, ToyModel, VOCAB, forward};
-use specula_backend_api::{Device, Strategy};
-use specula_sampler::{
-    Decoder, NgramConfig, PendingStep, Request, SamplerConfig, SamplerError, StepScores, registry,
-};
+use common::{VOCAB, enqueue_next};
+use specula_backend_api::Strategy;
+use specula_sampler::{Decoder, NgramConfig, Request, SamplerConfig, SamplerError, registry};
 
 /// TARGET_MATCH with S = 4 and the n-gram proposer.
 fn config() -> SamplerConfig {
@@ -26,17 +22,6 @@ fn requests() -> Vec<Request> {
             .with_seed(7)
             .with_max_dec_len(14),
     ]
-}
-
-/// Plans `decoder`'s next step and enqueues it with the toy model's logits.
-fn enqueue_next(device: &Arc<dyn Device>, decoder: &mut Decoder) -> PendingStep {
-    let model = ToyModel { vocab: VOCAB };
-    let plan = decoder.plan().expect("plan");
-    let logits =
-        forward(device.as_ref(), decoder, &plan, &model, Forward::Prefix).expect("forward");
-    decoder
-        .enqueue(StepScores::logits(&logits))
-        .expect("enqueue")
 }
 
 /// The output of a step its decoder collected itself — its `PendingStep` refused by another

@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Forward, ToyModel, VOCAB, forward};
+use common::{Forward, ToyModel, VOCAB, decode_to_the_end, enqueue_next, forward};
 use specula_backend_api::transfer::elements;
 use specula_backend_api::{Device, DeviceExt, MemoryStats, Strategy, WriteAt};
 use specula_sampler::{
@@ -294,45 +294,11 @@ fn batched_transfers_are_exact_and_validated() {
 
 /// Decodes `requests` on a fresh decoder with `finish` alone: the tokens each slot generates.
 fn plain_tokens(device: &Arc<dyn Device>, requests: &[Request]) -> Vec<Vec<i32>> {
-    let model = ToyModel { vocab: VOCAB };
     let mut decoder = Decoder::new(device.clone(), config()).expect("decoder");
     for request in requests {
         decoder.insert(request.clone()).expect("insert");
     }
-    while decoder.has_running() {
-        let plan = decoder.plan().expect("plan");
-        let logits =
-            forward(device.as_ref(), &decoder, &plan, &model, Forward::Prefix).expect("forward");
-        decoder.finish(StepScores::logits(&logits)).expect("finish");
-    }
-    (0..requests.len())
-        .map(|slot| decoder.generated(slot).expect("a request").to_vec())
-        .collect()
-}
-
-/// Plans `decoder`'s next step and enqueues it with the toy model's logits.
-fn enqueue_next(device: &Arc<dyn Device>, decoder: &mut Decoder) -> specula_sampler::PendingStep {
-    let model = ToyModel { vocab: VOCAB };
-    let plan = decoder.plan().expect("plan");
-    let logits =
-        forward(device.as_ref(), decoder, &plan, &model, Forward::Prefix).expect("forward");
-    decoder
-        .enqueue(StepScores::logits(&logits))
-        .expect("enqueue")
-}
-
-/// Finishes every remaining step of `decoder` and returns each slot's generated tokens.
-fn run_to_the_end(device: &Arc<dyn Device>, decoder: &mut Decoder, slots: usize) -> Vec<Vec<i32>> {
-    let model = ToyModel { vocab: VOCAB };
-    while decoder.has_running() {
-        let plan = decoder.plan().expect("plan");
-        let logits =
-            forward(device.as_ref(), decoder, &plan, &model, Forward::Prefix).expect("forward");
-        decoder.finish(StepScores::logits(&logits)).expect("finish");
-    }
-    (0..slots)
-        .map(|slot| decoder.generated(slot).expect("a request").to_vec())
-        .collect()
+    decode_to_the_end(device, &mut decoder, requests.len())
 }
 
 /// A pending step handed to another decoder's `collect` is refused there, and wedges neither
@@ -357,8 +323,8 @@ fn a_step_handed_to_another_decoder_wedges_neither() {
         // The second decoder's step was abandoned: its next call collects it, then goes on.
         second.plan().expect("plan after the abandoned step");
         let slots = requests.len();
-        assert_eq!(run_to_the_end(&device, &mut first, slots), expected);
-        assert_eq!(run_to_the_end(&device, &mut second, slots), expected);
+        assert_eq!(decode_to_the_end(&device, &mut first, slots), expected);
+        assert_eq!(decode_to_the_end(&device, &mut second, slots), expected);
     }
 }
 

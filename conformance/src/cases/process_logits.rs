@@ -389,6 +389,14 @@ fn flatten<T: Copy>(lists: &[Vec<T>], pad: T) -> (Vec<i32>, Vec<T>) {
     (offsets, flat)
 }
 
+/// Per-slot bias lists flattened: `bias_offsets`, `bias_ids` and `bias_values` (see [`flatten`]).
+fn flatten_biases(biases: &[BiasList]) -> (Vec<i32>, Vec<i32>, Vec<f32>) {
+    let ids: Vec<Vec<i32>> = biases.iter().map(|l| l.iter().map(|e| e.0).collect()).collect();
+    let values: Vec<Vec<f32>> = biases.iter().map(|l| l.iter().map(|e| e.1).collect()).collect();
+    let (offsets, ids) = flatten(&ids, 0);
+    (offsets, ids, flatten(&values, 0.0).1)
+}
+
 impl Setup {
     /// A random batch with the parameters of `features` on: histories with repeats (so that the
     /// penalties meet counts above 1), drafts that repeat generated tokens, bad words that end in
@@ -462,21 +470,7 @@ impl Setup {
             }
             st.slot_parameters(rng, b, f, &pool, (&mut biases, &mut bans));
         }
-        (st.bias_offsets, st.bias_ids) = flatten(
-            &biases
-                .iter()
-                .map(|l: &BiasList| l.iter().map(|e| e.0).collect())
-                .collect::<Vec<_>>(),
-            0,
-        );
-        st.bias_values = flatten(
-            &biases
-                .iter()
-                .map(|l| l.iter().map(|e| e.1).collect())
-                .collect::<Vec<Vec<f32>>>(),
-            0.0,
-        )
-        .1;
+        (st.bias_offsets, st.bias_ids, st.bias_values) = flatten_biases(&biases);
         (st.bad_word_offsets, st.bad_words) = flatten(&bans, 0);
         if f.allowed {
             st.allowed = Some(st.random_masks(rng, n, &pool));
@@ -836,22 +830,8 @@ pub(crate) fn one_row_slots(
     let d = dims(n, n, 1);
     let batch = Batch::new(d, vec![1; n], vec![0; n]);
     let vocab = 3;
-    let biases: Vec<Vec<(i32, f32)>> = bias.iter().map(|e| e.iter().copied().collect()).collect();
-    let (bias_offsets, bias_ids) = flatten(
-        &biases
-            .iter()
-            .map(|l| l.iter().map(|e| e.0).collect())
-            .collect::<Vec<_>>(),
-        0,
-    );
-    let bias_values = flatten(
-        &biases
-            .iter()
-            .map(|l| l.iter().map(|e| e.1).collect())
-            .collect::<Vec<Vec<f32>>>(),
-        0.0,
-    )
-    .1;
+    let biases: Vec<BiasList> = bias.iter().map(|e| e.iter().copied().collect()).collect();
+    let (bias_offsets, bias_ids, bias_values) = flatten_biases(&biases);
     Setup {
         batch: batch.clone(),
         vocab,

@@ -261,13 +261,12 @@ fn processed_cases(size: Size) -> Vec<Case> {
         .collect();
     // Logits that read alike keep their order through processing: at T = 0 the argmax.
     let st = process_logits::rank_order_setup(0.0);
-    out.push(
-        processed_case("golden::rank_order_of_logits_that_read_alike".into(), &st)
-            .expect("tokens", i32s(&[1, 1, 0, 2, 0])),
-    );
+    let mut rank_order = processed_case("rank_order_of_logits_that_read_alike".into(), &st);
+    rank_order.name = "golden::processed::rank_order_of_logits_that_read_alike".into();
+    out.push(rank_order.expect("tokens", i32s(&[1, 1, 0, 2, 0])));
     out.push(
         processed_case(
-            "golden::device_parameters_at_infinity".into(),
+            "hostile::device_parameters_at_infinity".into(),
             &process_logits::infinite_parameters_setup(),
         )
         .device_only(),
