@@ -542,22 +542,23 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
         .unwrap_or_else(|| BackendKind::ALL.map(BackendChoice::first).to_vec());
     let mut all: Vec<Measurement> = Vec::new();
     println!(
-        "specula bench: {} caches, {} warm-up + {} timed calls per shape; floor = one streaming read of the same input on the same threads (memcpy for gather; for processed/plain, the step without processing timed in alternation, the ratio the median of the pairs' ratios)",
+        "specula bench: {} caches, {} warm-up + {} timed calls per shape; floor = one streaming read of the same input on the same threads (memcpy for gather; for processed/plain, the step without processing timed in alternation, the ratio the median of the pairs' ratios); kept = median size of the rows' top-p 0.9 set (shaped rows)",
         if options.cold { "cold" } else { "warm" },
         options.warmup,
         options.repeats
     );
     println!(
-        "{:<8} {:<32} {:>6} {:>7} {:>2} {:>11} {:>11} {:>8} {:>11} {:>7}",
-        "backend", "op", "batch", "width", "S", "median", "min", "GB/s", "floor", "ratio"
+        "{:<8} {:<44} {:>6} {:>7} {:>2} {:>11} {:>11} {:>8} {:>11} {:>7} {:>7}",
+        "backend", "op", "batch", "width", "S", "median", "min", "GB/s", "floor", "ratio", "kept"
     );
     let mut print = |m: &Measurement| {
         let floor = m
             .floor_median_s
             .map_or("-".to_owned(), |f| format!("{:.1} us", f * 1e6));
         let ratio = m.ratio.map_or("-".to_owned(), |r| format!("{r:.2}x"));
+        let kept = m.kept.map_or("-".to_owned(), |k| k.to_string());
         println!(
-            "{:<8} {:<32} {:>6} {:>7} {:>2} {:>8.1} us {:>8.1} us {:>8.2} {:>11} {:>7}",
+            "{:<8} {:<44} {:>6} {:>7} {:>2} {:>8.1} us {:>8.1} us {:>8.2} {:>11} {:>7} {:>7}",
             m.backend,
             m.op,
             m.batch,
@@ -567,7 +568,8 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
             m.min_s * 1e6,
             m.gbps,
             floor,
-            ratio
+            ratio,
+            kept
         );
     };
     for choice in choices {
