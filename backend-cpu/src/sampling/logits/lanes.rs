@@ -753,6 +753,48 @@ mod tests {
         }
     }
 
+    /// Every compiled variant of the exact lanes (AVX-512 with and without IFMA, AVX2), whichever
+    /// this CPU has, gives the scalar steps' integers, whatever `SPECULA_CPU_MAX_ISA` says.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn every_exact_variant_equals_the_scalar_steps() {
+        let mut lcg = Lcg(47);
+        for t in [1e-6f32, 0.8, 1.0, 7.0] {
+            for clean in [false, true] {
+                let max = 3.25;
+                let lanes = RowLanes::new(max, row_scale(t), clean).expect("vector lanes");
+                let row = logits_below(&mut lcg, max, 4099, clean);
+                let scalar: Vec<u64> = row
+                    .iter()
+                    .map(|&l| exact_of_gap(lanes.gap_of(l), &lanes))
+                    .collect();
+                let mut out = vec![0u64; row.len()];
+                use std::arch::is_x86_feature_detected as detected;
+                if detected!("avx512f")
+                    && detected!("avx512bw")
+                    && detected!("avx512vl")
+                    && detected!("avx512dq")
+                {
+                    // SAFETY: the features are present.
+                    unsafe { avx512::exact_weights(&row, &lanes, &mut out) };
+                    assert_eq!(out, scalar, "avx512, t {t}, clean {clean}");
+                    if avx512::has_ifma() {
+                        out.fill(0);
+                        // SAFETY: as above, and IFMA.
+                        unsafe { avx512::exact_weights_ifma(&row, &lanes, &mut out) };
+                        assert_eq!(out, scalar, "avx512 ifma, t {t}, clean {clean}");
+                    }
+                }
+                if detected!("avx2") && detected!("fma") {
+                    out.fill(0);
+                    // SAFETY: the features are present.
+                    unsafe { avx2::exact_weights(&row, &lanes, &mut out) };
+                    assert_eq!(out, scalar, "avx2, t {t}, clean {clean}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn estimates_stay_within_their_bound() {
         let mut lcg = Lcg(43);
