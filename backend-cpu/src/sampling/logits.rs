@@ -19,6 +19,8 @@ use std::cmp::Ordering;
 pub(crate) mod lanes;
 mod unranked;
 
+pub(crate) use unranked::RowHints;
+
 use super::scan::{compiled_for, dispatch};
 #[cfg(target_arch = "x86_64")]
 use super::scan::{has_avx2, has_avx512};
@@ -806,13 +808,23 @@ pub(crate) fn sample_row<T: FloatElement>(
     top_p: f32,
     r: u64,
 ) -> usize {
+    sample_row_hinted(row, t, (top_k, top_p, r), RowHints::default())
+}
+
+/// [`sample_row`] of `(top_k, top_p, r)`, with `hints` on how the row's passes may run.
+pub(crate) fn sample_row_hinted<T: FloatElement>(
+    row: &[T],
+    t: f32,
+    (top_k, top_p, r): (i32, f32, u64),
+    hints: RowHints<'_>,
+) -> usize {
     let k = usize::try_from(top_k).unwrap_or(0);
     let buffer = KEPT.with(|cell| cell.take());
     let top_k_applies = k > 0 && k < row.len();
     let kept = if top_k_applies && k <= MAX_FAST_K {
         top_k_kept(row, t, k, top_p, buffer)
     } else {
-        if !top_k_applies && let Some(token) = unranked::sample(row, t, top_p, r) {
+        if !top_k_applies && let Some(token) = unranked::sample(row, t, top_p, r, hints) {
             KEPT.with(|cell| *cell.borrow_mut() = buffer);
             return token;
         }
@@ -1065,9 +1077,21 @@ mod tests {
             for top_p in [1.0, 0.9, 0.5, 0.99, 0.999, 0.1] {
                 let r = next();
                 let expected = plain_sample(&row, t, 0, top_p, r);
-                if let Some(token) = unranked::sample(&row, t, top_p, r) {
+                if let Some(token) = unranked::sample(&row, t, top_p, r, RowHints::default()) {
                     assert_eq!(token, expected, "σ {sigma}, v {v}, t {t}, top_p {top_p}");
                     decided += 1;
+                }
+                // Split across threads, asking for another row: the same token.
+                for parts in [2, 3] {
+                    let hints = RowHints {
+                        parts,
+                        next: bytemuck::cast_slice(&row[..v / 2]),
+                    };
+                    let token = sample_row_hinted(&row, t, (0, top_p, r), hints);
+                    assert_eq!(
+                        token, expected,
+                        "parts {parts}, σ {sigma}, v {v}, top_p {top_p}"
+                    );
                 }
                 assert_eq!(sample_row(&row, t, 0, top_p, r), expected);
                 cases += 1;

@@ -9,9 +9,10 @@
 //!   the coefficient), else a 32 × 32-bit multiply, a shift and an add; the final shift is
 //!   `(P << 9) >> n`. The same integers as the contract's steps (the tests compare every variant
 //!   with `scaled_weight` on hostile values).
-//! - **Estimates** ([`estimate_chunk_sums`], [`estimate_store`]): the same function in f64 without
-//!   the floors: `x̂ = D · c − 2^-25` (exact inputs, one rounding; the middle of the contract's
-//!   floored gap), then the contract's polynomial at `g = ⌈x̂⌉ − x̂` and the scale `2^(40 − ⌈x̂⌉)`. The exact weight differs from the estimate
+//! - **Estimates** ([`estimate_block_sums`], [`estimate_store`]): the same function in f32 without
+//!   the floors, sixteen lanes per AVX-512 vector: `x̂ = D · c − 2^-25` (the middle of the
+//!   contract's floored gap, formed in two f32 parts so that it keeps its accuracy), then the
+//!   contract's polynomial at `g = ⌈x̂⌉ − x̂` and the scale `2^(40 − ⌈x̂⌉)`. The exact weight differs from the estimate
 //!   `ŵ` by at most `ŵ · ESTIMATE_RELATIVE + ESTIMATE_ABSOLUTE` (see their docs), about half the
 //!   cost of the exact steps per token.
 //!
@@ -30,20 +31,22 @@ const TINY_BITS: u32 = 0x1980_0000;
 /// 2^64 (bits), the largest magnitude a finite logit keeps.
 const HUGE_BITS: u32 = 0x5f80_0000;
 
-/// The relative part of the bound on `|w − ŵ|` of an estimate `ŵ` ([`estimate_chunk_sums`]),
-/// summed over any set of tokens: `2^-24`. The sources: the estimate's gap `D · c − 2^-25` is
-/// within `2^-25` (half the step of the contract's floor of `X`) plus `2^-53 · x̂` of the exact
-/// gap, and the weight's logarithm moves by at most `0.6935` per unit of gap (`max p'/p` of the
-/// polynomial), so `2^-25.5`; the contract's six floors in the Horner steps lose at most
-/// `6 / 2^30` relative (`2^-27.4`); the f64 evaluation and the f64 sums `2^-40`. About `2^-25.1` in
-/// all; the bound is twice that (the tests check it on hostile values).
-pub(crate) const ESTIMATE_RELATIVE: f64 = 1.0 / 16_777_216.0;
+/// Tokens per block of [`estimate_block_sums`].
+pub(crate) const SUM_BLOCK: usize = 256;
+
+/// The relative part of the bound on `|w − ŵ|` of an estimate `ŵ` ([`estimate_block_sums`],
+/// [`estimate_store`]), summed over any set of tokens: `2^-21`. The sources: the gap
+/// `x̂ = D · c − 2^-25` is formed in two f32 parts (`D · c_hi`, its exact rounding error by an
+/// FMA, and `D · c_lo`), so it is within `2^-25` (half the step of the contract's floor of `X`)
+/// plus about `2^-41` of the exact gap, and the weight's logarithm moves by at most `0.6935` per
+/// unit of gap (`max p'/p` of the polynomial): `2^-25.5`; the contract's six floors in the Horner
+/// steps lose at most `6 / 2^30` relative (`2^-27.4`); the polynomial in f32 (coefficients
+/// rounded to f32, six FMAs) about `2^-22.5`; the f64 sums of the f32 estimates `2^-40`. About
+/// `2^-22.2` in all; the bound is twice that (the tests check it on hostile values).
+pub(crate) const ESTIMATE_RELATIVE: f64 = 1.0 / 2_097_152.0;
 /// The absolute part of the bound per token: the contract's final shift floors the weight (less
 /// than 1), and a gap at or past the limit weighs 0 exactly where the estimate is at most 1.
 pub(crate) const ESTIMATE_ABSOLUTE: f64 = 1.0;
-/// The relative bound of an estimate rounded to f32 ([`estimate_store`]): [`ESTIMATE_RELATIVE`]
-/// plus half an f32 ulp, `2^-23`.
-pub(crate) const STORED_RELATIVE: f64 = 1.0 / 8_388_608.0;
 
 /// A row's constants for the vector kernels.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -60,6 +63,11 @@ pub(crate) struct RowLanes {
     /// Whether no logit of the row needs sanitizing (no NaN, infinity, magnitude above `2^64`
     /// or nonzero magnitude below `2^-76`): the kernels then skip it.
     pub clean: bool,
+    /// The scale `c = C32 · 2^e` (exact in f64).
+    c: f64,
+    /// The scale in two f32 parts, `c ≈ c_hi + c_lo` (within `2^-48` of it).
+    c_hi: f32,
+    c_lo: f32,
 }
 
 impl RowLanes {
@@ -73,6 +81,11 @@ impl RowLanes {
             return None;
         }
         let dcap = gap_cap(c32, e)?;
+        let c = c32 as f64 * f64::powi(2.0, e);
+        let c_hi = c as f32;
+        if !c_hi.is_normal() {
+            return None; // a scale outside the f32 range: the scalar steps weigh the row
+        }
         // The vector kernels shift right by `126 − e − E` (E the biased exponent of a gap at
         // most `dcap`): never negative.
         debug_assert!(126 - e - (dcap.to_bits() >> 23) as i32 >= 0);
@@ -82,12 +95,15 @@ impl RowLanes {
             e,
             dcap,
             clean,
+            c,
+            c_hi,
+            c_lo: (c - f64::from(c_hi)) as f32,
         })
     }
 
     /// The scale `c = C32 · 2^e` (exact in f64).
     pub(crate) fn scale(&self) -> f64 {
-        self.c32 as f64 * f64::powi(2.0, self.e)
+        self.c
     }
 
     /// The gap `D = max ⊖ s` of a logit (sanitized as the contract says), clamped to `dcap`.
@@ -184,62 +200,48 @@ pub(crate) fn exact_weights(chunk: &[f32], lanes: &RowLanes, out: &mut [u64]) {
     }
 }
 
-/// The estimate `ŵ` of a gap `d`: the contract's polynomial in f64 without floors.
+/// The estimate `ŵ` of a gap `d`: the contract's polynomial in f32 without floors, at the gap
+/// `x̂ = D · c − 2^-25` formed in two parts (see [`ESTIMATE_RELATIVE`]).
 #[inline(always)]
-fn estimate_of_gap(d: f32, c: f64) -> f64 {
-    let x = f64::from(d) * c - HALF_UNIT;
-    let up = x.ceil();
-    let g = up - x;
-    let mut p = COEFFICIENTS_F64[6];
+fn estimate_of_gap(d: f32, lanes: &RowLanes) -> f32 {
+    let x_hi = d * lanes.c_hi;
+    let rounding = d.mul_add(lanes.c_hi, -x_hi);
+    let x_lo = d.mul_add(lanes.c_lo, rounding) - HALF_UNIT;
+    let up = x_hi.ceil();
+    let g = (up - x_hi) - x_lo;
+    let mut p = COEFFICIENTS_F32[6];
     for k in (0..6).rev() {
-        p = p * g + COEFFICIENTS_F64[k];
+        p = p.mul_add(g, COEFFICIENTS_F32[k]);
     }
     // 2^(40 − ⌈x̂⌉) from its exponent bits: ⌈x̂⌉ ≤ 42 (gaps are clamped), so it is normal.
-    p * f64::from_bits(((1023 + 40 - up as i64) as u64) << 52)
+    p * f32::from_bits(((127 + 40 - up as i32) as u32) << 23)
 }
 
 /// Half a unit of the contract's fixed-point gap (`2^-25` log2 units): the contract floors the
 /// gap to a multiple of `2^-24`, so the exact gap lies in `(x − 2^-24, x]` for the real `x = D · c`;
 /// the estimates take its middle.
-const HALF_UNIT: f64 = 1.0 / (1u64 << 25) as f64;
+const HALF_UNIT: f32 = 1.0 / (1u64 << 25) as f32;
 
-/// The contract's coefficients as the f64 values `A_k / 2^30` (exact).
-const COEFFICIENTS_F64: [f64; 7] = {
+/// The contract's coefficients as f32 values of `A_k / 2^30`.
+const COEFFICIENTS_F32: [f32; 7] = {
     let mut c = [0.0; 7];
     let mut k = 0;
     while k < 7 {
-        c[k] = EXP2_COEFFICIENTS[k] as f64 / (1u64 << 30) as f64;
+        c[k] = (EXP2_COEFFICIENTS[k] as f64 / (1u64 << 30) as f64) as f32;
         k += 1;
     }
     c
 };
 
-/// The estimated weight of each chunk of [`CHUNK`](super::CHUNK) tokens of `row` into `sums`,
-/// and the estimated total (each within [`ESTIMATE_RELATIVE`] and [`ESTIMATE_ABSOLUTE`] per
-/// token of the exact sums).
-pub(crate) fn estimate_chunk_sums(row: &[f32], lanes: &RowLanes, sums: &mut [f64]) -> f64 {
+/// The estimated weight of each block of [`SUM_BLOCK`] tokens of `row` into `sums` (f64 sums of
+/// the f32 estimates), and the estimated total (each within [`ESTIMATE_RELATIVE`] and
+/// [`ESTIMATE_ABSOLUTE`] per token of the exact sums).
+pub(crate) fn estimate_block_sums(row: &[f32], lanes: &RowLanes, sums: &mut [f64]) -> f64 {
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: AVX-512F/BW/VL/DQ are present.
-        return unsafe { avx512::estimate_chunk_sums(row, lanes, sums) };
+        return unsafe { avx512::estimate_block_sums(row, lanes, sums) };
     }
-    dispatch_generic_sums(row, lanes, sums)
-}
-
-/// The estimate of every token of `row` into `out` (rounded to f32: within [`STORED_RELATIVE`]
-/// and [`ESTIMATE_ABSOLUTE`] of the exact weight) and their total (the f64 sum of the stored
-/// values, so that the mass of any set of tokens is that total less the others' stored values).
-pub(crate) fn estimate_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
-    let out = &mut out[..row.len()];
-    #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
-        // SAFETY: AVX-512F/BW/VL/DQ are present.
-        return unsafe { avx512::estimate_store(row, lanes, out) };
-    }
-    dispatch_generic_store(row, lanes, out)
-}
-
-fn dispatch_generic_sums(row: &[f32], lanes: &RowLanes, sums: &mut [f64]) -> f64 {
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: AVX2 and FMA are present.
@@ -248,7 +250,16 @@ fn dispatch_generic_sums(row: &[f32], lanes: &RowLanes, sums: &mut [f64]) -> f64
     estimate_sums_generic(row, lanes, sums)
 }
 
-fn dispatch_generic_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
+/// The estimate of every token of `row` into `out` (each within [`ESTIMATE_RELATIVE`] and
+/// [`ESTIMATE_ABSOLUTE`] of the exact weight) and their total (the f64 sum of the stored values,
+/// so that the mass of any set of tokens is that total less the others' values).
+pub(crate) fn estimate_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
+    let out = &mut out[..row.len()];
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: AVX-512F/BW/VL/DQ are present.
+        return unsafe { avx512::estimate_store(row, lanes, out) };
+    }
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: AVX2 and FMA are present.
@@ -274,20 +285,19 @@ const EST_LANES: usize = 8;
 
 #[inline(always)]
 fn estimate_sums_generic(row: &[f32], lanes: &RowLanes, sums: &mut [f64]) -> f64 {
-    let c = lanes.scale();
     let mut total = 0.0;
-    for (chunk, sum) in row.chunks(super::CHUNK).zip(sums.iter_mut()) {
+    for (block, sum) in row.chunks(SUM_BLOCK).zip(sums.iter_mut()) {
         let mut acc = [0.0f64; EST_LANES];
-        let mut groups = chunk.chunks_exact(EST_LANES);
+        let mut groups = block.chunks_exact(EST_LANES);
         for group in &mut groups {
             for (a, &l) in acc.iter_mut().zip(group) {
-                *a += estimate_of_gap(lanes.gap_of(l), c);
+                *a += f64::from(estimate_of_gap(lanes.gap_of(l), lanes));
             }
         }
         let rest: f64 = groups
             .remainder()
             .iter()
-            .map(|&l| estimate_of_gap(lanes.gap_of(l), c))
+            .map(|&l| f64::from(estimate_of_gap(lanes.gap_of(l), lanes)))
             .sum();
         *sum = acc.iter().sum::<f64>() + rest;
         total += *sum;
@@ -297,20 +307,19 @@ fn estimate_sums_generic(row: &[f32], lanes: &RowLanes, sums: &mut [f64]) -> f64
 
 #[inline(always)]
 fn estimate_store_generic(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
-    let c = lanes.scale();
     let mut acc = [0.0f64; EST_LANES];
     let mut groups = row.chunks_exact(EST_LANES);
     let mut outs = out.chunks_exact_mut(EST_LANES);
     for (group, o) in (&mut groups).zip(&mut outs) {
         for ((a, &l), o) in acc.iter_mut().zip(group).zip(o.iter_mut()) {
-            let w = estimate_of_gap(lanes.gap_of(l), c) as f32;
+            let w = estimate_of_gap(lanes.gap_of(l), lanes);
             *o = w;
             *a += f64::from(w);
         }
     }
     let mut rest = 0.0;
     for (&l, o) in groups.remainder().iter().zip(outs.into_remainder()) {
-        let w = estimate_of_gap(lanes.gap_of(l), c) as f32;
+        let w = estimate_of_gap(lanes.gap_of(l), lanes);
         *o = w;
         rest += f64::from(w);
     }
@@ -376,7 +385,7 @@ fn max_and_clean_generic(row: &[f32]) -> (f32, bool) {
 /// Hand-written AVX-512 loops (LLVM keeps generic loops in 256-bit registers on these CPUs).
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{COEFFICIENTS_F64, RowLanes, estimate_of_gap, exact_of_gap};
+    use super::{COEFFICIENTS_F32, RowLanes, SUM_BLOCK, estimate_of_gap, exact_of_gap};
     use specula_backend_api::logit_weights::{EXP2_COEFFICIENTS, GAP_LIMIT};
     use std::arch::x86_64::*;
 
@@ -514,59 +523,70 @@ mod avx512 {
         "avx512f,avx512bw,avx512vl,avx512dq,avx512ifma"
     );
 
-    /// The estimates of 16 logits as two vectors of 8 f64 (the coefficients are scaled by
-    /// `2^40`, so that the scale is `2^-⌈x̂⌉`).
+    /// The estimates of 16 logits (the coefficients are scaled by `2^40`, so that the scale is
+    /// `2^-⌈x̂⌉`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-    fn estimate16(l: __m512, lanes: &RowLanes, c: __m512d) -> (__m512d, __m512d) {
+    fn estimate16(l: __m512, lanes: &RowLanes) -> __m512 {
+        const SCALE: f32 = (1u64 << 40) as f32;
         let d = gaps16(l, lanes);
-        let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(d));
-        let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-            _mm512_castps_pd(d),
-        )));
-        (estimate8(lo, c), estimate8(hi, c))
+        let (c_hi, c_lo) = (_mm512_set1_ps(lanes.c_hi), _mm512_set1_ps(lanes.c_lo));
+        let x_hi = _mm512_mul_ps(d, c_hi);
+        let rounding = _mm512_fmsub_ps(d, c_hi, x_hi);
+        let x_lo = _mm512_sub_ps(
+            _mm512_fmadd_ps(d, c_lo, rounding),
+            _mm512_set1_ps(super::HALF_UNIT),
+        );
+        let up = _mm512_roundscale_ps::<{ _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC }>(x_hi);
+        let g = _mm512_sub_ps(_mm512_sub_ps(up, x_hi), x_lo);
+        let mut p = _mm512_set1_ps(COEFFICIENTS_F32[6] * SCALE);
+        for k in (0..6).rev() {
+            p = _mm512_fmadd_ps(p, g, _mm512_set1_ps(COEFFICIENTS_F32[k] * SCALE));
+        }
+        _mm512_scalef_ps(p, _mm512_sub_ps(_mm512_setzero_ps(), up))
     }
 
+    /// The two f64 halves of 16 f32.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-    fn estimate8(d: __m512d, c: __m512d) -> __m512d {
-        const SCALE: f64 = (1u64 << 40) as f64;
-        let x = _mm512_fmsub_pd(d, c, _mm512_set1_pd(super::HALF_UNIT));
-        let up = _mm512_roundscale_pd::<{ _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC }>(x);
-        let g = _mm512_sub_pd(up, x);
-        let mut p = _mm512_set1_pd(COEFFICIENTS_F64[6] * SCALE);
-        for k in (0..6).rev() {
-            p = _mm512_fmadd_pd(p, g, _mm512_set1_pd(COEFFICIENTS_F64[k] * SCALE));
-        }
-        _mm512_scalef_pd(p, _mm512_sub_pd(_mm512_setzero_pd(), up))
+    fn widen16(w: __m512) -> (__m512d, __m512d) {
+        let low = _mm512_cvtps_pd(_mm512_castps512_ps256(w));
+        let high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+            _mm512_castps_pd(w),
+        )));
+        (low, high)
     }
 
-    /// See [`super::estimate_chunk_sums`].
+    /// See [`super::estimate_block_sums`].
     ///
     /// # Safety
     /// The CPU must support AVX-512F/BW/VL/DQ.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-    pub(super) unsafe fn estimate_chunk_sums(
+    pub(super) unsafe fn estimate_block_sums(
         row: &[f32],
         lanes: &RowLanes,
         sums: &mut [f64],
     ) -> f64 {
-        let c = _mm512_set1_pd(lanes.scale());
         let mut total = 0.0;
-        for (chunk, sum) in row.chunks(super::super::CHUNK).zip(sums.iter_mut()) {
-            let mut acc = _mm512_setzero_pd();
-            let mut vectors = chunk.chunks_exact(16);
-            for v in &mut vectors {
+        let mut blocks = row.chunks_exact(SUM_BLOCK);
+        for (block, sum) in (&mut blocks).zip(sums.iter_mut()) {
+            let (mut acc0, mut acc1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+            for v in block.chunks_exact(16) {
                 // SAFETY: `v` holds 16 f32.
-                let (lo, hi) = estimate16(unsafe { _mm512_loadu_ps(v.as_ptr()) }, lanes, c);
-                acc = _mm512_add_pd(acc, _mm512_add_pd(lo, hi));
+                let w = estimate16(unsafe { _mm512_loadu_ps(v.as_ptr()) }, lanes);
+                let (low, high) = widen16(w);
+                acc0 = _mm512_add_pd(acc0, low);
+                acc1 = _mm512_add_pd(acc1, high);
             }
-            let rest: f64 = vectors
-                .remainder()
+            *sum = _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
+            total += *sum;
+        }
+        let tail = blocks.remainder();
+        if let (false, Some(sum)) = (tail.is_empty(), sums.get_mut(row.len() / SUM_BLOCK)) {
+            *sum = tail
                 .iter()
-                .map(|&l| estimate_of_gap(lanes.gap_of(l), lanes.scale()))
+                .map(|&l| f64::from(estimate_of_gap(lanes.gap_of(l), lanes)))
                 .sum();
-            *sum = _mm512_reduce_add_pd(acc) + rest;
             total += *sum;
         }
         total
@@ -578,25 +598,22 @@ mod avx512 {
     /// The CPU must support AVX-512F/BW/VL/DQ; `out` is as long as `row`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
     pub(super) unsafe fn estimate_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
-        let c = _mm512_set1_pd(lanes.scale());
         let (mut acc0, mut acc1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
         let mut vectors = row.chunks_exact(16);
         let mut outs = out.chunks_exact_mut(16);
         for (v, o) in (&mut vectors).zip(&mut outs) {
             // SAFETY: `v` and `o` hold 16 f32.
             unsafe {
-                let (lo, hi) = estimate16(_mm512_loadu_ps(v.as_ptr()), lanes, c);
-                let (lo, hi) = (_mm512_cvtpd_ps(lo), _mm512_cvtpd_ps(hi));
-                // The sums are of the stored (rounded) values.
-                acc0 = _mm512_add_pd(acc0, _mm512_cvtps_pd(lo));
-                acc1 = _mm512_add_pd(acc1, _mm512_cvtps_pd(hi));
-                let packed = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi);
-                _mm512_storeu_ps(o.as_mut_ptr(), packed);
+                let w = estimate16(_mm512_loadu_ps(v.as_ptr()), lanes);
+                _mm512_storeu_ps(o.as_mut_ptr(), w);
+                let (low, high) = widen16(w);
+                acc0 = _mm512_add_pd(acc0, low);
+                acc1 = _mm512_add_pd(acc1, high);
             }
         }
         let mut rest = 0.0;
         for (&l, o) in vectors.remainder().iter().zip(outs.into_remainder()) {
-            let w = estimate_of_gap(lanes.gap_of(l), lanes.scale()) as f32;
+            let w = estimate_of_gap(lanes.gap_of(l), lanes);
             *o = w;
             rest += f64::from(w);
         }
@@ -808,27 +825,26 @@ mod tests {
                 let row = logits_below(&mut lcg, max, 20_000, false);
                 let mut stored = vec![0f32; row.len()];
                 let total = estimate_store(&row, &lanes, &mut stored);
-                let mut sums = vec![0f64; row.len().div_ceil(super::super::CHUNK)];
-                let summed = estimate_chunk_sums(&row, &lanes, &mut sums);
+                let mut sums = vec![0f64; row.len().div_ceil(SUM_BLOCK)];
+                let summed = estimate_block_sums(&row, &lanes, &mut sums);
                 let mut exact_total = 0u64;
                 for (&l, &w) in row.iter().zip(&stored) {
                     let exact = scaled_weight(l, max, scale) as f64;
                     exact_total += exact as u64;
-                    let single = estimate_of_gap(lanes.gap_of(l), lanes.scale());
+                    let single = f64::from(estimate_of_gap(lanes.gap_of(l), &lanes));
                     let excess = (exact - single).abs() - ESTIMATE_ABSOLUTE;
                     if excess > 0.0 {
                         worst = worst.max(excess / single);
                     }
-                    let bound = f64::from(w) * STORED_RELATIVE + ESTIMATE_ABSOLUTE;
+                    let bound = f64::from(w) * ESTIMATE_RELATIVE + ESTIMATE_ABSOLUTE;
                     assert!(
                         (exact - f64::from(w)).abs() <= bound,
                         "stored, l {l}, t {t}"
                     );
                 }
                 let n = row.len() as f64;
-                for (estimate, relative) in [(total, STORED_RELATIVE), (summed, ESTIMATE_RELATIVE)]
-                {
-                    let bound = estimate * relative + n * ESTIMATE_ABSOLUTE;
+                for estimate in [total, summed] {
+                    let bound = estimate * ESTIMATE_RELATIVE + n * ESTIMATE_ABSOLUTE;
                     let error = (exact_total as f64 - estimate).abs();
                     assert!(error <= bound, "t {t} max {max}: {error} > {bound}");
                 }

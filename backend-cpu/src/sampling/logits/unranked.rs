@@ -20,17 +20,22 @@
 //! one does not (rarely: the bound on the total is about `2^-22` of it), or the band missed the
 //! threshold, `sample` returns `None` and the caller decides on exact weights.
 
+use rayon::prelude::*;
 use specula_backend_api::FloatElement;
 use specula_backend_api::abi::TOP_P_BITS;
 use specula_backend_api::fixed_point::top_p_fixed;
 use specula_backend_api::logit_weights::{row_scale, sanitize_logit};
 
+use super::key_select;
 use super::lanes::{
-    ESTIMATE_ABSOLUTE, ESTIMATE_RELATIVE, RowLanes, STORED_RELATIVE, estimate_chunk_sums,
-    estimate_store, exact_weights, max_and_clean,
+    self, ESTIMATE_ABSOLUTE, ESTIMATE_RELATIVE, RowLanes, estimate_block_sums, estimate_store,
+    exact_weights, max_and_clean,
 };
-use super::{CHUNK, key_select};
-use crate::sampling::scan::compiled_for;
+
+/// Tokens per chunk of the passes: the unit of the per-chunk masses and of the draw's exact walk.
+const CHUNK: usize = lanes::SUM_BLOCK;
+/// Tokens per band bitmap word.
+const WORD: usize = 64;
 #[cfg(target_arch = "x86_64")]
 use crate::sampling::scan::{has_avx2, has_avx512};
 
@@ -123,14 +128,9 @@ struct Accuracy {
     absolute: f64,
 }
 
-/// The f64 estimates ([`estimate_chunk_sums`]).
+/// The f32 estimates ([`estimate_block_sums`], [`estimate_store`]).
 const ESTIMATED: Accuracy = Accuracy {
     relative: ESTIMATE_RELATIVE,
-    absolute: ESTIMATE_ABSOLUTE,
-};
-/// The estimates kept in f32 ([`estimate_store`]).
-const STORED: Accuracy = Accuracy {
-    relative: STORED_RELATIVE,
     absolute: ESTIMATE_ABSOLUTE,
 };
 /// Exact weights (sums of at most a chunk of them are exact in f64).
@@ -139,30 +139,36 @@ const EXACT: Accuracy = Accuracy {
     absolute: 0.0,
 };
 
-/// The token drawn by `r` from a logits row at temperature `t` under `top_p` (no top-k), or
-/// `None` when the caller must decide on exact weights (special rows, short rows, a bound that
-/// leaves a decision open).
-pub(super) fn sample<T: FloatElement>(row: &[T], t: f32, top_p: f32, r: u64) -> Option<usize> {
-    if row.len() < MIN_VOCAB {
-        return None;
-    }
-    let mut scratch = SCRATCH.with(|cell| cell.take());
-    let token = sample_with(row, t, top_p, r, &mut scratch);
-    SCRATCH.with(|cell| *cell.borrow_mut() = scratch);
-    token
+/// How the passes over a row may run.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RowHints<'a> {
+    /// Threads a pass over the row may be split across (rows fewer than threads).
+    pub parts: usize,
+    /// The bytes of the row this thread will likely sample next: asked for (into L2) while this
+    /// row's weights are estimated, so that its first pass does not wait on memory.
+    pub next: &'a [u8],
 }
 
-fn sample_with<T: FloatElement>(
+/// The token drawn by `r` from a logits row at temperature `t` under `top_p` (no top-k), or
+/// `None` when the caller must decide on exact weights (special rows, short rows).
+pub(super) fn sample<T: FloatElement>(
     row: &[T],
     t: f32,
     top_p: f32,
     r: u64,
-    s: &mut Scratch,
+    hints: RowHints<'_>,
 ) -> Option<usize> {
-    let mut widened = std::mem::take(&mut s.widened);
+    if row.len() < MIN_VOCAB {
+        return None;
+    }
+    // Moved out for the duration: a nested parallel section running another row on this thread
+    // finds fresh buffers instead of a borrowed cell.
+    let mut scratch = SCRATCH.with(|cell| cell.take());
+    let mut widened = std::mem::take(&mut scratch.widened);
     let values = as_f32(row, &mut widened);
-    let token = sample_f32(values, t, top_p, r, s);
-    s.widened = widened;
+    let token = sample_f32(values, t, top_p, r, hints, &mut scratch);
+    scratch.widened = widened;
+    SCRATCH.with(|cell| *cell.borrow_mut() = scratch);
     token
 }
 
@@ -178,15 +184,199 @@ fn as_f32<'a, T: FloatElement>(row: &'a [T], buffer: &'a mut Vec<f32>) -> &'a [f
     buffer
 }
 
-fn sample_f32(values: &[f32], t: f32, top_p: f32, r: u64, s: &mut Scratch) -> Option<usize> {
-    let (raw_max, clean) = max_and_clean(values);
+fn sample_f32(
+    values: &[f32],
+    t: f32,
+    top_p: f32,
+    r: u64,
+    hints: RowHints<'_>,
+    s: &mut Scratch,
+) -> Option<usize> {
+    let segments = Segments::of(values.len(), hints.parts);
+    let (raw_max, clean) = segments.reduce(
+        values,
+        |part, _| max_and_clean(part),
+        |(m1, c1), (m2, c2)| (if m2 > m1 { m2 } else { m1 }, c1 && c2),
+    );
     let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean)?;
     let p = top_p_fixed(top_p);
+    let passes = Passes {
+        values,
+        lanes,
+        segments,
+        next: hints.next,
+    };
     if p >= 1 << TOP_P_BITS {
-        sample_whole(values, &lanes, r, s)
+        sample_whole(&passes, r, s)
     } else {
-        sample_top_p(values, &lanes, p, r, s)
+        sample_top_p(&passes, p, r, s)
     }
+}
+
+/// A row's full passes: its values, its constants, how it is split across threads and the next
+/// row to ask for.
+struct Passes<'a> {
+    values: &'a [f32],
+    lanes: RowLanes,
+    segments: Segments,
+    next: &'a [u8],
+}
+
+impl Passes<'_> {
+    /// The estimated weight of every chunk into `masses` ([`estimate_block_sums`]).
+    fn estimate_chunks(&self, masses: &mut Vec<f64>) {
+        masses.resize(self.values.len().div_ceil(CHUNK), 0.0);
+        let lanes = &self.lanes;
+        self.segments
+            .for_each_chunked(self.values, masses, self.next, |part, out| {
+                estimate_block_sums(part, lanes, out);
+            });
+    }
+
+    /// The estimate of every token into `estimates` and their total ([`estimate_store`]).
+    fn estimate_tokens(&self, estimates: &mut Vec<f32>) -> f64 {
+        estimates.resize(self.values.len(), 0.0);
+        let lanes = &self.lanes;
+        self.segments
+            .map_tokens(self.values, estimates, self.next, |part, out| {
+                estimate_store(part, lanes, out)
+            })
+            .iter()
+            .sum()
+    }
+}
+
+/// How a row is cut into segments of whole chunks, one per thread.
+#[derive(Clone, Copy, Debug)]
+struct Segments {
+    /// Tokens per segment (a multiple of [`CHUNK`]), the last one shorter.
+    len: usize,
+    /// Number of segments.
+    count: usize,
+}
+
+/// Rows shorter than this are never split across threads.
+const SPLIT_MIN: usize = 32 * 1024;
+/// Tokens per step of a pass that asks for the next row as it goes.
+const PREFETCH_STEP: usize = 16 * CHUNK;
+
+impl Segments {
+    fn of(len: usize, parts: usize) -> Self {
+        let parts = if len >= SPLIT_MIN { parts.max(1) } else { 1 };
+        let seg = len.div_ceil(parts).div_ceil(CHUNK) * CHUNK;
+        Segments {
+            len: seg.max(CHUNK),
+            count: len.div_ceil(seg.max(CHUNK)).max(1),
+        }
+    }
+
+    /// `f` of each segment (with its first token), combined by `join`.
+    fn reduce<R: Send>(
+        &self,
+        values: &[f32],
+        f: impl Fn(&[f32], usize) -> R + Sync,
+        join: impl Fn(R, R) -> R + Sync,
+    ) -> R {
+        if self.count == 1 {
+            return f(values, 0);
+        }
+        values
+            .par_chunks(self.len)
+            .enumerate()
+            .map(|(i, part)| f(part, i * self.len))
+            .reduce_with(&join)
+            .unwrap_or_else(|| f(&[], 0))
+    }
+
+    /// `f` of each segment and its chunks' slots of `out`, asking for the matching part of
+    /// `next` as it goes.
+    fn for_each_chunked<O: Send>(
+        &self,
+        values: &[f32],
+        out: &mut [O],
+        next: &[u8],
+        f: impl Fn(&[f32], &mut [O]) + Sync,
+    ) {
+        let chunks = self.len / CHUNK;
+        let run = |part: &[f32], out: &mut [O], next: &[u8]| {
+            for (i, (step, out)) in part
+                .chunks(PREFETCH_STEP)
+                .zip(out.chunks_mut(PREFETCH_STEP / CHUNK))
+                .enumerate()
+            {
+                prefetch_share(next, i * PREFETCH_STEP, step.len(), part.len());
+                f(step, out);
+            }
+        };
+        if self.count == 1 {
+            return run(values, out, next);
+        }
+        let next_len = next.len().div_ceil(self.count);
+        values
+            .par_chunks(self.len)
+            .zip(out.par_chunks_mut(chunks))
+            .enumerate()
+            .for_each(|(i, (part, out))| {
+                let start = (i * next_len).min(next.len());
+                run(part, out, &next[start..(start + next_len).min(next.len())]);
+            });
+    }
+
+    /// `f` of each segment and its tokens' slots of `out`, asking for `next` as it goes; the
+    /// results of the steps, in order.
+    fn map_tokens<O: Send, R: Send>(
+        &self,
+        values: &[f32],
+        out: &mut [O],
+        next: &[u8],
+        f: impl Fn(&[f32], &mut [O]) -> R + Sync,
+    ) -> Vec<R> {
+        let run = |part: &[f32], out: &mut [O], next: &[u8]| -> Vec<R> {
+            part.chunks(PREFETCH_STEP)
+                .zip(out.chunks_mut(PREFETCH_STEP))
+                .enumerate()
+                .map(|(i, (step, out))| {
+                    prefetch_share(next, i * PREFETCH_STEP, step.len(), part.len());
+                    f(step, out)
+                })
+                .collect()
+        };
+        if self.count == 1 {
+            return run(values, out, next);
+        }
+        let next_len = next.len().div_ceil(self.count);
+        values
+            .par_chunks(self.len)
+            .zip(out.par_chunks_mut(self.len))
+            .enumerate()
+            .flat_map_iter(|(i, (part, out))| {
+                let start = (i * next_len).min(next.len());
+                run(part, out, &next[start..(start + next_len).min(next.len())])
+            })
+            .collect()
+    }
+}
+
+/// Asks for the share of `next` that matches tokens `start .. start + len` of a pass over `total`
+/// tokens (a hint into L2: it never faults, and does nothing off x86_64).
+#[inline]
+fn prefetch_share(next: &[u8], start: usize, len: usize, total: usize) {
+    if next.is_empty() || total == 0 {
+        return;
+    }
+    let from = next.len() * start / total;
+    let to = (next.len() * (start + len) / total).min(next.len());
+    #[cfg(target_arch = "x86_64")]
+    for line in (from..to).step_by(64) {
+        // SAFETY: a prefetch is a hint; the address is inside `next`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                next.as_ptr().add(line).cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (from, to);
 }
 
 /// A decision `a · S ≥ b · F` (or `>`) between two disjoint masses `S` and `F` known within
@@ -231,10 +421,9 @@ impl Split {
 }
 
 /// top_p = 1: every token of positive weight is kept; the draw's chunk is weighed exactly.
-fn sample_whole(values: &[f32], lanes: &RowLanes, r: u64, s: &mut Scratch) -> Option<usize> {
-    let chunks = values.len().div_ceil(CHUNK);
-    s.masses.resize(chunks, 0.0);
-    estimate_chunk_sums(values, lanes, &mut s.masses);
+fn sample_whole(passes: &Passes<'_>, r: u64, s: &mut Scratch) -> Option<usize> {
+    let (values, lanes) = (passes.values, &passes.lanes);
+    passes.estimate_chunks(&mut s.masses);
     let kept = |_: usize, _: f32| true;
     draw_by_chunks(values, lanes, &s.masses, ESTIMATED, r, kept).or_else(|| {
         // The bounds left the draw open: the exact chunk masses decide it.
@@ -243,9 +432,16 @@ fn sample_whole(values: &[f32], lanes: &RowLanes, r: u64, s: &mut Scratch) -> Op
     })
 }
 
+/// How often the bounds left a decision open and exact masses were computed (tests only).
+#[cfg(test)]
+pub(super) static EXACT_PASSES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 /// The exact mass of each chunk's tokens whose rank key is at least `floor` into `masses` (exact
 /// in f64: at most `64 · 2^40`), and the row's exact total weight.
 fn exact_above(values: &[f32], lanes: &RowLanes, floor: u32, masses: &mut [f64]) -> u64 {
+    #[cfg(test)]
+    EXACT_PASSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut weights = [0u64; CHUNK];
     let mut total = 0u64;
     for (chunk, mass) in values.chunks(CHUNK).zip(masses.iter_mut()) {
@@ -334,15 +530,9 @@ fn draw_by_chunks(
 /// top_p < 1: the band around the threshold, its exact bins, then the draw. A band that turns out
 /// to lie below the threshold (the mass above it may reach the target) or above it (its tokens
 /// do not reach it) is widened to the top or to the bottom of the row and the pass repeated.
-fn sample_top_p(
-    values: &[f32],
-    lanes: &RowLanes,
-    p: u64,
-    r: u64,
-    s: &mut Scratch,
-) -> Option<usize> {
-    s.estimates.resize(values.len(), 0.0);
-    let total = estimate_store(values, lanes, &mut s.estimates);
+fn sample_top_p(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch) -> Option<usize> {
+    let (values, lanes) = (passes.values, &passes.lanes);
+    let total = passes.estimate_tokens(&mut s.estimates);
     let row = Masses {
         total,
         tokens: values.len(),
@@ -350,7 +540,7 @@ fn sample_top_p(
     let split = Split::top_p(p);
     let mut band = place_band(lanes, &s.estimates, total, p, &mut s.sample);
     loop {
-        let (above, tokens) = classify(values, &s.estimates, band, &mut s.masses, &mut s.band);
+        let (above, tokens) = classify(passes, &s.estimates, band, &mut s.masses, &mut s.band);
         let above = Masses {
             total: above,
             tokens,
@@ -421,7 +611,7 @@ struct Masses {
 impl Masses {
     /// The bounds of the exact mass.
     fn bounds(&self) -> Bounds {
-        Bounds::estimated(self.total.max(0.0), self.tokens, STORED)
+        Bounds::estimated(self.total.max(0.0), self.tokens, ESTIMATED)
     }
 
     /// The tokens of `self` that are not in `part` (a subset).
@@ -460,7 +650,7 @@ fn draw_kept(
         }
     }
     let keeps = |id: usize, l: f32| threshold.keeps(key_select(l), id as u32);
-    draw_by_chunks(values, lanes, &s.masses, STORED, r, keeps)
+    draw_by_chunks(values, lanes, &s.masses, ESTIMATED, r, keeps)
 }
 
 /// What the band says of the threshold.
@@ -550,42 +740,100 @@ fn logit_of_estimate(lanes: &RowLanes, w: f32) -> f32 {
 /// `masses`, the band's tokens (in id order) into `band`; returns the mass above the band and
 /// its token count.
 fn classify(
-    values: &[f32],
+    passes: &Passes<'_>,
     estimates: &[f32],
     band: Band,
     masses: &mut Vec<f64>,
     tokens: &mut Vec<BandToken>,
 ) -> (f64, usize) {
+    let (values, segments) = (passes.values, passes.segments);
     masses.resize(values.len().div_ceil(CHUNK), 0.0);
     tokens.clear();
-    #[cfg(target_arch = "x86_64")]
-    {
-        if has_avx512() {
-            // SAFETY: the CPU supports the features the variant is compiled for.
-            return unsafe { classify_avx512(values, estimates, band, masses, tokens) };
-        }
-        if has_avx2() {
-            // SAFETY: as above.
-            return unsafe { classify_avx2(values, estimates, band, masses, tokens) };
-        }
+    if segments.count == 1 {
+        return classify_part(values, estimates, 0, band, masses, tokens);
     }
-    classify_generic(values, estimates, band, masses, tokens)
+    let parts: Vec<((f64, usize), Vec<BandToken>)> = values
+        .par_chunks(segments.len)
+        .zip(estimates.par_chunks(segments.len))
+        .zip(masses.par_chunks_mut(segments.len / CHUNK))
+        .enumerate()
+        .map(|(i, ((part, ests), masses))| {
+            let mut found = Vec::new();
+            let counted = classify_part(part, ests, i * segments.len, band, masses, &mut found);
+            (counted, found)
+        })
+        .collect();
+    let mut counted = (0.0, 0);
+    for ((mass, count), found) in parts {
+        counted = (counted.0 + mass, counted.1 + count);
+        tokens.extend(found);
+    }
+    counted
 }
 
-compiled_for!(avx512, fn classify_avx512 []
-    (values: &[f32], estimates: &[f32], band: Band, masses: &mut [f64], tokens: &mut Vec<BandToken>)
-    -> (f64, usize) = classify_generic []);
-compiled_for!(avx2, fn classify_avx2 []
-    (values: &[f32], estimates: &[f32], band: Band, masses: &mut [f64], tokens: &mut Vec<BandToken>)
-    -> (f64, usize) = classify_generic []);
-
-/// Tokens per group of the band test.
-const GROUP: usize = 16;
-
-#[inline(always)]
-fn classify_generic(
+/// [`classify`] of the tokens of one segment, starting at token `first`.
+fn classify_part(
     values: &[f32],
     estimates: &[f32],
+    first: usize,
+    band: Band,
+    masses: &mut [f64],
+    tokens: &mut Vec<BandToken>,
+) -> (f64, usize) {
+    let full = values.len() / CHUNK;
+    let (head, tail) = values.split_at(full * CHUNK);
+    let (head_masses, tail_masses) = masses.split_at_mut(full);
+    let counted = classify_full(head, estimates, first, band, head_masses, tokens);
+    let rest = classify_chunks(
+        tail,
+        &estimates[head.len()..],
+        first + head.len(),
+        band,
+        tail_masses,
+        tokens,
+    );
+    (counted.0 + rest.0, counted.1 + rest.1)
+}
+
+/// [`classify`] over whole chunks, with the vector loops where the CPU has them: they mark the
+/// band's tokens in a bitmap per chunk, pushed here afterwards.
+fn classify_full(
+    values: &[f32],
+    estimates: &[f32],
+    first: usize,
+    band: Band,
+    masses: &mut [f64],
+    tokens: &mut Vec<BandToken>,
+) -> (f64, usize) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() || has_avx2() {
+        let mut bitmaps = vec![0u64; masses.len() * (CHUNK / WORD)];
+        let counted = if has_avx512() {
+            // SAFETY: AVX-512F/BW/VL/DQ (and POPCNT, which every AVX-512 CPU has) are present;
+            // the slices hold whole chunks.
+            unsafe { avx512::classify(values, estimates, band, masses, &mut bitmaps) }
+        } else {
+            // SAFETY: AVX2 (and POPCNT, which every AVX2 CPU has) is present; the slices hold
+            // whole chunks.
+            unsafe { avx2::classify(values, estimates, band, masses, &mut bitmaps) }
+        };
+        for (word, &bits) in bitmaps.iter().enumerate() {
+            if bits != 0 {
+                let at = word * WORD;
+                let (ls, ws) = (&values[at..at + WORD], &estimates[at..at + WORD]);
+                push_band_bits(tokens, first + at, bits, ls, ws);
+            }
+        }
+        return counted;
+    }
+    classify_chunks(values, estimates, first, band, masses, tokens)
+}
+
+/// [`classify`] token by token, for chunks starting at token `first`.
+fn classify_chunks(
+    values: &[f32],
+    estimates: &[f32],
+    first: usize,
     band: Band,
     masses: &mut [f64],
     tokens: &mut Vec<BandToken>,
@@ -597,35 +845,170 @@ fn classify_generic(
         .zip(masses.iter_mut())
         .enumerate()
     {
-        let mut lanes = [0.0f64; GROUP];
-        let mut above = 0u32;
-        for (g, (group, ws)) in chunk.chunks(GROUP).zip(ests.chunks(GROUP)).enumerate() {
-            let mut any_band = false;
-            for (j, (&l, &w)) in group.iter().zip(ws).enumerate() {
-                // NaN is neither above nor in the band (it ranks last and weighs 0).
-                let is_above = l >= band.high;
-                lanes[j] += if is_above { f64::from(w) } else { 0.0 };
-                above += u32::from(is_above);
-                any_band |= !is_above & (l >= band.low);
-            }
-            if any_band {
-                let first = c * CHUNK + g * GROUP;
-                for (j, (&l, &w)) in group.iter().zip(ws).enumerate() {
-                    if l < band.high && l >= band.low {
-                        tokens.push(BandToken {
-                            key: key_select(l),
-                            id: (first + j) as u32,
-                            estimate: w,
-                        });
-                    }
-                }
+        *mass = 0.0;
+        for (j, (&l, &w)) in chunk.iter().zip(ests).enumerate() {
+            // NaN is neither above nor in the band (it ranks last and weighs 0).
+            if l >= band.high {
+                *mass += f64::from(w);
+                count += 1;
+            } else if l >= band.low {
+                push_band(tokens, first + c * CHUNK + j, l, w);
             }
         }
-        *mass = lanes.iter().sum();
         total += *mass;
-        count += above as usize;
     }
     (total, count)
+}
+
+/// Appends a band token.
+#[inline(always)]
+fn push_band(tokens: &mut Vec<BandToken>, id: usize, l: f32, w: f32) {
+    tokens.push(BandToken {
+        key: key_select(l),
+        id: id as u32,
+        estimate: w,
+    });
+}
+
+/// Appends the band tokens of a group of tokens starting at `first`: bit `j` of `bits` marks
+/// token `j`.
+#[inline(always)]
+fn push_band_bits(
+    tokens: &mut Vec<BandToken>,
+    first: usize,
+    mut bits: u64,
+    ls: &[f32],
+    ws: &[f32],
+) {
+    while bits != 0 {
+        let j = bits.trailing_zeros() as usize;
+        push_band(tokens, first + j, ls[j], ws[j]);
+        bits &= bits - 1;
+    }
+}
+
+/// The [`classify`] loop over whole chunks with AVX-512: per 16 tokens two compares, the
+/// estimates above the band widened and added in f64 under a mask; the band's tokens are marked
+/// in a bitmap per word of [`WORD`] tokens (no call in the loop, so that the accumulators stay in
+/// registers) and pushed afterwards.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{Band, CHUNK, WORD};
+    use std::arch::x86_64::*;
+
+    /// Writes each chunk's mass above the band to `masses` and the bitmap of the band tokens of
+    /// each word to `bitmaps`; returns the mass above the band and its token count.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F/BW/VL/DQ and POPCNT; `values` holds whole chunks, as many as
+    /// `masses` (and `CHUNK / WORD` times as many words in `bitmaps`), and `estimates` at least
+    /// as many tokens.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt")]
+    pub(super) unsafe fn classify(
+        values: &[f32],
+        estimates: &[f32],
+        band: Band,
+        masses: &mut [f64],
+        bitmaps: &mut [u64],
+    ) -> (f64, usize) {
+        let (high, low) = (_mm512_set1_ps(band.high), _mm512_set1_ps(band.low));
+        let (mut total, mut count) = (0.0f64, 0usize);
+        let rows = values
+            .chunks_exact(CHUNK)
+            .zip(estimates.chunks_exact(CHUNK));
+        let words = bitmaps.chunks_exact_mut(CHUNK / WORD);
+        for ((chunk, ests), (mass, words)) in rows.zip(masses.iter_mut().zip(words)) {
+            let (mut acc0, mut acc1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+            for (w, word) in words.iter_mut().enumerate() {
+                let mut bits = 0u64;
+                for g in 0..WORD / 16 {
+                    let at = w * WORD + 16 * g;
+                    // SAFETY: `chunk` and `ests` hold CHUNK f32.
+                    let (l, e) = unsafe {
+                        (
+                            _mm512_loadu_ps(chunk.as_ptr().add(at)),
+                            _mm512_loadu_ps(ests.as_ptr().add(at)),
+                        )
+                    };
+                    // Ordered compares: NaN is neither above nor in the band.
+                    let above = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, high);
+                    let in_band = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(!above, l, low);
+                    let e_low = _mm512_cvtps_pd(_mm512_castps512_ps256(e));
+                    let e_high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                        _mm512_castps_pd(e),
+                    )));
+                    acc0 = _mm512_mask_add_pd(acc0, above as u8, acc0, e_low);
+                    acc1 = _mm512_mask_add_pd(acc1, (above >> 8) as u8, acc1, e_high);
+                    count += above.count_ones() as usize;
+                    bits |= u64::from(in_band) << (16 * g);
+                }
+                *word = bits;
+            }
+            *mass = _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
+            total += *mass;
+        }
+        (total, count)
+    }
+}
+
+/// The [`classify`] loop over whole chunks with AVX2 (8 tokens per step), as the AVX-512 one.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Band, CHUNK, WORD};
+    use std::arch::x86_64::*;
+
+    /// See the AVX-512 loop.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and POPCNT; `values` holds whole chunks, as many as `masses`
+    /// (and `CHUNK / WORD` times as many words in `bitmaps`), and `estimates` at least as many
+    /// tokens.
+    #[target_feature(enable = "avx2,fma,popcnt")]
+    pub(super) unsafe fn classify(
+        values: &[f32],
+        estimates: &[f32],
+        band: Band,
+        masses: &mut [f64],
+        bitmaps: &mut [u64],
+    ) -> (f64, usize) {
+        let (high, low) = (_mm256_set1_ps(band.high), _mm256_set1_ps(band.low));
+        let (mut total, mut count) = (0.0f64, 0usize);
+        let rows = values
+            .chunks_exact(CHUNK)
+            .zip(estimates.chunks_exact(CHUNK));
+        let words = bitmaps.chunks_exact_mut(CHUNK / WORD);
+        for ((chunk, ests), (mass, words)) in rows.zip(masses.iter_mut().zip(words)) {
+            let (mut acc0, mut acc1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+            for (w, word) in words.iter_mut().enumerate() {
+                let mut bits = 0u64;
+                for g in 0..WORD / 8 {
+                    let at = w * WORD + 8 * g;
+                    // SAFETY: `chunk` and `ests` hold CHUNK f32.
+                    let (l, e) = unsafe {
+                        (
+                            _mm256_loadu_ps(chunk.as_ptr().add(at)),
+                            _mm256_loadu_ps(ests.as_ptr().add(at)),
+                        )
+                    };
+                    let above = _mm256_cmp_ps::<_CMP_GE_OQ>(l, high);
+                    let at_least_low = _mm256_cmp_ps::<_CMP_GE_OQ>(l, low);
+                    let e = _mm256_and_ps(e, above);
+                    acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+                    acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e)));
+                    let above = _mm256_movemask_ps(above) as u32;
+                    count += above.count_ones() as usize;
+                    let in_band = _mm256_movemask_ps(at_least_low) as u32 & !above;
+                    bits |= u64::from(in_band) << (8 * g);
+                }
+                *word = bits;
+            }
+            let sum = _mm256_add_pd(acc0, acc1);
+            let pair = _mm_add_pd(_mm256_castpd256_pd128(sum), _mm256_extractf128_pd::<1>(sum));
+            *mass = _mm_cvtsd_f64(_mm_add_sd(pair, _mm_unpackhi_pd(pair, pair)));
+            total += *mass;
+        }
+        (total, count)
+    }
 }
 
 /// The last kept token in rank order: every token with a larger key is kept, and those with the
@@ -779,6 +1162,93 @@ mod tests {
             .collect()
     }
 
+    /// The time of one row, warm, on one and on two threads (run with `--ignored --nocapture`).
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn row_times() {
+        let mut lcg = Lcg(9);
+        let row = normal_row(&mut lcg, 151_936, 3.0);
+        for top_p in [1.0f32, 0.9] {
+            for parts in [1, 2] {
+                let hints = RowHints { parts, next: &[] };
+                let reps = 300;
+                let start = std::time::Instant::now();
+                for i in 0..reps {
+                    std::hint::black_box(sample(&row, 1.0, top_p, i, hints));
+                }
+                let us = start.elapsed().as_secs_f64() * 1e6 / reps as f64;
+                println!("top_p {top_p} parts {parts}: {us:.1} µs/row");
+            }
+        }
+    }
+
+    /// This thread's CPU time in ns (Linux), or wall time elsewhere.
+    fn cpu_ns() -> u64 {
+        std::fs::read_to_string("/proc/thread-self/schedstat")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The CPU time of each pass over one warm row (run with `--ignored --nocapture`): what a
+    /// loaded machine cannot hide.
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn pass_costs() {
+        let mut lcg = Lcg(9);
+        let row = normal_row(&mut lcg, 151_936, 3.0);
+        let lanes = RowLanes::new(
+            row.iter().copied().fold(f32::MIN, f32::max),
+            row_scale(1.0),
+            true,
+        )
+        .expect("lanes");
+        let mut masses = vec![0.0; row.len() / CHUNK + 1];
+        let mut stored = vec![0.0f32; row.len()];
+        let mut exact = vec![0u64; row.len()];
+        let mut band = Vec::new();
+        let (band_lo, band_hi) = (6.0, 6.5);
+        let reps = 200;
+        let time = |name: &str, f: &mut dyn FnMut()| {
+            f();
+            let start = cpu_ns();
+            for _ in 0..reps {
+                f();
+            }
+            let ns = (cpu_ns() - start) as f64 / reps as f64;
+            println!(
+                "{name:<22} {:>8.1} µs/row {:>6.3} ns/token",
+                ns / 1e3,
+                ns / row.len() as f64
+            );
+        };
+        time("read (sum)", &mut || {
+            std::hint::black_box(row.iter().map(|x| x.to_bits() as u64).sum::<u64>());
+        });
+        time("max_and_clean", &mut || {
+            std::hint::black_box(max_and_clean(&row));
+        });
+        time("estimate_block_sums", &mut || {
+            std::hint::black_box(estimate_block_sums(&row, &lanes, &mut masses));
+        });
+        time("estimate_store", &mut || {
+            std::hint::black_box(estimate_store(&row, &lanes, &mut stored));
+        });
+        time("classify", &mut || {
+            band.clear();
+            let b = Band {
+                low: band_lo,
+                high: band_hi,
+            };
+            std::hint::black_box(classify_part(&row, &stored, 0, b, &mut masses, &mut band));
+        });
+        time("exact_weights", &mut || {
+            exact_weights(&row, &lanes, &mut exact);
+            std::hint::black_box(&exact);
+        });
+        println!("band tokens: {}", band.len());
+    }
+
     /// How often the bounds decide, per row shape (run with `--ignored --nocapture`).
     #[test]
     #[ignore = "a measurement, not a check"]
@@ -793,15 +1263,18 @@ mod tests {
             (0.874, 1.0),
         ] {
             for top_p in [0.9f32, 1.0] {
-                let rows = 40;
+                let rows = 100;
                 let mut decided = 0;
+                EXACT_PASSES.store(0, std::sync::atomic::Ordering::Relaxed);
                 let start = std::time::Instant::now();
                 for _ in 0..rows {
                     let row = normal_row(&mut lcg, 151_936, sigma);
-                    decided += usize::from(sample(&row, t, top_p, lcg.next_u64()).is_some());
+                    let hints = RowHints::default();
+                    decided += usize::from(sample(&row, t, top_p, lcg.next_u64(), hints).is_some());
                 }
                 println!(
-                    "σ {sigma} T {t} top_p {top_p}: decided {decided}/{rows} ({:.0} µs/row incl. generation)",
+                    "σ {sigma} T {t} top_p {top_p}: decided {decided}/{rows}, {} on exact masses ({:.0} µs/row incl. generation)",
+                    EXACT_PASSES.load(std::sync::atomic::Ordering::Relaxed),
                     start.elapsed().as_secs_f64() * 1e6 / rows as f64
                 );
             }
