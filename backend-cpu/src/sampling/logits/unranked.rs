@@ -42,7 +42,12 @@ use crate::sampling::scan::{has_avx2, has_avx512};
 /// Rows shorter than this take the exact path (it is cheap there).
 const MIN_VOCAB: usize = 4096;
 /// Estimates read for the band's placement.
-const SAMPLES: usize = 2048;
+const SAMPLES: usize = 4096;
+/// Consecutive estimates per run of that sample.
+const SAMPLE_RUN: usize = 32;
+/// The margin of the band's placement besides four standard deviations of the sample's
+/// estimate, as a share of the row's mass.
+const SLACK: f64 = 0.002;
 /// Bins of the band's histogram of rank keys.
 const BAND_BINS: usize = 2048;
 /// A margin on every float comparison of the bounds, relative: covers the f64 roundings of the
@@ -60,8 +65,8 @@ struct Scratch {
     masses: Vec<f64>,
     /// The band's tokens: rank key, id, estimate.
     band: Vec<BandToken>,
-    /// The band's histogram.
-    bins: Vec<(f64, u32)>,
+    /// The band's histogram of rank keys.
+    histogram: Histogram,
     /// The tokens of the threshold's bins, with exact weights.
     region: Vec<(u32, u32, u64)>,
     /// Sample bins (placement of the band).
@@ -78,6 +83,54 @@ struct BandToken {
     key: u32,
     id: u32,
     estimate: f32,
+}
+
+/// The band's histogram of rank keys weighted by the estimates, filled as its tokens are found:
+/// at most [`BAND_BINS`] bins over the keys of the band's logits.
+#[derive(Clone, Debug, Default)]
+struct Histogram {
+    /// The key of the band's lowest logit.
+    low: u32,
+    /// Keys per bin, as a shift.
+    shift: u32,
+    /// Per bin: the estimates' sum and the token count.
+    bins: Vec<(f64, u32)>,
+}
+
+impl Histogram {
+    /// Empties the histogram and spans it over the keys of `band`.
+    fn span(&mut self, band: Band) {
+        let (low, high) = (key_select(band.low), key_select(band.high));
+        let range = high.saturating_sub(low);
+        self.low = low;
+        self.shift = (32 - range.leading_zeros()).saturating_sub(BAND_BINS.trailing_zeros());
+        self.bins.clear();
+        self.bins
+            .resize((range >> self.shift) as usize + 1, (0.0, 0));
+    }
+
+    /// The bin of a key of the band.
+    #[inline(always)]
+    fn bin(&self, key: u32) -> usize {
+        (key.saturating_sub(self.low) >> self.shift) as usize
+    }
+
+    /// Counts a band token.
+    #[inline(always)]
+    fn add(&mut self, key: u32, estimate: f32) {
+        let b = self.bin(key).min(self.bins.len() - 1);
+        let bin = &mut self.bins[b];
+        bin.0 += f64::from(estimate);
+        bin.1 += 1;
+    }
+
+    /// Adds the counts of `other` (spanned over the same band).
+    fn merge(&mut self, other: &Histogram) {
+        for (bin, o) in self.bins.iter_mut().zip(&other.bins) {
+            bin.0 += o.0;
+            bin.1 += o.1;
+        }
+    }
 }
 
 /// A float value known within an error: the exact value lies in `[value − error, value + error]`.
@@ -233,7 +286,7 @@ impl Passes<'_> {
             });
     }
 
-    /// The estimate of every token into `estimates` and their total ([`estimate_store`]).
+    /// The estimate of every token into `estimates` and a rough total ([`estimate_store`]).
     fn estimate_tokens(&self, estimates: &mut Vec<f32>) -> f64 {
         estimates.resize(self.values.len(), 0.0);
         let lanes = &self.lanes;
@@ -418,6 +471,14 @@ impl Split {
     fn certainly_not(&self, first: Bounds, second: Bounds) -> bool {
         self.a * first.high() * (1.0 + MARGIN) < self.b * second.low()
     }
+
+    /// A first mass below which the test certainly fails, for a split `S + F` of a whole whose
+    /// bounds are `whole`: with `E` its error (at least the errors of `S` and `F` together, and
+    /// more than `MARGIN` of it), `S < b' · T − 2E` (`b' = b / (a + b)`, `T` the whole) gives
+    /// `a · (S + E)(1 + MARGIN) < b · (T − S − E)`.
+    fn skips(&self, whole: Bounds) -> f64 {
+        self.b / (self.a + self.b) * whole.value - 2.0 * whole.error
+    }
 }
 
 /// top_p = 1: every token of positive weight is kept; the draw's chunk is weighed exactly.
@@ -474,17 +535,23 @@ fn draw_by_chunks(
     let total: f64 = masses.iter().sum();
     let chunks =
         |mass: f64, count: usize| Bounds::estimated(mass.max(0.0), count * CHUNK, accuracy);
-    // The first chunk whose end may lie past the draw.
+    // The first chunk whose end may lie past the draw. Chunks whose end lies below the point by
+    // twice the whole row's error certainly end before it (see `Split::skips`): a plain add and
+    // compare each, the bounds only near the point.
+    let skip_below = split.skips(chunks(total, masses.len()));
     let mut before = 0.0f64;
     let mut first = None;
     for (c, &mass) in masses.iter().enumerate() {
-        let rest = masses.len() - c - 1;
-        if !split.certainly_not(
-            chunks(before + mass, c + 1),
-            chunks(total - before - mass, rest),
-        ) {
-            first = Some(c);
-            break;
+        if before + mass >= skip_below {
+            let rest = masses.len() - c - 1;
+            let (through, after) = (
+                chunks(before + mass, c + 1),
+                chunks(total - before - mass, rest),
+            );
+            if !split.certainly_not(through, after) {
+                first = Some(c);
+                break;
+            }
         }
         before += mass;
     }
@@ -532,18 +599,22 @@ fn draw_by_chunks(
 /// do not reach it) is widened to the top or to the bottom of the row and the pass repeated.
 fn sample_top_p(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch) -> Option<usize> {
     let (values, lanes) = (passes.values, &passes.lanes);
-    let total = passes.estimate_tokens(&mut s.estimates);
-    let row = Masses {
-        total,
-        tokens: values.len(),
-    };
+    let rough_total = passes.estimate_tokens(&mut s.estimates);
     let split = Split::top_p(p);
-    let mut band = place_band(lanes, &s.estimates, total, p, &mut s.sample);
+    let mut band = place_band(lanes, &s.estimates, rough_total, p, &mut s.sample);
     loop {
-        let (above, tokens) = classify(passes, &s.estimates, band, &mut s.masses, &mut s.band);
+        let found = Found {
+            tokens: &mut s.band,
+            histogram: &mut s.histogram,
+        };
+        let counted = classify(passes, &s.estimates, band, &mut s.masses, found);
+        let row = Masses {
+            total: counted.row,
+            tokens: values.len(),
+        };
         let above = Masses {
-            total: above,
-            tokens,
+            total: counted.above,
+            tokens: counted.above_tokens,
         };
         if !split.certainly_not(above.bounds(), row.less(above).bounds()) {
             // The threshold may lie above the band.
@@ -640,14 +711,10 @@ fn draw_kept(
     threshold: Threshold,
     r: u64,
 ) -> Option<usize> {
-    let mut band_tokens = s.band.iter().peekable();
-    for (c, mass) in s.masses.iter_mut().enumerate() {
-        let end = ((c + 1) * CHUNK) as u32;
-        while let Some(t) = band_tokens.next_if(|t| t.id < end) {
-            if threshold.keeps(t.key, t.id) {
-                *mass += f64::from(t.estimate);
-            }
-        }
+    for t in &s.band {
+        // Without a branch: about half the band is kept, unpredictably.
+        let kept = f64::from(u8::from(threshold.keeps(t.key, t.id)));
+        s.masses[t.id as usize / CHUNK] += kept * f64::from(t.estimate);
     }
     let keeps = |id: usize, l: f32| threshold.keeps(key_select(l), id as u32);
     draw_by_chunks(values, lanes, &s.masses, ESTIMATED, r, keeps)
@@ -675,7 +742,7 @@ struct Band {
 /// Places the band from a strided sample of the estimates: the threshold is where the mass
 /// below it is `W − P · W / 2^24`; the sample estimates the mass below each level (well, since
 /// that mass is spread over many tokens), and the band spans the levels whose estimate is within
-/// four standard deviations (and half a percent of `W`) of it.
+/// four standard deviations (and [`SLACK`] of `W`) of it.
 fn place_band(
     lanes: &RowLanes,
     estimates: &[f32],
@@ -683,25 +750,33 @@ fn place_band(
     p: u64,
     bins: &mut Vec<(f64, f64)>,
 ) -> Band {
-    // Bins of the estimate's f32 bits >> 19: sixteen per octave, in the order of the logits,
+    // Bins of the estimate's f32 bits >> 17: sixty-four per octave, in the order of the logits,
     // from 2^-2 (the estimates of weights past the gap limit are at least about 2^-1) to 2^41
     // (every estimate is at most about 2^40).
-    const SHIFT: u32 = 19;
+    const SHIFT: u32 = 17;
     const FIRST: u32 = 0.25f32.to_bits() >> SHIFT;
     const LAST: u32 = 0x5400_0000 >> SHIFT; // 2^41
     let last = LAST;
-    let stride = (estimates.len() / SAMPLES).max(1);
     bins.clear();
     bins.resize((last - FIRST + 1) as usize, (0.0, 0.0));
-    for &w in estimates.iter().step_by(stride) {
-        let bin = (w.max(0.0).to_bits() >> SHIFT).clamp(FIRST, last) - FIRST;
-        let bin = &mut bins[bin as usize];
-        bin.0 += f64::from(w);
-        bin.1 += f64::from(w) * f64::from(w);
+    // Runs of consecutive estimates spread over the row (a few cache lines each, not one line
+    // per sampled token).
+    let runs = (estimates.len() / SAMPLE_RUN).clamp(1, SAMPLES / SAMPLE_RUN);
+    let step = estimates.len() / runs;
+    let mut sampled = 0usize;
+    for i in 0..runs {
+        let run = &estimates[i * step..(i * step + SAMPLE_RUN).min(estimates.len())];
+        sampled += run.len();
+        for &w in run {
+            let bin = (w.max(0.0).to_bits() >> SHIFT).clamp(FIRST, last) - FIRST;
+            let bin = &mut bins[bin as usize];
+            bin.0 += f64::from(w);
+            bin.1 += f64::from(w) * f64::from(w);
+        }
     }
-    let scale = stride as f64;
+    let scale = estimates.len() as f64 / sampled.max(1) as f64;
     let below = total * (1.0 - p as f64 / (1u64 << TOP_P_BITS) as f64);
-    let slack = 0.005 * total;
+    let slack = SLACK * total;
     let (mut mass, mut squares) = (0.0f64, 0.0f64);
     let (mut low_bin, mut high_bin) = (None, None);
     for (b, &(m, q)) in bins.iter().enumerate() {
@@ -744,31 +819,58 @@ fn classify(
     estimates: &[f32],
     band: Band,
     masses: &mut Vec<f64>,
-    tokens: &mut Vec<BandToken>,
-) -> (f64, usize) {
+    found: Found<'_>,
+) -> Counted {
     let (values, segments) = (passes.values, passes.segments);
     masses.resize(values.len().div_ceil(CHUNK), 0.0);
-    tokens.clear();
+    found.tokens.clear();
+    found.histogram.span(band);
     if segments.count == 1 {
-        return classify_part(values, estimates, 0, band, masses, tokens);
+        return classify_part(values, estimates, 0, band, masses, found);
     }
-    let parts: Vec<((f64, usize), Vec<BandToken>)> = values
+    let empty = found.histogram.clone();
+    let parts: Vec<(Counted, Vec<BandToken>, Histogram)> = values
         .par_chunks(segments.len)
         .zip(estimates.par_chunks(segments.len))
         .zip(masses.par_chunks_mut(segments.len / CHUNK))
         .enumerate()
         .map(|(i, ((part, ests), masses))| {
-            let mut found = Vec::new();
-            let counted = classify_part(part, ests, i * segments.len, band, masses, &mut found);
-            (counted, found)
+            let (mut tokens, mut histogram) = (Vec::new(), empty.clone());
+            let found = Found {
+                tokens: &mut tokens,
+                histogram: &mut histogram,
+            };
+            let counted = classify_part(part, ests, i * segments.len, band, masses, found);
+            (counted, tokens, histogram)
         })
         .collect();
-    let mut counted = (0.0, 0);
-    for ((mass, count), found) in parts {
-        counted = (counted.0 + mass, counted.1 + count);
-        tokens.extend(found);
+    let mut counted = Counted::default();
+    for (part, tokens, histogram) in parts {
+        counted = counted.plus(part);
+        found.tokens.extend(tokens);
+        found.histogram.merge(&histogram);
     }
     counted
+}
+
+/// What [`classify`] counts: the estimates' sum above the band and how many tokens it holds, and
+/// the sum of every estimate of the row (f64 sums of the f32 estimates, so that the mass of the
+/// tokens not above the band is exactly `row − above` of the same numbers).
+#[derive(Clone, Copy, Debug, Default)]
+struct Counted {
+    above: f64,
+    above_tokens: usize,
+    row: f64,
+}
+
+impl Counted {
+    fn plus(self, other: Counted) -> Counted {
+        Counted {
+            above: self.above + other.above,
+            above_tokens: self.above_tokens + other.above_tokens,
+            row: self.row + other.row,
+        }
+    }
 }
 
 /// [`classify`] of the tokens of one segment, starting at token `first`.
@@ -778,21 +880,21 @@ fn classify_part(
     first: usize,
     band: Band,
     masses: &mut [f64],
-    tokens: &mut Vec<BandToken>,
-) -> (f64, usize) {
+    mut found: Found<'_>,
+) -> Counted {
     let full = values.len() / CHUNK;
     let (head, tail) = values.split_at(full * CHUNK);
     let (head_masses, tail_masses) = masses.split_at_mut(full);
-    let counted = classify_full(head, estimates, first, band, head_masses, tokens);
+    let counted = classify_full(head, estimates, first, band, head_masses, &mut found);
     let rest = classify_chunks(
         tail,
         &estimates[head.len()..],
         first + head.len(),
         band,
         tail_masses,
-        tokens,
+        &mut found,
     );
-    (counted.0 + rest.0, counted.1 + rest.1)
+    counted.plus(rest)
 }
 
 /// [`classify`] over whole chunks, with the vector loops where the CPU has them: they mark the
@@ -803,8 +905,8 @@ fn classify_full(
     first: usize,
     band: Band,
     masses: &mut [f64],
-    tokens: &mut Vec<BandToken>,
-) -> (f64, usize) {
+    found: &mut Found<'_>,
+) -> Counted {
     #[cfg(target_arch = "x86_64")]
     if has_avx512() || has_avx2() {
         let mut bitmaps = vec![0u64; masses.len() * (CHUNK / WORD)];
@@ -821,12 +923,12 @@ fn classify_full(
             if bits != 0 {
                 let at = word * WORD;
                 let (ls, ws) = (&values[at..at + WORD], &estimates[at..at + WORD]);
-                push_band_bits(tokens, first + at, bits, ls, ws);
+                push_band_bits(found, first + at, bits, ls, ws);
             }
         }
         return counted;
     }
-    classify_chunks(values, estimates, first, band, masses, tokens)
+    classify_chunks(values, estimates, first, band, masses, found)
 }
 
 /// [`classify`] token by token, for chunks starting at token `first`.
@@ -836,9 +938,9 @@ fn classify_chunks(
     first: usize,
     band: Band,
     masses: &mut [f64],
-    tokens: &mut Vec<BandToken>,
-) -> (f64, usize) {
-    let (mut total, mut count) = (0.0f64, 0usize);
+    found: &mut Found<'_>,
+) -> Counted {
+    let mut counted = Counted::default();
     for (c, ((chunk, ests), mass)) in values
         .chunks(CHUNK)
         .zip(estimates.chunks(CHUNK))
@@ -847,42 +949,45 @@ fn classify_chunks(
     {
         *mass = 0.0;
         for (j, (&l, &w)) in chunk.iter().zip(ests).enumerate() {
+            counted.row += f64::from(w);
             // NaN is neither above nor in the band (it ranks last and weighs 0).
             if l >= band.high {
                 *mass += f64::from(w);
-                count += 1;
+                counted.above_tokens += 1;
             } else if l >= band.low {
-                push_band(tokens, first + c * CHUNK + j, l, w);
+                push_band(found, first + c * CHUNK + j, l, w);
             }
         }
-        total += *mass;
+        counted.above += *mass;
     }
-    (total, count)
+    counted
 }
 
 /// Appends a band token.
 #[inline(always)]
-fn push_band(tokens: &mut Vec<BandToken>, id: usize, l: f32, w: f32) {
-    tokens.push(BandToken {
-        key: key_select(l),
+fn push_band(found: &mut Found<'_>, id: usize, l: f32, w: f32) {
+    let key = key_select(l);
+    found.histogram.add(key, w);
+    found.tokens.push(BandToken {
+        key,
         id: id as u32,
         estimate: w,
     });
 }
 
+/// Where [`classify`] puts the band's tokens and their histogram.
+struct Found<'a> {
+    tokens: &'a mut Vec<BandToken>,
+    histogram: &'a mut Histogram,
+}
+
 /// Appends the band tokens of a group of tokens starting at `first`: bit `j` of `bits` marks
 /// token `j`.
 #[inline(always)]
-fn push_band_bits(
-    tokens: &mut Vec<BandToken>,
-    first: usize,
-    mut bits: u64,
-    ls: &[f32],
-    ws: &[f32],
-) {
+fn push_band_bits(found: &mut Found<'_>, first: usize, mut bits: u64, ls: &[f32], ws: &[f32]) {
     while bits != 0 {
         let j = bits.trailing_zeros() as usize;
-        push_band(tokens, first + j, ls[j], ws[j]);
+        push_band(found, first + j, ls[j], ws[j]);
         bits &= bits - 1;
     }
 }
@@ -893,7 +998,7 @@ fn push_band_bits(
 /// registers) and pushed afterwards.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Band, CHUNK, WORD};
+    use super::{Band, CHUNK, Counted, WORD};
     use std::arch::x86_64::*;
 
     /// Writes each chunk's mass above the band to `masses` and the bitmap of the band tokens of
@@ -910,9 +1015,10 @@ mod avx512 {
         band: Band,
         masses: &mut [f64],
         bitmaps: &mut [u64],
-    ) -> (f64, usize) {
+    ) -> Counted {
         let (high, low) = (_mm512_set1_ps(band.high), _mm512_set1_ps(band.low));
-        let (mut total, mut count) = (0.0f64, 0usize);
+        let mut counted = Counted::default();
+        let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
         let rows = values
             .chunks_exact(CHUNK)
             .zip(estimates.chunks_exact(CHUNK));
@@ -939,22 +1045,25 @@ mod avx512 {
                     )));
                     acc0 = _mm512_mask_add_pd(acc0, above as u8, acc0, e_low);
                     acc1 = _mm512_mask_add_pd(acc1, (above >> 8) as u8, acc1, e_high);
-                    count += above.count_ones() as usize;
+                    all0 = _mm512_add_pd(all0, e_low);
+                    all1 = _mm512_add_pd(all1, e_high);
+                    counted.above_tokens += above.count_ones() as usize;
                     bits |= u64::from(in_band) << (16 * g);
                 }
                 *word = bits;
             }
             *mass = _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
-            total += *mass;
+            counted.above += *mass;
         }
-        (total, count)
+        counted.row = _mm512_reduce_add_pd(_mm512_add_pd(all0, all1));
+        counted
     }
 }
 
 /// The [`classify`] loop over whole chunks with AVX2 (8 tokens per step), as the AVX-512 one.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Band, CHUNK, WORD};
+    use super::{Band, CHUNK, Counted, WORD};
     use std::arch::x86_64::*;
 
     /// See the AVX-512 loop.
@@ -970,9 +1079,10 @@ mod avx2 {
         band: Band,
         masses: &mut [f64],
         bitmaps: &mut [u64],
-    ) -> (f64, usize) {
+    ) -> Counted {
         let (high, low) = (_mm256_set1_ps(band.high), _mm256_set1_ps(band.low));
-        let (mut total, mut count) = (0.0f64, 0usize);
+        let mut counted = Counted::default();
+        let (mut all0, mut all1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
         let rows = values
             .chunks_exact(CHUNK)
             .zip(estimates.chunks_exact(CHUNK));
@@ -992,11 +1102,13 @@ mod avx2 {
                     };
                     let above = _mm256_cmp_ps::<_CMP_GE_OQ>(l, high);
                     let at_least_low = _mm256_cmp_ps::<_CMP_GE_OQ>(l, low);
+                    all0 = _mm256_add_pd(all0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+                    all1 = _mm256_add_pd(all1, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e)));
                     let e = _mm256_and_ps(e, above);
                     acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
                     acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e)));
                     let above = _mm256_movemask_ps(above) as u32;
-                    count += above.count_ones() as usize;
+                    counted.above_tokens += above.count_ones() as usize;
                     let in_band = _mm256_movemask_ps(at_least_low) as u32 & !above;
                     bits |= u64::from(in_band) << (8 * g);
                 }
@@ -1005,9 +1117,13 @@ mod avx2 {
             let sum = _mm256_add_pd(acc0, acc1);
             let pair = _mm_add_pd(_mm256_castpd256_pd128(sum), _mm256_extractf128_pd::<1>(sum));
             *mass = _mm_cvtsd_f64(_mm_add_sd(pair, _mm_unpackhi_pd(pair, pair)));
-            total += *mass;
+            counted.above += *mass;
         }
-        (total, count)
+        let mut lanes = [0.0f64; 4];
+        // SAFETY: `lanes` holds 4 f64.
+        unsafe { _mm256_storeu_pd(lanes.as_mut_ptr(), _mm256_add_pd(all0, all1)) };
+        counted.row = lanes.iter().sum();
+        counted
     }
 }
 
@@ -1037,34 +1153,28 @@ fn threshold_in_band(
     (row, above): (Masses, Masses),
     split: Split,
 ) -> InBand {
-    let band = &s.band;
-    let (low, high) = band.iter().fold((u32::MAX, 0u32), |(lo, hi), t| {
-        (lo.min(t.key), hi.max(t.key))
-    });
-    if low > high {
-        return InBand::Below; // an empty band
-    }
-    let shift = (32 - (high - low).leading_zeros()).saturating_sub(BAND_BINS.trailing_zeros());
-    let bin_of = |key: u32| ((key - low) >> shift) as usize;
-    s.bins.clear();
-    s.bins.resize(bin_of(high) + 1, (0.0, 0));
-    for t in band {
-        let bin = &mut s.bins[bin_of(t.key)];
-        bin.0 += f64::from(t.estimate);
-        bin.1 += 1;
+    let (band, histogram) = (&s.band, &s.histogram);
+    if band.is_empty() {
+        return InBand::Below;
     }
     // From the top bin down: the first bin after which the target may be reached, to the first
     // after which it certainly is.
     let mut kept = above;
     let (mut first, mut last) = (None, None);
-    for b in (0..s.bins.len()).rev() {
-        let (mass, count) = s.bins[b];
+    // Bins that end below the target by twice the row's error certainly fall short (see
+    // `Split::skips`): a plain add and compare each, the bounds only near the target.
+    let skip_below = split.skips(row.bounds());
+    for b in (0..histogram.bins.len()).rev() {
+        let (mass, count) = histogram.bins[b];
         let through = kept.plus(Masses {
             total: mass,
             tokens: count as usize,
         });
-        let reached = |kept: Masses| (kept.bounds(), row.less(kept).bounds());
-        let (c, n) = reached(through);
+        if through.total < skip_below {
+            kept = through;
+            continue;
+        }
+        let (c, n) = (through.bounds(), row.less(through).bounds());
         if first.is_none() && !split.certainly_not(c, n) {
             first = Some((b, kept));
         }
@@ -1078,13 +1188,14 @@ fn threshold_in_band(
         return InBand::Below;
     };
     // The least key above the region's bins (saturated: no finite logit's key is that high).
-    let floor = (u64::from(low) + ((top as u64 + 1) << shift)).min(u64::from(u32::MAX)) as u32;
+    let floor = (u64::from(histogram.low) + ((top as u64 + 1) << histogram.shift))
+        .min(u64::from(u32::MAX)) as u32;
     // The tokens of those bins, weighed exactly, in rank order.
     s.region.clear();
     let mut region = Masses::default();
     for t in band
         .iter()
-        .filter(|t| (bottom..=top).contains(&bin_of(t.key)))
+        .filter(|t| (bottom..=top).contains(&histogram.bin(t.key)))
     {
         s.region.push((t.key, t.id, 0));
         region = region.plus(Masses {
@@ -1209,13 +1320,15 @@ mod tests {
         let mut band = Vec::new();
         let (band_lo, band_hi) = (6.0, 6.5);
         let reps = 200;
+        // The least wall time of one call: a loaded machine preempts some calls, not all.
         let time = |name: &str, f: &mut dyn FnMut()| {
             f();
-            let start = cpu_ns();
+            let mut ns = f64::INFINITY;
             for _ in 0..reps {
+                let start = std::time::Instant::now();
                 f();
+                ns = ns.min(start.elapsed().as_secs_f64() * 1e9);
             }
-            let ns = (cpu_ns() - start) as f64 / reps as f64;
             println!(
                 "{name:<22} {:>8.1} µs/row {:>6.3} ns/token",
                 ns / 1e3,
@@ -1226,7 +1339,7 @@ mod tests {
             std::hint::black_box(row.iter().map(|x| x.to_bits() as u64).sum::<u64>());
         });
         time("max_and_clean", &mut || {
-            std::hint::black_box(max_and_clean(&row));
+            std::hint::black_box(max_and_clean(std::hint::black_box(&row)));
         });
         time("estimate_block_sums", &mut || {
             std::hint::black_box(estimate_block_sums(&row, &lanes, &mut masses));
@@ -1240,13 +1353,92 @@ mod tests {
                 low: band_lo,
                 high: band_hi,
             };
-            std::hint::black_box(classify_part(&row, &stored, 0, b, &mut masses, &mut band));
+            let mut histogram = Histogram::default();
+            histogram.span(b);
+            let found = Found {
+                tokens: &mut band,
+                histogram: &mut histogram,
+            };
+            std::hint::black_box(classify_part(&row, &stored, 0, b, &mut masses, found));
         });
         time("exact_weights", &mut || {
             exact_weights(&row, &lanes, &mut exact);
             std::hint::black_box(&exact);
         });
         println!("band tokens: {}", band.len());
+        let total = estimate_store(&row, &lanes, &mut stored);
+        let mut bins = Vec::new();
+        time("place_band", &mut || {
+            std::hint::black_box(place_band(
+                &lanes,
+                &stored,
+                total,
+                top_p_fixed(0.9),
+                &mut bins,
+            ));
+        });
+        let passes = Passes {
+            values: &row,
+            lanes,
+            segments: Segments::of(row.len(), 1),
+            next: &[],
+        };
+        let mut s = Scratch::default();
+        time("sample_top_p (all)", &mut || {
+            std::hint::black_box(sample_top_p(&passes, top_p_fixed(0.9), 7, &mut s));
+        });
+        time("sample_whole (all)", &mut || {
+            std::hint::black_box(sample_whole(&passes, 7, &mut s));
+        });
+    }
+
+    /// The band's and the region's sizes, per row shape (run with `--ignored --nocapture`).
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn band_sizes() {
+        let mut lcg = Lcg(5);
+        for (sigma, t) in [
+            (3.0f32, 1.0f32),
+            (3.5, 0.8),
+            (5.1, 1.0),
+            (2.79, 1.0),
+            (0.874, 1.0),
+        ] {
+            let row = normal_row(&mut lcg, 151_936, sigma);
+            let mut s = Scratch::default();
+            let (raw_max, clean) = max_and_clean(&row);
+            let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes");
+            let passes = Passes {
+                values: &row,
+                lanes,
+                segments: Segments::of(row.len(), 1),
+                next: &[],
+            };
+            let start = cpu_ns();
+            let token = sample_top_p(&passes, top_p_fixed(0.9), 7, &mut s);
+            let us = (cpu_ns() - start) as f64 / 1e3;
+            println!(
+                "σ {sigma} T {t}: band {} tokens, region {} tokens, {us:.0} µs, token {token:?}",
+                s.band.len(),
+                s.region.len()
+            );
+        }
+    }
+
+    /// Samples one row of each shape many times on one thread, for a profiler
+    /// (`SPECULA_PROFILE_SIGMA` picks σ; run with `--ignored`).
+    #[test]
+    #[ignore = "a load for a profiler, not a check"]
+    fn profile_rows() {
+        let sigma = std::env::var("SPECULA_PROFILE_SIGMA")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.874f32);
+        let mut lcg = Lcg(5);
+        let row = normal_row(&mut lcg, 151_936, sigma);
+        for i in 0..400 {
+            std::hint::black_box(sample(&row, 1.0, 0.9, i, RowHints::default()));
+        }
     }
 
     /// How often the bounds decide, per row shape (run with `--ignored --nocapture`).
