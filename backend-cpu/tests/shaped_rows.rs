@@ -205,3 +205,54 @@ fn many_flat_rows_agree_with_the_reference() {
         }
     }
 }
+
+/// Long rows whose logits read alike (flushed to +0 or clamped to `±2^64`, so that they weigh
+/// alike) rank by the logit itself (`docs/semantics.md` §4b step 1): every setting gives the
+/// reference device's token, in f32 and bf16.
+#[test]
+fn rows_of_logits_that_read_alike_agree_with_the_reference() {
+    let cpu = CpuDevice::new().unwrap();
+    let reference = ReferenceDevice::new();
+    let mut g = Lcg(2029);
+    let v = 9001;
+    let tiny: Vec<f32> = (0..v)
+        .map(|i| match i % 5 {
+            0 => 0.0,
+            1 => -0.0,
+            _ => (g.normal() * 1e-30) as f32,
+        })
+        .collect();
+    let huge: Vec<f32> = (0..v)
+        .map(|i| {
+            let l = g.normal() as f32;
+            if i % 9 == 0 {
+                l.signum() * 3e38 * l.abs().min(1.0) + 2e19
+            } else {
+                l
+            }
+        })
+        .collect();
+    let low: Vec<f32> = (0..v)
+        .map(|i| match i % 13 {
+            0 => f32::NEG_INFINITY,
+            1 => f32::NAN,
+            _ => -(2e19 + 1e38 * g.unit() as f32),
+        })
+        .collect();
+    for (name, row) in [("tiny", tiny), ("huge", huge), ("low", low)] {
+        let n = SETTINGS.len();
+        let rows: Vec<f32> = row.repeat(n);
+        let top_k: Vec<i32> = SETTINGS.iter().map(|&(k, _)| k).collect();
+        let top_p: Vec<f32> = SETTINGS.iter().map(|&(_, p)| p).collect();
+        let seed: Vec<u64> = (0..n).map(|_| g.next()).collect();
+        let params = (&top_k[..], &top_p[..], &seed[..]);
+        for t in [1.0f32, 0.6, 0.0] {
+            let temperature = vec![t; n];
+            let f32s = |dev: &dyn Device| sample(dev, (&rows, v), Some(&temperature), params);
+            assert_eq!(f32s(&cpu), f32s(&reference), "{name}, t {t}");
+            let half: Vec<half::bf16> = rows.iter().map(|&l| half::bf16::from_f32(l)).collect();
+            let bf16 = |dev: &dyn Device| sample(dev, (&half, v), Some(&temperature), params);
+            assert_eq!(bf16(&cpu), bf16(&reference), "bf16 {name}, t {t}");
+        }
+    }
+}

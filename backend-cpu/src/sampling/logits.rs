@@ -199,25 +199,6 @@ fn raw_max<T: FloatElement>(row: &[T]) -> f32 {
         .fold(tail, |m, x| if x > m { x } else { m })
 }
 
-/// A raw logit `lo` such that every `x` with `sanitize_logit(x) ≥ floor` has `x ≥ lo` (or is NaN):
-/// `sanitize_logit` is non-decreasing and moves a logit only by flushing `|x| < 2^-76` to 0 and
-/// clamping `|x| > 2^64` to `±2^64`. Above −inf, a floor at or below −2^64 lets every finite
-/// logit through but still stops −inf (rows whose masked tokens are −inf skip those chunks).
-fn raw_lower_bound(floor: f32) -> f32 {
-    /// 2^-76 and 2^64, the bounds of `sanitize_logit`.
-    const TINY: f32 = f32::from_bits(0x1980_0000);
-    const HUGE: f32 = f32::from_bits(0x5f80_0000);
-    if floor == f32::NEG_INFINITY {
-        f32::NEG_INFINITY
-    } else if floor <= -HUGE {
-        f32::MIN
-    } else if floor <= 0.0 {
-        floor.min(-TINY)
-    } else {
-        floor
-    }
-}
-
 /// Whether some raw logit of `chunk` is not below `lo` (NaN counts: it is not below anything).
 /// A plain compare, so the loop vectorises; the exact test follows for the chunks it keeps.
 #[inline(always)]
@@ -1046,6 +1027,71 @@ mod tests {
                 reaches_top_p(mass, p, total)
             })
             .map_or(w.len(), |n| n + 1)
+    }
+
+    /// Long rows whose logits read alike — flushed to +0 (`|l| < 2^-76`, both signs, ±0) or
+    /// clamped to `±2^64` — and so weigh alike: the rank order is that of the logits themselves
+    /// (§4b step 1), so top-p keeps the largest logits, not the lowest ids. The path without
+    /// top-k and `sample_row` give the plain definition's token, and the path decides some of
+    /// them itself.
+    #[test]
+    fn the_unranked_path_ranks_logits_that_read_alike_by_the_logit() {
+        let mut next = stream(29);
+        let mut unit = move || (next() >> 11) as f32 / (1u64 << 53) as f32;
+        let v = 8192;
+        let tiny: Vec<f32> = (0..v)
+            .map(|i| match i % 7 {
+                0 => 0.0,
+                1 => -0.0,
+                _ => (unit() - 0.5) * 2e-30,
+            })
+            .collect();
+        let mut huge: Vec<f32> = (0..v).map(|_| unit() * 4.0 - 2.0).collect();
+        for i in (0..v).step_by(13) {
+            huge[i] = 1e20 * 10f32.powf(unit() * 18.0);
+        }
+        let low: Vec<f32> = (0..v)
+            .map(|i| {
+                if i % 11 == 0 {
+                    f32::NEG_INFINITY
+                } else {
+                    -1e20 * 10f32.powf(unit() * 18.0)
+                }
+            })
+            .collect();
+        let mut mixed: Vec<f32> = (0..v).map(|_| -(unit() * 3.0)).collect();
+        for i in (0..v).step_by(3) {
+            mixed[i] = (unit() - 0.5) * 1e-30;
+        }
+        let (mut decided, mut cases) = (0, 0);
+        for (name, row) in [
+            ("tiny", &tiny),
+            ("huge", &huge),
+            ("low", &low),
+            ("mixed", &mixed),
+        ] {
+            for t in [1.0f32, 0.7] {
+                for top_p in [1.0f32, 0.9, 0.5, 0.1, 1e-4] {
+                    let r = (cases as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    let expected = plain_sample(row, t, 0, top_p, r);
+                    if let Some(token) = unranked::sample(row, t, top_p, r, RowHints::default()) {
+                        assert_eq!(token, expected, "{name}, t {t}, top_p {top_p}");
+                        decided += 1;
+                    }
+                    assert_eq!(
+                        sample_row(row, t, 0, top_p, r),
+                        expected,
+                        "{name}, t {t}, top_p {top_p}"
+                    );
+                    cases += 1;
+                }
+            }
+        }
+        // A tiny top-p keeps the first token in rank order: the largest logit, as argmax.
+        let first = |row: &[f32]| plain_sample(row, 1.0, 0, 1e-6, 1);
+        assert_eq!(tiny[first(&tiny)], tiny.iter().copied().fold(0.0, f32::max));
+        assert_eq!(huge[first(&huge)], huge.iter().copied().fold(0.0, f32::max));
+        assert!(decided * 2 >= cases, "decided {decided} of {cases}");
     }
 
     /// The path without top-k (`unranked`) on rows whose top-p sets hold from one token to most

@@ -109,14 +109,25 @@ impl RowLanes {
     /// The gap `D = max ⊖ s` of a logit (sanitized as the contract says), clamped to `dcap`.
     #[inline(always)]
     fn gap_of(&self, l: f32) -> f32 {
-        let s = if self.clean {
-            l
-        } else {
-            crate::sampling::logits::sanitize_select(l)
-        };
+        let s = if self.clean { l } else { sanitize_select(l) };
         let d = self.max - s;
         // NaN cannot occur (s ≤ max, both sanitized); −inf gives +inf, clamped.
         if d < self.dcap { d } else { self.dcap }
+    }
+}
+
+/// `sanitize_logit` with selects (the value the weights read; the rank order reads the logit
+/// itself): NaN → −inf, `|l| < 2^-76` → +0, finite `|l| > 2^64` → ±2^64.
+#[inline(always)]
+fn sanitize_select(l: f32) -> f32 {
+    let (tiny, huge) = (f32::from_bits(TINY_BITS), f32::from_bits(HUGE_BITS));
+    let a = l.abs();
+    let y = if l.is_nan() { f32::NEG_INFINITY } else { l };
+    let y = if a < tiny { 0.0 } else { y };
+    if a > huge && a < f32::INFINITY {
+        f32::from_bits(HUGE_BITS | (l.to_bits() & 0x8000_0000))
+    } else {
+        y
     }
 }
 
