@@ -8,9 +8,14 @@
 //! report gives the median and minimum per call, the effective bandwidth over the bytes the op must
 //! read, and the ratio of the op's median to the floor's median.
 //!
-//! Inputs are LLM-like: probabilities are the softmax of Gaussian logits with standard deviation
-//! 3.5 (the top-p 0.9 set of such a row holds one to three thousand of its 151936 tokens),
-//! generated deterministically.
+//! The default inputs are LLM-like: probabilities are the softmax of Gaussian logits with standard
+//! deviation 3.5 (the top-p 0.9 set of such a row holds one to three thousand of its 151936
+//! tokens), logits the same Gaussian rows sampled at T = 0.8, generated deterministically. At
+//! vocabulary 151936 and batches 1 and 64 the sampling lines are also measured on rows of other
+//! shapes ([`ROW_KINDS`]): flat rows (N(0, 3²) at T = 1, thousands of tokens in the top-p 0.9 set)
+//! and a sweep of top-p 0.9 set sizes from about 10 to about 100,000 tokens; those lines carry
+//! the shape's tag (`logits_sample(k=0,p=0.9,T=1)[flat]`) and the median size of the top-p 0.9
+//! set of their rows ([`Measurement::kept`]).
 //!
 //! On a GPU ([`run_on_device`], with the backend's [`DeviceClock`]) each repetition gives three
 //! times: the *host* time of the call (until it returns, nothing waited for), its *kernel* time
@@ -76,6 +81,69 @@ pub trait Replay {
 /// The `(top_k, top_p)` settings the sampling lines are measured in.
 const SAMPLE_SETTINGS: [(i32, f32); 3] = [(0, 0.9), (50, 0.9), (0, 1.0)];
 
+/// How the rows of a group of sampling lines are drawn: Gaussian logits N(0, σ²) sampled at
+/// temperature `temperature`, and for the probability lines the softmax of the same logits at
+/// that temperature.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowKind {
+    /// The tag the kind's lines carry after their op name (`[flat]`).
+    pub tag: &'static str,
+    /// The standard deviation of the logits.
+    pub sigma: f64,
+    /// The temperature the rows are sampled at.
+    pub temperature: f32,
+}
+
+/// The shaped row kinds the sampling lines are measured on at vocabulary 151936 and batches 1
+/// and 64, besides the LLM-like default rows: flat rows, then a sweep whose top-p 0.9 sets hold
+/// about 10, 100, 1000, 10,000 and 100,000 tokens (σ solves `V · P(Z > σ − z_0.9) = n` for
+/// normal logits at T = 1; each line reports the median size it met, [`Measurement::kept`]).
+pub const ROW_KINDS: [RowKind; 6] = [
+    RowKind {
+        tag: "flat",
+        sigma: 3.0,
+        temperature: 1.0,
+    },
+    RowKind {
+        tag: "kept~10",
+        sigma: 5.1,
+        temperature: 1.0,
+    },
+    RowKind {
+        tag: "kept~100",
+        sigma: 4.49,
+        temperature: 1.0,
+    },
+    RowKind {
+        tag: "kept~1k",
+        sigma: 3.76,
+        temperature: 1.0,
+    },
+    RowKind {
+        tag: "kept~10k",
+        sigma: 2.79,
+        temperature: 1.0,
+    },
+    RowKind {
+        tag: "kept~100k",
+        sigma: 0.874,
+        temperature: 1.0,
+    },
+];
+
+/// The kinds whose float ops (`softmax`, `accept_logprobs`) are measured too.
+const FLOAT_OP_KINDS: [&str; 1] = ["flat"];
+
+/// `name` tagged with the row kind it was measured on.
+fn tagged(name: &str, kind: &RowKind) -> String {
+    format!("{name}[{}]", kind.tag)
+}
+
+/// A temperature as the line names write it (`0.8`, `1`).
+fn temperature_label(t: f32) -> String {
+    format!("{t}")
+}
+
 /// The tokens per slot the unified step is measured at.
 const STEP_TOKENS: [usize; 3] = [1, 4, 6];
 
@@ -84,11 +152,43 @@ fn sample_line(k: i32, p: f32) -> String {
 }
 
 fn logits_sample_line(k: i32, p: f32) -> String {
-    format!("logits_sample(k={k},p={p},T=0.8)")
+    logits_sample_line_at(k, p, 0.8)
+}
+
+fn logits_sample_line_at(k: i32, p: f32, t: f32) -> String {
+    format!("logits_sample(k={k},p={p},T={})", temperature_label(t))
 }
 
 fn softmax_sample_line(k: i32, p: f32) -> String {
-    format!("softmax+sample(k={k},p={p},T=0.8)")
+    softmax_sample_line_at(k, p, 0.8)
+}
+
+fn softmax_sample_line_at(k: i32, p: f32, t: f32) -> String {
+    format!("softmax+sample(k={k},p={p},T={})", temperature_label(t))
+}
+
+fn softmax_line_at(t: f32) -> String {
+    format!("softmax(T={})", temperature_label(t))
+}
+
+fn logprobs_line_at(t: f32) -> String {
+    format!("accept_logprobs(K=20,T={})", temperature_label(t))
+}
+
+/// The lines measured on the rows of a shaped kind ([`ROW_KINDS`]), tagged with it.
+fn kind_line_names(kind: &RowKind) -> Vec<String> {
+    let t = kind.temperature;
+    let mut names = Vec::new();
+    for (k, p) in SAMPLE_SETTINGS {
+        names.push(tagged(&sample_line(k, p), kind));
+        names.push(tagged(&logits_sample_line_at(k, p, t), kind));
+        names.push(tagged(&softmax_sample_line_at(k, p, t), kind));
+    }
+    if FLOAT_OP_KINDS.contains(&kind.tag) {
+        names.push(tagged(&softmax_line_at(t), kind));
+        names.push(tagged(&logprobs_line_at(t), kind));
+    }
+    names
 }
 
 fn step_line(s: usize, from_logits: bool) -> String {
@@ -154,6 +254,7 @@ pub fn line_names() -> Vec<String> {
     names.push(processed_step_line(PROCESSED_STEP_TOKENS));
     names.push(paired_step_line(PROCESSED_STEP_TOKENS));
     names.push(GATHER_LINE.to_owned());
+    names.extend(ROW_KINDS.iter().flat_map(kind_line_names));
     names
 }
 
@@ -208,6 +309,9 @@ pub struct Measurement {
     pub host_median_s: Option<f64>,
     /// GPU: median seconds of device time of the call (events around it).
     pub kernel_median_s: Option<f64>,
+    /// For the sampling lines of a shaped row kind ([`ROW_KINDS`]): the median number of tokens
+    /// the top-p 0.9 set (without top-k) of the line's rows holds.
+    pub kept: Option<usize>,
 }
 
 /// The floor the CPU backend measures next to an op.
@@ -248,24 +352,57 @@ impl Lcg {
 
 /// LLM-like logits rows: Gaussian logits (σ = 3.5), the same draws as [`probability_rows`].
 pub fn logit_rows(rows: usize, vocab: usize, seed: u64) -> Vec<f32> {
-    let mut g = Lcg(seed);
-    (0..rows * vocab)
-        .map(|_| (3.5 * g.gaussian()) as f32)
-        .collect()
+    to_f32(&gaussian_rows(rows, vocab, seed, 3.5))
+}
+
+/// `values` rounded to f32.
+fn to_f32(values: &[f64]) -> Vec<f32> {
+    values.iter().map(|&x| x as f32).collect()
 }
 
 /// LLM-like probability rows: softmax of Gaussian logits (σ = 3.5).
 pub fn probability_rows(rows: usize, vocab: usize, seed: u64) -> Vec<f32> {
+    softmax_rows(&gaussian_rows(rows, vocab, seed, 3.5), vocab, 1.0)
+}
+
+/// Gaussian logits N(0, σ²), drawn as [`logit_rows`] draws them (σ = 3.5 there).
+pub fn gaussian_rows(rows: usize, vocab: usize, seed: u64, sigma: f64) -> Vec<f64> {
     let mut g = Lcg(seed);
-    let mut out = Vec::with_capacity(rows * vocab);
-    let mut row = vec![0f64; vocab];
-    for _ in 0..rows {
-        row.iter_mut().for_each(|x| *x = 3.5 * g.gaussian());
+    (0..rows * vocab).map(|_| sigma * g.gaussian()).collect()
+}
+
+/// The softmax of each `[vocab]` row of `logits` at temperature `t`, computed in f64 and
+/// rounded to f32.
+pub fn softmax_rows(logits: &[f64], vocab: usize, t: f64) -> Vec<f32> {
+    let mut out = Vec::with_capacity(logits.len());
+    for row in logits.chunks_exact(vocab) {
         let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let sum: f64 = row.iter().map(|x| (x - max).exp()).sum();
-        out.extend(row.iter().map(|x| ((x - max).exp() / sum) as f32));
+        let sum: f64 = row.iter().map(|x| ((x - max) / t).exp()).sum();
+        out.extend(row.iter().map(|x| (((x - max) / t).exp() / sum) as f32));
     }
     out
+}
+
+/// The median, over the `[vocab]` rows of `weights_of` (each row's integer sampling weights),
+/// of the number of tokens the top-p 0.9 set (`docs/semantics.md` §5.6, no top-k) holds.
+fn median_kept(rows: usize, weights_of: impl Fn(usize) -> Vec<u64>) -> usize {
+    use specula_backend_api::fixed_point::{reaches_top_p, top_p_fixed};
+    let p = top_p_fixed(0.9);
+    let mut kept: Vec<f64> = (0..rows)
+        .map(|r| {
+            let mut w = weights_of(r);
+            // Weights never increase down the rank order: by weight, the same prefix masses.
+            w.sort_unstable_by(|a, b| b.cmp(a));
+            let total: u64 = w.iter().sum();
+            let mut mass = 0u64;
+            let n = w.iter().position(|&x| {
+                mass += x;
+                reaches_top_p(mass, p, total)
+            });
+            n.map_or(w.len(), |n| n + 1) as f64
+        })
+        .collect();
+    median(&mut kept) as usize
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -317,6 +454,8 @@ struct Bencher<'a> {
     evictor: Option<Evictor>,
     out: Vec<Measurement>,
     progress: &'a mut dyn FnMut(&Measurement),
+    /// The top-p 0.9 set size the lines being measured report ([`Measurement::kept`]).
+    kept: Option<usize>,
 }
 
 impl<'a> Bencher<'a> {
@@ -336,6 +475,7 @@ impl<'a> Bencher<'a> {
             evictor: None,
             out: Vec::new(),
             progress,
+            kept: None,
         }
     }
 
@@ -511,6 +651,7 @@ impl<'a> Bencher<'a> {
             floor_kind: floor.map(|f| f.2),
             host_median_s: None,
             kernel_median_s: None,
+            kept: self.kept,
         };
         self.out.push(measurement);
     }
@@ -667,6 +808,11 @@ fn run_all(mut b: Bencher<'_>) -> Result<Vec<Measurement>> {
             if d.capabilities().logits {
                 logits_benches(&mut b, rows, vocab)?;
             }
+            if vocab == 151_936 && (rows == 1 || rows == 64) {
+                for kind in &ROW_KINDS {
+                    kind_benches(&mut b, rows, vocab, kind)?;
+                }
+            }
         }
         // The unified step (TARGET_MATCH): layout, per-row parameters, sampling, verification.
         for &slots in slot_counts {
@@ -744,21 +890,39 @@ fn row_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
 /// The float ops over `[rows, vocab]` logits at T = 0.8: `softmax` (which also writes the row) and
 /// `accept_logprobs` with the top 20 (one accepted token per row), next to one read of the logits.
 fn float_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
+    if !b.wants(SOFTMAX_LINE) && !b.wants(LOGPROBS_LINE) {
+        return Ok(());
+    }
     let d = b.device;
     let shape = RowShape { rows, vocab };
     let logits = d.upload(&logit_rows(rows, vocab, (rows * vocab) as u64 + 3))?;
     let temperature = d.upload(&vec![0.8f32; rows])?;
-    if b.wants(SOFTMAX_LINE) {
+    let names = (SOFTMAX_LINE.to_owned(), LOGPROBS_LINE.to_owned());
+    float_lines(b, &logits, &temperature, shape, names)
+}
+
+/// `softmax` and `accept_logprobs` (K = 20, one accepted token per row) of `logits` at the rows'
+/// `temperature`, as the lines `names`.
+fn float_lines(
+    b: &mut Bencher<'_>,
+    logits: &Buffer,
+    temperature: &Buffer,
+    shape: RowShape,
+    (softmax_line, logprobs_line): (String, String),
+) -> Result<()> {
+    let d = b.device;
+    let RowShape { rows, vocab } = shape;
+    if b.wants(&softmax_line) {
         let mut probs = d.alloc::<f32>(rows * vocab)?;
         let params = SoftmaxParams {
             shape,
             host_temperature: None,
         };
-        b.measure_rows(SOFTMAX_LINE.into(), &logits, (rows, vocab), &mut || {
-            d.softmax(&logits, &temperature, &mut probs, &params)
+        b.measure_rows(softmax_line, logits, (rows, vocab), &mut || {
+            d.softmax(logits, temperature, &mut probs, &params)
         })?;
     }
-    if b.wants(LOGPROBS_LINE) {
+    if b.wants(&logprobs_line) {
         let top_k = 20usize;
         let accept_tokens = d.upload(
             &(0..rows as i32)
@@ -770,8 +934,8 @@ fn float_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
         let cu_out = d.upload(&(0..=rows as i32).collect::<Vec<_>>())?;
         let mut out = LogprobsBuffers::alloc(d, rows, rows, top_k)?;
         let inputs = LogprobsInputs {
-            logits: &logits,
-            temperature: &temperature,
+            logits,
+            temperature,
             accept_tokens: &accept_tokens,
             accept_num: &accept_num,
             seq_lens_encoder: &encoder,
@@ -783,7 +947,7 @@ fn float_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
             top_k,
             host_temperature: None,
         };
-        b.measure_rows(LOGPROBS_LINE.into(), &logits, (rows, vocab), &mut || {
+        b.measure_rows(logprobs_line, logits, (rows, vocab), &mut || {
             d.accept_logprobs(&inputs, &mut out.outputs(), &params)
         })?;
     }
@@ -824,6 +988,79 @@ fn logits_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> 
                 d.top_k_top_p_sample(&inputs, &mut tokens, &params)
             })?;
         }
+    }
+    Ok(())
+}
+
+/// The lines of a shaped row kind over `[rows, vocab]` rows of it: sampling the probabilities,
+/// sampling the logits (`docs/semantics.md` §4b) and the float path (softmax, then sampling the
+/// probabilities) in every setting, and for [`FLOAT_OP_KINDS`] `softmax` and `accept_logprobs`.
+/// Each line reports the median top-p 0.9 set size of the rows it samples.
+fn kind_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize, kind: &RowKind) -> Result<()> {
+    if !kind_line_names(kind).iter().any(|name| b.wants(name)) {
+        return Ok(());
+    }
+    let d = b.device;
+    let t = kind.temperature;
+    let shape = RowShape { rows, vocab };
+    let raw = gaussian_rows(rows, vocab, (rows * vocab) as u64 + 11, kind.sigma);
+    let host_logits = to_f32(&raw);
+    let host_probs = softmax_rows(&raw, vocab, f64::from(t));
+    drop(raw);
+    let probs = d.upload(&host_probs)?;
+    let logits = d.upload(&host_logits)?;
+    let temperature = d.upload(&vec![t; rows])?;
+    let seed = d.upload(&(0..rows as u64).map(|r| r * 4 + 1).collect::<Vec<_>>())?;
+    let mut tokens = d.alloc::<i32>(rows)?;
+    let mut softmaxed = d.alloc::<f32>(rows * vocab)?;
+    let row = |values: &[f32], r: usize| values[r * vocab..(r + 1) * vocab].to_vec();
+    let probs_kept = median_kept(rows, |r| {
+        let weight = specula_backend_api::fixed_point::weight;
+        row(&host_probs, r).into_iter().map(weight).collect()
+    });
+    let logits_kept = median_kept(rows, |r| {
+        specula_backend_api::logit_weights::row_weights(&row(&host_logits, r), t)
+    });
+    let params = SampleParams::new(shape);
+    for (k, p) in SAMPLE_SETTINGS {
+        let (top_k, top_p) = (d.upload(&vec![k; rows])?, d.upload(&vec![p; rows])?);
+        b.kept = Some(probs_kept);
+        let op = tagged(&sample_line(k, p), kind);
+        if b.wants(&op) {
+            let inputs = SampleInputs::new(Scores::Probs(&probs), &top_k, &top_p, &seed);
+            b.measure_rows(op, &probs, (rows, vocab), &mut || {
+                d.top_k_top_p_sample(&inputs, &mut tokens, &params)
+            })?;
+        }
+        b.kept = Some(logits_kept);
+        let op = tagged(&logits_sample_line_at(k, p, t), kind);
+        if d.capabilities().logits && b.wants(&op) {
+            let scores = Scores::logits(&logits, &temperature);
+            let inputs = SampleInputs::new(scores, &top_k, &top_p, &seed);
+            b.measure_rows(op, &logits, (rows, vocab), &mut || {
+                d.top_k_top_p_sample(&inputs, &mut tokens, &params)
+            })?;
+        }
+        let op = tagged(&softmax_sample_line_at(k, p, t), kind);
+        if b.wants(&op) {
+            let softmax = SoftmaxParams {
+                shape,
+                host_temperature: None,
+            };
+            b.measure_rows(op, &logits, (rows, vocab), &mut || {
+                d.softmax(&logits, &temperature, &mut softmaxed, &softmax)?;
+                let inputs = SampleInputs::new(Scores::Probs(&softmaxed), &top_k, &top_p, &seed);
+                d.top_k_top_p_sample(&inputs, &mut tokens, &params)
+            })?;
+        }
+    }
+    b.kept = None;
+    if FLOAT_OP_KINDS.contains(&kind.tag) {
+        let names = (
+            tagged(&softmax_line_at(t), kind),
+            tagged(&logprobs_line_at(t), kind),
+        );
+        float_lines(b, &logits, &temperature, shape, names)?;
     }
     Ok(())
 }
@@ -1383,7 +1620,7 @@ pub fn plot_svg(
     use plotters::prelude::*;
     let points: Vec<&Measurement> = measurements
         .iter()
-        .filter(|m| m.width == 151_936 && m.batch > 0)
+        .filter(|m| m.width == 151_936 && m.batch > 0 && m.kept.is_none() && !m.op.ends_with(']'))
         .collect();
     if points.is_empty() {
         return Err("no measurement at vocabulary 151936 to plot".to_owned());

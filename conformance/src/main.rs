@@ -548,7 +548,7 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
         .unwrap_or_else(|| BackendKind::ALL.map(BackendChoice::first).to_vec());
     let mut all: Vec<Measurement> = Vec::new();
     println!(
-        "specula bench: {} caches, {} warm-up + {} timed calls per shape; floor = one streaming read of the same input on the same threads (memcpy for gather; for processed/plain, the step without processing timed in alternation, the ratio the median of the pairs' ratios)",
+        "specula bench: {} caches, {} warm-up + {} timed calls per shape; floor = one streaming read of the same input on the same threads (memcpy for gather; for processed/plain, the step without processing timed in alternation, the ratio the median of the pairs' ratios); kept = median size of the rows' top-p 0.9 set (shaped rows)",
         if options.cold { "cold" } else { "warm" },
         options.warmup,
         options.repeats
@@ -557,7 +557,7 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
         "on a CUDA device: host = until the call returns, kernel = CUDA events around it, floor = the kernel time of one read of the same input, ratio = kernel / floor; median = end to end (the call and a synchronisation)"
     );
     println!(
-        "{:<8} {:<32} {:>6} {:>7} {:>2} {:>11} {:>11} {:>8} {:>11} {:>7} {:>10} {:>10}",
+        "{:<8} {:<44} {:>6} {:>7} {:>2} {:>11} {:>11} {:>8} {:>11} {:>7} {:>7} {:>10} {:>10}",
         "backend",
         "op",
         "batch",
@@ -568,14 +568,16 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
         "GB/s",
         "floor",
         "ratio",
+        "kept",
         "host",
         "kernel"
     );
     let micros = |s: Option<f64>| s.map_or("-".to_owned(), |s| format!("{:.1} us", s * 1e6));
     let mut print = |m: &Measurement| {
         let ratio = m.ratio.map_or("-".to_owned(), |r| format!("{r:.2}x"));
+        let kept = m.kept.map_or("-".to_owned(), |k| k.to_string());
         println!(
-            "{:<8} {:<32} {:>6} {:>7} {:>2} {:>8.1} us {:>8.1} us {:>8.2} {:>11} {:>7} {:>10} {:>10}",
+            "{:<8} {:<44} {:>6} {:>7} {:>2} {:>8.1} us {:>8.1} us {:>8.2} {:>11} {:>7} {:>7} {:>10} {:>10}",
             m.backend,
             m.op,
             m.batch,
@@ -586,6 +588,7 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
             m.gbps,
             micros(m.floor_median_s),
             ratio,
+            kept,
             micros(m.host_median_s),
             micros(m.kernel_median_s)
         );

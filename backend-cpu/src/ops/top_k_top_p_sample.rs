@@ -71,7 +71,12 @@ pub(crate) fn top_k_top_p_sample(
                 let id = match temperature {
                     Some(temperature) => {
                         let draw = draw(seed[r], Purpose::Sample);
-                        logits::sample_row(row, temperature[r], top_k[r], top_p[r], draw)
+                        let hints = logits::RowHints {
+                            parts,
+                            next: next_row(scores, r, shape.vocab),
+                        };
+                        let sampling = (top_k[r], top_p[r], draw);
+                        logits::sample_row_hinted(row, temperature[r], sampling, hints)
                     }
                     None => sample_row(row, top_k[r], top_p[r], seed[r], parts),
                 };
@@ -79,6 +84,14 @@ pub(crate) fn top_k_top_p_sample(
             });
         Ok(())
     })
+}
+
+/// The bytes of row `r + 1` of a `[rows, vocab]` matrix (empty after the last row): the row the
+/// thread sampling row `r` most likely samples next (rayon hands a thread consecutive rows).
+pub(crate) fn next_row<T: FloatElement>(matrix: &[T], r: usize, vocab: usize) -> &[u8] {
+    matrix
+        .get((r + 1) * vocab..(r + 2) * vocab)
+        .map_or(&[], bytemuck::cast_slice)
 }
 
 /// Runs a validated `top_k_top_p_sample` call (the front has checked every argument).

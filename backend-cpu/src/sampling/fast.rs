@@ -37,6 +37,9 @@ use super::scan::{
 
 /// The largest top-k the fast path handles (larger ones use the histogram path).
 const MAX_FAST_K: usize = 2048;
+/// Top-p without top-k collects at most this many candidates; a larger kept set takes the band
+/// path (`band`).
+const BAND_FROM: usize = 4096;
 /// Rows shorter than this are never split across threads.
 const SPLIT_MIN: usize = 64 * BLOCK;
 
@@ -379,13 +382,15 @@ fn sample_top_p<T: FloatElement>(
     // When the sample falls short, every positive weight is needed.
     let floor = floor_for(&s.group_max, Want::Mass(wanted), &mut s.keys)
         .map_or(MIN_WEIGHT_KEY, |key| key.max(MIN_WEIGHT_KEY));
-    let cap = row.len() / 4;
-    if !s.collect_above(row, floor, cap) {
-        return None; // a flat row: the histogram path is cheaper
+    if !s.collect_above(row, floor, BAND_FROM) {
+        // A large kept set: the band path weighs it without collecting it.
+        return super::band::sample_top_p(row, total, p_fixed, draw);
     }
-    // `None` when the estimate was wrong (rows far from a distribution): the histogram path decides.
-    let prefix = prefix_by_mass(&s.candidates, target, &mut s.keys, &mut s.bins)?;
-    draw_among(&s.candidates, &prefix, draw, &mut s.keys, &mut s.block)
+    // `None` when the estimate was wrong (rows far from a distribution): the band path decides.
+    match prefix_by_mass(&s.candidates, target, &mut s.keys, &mut s.bins) {
+        Some(prefix) => draw_among(&s.candidates, &prefix, draw, &mut s.keys, &mut s.block),
+        None => super::band::sample_top_p(row, total, p_fixed, draw),
+    }
 }
 
 /// `top_p_candidates` for one row on the fast path: the candidates are the first C tokens in rank

@@ -16,7 +16,10 @@
 
 use std::cmp::Ordering;
 
+pub(crate) mod lanes;
 mod unranked;
+
+pub(crate) use unranked::RowHints;
 
 use super::scan::{compiled_for, dispatch};
 #[cfg(target_arch = "x86_64")]
@@ -77,6 +80,8 @@ pub(crate) enum Weighing {
         max: f32,
         /// The row's scale.
         scale: RowScale,
+        /// The constants of the vector kernels, when they apply to the row.
+        lanes: Option<lanes::RowLanes>,
     },
 }
 
@@ -102,7 +107,11 @@ impl Weighing {
         }
         match row_scale(t) {
             RowScale::ArgmaxOnly => Weighing::Argmax { first: first() },
-            scale => Weighing::Scaled { max, scale },
+            scale => Weighing::Scaled {
+                max,
+                scale,
+                lanes: lanes::RowLanes::new(max, scale, false),
+            },
         }
     }
 
@@ -125,7 +134,7 @@ impl Weighing {
                     0
                 }
             }
-            Weighing::Scaled { max, scale } => weight_below(l, max, scale),
+            Weighing::Scaled { max, scale, .. } => weight_below(l, max, scale),
         }
     }
 
@@ -136,7 +145,7 @@ impl Weighing {
             Weighing::Zero | Weighing::PosInf => f32::INFINITY,
             // Only `first` weighs; its logit is the maximum.
             Weighing::Argmax { .. } => f32::INFINITY,
-            Weighing::Scaled { max, scale } => zero_bound(max, scale),
+            Weighing::Scaled { max, scale, .. } => zero_bound(max, scale),
         }
     }
 }
@@ -188,25 +197,6 @@ fn raw_max<T: FloatElement>(row: &[T]) -> f32 {
     lanes
         .into_iter()
         .fold(tail, |m, x| if x > m { x } else { m })
-}
-
-/// A raw logit `lo` such that every `x` with `sanitize_logit(x) ≥ floor` has `x ≥ lo` (or is NaN):
-/// `sanitize_logit` is non-decreasing and moves a logit only by flushing `|x| < 2^-76` to 0 and
-/// clamping `|x| > 2^64` to `±2^64`. Above −inf, a floor at or below −2^64 lets every finite
-/// logit through but still stops −inf (rows whose masked tokens are −inf skip those chunks).
-fn raw_lower_bound(floor: f32) -> f32 {
-    /// 2^-76 and 2^64, the bounds of `sanitize_logit`.
-    const TINY: f32 = f32::from_bits(0x1980_0000);
-    const HUGE: f32 = f32::from_bits(0x5f80_0000);
-    if floor == f32::NEG_INFINITY {
-        f32::NEG_INFINITY
-    } else if floor <= -HUGE {
-        f32::MIN
-    } else if floor <= 0.0 {
-        floor.min(-TINY)
-    } else {
-        floor
-    }
 }
 
 /// Whether some raw logit of `chunk` is not below `lo` (NaN counts: it is not below anything).
@@ -448,10 +438,20 @@ fn weigh_chunk<T: FloatElement>(
     chunk: &[T],
     weights: &mut [u64],
 ) {
+    if let Weighing::Scaled {
+        lanes: Some(lanes), ..
+    } = weighing
+        && T::DTYPE == specula_backend_api::DType::F32
+        && let Ok(values) = bytemuck::try_cast_slice::<T, f32>(chunk)
+    {
+        lanes::exact_weights(values, lanes, weights);
+        return;
+    }
     match *weighing {
         Weighing::Scaled {
             max,
             scale: RowScale::Scaled { c32, e },
+            ..
         } => dispatch!(weigh_scaled::<T>(chunk, max, c32, e, weights)
             via weigh_scaled_avx512, weigh_scaled_avx2),
         _ => {
@@ -778,17 +778,27 @@ pub(crate) fn sample_row<T: FloatElement>(
     top_p: f32,
     r: u64,
 ) -> usize {
+    sample_row_hinted(row, t, (top_k, top_p, r), RowHints::default())
+}
+
+/// [`sample_row`] of `(top_k, top_p, r)`, with `hints` on how the row's passes may run.
+pub(crate) fn sample_row_hinted<T: FloatElement>(
+    row: &[T],
+    t: f32,
+    (top_k, top_p, r): (i32, f32, u64),
+    hints: RowHints<'_>,
+) -> usize {
     let k = usize::try_from(top_k).unwrap_or(0);
     let buffer = KEPT.with(|cell| cell.take());
     let top_k_applies = k > 0 && k < row.len();
     let kept = if top_k_applies && k <= MAX_FAST_K {
         top_k_kept(row, t, k, top_p, buffer)
     } else {
-        let weighing = Weighing::of(row, t);
-        if !top_k_applies && let Some(token) = unranked::sample(row, &weighing, top_p, r) {
+        if !top_k_applies && let Some(token) = unranked::sample(row, t, top_p, r, hints) {
             KEPT.with(|cell| *cell.borrow_mut() = buffer);
             return token;
         }
+        let weighing = Weighing::of(row, t);
         kept_set(row, &weighing, top_k, top_p, buffer)
     };
     match kept {
@@ -992,68 +1002,141 @@ mod tests {
         }
     }
 
-    /// The float estimate of a weight stays within the bound the one-pass path assumes, at every
-    /// gap (0 to past 40 log2 units) and temperature whose scale is an f32.
+    /// Normal logits N(0, σ²), the shape of LLM rows; the sweep of σ below makes top-p 0.9 keep
+    /// from one token to most of the row.
+    fn normal_row(next: &mut impl FnMut() -> u64, v: usize, sigma: f64) -> Vec<f32> {
+        (0..v)
+            .map(|_| {
+                let u = ((next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+                let w = (next() >> 11) as f64 / (1u64 << 53) as f64;
+                (sigma * (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * w).cos()) as f32
+            })
+            .collect()
+    }
+
+    /// The size of the top-p set of a row (no top-k), by the plain definition.
+    fn kept_size(row: &[f32], t: f32, top_p: f32) -> usize {
+        let mut w = row_weights(row, t);
+        w.sort_unstable_by(|a, b| b.cmp(a));
+        let total: u64 = w.iter().sum();
+        let p = top_p_fixed(top_p);
+        let mut mass = 0;
+        w.iter()
+            .position(|&x| {
+                mass += x;
+                reaches_top_p(mass, p, total)
+            })
+            .map_or(w.len(), |n| n + 1)
+    }
+
+    /// Long rows whose logits read alike — flushed to +0 (`|l| < 2^-76`, both signs, ±0) or
+    /// clamped to `±2^64` — and so weigh alike: the rank order is that of the logits themselves
+    /// (§4b step 1), so top-p keeps the largest logits, not the lowest ids. The path without
+    /// top-k and `sample_row` give the plain definition's token, and the path decides some of
+    /// them itself.
     #[test]
-    fn float_weights_stay_within_their_bound() {
-        use specula_backend_api::logit_weights::scaled_weight;
-        let mut next = stream(23);
-        let mut worst = 0.0f64;
-        for t in [1e-20f32, 1e-3, 0.05, 0.7, 1.0, 2.5, 1e3, 1e20] {
-            let RowScale::Scaled { c32, e } = row_scale(t) else {
-                panic!("t {t} is finite and positive");
-            };
-            let c = (c32 as f64 * f64::powi(2.0, e)) as f32;
-            if !(c.is_normal() && c < 1e30) {
-                continue;
-            }
-            for max in [0.0f32, 2.5, -7.0, 1e19, 31.75] {
-                for _ in 0..20_000 {
-                    // Gaps spread over [0, 45) log2 units, and raw bit patterns.
-                    let gap = (next() >> 11) as f64 / (1u64 << 53) as f64 * 45.0;
-                    let l = (f64::from(max) - gap / f64::from(c)) as f32;
-                    for l in [l, f32::from_bits(next() as u32)] {
-                        let s = sanitize_logit(l);
-                        if s > max {
-                            continue;
-                        }
-                        let scale = RowScale::Scaled { c32, e };
-                        let exact = scaled_weight(l, max, scale) as f64;
-                        let estimate = f64::from(unranked::float_weight(s, max, c));
-                        let excess = (exact - estimate).abs() - unranked::ABSOLUTE_ERROR;
-                        if excess > 0.0 {
-                            worst = worst.max(excess / estimate);
-                        }
+    fn the_unranked_path_ranks_logits_that_read_alike_by_the_logit() {
+        let mut next = stream(29);
+        let mut unit = move || (next() >> 11) as f32 / (1u64 << 53) as f32;
+        let v = 8192;
+        let tiny: Vec<f32> = (0..v)
+            .map(|i| match i % 7 {
+                0 => 0.0,
+                1 => -0.0,
+                _ => (unit() - 0.5) * 2e-30,
+            })
+            .collect();
+        let mut huge: Vec<f32> = (0..v).map(|_| unit() * 4.0 - 2.0).collect();
+        for i in (0..v).step_by(13) {
+            huge[i] = 1e20 * 10f32.powf(unit() * 18.0);
+        }
+        let low: Vec<f32> = (0..v)
+            .map(|i| {
+                if i % 11 == 0 {
+                    f32::NEG_INFINITY
+                } else {
+                    -1e20 * 10f32.powf(unit() * 18.0)
+                }
+            })
+            .collect();
+        let mut mixed: Vec<f32> = (0..v).map(|_| -(unit() * 3.0)).collect();
+        for i in (0..v).step_by(3) {
+            mixed[i] = (unit() - 0.5) * 1e-30;
+        }
+        let (mut decided, mut cases) = (0, 0);
+        for (name, row) in [
+            ("tiny", &tiny),
+            ("huge", &huge),
+            ("low", &low),
+            ("mixed", &mixed),
+        ] {
+            for t in [1.0f32, 0.7] {
+                for top_p in [1.0f32, 0.9, 0.5, 0.1, 1e-4] {
+                    let r = (cases as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    let expected = plain_sample(row, t, 0, top_p, r);
+                    if let Some(token) = unranked::sample(row, t, top_p, r, RowHints::default()) {
+                        assert_eq!(token, expected, "{name}, t {t}, top_p {top_p}");
+                        decided += 1;
                     }
+                    assert_eq!(
+                        sample_row(row, t, 0, top_p, r),
+                        expected,
+                        "{name}, t {t}, top_p {top_p}"
+                    );
+                    cases += 1;
                 }
             }
         }
-        assert!(
-            worst <= unranked::RELATIVE_ERROR / 2.0,
-            "worst relative error {worst:e} (bound {:e})",
-            unranked::RELATIVE_ERROR
-        );
+        // A tiny top-p keeps the first token in rank order: the largest logit, as argmax.
+        let first = |row: &[f32]| plain_sample(row, 1.0, 0, 1e-6, 1);
+        assert_eq!(tiny[first(&tiny)], tiny.iter().copied().fold(0.0, f32::max));
+        assert_eq!(huge[first(&huge)], huge.iter().copied().fold(0.0, f32::max));
+        assert!(decided * 2 >= cases, "decided {decided} of {cases}");
     }
 
+    /// The path without top-k (`unranked`) on rows whose top-p sets hold from one token to most
+    /// of the row, across the sizes its band, bins, sample and chunks are cut at: every token it
+    /// returns is the plain definition's, and it decides nearly every row itself.
     #[test]
-    fn the_one_pass_path_decides_llm_like_rows() {
+    fn the_unranked_path_decides_rows_of_every_shape() {
         let mut next = stream(19);
-        let row = llm_row(&mut next, 151_936, 300.0);
-        let weighing = Weighing::of(&row, 0.8);
-        for top_p in [1.0, 0.9, 0.5] {
-            let r = next();
-            assert_eq!(
-                unranked::sample(&row, &weighing, top_p, r),
-                Some(plain_sample(&row, 0.8, 0, top_p, r)),
-                "top_p {top_p}"
-            );
+        let (mut decided, mut cases) = (0, 0);
+        let mut sizes = Vec::new();
+        for (case, &sigma) in [9.0, 6.0, 5.1, 4.5, 3.8, 3.0, 2.8, 2.0, 1.2, 0.87, 0.3, 0.0]
+            .iter()
+            .enumerate()
+        {
+            let v = [151_936, 32_000, 4096, 9001, 65_536][case % 5];
+            let row = normal_row(&mut next, v, sigma);
+            let t = [1.0, 0.8, 0.55, 1.7][case % 4];
+            for top_p in [1.0, 0.9, 0.5, 0.99, 0.999, 0.1] {
+                let r = next();
+                let expected = plain_sample(&row, t, 0, top_p, r);
+                if let Some(token) = unranked::sample(&row, t, top_p, r, RowHints::default()) {
+                    assert_eq!(token, expected, "σ {sigma}, v {v}, t {t}, top_p {top_p}");
+                    decided += 1;
+                }
+                // Split across threads, asking for another row: the same token.
+                for parts in [2, 3] {
+                    let hints = RowHints {
+                        parts,
+                        next: bytemuck::cast_slice(&row[..v / 2]),
+                    };
+                    let token = sample_row_hinted(&row, t, (0, top_p, r), hints);
+                    assert_eq!(
+                        token, expected,
+                        "parts {parts}, σ {sigma}, v {v}, top_p {top_p}"
+                    );
+                }
+                assert_eq!(sample_row(&row, t, 0, top_p, r), expected);
+                cases += 1;
+            }
+            sizes.push(kept_size(&row, t, 0.9));
         }
-        // A flat row: top-p 0.9 needs far more tokens than the floor leaves, so it falls back.
-        let flat = llm_row(&mut next, 151_936, 0.5);
-        assert_eq!(
-            unranked::sample(&flat, &Weighing::of(&flat, 1.0), 0.9, 1),
-            None
-        );
+        // The rows' top-p 0.9 sets span the sizes of interest.
+        assert!(sizes.iter().any(|&n| n <= 10), "{sizes:?}");
+        assert!(sizes.iter().any(|&n| n >= 50_000), "{sizes:?}");
+        assert!(decided * 10 >= cases * 9, "decided {decided} of {cases}");
     }
 
     #[test]

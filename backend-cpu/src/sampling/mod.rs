@@ -4,6 +4,7 @@
 //! integer decisions; `docs/performance.md` describes them. Logits rows (`docs/semantics.md` §4b) have their
 //! own exact path (`logits`).
 
+pub(crate) mod band;
 pub(crate) mod fast;
 pub(crate) mod histogram;
 #[cfg(test)]

@@ -1,0 +1,376 @@
+//! The top-p set of a probability row whatever its size (`docs/semantics.md` §5.6), exactly, in
+//! two passes over the row and work on a narrow band of its tokens: the path of the rows whose kept
+//! set is too large for the candidates of the fast path (flat rows, top-p sets of tens of
+//! thousands of tokens).
+//!
+//! The weights of a probability row are exact and cheap (`floor(p · 2^40)` from the value's bits),
+//! so every decision here is made on exact integers:
+//!
+//! 1. a sample of the row (runs of consecutive tokens spread over it) estimates the mass below
+//!    each level of the rank key, which places a **band** of keys around the top-p threshold
+//!    (where the mass below it is `W − P · W / 2^24`), a few standard deviations of the estimate
+//!    wide;
+//! 2. one pass sums, per block of [`BLOCK`] tokens, the exact weight of the tokens above the
+//!    band, and lists the band's tokens with a histogram of their keys weighted exactly;
+//! 3. walking the histogram from the top from the mass above the band finds the bin where the
+//!    target is reached; only that bin's tokens are put in rank order, which gives the threshold
+//!    `(key, id)` and the kept mass `C` exactly;
+//! 4. the draw `t = ⌊R · C / 2^64⌋` finds its block from the blocks' kept masses (above the band
+//!    plus the kept band tokens), and that block is walked in id order.
+//!
+//! A band that turns out to lie wholly above or below the threshold is widened to the top or the
+//! bottom of the row and the pass repeated; `None` only if even that fails (it cannot on a row of
+//! positive total weight, but the caller has the histogram path to fall back on).
+
+use specula_backend_api::FloatElement;
+use specula_backend_api::fixed_point::{scale_draw, top_p_target_mass};
+
+use super::histogram::MIN_WEIGHT_KEY;
+use super::scan::{compiled_for, dispatch, key_of, weight_of_key};
+#[cfg(target_arch = "x86_64")]
+use super::scan::{has_avx2, has_avx512};
+
+/// Tokens per block of the above-band masses and of the draw's walk.
+const BLOCK: usize = 256;
+/// Tokens sampled to place the band.
+const SAMPLES: usize = 4096;
+/// Consecutive tokens per run of the sample.
+const SAMPLE_RUN: usize = 32;
+/// The margin of the band's placement besides four standard deviations of the sample's estimate,
+/// as a share of the row's mass.
+const SLACK: f64 = 0.002;
+/// Bins of the band's histogram of keys.
+const BAND_BINS: usize = 2048;
+
+/// Per-thread buffers, reused from row to row.
+#[derive(Default)]
+struct Scratch {
+    /// Per block: the exact mass above the band, then the kept mass.
+    masses: Vec<u64>,
+    /// The band's tokens: key and id, in id order.
+    band: Vec<(u32, u32)>,
+    /// The band's histogram: exact mass and count per bin, of keys from `bin_low` on, `2^bin_shift`
+    /// keys per bin.
+    bins: Vec<(u64, u32)>,
+    bin_low: u32,
+    bin_shift: u32,
+    /// The sample's bins.
+    sample: Vec<(f64, f64)>,
+    /// The band's tokens, a bit per token.
+    bitmaps: Vec<u64>,
+    /// The tokens of the threshold's bin.
+    crossing: Vec<(u32, u32)>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+/// A band of rank keys `[low, high)`: tokens with a key at or above `high` are above it.
+#[derive(Clone, Copy, Debug)]
+struct Band {
+    low: u32,
+    high: u32,
+}
+
+/// The token drawn by `draw` from a probability row of exact total weight `total > 0` under top-p
+/// `p_fixed` (below `2^24`) without top-k, or `None` (see the module doc).
+pub(crate) fn sample_top_p<T: FloatElement>(
+    row: &[T],
+    total: u64,
+    p_fixed: u64,
+    draw: u64,
+) -> Option<usize> {
+    let mut s = SCRATCH.with(|cell| cell.take());
+    let token = sample_with(row, total, p_fixed, draw, &mut s);
+    SCRATCH.with(|cell| *cell.borrow_mut() = s);
+    token
+}
+
+fn sample_with<T: FloatElement>(
+    row: &[T],
+    total: u64,
+    p_fixed: u64,
+    draw: u64,
+    s: &mut Scratch,
+) -> Option<usize> {
+    let target = top_p_target_mass(p_fixed, total);
+    let mut band = place_band(row, total, target, &mut s.sample);
+    loop {
+        let above = classify(row, band, s);
+        if above >= target {
+            // The threshold may lie above the band.
+            if band.high == u32::MAX {
+                return None;
+            }
+            band.high = u32::MAX;
+            continue;
+        }
+        match threshold(s, above, target) {
+            Some((key, id, kept)) => return draw_kept(row, s, (key, id), kept, draw),
+            None if band.low <= MIN_WEIGHT_KEY => return None,
+            None => band.low = MIN_WEIGHT_KEY,
+        }
+    }
+}
+
+/// Places the band from a sample of runs of consecutive tokens: the mass below each level of the
+/// key (sixty-four bins per octave) is estimated from it, and the band spans the levels whose
+/// estimate is within four standard deviations (and [`SLACK`] of `W`) of `W − target`.
+fn place_band<T: FloatElement>(
+    row: &[T],
+    total: u64,
+    target: u64,
+    bins: &mut Vec<(f64, f64)>,
+) -> Band {
+    const SHIFT: u32 = 17;
+    let first = MIN_WEIGHT_KEY >> SHIFT;
+    let last = 1.0f32.to_bits() >> SHIFT;
+    bins.clear();
+    bins.resize((last - first + 1) as usize, (0.0, 0.0));
+    let runs = (row.len() / SAMPLE_RUN).clamp(1, SAMPLES / SAMPLE_RUN);
+    let step = row.len() / runs;
+    let mut sampled = 0usize;
+    for i in 0..runs {
+        let run = &row[i * step..(i * step + SAMPLE_RUN).min(row.len())];
+        sampled += run.len();
+        for &v in run {
+            let key = key_of(v);
+            if key < MIN_WEIGHT_KEY {
+                continue;
+            }
+            let w = weight_of_key(key) as f64;
+            let bin = &mut bins[((key >> SHIFT).min(last) - first) as usize];
+            bin.0 += w;
+            bin.1 += w * w;
+        }
+    }
+    let scale = row.len() as f64 / sampled.max(1) as f64;
+    let below = (total - target) as f64;
+    let slack = SLACK * total as f64;
+    let (mut mass, mut squares) = (0.0f64, 0.0f64);
+    let (mut low_bin, mut high_bin) = (None, None);
+    for (b, &(m, q)) in bins.iter().enumerate() {
+        if m == 0.0 {
+            continue;
+        }
+        let spread = 4.0 * scale * (squares + q).sqrt() + slack;
+        if (mass + m) * scale <= below - spread {
+            low_bin = Some(b + 1);
+        }
+        mass += m;
+        squares += q;
+        if high_bin.is_none() && mass * scale >= below + spread {
+            high_bin = Some(b + 1);
+        }
+    }
+    let key = |bin: usize| (bin as u32 + first) << SHIFT;
+    Band {
+        low: low_bin.map_or(MIN_WEIGHT_KEY, key),
+        high: high_bin.map_or(u32::MAX, key),
+    }
+}
+
+/// The pass over the row: the exact weight above the band per block into `s.masses`, the band's
+/// tokens and their histogram into `s.band` and `s.bins`; returns the exact weight above the band.
+fn classify<T: FloatElement>(row: &[T], band: Band, s: &mut Scratch) -> u64 {
+    s.masses.clear();
+    s.masses.resize(row.len().div_ceil(BLOCK), 0);
+    s.band.clear();
+    let range = band.high.saturating_sub(band.low);
+    let shift = (32 - range.leading_zeros()).saturating_sub(BAND_BINS.trailing_zeros());
+    s.bins.clear();
+    s.bins.resize((range >> shift) as usize + 1, (0, 0));
+    (s.bin_low, s.bin_shift) = (band.low, shift);
+    s.bitmaps.clear();
+    s.bitmaps.resize(row.len().div_ceil(64), 0);
+    let total = dispatch!(classify_blocks::<T>(row, band, &mut s.masses, &mut s.bitmaps)
+        via classify_blocks_avx512, classify_blocks_avx2);
+    for (w, &word) in s.bitmaps.iter().enumerate() {
+        let mut word = word;
+        while word != 0 {
+            let id = w * 64 + word.trailing_zeros() as usize;
+            word &= word - 1;
+            let key = key_of(row[id]);
+            s.band.push((key, id as u32));
+            let bin = &mut s.bins[((key - band.low) >> shift) as usize];
+            bin.0 += weight_of_key(key);
+            bin.1 += 1;
+        }
+    }
+    total
+}
+
+compiled_for!(avx512, fn classify_blocks_avx512 [T: FloatElement]
+    (row: &[T], band: Band, masses: &mut [u64], bitmaps: &mut [u64]) -> u64
+    = classify_blocks [T]);
+compiled_for!(avx2, fn classify_blocks_avx2 [T: FloatElement]
+    (row: &[T], band: Band, masses: &mut [u64], bitmaps: &mut [u64]) -> u64
+    = classify_blocks [T]);
+
+/// The vector part of [`classify`]: per block the exact weight above the band, per word of 64
+/// tokens the bitmap of the band's tokens (no call in the loop).
+#[inline(always)]
+fn classify_blocks<T: FloatElement>(
+    row: &[T],
+    band: Band,
+    masses: &mut [u64],
+    bitmaps: &mut [u64],
+) -> u64 {
+    let mut total = 0u64;
+    let words = bitmaps.chunks_mut(BLOCK / 64);
+    for ((block, mass), bits) in row.chunks(BLOCK).zip(masses.iter_mut()).zip(words) {
+        let (above, block_bits) = classify_block(block, band);
+        *mass = above;
+        total += above;
+        bits.copy_from_slice(&block_bits[..bits.len()]);
+    }
+    total
+}
+
+/// One block: the exact weight of its tokens above the band, and a bitmap of its band tokens.
+/// Written without branches, so that the compiler vectorizes it.
+#[inline]
+fn classify_block<T: FloatElement>(block: &[T], band: Band) -> (u64, [u64; BLOCK / 64]) {
+    let mut bits = [0u64; BLOCK / 64];
+    let mut above = 0u64;
+    for (w, word) in block.chunks(64).enumerate() {
+        let mut mask = 0u64;
+        for (j, &v) in word.iter().enumerate() {
+            let key = key_of(v);
+            let is_above = key >= band.high;
+            above += if is_above { weight_of_key(key) } else { 0 };
+            mask |= u64::from(!is_above & (key >= band.low)) << j;
+        }
+        bits[w] = mask;
+    }
+    (above, bits)
+}
+
+/// The threshold `(key, id)` and the kept mass: the bins walked from the top from the mass above
+/// the band to the one where the target is reached, that bin's tokens in rank order; `None` when
+/// the band's tokens do not reach the target.
+fn threshold(s: &mut Scratch, above: u64, target: u64) -> Option<(u32, u32, u64)> {
+    let mut running = above;
+    let crossing = (0..s.bins.len()).rev().find(|&b| {
+        let reached = running + s.bins[b].0 >= target;
+        if !reached {
+            running += s.bins[b].0;
+        }
+        reached
+    })?;
+    let (low, shift) = (s.bin_low, s.bin_shift);
+    s.crossing.clear();
+    s.crossing.extend(
+        s.band
+            .iter()
+            .filter(|&&(key, _)| ((key - low) >> shift) as usize == crossing),
+    );
+    s.crossing
+        .sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    for &(key, id) in &s.crossing {
+        running += weight_of_key(key);
+        if running >= target {
+            return Some((key, id, running));
+        }
+    }
+    None
+}
+
+/// The draw among the kept tokens: each block's kept mass is its mass above the band plus its
+/// kept band tokens; the block holding `t` is walked in id order.
+fn draw_kept<T: FloatElement>(
+    row: &[T],
+    s: &mut Scratch,
+    (tkey, tid): (u32, u32),
+    kept: u64,
+    draw: u64,
+) -> Option<usize> {
+    let keeps = |key: u32, id: u32| key > tkey || (key == tkey && id <= tid);
+    for &(key, id) in &s.band {
+        if keeps(key, id) {
+            s.masses[id as usize / BLOCK] += weight_of_key(key);
+        }
+    }
+    let t = scale_draw(draw, kept);
+    let mut before = 0u64;
+    let b = s.masses.iter().position(|&m| {
+        let reached = before + m > t;
+        if !reached {
+            before += m;
+        }
+        reached
+    })?;
+    let start = b * BLOCK;
+    for (j, &v) in row[start..row.len().min(start + BLOCK)].iter().enumerate() {
+        let key = key_of(v);
+        if keeps(key, (start + j) as u32) {
+            before += weight_of_key(key);
+            if before > t {
+                return Some(start + j);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::top_k_top_p_sample::sample_row_histogram;
+    use crate::sampling::lcg::Lcg;
+    use specula_backend_api::fixed_point::{top_p_fixed, weight};
+
+    /// Softmax rows of normal logits N(0, σ²) (top-p sets of a few to most of the tokens), with
+    /// ties (values rounded) and hostile entries in some.
+    fn rows(lcg: &mut Lcg, v: usize) -> Vec<Vec<f32>> {
+        [0.3f32, 0.9, 2.0, 3.0, 4.5, 0.0]
+            .iter()
+            .enumerate()
+            .map(|(i, &sigma)| {
+                let logits: Vec<f32> = (0..v)
+                    .map(|_| {
+                        let (u, w) = (lcg.unit().max(1e-7), lcg.unit());
+                        sigma * (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * w).cos()
+                    })
+                    .collect();
+                let sum: f32 = logits.iter().map(|l| l.exp()).sum();
+                let mut row: Vec<f32> = logits.iter().map(|l| l.exp() / sum).collect();
+                if i % 2 == 1 {
+                    row.iter_mut()
+                        .for_each(|p| *p = (*p * 4096.0 * v as f32).round() / (4096.0 * v as f32));
+                }
+                if i == 3 {
+                    row[5] = f32::NAN;
+                    row[7] = -1.0;
+                    row[v - 1] = 0.0;
+                }
+                row
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_band_path_equals_the_histogram_path() {
+        let mut lcg = Lcg(77);
+        for v in [5000, 40_000, 151_936] {
+            for (i, row) in rows(&mut lcg, v).iter().enumerate() {
+                let total: u64 = row.iter().map(|&p| weight(p)).sum();
+                for top_p in [0.9f32, 0.5, 0.99, 0.999, 0.01] {
+                    let draw = lcg.next_u64();
+                    let expected = sample_row_histogram(row, 0, top_p, draw);
+                    let got = sample_top_p(row, total, top_p_fixed(top_p), draw);
+                    assert_eq!(got, Some(expected), "v {v} row {i} top_p {top_p}");
+                    let half: Vec<half::f16> =
+                        row.iter().map(|&p| half::f16::from_f32(p)).collect();
+                    let total: u64 = half.iter().map(|p| weight(p.to_f32())).sum();
+                    if total > 0 {
+                        let expected = sample_row_histogram(&half, 0, top_p, draw);
+                        let got = sample_top_p(&half, total, top_p_fixed(top_p), draw);
+                        assert_eq!(got, Some(expected), "f16, v {v} row {i} top_p {top_p}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,891 @@
+//! The weights of f32 logits rows (`docs/semantics.md` §4b) in vector lanes: the exact integer
+//! weights, and tight f64 estimates of them with a proven error bound.
+//!
+//! - **Exact** ([`exact_weights`]): the integer steps of
+//!   `logit_weights::scaled_weight`, eight 64-bit lanes per AVX-512 vector (four per AVX2
+//!   vector). The gap is one 32 × 32-bit multiply of the gap's significand by `C32` and one
+//!   variable shift; each Horner step of the polynomial is one 52-bit multiply-add where the CPU
+//!   has AVX-512 IFMA (`vpmadd52huq` of `P · 2^20` and `G · 2^8` gives `⌊P · G / 2^24⌋` added to
+//!   the coefficient), else a 32 × 32-bit multiply, a shift and an add; the final shift is
+//!   `(P << 9) >> n`. The same integers as the contract's steps (the tests compare every variant
+//!   with `scaled_weight` on hostile values).
+//! - **Estimates** ([`estimate_block_sums`], [`estimate_store`]): the same function in f32 without
+//!   the floors, sixteen lanes per AVX-512 vector: `x̂ = D · c − 2^-25` (the middle of the
+//!   contract's floored gap, formed in two f32 parts so that it keeps its accuracy), then the
+//!   contract's polynomial at `g = ⌈x̂⌉ − x̂` and the scale `2^(40 − ⌈x̂⌉)`. The exact weight differs from the estimate
+//!   `ŵ` by at most `ŵ · ESTIMATE_RELATIVE + ESTIMATE_ABSOLUTE` (see their docs), about half the
+//!   cost of the exact steps per token.
+//!
+//! The vector kernels need a row whose scale is finite (`0 < T < +inf`), `e ≤ 62` (so that a gap of
+//! 0 shifts out entirely, `T` above about `2^-94`) and a gap `D` from which on every weight is 0
+//! within the f32 range ([`RowLanes::new`]); other rows are weighed by the scalar steps.
+
+use specula_backend_api::logit_weights::{EXP2_COEFFICIENTS, GAP_LIMIT, RowScale, gap};
+
+use crate::sampling::scan::compiled_for;
+#[cfg(target_arch = "x86_64")]
+use crate::sampling::scan::{has_avx2, has_avx512};
+
+/// 2^-76 (bits), below which a finite logit counts as +0.
+const TINY_BITS: u32 = 0x1980_0000;
+/// 2^64 (bits), the largest magnitude a finite logit keeps.
+const HUGE_BITS: u32 = 0x5f80_0000;
+
+/// Tokens per block of [`estimate_block_sums`].
+pub(crate) const SUM_BLOCK: usize = 256;
+
+/// The relative part of the bound on `|w − ŵ|` of an estimate `ŵ` ([`estimate_block_sums`],
+/// [`estimate_store`]), summed over any set of tokens: `2^-21`. The sources: the gap
+/// `x̂ = D · c − 2^-25` is formed in two f32 parts (`D · c_hi`, its exact rounding error by an
+/// FMA, and `D · c_lo`), so it is within `2^-25` (half the step of the contract's floor of `X`)
+/// plus about `2^-41` of the exact gap, and the weight's logarithm moves by at most `0.6935` per
+/// unit of gap (`max p'/p` of the polynomial): `2^-25.5`; the contract's six floors in the Horner
+/// steps lose at most `6 / 2^30` relative (`2^-27.4`); the polynomial in f32 (coefficients
+/// rounded to f32, six FMAs) about `2^-22.5`; the f64 sums of the f32 estimates `2^-40`. About
+/// `2^-22.2` in all; the bound is twice that (the tests check it on hostile values).
+pub(crate) const ESTIMATE_RELATIVE: f64 = 1.0 / 2_097_152.0;
+/// The absolute part of the bound per token: the contract's final shift floors the weight (less
+/// than 1), and a gap at or past the limit weighs 0 exactly where the estimate is at most 1.
+pub(crate) const ESTIMATE_ABSOLUTE: f64 = 1.0;
+
+/// A row's constants for the vector kernels.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct RowLanes {
+    /// The sanitized row maximum (finite).
+    pub max: f32,
+    /// `C32`, the significand of the row's scale `c = C32 · 2^e`.
+    pub c32: u64,
+    /// The exponent of the scale.
+    pub e: i32,
+    /// The least f32 gap `D` whose weight is 0: gaps are clamped to it, so that every
+    /// shift stays in range.
+    pub dcap: f32,
+    /// Whether no logit of the row needs sanitizing (no NaN, infinity, magnitude above `2^64`
+    /// or nonzero magnitude below `2^-76`): the kernels then skip it.
+    pub clean: bool,
+    /// The scale `c = C32 · 2^e` (exact in f64).
+    c: f64,
+    /// The scale in two f32 parts, `c ≈ c_hi + c_lo` (within `2^-48` of it).
+    c_hi: f32,
+    c_lo: f32,
+}
+
+impl RowLanes {
+    /// The constants of a row of sanitized maximum `max` at `scale`; `None` when the vector
+    /// kernels do not apply (see the module doc). `clean` as [`RowLanes::clean`].
+    pub(crate) fn new(max: f32, scale: RowScale, clean: bool) -> Option<Self> {
+        let RowScale::Scaled { c32, e } = scale else {
+            return None;
+        };
+        if !max.is_finite() || e > 62 {
+            return None;
+        }
+        let dcap = gap_cap(c32, e)?;
+        let c = c32 as f64 * f64::powi(2.0, e);
+        let c_hi = c as f32;
+        if !c_hi.is_normal() {
+            return None; // a scale outside the f32 range: the scalar steps weigh the row
+        }
+        // The vector kernels shift right by `126 − e − E` (E the biased exponent of a gap at
+        // most `dcap`): never negative.
+        debug_assert!(126 - e - (dcap.to_bits() >> 23) as i32 >= 0);
+        Some(RowLanes {
+            max,
+            c32,
+            e,
+            dcap,
+            clean,
+            c,
+            c_hi,
+            c_lo: (c - f64::from(c_hi)) as f32,
+        })
+    }
+
+    /// The scale `c = C32 · 2^e` (exact in f64).
+    pub(crate) fn scale(&self) -> f64 {
+        self.c
+    }
+
+    /// The gap `D = max ⊖ s` of a logit (sanitized as the contract says), clamped to `dcap`.
+    #[inline(always)]
+    fn gap_of(&self, l: f32) -> f32 {
+        let s = if self.clean { l } else { sanitize_select(l) };
+        let d = self.max - s;
+        // NaN cannot occur (s ≤ max, both sanitized); −inf gives +inf, clamped.
+        if d < self.dcap { d } else { self.dcap }
+    }
+}
+
+/// `sanitize_logit` with selects (the value the weights read; the rank order reads the logit
+/// itself): NaN → −inf, `|l| < 2^-76` → +0, finite `|l| > 2^64` → ±2^64.
+#[inline(always)]
+fn sanitize_select(l: f32) -> f32 {
+    let (tiny, huge) = (f32::from_bits(TINY_BITS), f32::from_bits(HUGE_BITS));
+    let a = l.abs();
+    let y = if l.is_nan() { f32::NEG_INFINITY } else { l };
+    let y = if a < tiny { 0.0 } else { y };
+    if a > huge && a < f32::INFINITY {
+        f32::from_bits(HUGE_BITS | (l.to_bits() & 0x8000_0000))
+    } else {
+        y
+    }
+}
+
+/// The least f32 `D ≥ 0` whose gap reaches the limit (`X ≥ 40 · 2^F`), or `None` when no
+/// finite f32 does.
+fn gap_cap(c32: u64, e: i32) -> Option<f32> {
+    let c = c32 as f64 * f64::powi(2.0, e);
+    let guess = 40.0 / c;
+    if guess.is_nan() || guess >= f64::from(f32::MAX) / 2.0 {
+        return None;
+    }
+    let reaches = |d: f32| gap(d, 0.0, c32, e) >= GAP_LIMIT;
+    let mut d = (guess as f32).max(f32::MIN_POSITIVE);
+    while !reaches(d) {
+        d = d.next_up();
+        if !d.is_finite() {
+            return None;
+        }
+    }
+    while d > f32::MIN_POSITIVE && reaches(d.next_down()) {
+        d = d.next_down();
+    }
+    Some(d)
+}
+
+/// The exact weight of a gap `d` (as [`RowLanes::gap_of`] makes it), branch-free: the scalar form
+/// of the vector kernels.
+#[inline(always)]
+fn exact_of_gap(d: f32, lanes: &RowLanes) -> u64 {
+    let bits = u64::from(d.to_bits());
+    let m_d = (bits & 0x7f_ffff) | 0x80_0000;
+    // D = M_D · 2^(E − 150); X = ⌊M_D · C32 · 2^(E − 150 + e + F)⌋ = (M_D · C32) >> (126 − e − E).
+    // E is 0 only for D = 0, where the shift is ≥ 64 (e ≤ 62) and X is 0; a gap clamped to
+    // `dcap` keeps the shift positive (`RowLanes::new`).
+    let shift = i64::from(126 - lanes.e) - (bits >> 23) as i64;
+    let product = m_d * lanes.c32;
+    let x = match shift {
+        s if s >= 64 => 0,
+        s if s >= 0 => product >> s,
+        _ => GAP_LIMIT,
+    };
+    weight_of_gap_steps(x)
+}
+
+/// Step 5 of the contract for a gap `x` (0 from `GAP_LIMIT` on), branch-free.
+#[inline(always)]
+fn weight_of_gap_steps(x: u64) -> u64 {
+    let n = x >> 24;
+    let g = ((!x) & 0xff_ffff) + 1;
+    let mut p = EXP2_COEFFICIENTS[6];
+    for k in (0..6).rev() {
+        p = EXP2_COEFFICIENTS[k] + ((p * g) >> 24);
+    }
+    let w = (p << 9) >> n.min(63);
+    if x < GAP_LIMIT { w } else { 0 }
+}
+
+/// The exact weights of `chunk` (f32 logits of a row with constants `lanes`) into `out`.
+pub(crate) fn exact_weights(chunk: &[f32], lanes: &RowLanes, out: &mut [u64]) {
+    let out = &mut out[..chunk.len()];
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: AVX-512F/BW/VL/DQ are present (and IFMA where asked).
+        unsafe {
+            if avx512::has_ifma() {
+                avx512::exact_weights_ifma(chunk, lanes, out);
+            } else {
+                avx512::exact_weights(chunk, lanes, out);
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 is present.
+        unsafe { avx2::exact_weights(chunk, lanes, out) };
+        return;
+    }
+    for (w, &l) in out.iter_mut().zip(chunk) {
+        *w = exact_of_gap(lanes.gap_of(l), lanes);
+    }
+}
+
+/// The estimate `ŵ` of a gap `d`: the contract's polynomial in f32 without floors, at the gap
+/// `x̂ = D · c − 2^-25` formed in two parts (see [`ESTIMATE_RELATIVE`]).
+#[inline(always)]
+fn estimate_of_gap(d: f32, lanes: &RowLanes) -> f32 {
+    let x_hi = d * lanes.c_hi;
+    let rounding = d.mul_add(lanes.c_hi, -x_hi);
+    let x_lo = d.mul_add(lanes.c_lo, rounding) - HALF_UNIT;
+    let up = x_hi.ceil();
+    let g = (up - x_hi) - x_lo;
+    let mut p = COEFFICIENTS_F32[6];
+    for k in (0..6).rev() {
+        p = p.mul_add(g, COEFFICIENTS_F32[k]);
+    }
+    // 2^(40 − ⌈x̂⌉) from its exponent bits: ⌈x̂⌉ ≤ 42 (gaps are clamped), so it is normal.
+    p * f32::from_bits(((127 + 40 - up as i32) as u32) << 23)
+}
+
+/// Half a unit of the contract's fixed-point gap (`2^-25` log2 units): the contract floors the
+/// gap to a multiple of `2^-24`, so the exact gap lies in `(x − 2^-24, x]` for the real `x = D · c`;
+/// the estimates take its middle.
+const HALF_UNIT: f32 = 1.0 / (1u64 << 25) as f32;
+
+/// The contract's coefficients as f32 values of `A_k / 2^30`.
+const COEFFICIENTS_F32: [f32; 7] = {
+    let mut c = [0.0; 7];
+    let mut k = 0;
+    while k < 7 {
+        c[k] = (EXP2_COEFFICIENTS[k] as f64 / (1u64 << 30) as f64) as f32;
+        k += 1;
+    }
+    c
+};
+
+/// The estimated weight of each block of [`SUM_BLOCK`] tokens of `row` into `sums` (f64 sums of
+/// the f32 estimates), and the estimated total (each within [`ESTIMATE_RELATIVE`] and
+/// [`ESTIMATE_ABSOLUTE`] per token of the exact sums).
+pub(crate) fn estimate_block_sums(row: &[f32], lanes: &RowLanes, sums: &mut [f64]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: AVX-512F/BW/VL/DQ are present.
+        return unsafe { avx512::estimate_block_sums(row, lanes, sums) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA are present.
+        return unsafe { estimate_sums_avx2(row, lanes, sums) };
+    }
+    estimate_sums_generic(row, lanes, sums)
+}
+
+/// The estimate of every token of `row` into `out` (each within [`ESTIMATE_RELATIVE`] and
+/// [`ESTIMATE_ABSOLUTE`] of the exact weight) and a rough total (f32 sums in lanes: a guide, not
+/// a bound; the exact sums of the stored values are the caller's).
+pub(crate) fn estimate_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
+    let out = &mut out[..row.len()];
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: AVX-512F/BW/VL/DQ are present.
+        return unsafe { avx512::estimate_store(row, lanes, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA are present.
+        return unsafe { estimate_store_avx2(row, lanes, out) };
+    }
+    estimate_store_generic(row, lanes, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn estimate_sums_avx2(row: &[f32], lanes: &RowLanes, sums: &mut [f64]) -> f64 {
+    estimate_sums_generic(row, lanes, sums)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn estimate_store_avx2(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
+    estimate_store_generic(row, lanes, out)
+}
+
+/// Lanes of the generic estimate loops.
+const EST_LANES: usize = 8;
+
+#[inline(always)]
+fn estimate_sums_generic(row: &[f32], lanes: &RowLanes, sums: &mut [f64]) -> f64 {
+    let mut total = 0.0;
+    for (block, sum) in row.chunks(SUM_BLOCK).zip(sums.iter_mut()) {
+        let mut acc = [0.0f64; EST_LANES];
+        let mut groups = block.chunks_exact(EST_LANES);
+        for group in &mut groups {
+            for (a, &l) in acc.iter_mut().zip(group) {
+                *a += f64::from(estimate_of_gap(lanes.gap_of(l), lanes));
+            }
+        }
+        let rest: f64 = groups
+            .remainder()
+            .iter()
+            .map(|&l| f64::from(estimate_of_gap(lanes.gap_of(l), lanes)))
+            .sum();
+        *sum = acc.iter().sum::<f64>() + rest;
+        total += *sum;
+    }
+    total
+}
+
+#[inline(always)]
+fn estimate_store_generic(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
+    let mut acc = [0.0f32; EST_LANES];
+    let mut groups = row.chunks_exact(EST_LANES);
+    let mut outs = out.chunks_exact_mut(EST_LANES);
+    for (group, o) in (&mut groups).zip(&mut outs) {
+        for ((a, &l), o) in acc.iter_mut().zip(group).zip(o.iter_mut()) {
+            let w = estimate_of_gap(lanes.gap_of(l), lanes);
+            *o = w;
+            *a += w;
+        }
+    }
+    let mut rest = 0.0;
+    for (&l, o) in groups.remainder().iter().zip(outs.into_remainder()) {
+        let w = estimate_of_gap(lanes.gap_of(l), lanes);
+        *o = w;
+        rest += f64::from(w);
+    }
+    acc.iter().map(|&a| f64::from(a)).sum::<f64>() + rest
+}
+
+/// The maximum of an f32 row (NaN ignored; −inf for a row of NaN and −inf) and whether the row
+/// is clean ([`RowLanes::clean`]), in one vectorised pass.
+pub(crate) fn max_and_clean(row: &[f32]) -> (f32, bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_avx512() {
+            // SAFETY: the CPU supports the features the variant is compiled for.
+            return unsafe { max_and_clean_avx512(row) };
+        }
+        if has_avx2() {
+            // SAFETY: as above.
+            return unsafe { max_and_clean_avx2(row) };
+        }
+    }
+    max_and_clean_generic(row)
+}
+
+compiled_for!(avx512, fn max_and_clean_avx512 []
+    (row: &[f32]) -> (f32, bool) = max_and_clean_generic []);
+compiled_for!(avx2, fn max_and_clean_avx2 []
+    (row: &[f32]) -> (f32, bool) = max_and_clean_generic []);
+
+/// Lanes of the maximum pass.
+const MAX_LANES: usize = 16;
+
+#[inline(always)]
+fn max_and_clean_generic(row: &[f32]) -> (f32, bool) {
+    let mut max = [f32::NEG_INFINITY; MAX_LANES];
+    // The largest magnitude (as bits: NaN and infinities above every finite value) and the least
+    // nonzero magnitude (bits − 1, so that a zero wraps to the top).
+    let mut high = [0u32; MAX_LANES];
+    let mut low = [u32::MAX; MAX_LANES];
+    let mut chunks = row.chunks_exact(MAX_LANES);
+    for chunk in &mut chunks {
+        for (lane, &x) in chunk.iter().enumerate() {
+            max[lane] = if x > max[lane] { x } else { max[lane] };
+            let a = x.to_bits() & 0x7fff_ffff;
+            high[lane] = high[lane].max(a);
+            low[lane] = low[lane].min(a.wrapping_sub(1));
+        }
+    }
+    let (mut best, mut hi, mut lo) = (f32::NEG_INFINITY, 0u32, u32::MAX);
+    for &x in chunks.remainder() {
+        best = if x > best { x } else { best };
+        let a = x.to_bits() & 0x7fff_ffff;
+        hi = hi.max(a);
+        lo = lo.min(a.wrapping_sub(1));
+    }
+    for lane in 0..MAX_LANES {
+        best = if max[lane] > best { max[lane] } else { best };
+        hi = hi.max(high[lane]);
+        lo = lo.min(low[lane]);
+    }
+    (best, hi <= HUGE_BITS && lo >= TINY_BITS - 1)
+}
+
+/// Hand-written AVX-512 loops (LLVM keeps generic loops in 256-bit registers on these CPUs).
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{COEFFICIENTS_F32, RowLanes, SUM_BLOCK, estimate_of_gap, exact_of_gap};
+    use specula_backend_api::logit_weights::{EXP2_COEFFICIENTS, GAP_LIMIT};
+    use std::arch::x86_64::*;
+
+    /// Whether the CPU has AVX-512 IFMA (read once).
+    pub(super) fn has_ifma() -> bool {
+        static IFMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *IFMA.get_or_init(|| std::arch::is_x86_feature_detected!("avx512ifma"))
+    }
+
+    /// The gaps `D` of 16 logits, sanitized unless the row is clean, clamped to `dcap`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    fn gaps16(l: __m512, lanes: &RowLanes) -> __m512 {
+        let s = if lanes.clean { l } else { sanitize16(l) };
+        let d = _mm512_sub_ps(_mm512_set1_ps(lanes.max), s);
+        _mm512_min_ps(d, _mm512_set1_ps(lanes.dcap))
+    }
+
+    /// `sanitize_logit` on 16 lanes: NaN to −inf, finite magnitudes above `2^64` to `±2^64`,
+    /// nonzero magnitudes below `2^-76` to +0.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    fn sanitize16(l: __m512) -> __m512 {
+        let huge = _mm512_set1_ps(f32::from_bits(super::HUGE_BITS));
+        let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+        // `max(l, −inf)` returns its second operand for a NaN `l`.
+        let s = _mm512_max_ps(l, neg_inf);
+        let s = _mm512_min_ps(s, huge);
+        let finite_low = _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(s, neg_inf);
+        let s = _mm512_mask_max_ps(s, finite_low, s, _mm512_sub_ps(_mm512_setzero_ps(), huge));
+        let magnitude = _mm512_and_si512(_mm512_castps_si512(l), _mm512_set1_epi32(0x7fff_ffff));
+        let tiny = _mm512_cmplt_epu32_mask(magnitude, _mm512_set1_epi32(super::TINY_BITS as i32));
+        _mm512_maskz_mov_ps(!tiny, s)
+    }
+
+    /// The gap `X` (fixed point) of 8 gaps `D` (f32 bits widened to 64-bit lanes).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    fn gap8(d: __m256i, lanes: &RowLanes) -> __m512i {
+        let bits = _mm512_cvtepu32_epi64(d);
+        // (bits & 0x7fffff) | 0x800000
+        let m_d = _mm512_ternarylogic_epi64::<0xEA>(
+            bits,
+            _mm512_set1_epi64(0x7f_ffff),
+            _mm512_set1_epi64(0x80_0000),
+        );
+        let shift = _mm512_sub_epi64(
+            _mm512_set1_epi64(i64::from(126 - lanes.e)),
+            _mm512_srli_epi64::<23>(bits),
+        );
+        let product = _mm512_mul_epu32(m_d, _mm512_set1_epi64(lanes.c32 as i64));
+        _mm512_srlv_epi64(product, shift)
+    }
+
+    /// The weight of 8 gaps `X` from the final Horner value `p`: `(P << 9) >> n`, 0 from the
+    /// limit on.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    fn finish8(x: __m512i, p: __m512i) -> __m512i {
+        let live = _mm512_cmplt_epu64_mask(x, _mm512_set1_epi64(GAP_LIMIT as i64));
+        _mm512_maskz_srlv_epi64(live, _mm512_slli_epi64::<9>(p), _mm512_srli_epi64::<24>(x))
+    }
+
+    /// `G = 2^24 − (X mod 2^24)` of 8 gaps.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    fn g8(x: __m512i) -> __m512i {
+        _mm512_add_epi64(
+            _mm512_andnot_si512(x, _mm512_set1_epi64(0xff_ffff)),
+            _mm512_set1_epi64(1),
+        )
+    }
+
+    /// Exact weights of 8 gaps `D`, Horner steps as 32 × 32-bit multiplies.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    fn weigh8(d: __m256i, lanes: &RowLanes) -> __m512i {
+        let x = gap8(d, lanes);
+        let g = g8(x);
+        let mut p = _mm512_set1_epi64(EXP2_COEFFICIENTS[6] as i64);
+        for k in (0..6).rev() {
+            let pg = _mm512_srli_epi64::<24>(_mm512_mul_epu32(p, g));
+            p = _mm512_add_epi64(_mm512_set1_epi64(EXP2_COEFFICIENTS[k] as i64), pg);
+        }
+        finish8(x, p)
+    }
+
+    /// Exact weights of 8 gaps `D`, Horner steps as 52-bit multiply-adds: the high half of
+    /// `(P · 2^20) · (G · 2^8)` is `⌊P · G / 2^24⌋` (both factors below `2^52`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512ifma")]
+    fn weigh8_ifma(d: __m256i, lanes: &RowLanes) -> __m512i {
+        let x = gap8(d, lanes);
+        let g = _mm512_slli_epi64::<8>(g8(x));
+        let mut p = _mm512_set1_epi64((EXP2_COEFFICIENTS[6] << 20) as i64);
+        for k in (1..6).rev() {
+            let a = _mm512_set1_epi64(EXP2_COEFFICIENTS[k] as i64);
+            p = _mm512_slli_epi64::<20>(_mm512_madd52hi_epu64(a, p, g));
+        }
+        let a = _mm512_set1_epi64(EXP2_COEFFICIENTS[0] as i64);
+        finish8(x, _mm512_madd52hi_epu64(a, p, g))
+    }
+
+    macro_rules! exact_loop {
+        ($name:ident, $weigh:ident, $features:literal) => {
+            /// Exact weights of a chunk into `out` (same length).
+            ///
+            /// # Safety
+            /// The CPU must have the features the function is compiled for.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $name(chunk: &[f32], lanes: &RowLanes, out: &mut [u64]) {
+                let mut vectors = chunk.chunks_exact(16);
+                let mut outs = out.chunks_exact_mut(16);
+                for (v, o) in (&mut vectors).zip(&mut outs) {
+                    // SAFETY: `v` holds 16 f32 and `o` 16 u64; unaligned accesses are allowed.
+                    unsafe {
+                        let d = _mm512_castps_si512(gaps16(_mm512_loadu_ps(v.as_ptr()), lanes));
+                        let lo = $weigh(_mm512_castsi512_si256(d), lanes);
+                        let hi = $weigh(_mm512_extracti64x4_epi64::<1>(d), lanes);
+                        _mm512_storeu_si512(o.as_mut_ptr().cast(), lo);
+                        _mm512_storeu_si512(o.as_mut_ptr().add(8).cast(), hi);
+                    }
+                }
+                for (&l, w) in vectors.remainder().iter().zip(outs.into_remainder()) {
+                    *w = exact_of_gap(lanes.gap_of(l), lanes);
+                }
+            }
+        };
+    }
+
+    exact_loop!(exact_weights, weigh8, "avx512f,avx512bw,avx512vl,avx512dq");
+    exact_loop!(
+        exact_weights_ifma,
+        weigh8_ifma,
+        "avx512f,avx512bw,avx512vl,avx512dq,avx512ifma"
+    );
+
+    /// The estimates of 16 logits (the coefficients are scaled by `2^40`, so that the scale is
+    /// `2^-⌈x̂⌉`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    fn estimate16(l: __m512, lanes: &RowLanes) -> __m512 {
+        const SCALE: f32 = (1u64 << 40) as f32;
+        let d = gaps16(l, lanes);
+        let (c_hi, c_lo) = (_mm512_set1_ps(lanes.c_hi), _mm512_set1_ps(lanes.c_lo));
+        let x_hi = _mm512_mul_ps(d, c_hi);
+        let rounding = _mm512_fmsub_ps(d, c_hi, x_hi);
+        let x_lo = _mm512_sub_ps(
+            _mm512_fmadd_ps(d, c_lo, rounding),
+            _mm512_set1_ps(super::HALF_UNIT),
+        );
+        let up = _mm512_roundscale_ps::<{ _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC }>(x_hi);
+        let g = _mm512_sub_ps(_mm512_sub_ps(up, x_hi), x_lo);
+        let mut p = _mm512_set1_ps(COEFFICIENTS_F32[6] * SCALE);
+        for k in (0..6).rev() {
+            p = _mm512_fmadd_ps(p, g, _mm512_set1_ps(COEFFICIENTS_F32[k] * SCALE));
+        }
+        _mm512_scalef_ps(p, _mm512_sub_ps(_mm512_setzero_ps(), up))
+    }
+
+    /// The two f64 halves of 16 f32.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    fn widen16(w: __m512) -> (__m512d, __m512d) {
+        let low = _mm512_cvtps_pd(_mm512_castps512_ps256(w));
+        let high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+            _mm512_castps_pd(w),
+        )));
+        (low, high)
+    }
+
+    /// See [`super::estimate_block_sums`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F/BW/VL/DQ.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    pub(super) unsafe fn estimate_block_sums(
+        row: &[f32],
+        lanes: &RowLanes,
+        sums: &mut [f64],
+    ) -> f64 {
+        let mut total = 0.0;
+        let mut blocks = row.chunks_exact(SUM_BLOCK);
+        for (block, sum) in (&mut blocks).zip(sums.iter_mut()) {
+            let (mut acc0, mut acc1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+            for v in block.chunks_exact(16) {
+                // SAFETY: `v` holds 16 f32.
+                let w = estimate16(unsafe { _mm512_loadu_ps(v.as_ptr()) }, lanes);
+                let (low, high) = widen16(w);
+                acc0 = _mm512_add_pd(acc0, low);
+                acc1 = _mm512_add_pd(acc1, high);
+            }
+            *sum = _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
+            total += *sum;
+        }
+        let tail = blocks.remainder();
+        if let (false, Some(sum)) = (tail.is_empty(), sums.get_mut(row.len() / SUM_BLOCK)) {
+            *sum = tail
+                .iter()
+                .map(|&l| f64::from(estimate_of_gap(lanes.gap_of(l), lanes)))
+                .sum();
+            total += *sum;
+        }
+        total
+    }
+
+    /// See [`super::estimate_store`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F/BW/VL/DQ; `out` is as long as `row`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    pub(super) unsafe fn estimate_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
+        let mut acc = _mm512_setzero_ps();
+        let mut vectors = row.chunks_exact(16);
+        let mut outs = out.chunks_exact_mut(16);
+        for (v, o) in (&mut vectors).zip(&mut outs) {
+            // SAFETY: `v` and `o` hold 16 f32.
+            unsafe {
+                let w = estimate16(_mm512_loadu_ps(v.as_ptr()), lanes);
+                _mm512_storeu_ps(o.as_mut_ptr(), w);
+                acc = _mm512_add_ps(acc, w);
+            }
+        }
+        let mut rest = 0.0;
+        for (&l, o) in vectors.remainder().iter().zip(outs.into_remainder()) {
+            let w = estimate_of_gap(lanes.gap_of(l), lanes);
+            *o = w;
+            rest += f64::from(w);
+        }
+        let (low, high) = widen16(acc);
+        _mm512_reduce_add_pd(_mm512_add_pd(low, high)) + rest
+    }
+}
+
+/// Hand-written AVX2 loop of the exact weights (four 64-bit lanes per vector).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{RowLanes, exact_of_gap};
+    use specula_backend_api::logit_weights::{EXP2_COEFFICIENTS, GAP_LIMIT};
+    use std::arch::x86_64::*;
+
+    /// The gaps `D` of 8 logits, sanitized unless the row is clean, clamped to `dcap`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn gaps8(l: __m256, lanes: &RowLanes) -> __m256 {
+        let s = if lanes.clean { l } else { sanitize8(l) };
+        let d = _mm256_sub_ps(_mm256_set1_ps(lanes.max), s);
+        _mm256_min_ps(d, _mm256_set1_ps(lanes.dcap))
+    }
+
+    /// `sanitize_logit` on 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn sanitize8(l: __m256) -> __m256 {
+        let huge = _mm256_set1_ps(f32::from_bits(super::HUGE_BITS));
+        let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+        // `max(l, −inf)` returns its second operand for a NaN `l`.
+        let s = _mm256_min_ps(_mm256_max_ps(l, neg_inf), huge);
+        let clamped = _mm256_max_ps(s, _mm256_sub_ps(_mm256_setzero_ps(), huge));
+        let s = _mm256_blendv_ps(clamped, s, _mm256_cmp_ps::<_CMP_EQ_OQ>(s, neg_inf));
+        let magnitude = _mm256_and_si256(_mm256_castps_si256(l), _mm256_set1_epi32(0x7fff_ffff));
+        let kept = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(super::TINY_BITS as i32 - 1));
+        _mm256_and_ps(s, _mm256_castsi256_ps(kept))
+    }
+
+    /// Exact weights of 4 gaps `D`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn weigh4(d: __m128i, lanes: &RowLanes) -> __m256i {
+        let bits = _mm256_cvtepu32_epi64(d);
+        let m_d = _mm256_or_si256(
+            _mm256_and_si256(bits, _mm256_set1_epi64x(0x7f_ffff)),
+            _mm256_set1_epi64x(0x80_0000),
+        );
+        let shift = _mm256_sub_epi64(
+            _mm256_set1_epi64x(i64::from(126 - lanes.e)),
+            _mm256_srli_epi64::<23>(bits),
+        );
+        let x = _mm256_srlv_epi64(
+            _mm256_mul_epu32(m_d, _mm256_set1_epi64x(lanes.c32 as i64)),
+            shift,
+        );
+        let g = _mm256_add_epi64(
+            _mm256_andnot_si256(x, _mm256_set1_epi64x(0xff_ffff)),
+            _mm256_set1_epi64x(1),
+        );
+        let mut p = _mm256_set1_epi64x(EXP2_COEFFICIENTS[6] as i64);
+        for k in (0..6).rev() {
+            let pg = _mm256_srli_epi64::<24>(_mm256_mul_epu32(p, g));
+            p = _mm256_add_epi64(_mm256_set1_epi64x(EXP2_COEFFICIENTS[k] as i64), pg);
+        }
+        // x < GAP_LIMIT (x < 2^63, so the signed compare is the unsigned one).
+        let live = _mm256_cmpgt_epi64(_mm256_set1_epi64x(GAP_LIMIT as i64), x);
+        let w = _mm256_srlv_epi64(_mm256_slli_epi64::<9>(p), _mm256_srli_epi64::<24>(x));
+        _mm256_and_si256(live, w)
+    }
+
+    /// Exact weights of a chunk into `out` (same length).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn exact_weights(chunk: &[f32], lanes: &RowLanes, out: &mut [u64]) {
+        let mut vectors = chunk.chunks_exact(8);
+        let mut outs = out.chunks_exact_mut(8);
+        for (v, o) in (&mut vectors).zip(&mut outs) {
+            // SAFETY: `v` holds 8 f32 and `o` 8 u64; unaligned accesses are allowed.
+            unsafe {
+                let d = _mm256_castps_si256(gaps8(_mm256_loadu_ps(v.as_ptr()), lanes));
+                let lo = weigh4(_mm256_castsi256_si128(d), lanes);
+                let hi = weigh4(_mm256_extracti128_si256::<1>(d), lanes);
+                _mm256_storeu_si256(o.as_mut_ptr().cast(), lo);
+                _mm256_storeu_si256(o.as_mut_ptr().add(4).cast(), hi);
+            }
+        }
+        for (&l, w) in vectors.remainder().iter().zip(outs.into_remainder()) {
+            *w = exact_of_gap(lanes.gap_of(l), lanes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::lcg::Lcg;
+    use specula_backend_api::logit_weights::{row_scale, sanitize_logit, scaled_weight};
+
+    /// Hostile and ordinary logits below `max`: specials, raw bit patterns, values near it.
+    fn logits_below(lcg: &mut Lcg, max: f32, n: usize, clean: bool) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let bits = lcg.next_u64() as u32;
+                let v = match i % 5 {
+                    0 => max - (bits % 1_000_000) as f32 * 1e-4,
+                    1 => max - f32::from_bits(bits & 0x7fff_ffff).min(1e4),
+                    2 if !clean => f32::from_bits(bits),
+                    3 if !clean => [f32::NAN, f32::NEG_INFINITY, -3e38, 1e-30, -1e-30, -0.0][i % 6],
+                    _ => max - (bits % 4000) as f32 * 0.01,
+                };
+                if clean { v.max(-1e18) } else { v }
+            })
+            .filter(|&l| {
+                let a = l.to_bits() & 0x7fff_ffff;
+                let tidy = a <= HUGE_BITS && (a == 0 || a >= TINY_BITS);
+                sanitize_logit(l) <= max && (!clean || tidy)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn exact_lanes_equal_the_contract_steps() {
+        let mut lcg = Lcg(41);
+        for t in [1e-20f32, 1e-6, 0.05, 0.8, 1.0, 3.0, 1e10] {
+            for max in [
+                0.0f32,
+                1e-20,
+                2.5,
+                -7.0,
+                1e19,
+                2f32.powi(64),
+                -2f32.powi(64),
+            ] {
+                for clean in [false, true] {
+                    let scale = row_scale(t);
+                    let Some(lanes) = RowLanes::new(max, scale, clean) else {
+                        continue;
+                    };
+                    let row = logits_below(&mut lcg, max, 3001, clean);
+                    let mut out = vec![0u64; row.len()];
+                    exact_weights(&row, &lanes, &mut out);
+                    for (i, (&l, &w)) in row.iter().zip(&out).enumerate() {
+                        assert_eq!(
+                            w,
+                            scaled_weight(l, max, scale),
+                            "l {l} ({i}), max {max}, t {t}"
+                        );
+                        assert_eq!(exact_of_gap(lanes.gap_of(l), &lanes), w, "scalar, l {l}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every compiled variant of the exact lanes (AVX-512 with and without IFMA, AVX2), whichever
+    /// this CPU has, gives the scalar steps' integers, whatever `SPECULA_CPU_MAX_ISA` says.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn every_exact_variant_equals_the_scalar_steps() {
+        let mut lcg = Lcg(47);
+        for t in [1e-6f32, 0.8, 1.0, 7.0] {
+            for clean in [false, true] {
+                let max = 3.25;
+                let lanes = RowLanes::new(max, row_scale(t), clean).expect("vector lanes");
+                let row = logits_below(&mut lcg, max, 4099, clean);
+                let scalar: Vec<u64> = row
+                    .iter()
+                    .map(|&l| exact_of_gap(lanes.gap_of(l), &lanes))
+                    .collect();
+                let mut out = vec![0u64; row.len()];
+                use std::arch::is_x86_feature_detected as detected;
+                if detected!("avx512f")
+                    && detected!("avx512bw")
+                    && detected!("avx512vl")
+                    && detected!("avx512dq")
+                {
+                    // SAFETY: the features are present.
+                    unsafe { avx512::exact_weights(&row, &lanes, &mut out) };
+                    assert_eq!(out, scalar, "avx512, t {t}, clean {clean}");
+                    if avx512::has_ifma() {
+                        out.fill(0);
+                        // SAFETY: as above, and IFMA.
+                        unsafe { avx512::exact_weights_ifma(&row, &lanes, &mut out) };
+                        assert_eq!(out, scalar, "avx512 ifma, t {t}, clean {clean}");
+                    }
+                }
+                if detected!("avx2") && detected!("fma") {
+                    out.fill(0);
+                    // SAFETY: the features are present.
+                    unsafe { avx2::exact_weights(&row, &lanes, &mut out) };
+                    assert_eq!(out, scalar, "avx2, t {t}, clean {clean}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn estimates_stay_within_their_bound() {
+        let mut lcg = Lcg(43);
+        let mut worst = 0.0f64;
+        for t in [1e-20f32, 1e-3, 0.05, 0.7, 1.0, 2.5, 1e3, 1e10] {
+            for max in [0.0f32, 2.5, -7.0, 1e19, 31.75] {
+                let scale = row_scale(t);
+                let Some(lanes) = RowLanes::new(max, scale, false) else {
+                    continue;
+                };
+                let row = logits_below(&mut lcg, max, 20_000, false);
+                let mut stored = vec![0f32; row.len()];
+                let rough = estimate_store(&row, &lanes, &mut stored);
+                let total: f64 = stored.iter().map(|&w| f64::from(w)).sum();
+                assert!(
+                    (rough - total).abs() <= total * 1e-3,
+                    "rough total {rough} of {total}"
+                );
+                let mut sums = vec![0f64; row.len().div_ceil(SUM_BLOCK)];
+                let summed = estimate_block_sums(&row, &lanes, &mut sums);
+                let mut exact_total = 0u64;
+                for (&l, &w) in row.iter().zip(&stored) {
+                    let exact = scaled_weight(l, max, scale) as f64;
+                    exact_total += exact as u64;
+                    let single = f64::from(estimate_of_gap(lanes.gap_of(l), &lanes));
+                    let excess = (exact - single).abs() - ESTIMATE_ABSOLUTE;
+                    if excess > 0.0 {
+                        worst = worst.max(excess / single);
+                    }
+                    let bound = f64::from(w) * ESTIMATE_RELATIVE + ESTIMATE_ABSOLUTE;
+                    assert!(
+                        (exact - f64::from(w)).abs() <= bound,
+                        "stored, l {l}, t {t}"
+                    );
+                }
+                let n = row.len() as f64;
+                for estimate in [total, summed] {
+                    let bound = estimate * ESTIMATE_RELATIVE + n * ESTIMATE_ABSOLUTE;
+                    let error = (exact_total as f64 - estimate).abs();
+                    assert!(error <= bound, "t {t} max {max}: {error} > {bound}");
+                }
+            }
+        }
+        assert!(
+            worst <= ESTIMATE_RELATIVE / 2.0,
+            "worst relative error {worst:e} (bound {ESTIMATE_RELATIVE:e})"
+        );
+    }
+
+    #[test]
+    fn the_maximum_pass_finds_the_maximum_and_dirt() {
+        let clean: Vec<f32> = (0..1000).map(|i| (i % 97) as f32 - 50.0).collect();
+        assert_eq!(max_and_clean(&clean), (46.0, true));
+        for dirt in [f32::NAN, f32::NEG_INFINITY, 3e38, -3e38, 1e-30, -1e-30] {
+            let mut row = clean.clone();
+            row[517] = dirt;
+            let (max, is_clean) = max_and_clean(&row);
+            assert!(!is_clean, "{dirt}");
+            assert_eq!(max, if dirt == 3e38 { 3e38 } else { 46.0 });
+        }
+        let mut zeros = clean.clone();
+        zeros[3] = 0.0;
+        zeros[4] = -0.0;
+        assert!(max_and_clean(&zeros).1);
+        assert_eq!(max_and_clean(&[f32::NAN; 3]).0, f32::NEG_INFINITY);
+    }
+}
