@@ -19,6 +19,9 @@ step() { printf '\n==> %s\n' "$*"; }
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "section citations: every § names a section of docs/semantics.md"
+bash ci/check-sections.sh
+
 step "cargo clippy (all targets, all features, warnings are errors)"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 

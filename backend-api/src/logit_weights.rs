@@ -386,7 +386,7 @@ mod tests {
         assert_eq!(logit_rank_key(f32::NAN), logit_rank_key(f32::NEG_INFINITY));
     }
 
-    /// The rank order is that of the logits themselves (contract §3b step 1, revised): logits
+    /// The rank order is that of the logits themselves (`docs/semantics.md` §4b step 1): logits
     /// that read as the same value (both clamped to `2^64`, both flushed to +0) still rank by
     /// their value, so the first token in rank order is the argmax.
     #[test]

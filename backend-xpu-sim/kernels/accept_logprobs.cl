@@ -1,4 +1,4 @@
-// accept_logprobs (contract 4.8), two stages.
+// accept_logprobs (§5.11), two stages.
 // Stage 1 (accept_logprobs_pack): cluster 0 packs the accepted counts: per-core partial sums over
 // contiguous slot slices, core 0 scans them, every core writes its slots' entries (token, source
 // row) and a share of the padding entries.

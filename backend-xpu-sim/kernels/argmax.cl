@@ -1,4 +1,4 @@
-// argmax (contract 4.2): one cluster per row (cluster-stride), each core the argmax of its slice
+// argmax (§5.4): one cluster per row (cluster-stride), each core the argmax of its slice
 // on integer order keys (NaN lowest, -0 == +0), core 0 merges in core order so ties keep the
 // lowest id.
 

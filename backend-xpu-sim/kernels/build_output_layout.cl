@@ -1,4 +1,4 @@
-// build_output_layout (contract 1, 2): a batch op on cluster 0 only (the `if (cluster_id() != 0)
+// build_output_layout (§2, §5.1): a batch op on cluster 0 only (the `if (cluster_id() != 0)
 // return;` of XPU batch kernels). Each core takes a contiguous slice of slots and sums its packed
 // inputs and output rows, core 0 scans the partials (64-bit, clamped to i32::MAX when stored), then
 // every core writes its slots' offsets and batch ids and a share of the padding rows.

@@ -1,4 +1,4 @@
-// build_sampling_params (contract 2): one output row per core across every cluster.
+// build_sampling_params (§3, §5.3): one output row per core across every cluster.
 
 // struct BuildSamplingParamsArgs: generated from src/ops/build_sampling_params.rs.
 

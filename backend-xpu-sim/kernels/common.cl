@@ -7,7 +7,7 @@
 // bounds of its sanitize_logit (LOGIT_TINY_BITS, LOGIT_HUGE_BITS); the launch shape CORES
 // (work-items per work-group = cores per cluster) and TILE (elements one core stages into its local
 // tile at a time); the float storage formats T_DTYPE / D_DTYPE (0 f32, 1 f16, 2 bf16); LOGITS (1:
-// the sampling ops' rows are logits weighed by contract 3b, 0: probabilities).
+// the sampling ops' rows are logits weighed by §4b, 0: probabilities).
 //
 // XPU style: a launch is clusters x cores. A cluster (work-group) owns a row (or a slot) at a time,
 // walking rows cluster-stride; each core owns one contiguous slice of the row, copies it from global
@@ -40,7 +40,7 @@
 #define LOGITS 0
 #endif
 
-// The one float operation an exact output depends on (the gap of contract 3b step 4) is a single
+// The one float operation an exact output depends on (the gap of §4b step 4) is a single
 // f32 subtraction: it must stay one IEEE operation rounded to nearest even. No fast-math option is
 // passed, and nothing may be contracted into it.
 #pragma OPENCL FP_CONTRACT OFF
@@ -267,7 +267,7 @@ inline bool reaches_top_p(ulong c, ulong p, ulong w) {
 
 inline ulong scale_draw(ulong r, ulong mass) { return mul_hi(r, mass); }
 
-// ---- weights from logits (contract 3b): backend_api::logit_weights, step for step --------------
+// ---- weights from logits (§4b): backend_api::logit_weights, step for step --------------
 
 // A logit as the rules read it (step 1), on f32 bits: NaN is -inf; a finite |l| below the bound of
 // sanitize_logit (LOGIT_TINY_BITS, about 2^-76) is +0; a finite |l| above 2^64 is +-2^64.
@@ -866,7 +866,7 @@ inline void gather_sorted(__global const T_STORE* row, uint V, __local Scratch* 
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 
-// top_k_top_p_sample of one row (contract 4.3): top-k survivors, the top-p kept set, the SAMPLE draw.
+// top_k_top_p_sample of one row (§5.6): top-k survivors, the top-p kept set, the SAMPLE draw.
 // Every row primitive is called unconditionally (their results are selected afterwards), so the
 // kernel has no barrier under a branch: PoCL's work-group compiler duplicates the code after each
 // conditional barrier, and uniform straight-line phases keep the build fast.
@@ -943,7 +943,7 @@ inline float logit_value(uint bits) {
     return isnan(x) ? -INFINITY : x;
 }
 
-// The scaled logit of the contract (4.9): (l - m) / t, the row maximum m subtracted first and the
+// The scaled logit of §5.5: (l - m) / t, the row maximum m subtracted first and the
 // difference then divided by t, in f32, so nothing overflows and a tiny t tends to the one-hot of
 // t = 0. At t = +inf every finite logit scales to 0 (also where l - m overflowed); NaN (a NaN
 // logit) reads as -inf.

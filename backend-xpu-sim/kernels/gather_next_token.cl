@@ -1,4 +1,4 @@
-// gather_next_token (contract 4.1): one cluster per output row (cluster-stride), the cores copy the
+// gather_next_token (§5.2): one cluster per output row (cluster-stride), the cores copy the
 // row's elements. ELEM is an unsigned integer of the dtype's size, so the copy moves bits.
 
 // struct GatherNextTokenArgs: generated from src/ops/gather_next_token.rs.

@@ -1,4 +1,4 @@
-// ngram_match (contract 4.7), two stages.
+// ngram_match (§5.10), two stages.
 // Stage 1 (ngram_match_i32): one cluster per decode slot; for each n-gram size the cores search
 // their slices of the prompt, then of the history, for the pattern, and the leftmost match is the
 // minimum of the per-core partials. The proposal (start, length) goes to a scratch buffer.

@@ -7,7 +7,7 @@
 //     the complete rule: bias entries and the drafts before the row (the count delta), then the
 //     end tokens (min_tokens) and the bad-word bans are masked (masks override every float step).
 //  3. Fallback: the best (rank key, lowest id) unmasked token, a cluster collective (-1 if none).
-//  4. min_p (contract 4b weights at the row's temperature, or w(p)), and masked tokens become -inf
+//  4. min_p (§4b weights at the row's temperature, or w(p)), and masked tokens become -inf
 //     (logits) or 0 (probabilities).
 // Masked tokens carry MASK_MARK between the phases: a NaN pattern that no processed value has
 // (a NaN logit is read as -inf), so masked and unmasked -inf tokens stay apart.

@@ -1,4 +1,4 @@
-// softmax (contract 4.9): one cluster per row; per-core max / +inf count of the logits, then
+// softmax (§5.5): one cluster per row; per-core max / +inf count of the logits, then
 // per-core compensated sums of exp((l - m) / t), merged by core 0 in core order; f32 throughout.
 
 // struct SoftmaxArgs: generated from src/ops/softmax.rs.

@@ -1,10 +1,10 @@
-// top_k_top_p_sample (contract 4.3): one cluster per row. Radix selections of the top-k and top-p
+// top_k_top_p_sample (§5.6): one cluster per row. Radix selections of the top-k and top-p
 // thresholds over the rank keys (cluster-wide histograms filled by every core), then the draw: each
 // core sums the kept weight of its slice, core 0 scans the partials, and the one core whose range
 // holds the draw walks its slice. All integer, so the token does not depend on the launch shape.
-// Logits rows (LOGITS) first find the row maximum, and weigh each token by contract 3b at the row's
+// Logits rows (LOGITS) first find the row maximum, and weigh each token by §4b at the row's
 // temperature. With a fallback input (has_fallback), a row of total weight 0 yields fallback[r]
-// (contract 4c) instead of its first token in rank order.
+// (§4c) instead of its first token in rank order.
 
 // struct TopKTopPSampleArgs: generated from src/ops/top_k_top_p_sample.rs.
 

@@ -1,13 +1,13 @@
-// top_p_candidates (contract 4.4): one cluster per row. Row totals, a radix count selection of the
+// top_p_candidates (§5.7): one cluster per row. Row totals, a radix count selection of the
 // first min(C, valid) tokens in rank order, a gather of those members into local memory in id
 // order and a rank placement (at most 128 entries), then core 0 finds lens with the exact top-p test.
-// Logits rows (LOGITS) are weighed by contract 3b at the row's temperature; their scores are the
+// Logits rows (LOGITS) are weighed by §4b at the row's temperature; their scores are the
 // candidates' exact shares of the row (candidate_score). With a fallback input (has_fallback), a
 // row of total weight 0 lists fallback[r] (score 0, lens 1), or nothing (lens 0) when it is negative.
 
 // struct TopPCandidatesArgs: generated from src/ops/top_p_candidates.rs.
 
-// The score of a logits candidate of weight w in a row of total weight W > 0 (contract 3b), as f32
+// The score of a logits candidate of weight w in a row of total weight W > 0 (§4b), as f32
 // bits: q = floor(w * 2^40 / W) (binary long division; the remainder stays below W <= 2^60), cut to
 // its 24 most significant bits, and score = q * 2^-40, exact in f32.
 inline uint candidate_score(ulong w, ulong total) {

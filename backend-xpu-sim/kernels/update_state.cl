@@ -1,4 +1,4 @@
-// update_state (contract 4.6): per-slot bookkeeping, one slot per core across every cluster (slots
+// update_state (§5.9): per-slot bookkeeping, one slot per core across every cluster (slots
 // are independent; the work per slot is at most S tokens). With token counts (has_counts), each
 // appended token in [0, V) adds 1, saturating at INT_MAX, to the slot's entry of token_counts.
 

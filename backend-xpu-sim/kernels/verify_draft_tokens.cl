@@ -1,13 +1,13 @@
-// verify_draft_tokens (contract 4.5): one cluster per slot (cluster-stride over max_bsz).
+// verify_draft_tokens (§5.8): one cluster per slot (cluster-stride over max_bsz).
 //
 // STRATEGY (injected): 0 GREEDY, 1 TARGET_MATCH, 2 TOPP, 3 REJECTION. The slot's control flow is
 // scalar; for GREEDY / TARGET_MATCH / TOPP it runs on core 0 alone. For REJECTION every core runs
 // the same control flow (so every decision is uniform across the cluster) and joins the row
 // primitives (row totals, radix selections, the residual draw) on the target and draft rows; only
 // core 0 writes the slot's outputs. T_DTYPE / D_DTYPE are the target and draft storage formats;
-// with LOGITS both rows are logits, weighed by contract 3b at the temperature of the output row.
+// with LOGITS both rows are logits, weighed by §4b at the temperature of the output row.
 // With a fallback input (has_fallback), a target row whose kept weight is 0 yields rj_fallback[r]
-// (contract 4c) wherever REJECTION samples it, instead of its first token in rank order.
+// (§4c) wherever REJECTION samples it, instead of its first token in rank order.
 
 #define STRATEGY_GREEDY 0
 #define STRATEGY_TARGET_MATCH 1
@@ -16,7 +16,7 @@
 
 // struct VerifyDraftTokensArgs: generated from src/ops/verify_draft_tokens.rs.
 
-// The tokens a slot emits, with the stop rules of the contract (core 0 stores them).
+// The tokens a slot emits, with the stop rules of §5.8 (core 0 stores them).
 typedef struct {
     __global int* out;               // the slot's accept_tokens row
     __global const int* end_tokens;
@@ -58,7 +58,7 @@ inline uint candidate_count(__global const int* cand_lens, ulong r, uint C) {
 
 #if STRATEGY == STRATEGY_REJECTION
 // How the tokens of draft row q weigh: by key for probability rows; a logits draft row from its own
-// maximum, at the temperature t_bits of the output row it is checked against (contract 3b).
+// maximum, at the temperature t_bits of the output row it is checked against (§4b).
 inline Weigh draft_weigh(__global const D_STORE* q, uint V, __local Scratch* S, uint t_bits) {
 #if LOGITS
     uint lo, hi;
@@ -126,7 +126,7 @@ inline bool accepts(ulong u, ulong wp_d, ulong wq_d, ulong wp_total, ulong wq_to
 // One step of REJECTION for slot output row r (target row p at temperature t_bits, V_row = V when
 // it exists, else 0) and draft row q (Vq = V while a draft is tested, else 0): every row quantity
 // the step may need, all computed unconditionally (no barrier under a branch), the decision taken
-// afterwards. A draft id outside [0, V) weighs 0 in both rows (contract 4.5): it is rejected by the
+// afterwards. A draft id outside [0, V) weighs 0 in both rows (§5.8): it is rejected by the
 // test like any other draft of target weight 0, and the correction comes from the residual.
 typedef struct {
     bool accepted;    // draft d accepted
@@ -232,7 +232,7 @@ __kernel void ENTRY(BUF(const int, draft_tokens), BUF(const int, this_time), BUF
             bool tested = checking && row_ok && (!accept_every || !d_ok);
             // The draft's row: dense, or the index's entry, read only for a tested draft; an
             // entry outside [0, draft_rows) leaves the draft untestable (Vq = 0): rejected, the
-            // target row sampled (contract 5.8.1).
+            // target row sampled (§5.8.1).
             ulong dense = (ulong)b * (s - 1u) + i;
             long q_row = !tested ? 0l
                          : args.has_draft_index != 0u ? (long)draft_index[dense] : (long)dense;

@@ -10,11 +10,36 @@ use specula_backend_api::Op;
 
 use crate::backends::Backend;
 use crate::cases::Size;
-use crate::suite::{Outcome, PROPERTIES};
 use crate::{ConformanceError, Result};
 
 /// Version of the JSON report's layout.
 pub const REPORT_VERSION: u32 = 1;
+
+/// The group name of end-to-end property trials (in place of an op name).
+pub const PROPERTIES: &str = "properties";
+
+/// How one trial ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", content = "message", rename_all = "snake_case")]
+pub enum Outcome {
+    /// The outputs matched, the guards held.
+    Passed,
+    /// What went wrong: backend, op, case, and the mismatch, guard violation or error.
+    Failed(String),
+    /// The trial did not run, and why (backend unavailable, dtype unsupported).
+    Skipped(String),
+}
+
+impl Outcome {
+    /// The outcome's name: `passed`, `failed` or `skipped`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Passed => "passed",
+            Outcome::Failed(_) => "failed",
+            Outcome::Skipped(_) => "skipped",
+        }
+    }
+}
 
 /// Failures listed in full by [`Report::render`]; the rest are counted (the JSON has them all).
 const LISTED_FAILURES: usize = 25;

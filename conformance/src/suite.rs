@@ -38,35 +38,10 @@ use crate::cases::{self, Size};
 use crate::compare::compare_outputs;
 use crate::exec::{self, Outputs};
 use crate::properties::{self, Property};
+pub use crate::report::{Outcome, PROPERTIES};
 use crate::report::{Report, TrialResult};
 use crate::tensor::HostTensor;
 use crate::{ConformanceError, Result};
-
-/// The group name of end-to-end property trials (in place of an op name).
-pub const PROPERTIES: &str = "properties";
-
-/// How one trial ended.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(tag = "outcome", content = "message", rename_all = "snake_case")]
-pub enum Outcome {
-    /// The outputs matched, the guards held.
-    Passed,
-    /// What went wrong: backend, op, case, and the mismatch, guard violation or error.
-    Failed(String),
-    /// The trial did not run, and why (backend unavailable, dtype unsupported).
-    Skipped(String),
-}
-
-impl Outcome {
-    /// The outcome's name: `passed`, `failed` or `skipped`.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Outcome::Passed => "passed",
-            Outcome::Failed(_) => "failed",
-            Outcome::Skipped(_) => "skipped",
-        }
-    }
-}
 
 /// Why a trial does not run.
 #[derive(Clone, Debug, PartialEq, Eq)]
