@@ -382,16 +382,29 @@ impl<F: Forward> Engine<F> {
     fn step(&mut self, stats: &mut RunStats) -> Result<StepOutput> {
         let t = Instant::now();
         let plan = self.decoder.plan()?;
-        stats.specula += t.elapsed();
+        let planned = t.elapsed();
         let t = Instant::now();
         let logits = self.forward_step(&plan)?;
-        stats.forward += t.elapsed();
+        let forward = t.elapsed();
         let t = Instant::now();
         let output = {
             let logits = self.device.borrow_host(&logits)?;
             self.decoder.finish(StepScores::logits(&logits))?
         };
-        stats.specula += t.elapsed();
+        let finished = t.elapsed();
+        tracing::debug!(
+            step = plan.step,
+            requests = plan.slots.len(),
+            inputs = plan.token_num(),
+            rows = plan.t_out(),
+            drafts = plan.drafts(),
+            emitted = output.tokens_emitted(),
+            forward_ms = forward.as_secs_f64() * 1e3,
+            specula_ms = (planned + finished).as_secs_f64() * 1e3,
+            "step"
+        );
+        stats.forward += forward;
+        stats.specula += planned + finished;
         Ok(output)
     }
 

