@@ -1,9 +1,12 @@
 //! The runner's benchmark: tokens/s of plain decoding vs n-gram speculative decoding, greedy, at
 //! batch 1 and batch 8, on prompts that ask the model to repeat a passage (drafts from the prompt
 //! get accepted) and on ordinary chat prompts; the acceptance rate; and the shares of the run
-//! spent in the forward pass and in Specula. Plain and speculative runs alternate, `--repeats`
-//! times each, in one process, and every ratio compares runs of the same round; the speculative
-//! tokens are checked against the plain tokens.
+//! spent in the forward pass and in Specula. Tokens/s are given over the whole run (the prompts'
+//! forward pass included) and for decoding alone (the run without the prompts' forward pass, and
+//! without the first token each prompt pass yields). Plain and speculative runs alternate,
+//! `--repeats` times each, in one process; the round shown is the one with the median speed-up,
+//! and every ratio compares runs of the same round. The speculative tokens are checked against the
+//! plain tokens.
 //!
 //! ```text
 //! cargo run --release -p specula-runner-candle --example bench -- [--backend cpu] [--tokens 64] [--repeats 3] [--draft 5]
@@ -78,9 +81,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         device.info().name
     );
     println!(
-        "| workload | batch | plain tok/s | n-gram tok/s | speed-up | accepted | Specula share (plain / n-gram) | forward share (n-gram) | same tokens |"
+        "| workload | batch | tokens | plain tok/s | n-gram tok/s | speed-up | decoding: plain / n-gram tok/s | speed-up | accepted | Specula share: plain / n-gram | forward share (n-gram) | same tokens |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut all_same = true;
     for (workload, texts) in [
         (
@@ -125,10 +128,14 @@ fn main() -> Result<(), Box<dyn Error>> {
             rounds.sort_by(|a, b| speedup(a).total_cmp(&speedup(b)));
             let (p, s) = &rounds[rounds.len() / 2];
             println!(
-                "| {workload} | {batch} | {:.1} | {:.1} | {:.2}× | {:.0}% | {:.2}% / {:.2}% | {:.1}% | {} |",
+                "| {workload} | {batch} | {} | {:.1} | {:.1} | {:.2}× | {:.1} / {:.1} | {:.2}× | {:.0}% | {:.2}% / {:.2}% | {:.1}% | {} |",
+                p.stats.tokens,
                 p.stats.tokens_per_second(),
                 s.stats.tokens_per_second(),
                 speedup(&(p.clone(), s.clone())),
+                p.stats.decode_tokens_per_second(),
+                s.stats.decode_tokens_per_second(),
+                s.stats.decode_tokens_per_second() / p.stats.decode_tokens_per_second(),
                 100.0 * s.stats.acceptance_rate(),
                 100.0 * p.stats.specula_share(),
                 100.0 * s.stats.specula_share(),

@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use specula_backend_api::{DType, Device, DeviceExt};
 use specula_sampler::{
-    Decoder, FinishReason, Request, SamplerConfig, SlotPlan, StepOutput, StepPlan, StepScores,
+    Decoder, FinishReason, Request, SamplerConfig, SlotPlan, SlotStepKind, StepOutput, StepPlan,
+    StepScores,
 };
 
 use crate::error::{Result, RunnerError};
@@ -58,6 +59,11 @@ pub struct RunStats {
     pub drafts_accepted: u64,
     /// Time in the model: the forward passes, the LM head, the logits to the host.
     pub forward: Duration,
+    /// The part of `forward` spent on prompts (prefill slots), each of which also yields its
+    /// request's first token.
+    pub prefill: Duration,
+    /// Requests whose prompt was fed (one first token each).
+    pub prefills: u64,
     /// Time in Specula: insert/remove, propose and plan, `borrow_host` and `finish`.
     pub specula: Duration,
     /// Wall time of the whole run (the two above and the engine's own bookkeeping).
@@ -78,6 +84,14 @@ impl RunStats {
         self.tokens as f64 / self.total.as_secs_f64().max(1e-9)
     }
 
+    /// Tokens/s of decoding alone: the tokens after each request's first over the run's time
+    /// without the prompts' forward passes (llama.cpp's "eval" rate, where `tokens_per_second`
+    /// also counts the prompt pass).
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        let tokens = self.tokens.saturating_sub(self.prefills) as f64;
+        tokens / self.total.saturating_sub(self.prefill).as_secs_f64().max(1e-9)
+    }
+
     /// Share of the run spent in the forward pass.
     pub fn forward_share(&self) -> f64 {
         self.forward.as_secs_f64() / self.total.as_secs_f64().max(1e-9)
@@ -91,12 +105,16 @@ impl RunStats {
     /// The one-line summary `specula-generate` prints.
     pub fn summary(&self) -> String {
         format!(
-            "{} tokens in {} steps, {:.2} s: {:.1} tokens/s; drafts accepted {:.1}% ({} of {}); \
-             forward {:.1}% of the step, Specula {:.2}%",
+            "{} tokens in {} steps, {:.2} s: {:.1} tokens/s ({:.1} decoding, after {} prompt tokens \
+             in {:.2} s); drafts accepted {:.1}% ({} of {}); forward {:.1}% of the step, Specula \
+             {:.2}%",
             self.tokens,
             self.steps,
             self.total.as_secs_f64(),
             self.tokens_per_second(),
+            self.decode_tokens_per_second(),
+            self.prompt_tokens,
+            self.prefill.as_secs_f64(),
             100.0 * self.acceptance_rate(),
             self.drafts_accepted,
             self.drafts_proposed,
@@ -384,7 +402,7 @@ impl<F: Forward> Engine<F> {
         let plan = self.decoder.plan()?;
         let planned = t.elapsed();
         let t = Instant::now();
-        let logits = self.forward_step(&plan)?;
+        let logits = self.forward_step(&plan, stats)?;
         let forward = t.elapsed();
         let t = Instant::now();
         let output = {
@@ -410,13 +428,17 @@ impl<F: Forward> Engine<F> {
 
     /// The forward pass of a step, one call per request. Returns the `[T_out, V]` logits in the
     /// plan's row order.
-    fn forward_step(&mut self, plan: &StepPlan) -> Result<Vec<f32>> {
+    fn forward_step(&mut self, plan: &StepPlan, stats: &mut RunStats) -> Result<Vec<f32>> {
         let vocab = self.decoder.config().vocab;
         let mut logits = Vec::with_capacity(plan.t_out() * vocab);
         for slot in &plan.slots {
             let before = logits.len();
-            self.forward
-                .forward(&self.decoder, plan, slot, &mut logits)?;
+            let t = Instant::now();
+            self.forward.forward(&self.decoder, plan, slot, &mut logits)?;
+            if slot.kind == SlotStepKind::Prefill {
+                stats.prefill += t.elapsed();
+                stats.prefills += 1;
+            }
             if before != slot.rows.start * vocab || logits.len() != slot.rows.end * vocab {
                 return Err(RunnerError::Internal(format!(
                     "slot {}: rows {:?} written as floats {before} .. {}",
