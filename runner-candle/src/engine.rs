@@ -89,7 +89,12 @@ impl RunStats {
     /// also counts the prompt pass).
     pub fn decode_tokens_per_second(&self) -> f64 {
         let tokens = self.tokens.saturating_sub(self.prefills) as f64;
-        tokens / self.total.saturating_sub(self.prefill).as_secs_f64().max(1e-9)
+        tokens
+            / self
+                .total
+                .saturating_sub(self.prefill)
+                .as_secs_f64()
+                .max(1e-9)
     }
 
     /// Share of the run spent in the forward pass.
@@ -434,7 +439,8 @@ impl<F: Forward> Engine<F> {
         for slot in &plan.slots {
             let before = logits.len();
             let t = Instant::now();
-            self.forward.forward(&self.decoder, plan, slot, &mut logits)?;
+            self.forward
+                .forward(&self.decoder, plan, slot, &mut logits)?;
             if slot.kind == SlotStepKind::Prefill {
                 stats.prefill += t.elapsed();
                 stats.prefills += 1;
