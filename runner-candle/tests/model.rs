@@ -38,6 +38,8 @@ const LOGIT_TOLERANCE: f32 = 2.5;
 const MEAN_TOLERANCE: f32 = 0.4;
 /// Positions (in %) whose top token must be the same.
 const ARGMAX_AGREEMENT: usize = 90;
+/// Positions compared with quantized_llama (the tolerances above hold over all 129).
+const COMPARED: usize = 64;
 
 fn main() -> ExitCode {
     let needs = model_need();
@@ -216,9 +218,11 @@ fn forward_matches_candle_transformers_quantized_llama() -> TestResult {
     let content = read_gguf(&path).map_err(e)?;
     let mut reader = BufReader::new(std::fs::File::open(&path).map_err(e)?);
     let mut reference = ModelWeights::from_gguf(content, &mut reader, &Device::Cpu).map_err(e)?;
-    let tokens = long_prefix(model)?;
+    // The first COMPARED positions of the long prefix: quantized_llama decodes them one token at
+    // a time, which is what the comparison costs.
+    let tokens = &long_prefix(model)?[..COMPARED];
     let all: Vec<usize> = (0..tokens.len()).collect();
-    let ours = logits(&model.llama, &tokens, &mut model.llama.new_cache(), &all)?;
+    let ours = logits(&model.llama, tokens, &mut model.llama.new_cache(), &all)?;
     // quantized_llama returns the last position's logits: its plain decoding, one token at a
     // time, gives every position's.
     let last = |reference: &mut ModelWeights,
@@ -241,7 +245,7 @@ fn forward_matches_candle_transformers_quantized_llama() -> TestResult {
     }
     // quantized_llama against itself: one pass over a prefix vs one token at a time.
     let (mut own, mut own_mean) = (0f32, 0f32);
-    for n in [20, 40, 60, 80, 100] {
+    for n in [16, 32, 48, COMPARED - 1] {
         reference.clear_kv_cache();
         let pass = last(&mut reference, &tokens[..=n], 0)?;
         own = own.max(max_delta(&pass, &theirs[n]));
