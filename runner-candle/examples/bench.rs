@@ -1,0 +1,169 @@
+//! The runner's benchmark: tokens/s of plain decoding vs n-gram speculative decoding, greedy, at
+//! batch 1 and batch 8, on prompts that ask the model to repeat a passage (drafts from the prompt
+//! get accepted) and on ordinary chat prompts; the acceptance rate; and the shares of the run
+//! spent in the forward pass and in Specula. Tokens/s are given over the whole run (the prompts'
+//! forward pass included) and for decoding alone (the run without the prompts' forward pass, and
+//! without the first token each prompt pass yields). Plain and speculative runs alternate,
+//! `--repeats` times each, in one process; the round shown is the one with the median speed-up,
+//! and every ratio compares runs of the same round. The speculative tokens are checked against the
+//! plain tokens.
+//!
+//! ```text
+//! cargo run --release -p specula-runner-candle --example bench -- [--backend cpu] [--tokens 64] [--repeats 3] [--draft 5]
+//! ```
+//!
+//! Prints a Markdown table (the one in `docs/performance.md`). A benchmark, not a test: it
+//! asserts nothing about speed; it exits non-zero only if speculative tokens differ from plain.
+
+use std::error::Error;
+use std::path::PathBuf;
+
+use clap::Parser;
+use specula_runner_candle::engine::{Engine, RunOutput};
+use specula_runner_candle::{Model, fetch};
+use specula_sampler::{NgramConfig, Request, SamplerConfig, SamplingParams, Strategy, registry};
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// The GGUF model [default: the cached SmolLM2-135M, fetched if needed].
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The Specula backend.
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// Most tokens generated per request.
+    #[arg(long, default_value_t = 64)]
+    tokens: usize,
+    /// Rounds of (plain, speculative) per workload.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Most drafts per step.
+    #[arg(long, default_value_t = 5)]
+    draft: usize,
+}
+
+/// Passages the model is asked to repeat (greedy decoding copies them).
+const PASSAGES: [&str; 8] = [
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "A journey of a thousand miles begins with a single step forward.",
+    "The library opens at nine in the morning and closes at six.",
+    "Water boils at one hundred degrees Celsius at sea level pressure.",
+    "Our team meets every Monday to plan the work of the coming week.",
+    "The old lighthouse still guides the fishing boats home at night.",
+    "Please remember to save your work before you close the program.",
+    "The train to the city leaves from platform four every hour.",
+];
+
+/// Ordinary chat prompts.
+const QUESTIONS: [&str; 8] = [
+    "What is the tallest mountain in the world?",
+    "Write a short poem about autumn leaves.",
+    "Explain what a compiler does in two sentences.",
+    "Give me three tips for learning a new language.",
+    "Why is the sky blue?",
+    "Describe a cat to someone who has never seen one.",
+    "What should I pack for a weekend trip to the mountains?",
+    "Summarize the plot of a fairy tale you like.",
+];
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let args = Args::parse();
+    let path = match &args.model {
+        Some(path) => path.clone(),
+        None => fetch::ensure_default_model()?,
+    };
+    let model = Model::load(&path)?;
+    let device = registry::open(&args.backend)?;
+    eprintln!(
+        "model {}, Specula on {} ({})",
+        path.display(),
+        args.backend,
+        device.info().name
+    );
+    println!(
+        "| workload | batch | tokens | plain tok/s | n-gram tok/s | speed-up | decoding: plain / n-gram tok/s | speed-up | accepted | Specula share: plain / n-gram | forward share (n-gram) | same tokens |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut all_same = true;
+    for (workload, texts) in [
+        (
+            "repeat a passage",
+            PASSAGES.map(|p| format!("Repeat exactly: {p} {p}")),
+        ),
+        ("chat", QUESTIONS.map(String::from)),
+    ] {
+        for batch in [1, 8] {
+            let requests = texts[..batch]
+                .iter()
+                .enumerate()
+                .map(|(i, text)| {
+                    Ok(Request::new(model.prompt(text, true)?)
+                        .with_params(SamplingParams::greedy().with_seed(i as u64))
+                        .with_max_dec_len(args.tokens))
+                })
+                .collect::<Result<Vec<_>, Box<dyn Error>>>()?;
+            let plain = SamplerConfig::plain(
+                Strategy::TargetMatch,
+                batch,
+                model.vocab(),
+                1024,
+                model.end_tokens(),
+            );
+            let ngram = plain
+                .clone()
+                .with_ngram(args.draft + 1, NgramConfig::default());
+            let mut rounds: Vec<(RunOutput, RunOutput)> = Vec::new();
+            for _ in 0..args.repeats.max(1) {
+                let run = |config: &SamplerConfig| -> Result<RunOutput, Box<dyn Error>> {
+                    let mut engine = Engine::new(&model.llama, device.clone(), config.clone())?;
+                    Ok(engine.run(requests.clone(), |_| {})?)
+                };
+                let p = run(&plain)?;
+                let s = run(&ngram)?;
+                rounds.push((p, s));
+            }
+            let same = rounds.iter().all(|(p, s)| p.generated == s.generated);
+            all_same &= same;
+            // The round with the median speed-up.
+            rounds.sort_by(|a, b| speedup(a).total_cmp(&speedup(b)));
+            let (p, s) = &rounds[rounds.len() / 2];
+            println!(
+                "| {workload} | {batch} | {} | {:.1} | {:.1} | {:.2}× | {:.1} / {:.1} | {:.2}× | {:.0}% | {:.2}% / {:.2}% | {:.1}% | {} |",
+                p.stats.tokens,
+                p.stats.tokens_per_second(),
+                s.stats.tokens_per_second(),
+                speedup(&(p.clone(), s.clone())),
+                p.stats.decode_tokens_per_second(),
+                s.stats.decode_tokens_per_second(),
+                s.stats.decode_tokens_per_second() / p.stats.decode_tokens_per_second(),
+                100.0 * s.stats.acceptance_rate(),
+                100.0 * p.stats.specula_share(),
+                100.0 * s.stats.specula_share(),
+                100.0 * s.stats.forward_share(),
+                if same { "yes" } else { "NO" },
+            );
+            eprintln!(
+                "  {workload}, batch {batch}: plain {} tokens in {} steps; n-gram {} tokens in {} steps ({} of {} drafts accepted); speed-ups {:?}",
+                p.stats.tokens,
+                p.stats.steps,
+                s.stats.tokens,
+                s.stats.steps,
+                s.stats.drafts_accepted,
+                s.stats.drafts_proposed,
+                rounds
+                    .iter()
+                    .map(|r| format!("{:.2}", speedup(r)))
+                    .collect::<Vec<_>>(),
+            );
+        }
+    }
+    if !all_same {
+        return Err("speculative tokens differ from plain tokens".into());
+    }
+    Ok(())
+}
+
+/// Speculative tokens/s over plain tokens/s in one round.
+fn speedup((plain, speculative): &(RunOutput, RunOutput)) -> f64 {
+    speculative.stats.tokens_per_second() / plain.stats.tokens_per_second()
+}
