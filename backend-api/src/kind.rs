@@ -74,6 +74,10 @@ pub struct Capabilities {
     /// and the sampling op that reads it run while the block is in the device's caches (a CPU).
     /// `None`: all rows at once (a GPU).
     pub row_block_bytes: Option<usize>,
+    /// Whether the device runs the per-rank ops of sharded rows (`shard_key`, `shard_records`,
+    /// `shard_histogram`, `shard_walk`, `shard_exp_sum`; `docs/semantics.md` §4d). Without it they
+    /// are [`Error::Unsupported`](crate::Error::Unsupported).
+    pub sharded: bool,
 }
 
 impl Capabilities {
@@ -93,6 +97,7 @@ impl Capabilities {
         match op {
             Op::Memory => false,
             Op::ProcessLogits => self.processing,
+            op if op.is_sharded() => self.sharded,
             _ => true,
         }
     }

@@ -74,6 +74,7 @@ impl CpuDevice {
             processing: true,
             fused_processing: true,
             row_block_bytes: row_block_bytes(),
+            sharded: true,
         };
         Ok(CpuDevice {
             desc: DeviceDesc::new(info, capabilities),

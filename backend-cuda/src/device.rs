@@ -205,6 +205,7 @@ impl CudaDevice {
             processing: true,
             fused_processing: false,
             row_block_bytes: None,
+            sharded: false,
         };
         Ok(CudaDevice {
             desc: DeviceDesc::new(info, capabilities),

@@ -40,6 +40,7 @@ impl WgpuDevice {
                 >= crate::ops::process_logits::STORAGE_BUFFERS,
             fused_processing: false,
             row_block_bytes: None,
+            sharded: false,
         };
         WgpuDevice {
             desc: DeviceDesc::new(info, capabilities),

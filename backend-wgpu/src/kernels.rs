@@ -89,6 +89,12 @@ impl Kernel {
             | Kernel::UpdateState
             | Kernel::NgramMatch
             | Kernel::ProcessLogits => &[],
+            // Not written yet (the device does not run sharded ops): no entry point.
+            Kernel::ShardKey
+            | Kernel::ShardRecords
+            | Kernel::ShardHistogram
+            | Kernel::ShardWalk
+            | Kernel::ShardExpSum => &[],
         }
     }
 
@@ -127,6 +133,12 @@ impl Kernel {
             | Kernel::BuildSamplingParams
             | Kernel::UpdateState
             | Kernel::NgramMatch => &[],
+            // Not written yet (the device does not run sharded ops): no entry point.
+            Kernel::ShardKey
+            | Kernel::ShardRecords
+            | Kernel::ShardHistogram
+            | Kernel::ShardWalk
+            | Kernel::ShardExpSum => &[],
         }
     }
 }

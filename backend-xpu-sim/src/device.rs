@@ -64,6 +64,7 @@ impl XpuSimDevice {
             processing: true,
             fused_processing: false,
             row_block_bytes: None,
+            sharded: false,
         };
         Ok(XpuSimDevice {
             desc: DeviceDesc::new(info, capabilities),

@@ -595,6 +595,9 @@ pub(crate) fn unsupported(device: &dyn Device, case: &Case) -> Option<Skip> {
     if needs_processing(case) && !capabilities.processing {
         return Some(Skip::Unsupported("logits processing".to_owned()));
     }
+    if op.is_sharded() && !capabilities.sharded {
+        return Some(Skip::Unsupported("sharded rows".to_owned()));
+    }
     case.inputs
         .values()
         .map(|t| t.dtype)

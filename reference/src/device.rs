@@ -32,6 +32,7 @@ impl ReferenceDevice {
             processing: true,
             fused_processing: false,
             row_block_bytes: None,
+            sharded: true,
         };
         ReferenceDevice {
             desc: DeviceDesc::new(info, capabilities),

@@ -1,0 +1,18 @@
+//! `shard_walk` (`docs/semantics.md` §5.16, `kernels/shard_walk.cu`): not yet written for this backend.
+//!
+//! The device reports `Capabilities::sharded = false`, so the front answers
+//! `Error::Unsupported` before a call reaches `run`; `run` answers the same if it is ever called.
+
+use specula_backend_api::ops::shard_walk::OpCall;
+use specula_backend_api::{BackendKind, Error, Op, Result};
+
+use crate::device::CudaDevice;
+
+/// Reports the op unsupported on this backend.
+pub(crate) fn run(_device: &CudaDevice, _call: OpCall<'_, '_>) -> Result<()> {
+    Err(Error::Unsupported {
+        backend: BackendKind::Cuda,
+        op: Op::ShardWalk,
+        what: "sharded rows (its kernel is not written yet)".to_owned(),
+    })
+}
