@@ -8,7 +8,7 @@ use specula_backend_api::shard::KeyOrder;
 
 use super::Size;
 use super::generate::{FLOAT_DTYPES, Rng, f32s, hostile_logit_rows, u64s};
-use super::sharded_rows::{RowBuffers, Slice, WholeRows, golden_key, min_ps, rows_specs, shapes, slices_of};
+use super::sharded_rows::{RowBuffers, Slice, WholeRows, golden_key, min_ps, u64_tensor, rows_specs, shapes, slices_of};
 use crate::Result;
 use crate::case::{Case, TensorSpec, Want};
 use crate::exec::{OpCase, Runner};
@@ -127,8 +127,8 @@ fn golden() -> Vec<Case> {
             .with("row_key", u64s(&[key, key]))
             .with("prefix", u64s(&[0, 0]))
             .with("floor", u64s(&[0, golden_key(0xBE80_0000, 2)]))
-            .expect("counts", u64s(&counts))
-            .expect("masses", u64s(&masses)),
+            .expect("counts", u64_tensor(&[2, 256], &counts))
+            .expect("masses", u64_tensor(&[2, 256], &masses)),
     ]
 }
 

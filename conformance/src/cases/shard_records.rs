@@ -7,7 +7,7 @@ use specula_backend_api::shard::KeyOrder;
 
 use super::Size;
 use super::generate::{FLOAT_DTYPES, Rng, f32s, hostile_logit_rows, u64s};
-use super::sharded_rows::{RowBuffers, Slice, WholeRows, golden_key, min_ps, rows_specs, shapes, slices_of};
+use super::sharded_rows::{RowBuffers, Slice, WholeRows, golden_key, min_ps, u64_tensor, rows_specs, shapes, slices_of};
 use crate::Result;
 use crate::case::{Case, TensorSpec};
 use crate::exec::{OpCase, Runner};
@@ -106,13 +106,16 @@ fn golden() -> Vec<Case> {
     let probs = Case::new("golden::probs_ties_by_id", params.clone())
         .with("probs", f32s(&[0.25, 0.5, 0.25]))
         .with("row_key", u64s(&[golden_key(0xBF00_0000, 3)]))
-        .expect("records", u64s(&expected));
+        .expect("records", u64_tensor(&[1, 4, 2], &expected));
     // min_p 0.75 against the row's largest weight w(0.5): 2^38 · 2^24 < ceil(0.75 · 2^24) · 2^39.
     let min_p = Case::new("golden::probs_min_p", params)
         .with("probs", f32s(&[0.25, 0.5, 0.25]))
         .with("row_key", u64s(&[golden_key(0xBF00_0000, 3)]))
         .with("min_p", f32s(&[0.75]))
-        .expect("records", u64s(&[expected[0], expected[1], expected[2], 0, expected[4], 0, 0, 0]));
+        .expect(
+            "records",
+            u64_tensor(&[1, 4, 2], &[expected[0], expected[1], expected[2], 0, expected[4], 0, 0, 0]),
+        );
     // Logits at T = 0: only the row key's token (id 1, in another slice) weighs; here none.
     let logits = Case::new(
         "golden::logits_argmax_elsewhere",
@@ -127,7 +130,10 @@ fn golden() -> Vec<Case> {
     .with("logits", f32s(&[1.0, 2.0]))
     .with("temperature", f32s(&[0.0]))
     .with("row_key", u64s(&[golden_key(0xC000_0000, 1)]))
-    .expect("records", u64s(&[golden_key(0xC000_0000, 3), 0, golden_key(0xBF80_0000, 2), 0]));
+    .expect(
+        "records",
+        u64_tensor(&[1, 2, 2], &[golden_key(0xC000_0000, 3), 0, golden_key(0xBF80_0000, 2), 0]),
+    );
     vec![probs, min_p, logits]
 }
 

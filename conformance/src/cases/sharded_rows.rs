@@ -50,9 +50,9 @@ impl Slice {
         }
     }
 
-    /// The name part `<first>+<len>of<vocab>`.
+    /// The name part `<first>_<len>of<vocab>`.
     pub fn name(self) -> String {
-        format!("{}+{}of{}", self.first, self.len, self.vocab)
+        format!("{}_{}of{}", self.first, self.len, self.vocab)
     }
 }
 
@@ -202,6 +202,11 @@ pub(crate) fn min_ps(rng: &mut Rng, rows: usize) -> Vec<f32> {
     (0..rows)
         .map(|_| rng.pick(&[0.0, 0.0, 0.05, 0.3, 1.0]))
         .collect()
+}
+
+/// `values` as a u64 tensor of `shape` (a golden output).
+pub(crate) fn u64_tensor(shape: &[usize], values: &[u64]) -> crate::tensor::HostTensor {
+    crate::tensor::HostTensor::new(shape, values)
 }
 
 /// A key built by hand for golden cases: `(ord << 20) | (2^20 − 1 − id)`.
