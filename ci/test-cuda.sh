@@ -43,6 +43,9 @@ cargo run --locked --release -p specula-backend-cuda --bin nvrtc-check -- --arch
 step "the workspace builds with the cuda feature (no CUDA needed)"
 cargo build --locked -p specula-sampler --features cuda
 
+step "the NCCL engine of sharded sampling compiles (a one-rank check runs on a GPU machine below)"
+cargo build --locked -p specula-shard --features nccl --tests
+
 step "backend-cuda unit tests and the host build of common.cuh"
 cargo test --locked -p specula-backend-cuda
 
@@ -68,6 +71,9 @@ nvidia-smi -L
 SPECULA_REQUIRE=cuda cargo test --locked --release -p specula-conformance --test conformance -- cuda::
 SPECULA_REQUIRE=cuda cargo test --locked --release -p specula-backend-cuda --test runner_stream
 SPECULA_REQUIRE=cuda cargo run --locked --release -p specula-conformance --bin specula -- run --backend cuda
+
+step "sharded sampling over a one-rank NCCL communicator (SPECULA_REQUIRE=nccl: a missing NCCL fails)"
+SPECULA_REQUIRE=nccl cargo test --locked --release -p specula-shard --features nccl --test nccl
 
 step "benchmarks on the GPU"
 cargo run --locked --release -p specula-conformance --bin specula -- bench --backend cuda,cpu --json target/bench-cuda.json
