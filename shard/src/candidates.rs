@@ -67,7 +67,7 @@ pub fn top_p_candidates(
             out.lens[r] = i32::from(ids[0] >= 0);
             continue;
         }
-        records.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        records.sort_unstable_by_key(|a| std::cmp::Reverse(a.0));
         let p = top_p_fixed(top_p[r]);
         let (mut mass, mut lens, mut count) = (0u64, None, 0);
         for (i, &(key, w)) in records

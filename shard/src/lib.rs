@@ -57,6 +57,7 @@ mod error;
 #[allow(unsafe_code)]
 mod mpi;
 #[cfg(feature = "nccl")]
+#[allow(unsafe_code)]
 mod nccl;
 mod partition;
 mod rows;

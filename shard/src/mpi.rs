@@ -115,7 +115,7 @@ impl MpiGroup {
         let count = c_int::try_from(values.len()).map_err(|_| engine_error("too many values"))?;
         let send: Vec<T> = values.to_vec();
         let mut recv: Vec<T> = values.to_vec();
-        let mut request: ffi::MPI_Request = std::ptr::null_mut();
+        let mut request = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
         // SAFETY: `send` and `recv` hold `count` elements of `T`, whose MPI datatype is
         // `T::equivalent_datatype()`; both stay alive (moved into `wait`) until the call
         // completes or are leaked when it is abandoned.
@@ -127,7 +127,7 @@ impl MpiGroup {
                 T::equivalent_datatype().as_raw(),
                 op.as_raw(),
                 self.world.as_raw(),
-                &mut request,
+                request.as_mut_ptr(),
             )
         };
         if code != 0 {
@@ -135,6 +135,8 @@ impl MpiGroup {
                 "MPI_Iallreduce failed ({code}) in {name}"
             )));
         }
+        // SAFETY: MPI_Iallreduce succeeded, so it wrote the request handle.
+        let request = unsafe { request.assume_init() };
         let (_send, recv) = self.wait(name, request, (send, recv))?;
         values.copy_from_slice(&recv);
         Ok(())
@@ -194,7 +196,7 @@ impl Collective for MpiGroup {
         let send: Vec<u64> = send.to_vec();
         let mut recv: Vec<u64> = vec![0; gathered.len()];
         let datatype = u64::equivalent_datatype().as_raw();
-        let mut request: ffi::MPI_Request = std::ptr::null_mut();
+        let mut request = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
         // SAFETY: `send` holds `count` u64 and `recv` `ranks · count`; both stay alive until the
         // call completes (moved into `wait`) or are leaked when it is abandoned.
         let code = unsafe {
@@ -206,12 +208,14 @@ impl Collective for MpiGroup {
                 count,
                 datatype,
                 self.world.as_raw(),
-                &mut request,
+                request.as_mut_ptr(),
             )
         };
         if code != 0 {
             return Err(engine_error(format!("MPI_Iallgather failed ({code})")));
         }
+        // SAFETY: MPI_Iallgather succeeded, so it wrote the request handle.
+        let request = unsafe { request.assume_init() };
         let (_send, recv) = self.wait("all_gather", request, (send, recv))?;
         gathered.copy_from_slice(&recv);
         Ok(())

@@ -69,7 +69,9 @@ impl NcclGroup {
     /// Rank `rank` of `ranks` of the communicator `id`, on GPU `ordinal`. Fails with
     /// [`ShardError::Engine`] when there is no CUDA driver or NCCL library.
     pub fn new(ordinal: usize, rank: usize, ranks: usize, id: Id) -> Result<Self> {
-        if !cudarc::driver::sys::is_culib_present() {
+        // SAFETY: only probes whether the driver library can be loaded (cudarc's loader panics
+        // when it is absent, so this comes first).
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(engine_error("the CUDA driver library is not present"));
         }
         let context = CudaContext::new(ordinal).map_err(engine_error)?;
@@ -106,7 +108,11 @@ impl NcclGroup {
 
     fn all_reduce<T>(&self, op: &'static str, values: &mut [T], reduce: ReduceOp) -> Result<()>
     where
-        T: cudarc::driver::DeviceRepr + cudarc::nccl::safe::NcclType + Copy + Default,
+        T: cudarc::driver::DeviceRepr
+            + cudarc::driver::ValidAsZeroBits
+            + cudarc::nccl::safe::NcclType
+            + Copy
+            + Default,
     {
         if values.is_empty() {
             return Ok(());

@@ -56,7 +56,7 @@ pub fn top_k_top_p_sample(
     if records.iter().any(|&k| k > 0) {
         let gathered = gather_records(shard, &weighed, &records)?;
         for (r, records) in gathered {
-            tokens[r] = sample_records(records, records_k(&host.top_k, r), host, r, row_keys[r]);
+            tokens[r] = sample_records(records, records_k(host.top_k, r), host, r, row_keys[r]);
         }
     }
     if !searched.is_empty() {
@@ -123,7 +123,7 @@ fn sample_records(
     r: usize,
     row_key: u64,
 ) -> i32 {
-    records.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    records.sort_unstable_by_key(|a| std::cmp::Reverse(a.0));
     records.truncate(k);
     let total: u64 = records.iter().map(|&(_, w)| w).sum();
     if total == 0 {

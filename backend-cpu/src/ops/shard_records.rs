@@ -31,7 +31,7 @@ pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
                     keyed.select_nth_unstable_by(n - 1, |a, b| b.0.cmp(&a.0));
                     keyed.truncate(n);
                 }
-                keyed.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+                keyed.sort_unstable_by_key(|a| std::cmp::Reverse(a.0));
                 let weigher = rows.weigher(r);
                 row_out.fill(0);
                 for (record, &(key, j)) in row_out.chunks_mut(2).zip(&keyed) {
