@@ -58,7 +58,7 @@ pub fn cases(size: Size) -> Vec<Case> {
             for slice in slices_of(shape.1) {
                 let params = Params { rows: shape.0, slice };
                 let name = format!("{name}::{}", slice.name());
-                out.push(whole.into_case(Case::new(name, params), slice));
+                out.push(whole.to_case(Case::new(name, params), slice));
             }
         }
     }
@@ -91,6 +91,6 @@ fn hostile() -> Vec<Case> {
     let mut keys = whole.row_keys(KeyOrder::Rank);
     keys[5] = rng.next_u64();
     keys[6] = 0;
-    vec![whole.into_case(Case::new("hostile::special_temperatures_and_keys", Params { rows, slice }), slice)
+    vec![whole.to_case(Case::new("hostile::special_temperatures_and_keys", Params { rows, slice }), slice)
         .with("row_key", u64s(&keys))]
 }

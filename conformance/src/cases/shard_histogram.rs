@@ -77,7 +77,7 @@ pub fn cases(size: Size) -> Vec<Case> {
                 let params = Params { rows: shape.0, slice, logits, shift };
                 let name = format!("{name}::{}::shift{shift}", slice.name());
                 let case = whole
-                    .into_case(Case::new(name, params), slice)
+                    .to_case(Case::new(name, params), slice)
                     .with("prefix", u64s(&prefix))
                     .with("floor", u64s(&floor));
                 out.push(case.clone().with("min_p", f32s(&min_ps(&mut rng, shape.0))));
@@ -143,7 +143,7 @@ fn hostile() -> Vec<Case> {
     let floor: Vec<u64> = (0..rows).map(|_| rng.next_u64() >> rng.below(64)).collect();
     let params = Params { rows, slice, logits: true, shift: 44 };
     vec![whole
-        .into_case(Case::new("hostile::garbage_keys_prefixes_floors", params), slice)
+        .to_case(Case::new("hostile::garbage_keys_prefixes_floors", params), slice)
         .with("row_key", u64s(&keys))
         .with("prefix", u64s(&prefix))
         .with("floor", u64s(&floor))]

@@ -58,7 +58,7 @@ fn case(name: String, whole: &WholeRows, slice: Slice, order: KeyOrder, ids: Opt
         logits: whole.logits(),
         order,
     };
-    let mut case = whole.into_case(Case::new(name, params), slice);
+    let mut case = whole.to_case(Case::new(name, params), slice);
     case.inputs.remove("row_key");
     match ids {
         Some(ids) => case.with("ids", i32s(ids)),

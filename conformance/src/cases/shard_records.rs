@@ -59,7 +59,7 @@ pub(crate) fn case(name: String, whole: &WholeRows, slice: Slice, records: usize
         records,
         order,
     };
-    whole.into_case(Case::new(name, params), slice)
+    whole.to_case(Case::new(name, params), slice)
 }
 
 /// Every case of `shard_records`.

@@ -99,14 +99,14 @@ fn case(name: String, rng: &mut Rng, whole: &WholeRows, slice: Slice, draft: Opt
     let mut threshold = Vec::new();
     let mut offset = Vec::new();
     let mut kept_mass = Vec::new();
-    for r in 0..whole.rows {
-        let mut all = keyed(whole, r, 0..whole.vocab, keys[r]);
-        all.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    for (r, &row_key) in keys.iter().enumerate() {
+        let mut all = keyed(whole, r, 0..whole.vocab, row_key);
+        all.sort_unstable_by_key(|a| std::cmp::Reverse(a.0));
         let cut = all[rng.below(all.len())].0;
         let cut = if rng.below(5) == 0 { 0 } else { cut };
         threshold.push(cut);
         kept_mass.push(all.iter().filter(|(k, _)| *k >= cut).map(|(_, w)| w).sum::<u64>());
-        let local: u64 = keyed(whole, r, slice.first..slice.first + slice.len, keys[r])
+        let local: u64 = keyed(whole, r, slice.first..slice.first + slice.len, row_key)
             .iter()
             .filter(|(k, _)| *k >= cut)
             .map(|(_, w)| w)
@@ -124,7 +124,7 @@ fn case(name: String, rng: &mut Rng, whole: &WholeRows, slice: Slice, draft: Opt
         draft_rows: draft.map_or(0, |d| d.rows),
     };
     let case = whole
-        .into_case(Case::new(name, params), slice)
+        .to_case(Case::new(name, params), slice)
         .with("threshold", u64s(&threshold))
         .with("offset", u64s(&offset))
         .with("min_p", f32s(&min_ps(rng, whole.rows)));
@@ -204,7 +204,7 @@ fn hostile() -> Vec<Case> {
     let garbage = |rng: &mut Rng, n: usize| -> Vec<u64> { (0..n).map(|_| rng.next_u64()).collect() };
     let params = Params { rows, slice, logits: true, draft_rows: 3 };
     vec![whole
-        .into_case(Case::new("hostile::garbage_keys_masses_offsets", params), slice)
+        .to_case(Case::new("hostile::garbage_keys_masses_offsets", params), slice)
         .with("row_key", u64s(&garbage(&mut rng, rows)))
         .with("threshold", u64s(&garbage(&mut rng, rows)))
         .with("offset", u64s(&garbage(&mut rng, rows)))

@@ -163,7 +163,7 @@ impl WholeRows {
 
     /// `case` with the slice's scores (`probs`, or `logits` and `temperature`) and the whole
     /// rows' keys as `row_key`.
-    pub(crate) fn into_case(&self, case: Case, slice: Slice) -> Case {
+    pub(crate) fn to_case(&self, case: Case, slice: Slice) -> Case {
         let scores = float_tensor(self.dtype, &[self.rows, slice.len], &self.cut(slice));
         let case = match &self.temperature {
             None => case.with("probs", scores),
