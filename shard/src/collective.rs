@@ -151,6 +151,24 @@ impl Group {
     }
 }
 
+/// SUM over `u128` for an engine without a 128-bit integer type: every rank's values gathered
+/// (two `u64` words each) and added in rank order here, exact (wrapping).
+pub(crate) fn sum_u128_by_gathering(engine: &dyn Collective, values: &mut [u128]) -> Result<()> {
+    let words: Vec<u64> = values
+        .iter()
+        .flat_map(|&v| [v as u64, (v >> 64) as u64])
+        .collect();
+    let mut gathered = vec![0; words.len() * engine.ranks()];
+    engine.all_gather(&words, &mut gathered)?;
+    values.fill(0);
+    for rank in gathered.chunks(words.len().max(1)) {
+        for (v, pair) in values.iter_mut().zip(rank.chunks(2)) {
+            *v = v.wrapping_add(u128::from(pair[0]) | (u128::from(pair[1]) << 64));
+        }
+    }
+    Ok(())
+}
+
 /// A stable 64-bit fingerprint of words (FNV-1a over their bytes), for [`Group::agree`].
 pub fn fingerprint(words: impl IntoIterator<Item = u64>) -> u64 {
     words.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, w| {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaContext, CudaStream};
 use cudarc::nccl::safe::{Comm, Id, ReduceOp};
 
-use crate::collective::{Collective, DEFAULT_TIMEOUT};
+use crate::collective::{Collective, DEFAULT_TIMEOUT, sum_u128_by_gathering};
 use crate::error::{Result, ShardError};
 
 const ENGINE: &str = "nccl";
@@ -159,20 +159,8 @@ impl Collective for NcclGroup {
     }
 
     fn sum_u128(&self, values: &mut [u128]) -> Result<()> {
-        // NCCL has no 128-bit integer: gather every rank's values and add them here (exact).
-        let words: Vec<u64> = values
-            .iter()
-            .flat_map(|&v| [v as u64, (v >> 64) as u64])
-            .collect();
-        let mut gathered = vec![0; words.len() * self.ranks()];
-        self.all_gather(&words, &mut gathered)?;
-        values.fill(0);
-        for rank in gathered.chunks(words.len().max(1)) {
-            for (v, pair) in values.iter_mut().zip(rank.chunks(2)) {
-                *v = v.wrapping_add(u128::from(pair[0]) | (u128::from(pair[1]) << 64));
-            }
-        }
-        Ok(())
+        // No 128-bit integer type in the library: gather and add here (exact).
+        sum_u128_by_gathering(self, values)
     }
 
     fn all_gather(&self, send: &[u64], gathered: &mut [u64]) -> Result<()> {
