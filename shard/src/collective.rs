@@ -153,6 +153,7 @@ impl Group {
 
 /// SUM over `u128` for an engine without a 128-bit integer type: every rank's values gathered
 /// (two `u64` words each) and added in rank order here, exact (wrapping).
+#[cfg(any(feature = "mpi", feature = "nccl"))]
 pub(crate) fn sum_u128_by_gathering(engine: &dyn Collective, values: &mut [u128]) -> Result<()> {
     let words: Vec<u64> = values
         .iter()
