@@ -7,7 +7,7 @@ use specula_backend_api::shard::{KeyOrder, key_id, key_value};
 
 use crate::error::{Result, ShardError};
 use crate::rows::{Shard, SliceRows};
-use crate::sample::{first_token, gather_records, gather_rows, walk};
+use crate::sample::{gather_records, gather_rows, walk};
 
 /// The candidates of the rows: `[rows, C]` ids and scores and `[rows]` lens, as the unsharded op
 /// writes them.
@@ -38,6 +38,7 @@ pub fn top_p_candidates(
         });
     }
     let row_keys = shard.row_keys(rows, n, KeyOrder::Rank)?;
+    let zero = shard.zero_tokens(rows, &row_keys)?;
     let key_buffer = shard.device.upload(&row_keys)?;
     let weighed = crate::rows::Shard::weighed(rows, &key_buffer);
     let k = vec![candidates; n];
@@ -63,7 +64,7 @@ pub fn top_p_candidates(
         );
         let total = totals[r];
         if total == 0 {
-            ids[0] = first_token(row_keys[r]);
+            ids[0] = zero[r];
             out.lens[r] = i32::from(ids[0] >= 0);
             continue;
         }

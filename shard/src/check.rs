@@ -5,12 +5,34 @@
 
 use specula_backend_api::ops::{
     CandidatesInputs, CandidatesOutputs, CandidatesParams, RowShape, SampleInputs, SampleParams,
-    Scores,
+    Scores, VocabSlice,
 };
 use specula_backend_api::{Device, DeviceExt};
 
 use crate::error::{Result, ShardError};
 use crate::rows::{HostRows, Shard, SliceRows};
+
+/// The slice of rank `rank` of `ranks` over `vocab`: even (`VocabSlice::even`), or uneven with
+/// rank 0 holding one token and the others splitting the rest evenly. `None` when a slice would
+/// be empty.
+pub fn slice_of(vocab: usize, ranks: usize, rank: usize, uneven: bool) -> Option<VocabSlice> {
+    if !uneven || ranks == 1 {
+        return VocabSlice::even(vocab, ranks, rank);
+    }
+    if rank == 0 {
+        return (vocab >= ranks).then_some(VocabSlice {
+            first: 0,
+            len: 1,
+            vocab,
+        });
+    }
+    let rest = VocabSlice::even(vocab.checked_sub(1)?, ranks - 1, rank - 1)?;
+    Some(VocabSlice {
+        first: rest.first + 1,
+        len: rest.len,
+        vocab,
+    })
+}
 
 /// A deterministic generator (splitmix64).
 #[derive(Clone, Debug)]
@@ -82,6 +104,19 @@ impl Rows {
             for _ in 0..rng.below(5) {
                 let (a, b) = (rng.below(vocab), rng.below(vocab));
                 row[b] = row[a];
+            }
+            // Some rows tie many tokens at their maximum (or at +inf), so that a top-p cut
+            // falls inside one value and the search must find it by id.
+            // Consecutive ids, so that the cut also falls inside a block of 16 ids.
+            let (start, len) = (rng.below(vocab), 2 + rng.below(40));
+            let tied = start..(start + len).min(vocab);
+            match rng.below(4) {
+                0 => {
+                    let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    row[tied].fill(top);
+                }
+                1 if logits => row[tied].fill(f32::INFINITY),
+                _ => {}
             }
             if !logits {
                 let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);

@@ -16,7 +16,9 @@
 //!   ([`ExchangeStats`]).
 //! - [`Partition::agree`]: the ranks' slices, checked to partition one vocabulary (a
 //!   [`ShardError::Mismatch`] on every rank otherwise).
-//! - [`top_k_top_p_sample`], [`argmax`], [`top_p_candidates`]: the sharded ops.
+//! - [`top_k_top_p_sample`], [`argmax`], [`top_p_candidates`], [`verify_draft_tokens`] (REJECTION
+//!   reads the rows; the other strategies run replicated) and [`accept_logprobs`]: the sharded
+//!   ops.
 //!
 //! Failures are typed errors on every rank, never a hang or a wrong token: a mismatch is found
 //! by a collective whose result every rank sees, and a rank that stops calling makes the
@@ -53,6 +55,7 @@ mod candidates;
 pub mod check;
 mod collective;
 mod error;
+mod logprobs;
 #[cfg(feature = "mpi")]
 #[allow(unsafe_code)]
 mod mpi;
@@ -64,16 +67,19 @@ mod rows;
 mod sample;
 mod search;
 mod threads;
+mod verify;
 
 pub use argmax::argmax;
 pub use candidates::{Candidates, top_p_candidates};
 pub use collective::{Collective, DEFAULT_TIMEOUT, ExchangeStats, Group, fingerprint};
 pub use error::{Result, ShardError};
+pub use logprobs::accept_logprobs;
 #[cfg(feature = "mpi")]
 pub use mpi::MpiGroup;
 #[cfg(feature = "nccl")]
 pub use nccl::NcclGroup;
 pub use partition::Partition;
-pub use rows::{HostRows, Shard, SliceRows};
+pub use rows::{Fallback, HostRows, Shard, SliceRows};
 pub use sample::top_k_top_p_sample;
 pub use threads::ThreadGroup;
+pub use verify::{TargetExtras, verify_draft_tokens};

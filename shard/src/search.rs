@@ -139,9 +139,17 @@ fn step(
     value_weight: impl Fn(u32) -> u64,
 ) -> Progress {
     let prefix = p.known >> (shift + 8 - p.low);
+    // The last round (bits [0, 8) after [4, 12)) overlaps the bits already known: the prefix
+    // given to `shard_histogram` cannot hold them, so the buckets whose top bits differ from
+    // them (tokens above or below the chosen bucket, counted already) are skipped here.
+    let overlap = shift + 8 - p.low;
+    let known_top = p.known & ((1u64 << overlap) - 1);
     let mut above = 0u64;
     let mut bucket = 0;
     for b in (0..SHARD_HISTOGRAM_BUCKETS).rev() {
+        if overlap > 0 && (b as u64) >> (8 - overlap) != known_top {
+            continue;
+        }
         if above.saturating_add(histogram[b]) >= p.need {
             bucket = b;
             break;
