@@ -23,6 +23,7 @@ pub mod properties;
 pub mod replay;
 pub mod report;
 pub mod sharded;
+pub mod sharded_decode;
 pub mod suite;
 pub mod tensor;
 
@@ -36,6 +37,9 @@ pub enum ConformanceError {
     /// A sharded run failed (`docs/semantics.md` §4d).
     #[error(transparent)]
     Shard(#[from] specula_shard::ShardError),
+    /// A decoder run failed.
+    #[error(transparent)]
+    Sampler(#[from] specula_sampler::SamplerError),
     /// A case or case file is malformed.
     #[error("{0}")]
     Format(String),

@@ -63,3 +63,57 @@ fn the_sampling_ops_cases_run_sharded_equal_the_reference() {
         run(ranks, uneven, cases.clone());
     }
 }
+
+/// Whole decoder runs (n-gram speculative, every sampling parameter on, a bitmask,
+/// log-probabilities; REJECTION with a draft model) emit the unsharded tokens on every rank, for
+/// 1 to 4 ranks, even and uneven partitions.
+#[test]
+fn a_sharded_decoder_emits_the_unsharded_tokens() {
+    use specula_conformance::sharded_decode::{Scenario, compare, run};
+    for scenario in Scenario::all() {
+        let device: Arc<dyn specula_backend_api::Device> =
+            Arc::new(CpuDevice::with_threads(1).expect("cpu"));
+        let want = run(&scenario, device, None).expect("unsharded run");
+        eprintln!(
+            "{}: {} steps, tokens {:?}, finished {:?}, drafts {}/{} accepted",
+            scenario.name(),
+            want.steps,
+            want.tokens.iter().map(Vec::len).collect::<Vec<_>>(),
+            want.finished,
+            want.drafts_accepted,
+            want.drafts_proposed
+        );
+        assert!(want.tokens.iter().all(|t| !t.is_empty()));
+        // Speculation both accepts and rejects drafts.
+        assert!(want.drafts_accepted > 0 && want.drafts_accepted < want.drafts_proposed);
+        for (ranks, uneven) in [(1, false), (2, false), (3, true), (4, true)] {
+            let handles: Vec<_> = ThreadGroup::with_timeout(ranks, Duration::from_secs(120))
+                .into_iter()
+                .enumerate()
+                .map(|(rank, member)| {
+                    std::thread::spawn(move || {
+                        let slice = slice_of(scenario.vocab, ranks, rank, uneven).expect("slice");
+                        let device: Arc<dyn specula_backend_api::Device> =
+                            Arc::new(CpuDevice::with_threads(1).expect("cpu"));
+                        run(&scenario, device, Some((Group::new(member), slice)))
+                    })
+                })
+                .collect();
+            for (rank, h) in handles.into_iter().enumerate() {
+                let got = h
+                    .join()
+                    .expect("a rank panicked")
+                    .unwrap_or_else(|e| panic!("{} rank {rank}/{ranks}: {e}", scenario.name()));
+                if let Err(e) = compare(&scenario, &got, &want) {
+                    panic!("{} rank {rank}/{ranks}: {e}", scenario.name());
+                }
+                if rank == 0 && ranks > 1 {
+                    eprintln!(
+                        "  {ranks} ranks: {} collective calls, {} bytes over {} steps",
+                        got.exchanged.calls, got.exchanged.bytes, got.steps
+                    );
+                }
+            }
+        }
+    }
+}

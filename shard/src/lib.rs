@@ -79,7 +79,7 @@ pub use mpi::MpiGroup;
 #[cfg(feature = "nccl")]
 pub use nccl::NcclGroup;
 pub use partition::Partition;
-pub use rows::{Fallback, HostRows, Shard, SliceRows};
+pub use rows::{Fallback, HostRows, Shard, SliceRows, row_fallbacks};
 pub use sample::top_k_top_p_sample;
 pub use threads::ThreadGroup;
 pub use verify::{TargetExtras, verify_draft_tokens};

@@ -57,6 +57,25 @@ impl<'a> SliceRows<'a> {
     }
 }
 
+/// The whole rows' fallbacks (`docs/semantics.md` §4c, §4d) from the ranks' `process_logits`
+/// over their slices: `slice_fallback` is this rank's `[rows]` fallbacks, `scores` its processed
+/// rows; the row's fallback is the first of the ranks' in rank order (one MAX of their keys),
+/// -1 when every token of the row is masked. The same values on every rank.
+pub fn row_fallbacks(
+    shard: &Shard<'_>,
+    scores: Scores<'_>,
+    slice_fallback: &Buffer,
+) -> Result<Vec<i32>> {
+    let rows = SliceRows {
+        scores,
+        min_p: None,
+        fallback: Some(Fallback::Slice(slice_fallback)),
+    };
+    let n = slice_fallback.len();
+    let row_keys = vec![NO_KEY; n];
+    shard.zero_tokens(&rows, &row_keys)
+}
+
 /// The rows' replicated parameters, on the host (every rank passes the same values; the device
 /// copies, where the ops read them, hold the same).
 #[derive(Clone, Copy, Debug, Default)]
