@@ -598,7 +598,8 @@ pub(crate) fn unsupported(device: &dyn Device, case: &Case) -> Option<Skip> {
     if op.is_sharded() && !capabilities.sharded {
         return Some(Skip::Unsupported("sharded rows".to_owned()));
     }
-    let sliced = matches!(&case.params, crate::cases::CaseParams::ProcessLogits(p) if p.slice.is_some());
+    let sliced =
+        matches!(&case.params, crate::cases::CaseParams::ProcessLogits(p) if p.slice.is_some());
     if sliced && !capabilities.sliced_processing {
         return Some(Skip::Unsupported("logits processing of a slice".to_owned()));
     }

@@ -260,7 +260,11 @@ pub(crate) fn validate<'c, 'o>(
 
 /// A slice (`docs/semantics.md` §4d) lies within the tables' vocabulary, on a device that
 /// processes slices.
-fn validate_slice(check: &Check<'_>, device: &DeviceDesc, params: &ProcessParams<'_>) -> Result<()> {
+fn validate_slice(
+    check: &Check<'_>,
+    device: &DeviceDesc,
+    params: &ProcessParams<'_>,
+) -> Result<()> {
     let Some(slice) = params.slice else {
         return Ok(());
     };
