@@ -41,7 +41,7 @@ impl WgpuDevice {
                 >= crate::ops::process_logits::STORAGE_BUFFERS,
             fused_processing: false,
             row_block_bytes: None,
-            sharded: false,
+            sharded: true,
         };
         WgpuDevice {
             desc: DeviceDesc::new(info, capabilities),

@@ -65,7 +65,7 @@ impl XpuSimDevice {
             processing: true,
             fused_processing: false,
             row_block_bytes: None,
-            sharded: false,
+            sharded: true,
         };
         Ok(XpuSimDevice {
             desc: DeviceDesc::new(info, capabilities),

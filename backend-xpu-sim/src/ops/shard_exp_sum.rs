@@ -1,27 +1,38 @@
-//! `shard_exp_sum` (`docs/semantics.md` §5.17, `kernels/shard_exp_sum.cl`): not yet written for this backend.
-//!
-//! The device reports `Capabilities::sharded = false`, so the front answers
-//! `Error::Unsupported` before a call reaches `run`; `run` answers the same if it is ever called.
+//! `shard_exp_sum` (`docs/semantics.md` §5.17, `kernels/shard_exp_sum.cl`): one cluster per row
+//! of logits.
 
+use specula_backend_api::WarmUp;
 use specula_backend_api::ops::shard_exp_sum::OpCall;
-use specula_backend_api::{BackendKind, Error, Op, Result};
+use specula_backend_api::{Op, Result};
 
-use super::ArgsStruct;
-use crate::runtime::Runtime;
+use super::{ArgsStruct, count, float_program};
+use crate::runtime::{KernelBuffers, Runtime};
 
-/// Reports the op unsupported on this backend.
-pub(crate) fn run(_runtime: &Runtime, _call: OpCall<'_, '_>) -> Result<()> {
-    Err(Error::Unsupported {
-        backend: BackendKind::XpuSim,
-        op: Op::ShardExpSum,
-        what: "sharded rows (its kernel is not written yet)".to_owned(),
-    })
+specula_backend_api::kernel_args! {
+    /// The parameters of `shard_exp_sum_<dtype>`: `rows` rows of `len` logits.
+    pub(crate) struct ShardExpSumArgs {
+        rows: u32,
+        len: u32,
+    }
 }
 
-/// The argument structs of `kernels/shard_exp_sum.cl`: none until its kernels are written.
-pub(crate) const ARGS: &[ArgsStruct] = &[];
+/// The argument structs of `kernels/shard_exp_sum.cl`, declared in its program from the Rust
+/// above.
+pub(crate) const ARGS: &[ArgsStruct] = &[ArgsStruct::of::<ShardExpSumArgs>()];
 
-/// The programs `run` may launch: none (the op is not run on this backend yet).
-pub(crate) fn programs(_plan: &specula_backend_api::WarmUp) -> Vec<super::Program> {
-    Vec::new()
+/// Launches `shard_exp_sum_<dtype>`.
+pub(crate) fn run(runtime: &Runtime, mut call: OpCall<'_, '_>) -> Result<()> {
+    let (inputs, sums, params, dtype) = call.parts();
+    let (key, entry) = float_program(Op::ShardExpSum, *dtype);
+    let buffers = KernelBuffers::of(&[inputs.logits, inputs.temperature, inputs.row_key, sums])?;
+    let args = ShardExpSumArgs {
+        rows: count(params.shape.rows),
+        len: count(params.shape.slice.len),
+    };
+    runtime.launch(&key, &entry, &buffers, &args)
+}
+
+/// The programs `run` may launch: one per float dtype (what the warm-up builds).
+pub(crate) fn programs(plan: &WarmUp) -> Vec<super::Program> {
+    super::float_programs(Op::ShardExpSum, plan)
 }
