@@ -177,6 +177,14 @@ impl Deref for BorrowedInput<'_> {
     }
 }
 
+/// A buffer is a buffer: APIs that take `&impl AsRef<Buffer>` take `&Buffer`, and
+/// `&BorrowedInput` (or `&device.borrow_host(&rows)?`) alike.
+impl AsRef<Buffer> for Buffer {
+    fn as_ref(&self) -> &Buffer {
+        self
+    }
+}
+
 impl AsRef<Buffer> for BorrowedInput<'_> {
     fn as_ref(&self) -> &Buffer {
         &self.buffer

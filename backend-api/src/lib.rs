@@ -73,6 +73,9 @@ pub use buffer::{BorrowedInput, Buffer, DeviceId};
 pub use device::{Device, DeviceExt};
 pub use dtype::{DType, Element, FloatElement};
 pub use error::{Error, Result};
+/// The `half` crate of [`FloatElement`]'s `f16` and `bf16` (re-exported: a caller building
+/// half-precision rows needs no dependency of its own at a matching version).
+pub use half;
 pub use kind::{BackendKind, Capabilities, DeviceInfo};
 pub use op::{Exactness, Op, OpSpec};
 pub use ops::Strategy;

@@ -8,7 +8,8 @@
 //! The steps, each a function here so that every backend can mirror them one for one:
 //! [`sanitize_logit`] → [`row_scale`] (once per row) → [`gap`] (per token) → [`exp2_weight`].
 //! [`row_weights`] puts them together for a whole row (for tests, and for users who want a row's
-//! weights).
+//! weights). The rank order is that of the logits themselves ([`logit_rank_key`]); the sanitized
+//! values feed only the weights.
 
 use crate::abi::WEIGHT_BITS;
 
@@ -70,16 +71,31 @@ pub fn logit_huge_bits() -> u32 {
     sanitize_logit(f32::MAX).to_bits()
 }
 
-/// The rank key of a logit: an order-preserving `u32` of the sanitized value (larger key = larger
-/// logit; +0 and −0 are one key). The rank order of a logits row is "key descending, then id
-/// ascending".
+/// The rank key of a logit (step 1): an order-preserving `u32` of the logit itself — not of its
+/// sanitized value — with NaN read as −inf and −0 as +0 (larger key = larger logit). The rank
+/// order of a logits row is "key descending, then id ascending", so its first token is the row's
+/// `argmax` (`docs/semantics.md` §5.4) whenever some logit is above −inf. Sanitizing keeps this
+/// order (not strictly), so weights never increase down it; `[1e30, 3e38, −1]` ranks token 1
+/// first although both logits read as `2^64`.
 #[inline(always)]
 pub fn logit_rank_key(l: f32) -> u32 {
-    let bits = (sanitize_logit(l) + 0.0).to_bits();
+    let l = if l.is_nan() { f32::NEG_INFINITY } else { l };
+    let bits = (l + 0.0).to_bits();
     if bits >> 31 == 0 {
         bits | 0x8000_0000
     } else {
         !bits
+    }
+}
+
+/// The logit of a rank key (the inverse of [`logit_rank_key`] on the logits it yields: NaN is
+/// never returned, −0 comes back as +0). Its weight is that of its [`sanitize_logit`] value.
+#[inline(always)]
+pub fn logit_of_rank_key(key: u32) -> f32 {
+    if key >> 31 == 1 {
+        f32::from_bits(key & 0x7fff_ffff)
+    } else {
+        f32::from_bits(!key)
     }
 }
 
@@ -190,26 +206,34 @@ pub fn scaled_weight(l: f32, m: f32, scale: RowScale) -> u64 {
 
 /// The weights (`docs/semantics.md` §4b) of a whole row of logits at temperature `t`.
 pub fn row_weights(row: &[f32], t: f32) -> Vec<u64> {
-    let keys: Vec<f32> = row.iter().map(|&l| sanitize_logit(l)).collect();
+    let values: Vec<f32> = row.iter().map(|&l| sanitize_logit(l)).collect();
     let full = 1u64 << WEIGHT_BITS;
-    if keys.contains(&f32::INFINITY) {
-        return keys
+    if values.contains(&f32::INFINITY) {
+        return values
             .iter()
             .map(|&l| if l == f32::INFINITY { full } else { 0 })
             .collect();
     }
-    let max = keys.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if max == f32::NEG_INFINITY {
         return vec![0; row.len()];
     }
     match row_scale(t) {
         RowScale::ArgmaxOnly => {
-            let first = keys.iter().position(|&l| l == max).unwrap_or(0);
+            // The first token in rank order (by the logit itself, not its sanitized value).
+            let best = row.iter().copied().map(logit_rank_key).max().unwrap_or(0);
+            let first = row
+                .iter()
+                .position(|&l| logit_rank_key(l) == best)
+                .unwrap_or(0);
             (0..row.len())
                 .map(|i| if i == first { full } else { 0 })
                 .collect()
         }
-        scale => keys.iter().map(|&l| scaled_weight(l, max, scale)).collect(),
+        scale => values
+            .iter()
+            .map(|&l| scaled_weight(l, max, scale))
+            .collect(),
     }
 }
 
@@ -359,5 +383,51 @@ mod tests {
         assert!(logit_rank_key(-0.5) > logit_rank_key(-1.0));
         assert_eq!(logit_rank_key(-0.0), logit_rank_key(0.0));
         assert!(logit_rank_key(f32::NAN) < logit_rank_key(-3e38));
+        assert_eq!(logit_rank_key(f32::NAN), logit_rank_key(f32::NEG_INFINITY));
+    }
+
+    /// The rank order is that of the logits themselves (contract §3b step 1, revised): logits
+    /// that read as the same value (both clamped to `2^64`, both flushed to +0) still rank by
+    /// their value, so the first token in rank order is the argmax.
+    #[test]
+    fn the_rank_order_is_that_of_the_logits_themselves() {
+        let order = |row: &[f32]| {
+            let mut ids: Vec<usize> = (0..row.len()).collect();
+            ids.sort_by_key(|&i| (std::cmp::Reverse(logit_rank_key(row[i])), i));
+            ids
+        };
+        assert_eq!(order(&[1e30, 3e38, -1.0]), [1, 0, 2]);
+        assert_eq!(order(&[1e-30, 2e-30, -5.0]), [1, 0, 2]);
+        assert_eq!(order(&[-1e-30, -0.0, 0.0, 1e-40]), [3, 1, 2, 0]);
+        assert_eq!(
+            order(&[-3e38, -1e30, f32::NAN, f32::NEG_INFINITY]),
+            [1, 0, 2, 3]
+        );
+        // Both weigh 2^40 at a finite T; at T = 0 the argmax alone.
+        assert_eq!(row_weights(&[1e30, 3e38, -1.0], 1.0), [FULL, FULL, 0]);
+        assert_eq!(row_weights(&[1e30, 3e38, -1.0], 0.0), [0, FULL, 0]);
+        assert_eq!(row_weights(&[1e-30, 2e-30, -5.0], 0.0), [0, FULL, 0]);
+        assert_eq!(row_weights(&[-0.0, 0.0, -1.0], 0.0), [FULL, 0, 0]);
+        for key in [
+            0x8000_0000u32,
+            0x3f80_0000,
+            0xff7f_ffff,
+            0xff80_0000,
+            0x007f_ffff,
+        ] {
+            let l = logit_of_rank_key(key);
+            assert_eq!(logit_rank_key(l), key, "{key:#x}");
+        }
+        for l in [
+            1e30f32,
+            3e38,
+            -1e-30,
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ] {
+            assert_eq!(logit_of_rank_key(logit_rank_key(l)), l + 0.0);
+        }
     }
 }

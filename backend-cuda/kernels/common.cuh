@@ -311,17 +311,19 @@ __device__ __forceinline__ u32 sanitize_logit_bits(u32 b) {
 // logit_rank_key(+inf): the largest.
 #define SPECULA_POS_INF_LOGIT_KEY 0xff800000u
 
-// The rank key of a logit: an order-preserving u32 of the sanitized value (+0 and -0 one key).
-// The rank order of a logits row is key descending, then id ascending. Never 0.
+// The rank key of a logit (step 1): an order-preserving u32 of the logit itself, not of its
+// sanitized value (NaN as -inf, +0 and -0 one key, never 0). The rank order of a logits row is
+// key descending, then id ascending, so its first token is the row's argmax.
 __device__ __forceinline__ u32 logit_rank_key(float x) {
-    u32 s = sanitize_logit_bits(__float_as_uint(x));
+    u32 s = __float_as_uint(x);
+    if ((s & 0x7fffffffu) > SPECULA_POS_INF_BITS) s = SPECULA_NEG_INF_BITS;
     if (s == 0x80000000u) s = 0u;
     return (s & 0x80000000u) ? ~s : (s | 0x80000000u);
 }
 
-// The sanitized logit of a rank key.
+// The sanitized logit of a rank key: the value its weight is computed from.
 __device__ __forceinline__ float logit_of_key(u32 key) {
-    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+    return __uint_as_float(sanitize_logit_bits((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key));
 }
 
 // x = M · 2^E with M the integer significand (subnormals included), for finite x > 0 (f32 bits).

@@ -16,10 +16,11 @@
 // -inf (logits) or 0 (probabilities).
 //
 // While the row is built, a masked token is marked in `processed` by a NaN pattern that no
-// processed value can have (every value is sanitized), so the later passes know it.
+// processed value can have (a NaN logit is read as -inf), so the later passes know it.
 //
 // Every float step is one IEEE f32 operation rounded to nearest even (__fadd_rn, __fmul_rn,
-// __fsub_rn: never contracted), each result read through sanitize_logit (`docs/semantics.md` §4b step 1).
+// __fsub_rn: never contracted), each result read through sanitize_logit (`docs/semantics.md` §4b step 1);
+// a token whose steps end on its sanitized input keeps its logit (§4c).
 // Every index into a device buffer is range-checked, whatever the buffers hold.
 
 struct ProcessArgs {
@@ -70,8 +71,14 @@ __device__ __forceinline__ float pl_sanitize(float x) {
     return __uint_as_float(sanitize_logit_bits(__float_as_uint(x)));
 }
 
-// An additive parameter (bias, β, γ): NaN is 0, else read as a logit.
-__device__ __forceinline__ float pl_additive(float x) { return isnan(x) ? 0.0f : pl_sanitize(x); }
+// An additive parameter (bias, β, γ): NaN is 0, |x| below 2^-76 is 0, |x| above 2^64 (±inf
+// included) is ±2^64.
+__device__ __forceinline__ float pl_additive(float x) {
+    const u32 b = __float_as_uint(x);
+    if ((b & 0x7fffffffu) > SPECULA_POS_INF_BITS) return 0.0f;
+    if ((b & 0x7fffffffu) > SPECULA_LOGIT_HUGE_BITS) return __uint_as_float((b & 0x80000000u) | SPECULA_LOGIT_HUGE_BITS);
+    return pl_sanitize(x);
+}
 
 // One slot's parameters as read from the device.
 struct PlSlot {
@@ -99,10 +106,14 @@ __device__ __forceinline__ PlSlot pl_slot(const ProcessArgs& a, u32 b) {
     return s;
 }
 
-// The float steps of one unmasked logit: bias, repetition, frequency and presence.
+// The float steps of one unmasked logit: bias, repetition, frequency and presence. When they end
+// on the value they started from (the sanitized input; every sanitized value has one bit pattern,
+// +0 for zero), the output is the input logit itself (NaN as -inf): a token no step changes keeps
+// its rank.
 __device__ __forceinline__ float pl_process(float x, bool has_bias, float bias, bool in_prompt, i64 count,
                                             const PlSlot& s) {
-    float l = pl_sanitize(x);
+    const float read = pl_sanitize(x);
+    float l = read;
     if (has_bias) l = pl_sanitize(__fadd_rn(l, pl_additive(bias)));
     if (s.repetition && (in_prompt || count > 0))
         l = pl_sanitize(l > 0.0f ? __fmul_rn(l, s.inverse) : __fmul_rn(l, s.alpha));
@@ -110,7 +121,8 @@ __device__ __forceinline__ float pl_process(float x, bool has_bias, float bias, 
         l = pl_sanitize(__fsub_rn(l, __fmul_rn(s.frequency, (float)count)));
         l = pl_sanitize(__fsub_rn(l, s.presence));
     }
-    return l;
+    if (__float_as_uint(l) != __float_as_uint(read)) return l;
+    return isnan(x) ? __uint_as_float(SPECULA_NEG_INF_BITS) : x;
 }
 
 // Bit v of row `row` of a [*, words] mask.

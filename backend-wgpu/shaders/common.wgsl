@@ -481,18 +481,20 @@ fn sanitize_logit(b: u32) -> u32 {
     return b;
 }
 
-/// The rank key of a logit: an order-preserving u32 of the sanitized value (+0 and -0 one key,
-/// never 0). The rank order of a logits row is key descending, then id ascending.
+/// The rank key of a logit (step 1): an order-preserving u32 of the logit itself, not of its
+/// sanitized value (NaN as -inf, +0 and -0 one key, never 0). The rank order of a logits row is
+/// key descending, then id ascending, so its first token is the row's argmax.
 fn logit_rank_key(b: u32) -> u32 {
-    return float_key(sanitize_logit(b));
+    return rank_value_key(b);
 }
 
-/// The sanitized logit of a rank key.
+/// The sanitized logit of a rank key: the value its weight is computed from.
 fn logit_of_key(key: u32) -> f32 {
+    var bits = ~key;
     if (key & 0x80000000u) != 0u {
-        return bitcast<f32>(key & 0x7fffffffu);
+        bits = key & 0x7fffffffu;
     }
-    return bitcast<f32>(~key);
+    return bitcast<f32>(sanitize_logit(bits));
 }
 
 /// `x = m · 2^e`: `m` the integer significand, `e` the binary exponent.

@@ -11,10 +11,11 @@
 // (d) The fallback: the first unmasked token in rank order (a workgroup reduction).
 // (e) min_p from the §4b weights of the processed row, and the masked tokens' final value.
 //
-// Until (e) a masked token holds MASKED (a NaN: no unmasked value is ever NaN after sanitizing).
-// The float steps are IEEE f32 additions on the device (never fused: every product is computed
-// exactly in integers, `mul_exact`, so no multiply can be contracted into an add), each result
-// read through `sanitize_logit`; no step meets a subnormal or overflows (§4c).
+// Until (e) a masked token holds MASKED (a NaN: no unmasked value is ever NaN, a NaN logit being
+// read as -inf). The float steps are IEEE f32 additions on the device (never fused: every product
+// is computed exactly in integers, `mul_exact`, so no multiply can be contracted into an add),
+// each result read through `sanitize_logit`; no step meets a subnormal or overflows (§4c). A
+// token whose steps end on its sanitized input keeps its logit (§4c).
 
 // `struct ProcessLogitsArgs` is generated from its `kernel_args!` declaration in src/ops/process_logits.rs.
 
@@ -101,10 +102,14 @@ fn row_best(lid: u32, key: u32, id: u32) -> vec2<u32> {
     return workgroupUniformLoad(&wg_best_result);
 }
 
-/// An additive parameter (bias, β, γ) as the float steps read it: NaN is 0, then sanitize_logit.
+/// An additive parameter (bias, β, γ) as the float steps read it: NaN is 0, |x| below 2^-76 is
+/// 0, |x| above 2^64 (±inf included) is ±2^64.
 fn additive(bits: u32) -> u32 {
     if is_nan_bits(bits) {
         return 0u;
+    }
+    if (bits & 0x7fffffffu) > LOGIT_HUGE_BITS {
+        return (bits & 0x80000000u) | LOGIT_HUGE_BITS;
     }
     return sanitize_logit(bits);
 }
@@ -166,9 +171,25 @@ fn sub_sanitized(a: u32, b: u32) -> u32 {
 }
 
 /// The float steps of one unmasked logit (f32 bits `x`, §4c): bias (when `has_bias`),
-/// repetition, frequency and presence.
+/// repetition, frequency and presence. When they end on the value they started from (the
+/// sanitized input), the output is the input logit itself (NaN as -inf): a token no step changes
+/// keeps its rank.
 fn process_logit(x: u32, has_bias: bool, bias: u32, in_prompt: bool, count: u32, st: RowState) -> u32 {
-    var l = sanitize_logit(x);
+    let read = sanitize_logit(x);
+    let l = stepped_logit(read, has_bias, bias, in_prompt, count, st);
+    if l == read {
+        if is_nan_bits(x) {
+            return 0xff800000u;
+        }
+        return x;
+    }
+    return l;
+}
+
+/// The float steps on the sanitized logit `read` (every sanitized value has one bit pattern: +0
+/// for zero, so equal values have equal bits).
+fn stepped_logit(read: u32, has_bias: bool, bias: u32, in_prompt: bool, count: u32, st: RowState) -> u32 {
+    var l = read;
     if has_bias {
         l = add_sanitized(l, additive(bias));
     }

@@ -283,17 +283,14 @@ inline uint sanitize_logit(uint b) {
 #define NEG_INF_LOGIT_KEY 0x007fffffu  // logit_rank_key(-inf), the smallest key (NaN has it too)
 #define POS_INF_LOGIT_KEY 0xff800000u  // logit_rank_key(+inf), the largest
 
-// The rank key of a logit: an order-preserving uint of the sanitized value (+0 and -0 one key).
-// The rank order of a logits row is key descending, then id ascending. Never 0.
-inline uint logit_rank_key(uint b) {
-    uint s = sanitize_logit(b);
-    if (s == 0x80000000u) s = 0u;
-    return (s & 0x80000000u) ? ~s : (s | 0x80000000u);
-}
+// The rank key of a logit (step 1): an order-preserving uint of the logit itself, not of its
+// sanitized value (NaN as -inf, +0 and -0 one key, never 0). The rank order of a logits row is key
+// descending, then id ascending, so its first token is the row's argmax.
+inline uint logit_rank_key(uint b) { return rank_value_key(b); }
 
-// The sanitized logit of a rank key.
+// The sanitized logit of a rank key: the value its weight is computed from.
 inline float logit_of_key(uint key) {
-    return as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+    return as_float(sanitize_logit((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key));
 }
 
 // x = M * 2^E with M the integer significand (subnormals included), for finite x > 0 (f32 bits).

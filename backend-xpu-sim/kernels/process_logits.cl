@@ -10,9 +10,10 @@
 //  4. min_p (contract 4b weights at the row's temperature, or w(p)), and masked tokens become -inf
 //     (logits) or 0 (probabilities).
 // Masked tokens carry MASK_MARK between the phases: a NaN pattern that no processed value has
-// (every one is sanitized), so masked and unmasked -inf tokens stay apart.
+// (a NaN logit is read as -inf), so masked and unmasked -inf tokens stay apart.
 // Every float step is one IEEE f32 operation (FP_CONTRACT OFF, no fast-math) whose result is read
-// through sanitize_logit, exactly as specula_reference does it.
+// through sanitize_logit, exactly as specula_reference does it; a token whose steps end on its
+// sanitized input keeps its logit.
 
 // struct ProcessLogitsArgs: generated from src/ops/process_logits.rs.
 
@@ -29,10 +30,13 @@
 #define MASKED_BITS 0u
 #endif
 
-// An additive parameter (bias, beta, gamma) as the float steps read it: NaN is 0, then
-// sanitize_logit.
+// An additive parameter (bias, beta, gamma) as the float steps read it: NaN is 0, |x| below 2^-76
+// is 0, |x| above 2^64 (+-inf included) is +-2^64.
 inline uint additive_bits(uint b) {
-    return (b & 0x7fffffffu) > POS_INF_BITS ? 0u : sanitize_logit(b);
+    uint a = b & 0x7fffffffu;
+    if (a > POS_INF_BITS) return 0u;
+    if (a > LOGIT_HUGE_BITS) return (b & 0x80000000u) | LOGIT_HUGE_BITS;
+    return sanitize_logit(b);
 }
 
 // A repetition factor in [2^-32, 2^32] (NaN and negative values are not).
@@ -47,11 +51,12 @@ typedef struct {
     uint presence;    // additive_bits
 } Penalties;
 
-// The float steps of one unmasked logit (4c): bias, repetition, frequency and presence, each one
-// f32 operation read through sanitize_logit. `bias` is additive_bits of the value.
-inline uint process_logit(uint x, bool has_bias, uint bias, bool in_prompt, long count,
+// The float steps of one unmasked logit (4c) on its sanitized value `read`: bias, repetition,
+// frequency and presence, each one f32 operation read through sanitize_logit. `bias` is
+// additive_bits of the value.
+inline uint stepped_logit(uint read, bool has_bias, uint bias, bool in_prompt, long count,
                           Penalties p) {
-    uint l = sanitize_logit(x);
+    uint l = read;
     if (has_bias) {
         float sum = as_float(l) + as_float(bias);
         l = sanitize_logit(as_uint(sum));
@@ -69,6 +74,18 @@ inline uint process_logit(uint x, bool has_bias, uint bias, bool in_prompt, long
         l = sanitize_logit(as_uint(present));
     }
     return l;
+}
+
+// The processed value of the unmasked logit `x` (f32 bits): the float steps' result, or, when they
+// end on the value they started from (the sanitized input; every sanitized value has one bit
+// pattern, +0 for zero), the input logit itself (NaN as -inf): a token no step changes keeps its
+// rank.
+inline uint process_logit(uint x, bool has_bias, uint bias, bool in_prompt, long count,
+                          Penalties p) {
+    uint read = sanitize_logit(x);
+    uint l = stepped_logit(read, has_bias, bias, in_prompt, count, p);
+    if (l != read) return l;
+    return (x & 0x7fffffffu) > POS_INF_BITS ? NEG_INF_BITS : x;
 }
 
 // The list range [offsets[b], offsets[b + 1]) of a list of `len` entries; empty when invalid.

@@ -13,6 +13,13 @@
 //! - `rejection_preserves_target` and `rejection_preserves_target::logits`: the first token
 //!   REJECTION emits is distributed as the target's filtered distribution, whatever the draft
 //!   distribution, from probability rows and from logits rows (a chi-square test);
+//! - `first_in_rank_is_the_argmax::logits`: over random and hostile logits rows — many of them
+//!   with logits beyond `2^64` or below `2^-76` that read as one value (`docs/semantics.md` §4b
+//!   step 1) — a T = 0 sample, a top_k = 1 sample and the first T = 0 candidate are the row's
+//!   `argmax` (on every row with a logit above −inf; at T = 0 with at most one +inf);
+//! - `first_in_rank_is_the_argmax::processed`: the same rows through `process_logits` with every
+//!   parameter off come back as they were (NaN as −inf), their fallback is the argmax, and the fused
+//!   processed sample at T = 0 is the argmax (`docs/semantics.md` §4c);
 //! - `batch_invariance::requests` and `batch_invariance::rows`: a request's tokens, and a row's
 //!   sampled token, candidates and argmax, do not depend on the rest of the batch
 //!   (`docs/semantics.md` §1, "No hidden state");
@@ -41,10 +48,12 @@ use crate::case::ErrorKind::{
 };
 use crate::case::{Case, CaseParams, ErrorKind, ExpectedError};
 use crate::cases::generate::{
-    Batch, FLOAT_DTYPES, Rng, dims, f32s, float_tensor, i32s, mix, prob_row, round_to,
-    sample_index, softmax_f64,
+    Batch, FLOAT_DTYPES, Rng, dims, f32s, float_tensor, hostile_logit_rows, i32s, logit_row, mix,
+    prob_row, round_to, sample_index, softmax_f64,
 };
-use crate::cases::{Size, argmax, top_k_top_p_sample, top_p_candidates, verify_draft_tokens};
+use crate::cases::{
+    Size, argmax, process_logits, top_k_top_p_sample, top_p_candidates, verify_draft_tokens,
+};
 use crate::exec::run_case;
 use crate::tensor::HostTensor;
 
@@ -111,6 +120,18 @@ pub fn properties() -> Vec<Property> {
             logits: true,
             processing: false,
             check: logits_sampling_frequencies,
+        },
+        Property {
+            name: "first_in_rank_is_the_argmax::logits",
+            logits: true,
+            processing: false,
+            check: first_in_rank_is_the_argmax,
+        },
+        Property {
+            name: "first_in_rank_is_the_argmax::processed",
+            logits: true,
+            processing: true,
+            check: processed_first_in_rank_is_the_argmax,
         },
         Property {
             name: "rejection_preserves_target",
@@ -639,6 +660,264 @@ fn batch_invariance_rows(device: &Arc<dyn Device>, size: Size) -> Result<(), Str
                     }
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The first token in rank order is the argmax (`docs/semantics.md` §4b step 1).
+
+/// Logits rows for the rank-order properties: ordinary rows, hostile rows, and rows whose
+/// largest logits read as one value — beyond `±2^64` (clamped) or below `2^-76` in magnitude
+/// (flushed to +0, subnormals included) — with ties, −0 and +0, NaN and ±inf among them.
+fn rank_probe_rows(rng: &mut Rng, rows: usize, vocab: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows * vocab);
+    let hostile = hostile_logit_rows(rng, rows, vocab);
+    for r in 0..rows {
+        let mut row = logit_row(rng, vocab);
+        let place = |rng: &mut Rng, row: &mut [f32], values: &[f32], count: usize| {
+            for _ in 0..count {
+                let v = rng.below(vocab);
+                row[v] = rng.pick(values);
+            }
+        };
+        match r % 6 {
+            0 => place(
+                rng,
+                &mut row,
+                &[1e30, 3e38, 2e19, 1.9e19, f32::MAX, 5e37],
+                1 + vocab / 50,
+            ),
+            1 => {
+                // Every logit reads as +0: tiny normals and subnormals of both signs.
+                for x in row.iter_mut() {
+                    let bits = (rng.next_u64() as u32) & 0x997f_ffff;
+                    *x = f32::from_bits(bits);
+                }
+                place(rng, &mut row, &[0.0, -0.0, f32::NAN], 3);
+            }
+            2 => {
+                let huge = [-3e38, -1e30, -2e19, f32::NAN, f32::NEG_INFINITY];
+                place(rng, &mut row, &huge, vocab);
+                place(rng, &mut row, &[-1e25, -7e29], 2);
+            }
+            3 => place(
+                rng,
+                &mut row,
+                &[3e38, f32::INFINITY, f32::NAN, 1e-40, -0.0],
+                3,
+            ),
+            4 => row.copy_from_slice(&hostile[r * vocab..(r + 1) * vocab]),
+            _ => {
+                let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let near = [top, top, top.next_up(), 2e-39, -2e-39];
+                place(rng, &mut row, &near, 1 + vocab / 100);
+            }
+        }
+        out.extend(row);
+    }
+    out
+}
+
+/// The row of `values` (as the device reads them) is one whose first token in rank order is its
+/// argmax at T = 0 (`t0`) or under top_k = 1: some logit above −inf; at T = 0 at most one +inf
+/// (several +inf tokens each weigh `2^40` before the temperature is looked at, §4b step 2).
+fn argmax_decides(row: &[f32], t0: bool) -> bool {
+    let some = row.iter().any(|&x| x > f32::NEG_INFINITY);
+    let infinities = row.iter().filter(|&&x| x == f32::INFINITY).count();
+    some && (!t0 || infinities <= 1)
+}
+
+/// The `i32` output `name` of a case run.
+fn i32_output(outputs: &crate::exec::Outputs, name: &str) -> Result<Vec<i32>, String> {
+    outputs
+        .tensors
+        .get(name)
+        .ok_or_else(|| format!("output {name} missing"))?
+        .to_vec::<i32>()
+        .map_err(err)
+}
+
+/// `top_k_top_p_sample` at T = 0 (any top_k and top_p), at top_k = 1 (any temperature and top_p),
+/// and the first `top_p_candidates` id at T = 0 equal `argmax` on every row that has a logit
+/// above −inf (§4b step 1: the rank order is that of the logits themselves).
+fn first_in_rank_is_the_argmax(device: &Arc<dyn Device>, size: Size) -> Result<(), String> {
+    let device = device.as_ref();
+    let vocabs: &[usize] = match size {
+        Size::Quick => &[7, 1031, 4099],
+        Size::Full => &[7, 1031, 4099, 151_936],
+    };
+    for dtype in FLOAT_DTYPES {
+        for &vocab in vocabs {
+            let mut rng = Rng::new(&format!("first_in_rank/{dtype}"), vocab as u64);
+            let rows = 24;
+            let logits = rank_probe_rows(&mut rng, rows, vocab);
+            let read = round_to(dtype, &logits);
+            let argmax = run_case(
+                device,
+                &argmax::case("argmax".into(), dtype, rows, vocab, &logits),
+            )
+            .map_err(err)?;
+            let argmax = i32_output(&argmax, "out")?;
+            let seed: Vec<u64> = (0..rows).map(|_| rng.next_u64() % MAX_INFER_SEED).collect();
+            let top_p: Vec<f32> = (0..rows)
+                .map(|_| rng.pick(&[1.0, 0.9, 0.3, 1e-6]))
+                .collect();
+            let any_k: Vec<i32> = (0..rows)
+                .map(|_| rng.pick(&[0, 1, 2, 50, vocab as i32]))
+                .collect();
+            let any_t: Vec<f32> = (0..rows)
+                .map(|_| rng.pick(&[1.0, 0.7, 2.5, 1e-3, 1e3, f32::INFINITY]))
+                .collect();
+            let zero_t = vec![0.0; rows];
+            let one_k = vec![1; rows];
+            let checks = [
+                ("a T = 0 sample", &zero_t, &any_k, true),
+                ("a top_k = 1 sample", &any_t, &one_k, false),
+            ];
+            for (what, t, k, t0) in checks {
+                let case = top_k_top_p_sample::logits_case(
+                    "sample".into(),
+                    dtype,
+                    vocab,
+                    &logits,
+                    t,
+                    k,
+                    &top_p,
+                    &seed,
+                );
+                let tokens = i32_output(&run_case(device, &case).map_err(err)?, "tokens")?;
+                compare_with_argmax(what, dtype, vocab, &read, &argmax, &tokens, t0)?;
+            }
+            let case = top_p_candidates::logits_case(
+                "candidates".into(),
+                dtype,
+                vocab,
+                4,
+                &logits,
+                &zero_t,
+                &top_p,
+                None,
+            );
+            let ids = i32_output(&run_case(device, &case).map_err(err)?, "ids")?;
+            let first: Vec<i32> = ids.chunks(4).map(|c| c[0]).collect();
+            compare_with_argmax(
+                "the first T = 0 candidate",
+                dtype,
+                vocab,
+                &read,
+                &argmax,
+                &first,
+                true,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Row by row, `tokens` equal `argmax` where [`argmax_decides`].
+fn compare_with_argmax(
+    what: &str,
+    dtype: DType,
+    vocab: usize,
+    read: &[f32],
+    argmax: &[i32],
+    tokens: &[i32],
+    t0: bool,
+) -> Result<(), String> {
+    for (r, row) in read.chunks(vocab).enumerate() {
+        if argmax_decides(row, t0) && tokens.get(r) != argmax.get(r) {
+            return Err(format!(
+                "{dtype}, V = {vocab}, row {r}: {what} gave {:?}, argmax {:?}",
+                tokens.get(r),
+                argmax.get(r)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Through `process_logits` with every parameter off, the rows of [`rank_probe_rows`] come back
+/// as they were (NaN as −inf), their fallback is the argmax, and the fused processed sample at
+/// T = 0 is the argmax (`docs/semantics.md` §4c: a token no step changes keeps its logit).
+fn processed_first_in_rank_is_the_argmax(
+    device: &Arc<dyn Device>,
+    size: Size,
+) -> Result<(), String> {
+    let device = device.as_ref();
+    let vocabs: &[usize] = match size {
+        Size::Quick => &[7, 1031, 4099],
+        Size::Full => &[7, 1031, 4099, 151_936],
+    };
+    for &vocab in vocabs {
+        let mut rng = Rng::new("first_in_rank/processed", vocab as u64);
+        let mut st = process_logits::Setup::random(
+            &mut rng,
+            dims(6, 5, 3),
+            vocab,
+            true,
+            DType::F32,
+            process_logits::Features::default(),
+        );
+        st.scores = rank_probe_rows(&mut rng, st.rows, vocab);
+        st.temperature = Some(vec![0.0; st.rows]);
+        let argmax = run_case(
+            device,
+            &argmax::case("argmax".into(), DType::F32, st.rows, vocab, &st.scores),
+        )
+        .map_err(err)?;
+        let argmax = i32_output(&argmax, "out")?;
+        let outputs = run_case(device, &st.case("processed".into())).map_err(err)?;
+        let processed = outputs
+            .tensors
+            .get("processed")
+            .ok_or("output processed missing")?
+            .to_vec::<f32>()
+            .map_err(err)?;
+        let fallback = i32_output(&outputs, "fallback")?;
+        let sampled = run_case(
+            device,
+            &top_k_top_p_sample::processed_case("sample".into(), &st),
+        )
+        .map_err(err)?;
+        let tokens = i32_output(&sampled, "tokens")?;
+        for r in 0..st.rows {
+            let in_slot = usize::try_from(st.batch_id[r]).is_ok_and(|b| b < st.batch.dims.real_bsz);
+            if !in_slot {
+                continue;
+            }
+            let row = &st.scores[r * vocab..(r + 1) * vocab];
+            let kept = &processed[r * vocab..(r + 1) * vocab];
+            let unchanged = row.iter().zip(kept).all(|(&x, &y)| {
+                let x = if x.is_nan() { f32::NEG_INFINITY } else { x };
+                x.to_bits() == y.to_bits()
+            });
+            if !unchanged {
+                return Err(format!(
+                    "V = {vocab}, row {r}: processing with nothing on changed the row"
+                ));
+            }
+            compare_with_argmax(
+                "the fallback",
+                DType::F32,
+                vocab,
+                row,
+                &argmax[r..=r],
+                &fallback[r..=r],
+                false,
+            )
+            .map_err(|e| format!("{e} (row {r})"))?;
+            compare_with_argmax(
+                "the T = 0 processed sample",
+                DType::F32,
+                vocab,
+                row,
+                &argmax[r..=r],
+                &tokens[r..=r],
+                true,
+            )
+            .map_err(|e| format!("{e} (row {r})"))?;
         }
     }
     Ok(())

@@ -6,9 +6,9 @@
 //! (a power-of-two scaling of a value far inside f64's range), and `floor` / `ceil` of an exact
 //! f64 are exact. Masses are at most `V · 2^40 ≤ 2^60` and every product is taken in `u128`.
 
-use std::cmp::{Ordering, Reverse};
+use std::cmp::Ordering;
 
-use specula_backend_api::logit_weights::{logit_rank_key, row_weights};
+use specula_backend_api::logit_weights::row_weights;
 use specula_backend_api::rng::{Purpose, draw};
 
 /// `2^40`: the scale of a weight, and the weight of probability 1.
@@ -64,8 +64,8 @@ pub(crate) fn rank_order(row: &[f32]) -> Vec<usize> {
 
 /// A row as the sampling ops see it: each token's weight and the row's rank order. Probabilities
 /// weigh `w(p)` and rank by their sanitized value; logits weigh as `docs/semantics.md` §4b says
-/// (the contract's integer steps, `specula_backend_api::logit_weights`) and rank by their
-/// sanitized value; ties rank by id.
+/// (the contract's integer steps, `specula_backend_api::logit_weights`) and rank by the logit
+/// itself ([`logit_rank_cmp`]); ties rank by id.
 #[derive(Clone, Debug)]
 pub(crate) struct WeightedRow {
     values: Vec<f32>,
@@ -119,13 +119,14 @@ impl WeightedRow {
         self.weights.iter().sum()
     }
 
-    /// The token ids in rank order: value descending (sanitized), then id ascending.
+    /// The token ids in rank order: value descending (sanitized probabilities; logits as they
+    /// are, NaN as −inf), then id ascending.
     pub(crate) fn rank_order(&self) -> Vec<usize> {
         if !self.logits {
             return rank_order(&self.values);
         }
         let mut ids: Vec<usize> = (0..self.len()).collect();
-        ids.sort_by_key(|&id| (Reverse(logit_rank_key(self.values[id])), id));
+        ids.sort_by(|&a, &b| logit_rank_cmp(self.values[a], self.values[b]).then(a.cmp(&b)));
         ids
     }
 
@@ -168,6 +169,14 @@ pub(crate) fn draw_by_weight(
         }
     }
     None
+}
+
+/// The rank order of two logits (`docs/semantics.md` §4b step 1): the logit itself, larger first,
+/// NaN as −inf, −0 equal to +0 — not the value the weights read (`Less` means "`a` comes first").
+pub(crate) fn logit_rank_cmp(a: f32, b: f32) -> Ordering {
+    let read = |x: f32| if x.is_nan() { f32::NEG_INFINITY } else { x };
+    // Neither side is NaN any more, so the two always compare.
+    read(b).partial_cmp(&read(a)).unwrap_or(Ordering::Equal)
 }
 
 /// The order of `logits` values of `accept_logprobs`' top-K and of `argmax`: larger first, NaN

@@ -85,7 +85,7 @@ impl Default for NgramConfig {
 /// - speculative with the runner's own drafts (a draft model, Medusa/EAGLE heads, a lookup of its
 ///   own), no proposer: [`with_runner_drafts`](SamplerConfig::with_runner_drafts);
 /// - REJECTION, exact speculative sampling against a draft model's rows:
-///   [`with_rejection`](SamplerConfig::with_rejection).
+///   [`SamplerConfig::rejection`].
 ///
 /// The fields are public, so anything else is a struct update
 /// (`SamplerConfig { logprobs: Some(5), ..SamplerConfig::plain(..) }`).
@@ -327,9 +327,9 @@ impl SamplerConfig {
         self
     }
 
-    /// The same configuration as REJECTION (exact speculative sampling, `docs/semantics.md`
-    /// §5.8) with the runner's draft model: `max_step_tokens` tokens per decode step, no
-    /// proposer. The runner sets each decode slot's drafts with
+    /// REJECTION (exact speculative sampling, `docs/semantics.md` §5.8) with the runner's draft
+    /// model: `max_step_tokens` tokens per decode step (`S`: 1 + the most drafts), no proposer,
+    /// otherwise as [`SamplerConfig::new`]. The runner sets each decode slot's drafts with
     /// [`set_drafts`](crate::Decoder::set_drafts) and hands the draft model's rows to
     /// [`finish`](crate::Decoder::finish) with
     /// [`StepScores::with_draft`](crate::StepScores::with_draft) (logits, like the target's) or
@@ -344,7 +344,8 @@ impl SamplerConfig {
     /// const V: usize = 8;
     /// const S: usize = 3;
     /// let device = registry::open("cpu")?;
-    /// let config = SamplerConfig::plain(Strategy::TargetMatch, 1, V, 64, vec![0]).with_rejection(S);
+    /// let config = SamplerConfig::rejection(1, V, 64, vec![0], S);
+    /// assert_eq!((config.strategy, config.max_step_tokens), (Strategy::Rejection, S));
     /// let mut decoder = Decoder::new(device.clone(), config)?;
     /// // Target and draft model alike: token (last + 1) mod 8, never 0, is all but certain.
     /// let next = |t: i32| t % 7 + 1;
@@ -375,9 +376,37 @@ impl SamplerConfig {
     /// assert!(decoder.stats().drafts_accepted > 0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn with_rejection(mut self, max_step_tokens: usize) -> Self {
-        self.strategy = Strategy::Rejection;
-        self.with_runner_drafts(max_step_tokens)
+    pub fn rejection(
+        max_bsz: usize,
+        vocab: usize,
+        max_model_len: usize,
+        end_tokens: Vec<i32>,
+        max_step_tokens: usize,
+    ) -> Self {
+        SamplerConfig::new(
+            Strategy::Rejection,
+            max_bsz,
+            vocab,
+            max_model_len,
+            end_tokens,
+        )
+        .with_runner_drafts(max_step_tokens)
+    }
+
+    /// The same configuration as REJECTION with the runner's draft model
+    /// ([`SamplerConfig::rejection`]): `max_step_tokens` tokens per decode step, no proposer,
+    /// and the strategy REJECTION whatever the configuration was built with.
+    #[deprecated(
+        note = "with_rejection replaces the strategy the configuration was built with \
+                (`plain(Strategy::Greedy, ..).with_rejection(S)` is REJECTION): use \
+                `SamplerConfig::rejection(max_bsz, vocab, max_model_len, end_tokens, S)`"
+    )]
+    pub fn with_rejection(self, max_step_tokens: usize) -> Self {
+        SamplerConfig {
+            strategy: Strategy::Rejection,
+            ..self
+        }
+        .with_runner_drafts(max_step_tokens)
     }
 
     /// Whether a step can carry drafts (`S > 1`).
@@ -487,6 +516,9 @@ macro_rules! setters {
 /// let request = Request::new(vec![1, 2, 3]).with_params(params);
 /// assert_eq!((request.temperature, request.top_p, request.top_k, request.seed), (0.7, 0.9, 0, 42));
 /// assert_eq!(request.params(), params);
+/// // Parameters without a seed keep the request's own.
+/// let seeded = Request::new(vec![1]).with_seed(7).with_params(SamplingParams::greedy());
+/// assert_eq!((seeded.seed, seeded.temperature), (7, 0.0));
 /// ```
 ///
 /// The values are checked when the request is inserted ([`Request::validate`]).
@@ -498,8 +530,11 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// Keep only the `top_k` most probable tokens; 0 keeps every token. Default 0.
     pub top_k: usize,
-    /// The request seed (see [`Request::seed`]). Default 0.
-    pub seed: u64,
+    /// The request seed (see [`Request::seed`]), when these parameters set one. `None` (the
+    /// default) leaves the request's seed as it is in [`Request::with_params`], so that
+    /// `Request::new(p).with_seed(7).with_params(params)` keeps seed 7; a request built without
+    /// one has seed 0.
+    pub seed: Option<u64>,
     /// Repetition penalty `α > 0` for tokens of the prompt or the history (`docs/semantics.md`
     /// §4c: positive logits are divided by it, the others multiplied). Default 1 (off).
     pub repetition_penalty: f32,
@@ -515,13 +550,14 @@ pub struct SamplingParams {
 }
 
 impl Default for SamplingParams {
-    /// Temperature 1, `top_p` 1, `top_k` 0 (no filter), seed 0: plain sampling from the model.
+    /// Temperature 1, `top_p` 1, `top_k` 0 (no filter), no seed (the request's own): plain
+    /// sampling from the model.
     fn default() -> Self {
         SamplingParams {
             temperature: 1.0,
             top_p: 1.0,
             top_k: 0,
-            seed: 0,
+            seed: None,
             repetition_penalty: 1.0,
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
@@ -547,11 +583,14 @@ impl SamplingParams {
         /// Sets `top_k`.
         with_top_k(top_k: usize);
 
-        /// Sets the seed.
-        with_seed(seed: u64);
-
         /// Sets the repetition penalty `α` (> 0; 1 is off).
         with_repetition_penalty(alpha: f32) => repetition_penalty;
+    }
+
+    /// Sets the seed (see [`seed`](SamplingParams::seed)).
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
     }
 
     /// Sets the frequency penalty `β` and the presence penalty `γ` (0 is off).
@@ -686,7 +725,7 @@ impl Request {
         let params = SamplingParams::default();
         Request {
             prompt,
-            seed: params.seed,
+            seed: params.seed.unwrap_or(0),
             top_p: params.top_p,
             top_k: params.top_k,
             temperature: params.temperature,
@@ -705,13 +744,16 @@ impl Request {
         }
     }
 
-    /// Sets every field of `params` (the seed too: set it in `params`, or call
-    /// [`with_seed`](Request::with_seed) afterwards).
+    /// Sets every field of `params`; the seed only when `params` sets one
+    /// ([`SamplingParams::with_seed`]), so a seed set before (with
+    /// [`with_seed`](Request::with_seed)) stays unless `params` gives another.
     pub fn with_params(mut self, params: SamplingParams) -> Self {
         self.temperature = params.temperature;
         self.top_p = params.top_p;
         self.top_k = params.top_k;
-        self.seed = params.seed;
+        if let Some(seed) = params.seed {
+            self.seed = seed;
+        }
         self.repetition_penalty = params.repetition_penalty;
         self.frequency_penalty = params.frequency_penalty;
         self.presence_penalty = params.presence_penalty;
@@ -720,13 +762,13 @@ impl Request {
         self
     }
 
-    /// The request's sampling parameters.
+    /// The request's sampling parameters (its seed included).
     pub fn params(&self) -> SamplingParams {
         SamplingParams {
             temperature: self.temperature,
             top_p: self.top_p,
             top_k: self.top_k,
-            seed: self.seed,
+            seed: Some(self.seed),
             repetition_penalty: self.repetition_penalty,
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
@@ -915,7 +957,16 @@ mod tests {
     #[test]
     fn sampling_params_default_to_a_new_requests_values() {
         let request = Request::new(vec![1]);
-        assert_eq!(request.params(), SamplingParams::default());
+        // A request's parameters carry its seed; the defaults leave the request's seed as it is.
+        let params = request.params();
+        assert_eq!(params.seed, Some(0));
+        assert_eq!(
+            SamplingParams {
+                seed: None,
+                ..params
+            },
+            SamplingParams::default()
+        );
         assert_eq!(SamplingParams::greedy().temperature, 0.0);
     }
 
@@ -957,9 +1008,12 @@ mod tests {
         let drafts = ngram.clone().with_runner_drafts(3);
         assert_eq!((drafts.max_step_tokens, drafts.ngram), (3, None));
         assert_eq!(drafts.strategy, Strategy::TargetMatch);
-        let rejection = ngram.with_rejection(5);
+        let rejection = SamplerConfig::rejection(2, 16, 32, vec![0], 5);
         assert_eq!(rejection.strategy, Strategy::Rejection);
         assert_eq!((rejection.max_step_tokens, rejection.ngram), (5, None));
+        #[allow(deprecated)]
+        let replaced = ngram.with_rejection(5);
+        assert_eq!(replaced, rejection);
         for config in [plain, drafts, rejection] {
             config.validate().expect("valid");
         }

@@ -17,7 +17,6 @@ mod sharded;
 mod slots;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use specula_backend_api::ops::{BatchDims, VocabSlice};
 use specula_backend_api::{Buffer, DType, Device, DeviceExt};
@@ -43,8 +42,30 @@ enum Phase {
     Planned { plan: StepPlan },
     /// Enqueued: committed on the device, its results on their way to the host; waiting for
     /// [`Decoder::collect`].
-    Pending { plan: StepPlan },
+    Pending { plan: StepPlan, in_flight: InFlight },
 }
+
+/// The results of an enqueued step on their way to the host, and the ticket its
+/// [`PendingStep`] holds: while that is alive, only `collect` with it ends the step; once it is
+/// gone (dropped, or refused by another decoder's `collect`), the decoder collects the step itself.
+#[derive(Debug)]
+struct InFlight {
+    downloading: finish::Downloading,
+    ticket: Arc<Ticket>,
+    /// What a tensor-parallel decoder exchanged with the other ranks for the step.
+    exchanged: Option<ExchangeStats>,
+}
+
+impl InFlight {
+    /// Whether the step's [`PendingStep`] is gone: no one can hand it to `collect` any more.
+    fn abandoned(&self) -> bool {
+        Arc::strong_count(&self.ticket) == 1
+    }
+}
+
+/// What ties a [`PendingStep`] to the step it stands for (compared by address).
+#[derive(Debug)]
+struct Ticket;
 
 impl Phase {
     fn name(&self) -> &'static str {
@@ -82,16 +103,20 @@ impl StepContext<'_> {
 /// A step enqueued by [`Decoder::enqueue`]: committed on the device, its results travelling to
 /// the host in one transfer. Hand it to [`Decoder::collect`] of the decoder that made it; until
 /// then that decoder refuses every call that needs the host state of the slots
-/// ([`SamplerError::Phase`] naming the pending phase). Dropping it unconsumed leaves the decoder
-/// pending for good.
+/// ([`SamplerError::Phase`] naming the pending phase).
+///
+/// No misuse wedges a decoder. A `PendingStep` that is dropped uncollected, or handed to another
+/// decoder's `collect` (which refuses it with [`SamplerError::ForeignStep`] and drops it),
+/// abandons its step: the decoder that made it then collects the step itself at its next `&mut`
+/// call (waiting for the transfer as `collect` would, and logging a warning), so the host state
+/// stays that of the device, the slots get their tokens ([`Decoder::generated`]), and the step's
+/// output waits in [`Decoder::take_abandoned`] (which also collects an abandoned step itself).
 #[derive(Debug)]
-#[must_use = "a pending step must be collected: the decoder waits for it"]
+#[must_use = "a pending step must be collected: its output is otherwise only kept by the decoder"]
 pub struct PendingStep {
-    decoder: u64,
     step: u64,
-    downloading: finish::Downloading,
-    /// What a tensor-parallel decoder exchanged with the other ranks for the step.
-    exchanged: Option<ExchangeStats>,
+    buffers: usize,
+    ticket: Arc<Ticket>,
 }
 
 impl PendingStep {
@@ -104,7 +129,7 @@ impl PendingStep {
     /// their counts and the stop flags, plus the row fallbacks of a processed step and five
     /// log-probability buffers when a request asked for them).
     pub fn buffers(&self) -> usize {
-        self.downloading.buffers()
+        self.buffers
     }
 }
 
@@ -153,8 +178,6 @@ pub struct RemovedRequest {
 /// and with GREEDY or TARGET_MATCH emits exactly the same tokens as speculative decoding.
 #[derive(Debug)]
 pub struct Decoder {
-    /// Process-unique: ties a [`PendingStep`] to the decoder that enqueued it.
-    id: u64,
     device: Arc<dyn Device>,
     config: SamplerConfig,
     /// The host's view of the slots and the host mirrors of their device values.
@@ -166,6 +189,8 @@ pub struct Decoder {
     stats: DecodeStats,
     /// One rank of a tensor-parallel decoder ([`Decoder::new_sharded`]): its group and slice.
     sharding: Option<Sharding>,
+    /// The outputs of the steps the decoder collected itself (see [`PendingStep`]).
+    abandoned: Vec<StepOutput>,
 }
 
 impl Decoder {
@@ -182,9 +207,7 @@ impl Decoder {
         }
         let state = SlotBuffers::new(device.as_ref(), &config)?;
         let scratch = Scratch::new(device.as_ref(), &config)?;
-        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Decoder {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             slots: SlotTable::new(config.max_bsz, config.max_step_tokens),
             device,
             config,
@@ -194,6 +217,7 @@ impl Decoder {
             step: 0,
             stats: DecodeStats::default(),
             sharding: None,
+            abandoned: Vec::new(),
         })
     }
 
@@ -281,6 +305,7 @@ impl Decoder {
     /// [`propose`](Decoder::propose) or [`plan`](Decoder::plan), before
     /// [`finish`](Decoder::finish)) it is [`SamplerError::Phase`], whether or not a slot is free.
     pub fn insert(&mut self, request: Request) -> Result<usize> {
+        self.collect_abandoned()?;
         self.require_idle("insert")?;
         let slot = self.slots.first_free().ok_or(SamplerError::NoFreeSlot {
             max_bsz: self.config.max_bsz,
@@ -291,6 +316,7 @@ impl Decoder {
 
     /// Inserts a request into a given free slot. Only between steps.
     pub fn insert_at(&mut self, slot: usize, request: Request) -> Result<()> {
+        self.collect_abandoned()?;
         self.require_idle("insert")?;
         self.check_slot(slot)?;
         if self.slots.is_occupied(slot) {
@@ -338,6 +364,7 @@ impl Decoder {
 
     /// Takes the request out of its slot (finished or not) and frees the slot. Only between steps.
     pub fn remove(&mut self, slot: usize) -> Result<RemovedRequest> {
+        self.collect_abandoned()?;
         self.require_idle("remove")?;
         self.check_slot(slot)?;
         if !self.slots.is_occupied(slot) {
@@ -437,6 +464,7 @@ impl Decoder {
     /// Runs the scheduler and the proposer. Called by [`plan`](Decoder::plan) when not called
     /// before; call it yourself to set drafts with [`set_drafts`](Decoder::set_drafts) in between.
     pub fn propose(&mut self) -> Result<()> {
+        self.collect_abandoned()?;
         match self.phase {
             Phase::Idle => {}
             Phase::Proposed { .. } => return Ok(()),
@@ -457,6 +485,7 @@ impl Decoder {
     /// after [`propose`](Decoder::propose) and before [`plan`](Decoder::plan); at most `S − 1`
     /// tokens, each in `0 .. V`. Replaces any drafts the n-gram proposer made.
     pub fn set_drafts(&mut self, slot: usize, drafts: &[i32]) -> Result<()> {
+        self.collect_abandoned()?;
         if !matches!(self.phase, Phase::Proposed { .. }) {
             return Err(SamplerError::Phase {
                 call: "set_drafts",
@@ -474,6 +503,7 @@ impl Decoder {
     /// again before [`finish`](Decoder::finish) returns the same plan. An empty plan means there is
     /// no running request: nothing to compute, and no `finish` to call.
     pub fn plan(&mut self) -> Result<StepPlan> {
+        self.collect_abandoned()?;
         match &self.phase {
             Phase::Planned { plan } => return Ok(plan.clone()),
             Phase::Pending { .. } => {
@@ -600,6 +630,7 @@ impl Decoder {
 
     /// [`enqueue`](Decoder::enqueue), its phase errors naming `call`.
     fn enqueue_as(&mut self, call: &'static str, scores: StepScores<'_>) -> Result<PendingStep> {
+        self.collect_abandoned()?;
         self.current_plan(call)?;
         if scores.bitmask.is_some() {
             self.enable_processing("a token bitmask")?;
@@ -639,33 +670,82 @@ impl Decoder {
         // The point of no return: from here an error ends the step.
         let downloading =
             finish::commit_on_device(&cx, &mut self.state, &mut self.scratch, verified)?;
-        self.phase = Phase::Pending { plan };
-        Ok(PendingStep {
-            decoder: self.id,
+        let ticket = Arc::new(Ticket);
+        let pending = PendingStep {
             step: self.step,
+            buffers: downloading.buffers(),
+            ticket: ticket.clone(),
+        };
+        let in_flight = InFlight {
             downloading,
+            ticket,
             exchanged,
-        })
+        };
+        self.phase = Phase::Pending { plan, in_flight };
+        Ok(pending)
     }
 
     /// The host half of [`finish`](Decoder::finish): waits once for the pending step's results
     /// (one blocking wait of the device, however many buffers), takes each slot's emitted tokens,
     /// log-probabilities and finish reason into the slots and returns them; the decoder is then
-    /// between steps. A `pending` step this decoder did not enqueue, or when no step is pending,
-    /// is [`SamplerError::Phase`] (nothing changes). A failed transfer ends the step (see
-    /// `finish`).
+    /// between steps. A failed transfer ends the step (see `finish`).
+    ///
+    /// A `pending` step this decoder did not enqueue is [`SamplerError::ForeignStep`]: this
+    /// decoder is left as it was, and the step is abandoned — the decoder that enqueued it
+    /// collects it itself at its next `&mut` call, its output then waiting in
+    /// [`take_abandoned`](Decoder::take_abandoned) (see [`PendingStep`]).
     pub fn collect(&mut self, pending: PendingStep) -> Result<StepOutput> {
-        if pending.decoder != self.id || pending.step != self.step {
-            return Err(SamplerError::Phase {
-                call: "collect (of a step another decoder enqueued)",
+        let ours = matches!(
+            &self.phase,
+            Phase::Pending { in_flight, .. } if Arc::ptr_eq(&in_flight.ticket, &pending.ticket)
+        );
+        let step = pending.step;
+        drop(pending);
+        if !ours {
+            self.collect_abandoned()?;
+            return Err(SamplerError::ForeignStep {
+                step,
                 phase: self.phase.name(),
             });
         }
-        let plan = match std::mem::replace(&mut self.phase, Phase::Idle) {
-            Phase::Pending { plan } => plan,
+        self.collect_pending("collect")
+    }
+
+    /// The outputs of the steps this decoder collected itself because their [`PendingStep`] was
+    /// dropped or handed to another decoder, oldest first — a step abandoned since the last call
+    /// is collected now; taking them empties the list. (Their tokens are in the slots,
+    /// [`generated`](Decoder::generated), either way.) An error is that of the transfer of a step
+    /// collected now (see [`collect`](Decoder::collect)).
+    pub fn take_abandoned(&mut self) -> Result<Vec<StepOutput>> {
+        self.collect_abandoned()?;
+        Ok(std::mem::take(&mut self.abandoned))
+    }
+
+    /// Collects the pending step if its [`PendingStep`] is gone, keeping its output for
+    /// [`take_abandoned`](Decoder::take_abandoned); nothing otherwise. Every `&mut` call that
+    /// depends on the phase runs it first, so an abandoned step never wedges the decoder.
+    fn collect_abandoned(&mut self) -> Result<()> {
+        if !matches!(&self.phase, Phase::Pending { in_flight, .. } if in_flight.abandoned()) {
+            return Ok(());
+        }
+        warn!(
+            step = self.step,
+            "a PendingStep was dropped or handed to another decoder: the decoder collects the \
+             step itself (its output waits in take_abandoned)"
+        );
+        let output = self.collect_pending("collect (of an abandoned step)")?;
+        self.abandoned.push(output);
+        Ok(())
+    }
+
+    /// Waits for the pending step's results and commits them on the host; `call` names the
+    /// caller in a phase error.
+    fn collect_pending(&mut self, call: &'static str) -> Result<StepOutput> {
+        let (plan, in_flight) = match std::mem::replace(&mut self.phase, Phase::Idle) {
+            Phase::Pending { plan, in_flight } => (plan, in_flight),
             other => {
                 let error = SamplerError::Phase {
-                    call: "collect",
+                    call,
                     phase: other.name(),
                 };
                 self.phase = other;
@@ -678,9 +758,9 @@ impl Decoder {
             plan: &plan,
             sharding: self.sharding.as_ref(),
         };
-        let committed = pending.downloading.wait()?;
+        let committed = in_flight.downloading.wait()?;
         let mut host = finish::commit_on_host(&cx, &mut self.slots, &mut self.stats, committed);
-        if let Some(exchanged) = pending.exchanged {
+        if let Some(exchanged) = in_flight.exchanged {
             host.output.exchanged = Some(exchanged);
             self.stats.exchange_calls += exchanged.calls;
             self.stats.exchange_bytes += exchanged.bytes;

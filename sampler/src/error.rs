@@ -67,6 +67,21 @@ pub enum SamplerError {
         /// before collect)"`.
         phase: &'static str,
     },
+    /// [`Decoder::collect`](crate::Decoder::collect) was handed a
+    /// [`PendingStep`](crate::PendingStep) that another decoder enqueued. The decoder called is
+    /// left as it was; the step is abandoned, and the decoder that enqueued it collects it itself
+    /// at its next `&mut` call (its output then comes from
+    /// [`Decoder::take_abandoned`](crate::Decoder::take_abandoned)).
+    #[error(
+        "collect was handed step {step} of another decoder (this decoder is {phase}): the decoder \
+         that enqueued it collects it itself at its next call, its output then in take_abandoned"
+    )]
+    ForeignStep {
+        /// The step number of the step handed over.
+        step: u64,
+        /// The phase of the decoder called (see [`SamplerError::Phase`]).
+        phase: &'static str,
+    },
     /// An index argument is not below its bound, e.g. `row_prefix(row)` with `row ≥ T_out`.
     #[error("{argument} {index} out of range: valid values are 0 .. {len} ({bound})")]
     IndexOutOfRange {
@@ -83,6 +98,19 @@ pub enum SamplerError {
     #[error("scores buffer: {reason}")]
     ScoresShape {
         /// What is wrong.
+        reason: String,
+    },
+    /// A buffer handed to the step ([`StepScores`](crate::StepScores)) cannot be used: it belongs
+    /// to another device, or its dtype, or its length where the plan fixes it (dense draft rows,
+    /// the bitmask), is not what the argument takes. `argument` names it as the runner passed it:
+    /// `"StepScores::logits"`, `"StepScores::probs"`, `"StepScores::with_draft"`,
+    /// `"StepScores::with_draft_rows"`, `"StepScores::with_draft_probs"`,
+    /// `"StepScores::with_draft_probs_rows"` or `"StepScores::with_bitmask"`.
+    #[error("{argument}: {reason}")]
+    StepBuffer {
+        /// The argument, as the runner passed it.
+        argument: &'static str,
+        /// What is wrong with it.
         reason: String,
     },
     /// Drafts given with `set_drafts` do not fit the slot.

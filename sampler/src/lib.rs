@@ -12,7 +12,7 @@
 //!   [`plain`](SamplerConfig::plain), [`with_ngram`](SamplerConfig::with_ngram),
 //!   [`with_runner_drafts`](SamplerConfig::with_runner_drafts) (drafts from
 //!   [`Decoder::set_drafts`] for the [`Decoder::decode_slots`]) and
-//!   [`with_rejection`](SamplerConfig::with_rejection) (a draft model's rows);
+//!   [`rejection`](SamplerConfig::rejection) (a draft model's rows);
 //! - [`arrivals`]: [`serve`](arrivals::serve) requests as they arrive, inserting and removing
 //!   them around the runner's step;
 //! - [`seeds`]: the per-token seed schedule (`infer_seed` advances by 4 per emitted token).
@@ -195,6 +195,10 @@ pub use decoder::{Decoder, PendingStep, RemovedRequest, Sharding};
 pub use error::{Result, SamplerError, StepError};
 pub use registry::{BackendSpec, Probe, open, probe_all};
 pub use specula_backend_api::Strategy;
+/// The `half` crate, whose `f16` and `bf16` are the element types of half-precision logits
+/// and probability rows (`device.upload(&rows)` with `rows: Vec<half::bf16>`), re-exported so
+/// that a runner needs no dependency of its own at a matching version.
+pub use specula_backend_api::half;
 /// Tensor-parallel sampling (`specula-shard`): the collective engines and groups a runner gives
 /// [`Decoder::new_sharded`].
 pub use specula_shard as shard;

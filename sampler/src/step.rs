@@ -161,9 +161,9 @@ pub struct StepScores<'a> {
 impl<'a> StepScores<'a> {
     /// Logits of the target model. Rows of only NaN or −inf give token 0 rather than an error
     /// (see [`Scores::Logits`]).
-    pub fn logits(logits: &'a Buffer) -> Self {
+    pub fn logits<B: AsRef<Buffer> + ?Sized>(logits: &'a B) -> Self {
         StepScores {
-            target: Scores::Logits(logits),
+            target: Scores::Logits(logits.as_ref()),
             draft: None,
             compact_draft: false,
             bitmask: None,
@@ -171,9 +171,9 @@ impl<'a> StepScores<'a> {
     }
 
     /// Probabilities of the target model.
-    pub fn probs(probs: &'a Buffer) -> Self {
+    pub fn probs<B: AsRef<Buffer> + ?Sized>(probs: &'a B) -> Self {
         StepScores {
-            target: Scores::Probs(probs),
+            target: Scores::Probs(probs.as_ref()),
             draft: None,
             compact_draft: false,
             bitmask: None,
@@ -182,8 +182,8 @@ impl<'a> StepScores<'a> {
 
     /// Adds the draft model's rows (REJECTION), of the same kind as the target: logits with
     /// target logits, probabilities with target probabilities.
-    pub fn with_draft(mut self, draft: &'a Buffer) -> Self {
-        self.draft = Some(self.target.same_kind(draft));
+    pub fn with_draft<B: AsRef<Buffer> + ?Sized>(mut self, draft: &'a B) -> Self {
+        self.draft = Some(self.target.same_kind(draft.as_ref()));
         self.compact_draft = false;
         self
     }
@@ -192,22 +192,22 @@ impl<'a> StepScores<'a> {
     /// target: `[n_drafts, V]`, one row per draft of the plan in the plan's order (slot order,
     /// then draft order; [`StepPlan::drafts`] rows in all). The decoder gives the op the index
     /// of each draft's row (`docs/semantics.md` §5.8.1).
-    pub fn with_draft_rows(mut self, draft_rows: &'a Buffer) -> Self {
-        self.draft = Some(self.target.same_kind(draft_rows));
+    pub fn with_draft_rows<B: AsRef<Buffer> + ?Sized>(mut self, draft_rows: &'a B) -> Self {
+        self.draft = Some(self.target.same_kind(draft_rows.as_ref()));
         self.compact_draft = true;
         self
     }
 
     /// Adds a token bitmask (structured output): `[R, ceil(V / 32)]` u32, bit `v mod 32` of word
     /// `v / 32` of row `r` allows token `v` in score row `r`.
-    pub fn with_bitmask(mut self, bitmask: &'a Buffer) -> Self {
-        self.bitmask = Some(bitmask);
+    pub fn with_bitmask<B: AsRef<Buffer> + ?Sized>(mut self, bitmask: &'a B) -> Self {
+        self.bitmask = Some(bitmask.as_ref());
         self
     }
 
     /// Adds the draft model's probabilities (REJECTION), whatever the target's kind.
-    pub fn with_draft_probs(mut self, draft_probs: &'a Buffer) -> Self {
-        self.draft = Some(Scores::Probs(draft_probs));
+    pub fn with_draft_probs<B: AsRef<Buffer> + ?Sized>(mut self, draft_probs: &'a B) -> Self {
+        self.draft = Some(Scores::Probs(draft_probs.as_ref()));
         self.compact_draft = false;
         self
     }
@@ -215,8 +215,8 @@ impl<'a> StepScores<'a> {
     /// Adds only the drafted rows of the draft model as probabilities (REJECTION), whatever the
     /// target's kind: `[n_drafts, V]` in the order of
     /// [`with_draft_rows`](StepScores::with_draft_rows).
-    pub fn with_draft_probs_rows(mut self, draft_probs: &'a Buffer) -> Self {
-        self.draft = Some(Scores::Probs(draft_probs));
+    pub fn with_draft_probs_rows<B: AsRef<Buffer> + ?Sized>(mut self, draft_probs: &'a B) -> Self {
+        self.draft = Some(Scores::Probs(draft_probs.as_ref()));
         self.compact_draft = true;
         self
     }

@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Forward, ToyModel, VOCAB, forward};
+use common::{Forward, ToyModel, VOCAB, decode_to_the_end, enqueue_next, forward};
 use specula_backend_api::transfer::elements;
 use specula_backend_api::{Device, DeviceExt, MemoryStats, Strategy, WriteAt};
 use specula_sampler::{
@@ -218,10 +218,8 @@ fn a_pending_step_blocks_the_calls_that_need_the_host_state() {
     let other_pending = other
         .enqueue(StepScores::logits(&other_logits))
         .expect("enqueue");
-    assert!(matches!(
-        decoder.collect(other_pending),
-        Err(SamplerError::Phase { .. })
-    ));
+    // Refused (`SamplerError::ForeignStep`, `abandoned_steps.rs`); this decoder is unchanged.
+    assert!(decoder.collect(other_pending).is_err());
     let output = decoder.collect(pending).expect("collect");
     assert_eq!(output.slots.len(), 1);
     assert_eq!(output.slots[0].tokens.len(), 1);
@@ -291,5 +289,72 @@ fn batched_transfers_are_exact_and_validated() {
             ),
             "{name}: {mismatch:?}"
         );
+    }
+}
+
+/// Decodes `requests` on a fresh decoder with `finish` alone: the tokens each slot generates.
+fn plain_tokens(device: &Arc<dyn Device>, requests: &[Request]) -> Vec<Vec<i32>> {
+    let mut decoder = Decoder::new(device.clone(), config()).expect("decoder");
+    for request in requests {
+        decoder.insert(request.clone()).expect("insert");
+    }
+    decode_to_the_end(device, &mut decoder, requests.len())
+}
+
+/// A pending step handed to another decoder's `collect` is refused there, and wedges neither
+/// decoder: the one it was handed to collects its own step, and the one that enqueued it collects
+/// the abandoned step itself at its next call, so both decode on to exactly the tokens of a
+/// decoder that never met the mistake.
+#[test]
+fn a_step_handed_to_another_decoder_wedges_neither() {
+    for device in devices() {
+        let requests = requests();
+        let expected = plain_tokens(&device, &requests);
+        let mut first = Decoder::new(device.clone(), config()).expect("decoder");
+        let mut second = Decoder::new(device.clone(), config()).expect("decoder");
+        for request in &requests {
+            first.insert(request.clone()).expect("insert");
+            second.insert(request.clone()).expect("insert");
+        }
+        let first_pending = enqueue_next(&device, &mut first);
+        let second_pending = enqueue_next(&device, &mut second);
+        assert!(first.collect(second_pending).is_err());
+        first.collect(first_pending).expect("collect its own step");
+        // The second decoder's step was abandoned: its next call collects it, then goes on.
+        second.plan().expect("plan after the abandoned step");
+        let slots = requests.len();
+        assert_eq!(decode_to_the_end(&device, &mut first, slots), expected);
+        assert_eq!(decode_to_the_end(&device, &mut second, slots), expected);
+    }
+}
+
+/// A pending step dropped uncollected is collected by its decoder at its next call (any of
+/// them), which then decodes on to exactly the tokens of a decoder that never dropped one.
+#[test]
+fn a_dropped_pending_step_is_collected_by_its_decoder() {
+    for device in devices() {
+        let requests = requests();
+        let expected = plain_tokens(&device, &requests);
+        let mut decoder = Decoder::new(device.clone(), config()).expect("decoder");
+        for request in &requests {
+            decoder.insert(request.clone()).expect("insert");
+        }
+        let mut steps = 0;
+        while decoder.has_running() {
+            // Every other step is dropped; the next call (here `propose`) collects it.
+            let pending = enqueue_next(&device, &mut decoder);
+            if steps % 2 == 0 {
+                drop(pending);
+                decoder.propose().expect("propose after a dropped step");
+            } else {
+                decoder.collect(pending).expect("collect");
+            }
+            steps += 1;
+        }
+        assert!(steps > 2, "{steps} steps");
+        let generated: Vec<Vec<i32>> = (0..requests.len())
+            .map(|slot| decoder.generated(slot).expect("a request").to_vec())
+            .collect();
+        assert_eq!(generated, expected, "{}", device.info().name);
     }
 }

@@ -311,11 +311,13 @@ pub(crate) fn validate_processing(
         .validate(check, ("probs", "logits"), &params.scores_shape())?;
     let capacity = inputs.layout.validate(check, dims)?;
     if shape.rows > capacity {
+        // More rows than the layout describes (`batch_id_per_token_output` has one entry per
+        // output row): the rows' buffer is refused, the most it may hold being capacity · V.
         return Err(Error::ShapeMismatch {
             op: check.op,
-            arg: "batch_id_per_token_output",
-            expected: shape.rows,
-            actual: capacity,
+            arg: if kind.logits { "logits" } else { "probs" },
+            expected: capacity.saturating_mul(shape.vocab),
+            actual: inputs.scores.matrix().len(),
         });
     }
     validate_history(check, &inputs.history, params)?;

@@ -18,7 +18,7 @@ use specula_backend_api::{DType, FloatElement, Op, Result};
 
 use super::{len_or_zero, token_index, with_float};
 use crate::CpuDevice;
-use crate::sampling::logits::{key_select, sanitize_select};
+use crate::sampling::logits::key_select;
 use crate::sampling::scan::{compiled_for, dispatch};
 
 pub(crate) mod counted;
@@ -35,10 +35,36 @@ const MAX_COUNT: i32 = 1 << 24;
 const FACTOR_MIN: f32 = f32::from_bits(0x2f80_0000);
 const FACTOR_MAX: f32 = f32::from_bits(0x4f80_0000);
 
-/// A bias value, β or γ as the float steps read it: NaN is 0, otherwise [`sanitize_logit`].
+/// `2^64`: the largest magnitude the float steps read.
+const HUGE: f32 = f32::from_bits(0x5f80_0000);
+
+/// A bias value, β or γ as the float steps read it: NaN is 0, `|x| < 2^-76` is 0, `|x| > 2^64`
+/// (±inf included) is ±2^64.
 #[inline]
 fn additive(x: f32) -> f32 {
-    if x.is_nan() { 0.0 } else { sanitize_logit(x) }
+    if x.is_nan() {
+        0.0
+    } else {
+        sanitize_logit(x.clamp(-HUGE, HUGE))
+    }
+}
+
+/// A logit as the rank order reads it: NaN is −inf, every other value as it is.
+#[inline(always)]
+fn unprocessed(x: f32) -> f32 {
+    if x.is_nan() { f32::NEG_INFINITY } else { x }
+}
+
+/// The output of the float steps on logit `x`, which ended on `result` (sanitized): `x` itself
+/// (NaN as −inf) when they left its sanitized reading as it was, so that a token no step
+/// changes keeps its rank (`docs/semantics.md` §4c).
+#[inline(always)]
+fn stepped(x: f32, result: f32) -> f32 {
+    if result == sanitize_logit(x) {
+        unprocessed(x)
+    } else {
+        result
+    }
 }
 
 /// Every buffer the rows read, as host slices.
@@ -231,7 +257,7 @@ impl Row<'_> {
     }
 
     /// Whether no penalty raises a value (`α ≥ 1`, `β ≥ 0`, `γ ≥ 0`): then every processed
-    /// value outside the sparse tokens is at most its sanitized input.
+    /// value outside the sparse tokens is at most its input (NaN as −inf).
     fn never_raises(&self) -> bool {
         self.repetition
             .is_none_or(|(alpha, inverse)| alpha >= 1.0 && inverse <= 1.0)
@@ -248,7 +274,7 @@ impl Row<'_> {
             return f32::NEG_INFINITY;
         }
         if !self.penalizes_word(w) {
-            return sanitize_select(x);
+            return unprocessed(x);
         }
         // The word is penalized, so the slot's counted bits are current.
         let count = if self.counted[w] >> j & 1 == 1 {
@@ -256,7 +282,7 @@ impl Row<'_> {
         } else {
             0
         };
-        self.penalize(sanitize_logit(x), v, count)
+        stepped(x, self.penalize(sanitize_logit(x), v, count))
     }
 
     /// The slot's count of `v` (negative table entries count as 0), without the drafts.
@@ -306,7 +332,7 @@ impl Row<'_> {
         }
         let delta = self.drafts.iter().filter(|t| is_v(t)).count() as i32;
         let count = (self.base_count(v) + delta).min(MAX_COUNT);
-        Some(self.penalize(l, v, count))
+        Some(stepped(x, self.penalize(l, v, count)))
     }
 
     /// Token `v`'s processed value (every rule, `masked_value` when masked), given its input
@@ -346,8 +372,8 @@ fn sanitize_prob(p: f32) -> f32 {
     }
 }
 
-/// The order key of a processed (so sanitized) value: the rank key of a logit, the bits of a
-/// probability (both larger-is-first).
+/// The order key of a processed value (never NaN): the rank key of a logit, the bits of a
+/// (sanitized) probability (both larger-is-first).
 #[inline]
 fn rank_key(value: f32, logits: bool) -> u32 {
     if logits {
@@ -505,16 +531,16 @@ fn dense_word_values<T: FloatElement>(
             } else {
                 0
             };
-            row.penalize(sanitize_logit(x), v, count)
+            stepped(x, row.penalize(sanitize_logit(x), v, count))
         };
         best = best.max(rank_key(*o, batch.logits));
     }
     best
 }
 
-/// A word of tokens no penalty touches: each value sanitized, or the masked value where `kept`
-/// has a 0 bit; returns the largest rank key. Written with selects only, so that the loop
-/// vectorizes.
+/// A word of tokens no penalty touches: each value as it is (logits: NaN as −inf; probabilities
+/// sanitized), or the masked value where `kept` has a 0 bit; returns the largest rank key.
+/// Written with selects only, so that the loop vectorizes.
 #[inline(always)]
 fn plain_word<T: FloatElement>(src: &[T], dst: &mut [f32], kept: u32, logits: bool) -> u32 {
     let mut best = 0u32;
@@ -531,7 +557,7 @@ fn plain_word<T: FloatElement>(src: &[T], dst: &mut [f32], kept: u32, logits: bo
     for (j, (x, o)) in src.iter().zip(dst.iter_mut()).enumerate() {
         let on = kept >> j & 1 == 1;
         *o = match (logits, on) {
-            (true, true) => sanitize_select(x.to_f32()),
+            (true, true) => unprocessed(x.to_f32()),
             (true, false) => f32::NEG_INFINITY,
             (false, true) => sanitize_prob(x.to_f32()),
             (false, false) => 0.0,
@@ -542,30 +568,23 @@ fn plain_word<T: FloatElement>(src: &[T], dst: &mut [f32], kept: u32, logits: bo
 }
 
 /// A whole word of f32 logits no penalty touches, on their bits (integer selects vectorise
-/// reliably): each sanitized as [`sanitize_logit`] does, −inf where `kept` has a 0 bit; returns
-/// the largest rank key.
+/// reliably): each as it is (NaN as −inf), −inf where `kept` has a 0 bit; returns the largest
+/// rank key.
 #[inline(always)]
 fn plain_f32_word(src: &[u32; 32], dst: &mut [u32; 32], kept: u32) -> u32 {
-    const TINY: u32 = 0x1980_0000;
-    const HUGE: u32 = 0x5f80_0000;
     const INF: u32 = 0x7f80_0000;
     const SIGN: u32 = 0x8000_0000;
     let mut keys = [0u32; 32];
     for j in 0..32 {
         let b = src[j];
-        let a = b & !SIGN;
-        let y = if a > INF { INF | SIGN } else { b };
-        let y = if a < TINY { 0 } else { y };
-        let y = if a > HUGE && a < INF {
-            (b & SIGN) | HUGE
-        } else {
-            y
-        };
+        let y = if b & !SIGN > INF { INF | SIGN } else { b };
         // A masked token is −inf.
         let y = if kept >> j & 1 == 1 { y } else { INF | SIGN };
         dst[j] = y;
-        let sign = ((y as i32) >> 31) as u32;
-        keys[j] = y ^ (sign | SIGN);
+        // −0 keys as +0.
+        let z = if y == SIGN { 0 } else { y };
+        let sign = ((z as i32) >> 31) as u32;
+        keys[j] = z ^ (sign | SIGN);
     }
     keys.into_iter().fold(0, u32::max)
 }
@@ -648,8 +667,10 @@ enum MinPFloor {
 }
 
 impl MinPFloor {
-    /// min_p's floor for row `row` of maximum `m` (not −inf).
+    /// min_p's floor for row `row` of maximum `m` (not −inf; its weight is that of its
+    /// sanitized value, and the floor holds for the processed values as they are).
     fn of(batch: &Batch<'_>, row: &Row<'_>, m: f32) -> Self {
+        let m = sanitize_logit(m);
         let t = batch.temperature.map_or(1.0, |t| t[row.r]);
         match row_scale(t) {
             _ if m == f32::INFINITY => MinPFloor::From(m),
@@ -701,8 +722,9 @@ fn apply_min_p(batch: &Batch<'_>, row: &Row<'_>, out: &mut [f32], best: usize, d
     }
 }
 
-/// The smallest logit whose weight in a row of maximum `m` passes `w · 2^24 ≥ MINP · 2^40`
-/// (weights never decrease as the logit grows, and `m` itself weighs `2^40`).
+/// The smallest logit whose weight in a row of sanitized maximum `m` passes
+/// `w · 2^24 ≥ MINP · 2^40` (weights never decrease as the logit grows, and `m` itself weighs
+/// `2^40`); the unsanitized logits at or above it are those that pass.
 fn lowest_kept(m: f32, scale: RowScale, minp: u128) -> f32 {
     let keeps = |l: f32| u128::from(scaled_weight(l, m, scale)) << 24 >= minp << 40;
     // Search the f32 order between −2^64 and m on signed integer keys.
@@ -888,6 +910,7 @@ pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampling::logits::logit_key_select;
     use specula_backend_api::logit_weights::logit_rank_key;
 
     #[test]
@@ -924,16 +947,26 @@ mod tests {
         });
         let values: Vec<f32> = specials.into_iter().chain(random).collect();
         for &l in &values {
-            let (a, b) = (sanitize_select(l), sanitize_logit(l));
-            assert_eq!(a.to_bits(), b.to_bits(), "{l:e}");
-            assert_eq!(key_select(a), logit_rank_key(l), "{l:e}");
+            assert_eq!(logit_key_select(l), logit_rank_key(l), "{l:e}");
+            let kept = unprocessed(l);
+            assert_eq!(key_select(kept), logit_rank_key(l), "{l:e}");
+            assert_eq!(
+                kept.to_bits(),
+                if l.is_nan() { f32::NEG_INFINITY } else { l }.to_bits()
+            );
+            // No step: the logit itself; a step that changes nothing: the logit itself too.
+            assert_eq!(
+                stepped(l, sanitize_logit(l)).to_bits(),
+                kept.to_bits(),
+                "{l:e}"
+            );
         }
         for word in values.chunks_exact(32) {
             let src: [u32; 32] = std::array::from_fn(|j| word[j].to_bits());
             let mut dst = [0u32; 32];
             let best = plain_f32_word(&src, &mut dst, u32::MAX);
             for j in 0..32 {
-                assert_eq!(dst[j], sanitize_logit(word[j]).to_bits(), "{:e}", word[j]);
+                assert_eq!(dst[j], unprocessed(word[j]).to_bits(), "{:e}", word[j]);
             }
             let keys = word.iter().map(|&l| logit_rank_key(l));
             assert_eq!(best, keys.max().unwrap_or(0));

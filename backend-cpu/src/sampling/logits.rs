@@ -82,18 +82,17 @@ pub(crate) enum Weighing {
 
 impl Weighing {
     /// The weighing of `row` at (device) temperature `t`: one pass for the maximum (a second,
-    /// short one for the first maximum at `T == 0`).
+    /// short one for the first maximum at `T == 0`: the first token in rank order, ranked by the
+    /// logit itself).
     pub(crate) fn of<T: FloatElement>(row: &[T], t: f32) -> Self {
-        let max = sanitize_logit(raw_max(row));
-        Self::with_max(max, t, || {
-            row.iter()
-                .position(|&l| sanitize_logit(l.to_f32()) == max)
-                .unwrap_or(0)
+        let raw = raw_max(row);
+        Self::with_max(sanitize_logit(raw), t, || {
+            row.iter().position(|&l| l.to_f32() == raw).unwrap_or(0)
         })
     }
 
-    /// The weighing of a row whose sanitized maximum is `max`; `first` finds the first token
-    /// holding it (asked only at `T == 0`).
+    /// The weighing of a row whose sanitized maximum is `max`; `first` finds the first token in
+    /// rank order (asked only at `T == 0`).
     pub(crate) fn with_max(max: f32, t: f32, first: impl FnOnce() -> usize) -> Self {
         if max == f32::INFINITY {
             return Weighing::PosInf;
@@ -220,23 +219,7 @@ fn any_not_below<T: FloatElement>(chunk: &[T], lo: f32) -> bool {
     })
 }
 
-/// [`sanitize_logit`] with selects: NaN → −inf, `|l| < 2^-76` → +0, finite `|l| > 2^64` →
-/// ±2^64.
-#[inline(always)]
-pub(crate) fn sanitize_select(l: f32) -> f32 {
-    const TINY: f32 = f32::from_bits(0x1980_0000);
-    const HUGE: f32 = f32::from_bits(0x5f80_0000);
-    let a = l.abs();
-    let y = if l.is_nan() { f32::NEG_INFINITY } else { l };
-    let y = if a < TINY { 0.0 } else { y };
-    if a > HUGE && a < f32::INFINITY {
-        f32::from_bits(HUGE.to_bits() | (l.to_bits() & 0x8000_0000))
-    } else {
-        y
-    }
-}
-
-/// The rank key of a sanitized logit (`logit_rank_key` without the sanitizing), branch-free.
+/// The rank key of a logit that is not NaN (`logit_rank_key`), branch-free.
 #[inline(always)]
 pub(crate) fn key_select(l: f32) -> u32 {
     let bits = (l + 0.0).to_bits();
@@ -244,7 +227,14 @@ pub(crate) fn key_select(l: f32) -> u32 {
     bits ^ (sign | 0x8000_0000)
 }
 
-/// The sanitized logit of a rank key (the inverse of `logit_rank_key` on sanitized values).
+/// `logit_rank_key` of any logit, branch-free: NaN reads as −inf.
+#[inline(always)]
+pub(crate) fn logit_key_select(l: f32) -> u32 {
+    key_select(if l.is_nan() { f32::NEG_INFINITY } else { l })
+}
+
+/// The logit of a rank key (the inverse of `logit_rank_key`; never NaN, −0 as +0). Its weight
+/// is that of its sanitized value.
 pub(crate) fn value_of_key(key: u32) -> f32 {
     if key >> 31 == 1 {
         f32::from_bits(key & 0x7fff_ffff)
@@ -347,14 +337,13 @@ impl TopRanked {
     pub(crate) fn push<T: FloatElement>(&mut self, first: usize, chunk: &[T]) {
         let mut keys = [0u32; CHUNK];
         for (key, &x) in keys.iter_mut().zip(chunk) {
-            // `logit_rank_key`, branch-free.
-            *key = key_select(sanitize_select(x.to_f32()));
+            *key = logit_key_select(x.to_f32());
         }
         self.push_keys(first, &keys[..chunk.len().min(CHUNK)]);
     }
 
     /// Offers tokens by their rank keys, `keys[j]` that of token `first + j` (1 to 64 of them),
-    /// for a caller whose values are sanitized already: one vectorised compare with the floor
+    /// for a caller that has the keys already: one vectorised compare with the floor
     /// key, then a push per token above it.
     #[inline(always)]
     pub(crate) fn push_keys(&mut self, first: usize, keys: &[u32]) {
@@ -384,8 +373,8 @@ impl TopRanked {
         if self.out.len() >= self.capacity {
             keep_best(&mut self.out, self.k);
             let f = self.out[self.k - 1].0;
-            // A logit beats the key `f` only if its sanitized value is above `f`'s.
-            self.floor = Some((f, raw_lower_bound(value_of_key(f).next_up())));
+            // A logit beats the key `f` only if it is above `f`'s logit.
+            self.floor = Some((f, value_of_key(f).next_up()));
         }
     }
 
@@ -827,7 +816,7 @@ fn top_k_kept<T: FloatElement>(
     let Some(&(key, id)) = best.first() else {
         return KeptLogits::Degenerate(0);
     };
-    let weighing = Weighing::with_max(value_of_key(key), t, || id as usize);
+    let weighing = Weighing::with_max(sanitize_logit(value_of_key(key)), t, || id as usize);
     let total = weigh_ranked(row, &weighing, &best, &mut kept);
     kept_of_survivors(row, total, top_p, kept)
 }
@@ -1076,6 +1065,9 @@ mod tests {
             vec![-inf, 3.0, inf, inf],
             vec![1e-30, -1e-30, 0.0],
             vec![3e38, -3e38, 1.0],
+            // Equal readings (2^64, +0), different logits: the larger logit ranks first.
+            vec![1e30, 3e38, -1.0],
+            vec![1e-30, 2e-30, -5.0],
         ] {
             for t in [0.0, 1.0, inf, 1e-40] {
                 for r in [0, u64::MAX, 1 << 63] {

@@ -409,6 +409,14 @@ fn flatten<T: Copy>(lists: &[Vec<T>], pad: T) -> (Vec<i32>, Vec<T>) {
     (offsets, flat)
 }
 
+/// Per-slot bias lists flattened: `bias_offsets`, `bias_ids` and `bias_values` (see [`flatten`]).
+fn flatten_biases(biases: &[BiasList]) -> (Vec<i32>, Vec<i32>, Vec<f32>) {
+    let ids: Vec<Vec<i32>> = biases.iter().map(|l| l.iter().map(|e| e.0).collect()).collect();
+    let values: Vec<Vec<f32>> = biases.iter().map(|l| l.iter().map(|e| e.1).collect()).collect();
+    let (offsets, ids) = flatten(&ids, 0);
+    (offsets, ids, flatten(&values, 0.0).1)
+}
+
 impl Setup {
     /// A random batch with the parameters of `features` on: histories with repeats (so that the
     /// penalties meet counts above 1), drafts that repeat generated tokens, bad words that end in
@@ -482,21 +490,7 @@ impl Setup {
             }
             st.slot_parameters(rng, b, f, &pool, (&mut biases, &mut bans));
         }
-        (st.bias_offsets, st.bias_ids) = flatten(
-            &biases
-                .iter()
-                .map(|l: &BiasList| l.iter().map(|e| e.0).collect())
-                .collect::<Vec<_>>(),
-            0,
-        );
-        st.bias_values = flatten(
-            &biases
-                .iter()
-                .map(|l| l.iter().map(|e| e.1).collect())
-                .collect::<Vec<Vec<f32>>>(),
-            0.0,
-        )
-        .1;
+        (st.bias_offsets, st.bias_ids, st.bias_values) = flatten_biases(&biases);
         (st.bad_word_offsets, st.bad_words) = flatten(&bans, 0);
         if f.allowed {
             st.allowed = Some(st.random_masks(rng, n, &pool));
@@ -879,6 +873,8 @@ fn golden() -> Vec<Case> {
             .expect("processed", float_tensor(DType::F32, &[2, 6], &[ninf; 12]))
             .expect("fallback", i32s(&[-1, 2])),
     );
+    out.extend(rank_order_golden());
+    out.push(infinite_parameters_golden());
     out.push(
         min_p
             .case("golden::min_p_half".into())
@@ -895,6 +891,163 @@ fn golden() -> Vec<Case> {
             .expect("fallback", i32s(&[2, 2])),
     );
     out
+}
+
+/// `2^64`: the largest magnitude a logit or an additive parameter is read as (§4b step 1, §4c).
+const HUGE: f32 = 18_446_744_073_709_551_616.0;
+
+/// Neutral penalties: α = α⁻¹ = 1, β = γ = 0, no min_p.
+const NEUTRAL: [f32; PENALTY_FIELDS] = [1.0, 1.0, 0.0, 0.0, 0.0];
+
+/// One decode slot per row (S = 1) over a vocabulary of 3: row `b` is slot `b`, with logits
+/// `rows[b]` at temperature `temperature[b]`, penalties `penalties[b]` and the bias entry
+/// `bias[b]`. Every slot's prompt is `[0]` and its one generated token `0`, so token 0 is in the
+/// prompt and counted once (the repetition, frequency and presence steps apply to it).
+pub(crate) fn one_row_slots(
+    rows: &[[f32; 3]],
+    temperature: &[f32],
+    penalties: &[[f32; PENALTY_FIELDS]],
+    bias: &[Option<(i32, f32)>],
+) -> Setup {
+    let n = rows.len();
+    let d = dims(n, n, 1);
+    let batch = Batch::new(d, vec![1; n], vec![0; n]);
+    let vocab = 3;
+    let biases: Vec<BiasList> = bias.iter().map(|e| e.iter().copied().collect()).collect();
+    let (bias_offsets, bias_ids, bias_values) = flatten_biases(&biases);
+    Setup {
+        batch: batch.clone(),
+        vocab,
+        max_model_len: 4,
+        rows: n,
+        dtype: DType::F32,
+        scores: rows.iter().flatten().copied().collect(),
+        temperature: Some(temperature.to_vec()),
+        batch_id: batch.batch_id(n),
+        cu_out: batch.cu_seqlens_q_output(),
+        token_ids_all: vec![0; n * 4],
+        prompt_lens: vec![1; n],
+        step_idx: vec![1; n],
+        draft_tokens: vec![0; n],
+        token_counts: (0..n).flat_map(|_| [1, 0, 0]).collect(),
+        prompt_mask: vec![1; n],
+        penalties: penalties.iter().flatten().copied().collect(),
+        min_tokens: vec![0; n],
+        end_tokens: vec![2],
+        bias_offsets,
+        bias_ids,
+        bias_values,
+        bad_word_offsets: vec![0; n + 1],
+        bad_words: vec![0],
+        allowed: None,
+        bitmask: None,
+    }
+}
+
+/// The rank order of processed rows (`docs/semantics.md` §4b step 1, §4c): a token whose float
+/// steps leave its reading as it was keeps its logit, so logits that read alike (both `2^64`,
+/// both +0) keep their order and the fallback is the argmax. Rows: `[1e30, 3e38, −1]` and
+/// `[1e-30, 2e-30, −5]` under neutral penalties (token 0 counted and in the prompt); `[3e38,
+/// 1e30, −1]` with a bias of +1 on token 0 (`2^64 ⊕ 1 = 2^64`: unchanged); NaN and −inf; −0 and
+/// +0 (one rank). The setup at T = 0 is also sampled (the tokens are the argmax).
+pub(crate) fn rank_order_setup(temperature: f32) -> Setup {
+    let nan = f32::NAN;
+    let ninf = f32::NEG_INFINITY;
+    let rows = [
+        [1e30, 3e38, -1.0],
+        [1e-30, 2e-30, -5.0],
+        [3e38, 1e30, -1.0],
+        [nan, ninf, 0.5],
+        [-0.0, 0.0, -1.0],
+    ];
+    let bias = [None, None, Some((0, 1.0)), None, None];
+    one_row_slots(&rows, &[temperature; 5], &[NEUTRAL; 5], &bias)
+}
+
+/// The golden cases of [`rank_order_setup`].
+fn rank_order_golden() -> Vec<Case> {
+    let ninf = f32::NEG_INFINITY;
+    let processed = [
+        1e30, 3e38, -1.0, 1e-30, 2e-30, -5.0, 3e38, 1e30, -1.0, ninf, ninf, 0.5, -0.0, 0.0, -1.0,
+    ];
+    vec![
+        rank_order_setup(1.0)
+            .case("golden::rank_order_of_logits_that_read_alike".into())
+            .expect("processed", float_tensor(DType::F32, &[5, 3], &processed))
+            .expect("fallback", i32s(&[1, 1, 0, 2, 0])),
+    ]
+}
+
+/// Device-side bias, α⁻¹, β and γ of ±inf and NaN (`docs/semantics.md` §4c: an additive
+/// parameter is read with NaN → 0 and `|x| > 2^64` → ±2^64, infinities included; a repetition
+/// factor outside `[2^-32, 2^32]` turns the step off), one slot each, on the row
+/// `[0.5, 1, −inf]` at T = 1 (token 0 counted once and in the prompt; α = 2 where α⁻¹ is
+/// hostile). The last slot has a bias of +inf under min_p = 0.5 at T = +inf, where both finite
+/// tokens weigh `2^40` and stay. Device contents only: host validation refuses such values.
+pub(crate) fn infinite_parameters_setup() -> Setup {
+    let (inf, nan) = (f32::INFINITY, f32::NAN);
+    let with = |field: usize, value: f32| {
+        let mut p = NEUTRAL;
+        p[field] = value;
+        if field == penalty::REPETITION_INVERSE {
+            p[penalty::REPETITION] = 2.0;
+        }
+        p
+    };
+    let mut penalties = Vec::new();
+    let mut bias = Vec::new();
+    for value in [inf, -inf, nan] {
+        penalties.push(NEUTRAL);
+        bias.push(Some((0, value)));
+    }
+    for field in [
+        penalty::REPETITION_INVERSE,
+        penalty::FREQUENCY,
+        penalty::PRESENCE,
+    ] {
+        for value in [inf, -inf, nan] {
+            penalties.push(with(field, value));
+            bias.push(None);
+        }
+    }
+    // β = +inf with γ = −inf: −2^64, then −2^64 ⊖ −2^64 = 0 (no NaN).
+    let mut both = with(penalty::FREQUENCY, inf);
+    both[penalty::PRESENCE] = -inf;
+    penalties.push(both);
+    bias.push(None);
+    // Bias +inf under min_p = 0.5 at T = +inf.
+    let mut min_p = NEUTRAL;
+    min_p[penalty::MIN_P] = 0.5;
+    penalties.push(min_p);
+    bias.push(Some((0, inf)));
+    let n = penalties.len();
+    let mut temperature = vec![1.0; n];
+    temperature[n - 1] = inf;
+    one_row_slots(&vec![[0.5, 1.0, f32::NEG_INFINITY]; n], &temperature, &penalties, &bias)
+}
+
+/// The golden case of [`infinite_parameters_setup`].
+fn infinite_parameters_golden() -> Case {
+    let ninf = f32::NEG_INFINITY;
+    // Token 0 of each slot, in the order of the setup; tokens 1 and 2 stay 1 and −inf.
+    let first = [
+        HUGE, -HUGE, 0.5, // bias +inf, −inf, NaN
+        0.5, 0.5, 0.5, // α⁻¹ +inf, −inf, NaN: the repetition step is off
+        -HUGE, HUGE, 0.5, // β +inf, −inf, NaN
+        -HUGE, HUGE, 0.5, // γ +inf, −inf, NaN
+        0.0,  // β = +inf, γ = −inf
+        HUGE, // bias +inf, min_p 0.5 at T = +inf
+    ];
+    let processed: Vec<f32> = first.iter().flat_map(|&x| [x, 1.0, ninf]).collect();
+    let fallback: Vec<i32> = first.iter().map(|&x| i32::from(x < 1.0)).collect();
+    infinite_parameters_setup()
+        .case("golden::device_parameters_at_infinity".into())
+        .device_only()
+        .expect(
+            "processed",
+            float_tensor(DType::F32, &[first.len(), 3], &processed),
+        )
+        .expect("fallback", i32s(&fallback))
 }
 
 /// The setups of the golden cases: every rule on two rows; every token masked in row 0 by the

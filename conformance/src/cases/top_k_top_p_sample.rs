@@ -259,6 +259,18 @@ fn processed_cases(size: Size) -> Vec<Case> {
         .into_iter()
         .map(|(name, st)| processed_case(name, &st))
         .collect();
+    // Logits that read alike keep their order through processing: at T = 0 the argmax.
+    let st = process_logits::rank_order_setup(0.0);
+    let mut rank_order = processed_case("rank_order_of_logits_that_read_alike".into(), &st);
+    rank_order.name = "golden::processed::rank_order_of_logits_that_read_alike".into();
+    out.push(rank_order.expect("tokens", i32s(&[1, 1, 0, 2, 0])));
+    out.push(
+        processed_case(
+            "hostile::device_parameters_at_infinity".into(),
+            &process_logits::infinite_parameters_setup(),
+        )
+        .device_only(),
+    );
     // Every row at a top-k a backend may stream, so the penalties decide what enters it.
     let (name, st) = process_logits::penalized_leaders();
     out.push(processed_case_at(name, &st, |rng| rng.pick(&[1, 5, 20, 50])));
@@ -343,7 +355,46 @@ fn logits_cases(size: Size) -> Vec<Case> {
         ));
     }
     out.push(logits_known_answers());
+    out.push(logits_rank_order_probes());
     out
+}
+
+/// The rank order of logits rows is the logits' own (`docs/semantics.md` §4b step 1): logits that
+/// read as one value (`[1e30, 3e38, −1]`: both `2^64`; `[1e-30, 2e-30, −5]`: both +0) rank the
+/// larger first, so a T = 0, a top_k = 1 or a tiny top_p sample is the argmax (token 1 of both),
+/// whatever the draw; −0 and +0 are one rank (the lower id first); NaN ranks as −inf.
+fn logits_rank_order_probes() -> Case {
+    let nan = f32::NAN;
+    // (row, temperature, top_k, top_p, token)
+    let rows: [([f32; 3], f32, i32, f32, i32); 10] = [
+        ([1e30, 3e38, -1.0], 0.0, 0, 1.0, 1),
+        ([1e30, 3e38, -1.0], 1.0, 1, 1.0, 1),
+        ([1e30, 3e38, -1.0], 1.0, 0, 1e-6, 1),
+        ([1e-30, 2e-30, -5.0], 0.0, 0, 1.0, 1),
+        ([1e-30, 2e-30, -5.0], 0.7, 1, 1.0, 1),
+        ([1e-30, 2e-30, -5.0], 0.7, 0, 1e-6, 1),
+        ([-3e38, -1e30, nan], 0.0, 0, 1.0, 1),
+        ([nan, -2e-30, -1e-30], 0.0, 3, 0.5, 2),
+        ([-0.0, 0.0, -1.0], 0.0, 0, 1.0, 0),
+        ([0.0, -0.0, 1e-40], 2.0, 1, 1.0, 2),
+    ];
+    let logits: Vec<f32> = rows.iter().flat_map(|r| r.0).collect();
+    let temperature: Vec<f32> = rows.iter().map(|r| r.1).collect();
+    let top_k: Vec<i32> = rows.iter().map(|r| r.2).collect();
+    let top_p: Vec<f32> = rows.iter().map(|r| r.3).collect();
+    let expected: Vec<i32> = rows.iter().map(|r| r.4).collect();
+    let seed: Vec<u64> = (0..rows.len() as u64).map(|r| 29 + 4 * r).collect();
+    logits_case(
+        "golden::logits_rank_order_probes".into(),
+        DType::F32,
+        3,
+        &logits,
+        &temperature,
+        &top_k,
+        &top_p,
+        &seed,
+    )
+    .expect("tokens", i32s(&expected))
 }
 
 /// The contract's known-answer row (`docs/semantics.md` §4b) at T = 1, 0.7, 2.5, 0 and +inf: with

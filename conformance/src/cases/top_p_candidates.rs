@@ -99,7 +99,7 @@ pub(crate) fn case(
 
 /// A case of `logits` in `dtype` at the per-row `temperature`, one row per entry of `top_p`.
 #[allow(clippy::too_many_arguments)]
-fn logits_case(
+pub(crate) fn logits_case(
     name: String,
     dtype: DType,
     vocab: usize,
@@ -148,7 +148,7 @@ fn rows_case(
 /// Logits rows (`docs/semantics.md` §4b) at every temperature, in every dtype and shape, hostile
 /// logits, and the contract's known-answer row with its exact scores.
 fn logits_cases(size: Size) -> Vec<Case> {
-    let mut out = vec![logits_known_answers()];
+    let mut out = vec![logits_known_answers(), logits_rank_order_probes()];
     for dtype in FLOAT_DTYPES {
         for mut g in row_gens(size, "candidates/logits", dtype) {
             let (i, rng, rows, vocab) = (g.index, &mut g.rng, g.rows, g.vocab);
@@ -264,6 +264,30 @@ fn logits_known_answers() -> Case {
     .expect("ids", HostTensor::new(&[3, 8], &expected_ids))
     .expect("scores", HostTensor::new(&[3, 8], &expected_scores))
     .expect("lens", i32s(&[5, 2, 6]))
+}
+
+/// Candidates follow the logits' own rank order (`docs/semantics.md` §4b step 1): in
+/// `[1e30, 3e38, −1]` (both read as `2^64`, each half the weight) and `[1e-30, 2e-30, −50]` (both
+/// +0) the larger logit is listed first; at T = 0 the argmax alone.
+fn logits_rank_order_probes() -> Case {
+    let logits = [1e30, 3e38, -1.0, 1e-30, 2e-30, -50.0, 1e30, 3e38, -1.0];
+    let half = exact_share(1 << 40, 1 << 41);
+    logits_case(
+        "golden::logits_rank_order_probes".into(),
+        DType::F32,
+        3,
+        3,
+        &logits,
+        &[1.0, 1.0, 0.0],
+        &[1.0, 0.5, 1.0],
+        None,
+    )
+    .expect("ids", HostTensor::new(&[3, 3], &[1, 0, -1, 1, 0, -1, 1, -1, -1]))
+    .expect(
+        "scores",
+        HostTensor::new(&[3, 3], &[half, half, 0.0, half, half, 0.0, 1.0, 0.0, 0.0]),
+    )
+    .expect("lens", i32s(&[2, 1, 1]))
 }
 
 /// Rows whose total weight is 0 among ordinary ones and a padding row, with a `fallback` input

@@ -11,7 +11,7 @@ use specula_backend_api::{Op, Result};
 use crate::ReferenceDevice;
 use crate::layout::{len_or_zero, token_index};
 use crate::matrix::FloatMatrix;
-use crate::weights::{sanitize, weight};
+use crate::weights::{logit_rank_cmp, sanitize, weight};
 use specula_backend_api::host::{slice, slice_mut};
 
 const OP: Op = Op::ProcessLogits;
@@ -23,10 +23,18 @@ const MAX_COUNT: i64 = 1 << 24;
 const FACTOR_RANGE: std::ops::RangeInclusive<f32> =
     f32::from_bits(0x2f80_0000)..=f32::from_bits(0x4f80_0000);
 
+/// `2^64`, the largest magnitude a logit or an additive parameter is read as.
+const HUGE: f32 = f32::from_bits(0x5f80_0000);
+
 /// An additive parameter (bias, β, γ) as the float steps read it: NaN is 0, `|x| < 2^-76` is 0,
-/// `|x| > 2^64` is ±2^64 (`sanitize_logit` with NaN sent to 0).
+/// `|x| > 2^64` is ±2^64 — infinities included (an infinite parameter would make an infinite or
+/// NaN logit).
 fn additive(x: f32) -> f32 {
-    if x.is_nan() { 0.0 } else { sanitize_logit(x) }
+    if x.is_nan() {
+        0.0
+    } else {
+        sanitize_logit(x.clamp(-HUGE, HUGE))
+    }
 }
 
 /// One slot's parameters as read from the device.
@@ -207,22 +215,29 @@ impl Reader<'_> {
 }
 
 /// The float steps of one unmasked logit (`docs/semantics.md` §4c): bias, repetition, frequency
-/// and presence, each an f32 operation whose result is sanitized as §4b step 1 reads logits.
+/// and presence, each an f32 operation whose result is sanitized as §4b step 1 reads logits. When
+/// they end on the value they started from, the output is the input logit itself (NaN as −inf),
+/// so that a token no step changes keeps its rank (§4b step 1 ranks the logit, not its reading).
 fn process_logit(l: f32, bias: Option<f32>, in_prompt: bool, count: i64, slot: &SlotParams) -> f32 {
-    let mut l = sanitize_logit(l);
+    let read = sanitize_logit(l);
+    let mut x = read;
     if let Some(bias) = bias {
-        l = sanitize_logit(l + additive(bias));
+        x = sanitize_logit(x + additive(bias));
     }
     if let Some((alpha, inverse)) = slot.repetition
         && (in_prompt || count > 0)
     {
-        l = sanitize_logit(if l > 0.0 { l * inverse } else { l * alpha });
+        x = sanitize_logit(if x > 0.0 { x * inverse } else { x * alpha });
     }
     if count > 0 {
-        l = sanitize_logit(l - slot.frequency * count as f32);
-        l = sanitize_logit(l - slot.presence);
+        x = sanitize_logit(x - slot.frequency * count as f32);
+        x = sanitize_logit(x - slot.presence);
     }
-    l
+    match (x == read, l.is_nan()) {
+        (true, true) => f32::NEG_INFINITY,
+        (true, false) => l,
+        (false, _) => x,
+    }
 }
 
 /// Processes the rows of the block: scores row `block.first + i` into output row `i`. The scores
@@ -284,16 +299,17 @@ fn process_logits(
 
 /// The first unmasked token in rank order (value descending, then id), or -1.
 fn first_unmasked(row: &[f32], masked: &[bool], logits: bool) -> i32 {
-    let key = |v: usize| {
+    // Probabilities are sanitized here (never NaN): their float order is their rank order.
+    let before = |v: usize, b: usize| {
         if logits {
-            specula_backend_api::logit_weights::logit_rank_key(row[v])
+            logit_rank_cmp(row[v], row[b]).is_lt()
         } else {
-            row[v].to_bits()
+            row[v] > row[b]
         }
     };
     let mut best: Option<usize> = None;
     for v in (0..row.len()).filter(|&v| !masked[v]) {
-        if best.is_none_or(|b| key(v) > key(b)) {
+        if best.is_none_or(|b| before(v, b)) {
             best = Some(v);
         }
     }

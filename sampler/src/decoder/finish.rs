@@ -3,8 +3,10 @@
 //!
 //! 1. `check_scores`: the scores have the plan's shape (`T_out ≤ R ≤ gather_rows` whole rows of
 //!    `V`), logits when log-probabilities are configured, and REJECTION with drafts has the draft
-//!    model's rows (draft logits only with target logits). Decides the strategy the step runs and
-//!    the rows verification reads.
+//!    model's rows (draft logits only with target logits); every buffer the runner handed over
+//!    belongs to the decoder's device and has a dtype (and length) its argument takes, an error
+//!    naming the argument as the runner passed it (`check_buffers`). Decides the strategy the
+//!    step runs and the rows verification reads.
 //! 2. `prepare_scratch`: allocates the probability buffer on the first step that needs one and
 //!    narrows the per-row buffers to the `R` rows.
 //! 3. `softmax`: only for REJECTION given target logits and draft probabilities, whose rows must
@@ -43,7 +45,7 @@ use specula_backend_api::ops::{
     VerifyOutputs, VerifyParams, VerifySlotState,
 };
 use specula_backend_api::transfer::elements;
-use specula_backend_api::{Buffer, Device, DeviceExt, PendingDownload, Strategy, WriteAt};
+use specula_backend_api::{Buffer, DType, Device, DeviceExt, PendingDownload, Strategy, WriteAt};
 
 use super::StepContext;
 use super::slots::SlotTable;
@@ -134,6 +136,7 @@ pub(super) fn verify_step(
         scores,
         wants_logprobs(cx, slots),
     )?;
+    check_buffers(cx, &scores, checked.rows)?;
     checked.processing = processes(state, &checked);
     let row_temperature = row_temperatures(cx.plan, slots, checked.rows);
     prepare_scratch(cx, sc, &checked)?;
@@ -202,7 +205,8 @@ fn verify_sharded(
         cx.plan,
         scores,
         wants_logprobs(cx, slots),
-    );
+    )
+    .and_then(|c| check_buffers(cx, &scores, c.rows).map(|()| c));
     let shape = match &checked {
         Ok(c) => Some(scores_fingerprint(
             (cx.device, cx.width()),
@@ -378,6 +382,89 @@ fn check_scores<'s>(
         bitmask: scores.bitmask,
         logprobs,
     })
+}
+
+/// Stage 1 too: every buffer the runner handed over belongs to the decoder's device and has the
+/// dtype (and, for dense draft rows and the bitmask, the length) its argument takes, so that a
+/// mistake is reported under the name the runner used (`StepScores::logits`,
+/// `StepScores::with_bitmask`, ...) rather than as the refusal of an op the decoder calls.
+fn check_buffers(cx: &StepContext<'_>, scores: &StepScores<'_>, rows: usize) -> Result<()> {
+    const FLOATS: &[DType] = &[DType::F32, DType::F16, DType::BF16];
+    let vocab = cx.config.vocab;
+    let target = match scores.target {
+        Scores::Logits(_) => "StepScores::logits",
+        Scores::Probs(_) => "StepScores::probs",
+    };
+    check_buffer(cx.device, target, scores.target.buffer(), FLOATS, None)?;
+    let rejection = cx.config.strategy == Strategy::Rejection && cx.plan.drafts() > 0;
+    if let (true, Some(draft)) = (rejection, scores.draft) {
+        let argument = match (draft.is_logits(), scores.compact_draft) {
+            (true, false) => "StepScores::with_draft",
+            (true, true) => "StepScores::with_draft_rows",
+            (false, false) => "StepScores::with_draft_probs",
+            (false, true) => "StepScores::with_draft_probs_rows",
+        };
+        // Compact rows are counted by `check_draft`; dense ones are `[max_bsz · (S − 1), V]`.
+        let dense = (!scores.compact_draft).then(|| {
+            let rows = cx.config.max_bsz * cx.config.max_step_tokens.saturating_sub(1);
+            let what = if cx.sharding.is_some() {
+                "max_bsz · (S − 1) rows of the rank's slice of V"
+            } else {
+                "max_bsz · (S − 1) rows of V"
+            };
+            (rows * cx.width(), what)
+        });
+        check_buffer(cx.device, argument, draft.buffer(), FLOATS, dense)?;
+    }
+    if let Some(bitmask) = scores.bitmask {
+        let len = (
+            rows * vocab.div_ceil(32),
+            "one row of ceil(V / 32) words per score row",
+        );
+        check_buffer(
+            cx.device,
+            "StepScores::with_bitmask",
+            bitmask,
+            &[DType::U32],
+            Some(len),
+        )?;
+    }
+    Ok(())
+}
+
+/// `buffer`, handed over as `argument`, belongs to `device`, has one of `dtypes` and, when
+/// `len` is given, that many elements (with what that length is).
+fn check_buffer(
+    device: &dyn Device,
+    argument: &'static str,
+    buffer: &Buffer,
+    dtypes: &[DType],
+    len: Option<(usize, &str)>,
+) -> Result<()> {
+    let bad = |reason: String| Err(SamplerError::StepBuffer { argument, reason });
+    if buffer.device() != device.id() {
+        return bad(format!(
+            "the buffer belongs to device {}, not to the decoder's device {} ({})",
+            buffer.device().0,
+            device.id().0,
+            device.info().name
+        ));
+    }
+    if !dtypes.contains(&buffer.dtype()) {
+        let names: Vec<String> = dtypes.iter().map(ToString::to_string).collect();
+        return bad(format!(
+            "a {} buffer, expected {}",
+            buffer.dtype(),
+            names.join(" or ")
+        ));
+    }
+    match len {
+        Some((expected, what)) if buffer.len() != expected => bad(format!(
+            "{} elements, expected {expected} ({what})",
+            buffer.len()
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// `R`: the number of whole rows of `V` in `target`, within `T_out ..= gather_rows`.

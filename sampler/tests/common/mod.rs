@@ -371,3 +371,36 @@ pub fn request(rng: &mut Rng, model: &ToyModel, max_prompt: usize) -> Request {
         )
         .with_max_dec_len(max_dec_len)
 }
+
+/// Plans `decoder`'s next step and enqueues it with the toy model's logits of each row's prefix.
+pub fn enqueue_next(
+    device: &Arc<dyn Device>,
+    decoder: &mut Decoder,
+) -> specula_sampler::PendingStep {
+    let model = ToyModel { vocab: VOCAB };
+    let plan = decoder.plan().expect("plan");
+    let logits =
+        forward(device.as_ref(), decoder, &plan, &model, Forward::Prefix).expect("forward");
+    decoder
+        .enqueue(StepScores::logits(&logits))
+        .expect("enqueue")
+}
+
+/// Finishes every remaining step of `decoder` with the toy model's logits and returns the tokens
+/// of slots `0 .. slots`.
+pub fn decode_to_the_end(
+    device: &Arc<dyn Device>,
+    decoder: &mut Decoder,
+    slots: usize,
+) -> Vec<Vec<i32>> {
+    let model = ToyModel { vocab: VOCAB };
+    while decoder.has_running() {
+        let plan = decoder.plan().expect("plan");
+        let logits =
+            forward(device.as_ref(), decoder, &plan, &model, Forward::Prefix).expect("forward");
+        decoder.finish(StepScores::logits(&logits)).expect("finish");
+    }
+    (0..slots)
+        .map(|slot| decoder.generated(slot).expect("a request").to_vec())
+        .collect()
+}

@@ -5,7 +5,7 @@
 //! is processed on the fly (the dense rules of [`dense_word_values`], then the sparse tokens
 //! patched from their input values) and offered to the streaming top-k ([`TopRanked`]); a chunk
 //! that neither a penalty nor a sparse rule touches is first tested on its raw logits against
-//! the top-k floor, since sanitizing never reorders logits and the masks only lower them; once
+//! the top-k floor, since such a token keeps its logit and the masks only lower it; once
 //! the pass has a floor and no penalty of the row raises a value, a passing chunk offers only its
 //! candidates (raw logit not below the floor's bound) and its sparse tokens. The
 //! row maximum is the first of the top k, so min_p becomes a floor on their values (the
@@ -16,6 +16,7 @@
 use std::cell::RefCell;
 
 use rayon::prelude::*;
+use specula_backend_api::logit_weights::sanitize_logit;
 use specula_backend_api::ops::{ProcessedSampleCall, ScoresKind};
 use specula_backend_api::rng::{Purpose, draw};
 
@@ -155,7 +156,7 @@ fn draw_processed(
         return None;
     }
     let t = batch.temperature.map_or(1.0, |t| t[row.r]);
-    let weighing = Weighing::with_max(m, t, || id as usize);
+    let weighing = Weighing::with_max(sanitize_logit(m), t, || id as usize);
     let floor = (row.min_p > 0).then(|| MinPFloor::of(batch, row, m));
     let logit = |key: u32, v: u32| {
         let x = value_of_key(key);
@@ -198,9 +199,10 @@ fn processed_top_ranked_generic<T: FloatElement>(
     let never_raises = row.never_raises();
     let mut next = 0;
     let mut values = [0f32; 32];
-    // The dense rules never raise a token above its sanitized input then (sanitizing keeps the
-    // order, masks lower to −inf): a span whose raw logits all stay below the floor, with no
-    // sparse token and no penalty that raises, offers nothing.
+    // The dense rules never raise a token above its input then (a step that changes a value
+    // lowers it below its sanitized reading, which the input is not below; masks lower to −inf):
+    // a span whose raw logits all stay below the floor, with no sparse token and no penalty that
+    // raises, offers nothing.
     let offers = |ranked: &TopRanked, next: usize, (first, span): (usize, &[T])| {
         let end = first + span.len();
         patches.get(next).is_some_and(|&(v, _)| v < end)
@@ -242,7 +244,7 @@ fn processed_top_ranked_generic<T: FloatElement>(
             for (key, &x) in keys.iter_mut().zip(values.iter()) {
                 *key = key_select(x);
             }
-            // The processed values are sanitized: their keys need no sanitizing.
+            // The processed values are never NaN: their keys are plain keys of their floats.
             ranked.push_keys(first, &keys[..values.len()]);
         }
     }
@@ -252,8 +254,8 @@ fn processed_top_ranked_generic<T: FloatElement>(
 /// Offers the tokens of a chunk (ids from `first`) that may enter, when no rule raises a value
 /// outside the sparse tokens: the sparse tokens of the chunk (`patches` from `next`) at their
 /// patched values, and each other token whose raw logit is not below the floor's bound at its
-/// dense value; every other token's processed value is at most its sanitized input, below the
-/// floor. Returns the next patch.
+/// dense value; every other token's processed value is at most its input, below the floor.
+/// Returns the next patch.
 #[inline(always)]
 fn offer_candidates<T: FloatElement>(
     batch: &Batch<'_>,

@@ -114,14 +114,21 @@ pub(super) fn cases() -> Vec<Case> {
         id("bad_word_length_zero", "bad_words", 0, 0),
         id("bad_word_length_past_the_list", "bad_words", 2, 3),
     ]);
-    // More rows than the layout holds.
-    let mut rows = base.clone();
-    if let crate::cases::CaseParams::ProcessLogits(p) = &mut rows.params {
-        p.rows += 1;
+    // More rows than the layout holds: the scores, temperatures and bitmask hold one row past
+    // `batch_id_per_token_output` (whose length is the layout's capacity), so that every other
+    // check passes and the capacity check is the one that refuses the rows' buffer.
+    let mut st = baseline_setup();
+    st.rows += 1;
+    st.scores.extend((0..VOCAB).map(|v| v as f32));
+    if let Some(t) = st.temperature.as_mut() {
+        t.push(1.0);
+    }
+    if let Some(m) = st.bitmask.as_mut() {
+        m.extend(std::iter::repeat_n(u32::MAX, mask_words(VOCAB)));
     }
     out.push(reject(
         "rows_above_layout_capacity",
-        rows,
+        st.case("baseline".into()),
         ShapeMismatch,
         "logits",
     ));
