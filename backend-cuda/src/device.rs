@@ -206,7 +206,7 @@ impl CudaDevice {
             processing: true,
             fused_processing: false,
             row_block_bytes: None,
-            sharded: false,
+            sharded: true,
         };
         Ok(CudaDevice {
             desc: DeviceDesc::new(info, capabilities),

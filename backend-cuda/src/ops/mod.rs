@@ -15,6 +15,7 @@ pub(crate) mod shard_histogram;
 pub(crate) mod shard_key;
 pub(crate) mod shard_records;
 pub(crate) mod shard_walk;
+pub(crate) mod sharded;
 pub(crate) mod softmax;
 pub(crate) mod top_k_top_p_sample;
 pub(crate) mod top_p_candidates;

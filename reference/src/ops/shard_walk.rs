@@ -102,11 +102,12 @@ pub(crate) fn run(_device: &ReferenceDevice, mut call: OpCall<'_, '_>) -> Result
             None => wp,
         };
         count[r] = kept.iter().filter(|&&k| k).count() as u64;
-        mass[r] = walked.iter().sum();
+        // Saturating (§5.16): garbage masses can make the residual of every token huge.
+        mass[r] = walked.iter().fold(0u64, |m, &w| m.saturating_add(w));
         tokens[r] = -1;
         let mut running = 0u64;
         for (j, &w) in walked.iter().enumerate() {
-            running += w;
+            running = running.saturating_add(w);
             if running > offset[r] {
                 tokens[r] = (first + j) as i32;
                 break;
