@@ -61,14 +61,15 @@ impl Scenario {
     }
 
     fn config(&self) -> SamplerConfig {
-        let base = SamplerConfig {
+        let base = match self.strategy {
+            Strategy::Rejection => SamplerConfig::rejection(3, self.vocab, 96, vec![0], 4),
+            _ => SamplerConfig::new(self.strategy, 3, self.vocab, 96, vec![0])
+                .with_ngram(4, NgramConfig::default()),
+        };
+        SamplerConfig {
             logprobs: Some(4),
             candidates: 12,
-            ..SamplerConfig::new(self.strategy, 3, self.vocab, 96, vec![0])
-        };
-        match self.strategy {
-            Strategy::Rejection => base.with_rejection(4),
-            _ => base.with_ngram(4, NgramConfig::default()),
+            ..base
         }
     }
 }
