@@ -101,7 +101,7 @@ impl<'a> Runner<'a> {
     /// The values of input tensor `name`, whether or not the case is device-only (what every
     /// rank of a sharded run holds as its replicated host parameters).
     pub(crate) fn values<T: Element>(&self, name: &str) -> Result<Vec<T>> {
-        Ok(self.tensor(name)?.to_vec::<T>()?)
+        self.tensor(name)?.to_vec::<T>()
     }
 
     /// The device under test.
