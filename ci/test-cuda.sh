@@ -45,6 +45,9 @@ cargo run --locked --release -p specula-backend-cuda --bin nvrtc-check -- --arch
 step "the workspace builds with the cuda feature (no CUDA needed)"
 cargo build --locked -p specula-sampler --features cuda
 
+step "the NCCL engine of sharded sampling compiles (a one-rank check runs on a GPU machine below)"
+cargo build --locked -p specula-shard --features nccl --tests
+
 step "backend-cuda unit tests and the host build of common.cuh"
 cargo test --locked -p specula-backend-cuda
 
@@ -73,6 +76,9 @@ SPECULA_REQUIRE=cuda cargo test --locked --release -p specula-backend-cuda --tes
 step "driver calls per op after the warm-up (0 allocations, 0 synchronisations), the captured step"
 SPECULA_REQUIRE=cuda cargo test --locked --release -p specula-backend-cuda --test driver_counts
 SPECULA_REQUIRE=cuda cargo run --locked --release -p specula-conformance --bin specula -- run --backend cuda
+
+step "sharded sampling over a one-rank NCCL communicator (SPECULA_REQUIRE=nccl: a missing NCCL fails)"
+SPECULA_REQUIRE=nccl cargo test --locked --release -p specula-shard --features nccl --test nccl
 
 step "benchmarks on the GPU: host, kernel and end-to-end time per op next to the device read floor"
 cargo run --locked --release -p specula-conformance --bin specula -- bench --quick --backend cuda --graph --json target/bench-cuda-quick.json

@@ -34,6 +34,20 @@ cargo test --workspace --all-features --locked
 step "examples"
 cargo run --locked -p specula-sampler --example decode_loop
 
+step "sharded sampling across MPI processes (mpirun: 1 to 4 ranks, each against the unsharded reference)"
+cargo build -q --locked -p specula-shard --features mpi --example shard_check
+for ranks in 1 2 3 4; do
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    mpirun --oversubscribe -n "$ranks" target/debug/examples/shard_check
+done
+
+step "tensor-parallel Decoder across MPI processes (mpirun: 1 to 4 ranks, each emitting the unsharded tokens)"
+cargo build -q --locked -p specula-conformance --features mpi --example sharded_decode_mpi
+for ranks in 1 2 3 4; do
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    mpirun --oversubscribe -n "$ranks" target/debug/examples/sharded_decode_mpi
+done
+
 step "specula run --quick (the conformance command, quick cases, every available backend)"
 cargo run --locked -p specula-conformance --bin specula -- run --quick
 

@@ -35,6 +35,15 @@ pub const MAX_LOGPROBS_TOP_K: usize = 64;
 pub const REJECTION_MAX_TOTAL_WEIGHT: u64 = 1 << 41;
 /// Default global draft-token budget of `ngram_match`.
 pub const DEFAULT_NGRAM_THRESHOLD: usize = 128;
+/// Bits of a sharded row's rank key (`docs/semantics.md` §4d): a 32-bit value ordinal above a
+/// 20-bit id part.
+pub const SHARD_KEY_BITS: u32 = 52;
+/// Bits of the id part of a rank key (`2^20` ids: [`MAX_VOCAB`]).
+pub const SHARD_KEY_ID_BITS: u32 = 20;
+/// The most records per row `shard_records` offers (`K_GATHER`, `docs/semantics.md` §4d).
+pub const MAX_SHARD_RECORDS: usize = 1024;
+/// Buckets of one round of `shard_histogram`: the next 8 bits of the key.
+pub const SHARD_HISTOGRAM_BUCKETS: usize = 256;
 
 /// One field of a kernel's argument struct: its name and size in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -25,7 +25,7 @@ use crate::{
 /// tracing span (fields `op`, `backend`, `rows`, `width`) and skips the launch of an op with
 /// nothing to do, then calls [`Backend::run`] with a validated call. A dtype a backend does not
 /// support is [`Error::Unsupported`], predicted by [`Device::capabilities`]. The sections the op
-/// methods cite (§5.1 … §5.12) are those of `docs/semantics.md`.
+/// methods cite (§5.1 … §5.17) are those of `docs/semantics.md`.
 pub trait Device: Backend {
     /// What this device is.
     fn info(&self) -> &DeviceInfo {
@@ -343,6 +343,67 @@ pub trait Device: Backend {
     ) -> Result<()> {
         let call = ops::process_logits::validate(self.desc(), inputs, out, params)?;
         front(self, AnyCall::ProcessLogits(call))
+    }
+
+    /// Sharded rows (§5.13): per row, the largest rank key of the slice's tokens in
+    /// `params.order`, or with `inputs.ids` the key of that token (0 when the slice does not
+    /// hold it).
+    fn shard_key(
+        &self,
+        inputs: &ShardKeyInputs<'_>,
+        keys: &mut Buffer,
+        params: &ShardKeyParams,
+    ) -> Result<()> {
+        let call = ops::shard_key::validate(self.desc(), inputs, keys, params)?;
+        front(self, AnyCall::ShardKey(call))
+    }
+
+    /// Sharded rows (§5.14): per row, the slice's first `K` tokens in `params.order` as
+    /// `(key, weight)` records, `[rows, K, 2]` u64, `(0, 0)` after them.
+    fn shard_records(
+        &self,
+        inputs: &ShardRows<'_>,
+        records: &mut Buffer,
+        params: &ShardRecordsParams,
+    ) -> Result<()> {
+        let call = ops::shard_records::validate(self.desc(), inputs, records, params)?;
+        front(self, AnyCall::ShardRecords(call))
+    }
+
+    /// Sharded rows (§5.15): per row, the count and mass of the slice's surviving tokens per
+    /// value of the next 8 key bits within the row's prefix.
+    fn shard_histogram(
+        &self,
+        inputs: &ShardHistogramInputs<'_>,
+        out: &mut ShardHistogramOutputs<'_>,
+        params: &ShardHistogramParams,
+    ) -> Result<()> {
+        let call = ops::shard_histogram::validate(self.desc(), inputs, out, params)?;
+        front(self, AnyCall::ShardHistogram(call))
+    }
+
+    /// Sharded rows (§5.16): per row, the slice's kept (or residual) mass and count, and the
+    /// token where a walk in ascending id order from the row's offset ends.
+    fn shard_walk(
+        &self,
+        inputs: &ShardWalkInputs<'_>,
+        out: &mut ShardWalkOutputs<'_>,
+        params: &ShardWalkParams,
+    ) -> Result<()> {
+        let call = ops::shard_walk::validate(self.desc(), inputs, out, params)?;
+        front(self, AnyCall::ShardWalk(call))
+    }
+
+    /// Sharded rows (§5.17): per row, the slice's `Σ exp((l − m) / T)` under the whole row's
+    /// maximum `m` (float).
+    fn shard_exp_sum(
+        &self,
+        inputs: &ShardExpSumInputs<'_>,
+        sums: &mut Buffer,
+        params: &ShardExpSumParams,
+    ) -> Result<()> {
+        let call = ops::shard_exp_sum::validate(self.desc(), inputs, sums, params)?;
+        front(self, AnyCall::ShardExpSum(call))
     }
 }
 

@@ -63,6 +63,10 @@ pub struct Capabilities {
     /// Whether the device runs `process_logits`, the `fallback` input of the sampling ops and the
     /// token counts of `update_state` (`docs/semantics.md` §4c).
     pub processing: bool,
+    /// Whether `process_logits` processes one rank's slice of sharded rows
+    /// ([`ProcessParams::slice`](crate::ops::ProcessParams::slice), `docs/semantics.md` §4d).
+    /// Without it a slice is [`Error::Unsupported`](crate::Error::Unsupported).
+    pub sliced_processing: bool,
     /// Whether `top_k_top_p_sample` applies `process_logits` to its rows itself
     /// ([`Device::top_k_top_p_sample_processed`](crate::Device::top_k_top_p_sample_processed)
     /// runs a fused kernel, reading the logits once and writing no processed rows). Without it
@@ -74,6 +78,10 @@ pub struct Capabilities {
     /// and the sampling op that reads it run while the block is in the device's caches (a CPU).
     /// `None`: all rows at once (a GPU).
     pub row_block_bytes: Option<usize>,
+    /// Whether the device runs the per-rank ops of sharded rows (`shard_key`, `shard_records`,
+    /// `shard_histogram`, `shard_walk`, `shard_exp_sum`; `docs/semantics.md` §4d). Without it they
+    /// are [`Error::Unsupported`](crate::Error::Unsupported).
+    pub sharded: bool,
 }
 
 impl Capabilities {
@@ -93,6 +101,7 @@ impl Capabilities {
         match op {
             Op::Memory => false,
             Op::ProcessLogits => self.processing,
+            op if op.is_sharded() => self.sharded,
             _ => true,
         }
     }

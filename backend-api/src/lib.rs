@@ -6,6 +6,7 @@
 //!
 //! - [`rng`]: Philox4x32-10 and the per-token seed rule;
 //! - [`fixed_point`]: the integer weights, rank keys and top-p test that make sampling exact;
+//! - [`shard`]: the rank keys and slice weights of sharded rows (tensor parallelism);
 //! - [`slots`]: slot kinds and output-row counts of the batch layout;
 //! - [`abi`]: constants shared with every kernel language.
 //!
@@ -60,6 +61,7 @@ pub mod logit_weights;
 pub mod op;
 pub mod ops;
 pub mod rng;
+pub mod shard;
 pub mod slots;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -85,6 +85,16 @@ macro_rules! __op_table {
                 "log-probabilities, ranks and top-K of the accepted tokens",
             ProcessLogits process_logits "5.12" Exact
                 "penalties, bans, bias, masks and min_p applied to each row from its own history",
+            ShardKey shard_key "5.13" Exact
+                "sharded rows: the slice's largest rank key, or the key of a given token",
+            ShardRecords shard_records "5.14" Exact
+                "sharded rows: the slice's first K tokens in rank order as (key, weight) records",
+            ShardHistogram shard_histogram "5.15" Exact
+                "sharded rows: counts and masses of the next 8 key bits within a chosen prefix",
+            ShardWalk shard_walk "5.16" Exact
+                "sharded rows: the kept (or residual) mass of the slice and the walk from an offset",
+            ShardExpSum shard_exp_sum "5.17" Float
+                "sharded rows: the slice's sum of exp((l - m) / T) under the whole row's maximum",
         }
     };
 }
@@ -143,6 +153,15 @@ impl Op {
             Some(spec) => spec.exactness,
             None => Exactness::Exact,
         }
+    }
+
+    /// Whether the op is one of the per-rank ops of sharded rows (`docs/semantics.md` §4d), which
+    /// a device runs when [`Capabilities::sharded`](crate::Capabilities::sharded) is set.
+    pub const fn is_sharded(self) -> bool {
+        matches!(
+            self,
+            Op::ShardKey | Op::ShardRecords | Op::ShardHistogram | Op::ShardWalk | Op::ShardExpSum
+        )
     }
 
     /// The kernel entry-point name for this op and dtype, identical on every backend

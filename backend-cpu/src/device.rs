@@ -71,9 +71,11 @@ impl CpuDevice {
             float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: None,
             logits: true,
+            sliced_processing: true,
             processing: true,
             fused_processing: true,
             row_block_bytes: row_block_bytes(),
+            sharded: true,
         };
         Ok(CpuDevice {
             desc: DeviceDesc::new(info, capabilities),

@@ -94,6 +94,40 @@ specula_backend_api::kernel_args! {
         rows: u32, vocab: u32, real_bsz: u32, logits: u32,
     }
 
+    /// `shard_key.cu`.
+    pub(crate) struct ShardKeyArgs {
+        scores: u64, ids: u64, keys: u64,
+        rows: u32, len: u32, first: u32, order: u32, logits: u32, vec: u32,
+    }
+
+    /// `shard_records.cu`.
+    pub(crate) struct ShardRecordsArgs {
+        scores: u64, temperature: u64, row_key: u64, min_p: u64, records: u64,
+        rows: u32, len: u32, first: u32, records_per_row: u32, order: u32, logits: u32, vec: u32,
+        pad: u32,
+    }
+
+    /// `shard_histogram.cu`.
+    pub(crate) struct ShardHistogramArgs {
+        scores: u64, temperature: u64, row_key: u64, min_p: u64, prefix: u64, floors: u64,
+        counts: u64, masses: u64,
+        rows: u32, len: u32, first: u32, shift: u32, logits: u32, vec: u32,
+    }
+
+    /// `shard_walk.cu`.
+    pub(crate) struct ShardWalkArgs {
+        scores: u64, temperature: u64, row_key: u64, min_p: u64, threshold: u64, offset: u64,
+        draft: u64, draft_key: u64, draft_row: u64, target_mass: u64, draft_mass: u64, tokens: u64,
+        mass: u64, count: u64,
+        rows: u32, len: u32, first: u32, draft_rows: u32, logits: u32, pad: u32,
+    }
+
+    /// `shard_exp_sum.cu`.
+    pub(crate) struct ShardExpSumArgs {
+        logits: u64, temperature: u64, row_key: u64, sums: u64,
+        rows: u32, len: u32,
+    }
+
     /// `verify_draft_tokens.cu`.
     pub(crate) struct VerifyArgs {
         draft_tokens: u64, this_time: u64, encoder: u64, cu_out: u64, stop_flags: u64,
@@ -148,6 +182,11 @@ device_args! {
     TopPCandidates => CandidatesArgs,
     VerifyDraftTokens => VerifyArgs,
     ProcessLogits => ProcessArgs,
+    ShardKey => ShardKeyArgs,
+    ShardRecords => ShardRecordsArgs,
+    ShardHistogram => ShardHistogramArgs,
+    ShardWalk => ShardWalkArgs,
+    ShardExpSum => ShardExpSumArgs,
 }
 
 #[cfg(test)]

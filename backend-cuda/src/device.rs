@@ -293,9 +293,11 @@ impl CudaDevice {
             float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: total_mem,
             logits: true,
+            sliced_processing: false,
             processing: true,
             fused_processing: false,
             row_block_bytes: None,
+            sharded: true,
         };
         let desc = DeviceDesc::new(info, capabilities).counting_driver_calls();
         let counters = desc.driver_counters().cloned().unwrap_or_default();

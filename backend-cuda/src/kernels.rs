@@ -24,6 +24,8 @@ use crate::launch;
 pub const COMMON: &str = include_str!("../kernels/common.cuh");
 /// The rank-order selection shared by the sampling kernels.
 pub const SELECT: &str = include_str!("../kernels/select.cuh");
+/// Rank keys and slice weights shared by the kernels of sharded rows (`docs/semantics.md` §4d).
+pub const SHARD: &str = include_str!("../kernels/shard.cuh");
 
 /// The read-floor kernel of the benchmarks (not an op: `CudaDevice::read_floor`).
 pub const READ_FLOOR: &str = include_str!("../kernels/read_floor.cu");
@@ -103,6 +105,11 @@ impl KernelFile {
         )
     }
 
+    /// Whether the file uses the header of sharded rows (the ops of `docs/semantics.md` §5.13–§5.17).
+    pub const fn uses_shard(self) -> bool {
+        self.op().is_sharded()
+    }
+
     /// The complete translation unit NVRTC compiles: the headers, then the op's file.
     pub fn source(self) -> String {
         let mut src = String::with_capacity(COMMON.len() + SELECT.len() + self.body().len() + 64);
@@ -110,6 +117,10 @@ impl KernelFile {
         src.push('\n');
         if self.uses_select() {
             src.push_str(SELECT);
+            src.push('\n');
+        }
+        if self.uses_shard() {
+            src.push_str(SHARD);
             src.push('\n');
         }
         src.push_str(self.body());
@@ -136,6 +147,11 @@ impl KernelFile {
             KernelFile::NgramMatch => &["ngram_match_propose", "ngram_match"],
             KernelFile::AcceptLogprobs => &["accept_logprobs_pack", "accept_logprobs"],
             KernelFile::ProcessLogits => &["process_logits"],
+            KernelFile::ShardKey => &["shard_key"],
+            KernelFile::ShardRecords => &["shard_records"],
+            KernelFile::ShardHistogram => &["shard_histogram"],
+            KernelFile::ShardWalk => &["shard_walk"],
+            KernelFile::ShardExpSum => &["shard_exp_sum"],
         }
     }
 
@@ -164,7 +180,12 @@ impl KernelFile {
             | KernelFile::TopKTopPSample
             | KernelFile::TopPCandidates
             | KernelFile::AcceptLogprobs
-            | KernelFile::ProcessLogits => DType::FLOATS
+            | KernelFile::ProcessLogits
+            | KernelFile::ShardKey
+            | KernelFile::ShardRecords
+            | KernelFile::ShardHistogram
+            | KernelFile::ShardWalk
+            | KernelFile::ShardExpSum => DType::FLOATS
                 .iter()
                 .map(|&t| Instance::float(t, t))
                 .collect(),
@@ -346,6 +367,8 @@ pub fn defines() -> Vec<(String, String)> {
         d("MAX_VOCAB", format!("{}u", abi::MAX_VOCAB)),
         d("MAX_CANDIDATES", abi::MAX_CANDIDATES.to_string()),
         d("MAX_LOGPROBS_TOP_K", abi::MAX_LOGPROBS_TOP_K.to_string()),
+        d("SHARD_KEY_ID_BITS", abi::SHARD_KEY_ID_BITS.to_string()),
+        d("MAX_SHARD_RECORDS", abi::MAX_SHARD_RECORDS.to_string()),
         d(
             "REJECTION_MAX_TOTAL_WEIGHT",
             format!("{}ull", abi::REJECTION_MAX_TOTAL_WEIGHT),
@@ -450,7 +473,7 @@ mod tests {
         // Every SPECULA_* macro a kernel reads is either defined in the headers or injected.
         let injected: Vec<String> = defines().into_iter().map(|(n, _)| n).collect();
         let all = format!(
-            "{COMMON}{SELECT}{}",
+            "{COMMON}{SELECT}{SHARD}{}",
             KernelFile::ALL.map(|f| f.body()).concat()
         );
         for word in all.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {

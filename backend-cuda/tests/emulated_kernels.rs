@@ -8,6 +8,8 @@
 //! (§5.12), the `fallback` input of the sampling ops and `update_state`'s `token_counts` are
 //! compared with the reference bit for bit, hostile inputs included; REJECTION's `fallback` (rows
 //! of weight 0) with the CPU backend on probability rows and with the reference on logits rows.
+//! The ops of sharded rows (§5.13–§5.17, `emulator/shard.rs`) are compared with the reference on
+//! slices of ordinary and hostile rows.
 //! The real kernel sources (every `kernels/<op>.cu` of the op table) are compiled with a C++20
 //! compiler (`g++`, `c++` or `clang++`).
 //!
@@ -23,6 +25,8 @@
 
 #[path = "emulator/host.rs"]
 mod host;
+#[path = "emulator/shard.rs"]
+mod shard;
 
 use std::fmt::{Debug, Display};
 use std::path::{Path, PathBuf};
@@ -34,12 +38,13 @@ use specula_backend_api::ops::*;
 use specula_backend_api::testing::{self, Needs, TestFn};
 use specula_backend_api::{Buffer, DType, Device, DeviceExt, Element};
 use specula_backend_cpu::CpuDevice;
-use specula_backend_cuda::kernels::{KernelFile, SELECT};
+use specula_backend_cuda::kernels::{KernelFile, SELECT, SHARD};
 use specula_backend_cuda::launch;
 use specula_reference::ReferenceDevice;
 use specula_reference::fixtures::{self, ProcessCase};
 
 use host::Lcg;
+use shard::sharded_row_kernels_match_the_reference;
 
 const SHIM: &str = include_str!("emulator/shim.hpp");
 const DRIVER: &str = include_str!("emulator/driver.cpp");
@@ -62,6 +67,7 @@ fn main() -> ExitCode {
         batch_kernels_match_the_cpu_reference,
         scaled_logits_subtract_the_row_maximum_first,
         an_infinite_temperature_is_uniform_over_the_finite_logits,
+        sharded_row_kernels_match_the_reference,
     ];
     testing::run(&needs(), tests)
 }
@@ -119,6 +125,7 @@ fn build_driver(dir: &Path, dtype: DType) -> PathBuf {
     src += SHIM;
     src += &host::host_common();
     src += SELECT;
+    src += SHARD;
     for file in KernelFile::ALL {
         src += file.body();
     }

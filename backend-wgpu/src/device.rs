@@ -35,11 +35,13 @@ impl WgpuDevice {
             float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: Some(gpu.limits.max_buffer_size),
             logits: true,
+            sliced_processing: false,
             // process_logits binds more storage buffers than the other kernels.
             processing: gpu.limits.max_storage_buffers_per_shader_stage
                 >= crate::ops::process_logits::STORAGE_BUFFERS,
             fused_processing: false,
             row_block_bytes: None,
+            sharded: true,
         };
         WgpuDevice {
             desc: DeviceDesc::new(info, capabilities),

@@ -20,6 +20,8 @@ pub(crate) const SLOT_WG: u32 = 64;
 const COMMON: &str = include_str!("../shaders/common.wgsl");
 const SELECT: &str = include_str!("../shaders/select.wgsl");
 const ROWSTATS: &str = include_str!("../shaders/rowstats.wgsl");
+const SHARD: &str = include_str!("../shaders/shard.wgsl");
+const SHARD_ROWS: &str = include_str!("../shaders/shard_rows.wgsl");
 
 macro_rules! kernel_registry {
     ($($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*) => {
@@ -89,6 +91,10 @@ impl Kernel {
             | Kernel::UpdateState
             | Kernel::NgramMatch
             | Kernel::ProcessLogits => &[],
+            Kernel::ShardKey | Kernel::ShardExpSum => &[SHARD],
+            Kernel::ShardRecords | Kernel::ShardHistogram | Kernel::ShardWalk => {
+                &[SHARD, SHARD_ROWS]
+            }
         }
     }
 
@@ -120,7 +126,12 @@ impl Kernel {
             | Kernel::TopKTopPSample
             | Kernel::TopPCandidates
             | Kernel::AcceptLogprobs
-            | Kernel::ProcessLogits => &[None],
+            | Kernel::ProcessLogits
+            | Kernel::ShardKey
+            | Kernel::ShardRecords
+            | Kernel::ShardHistogram
+            | Kernel::ShardWalk
+            | Kernel::ShardExpSum => &[None],
             Kernel::VerifyDraftTokens => &[Some("pair")],
             Kernel::BuildOutputLayout
             | Kernel::GatherNextToken
@@ -200,6 +211,8 @@ pub(crate) fn prelude() -> String {
         ("TOP_P_BITS", abi::TOP_P_BITS),
         ("MAX_CANDIDATES", u(abi::MAX_CANDIDATES)),
         ("MAX_LOGPROBS_TOP_K", u(abi::MAX_LOGPROBS_TOP_K)),
+        ("SHARD_KEY_ID_BITS", abi::SHARD_KEY_ID_BITS),
+        ("MAX_SHARD_RECORDS", u(abi::MAX_SHARD_RECORDS)),
         ("REJECTION_MAX_TOTAL_WEIGHT_LO", total_lo),
         ("REJECTION_MAX_TOTAL_WEIGHT_HI", total_hi),
         ("MIN_WEIGHT_KEY", min_weight_key),

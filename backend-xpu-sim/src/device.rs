@@ -61,9 +61,11 @@ impl XpuSimDevice {
             float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: Some(runtime.max_alloc),
             logits: true,
+            sliced_processing: false,
             processing: true,
             fused_processing: false,
             row_block_bytes: None,
+            sharded: true,
         };
         Ok(XpuSimDevice {
             desc: DeviceDesc::new(info, capabilities),

@@ -70,6 +70,10 @@ impl Drop for Reads {
 /// The common kernel file: Philox, 128-bit helpers, keys, row primitives.
 const COMMON: &str = include_str!("../kernels/common.cl");
 
+/// The kernel file the ops of sharded rows share (`docs/semantics.md` §4d): rank keys and the
+/// weights of a slice's tokens as tokens of the whole row.
+const SHARD: &str = include_str!("../kernels/shard.cl");
+
 /// The largest buffer this backend allocates: `4 · (2^32 − 1)` bytes, or the device's own limit when
 /// that is lower (reported as `Capabilities::max_buffer_bytes`, so the front refuses larger buffers).
 /// Kernels take element counts as 32-bit `uint`s: with this bound a buffer of 4-byte (or wider)
@@ -109,16 +113,17 @@ macro_rules! kernel_sources {
 
 specula_backend_api::for_each_op!(kernel_sources);
 
-/// The whole program of `op` as it is built: `common.cl`, the OpenCL C declarations of the op's
-/// argument structs (generated from their `kernel_args!` declarations), then the kernel file
-/// (`None` for [`Op::Memory`]).
+/// The whole program of `op` as it is built: `common.cl` (and `shard.cl` for the ops of sharded
+/// rows), the OpenCL C declarations of the op's argument structs (generated from their
+/// `kernel_args!` declarations), then the kernel file (`None` for [`Op::Memory`]).
 pub(crate) fn program_source(op: Op) -> Option<String> {
     let text = kernel_source(op)?;
     let structs: String = kernel_args(op)
         .iter()
         .map(ArgsStruct::declaration)
         .collect();
-    Some(format!("{COMMON}\n{structs}\n{text}\n"))
+    let shard = if op.is_sharded() { SHARD } else { "" };
+    Some(format!("{COMMON}\n{shard}\n{structs}\n{text}\n"))
 }
 
 /// The storage behind an xpu-sim [`Buffer`]: one OpenCL buffer (at least 8 bytes, since OpenCL
@@ -562,7 +567,7 @@ fn create_buffer(context: &Context, bytes: usize) -> std::result::Result<ClStora
 
 /// The `-D` options every program gets: the shared constants of `backend_api::abi` and the launch.
 fn base_options(launch: LaunchConfig) -> String {
-    let defines: [(&str, String); 14] = [
+    let defines: [(&str, String); 16] = [
         ("PHILOX_M0", format!("{:#x}u", abi::PHILOX_M0)),
         ("PHILOX_M1", format!("{:#x}u", abi::PHILOX_M1)),
         ("PHILOX_W0", format!("{:#x}u", abi::PHILOX_W0)),
@@ -578,6 +583,8 @@ fn base_options(launch: LaunchConfig) -> String {
         ),
         ("MAX_CANDIDATES", abi::MAX_CANDIDATES.to_string()),
         ("MAX_LOGPROBS_TOP_K", abi::MAX_LOGPROBS_TOP_K.to_string()),
+        ("SHARD_KEY_ID_BITS", abi::SHARD_KEY_ID_BITS.to_string()),
+        ("MAX_SHARD_RECORDS", abi::MAX_SHARD_RECORDS.to_string()),
         ("CORES", launch.cores.to_string()),
         ("TILE", TILE.to_string()),
     ];

@@ -223,6 +223,13 @@ fn paired_step_line(s: usize) -> String {
 /// The tokens per slot of the processed step line.
 const PROCESSED_STEP_TOKENS: usize = 6;
 
+/// The ranks of the sharded sampling line (`docs/semantics.md` §4d).
+const SHARD_RANKS: usize = 4;
+
+fn sharded_sample_line(k: i32, p: f32) -> String {
+    format!("sharded_sample(ranks={SHARD_RANKS},k={k},p={p})")
+}
+
 const ARGMAX_LINE: &str = "argmax";
 const CANDIDATES_LINE: &str = "top_p_candidates(c=8,p=0.9)";
 const GATHER_LINE: &str = "gather_next_token(bf16)";
@@ -255,6 +262,7 @@ pub fn line_names() -> Vec<String> {
     names.push(paired_step_line(PROCESSED_STEP_TOKENS));
     names.push(GATHER_LINE.to_owned());
     names.extend(ROW_KINDS.iter().flat_map(kind_line_names));
+    names.extend(SAMPLE_SETTINGS.map(|(k, p)| sharded_sample_line(k, p)));
     names
 }
 
@@ -813,6 +821,9 @@ fn run_all(mut b: Bencher<'_>) -> Result<Vec<Measurement>> {
                     kind_benches(&mut b, rows, vocab, kind)?;
                 }
             }
+            if d.capabilities().logits && d.capabilities().sharded {
+                sharded_benches(&mut b, rows, vocab)?;
+            }
         }
         // The unified step (TARGET_MATCH): layout, per-row parameters, sampling, verification.
         for &slots in slot_counts {
@@ -1063,6 +1074,87 @@ fn kind_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize, kind: &RowKind) 
         float_lines(b, &logits, &temperature, shape, names)?;
     }
     Ok(())
+}
+
+/// Sharded sampling (`docs/semantics.md` §4d) of `[rows, vocab]` logits split evenly over
+/// [`SHARD_RANKS`] ranks, each a thread of an in-process group with its slice on this device:
+/// every rank's per-rank ops, the exchange and the host decisions, for the three sampling
+/// settings. A call includes starting the ranks' threads; the bytes are the logits read.
+fn sharded_benches(b: &mut Bencher<'_>, rows: usize, vocab: usize) -> Result<()> {
+    use specula_backend_api::ops::VocabSlice;
+    use specula_shard::{Group, HostRows, Partition, Shard, SliceRows, ThreadGroup};
+    let d = b.device;
+    let all = logit_rows(rows, vocab, (rows * vocab) as u64);
+    let temperature = vec![0.8f32; rows];
+    let seed: Vec<u64> = (0..rows as u64).map(|r| r * 4 + 1).collect();
+    let slices: Vec<VocabSlice> = (0..SHARD_RANKS)
+        .filter_map(|r| VocabSlice::even(vocab, SHARD_RANKS, r))
+        .collect();
+    if slices.len() != SHARD_RANKS {
+        return Ok(());
+    }
+    let mut uploaded = Vec::new();
+    for s in &slices {
+        let cut: Vec<f32> = all
+            .chunks(vocab)
+            .flat_map(|r| r[s.first..s.first + s.len].to_vec())
+            .collect();
+        uploaded.push((d.upload(&cut)?, d.upload(&temperature)?));
+    }
+    // The floor: one read of the whole rows, as every rank's slices are read once.
+    let whole = d.upload(&all)?;
+    for (k, p) in SAMPLE_SETTINGS {
+        let op = sharded_sample_line(k, p);
+        if !b.wants(&op) {
+            continue;
+        }
+        let (top_k, top_p) = (vec![k; rows], vec![p; rows]);
+        let host = HostRows {
+            top_k: &top_k,
+            top_p: &top_p,
+            seed: &seed,
+            temperature: Some(&temperature),
+            min_p: None,
+        };
+        b.measure_rows(op, &whole, (rows, vocab), &mut || {
+            let members = ThreadGroup::new(SHARD_RANKS);
+            std::thread::scope(|scope| {
+                let ranks: Vec<_> = members
+                    .into_iter()
+                    .zip(&slices)
+                    .zip(&uploaded)
+                    .map(|((member, &slice), (logits, temperature))| {
+                        scope.spawn(move || -> specula_shard::Result<Vec<i32>> {
+                            let group = Group::new(member);
+                            let partition = Partition::agree(&group, slice)?;
+                            let shard = Shard {
+                                device: d,
+                                group: &group,
+                                partition: &partition,
+                            };
+                            let rows = SliceRows::new(Scores::logits(logits, temperature));
+                            specula_shard::top_k_top_p_sample(&shard, &rows, &host)
+                        })
+                    })
+                    .collect();
+                for rank in ranks {
+                    let tokens = rank.join().map_err(|_| shard_failure("a rank panicked"))?;
+                    tokens.map_err(|e| shard_failure(&e.to_string()))?;
+                }
+                Ok(())
+            })
+        })?;
+    }
+    Ok(())
+}
+
+/// A failed sharded bench call as a device execution error.
+fn shard_failure(what: &str) -> specula_backend_api::Error {
+    specula_backend_api::Error::Execution {
+        backend: specula_backend_api::BackendKind::Cpu,
+        what: "sharded_sample".to_owned(),
+        source: what.to_owned().into(),
+    }
 }
 
 /// The buffers of the unified step (TARGET_MATCH) over `slots` full decode slots of `s` tokens:

@@ -53,11 +53,13 @@ pub fn logprob_tolerance(width: usize) -> Class {
 }
 
 /// The comparison class of output `tensor` of `op` whose rows hold `width` entries: the float
-/// class of `docs/semantics.md` §1 for softmax probabilities and log-probability values, exact for
-/// everything else.
+/// class of `docs/semantics.md` §1 for softmax probabilities, a slice's share of the softmax
+/// normaliser (`shard_exp_sum`, whose ranks' shares add up to at least 1, so an absolute error is
+/// one relative to the whole row's normaliser, as for the probabilities) and log-probability
+/// values, exact for everything else.
 pub fn class_of(op: Op, tensor: &str, width: usize) -> Class {
     match (op, tensor) {
-        (Op::Softmax, "probs") => softmax_tolerance(width),
+        (Op::Softmax, "probs") | (Op::ShardExpSum, "sums") => softmax_tolerance(width),
         (Op::AcceptLogprobs, "logprobs" | "top_logprobs") => logprob_tolerance(width),
         _ => Class::Exact,
     }

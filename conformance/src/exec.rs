@@ -88,6 +88,22 @@ pub(crate) struct Runner<'a> {
 }
 
 impl<'a> Runner<'a> {
+    /// A runner of `case` on `device`.
+    pub(crate) fn new(device: &'a dyn Device, case: &'a Case) -> Self {
+        Runner {
+            device,
+            foreign: None,
+            case,
+            guarded: Vec::new(),
+        }
+    }
+
+    /// The values of input tensor `name`, whether or not the case is device-only (what every
+    /// rank of a sharded run holds as its replicated host parameters).
+    pub(crate) fn values<T: Element>(&self, name: &str) -> Result<Vec<T>> {
+        self.tensor(name)?.to_vec::<T>()
+    }
+
     /// The device under test.
     pub(crate) fn device(&self) -> &'a dyn Device {
         self.device
@@ -252,7 +268,7 @@ impl<'a> Runner<'a> {
     }
 
     /// Downloads every guarded buffer and checks its guards.
-    fn finish(self) -> Result<Outputs> {
+    pub(crate) fn finish(self) -> Result<Outputs> {
         let mut outputs = Outputs::default();
         self.device.synchronize()?;
         for mut g in self.guarded {
@@ -332,12 +348,7 @@ impl LayoutBuffers {
 
 /// Runs `case` on `device` and returns its outputs and any guard violation.
 pub fn run_case(device: &dyn Device, case: &Case) -> Result<Outputs> {
-    let mut runner = Runner {
-        device,
-        foreign: None,
-        case,
-        guarded: Vec::new(),
-    };
+    let mut runner = Runner::new(device, case);
     case.params.run(&mut runner)?;
     runner.finish()
 }

@@ -6,7 +6,9 @@
 //!
 //! - [`case`]: a case is data — an op, its parameters and named input tensors ([`tensor`]);
 //! - [`exec`]: runs a case on a device with guard regions around every output;
-//! - [`compare`]: exact outputs with `==`, float outputs within a documented tolerance.
+//! - [`compare`]: exact outputs with `==`, float outputs within a documented tolerance;
+//! - [`sharded`]: the cases of the sampling ops run sharded over a group of ranks
+//!   (`docs/semantics.md` §4d), each rank's outputs compared with the reference's.
 
 #![forbid(unsafe_code)]
 
@@ -22,6 +24,8 @@ pub mod fuzz;
 pub mod properties;
 pub mod replay;
 pub mod report;
+pub mod sharded;
+pub mod sharded_decode;
 pub mod suite;
 pub mod tensor;
 
@@ -32,6 +36,12 @@ pub enum ConformanceError {
     /// A device call failed.
     #[error(transparent)]
     Device(#[from] specula_backend_api::Error),
+    /// A sharded run failed (`docs/semantics.md` §4d).
+    #[error(transparent)]
+    Shard(#[from] specula_shard::ShardError),
+    /// A decoder run failed.
+    #[error(transparent)]
+    Sampler(#[from] specula_sampler::SamplerError),
     /// A case or case file is malformed.
     #[error("{0}")]
     Format(String),

@@ -570,6 +570,14 @@ pub(crate) fn unsupported(device: &dyn Device, case: &Case) -> Option<Skip> {
     if needs_processing(case) && !capabilities.processing {
         return Some(Skip::Unsupported("logits processing".to_owned()));
     }
+    if op.is_sharded() && !capabilities.sharded {
+        return Some(Skip::Unsupported("sharded rows".to_owned()));
+    }
+    let sliced =
+        matches!(&case.params, crate::cases::CaseParams::ProcessLogits(p) if p.slice.is_some());
+    if sliced && !capabilities.sliced_processing {
+        return Some(Skip::Unsupported("logits processing of a slice".to_owned()));
+    }
     case.inputs
         .values()
         .map(|t| t.dtype)

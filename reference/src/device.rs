@@ -29,9 +29,11 @@ impl ReferenceDevice {
             float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: None,
             logits: true,
+            sliced_processing: true,
             processing: true,
             fused_processing: false,
             row_block_bytes: None,
+            sharded: true,
         };
         ReferenceDevice {
             desc: DeviceDesc::new(info, capabilities),

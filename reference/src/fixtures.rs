@@ -28,7 +28,7 @@ use specula_backend_api::ops::process_logits::mask_words;
 use specula_backend_api::ops::{
     BatchDims, CandidatesInputs, CandidatesOutputs, CandidatesParams, DecodeState, OutputLayout,
     ProcessInputs, ProcessOutputs, ProcessParams, RowBlock, RowShape, SampleInputs, SampleParams,
-    Scores, SlotProcessing, TokenHistory, UpdateStateInputs, UpdateStateParams,
+    Scores, SlotProcessing, TokenHistory, UpdateStateInputs, UpdateStateParams, VocabSlice,
 };
 use specula_backend_api::{Buffer, DType, Device, DeviceExt, Result};
 
@@ -754,8 +754,35 @@ pub fn run_process_with_counts(
     block: Option<RowBlock>,
     token_counts: &Buffer,
 ) -> Result<ProcessOut> {
+    run_process_on(device, c, (block, None), token_counts)
+}
+
+/// [`run_process`] of one rank's slice of the rows (`docs/semantics.md` §4d): the scores are
+/// cut to the ids of `slice`, every table stays whole; the outputs hold `[rows, slice.len]`.
+pub fn run_process_slice(
+    device: &dyn Device,
+    c: &ProcessCase,
+    slice: VocabSlice,
+) -> Result<ProcessOut> {
+    let token_counts = device.upload(&c.token_counts)?;
+    run_process_on(device, c, (None, Some(slice)), &token_counts)
+}
+
+/// [`run_process_with_counts`] of a block of the rows and of a slice of their ids.
+fn run_process_on(
+    device: &dyn Device,
+    c: &ProcessCase,
+    (block, slice): (Option<RowBlock>, Option<VocabSlice>),
+    token_counts: &Buffer,
+) -> Result<ProcessOut> {
     let rows = block.map_or(c.rows, |b| b.rows);
-    let scores = upload_scores(device, &c.scores, c.dtype)?;
+    let ids = slice.unwrap_or_else(|| VocabSlice::whole(c.vocab));
+    let cut: Vec<f32> = c
+        .scores
+        .chunks(c.vocab.max(1))
+        .flat_map(|row| row[ids.first..ids.end()].to_vec())
+        .collect();
+    let scores = upload_scores(device, &cut, c.dtype)?;
     let temperature = device.upload(&c.temperature)?;
     let cu_out = device.upload(&c.cu_out)?;
     let batch_id = device.upload(&c.batch_id)?;
@@ -774,7 +801,7 @@ pub fn run_process_with_counts(
     let bad_words = device.upload(&c.bad_words)?;
     let allowed = c.allowed.as_deref().map(|a| device.upload(a)).transpose()?;
     let bitmask = c.bitmask.as_deref().map(|m| device.upload(m)).transpose()?;
-    let mut processed = device.alloc::<f32>(rows * c.vocab)?;
+    let mut processed = device.alloc::<f32>(rows * ids.len)?;
     let mut fallback = device.alloc::<i32>(rows)?;
     let scores = if c.logits {
         Scores::logits(&scores, &temperature)
@@ -820,6 +847,7 @@ pub fn run_process_with_counts(
                 vocab: c.vocab,
             },
             block,
+            slice,
             max_model_len: c.max_model_len,
             host: None,
         },

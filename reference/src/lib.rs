@@ -62,6 +62,7 @@ pub mod fixtures;
 mod layout;
 mod matrix;
 mod ops;
+mod shard;
 mod weights;
 
 pub use device::ReferenceDevice;

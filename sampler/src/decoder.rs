@@ -13,12 +13,14 @@
 
 mod finish;
 mod schedule;
+mod sharded;
 mod slots;
 
 use std::sync::Arc;
 
-use specula_backend_api::ops::BatchDims;
+use specula_backend_api::ops::{BatchDims, VocabSlice};
 use specula_backend_api::{Buffer, DType, Device, DeviceExt};
+use specula_shard::{ExchangeStats, Group};
 use tracing::{debug_span, warn};
 
 use crate::buffers::{Scratch, SlotBuffers};
@@ -26,6 +28,7 @@ use crate::config::{Request, SamplerConfig};
 use crate::error::{Result, SamplerError, StepError};
 use crate::processing::Processing;
 use crate::step::{DecodeStats, FinishReason, StepOutput, StepPlan, StepScores};
+pub use sharded::Sharding;
 use slots::{SlotHost, SlotTable};
 
 /// Where the decoder is within a step.
@@ -49,6 +52,8 @@ enum Phase {
 struct InFlight {
     downloading: finish::Downloading,
     ticket: Arc<Ticket>,
+    /// What a tensor-parallel decoder exchanged with the other ranks for the step.
+    exchanged: Option<ExchangeStats>,
 }
 
 impl InFlight {
@@ -73,17 +78,25 @@ impl Phase {
     }
 }
 
-/// What the stages of a planned step read: the device, the configuration and the plan.
+/// What the stages of a planned step read: the device, the configuration, the plan, and the
+/// rank's group and slice of a tensor-parallel decoder.
 struct StepContext<'a> {
     device: &'a dyn Device,
     config: &'a SamplerConfig,
     plan: &'a StepPlan,
+    sharding: Option<&'a Sharding>,
 }
 
 impl StepContext<'_> {
     /// The batch dimensions of the plan.
     fn dims(&self) -> BatchDims {
         self.config.dims(self.plan.real_bsz)
+    }
+
+    /// The length of the score rows the runner passes: `V`, or the rank's slice of it.
+    fn width(&self) -> usize {
+        self.sharding
+            .map_or(self.config.vocab, |s| s.partition().mine().len)
     }
 }
 
@@ -174,6 +187,8 @@ pub struct Decoder {
     phase: Phase,
     step: u64,
     stats: DecodeStats,
+    /// One rank of a tensor-parallel decoder ([`Decoder::new_sharded`]): its group and slice.
+    sharding: Option<Sharding>,
     /// The outputs of the steps the decoder collected itself (see [`PendingStep`]).
     abandoned: Vec<StepOutput>,
 }
@@ -201,8 +216,42 @@ impl Decoder {
             phase: Phase::Idle,
             step: 0,
             stats: DecodeStats::default(),
+            sharding: None,
             abandoned: Vec::new(),
         })
+    }
+
+    /// A decoder for one rank of a tensor-parallel runner (`docs/semantics.md` §4d,
+    /// `docs/runner.md`): the runner's LM head is split over the ranks of `group`, and this rank
+    /// holds the ids `slice` of every logits row. Every rank builds its decoder with the same
+    /// `config` and then makes the same calls (the same requests inserted into the same slots,
+    /// the same steps), each with its own device; [`finish`](Decoder::finish) takes this rank's
+    /// `[R, slice.len]` slice of the logits (and of REJECTION's draft rows), and every rank
+    /// emits the tokens the unsharded decoder emits for the whole rows, bit for bit.
+    ///
+    /// A collective call: the ranks agree on the partition (the slices, in rank order, cover
+    /// `0 .. config.vocab` without gap) and on the configuration, and each step's replicated
+    /// parameters are checked again (one all-gather of a fingerprint); a disagreement is
+    /// [`SamplerError::Shard`] with [`ShardError::Mismatch`] on every rank, a rank that stops
+    /// answering a timeout on the others. The device must run the per-rank ops
+    /// (`Capabilities::sharded` and `sliced_processing`: the CPU backend and the reference).
+    ///
+    /// [`ShardError::Mismatch`]: specula_shard::ShardError::Mismatch
+    pub fn new_sharded(
+        device: Arc<dyn Device>,
+        config: SamplerConfig,
+        group: Group,
+        slice: VocabSlice,
+    ) -> Result<Self> {
+        let sharding = Sharding::agree(device.as_ref(), &config, group, slice)?;
+        let mut decoder = Decoder::new(device, config)?;
+        decoder.sharding = Some(sharding);
+        Ok(decoder)
+    }
+
+    /// The rank's group and partition, for a tensor-parallel decoder ([`Decoder::new_sharded`]).
+    pub fn sharding(&self) -> Option<&Sharding> {
+        self.sharding.as_ref()
     }
 
     /// Builds every kernel of the device now ([`Device::warm_up`]), so that the first step is
@@ -281,6 +330,9 @@ impl Decoder {
         }
         self.state
             .load_request(self.device.as_ref(), &self.config, slot, &request)?;
+        if let Some(sharding) = self.sharding.as_mut() {
+            sharding.set_request(slot, Some(&request));
+        }
         self.slots.insert(slot, request);
         Ok(())
     }
@@ -321,6 +373,9 @@ impl Decoder {
         self.state.clear_slot(self.device.as_ref(), slot)?;
         if let Some(p) = self.state.processing.as_mut() {
             p.clear(slot);
+        }
+        if let Some(sharding) = self.sharding.as_mut() {
+            sharding.set_request(slot, None);
         }
         let host = self
             .slots
@@ -484,6 +539,7 @@ impl Decoder {
             device: self.device.as_ref(),
             config: &self.config,
             plan: &plan,
+            sharding: self.sharding.as_ref(),
         };
         schedule::build_step(&cx, &self.slots, &self.state, &mut self.scratch)?;
         self.phase = Phase::Planned { plan: plan.clone() };
@@ -504,6 +560,7 @@ impl Decoder {
             device: self.device.as_ref(),
             config: &self.config,
             plan,
+            sharding: self.sharding.as_ref(),
         };
         let (slots, state, scratch) = (&self.slots, &self.state, &self.scratch);
         schedule::gather(&cx, slots, state, scratch, hidden_states, hidden, out)
@@ -593,7 +650,9 @@ impl Decoder {
             device: self.device.as_ref(),
             config: &self.config,
             plan: &plan,
+            sharding: self.sharding.as_ref(),
         };
+        let exchanged_before = self.sharding.as_ref().map(Sharding::exchanged);
         let verified =
             match finish::verify_step(&cx, &self.slots, &self.state, &mut self.scratch, scores) {
                 Ok(verified) => verified,
@@ -603,6 +662,11 @@ impl Decoder {
                     return Err(error);
                 }
             };
+        let exchanged = self
+            .sharding
+            .as_ref()
+            .zip(exchanged_before)
+            .map(|(s, before)| s.exchanged().since(&before));
         // The point of no return: from here an error ends the step.
         let downloading =
             finish::commit_on_device(&cx, &mut self.state, &mut self.scratch, verified)?;
@@ -615,6 +679,7 @@ impl Decoder {
         let in_flight = InFlight {
             downloading,
             ticket,
+            exchanged,
         };
         self.phase = Phase::Pending { plan, in_flight };
         Ok(pending)
@@ -691,9 +756,15 @@ impl Decoder {
             device: self.device.as_ref(),
             config: &self.config,
             plan: &plan,
+            sharding: self.sharding.as_ref(),
         };
         let committed = in_flight.downloading.wait()?;
-        let host = finish::commit_on_host(&cx, &mut self.slots, &mut self.stats, committed);
+        let mut host = finish::commit_on_host(&cx, &mut self.slots, &mut self.stats, committed);
+        if let Some(exchanged) = in_flight.exchanged {
+            host.output.exchanged = Some(exchanged);
+            self.stats.exchange_calls += exchanged.calls;
+            self.stats.exchange_bytes += exchanged.bytes;
+        }
         self.step += 1;
         finish::stop_on_device(self.device.as_ref(), &mut self.state, &host)?;
         Ok(host.output)

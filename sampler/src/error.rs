@@ -155,6 +155,17 @@ pub enum SamplerError {
         /// What asked for it.
         what: &'static str,
     },
+    /// A tensor-parallel decoder's exchange with the other ranks failed
+    /// ([`Decoder::new_sharded`](crate::Decoder::new_sharded), `docs/runner.md`): a rank
+    /// disagrees on something that must be replicated (the vocabulary, the partition, the
+    /// configuration, a step's parameters or shapes: [`ShardError::Mismatch`] on every rank), a
+    /// rank stopped answering (a timeout), or the communication library failed. Nothing of the
+    /// step was committed when it is raised before the commit (the step stays planned), but the
+    /// group may be poisoned: the ranks should stop together.
+    ///
+    /// [`ShardError::Mismatch`]: specula_shard::ShardError::Mismatch
+    #[error("tensor parallelism: {0}")]
+    Shard(#[from] specula_shard::ShardError),
 }
 
 /// The error of [`Decoder::step`](crate::Decoder::step): the sampler's own, or the runner's

@@ -191,7 +191,7 @@ pub mod guide {}
 mod step;
 
 pub use config::{NgramConfig, Request, SamplerConfig, SamplingParams};
-pub use decoder::{Decoder, PendingStep, RemovedRequest};
+pub use decoder::{Decoder, PendingStep, RemovedRequest, Sharding};
 pub use error::{Result, SamplerError, StepError};
 pub use registry::{BackendSpec, Probe, open, probe_all};
 pub use specula_backend_api::Strategy;
@@ -199,6 +199,9 @@ pub use specula_backend_api::Strategy;
 /// and probability rows (`device.upload(&rows)` with `rows: Vec<half::bf16>`), re-exported so
 /// that a runner needs no dependency of its own at a matching version.
 pub use specula_backend_api::half;
+/// Tensor-parallel sampling (`specula-shard`): the collective engines and groups a runner gives
+/// [`Decoder::new_sharded`].
+pub use specula_shard as shard;
 pub use step::{
     DecodeStats, FinishReason, OutputRow, Scores, SlotOutput, SlotPlan, SlotStepKind, StepOutput,
     StepPlan, StepScores, TokenLogprob,

@@ -285,6 +285,10 @@ pub struct StepOutput {
     pub step: u64,
     /// One entry per slot that ran this step, in slot order.
     pub slots: Vec<SlotOutput>,
+    /// What a tensor-parallel decoder ([`Decoder::new_sharded`](crate::Decoder::new_sharded))
+    /// exchanged with the other ranks for the step: collective calls and bytes (the same on
+    /// every rank). `None` for a decoder of one device.
+    pub exchanged: Option<specula_shard::ExchangeStats>,
 }
 
 impl StepOutput {
@@ -305,6 +309,10 @@ pub struct DecodeStats {
     pub drafts_proposed: u64,
     /// Drafts accepted.
     pub drafts_accepted: u64,
+    /// Collective calls a tensor-parallel decoder made (0 for a decoder of one device).
+    pub exchange_calls: u64,
+    /// Bytes a tensor-parallel decoder exchanged with the other ranks.
+    pub exchange_bytes: u64,
 }
 
 impl DecodeStats {

@@ -13,6 +13,12 @@ pub mod build_sampling_params;
 pub mod gather_next_token;
 pub mod ngram_match;
 pub mod process_logits;
+pub mod shard_exp_sum;
+pub mod shard_histogram;
+pub mod shard_key;
+pub mod shard_records;
+pub mod shard_walk;
+pub mod sharded;
 pub mod softmax;
 pub mod top_k_top_p_sample;
 pub mod top_p_candidates;
@@ -34,6 +40,16 @@ pub use process_logits::{
     HostProcessing, ProcessInputs, ProcessLogitsCall, ProcessOutputs, ProcessParams, RowBlock,
     RowProcessing, SlotProcessing, TokenHistory,
 };
+pub use shard_exp_sum::{ShardExpSumCall, ShardExpSumInputs, ShardExpSumParams};
+pub use shard_histogram::{
+    ShardHistogramCall, ShardHistogramInputs, ShardHistogramOutputs, ShardHistogramParams,
+};
+pub use shard_key::{ShardKeyCall, ShardKeyInputs, ShardKeyParams};
+pub use shard_records::{ShardRecordsCall, ShardRecordsParams};
+pub use shard_walk::{
+    ShardResidual, ShardWalkCall, ShardWalkInputs, ShardWalkOutputs, ShardWalkParams,
+};
+pub use sharded::{ShardRows, ShardShape, VocabSlice};
 pub use softmax::{SoftmaxCall, SoftmaxInputs, SoftmaxParams};
 pub use top_k_top_p_sample::{ProcessedSampleCall, SampleInputs, SampleParams, TopKTopPSampleCall};
 pub use top_p_candidates::{
@@ -373,6 +389,18 @@ impl<'d> Check<'d> {
                 format!("entry {i} >= 0 and not NaN"),
                 t,
             ));
+        }
+        Ok(())
+    }
+
+    /// [`Error::Unsupported`] unless the device runs the ops of sharded rows.
+    pub(crate) fn sharded(&self) -> Result<()> {
+        if !self.device.capabilities.sharded {
+            return Err(Error::Unsupported {
+                backend: self.device.info.kind,
+                op: self.op,
+                what: "sharded rows".to_owned(),
+            });
         }
         Ok(())
     }

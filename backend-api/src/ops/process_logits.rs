@@ -6,7 +6,7 @@
 //! penalties and min_p. Its outputs feed the sampling ops: `processed` in place of the rows, and
 //! `fallback` as their `fallback` input (the token a row yields when its total weight is 0).
 
-use super::{BatchDims, Check, OutputLayout, RowShape, Scores, ScoresKind};
+use super::{BatchDims, Check, OutputLayout, RowShape, Scores, ScoresKind, VocabSlice};
 use crate::backend::{Call, DeviceDesc};
 use crate::{Buffer, DType, Error, Op, Result};
 
@@ -140,6 +140,7 @@ impl<'a> RowProcessing<'a> {
             dims: self.dims,
             shape,
             block: None,
+            slice: None,
             max_model_len: self.max_model_len,
             host: self.host,
         }
@@ -164,11 +165,13 @@ pub struct RowBlock {
 /// Outputs of `process_logits`.
 #[derive(Debug)]
 pub struct ProcessOutputs<'a> {
-    /// `[rows, vocab]` f32 (`rows` of the block): the processed rows (masked and min_p-dropped
-    /// tokens are −inf for logits, 0 for probabilities).
+    /// `[rows, vocab]` f32 (`rows` of the block; `[rows, slice.len]` with
+    /// [`ProcessParams::slice`]): the processed rows (masked and min_p-dropped tokens are −inf
+    /// for logits, 0 for probabilities).
     pub processed: &'a mut Buffer,
-    /// `[rows]` i32 (`rows` of the block): the token a row yields when its total weight is 0 — its first unmasked token
-    /// in rank order, or -1 when every token is masked.
+    /// `[rows]` i32 (`rows` of the block): the token a row yields when its total weight is 0 —
+    /// its first unmasked token in rank order, or -1 when every token is masked (with
+    /// [`ProcessParams::slice`]: the slice's first unmasked token, a global id, or -1).
     pub fallback: &'a mut Buffer,
 }
 
@@ -190,11 +193,21 @@ pub struct HostProcessing<'a> {
 pub struct ProcessParams<'a> {
     /// The batch shape.
     pub dims: BatchDims,
-    /// The matrix shape of the scores (`rows ≤` the layout's row capacity).
+    /// The rows (`rows ≤` the layout's row capacity) and the vocabulary `V` of the tables: the
+    /// scores are `[rows, vocab]`, or `[rows, slice.len]` with [`ProcessParams::slice`].
     pub shape: RowShape,
     /// The rows processed: `None` for all of them, else a block of them (`first + rows ≤
     /// shape.rows`); the outputs hold the block's rows.
     pub block: Option<RowBlock>,
+    /// The rows are one rank's slice of sharded rows (`docs/semantics.md` §4d, §5.12): the
+    /// scores and `processed` hold the ids `[first, first + len)` of a vocabulary of
+    /// `shape.vocab` tokens (`slice.vocab == shape.vocab`), every other input is the whole
+    /// table (indexed by global id), and min_p is not applied (it needs the whole row's
+    /// maximum: the sharded ops apply it). Needs [`Capabilities::sliced_processing`]
+    /// (`Unsupported` otherwise). `None`: whole rows.
+    ///
+    /// [`Capabilities::sliced_processing`]: crate::Capabilities::sliced_processing
+    pub slice: Option<VocabSlice>,
     /// Row length of `token_ids_all`.
     pub max_model_len: usize,
     /// Host copies of the parameters, for validation.
@@ -209,6 +222,20 @@ impl ProcessParams<'_> {
             rows: self.shape.rows,
         })
     }
+
+    /// The ids the scores hold: [`ProcessParams::slice`], or the whole vocabulary.
+    pub fn ids(&self) -> VocabSlice {
+        self.slice
+            .unwrap_or_else(|| VocabSlice::whole(self.shape.vocab))
+    }
+
+    /// The matrix shape of the scores and of `processed`: `[rows, slice.len]`.
+    pub fn scores_shape(&self) -> RowShape {
+        RowShape {
+            rows: self.shape.rows,
+            vocab: self.ids().len,
+        }
+    }
 }
 
 /// Validates `process_logits`.
@@ -219,14 +246,45 @@ pub(crate) fn validate<'c, 'o>(
     params: &ProcessParams<'c>,
 ) -> Result<ProcessLogitsCall<'c, 'o>> {
     let check = Check::new(Op::ProcessLogits, device);
+    validate_slice(&check, device, params)?;
     let (kind, block) = validate_processing(&check, device, inputs, params)?;
-    let len = check.product("processed", block.rows, params.shape.vocab)?;
+    let width = params.ids().len;
+    let len = check.product("processed", block.rows, width)?;
     check.exact("processed", out.processed, DType::F32, len)?;
     check.exact("fallback", out.fallback, DType::I32, block.rows)?;
     let call = Call::new(*inputs, out, *params, kind);
     Ok(call
-        .with_extent(block.rows, params.shape.vocab)
+        .with_extent(block.rows, width)
         .launching_nothing_if(block.rows == 0))
+}
+
+/// A slice (`docs/semantics.md` §4d) lies within the tables' vocabulary, on a device that
+/// processes slices.
+fn validate_slice(
+    check: &Check<'_>,
+    device: &DeviceDesc,
+    params: &ProcessParams<'_>,
+) -> Result<()> {
+    let Some(slice) = params.slice else {
+        return Ok(());
+    };
+    if !device.capabilities.sliced_processing {
+        return Err(Error::Unsupported {
+            backend: device.info.kind,
+            op: check.op,
+            what: "logits processing of a vocabulary slice".to_owned(),
+        });
+    }
+    slice.validate(check)?;
+    if slice.vocab != params.shape.vocab {
+        return Err(Error::invalid(
+            check.op,
+            "slice",
+            format!("a slice of the vocabulary {}", params.shape.vocab),
+            format!("a slice of {}", slice.vocab),
+        ));
+    }
+    Ok(())
 }
 
 /// Every check of `process_logits` but its outputs': the scores' kind and the rows processed.
@@ -248,7 +306,9 @@ pub(crate) fn validate_processing(
     let dims = &params.dims;
     let shape = &params.shape;
     dims.validate(check.op)?;
-    let kind = inputs.scores.validate(check, ("probs", "logits"), shape)?;
+    let kind = inputs
+        .scores
+        .validate(check, ("probs", "logits"), &params.scores_shape())?;
     let capacity = inputs.layout.validate(check, dims)?;
     if shape.rows > capacity {
         // More rows than the layout describes (`batch_id_per_token_output` has one entry per

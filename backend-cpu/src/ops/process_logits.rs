@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use specula_backend_api::fixed_point::weight;
 use specula_backend_api::logit_weights::{RowScale, row_scale, sanitize_logit, scaled_weight};
 use specula_backend_api::ops::process_logits::{OpCall, PENALTY_FIELDS, mask_words, penalty};
-use specula_backend_api::ops::{ProcessInputs, ProcessParams, RowBlock, ScoresKind};
+use specula_backend_api::ops::{ProcessInputs, ProcessParams, RowBlock, ScoresKind, VocabSlice};
 use specula_backend_api::{DType, FloatElement, Op, Result};
 
 use super::{len_or_zero, token_index, with_float};
@@ -410,12 +410,55 @@ fn process_row<T: FloatElement>(batch: &Batch<'_>, r: usize, input: &[T], out: &
     let fallback = if best_key > rank_key(masked_value, batch.logits) {
         best as i32
     } else {
-        first_unmasked(batch, &row, out.len())
+        first_unmasked(batch, &row, 0..out.len())
     };
     if row.min_p > 0 {
         apply_min_p(batch, &row, out, best, masked_value);
     }
     fallback
+}
+
+/// Processes row `r` of one rank's slice (`docs/semantics.md` §4d) into `out` and returns its
+/// fallback: the slice's first unmasked token in rank order (a global id), or -1. `input` and
+/// `out` hold the ids `first ..`; every rule reads its tables by global id; no min_p (the
+/// sharded ops apply it against the whole row's maximum).
+fn process_slice_row<T: FloatElement>(
+    batch: &Batch<'_>,
+    (r, first): (usize, usize),
+    input: &[T],
+    out: &mut [f32],
+) -> i32 {
+    let masked_value = if batch.logits { f32::NEG_INFINITY } else { 0.0 };
+    let Some((b, pos)) = batch.source(r) else {
+        out.fill(masked_value);
+        return -1;
+    };
+    let row = batch.row(r, b, pos);
+    for (j, (x, o)) in input.iter().zip(out.iter_mut()).enumerate() {
+        let v = first + j;
+        *o = if batch.logits {
+            row.dense_logit(batch, v, x.to_f32())
+        } else if batch.dense_word(r, b, v / 32) >> (v % 32) & 1 == 1 {
+            sanitize_prob(x.to_f32())
+        } else {
+            0.0
+        };
+    }
+    let ids = first..first + out.len();
+    for v in row.touched(batch).into_iter().filter(|v| ids.contains(v)) {
+        let x = input[v - first].to_f32();
+        out[v - first] = row.patched_value(batch, v, x, masked_value);
+    }
+    let best_key = out
+        .iter()
+        .map(|&x| rank_key(x, batch.logits))
+        .max()
+        .unwrap_or(0);
+    if best_key > rank_key(masked_value, batch.logits) {
+        (first + first_with_key(out, best_key, batch.logits)) as i32
+    } else {
+        first_unmasked(batch, &row, ids)
+    }
 }
 
 /// The dense rules on every token: masks from the mask words, and for logits the penalties from
@@ -602,9 +645,10 @@ fn drop_below_generic<T: PartialOrd + Copy>(out: &mut [T], keep_from: T, dropped
     }
 }
 
-/// The lowest-id token no mask removes, or -1 (a row whose unmasked tokens weigh nothing).
-fn first_unmasked(batch: &Batch<'_>, row: &Row<'_>, vocab: usize) -> i32 {
-    (0..vocab)
+/// The lowest-id token of `ids` no mask removes, or -1 (a row whose unmasked tokens weigh
+/// nothing).
+fn first_unmasked(batch: &Batch<'_>, row: &Row<'_>, ids: std::ops::Range<usize>) -> i32 {
+    ids.into_iter()
         .find(|&v| {
             batch.dense_word(row.r, row.b, v / 32) >> (v % 32) & 1 == 1
                 && !row.sparse_masked(v, batch.end_tokens)
@@ -764,24 +808,30 @@ fn penalized_words(batch: &Batch<'_>, wanted: &[bool], counted: &[u32]) -> Vec<u
     bits
 }
 
-/// Processes the rows of the block: scores row `block.first + i` into output row `i`.
+/// Processes the rows of the block: scores row `block.first + i` into output row `i`. The rows
+/// hold the ids of `ids`: the whole vocabulary, or one rank's slice (`docs/semantics.md` §4d).
 fn process_logits(
     batch: &Batch<'_>,
-    (kind, block): (ScoresKind, RowBlock),
+    (kind, block, ids): (ScoresKind, RowBlock, VocabSlice),
     inputs: &ProcessInputs<'_>,
     out: &mut [f32],
     fallback: &mut [i32],
 ) -> Result<()> {
-    let vocab = batch.vocab;
+    let width = ids.len;
+    let whole = width == batch.vocab;
     with_float!(kind.dtype, Op::ProcessLogits, T => {
         let input = slice::<T>(inputs.scores.matrix())?;
-        let input = &input[block.first * vocab..(block.first + block.rows) * vocab];
-        out.par_chunks_exact_mut(vocab)
+        let input = &input[block.first * width..(block.first + block.rows) * width];
+        out.par_chunks_exact_mut(width)
             .zip(fallback.par_iter_mut())
-            .zip(input.par_chunks_exact(vocab))
+            .zip(input.par_chunks_exact(width))
             .enumerate()
             .for_each(|(i, ((out, fallback), input))| {
-                *fallback = process_row(batch, block.first + i, input, out);
+                let r = block.first + i;
+                *fallback = match whole {
+                    true => process_row(batch, r, input, out),
+                    false => process_slice_row(batch, (r, ids.first), input, out),
+                };
             });
         Ok(())
     })
@@ -852,7 +902,7 @@ pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     with_batch(device, (inputs, params, kind), |batch| {
         let processed = slice_mut::<f32>(out.processed)?;
         let fallback = slice_mut::<i32>(out.fallback)?;
-        let call = (*kind, block);
+        let call = (*kind, block, params.ids());
         device.install(|| process_logits(batch, call, inputs, processed, fallback))
     })
 }

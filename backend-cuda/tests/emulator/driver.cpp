@@ -23,6 +23,15 @@
 //   driver process    DIR ROWS VOCAB MAX_BSZ REAL_BSZ S MAX_MODEL_LEN N_END N_BIAS N_BAD LOGITS
 //                     ALLOWED BITMASK [FIRST BLOCK_ROWS]   (process_logits -> processed fallback;
 //                     with FIRST BLOCK_ROWS only that block of the ROWS rows, into BLOCK_ROWS rows)
+//   the sharded ops, over ROWS rows of the slice [FIRST, FIRST + LEN) (scores [temperature]
+//   row_key [min_p]: temperature with LOGITS 1, min_p with MIN_P 1):
+//   driver shard_key       DIR ROWS LEN FIRST ORDER LOGITS IDS   (scores [ids] -> keys)
+//   driver shard_records   DIR ROWS LEN FIRST K ORDER LOGITS MIN_P   (-> records)
+//   driver shard_histogram DIR ROWS LEN FIRST SHIFT LOGITS MIN_P   (+ prefix floor -> counts masses)
+//   driver shard_walk      DIR ROWS LEN FIRST LOGITS MIN_P DRAFT_ROWS   (+ threshold offset, with
+//                          DRAFT_ROWS > 0 draft draft_key draft_row target_mass draft_mass
+//                          -> tokens mass count)
+//   driver shard_exp_sum   DIR ROWS LEN FIRST   (scores temperature row_key -> sums)
 
 #include <string>
 
@@ -497,6 +506,97 @@ static void run_batch(const Run& run) {
     run_ngram(run, b);
 }
 
+// ---- the sharded ops: ROWS LEN FIRST at arguments 3-5 ----
+
+// The rows of a sharded kernel's `a`: the scores, with LOGITS their temperatures, the row keys,
+// with MIN_P the per-row min_p.
+template <class Args> static void read_shard_rows(const Run& run, Args& a, bool logits, bool min_p) {
+    a.rows = (u32)run.arg(3);
+    a.len = (u32)run.arg(4);
+    a.first = (u32)run.arg(5);
+    a.scores = run.in<raw>("scores");
+    a.temperature = run.in_if<float>(logits, "temperature");
+    a.row_key = run.in<u64>("row_key");
+    a.min_p = run.in_if<float>(min_p, "min_p");
+    a.logits = logits ? 1u : 0u;
+    // shard_walk reads its tokens one by one, in rank order: no vector flag.
+    if constexpr (requires { a.vec; }) a.vec = vec_ok(a.scores, sizeof(raw), a.len);
+}
+
+static void run_shard_key(const Run& run) {
+    ShardKeyArgs a;
+    a.rows = (u32)run.arg(3);
+    a.len = (u32)run.arg(4);
+    a.first = (u32)run.arg(5);
+    a.order = (u32)run.arg(6);
+    a.logits = (u32)run.arg(7);
+    a.scores = run.in<raw>("scores");
+    a.ids = run.in_if<i32>(run.arg(8) != 0, "ids");
+    a.keys = dalloc_filled<u64>(a.rows, 0x5a5a5a5aull);
+    a.vec = vec_ok(a.scores, sizeof(raw), a.len);
+    launch(SPECULA_ENTRY(shard_key), a.rows, 1, SHARD_BLOCK, a, 2);
+    run.out("keys", a.keys, a.rows);
+}
+
+static void run_shard_records(const Run& run) {
+    ShardRecordsArgs a;
+    read_shard_rows(run, a, run.arg(8) != 0, run.arg(9) != 0);
+    a.records_per_row = (u32)run.arg(6);
+    a.order = (u32)run.arg(7);
+    a.pad = 0;
+    const u64 n = 2ull * a.rows * a.records_per_row;
+    a.records = dalloc_filled<u64>(n, 0x5a5a5a5aull);
+    launch(SPECULA_ENTRY(shard_records), a.rows, 1, SHARD_BLOCK, a, 2);
+    run.out("records", a.records, n);
+}
+
+static void run_shard_histogram(const Run& run) {
+    ShardHistogramArgs a;
+    read_shard_rows(run, a, run.arg(7) != 0, run.arg(8) != 0);
+    a.shift = (u32)run.arg(6);
+    a.prefix = run.in<u64>("prefix");
+    a.floors = run.in<u64>("floor");
+    a.counts = dalloc_filled<u64>(256ull * a.rows, 0x5a5a5a5aull);
+    a.masses = dalloc_filled<u64>(256ull * a.rows, 0x5a5a5a5aull);
+    launch(SPECULA_ENTRY(shard_histogram), a.rows, 1, SHARD_BLOCK, a, 2);
+    run.out("counts", a.counts, 256ull * a.rows);
+    run.out("masses", a.masses, 256ull * a.rows);
+}
+
+static void run_shard_walk(const Run& run) {
+    ShardWalkArgs a;
+    read_shard_rows(run, a, run.arg(6) != 0, run.arg(7) != 0);
+    a.draft_rows = (u32)run.arg(8);
+    a.threshold = run.in<u64>("threshold");
+    a.offset = run.in<u64>("offset");
+    const bool residual = a.draft_rows > 0;
+    a.draft = run.in_if<raw>(residual, "draft");
+    a.draft_key = run.in_if<u64>(residual, "draft_key");
+    a.draft_row = run.in_if<i32>(residual, "draft_row");
+    a.target_mass = run.in_if<u64>(residual, "target_mass");
+    a.draft_mass = run.in_if<u64>(residual, "draft_mass");
+    a.tokens = dalloc_filled<i32>(a.rows, -7);
+    a.mass = dalloc_filled<u64>(a.rows, 0x5a5a5a5aull);
+    a.count = dalloc_filled<u64>(a.rows, 0x5a5a5a5aull);
+    a.pad = 0;
+    launch(SPECULA_ENTRY(shard_walk), a.rows, 1, SHARD_BLOCK, a, 2);
+    run.out("tokens", a.tokens, a.rows);
+    run.out("mass", a.mass, a.rows);
+    run.out("count", a.count, a.rows);
+}
+
+static void run_shard_exp_sum(const Run& run) {
+    ShardExpSumArgs a;
+    a.rows = (u32)run.arg(3);
+    a.len = (u32)run.arg(4);
+    a.logits = run.in<raw>("scores");
+    a.temperature = run.in<float>("temperature");
+    a.row_key = run.in<u64>("row_key");
+    a.sums = dalloc_filled<float>(a.rows, -7.0f);
+    launch(SPECULA_ENTRY(shard_exp_sum), a.rows, 1, SHARD_BLOCK, a, 2);
+    run.out("sums", a.sums, a.rows);
+}
+
 int main(int argc, char** argv) {
     if (argc < 3) { fprintf(stderr, "usage: driver KIND DIR ARGS...\n"); return 2; }
     const std::string kind = argv[1];
@@ -511,6 +611,11 @@ int main(int argc, char** argv) {
     else if (kind == "batch") run_batch(run);
     else if (kind == "process") run_process(run);
     else if (kind == "counts") run_update_state(run, Batch(run), true, run.arg(14));
+    else if (kind == "shard_key") run_shard_key(run);
+    else if (kind == "shard_records") run_shard_records(run);
+    else if (kind == "shard_histogram") run_shard_histogram(run);
+    else if (kind == "shard_walk") run_shard_walk(run);
+    else if (kind == "shard_exp_sum") run_shard_exp_sum(run);
     else {
         fprintf(stderr, "unknown kind %s\n", kind.c_str());
         return 2;

@@ -9,6 +9,7 @@
 
 pub mod generate;
 mod invalid;
+pub mod sharded_rows;
 
 use serde::{Deserialize, Serialize};
 use specula_backend_api::{DType, Op};
@@ -93,6 +94,11 @@ impl CaseParams {
             CaseParams::TopPCandidates(p) => p.logits,
             CaseParams::VerifyDraftTokens(p) => p.logits,
             CaseParams::ProcessLogits(p) => p.logits,
+            CaseParams::ShardKey(p) => p.logits,
+            CaseParams::ShardRecords(p) => p.logits,
+            CaseParams::ShardHistogram(p) => p.logits,
+            CaseParams::ShardWalk(p) => p.logits,
+            CaseParams::ShardExpSum(_) => true,
             _ => false,
         }
     }

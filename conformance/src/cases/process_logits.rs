@@ -38,6 +38,11 @@ pub struct Params {
     /// Only a block of the rows is processed (`first`, `rows`): the outputs hold its rows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block: Option<(usize, usize)>,
+    /// The rows are one rank's slice of sharded rows (`first`, `len`; `docs/semantics.md`
+    /// §4d): the scores and `processed` hold the ids `[first, first + len)` of the vocabulary,
+    /// every other input is whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slice: Option<(usize, usize)>,
 }
 
 impl Params {
@@ -45,11 +50,24 @@ impl Params {
     fn out_rows(&self) -> usize {
         self.block.map_or(self.rows, |(_, rows)| rows)
     }
+
+    /// The ids the rows hold: the slice, or the whole vocabulary.
+    fn ids(&self) -> VocabSlice {
+        match self.slice {
+            Some((first, len)) => VocabSlice {
+                first,
+                len,
+                vocab: self.vocab,
+            },
+            None => VocabSlice::whole(self.vocab),
+        }
+    }
 }
 
 impl OpCase for Params {
     fn tensors(&self) -> Vec<TensorSpec> {
-        let mut specs = scores_specs(self.logits, ("probs", "logits"), self.rows, self.vocab);
+        let width = self.ids().len;
+        let mut specs = scores_specs(self.logits, ("probs", "logits"), self.rows, width);
         specs.extend(processing_specs(
             self.dims,
             self.rows,
@@ -67,13 +85,14 @@ impl OpCase for Params {
             max_model_len,
             logits,
             block,
+            slice,
         } = *self;
         let out_rows = self.out_rows();
         let device = r.device();
         let buffers = ProcessingBuffers::load(r)?;
         let scores = r.scores(logits, "probs", "logits")?;
         let [processed, fallback] = r.outputs([
-            ("processed", DType::F32, &[out_rows, vocab]),
+            ("processed", DType::F32, &[out_rows, self.ids().len]),
             ("fallback", DType::I32, &[out_rows]),
         ])?;
         let processing = buffers.processing(dims, max_model_len);
@@ -86,6 +105,7 @@ impl OpCase for Params {
             },
             &ProcessParams {
                 block: block.map(|(first, rows)| RowBlock { first, rows }),
+                slice: slice.map(|_| self.ids()),
                 ..processing.params(shape)
             },
         )?;
@@ -593,19 +613,51 @@ impl Setup {
             max_model_len: self.max_model_len,
             logits: self.temperature.is_some(),
             block,
+            slice: None,
         };
         self.with_inputs(Case::new(name, params))
     }
 
-    /// `case` with every input of the setup: the rows and their processing.
-    pub(crate) fn with_inputs(&self, mut case: Case) -> Case {
-        let shape = [self.rows, self.vocab];
-        case = match &self.temperature {
-            Some(t) => case
-                .with("logits", float_tensor(self.dtype, &shape, &self.scores))
-                .with("temperature", f32s(t)),
-            None => case.with("probs", float_tensor(self.dtype, &shape, &self.scores)),
+    /// The case of one rank's slice `(first, len)` of the rows (`docs/semantics.md` §4d).
+    pub(crate) fn slice_case(&self, name: String, (first, len): (usize, usize)) -> Case {
+        let params = Params {
+            dims: self.batch.dims,
+            rows: self.rows,
+            vocab: self.vocab,
+            max_model_len: self.max_model_len,
+            logits: self.temperature.is_some(),
+            block: None,
+            slice: Some((first, len)),
         };
+        let cut: Vec<f32> = self
+            .scores
+            .chunks(self.vocab)
+            .flat_map(|row| row[first..first + len].to_vec())
+            .collect();
+        let case = self.with_scores(Case::new(name, params), (&cut, len));
+        self.with_processing(case)
+    }
+
+    /// `case` with every input of the setup: the rows and their processing.
+    pub(crate) fn with_inputs(&self, case: Case) -> Case {
+        let case = self.with_scores(case, (&self.scores, self.vocab));
+        self.with_processing(case)
+    }
+
+    /// `case` with `scores`, `[rows, width]` (the logits with their temperatures, or the
+    /// probabilities).
+    fn with_scores(&self, case: Case, (scores, width): (&[f32], usize)) -> Case {
+        let shape = [self.rows, width];
+        match &self.temperature {
+            Some(t) => case
+                .with("logits", float_tensor(self.dtype, &shape, scores))
+                .with("temperature", f32s(t)),
+            None => case.with("probs", float_tensor(self.dtype, &shape, scores)),
+        }
+    }
+
+    /// `case` with every input of the setup's processing (all but the rows).
+    fn with_processing(&self, mut case: Case) -> Case {
         case = case
             .with("cu_seqlens_q_output", i32s(&self.cu_out))
             .with("batch_id_per_token_output", i32s(&self.batch_id))
@@ -639,6 +691,7 @@ pub fn cases(size: Size) -> Vec<Case> {
     for (name, st) in random_setups(size) {
         if name.starts_with("all_") && st.rows > 0 {
             out.extend(block_cases(&st, &name));
+            out.extend(slice_cases(&st, &name));
         }
         out.push(st.case(name));
     }
@@ -763,6 +816,21 @@ fn block_cases(st: &Setup, name: &str) -> Vec<Case> {
     .collect()
 }
 
+/// Slices of the ids of an "all" case (`docs/semantics.md` §4d): the first token alone, a
+/// middle slice starting and ending inside a mask word, and the last tokens.
+fn slice_cases(st: &Setup, name: &str) -> Vec<Case> {
+    let v = st.vocab;
+    let middle = (v / 3 + 5).min(v - 1);
+    [
+        ("first_token", (0, 1)),
+        ("middle", (middle, ((v - middle) / 2).max(1))),
+        ("last", (v - v.div_ceil(4), v.div_ceil(4))),
+    ]
+    .into_iter()
+    .map(|(which, slice)| st.slice_case(format!("{name}_slice_{which}"), slice))
+    .collect()
+}
+
 /// Hand-computed rows: one slot, prompt `[1]`, generated `[2, 2]`, one draft `3`; vocabulary 6.
 fn golden() -> Vec<Case> {
     let [base, masked, min_p] = golden_setups();
@@ -784,6 +852,21 @@ fn golden() -> Vec<Case> {
             )
             .expect("fallback", i32s(&[4, 1])),
     ];
+    // One rank's slices of the same rows (§4d): ids 2 .. 5 keep their values, the fallback is
+    // the slice's first unmasked token in rank order; id 0 alone is masked in both rows.
+    out.push(
+        base.slice_case("golden::every_rule_slice_2_5".into(), (2, 3))
+            .expect(
+                "processed",
+                float_tensor(DType::F32, &[2, 3], &[0.0, -1.0, 2.0, 0.0, -3.25, ninf]),
+            )
+            .expect("fallback", i32s(&[4, 2])),
+    );
+    out.push(
+        base.slice_case("golden::every_rule_slice_0_1_masked".into(), (0, 1))
+            .expect("processed", float_tensor(DType::F32, &[2, 1], &[ninf, ninf]))
+            .expect("fallback", i32s(&[-1, -1])),
+    );
     out.push(
         masked
             .case("golden::all_masked_and_all_minus_inf".into())

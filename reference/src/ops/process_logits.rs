@@ -5,7 +5,7 @@
 
 use specula_backend_api::logit_weights::{row_weights, sanitize_logit};
 use specula_backend_api::ops::process_logits::{OpCall, PENALTY_FIELDS, mask_words, penalty};
-use specula_backend_api::ops::{ProcessInputs, ProcessParams, RowBlock, ScoresKind};
+use specula_backend_api::ops::{ProcessInputs, ProcessParams, RowBlock, ScoresKind, VocabSlice};
 use specula_backend_api::{Op, Result};
 
 use crate::ReferenceDevice;
@@ -240,22 +240,26 @@ fn process_logit(l: f32, bias: Option<f32>, in_prompt: bool, count: i64, slot: &
     }
 }
 
-/// Processes the rows of the block: scores row `block.first + i` into output row `i`.
+/// Processes the rows of the block: scores row `block.first + i` into output row `i`. The scores
+/// hold the ids of `ids` (the whole vocabulary, or one rank's slice, `docs/semantics.md` §4d);
+/// every rule reads its tables by global id, and a slice skips min_p.
 fn process_logits(
     kind: ScoresKind,
     inputs: &ProcessInputs<'_>,
     r: &Reader<'_>,
-    (rows, block): (usize, RowBlock),
+    (rows, block, ids): (usize, RowBlock, VocabSlice),
     out: (&mut [f32], &mut [i32]),
 ) -> Result<()> {
-    let matrix = FloatMatrix::new(OP, kind.dtype, inputs.scores.matrix(), rows, r.vocab)?;
+    let width = ids.len;
+    let matrix = FloatMatrix::new(OP, kind.dtype, inputs.scores.matrix(), rows, width)?;
     let temperature = inputs.scores.temperature().map(slice::<f32>).transpose()?;
     let (processed, fallback) = out;
     let masked_value = if kind.logits { f32::NEG_INFINITY } else { 0.0 };
+    let whole = ids.len == r.vocab;
     for i in 0..block.rows {
         let row = block.first + i;
         let values = matrix.row(row).unwrap_or_default();
-        let dst = &mut processed[i * r.vocab..(i + 1) * r.vocab];
+        let dst = &mut processed[i * width..(i + 1) * width];
         let Some((b, pos)) = r.source(row) else {
             dst.fill(masked_value);
             fallback[i] = -1;
@@ -264,6 +268,7 @@ fn process_logits(
         let slot = r.slot_params(b);
         let history = r.history(b, pos);
         let masked = r.masked(row, b, pos, &slot, &history);
+        let masked = &masked[ids.first..ids.end()];
         let counts = r.counts(b, pos);
         let words = mask_words(r.vocab);
         let prompt = &r.prompt_mask[b * words..(b + 1) * words];
@@ -271,19 +276,22 @@ fn process_logits(
         for &(v, value) in &slot.bias {
             bias[v] = Some(value);
         }
-        for v in 0..r.vocab {
-            dst[v] = if masked[v] {
+        for (j, v) in (ids.first..ids.end()).enumerate() {
+            dst[j] = if masked[j] {
                 masked_value
             } else if kind.logits {
-                process_logit(values[v], bias[v], bit(prompt, v), counts[v], &slot)
+                process_logit(values[j], bias[v], bit(prompt, v), counts[v], &slot)
             } else {
-                sanitize(values[v])
+                sanitize(values[j])
             };
         }
-        fallback[i] = first_unmasked(dst, &masked, kind.logits);
-        if let Some(min_p) = slot.min_p {
+        fallback[i] = match first_unmasked(dst, masked, kind.logits) {
+            -1 => -1,
+            j => ids.first as i32 + j,
+        };
+        if let Some(min_p) = slot.min_p.filter(|_| whole) {
             let t = temperature.map_or(1.0, |t| t[row]);
-            drop_below_min_p(dst, &masked, kind.logits, t, min_p, masked_value);
+            drop_below_min_p(dst, masked, kind.logits, t, min_p, masked_value);
         }
     }
     Ok(())
@@ -370,6 +378,6 @@ pub(crate) fn run(_device: &ReferenceDevice, mut call: OpCall<'_, '_>) -> Result
     };
     let processed = slice_mut::<f32>(out.processed)?;
     let fallback = slice_mut::<i32>(out.fallback)?;
-    let rows = (shape.rows, params.row_block());
+    let rows = (shape.rows, params.row_block(), params.ids());
     process_logits(*kind, inputs, &reader, rows, (processed, fallback))
 }

@@ -33,7 +33,7 @@ fn clean(l: f32) -> f32 {
 }
 
 /// The f32 sum of `terms` in [`PARTIAL_SUMS`] interleaved partial sums.
-fn interleaved_sum(terms: impl Iterator<Item = f32>) -> f32 {
+pub(crate) fn interleaved_sum(terms: impl Iterator<Item = f32>) -> f32 {
     let mut partial = [0.0f32; PARTIAL_SUMS];
     for (i, term) in terms.enumerate() {
         partial[i % PARTIAL_SUMS] += term;
@@ -115,7 +115,7 @@ impl Distribution {
 
 /// The scaled logit `(l − max) / t` of a row with a finite maximum; `t = +inf` scales every
 /// finite logit to 0.
-fn scaled(l: f32, max: f32, t: f32) -> f32 {
+pub(crate) fn scaled(l: f32, max: f32, t: f32) -> f32 {
     let l = clean(l);
     if l == f32::NEG_INFINITY {
         f32::NEG_INFINITY

@@ -127,21 +127,20 @@ pub(super) fn verify_step(
     sc: &mut Scratch,
     scores: StepScores<'_>,
 ) -> Result<Verified> {
-    let wants_logprobs = cx.config.logprobs.is_some()
-        && cx.plan.slots.iter().any(|p| {
-            slots
-                .get(p.slot)
-                .is_some_and(|h| h.request.logprobs.is_some())
-        });
-    let mut checked = check_scores(cx.config, cx.plan, scores, wants_logprobs)?;
+    if let Some(sharding) = cx.sharding {
+        return verify_sharded(cx, sharding, (slots, state), sc, scores);
+    }
+    let mut checked = check_scores(
+        (cx.config, cx.width()),
+        cx.plan,
+        scores,
+        wants_logprobs(cx, slots),
+    )?;
     check_buffers(cx, &scores, checked.rows)?;
-    checked.processing = state
-        .processing
-        .as_ref()
-        .is_some_and(|p| p.in_use() || checked.bitmask.is_some());
+    checked.processing = processes(state, &checked);
     let row_temperature = row_temperatures(cx.plan, slots, checked.rows);
     prepare_scratch(cx, sc, &checked)?;
-    let fused = checked.processing && fuses(cx.device, checked.strategy);
+    let fused = checked.processing && fuses(cx, checked.strategy);
     match block_rows(cx, &checked) {
         _ if fused => fused_targets(cx, state, sc, &checked, &row_temperature)?,
         Some(block_rows) => {
@@ -159,7 +158,7 @@ pub(super) fn verify_step(
         }
     }
     narrow_to_outputs(cx, sc, &checked)?;
-    verify(cx, slots, state, sc, &checked, &row_temperature)?;
+    verify(cx, slots, state, sc, (&checked, &row_temperature), None)?;
     logprobs(cx, state, sc, &checked, &row_temperature)?;
     Ok(Verified {
         _sealed: (),
@@ -169,23 +168,204 @@ pub(super) fn verify_step(
     })
 }
 
+/// Whether `accept_logprobs` runs: log-probabilities are configured and a request of the step
+/// asks for them.
+fn wants_logprobs(cx: &StepContext<'_>, slots: &SlotTable) -> bool {
+    cx.config.logprobs.is_some()
+        && cx.plan.slots.iter().any(|p| {
+            slots
+                .get(p.slot)
+                .is_some_and(|h| h.request.logprobs.is_some())
+        })
+}
+
+/// Whether the step's rows go through `process_logits`: a request uses a parameter of §4c, or
+/// the runner gave a bitmask.
+fn processes(state: &SlotBuffers, checked: &Checked<'_>) -> bool {
+    state
+        .processing
+        .as_ref()
+        .is_some_and(|p| p.in_use() || checked.bitmask.is_some())
+}
+
+/// Stages 1–7 on one rank of a tensor-parallel decoder (`docs/semantics.md` §4d): the step is
+/// first checked to be the same on every rank (its plan, requests and scores' shape), then
+/// `process_logits` runs over the rank's slice, the strategy's targets come from the sharded
+/// ops (written into the step's target buffers), verification runs replicated (REJECTION
+/// through the sharded verification) and so do the log-probabilities (sharded).
+fn verify_sharded(
+    cx: &StepContext<'_>,
+    sharding: &super::Sharding,
+    (slots, state): (&SlotTable, &SlotBuffers),
+    sc: &mut Scratch,
+    scores: StepScores<'_>,
+) -> Result<Verified> {
+    let checked = check_scores(
+        (cx.config, cx.width()),
+        cx.plan,
+        scores,
+        wants_logprobs(cx, slots),
+    )
+    .and_then(|c| check_buffers(cx, &scores, c.rows).map(|()| c));
+    let shape = match &checked {
+        Ok(c) => Some(scores_fingerprint(
+            (cx.device, cx.width()),
+            c,
+            processes(state, c),
+        )?),
+        Err(_) => None,
+    };
+    sharding.agree_on_step(cx.plan, slots, shape)?;
+    let mut checked = checked?;
+    checked.processing = processes(state, &checked);
+    if checked.softmax {
+        return Err(specula_shard::ShardError::InvalidArgument {
+            what: "a tensor-parallel REJECTION step takes draft logits with target logits (the \
+                   target's softmax is a float op: its probabilities could differ by rank)"
+                .into(),
+        }
+        .into());
+    }
+    let row_temperature = row_temperatures(cx.plan, slots, checked.rows);
+    prepare_scratch(cx, sc, &checked)?;
+    let all = RowBlock {
+        first: 0,
+        rows: checked.rows,
+    };
+    process(cx, state, sc, &checked, (&row_temperature, all))?;
+    let shard = sharding.shard(cx.device);
+    let rows = step_rows(cx, &shard, slots, sc, &checked, &row_temperature)?;
+    let scores = row_scores(
+        &checked,
+        None,
+        sc.processed.as_ref(),
+        &sc.row_temperature,
+        &row_temperature,
+    )?;
+    let padding: Vec<bool> = (0..checked.rows).map(|r| r >= cx.plan.t_out()).collect();
+    let candidates = sc.candidates.as_mut().map(|c| super::sharded::Candidates {
+        ids: &mut c.ids,
+        scores: &mut c.scores,
+        lens: &mut c.lens,
+        per_row: cx.config.candidates,
+        padding: &padding,
+    });
+    super::sharded::targets(
+        &shard,
+        (checked.strategy, checked.processing),
+        scores,
+        &rows,
+        (&mut sc.target_tokens, candidates),
+    )?;
+    narrow_to_outputs(cx, sc, &checked)?;
+    verify(
+        cx,
+        slots,
+        state,
+        sc,
+        (&checked, &row_temperature),
+        Some(&rows),
+    )?;
+    logprobs(cx, state, sc, &checked, &row_temperature)?;
+    Ok(Verified {
+        _sealed: (),
+        processed: checked.processing,
+        fused: false,
+        logprobs: checked.logprobs,
+    })
+}
+
+/// A fingerprint of what a rank's scores are (their rows, kind and draft rows, the strategy,
+/// whether they are processed and log-probabilities asked for) and of the runner's token
+/// bitmask (its contents: every rank must pass the same, `docs/semantics.md` §4d).
+fn scores_fingerprint(
+    (device, width): (&dyn Device, usize),
+    c: &Checked<'_>,
+    processing: bool,
+) -> Result<u64> {
+    let bitmask = match c.bitmask {
+        Some(mask) => {
+            let words: Vec<u32> = device.download(mask)?;
+            specula_shard::fingerprint(words.into_iter().map(u64::from))
+        }
+        None => 0,
+    };
+    Ok(specula_shard::fingerprint([
+        c.rows as u64,
+        u64::from(c.is_logits),
+        c.draft
+            .map_or(u64::MAX, |d| (d.len() / width.max(1)) as u64),
+        u64::from(c.compact_draft),
+        c.strategy as u64,
+        u64::from(processing),
+        u64::from(c.logprobs),
+        c.bitmask.map_or(0, |m| m.len() as u64),
+        bitmask,
+    ]))
+}
+
+/// The host copies of the step's per-row parameters the sharded ops read (downloaded from the
+/// per-row buffers `build_sampling_params` wrote), and under processing each row's min_p and
+/// the whole rows' fallbacks (from the slices', one MAX), which then replace the slices' in the
+/// fallback buffer the host reads after the step.
+fn step_rows(
+    cx: &StepContext<'_>,
+    shard: &specula_shard::Shard<'_>,
+    slots: &SlotTable,
+    sc: &mut Scratch,
+    checked: &Checked<'_>,
+    row_temperature: &[f32],
+) -> Result<super::sharded::StepRows> {
+    let device = cx.device;
+    let mut rows = super::sharded::StepRows {
+        top_k: device.download(&sc.row_top_k)?,
+        top_p: device.download(&sc.row_top_p)?,
+        seed: device.download(&sc.row_seed)?,
+        temperature: checked.is_logits.then(|| row_temperature.to_vec()),
+        min_p: None,
+        min_p_buffer: None,
+        fallback: None,
+    };
+    let Some(processed) = sc.processed.as_mut().filter(|_| checked.processing) else {
+        return Ok(rows);
+    };
+    let min_p: Vec<f32> = (0..checked.rows)
+        .map(|r| {
+            let slot = cx.plan.output_rows.get(r).map(|o| o.slot);
+            slot.and_then(|b| slots.get(b))
+                .map_or(0.0, |h| h.request.min_p)
+        })
+        .collect();
+    let matrix = processed.rows.as_ref().ok_or_else(missing_processing)?;
+    let scores = match checked.is_logits {
+        true => RowScores::logits(matrix, &sc.row_temperature),
+        false => RowScores::probs(matrix),
+    };
+    let fallback = specula_shard::row_fallbacks(shard, scores, &processed.fallback)?;
+    device.write(&mut processed.fallback, &fallback)?;
+    rows.min_p_buffer = Some(device.upload(&min_p)?);
+    rows.min_p = Some(min_p);
+    rows.fallback = Some(fallback);
+    Ok(rows)
+}
+
 /// Stage 1: the scores fit the plan and the configuration (`logprobs`: a request of the step
 /// asks for log-probabilities, which need logits).
 fn check_scores<'s>(
-    config: &SamplerConfig,
+    (config, width): (&SamplerConfig, usize),
     plan: &StepPlan,
     scores: StepScores<'s>,
     logprobs: bool,
 ) -> Result<Checked<'s>> {
     let target = scores.target.buffer();
     let is_logits = scores.target.is_logits();
-    let rows = score_rows(config.vocab, plan, target)?;
+    let rows = score_rows(width, plan, target)?;
     if logprobs && !is_logits {
         return Err(SamplerError::LogprobsNeedLogits);
     }
     let rejection = config.strategy == Strategy::Rejection && plan.drafts() > 0;
     let draft = if rejection {
-        Some(check_draft(config.vocab, plan, scores)?)
+        Some(check_draft(width, plan, scores)?)
     } else {
         None
     };
@@ -227,7 +407,12 @@ fn check_buffers(cx: &StepContext<'_>, scores: &StepScores<'_>, rows: usize) -> 
         // Compact rows are counted by `check_draft`; dense ones are `[max_bsz · (S − 1), V]`.
         let dense = (!scores.compact_draft).then(|| {
             let rows = cx.config.max_bsz * cx.config.max_step_tokens.saturating_sub(1);
-            (rows * vocab, "max_bsz · (S − 1) rows of V")
+            let what = if cx.sharding.is_some() {
+                "max_bsz · (S − 1) rows of the rank's slice of V"
+            } else {
+                "max_bsz · (S − 1) rows of V"
+            };
+            (rows * cx.width(), what)
         });
         check_buffer(cx.device, argument, draft.buffer(), FLOATS, dense)?;
     }
@@ -383,10 +568,10 @@ fn prepare_scratch(cx: &StepContext<'_>, sc: &mut Scratch, checked: &Checked<'_>
     }
     if checked.processing && sc.processed.is_none() {
         let rows = processed_rows(cx);
-        let with_rows = !fuses(cx.device, config.strategy);
+        let with_rows = !fuses(cx, config.strategy);
         sc.processed = Some(ProcessedBuffers::new(
             cx.device,
-            (rows, config.vocab),
+            (rows, cx.width()),
             with_rows,
         )?);
     }
@@ -409,7 +594,7 @@ fn process(
     let (Some(p), Some(out)) = (state.processing.as_ref(), sc.processed.as_mut()) else {
         return Err(missing_processing());
     };
-    out.window_rows(block.rows, cx.config.vocab)?;
+    out.window_rows(block.rows, cx.width())?;
     let processed = out.rows.as_mut().ok_or_else(missing_processing)?;
     let layout = (&sc.cu_seqlens_q_output, &sc.batch_id_per_token_output);
     let (scores, processing) = step_processing(
@@ -427,6 +612,7 @@ fn process(
         },
         &ProcessParams {
             block: Some(block),
+            slice: cx.sharding.map(|s| s.partition().mine()),
             ..processing.params(checked.shape(cx.config.vocab))
         },
     )?;
@@ -495,9 +681,10 @@ fn processed_rows(cx: &StepContext<'_>) -> usize {
     let config = cx.config;
     let all = config.max_bsz * config.max_step_tokens;
     match (config.strategy, row_block_rows(cx)) {
+        _ if cx.sharding.is_some() => all,
         (Strategy::Rejection, _) | (_, None) => all,
         // The fused call samples every row at once.
-        (strategy, _) if fuses(cx.device, strategy) => all,
+        (strategy, _) if fuses(cx, strategy) => all,
         (_, Some(block)) => block.min(all),
     }
 }
@@ -535,8 +722,8 @@ fn processed_targets_in_blocks(
 
 /// Whether the device samples processed rows itself ([`Capabilities::fused_processing`]) for
 /// the strategy: TARGET_MATCH and GREEDY, whose targets are `top_k_top_p_sample` draws.
-fn fuses(device: &dyn Device, strategy: Strategy) -> bool {
-    device.capabilities().fused_processing && fused_strategy(strategy)
+fn fuses(cx: &StepContext<'_>, strategy: Strategy) -> bool {
+    cx.sharding.is_none() && cx.device.capabilities().fused_processing && fused_strategy(strategy)
 }
 
 /// The strategies whose processed targets the fused call samples.
@@ -815,8 +1002,8 @@ fn verify(
     slots: &SlotTable,
     st: &SlotBuffers,
     sc: &mut Scratch,
-    checked: &Checked<'_>,
-    row_temperature: &[f32],
+    (checked, row_temperature): (&Checked<'_>, &[f32]),
+    sharded: Option<&super::sharded::StepRows>,
 ) -> Result<()> {
     write_draft_index(cx, sc, checked)?;
     let targets = Targets {
@@ -831,12 +1018,24 @@ fn verify(
         )?,
         top_k: &sc.row_top_k,
         top_p: &sc.row_top_p,
-        fallback: fallback(checked, sc.processed.as_ref()),
+        // A sharded REJECTION takes the whole rows' fallbacks with its target extras.
+        fallback: fallback(checked, sc.processed.as_ref()).filter(|_| sharded.is_none()),
         draft_index: sc.draft_index.as_ref().filter(|_| checked.compact_draft),
     };
     let strategy = strategy_inputs(cx.config, checked, &targets)?;
     let rows = checked.verify_rows;
-    cx.device.verify_draft_tokens(
+    let shard = cx.sharding.map(|s| s.shard(cx.device));
+    let run =
+        |inputs: &VerifyInputs<'_>, out: &mut VerifyOutputs<'_>, params: &VerifyParams<'_>| {
+            match (&shard, sharded) {
+                (Some(shard), Some(rows)) => {
+                    specula_shard::verify_draft_tokens(shard, inputs, rows.extras(), out, params)?;
+                }
+                _ => cx.device.verify_draft_tokens(inputs, out, params)?,
+            }
+            Ok::<(), SamplerError>(())
+        };
+    run(
         &VerifyInputs {
             draft_tokens: &st.draft_tokens,
             lens: st.lens(),
@@ -857,8 +1056,7 @@ fn verify(
             reject_all: cx.config.reject_all,
             host: (rows == cx.plan.t_out()).then(|| slots.host_lens()),
         },
-    )?;
-    Ok(())
+    )
 }
 
 /// The strategy's inputs to verification.
@@ -917,23 +1115,31 @@ fn logprobs(
     let Some(lp) = sc.logprobs.as_mut().filter(|_| checked.logprobs) else {
         return Ok(());
     };
-    cx.device.accept_logprobs(
-        &LogprobsInputs {
-            logits: checked.target,
-            temperature: &sc.row_temperature,
-            accept_tokens: &sc.accept_tokens,
-            accept_num: &sc.accept_num,
-            seq_lens_encoder: &st.seq_lens_encoder,
-            cu_seqlens_q_output: &sc.cu_seqlens_q_output,
-        },
-        &mut lp.out.outputs(),
-        &LogprobsParams {
-            dims: cx.dims(),
-            shape: checked.shape(cx.config.vocab),
-            top_k: lp.top_k,
-            host_temperature: Some(row_temperature),
-        },
-    )?;
+    let inputs = LogprobsInputs {
+        logits: checked.target,
+        temperature: &sc.row_temperature,
+        accept_tokens: &sc.accept_tokens,
+        accept_num: &sc.accept_num,
+        seq_lens_encoder: &st.seq_lens_encoder,
+        cu_seqlens_q_output: &sc.cu_seqlens_q_output,
+    };
+    let params = LogprobsParams {
+        dims: cx.dims(),
+        shape: checked.shape(cx.config.vocab),
+        top_k: lp.top_k,
+        host_temperature: Some(row_temperature),
+    };
+    match cx.sharding {
+        Some(s) => specula_shard::accept_logprobs(
+            &s.shard(cx.device),
+            &inputs,
+            &mut lp.out.outputs(),
+            &params,
+        )?,
+        None => cx
+            .device
+            .accept_logprobs(&inputs, &mut lp.out.outputs(), &params)?,
+    }
     Ok(())
 }
 
@@ -1092,6 +1298,7 @@ pub(super) fn commit_on_host(
     let mut output = StepOutput {
         step: cx.plan.step,
         slots: Vec::with_capacity(cx.plan.slots.len()),
+        exchanged: None,
     };
     let (mut host_stopped, mut seeds) = (false, Vec::new());
     for slot_plan in &cx.plan.slots {
@@ -1334,7 +1541,7 @@ mod tests {
         let plan = plan_with_a_draft();
         let target = device.upload(&[0.0f32; 24]).expect("upload");
         let draft = device.upload(&[0.0f32; 16]).expect("upload");
-        let check = |scores| check_scores(&config, &plan, scores, false);
+        let check = |scores| check_scores((&config, config.vocab), &plan, scores, false);
         assert!(matches!(
             check(StepScores::logits(&target)),
             Err(SamplerError::MissingDraftProbs)
@@ -1378,8 +1585,13 @@ mod tests {
             strategy: Strategy::TargetMatch,
             ..config.clone()
         };
-        let checked = check_scores(&target_match, &plan, StepScores::logits(&target), false)
-            .expect("checked");
+        let checked = check_scores(
+            (&target_match, target_match.vocab),
+            &plan,
+            StepScores::logits(&target),
+            false,
+        )
+        .expect("checked");
         assert_eq!((checked.rows, checked.verify_rows), (3, 2));
         assert!(!checked.softmax && checked.draft.is_none());
     }

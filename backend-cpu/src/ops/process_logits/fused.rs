@@ -139,7 +139,7 @@ fn streamed_top_k<T: FloatElement>(
         .first()
         .and_then(|&(key, id)| draw_processed(batch, row, &best, (key, id), (top_p, seed)));
     SCRATCH.with(|cell| cell.borrow_mut().1 = best);
-    token.map_or_else(|| first_unmasked(batch, row, input.len()), |t| t as i32)
+    token.map_or_else(|| first_unmasked(batch, row, 0..input.len()), |t| t as i32)
 }
 
 /// The sample among the row's processed top k `best` (first `(key, id)`), with min_p's floor;

@@ -246,6 +246,32 @@ fn vocab_op_cases(make: fn(usize) -> Case, table: &[(&str, &[Break])]) -> (Case,
     (base, out)
 }
 
+/// The slice cases of a sharded op, through `make(slice)` (the baseline with another slice):
+/// `V == 0`, `V > 2^20`, and a slice that ends past the vocabulary.
+fn slice_cases(make: impl Fn(crate::cases::sharded_rows::Slice) -> Case) -> Vec<Case> {
+    use crate::cases::sharded_rows::Slice;
+    vec![
+        reject(
+            "vocab_zero",
+            make(Slice::new(0, 4, 0)),
+            InvalidArgument,
+            "vocab",
+        ),
+        reject(
+            "vocab_above_2_pow_20",
+            make(Slice::new(0, 4, MAX_VOCAB + 1)),
+            InvalidArgument,
+            "vocab",
+        ),
+        reject(
+            "slice_past_vocab",
+            make(Slice::new(VOCAB - 2, 4, VOCAB)),
+            InvalidArgument,
+            "slice",
+        ),
+    ]
+}
+
 /// Host `top_p` out of (0, 1] in entry `index` of input `top_p`: 0, negative, above 1, NaN.
 fn host_top_p_cases(base: &Case, index: usize) -> Vec<Case> {
     [

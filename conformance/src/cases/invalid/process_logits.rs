@@ -138,6 +138,14 @@ pub(super) fn cases() -> Vec<Case> {
         p.block = Some((p.rows - 1, 2));
     }
     out.push(reject("block_past_the_rows", block, InvalidArgument, "block"));
+    // A slice of the ids (§4d) past the vocabulary, and an empty one.
+    for (what, slice) in [("slice_past_the_vocab", (2, VOCAB)), ("slice_empty", (0, 0))] {
+        let mut sliced = base.clone();
+        if let crate::cases::CaseParams::ProcessLogits(p) = &mut sliced.params {
+            p.slice = Some(slice);
+        }
+        out.push(reject(what, sliced, InvalidArgument, "slice"));
+    }
     out.extend(vocab_cases(|vocab| with(batch().dims, vocab)));
     out.extend(dims_cases(|dims| with(dims, VOCAB), 0));
     out

@@ -1,0 +1,65 @@
+//! `shard_histogram` (`docs/semantics.md` §5.15, `shaders/shard_histogram.wgsl`): one workgroup
+//! per row, one dispatch per row chunk.
+
+use specula_backend_api::ops::shard_histogram::OpCall;
+use specula_backend_api::{Op, Result};
+
+use super::sharded::bind_rows;
+use super::{row_chunk_dispatches, u};
+use crate::WgpuDevice;
+use crate::kernels::{ArgsStruct, Entry, Kernel, RowHead};
+
+specula_backend_api::kernel_args! {
+    /// `shard_histogram_<dtype>`, after its [`RowHead`]: rows `row0 ..` of the chunk bound at
+    /// `input` (logits with their `temperature` when `logits` is 1), ids `first ..` of the
+    /// vocabulary, weighed from `row_key` (and `min_p` when `has_min_p`); the buckets of key bits
+    /// `[shift, shift + 8)` within `prefix`, from `floor` up.
+    pub(crate) struct ShardHistogramArgs {
+        input_off: u32,
+        temperature_off: u32,
+        row_key_off: u32,
+        min_p_off: u32,
+        has_min_p: u32,
+        logits: u32,
+        prefix_off: u32,
+        floor_off: u32,
+        counts_off: u32,
+        masses_off: u32,
+        first: u32,
+        shift: u32,
+    }
+}
+
+/// `shard_histogram_<dtype>`.
+const SHARD_HISTOGRAM: Entry<ShardHistogramArgs, RowHead> =
+    Entry::new(Kernel::ShardHistogram, None, 0);
+
+/// The argument structs of `shaders/shard_histogram.wgsl`, generated into its module.
+pub(crate) const ARGS: &[ArgsStruct] = &[SHARD_HISTOGRAM.args()];
+
+/// Records and submits one dispatch per row chunk.
+pub(crate) fn run(device: &WgpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
+    let op = Op::ShardHistogram;
+    let (inputs, out, params, &kind) = call.parts();
+    let shape = params.shape.matrix();
+    let kernel = (&SHARD_HISTOGRAM, kind.dtype);
+    let matrix = inputs.rows.scores.matrix();
+    let dispatches = row_chunk_dispatches(device, op, kernel, matrix, &shape, |b, chunk| {
+        let rows = bind_rows(b, &inputs.rows, shape.vocab, chunk)?;
+        Ok(ShardHistogramArgs {
+            input_off: rows.input_off,
+            temperature_off: rows.temperature_off,
+            row_key_off: rows.row_key_off,
+            min_p_off: rows.min_p_off,
+            has_min_p: rows.has_min_p,
+            logits: rows.logits,
+            prefix_off: b.buffer(5, inputs.prefix)?,
+            floor_off: b.buffer(6, inputs.floor)?,
+            counts_off: b.buffer(7, out.counts)?,
+            masses_off: b.buffer(8, out.masses)?,
+            first: u(params.shape.slice.first),
+            shift: params.shift,
+        })
+    })?;
+    device.gpu.run(op, dispatches)
+}
