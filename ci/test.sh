@@ -35,14 +35,15 @@ step "examples"
 cargo run --locked -p specula-sampler --example decode_loop
 
 step "sharded sampling across MPI processes (mpirun: 1 to 4 ranks, each against the unsharded reference)"
-cargo build -q --locked -p specula-shard --features mpi --example shard_check
+# The test profile and every feature, as `cargo test --workspace` above built it: nothing to rebuild.
+cargo build -q --locked --profile test --all-features -p specula-shard --example shard_check
 for ranks in 1 2 3 4; do
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     mpirun --oversubscribe -n "$ranks" target/debug/examples/shard_check
 done
 
 step "tensor-parallel Decoder across MPI processes (mpirun: 1 to 4 ranks, each emitting the unsharded tokens)"
-cargo build -q --locked -p specula-conformance --features mpi --example sharded_decode_mpi
+cargo build -q --locked --profile test --all-features -p specula-conformance --example sharded_decode_mpi
 for ranks in 1 2 3 4; do
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     mpirun --oversubscribe -n "$ranks" target/debug/examples/sharded_decode_mpi
