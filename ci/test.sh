@@ -42,7 +42,7 @@ for ranks in 1 2 3 4; do
     mpirun --oversubscribe -n "$ranks" target/debug/examples/shard_check
 done
 
-step "tensor-parallel Decoder across MPI processes (mpirun: 1 to 4 ranks, each emitting the unsharded tokens)"
+step "across MPI processes (mpirun: 1 to 4 ranks): the sampling ops' quick conformance cases sharded, and a tensor-parallel Decoder emitting the unsharded tokens"
 cargo build -q --locked --profile test --all-features -p specula-conformance --example sharded_decode_mpi
 for ranks in 1 2 3 4; do
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \

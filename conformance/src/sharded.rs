@@ -54,47 +54,9 @@ pub fn vocab(case: &Case) -> Option<usize> {
 }
 
 /// Whether `case` runs sharded over `ranks` ranks: a case of a sharded op that must run (not an
-/// `invalid::` case) whose vocabulary has a token for every rank, and that does not await
-/// issue 29 ([`awaits_rank_order_revision`]).
+/// `invalid::` case) whose vocabulary has a token for every rank.
 pub fn runs_sharded(case: &Case, ranks: usize) -> bool {
-    case.expected_error.is_none()
-        && vocab(case).is_some_and(|v| v >= ranks)
-        && !awaits_rank_order_revision(case)
-}
-
-/// Whether the unsharded devices rank `case`'s logits rows in another order than the contract's
-/// revised rank order (`docs/semantics.md` §4b step 1, revised: by the logit itself, not its
-/// value clamped to ±2^64), which the sharded ops follow: a sampling case of logits rows (not
-/// processed ones, whose values are clamped already) with a finite logit beyond ±2^64 (two such
-/// logits tie once clamped). Issue 29 revises the unsharded devices; until it is merged such
-/// cases are left out of the sharded check.
-pub fn awaits_rank_order_revision(case: &Case) -> bool {
-    let names: &[&str] = match &case.params {
-        CaseParams::TopKTopPSample(p) if p.processing.is_none() => &["logits"],
-        CaseParams::TopPCandidates(_) => &["logits"],
-        CaseParams::VerifyDraftTokens(_) => &["target_logits", "draft_logits"],
-        _ => &[],
-    };
-    let huge = 2.0f32.powi(64);
-    names
-        .iter()
-        .filter_map(|n| case.inputs.get(*n))
-        .any(|t| widened(t).iter().any(|x| x.is_finite() && x.abs() > huge))
-}
-
-/// A float tensor's values widened to f32 (empty for other dtypes).
-fn widened(t: &HostTensor) -> Vec<f32> {
-    let values = match t.dtype {
-        DType::F32 => t.to_vec::<f32>(),
-        DType::F16 => t
-            .to_vec::<half::f16>()
-            .map(|v| v.into_iter().map(half::f16::to_f32).collect()),
-        DType::BF16 => t
-            .to_vec::<half::bf16>()
-            .map(|v| v.into_iter().map(half::bf16::to_f32).collect()),
-        _ => Ok(Vec::new()),
-    };
-    values.unwrap_or_default()
+    case.expected_error.is_none() && vocab(case).is_some_and(|v| v >= ranks)
 }
 
 /// `case` with every row tensor cut to the ids of `slice`.

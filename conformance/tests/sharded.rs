@@ -2,7 +2,7 @@
 //! (`docs/semantics.md` §4d): 2 ranks split evenly, 3 ranks with a one-token first slice, and 4
 //! ranks split evenly, every rank on the CPU backend; each rank's outputs equal the reference's
 //! outputs of the whole case (computed once). The same check runs across MPI processes in
-//! `ci/test.sh` (`examples/shard_mpi.rs`).
+//! `ci/test.sh` (`examples/sharded_decode_mpi.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
