@@ -15,11 +15,11 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use specula_backend_api::Device;
-use specula_backend_api::ops::VocabSlice;
 use specula_backend_cpu::CpuDevice;
 use specula_conformance::cases::Size;
 use specula_conformance::sharded::{check_cases, sharded_cases, vocab};
 use specula_conformance::sharded_decode::{Scenario, compare, run};
+use specula_shard::check::slice_of;
 use specula_shard::{Collective, Group, MpiGroup, Partition, Result, Shard};
 
 /// The MPI world, shared by the decoders this process builds one after another (MPI is
@@ -58,26 +58,6 @@ impl Collective for World {
     fn all_gather(&self, send: &[u64], gathered: &mut [u64]) -> Result<()> {
         self.0.all_gather(send, gathered)
     }
-}
-
-/// The slice of `rank`: even, or uneven with rank 0 holding token 0 alone.
-fn slice_of(vocab: usize, ranks: usize, rank: usize, uneven: bool) -> Option<VocabSlice> {
-    if !uneven || ranks == 1 {
-        return VocabSlice::even(vocab, ranks, rank);
-    }
-    if rank == 0 {
-        return Some(VocabSlice {
-            first: 0,
-            len: 1,
-            vocab,
-        });
-    }
-    let rest = VocabSlice::even(vocab - 1, ranks - 1, rank - 1)?;
-    Some(VocabSlice {
-        first: rest.first + 1,
-        len: rest.len,
-        vocab,
-    })
 }
 
 /// The quick conformance cases of the sampling ops, each run sharded over the world: `(passed,

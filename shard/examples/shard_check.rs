@@ -8,28 +8,8 @@
 use specula_backend_api::ops::VocabSlice;
 use specula_backend_cpu::CpuDevice;
 use specula_reference::ReferenceDevice;
-use specula_shard::check::{Lcg, Rows, compare, sharded, unsharded};
+use specula_shard::check::{Lcg, Rows, compare, sharded, slice_of, unsharded};
 use specula_shard::{Group, MpiGroup, Partition, Shard, ShardError};
-
-/// The slice of rank `rank`: even, or uneven with rank 0 holding one token.
-fn slice_of(vocab: usize, ranks: usize, rank: usize, uneven: bool) -> Option<VocabSlice> {
-    if !uneven || ranks == 1 {
-        return VocabSlice::even(vocab, ranks, rank);
-    }
-    if rank == 0 {
-        return Some(VocabSlice {
-            first: 0,
-            len: 1,
-            vocab,
-        });
-    }
-    let rest = VocabSlice::even(vocab - 1, ranks - 1, rank - 1)?;
-    Some(VocabSlice {
-        first: rest.first + 1,
-        len: rest.len,
-        vocab,
-    })
-}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let group = Group::new(MpiGroup::init()?);
