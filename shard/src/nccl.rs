@@ -44,6 +44,7 @@ impl NcclGroup {
     /// A new unique id for a communicator: rank 0 makes it and hands it to the other ranks (over
     /// MPI or any other channel) as its 128 bytes ([`NcclGroup::id_bytes`]).
     pub fn new_id() -> Result<Id> {
+        libraries_present()?;
         Id::new().map_err(engine_error)
     }
 
@@ -69,11 +70,7 @@ impl NcclGroup {
     /// Rank `rank` of `ranks` of the communicator `id`, on GPU `ordinal`. Fails with
     /// [`ShardError::Engine`] when there is no CUDA driver or NCCL library.
     pub fn new(ordinal: usize, rank: usize, ranks: usize, id: Id) -> Result<Self> {
-        // SAFETY: only probes whether the driver library can be loaded (cudarc's loader panics
-        // when it is absent, so this comes first).
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(engine_error("the CUDA driver library is not present"));
-        }
+        libraries_present()?;
         let context = CudaContext::new(ordinal).map_err(engine_error)?;
         let stream = context.new_stream().map_err(engine_error)?;
         let comm = Comm::from_rank(stream.clone(), rank, ranks, id).map_err(engine_error)?;
@@ -181,4 +178,18 @@ impl Collective for NcclGroup {
             .map_err(engine_error)?;
         self.stream.synchronize().map_err(engine_error)
     }
+}
+
+/// Whether the CUDA driver and NCCL libraries can be loaded: cudarc's loader panics at the first
+/// call into a library that is absent, so every entry point of this engine asks first.
+fn libraries_present() -> Result<()> {
+    // SAFETY: only probes whether the driver library can be loaded.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(engine_error("the CUDA driver library is not present"));
+    }
+    // SAFETY: only probes whether the NCCL library can be loaded.
+    if !unsafe { cudarc::nccl::sys::is_culib_present() } {
+        return Err(engine_error("the NCCL library (libnccl) is not present"));
+    }
+    Ok(())
 }
