@@ -32,15 +32,15 @@ use super::scan::{has_avx2, has_avx512};
 
 /// Tokens per block of the above-band masses and of the draw's walk.
 const BLOCK: usize = 256;
-/// Tokens sampled to place the band.
-const SAMPLES: usize = 4096;
+/// Tokens sampled to place the band (here and in the logits path without top-k).
+pub(crate) const SAMPLES: usize = 4096;
 /// Consecutive tokens per run of the sample.
-const SAMPLE_RUN: usize = 32;
+pub(crate) const SAMPLE_RUN: usize = 32;
 /// The margin of the band's placement besides four standard deviations of the sample's estimate,
 /// as a share of the row's mass.
-const SLACK: f64 = 0.002;
+pub(crate) const SLACK: f64 = 0.002;
 /// Bins of the band's histogram of keys.
-const BAND_BINS: usize = 2048;
+pub(crate) const BAND_BINS: usize = 2048;
 
 /// Per-thread buffers, reused from row to row.
 #[derive(Default)]

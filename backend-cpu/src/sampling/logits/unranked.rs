@@ -41,15 +41,9 @@ use crate::sampling::scan::{has_avx2, has_avx512};
 
 /// Rows shorter than this take the exact path (it is cheap there).
 const MIN_VOCAB: usize = 4096;
-/// Estimates read for the band's placement.
-const SAMPLES: usize = 4096;
-/// Consecutive estimates per run of that sample.
-const SAMPLE_RUN: usize = 32;
-/// The margin of the band's placement besides four standard deviations of the sample's
-/// estimate, as a share of the row's mass.
-const SLACK: f64 = 0.002;
-/// Bins of the band's histogram of rank keys.
-const BAND_BINS: usize = 2048;
+// The band's placement (estimates sampled in runs, its slack) and its histogram's bins are the
+// probability band path's.
+use crate::sampling::band::{BAND_BINS, SAMPLE_RUN, SAMPLES, SLACK};
 /// A margin on every float comparison of the bounds, relative: covers the f64 roundings of the
 /// sums and products the comparisons themselves make.
 const MARGIN: f64 = 1.0 / (1u64 << 44) as f64;
