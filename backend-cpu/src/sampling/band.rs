@@ -215,23 +215,39 @@ fn classify_row<T: FloatElement>(
     if let (specula_backend_api::DType::F32, Ok(values)) =
         (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(row))
     {
-        let full = values.len() / BLOCK;
-        let (head, tail) = values.split_at(full * BLOCK);
-        let (head_masses, tail_masses) = masses.split_at_mut(full);
-        let (head_bits, tail_bits) = bitmaps.split_at_mut(full * (BLOCK / 64));
-        let head_total = if has_avx512() {
-            // SAFETY: AVX-512F is present; the slices are sized as the function requires.
-            unsafe { lanes::avx512::classify_full_blocks(head, band, head_masses, head_bits) }
-        } else if has_avx2() {
-            // SAFETY: AVX2 is present; the slices are sized as the function requires.
-            unsafe { lanes::avx2::classify_full_blocks(head, band, head_masses, head_bits) }
-        } else {
-            return classify_blocks::<T>(row, band, masses, bitmaps);
-        };
-        return head_total + classify_blocks::<f32>(tail, band, tail_masses, tail_bits);
+        if has_avx512() {
+            return with_full_blocks(values, band, masses, bitmaps, |head, band, m, b| {
+                // SAFETY: AVX-512F is present; the slices are sized as the function requires.
+                unsafe { lanes::avx512::classify_full_blocks(head, band, m, b) }
+            });
+        }
+        if has_avx2() {
+            return with_full_blocks(values, band, masses, bitmaps, |head, band, m, b| {
+                // SAFETY: AVX2 is present; the slices are sized as the function requires.
+                unsafe { lanes::avx2::classify_full_blocks(head, band, m, b) }
+            });
+        }
     }
     dispatch!(classify_blocks::<T>(row, band, masses, bitmaps)
         via classify_blocks_avx512, classify_blocks_avx2)
+}
+
+#[cfg(target_arch = "x86_64")]
+/// The classify pass of an f32 row with `full_blocks` over its full blocks (and their masses and
+/// bitmap words) and the generic loop over the rest.
+fn with_full_blocks(
+    values: &[f32],
+    band: Band,
+    masses: &mut [u64],
+    bitmaps: &mut [u64],
+    full_blocks: impl FnOnce(&[f32], Band, &mut [u64], &mut [u64]) -> u64,
+) -> u64 {
+    let full = values.len() / BLOCK;
+    let (head, tail) = values.split_at(full * BLOCK);
+    let (head_masses, tail_masses) = masses.split_at_mut(full);
+    let (head_bits, tail_bits) = bitmaps.split_at_mut(full * (BLOCK / 64));
+    full_blocks(head, band, head_masses, head_bits)
+        + classify_blocks::<f32>(tail, band, tail_masses, tail_bits)
 }
 
 compiled_for!(avx512, fn classify_blocks_avx512 [T: FloatElement]
@@ -427,43 +443,17 @@ mod tests {
                     let got = match isa {
                         #[cfg(target_arch = "x86_64")]
                         "avx512" if has_avx512() => {
-                            let full = v / BLOCK;
-                            // SAFETY: AVX-512F is present; the slices are sized as required.
-                            let head = unsafe {
-                                lanes::avx512::classify_full_blocks(
-                                    &row[..full * BLOCK],
-                                    band,
-                                    &mut m[..full],
-                                    &mut b[..full * (BLOCK / 64)],
-                                )
-                            };
-                            let tail = classify_blocks(
-                                &row[full * BLOCK..],
-                                band,
-                                &mut m[full..],
-                                &mut b[full * (BLOCK / 64)..],
-                            );
-                            head + tail
+                            with_full_blocks(&row, band, &mut m, &mut b, |head, band, m, b| {
+                                // SAFETY: AVX-512F is present; the slices are sized as required.
+                                unsafe { lanes::avx512::classify_full_blocks(head, band, m, b) }
+                            })
                         }
                         #[cfg(target_arch = "x86_64")]
                         "avx2" if has_avx2() => {
-                            let full = v / BLOCK;
-                            // SAFETY: AVX2 is present; the slices are sized as required.
-                            let head = unsafe {
-                                lanes::avx2::classify_full_blocks(
-                                    &row[..full * BLOCK],
-                                    band,
-                                    &mut m[..full],
-                                    &mut b[..full * (BLOCK / 64)],
-                                )
-                            };
-                            let tail = classify_blocks(
-                                &row[full * BLOCK..],
-                                band,
-                                &mut m[full..],
-                                &mut b[full * (BLOCK / 64)..],
-                            );
-                            head + tail
+                            with_full_blocks(&row, band, &mut m, &mut b, |head, band, m, b| {
+                                // SAFETY: AVX2 is present; the slices are sized as required.
+                                unsafe { lanes::avx2::classify_full_blocks(head, band, m, b) }
+                            })
                         }
                         "best" => classify_row(&row, band, &mut m, &mut b),
                         _ => continue,
