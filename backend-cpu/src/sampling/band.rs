@@ -30,6 +30,9 @@ use super::scan::{compiled_for, dispatch, key_of, weight_of_key};
 #[cfg(target_arch = "x86_64")]
 use super::scan::{has_avx2, has_avx512};
 
+#[cfg(target_arch = "x86_64")]
+mod lanes;
+
 /// Tokens per block of the above-band masses and of the draw's walk.
 const BLOCK: usize = 256;
 /// Tokens sampled to place the band (here and in the logits path without top-k).
@@ -184,8 +187,7 @@ fn classify<T: FloatElement>(row: &[T], band: Band, s: &mut Scratch) -> u64 {
     (s.bin_low, s.bin_shift) = (band.low, shift);
     s.bitmaps.clear();
     s.bitmaps.resize(row.len().div_ceil(64), 0);
-    let total = dispatch!(classify_blocks::<T>(row, band, &mut s.masses, &mut s.bitmaps)
-        via classify_blocks_avx512, classify_blocks_avx2);
+    let total = classify_row(row, band, &mut s.masses, &mut s.bitmaps);
     for (w, &word) in s.bitmaps.iter().enumerate() {
         let mut word = word;
         while word != 0 {
@@ -199,6 +201,53 @@ fn classify<T: FloatElement>(row: &[T], band: Band, s: &mut Scratch) -> u64 {
         }
     }
     total
+}
+
+/// The vector part of [`classify`] on the best loop for this CPU and element type: the
+/// hand-written ones of [`lanes`] for the full blocks of an f32 row, else the generic loop.
+fn classify_row<T: FloatElement>(
+    row: &[T],
+    band: Band,
+    masses: &mut [u64],
+    bitmaps: &mut [u64],
+) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if let (specula_backend_api::DType::F32, Ok(values)) =
+        (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(row))
+    {
+        if has_avx512() {
+            return with_full_blocks(values, band, masses, bitmaps, |head, band, m, b| {
+                // SAFETY: AVX-512F is present; the slices are sized as the function requires.
+                unsafe { lanes::avx512::classify_full_blocks(head, band, m, b) }
+            });
+        }
+        if has_avx2() {
+            return with_full_blocks(values, band, masses, bitmaps, |head, band, m, b| {
+                // SAFETY: AVX2 is present; the slices are sized as the function requires.
+                unsafe { lanes::avx2::classify_full_blocks(head, band, m, b) }
+            });
+        }
+    }
+    dispatch!(classify_blocks::<T>(row, band, masses, bitmaps)
+        via classify_blocks_avx512, classify_blocks_avx2)
+}
+
+#[cfg(target_arch = "x86_64")]
+/// The classify pass of an f32 row with `full_blocks` over its full blocks (and their masses and
+/// bitmap words) and the generic loop over the rest.
+fn with_full_blocks(
+    values: &[f32],
+    band: Band,
+    masses: &mut [u64],
+    bitmaps: &mut [u64],
+    full_blocks: impl FnOnce(&[f32], Band, &mut [u64], &mut [u64]) -> u64,
+) -> u64 {
+    let full = values.len() / BLOCK;
+    let (head, tail) = values.split_at(full * BLOCK);
+    let (head_masses, tail_masses) = masses.split_at_mut(full);
+    let (head_bits, tail_bits) = bitmaps.split_at_mut(full * (BLOCK / 64));
+    full_blocks(head, band, head_masses, head_bits)
+        + classify_blocks::<f32>(tail, band, tail_masses, tail_bits)
 }
 
 compiled_for!(avx512, fn classify_blocks_avx512 [T: FloatElement]
@@ -348,6 +397,73 @@ mod tests {
                 row
             })
             .collect()
+    }
+
+    /// The classify pass of every loop this CPU runs against the generic one (on the baseline
+    /// target), on rows with hostile values, with bands from empty to the whole row and lengths
+    /// that are not a multiple of a block.
+    #[test]
+    fn the_vector_classify_loops_equal_the_generic_one() {
+        let mut lcg = Lcg(2028);
+        for v in [64, 300, 5000, 40_000 + 17] {
+            let mut row: Vec<f32> = (0..v).map(|_| lcg.unit().powi(8) * 0.01).collect();
+            row[3] = f32::NAN;
+            row[9] = -0.5;
+            row[20] = 1.5;
+            row[33] = f32::INFINITY;
+            row[40] = 1e-40;
+            row[v - 1] = 0.0;
+            let keys: Vec<u32> = row.iter().map(|&p| key_of(p)).collect();
+            let mut sorted = keys.clone();
+            sorted.sort_unstable();
+            let at = |q: usize| sorted[(q * (v - 1)) / 100];
+            let bands = [
+                (MIN_WEIGHT_KEY, u32::MAX),
+                (0, 0),
+                (0, u32::MAX),
+                (at(10), at(90)),
+                (at(50), at(51)),
+                (at(99), u32::MAX),
+                (at(30), 0x3f80_0000),
+                (0x3f80_0000, 0x3f80_0001),
+            ];
+            for (low, high) in bands {
+                let band = Band { low, high };
+                let (blocks, words) = (v.div_ceil(BLOCK), v.div_ceil(64));
+                let (mut masses, mut bitmaps) = (vec![0; blocks], vec![0; words]);
+                let expected = classify_blocks(&row, band, &mut masses, &mut bitmaps);
+                let want: u64 = keys
+                    .iter()
+                    .filter(|&&k| k >= high)
+                    .map(|&k| weight_of_key(k))
+                    .sum();
+                assert_eq!(expected, want, "v {v} band {band:?}");
+                for isa in ["avx512", "avx2", "best"] {
+                    let (mut m, mut b) = (vec![u64::MAX; blocks], vec![u64::MAX; words]);
+                    let got = match isa {
+                        #[cfg(target_arch = "x86_64")]
+                        "avx512" if has_avx512() => {
+                            with_full_blocks(&row, band, &mut m, &mut b, |head, band, m, b| {
+                                // SAFETY: AVX-512F is present; the slices are sized as required.
+                                unsafe { lanes::avx512::classify_full_blocks(head, band, m, b) }
+                            })
+                        }
+                        #[cfg(target_arch = "x86_64")]
+                        "avx2" if has_avx2() => {
+                            with_full_blocks(&row, band, &mut m, &mut b, |head, band, m, b| {
+                                // SAFETY: AVX2 is present; the slices are sized as required.
+                                unsafe { lanes::avx2::classify_full_blocks(head, band, m, b) }
+                            })
+                        }
+                        "best" => classify_row(&row, band, &mut m, &mut b),
+                        _ => continue,
+                    };
+                    assert_eq!(got, expected, "{isa} v {v} band {band:?}");
+                    assert_eq!(m, masses, "{isa} v {v} band {band:?}");
+                    assert_eq!(b, bitmaps, "{isa} v {v} band {band:?}");
+                }
+            }
+        }
     }
 
     #[test]

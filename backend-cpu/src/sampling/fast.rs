@@ -382,7 +382,10 @@ fn sample_top_p<T: FloatElement>(
     // When the sample falls short, every positive weight is needed.
     let floor = floor_for(&s.group_max, Want::Mass(wanted), &mut s.keys)
         .map_or(MIN_WEIGHT_KEY, |key| key.max(MIN_WEIGHT_KEY));
-    if !s.collect_above(row, floor, BAND_FROM) {
+    // The sampled keys at or above the floor are a lower bound on the tokens there: when they
+    // alone pass the cap, the collect would fail (after reading most of the row), so skip it.
+    let sampled = s.group_max.iter().filter(|&&key| key >= floor).count();
+    if sampled > BAND_FROM || !s.collect_above(row, floor, BAND_FROM) {
         // A large kept set: the band path weighs it without collecting it.
         return super::band::sample_top_p(row, total, p_fixed, draw);
     }

@@ -1,0 +1,151 @@
+//! The classify pass of the band path ([`super::classify_blocks`]) for f32 rows, written with
+//! AVX-512 and AVX2 intrinsics: the generic loop builds its bitmaps a bit at a time, which the
+//! compiler does not vectorize. Both compute the same integers as the generic loop (the tests
+//! compare them): per block the exact weight above the band — `floor(p · 2^40)` in f32 (exact: a
+//! power-of-two scaling of a sanitized value, then a floor) summed in f64 (exact: integers below
+//! 2^40, 256 of them) — and per word of 64 tokens the bitmap of the band's tokens.
+
+use std::arch::x86_64::*;
+
+use super::{BLOCK, Band};
+
+/// `2^40`, the scale of the weights.
+const SCALE: f32 = (1u64 << 40) as f32;
+
+/// AVX-512: sixteen tokens per vector, a compare mask per vector is sixteen bits of a bitmap word.
+pub(super) mod avx512 {
+    use super::*;
+
+    /// `sanitize` on 16 lanes: NaN, zeros and negatives to +0 (the compare is false for NaN),
+    /// above 1 to 1.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn sanitize(v: __m512) -> __m512 {
+        let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(v, _mm512_setzero_ps());
+        _mm512_maskz_min_ps(positive, v, _mm512_set1_ps(1.0))
+    }
+
+    /// The classify pass over the full blocks of an f32 row segment (the caller handles the
+    /// tail); returns the exact weight above the band.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `masses` must hold `row.len() / BLOCK` entries and `bitmaps`
+    /// `row.len() / BLOCK * (BLOCK / 64)` words.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn classify_full_blocks(
+        row: &[f32],
+        band: Band,
+        masses: &mut [u64],
+        bitmaps: &mut [u64],
+    ) -> u64 {
+        let (low, high) = (
+            _mm512_set1_epi32(band.low as i32),
+            _mm512_set1_epi32(band.high as i32),
+        );
+        let scale = _mm512_set1_ps(SCALE);
+        let mut total = 0u64;
+        let words = bitmaps.chunks_exact_mut(BLOCK / 64);
+        for ((block, mass), words) in row.chunks_exact(BLOCK).zip(masses.iter_mut()).zip(words) {
+            let (mut acc0, mut acc1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+            for (word, out) in block.chunks_exact(64).zip(words.iter_mut()) {
+                let mut bits = 0u64;
+                for (k, lanes) in word.chunks_exact(16).enumerate() {
+                    // SAFETY: `lanes` holds 16 f32; unaligned loads are allowed.
+                    let p = sanitize(unsafe { _mm512_loadu_ps(lanes.as_ptr()) });
+                    let key = _mm512_castps_si512(p);
+                    let above = _mm512_cmpge_epu32_mask(key, high);
+                    let in_band = _mm512_mask_cmpge_epu32_mask(!above, key, low);
+                    bits |= u64::from(in_band) << (16 * k);
+                    let w = _mm512_maskz_roundscale_ps::<
+                        { _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC },
+                    >(above, _mm512_mul_ps(p, scale));
+                    acc0 = _mm512_add_pd(acc0, _mm512_cvtps_pd(_mm512_castps512_ps256(w)));
+                    acc1 = _mm512_add_pd(
+                        acc1,
+                        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                            _mm512_castps_pd(w),
+                        ))),
+                    );
+                }
+                *out = bits;
+            }
+            // Exact: integers below 2^40, 256 of them.
+            let above = _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1)) as u64;
+            *mass = above;
+            total += above;
+        }
+        total
+    }
+}
+
+/// AVX2: eight tokens per vector, a sign mask per vector is eight bits of a bitmap word.
+pub(super) mod avx2 {
+    use super::*;
+
+    /// `sanitize` on 8 lanes: NaN, zeros and negatives to +0 (the compare is false for NaN),
+    /// above 1 to 1.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn sanitize(v: __m256) -> __m256 {
+        let positive = _mm256_cmp_ps::<_CMP_GT_OQ>(v, _mm256_setzero_ps());
+        _mm256_and_ps(_mm256_min_ps(v, _mm256_set1_ps(1.0)), positive)
+    }
+
+    /// The classify pass over the full blocks of an f32 row segment (the caller handles the
+    /// tail); returns the exact weight above the band.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `masses` must hold `row.len() / BLOCK` entries and `bitmaps`
+    /// `row.len() / BLOCK * (BLOCK / 64)` words.
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn classify_full_blocks(
+        row: &[f32],
+        band: Band,
+        masses: &mut [u64],
+        bitmaps: &mut [u64],
+    ) -> u64 {
+        // Keys of sanitized values are at most the key of 1.0 (below 2^31), so the signed compare
+        // orders them as the unsigned one does once the bounds are capped below 2^31 too (a bound
+        // above every key stays above every key).
+        let cap = |bound: u32| bound.min(i32::MAX as u32) as i32;
+        let (low, high) = (
+            _mm256_set1_epi32(cap(band.low)),
+            _mm256_set1_epi32(cap(band.high)),
+        );
+        let scale = _mm256_set1_ps(SCALE);
+        let mut total = 0u64;
+        let words = bitmaps.chunks_exact_mut(BLOCK / 64);
+        for ((block, mass), words) in row.chunks_exact(BLOCK).zip(masses.iter_mut()).zip(words) {
+            let mut acc = [_mm256_setzero_pd(); 2];
+            for (word, out) in block.chunks_exact(64).zip(words.iter_mut()) {
+                let mut bits = 0u64;
+                for (k, lanes) in word.chunks_exact(8).enumerate() {
+                    // SAFETY: `lanes` holds 8 f32; unaligned loads are allowed.
+                    let p = sanitize(unsafe { _mm256_loadu_ps(lanes.as_ptr()) });
+                    let key = _mm256_castps_si256(p);
+                    // key < bound, lane by lane (all ones where it holds).
+                    let below_high = _mm256_cmpgt_epi32(high, key);
+                    let below_low = _mm256_cmpgt_epi32(low, key);
+                    let in_band = _mm256_andnot_si256(below_low, below_high);
+                    let lane_bits = _mm256_movemask_ps(_mm256_castsi256_ps(in_band)) as u8;
+                    bits |= u64::from(lane_bits) << (8 * k);
+                    let w = _mm256_andnot_ps(
+                        _mm256_castsi256_ps(below_high),
+                        _mm256_floor_ps(_mm256_mul_ps(p, scale)),
+                    );
+                    acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
+                    acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(w)));
+                }
+                *out = bits;
+            }
+            let mut lanes = [0f64; 4];
+            // SAFETY: `lanes` holds 4 f64; unaligned stores are allowed.
+            unsafe { _mm256_storeu_pd(lanes.as_mut_ptr(), _mm256_add_pd(acc[0], acc[1])) };
+            // Exact: integers below 2^40, 256 of them.
+            let above = lanes.iter().sum::<f64>() as u64;
+            *mass = above;
+            total += above;
+        }
+        total
+    }
+}
