@@ -1,9 +1,10 @@
 //! A llama forward pass on candle ops, over a per-request [`KvCache`] that can be cut back.
 //!
 //! The layers are those of `candle_transformers::models::quantized_llama`, written op for op in
-//! the same order — quantized matmuls with `QMatMul`, RMSNorm, interleaved RoPE (base from the
-//! metadata: 100000 for SmolLM2), grouped-query attention (9 query heads over 3 key/value heads),
-//! a SiLU-gated MLP — except the attention itself (see below). What differs is what a
+//! the same order — quantized matmuls ([`Linear`]: the runner's own [`Q4_1Matrix`] for the Q4_1
+//! weights, the same bits as candle's `QMatMul` faster; `QMatMul` for the others), RMSNorm,
+//! interleaved RoPE (base from the metadata: 100000 for SmolLM2), grouped-query attention (9
+//! query heads over 3 key/value heads), a SiLU-gated MLP — except the attention itself (see below). What differs is what a
 //! speculative runner needs:
 //!
 //! - the KV cache belongs to the request, and [`KvCache::truncate`] drops rejected drafts;
@@ -13,8 +14,8 @@
 //!
 //! **Batch invariance.** Every op computes a row (a position) from that row alone, in an order
 //! that does not depend on how many rows the call has: the quantized matmuls quantize and dot
-//! each row on its own (the generic `k_quants` path, which Q4_1 and Q8_0 weights of width 576
-//! take); RMSNorm, RoPE and SiLU work per row; and the attention is
+//! each row on its own (the generic `k_quants` path, which Q8_0 weights of width 576 take, and
+//! [`Q4_1Matrix`], which accumulates each row's blocks in that path's order); RMSNorm, RoPE and SiLU work per row; and the attention is
 //! [`attention::attend`], one (row, head) at a time in a fixed order, because
 //! candle's matmul is not batch-invariant for `q · kᵀ`. So the logits of a position are the same
 //! bits whether it is fed alone, inside a step of several tokens, or in one pass over the whole
@@ -26,8 +27,8 @@ use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
 
+use candle_core::quantized::QTensor;
 use candle_core::quantized::gguf_file::Content;
-use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::Embedding;
 
@@ -35,18 +36,21 @@ use crate::attention::{self, Heads};
 use crate::config::LlamaConfig;
 use crate::error::RunnerError;
 use crate::kv_cache::KvCache;
+#[cfg(doc)]
+use crate::qmatmul::Q4_1Matrix;
+use crate::qmatmul::{Linear, MatmulKernel};
 
 /// One transformer block's weights.
 #[derive(Debug)]
 struct Layer {
-    attn_q: QMatMul,
-    attn_k: QMatMul,
-    attn_v: QMatMul,
-    attn_output: QMatMul,
+    attn_q: Linear,
+    attn_k: Linear,
+    attn_v: Linear,
+    attn_output: Linear,
     attn_norm: Tensor,
-    ffn_gate: QMatMul,
-    ffn_up: QMatMul,
-    ffn_down: QMatMul,
+    ffn_gate: Linear,
+    ffn_up: Linear,
+    ffn_down: Linear,
     ffn_norm: Tensor,
 }
 
@@ -58,18 +62,30 @@ pub struct Llama {
     embeddings: Embedding,
     layers: Vec<Layer>,
     output_norm: Tensor,
-    output: QMatMul,
+    output: Linear,
     /// `[max_positions, rope_dim / 2]` cosines and sines of RoPE.
     cos: Tensor,
     sin: Tensor,
 }
 
 impl Llama {
-    /// Loads the weights of `content` (read from `path`) on the CPU.
+    /// Loads the weights of `content` (read from `path`) on the CPU, the Q4_1 ones for the
+    /// runner's own matmul.
     pub fn load(
         path: &Path,
         content: &Content,
         config: LlamaConfig,
+    ) -> std::result::Result<Self, RunnerError> {
+        Self::load_with(path, content, config, MatmulKernel::Runner)
+    }
+
+    /// [`Llama::load`], with the Q4_1 weights' matmul chosen (`MatmulKernel::Candle`: candle's
+    /// `QMatMul` everywhere, the same logits, slower; for comparisons).
+    pub fn load_with(
+        path: &Path,
+        content: &Content,
+        config: LlamaConfig,
+        kernel: MatmulKernel,
     ) -> std::result::Result<Self, RunnerError> {
         let invalid = |reason: String| RunnerError::ModelInvalid {
             path: path.to_path_buf(),
@@ -107,8 +123,8 @@ impl Llama {
         let mut layers = Vec::with_capacity(config.n_layer);
         for i in 0..config.n_layer {
             let mut weight = |name: &str| tensor(&format!("blk.{i}.{name}.weight"));
-            let mut q = |name: &str| -> std::result::Result<QMatMul, RunnerError> {
-                Ok(QMatMul::from_qtensor(weight(name)?)?)
+            let mut q = |name: &str| -> std::result::Result<Linear, RunnerError> {
+                Ok(Linear::new(weight(name)?, kernel)?)
             };
             let (attn_q, attn_k, attn_v) = (q("attn_q")?, q("attn_k")?, q("attn_v")?);
             let attn_output = q("attn_output")?;
@@ -128,7 +144,7 @@ impl Llama {
         let (cos, sin) = rope_tables(&config, &device)?;
         Ok(Llama {
             embeddings: Embedding::new(embeddings, config.n_embd),
-            output: QMatMul::from_qtensor(output)?,
+            output: Linear::new(output, kernel)?,
             config,
             device,
             layers,
