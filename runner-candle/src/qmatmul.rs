@@ -1,28 +1,39 @@
-//! A quantized matmul of the runner's own for Q4_1 weights, giving candle's bits faster.
+//! Quantized matmuls of the runner's own for the model's Q4_1 and Q8_0 weights, giving candle's
+//! bits faster.
 //!
 //! candle 0.11 has no SIMD dot product for Q4_1 (`BlockQ4_1::vec_dot` is the scalar
 //! `vec_dot_unopt`), and 210 of SmolLM2-135M's 272 tensors are Q4_1: that dot product was three
 //! quarters of the runner's time. [`Q4_1Matrix`] computes the same products:
 //!
-//! - at load, each weight row is repacked: its blocks' nibbles side by side, and each block's
-//!   scale `d` and minimum `m` converted from f16 to f32 once (exact, so no bit changes);
+//! - at load, the weights are repacked in groups of [`GROUP`] rows: the rows' nibbles of a block
+//!   side by side, and each block's scale `d` and minimum `m` converted from f16 to f32 once
+//!   (exact, so no bit changes);
 //! - per call, each input row is quantized to Q8_1 by candle's own quantizer
 //!   (`QTensor::quantize`, which runs `BlockQ8_1::from_float`, as candle's matmul does);
-//! - each weight row (rayon, over chunks of rows) is dotted with **every** input row of the call
-//!   while it is in cache, so a step of several tokens reads the weights once;
+//! - each group of weight rows (rayon, over chunks of groups) is dotted with **every** input row
+//!   of the call while it is in cache, so a step of several tokens reads the weights once;
 //! - the integer sum of each block is taken with AVX2 where the CPU has it (a scalar loop
 //!   otherwise) — integer sums are exact in any order — and the blocks are accumulated in f32 in
-//!   candle's order and formula, `sumf += sumi as f32 * d * d8 + m * s8`, block after block.
+//!   candle's order and formula, `sumf += sumi as f32 * d * d8 + m * s8`, block after block, one
+//!   weight row per f32 lane.
+//!
+//! The Q8_0 output head ([`Q8_0Matrix`], `q8_0.rs`) goes through candle's AVX2 dot product
+//! already; the runner's copy of it (same instructions in the float part) saves the f16
+//! conversions and candle's thread pool, where the CPU has AVX2 and FMA.
 //!
 //! So a [`Linear`] gives the same bits as candle's `QMatMul` on the same input
-//! (`tests/model.rs` checks every Q4_1 tensor of the model), and the forward pass keeps the batch
-//! invariance that speculative == plain needs: every output row is computed from its input row
-//! alone, in an order that does not depend on how many rows the call has.
+//! (`tests/model.rs` checks every Q4_1 and Q8_0 tensor of the model), and the forward pass keeps
+//! the batch invariance that speculative == plain needs: every output row is computed from its
+//! input row alone, in an order that does not depend on how many rows the call has.
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Module, Result, Tensor};
 use half::f16;
 use rayon::prelude::*;
+
+mod q8_0;
+
+pub use q8_0::Q8_0Matrix;
 
 /// Values per Q4_1 and Q8_1 block.
 const QK: usize = 32;
@@ -30,13 +41,14 @@ const QK: usize = 32;
 const Q4_1_BYTES: usize = 20;
 /// Bytes of a Q8_1 block: `d: f16`, `s: f16` (d times the sum of the values), 32 `i8`.
 const Q8_1_BYTES: usize = 36;
-/// Weight rows per rayon task.
-const ROWS_PER_TASK: usize = 16;
+/// Groups of weight rows per rayon task.
+const GROUPS_PER_TASK: usize = 2;
 
-/// Which matmul a model's Q4_1 weights go through (every other type goes through candle's).
+/// Which matmul a model's Q4_1 and Q8_0 weights go through (every other type goes through
+/// candle's).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MatmulKernel {
-    /// [`Q4_1Matrix`]: the runner's own (the default).
+    /// [`Q4_1Matrix`] and [`Q8_0Matrix`]: the runner's own (the default).
     #[default]
     Runner,
     /// candle's `QMatMul`, as a reference and for comparison.
@@ -44,11 +56,14 @@ pub enum MatmulKernel {
 }
 
 /// A linear layer `x · Wᵀ` over quantized weights `W: [out, in]`: Q4_1 weights by
-/// [`Q4_1Matrix`], any other type by candle's [`QMatMul`].
+/// [`Q4_1Matrix`], Q8_0 weights by [`Q8_0Matrix`] where it fits, anything else by candle's
+/// [`QMatMul`].
 #[derive(Debug)]
 pub enum Linear {
     /// Q4_1 weights, repacked for the runner's matmul.
     Q4_1(Q4_1Matrix),
+    /// Q8_0 weights, for the runner's matmul (on a CPU with AVX2 and FMA).
+    Q8_0(Q8_0Matrix),
     /// Any other weights (and every weight under [`MatmulKernel::Candle`]).
     Candle(QMatMul),
 }
@@ -57,7 +72,12 @@ impl Linear {
     /// A linear layer over `weight` (`[out, in]`), through `kernel` where it applies.
     pub fn new(weight: QTensor, kernel: MatmulKernel) -> Result<Self> {
         match (weight.dtype(), kernel) {
-            (GgmlDType::Q4_1, MatmulKernel::Runner) => Ok(Self::Q4_1(Q4_1Matrix::new(&weight)?)),
+            (GgmlDType::Q4_1, MatmulKernel::Runner) if Q4_1Matrix::fits(&weight) => {
+                Ok(Self::Q4_1(Q4_1Matrix::new(&weight)?))
+            }
+            (GgmlDType::Q8_0, MatmulKernel::Runner) if Q8_0Matrix::fits(&weight) => {
+                Ok(Self::Q8_0(Q8_0Matrix::new(&weight)?))
+            }
             _ => Ok(Self::Candle(QMatMul::from_qtensor(weight)?)),
         }
     }
@@ -67,57 +87,81 @@ impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Self::Q4_1(matrix) => matrix.forward(x),
+            Self::Q8_0(matrix) => matrix.forward(x),
             Self::Candle(matmul) => matmul.forward(x),
         }
     }
 }
 
-/// Q4_1 weights `[rows, cols]` repacked for [`Q4_1Matrix::forward`].
+/// Q4_1 weights `[rows, cols]` repacked for [`Q4_1Matrix::forward`], in groups of
+/// [`GROUP`] rows whose blocks are dotted side by side.
 #[derive(Debug)]
 pub struct Q4_1Matrix {
     rows: usize,
     cols: usize,
-    /// Row after row, block after block, the 16 bytes of a block: byte `j` holds value `j` in
-    /// its low nibble and value `j + 16` in its high nibble (GGUF's order).
+    /// Group after group, block after block, the [`GROUP`] rows' 16 bytes of that block: byte
+    /// `j` holds value `j` in its low nibble and value `j + 16` in its high nibble (GGUF's
+    /// order).
     nibbles: Vec<u8>,
-    /// Each block's scale `d`, as f32.
+    /// Each block's scale `d` as f32, in the order of `nibbles` (`[group][block][row]`).
     scales: Vec<f32>,
-    /// Each block's minimum `m`, as f32.
+    /// Each block's minimum `m` as f32, in the same order.
     mins: Vec<f32>,
 }
 
+/// Weight rows dotted side by side: one f32 lane of an AVX register each.
+pub const GROUP: usize = 8;
+
 impl Q4_1Matrix {
-    /// Repacks a Q4_1 tensor of shape `[rows, cols]` (`cols` a multiple of 32).
+    /// Repacks a Q4_1 tensor of shape `[rows, cols]` (`rows` a multiple of [`GROUP`], `cols`
+    /// of 32).
     pub fn new(weight: &QTensor) -> Result<Self> {
         if weight.dtype() != GgmlDType::Q4_1 {
             candle_core::bail!("Q4_1Matrix of a {:?} tensor", weight.dtype());
         }
         let (rows, cols) = weight.shape().dims2()?;
-        if !cols.is_multiple_of(QK) {
-            candle_core::bail!("Q4_1 rows of {cols} values are not whole blocks");
+        if !cols.is_multiple_of(QK) || !rows.is_multiple_of(GROUP) {
+            candle_core::bail!(
+                "Q4_1Matrix of [{rows}, {cols}]: rows must be whole groups of {GROUP}, columns whole blocks of {QK}"
+            );
         }
         let data = weight.data()?;
-        let blocks = rows * cols / QK;
-        if data.len() != blocks * Q4_1_BYTES {
+        let blocks = cols / QK;
+        if data.len() != rows * blocks * Q4_1_BYTES {
             candle_core::bail!(
                 "Q4_1 tensor [{rows}, {cols}] holds {} bytes, expected {}",
                 data.len(),
-                blocks * Q4_1_BYTES
+                rows * blocks * Q4_1_BYTES
             );
         }
         let mut matrix = Self {
             rows,
             cols,
-            nibbles: Vec::with_capacity(blocks * QK / 2),
-            scales: Vec::with_capacity(blocks),
-            mins: Vec::with_capacity(blocks),
+            nibbles: Vec::with_capacity(rows * blocks * QK / 2),
+            scales: Vec::with_capacity(rows * blocks),
+            mins: Vec::with_capacity(rows * blocks),
         };
-        for block in data.chunks_exact(Q4_1_BYTES) {
-            matrix.scales.push(f16_at(block, 0));
-            matrix.mins.push(f16_at(block, 2));
-            matrix.nibbles.extend_from_slice(&block[4..]);
+        for group in data.chunks_exact(GROUP * blocks * Q4_1_BYTES) {
+            for b in 0..blocks {
+                for row in group.chunks_exact(blocks * Q4_1_BYTES) {
+                    let block = &row[b * Q4_1_BYTES..][..Q4_1_BYTES];
+                    matrix.scales.push(f16_at(block, 0));
+                    matrix.mins.push(f16_at(block, 2));
+                    matrix.nibbles.extend_from_slice(&block[4..]);
+                }
+            }
         }
         Ok(matrix)
+    }
+
+    /// Whether `weight` can be repacked: Q4_1, `[rows, cols]` with `rows` a multiple of
+    /// [`GROUP`] and `cols` of 32.
+    pub fn fits(weight: &QTensor) -> bool {
+        weight.dtype() == GgmlDType::Q4_1
+            && weight
+                .shape()
+                .dims2()
+                .is_ok_and(|(rows, cols)| rows.is_multiple_of(GROUP) && cols.is_multiple_of(QK))
     }
 
     /// `x · Wᵀ` for `x` of shape `[..., cols]` (f32): `[..., rows]`, the bits of candle's
@@ -144,53 +188,186 @@ impl Q4_1Matrix {
     /// The product, `[tokens, rows]` row-major.
     fn matmul(&self, input: &Q8_1Rows) -> Vec<f32> {
         let (tokens, blocks) = (input.tokens, self.cols / QK);
-        let block_sums = block_sums_kernel();
-        // Weight row major: a task writes its own rows' outputs for every token.
-        let mut by_row = vec![0f32; self.rows * tokens];
-        by_row
-            .par_chunks_mut(ROWS_PER_TASK * tokens)
+        let kernel = group_kernel();
+        let per_group = blocks * GROUP;
+        // `[group][token][row of the group]`: a task writes its own groups for every token.
+        let mut by_group = vec![0f32; self.rows * tokens];
+        by_group
+            .par_chunks_mut(GROUPS_PER_TASK * GROUP * tokens)
             .enumerate()
             .for_each(|(task, out)| {
-                let mut sums = vec![0i32; tokens * blocks];
-                for (i, out) in out.chunks_exact_mut(tokens).enumerate() {
-                    let row = task * ROWS_PER_TASK + i;
-                    let nibbles = &self.nibbles[row * blocks * QK / 2..][..blocks * QK / 2];
-                    block_sums(nibbles, &input.values, &mut sums);
-                    let scales = &self.scales[row * blocks..][..blocks];
-                    let mins = &self.mins[row * blocks..][..blocks];
-                    for (token, out) in out.iter_mut().enumerate() {
-                        let at = token * blocks..(token + 1) * blocks;
-                        *out = accumulate(
-                            &sums[at.clone()],
-                            scales,
-                            mins,
-                            &input.scales[at.clone()],
-                            &input.sums[at],
-                        );
-                    }
+                for (i, out) in out.chunks_exact_mut(GROUP * tokens).enumerate() {
+                    let at = (task * GROUPS_PER_TASK + i) * per_group;
+                    let group = Group {
+                        nibbles: &self.nibbles[at * QK / 2..][..per_group * QK / 2],
+                        scales: &self.scales[at..][..per_group],
+                        mins: &self.mins[at..][..per_group],
+                    };
+                    kernel(&group, input, out);
                 }
             });
-        if tokens == 1 {
-            return by_row;
-        }
         let mut out = vec![0f32; tokens * self.rows];
-        for (row, values) in by_row.chunks_exact(tokens).enumerate() {
-            for (token, &value) in values.iter().enumerate() {
-                out[token * self.rows + row] = value;
+        for (g, group) in by_group.chunks_exact(GROUP * tokens).enumerate() {
+            for (token, values) in group.chunks_exact(GROUP).enumerate() {
+                out[token * self.rows + g * GROUP..][..GROUP].copy_from_slice(values);
             }
         }
         out
     }
 }
 
-/// One dot product's blocks accumulated exactly as candle's `BlockQ4_1::vec_dot_unopt` does:
-/// the same formula, the same association, block after block, no fused multiply-add.
-fn accumulate(sums: &[i32], d: &[f32], m: &[f32], d8: &[f32], s8: &[f32]) -> f32 {
-    let mut sumf = 0f32;
-    for ((((&sumi, &d), &m), &d8), &s8) in sums.iter().zip(d).zip(m).zip(d8).zip(s8) {
-        sumf += sumi as f32 * d * d8 + m * s8;
+/// One group of [`GROUP`] weight rows, as [`Q4_1Matrix`] lays it out.
+struct Group<'a> {
+    nibbles: &'a [u8],
+    scales: &'a [f32],
+    mins: &'a [f32],
+}
+
+/// Dots a group with every input row: `out[token · GROUP + r]` receives row `r`'s dot with
+/// input row `token`, accumulated block after block as candle's `BlockQ4_1::vec_dot_unopt`
+/// does.
+type GroupKernel = fn(group: &Group, input: &Q8_1Rows, out: &mut [f32]);
+
+/// The kernel for this CPU: AVX2 where it has it, scalar otherwise (the same bits).
+fn group_kernel() -> GroupKernel {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        return avx2::group;
     }
-    sumf
+    group_scalar
+}
+
+/// Checks the lengths every [`GroupKernel`] relies on: the group's blocks, the input's, and
+/// `out` are consistent.
+fn check_lengths(group: &Group, input: &Q8_1Rows, out: &[f32]) {
+    let blocks = group.scales.len() / GROUP;
+    assert!(
+        blocks > 0
+            && group.scales.len() == blocks * GROUP
+            && group.mins.len() == blocks * GROUP
+            && group.nibbles.len() == blocks * GROUP * QK / 2
+            && input.scales.len() == input.tokens * blocks
+            && input.sums.len() == input.tokens * blocks
+            && input.values.len() == input.tokens * blocks * QK
+            && out.len() == input.tokens * GROUP,
+        "a Q4_1 group of {blocks} blocks against {} input rows of {} values",
+        input.tokens,
+        input.values.len() / input.tokens.max(1)
+    );
+}
+
+/// [`GroupKernel`] in plain Rust: candle's loop, on the repacked layout.
+fn group_scalar(group: &Group, input: &Q8_1Rows, out: &mut [f32]) {
+    check_lengths(group, input, out);
+    let blocks = group.scales.len() / GROUP;
+    for (token, out) in out.chunks_exact_mut(GROUP).enumerate() {
+        for (r, out) in out.iter_mut().enumerate() {
+            let mut sumf = 0f32;
+            for b in 0..blocks {
+                let (w, a) = (b * GROUP + r, token * blocks + b);
+                let x = &group.nibbles[w * QK / 2..][..QK / 2];
+                let (y0, y1) = input.values[a * QK..][..QK].split_at(QK / 2);
+                let sumi: i32 = x
+                    .iter()
+                    .zip(y0.iter().zip(y1))
+                    .map(|(&x, (&y0, &y1))| {
+                        i32::from(x & 0x0F) * i32::from(y0) + i32::from(x >> 4) * i32::from(y1)
+                    })
+                    .sum();
+                sumf +=
+                    sumi as f32 * group.scales[w] * input.scales[a] + group.mins[w] * input.sums[a];
+            }
+            *out = sumf;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! [`GroupKernel`](super::GroupKernel) with AVX2. For each block: the [`GROUP`] rows'
+    //! 32 nibbles widened to bytes once; then for each input row, times its 32 `i8` by
+    //! `_mm256_maddubs_epi16` (at most 2 · 15 · 128 a pair: no saturation), pairs summed by
+    //! `_mm256_madd_epi16`, the eight rows' lanes summed by horizontal adds into one vector of
+    //! eight block sums (exact integers), and those accumulated lane by lane with candle's
+    //! formula and association — `acc + ((sumi · d) · d8 + m · s8)`, separate multiplies and
+    //! adds, no FMA — so each lane gets the bits of candle's scalar loop.
+
+    use std::arch::x86_64::*;
+
+    use super::{GROUP, Group, Q8_1Rows, QK, check_lengths};
+
+    /// [`GroupKernel`](super::GroupKernel); only handed out where the CPU has AVX2.
+    pub(super) fn group(group: &Group, input: &Q8_1Rows, out: &mut [f32]) {
+        check_lengths(group, input, out);
+        // SAFETY: `group_kernel` hands this function out only after
+        // `is_x86_feature_detected!("avx2")`, and the lengths it reads by are checked above.
+        unsafe { group_avx2(group, input, out) }
+    }
+
+    /// # Safety
+    /// The CPU has AVX2, and the lengths are those `check_lengths` asserts.
+    #[target_feature(enable = "avx2")]
+    unsafe fn group_avx2(group: &Group, input: &Q8_1Rows, out: &mut [f32]) {
+        let blocks = group.scales.len() / GROUP;
+        out.fill(0.0);
+        for b in 0..blocks {
+            let mut x = [_mm256_setzero_si256(); GROUP];
+            for (r, x) in x.iter_mut().enumerate() {
+                // SAFETY: block b of row r is 16 bytes at (b · GROUP + r) · 16 < nibbles.len().
+                let packed = unsafe {
+                    _mm_loadu_si128(group.nibbles.as_ptr().add((b * GROUP + r) * QK / 2).cast())
+                };
+                // Values 0..16 are the low nibbles, 16..32 the high ones.
+                *x = _mm256_and_si256(
+                    _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed),
+                    _mm256_set1_epi8(0x0F),
+                );
+            }
+            // SAFETY: GROUP f32 at b · GROUP are within scales and mins (blocks · GROUP each).
+            let (d, m) = unsafe {
+                (
+                    _mm256_loadu_ps(group.scales.as_ptr().add(b * GROUP)),
+                    _mm256_loadu_ps(group.mins.as_ptr().add(b * GROUP)),
+                )
+            };
+            for (token, acc) in out.chunks_exact_mut(GROUP).enumerate() {
+                let a = token * blocks + b;
+                // SAFETY: input row `token`'s block b is 32 bytes at a · 32 < values.len().
+                let y = unsafe { _mm256_loadu_si256(input.values.as_ptr().add(a * QK).cast()) };
+                let mut lanes = [_mm256_setzero_si256(); GROUP];
+                for (lane, &x) in lanes.iter_mut().zip(&x) {
+                    *lane = _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1));
+                }
+                let sumi = _mm256_cvtepi32_ps(sum_lanes_of_eight(&lanes));
+                let term = _mm256_add_ps(
+                    _mm256_mul_ps(_mm256_mul_ps(sumi, d), _mm256_set1_ps(input.scales[a])),
+                    _mm256_mul_ps(m, _mm256_set1_ps(input.sums[a])),
+                );
+                // SAFETY: `acc` is GROUP f32 (a chunk of `out`).
+                unsafe {
+                    let sum = _mm256_add_ps(_mm256_loadu_ps(acc.as_ptr()), term);
+                    _mm256_storeu_ps(acc.as_mut_ptr(), sum);
+                }
+            }
+        }
+    }
+
+    /// The lane sums of eight vectors, in order, as one vector.
+    #[target_feature(enable = "avx2")]
+    fn sum_lanes_of_eight(v: &[__m256i; GROUP]) -> __m256i {
+        // Per 128-bit half: [v0 (0+1), v0 (2+3), v1 (0+1), v1 (2+3)], and so on.
+        let a = _mm256_hadd_epi32(v[0], v[1]);
+        let b = _mm256_hadd_epi32(v[2], v[3]);
+        let c = _mm256_hadd_epi32(v[4], v[5]);
+        let d = _mm256_hadd_epi32(v[6], v[7]);
+        // Low half: the low lanes' sums of v0..v3; high half: their high lanes' sums.
+        let ab = _mm256_hadd_epi32(a, b);
+        let cd = _mm256_hadd_epi32(c, d);
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256::<0x20>(ab, cd),
+            _mm256_permute2x128_si256::<0x31>(ab, cd),
+        )
+    }
 }
 
 /// Input rows quantized to Q8_1 by candle, unpacked: the values, and each block's `d` and `s`
@@ -206,10 +383,7 @@ impl Q8_1Rows {
     /// Quantizes `tokens` rows of `cols` values with candle's `BlockQ8_1::from_float` (through
     /// `QTensor::quantize`, which applies it block after block, as candle's matmul does per row).
     fn quantize(values: &[f32], tokens: usize, cols: usize) -> Result<Self> {
-        // A tensor of its own storage: `QTensor::quantize` reads the whole storage, whatever the
-        // layout's offset.
-        let x = Tensor::from_slice(values, (tokens, cols), &candle_core::Device::Cpu)?;
-        let quantized = QTensor::quantize(&x, GgmlDType::Q8_1)?;
+        let quantized = candle_quantized(values, tokens, cols, GgmlDType::Q8_1)?;
         let data = quantized.data()?;
         let blocks = tokens * cols / QK;
         if data.len() != blocks * Q8_1_BYTES {
@@ -235,159 +409,23 @@ impl Q8_1Rows {
     }
 }
 
+/// `tokens` rows of `cols` values quantized by candle (`QTensor::quantize`: the `from_float` of
+/// `dtype`, block after block, as candle's matmul quantizes its input row by row).
+fn candle_quantized(
+    values: &[f32],
+    tokens: usize,
+    cols: usize,
+    dtype: GgmlDType,
+) -> Result<QTensor> {
+    // A tensor of its own storage: `QTensor::quantize` reads the whole storage, whatever the
+    // layout's offset.
+    let x = Tensor::from_slice(values, (tokens, cols), &candle_core::Device::Cpu)?;
+    QTensor::quantize(&x, dtype)
+}
+
 /// The little-endian f16 at `at` of `bytes`, as f32 (exact).
 fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
-}
-
-/// Integer block sums of one weight row against every input row: `nibbles` is the row's
-/// `blocks` blocks (16 bytes each), `values` the Q8_1 values of every input row (`32 · blocks`
-/// each), and `sums[token · blocks + b]` receives `Σ_j q4[b][j] · q8[token][b][j]`.
-type BlockSums = fn(nibbles: &[u8], values: &[i8], sums: &mut [i32]);
-
-/// The block sums for this CPU: AVX2 where it has it, scalar otherwise (the same integers).
-fn block_sums_kernel() -> BlockSums {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        return avx2::block_sums;
-    }
-    block_sums_scalar
-}
-
-/// Checks the lengths every [`BlockSums`] relies on.
-fn check_lengths(nibbles: &[u8], values: &[i8], sums: &[i32]) {
-    let blocks = nibbles.len() / (QK / 2);
-    assert!(
-        nibbles.len() == blocks * QK / 2 && values.len() == sums.len() * QK,
-        "block sums of {} nibble bytes, {} values into {} sums",
-        nibbles.len(),
-        values.len(),
-        sums.len()
-    );
-    assert!(blocks > 0 && sums.len().is_multiple_of(blocks));
-}
-
-/// [`BlockSums`] in plain Rust.
-fn block_sums_scalar(nibbles: &[u8], values: &[i8], sums: &mut [i32]) {
-    check_lengths(nibbles, values, sums);
-    let blocks = nibbles.len() / (QK / 2);
-    for (token_values, token_sums) in values
-        .chunks_exact(blocks * QK)
-        .zip(sums.chunks_exact_mut(blocks))
-    {
-        for ((x, y), sum) in nibbles
-            .chunks_exact(QK / 2)
-            .zip(token_values.chunks_exact(QK))
-            .zip(token_sums.iter_mut())
-        {
-            let (low, high) = y.split_at(QK / 2);
-            *sum = x
-                .iter()
-                .zip(low.iter().zip(high))
-                .map(|(&x, (&y0, &y1))| {
-                    i32::from(x & 0x0F) * i32::from(y0) + i32::from(x >> 4) * i32::from(y1)
-                })
-                .sum();
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    //! [`BlockSums`](super::BlockSums) with AVX2: a block's 32 nibbles widened to bytes, times
-    //! its 32 `i8` by `_mm256_maddubs_epi16` (at most 2 · 15 · 128 a pair: no saturation), pairs
-    //! summed by `_mm256_madd_epi16`, and eight blocks' lanes summed at once by horizontal adds.
-
-    use std::arch::x86_64::*;
-
-    use super::{QK, check_lengths};
-
-    /// [`BlockSums`](super::BlockSums); only called where the CPU has AVX2.
-    pub(super) fn block_sums(nibbles: &[u8], values: &[i8], sums: &mut [i32]) {
-        check_lengths(nibbles, values, sums);
-        // SAFETY: `block_sums_kernel` hands this function out only after
-        // `is_x86_feature_detected!("avx2")`, and the lengths it reads by are checked above.
-        unsafe { block_sums_avx2(nibbles, values, sums) }
-    }
-
-    /// # Safety
-    /// The CPU has AVX2; `nibbles` is `blocks · 16` bytes, `values` `sums.len() · 32`, and
-    /// `sums.len()` a multiple of `blocks` (what `check_lengths` asserts).
-    #[target_feature(enable = "avx2")]
-    unsafe fn block_sums_avx2(nibbles: &[u8], values: &[i8], sums: &mut [i32]) {
-        let blocks = nibbles.len() / (QK / 2);
-        for (token_values, token_sums) in values
-            .chunks_exact(blocks * QK)
-            .zip(sums.chunks_exact_mut(blocks))
-        {
-            let mut b = 0;
-            while b + 8 <= blocks {
-                let mut lanes = [_mm256_setzero_si256(); 8];
-                for (i, lane) in lanes.iter_mut().enumerate() {
-                    // SAFETY: b + i < blocks, within both slices (see the function's contract).
-                    *lane = unsafe { block_lanes(nibbles, token_values, b + i) };
-                }
-                let total = sum_lanes_of_eight(&lanes);
-                // SAFETY: token_sums has `blocks` entries and b + 8 <= blocks.
-                unsafe { _mm256_storeu_si256(token_sums.as_mut_ptr().add(b).cast(), total) };
-                b += 8;
-            }
-            for (b, sum) in token_sums.iter_mut().enumerate().skip(b) {
-                // SAFETY: b < blocks, within both slices.
-                *sum = sum_lanes(unsafe { block_lanes(nibbles, token_values, b) });
-            }
-        }
-    }
-
-    /// The eight partial sums (four products each) of block `b`.
-    ///
-    /// # Safety
-    /// The CPU has AVX2; `nibbles` holds at least `16 · (b + 1)` bytes and `values` at least
-    /// `32 · (b + 1)`.
-    #[target_feature(enable = "avx2")]
-    unsafe fn block_lanes(nibbles: &[u8], values: &[i8], b: usize) -> __m256i {
-        debug_assert!(nibbles.len() >= (b + 1) * QK / 2 && values.len() >= (b + 1) * QK);
-        // SAFETY: 16 bytes at 16 · b and 32 bytes at 32 · b are in bounds (the contract);
-        // unaligned loads.
-        let (packed, y) = unsafe {
-            (
-                _mm_loadu_si128(nibbles.as_ptr().add(b * QK / 2).cast()),
-                _mm256_loadu_si256(values.as_ptr().add(b * QK).cast()),
-            )
-        };
-        // Values 0..16 are the low nibbles, 16..32 the high ones.
-        let x = _mm256_and_si256(
-            _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed),
-            _mm256_set1_epi8(0x0F),
-        );
-        _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
-    }
-
-    /// The sum of the eight lanes of `v`.
-    #[target_feature(enable = "avx2")]
-    fn sum_lanes(v: __m256i) -> i32 {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-        _mm_cvtsi128_si32(s)
-    }
-
-    /// The lane sums of eight vectors, in order, as one vector.
-    #[target_feature(enable = "avx2")]
-    fn sum_lanes_of_eight(v: &[__m256i; 8]) -> __m256i {
-        // Per 128-bit half: [v0 (0+1), v0 (2+3), v1 (0+1), v1 (2+3)], and so on.
-        let a = _mm256_hadd_epi32(v[0], v[1]);
-        let b = _mm256_hadd_epi32(v[2], v[3]);
-        let c = _mm256_hadd_epi32(v[4], v[5]);
-        let d = _mm256_hadd_epi32(v[6], v[7]);
-        // Low half: the low lanes' sums of v0..v3; high half: their high lanes' sums.
-        let ab = _mm256_hadd_epi32(a, b);
-        let cd = _mm256_hadd_epi32(c, d);
-        _mm256_add_epi32(
-            _mm256_permute2x128_si256::<0x20>(ab, cd),
-            _mm256_permute2x128_si256::<0x31>(ab, cd),
-        )
-    }
 }
 
 #[cfg(test)]
@@ -407,30 +445,80 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn block_sums_of_this_cpu_equal_the_scalar_sums() {
-        // 1, 7, 8, 18 and 48 blocks (the tail, a group of eight, both); 1 to 7 tokens; the
-        // extremes of the values (-128, 127, nibbles 0 and 15) among random ones.
-        for (blocks, tokens) in [(1, 1), (7, 3), (8, 2), (18, 5), (48, 7)] {
-            let mut nibbles = bytes(blocks as u64, blocks * QK / 2);
-            nibbles[0] = 0xFF;
-            let mut values: Vec<i8> = bytes(99, tokens * blocks * QK)
-                .into_iter()
-                .map(|b| i8::from_ne_bytes([b]))
-                .collect();
-            values[0] = -128;
-            values[QK / 2] = 127;
-            let mut expected = vec![0; tokens * blocks];
-            let mut got = vec![1; tokens * blocks];
-            block_sums_scalar(&nibbles, &values, &mut expected);
-            block_sums_kernel()(&nibbles, &values, &mut got);
-            assert_eq!(got, expected, "{blocks} blocks, {tokens} tokens");
+    /// Pseudo-random f32 of a few units from `bytes`.
+    fn floats(seed: u64, n: usize) -> Vec<f32> {
+        bytes(seed, n)
+            .into_iter()
+            .map(|b| (f32::from(b) - 100.0) / 37.0)
+            .collect()
+    }
+
+    /// Pseudo-random Q8_1 input rows (`d` and `s` need not be consistent for the kernels).
+    fn input(seed: u64, tokens: usize, blocks: usize) -> Q8_1Rows {
+        let mut values: Vec<i8> = bytes(seed, tokens * blocks * QK)
+            .into_iter()
+            .map(|b| i8::from_ne_bytes([b]))
+            .collect();
+        values[0] = -128;
+        values[QK / 2] = 127;
+        Q8_1Rows {
+            tokens,
+            values,
+            scales: floats(seed + 1, tokens * blocks),
+            sums: floats(seed + 2, tokens * blocks),
         }
-        // A hand-computed block: nibbles (1, 2) in every byte against values 1..=32.
-        let nibbles = vec![0x21; QK / 2];
-        let values: Vec<i8> = (1..=32).collect();
-        let mut sums = [0];
-        block_sums_kernel()(&nibbles, &values, &mut sums);
-        assert_eq!(sums[0], (1..=16).sum::<i32>() + 2 * (17..=32).sum::<i32>());
+    }
+
+    #[test]
+    fn the_kernel_of_this_cpu_gives_the_scalar_bits() {
+        // 1, 7, 8, 18 and 48 blocks; 1 to 7 input rows; the extremes of the values (-128, 127,
+        // nibbles 0 and 15) among random ones.
+        for (blocks, tokens) in [(1, 1), (7, 3), (8, 2), (18, 5), (48, 7)] {
+            let mut nibbles = bytes(blocks as u64, blocks * GROUP * QK / 2);
+            nibbles[0] = 0xFF;
+            nibbles[1] = 0x00;
+            let (scales, mins) = (floats(3, blocks * GROUP), floats(4, blocks * GROUP));
+            let group = Group {
+                nibbles: &nibbles,
+                scales: &scales,
+                mins: &mins,
+            };
+            let input = input(blocks as u64 + 10, tokens, blocks);
+            let mut expected = vec![0f32; tokens * GROUP];
+            let mut got = vec![1f32; tokens * GROUP];
+            group_scalar(&group, &input, &mut expected);
+            group_kernel()(&group, &input, &mut got);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&got),
+                bits(&expected),
+                "{blocks} blocks, {tokens} tokens"
+            );
+        }
+    }
+
+    #[test]
+    fn a_hand_computed_block() {
+        // Row 0: nibbles (1, 2) in every byte, d = 0.5, m = 2; the other rows zero. Input:
+        // values 1..=32, d8 = 0.25, s8 = 3. Sum: 1·(1+…+16) + 2·(17+…+32) = 136 + 784 = 920;
+        // 920 · 0.5 · 0.25 + 2 · 3 = 121.
+        let mut nibbles = vec![0u8; GROUP * QK / 2];
+        nibbles[..QK / 2].fill(0x21);
+        let (mut scales, mut mins) = (vec![0f32; GROUP], vec![0f32; GROUP]);
+        (scales[0], mins[0]) = (0.5, 2.0);
+        let group = Group {
+            nibbles: &nibbles,
+            scales: &scales,
+            mins: &mins,
+        };
+        let input = Q8_1Rows {
+            tokens: 1,
+            values: (1..=32).collect(),
+            scales: vec![0.25],
+            sums: vec![3.0],
+        };
+        let mut out = vec![f32::NAN; GROUP];
+        group_kernel()(&group, &input, &mut out);
+        assert_eq!(out, [121.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
     }
 }

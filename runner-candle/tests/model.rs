@@ -1,7 +1,7 @@
 //! The model is right: the tokenizer built from the GGUF metadata gives the known ids and
 //! round-trips every prompt; the runner's own forward pass gives the logits of
-//! `candle-transformers`' `quantized_llama` within a stated tolerance; the runner's Q4_1 matmul
-//! gives candle's `QMatMul` bits on every Q4_1 tensor of the model; the logits of a position are the same
+//! `candle-transformers`' `quantized_llama` within a stated tolerance; the runner's Q4_1 and Q8_0
+//! matmuls give candle's `QMatMul` bits on every Q4_1 and Q8_0 tensor of the model; the logits of a position are the same
 //! bits whether it is fed alone, inside a step of several tokens, in one pass over the prefix, or
 //! after a rollback of the KV cache (the batch invariance that makes speculative == plain); and
 //! the greedy continuation of "The capital of France is" is " Paris." as in llama.cpp.
@@ -19,7 +19,7 @@ use candle_core::{Device, Module, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
 use common::{PROMPTS, TestResult, model, model_need, open, trial};
 use specula_runner_candle::engine::Engine;
-use specula_runner_candle::qmatmul::Q4_1Matrix;
+use specula_runner_candle::qmatmul::{Linear, Q4_1Matrix, Q8_0Matrix};
 use specula_runner_candle::{KvCache, Llama, Model, TextStream, fetch, model::read_gguf};
 use specula_sampler::{Request, SamplerConfig, SamplingParams, Strategy};
 
@@ -63,9 +63,9 @@ fn main() -> ExitCode {
             text_stream_joins_characters_split_across_tokens,
         ),
         trial(
-            "q4_1_matmul_gives_candles_bits_on_every_q4_1_tensor",
+            "q4_1_and_q8_0_matmuls_give_candles_bits_on_every_such_tensor",
             &[&needs],
-            q4_1_matmul_gives_candles_bits_on_every_q4_1_tensor,
+            q4_1_and_q8_0_matmuls_give_candles_bits_on_every_such_tensor,
         ),
         trial(
             "forward_matches_candle_transformers_quantized_llama",
@@ -243,27 +243,34 @@ fn activations(tokens: usize, cols: usize, seed: u64) -> Result<Tensor, String> 
     Tensor::from_vec(values, (1, tokens, cols), &Device::Cpu).map_err(e)
 }
 
-fn q4_1_matmul_gives_candles_bits_on_every_q4_1_tensor() -> TestResult {
+fn q4_1_and_q8_0_matmuls_give_candles_bits_on_every_such_tensor() -> TestResult {
     let path = fetch::default_model_path().map_err(e)?;
     let content = read_gguf(&path).map_err(e)?;
     let mut reader = BufReader::new(std::fs::File::open(&path).map_err(e)?);
-    let mut names: Vec<&String> = content
+    let mut names: Vec<(&String, GgmlDType)> = content
         .tensor_infos
         .iter()
-        .filter(|(_, info)| info.ggml_dtype == GgmlDType::Q4_1)
-        .map(|(name, _)| name)
+        .filter(|(_, info)| matches!(info.ggml_dtype, GgmlDType::Q4_1 | GgmlDType::Q8_0))
+        .map(|(name, info)| (name, info.ggml_dtype))
         .collect();
-    names.sort();
-    if names.len() != Q4_1_TENSORS {
+    names.sort_by_key(|(name, _)| name.as_str());
+    let q4_1 = names.iter().filter(|(_, t)| *t == GgmlDType::Q4_1).count();
+    if q4_1 != Q4_1_TENSORS {
         return Err(format!(
-            "{} Q4_1 tensors in the model, expected {Q4_1_TENSORS}",
-            names.len()
+            "{q4_1} Q4_1 tensors in the model, expected {Q4_1_TENSORS}"
         ));
     }
-    for (i, name) in names.into_iter().enumerate() {
+    let mut q8_0_compared = 0;
+    for (i, (name, dtype)) in names.into_iter().enumerate() {
         let weight = content.tensor(&mut reader, name, &Device::Cpu).map_err(e)?;
         let cols = weight.shape().dims2().map_err(e)?.1;
-        let ours = Q4_1Matrix::new(&weight).map_err(e)?;
+        let ours = match dtype {
+            GgmlDType::Q4_1 => Linear::Q4_1(Q4_1Matrix::new(&weight).map_err(e)?),
+            // Where candle's own AVX2 path is not taken, neither is the runner's.
+            _ if !Q8_0Matrix::fits(&weight) => continue,
+            _ => Linear::Q8_0(Q8_0Matrix::new(&weight).map_err(e)?),
+        };
+        q8_0_compared += usize::from(dtype == GgmlDType::Q8_0);
         let theirs = QMatMul::from_qtensor(weight).map_err(e)?;
         for tokens in [1, 5, 7] {
             let x = activations(tokens, cols, (i * 8 + tokens) as u64)?;
@@ -273,12 +280,13 @@ fn q4_1_matmul_gives_candles_bits_on_every_q4_1_tensor() -> TestResult {
                     .map_err(e)
             };
             same_bits(
-                &format!("{name}, {tokens} tokens: the runner's Q4_1 matmul vs QMatMul"),
+                &format!("{name} ({dtype:?}), {tokens} tokens: the runner's matmul vs QMatMul"),
                 &flat(ours.forward(&x))?,
                 &flat(theirs.forward(&x))?,
             )?;
         }
     }
+    eprintln!("Q8_0 tensors compared: {q8_0_compared} (0 on a CPU without AVX2 and FMA)");
     Ok(())
 }
 
