@@ -38,18 +38,17 @@ use crate::error::RunnerError;
 use crate::kv_cache::KvCache;
 #[cfg(doc)]
 use crate::qmatmul::Q4_1Matrix;
-use crate::qmatmul::{Linear, MatmulKernel};
+use crate::qmatmul::{Linear, MatmulKernel, Projections};
 
 /// One transformer block's weights.
 #[derive(Debug)]
 struct Layer {
-    attn_q: Linear,
-    attn_k: Linear,
-    attn_v: Linear,
+    /// Query, key and value projections.
+    attn_qkv: Projections,
     attn_output: Linear,
     attn_norm: Tensor,
-    ffn_gate: Linear,
-    ffn_up: Linear,
+    /// Gate and up projections.
+    ffn_gate_up: Projections,
     ffn_down: Linear,
     ffn_norm: Tensor,
 }
@@ -123,19 +122,25 @@ impl Llama {
         let mut layers = Vec::with_capacity(config.n_layer);
         for i in 0..config.n_layer {
             let mut weight = |name: &str| tensor(&format!("blk.{i}.{name}.weight"));
+            let mut projections =
+                |names: &[&str]| -> std::result::Result<Projections, RunnerError> {
+                    let weights = names
+                        .iter()
+                        .map(|name| weight(name))
+                        .collect::<std::result::Result<Vec<_>, _>>()?;
+                    Ok(Projections::new(weights, kernel)?)
+                };
+            let attn_qkv = projections(&["attn_q", "attn_k", "attn_v"])?;
+            let ffn_gate_up = projections(&["ffn_gate", "ffn_up"])?;
             let mut q = |name: &str| -> std::result::Result<Linear, RunnerError> {
                 Ok(Linear::new(weight(name)?, kernel)?)
             };
-            let (attn_q, attn_k, attn_v) = (q("attn_q")?, q("attn_k")?, q("attn_v")?);
             let attn_output = q("attn_output")?;
-            let (ffn_gate, ffn_up, ffn_down) = (q("ffn_gate")?, q("ffn_up")?, q("ffn_down")?);
+            let ffn_down = q("ffn_down")?;
             layers.push(Layer {
-                attn_q,
-                attn_k,
-                attn_v,
+                attn_qkv,
                 attn_output,
-                ffn_gate,
-                ffn_up,
+                ffn_gate_up,
                 ffn_down,
                 attn_norm: dequantized(weight("attn_norm")?, &device)?,
                 ffn_norm: dequantized(weight("ffn_norm")?, &device)?,
@@ -210,8 +215,7 @@ impl Llama {
             let attn = self.attention(layer, index, &normed, start, cache)?;
             let x_attn = (attn + &x)?;
             let normed = candle_nn::ops::rms_norm(&x_attn, &layer.ffn_norm, eps)?;
-            let gate = layer.ffn_gate.forward(&normed)?;
-            let up = layer.ffn_up.forward(&normed)?;
+            let [gate, up] = parts(layer.ffn_gate_up.forward(&normed)?)?;
             let mlp = layer
                 .ffn_down
                 .forward(&(candle_nn::ops::silu(&gate)? * up)?)?;
@@ -247,9 +251,10 @@ impl Llama {
         let heads = |t: Tensor, h: usize| t.reshape((b, n, h, head_dim))?.transpose(1, 2);
         // [b, heads, n, head_dim] → rows of [heads, head_dim], position-major.
         let rows = |t: Tensor| -> Result<Vec<f32>> { t.transpose(1, 2)?.flatten_all()?.to_vec1() };
-        let q = rows(self.rope(&heads(layer.attn_q.forward(x)?, n_head)?, start)?)?;
-        let k = rows(self.rope(&heads(layer.attn_k.forward(x)?, n_kv_head)?, start)?)?;
-        let v = layer.attn_v.forward(x)?.flatten_all()?.to_vec1::<f32>()?;
+        let [q, k, v] = parts(layer.attn_qkv.forward(x)?)?;
+        let q = rows(self.rope(&heads(q, n_head)?, start)?)?;
+        let k = rows(self.rope(&heads(k, n_kv_head)?, start)?)?;
+        let v = v.flatten_all()?.to_vec1::<f32>()?;
         let (keys, values) = cache.append(index, &k, &v);
         let shape = Heads {
             n_head,
@@ -269,6 +274,14 @@ impl Llama {
         let sin = self.sin.narrow(0, start, n)?;
         candle_nn::rotary_emb::rope_i(&x.contiguous()?, &cos, &sin)
     }
+}
+
+/// The `N` outputs of a [`Projections`].
+fn parts<const N: usize>(outputs: Vec<Tensor>) -> Result<[Tensor; N]> {
+    let count = outputs.len();
+    outputs
+        .try_into()
+        .map_err(|_| candle_core::Error::msg(format!("{count} projections, expected {N}")))
 }
 
 /// A norm's weight as an f32 tensor.

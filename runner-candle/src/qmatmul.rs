@@ -93,6 +93,67 @@ impl Module for Linear {
     }
 }
 
+/// Linear layers over the same input (a layer's query, key and value projections; its gate and
+/// up projections): one matmul over their stacked rows where all are Q4_1 for the runner's
+/// matmul — the same bits, as every output is its own row's dot product, for one pass over the
+/// input and one parallel call instead of several — else one [`Linear`] each.
+#[derive(Debug)]
+pub enum Projections {
+    /// The weights stacked, and each projection's number of outputs.
+    Stacked {
+        /// The stacked rows.
+        matrix: Q4_1Matrix,
+        /// Each projection's rows, in order.
+        outs: Vec<usize>,
+    },
+    /// One layer each.
+    Separate(Vec<Linear>),
+}
+
+impl Projections {
+    /// The projections over `weights` (each `[out_i, in]`), through `kernel` where it applies.
+    pub fn new(weights: Vec<QTensor>, kernel: MatmulKernel) -> Result<Self> {
+        let same_cols = weights.windows(2).all(|w| {
+            w[0].shape().dims2().ok().map(|d| d.1) == w[1].shape().dims2().ok().map(|d| d.1)
+        });
+        if kernel == MatmulKernel::Runner && same_cols && weights.iter().all(Q4_1Matrix::fits) {
+            let matrices = weights
+                .iter()
+                .map(Q4_1Matrix::new)
+                .collect::<Result<Vec<_>>>()?;
+            let outs = matrices.iter().map(|m| m.rows).collect();
+            return Ok(Self::Stacked {
+                matrix: Q4_1Matrix::stack(matrices)?,
+                outs,
+            });
+        }
+        let layers = weights
+            .into_iter()
+            .map(|w| Linear::new(w, kernel))
+            .collect::<Result<_>>()?;
+        Ok(Self::Separate(layers))
+    }
+
+    /// Each projection of `x` (`[..., in]`), in order: `[..., out_i]` each.
+    pub fn forward(&self, x: &Tensor) -> Result<Vec<Tensor>> {
+        match self {
+            Self::Separate(layers) => layers.iter().map(|l| l.forward(x)).collect(),
+            Self::Stacked { matrix, outs } => {
+                let y = matrix.forward(x)?;
+                let last = y.rank() - 1;
+                let mut start = 0;
+                outs.iter()
+                    .map(|&n| {
+                        let part = y.narrow(last, start, n)?.contiguous();
+                        start += n;
+                        part
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
 /// Q4_1 weights `[rows, cols]` repacked for [`Q4_1Matrix::forward`], in groups of
 /// [`GROUP`] rows whose blocks are dotted side by side.
 #[derive(Debug)]
@@ -152,6 +213,29 @@ impl Q4_1Matrix {
             }
         }
         Ok(matrix)
+    }
+
+    /// The rows of `matrices` (of the same width) stacked in order: one matrix.
+    pub fn stack(matrices: Vec<Q4_1Matrix>) -> Result<Self> {
+        let mut parts = matrices.into_iter();
+        let Some(mut stacked) = parts.next() else {
+            candle_core::bail!("a stack of no Q4_1 matrix");
+        };
+        for part in parts {
+            if part.cols != stacked.cols {
+                candle_core::bail!(
+                    "stacking Q4_1 rows of {} values on rows of {}",
+                    part.cols,
+                    stacked.cols
+                );
+            }
+            // Whole groups: each group's layout is its own.
+            stacked.rows += part.rows;
+            stacked.nibbles.extend(part.nibbles);
+            stacked.scales.extend(part.scales);
+            stacked.mins.extend(part.mins);
+        }
+        Ok(stacked)
     }
 
     /// Whether `weight` can be repacked: Q4_1, `[rows, cols]` with `rows` a multiple of
