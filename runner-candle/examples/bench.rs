@@ -201,7 +201,7 @@ fn time_forwards(path: &Path, repeats: usize) -> Result<(), Box<dyn Error>> {
         .collect::<Result<Vec<_>, _>>()?;
     let tokens: Vec<u32> = (0..PREFIX as u32 + 5).map(|i| 100 + 37 * i).collect();
     eprintln!("{}", load_average());
-    println!("| step | candle QMatMul ms | runner Q4_1 matmul ms | speed-up | same logits |");
+    println!("| step | candle QMatMul ms | runner matmuls ms | speed-up | same logits |");
     println!("|---|---|---|---|---|");
     let mut single = [0f64; 2];
     for n in [1, 5] {

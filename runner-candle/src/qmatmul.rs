@@ -160,9 +160,12 @@ impl Projections {
 pub struct Q4_1Matrix {
     rows: usize,
     cols: usize,
-    /// Group after group, block after block, the [`GROUP`] rows' 16 bytes of that block: byte
-    /// `j` holds value `j` in its low nibble and value `j + 16` in its high nibble (GGUF's
-    /// order).
+    /// Group after group, block after block, the [`GROUP`] rows' 16 bytes of that block
+    /// interleaved by [`LANE`] bytes: four chunks of 32 bytes, chunk `c` holding bytes
+    /// `4c .. 4c + 4` of row 0, then of row 1, ... row 7. Byte `j` of a row's block holds value
+    /// `j` in its low nibble and value `j + 16` in its high nibble (GGUF's order). So widened
+    /// to bytes, the low nibbles of chunk `c` are values `4c .. 4c + 4` of each row, one row per
+    /// 32-bit lane, and the high nibbles values `16 + 4c ..`.
     nibbles: Vec<u8>,
     /// Each block's scale `d` as f32, in the order of `nibbles` (`[group][block][row]`).
     scales: Vec<f32>,
@@ -172,6 +175,8 @@ pub struct Q4_1Matrix {
 
 /// Weight rows dotted side by side: one f32 lane of an AVX register each.
 pub const GROUP: usize = 8;
+/// Bytes of a row's block per 32-bit lane in the interleaved layout.
+const LANE: usize = 4;
 
 impl Q4_1Matrix {
     /// Repacks a Q4_1 tensor of shape `[rows, cols]` (`rows` a multiple of [`GROUP`], `cols`
@@ -204,11 +209,17 @@ impl Q4_1Matrix {
         };
         for group in data.chunks_exact(GROUP * blocks * Q4_1_BYTES) {
             for b in 0..blocks {
-                for row in group.chunks_exact(blocks * Q4_1_BYTES) {
-                    let block = &row[b * Q4_1_BYTES..][..Q4_1_BYTES];
-                    matrix.scales.push(f16_at(block, 0));
-                    matrix.mins.push(f16_at(block, 2));
-                    matrix.nibbles.extend_from_slice(&block[4..]);
+                let block = |r: usize| &group[(r * blocks + b) * Q4_1_BYTES..][..Q4_1_BYTES];
+                for r in 0..GROUP {
+                    matrix.scales.push(f16_at(block(r), 0));
+                    matrix.mins.push(f16_at(block(r), 2));
+                }
+                for chunk in 0..QK / 2 / LANE {
+                    for r in 0..GROUP {
+                        matrix
+                            .nibbles
+                            .extend_from_slice(&block(r)[4 + chunk * LANE..][..LANE]);
+                    }
                 }
             }
         }
@@ -349,13 +360,13 @@ fn group_scalar(group: &Group, input: &Q8_1Rows, out: &mut [f32]) {
             let mut sumf = 0f32;
             for b in 0..blocks {
                 let (w, a) = (b * GROUP + r, token * blocks + b);
-                let x = &group.nibbles[w * QK / 2..][..QK / 2];
+                let block = &group.nibbles[b * GROUP * QK / 2..][..GROUP * QK / 2];
                 let (y0, y1) = input.values[a * QK..][..QK].split_at(QK / 2);
-                let sumi: i32 = x
-                    .iter()
-                    .zip(y0.iter().zip(y1))
-                    .map(|(&x, (&y0, &y1))| {
-                        i32::from(x & 0x0F) * i32::from(y0) + i32::from(x >> 4) * i32::from(y1)
+                let sumi: i32 = (0..QK / 2)
+                    .map(|j| {
+                        let x = block[(j / LANE) * GROUP * LANE + r * LANE + j % LANE];
+                        i32::from(x & 0x0F) * i32::from(y0[j])
+                            + i32::from(x >> 4) * i32::from(y1[j])
                     })
                     .sum();
                 sumf +=
@@ -368,17 +379,20 @@ fn group_scalar(group: &Group, input: &Q8_1Rows, out: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    //! [`GroupKernel`](super::GroupKernel) with AVX2. For each block: the [`GROUP`] rows'
-    //! 32 nibbles widened to bytes once; then for each input row, times its 32 `i8` by
-    //! `_mm256_maddubs_epi16` (at most 2 · 15 · 128 a pair: no saturation), pairs summed by
-    //! `_mm256_madd_epi16`, the eight rows' lanes summed by horizontal adds into one vector of
-    //! eight block sums (exact integers), and those accumulated lane by lane with candle's
-    //! formula and association — `acc + ((sumi · d) · d8 + m · s8)`, separate multiplies and
-    //! adds, no FMA — so each lane gets the bits of candle's scalar loop.
+    //! [`GroupKernel`](super::GroupKernel) with AVX2. For each block, the [`GROUP`] rows'
+    //! nibbles (interleaved by four bytes, see [`Q4_1Matrix`](super::Q4_1Matrix)) are widened
+    //! to eight vectors of bytes, vector `k` holding values `4k .. 4k + 4` of each row, one row
+    //! per 32-bit lane. Then for each input row: its values `4k .. 4k + 4` broadcast to every
+    //! lane, times vector `k` by `_mm256_maddubs_epi16` (at most 2 · 15 · 128 = 3840 a pair),
+    //! the eight products added as i16 (at most 30720: no overflow), pairs summed by
+    //! `_mm256_madd_epi16` — each lane now the exact integer sum of its row's block — and those
+    //! accumulated lane by lane with candle's formula and association, `acc + ((sumi · d) · d8
+    //! + m · s8)`, separate multiplies and adds, no FMA: each lane gets the bits of candle's
+    //! scalar loop.
 
     use std::arch::x86_64::*;
 
-    use super::{GROUP, Group, Q8_1Rows, QK, check_lengths};
+    use super::{GROUP, Group, LANE, Q8_1Rows, QK, check_lengths};
 
     /// [`GroupKernel`](super::GroupKernel); only handed out where the CPU has AVX2.
     pub(super) fn group(group: &Group, input: &Q8_1Rows, out: &mut [f32]) {
@@ -392,20 +406,25 @@ mod avx2 {
     /// The CPU has AVX2, and the lengths are those `check_lengths` asserts.
     #[target_feature(enable = "avx2")]
     unsafe fn group_avx2(group: &Group, input: &Q8_1Rows, out: &mut [f32]) {
+        const CHUNKS: usize = QK / 2 / LANE;
         let blocks = group.scales.len() / GROUP;
+        let low = _mm256_set1_epi8(0x0F);
         out.fill(0.0);
         for b in 0..blocks {
-            let mut x = [_mm256_setzero_si256(); GROUP];
-            for (r, x) in x.iter_mut().enumerate() {
-                // SAFETY: block b of row r is 16 bytes at (b · GROUP + r) · 16 < nibbles.len().
+            let mut x = [_mm256_setzero_si256(); 2 * CHUNKS];
+            for c in 0..CHUNKS {
+                // SAFETY: chunk c of block b is 32 bytes at (b · 4 + c) · 32 < nibbles.len().
                 let packed = unsafe {
-                    _mm_loadu_si128(group.nibbles.as_ptr().add((b * GROUP + r) * QK / 2).cast())
+                    _mm256_loadu_si256(
+                        group
+                            .nibbles
+                            .as_ptr()
+                            .add((b * CHUNKS + c) * GROUP * LANE)
+                            .cast(),
+                    )
                 };
-                // Values 0..16 are the low nibbles, 16..32 the high ones.
-                *x = _mm256_and_si256(
-                    _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed),
-                    _mm256_set1_epi8(0x0F),
-                );
+                x[c] = _mm256_and_si256(packed, low);
+                x[c + CHUNKS] = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), low);
             }
             // SAFETY: GROUP f32 at b · GROUP are within scales and mins (blocks · GROUP each).
             let (d, m) = unsafe {
@@ -416,13 +435,22 @@ mod avx2 {
             };
             for (token, acc) in out.chunks_exact_mut(GROUP).enumerate() {
                 let a = token * blocks + b;
-                // SAFETY: input row `token`'s block b is 32 bytes at a · 32 < values.len().
-                let y = unsafe { _mm256_loadu_si256(input.values.as_ptr().add(a * QK).cast()) };
-                let mut lanes = [_mm256_setzero_si256(); GROUP];
-                for (lane, &x) in lanes.iter_mut().zip(&x) {
-                    *lane = _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1));
+                let mut pairs = _mm256_setzero_si256();
+                for (k, &x) in x.iter().enumerate() {
+                    // SAFETY: values 4k .. 4k + 4 of input row `token`'s block b are within
+                    // values (a · 32 + 32 <= values.len()); an unaligned read.
+                    let y = unsafe {
+                        input
+                            .values
+                            .as_ptr()
+                            .add(a * QK + k * LANE)
+                            .cast::<i32>()
+                            .read_unaligned()
+                    };
+                    let products = _mm256_maddubs_epi16(x, _mm256_set1_epi32(y));
+                    pairs = _mm256_add_epi16(pairs, products);
                 }
-                let sumi = _mm256_cvtepi32_ps(sum_lanes_of_eight(&lanes));
+                let sumi = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
                 let term = _mm256_add_ps(
                     _mm256_mul_ps(_mm256_mul_ps(sumi, d), _mm256_set1_ps(input.scales[a])),
                     _mm256_mul_ps(m, _mm256_set1_ps(input.sums[a])),
@@ -434,23 +462,6 @@ mod avx2 {
                 }
             }
         }
-    }
-
-    /// The lane sums of eight vectors, in order, as one vector.
-    #[target_feature(enable = "avx2")]
-    fn sum_lanes_of_eight(v: &[__m256i; GROUP]) -> __m256i {
-        // Per 128-bit half: [v0 (0+1), v0 (2+3), v1 (0+1), v1 (2+3)], and so on.
-        let a = _mm256_hadd_epi32(v[0], v[1]);
-        let b = _mm256_hadd_epi32(v[2], v[3]);
-        let c = _mm256_hadd_epi32(v[4], v[5]);
-        let d = _mm256_hadd_epi32(v[6], v[7]);
-        // Low half: the low lanes' sums of v0..v3; high half: their high lanes' sums.
-        let ab = _mm256_hadd_epi32(a, b);
-        let cd = _mm256_hadd_epi32(c, d);
-        _mm256_add_epi32(
-            _mm256_permute2x128_si256::<0x20>(ab, cd),
-            _mm256_permute2x128_si256::<0x31>(ab, cd),
-        )
     }
 }
 
@@ -587,7 +598,9 @@ mod tests {
         // values 1..=32, d8 = 0.25, s8 = 3. Sum: 1·(1+…+16) + 2·(17+…+32) = 136 + 784 = 920;
         // 920 · 0.5 · 0.25 + 2 · 3 = 121.
         let mut nibbles = vec![0u8; GROUP * QK / 2];
-        nibbles[..QK / 2].fill(0x21);
+        for chunk in nibbles.chunks_exact_mut(GROUP * LANE) {
+            chunk[..LANE].fill(0x21); // row 0's bytes of each chunk
+        }
         let (mut scales, mut mins) = (vec![0f32; GROUP], vec![0f32; GROUP]);
         (scales[0], mins[0]) = (0.5, 2.0);
         let group = Group {
