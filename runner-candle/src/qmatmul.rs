@@ -6,8 +6,9 @@
 //! quarters of the runner's time. [`Q4_1Matrix`] computes the same products:
 //!
 //! - at load, the weights are repacked in groups of [`GROUP`] rows: the rows' nibbles of a block
-//!   side by side, and each block's scale `d` and minimum `m` converted from f16 to f32 once
-//!   (exact, so no bit changes);
+//!   interleaved four bytes at a time (so that widened, each 32-bit lane holds one row's
+//!   values), and each block's scale `d` and minimum `m` converted from f16 to f32 once (exact,
+//!   so no bit changes);
 //! - per call, each input row is quantized to Q8_1 by candle's own quantizer
 //!   (`QTensor::quantize`, which runs `BlockQ8_1::from_float`, as candle's matmul does);
 //! - each group of weight rows (rayon, over chunks of groups) is dotted with **every** input row
@@ -386,9 +387,9 @@ mod avx2 {
     //! lane, times vector `k` by `_mm256_maddubs_epi16` (at most 2 · 15 · 128 = 3840 a pair),
     //! the eight products added as i16 (at most 30720: no overflow), pairs summed by
     //! `_mm256_madd_epi16` — each lane now the exact integer sum of its row's block — and those
-    //! accumulated lane by lane with candle's formula and association, `acc + ((sumi · d) · d8
-    //! + m · s8)`, separate multiplies and adds, no FMA: each lane gets the bits of candle's
-    //! scalar loop.
+    //! accumulated lane by lane with candle's formula and association,
+    //! `acc + ((sumi · d) · d8 + m · s8)`, separate multiplies and adds, no FMA: each lane gets
+    //! the bits of candle's scalar loop.
 
     use std::arch::x86_64::*;
 
