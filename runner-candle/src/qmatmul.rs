@@ -273,12 +273,14 @@ impl Q4_1Matrix {
             );
         }
         let tokens = x.elem_count() / self.cols;
-        let input = Q8_1Rows::quantize(&x.flatten_all()?.to_vec1()?, tokens, self.cols)?;
-        let out = self.matmul(&input);
         if let Some(last) = dims.last_mut() {
             *last = self.rows;
         }
-        Tensor::from_vec(out, dims, x.device())
+        if tokens == 0 {
+            return Tensor::zeros(dims, DType::F32, x.device());
+        }
+        let input = Q8_1Rows::quantize(&x.flatten_all()?.to_vec1()?, tokens, self.cols)?;
+        Tensor::from_vec(self.matmul(&input), dims, x.device())
     }
 
     /// The product, `[tokens, rows]` row-major.
@@ -591,6 +593,28 @@ mod tests {
                 "{blocks} blocks, {tokens} tokens"
             );
         }
+    }
+
+    #[test]
+    fn an_input_of_no_row_gives_an_output_of_no_row() -> Result<()> {
+        let device = candle_core::Device::Cpu;
+        let weights = Tensor::ones((GROUP, QK), DType::F32, &device)?;
+        let q4_1 = Linear::new(
+            QTensor::quantize(&weights, GgmlDType::Q4_1)?,
+            MatmulKernel::Runner,
+        )?;
+        let q8_0 = Linear::new(
+            QTensor::quantize(&weights, GgmlDType::Q8_0)?,
+            MatmulKernel::Runner,
+        )?;
+        assert!(matches!(q4_1, Linear::Q4_1(_)));
+        for layer in [q4_1, q8_0] {
+            let empty = Tensor::zeros((1, 0, QK), DType::F32, &device)?;
+            assert_eq!(layer.forward(&empty)?.dims(), [1, 0, GROUP]);
+            let one = Tensor::ones((1, 1, QK), DType::F32, &device)?;
+            assert_eq!(layer.forward(&one)?.dims(), [1, 1, GROUP]);
+        }
+        Ok(())
     }
 
     #[test]

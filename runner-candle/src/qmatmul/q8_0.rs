@@ -100,12 +100,14 @@ impl Q8_0Matrix {
             );
         }
         let tokens = x.elem_count() / self.cols;
-        let input = Q8_0Rows::quantize(&x.flatten_all()?.to_vec1()?, tokens, self.cols)?;
-        let out = self.matmul(&input);
         if let Some(last) = dims.last_mut() {
             *last = self.rows;
         }
-        Tensor::from_vec(out, dims, x.device())
+        if tokens == 0 {
+            return Tensor::zeros(dims, DType::F32, x.device());
+        }
+        let input = Q8_0Rows::quantize(&x.flatten_all()?.to_vec1()?, tokens, self.cols)?;
+        Tensor::from_vec(self.matmul(&input), dims, x.device())
     }
 
     /// The product, `[tokens, rows]` row-major.
