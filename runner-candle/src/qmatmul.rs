@@ -263,24 +263,9 @@ impl Q4_1Matrix {
     /// `x · Wᵀ` for `x` of shape `[..., cols]` (f32): `[..., rows]`, the bits of candle's
     /// `QMatMul::forward`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut dims = x.dims().to_vec();
-        if x.dtype() != DType::F32 || dims.last() != Some(&self.cols) {
-            candle_core::bail!(
-                "Q4_1 matmul of [{}, {}] weights with a {:?} input of shape {dims:?}",
-                self.rows,
-                self.cols,
-                x.dtype()
-            );
-        }
-        let tokens = x.elem_count() / self.cols;
-        if let Some(last) = dims.last_mut() {
-            *last = self.rows;
-        }
-        if tokens == 0 {
-            return Tensor::zeros(dims, DType::F32, x.device());
-        }
-        let input = Q8_1Rows::quantize(&x.flatten_all()?.to_vec1()?, tokens, self.cols)?;
-        Tensor::from_vec(self.matmul(&input), dims, x.device())
+        apply(x, "Q4_1", (self.rows, self.cols), |values, tokens| {
+            Ok(self.matmul(&Q8_1Rows::quantize(values, tokens, self.cols)?))
+        })
     }
 
     /// The product, `[tokens, rows]` row-major.
@@ -304,14 +289,47 @@ impl Q4_1Matrix {
                     kernel(&group, input, out);
                 }
             });
-        let mut out = vec![0f32; tokens * self.rows];
-        for (g, group) in by_group.chunks_exact(GROUP * tokens).enumerate() {
-            for (token, values) in group.chunks_exact(GROUP).enumerate() {
-                out[token * self.rows + g * GROUP..][..GROUP].copy_from_slice(values);
-            }
-        }
-        out
+        token_major(&by_group, self.rows, tokens, GROUP)
     }
+}
+
+/// `x · Wᵀ` for `x: [..., cols]` (f32) and `W: [rows, cols]` of type `what`, by `product` of
+/// the input's values and number of rows (which gives `[tokens, rows]` row-major): the shape
+/// checked, an input of no row answered without it.
+fn apply(
+    x: &Tensor,
+    what: &str,
+    (rows, cols): (usize, usize),
+    product: impl FnOnce(&[f32], usize) -> Result<Vec<f32>>,
+) -> Result<Tensor> {
+    let mut dims = x.dims().to_vec();
+    if x.dtype() != DType::F32 || dims.last() != Some(&cols) {
+        candle_core::bail!(
+            "{what} matmul of [{rows}, {cols}] weights with a {:?} input of shape {dims:?}",
+            x.dtype()
+        );
+    }
+    let tokens = x.elem_count() / cols;
+    if let Some(last) = dims.last_mut() {
+        *last = rows;
+    }
+    if tokens == 0 {
+        return Tensor::zeros(dims, DType::F32, x.device());
+    }
+    let out = product(&x.flatten_all()?.to_vec1()?, tokens)?;
+    Tensor::from_vec(out, dims, x.device())
+}
+
+/// Outputs laid out `[row group][token][row of the group]` (groups of `group` rows), as
+/// `[tokens, rows]` row-major.
+fn token_major(by_group: &[f32], rows: usize, tokens: usize, group: usize) -> Vec<f32> {
+    let mut out = vec![0f32; tokens * rows];
+    for (g, values) in by_group.chunks_exact(group * tokens).enumerate() {
+        for (token, values) in values.chunks_exact(group).enumerate() {
+            out[token * rows + g * group..][..group].copy_from_slice(values);
+        }
+    }
+    out
 }
 
 /// One group of [`GROUP`] weight rows, as [`Q4_1Matrix`] lays it out.

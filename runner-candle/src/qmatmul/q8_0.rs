@@ -9,10 +9,10 @@
 //! input row while it is in cache, and four rows' chains interleaved.
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{DType, Result, Tensor};
+use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
-use super::{QK, candle_quantized, f16_at};
+use super::{QK, apply, candle_quantized, f16_at, token_major};
 
 /// Bytes of a Q8_0 block: `d: f16`, 32 `i8`.
 const Q8_0_BYTES: usize = 34;
@@ -63,51 +63,21 @@ impl Q8_0Matrix {
             );
         }
         let (rows, cols) = weight.shape().dims2()?;
-        let data = weight.data()?;
-        let blocks = rows * cols / QK;
-        if data.len() != blocks * Q8_0_BYTES {
-            candle_core::bail!(
-                "Q8_0 tensor [{rows}, {cols}] holds {} bytes, expected {}",
-                data.len(),
-                blocks * Q8_0_BYTES
-            );
-        }
-        let mut matrix = Self {
+        let (values, scales) = unpack(&weight.data()?, rows, cols)?;
+        Ok(Self {
             rows,
             cols,
-            values: Vec::with_capacity(blocks * QK),
-            scales: Vec::with_capacity(blocks),
-        };
-        for block in data.chunks_exact(Q8_0_BYTES) {
-            matrix.scales.push(f16_at(block, 0));
-            matrix
-                .values
-                .extend(block[2..].iter().map(|&b| i8::from_ne_bytes([b])));
-        }
-        Ok(matrix)
+            values,
+            scales,
+        })
     }
 
     /// `x · Wᵀ` for `x` of shape `[..., cols]` (f32): `[..., rows]`, the bits of candle's
     /// `QMatMul::forward` on a CPU with AVX2 and FMA.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut dims = x.dims().to_vec();
-        if x.dtype() != DType::F32 || dims.last() != Some(&self.cols) {
-            candle_core::bail!(
-                "Q8_0 matmul of [{}, {}] weights with a {:?} input of shape {dims:?}",
-                self.rows,
-                self.cols,
-                x.dtype()
-            );
-        }
-        let tokens = x.elem_count() / self.cols;
-        if let Some(last) = dims.last_mut() {
-            *last = self.rows;
-        }
-        if tokens == 0 {
-            return Tensor::zeros(dims, DType::F32, x.device());
-        }
-        let input = Q8_0Rows::quantize(&x.flatten_all()?.to_vec1()?, tokens, self.cols)?;
-        Tensor::from_vec(self.matmul(&input), dims, x.device())
+        apply(x, "Q8_0", (self.rows, self.cols), |values, tokens| {
+            Ok(self.matmul(&Q8_0Rows::quantize(values, tokens, self.cols)?))
+        })
     }
 
     /// The product, `[tokens, rows]` row-major.
@@ -126,13 +96,7 @@ impl Q8_0Matrix {
                     avx2::rows(values, scales, input, out);
                 }
             });
-        let mut out = vec![0f32; tokens * self.rows];
-        for (g, group) in by_rows.chunks_exact(ROWS * tokens).enumerate() {
-            for (token, values) in group.chunks_exact(ROWS).enumerate() {
-                out[token * self.rows + g * ROWS..][..ROWS].copy_from_slice(values);
-            }
-        }
-        out
+        token_major(&by_rows, self.rows, tokens, ROWS)
     }
 }
 
@@ -140,27 +104,32 @@ impl Q8_0Rows {
     /// Quantizes `tokens` rows of `cols` values with candle's `BlockQ8_0::from_float`.
     fn quantize(values: &[f32], tokens: usize, cols: usize) -> Result<Self> {
         let quantized = candle_quantized(values, tokens, cols, GgmlDType::Q8_0)?;
-        let data = quantized.data()?;
-        let blocks = tokens * cols / QK;
-        if data.len() != blocks * Q8_0_BYTES {
-            candle_core::bail!(
-                "Q8_0 of [{tokens}, {cols}] holds {} bytes, expected {}",
-                data.len(),
-                blocks * Q8_0_BYTES
-            );
-        }
-        let mut rows = Self {
+        let (values, scales) = unpack(&quantized.data()?, tokens, cols)?;
+        Ok(Self {
             tokens,
-            values: Vec::with_capacity(blocks * QK),
-            scales: Vec::with_capacity(blocks),
-        };
-        for block in data.chunks_exact(Q8_0_BYTES) {
-            rows.scales.push(f16_at(block, 0));
-            rows.values
-                .extend(block[2..].iter().map(|&b| i8::from_ne_bytes([b])));
-        }
-        Ok(rows)
+            values,
+            scales,
+        })
     }
+}
+
+/// The values and f32 scales of `rows` Q8_0 rows of `cols` values (`data`, GGUF's blocks).
+fn unpack(data: &[u8], rows: usize, cols: usize) -> Result<(Vec<i8>, Vec<f32>)> {
+    let blocks = rows * cols / QK;
+    if data.len() != blocks * Q8_0_BYTES {
+        candle_core::bail!(
+            "Q8_0 [{rows}, {cols}] holds {} bytes, expected {}",
+            data.len(),
+            blocks * Q8_0_BYTES
+        );
+    }
+    let mut values = Vec::with_capacity(blocks * QK);
+    let mut scales = Vec::with_capacity(blocks);
+    for block in data.chunks_exact(Q8_0_BYTES) {
+        scales.push(f16_at(block, 0));
+        values.extend(block[2..].iter().map(|&b| i8::from_ne_bytes([b])));
+    }
+    Ok((values, scales))
 }
 
 /// candle's test for its AVX2 Q8_0 dot product.
