@@ -8,19 +8,28 @@
 //! and every ratio compares runs of the same round. The speculative tokens are checked against the
 //! plain tokens.
 //!
+//! First, the forward pass alone: one step of 1 token and one of 5 tokens (after a 32-token
+//! prompt), with candle's `QMatMul` for every weight and with the runner's Q4_1 matmul
+//! (`qmatmul`), alternating, `--forward-repeats` times each; the median milliseconds, and a check
+//! that both give the same logits bit for bit. The machine's load average is printed with each
+//! table (`/proc/loadavg`).
+//!
 //! ```text
 //! cargo run --release -p specula-runner-candle --example bench -- [--backend cpu] [--tokens 64] [--repeats 3] [--draft 5]
 //! ```
 //!
-//! Prints a Markdown table (the one in `docs/performance.md`). A benchmark, not a test: it
+//! Prints Markdown tables (the ones in `docs/performance.md`). A benchmark, not a test: it
 //! asserts nothing about speed; it exits non-zero only if speculative tokens differ from plain.
 
 use std::error::Error;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use clap::Parser;
 use specula_runner_candle::engine::{Engine, RunOutput};
-use specula_runner_candle::{Model, fetch};
+use specula_runner_candle::model::read_gguf;
+use specula_runner_candle::qmatmul::MatmulKernel;
+use specula_runner_candle::{Llama, LlamaConfig, Model, fetch};
 use specula_sampler::{NgramConfig, Request, SamplerConfig, SamplingParams, Strategy, registry};
 
 #[derive(Debug, Parser)]
@@ -40,6 +49,12 @@ struct Args {
     /// Most drafts per step.
     #[arg(long, default_value_t = 5)]
     draft: usize,
+    /// Timed forward passes per (step size, matmul) [0: skip the forward table].
+    #[arg(long, default_value_t = 7)]
+    forward_repeats: usize,
+    /// Only the forward table.
+    #[arg(long)]
+    forward_only: bool,
 }
 
 /// Passages the model is asked to repeat (greedy decoding copies them).
@@ -72,7 +87,14 @@ fn main() -> Result<(), Box<dyn Error>> {
         Some(path) => path.clone(),
         None => fetch::ensure_default_model()?,
     };
+    if args.forward_repeats > 0 {
+        time_forwards(&path, args.forward_repeats)?;
+    }
+    if args.forward_only {
+        return Ok(());
+    }
     let model = Model::load(&path)?;
+    eprintln!("{}", load_average());
     let device = registry::open(&args.backend)?;
     eprintln!(
         "model {}, Specula on {} ({})",
@@ -157,10 +179,92 @@ fn main() -> Result<(), Box<dyn Error>> {
             );
         }
     }
+    eprintln!("{}", load_average());
     if !all_same {
         return Err("speculative tokens differ from plain tokens".into());
     }
     Ok(())
+}
+
+/// The prompt in the KV cache before a timed step.
+const PREFIX: usize = 32;
+
+/// Times steps of 1 and 5 tokens, candle's matmul against the runner's, alternating, and prints
+/// the medians; fails if their logits differ.
+fn time_forwards(path: &Path, repeats: usize) -> Result<(), Box<dyn Error>> {
+    let content = read_gguf(path)?;
+    let config = LlamaConfig::from_gguf(&content)?;
+    let kernels = [MatmulKernel::Candle, MatmulKernel::Runner];
+    let models = kernels
+        .iter()
+        .map(|&kernel| Llama::load_with(path, &content, config.clone(), kernel))
+        .collect::<Result<Vec<_>, _>>()?;
+    let tokens: Vec<u32> = (0..PREFIX as u32 + 5).map(|i| 100 + 37 * i).collect();
+    eprintln!("{}", load_average());
+    println!("| step | candle QMatMul ms | runner matmuls ms | speed-up | same logits |");
+    println!("|---|---|---|---|---|");
+    let mut single = [0f64; 2];
+    for n in [1, 5] {
+        let step = &tokens[PREFIX..PREFIX + n];
+        let rows: Vec<usize> = (0..n).collect();
+        let mut caches = Vec::new();
+        for llama in &models {
+            let mut cache = llama.new_cache();
+            llama.forward(&tokens[..PREFIX], &mut cache, &[PREFIX - 1])?;
+            caches.push(cache);
+        }
+        let mut times = [Vec::new(), Vec::new()];
+        let mut logits = [Vec::new(), Vec::new()];
+        for _ in 0..repeats {
+            for (i, (llama, cache)) in models.iter().zip(&mut caches).enumerate() {
+                let start = Instant::now();
+                logits[i] = llama.forward(step, cache, &rows)?;
+                times[i].push(start.elapsed().as_secs_f64() * 1e3);
+                cache.truncate(PREFIX);
+            }
+        }
+        let [candle, runner] = times.map(median);
+        let same = logits[0].len() == logits[1].len()
+            && logits[0]
+                .iter()
+                .zip(&logits[1])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+        if n == 1 {
+            single = [candle, runner];
+        }
+        println!(
+            "| {n} token{} | {candle:.1} | {runner:.1} | {:.2}× | {} |",
+            if n == 1 { "" } else { "s" },
+            candle / runner,
+            if same { "yes" } else { "NO" }
+        );
+        if n > 1 {
+            eprintln!(
+                "  a step of {n} tokens costs {:.2} single-token steps with candle's matmul, {:.2} with the runner's",
+                candle / single[0],
+                runner / single[1]
+            );
+        }
+        if !same {
+            return Err(format!("the two matmuls' logits differ in a step of {n}").into());
+        }
+    }
+    eprintln!("{}", load_average());
+    Ok(())
+}
+
+/// The median of some timings.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// The machine's load average, as `uptime` gives it.
+fn load_average() -> String {
+    match std::fs::read_to_string("/proc/loadavg") {
+        Ok(line) => format!("load average (1, 5, 15 min): {}", line.trim()),
+        Err(_) => "load average: unknown".into(),
+    }
 }
 
 /// Speculative tokens/s over plain tokens/s in one round.

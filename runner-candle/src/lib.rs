@@ -9,6 +9,8 @@
 //! - [`model`] and [`attention`]: the llama forward pass on candle ops, over a per-request [`KvCache`] that is cut
 //!   back when drafts are rejected; batch-invariant, so speculative decoding emits exactly the
 //!   tokens of plain decoding;
+//! - [`qmatmul`]: the runner's own matmul for the Q4_1 weights — candle's bits, with AVX2 and
+//!   the weights read once per step whatever its number of tokens;
 //! - [`tokenizer`]: the byte-level BPE tokenizer built from the GGUF metadata (`tokenizers`), and
 //!   [`TextStream`], which streams text across tokens that split a character;
 //! - [`chat`]: the model's chat template (`minijinja`);
@@ -42,6 +44,7 @@ pub mod error;
 pub mod fetch;
 pub mod kv_cache;
 pub mod model;
+pub mod qmatmul;
 pub mod tokenizer;
 
 use std::path::{Path, PathBuf};

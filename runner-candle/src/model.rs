@@ -1,9 +1,10 @@
 //! A llama forward pass on candle ops, over a per-request [`KvCache`] that can be cut back.
 //!
 //! The layers are those of `candle_transformers::models::quantized_llama`, written op for op in
-//! the same order — quantized matmuls with `QMatMul`, RMSNorm, interleaved RoPE (base from the
-//! metadata: 100000 for SmolLM2), grouped-query attention (9 query heads over 3 key/value heads),
-//! a SiLU-gated MLP — except the attention itself (see below). What differs is what a
+//! the same order — quantized matmuls ([`Linear`]: the runner's own [`Q4_1Matrix`] for the Q4_1
+//! weights, the same bits as candle's `QMatMul` faster; `QMatMul` for the others), RMSNorm,
+//! interleaved RoPE (base from the metadata: 100000 for SmolLM2), grouped-query attention (9
+//! query heads over 3 key/value heads), a SiLU-gated MLP — except the attention itself (see below). What differs is what a
 //! speculative runner needs:
 //!
 //! - the KV cache belongs to the request, and [`KvCache::truncate`] drops rejected drafts;
@@ -13,8 +14,8 @@
 //!
 //! **Batch invariance.** Every op computes a row (a position) from that row alone, in an order
 //! that does not depend on how many rows the call has: the quantized matmuls quantize and dot
-//! each row on its own (the generic `k_quants` path, which Q4_1 and Q8_0 weights of width 576
-//! take); RMSNorm, RoPE and SiLU work per row; and the attention is
+//! each row on its own (the generic `k_quants` path, which Q8_0 weights of width 576 take, and
+//! [`Q4_1Matrix`], which accumulates each row's blocks in that path's order); RMSNorm, RoPE and SiLU work per row; and the attention is
 //! [`attention::attend`], one (row, head) at a time in a fixed order, because
 //! candle's matmul is not batch-invariant for `q · kᵀ`. So the logits of a position are the same
 //! bits whether it is fed alone, inside a step of several tokens, or in one pass over the whole
@@ -26,8 +27,8 @@ use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
 
+use candle_core::quantized::QTensor;
 use candle_core::quantized::gguf_file::Content;
-use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::Embedding;
 
@@ -35,18 +36,20 @@ use crate::attention::{self, Heads};
 use crate::config::LlamaConfig;
 use crate::error::RunnerError;
 use crate::kv_cache::KvCache;
+#[cfg(doc)]
+use crate::qmatmul::Q4_1Matrix;
+use crate::qmatmul::{Linear, MatmulKernel, Projections};
 
 /// One transformer block's weights.
 #[derive(Debug)]
 struct Layer {
-    attn_q: QMatMul,
-    attn_k: QMatMul,
-    attn_v: QMatMul,
-    attn_output: QMatMul,
+    /// Query, key and value projections.
+    attn_qkv: Projections,
+    attn_output: Linear,
     attn_norm: Tensor,
-    ffn_gate: QMatMul,
-    ffn_up: QMatMul,
-    ffn_down: QMatMul,
+    /// Gate and up projections.
+    ffn_gate_up: Projections,
+    ffn_down: Linear,
     ffn_norm: Tensor,
 }
 
@@ -58,18 +61,30 @@ pub struct Llama {
     embeddings: Embedding,
     layers: Vec<Layer>,
     output_norm: Tensor,
-    output: QMatMul,
+    output: Linear,
     /// `[max_positions, rope_dim / 2]` cosines and sines of RoPE.
     cos: Tensor,
     sin: Tensor,
 }
 
 impl Llama {
-    /// Loads the weights of `content` (read from `path`) on the CPU.
+    /// Loads the weights of `content` (read from `path`) on the CPU, the Q4_1 ones for the
+    /// runner's own matmul.
     pub fn load(
         path: &Path,
         content: &Content,
         config: LlamaConfig,
+    ) -> std::result::Result<Self, RunnerError> {
+        Self::load_with(path, content, config, MatmulKernel::Runner)
+    }
+
+    /// [`Llama::load`], with the Q4_1 weights' matmul chosen (`MatmulKernel::Candle`: candle's
+    /// `QMatMul` everywhere, the same logits, slower; for comparisons).
+    pub fn load_with(
+        path: &Path,
+        content: &Content,
+        config: LlamaConfig,
+        kernel: MatmulKernel,
     ) -> std::result::Result<Self, RunnerError> {
         let invalid = |reason: String| RunnerError::ModelInvalid {
             path: path.to_path_buf(),
@@ -107,19 +122,25 @@ impl Llama {
         let mut layers = Vec::with_capacity(config.n_layer);
         for i in 0..config.n_layer {
             let mut weight = |name: &str| tensor(&format!("blk.{i}.{name}.weight"));
-            let mut q = |name: &str| -> std::result::Result<QMatMul, RunnerError> {
-                Ok(QMatMul::from_qtensor(weight(name)?)?)
+            let mut projections =
+                |names: &[&str]| -> std::result::Result<Projections, RunnerError> {
+                    let weights = names
+                        .iter()
+                        .map(|name| weight(name))
+                        .collect::<std::result::Result<Vec<_>, _>>()?;
+                    Ok(Projections::new(weights, kernel)?)
+                };
+            let attn_qkv = projections(&["attn_q", "attn_k", "attn_v"])?;
+            let ffn_gate_up = projections(&["ffn_gate", "ffn_up"])?;
+            let mut q = |name: &str| -> std::result::Result<Linear, RunnerError> {
+                Ok(Linear::new(weight(name)?, kernel)?)
             };
-            let (attn_q, attn_k, attn_v) = (q("attn_q")?, q("attn_k")?, q("attn_v")?);
             let attn_output = q("attn_output")?;
-            let (ffn_gate, ffn_up, ffn_down) = (q("ffn_gate")?, q("ffn_up")?, q("ffn_down")?);
+            let ffn_down = q("ffn_down")?;
             layers.push(Layer {
-                attn_q,
-                attn_k,
-                attn_v,
+                attn_qkv,
                 attn_output,
-                ffn_gate,
-                ffn_up,
+                ffn_gate_up,
                 ffn_down,
                 attn_norm: dequantized(weight("attn_norm")?, &device)?,
                 ffn_norm: dequantized(weight("ffn_norm")?, &device)?,
@@ -128,7 +149,7 @@ impl Llama {
         let (cos, sin) = rope_tables(&config, &device)?;
         Ok(Llama {
             embeddings: Embedding::new(embeddings, config.n_embd),
-            output: QMatMul::from_qtensor(output)?,
+            output: Linear::new(output, kernel)?,
             config,
             device,
             layers,
@@ -194,8 +215,7 @@ impl Llama {
             let attn = self.attention(layer, index, &normed, start, cache)?;
             let x_attn = (attn + &x)?;
             let normed = candle_nn::ops::rms_norm(&x_attn, &layer.ffn_norm, eps)?;
-            let gate = layer.ffn_gate.forward(&normed)?;
-            let up = layer.ffn_up.forward(&normed)?;
+            let [gate, up] = parts(layer.ffn_gate_up.forward(&normed)?)?;
             let mlp = layer
                 .ffn_down
                 .forward(&(candle_nn::ops::silu(&gate)? * up)?)?;
@@ -231,9 +251,10 @@ impl Llama {
         let heads = |t: Tensor, h: usize| t.reshape((b, n, h, head_dim))?.transpose(1, 2);
         // [b, heads, n, head_dim] → rows of [heads, head_dim], position-major.
         let rows = |t: Tensor| -> Result<Vec<f32>> { t.transpose(1, 2)?.flatten_all()?.to_vec1() };
-        let q = rows(self.rope(&heads(layer.attn_q.forward(x)?, n_head)?, start)?)?;
-        let k = rows(self.rope(&heads(layer.attn_k.forward(x)?, n_kv_head)?, start)?)?;
-        let v = layer.attn_v.forward(x)?.flatten_all()?.to_vec1::<f32>()?;
+        let [q, k, v] = parts(layer.attn_qkv.forward(x)?)?;
+        let q = rows(self.rope(&heads(q, n_head)?, start)?)?;
+        let k = rows(self.rope(&heads(k, n_kv_head)?, start)?)?;
+        let v = v.flatten_all()?.to_vec1::<f32>()?;
         let (keys, values) = cache.append(index, &k, &v);
         let shape = Heads {
             n_head,
@@ -253,6 +274,14 @@ impl Llama {
         let sin = self.sin.narrow(0, start, n)?;
         candle_nn::rotary_emb::rope_i(&x.contiguous()?, &cos, &sin)
     }
+}
+
+/// The `N` outputs of a [`Projections`].
+fn parts<const N: usize>(outputs: Vec<Tensor>) -> Result<[Tensor; N]> {
+    let count = outputs.len();
+    outputs
+        .try_into()
+        .map_err(|_| candle_core::Error::msg(format!("{count} projections, expected {N}")))
 }
 
 /// A norm's weight as an f32 tensor.

@@ -1,6 +1,7 @@
 //! The model is right: the tokenizer built from the GGUF metadata gives the known ids and
 //! round-trips every prompt; the runner's own forward pass gives the logits of
-//! `candle-transformers`' `quantized_llama` bit for bit; the logits of a position are the same
+//! `candle-transformers`' `quantized_llama` within a stated tolerance; the runner's Q4_1 and Q8_0
+//! matmuls give candle's `QMatMul` bits on every Q4_1 and Q8_0 tensor of the model; the logits of a position are the same
 //! bits whether it is fed alone, inside a step of several tokens, in one pass over the prefix, or
 //! after a rollback of the KV cache (the batch invariance that makes speculative == plain); and
 //! the greedy continuation of "The capital of France is" is " Paris." as in llama.cpp.
@@ -13,10 +14,12 @@ mod common;
 use std::io::BufReader;
 use std::process::ExitCode;
 
-use candle_core::{Device, Tensor};
+use candle_core::quantized::{GgmlDType, QMatMul};
+use candle_core::{Device, Module, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
 use common::{PROMPTS, TestResult, model, model_need, open, trial};
 use specula_runner_candle::engine::Engine;
+use specula_runner_candle::qmatmul::{Linear, Q4_1Matrix, Q8_0Matrix};
 use specula_runner_candle::{KvCache, Llama, Model, TextStream, fetch, model::read_gguf};
 use specula_sampler::{Request, SamplerConfig, SamplingParams, Strategy};
 
@@ -58,6 +61,11 @@ fn main() -> ExitCode {
             "text_stream_joins_characters_split_across_tokens",
             &[&needs],
             text_stream_joins_characters_split_across_tokens,
+        ),
+        trial(
+            "q4_1_and_q8_0_matmuls_give_candles_bits_on_every_such_tensor",
+            &[&needs],
+            q4_1_and_q8_0_matmuls_give_candles_bits_on_every_such_tensor,
         ),
         trial(
             "forward_matches_candle_transformers_quantized_llama",
@@ -210,6 +218,76 @@ fn same_bits(what: &str, a: &[f32], b: &[f32]) -> TestResult {
         a.len(),
         b.len()
     ))
+}
+
+/// The Q4_1 tensors of SmolLM2-135M-Instruct.Q4_1.gguf (the rest are Q8_0 and f32).
+const Q4_1_TENSORS: usize = 210;
+
+/// `[1, tokens, cols]` inputs like hidden states: pseudo-random values of a few units, with an
+/// outlier now and then (which sets a Q8_1 block's scale), from an LCG seeded by `seed`.
+fn activations(tokens: usize, cols: usize, seed: u64) -> Result<Tensor, String> {
+    let mut state = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let values: Vec<f32> = (0..tokens * cols)
+        .map(|i| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let unit = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5; // [-0.5, 0.5)
+            if i % 97 == 13 {
+                40.0 * unit
+            } else {
+                4.0 * unit
+            }
+        })
+        .collect();
+    Tensor::from_vec(values, (1, tokens, cols), &Device::Cpu).map_err(e)
+}
+
+fn q4_1_and_q8_0_matmuls_give_candles_bits_on_every_such_tensor() -> TestResult {
+    let path = fetch::default_model_path().map_err(e)?;
+    let content = read_gguf(&path).map_err(e)?;
+    let mut reader = BufReader::new(std::fs::File::open(&path).map_err(e)?);
+    let mut names: Vec<(&String, GgmlDType)> = content
+        .tensor_infos
+        .iter()
+        .filter(|(_, info)| matches!(info.ggml_dtype, GgmlDType::Q4_1 | GgmlDType::Q8_0))
+        .map(|(name, info)| (name, info.ggml_dtype))
+        .collect();
+    names.sort_by_key(|(name, _)| name.as_str());
+    let q4_1 = names.iter().filter(|(_, t)| *t == GgmlDType::Q4_1).count();
+    if q4_1 != Q4_1_TENSORS {
+        return Err(format!(
+            "{q4_1} Q4_1 tensors in the model, expected {Q4_1_TENSORS}"
+        ));
+    }
+    let mut q8_0_compared = 0;
+    for (i, (name, dtype)) in names.into_iter().enumerate() {
+        let weight = content.tensor(&mut reader, name, &Device::Cpu).map_err(e)?;
+        let cols = weight.shape().dims2().map_err(e)?.1;
+        let ours = match dtype {
+            GgmlDType::Q4_1 => Linear::Q4_1(Q4_1Matrix::new(&weight).map_err(e)?),
+            // Where candle's own AVX2 path is not taken, neither is the runner's.
+            _ if !Q8_0Matrix::fits(&weight) => continue,
+            _ => Linear::Q8_0(Q8_0Matrix::new(&weight).map_err(e)?),
+        };
+        q8_0_compared += usize::from(dtype == GgmlDType::Q8_0);
+        let theirs = QMatMul::from_qtensor(weight).map_err(e)?;
+        for tokens in [1, 5, 7] {
+            let x = activations(tokens, cols, (i * 8 + tokens) as u64)?;
+            let flat = |t: candle_core::Result<Tensor>| -> Result<Vec<f32>, String> {
+                t.and_then(|t| t.flatten_all())
+                    .and_then(|t| t.to_vec1())
+                    .map_err(e)
+            };
+            same_bits(
+                &format!("{name} ({dtype:?}), {tokens} tokens: the runner's matmul vs QMatMul"),
+                &flat(ours.forward(&x))?,
+                &flat(theirs.forward(&x))?,
+            )?;
+        }
+    }
+    eprintln!("Q8_0 tensors compared: {q8_0_compared} (0 on a CPU without AVX2 and FMA)");
+    Ok(())
 }
 
 fn forward_matches_candle_transformers_quantized_llama() -> TestResult {
