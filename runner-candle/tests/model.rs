@@ -42,7 +42,7 @@ const MEAN_TOLERANCE: f32 = 0.4;
 /// Positions (in %) whose top token must be the same.
 const ARGMAX_AGREEMENT: usize = 90;
 /// Positions compared with quantized_llama (the tolerances above hold over all 129).
-const COMPARED: usize = 64;
+const COMPARED: usize = 32;
 
 fn main() -> ExitCode {
     let needs = model_need();
@@ -323,7 +323,7 @@ fn forward_matches_candle_transformers_quantized_llama() -> TestResult {
     }
     // quantized_llama against itself: one pass over a prefix vs one token at a time.
     let (mut own, mut own_mean) = (0f32, 0f32);
-    for n in [16, 32, 48, COMPARED - 1] {
+    for n in [16, COMPARED - 1] {
         reference.clear_kv_cache();
         let pass = last(&mut reference, &tokens[..=n], 0)?;
         own = own.max(max_delta(&pass, &theirs[n]));
