@@ -95,18 +95,24 @@ fn needs() -> Needs {
     Needs::new(NEED, availability)
 }
 
-/// Builds the emulator driver for `dtype` once per test process.
+/// The emulator driver for `dtype`. The first call builds the drivers of every dtype at once (a
+/// compiler process each, in parallel: the compiles are most of these tests' time), once per test
+/// process.
 fn driver(dtype: DType) -> PathBuf {
-    static BUILT: std::sync::Mutex<Vec<(DType, PathBuf)>> = std::sync::Mutex::new(Vec::new());
-    let mut built = BUILT.lock().expect("lock");
-    if let Some((_, p)) = built.iter().find(|(d, _)| *d == dtype) {
-        return p.clone();
-    }
-    let dir = std::env::temp_dir().join(format!("specula-emulator-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let p = build_driver(&dir, dtype);
-    built.push((dtype, p.clone()));
-    p
+    const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+    static BUILT: std::sync::OnceLock<[PathBuf; 3]> = std::sync::OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("specula-emulator-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::thread::scope(|scope| {
+            let dir = &dir;
+            DTYPES
+                .map(|d| scope.spawn(move || build_driver(dir, d)))
+                .map(|build| build.join().expect("the emulator driver's build panicked"))
+        })
+    });
+    let slot = DTYPES.iter().position(|d| *d == dtype).unwrap_or(0);
+    built[slot].clone()
 }
 
 /// The defines, the emulator, the headers and every kernel file, then the driver, for `dtype`.
