@@ -22,9 +22,14 @@
 // __fsub_rn: never contracted), each result read through sanitize_logit (`docs/semantics.md` §4b step 1);
 // a token whose steps end on its sanitized input keeps its logit (§4c).
 // Every index into a device buffer is range-checked, whatever the buffers hold.
+//
+// A row holds the `width` ids `slice_first ..` of the tables' `vocab`: the whole vocabulary, or
+// one rank's slice of sharded rows (§4d). Every table is read by global id; a rule on a token
+// outside the slice writes nothing; the fallback is a global id; a slice applies no min_p (the
+// sharded ops apply it against the whole row's maximum).
 
 struct ProcessArgs {
-    const typename SPECULA_T::raw* scores;  // [first + rows, vocab] logits or probabilities
+    const typename SPECULA_T::raw* scores;  // [first + rows, width] logits or probabilities
     const float* temperature;               // [first + rows] (logits rows only)
     const i32* cu_out;                      // [real_bsz + 1] first output row of each slot
     const i32* batch_id;                    // [first + rows] slot of each output row
@@ -44,7 +49,7 @@ struct ProcessArgs {
     const i32* bad_words;                   // [n_bad_words]
     const u32* allowed;                     // [max_bsz, words] or null
     const u32* bitmask;                     // [first + rows, words] or null
-    float* processed;                       // [rows, vocab]: row i is scores row first + i
+    float* processed;                       // [rows, width]: row i is scores row first + i
     i32* fallback;                          // [rows]
     u64 max_model_len;
     u64 max_step_tokens;
@@ -53,9 +58,11 @@ struct ProcessArgs {
     u64 n_bad_words;
     u64 first;  // the block's first scores row: every per-row input is read at first + i
     u32 rows;   // the block's rows (one CUDA block each)
-    u32 vocab;
+    u32 vocab;  // the tables' vocabulary
     u32 real_bsz;
-    u32 logits;  // the rows are logits at `temperature`
+    u32 logits;       // the rows are logits at `temperature`
+    u32 slice_first;  // the rows hold the ids [slice_first, slice_first + width) (§4d)
+    u32 width;
 };
 
 // The mark of a masked token while the row is built (a NaN: never a processed value).
@@ -182,10 +189,15 @@ __device__ __forceinline__ bool pl_list(const i32* offsets, u32 b, u64 n, u64& f
     return true;
 }
 
-// Step (c), on one thread: every token a sparse rule touches.
+// Element of the row holding token t (a global id), or -1 when the row's ids do not hold it.
+__device__ __forceinline__ i64 pl_at(const ProcessArgs& a, i32 t) {
+    if (t < 0 || (u32)t >= a.vocab || (u32)t < a.slice_first || (u32)t - a.slice_first >= a.width) return -1;
+    return (i64)((u32)t - a.slice_first);
+}
+
+// Step (c), on one thread: every token a sparse rule touches (`row` and `out` hold the row's ids).
 __device__ void pl_sparse(const ProcessArgs& a, const PlRow& w, const PlSlot& s,
                           const typename SPECULA_T::raw* __restrict__ row, float* out) {
-    const u32 vocab = a.vocab;
     u64 bias_from = 0, bias_to = 0;
     const bool has_bias_list = pl_list(a.bias_offsets, w.b, a.n_bias, bias_from, bias_to);
     if (a.logits != 0) {
@@ -193,7 +205,8 @@ __device__ void pl_sparse(const ProcessArgs& a, const PlRow& w, const PlSlot& s,
         const i32* drafts = a.draft_tokens + (u64)w.b * a.max_step_tokens;
         for (u64 j = 1; j <= w.pos; ++j) {
             const i32 d = drafts[j];
-            if (d < 0 || (u32)d >= vocab) continue;
+            const i64 at = pl_at(a, d);
+            if (at < 0) continue;
             bool has_bias = false;
             float bias = 0.0f;
             if (has_bias_list) {
@@ -204,14 +217,15 @@ __device__ void pl_sparse(const ProcessArgs& a, const PlRow& w, const PlSlot& s,
                     }
                 }
             }
-            out[d] = pl_logit_value(a, w, s, SPECULA_T::widen(row[d]), (u32)d, has_bias, bias, true);
+            out[at] = pl_logit_value(a, w, s, SPECULA_T::widen(row[at]), (u32)d, has_bias, bias, true);
         }
         // Bias entries in list order: the last entry of a token writes last.
         if (has_bias_list) {
             for (u64 k = bias_from; k < bias_to; ++k) {
                 const i32 v = a.bias_ids[k];
-                if (v < 0 || (u32)v >= vocab) continue;
-                out[v] = pl_logit_value(a, w, s, SPECULA_T::widen(row[v]), (u32)v, true, a.bias_values[k], true);
+                const i64 at = pl_at(a, v);
+                if (at < 0) continue;
+                out[at] = pl_logit_value(a, w, s, SPECULA_T::widen(row[at]), (u32)v, true, a.bias_values[k], true);
             }
         }
     }
@@ -220,8 +234,8 @@ __device__ void pl_sparse(const ProcessArgs& a, const PlRow& w, const PlSlot& s,
     const i64 generated = (i64)(a.step_idx[w.b] > 0 ? a.step_idx[w.b] : 0) + (i64)w.pos;
     if (generated < (i64)a.min_tokens[w.b]) {
         for (u64 e = 0; e < a.n_end; ++e) {
-            const i32 t = a.end_tokens[e];
-            if (t >= 0 && (u32)t < vocab) out[t] = masked;
+            const i64 at = pl_at(a, a.end_tokens[e]);
+            if (at >= 0) out[at] = masked;
         }
     }
     // Bad words: entries n, t_1 .. t_n; parsing stops at the first malformed one.
@@ -242,7 +256,8 @@ __device__ void pl_sparse(const ProcessArgs& a, const PlRow& w, const PlSlot& s,
             for (u64 j = 0; j < prefix && ban; ++j)
                 ban = pl_history(a, w, history - prefix + j) == a.bad_words[k + 1 + j];
         }
-        if (ban && last >= 0 && (u32)last < vocab) out[last] = masked;
+        const i64 at = pl_at(a, last);
+        if (ban && at >= 0) out[at] = masked;
         k += len + 1;
     }
 }
@@ -255,18 +270,18 @@ extern "C" __global__ void __launch_bounds__(SPECULA_ROW_BLOCK)
     if (i >= a.rows) return;
     // Output row i is scores row r: every per-row input is read at r.
     const u64 r = a.first + i;
-    const u32 vocab = a.vocab;
+    const u32 vocab = a.vocab, width = a.width, first_id = a.slice_first;
     const bool logits = a.logits != 0;
     const float masked_value = logits ? -SPECULA_INF : 0.0f;
-    float* out = a.processed + (u64)i * vocab;
-    const typename E::raw* __restrict__ row = a.scores + r * vocab;
+    float* out = a.processed + (u64)i * width;
+    const typename E::raw* __restrict__ row = a.scores + r * width;
 
     // (a) The row's slot and position; a row of no slot masks every token.
     const i32 bid = a.batch_id[r];
     i64 pos = -1;
     if (bid >= 0 && (u32)bid < a.real_bsz) pos = (i64)r - (i64)a.cu_out[bid];
     if (pos < 0 || (u64)pos >= a.max_step_tokens) {
-        for (u32 v = threadIdx.x; v < vocab; v += SPECULA_ROW_BLOCK) out[v] = masked_value;
+        for (u32 j = threadIdx.x; j < width; j += SPECULA_ROW_BLOCK) out[j] = masked_value;
         if (threadIdx.x == 0) a.fallback[i] = -1;
         return;
     }
@@ -280,15 +295,17 @@ extern "C" __global__ void __launch_bounds__(SPECULA_ROW_BLOCK)
     const u64 end = w.start + len_or_zero(a.step_idx[w.b]);
     w.len = (end < l ? end : l) - w.start;
     w.words = ((u64)vocab + 31) / 32;
-    const PlSlot s = pl_slot(a, w.b);
+    PlSlot s = pl_slot(a, w.b);
+    if (width != vocab) s.min_p = 0;  // a slice: no min_p
 
     // (b) Dense pass: the bit masks, then the float steps with the table counts and no bias.
-    for (u32 v = threadIdx.x; v < vocab; v += SPECULA_ROW_BLOCK) {
-        const float x = E::widen(row[v]);
+    for (u32 j = threadIdx.x; j < width; j += SPECULA_ROW_BLOCK) {
+        const u32 v = first_id + j;
+        const float x = E::widen(row[j]);
         if (logits) {
-            out[v] = pl_logit_value(a, w, s, x, v, false, 0.0f, false);
+            out[j] = pl_logit_value(a, w, s, x, v, false, 0.0f, false);
         } else {
-            out[v] = pl_bits_mask(a, w, v) ? __uint_as_float(SPECULA_PL_MASKED_BITS) : sanitize_prob(x);
+            out[j] = pl_bits_mask(a, w, v) ? __uint_as_float(SPECULA_PL_MASKED_BITS) : sanitize_prob(x);
         }
     }
     __syncthreads();
@@ -298,11 +315,11 @@ extern "C" __global__ void __launch_bounds__(SPECULA_ROW_BLOCK)
 
     // (d) Fallback: the first unmasked token in rank order (0: none).
     u64 best = 0;
-    for (u32 v = threadIdx.x; v < vocab; v += SPECULA_ROW_BLOCK) {
-        const u32 bits = __float_as_uint(out[v]);
+    for (u32 j = threadIdx.x; j < width; j += SPECULA_ROW_BLOCK) {
+        const u32 bits = __float_as_uint(out[j]);
         if (bits == SPECULA_PL_MASKED_BITS) continue;
-        const u32 key = logits ? logit_rank_key(out[v]) : bits;
-        const u64 packed = pack_key_id(key, v);
+        const u32 key = logits ? logit_rank_key(out[j]) : bits;
+        const u64 packed = pack_key_id(key, first_id + j);
         best = packed > best ? packed : best;
     }
     best = block_max_u64<SPECULA_ROW_BLOCK>(best, scratch);
@@ -323,15 +340,15 @@ extern "C" __global__ void __launch_bounds__(SPECULA_ROW_BLOCK)
         }
     }
     const u128 threshold = mul_64x64(s.min_p, w_max);
-    for (u32 v = threadIdx.x; v < vocab; v += SPECULA_ROW_BLOCK) {
-        const float x = out[v];
+    for (u32 j = threadIdx.x; j < width; j += SPECULA_ROW_BLOCK) {
+        const float x = out[j];
         const u32 bits = __float_as_uint(x);
         if (bits == SPECULA_PL_MASKED_BITS) {
-            out[v] = masked_value;
+            out[j] = masked_value;
             continue;
         }
         if (s.min_p == 0) continue;
-        const u64 weight = logits ? logit_key_weight(wg, logit_row_key(wg, x, v)) : key_weight(bits);
-        if (u128_lt(u128_shl(u128_make(0, weight), SPECULA_TOP_P_BITS), threshold)) out[v] = masked_value;
+        const u64 weight = logits ? logit_key_weight(wg, logit_row_key(wg, x, first_id + j)) : key_weight(bits);
+        if (u128_lt(u128_shl(u128_make(0, weight), SPECULA_TOP_P_BITS), threshold)) out[j] = masked_value;
     }
 }

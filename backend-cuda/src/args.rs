@@ -91,7 +91,7 @@ specula_backend_api::kernel_args! {
         bias_values: u64, bad_word_offsets: u64, bad_words: u64, allowed: u64, bitmask: u64,
         processed: u64, fallback: u64,
         max_model_len: u64, max_step_tokens: u64, n_end: u64, n_bias: u64, n_bad_words: u64, first: u64,
-        rows: u32, vocab: u32, real_bsz: u32, logits: u32,
+        rows: u32, vocab: u32, real_bsz: u32, logits: u32, slice_first: u32, width: u32,
     }
 
     /// `shard_key.cu`.

@@ -293,7 +293,7 @@ impl CudaDevice {
             float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: total_mem,
             logits: true,
-            sliced_processing: false,
+            sliced_processing: true,
             processing: true,
             fused_processing: false,
             row_block_bytes: None,

@@ -6,7 +6,8 @@
 //! ordinary and hostile logits at every kind of temperature) are compared with the reference device
 //! (`specula-reference`), as the CPU backend takes probability rows only. `process_logits`
 //! (§5.12), the `fallback` input of the sampling ops and `update_state`'s `token_counts` are
-//! compared with the reference bit for bit, hostile inputs included; REJECTION's `fallback` (rows
+//! compared with the reference bit for bit, hostile inputs included (`process_logits` also over
+//! one rank's slice of the vocabulary, §4d); REJECTION's `fallback` (rows
 //! of weight 0) with the CPU backend on probability rows and with the reference on logits rows.
 //! The ops of sharded rows (§5.13–§5.17, `emulator/shard.rs`) are compared with the reference on
 //! slices of ordinary and hostile rows.
@@ -62,6 +63,7 @@ fn main() -> ExitCode {
         logits_sampling_kernels_match_the_reference,
         sampling_fallback_matches_the_reference,
         process_logits_matches_the_reference,
+        process_logits_of_a_slice_matches_the_reference,
         logits_rejection_matches_the_reference,
         logprob_kernels_match_the_cpu_reference,
         batch_kernels_match_the_cpu_reference,
@@ -2228,8 +2230,14 @@ fn process_blocks(rows: usize) -> Vec<Option<RowBlock>> {
     blocks
 }
 
-/// Runs the driver on `case`: every row, or the rows of `block`.
-fn run_process_case(work: &Workdir, bin: &Path, case: &ProcessCase, block: Option<RowBlock>) {
+/// Runs the driver on `case`: every row, or the rows of `block`; with `slice`, every row of one
+/// rank's slice (`probs.bin` then holds the slice's columns of the scores).
+fn run_process_case(
+    work: &Workdir,
+    bin: &Path,
+    case: &ProcessCase,
+    (block, slice): (Option<RowBlock>, Option<VocabSlice>),
+) {
     let d = &case.dims;
     let mut args = vec![
         case.rows,
@@ -2247,6 +2255,12 @@ fn run_process_case(work: &Workdir, bin: &Path, case: &ProcessCase, block: Optio
     ];
     if let Some(block) = block {
         args.extend([block.first, block.rows]);
+    }
+    if let Some(slice) = slice {
+        if block.is_none() {
+            args.extend([0, case.rows]);
+        }
+        args.extend([slice.first, slice.len]);
     }
     let args: Vec<&dyn Display> = args.iter().map(|a| a as &dyn Display).collect();
     work.run(bin, "process", &args);
@@ -2281,7 +2295,7 @@ fn process_logits_matches_the_reference() {
             let case = process_case(&mut rng, dtype, logits, vocab, hostile);
             write_process_case(&work, &case);
             for block in process_blocks(case.rows) {
-                run_process_case(&work, &bin, &case, block);
+                run_process_case(&work, &bin, &case, (block, None));
                 let (want, want_fallback) = fixtures::run_process_block(&dev, &case, block)
                     .expect("reference process_logits");
                 let got = work.read::<u32>("processed.out");
@@ -2310,6 +2324,72 @@ fn process_logits_matches_the_reference() {
                     "{label}: fallback"
                 );
                 checked += rows;
+            }
+        }
+    }
+    assert!(checked > 0);
+}
+
+/// The slices each `process_logits` slice case runs on: a first and a last part of uneven
+/// lengths, and a one-token slice at the end (none for a vocabulary of one token).
+fn process_slices(vocab: usize) -> Vec<VocabSlice> {
+    if vocab < 2 {
+        return Vec::new();
+    }
+    let cut = vocab / 3 + 1;
+    [(0, cut), (cut, vocab - cut), (vocab - 1, 1)]
+        .map(|(first, len)| VocabSlice { first, len, vocab })
+        .to_vec()
+}
+
+/// `process_logits` over one rank's slice of the vocabulary (`docs/semantics.md` §4d) against the
+/// reference, bit for bit: every table read by global id, the fallback a global id, no min_p;
+/// logits and probability rows in f32, f16 and bf16, ordinary and hostile cases.
+fn process_logits_of_a_slice_matches_the_reference() {
+    let work = Workdir::new("process-slice");
+    let dev = ReferenceDevice::new();
+    let mut rng = Lcg(0x5_11CE);
+    let mut checked = 0usize;
+    for dtype in DType::FLOATS {
+        let bin = driver(dtype);
+        let cases: &[(usize, bool, bool)] = if dtype == DType::F32 {
+            &[
+                (33, true, false),
+                (300, true, true),
+                (64, false, true),
+                (2, true, true),
+            ]
+        } else {
+            &[(33, true, true), (100, false, true)]
+        };
+        for (k, &(vocab, logits, hostile)) in cases.iter().enumerate() {
+            let case = process_case(&mut rng, dtype, logits, vocab, hostile);
+            write_process_case(&work, &case);
+            for slice in process_slices(vocab) {
+                let cut: Vec<f32> = case
+                    .scores
+                    .chunks(vocab)
+                    .flat_map(|row| row[slice.first..slice.end()].to_vec())
+                    .collect();
+                work.write("probs.bin", &fixtures::score_bytes(&cut, dtype));
+                run_process_case(&work, &bin, &case, (None, Some(slice)));
+                let (want, want_fallback) = fixtures::run_process_slice(&dev, &case, slice)
+                    .expect("reference process_logits of a slice");
+                let label = format!(
+                    "{dtype} process_logits slice case {k}: vocab {vocab} logits {logits} \
+                     hostile {hostile} slice {slice:?}"
+                );
+                assert_eq!(
+                    work.read::<u32>("processed.out"),
+                    want,
+                    "{label}: processed"
+                );
+                assert_eq!(
+                    work.read::<i32>("fallback.out"),
+                    want_fallback,
+                    "{label}: fallback"
+                );
+                checked += case.rows;
             }
         }
     }

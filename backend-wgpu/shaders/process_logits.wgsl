@@ -2,6 +2,12 @@
 // `row0 + g` of the chunk is scores row `first + row0 + g`: the scores chunk is bound from that
 // row, and every other per-row input (layout, temperature, bitmask) is read at it.
 //
+// A row holds the `p.vocab` ids `slice_first ..` of a vocabulary of `table_vocab` tokens: the
+// whole vocabulary, or one rank's slice of sharded rows (§4d). Every table (counts, masks, bias,
+// drafts, bad words, end tokens) is read by global id; a rule on a token outside the slice writes
+// nothing; the fallback is a global id; a slice applies no min_p (the sharded ops apply it
+// against the whole row's maximum).
+//
 // (a) The row's slot and position, or a padding row (every token masked, fallback -1).
 // (b) A dense pass over the row: the masks of `allowed` and `bitmask`, and for logits rows the
 //     float steps with the slot's table count (no drafts) and no bias.
@@ -227,20 +233,20 @@ fn dense_masked(b: u32, row: u32, v: u32) -> bool {
     return false;
 }
 
-/// The f32 bits of element `v` of group `g`'s input row.
-fn input_bits(g: u32, v: u32, dt: u32) -> u32 {
-    let e = p.scores_off + g * p.vocab + v;
+/// The f32 bits of element `j` (global id `slice_first + j`) of group `g`'s input row.
+fn input_bits(g: u32, j: u32, dt: u32) -> u32 {
+    let e = p.scores_off + g * p.vocab + j;
     return widen_bits(scores[word_of(e, dt)], e, dt);
 }
 
 /// The slot's table count of token `v` (negative entries count as 0).
 fn table_count(b: u32, v: u32) -> u32 {
-    return u32(max(token_counts[p.counts_off + b * p.vocab + v], 0));
+    return u32(max(token_counts[p.counts_off + b * p.table_vocab + v], 0));
 }
 
-/// The token id `t` as an index below `vocab`, or 0xffffffff.
+/// The token id `t` as an index below `table_vocab`, or 0xffffffff.
 fn token_index(t: i32) -> u32 {
-    if t < 0 || u32(t) >= p.vocab {
+    if t < 0 || u32(t) >= p.table_vocab {
         return 0xffffffffu;
     }
     return u32(t);
@@ -255,7 +261,16 @@ fn list_range(start: i32, end: i32, len: u32) -> vec2<u32> {
     return vec2<u32>(u32(start), u32(end));
 }
 
-/// Row chunk group `g`, token `t` of slot `b` at position `pos`: the complete rule of a logits
+/// The element of the row holding token `t` (a global id, or 0xffffffff), or 0xffffffff when the
+/// row's ids do not hold it.
+fn local_index(t: u32) -> u32 {
+    if t == 0xffffffffu || t < p.slice_first || t - p.slice_first >= p.vocab {
+        return 0xffffffffu;
+    }
+    return t - p.slice_first;
+}
+
+/// Row chunk group `g`, token `t` (a global id within the row's ids) of slot `b` at position `pos`: the complete rule of a logits
 /// token (dense masks, the slot's bias for it when `has_bias`, its count with the drafts before
 /// the row).
 fn full_logit(g: u32, dt: u32, t: u32, has_bias: bool, bias: u32, st: RowState) -> u32 {
@@ -272,7 +287,7 @@ fn full_logit(g: u32, dt: u32, t: u32, has_bias: bool, bias: u32, st: RowState) 
     }
     count = min(count, MAX_COUNT);
     let in_prompt = prompt_bit(p.prompt_mask_off + st.b * p.words, t);
-    return process_logit(input_bits(g, t, dt), has_bias, bias, in_prompt, count, st);
+    return process_logit(input_bits(g, t - p.slice_first, dt), has_bias, bias, in_prompt, count, st);
 }
 
 /// Token `j` of the row's history: the slot's generated tokens (`gen` of them, from `first` in
@@ -293,15 +308,17 @@ fn sparse_rules(g: u32, dt: u32, st: RowState) {
         let br = list_range(bias_offsets[p.bias_offsets_off + b], bias_offsets[p.bias_offsets_off + b + 1u], p.bias_len);
         for (var k = br.x; k < br.y; k++) {
             let t = token_index(bias_ids[p.bias_ids_off + k]);
-            if t != 0xffffffffu {
-                processed[base + t] = full_logit(g, dt, t, true, bias_values[p.bias_values_off + k], st);
+            let j = local_index(t);
+            if j != 0xffffffffu {
+                processed[base + j] = full_logit(g, dt, t, true, bias_values[p.bias_values_off + k], st);
             }
         }
         // The drafts before the row (their counts), with the token's bias if it has one.
         let drafts = p.draft_off + b * p.step_tokens + 1u;
         for (var j = 0u; j < st.pos; j++) {
             let t = token_index(draft_tokens[drafts + j]);
-            if t == 0xffffffffu {
+            let at = local_index(t);
+            if at == 0xffffffffu {
                 continue;
             }
             var has_bias = false;
@@ -313,7 +330,7 @@ fn sparse_rules(g: u32, dt: u32, st: RowState) {
                     break;
                 }
             }
-            processed[base + t] = full_logit(g, dt, t, has_bias, bias, st);
+            processed[base + at] = full_logit(g, dt, t, has_bias, bias, st);
         }
     }
     // min_tokens: the end tokens while the generated position is below it.
@@ -322,9 +339,9 @@ fn sparse_rules(g: u32, dt: u32, st: RowState) {
     let mt = min_tokens[p.min_tokens_off + b];
     if mt > 0 && generated < u32(mt) && generated >= step {
         for (var e = 0u; e < p.end_count; e++) {
-            let t = token_index(end_tokens[p.end_tokens_off + e]);
-            if t != 0xffffffffu {
-                processed[base + t] = MASKED;
+            let j = local_index(token_index(end_tokens[p.end_tokens_off + e]));
+            if j != 0xffffffffu {
+                processed[base + j] = MASKED;
             }
         }
     }
@@ -360,9 +377,9 @@ fn sparse_rules(g: u32, dt: u32, st: RowState) {
             }
         }
         if matches {
-            let t = token_index(bad_words[list + k + nn]);
-            if t != 0xffffffffu {
-                processed[base + t] = MASKED;
+            let j = local_index(token_index(bad_words[list + k + nn]));
+            if j != 0xffffffffu {
+                processed[base + j] = MASKED;
             }
         }
         k = k + nn + 1u;
@@ -402,8 +419,9 @@ fn process_logits_main(g: u32, lid: u32, dt: u32) {
                 st.frequency = additive(penalties[pb + 2u]);
                 st.presence = additive(penalties[pb + 3u]);
                 let mp = penalties[pb + 4u];
-                // min_p > 0 (not NaN): MINP = ceil(min(min_p, 1) · 2^24).
-                if (mp & 0x80000000u) == 0u && mp != 0u && mp <= 0x7f800000u {
+                // min_p > 0 (not NaN): MINP = ceil(min(min_p, 1) · 2^24); whole rows only.
+                let whole = p.vocab == p.table_vocab;
+                if whole && (mp & 0x80000000u) == 0u && mp != 0u && mp <= 0x7f800000u {
                     st.min_p = top_p_fixed(mp);
                 }
                 if p.logits != 0u {
@@ -425,10 +443,11 @@ fn process_logits_main(g: u32, lid: u32, dt: u32) {
     }
     // (b) The dense pass.
     let prompt_base = p.prompt_mask_off + st.b * p.words;
-    for (var v = lid; v < vocab; v += WG) {
+    for (var j = lid; j < vocab; j += WG) {
+        let v = p.slice_first + j;
         var out = MASKED;
         if !dense_masked(st.b, row, v) {
-            let x = input_bits(g, v, dt);
+            let x = input_bits(g, j, dt);
             if p.logits != 0u {
                 let count = min(table_count(st.b, v), MAX_COUNT);
                 out = process_logit(x, false, 0u, prompt_bit(prompt_base, v), count, st);
@@ -436,7 +455,7 @@ fn process_logits_main(g: u32, lid: u32, dt: u32) {
                 out = rank_key(x);
             }
         }
-        processed[base + v] = out;
+        processed[base + j] = out;
     }
     storageBarrier();
     // (c) The sparse rules.
@@ -444,11 +463,12 @@ fn process_logits_main(g: u32, lid: u32, dt: u32) {
         sparse_rules(g, dt, st);
     }
     storageBarrier();
-    // (d) The fallback: the best unmasked token by rank key, then id.
+    // (d) The fallback: the best unmasked token by rank key, then id (a global id).
     var bk = 0u;
     var bi = 0xffffffffu;
-    for (var v = lid; v < vocab; v += WG) {
-        let bits = processed[base + v];
+    for (var j = lid; j < vocab; j += WG) {
+        let v = p.slice_first + j;
+        let bits = processed[base + j];
         if bits == MASKED {
             continue;
         }
@@ -481,10 +501,10 @@ fn process_logits_main(g: u32, lid: u32, dt: u32) {
         w_max = key_weight(best.x);
     }
     let limit = mul64x64(w_max, u64_from(st.min_p));
-    for (var v = lid; v < vocab; v += WG) {
-        let bits = processed[base + v];
+    for (var j = lid; j < vocab; j += WG) {
+        let bits = processed[base + j];
         if bits == MASKED {
-            processed[base + v] = masked_value;
+            processed[base + j] = masked_value;
             continue;
         }
         if st.min_p == 0u {
@@ -492,12 +512,12 @@ fn process_logits_main(g: u32, lid: u32, dt: u32) {
         }
         var w: vec2<u32>;
         if p.logits != 0u {
-            w = weigh_key(weigh, logit_row_key(weigh, bits, v));
+            w = weigh_key(weigh, logit_row_key(weigh, bits, p.slice_first + j));
         } else {
             w = key_weight(bits);
         }
         if lt128(mul64x64(w, u64_from(1u << 24u)), limit) {
-            processed[base + v] = masked_value;
+            processed[base + j] = masked_value;
         }
     }
 }

@@ -35,7 +35,7 @@ impl WgpuDevice {
             float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: Some(gpu.limits.max_buffer_size),
             logits: true,
-            sliced_processing: false,
+            sliced_processing: true,
             // process_logits binds more storage buffers than the other kernels.
             processing: gpu.limits.max_storage_buffers_per_shader_stage
                 >= crate::ops::process_logits::STORAGE_BUFFERS,

@@ -1,5 +1,9 @@
 // process_logits (docs/semantics.md 5.12, 4c): one cluster per row of the block (`rows` rows from
-// scores row `first`; output row i is scores row first + i), in four barrier phases.
+// scores row `first`; output row i is scores row first + i), in four barrier phases. A row holds
+// the `width` ids `slice_first ..` of the tables' `vocab`: the whole vocabulary, or one rank's
+// slice of sharded rows (4d). Every table is read by global id; a rule on a token outside the
+// slice writes nothing; the fallback is a global id; a slice applies no min_p (the sharded ops
+// apply it against the whole row's maximum).
 //  1. Dense (every core, its contiguous slice): the masks of `allowed` and `bitmask`, and for a
 //     logits row the float steps with the slot's table counts and no bias; a padding row (no slot)
 //     masks every token.
@@ -96,6 +100,12 @@ inline void list_range(__global const int* offsets, uint b, uint len, uint* star
     *end = ok ? (uint)e : 0u;
 }
 
+// Element of the row holding token t (a global id), or -1 when the row's ids do not hold it.
+inline long slice_index(int t, uint first, uint width) {
+    if (t < 0 || (uint)t < first || (uint)t - first >= width) return -1l;
+    return (long)((uint)t - first);
+}
+
 // Bit v of the mask row starting at word `row_word` is 0.
 inline bool bit_clear(__global const uint* mask, ulong row_word, uint v) {
     return ((mask[row_word + (v >> 5)] >> (v & 31u)) & 1u) == 0u;
@@ -120,6 +130,8 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
     BIND(uint, processed);
     BIND(int, fallback);
     const uint rows = args.rows, V = args.vocab, S_TOK = args.max_step_tokens;
+    // The row's ids: [first_id, first_id + W) of V (the whole vocabulary: 0 and V).
+    const uint first_id = args.slice_first, W = args.width;
     const uint real_bsz = args.real_bsz, words = (args.vocab + 31u) / 32u;
     const uint has_allowed = args.has_allowed, has_bitmask = args.has_bitmask;
     const ulong mml = args.max_model_len;
@@ -127,8 +139,8 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
     FOR_CLUSTER_ROWS(i, rows) {
         // Output row i is scores row r = first + i: every per-row input is read at r.
         const uint r = args.first + i;
-        __global const T_STORE* row = matrix + (ulong)r * V;
-        __global uint* out = processed + (ulong)i * V;
+        __global const T_STORE* row = matrix + (ulong)r * W;
+        __global uint* out = processed + (ulong)i * W;
         // (a) The row's slot and position (uniform over the cluster).
         int bid = batch_id[r];
         bool valid = bid >= 0 && (uint)bid < real_bsz;
@@ -152,7 +164,8 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
             pen.presence = additive_bits(p[3]);
             uint mp = p[4];
             // min_p > 0 (NaN, zero and negative values are off); values above 1 count as 1.
-            bool on = (mp & 0x80000000u) == 0u && mp != 0u && mp <= POS_INF_BITS;
+            // Whole rows only.
+            bool on = W == V && (mp & 0x80000000u) == 0u && mp != 0u && mp <= POS_INF_BITS;
             min_p = on ? top_p_fixed(mp) : 0ul;
             list_range(bias_offsets, b, args.num_bias, &bias_start, &bias_end);
             list_range(bad_word_offsets, b, args.num_bad_words, &bad_start, &bad_end);
@@ -164,10 +177,11 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
             end_active = generated < (long)min_tokens[b];
         }
         uint lo, hi;
-        core_slice(V, &lo, &hi);
+        core_slice(W, &lo, &hi);
 
-        // (b) Dense phase.
-        for (uint v = lo; v < hi; v++) {
+        // (b) Dense phase: element j is token v = first_id + j.
+        for (uint j = lo; j < hi; j++) {
+            const uint v = first_id + j;
             bool masked = !valid || (has_allowed != 0u && bit_clear(allowed, slot_words, v)) ||
                           (has_bitmask != 0u && bit_clear(bitmask, row_words, v));
             uint value = MASK_MARK;
@@ -175,12 +189,12 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
 #if LOGITS
                 long c = min((long)max(token_counts[counts_row + v], 0), MAX_COUNT);
                 bool in_prompt = !bit_clear(prompt_mask, slot_words, v);
-                value = process_logit(LOAD_T(row, v), false, 0u, in_prompt, c, pen);
+                value = process_logit(LOAD_T(row, j), false, 0u, in_prompt, c, pen);
 #else
-                value = rank_key(LOAD_T(row, v));
+                value = rank_key(LOAD_T(row, j));
 #endif
             }
-            out[v] = value;
+            out[j] = value;
         }
         barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
 
@@ -190,7 +204,8 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
             // Bias entries, then the drafts before the row: the complete float steps.
             for (ulong k = bias_start; k < (ulong)bias_end + pos; k++) {
                 int t = k < bias_end ? bias_ids[k] : draft_tokens[drafts + (k - bias_end)];
-                if (t < 0 || (uint)t >= V) continue;
+                long at = slice_index(t, first_id, W);
+                if (at < 0l || (uint)t >= V) continue;
                 uint v = (uint)t;
                 bool masked = (has_allowed != 0u && bit_clear(allowed, slot_words, v)) ||
                               (has_bitmask != 0u && bit_clear(bitmask, row_words, v));
@@ -204,14 +219,14 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
                 for (uint j = 0; j < pos; j++) c += draft_tokens[drafts + j] == t ? 1l : 0l;
                 c = min(c, MAX_COUNT);
                 bool in_prompt = !bit_clear(prompt_mask, slot_words, v);
-                out[v] = process_logit(LOAD_T(row, v), has_bias, additive_bits(bias), in_prompt, c,
+                out[at] = process_logit(LOAD_T(row, at), has_bias, additive_bits(bias), in_prompt, c,
                                        pen);
             }
 #endif
             // min_tokens: the end tokens.
             for (uint e = 0; e < args.num_end && end_active; e++) {
-                int t = end_tokens[e];
-                if (t >= 0 && (uint)t < V) out[t] = MASK_MARK;
+                long at = slice_index(end_tokens[e], first_id, W);
+                if (at >= 0l && (uint)end_tokens[e] < V) out[at] = MASK_MARK;
             }
             // Bad words: parsing stops at the first malformed entry.
             const ulong history_len = gen_len + (ulong)pos;
@@ -228,7 +243,8 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
                     match = ht == bad_words[k + 1u + (uint)i];
                 }
                 int t = bad_words[k + (uint)n];
-                if (match && t >= 0 && (uint)t < V) out[t] = MASK_MARK;
+                long at = slice_index(t, first_id, W);
+                if (match && at >= 0l && (uint)t < V) out[at] = MASK_MARK;
                 k += (uint)n + 1u;
             }
         }
@@ -236,14 +252,14 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
 
         // (d) Fallback: the first unmasked token in rank order (keys: 0 masked, never 0 else).
         uint best_key = 0u, best_id = 0u;
-        for (uint v = lo; v < hi; v++) {
-            uint x = out[v];
+        for (uint j = lo; j < hi; j++) {
+            uint x = out[j];
 #if LOGITS
             uint key = x == MASK_MARK ? 0u : logit_rank_key(x);
 #else
             uint key = x == MASK_MARK ? 0u : x + 1u;
 #endif
-            if (key > best_key) { best_key = key; best_id = v; }
+            if (key > best_key) { best_key = key; best_id = first_id + j; }
         }
         KeyId best = cluster_max(best_key, best_id, S);
         if (LID == 0u) fallback[i] = best.key == 0u ? -1 : (int)best.id;
@@ -256,19 +272,19 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature),
         ulong w_max = best.key == 0u ? 0ul : key_weight(best.key - 1u);
 #endif
         u128 bar = mul_64x64(min_p, w_max);
-        for (uint v = lo; v < hi; v++) {
-            uint x = out[v];
+        for (uint j = lo; j < hi; j++) {
+            uint x = out[j];
             if (x == MASK_MARK) {
-                out[v] = MASKED_BITS;
+                out[j] = MASKED_BITS;
                 continue;
             }
             if (min_p == 0ul) continue;
 #if LOGITS
-            ulong weight = logit_key_weight(w, logit_row_key(w, x, v));
+            ulong weight = logit_key_weight(w, logit_row_key(w, x, first_id + j));
 #else
             ulong weight = key_weight(x);
 #endif
-            if (lt_128(mul_64x64(weight, 1ul << MIN_P_BITS), bar)) out[v] = MASKED_BITS;
+            if (lt_128(mul_64x64(weight, 1ul << MIN_P_BITS), bar)) out[j] = MASKED_BITS;
         }
         barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
     }

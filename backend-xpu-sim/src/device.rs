@@ -61,7 +61,7 @@ impl XpuSimDevice {
             float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: Some(runtime.max_alloc),
             logits: true,
-            sliced_processing: false,
+            sliced_processing: true,
             processing: true,
             fused_processing: false,
             row_block_bytes: None,

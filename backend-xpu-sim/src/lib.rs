@@ -55,7 +55,8 @@
 //!   read through `sanitize_logit` as the reference does; the dense masks and steps run over core
 //!   slices, core 0 then recomputes every token a sparse rule touches (bias, drafts before the row,
 //!   end tokens, bad words) from its input, and the fallback and min_p use the integer keys and
-//!   weights above.
+//!   weights above. Over one rank's slice of sharded rows (§4d) the same kernel reads every table
+//!   by global id and applies no min_p.
 //! - Constants shared with Rust come from `specula_backend_api::abi` as `-D` options.
 //!
 //! ## Programs

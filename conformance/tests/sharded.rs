@@ -2,7 +2,9 @@
 //! (`docs/semantics.md` §4d): 2 ranks split evenly, 3 ranks with a one-token first slice, and 4
 //! ranks split evenly, every rank on the CPU backend; each rank's outputs equal the reference's
 //! outputs of the whole case (computed once). The same check runs across MPI processes in
-//! `ci/test.sh` (`examples/sharded_decode_mpi.rs`).
+//! `ci/test.sh` (`examples/sharded_decode_mpi.rs`). The sharded decoder runs on the CPU backend
+//! for every partition, and on every other backend that opens here (wgpu, xpu-sim, CUDA: its
+//! ranks share the backend's device) on 3 ranks with a one-token first slice.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,6 +116,71 @@ fn a_sharded_decoder_emits_the_unsharded_tokens() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// The sharded decoder on the other backends (they process their slices on the device,
+/// `Capabilities::sliced_processing`): every scenario on 3 ranks with a one-token first slice,
+/// the ranks sharing one device, emits the tokens of the unsharded decoder on the CPU backend. A
+/// backend that cannot open here is reported as skipped (a failure when `SPECULA_REQUIRE` names
+/// it).
+#[test]
+fn a_sharded_decoder_on_every_backend_emits_the_unsharded_tokens() {
+    use specula_backend_api::{BackendKind, Device};
+    use specula_conformance::backends;
+    use specula_conformance::sharded_decode::{Scenario, compare, run};
+    let required = backends::required_from_env().expect("SPECULA_REQUIRE");
+    let (ranks, uneven) = (3, true);
+    for kind in [BackendKind::Wgpu, BackendKind::XpuSim, BackendKind::Cuda] {
+        let backend = backends::probe(kind);
+        let Some(device) = backend.device().cloned() else {
+            assert!(
+                !required.contains(&backend.name),
+                "{} is required: {}",
+                backend.name,
+                backend.describe()
+            );
+            eprintln!("{}: skipped ({})", backend.name, backend.describe());
+            continue;
+        };
+        let capabilities = device.capabilities();
+        if !(capabilities.sharded && capabilities.sliced_processing && capabilities.processing) {
+            eprintln!(
+                "{}: skipped (the device does not process slices of sharded rows)",
+                backend.name
+            );
+            continue;
+        }
+        for scenario in Scenario::all() {
+            let cpu: Arc<dyn Device> = Arc::new(CpuDevice::with_threads(1).expect("cpu"));
+            let want = run(&scenario, cpu, None).expect("unsharded run");
+            let handles: Vec<_> = ThreadGroup::with_timeout(ranks, Duration::from_secs(120))
+                .into_iter()
+                .enumerate()
+                .map(|(rank, member)| {
+                    let device = device.clone();
+                    std::thread::spawn(move || {
+                        let slice = slice_of(scenario.vocab, ranks, rank, uneven).expect("slice");
+                        run(&scenario, device, Some((Group::new(member), slice)))
+                    })
+                })
+                .collect();
+            for (rank, h) in handles.into_iter().enumerate() {
+                let name = format!("{} {} rank {rank}/{ranks}", backend.name, scenario.name());
+                let got = h
+                    .join()
+                    .expect("a rank panicked")
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+                if let Err(e) = compare(&scenario, &got, &want) {
+                    panic!("{name}: {e}");
+                }
+            }
+            eprintln!(
+                "{} {}: the unsharded tokens on every rank",
+                backend.name,
+                scenario.name()
+            );
         }
     }
 }

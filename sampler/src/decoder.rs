@@ -234,7 +234,7 @@ impl Decoder {
     /// parameters are checked again (one all-gather of a fingerprint); a disagreement is
     /// [`SamplerError::Shard`] with [`ShardError::Mismatch`] on every rank, a rank that stops
     /// answering a timeout on the others. The device must run the per-rank ops
-    /// (`Capabilities::sharded` and `sliced_processing`: the CPU backend and the reference).
+    /// (`Capabilities::sharded` and `sliced_processing`: every backend).
     ///
     /// [`ShardError::Mismatch`]: specula_shard::ShardError::Mismatch
     pub fn new_sharded(

@@ -1,7 +1,11 @@
 //! `process_logits` (`docs/semantics.md` §5.12, §4c): masks, logit bias, penalties and min_p on
 //! every output row from the row's own history, and each row's fallback token, one block per row
 //! of the call's row block (`kernels/process_logits.cu`: output row `i` is scores row
-//! `first + i`), on probability rows or logits rows (f32, f16 or bf16 in, f32 out).
+//! `first + i`), on probability rows or logits rows (f32, f16 or bf16 in, f32 out). The rows hold
+//! the whole vocabulary, or one rank's slice of sharded rows ([`ProcessParams::slice`],
+//! `docs/semantics.md` §4d): the kernel reads every table by global id.
+//!
+//! [`ProcessParams::slice`]: specula_backend_api::ops::ProcessParams::slice
 
 use specula_backend_api::ops::ProcessLogitsCall;
 use specula_backend_api::{Op, Result};
@@ -20,6 +24,7 @@ pub(crate) fn run(device: &CudaDevice, mut call: ProcessLogitsCall<'_, '_>) -> R
     let shape = &params.shape;
     let dims = &params.dims;
     let block = params.row_block();
+    let ids = params.ids();
     let args = ProcessArgs {
         scores: device.ptr(op, inputs.scores.matrix())?,
         temperature: device.opt_ptr(op, inputs.scores.temperature())?,
@@ -53,6 +58,8 @@ pub(crate) fn run(device: &CudaDevice, mut call: ProcessLogitsCall<'_, '_>) -> R
         vocab: to_u32(op, "vocab", shape.vocab)?,
         real_bsz: to_u32(op, "real_bsz", dims.real_bsz)?,
         logits: flag(kind.logits),
+        slice_first: to_u32(op, "slice first", ids.first)?,
+        width: to_u32(op, "slice len", ids.len)?,
     };
     let kernels = device.kernels(
         KernelFile::ProcessLogits,

@@ -21,8 +21,10 @@
 //                     MIN_N MAX_N N_END   (layout, sampling params, gather, update_state, ngram)
 //   driver counts     DIR <the batch arguments> VOCAB   (update_state with token_counts)
 //   driver process    DIR ROWS VOCAB MAX_BSZ REAL_BSZ S MAX_MODEL_LEN N_END N_BIAS N_BAD LOGITS
-//                     ALLOWED BITMASK [FIRST BLOCK_ROWS]   (process_logits -> processed fallback;
-//                     with FIRST BLOCK_ROWS only that block of the ROWS rows, into BLOCK_ROWS rows)
+//                     ALLOWED BITMASK [FIRST BLOCK_ROWS [SLICE_FIRST SLICE_LEN]]   (process_logits
+//                     -> processed fallback; with FIRST BLOCK_ROWS only that block of the ROWS rows,
+//                     into BLOCK_ROWS rows; with SLICE_FIRST SLICE_LEN the scores are [ROWS,
+//                     SLICE_LEN], the ids SLICE_FIRST .. of the VOCAB of the tables)
 //   the sharded ops, over ROWS rows of the slice [FIRST, FIRST + LEN) (scores [temperature]
 //   row_key [min_p]: temperature with LOGITS 1, min_p with MIN_P 1):
 //   driver shard_key       DIR ROWS LEN FIRST ORDER LOGITS IDS   (scores [ids] -> keys)
@@ -306,11 +308,16 @@ static void run_process(const Run& run) {
     const bool block = run.argc > 16;
     const u64 first = block ? run.arg(15) : 0;
     const u32 rows = block ? (u32)run.arg(16) : (u32)run.arg(3);
+    // The ids the rows hold: the whole vocabulary, or SLICE_FIRST .. SLICE_FIRST + SLICE_LEN.
+    const bool sliced = run.argc > 18;
+    const u32 width = sliced ? (u32)run.arg(18) : vocab;
     ProcessArgs a;
     memset(&a, 0, sizeof a);
     a.first = first;
     a.rows = rows;
     a.vocab = vocab;
+    a.slice_first = sliced ? (u32)run.arg(17) : 0u;
+    a.width = width;
     a.real_bsz = (u32)run.arg(6);
     a.max_step_tokens = run.arg(7);
     a.max_model_len = run.arg(8);
@@ -338,12 +345,12 @@ static void run_process(const Run& run) {
     a.bad_words = run.in<i32>("bad_words");
     a.allowed = run.in_if<u32>(run.arg(13) != 0, "allowed");
     a.bitmask = run.in_if<u32>(run.arg(14) != 0, "bitmask");
-    a.processed = dalloc<float>((u64)rows * vocab);
+    a.processed = dalloc<float>((u64)rows * width);
     a.fallback = dalloc_filled<i32>(rows, -7);
     // Garbage in the outputs: every element must be written.
-    memset(a.processed, 0x5a, sizeof(float) * (u64)rows * vocab);
+    memset(a.processed, 0x5a, sizeof(float) * (u64)rows * width);
     if (rows > 0) launch(SPECULA_ENTRY(process_logits), rows, 1, SPECULA_ROW_BLOCK, a, 2);
-    run.out("processed", a.processed, (u64)rows * vocab);
+    run.out("processed", a.processed, (u64)rows * width);
     run.out("fallback", a.fallback, rows);
 }
 

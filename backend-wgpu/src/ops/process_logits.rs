@@ -1,7 +1,11 @@
 //! `process_logits` (`shaders/process_logits.wgsl`, `docs/semantics.md` §4c, §5.12): one workgroup
 //! per row of the block, one dispatch per row chunk of the `processed` matrix (f32, so its chunks
 //! also fit the input's bindings, whose elements are at most as wide). Output row `i` is the
-//! processing of scores row `first + i` of the block.
+//! processing of scores row `first + i` of the block. The rows hold the whole vocabulary, or one
+//! rank's slice of sharded rows ([`ProcessParams::slice`], `docs/semantics.md` §4d): the
+//! kernel reads every table by global id.
+//!
+//! [`ProcessParams::slice`]: specula_backend_api::ops::ProcessParams::slice
 
 use specula_backend_api::ops::process_logits::mask_words;
 use specula_backend_api::ops::{ProcessLogitsCall, RowShape};
@@ -19,10 +23,13 @@ specula_backend_api::kernel_args! {
     /// `process_logits_<dtype>`, after its [`RowHead`]: output rows `row0 ..` of the chunk bound at
     /// `processed`, which are scores rows `first + row0 ..` of the chunk bound at `scores` (logits
     /// with their per-row `temperature` when `logits` is 1; every per-row input is read at the
-    /// scores row), the shape, the lengths of the lists, whether `allowed` and `bitmask` are given,
-    /// and the offset of every buffer.
+    /// scores row), the ids the rows hold (`slice_first ..`, the head's `vocab` of them, of the
+    /// tables' `table_vocab`), the shape, the lengths of the lists, whether `allowed` and
+    /// `bitmask` are given, and the offset of every buffer.
     pub(crate) struct ProcessLogitsArgs {
         first: u32,
+        slice_first: u32,
+        table_vocab: u32,
         real_bsz: u32,
         step_tokens: u32,
         max_model_len: u32,
@@ -70,6 +77,7 @@ pub(crate) fn run(device: &WgpuDevice, mut call: ProcessLogitsCall<'_, '_>) -> R
     let (inputs, out, params, &kind) = call.parts();
     let shape = &params.shape;
     let block = params.row_block();
+    let ids = params.ids();
     let dims = &params.dims;
     let (h, s) = (&inputs.history, &inputs.slots);
     let processed: &specula_backend_api::Buffer = out.processed;
@@ -81,12 +89,14 @@ pub(crate) fn run(device: &WgpuDevice, mut call: ProcessLogitsCall<'_, '_>) -> R
         processed,
         &RowShape {
             rows: block.rows,
-            vocab: shape.vocab,
+            vocab: ids.len,
         },
         |b, chunk| {
             let scores_rows = (block.first + chunk.0, block.first + chunk.1);
             Ok(ProcessLogitsArgs {
                 first: u(block.first),
+                slice_first: u(ids.first),
+                table_vocab: u(shape.vocab),
                 real_bsz: u(dims.real_bsz),
                 step_tokens: u(dims.max_step_tokens),
                 max_model_len: u(params.max_model_len),
@@ -97,7 +107,7 @@ pub(crate) fn run(device: &WgpuDevice, mut call: ProcessLogitsCall<'_, '_>) -> R
                 bad_words_len: u(s.bad_words.len()),
                 has_allowed: u32::from(s.allowed.is_some()),
                 has_bitmask: u32::from(inputs.bitmask.is_some()),
-                scores_off: b.rows(1, inputs.scores.matrix(), shape.vocab, scores_rows)?,
+                scores_off: b.rows(1, inputs.scores.matrix(), ids.len, scores_rows)?,
                 // Probability rows read no temperature: `penalties` stands in (read-only).
                 temperature_off: b.buffer(2, inputs.scores.temperature().unwrap_or(s.penalties))?,
                 cu_out_off: b.buffer(3, inputs.layout.cu_seqlens_q_output)?,
@@ -119,7 +129,7 @@ pub(crate) fn run(device: &WgpuDevice, mut call: ProcessLogitsCall<'_, '_>) -> R
                 // Absent masks: `prompt_mask` stands in (read-only, never read).
                 allowed_off: b.buffer(19, s.allowed.unwrap_or(h.prompt_mask))?,
                 bitmask_off: b.buffer(20, inputs.bitmask.unwrap_or(h.prompt_mask))?,
-                processed_off: b.rows(21, processed, shape.vocab, chunk)?,
+                processed_off: b.rows(21, processed, ids.len, chunk)?,
                 fallback_off: b.buffer(22, fallback)?,
             })
         },

@@ -1,6 +1,9 @@
 //! `process_logits` (`docs/semantics.md` §5.12, §4c, `kernels/process_logits.cl`): one cluster per
 //! row; rows of logits (every rule) or of probabilities (masks and min_p). The processed rows are
-//! always f32.
+//! always f32. The rows hold the whole vocabulary, or one rank's slice of sharded rows
+//! ([`ProcessParams::slice`], `docs/semantics.md` §4d): the kernel reads every table by global id.
+//!
+//! [`ProcessParams::slice`]: specula_backend_api::ops::ProcessParams::slice
 
 use specula_backend_api::WarmUp;
 use specula_backend_api::ops::ProcessLogitsCall;
@@ -12,7 +15,8 @@ use crate::runtime::{KernelBuffers, Runtime};
 specula_backend_api::kernel_args! {
     /// The parameters of `process_logits_<dtype>` (`temperature`: logits rows only; `allowed` and
     /// `bitmask`: the placeholder and a 0 flag when absent). `rows` rows of the block starting at
-    /// scores row `first`: output row `i` is the processing of scores row `first + i`.
+    /// scores row `first`: output row `i` is the processing of scores row `first + i`. The rows
+    /// hold the `width` ids `slice_first ..` of the tables' `vocab`.
     pub(crate) struct ProcessLogitsArgs {
         max_model_len: u64,
         rows: u32,
@@ -25,6 +29,8 @@ specula_backend_api::kernel_args! {
         has_allowed: u32,
         has_bitmask: u32,
         first: u32,
+        slice_first: u32,
+        width: u32,
     }
 }
 
@@ -37,6 +43,7 @@ pub(crate) fn run(runtime: &Runtime, mut call: ProcessLogitsCall<'_, '_>) -> Res
     let (key, entry) = scores_program(Op::ProcessLogits, *kind);
     let (h, s) = (&inputs.history, &inputs.slots);
     let block = params.row_block();
+    let ids = params.ids();
     let mut buffers = KernelBuffers::default();
     buffers
         .bind(&[inputs.scores.matrix()])?
@@ -73,6 +80,8 @@ pub(crate) fn run(runtime: &Runtime, mut call: ProcessLogitsCall<'_, '_>) -> Res
         has_allowed: flag(s.allowed.is_some()),
         has_bitmask: flag(inputs.bitmask.is_some()),
         first: count(block.first),
+        slice_first: count(ids.first),
+        width: count(ids.len),
     };
     runtime.launch(&key, &entry, &buffers, &args)
 }
