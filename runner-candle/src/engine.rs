@@ -115,31 +115,42 @@ impl RunStats {
         self.prompt_tokens as f64 / self.prefill.as_secs_f64().max(1e-9)
     }
 
-    /// The summary `specula-generate` prints, split as llama.cpp's timings are: the prompt pass,
-    /// decoding, the whole run.
+    /// The summary `specula-generate` prints, one line each as llama.cpp splits its timings:
+    /// the prompt pass, decoding (the tokens after each prompt's first), the whole run.
+    pub fn summary_lines(&self) -> [String; 3] {
+        [
+            format!(
+                "prompt: {} tokens in {:.2} s ({:.1} tokens/s)",
+                self.prompt_tokens,
+                self.prefill.as_secs_f64(),
+                self.prompt_tokens_per_second(),
+            ),
+            format!(
+                "decoding: {} tokens in {:.2} s ({:.1} tokens/s), {} steps, drafts accepted \
+                 {:.1}% ({} of {})",
+                self.tokens.saturating_sub(self.prefills),
+                self.total.saturating_sub(self.prefill).as_secs_f64(),
+                self.decode_tokens_per_second(),
+                self.steps,
+                100.0 * self.acceptance_rate(),
+                self.drafts_accepted,
+                self.drafts_proposed,
+            ),
+            format!(
+                "total: {} tokens in {:.2} s ({:.1} tokens/s), forward {:.1}% of the run, \
+                 Specula {:.2}%",
+                self.tokens,
+                self.total.as_secs_f64(),
+                self.tokens_per_second(),
+                100.0 * self.forward_share(),
+                100.0 * self.specula_share(),
+            ),
+        ]
+    }
+
+    /// [`summary_lines`](RunStats::summary_lines) on one line, `; `-separated.
     pub fn summary(&self) -> String {
-        format!(
-            "prompt: {} tokens in {:.2} s ({:.1} tokens/s)\n\
-             decoding: {} tokens in {:.2} s ({:.1} tokens/s), {} steps; drafts accepted {:.1}% \
-             ({} of {})\n\
-             total: {} tokens in {:.2} s ({:.1} tokens/s); forward {:.1}% of the run, Specula \
-             {:.2}%",
-            self.prompt_tokens,
-            self.prefill.as_secs_f64(),
-            self.prompt_tokens_per_second(),
-            self.tokens.saturating_sub(self.prefills),
-            self.total.saturating_sub(self.prefill).as_secs_f64(),
-            self.decode_tokens_per_second(),
-            self.steps,
-            100.0 * self.acceptance_rate(),
-            self.drafts_accepted,
-            self.drafts_proposed,
-            self.tokens,
-            self.total.as_secs_f64(),
-            self.tokens_per_second(),
-            100.0 * self.forward_share(),
-            100.0 * self.specula_share(),
-        )
+        self.summary_lines().join("; ")
     }
 }
 

@@ -226,7 +226,10 @@ fn run(cli: Cli) -> Result<(), RunnerError> {
         )?,
         _ => run_batch(&mut engine, &model, requests)?,
     };
-    eprintln!("\n{}", output.summary());
+    eprintln!();
+    for line in output.summary_lines() {
+        eprintln!("{line}");
+    }
     Ok(())
 }
 
