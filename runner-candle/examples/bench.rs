@@ -27,7 +27,7 @@ use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use specula_runner_candle::draft_length::DraftPolicy;
 use specula_runner_candle::engine::{Engine, RunOutput};
 use specula_runner_candle::model::read_gguf;
@@ -59,23 +59,8 @@ struct Args {
     #[arg(long)]
     forward_only: bool,
     /// How many of the proposer's drafts a request feeds.
-    #[arg(long, value_enum, default_value_t = Policy::Adaptive)]
-    draft_policy: Policy,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Policy {
-    Adaptive,
-    Fixed,
-}
-
-impl From<Policy> for DraftPolicy {
-    fn from(policy: Policy) -> Self {
-        match policy {
-            Policy::Adaptive => DraftPolicy::Adaptive,
-            Policy::Fixed => DraftPolicy::Fixed,
-        }
-    }
+    #[arg(long, value_enum, default_value_t = DraftPolicy::Adaptive)]
+    draft_policy: DraftPolicy,
 }
 
 /// Passages the model is asked to repeat (greedy decoding copies them).
@@ -117,7 +102,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let model = Model::load(&path)?;
     eprintln!("{}", load_average());
     let device = registry::open(&args.backend)?;
-    let policy = DraftPolicy::from(args.draft_policy);
+    let policy = args.draft_policy;
     eprintln!(
         "model {}, Specula on {} ({}), draft policy {policy:?}",
         path.display(),

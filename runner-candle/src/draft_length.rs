@@ -13,7 +13,7 @@
 //!   before the next (up to [`MAX_PROBE_INTERVAL`]), an accepted one lifts the limit back to 1.
 //!
 //! The limit only changes how many tokens a step feeds, never which tokens are emitted: TARGET_MATCH
-//! emits the plain tokens whatever the drafts (`docs/semantics.md` §4c).
+//! emits the plain tokens whatever the drafts (`docs/semantics.md` §1, §5.8).
 
 /// Decoding steps at limit 0 before the first probe.
 pub const FIRST_PROBE_INTERVAL: u32 = 4;
@@ -21,8 +21,8 @@ pub const FIRST_PROBE_INTERVAL: u32 = 4;
 /// The longest wait between probes, in decoding steps.
 pub const MAX_PROBE_INTERVAL: u32 = 32;
 
-/// How the engine chooses the drafts a request feeds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How the engine chooses the drafts a request feeds (a command-line value: `fixed`, `adaptive`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum DraftPolicy {
     /// Every draft the proposer makes, up to the most a step may take.
     Fixed,

@@ -90,23 +90,8 @@ struct Cli {
     /// How many of the proposer's drafts a request feeds: `adaptive` learns a length per request
     /// (halved after a step that rejected every draft, doubled after one that accepted them all,
     /// at most --draft), `fixed` feeds every draft up to --draft. The tokens are the same.
-    #[arg(long, value_enum, default_value_t = Policy::Adaptive)]
-    draft_policy: Policy,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Policy {
-    Adaptive,
-    Fixed,
-}
-
-impl From<Policy> for DraftPolicy {
-    fn from(policy: Policy) -> Self {
-        match policy {
-            Policy::Adaptive => DraftPolicy::Adaptive,
-            Policy::Fixed => DraftPolicy::Fixed,
-        }
-    }
+    #[arg(long, value_enum, default_value_t = DraftPolicy::Adaptive)]
+    draft_policy: DraftPolicy,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -206,8 +191,7 @@ fn run(cli: Cli) -> Result<(), RunnerError> {
     let requests = requests(&cli, &model, &texts, seed)?;
     let device = registry::open(cli.backend.name())?;
     let config = sampler_config(&cli, &model, requests.len())?;
-    let mut engine =
-        Engine::new(&model.llama, device, config)?.with_draft_policy(cli.draft_policy.into());
+    let mut engine = Engine::new(&model.llama, device, config)?.with_draft_policy(cli.draft_policy);
     eprintln!(
         "{}: {} layers, vocabulary {}, context {} (loaded in {:.2} s); Specula on {}; seed {seed}",
         model_path.display(),
