@@ -1,12 +1,14 @@
 //! The runner's benchmark: tokens/s of plain decoding vs n-gram speculative decoding, greedy, at
 //! batch 1 and batch 8, on prompts that ask the model to repeat a passage (drafts from the prompt
 //! get accepted) and on ordinary chat prompts; the acceptance rate; and the shares of the run
-//! spent in the forward pass and in Specula. Tokens/s are given over the whole run (the prompts'
-//! forward pass included) and for decoding alone (the run without the prompts' forward pass, and
-//! without the first token each prompt pass yields). Plain and speculative runs alternate,
-//! `--repeats` times each, in one process; the round shown is the one with the median speed-up,
-//! and every ratio compares runs of the same round. The speculative tokens are checked against the
-//! plain tokens.
+//! spent in the forward pass and in Specula. Tokens/s are given as llama.cpp and vLLM users read
+//! them: for decoding (the run without the prompts' forward pass, and without the first token each
+//! prompt pass yields: llama.cpp's "eval" rate), with the prompt pass timed on its own (its
+//! "prompt eval") and the whole run beside them. Plain and speculative runs alternate, `--repeats`
+//! times each, in one process; the round shown is the one with the median decoding speed-up, and
+//! every ratio compares runs of the same round. The speculative tokens are checked against the
+//! plain tokens. Speculation feeds each request an adaptive number of drafts
+//! (`--draft-policy adaptive`, the engine's default) or every draft (`fixed`).
 //!
 //! First, the forward pass alone: one step of 1 token and one of 5 tokens (after a 32-token
 //! prompt), with candle's `QMatMul` for every weight and with the runner's Q4_1 matmul
@@ -15,7 +17,7 @@
 //! table (`/proc/loadavg`).
 //!
 //! ```text
-//! cargo run --release -p specula-runner-candle --example bench -- [--backend cpu] [--tokens 64] [--repeats 3] [--draft 5]
+//! cargo run --release -p specula-runner-candle --example bench -- [--backend cpu] [--tokens 64] [--repeats 3] [--draft 5] [--draft-policy adaptive]
 //! ```
 //!
 //! Prints Markdown tables (the ones in `docs/performance.md`). A benchmark, not a test: it
@@ -26,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Parser;
+use specula_runner_candle::draft_length::DraftPolicy;
 use specula_runner_candle::engine::{Engine, RunOutput};
 use specula_runner_candle::model::read_gguf;
 use specula_runner_candle::qmatmul::MatmulKernel;
@@ -55,6 +58,9 @@ struct Args {
     /// Only the forward table.
     #[arg(long)]
     forward_only: bool,
+    /// How many of the proposer's drafts a request feeds.
+    #[arg(long, value_enum, default_value_t = DraftPolicy::Adaptive)]
+    draft_policy: DraftPolicy,
 }
 
 /// Passages the model is asked to repeat (greedy decoding copies them).
@@ -96,16 +102,17 @@ fn main() -> Result<(), Box<dyn Error>> {
     let model = Model::load(&path)?;
     eprintln!("{}", load_average());
     let device = registry::open(&args.backend)?;
+    let policy = args.draft_policy;
     eprintln!(
-        "model {}, Specula on {} ({})",
+        "model {}, Specula on {} ({}), draft policy {policy:?}",
         path.display(),
         args.backend,
         device.info().name
     );
     println!(
-        "| workload | batch | tokens | plain tok/s | n-gram tok/s | speed-up | decoding: plain / n-gram tok/s | speed-up | accepted | Specula share: plain / n-gram | forward share (n-gram) | same tokens |"
+        "| workload | batch | tokens | decoding tok/s: plain / n-gram | speed-up | prompt pass s: plain / n-gram | whole run tok/s: plain / n-gram | speed-up | accepted (of drafts fed) | Specula share: plain / n-gram | same tokens |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut all_same = true;
     for (workload, texts) in [
         (
@@ -137,7 +144,8 @@ fn main() -> Result<(), Box<dyn Error>> {
             let mut rounds: Vec<(RunOutput, RunOutput)> = Vec::new();
             for _ in 0..args.repeats.max(1) {
                 let run = |config: &SamplerConfig| -> Result<RunOutput, Box<dyn Error>> {
-                    let mut engine = Engine::new(&model.llama, device.clone(), config.clone())?;
+                    let mut engine = Engine::new(&model.llama, device.clone(), config.clone())?
+                        .with_draft_policy(policy);
                     Ok(engine.run(requests.clone(), |_| {})?)
                 };
                 let p = run(&plain)?;
@@ -146,26 +154,27 @@ fn main() -> Result<(), Box<dyn Error>> {
             }
             let same = rounds.iter().all(|(p, s)| p.generated == s.generated);
             all_same &= same;
-            // The round with the median speed-up.
-            rounds.sort_by(|a, b| speedup(a).total_cmp(&speedup(b)));
+            // The round with the median decoding speed-up.
+            rounds.sort_by(|a, b| decode_speedup(a).total_cmp(&decode_speedup(b)));
             let (p, s) = &rounds[rounds.len() / 2];
             println!(
-                "| {workload} | {batch} | {} | {:.1} | {:.1} | {:.2}× | {:.1} / {:.1} | {:.2}× | {:.0}% | {:.2}% / {:.2}% | {:.1}% | {} |",
+                "| {workload} | {batch} | {} | {:.1} / {:.1} | **{:.2}×** | {:.2} / {:.2} | {:.1} / {:.1} | {:.2}× | {:.0}% | {:.2}% / {:.2}% | {} |",
                 p.stats.tokens,
+                p.stats.decode_tokens_per_second(),
+                s.stats.decode_tokens_per_second(),
+                decode_speedup(&(p.clone(), s.clone())),
+                p.stats.prefill.as_secs_f64(),
+                s.stats.prefill.as_secs_f64(),
                 p.stats.tokens_per_second(),
                 s.stats.tokens_per_second(),
                 speedup(&(p.clone(), s.clone())),
-                p.stats.decode_tokens_per_second(),
-                s.stats.decode_tokens_per_second(),
-                s.stats.decode_tokens_per_second() / p.stats.decode_tokens_per_second(),
                 100.0 * s.stats.acceptance_rate(),
                 100.0 * p.stats.specula_share(),
                 100.0 * s.stats.specula_share(),
-                100.0 * s.stats.forward_share(),
                 if same { "yes" } else { "NO" },
             );
             eprintln!(
-                "  {workload}, batch {batch}: plain {} tokens in {} steps; n-gram {} tokens in {} steps ({} of {} drafts accepted); speed-ups {:?}",
+                "  {workload}, batch {batch}: plain {} tokens in {} steps; n-gram {} tokens in {} steps ({} of {} drafts accepted); decoding speed-ups {:?}",
                 p.stats.tokens,
                 p.stats.steps,
                 s.stats.tokens,
@@ -174,7 +183,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                 s.stats.drafts_proposed,
                 rounds
                     .iter()
-                    .map(|r| format!("{:.2}", speedup(r)))
+                    .map(|r| format!("{:.2}", decode_speedup(r)))
                     .collect::<Vec<_>>(),
             );
         }
@@ -267,7 +276,12 @@ fn load_average() -> String {
     }
 }
 
-/// Speculative tokens/s over plain tokens/s in one round.
+/// Speculative tokens/s over plain tokens/s over the whole run, in one round.
 fn speedup((plain, speculative): &(RunOutput, RunOutput)) -> f64 {
     speculative.stats.tokens_per_second() / plain.stats.tokens_per_second()
+}
+
+/// Speculative tokens/s over plain tokens/s of decoding, in one round.
+fn decode_speedup((plain, speculative): &(RunOutput, RunOutput)) -> f64 {
+    speculative.stats.decode_tokens_per_second() / plain.stats.decode_tokens_per_second()
 }

@@ -4,8 +4,10 @@
 //! Each step:
 //!
 //! 1. the requests waiting are inserted while slots are free;
-//! 2. [`Decoder::plan`] runs the n-gram proposer (when speculative) and says what to feed: for a
-//!    new request its prompt, for a running one its last token and its drafts;
+//! 2. [`Decoder::propose`] runs the n-gram proposer (when speculative); with the adaptive
+//!    [`DraftPolicy`] each request keeps only as many of its drafts as its own
+//!    [`DraftLength`] allows ([`Decoder::set_drafts`]); [`Decoder::plan`] says what to feed: for
+//!    a new request its prompt, for a running one its last token and its drafts;
 //! 3. the forward pass, **one call per request**: its KV cache is cut back to
 //!    [`SlotPlan::start_position`](specula_sampler::SlotPlan::start_position) (dropping the
 //!    positions of last step's rejected drafts), its step tokens are fed in one call, and the
@@ -29,6 +31,7 @@ use specula_sampler::{
     StepScores,
 };
 
+use crate::draft_length::{DraftLength, DraftPolicy};
 use crate::error::{Result, RunnerError};
 use crate::kv_cache::KvCache;
 use crate::model::Llama;
@@ -53,7 +56,7 @@ pub struct RunStats {
     pub tokens: u64,
     /// Prompt tokens fed (prefills).
     pub prompt_tokens: u64,
-    /// Drafts proposed by the n-gram proposer.
+    /// Drafts fed to the model (the n-gram proposer's, cut to each request's draft length).
     pub drafts_proposed: u64,
     /// Drafts accepted.
     pub drafts_accepted: u64,
@@ -107,25 +110,47 @@ impl RunStats {
         self.specula.as_secs_f64() / self.total.as_secs_f64().max(1e-9)
     }
 
-    /// The one-line summary `specula-generate` prints.
+    /// Prompt tokens per second of the prompts' forward passes (llama.cpp's "prompt eval" rate).
+    pub fn prompt_tokens_per_second(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill.as_secs_f64().max(1e-9)
+    }
+
+    /// The summary `specula-generate` prints, one line each as llama.cpp splits its timings:
+    /// the prompt pass, decoding (the tokens after each prompt's first), the whole run.
+    pub fn summary_lines(&self) -> [String; 3] {
+        [
+            format!(
+                "prompt: {} tokens in {:.2} s ({:.1} tokens/s)",
+                self.prompt_tokens,
+                self.prefill.as_secs_f64(),
+                self.prompt_tokens_per_second(),
+            ),
+            format!(
+                "decoding: {} tokens in {:.2} s ({:.1} tokens/s), {} steps, drafts accepted \
+                 {:.1}% ({} of {})",
+                self.tokens.saturating_sub(self.prefills),
+                self.total.saturating_sub(self.prefill).as_secs_f64(),
+                self.decode_tokens_per_second(),
+                self.steps,
+                100.0 * self.acceptance_rate(),
+                self.drafts_accepted,
+                self.drafts_proposed,
+            ),
+            format!(
+                "total: {} tokens in {:.2} s ({:.1} tokens/s), forward {:.1}% of the run, \
+                 Specula {:.2}%",
+                self.tokens,
+                self.total.as_secs_f64(),
+                self.tokens_per_second(),
+                100.0 * self.forward_share(),
+                100.0 * self.specula_share(),
+            ),
+        ]
+    }
+
+    /// [`summary_lines`](RunStats::summary_lines) on one line, `; `-separated.
     pub fn summary(&self) -> String {
-        format!(
-            "{} tokens in {} steps, {:.2} s: {:.1} tokens/s ({:.1} decoding, after {} prompt tokens \
-             in {:.2} s); drafts accepted {:.1}% ({} of {}); forward {:.1}% of the step, Specula \
-             {:.2}%",
-            self.tokens,
-            self.steps,
-            self.total.as_secs_f64(),
-            self.tokens_per_second(),
-            self.decode_tokens_per_second(),
-            self.prompt_tokens,
-            self.prefill.as_secs_f64(),
-            100.0 * self.acceptance_rate(),
-            self.drafts_accepted,
-            self.drafts_proposed,
-            100.0 * self.forward_share(),
-            100.0 * self.specula_share(),
-        )
+        self.summary_lines().join("; ")
     }
 }
 
@@ -251,6 +276,9 @@ pub struct Engine<F> {
     forward: F,
     device: Arc<dyn Device>,
     decoder: Decoder,
+    policy: DraftPolicy,
+    /// Each slot's draft length (reset when a request is inserted).
+    draft_lengths: Vec<DraftLength>,
 }
 
 impl<F> std::fmt::Debug for Engine<F> {
@@ -258,6 +286,7 @@ impl<F> std::fmt::Debug for Engine<F> {
         f.debug_struct("Engine")
             .field("device", &self.device.info().name)
             .field("config", self.decoder.config())
+            .field("policy", &self.policy)
             .finish()
     }
 }
@@ -296,13 +325,28 @@ impl<F: Forward> Engine<F> {
                 format!("{} is not the model's {}", config.vocab, forward.vocab()),
             ));
         }
+        let max_drafts = config.max_step_tokens.saturating_sub(1);
+        let draft_lengths = vec![DraftLength::new(max_drafts); config.max_bsz];
         let decoder = Decoder::new(device.clone(), config)?;
         decoder.warm_up_for(DType::F32)?;
         Ok(Engine {
             forward,
             device,
             decoder,
+            policy: DraftPolicy::default(),
+            draft_lengths,
         })
+    }
+
+    /// The engine with `policy` for the drafts each request feeds (adaptive by default).
+    pub fn with_draft_policy(mut self, policy: DraftPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// How the drafts each request feeds are chosen.
+    pub fn draft_policy(&self) -> DraftPolicy {
+        self.policy
     }
 
     /// The forward pass.
@@ -346,6 +390,8 @@ impl<F: Forward> Engine<F> {
                 stats.prompt_tokens += request.prompt.len() as u64;
                 let slot = self.decoder.insert(request)?;
                 in_slot[slot] = Some(index);
+                self.draft_lengths[slot] =
+                    DraftLength::new(self.decoder.config().max_step_tokens.saturating_sub(1));
             }
             stats.specula += t.elapsed();
             if !self.decoder.has_running() {
@@ -381,6 +427,9 @@ impl<F: Forward> Engine<F> {
                     }
                     None => {}
                 }
+                if let Some(length) = self.draft_lengths.get_mut(slot_output.slot) {
+                    length.update(slot_output.drafts_proposed, slot_output.drafts_accepted);
+                }
                 stats.tokens += slot_output.tokens.len() as u64;
                 stats.drafts_proposed += slot_output.drafts_proposed as u64;
                 stats.drafts_accepted += slot_output.drafts_accepted as u64;
@@ -404,6 +453,8 @@ impl<F: Forward> Engine<F> {
     /// One decoding step over the running requests.
     fn step(&mut self, stats: &mut RunStats) -> Result<StepOutput> {
         let t = Instant::now();
+        self.decoder.propose()?;
+        self.limit_drafts()?;
         let plan = self.decoder.plan()?;
         let planned = t.elapsed();
         let t = Instant::now();
@@ -429,6 +480,22 @@ impl<F: Forward> Engine<F> {
         stats.forward += forward;
         stats.specula += planned + finished;
         Ok(output)
+    }
+
+    /// With the adaptive policy, cuts each decoding request's proposed drafts to its draft length.
+    fn limit_drafts(&mut self) -> Result<()> {
+        if self.policy != DraftPolicy::Adaptive || self.decoder.config().max_step_tokens < 2 {
+            return Ok(());
+        }
+        for slot in self.decoder.decode_slots() {
+            let drafts = self.decoder.drafts(slot)?;
+            let allowed = self.draft_lengths[slot].allowed(drafts.len());
+            if allowed < drafts.len() {
+                let kept = drafts[..allowed].to_vec();
+                self.decoder.set_drafts(slot, &kept)?;
+            }
+        }
+        Ok(())
     }
 
     /// The forward pass of a step, one call per request. Returns the `[T_out, V]` logits in the

@@ -39,6 +39,7 @@
 pub mod attention;
 pub mod chat;
 pub mod config;
+pub mod draft_length;
 pub mod engine;
 pub mod error;
 pub mod fetch;

@@ -9,9 +9,11 @@
 //!
 //! With one prompt the text is streamed as it is generated; with several (`--prompts-file`, one
 //! prompt per line, `\n` in a line for a newline), up to 8 run at once (continuous batching) and
-//! each is printed whole when it finishes. The last line (on stderr) is the summary: tokens,
-//! steps, tokens/s, the acceptance rate of drafts, and the shares of the run spent in the forward
-//! pass and in Specula. Every error is one line on stderr and a non-zero exit.
+//! each is printed whole when it finishes. The last three lines (on stderr) are the summary, split
+//! as llama.cpp's timings are: the prompt pass (tokens, seconds, tokens/s), decoding (the tokens
+//! after each prompt's first, their seconds and tokens/s, the steps, the acceptance rate of
+//! drafts), and the whole run (tokens/s, and the shares spent in the forward pass and in
+//! Specula). Every error is one line on stderr and a non-zero exit.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -19,6 +21,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
+use specula_runner_candle::draft_length::DraftPolicy;
 use specula_runner_candle::engine::{Engine, KvForward, RunStats, TokenEvent};
 use specula_runner_candle::{Model, RunnerError, TextStream, fetch};
 use specula_sampler::{
@@ -84,6 +87,11 @@ struct Cli {
     /// Most drafts per step with --spec ngram (the step feeds 1 + N tokens).
     #[arg(long, default_value_t = 5)]
     draft: usize,
+    /// How many of the proposer's drafts a request feeds: `adaptive` learns a length per request
+    /// (halved after a step that rejected every draft, doubled after one that accepted them all,
+    /// at most --draft), `fixed` feeds every draft up to --draft. The tokens are the same.
+    #[arg(long, value_enum, default_value_t = DraftPolicy::Adaptive)]
+    draft_policy: DraftPolicy,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -183,7 +191,7 @@ fn run(cli: Cli) -> Result<(), RunnerError> {
     let requests = requests(&cli, &model, &texts, seed)?;
     let device = registry::open(cli.backend.name())?;
     let config = sampler_config(&cli, &model, requests.len())?;
-    let mut engine = Engine::new(&model.llama, device, config)?;
+    let mut engine = Engine::new(&model.llama, device, config)?.with_draft_policy(cli.draft_policy);
     eprintln!(
         "{}: {} layers, vocabulary {}, context {} (loaded in {:.2} s); Specula on {}; seed {seed}",
         model_path.display(),
@@ -202,7 +210,10 @@ fn run(cli: Cli) -> Result<(), RunnerError> {
         )?,
         _ => run_batch(&mut engine, &model, requests)?,
     };
-    eprintln!("\n{}", output.summary());
+    eprintln!();
+    for line in output.summary_lines() {
+        eprintln!("{line}");
+    }
     Ok(())
 }
 

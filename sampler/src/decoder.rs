@@ -498,6 +498,40 @@ impl Decoder {
         schedule::set_drafts(device, &self.config, slots, state, slot, drafts)
     }
 
+    /// The drafts `slot` feeds this step: after [`propose`](Decoder::propose) (and any
+    /// [`set_drafts`](Decoder::set_drafts)) and before [`plan`](Decoder::plan), what the n-gram
+    /// proposer (or the runner) put in its draft row. Empty for a slot that does not decode this
+    /// step. A runner that limits the drafts of a request (an adaptive draft length) passes a
+    /// prefix of them back to `set_drafts`.
+    ///
+    /// ```
+    /// use specula_backend_api::Strategy;
+    /// use specula_sampler::{Decoder, Request, SamplerConfig, registry};
+    ///
+    /// let config = SamplerConfig::plain(Strategy::Greedy, 1, 8, 32, vec![0]).with_runner_drafts(4);
+    /// let mut decoder = Decoder::new(registry::open("cpu")?, config)?;
+    /// decoder.insert(Request::new(vec![1, 2]))?;
+    /// decoder.propose()?;
+    /// assert!(decoder.drafts(0)?.is_empty()); // a prefill
+    /// decoder.plan()?;
+    /// assert!(decoder.drafts(0).is_err()); // only between propose and plan
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn drafts(&self, slot: usize) -> Result<&[i32]> {
+        if !matches!(self.phase, Phase::Proposed { .. }) {
+            return Err(SamplerError::Phase {
+                call: "drafts",
+                phase: self.phase.name(),
+            });
+        }
+        self.check_slot(slot)?;
+        let (this_time, encoder) = self.slots.lens(slot);
+        if this_time <= 0 || encoder > 0 {
+            return Ok(&[]);
+        }
+        Ok(self.slots.drafts(slot, this_time as usize - 1))
+    }
+
     /// Builds the output layout and the per-row sampling parameters on the device and returns
     /// what the runner must compute. Runs [`propose`](Decoder::propose) first if needed; calling it
     /// again before [`finish`](Decoder::finish) returns the same plan. An empty plan means there is
