@@ -30,6 +30,7 @@ use std::sync::{Arc, OnceLock};
 
 use common::{PROMPTS, TestResult, backend_need, model, model_need, open, trial};
 use specula_backend_api::Device;
+use specula_runner_candle::draft_length::DraftPolicy;
 use specula_runner_candle::engine::{Engine, Forward, KvForward, RunOutput};
 use specula_runner_candle::{Llama, Model, RunnerError};
 use specula_sampler::{
@@ -42,6 +43,9 @@ const TOKENS: usize = 24;
 const SLOTS: usize = 4;
 /// Tokens a speculative step feeds: the last token and up to 5 drafts.
 const STEP_TOKENS: usize = 6;
+/// Every draft the proposer makes is fed (not the adaptive limit, the engine's default): the most
+/// multi-token steps, where speculative == plain has the most ways to fail.
+const POLICY: DraftPolicy = DraftPolicy::Fixed;
 
 fn main() -> ExitCode {
     let model = model_need();
@@ -255,6 +259,7 @@ fn run(
     requests: Vec<Request>,
 ) -> Result<RunOutput, String> {
     Engine::with_forward(forward, device, config)
+        .map(|engine| engine.with_draft_policy(POLICY))
         .and_then(|mut engine| engine.run(requests, |_| {}))
         .map_err(e)
 }
@@ -276,7 +281,8 @@ fn run_cpu_grid() -> Result<CpuGrid, String> {
             let output = {
                 let mut engine =
                     Engine::with_forward(&mut recording, cpu.clone(), config(model, speculative))
-                        .map_err(e)?;
+                        .map_err(e)?
+                        .with_draft_policy(POLICY);
                 engine.run(requests(model, &setting)?, |_| {}).map_err(e)?
             };
             if !recording.conflicts.is_empty() {
