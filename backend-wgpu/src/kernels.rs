@@ -10,7 +10,7 @@ use specula_backend_api::logit_weights;
 use specula_backend_api::ops::BatchDims;
 use specula_backend_api::{DType, Op};
 
-use crate::ops::{split_u64, u};
+use crate::words::{split_u64, u};
 
 /// Workgroup size of the row kernels (one workgroup per row).
 pub(crate) const WG: u32 = 256;

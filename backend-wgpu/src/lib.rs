@@ -47,6 +47,7 @@ mod gpu;
 mod kernels;
 mod ops;
 mod transfer;
+mod words;
 
 use std::sync::Arc;
 

@@ -36,16 +36,7 @@ use specula_backend_api::{Buffer, DType, Op, Result};
 use crate::WgpuDevice;
 use crate::gpu::{Bound, Dispatch, WgpuStorage};
 use crate::kernels::{BatchHead, Entry, Head, RowHead, WG};
-
-/// A count as a kernel parameter (inputs are validated far below `u32::MAX`; saturate anyway).
-pub(crate) fn u(x: usize) -> u32 {
-    u32::try_from(x).unwrap_or(u32::MAX)
-}
-
-/// The low and high 32-bit halves of a 64-bit host value, for a `*_lo`, `*_hi` field pair.
-pub(crate) fn split_u64(x: u64) -> (u32, u32) {
-    (x as u32, (x >> 32) as u32)
-}
+pub(crate) use crate::words::{split_u64, u};
 
 /// Workgroups for `n` invocations of `per` each.
 pub(crate) fn groups_for(n: usize, per: u32) -> u32 {
