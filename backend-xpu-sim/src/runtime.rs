@@ -17,16 +17,15 @@ use opencl3::event::Event;
 use opencl3::kernel::Kernel;
 use opencl3::memory::{Buffer as ClBuffer, CL_MEM_READ_WRITE, ClMem};
 use opencl3::platform::get_platforms;
-use opencl3::program::Program;
+use opencl3::program::Program as ClProgram;
 use opencl3::types::{CL_BLOCKING, CL_NON_BLOCKING, cl_mem};
-use specula_backend_api::abi::{self, KernelArgs};
+use specula_backend_api::abi::{self, KernelArgs, KernelField};
 use specula_backend_api::logit_weights;
 use specula_backend_api::transfer::{DownloadWait, PendingDownload};
 use specula_backend_api::{BackendKind, Buffer, Error, Op, Result};
 
 use crate::error::XpuSimError;
 use crate::launch::LaunchConfig;
-use crate::ops::ArgsStruct;
 
 /// Elements one core stages into its local tile at a time (the XPU GM→LM copy size).
 pub(crate) const TILE: usize = 32;
@@ -94,7 +93,7 @@ macro_rules! kernel_sources {
 
         /// Every program `op`'s host code may launch for score rows of the plan's dtypes, with
         /// its kernels (`ops::<op>::programs`; none for [`Op::Memory`]): what the warm-up builds.
-        pub(crate) fn kernel_programs(op: Op, plan: &specula_backend_api::WarmUp) -> Vec<crate::ops::Program> {
+        pub(crate) fn kernel_programs(op: Op, plan: &specula_backend_api::WarmUp) -> Vec<Program> {
             match op {
                 Op::Memory => Vec::new(),
                 $(Op::$variant => crate::ops::$name::programs(plan),)*
@@ -197,9 +196,34 @@ pub(crate) struct ProgramKey {
     pub(crate) defines: Vec<(&'static str, String)>,
 }
 
+/// One program an op may launch, and the kernels it creates from it (what the warm-up builds).
+pub(crate) type Program = (ProgramKey, Vec<String>);
+
+/// A kernel argument struct as its program declares it: the name and fields of a
+/// [`kernel_args!`](specula_backend_api::kernel_args) struct.
+pub(crate) struct ArgsStruct {
+    pub(crate) name: &'static str,
+    pub(crate) fields: &'static [KernelField],
+}
+
+impl ArgsStruct {
+    /// The struct `A`.
+    pub(crate) const fn of<A: KernelArgs>() -> Self {
+        ArgsStruct {
+            name: A::STRUCT,
+            fields: A::FIELDS,
+        }
+    }
+
+    /// Its OpenCL C declaration: `ulong` for the 64-bit fields, `uint` for the 32-bit ones.
+    pub(crate) fn declaration(&self) -> String {
+        abi::c_struct_declaration(self.name, self.fields, "ulong", "uint")
+    }
+}
+
 #[derive(Default)]
 struct Cache {
-    programs: HashMap<ProgramKey, Program>,
+    programs: HashMap<ProgramKey, ClProgram>,
     kernels: HashMap<(ProgramKey, String), Kernel>,
 }
 
@@ -486,7 +510,7 @@ impl Runtime {
             .ok_or_else(|| XpuSimError::MissingKernel(name.to_owned()).into_execution(name))
     }
 
-    fn build(&self, key: &ProgramKey, name: &str) -> Result<Program> {
+    fn build(&self, key: &ProgramKey, name: &str) -> Result<ClProgram> {
         let _guard = init_lock();
         let mut options = self.base_options.clone();
         for (define, value) in &key.defines {
@@ -496,7 +520,7 @@ impl Runtime {
         let mut source = program_source(key.op)
             .ok_or_else(|| XpuSimError::MissingKernel(name.to_owned()).into_execution(name))?;
         source.push('\0');
-        let mut program = Program::create_from_sources(&self.context, &[source.as_str()])
+        let mut program = ClProgram::create_from_sources(&self.context, &[source.as_str()])
             .map_err(XpuSimError::cl("clCreateProgramWithSource"))
             .map_err(|e| e.into_execution(name))?;
         tracing::debug!(

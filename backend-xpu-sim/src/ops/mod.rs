@@ -32,14 +32,11 @@ pub(crate) mod update_state;
 pub(crate) mod verify_draft_tokens;
 
 use specula_backend_api::WarmUp;
-use specula_backend_api::abi::{self, KernelArgs, KernelField};
 use specula_backend_api::ops::ScoresKind;
 use specula_backend_api::{DType, Op, Result};
 
+pub(crate) use crate::runtime::{ArgsStruct, Program};
 use crate::runtime::{ClStorage, ProgramKey, Runtime};
-
-/// One program an op may launch, and the kernels it creates from it (what the warm-up builds).
-pub(crate) type Program = (ProgramKey, Vec<String>);
 
 /// The program of `(key, entry)` with its one kernel, `entry`.
 pub(crate) fn single((key, entry): (ProgramKey, String)) -> Program {
@@ -64,28 +61,6 @@ pub(crate) fn scores_programs(op: Op, plan: &WarmUp) -> Vec<Program> {
         .map(|kind| single(scores_program(op, kind)))
         .collect()
 }
-/// A kernel argument struct as its program declares it: the name and fields of a
-/// [`kernel_args!`](specula_backend_api::kernel_args) struct.
-pub(crate) struct ArgsStruct {
-    name: &'static str,
-    fields: &'static [KernelField],
-}
-
-impl ArgsStruct {
-    /// The struct `A`.
-    pub(crate) const fn of<A: KernelArgs>() -> Self {
-        ArgsStruct {
-            name: A::STRUCT,
-            fields: A::FIELDS,
-        }
-    }
-
-    /// Its OpenCL C declaration: `ulong` for the 64-bit fields, `uint` for the 32-bit ones.
-    pub(crate) fn declaration(&self) -> String {
-        abi::c_struct_declaration(self.name, self.fields, "ulong", "uint")
-    }
-}
-
 /// A count the kernels take as a 32-bit `uint`.
 ///
 /// Every count passed this way is bounded before it gets here: by validation (`S` and the n-gram
@@ -162,6 +137,7 @@ pub(crate) fn scratch_i32(runtime: &Runtime, len: usize) -> Result<ClStorage> {
 #[cfg(test)]
 mod tests {
     use specula_backend_api::Op;
+    use specula_backend_api::abi;
 
     use super::*;
     use crate::runtime::{kernel_args, kernel_source, program_source};
