@@ -15,8 +15,7 @@ use specula_backend_api::{
 };
 
 use crate::arena::{Allocate, Arena};
-use crate::download::PinnedPool;
-use crate::driver::{DeviceBlock, Driver};
+use crate::driver::{DeviceBlock, Driver, PinnedPool};
 use crate::error::CudaError;
 use crate::kernels::{
     Instance, KernelFile, compile_options, function_slot, function_slots, warm_up_plan,

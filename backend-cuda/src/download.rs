@@ -5,7 +5,7 @@
 //! finish a copy before `cuMemcpyDtoHAsync` returns, so only page-locked memory lets the host run
 //! the runner's next forward pass while the step's results travel.
 //!
-//! The block is reused: a device keeps the last one given back (a [`PinnedPool`]), so a decoding
+//! The block is reused: a device keeps the last one given back (a [`PinnedPool`](crate::driver::PinnedPool)), so a decoding
 //! loop allocates page-locked memory once, not once per step.
 
 use std::sync::{Arc, Mutex, Weak};
@@ -19,10 +19,6 @@ use crate::device::CudaDevice;
 use crate::driver::{Driver, PinnedBlock};
 use crate::error::CudaError;
 use crate::storage;
-
-/// The page-locked block a device keeps between downloads (`None` until the first, or while it
-/// is in flight).
-pub(crate) type PinnedPool = Arc<Mutex<Option<PinnedBlock>>>;
 
 /// The smallest block allocated: a step's results are a few kilobytes.
 const MIN_BLOCK_BYTES: usize = 64 << 10;

@@ -10,8 +10,8 @@
 //! running, so a call that would allocate, copy or wait is refused here with a typed error
 //! ([`CudaError::NotCapturable`]) before it reaches the driver: such a call cannot be replayed.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{CUdeviceptr, CUstreamCaptureMode};
 use cudarc::driver::{
@@ -71,6 +71,10 @@ impl PinnedBlock {
         self.len
     }
 }
+
+/// The page-locked block a device keeps between downloads (`None` until the first, or while it
+/// is in flight).
+pub(crate) type PinnedPool = Arc<Mutex<Option<PinnedBlock>>>;
 
 impl Driver {
     /// The driver of `stream` (of context `ctx`), counting into `counters`.
