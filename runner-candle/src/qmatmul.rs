@@ -9,18 +9,22 @@
 //!   interleaved four bytes at a time (so that widened, each 32-bit lane holds one row's
 //!   values), and each block's scale `d` and minimum `m` converted from f16 to f32 once (exact,
 //!   so no bit changes);
-//! - per call, each input row is quantized to Q8_1 by candle's own quantizer
-//!   (`QTensor::quantize`, which runs `BlockQ8_1::from_float`, as candle's matmul does);
+//! - per call, each input row is quantized to Q8_1 with the bits of candle's own quantizer
+//!   (`BlockQ8_1::from_float`, which candle's matmul runs on its input; `quantize.rs` gives the
+//!   same values, scales and sums in vector instructions, and its tests compare the two);
 //! - each group of weight rows (rayon, over chunks of groups) is dotted with **every** input row
-//!   of the call while it is in cache, so a step of several tokens reads the weights once;
-//! - the integer sum of each block is taken with AVX2 where the CPU has it (a scalar loop
-//!   otherwise) — integer sums are exact in any order — and the blocks are accumulated in f32 in
-//!   candle's order and formula, `sumf += sumi as f32 * d * d8 + m * s8`, block after block, one
-//!   weight row per f32 lane.
+//!   of the call while it is in cache, up to four input rows at a time with their accumulators
+//!   in registers, so a step of several tokens reads the weights once;
+//! - the integer sum of each block is taken with AVX-512 VNNI (`vpdpbusd`) or AVX2 where the
+//!   CPU has them (a scalar loop otherwise; `SPECULA_CPU_MAX_ISA=avx2` keeps an AVX-512 CPU on
+//!   AVX2) — integer sums are exact in any order — and the blocks are accumulated in f32 in
+//!   candle's order and formula, `sumf += sumi as f32 * d * d8 + m * s8`, block after block,
+//!   one weight row per f32 lane.
 //!
 //! The Q8_0 output head ([`Q8_0Matrix`], `q8_0.rs`) goes through candle's AVX2 dot product
-//! already; the runner's copy of it (same instructions in the float part) saves the f16
-//! conversions and candle's thread pool, where the CPU has AVX2 and FMA.
+//! already; the runner's copy of it (same instructions in the float part, the same integer
+//! lane sums, by VNNI where the CPU has it) saves the f16 conversions and candle's thread pool,
+//! where the CPU has AVX2 and FMA.
 //!
 //! So a [`Linear`] gives the same bits as candle's `QMatMul` on the same input
 //! (`tests/model.rs` checks every Q4_1 and Q8_0 tensor of the model), and the forward pass keeps
@@ -33,6 +37,7 @@ use half::f16;
 use rayon::prelude::*;
 
 mod q8_0;
+mod quantize;
 
 pub use q8_0::Q8_0Matrix;
 
@@ -40,8 +45,6 @@ pub use q8_0::Q8_0Matrix;
 const QK: usize = 32;
 /// Bytes of a GGUF Q4_1 block: `d: f16`, `m: f16`, 16 bytes of nibbles.
 const Q4_1_BYTES: usize = 20;
-/// Bytes of a Q8_1 block: `d: f16`, `s: f16` (d times the sum of the values), 32 `i8`.
-const Q8_1_BYTES: usize = 36;
 /// Groups of weight rows per rayon task.
 const GROUPS_PER_TASK: usize = 2;
 
@@ -344,11 +347,17 @@ struct Group<'a> {
 /// does.
 type GroupKernel = fn(group: &Group, input: &Q8_1Rows, out: &mut [f32]);
 
-/// The kernel for this CPU: AVX2 where it has it, scalar otherwise (the same bits).
+/// The kernel for this CPU: AVX-512 VNNI's integer dot products where it has them, AVX2 where
+/// it has that, scalar otherwise (the same bits).
 fn group_kernel() -> GroupKernel {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        return avx2::group;
+    {
+        if avx2::has_vnni() {
+            return avx2::group_vnni;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return avx2::group;
+        }
     }
     group_scalar
 }
@@ -400,20 +409,38 @@ fn group_scalar(group: &Group, input: &Q8_1Rows, out: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    //! [`GroupKernel`](super::GroupKernel) with AVX2. For each block, the [`GROUP`] rows'
-    //! nibbles (interleaved by four bytes, see [`Q4_1Matrix`](super::Q4_1Matrix)) are widened
-    //! to eight vectors of bytes, vector `k` holding values `4k .. 4k + 4` of each row, one row
-    //! per 32-bit lane. Then for each input row: its values `4k .. 4k + 4` broadcast to every
-    //! lane, times vector `k` by `_mm256_maddubs_epi16` (at most 2 · 15 · 128 = 3840 a pair),
-    //! the eight products added as i16 (at most 30720: no overflow), pairs summed by
-    //! `_mm256_madd_epi16` — each lane now the exact integer sum of its row's block — and those
-    //! accumulated lane by lane with candle's formula and association,
+    //! [`GroupKernel`](super::GroupKernel) with AVX2, and with AVX-512 VNNI where the CPU has
+    //! it. For each block, the [`GROUP`] rows' nibbles (interleaved by four bytes, see
+    //! [`Q4_1Matrix`](super::Q4_1Matrix)) are widened to eight vectors of bytes, vector `k`
+    //! holding values `4k .. 4k + 4` of each row, one row per 32-bit lane. Then for each input
+    //! row, its values `4k .. 4k + 4` broadcast to every lane are multiplied with vector `k` and
+    //! summed into each lane's i32: with AVX2 by `_mm256_maddubs_epi16` (at most 2 · 15 · 128 =
+    //! 3840 a pair), the eight products added as i16 (at most 30720: no overflow) and pairs
+    //! summed by `_mm256_madd_epi16`; with VNNI by `_mm256_dpbusd_epi32`, four products a lane
+    //! straight into i32 — either way each lane ends with the exact integer sum of its row's
+    //! block. Those are accumulated lane by lane with candle's formula and association,
     //! `acc + ((sumi · d) · d8 + m · s8)`, separate multiplies and adds, no FMA: each lane gets
     //! the bits of candle's scalar loop.
 
     use std::arch::x86_64::*;
 
     use super::{GROUP, Group, LANE, Q8_1Rows, QK, check_lengths};
+
+    /// Input values per block and lane step: the eight broadcast words of a block.
+    const CHUNKS: usize = QK / 2 / LANE;
+
+    /// Whether the CPU has AVX-512 VNNI on 256-bit vectors (and AVX2), and
+    /// `SPECULA_CPU_MAX_ISA=avx2` (which keeps backend-cpu on its AVX2 loops too) does not keep
+    /// the runner on the AVX2 kernel.
+    pub(super) fn has_vnni() -> bool {
+        static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *VNNI.get_or_init(|| {
+            !std::env::var("SPECULA_CPU_MAX_ISA").is_ok_and(|isa| isa.eq_ignore_ascii_case("avx2"))
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+        })
+    }
 
     /// [`GroupKernel`](super::GroupKernel); only handed out where the CPU has AVX2.
     pub(super) fn group(group: &Group, input: &Q8_1Rows, out: &mut [f32]) {
@@ -423,71 +450,158 @@ mod avx2 {
         unsafe { group_avx2(group, input, out) }
     }
 
+    /// [`GroupKernel`](super::GroupKernel); only handed out where [`has_vnni`].
+    pub(super) fn group_vnni(group: &Group, input: &Q8_1Rows, out: &mut [f32]) {
+        check_lengths(group, input, out);
+        // SAFETY: `group_kernel` hands this function out only where `has_vnni()`, and the
+        // lengths it reads by are checked above.
+        unsafe { group_avx512_vnni(group, input, out) }
+    }
+
     /// # Safety
     /// The CPU has AVX2, and the lengths are those `check_lengths` asserts.
     #[target_feature(enable = "avx2")]
     unsafe fn group_avx2(group: &Group, input: &Q8_1Rows, out: &mut [f32]) {
-        const CHUNKS: usize = QK / 2 / LANE;
+        // SAFETY: as this function's.
+        unsafe { group_body::<2>(group, input, out, sum_maddubs) }
+    }
+
+    /// # Safety
+    /// The CPU has AVX2, AVX-512 VNNI and AVX-512 VL, and the lengths are those
+    /// `check_lengths` asserts.
+    #[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+    unsafe fn group_avx512_vnni(group: &Group, input: &Q8_1Rows, out: &mut [f32]) {
+        // SAFETY: as this function's.
+        unsafe { group_body::<4>(group, input, out, sum_dpbusd) }
+    }
+
+    /// Each lane's exact integer sum of its row's block: the nibble vectors `x` times the
+    /// input block's words `y` (word `k` broadcast against `x[k]`), by `_mm256_maddubs_epi16`.
+    #[inline(always)]
+    unsafe fn sum_maddubs(x: &[__m256i; 2 * CHUNKS], y: &[i32; 2 * CHUNKS]) -> __m256i {
+        // SAFETY: the caller runs with AVX2 (`group_avx2`).
+        unsafe {
+            let mut pairs = _mm256_setzero_si256();
+            for (&x, &y) in x.iter().zip(y) {
+                pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(x, _mm256_set1_epi32(y)));
+            }
+            _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+        }
+    }
+
+    /// [`sum_maddubs`]'s sums by `_mm256_dpbusd_epi32` (unsigned nibbles times signed values,
+    /// four a lane into i32; two chains to overlap their latency).
+    #[inline(always)]
+    unsafe fn sum_dpbusd(x: &[__m256i; 2 * CHUNKS], y: &[i32; 2 * CHUNKS]) -> __m256i {
+        // SAFETY: the caller runs with AVX-512 VNNI and VL (`group_avx512_vnni`).
+        unsafe {
+            let (mut even, mut odd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            for k in (0..2 * CHUNKS).step_by(2) {
+                even = _mm256_dpbusd_epi32(even, x[k], _mm256_set1_epi32(y[k]));
+                odd = _mm256_dpbusd_epi32(odd, x[k + 1], _mm256_set1_epi32(y[k + 1]));
+            }
+            _mm256_add_epi32(even, odd)
+        }
+    }
+
+    /// The sums of a block (see [`sum_maddubs`]).
+    type BlockSums = unsafe fn(&[__m256i; 2 * CHUNKS], &[i32; 2 * CHUNKS]) -> __m256i;
+
+    /// The kernel's loop, with `sum` for each block's integer sums, over the input rows in
+    /// runs of at most `MAX` (each run's accumulators in registers); inlined into each
+    /// `#[target_feature]` caller, so the intrinsics compile for its features.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and what `sum` needs, and the lengths are those `check_lengths`
+    /// asserts.
+    #[inline(always)]
+    unsafe fn group_body<const MAX: usize>(
+        group: &Group,
+        input: &Q8_1Rows,
+        out: &mut [f32],
+        sum: BlockSums,
+    ) {
+        let mut first = 0;
+        while first < input.tokens {
+            let n = (input.tokens - first).min(MAX).min(4);
+            // SAFETY: as this function's; rows `first .. first + n` exist.
+            unsafe {
+                match n {
+                    4 => run::<4>(group, input, out, sum, first),
+                    3 => run::<3>(group, input, out, sum, first),
+                    2 => run::<2>(group, input, out, sum, first),
+                    _ => run::<1>(group, input, out, sum, first),
+                }
+            }
+            first += n;
+        }
+    }
+
+    /// Input rows `first .. first + N` against the group, block after block, each row's
+    /// accumulator in a register.
+    ///
+    /// # Safety
+    /// As [`group_body`]'s, and `first + N <= input.tokens`.
+    #[inline(always)]
+    unsafe fn run<const N: usize>(
+        group: &Group,
+        input: &Q8_1Rows,
+        out: &mut [f32],
+        sum: BlockSums,
+        first: usize,
+    ) {
         let blocks = group.scales.len() / GROUP;
-        let low = _mm256_set1_epi8(0x0F);
-        out.fill(0.0);
-        for b in 0..blocks {
-            let mut x = [_mm256_setzero_si256(); 2 * CHUNKS];
-            for c in 0..CHUNKS {
-                // SAFETY: chunk c of block b is 32 bytes at (b · 4 + c) · 32 < nibbles.len().
-                let packed = unsafe {
-                    _mm256_loadu_si256(
+        // SAFETY (whole body): the CPU has AVX2 (the caller's contract), and every read is
+        // within the lengths `check_lengths` asserted, as each comment says.
+        unsafe {
+            let low = _mm256_set1_epi8(0x0F);
+            let mut acc = [_mm256_setzero_ps(); N];
+            for b in 0..blocks {
+                let mut x = [_mm256_setzero_si256(); 2 * CHUNKS];
+                for c in 0..CHUNKS {
+                    // Chunk c of block b is 32 bytes at (b · 4 + c) · 32 < nibbles.len().
+                    let packed = _mm256_loadu_si256(
                         group
                             .nibbles
                             .as_ptr()
                             .add((b * CHUNKS + c) * GROUP * LANE)
                             .cast(),
-                    )
-                };
-                x[c] = _mm256_and_si256(packed, low);
-                x[c + CHUNKS] = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), low);
+                    );
+                    x[c] = _mm256_and_si256(packed, low);
+                    x[c + CHUNKS] = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), low);
+                }
+                // GROUP f32 at b · GROUP are within scales and mins (blocks · GROUP each).
+                let d = _mm256_loadu_ps(group.scales.as_ptr().add(b * GROUP));
+                let m = _mm256_loadu_ps(group.mins.as_ptr().add(b * GROUP));
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    let a = (first + t) * blocks + b;
+                    // The 32 values of input row `first + t`'s block b (a · 32 + 32 <=
+                    // values.len()), as eight words; an unaligned read.
+                    let y = input
+                        .values
+                        .as_ptr()
+                        .add(a * QK)
+                        .cast::<[i32; 2 * CHUNKS]>()
+                        .read_unaligned();
+                    let sumi = _mm256_cvtepi32_ps(sum(&x, &y));
+                    let term = _mm256_add_ps(
+                        _mm256_mul_ps(_mm256_mul_ps(sumi, d), _mm256_set1_ps(input.scales[a])),
+                        _mm256_mul_ps(m, _mm256_set1_ps(input.sums[a])),
+                    );
+                    // candle's `sumf += term`, from 0.
+                    *acc = _mm256_add_ps(*acc, term);
+                }
             }
-            // SAFETY: GROUP f32 at b · GROUP are within scales and mins (blocks · GROUP each).
-            let (d, m) = unsafe {
-                (
-                    _mm256_loadu_ps(group.scales.as_ptr().add(b * GROUP)),
-                    _mm256_loadu_ps(group.mins.as_ptr().add(b * GROUP)),
-                )
-            };
-            for (token, acc) in out.chunks_exact_mut(GROUP).enumerate() {
-                let a = token * blocks + b;
-                let mut pairs = _mm256_setzero_si256();
-                for (k, &x) in x.iter().enumerate() {
-                    // SAFETY: values 4k .. 4k + 4 of input row `token`'s block b are within
-                    // values (a · 32 + 32 <= values.len()); an unaligned read.
-                    let y = unsafe {
-                        input
-                            .values
-                            .as_ptr()
-                            .add(a * QK + k * LANE)
-                            .cast::<i32>()
-                            .read_unaligned()
-                    };
-                    let products = _mm256_maddubs_epi16(x, _mm256_set1_epi32(y));
-                    pairs = _mm256_add_epi16(pairs, products);
-                }
-                let sumi = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-                let term = _mm256_add_ps(
-                    _mm256_mul_ps(_mm256_mul_ps(sumi, d), _mm256_set1_ps(input.scales[a])),
-                    _mm256_mul_ps(m, _mm256_set1_ps(input.sums[a])),
-                );
-                // SAFETY: `acc` is GROUP f32 (a chunk of `out`).
-                unsafe {
-                    let sum = _mm256_add_ps(_mm256_loadu_ps(acc.as_ptr()), term);
-                    _mm256_storeu_ps(acc.as_mut_ptr(), sum);
-                }
+            for (t, acc) in acc.iter().enumerate() {
+                // Row `first + t`'s GROUP outputs are within `out` (tokens · GROUP).
+                _mm256_storeu_ps(out.as_mut_ptr().add((first + t) * GROUP), *acc);
             }
         }
     }
 }
 
-/// Input rows quantized to Q8_1 by candle, unpacked: the values, and each block's `d` and `s`
-/// as f32.
+/// Input rows quantized to Q8_1 with candle's bits (`quantize.rs`), unpacked: the values, and
+/// each block's `d` and `s` as f32.
 struct Q8_1Rows {
     tokens: usize,
     values: Vec<i8>,
@@ -496,47 +610,20 @@ struct Q8_1Rows {
 }
 
 impl Q8_1Rows {
-    /// Quantizes `tokens` rows of `cols` values with candle's `BlockQ8_1::from_float` (through
-    /// `QTensor::quantize`, which applies it block after block, as candle's matmul does per row).
+    /// Quantizes `tokens` rows of `cols` values (a multiple of 32) as candle's
+    /// `BlockQ8_1::from_float` does, block after block, as candle's matmul does per row.
     fn quantize(values: &[f32], tokens: usize, cols: usize) -> Result<Self> {
-        let quantized = candle_quantized(values, tokens, cols, GgmlDType::Q8_1)?;
-        let data = quantized.data()?;
-        let blocks = tokens * cols / QK;
-        if data.len() != blocks * Q8_1_BYTES {
-            candle_core::bail!(
-                "Q8_1 of [{tokens}, {cols}] holds {} bytes, expected {}",
-                data.len(),
-                blocks * Q8_1_BYTES
-            );
+        if values.len() != tokens * cols || !cols.is_multiple_of(QK) {
+            candle_core::bail!("Q8_1 of {} values as [{tokens}, {cols}]", values.len());
         }
-        let mut rows = Self {
+        let quantized = quantize::quantize(values, quantize::Format::Q8_1);
+        Ok(Self {
             tokens,
-            values: Vec::with_capacity(blocks * QK),
-            scales: Vec::with_capacity(blocks),
-            sums: Vec::with_capacity(blocks),
-        };
-        for block in data.chunks_exact(Q8_1_BYTES) {
-            rows.scales.push(f16_at(block, 0));
-            rows.sums.push(f16_at(block, 2));
-            rows.values
-                .extend(block[4..].iter().map(|&b| i8::from_ne_bytes([b])));
-        }
-        Ok(rows)
+            values: quantized.values,
+            scales: quantized.scales,
+            sums: quantized.sums,
+        })
     }
-}
-
-/// `tokens` rows of `cols` values quantized by candle (`QTensor::quantize`: the `from_float` of
-/// `dtype`, block after block, as candle's matmul quantizes its input row by row).
-fn candle_quantized(
-    values: &[f32],
-    tokens: usize,
-    cols: usize,
-    dtype: GgmlDType,
-) -> Result<QTensor> {
-    // A tensor of its own storage: `QTensor::quantize` reads the whole storage, whatever the
-    // layout's offset.
-    let x = Tensor::from_slice(values, (tokens, cols), &candle_core::Device::Cpu)?;
-    QTensor::quantize(&x, dtype)
 }
 
 /// The little-endian f16 at `at` of `bytes`, as f32 (exact).
@@ -601,16 +688,37 @@ mod tests {
             };
             let input = input(blocks as u64 + 10, tokens, blocks);
             let mut expected = vec![0f32; tokens * GROUP];
-            let mut got = vec![1f32; tokens * GROUP];
             group_scalar(&group, &input, &mut expected);
-            group_kernel()(&group, &input, &mut got);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(
-                bits(&got),
-                bits(&expected),
-                "{blocks} blocks, {tokens} tokens"
-            );
+            for (name, kernel) in kernels_of_this_cpu() {
+                let mut got = vec![1f32; tokens * GROUP];
+                kernel(&group, &input, &mut got);
+                assert_eq!(
+                    bits(&got),
+                    bits(&expected),
+                    "{name}: {blocks} blocks, {tokens} tokens"
+                );
+            }
         }
+    }
+
+    /// Every kernel this CPU can run, by name (the one `group_kernel` picks among them).
+    fn kernels_of_this_cpu() -> Vec<(&'static str, GroupKernel)> {
+        let mut kernels: Vec<(&'static str, GroupKernel)> = vec![("scalar", group_scalar)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                kernels.push(("avx2", avx2::group));
+            }
+            if avx2::has_vnni() {
+                kernels.push(("avx512 vnni", avx2::group_vnni));
+            }
+        }
+        eprintln!(
+            "Q4_1 group kernels checked: {:?}",
+            kernels.iter().map(|k| k.0).collect::<Vec<_>>()
+        );
+        kernels
     }
 
     #[test]

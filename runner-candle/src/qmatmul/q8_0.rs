@@ -5,14 +5,17 @@
 //! Per weight row and input row, as candle: eight f32 lanes, each block adding
 //! `fma(d_x · d_y, lane sum of four i8 products, acc)`, then candle's horizontal sum. What
 //! differs is the work around it: the block scales converted from f16 once at load, the input
-//! quantized once per call (candle's `BlockQ8_0::from_float`), each weight row dotted with every
-//! input row while it is in cache, and four rows' chains interleaved.
+//! quantized once per call with the bits of candle's `BlockQ8_0::from_float` (`quantize.rs`),
+//! each weight row's block dotted with up to three input rows while it is in a register, four
+//! rows' chains interleaved (up to twelve accumulators in registers), and the lane sums by
+//! AVX-512 VNNI where the CPU has it (the same integers; see the `avx2` module).
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
-use super::{QK, apply, candle_quantized, f16_at, token_major};
+use super::quantize::{Format, quantize};
+use super::{QK, apply, f16_at, token_major};
 
 /// Bytes of a Q8_0 block: `d: f16`, 32 `i8`.
 const Q8_0_BYTES: usize = 34;
@@ -101,14 +104,17 @@ impl Q8_0Matrix {
 }
 
 impl Q8_0Rows {
-    /// Quantizes `tokens` rows of `cols` values with candle's `BlockQ8_0::from_float`.
+    /// Quantizes `tokens` rows of `cols` values (a multiple of 32) as candle's
+    /// `BlockQ8_0::from_float` does (`quantize.rs`).
     fn quantize(values: &[f32], tokens: usize, cols: usize) -> Result<Self> {
-        let quantized = candle_quantized(values, tokens, cols, GgmlDType::Q8_0)?;
-        let (values, scales) = unpack(&quantized.data()?, tokens, cols)?;
+        if values.len() != tokens * cols || !cols.is_multiple_of(QK) {
+            candle_core::bail!("Q8_0 of {} values as [{tokens}, {cols}]", values.len());
+        }
+        let quantized = quantize(values, Format::Q8_0);
         Ok(Self {
             tokens,
-            values,
-            scales,
+            values: quantized.values,
+            scales: quantized.scales,
         })
     }
 }
@@ -148,6 +154,14 @@ fn has_avx2_fma() -> bool {
 mod avx2 {
     //! candle's `vec_dot_q8_0_q8_0` (AVX2 + FMA), instruction for instruction in its float
     //! part, for [`ROWS`] weight rows against every input row.
+    //!
+    //! Its integer part gives each 32-bit lane the sum of four products of weight and input
+    //! values (`_mm256_maddubs_epi16` of `|x|` and `y` with `x`'s sign, then
+    //! `_mm256_madd_epi16`; no pair can saturate, as candle's input values are within ±127).
+    //! Where the CPU has AVX-512 VNNI the same sums come from one `_mm256_dpbusd_epi32`
+    //! (unsigned times signed bytes, four a lane) of `x + 128` (the weight's bits with the top
+    //! bit flipped) and `y`, started from `-128 · Σy` of the lane's four input values: the
+    //! same integers, so the same bits after the float part.
 
     use std::arch::x86_64::*;
 
@@ -168,39 +182,179 @@ mod avx2 {
             "Q8_0 rows of {blocks} blocks against {} input rows",
             input.tokens
         );
+        rows_with(values, scales, input, out, has_vnni());
+    }
+
+    /// [`rows`] with the VNNI sums or the AVX2 ones (`vnni` only where [`has_vnni`]).
+    pub(super) fn rows_with(
+        values: &[i8],
+        scales: &[f32],
+        input: &Q8_0Rows,
+        out: &mut [f32],
+        vnni: bool,
+    ) {
         assert!(super::has_avx2_fma(), "the Q8_0 matmul needs AVX2 and FMA");
-        // SAFETY: the CPU has AVX2 and FMA, and the lengths the function reads by are checked
-        // above.
-        unsafe { rows_avx2_fma(values, scales, input, out) }
+        assert!(
+            !vnni || has_vnni(),
+            "the VNNI sums on a CPU without AVX-512 VNNI"
+        );
+        // SAFETY: the CPU has AVX2 and FMA (and VNNI where `vnni`: checked above), and the
+        // lengths the functions read by are those `rows` checks.
+        unsafe {
+            if vnni {
+                rows_vnni(values, scales, input, out)
+            } else {
+                rows_avx2_fma(values, scales, input, out)
+            }
+        }
+    }
+
+    /// Whether the CPU has AVX-512 VNNI on 256-bit vectors (see `qmatmul`'s kernel choice).
+    fn has_vnni() -> bool {
+        super::super::avx2::has_vnni()
+    }
+
+    /// [`has_vnni`], for the tests.
+    #[cfg(test)]
+    pub(super) fn has_vnni_for_test() -> bool {
+        has_vnni()
     }
 
     /// # Safety
     /// The CPU has AVX2 and FMA; the lengths are those `rows` asserts.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn rows_avx2_fma(values: &[i8], scales: &[f32], input: &Q8_0Rows, out: &mut [f32]) {
-        let blocks = scales.len() / ROWS;
-        for (token, out) in out.chunks_exact_mut(ROWS).enumerate() {
-            let mut acc = [_mm256_setzero_ps(); ROWS];
-            for b in 0..blocks {
-                let a = token * blocks + b;
-                // SAFETY: input row `token`'s block b is 32 bytes at a · 32 < values.len().
-                let by = unsafe { _mm256_loadu_si256(input.values.as_ptr().add(a * QK).cast()) };
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    let w = r * blocks + b;
-                    let d = _mm256_set1_ps(scales[w] * input.scales[a]);
-                    // SAFETY: row r's block b is 32 bytes at w · 32 < values.len().
-                    let bx = unsafe { _mm256_loadu_si256(values.as_ptr().add(w * QK).cast()) };
-                    // candle's mul_sum_i8_pairs_float: |x| times y with x's sign, pairs of
-                    // pairs summed, as f32.
-                    let ax = _mm256_sign_epi8(bx, bx);
-                    let sy = _mm256_sign_epi8(by, bx);
-                    let dot = _mm256_maddubs_epi16(ax, sy);
-                    let q = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot));
-                    *acc = _mm256_fmadd_ps(d, q, *acc);
+        // SAFETY: as this function's.
+        unsafe { rows_body::<2>(values, scales, input, out, no_offset, sums_maddubs) }
+    }
+
+    /// # Safety
+    /// The CPU has AVX2, FMA, AVX-512 VNNI and VL; the lengths are those `rows` asserts.
+    #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+    unsafe fn rows_vnni(values: &[i8], scales: &[f32], input: &Q8_0Rows, out: &mut [f32]) {
+        // SAFETY: as this function's.
+        unsafe { rows_body::<3>(values, scales, input, out, minus_128_sums, sums_dpbusd) }
+    }
+
+    /// The AVX2 sums need no offset.
+    #[inline(always)]
+    unsafe fn no_offset(_: __m256i) -> __m256i {
+        // SAFETY: the caller runs with AVX2.
+        unsafe { _mm256_setzero_si256() }
+    }
+
+    /// `-128 · Σy` of each lane's four input values.
+    #[inline(always)]
+    unsafe fn minus_128_sums(by: __m256i) -> __m256i {
+        // SAFETY: the caller runs with AVX-512 VNNI and VL.
+        unsafe {
+            let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), by);
+            _mm256_sub_epi32(_mm256_setzero_si256(), sums)
+        }
+    }
+
+    /// candle's `mul_sum_i8_pairs` in integers: `|x|` times `y` with `x`'s sign, pairs of
+    /// pairs summed.
+    #[inline(always)]
+    unsafe fn sums_maddubs(bx: __m256i, by: __m256i, _: __m256i) -> __m256i {
+        // SAFETY: the caller runs with AVX2.
+        unsafe {
+            let ax = _mm256_sign_epi8(bx, bx);
+            let sy = _mm256_sign_epi8(by, bx);
+            let dot = _mm256_maddubs_epi16(ax, sy);
+            _mm256_madd_epi16(_mm256_set1_epi16(1), dot)
+        }
+    }
+
+    /// The same sums: `offset + Σ (x + 128) · y` by `_mm256_dpbusd_epi32`, `offset` being
+    /// [`minus_128_sums`] of `by`.
+    #[inline(always)]
+    unsafe fn sums_dpbusd(bx: __m256i, by: __m256i, offset: __m256i) -> __m256i {
+        // SAFETY: the caller runs with AVX-512 VNNI and VL.
+        unsafe {
+            let unsigned = _mm256_xor_si256(bx, _mm256_set1_epi8(-128));
+            _mm256_dpbusd_epi32(offset, unsigned, by)
+        }
+    }
+
+    /// `-128 · Σy` of each lane's input values (or nothing): see [`minus_128_sums`].
+    type Offset = unsafe fn(__m256i) -> __m256i;
+    /// A block's lane sums: see [`sums_maddubs`].
+    type Sums = unsafe fn(__m256i, __m256i, __m256i) -> __m256i;
+
+    /// The kernel's loop with `sums` for each block's lane sums (`offset` computed once per
+    /// input block), over the input rows in runs of at most `MAX` (each run's [`ROWS`] ·
+    /// `MAX` accumulators in registers); inlined into each `#[target_feature]` caller.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and what `offset` and `sums` need; the lengths are those `rows`
+    /// asserts.
+    #[inline(always)]
+    unsafe fn rows_body<const MAX: usize>(
+        values: &[i8],
+        scales: &[f32],
+        input: &Q8_0Rows,
+        out: &mut [f32],
+        offset: Offset,
+        sums: Sums,
+    ) {
+        let mut first = 0;
+        while first < input.tokens {
+            let n = (input.tokens - first).min(MAX).min(3);
+            let kernel = (values, scales, input, offset, sums);
+            // SAFETY: as this function's; rows `first .. first + n` exist.
+            unsafe {
+                match n {
+                    3 => run::<3>(kernel, out, first),
+                    2 => run::<2>(kernel, out, first),
+                    _ => run::<1>(kernel, out, first),
                 }
             }
-            for (out, &acc) in out.iter_mut().zip(&acc) {
-                *out = hsum_float_8(acc);
+            first += n;
+        }
+    }
+
+    /// Input rows `first .. first + N` against the [`ROWS`] weight rows, block after block,
+    /// each (input row, weight row)'s accumulator in a register, then candle's horizontal sum.
+    ///
+    /// # Safety
+    /// As [`rows_body`]'s, and `first + N <= input.tokens`.
+    #[inline(always)]
+    unsafe fn run<const N: usize>(
+        (values, scales, input, offset, sums): (&[i8], &[f32], &Q8_0Rows, Offset, Sums),
+        out: &mut [f32],
+        first: usize,
+    ) {
+        let blocks = scales.len() / ROWS;
+        // SAFETY (whole body): the features are the caller's contract; every read is within
+        // the lengths `rows` asserted, as each comment says.
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); ROWS]; N];
+            for b in 0..blocks {
+                let mut by = [_mm256_setzero_si256(); N];
+                let mut off = [_mm256_setzero_si256(); N];
+                for t in 0..N {
+                    // Input row `first + t`'s block b is 32 bytes at a · 32 < values.len().
+                    let a = (first + t) * blocks + b;
+                    by[t] = _mm256_loadu_si256(input.values.as_ptr().add(a * QK).cast());
+                    off[t] = offset(by[t]);
+                }
+                for r in 0..ROWS {
+                    let w = r * blocks + b;
+                    // Row r's block b is 32 bytes at w · 32 < values.len().
+                    let bx = _mm256_loadu_si256(values.as_ptr().add(w * QK).cast());
+                    for (t, acc) in acc.iter_mut().enumerate() {
+                        let a = (first + t) * blocks + b;
+                        let d = _mm256_set1_ps(scales[w] * input.scales[a]);
+                        let q = _mm256_cvtepi32_ps(sums(bx, by[t], off[t]));
+                        acc[r] = _mm256_fmadd_ps(d, q, acc[r]);
+                    }
+                }
+            }
+            for (t, acc) in acc.iter().enumerate() {
+                for (r, &acc) in acc.iter().enumerate() {
+                    out[(first + t) * ROWS + r] = hsum_float_8(acc);
+                }
             }
         }
     }
@@ -226,5 +380,61 @@ mod avx2 {
     /// Never called (see the module).
     pub(super) fn rows(_: &[i8], _: &[f32], _: &Q8_0Rows, _: &mut [f32]) {
         unreachable!("Q8_0Matrix::new refuses a CPU without AVX2 and FMA")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pseudo-random bytes (an LCG).
+    fn bytes(seed: u64, n: usize) -> Vec<u8> {
+        let mut state = seed;
+        (0..n)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (state >> 56) as u8
+            })
+            .collect()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_vnni_sums_give_the_avx2_bits() {
+        if !has_avx2_fma() || !avx2::has_vnni_for_test() {
+            eprintln!("skipped: this CPU has no AVX2+FMA or no AVX-512 VNNI");
+            return;
+        }
+        // 18 blocks (the model's 576 columns), 3 input rows; weights over the whole i8 range
+        // (-128 included), input values within ±127 as candle's quantizer gives them.
+        let (blocks, tokens) = (18, 3);
+        let values: Vec<i8> = bytes(1, ROWS * blocks * QK)
+            .into_iter()
+            .map(|b| i8::from_ne_bytes([b]))
+            .collect();
+        let scales: Vec<f32> = bytes(2, ROWS * blocks)
+            .into_iter()
+            .map(|b| f32::from(b) / 97.0)
+            .collect();
+        let mut input_values: Vec<i8> = bytes(3, tokens * blocks * QK)
+            .into_iter()
+            .map(|b| i8::from_ne_bytes([b]).max(-127))
+            .collect();
+        input_values[..4].copy_from_slice(&[-127, 127, -127, 127]);
+        let input = Q8_0Rows {
+            tokens,
+            values: input_values,
+            scales: bytes(4, tokens * blocks)
+                .into_iter()
+                .map(|b| f32::from(b) / 31.0)
+                .collect(),
+        };
+        let (mut avx2, mut vnni) = (vec![0f32; tokens * ROWS], vec![1f32; tokens * ROWS]);
+        avx2::rows_with(&values, &scales, &input, &mut avx2, false);
+        avx2::rows_with(&values, &scales, &input, &mut vnni, true);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&vnni), bits(&avx2));
     }
 }
