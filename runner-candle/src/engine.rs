@@ -4,10 +4,12 @@
 //! Each step:
 //!
 //! 1. the requests waiting are inserted while slots are free;
-//! 2. [`Decoder::propose`] runs the n-gram proposer (when speculative); with the adaptive
-//!    [`DraftPolicy`] each request keeps only as many of its drafts as its own
-//!    [`DraftLength`] allows ([`Decoder::set_drafts`]); [`Decoder::plan`] says what to feed: for
-//!    a new request its prompt, for a running one its last token and its drafts;
+//! 2. [`Decoder::propose`] runs the n-gram proposer (when speculative), or a runner's own
+//!    [`Drafter`] sets each request's drafts ([`Decoder::set_drafts`]; the configuration of
+//!    [`SamplerConfig::with_runner_drafts`]); with the adaptive [`DraftPolicy`] each request
+//!    keeps only as many of its drafts as its own [`DraftLength`] allows; [`Decoder::plan`] says
+//!    what to feed: for a new request its prompt, for a running one its last token and its
+//!    drafts;
 //! 3. the forward pass, **one call per request**: its KV cache is cut back to
 //!    [`SlotPlan::start_position`](specula_sampler::SlotPlan::start_position) (dropping the
 //!    positions of last step's rejected drafts), its step tokens are fed in one call, and the
@@ -45,6 +47,18 @@ pub struct TokenEvent<'a> {
     pub tokens: &'a [i32],
     /// Why it stopped, when this step ended it.
     pub finished: Option<FinishReason>,
+}
+
+/// A runner's own source of drafts (a draft model, a retrieval index, a replay), asked each step
+/// for the drafts of every decoding request, in place of the n-gram proposer. The engine hands
+/// them to [`Decoder::set_drafts`], so the decoder's configuration must leave room for them
+/// ([`SamplerConfig::with_runner_drafts`]). With TARGET_MATCH or GREEDY the emitted tokens do not
+/// depend on the drafts — only the number of steps does.
+pub trait Drafter {
+    /// The drafts of request `request` (its index in the list given to [`Engine::run`]), which
+    /// has generated `generated` so far: at most `max` tokens (more are cut), each in
+    /// `0 .. vocab`.
+    fn drafts(&mut self, request: usize, generated: &[i32], max: usize) -> Vec<i32>;
 }
 
 /// Where the time of a run went, and what speculation achieved.
@@ -279,6 +293,10 @@ pub struct Engine<F> {
     policy: DraftPolicy,
     /// Each slot's draft length (reset when a request is inserted).
     draft_lengths: Vec<DraftLength>,
+    /// The runner's own drafts, if any (else the n-gram proposer's, if configured).
+    drafter: Option<Box<dyn Drafter>>,
+    /// The request each slot holds during [`Engine::run`] (by index).
+    in_slot: Vec<Option<usize>>,
 }
 
 impl<F> std::fmt::Debug for Engine<F> {
@@ -287,6 +305,7 @@ impl<F> std::fmt::Debug for Engine<F> {
             .field("device", &self.device.info().name)
             .field("config", self.decoder.config())
             .field("policy", &self.policy)
+            .field("drafter", &self.drafter.is_some())
             .finish()
     }
 }
@@ -335,7 +354,16 @@ impl<F: Forward> Engine<F> {
             decoder,
             policy: DraftPolicy::default(),
             draft_lengths,
+            drafter: None,
+            in_slot: Vec::new(),
         })
+    }
+
+    /// The engine with the runner's own drafts from `drafter` (see [`Drafter`]); the decoder's
+    /// configuration must take runner drafts ([`SamplerConfig::with_runner_drafts`]).
+    pub fn with_drafter(mut self, drafter: impl Drafter + 'static) -> Self {
+        self.drafter = Some(Box::new(drafter));
+        self
     }
 
     /// The engine with `policy` for the drafts each request feeds (adaptive by default).
@@ -378,7 +406,7 @@ impl<F: Forward> Engine<F> {
         let mut stats = RunStats::default();
         let n = requests.len();
         let mut waiting: VecDeque<(usize, Request)> = requests.into_iter().enumerate().collect();
-        let mut in_slot: Vec<Option<usize>> = vec![None; self.decoder.config().max_bsz];
+        self.in_slot = vec![None; self.decoder.config().max_bsz];
         let mut generated = vec![Vec::new(); n];
         let mut finished = vec![None; n];
         loop {
@@ -389,7 +417,7 @@ impl<F: Forward> Engine<F> {
                 };
                 stats.prompt_tokens += request.prompt.len() as u64;
                 let slot = self.decoder.insert(request)?;
-                in_slot[slot] = Some(index);
+                self.in_slot[slot] = Some(index);
                 self.draft_lengths[slot] =
                     DraftLength::new(self.decoder.config().max_step_tokens.saturating_sub(1));
             }
@@ -400,7 +428,8 @@ impl<F: Forward> Engine<F> {
             let output = self.step(&mut stats)?;
             let t = Instant::now();
             for slot_output in &output.slots {
-                let index = in_slot
+                let index = self
+                    .in_slot
                     .get(slot_output.slot)
                     .copied()
                     .flatten()
@@ -419,7 +448,7 @@ impl<F: Forward> Engine<F> {
                 match slot_output.finished {
                     Some(reason) => {
                         self.decoder.remove(slot_output.slot)?;
-                        in_slot[slot_output.slot] = None;
+                        self.in_slot[slot_output.slot] = None;
                         finished[index] = Some(reason);
                     }
                     None if slot_output.tokens.is_empty() => {
@@ -454,6 +483,7 @@ impl<F: Forward> Engine<F> {
     fn step(&mut self, stats: &mut RunStats) -> Result<StepOutput> {
         let t = Instant::now();
         self.decoder.propose()?;
+        self.runner_drafts()?;
         self.limit_drafts()?;
         let plan = self.decoder.plan()?;
         let planned = t.elapsed();
@@ -480,6 +510,24 @@ impl<F: Forward> Engine<F> {
         stats.forward += forward;
         stats.specula += planned + finished;
         Ok(output)
+    }
+
+    /// With a [`Drafter`], sets each decoding request's drafts to the drafter's.
+    fn runner_drafts(&mut self) -> Result<()> {
+        let Some(drafter) = self.drafter.as_mut() else {
+            return Ok(());
+        };
+        let max = self.decoder.config().max_step_tokens.saturating_sub(1);
+        for slot in self.decoder.decode_slots() {
+            let request = self.in_slot.get(slot).copied().flatten().ok_or_else(|| {
+                RunnerError::Internal(format!("slot {slot} decodes but holds no request"))
+            })?;
+            let generated = self.decoder.generated(slot).unwrap_or_default();
+            let mut drafts = drafter.drafts(request, generated, max);
+            drafts.truncate(max);
+            self.decoder.set_drafts(slot, &drafts)?;
+        }
+        Ok(())
     }
 
     /// With the adaptive policy, cuts each decoding request's proposed drafts to its draft length.

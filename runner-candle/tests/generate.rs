@@ -4,6 +4,11 @@
 //! and a bad word) × {plain, n-gram speculative with up to 5 drafts}: the speculative tokens equal
 //! the plain tokens, token for token, and the tokens sampled by wgpu and xpu-sim equal the CPU's.
 //!
+//! Under every setting the CPU also runs with the plain run's own tokens as the runner's drafts
+//! (one changed every third step, [`PlainDrafts`]): those are accepted up to the changed one, so
+//! the accepting branch of verification runs with every sampling parameter on, which the n-gram
+//! proposer's drafts seldom reach under the third setting's penalties.
+//!
 //! The six requests of a run share 4 slots (continuous batching: a slot freed by a finished
 //! request takes the next one, its KV cache cut back to 0), 24 tokens each.
 //!
@@ -31,7 +36,7 @@ use std::sync::{Arc, OnceLock};
 use common::{PROMPTS, TestResult, backend_need, model, model_need, open, trial};
 use specula_backend_api::Device;
 use specula_runner_candle::draft_length::DraftPolicy;
-use specula_runner_candle::engine::{Engine, Forward, KvForward, RunOutput};
+use specula_runner_candle::engine::{Drafter, Engine, Forward, KvForward, RunOutput};
 use specula_runner_candle::{Llama, Model, RunnerError};
 use specula_sampler::{
     Decoder, NgramConfig, Request, SamplerConfig, SamplingParams, SlotPlan, StepPlan, Strategy,
@@ -146,6 +151,44 @@ fn config(model: &Model, speculative: bool) -> SamplerConfig {
     }
 }
 
+/// The plain configuration with room for the runner's drafts (up to 5 a step), for
+/// [`PlainDrafts`].
+fn drafted_config(model: &Model) -> SamplerConfig {
+    config(model, false).with_runner_drafts(STEP_TOKENS)
+}
+
+/// Drafts taken from the plain run's own tokens, one of them changed (its lowest bit flipped) on
+/// every third call: with TARGET_MATCH they are accepted up to the changed one and the rest is
+/// corrected, so the speculative path takes its accepting branch under every setting — the
+/// n-gram proposer's drafts are seldom accepted under the third setting's penalties.
+struct PlainDrafts {
+    plain: Vec<Vec<i32>>,
+    calls: usize,
+}
+
+impl Drafter for PlainDrafts {
+    fn drafts(&mut self, request: usize, generated: &[i32], max: usize) -> Vec<i32> {
+        self.calls += 1;
+        let mut drafts: Vec<i32> = self
+            .plain
+            .get(request)
+            .map(|tokens| {
+                tokens
+                    .iter()
+                    .skip(generated.len())
+                    .take(max)
+                    .copied()
+                    .collect()
+            })
+            .unwrap_or_default();
+        if self.calls.is_multiple_of(3) && !drafts.is_empty() {
+            let at = self.calls / 3 % drafts.len();
+            drafts[at] ^= 1;
+        }
+        drafts
+    }
+}
+
 /// Logits rows by their whole token prefix.
 type Record = HashMap<Vec<i32>, Vec<f32>>;
 
@@ -242,6 +285,8 @@ type Grid = Vec<[Vec<Vec<i32>>; 2]>;
 /// The CPU runs and their record, computed once per test binary.
 struct CpuGrid {
     tokens: Grid,
+    /// Per setting, the run with [`PlainDrafts`]: its tokens, drafts fed and drafts accepted.
+    drafted: Vec<(Vec<Vec<i32>>, u64, u64)>,
     record: Record,
 }
 
@@ -269,6 +314,7 @@ fn run_cpu_grid() -> Result<CpuGrid, String> {
     let cpu = open("cpu")?;
     let mut record = Record::new();
     let mut tokens = Grid::new();
+    let mut drafted = Vec::new();
     let mut accepted = 0;
     for setting in settings(model)? {
         let mut modes: [Vec<Vec<i32>>; 2] = Default::default();
@@ -304,6 +350,7 @@ fn run_cpu_grid() -> Result<CpuGrid, String> {
             }
             modes[speculative as usize] = output.generated;
         }
+        drafted.push(run_drafted(model, &cpu, &setting, &mut record, &modes[0])?);
         tokens.push(modes);
     }
     if accepted == 0 {
@@ -311,18 +358,77 @@ fn run_cpu_grid() -> Result<CpuGrid, String> {
             "no draft was accepted in any speculative run: speculation was never exercised".into(),
         );
     }
-    Ok(CpuGrid { tokens, record })
+    Ok(CpuGrid {
+        tokens,
+        drafted,
+        record,
+    })
+}
+
+/// The CPU run of `setting` with the plain run's tokens as drafts ([`PlainDrafts`]), recorded
+/// like the others (a prefix met before must give the same bits).
+fn run_drafted(
+    model: &Model,
+    cpu: &Arc<dyn Device>,
+    setting: &Setting,
+    record: &mut Record,
+    plain: &[Vec<i32>],
+) -> Result<(Vec<Vec<i32>>, u64, u64), String> {
+    let mut recording = Recording {
+        inner: KvForward::new(&model.llama, SLOTS),
+        record,
+        conflicts: Vec::new(),
+    };
+    let drafter = PlainDrafts {
+        plain: plain.to_vec(),
+        calls: 0,
+    };
+    let output = {
+        let mut engine = Engine::with_forward(&mut recording, cpu.clone(), drafted_config(model))
+            .map_err(e)?
+            .with_draft_policy(POLICY)
+            .with_drafter(drafter);
+        engine.run(requests(model, setting)?, |_| {}).map_err(e)?
+    };
+    if !recording.conflicts.is_empty() {
+        return Err(format!(
+            "{}, plain tokens as drafts: the forward pass gave other logits for a prefix computed before: {:?}",
+            setting.name, recording.conflicts
+        ));
+    }
+    eprintln!(
+        "cpu, {}, plain tokens as drafts: {}",
+        setting.name,
+        output.stats.summary()
+    );
+    let stats = &output.stats;
+    Ok((
+        output.generated,
+        stats.drafts_proposed,
+        stats.drafts_accepted,
+    ))
 }
 
 fn cpu_speculative_tokens_equal_plain_tokens() -> TestResult {
     let model = model()?;
     let grid = cpu_grid()?;
-    for (setting, [plain, speculative]) in settings(model)?.iter().zip(&grid.tokens) {
+    let runs = settings(model)?;
+    for ((setting, [plain, speculative]), (drafted, fed, accepted)) in
+        runs.iter().zip(&grid.tokens).zip(&grid.drafted)
+    {
         compare(
             &format!("cpu, {}: n-gram vs plain", setting.name),
             speculative,
             plain,
         )?;
+        let what = format!("cpu, {}: plain tokens as drafts vs plain", setting.name);
+        compare(&what, drafted, plain)?;
+        // Both branches of verification ran: drafts accepted, and changed ones rejected.
+        if *accepted == 0 || accepted >= fed {
+            return Err(format!(
+                "{what}: {accepted} of {fed} drafts accepted; expected some, not all"
+            ));
+        }
     }
     Ok(())
 }
