@@ -635,8 +635,8 @@ fn f16_at(bytes: &[u8], at: usize) -> f32 {
 mod tests {
     use super::*;
 
-    /// A deterministic pseudo-random byte stream (an LCG).
-    fn bytes(seed: u64, n: usize) -> Vec<u8> {
+    /// A deterministic pseudo-random byte stream (an LCG); the submodules' tests use it too.
+    pub(super) fn bytes(seed: u64, n: usize) -> Vec<u8> {
         let mut state = seed;
         (0..n)
             .map(|_| {

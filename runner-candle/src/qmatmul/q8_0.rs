@@ -385,20 +385,8 @@ mod avx2 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::bytes;
     use super::*;
-
-    /// Pseudo-random bytes (an LCG).
-    fn bytes(seed: u64, n: usize) -> Vec<u8> {
-        let mut state = seed;
-        (0..n)
-            .map(|_| {
-                state = state
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (state >> 56) as u8
-            })
-            .collect()
-    }
 
     #[cfg(target_arch = "x86_64")]
     #[test]
