@@ -9,8 +9,8 @@ use specula_backend_api::{Buffer, DType, FloatElement, Op, Result};
 
 use super::with_float;
 use crate::CpuDevice;
-use crate::sampling::fast::sample_row_fast;
-use crate::sampling::histogram::{Kept, draw_in_prefix, first_in_rank, kept_set};
+use crate::sampling::fast::sample_prob_row_fast;
+use crate::sampling::histogram::{Kept, draw_in_prefix, first_prob_in_rank, prob_kept_set};
 use crate::sampling::logits;
 use specula_backend_api::host::{slice, slice_mut};
 
@@ -18,7 +18,7 @@ use specula_backend_api::host::{slice, slice_mut};
 /// kept set in ascending id order. The single-pass fast path decides when it can; the histogram
 /// path (the reference) otherwise. Both make the same integer decisions. `parts > 1` lets the
 /// fast path scan the row on that many threads.
-pub(crate) fn sample_row<T: FloatElement>(
+pub(crate) fn sample_prob_row<T: FloatElement>(
     row: &[T],
     top_k: i32,
     top_p: f32,
@@ -26,24 +26,24 @@ pub(crate) fn sample_row<T: FloatElement>(
     parts: usize,
 ) -> usize {
     let r = draw(seed, Purpose::Sample);
-    if let Some(token) = sample_row_fast(row, top_k, top_p, r, parts) {
+    if let Some(token) = sample_prob_row_fast(row, top_k, top_p, r, parts) {
         return token;
     }
-    sample_row_histogram(row, top_k, top_p, r)
+    sample_prob_row_histogram(row, top_k, top_p, r)
 }
 
-/// The histogram path of [`sample_row`].
-pub(crate) fn sample_row_histogram<T: FloatElement>(
+/// The histogram path of [`sample_prob_row`].
+pub(crate) fn sample_prob_row_histogram<T: FloatElement>(
     row: &[T],
     top_k: i32,
     top_p: f32,
     r: u64,
 ) -> usize {
-    match kept_set(row, top_k, top_p_fixed(top_p)) {
+    match prob_kept_set(row, top_k, top_p_fixed(top_p)) {
         Kept::Degenerate(first) => first,
         Kept::Prefix(prefix) => draw_in_prefix(row, &prefix, r)
             // Unreachable (the draw is below the kept mass); the first token is the safe answer.
-            .unwrap_or_else(|| first_in_rank(row)),
+            .unwrap_or_else(|| first_prob_in_rank(row)),
     }
 }
 
@@ -76,9 +76,9 @@ pub(crate) fn top_k_top_p_sample(
                             next: next_row(scores, r, shape.vocab),
                         };
                         let sampling = (top_k[r], top_p[r], draw);
-                        logits::sample_row_hinted(row, temperature[r], sampling, hints)
+                        logits::sample_logit_row_hinted(row, temperature[r], sampling, hints)
                     }
-                    None => sample_row(row, top_k[r], top_p[r], seed[r], parts),
+                    None => sample_prob_row(row, top_k[r], top_p[r], seed[r], parts),
                 };
                 *token = id as i32;
             });

@@ -10,7 +10,7 @@ use specula_backend_api::{DType, FloatElement, Op, Result};
 use super::with_float;
 use crate::CpuDevice;
 use crate::sampling::histogram::{
-    Metric, Prefix, first_in_rank, shortest_prefix, totals, with_scratch,
+    Metric, Prefix, first_prob_in_rank, shortest_prefix, totals, with_scratch,
 };
 use crate::sampling::logits;
 use specula_backend_api::host::{slice, slice_mut};
@@ -55,7 +55,7 @@ pub(crate) fn candidates_row_histogram<T: FloatElement>(
         (valid, all.mass)
     });
     if valid.count == 0 {
-        ids[0] = first_in_rank(row) as i32;
+        ids[0] = first_prob_in_rank(row) as i32;
         return 1;
     }
     let mut chosen: Vec<(u32, u32)> = Vec::with_capacity(valid.count);

@@ -8,11 +8,11 @@ use specula_backend_api::ops::{StrategyInputs, VerifyInputs, VerifyOutputs, Veri
 use specula_backend_api::rng::{Purpose, draw};
 use specula_backend_api::{DType, FloatElement, Op, Result};
 
-use super::top_k_top_p_sample::sample_row;
+use super::top_k_top_p_sample::sample_prob_row;
 use super::{len_or_zero, token_index, with_float};
 use crate::CpuDevice;
 use crate::sampling::histogram::{
-    Kept, Prefix, first_in_rank, kept_set, total_weight, weight_in_prefix,
+    Kept, Prefix, first_prob_in_rank, prob_kept_set, total_weight, weight_in_prefix,
 };
 use crate::sampling::logits::{self, KeptLogits, Weighing};
 use specula_backend_api::host::{slice, slice_mut};
@@ -236,7 +236,7 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
                 let Some(r) = row else { return -1 };
                 let draw = draw(self.seeds[r], Purpose::Sample);
                 let p = self.target_row(target, r);
-                let token = logits::sample_row(p, t[r], top_k[r], top_p[r], draw) as i32;
+                let token = logits::sample_logit_row(p, t[r], top_k[r], top_p[r], draw) as i32;
                 self.or_fallback(p, token, r)
             }
             Strategy::Rejection {
@@ -248,7 +248,7 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
             } => {
                 let Some(r) = row else { return -1 };
                 let p = self.target_row(target, r);
-                let token = sample_row(p, top_k[r], top_p[r], self.seeds[r], 1) as i32;
+                let token = sample_prob_row(p, top_k[r], top_p[r], self.seeds[r], 1) as i32;
                 self.or_fallback(p, token, r)
             }
         }
@@ -330,13 +330,13 @@ fn rejection_check<T: FloatElement, D: FloatElement>(
     top_p: f32,
     seed: u64,
 ) -> (bool, i32) {
-    let resample_target = || sample_row(p, top_k, top_p, seed, 1) as i32;
+    let resample_target = || sample_prob_row(p, top_k, top_p, seed, 1) as i32;
     let draft_total = total_weight(q);
     if total_weight(p) >= REJECTION_MAX_TOTAL_WEIGHT || draft_total >= REJECTION_MAX_TOTAL_WEIGHT {
         // Not distributions: reject and fall back to plain sampling of the target.
         return (false, resample_target());
     }
-    let kept = match kept_set(p, top_k, top_p_fixed(top_p)) {
+    let kept = match prob_kept_set(p, top_k, top_p_fixed(top_p)) {
         Kept::Prefix(prefix) => prefix,
         // The target weighs nothing: no draft can be accepted, and the residual is empty.
         Kept::Degenerate(_) => return (false, resample_target()),
@@ -373,9 +373,10 @@ fn rejection_check_logits<T: FloatElement, D: FloatElement>(
     seed: u64,
 ) -> (bool, i32) {
     let resample_target =
-        || logits::sample_row(p, t, top_k, top_p, draw(seed, Purpose::Sample)) as i32;
+        || logits::sample_logit_row(p, t, top_k, top_p, draw(seed, Purpose::Sample)) as i32;
     let target = Weighing::of(p, t);
-    let KeptLogits::Kept(kept, wp_total) = logits::kept_set(p, &target, top_k, top_p, Vec::new())
+    let KeptLogits::Kept(kept, wp_total) =
+        logits::logit_kept_set(p, &target, top_k, top_p, Vec::new())
     else {
         // The target weighs nothing: no draft is accepted and the residual is empty.
         return (false, resample_target());
@@ -469,7 +470,7 @@ fn residual_sample<T: FloatElement, D: FloatElement>(
             }
         }
     }
-    Some(first_in_rank(p) as i32)
+    Some(first_prob_in_rank(p) as i32)
 }
 
 pub(crate) fn verify_draft_tokens(

@@ -366,7 +366,7 @@ fn draw_kept<T: FloatElement>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::top_k_top_p_sample::sample_row_histogram;
+    use crate::ops::top_k_top_p_sample::sample_prob_row_histogram;
     use crate::sampling::lcg::Lcg;
     use specula_backend_api::fixed_point::{top_p_fixed, weight};
 
@@ -474,14 +474,14 @@ mod tests {
                 let total: u64 = row.iter().map(|&p| weight(p)).sum();
                 for top_p in [0.9f32, 0.5, 0.99, 0.999, 0.01] {
                     let draw = lcg.next_u64();
-                    let expected = sample_row_histogram(row, 0, top_p, draw);
+                    let expected = sample_prob_row_histogram(row, 0, top_p, draw);
                     let got = sample_top_p(row, total, top_p_fixed(top_p), draw);
                     assert_eq!(got, Some(expected), "v {v} row {i} top_p {top_p}");
                     let half: Vec<half::f16> =
                         row.iter().map(|&p| half::f16::from_f32(p)).collect();
                     let total: u64 = half.iter().map(|p| weight(p.to_f32())).sum();
                     if total > 0 {
-                        let expected = sample_row_histogram(&half, 0, top_p, draw);
+                        let expected = sample_prob_row_histogram(&half, 0, top_p, draw);
                         let got = sample_top_p(&half, total, top_p_fixed(top_p), draw);
                         assert_eq!(got, Some(expected), "f16, v {v} row {i} top_p {top_p}");
                     }

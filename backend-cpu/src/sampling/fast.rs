@@ -276,7 +276,7 @@ fn draw_among(
 
 /// Samples a row on the fast path, or returns `None` when the histogram path must decide.
 /// `parts > 1` lets the first pass use that many threads.
-pub(crate) fn sample_row_fast<T: FloatElement>(
+pub(crate) fn sample_prob_row_fast<T: FloatElement>(
     row: &[T],
     top_k: i32,
     top_p: f32,
@@ -472,7 +472,7 @@ mod tests {
 
     #[test]
     fn fast_path_agrees_with_the_reference_and_is_taken_on_normalized_rows() {
-        use crate::ops::top_k_top_p_sample::sample_row_histogram;
+        use crate::ops::top_k_top_p_sample::sample_prob_row_histogram;
         let settings = [
             (0, 0.9f32),
             (50, 0.9),
@@ -486,7 +486,7 @@ mod tests {
         for (i, row) in normalized_rows(5, 30, 5003).iter().enumerate() {
             for (j, &(k, p)) in settings.iter().enumerate() {
                 let draw = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul((i * 31 + j) as u64 + 1);
-                let fast = sample_row_fast(row, k, p, draw, 1);
+                let fast = sample_prob_row_fast(row, k, p, draw, 1);
                 // Top-k and top_p = 1 always take the fast path; top-p alone may leave flat rows to
                 // the histogram path, but must be taken on many rows (checked below).
                 if k > 0 || p == 1.0 {
@@ -497,13 +497,13 @@ mod tests {
                 if let Some(token) = fast {
                     assert_eq!(
                         token,
-                        sample_row_histogram(row, k, p, draw),
+                        sample_prob_row_histogram(row, k, p, draw),
                         "row {i} k {k} p {p}"
                     );
                 }
                 let half: Vec<half::bf16> = row.iter().map(|&v| half::bf16::from_f32(v)).collect();
-                if let Some(token) = sample_row_fast(&half, k, p, draw, 1) {
-                    let expected = sample_row_histogram(&half, k, p, draw);
+                if let Some(token) = sample_prob_row_fast(&half, k, p, draw, 1) {
+                    let expected = sample_prob_row_histogram(&half, k, p, draw);
                     assert_eq!(token, expected, "bf16 row {i} k {k} p {p}");
                 }
             }
@@ -518,14 +518,14 @@ mod tests {
         // Total probability 0.01: the floor chosen for a distribution may cut into the kept prefix.
         let row: Vec<f32> = (0..1000).map(|i| 1e-5 * (1.0 + (i % 7) as f32)).collect();
         let draw = 12345;
-        if let Some(token) = sample_row_fast(&row, 0, 0.9, draw, 1) {
+        if let Some(token) = sample_prob_row_fast(&row, 0, 0.9, draw, 1) {
             assert_eq!(
                 token,
-                crate::ops::top_k_top_p_sample::sample_row_histogram(&row, 0, 0.9, draw)
+                crate::ops::top_k_top_p_sample::sample_prob_row_histogram(&row, 0, 0.9, draw)
             );
         }
         // A row that weighs nothing is left to the reference path.
-        assert_eq!(sample_row_fast(&[0.0f32; 8], 0, 0.9, draw, 1), None);
+        assert_eq!(sample_prob_row_fast(&[0.0f32; 8], 0, 0.9, draw, 1), None);
     }
 
     #[test]
@@ -568,7 +568,7 @@ mod tests {
 
     #[test]
     fn split_rows_and_every_row_shape_agree_with_the_reference() {
-        use crate::ops::top_k_top_p_sample::sample_row_histogram;
+        use crate::ops::top_k_top_p_sample::sample_prob_row_histogram;
         use crate::ops::top_p_candidates::candidates_row_histogram;
         // Long enough to be split across threads.
         let vocab = SPLIT_MIN * 2 + 77;
@@ -586,22 +586,28 @@ mod tests {
             .enumerate()
             {
                 let draw = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul((i * 7 + j) as u64 + 3);
-                let expected = sample_row_histogram(row, k, p, draw);
+                let expected = sample_prob_row_histogram(row, k, p, draw);
                 for parts in [1, 2, 3] {
-                    if let Some(token) = sample_row_fast(row, k, p, draw, parts) {
+                    if let Some(token) = sample_prob_row_fast(row, k, p, draw, parts) {
                         assert_eq!(token, expected, "row {i} k {k} p {p} parts {parts}");
                     }
                 }
-                let expected = sample_row_histogram(&half, k, p, draw);
-                if let Some(token) = sample_row_fast(&half, k, p, draw, 2) {
+                let expected = sample_prob_row_histogram(&half, k, p, draw);
+                if let Some(token) = sample_prob_row_fast(&half, k, p, draw, 2) {
                     assert_eq!(token, expected, "f16 row {i} k {k} p {p}");
                 }
             }
             // LLM-like (Gaussian logits) and peaked rows must take the fast path; rows whose kept
             // set holds more than two tokens of most groups (long runs of ties) may not.
             if i == 1 || i == 3 {
-                assert!(sample_row_fast(row, 0, 0.9, 12345, 2).is_some(), "row {i}");
-                assert!(sample_row_fast(row, 50, 0.9, 12345, 1).is_some(), "row {i}");
+                assert!(
+                    sample_prob_row_fast(row, 0, 0.9, 12345, 2).is_some(),
+                    "row {i}"
+                );
+                assert!(
+                    sample_prob_row_fast(row, 50, 0.9, 12345, 1).is_some(),
+                    "row {i}"
+                );
             }
             for (c, p) in [(1usize, 0.9f32), (8, 0.9), (64, 0.5)] {
                 let (mut ids, mut scores) = (vec![0; c], vec![0.0; c]);

@@ -129,7 +129,7 @@ fn key_of<T: FloatElement>(v: T) -> u32 {
 }
 
 /// The first token of the whole row in rank order: the largest key, lowest id.
-pub(crate) fn first_in_rank<T: FloatElement>(row: &[T]) -> usize {
+pub(crate) fn first_prob_in_rank<T: FloatElement>(row: &[T]) -> usize {
     let mut best = 0usize;
     let mut best_key = 0u32;
     for (id, &v) in row.iter().enumerate() {
@@ -256,7 +256,7 @@ pub(crate) enum Kept {
 }
 
 /// Applies top-k then top-p to a row.
-pub(crate) fn kept_set<T: FloatElement>(row: &[T], top_k: i32, top_p_fixed: u64) -> Kept {
+pub(crate) fn prob_kept_set<T: FloatElement>(row: &[T], top_k: i32, top_p_fixed: u64) -> Kept {
     with_scratch(|scratch| {
         let vocab = row.len();
         let survivors = match usize::try_from(top_k) {
@@ -273,7 +273,7 @@ pub(crate) fn kept_set<T: FloatElement>(row: &[T], top_k: i32, top_p_fixed: u64)
             }
         };
         if survivors.mass == 0 {
-            return Kept::Degenerate(first_in_rank(row));
+            return Kept::Degenerate(first_prob_in_rank(row));
         }
         let target =
             specula_backend_api::fixed_point::top_p_target_mass(top_p_fixed, survivors.mass);

@@ -671,7 +671,7 @@ fn walk_to_boundary(
 }
 
 /// The first token of the row in rank order (the answer for a row of weight 0).
-pub(crate) fn first_in_rank<T: FloatElement>(row: &[T]) -> usize {
+pub(crate) fn first_logit_in_rank<T: FloatElement>(row: &[T]) -> usize {
     let mut best = (0u32, 0u32);
     for (id, &x) in row.iter().enumerate() {
         let key = logit_rank_key(x.to_f32());
@@ -691,7 +691,7 @@ pub(crate) enum KeptLogits {
 }
 
 /// Top-k, then top-p, of a logits row (`docs/semantics.md` §5.6 steps 1 and 2); `kept` is a buffer to reuse.
-pub(crate) fn kept_set<T: FloatElement>(
+pub(crate) fn logit_kept_set<T: FloatElement>(
     row: &[T],
     weighing: &Weighing,
     top_k: i32,
@@ -710,7 +710,7 @@ fn kept_of_survivors<T: FloatElement>(
     kept: Vec<Weighted>,
 ) -> KeptLogits {
     if total == 0 {
-        return KeptLogits::Degenerate(first_in_rank(row));
+        return KeptLogits::Degenerate(first_logit_in_rank(row));
     }
     let (kept, mass) = top_p_kept(total, top_p, kept);
     KeptLogits::Kept(kept, mass)
@@ -771,18 +771,18 @@ thread_local! {
 }
 
 /// Samples one logits row at temperature `t` with the SAMPLE draw `r`.
-pub(crate) fn sample_row<T: FloatElement>(
+pub(crate) fn sample_logit_row<T: FloatElement>(
     row: &[T],
     t: f32,
     top_k: i32,
     top_p: f32,
     r: u64,
 ) -> usize {
-    sample_row_hinted(row, t, (top_k, top_p, r), RowHints::default())
+    sample_logit_row_hinted(row, t, (top_k, top_p, r), RowHints::default())
 }
 
-/// [`sample_row`] of `(top_k, top_p, r)`, with `hints` on how the row's passes may run.
-pub(crate) fn sample_row_hinted<T: FloatElement>(
+/// [`sample_logit_row`] of `(top_k, top_p, r)`, with `hints` on how the row's passes may run.
+pub(crate) fn sample_logit_row_hinted<T: FloatElement>(
     row: &[T],
     t: f32,
     (top_k, top_p, r): (i32, f32, u64),
@@ -799,7 +799,7 @@ pub(crate) fn sample_row_hinted<T: FloatElement>(
             return token;
         }
         let weighing = Weighing::of(row, t);
-        kept_set(row, &weighing, top_k, top_p, buffer)
+        logit_kept_set(row, &weighing, top_k, top_p, buffer)
     };
     match kept {
         KeptLogits::Degenerate(first) => first,
@@ -860,7 +860,7 @@ pub(crate) fn candidates_row<T: FloatElement>(
     let mut positive = Vec::new();
     let total = positive_tokens(row, &weighing, &mut positive);
     if total == 0 {
-        ids[0] = first_in_rank(row) as i32;
+        ids[0] = first_logit_in_rank(row) as i32;
         return 1;
     }
     let c = ids.len().min(positive.len());
@@ -967,7 +967,7 @@ mod tests {
             let top_p = [1.0, 0.9, 0.5, 0.01, 0.0][(case / 5) % 5];
             let r = next();
             assert_eq!(
-                sample_row(&row, t, top_k, top_p, r),
+                sample_logit_row(&row, t, top_k, top_p, r),
                 plain_sample(&row, t, top_k, top_p, r),
                 "case {case}: v {v}, t {t}, top_k {top_k}, top_p {top_p}"
             );
@@ -995,7 +995,7 @@ mod tests {
             let top_p = [1.0, 0.9, 0.5, 0.01, 0.999][(case / 7) % 5];
             let r = next();
             assert_eq!(
-                sample_row(&row, t, top_k, top_p, r),
+                sample_logit_row(&row, t, top_k, top_p, r),
                 plain_sample(&row, t, top_k, top_p, r),
                 "case {case}: v {v}, spread {spread}, t {t}, top_k {top_k}, top_p {top_p}"
             );
@@ -1032,7 +1032,7 @@ mod tests {
     /// Long rows whose logits read alike — flushed to +0 (`|l| < 2^-76`, both signs, ±0) or
     /// clamped to `±2^64` — and so weigh alike: the rank order is that of the logits themselves
     /// (§4b step 1), so top-p keeps the largest logits, not the lowest ids. The path without
-    /// top-k and `sample_row` give the plain definition's token, and the path decides some of
+    /// top-k and `sample_logit_row` give the plain definition's token, and the path decides some of
     /// them itself.
     #[test]
     fn the_unranked_path_ranks_logits_that_read_alike_by_the_logit() {
@@ -1079,7 +1079,7 @@ mod tests {
                         decided += 1;
                     }
                     assert_eq!(
-                        sample_row(row, t, 0, top_p, r),
+                        sample_logit_row(row, t, 0, top_p, r),
                         expected,
                         "{name}, t {t}, top_p {top_p}"
                     );
@@ -1122,13 +1122,13 @@ mod tests {
                         parts,
                         next: bytemuck::cast_slice(&row[..v / 2]),
                     };
-                    let token = sample_row_hinted(&row, t, (0, top_p, r), hints);
+                    let token = sample_logit_row_hinted(&row, t, (0, top_p, r), hints);
                     assert_eq!(
                         token, expected,
                         "parts {parts}, σ {sigma}, v {v}, top_p {top_p}"
                     );
                 }
-                assert_eq!(sample_row(&row, t, 0, top_p, r), expected);
+                assert_eq!(sample_logit_row(&row, t, 0, top_p, r), expected);
                 cases += 1;
             }
             sizes.push(kept_size(&row, t, 0.9));
@@ -1156,7 +1156,7 @@ mod tests {
                 for r in [0, u64::MAX, 1 << 63] {
                     for top_k in [0, 1, 2] {
                         assert_eq!(
-                            sample_row(&row, t, top_k, 0.7, r),
+                            sample_logit_row(&row, t, top_k, 0.7, r),
                             plain_sample(&row, t, top_k, 0.7, r),
                             "{row:?} t {t} top_k {top_k}"
                         );

@@ -24,7 +24,7 @@ use super::{
     Batch, MinPFloor, Row, dense_word_values, first_unmasked, key_select, process_row, with_batch,
 };
 use crate::CpuDevice;
-use crate::ops::top_k_top_p_sample::sample_row;
+use crate::ops::top_k_top_p_sample::sample_prob_row;
 use crate::ops::{weighs_nothing, with_float};
 use crate::sampling::logits::{
     self, CHUNK, TopRanked, Weighing, draw_among_ranked, streams_top_k, value_of_key,
@@ -111,9 +111,9 @@ fn composed_row<T: FloatElement>(
     let fallback = process_row(batch, r, input, &mut processed);
     let token = match batch.temperature {
         Some(t) if batch.logits => {
-            logits::sample_row(&processed, t[r], top_k, top_p, draw(seed, Purpose::Sample))
+            logits::sample_logit_row(&processed, t[r], top_k, top_p, draw(seed, Purpose::Sample))
         }
-        _ => sample_row(&processed, top_k, top_p, seed, 1),
+        _ => sample_prob_row(&processed, top_k, top_p, seed, 1),
     };
     let value = processed[token];
     SCRATCH.with(|cell| cell.borrow_mut().0 = processed);
