@@ -205,7 +205,7 @@ pub trait Backend: Send + Sync + Debug {
     /// first call that needs it, for the ops and score dtypes of `plan` (already narrowed to what
     /// this device runs and supports, [`WarmUp::for_device`](crate::WarmUp::for_device)).
     /// Idempotent: what is built is cached and not built again. A kernel that fails to build is
-    /// [`Error::KernelBuild`], naming the op's kernel.
+    /// [`Error::KernelBuild`](crate::Error::KernelBuild), naming the op's kernel.
     ///
     /// The default builds nothing (a backend without compiled kernels: the CPU backend, the
     /// reference device).
