@@ -10,256 +10,47 @@
 
 use std::fmt::Debug;
 
-use std::sync::Arc;
-
-use crate::ops::ProcessedSampleCall;
-use crate::transfer::{DriverCounters, MemoryCounters, PendingDownload};
-use crate::{Buffer, Capabilities, DType, DeviceId, DeviceInfo, Error, Op, Result};
-
-/// What an opened device is: its id (carried by every buffer it allocates), its description and
-/// its capabilities. A backend builds it once when the device is opened.
-#[derive(Clone, Debug)]
-pub struct DeviceDesc {
-    /// The id every buffer of this device carries.
-    pub id: DeviceId,
-    /// What the device is.
-    pub info: DeviceInfo,
-    /// What it supports.
-    pub capabilities: Capabilities,
-    /// The device's memory-operation counters ([`Device::memory_stats`](crate::Device::memory_stats)).
-    counters: Arc<MemoryCounters>,
-    /// The backend's driver-call counters, when it counts them ([`MemoryStats::driver`](crate::MemoryStats::driver)).
-    driver: Option<Arc<DriverCounters>>,
-}
-
-impl DeviceDesc {
-    /// A description with a fresh, process-unique [`DeviceId`].
-    pub fn new(info: DeviceInfo, capabilities: Capabilities) -> Self {
-        DeviceDesc {
-            id: DeviceId::next(),
-            info,
-            capabilities,
-            counters: Arc::default(),
-            driver: None,
-        }
-    }
-
-    /// This description, for a backend that counts its driver calls: [`Device::memory_stats`]
-    /// then reports them ([`MemoryStats::driver`](crate::MemoryStats::driver)), as the backend
-    /// records them through [`DeviceDesc::driver_counters`].
-    ///
-    /// [`Device::memory_stats`]: crate::Device::memory_stats
-    pub fn counting_driver_calls(mut self) -> Self {
-        self.driver = Some(Arc::default());
-        self
-    }
-
-    /// The driver-call counters a backend records into (`None` unless the description was made
-    /// [`counting_driver_calls`](DeviceDesc::counting_driver_calls)).
-    pub fn driver_counters(&self) -> Option<&Arc<DriverCounters>> {
-        self.driver.as_ref()
-    }
-
-    /// The counters the front updates.
-    pub(crate) fn counters(&self) -> &Arc<MemoryCounters> {
-        &self.counters
-    }
-}
-
-/// A validated call of one op: the arguments as the caller passed them, plus what validation
-/// derived from them (`facts`: the float dtype, the output-row count, ...).
-///
-/// Only `backend-api` builds a `Call`, after validation: a backend method that receives one knows
-/// that every buffer has the right dtype, length and owning device, and every host-side value is
-/// in range. Buffer *contents* are still untrusted (the device fallbacks of `docs/semantics.md`).
-#[derive(Debug)]
-pub struct Call<'c, I, O: ?Sized, P, F> {
-    inputs: I,
-    out: &'c mut O,
-    params: P,
-    facts: F,
-    extent: (usize, usize),
-    launches_nothing: bool,
-}
-
-impl<'c, I, O: ?Sized, P, F> Call<'c, I, O, P, F> {
-    pub(crate) fn new(inputs: I, out: &'c mut O, params: P, facts: F) -> Self {
-        Call {
-            inputs,
-            out,
-            params,
-            facts,
-            extent: (0, 0),
-            launches_nothing: false,
-        }
-    }
-
-    /// Records the call's extent for its tracing span: output rows (or slots) and the row width
-    /// (vocabulary, hidden size; 0 where the op has none).
-    pub(crate) fn with_extent(mut self, rows: usize, width: usize) -> Self {
-        self.extent = (rows, width);
-        self
-    }
-
-    /// Records the op's zero-row rule: when `nothing` holds, the call writes nothing and no backend
-    /// is called.
-    pub(crate) fn launching_nothing_if(mut self, nothing: bool) -> Self {
-        self.launches_nothing = nothing;
-        self
-    }
-
-    /// `(rows, width)` of the call, as its span reports them.
-    pub fn extent(&self) -> (usize, usize) {
-        self.extent
-    }
-
-    /// Whether the call writes nothing (the front then calls no backend).
-    pub fn launches_nothing(&self) -> bool {
-        self.launches_nothing
-    }
-
-    /// The input buffers.
-    pub fn inputs(&self) -> &I {
-        &self.inputs
-    }
-
-    /// The op's parameters.
-    pub fn params(&self) -> &P {
-        &self.params
-    }
-
-    /// What validation derived (see each op's call type).
-    pub fn facts(&self) -> &F {
-        &self.facts
-    }
-
-    /// The output buffers.
-    pub fn out(&mut self) -> &mut O {
-        self.out
-    }
-
-    /// The output buffers, giving up the call (to build another call from a validated one).
-    pub(crate) fn into_out(self) -> &'c mut O {
-        self.out
-    }
-
-    /// Inputs, outputs, parameters and facts at once (the outputs mutably).
-    pub fn parts(&mut self) -> (&I, &mut O, &P, &F) {
-        (&self.inputs, self.out, &self.params, &self.facts)
-    }
-}
-
-/// A validated allocation: `len` elements of `dtype`, `bytes` in all (no overflow, within the
-/// device's largest buffer).
-#[derive(Clone, Copy, Debug)]
-pub struct Alloc {
-    dtype: DType,
-    len: usize,
-    bytes: usize,
-}
-
-impl Alloc {
-    pub(crate) fn new(dtype: DType, len: usize, bytes: usize) -> Self {
-        Alloc { dtype, len, bytes }
-    }
-
-    /// The element type.
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether no element is asked for.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Size in bytes (`len · dtype.size_bytes()`).
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-}
-
-/// A validated upload: a new buffer of [`Upload::alloc`] holding exactly `bytes`.
-#[derive(Clone, Copy, Debug)]
-pub struct Upload<'b> {
-    alloc: Alloc,
-    bytes: &'b [u8],
-}
-
-impl<'b> Upload<'b> {
-    pub(crate) fn new(alloc: Alloc, bytes: &'b [u8]) -> Self {
-        Upload { alloc, bytes }
-    }
-
-    /// The buffer to allocate.
-    pub fn alloc(&self) -> Alloc {
-        self.alloc
-    }
-
-    /// Its contents (exactly `alloc().bytes()` bytes).
-    pub fn bytes(&self) -> &'b [u8] {
-        self.bytes
-    }
-}
-
-/// A validated write: `bytes` is exactly the size of `dst`'s window, and `dst` belongs to this
-/// device.
-#[derive(Debug)]
-pub struct Write<'c, 'b> {
-    dst: &'c mut Buffer,
-    bytes: &'b [u8],
-}
-
-impl<'c, 'b> Write<'c, 'b> {
-    pub(crate) fn new(dst: &'c mut Buffer, bytes: &'b [u8]) -> Self {
-        Write { dst, bytes }
-    }
-
-    /// The destination and the bytes for its window.
-    pub fn parts(&mut self) -> (&mut Buffer, &'b [u8]) {
-        (self.dst, self.bytes)
-    }
-}
-
-/// A validated download of `src`'s window (`src` belongs to this device).
-#[derive(Clone, Copy, Debug)]
-pub struct Download<'c> {
-    src: &'c Buffer,
-}
-
-impl<'c> Download<'c> {
-    pub(crate) fn new(src: &'c Buffer) -> Self {
-        Download { src }
-    }
-
-    /// The buffer whose window is read.
-    pub fn src(&self) -> &'c Buffer {
-        self.src
-    }
-}
+pub use crate::call::{Alloc, Call, DeviceDesc, Download, Upload, Write};
+use crate::transfer::PendingDownload;
+use crate::{Buffer, Op, Result};
 
 macro_rules! any_call {
-    ($($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*) => {
+    (
+        [$($gated:ident $gname:ident $base:ident $capability:ident $gsection:literal $gsummary:literal,)*]
+        $($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*
+    ) => {
         /// One validated call of any op: what [`Backend::run`] receives. One variant per op of the
-        /// op table ([`for_each_op!`](crate::for_each_op)), holding that op's [`Call`].
+        /// op table ([`for_each_op!`](crate::for_each_op)) and per gated entry of the table (an op
+        /// a device runs itself when a capability says so), holding that op's [`Call`].
         #[derive(Debug)]
         pub enum AnyCall<'c, 'o: 'c> {
             $(
                 #[doc = concat!("`", stringify!($name), "` (`docs/semantics.md` §", $section, ").")]
                 $variant(crate::ops::$name::OpCall<'c, 'o>),
             )*
+            $(
+                #[doc = concat!(
+                    "`", stringify!($gname), "` (`docs/semantics.md` §", $gsection, "): ", $gsummary,
+                    ". Reaches a backend whose `Capabilities::", stringify!($capability), "` is set."
+                )]
+                $gated(crate::ops::$gname::OpCall<'c, 'o>),
+            )*
         }
 
         impl AnyCall<'_, '_> {
-            /// The op of this call.
+            /// The op of this call (a gated entry's errors name the op it stands for).
             pub fn op(&self) -> Op {
                 match self {
                     $(AnyCall::$variant(_) => Op::$variant,)*
+                    $(AnyCall::$gated(_) => Op::$base,)*
+                }
+            }
+
+            /// The name of this call's op or gated entry, as its tracing span reports it.
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $(AnyCall::$variant(_) => stringify!($name),)*
+                    $(AnyCall::$gated(_) => stringify!($gname),)*
                 }
             }
 
@@ -267,6 +58,7 @@ macro_rules! any_call {
             pub fn extent(&self) -> (usize, usize) {
                 match self {
                     $(AnyCall::$variant(call) => call.extent(),)*
+                    $(AnyCall::$gated(call) => call.extent(),)*
                 }
             }
 
@@ -274,13 +66,21 @@ macro_rules! any_call {
             pub fn launches_nothing(&self) -> bool {
                 match self {
                     $(AnyCall::$variant(call) => call.launches_nothing(),)*
+                    $(AnyCall::$gated(call) => call.launches_nothing(),)*
                 }
             }
         }
     };
 }
 
-crate::for_each_op!(any_call);
+/// Hands the gated entries to [`any_call!`] ahead of the op table.
+macro_rules! any_call_with_gated {
+    ($($gated:tt)*) => {
+        crate::__op_table! { [[$($gated)*]] any_call }
+    };
+}
+
+crate::__gated_op_table! { [] any_call_with_gated }
 
 /// Dispatches an [`AnyCall`] to the backend's host file of its op: `ops::<op>::run(backend, call)`
 /// for every op of the op table — the body of a backend's [`Backend::run`]. The calling module has
@@ -288,24 +88,56 @@ crate::for_each_op!(any_call);
 /// `fn run(backend: &B, call: OpCall<'_, '_>) -> Result<()>`: a backend missing an op's host file
 /// does not compile.
 ///
+/// A gated entry of the table (`top_k_top_p_sample_processed`, gated by
+/// [`Capabilities::fused_processing`](crate::Capabilities::fused_processing)) reaches a backend
+/// only when it sets the entry's capability; such a backend names the entry's host code after a
+/// `;` (`Variant => path`). An entry a backend does not name is
+/// [`Error::Unsupported`](crate::Error::Unsupported), which the front never lets happen on a
+/// device without the capability (it runs the entry's fallback instead).
+///
 /// ```ignore
 /// fn run(&self, call: AnyCall<'_, '_>) -> Result<()> {
 ///     specula_backend_api::dispatch_ops!(self, call)
+/// }
+///
+/// // A backend that runs the fused processed sample itself:
+/// fn run(&self, call: AnyCall<'_, '_>) -> Result<()> {
+///     specula_backend_api::dispatch_ops!(self, call;
+///         TopKTopPSampleProcessed => ops::process_logits::run_processed_sample)
 /// }
 /// ```
 #[macro_export]
 macro_rules! dispatch_ops {
     ($backend:expr, $call:expr) => {
-        $crate::__op_table! { [[$backend, $call]] $crate::__dispatch_ops }
+        $crate::__gated_op_table! { [[$backend, $call]] $crate::__dispatch_ops_with_gated }
+    };
+    ($backend:expr, $call:expr; $($gated:ident => $run:path),+ $(,)?) => {
+        match $call {
+            $($crate::backend::AnyCall::$gated(call) => $run($backend, call),)+
+            call => $crate::dispatch_ops!($backend, call),
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __dispatch_ops_with_gated {
+    ([$backend:expr, $call:expr] $($gated:tt)*) => {
+        $crate::__op_table! { [[$backend, $call] [$($gated)*]] $crate::__dispatch_ops }
     };
 }
 
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __dispatch_ops {
-    ([$backend:expr, $call:expr] $($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*) => {
+    (
+        [$backend:expr, $call:expr]
+        [$($gated:ident $gname:ident $base:ident $capability:ident $gsection:literal $gsummary:literal,)*]
+        $($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*
+    ) => {
         match $call {
             $($crate::backend::AnyCall::$variant(call) => ops::$name::run($backend, call),)*
+            $($crate::backend::AnyCall::$gated(call) => Err($crate::ops::$gname::not_dispatched(&call)),)*
         }
     };
 }
@@ -369,23 +201,11 @@ pub trait Backend: Send + Sync + Debug {
     /// Runs one validated op call (usually `dispatch_ops!(self, call)`).
     fn run(&self, call: AnyCall<'_, '_>) -> Result<()>;
 
-    /// Runs a validated fused `top_k_top_p_sample` of processed rows: only called on a device
-    /// whose [`Capabilities::fused_processing`](crate::Capabilities::fused_processing) is set
-    /// (the front composes the two ops otherwise). The default reports the op unsupported.
-    fn run_processed_sample(&self, call: ProcessedSampleCall<'_>) -> Result<()> {
-        let _ = call;
-        Err(Error::Unsupported {
-            backend: self.desc().info.kind,
-            op: Op::TopKTopPSample,
-            what: "fused logits processing".to_owned(),
-        })
-    }
-
     /// Builds every kernel, pipeline or program the backend would otherwise build lazily at the
     /// first call that needs it, for the ops and score dtypes of `plan` (already narrowed to what
     /// this device runs and supports, [`WarmUp::for_device`](crate::WarmUp::for_device)).
     /// Idempotent: what is built is cached and not built again. A kernel that fails to build is
-    /// [`Error::KernelBuild`], naming the op's kernel.
+    /// [`Error::KernelBuild`](crate::Error::KernelBuild), naming the op's kernel.
     ///
     /// The default builds nothing (a backend without compiled kernels: the CPU backend, the
     /// reference device).

@@ -4,13 +4,13 @@
 use tracing::debug_span;
 
 use crate::backend::{Alloc, AnyCall, Backend, Download, Upload, Write};
-use crate::host;
 use crate::ops::{self, *};
 use crate::transfer::{MemoryStats, PendingDownload, WriteAt};
 use crate::{
     BorrowedInput, Buffer, Capabilities, DType, DeviceId, DeviceInfo, Element, Error, Op, Result,
     WarmUp,
 };
+use crate::{fallback, host};
 
 /// One opened device of one backend: memory plus every op of the contract.
 ///
@@ -42,12 +42,12 @@ pub trait Device: Backend {
 
     /// Allocates `len` zeroed elements of `dtype`.
     fn alloc_zeroed(&self, dtype: DType, len: usize) -> Result<Buffer> {
-        self.run_alloc_zeroed(checked_alloc(self.desc(), dtype, len)?)
+        self.run_alloc_zeroed(Alloc::checked(self.desc(), dtype, len)?)
     }
     /// Allocates a buffer holding `bytes` (a whole number of `dtype` elements). Blocks until copied.
     fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<Buffer> {
         let len = whole_elements(dtype, bytes)?;
-        let alloc = checked_alloc(self.desc(), dtype, len)?;
+        let alloc = Alloc::checked(self.desc(), dtype, len)?;
         self.desc().counters().uploaded();
         self.run_upload(Upload::new(alloc, bytes))
     }
@@ -233,49 +233,13 @@ pub trait Device: Backend {
         tokens: &mut Buffer,
         params: &SampleParams<'_>,
     ) -> Result<()> {
-        let call = ops::top_k_top_p_sample::validate_processed(
+        let call = ops::top_k_top_p_sample_processed::validate(
             self.desc(),
             (inputs, processing),
             tokens,
             params,
         )?;
-        if call.launches_nothing() {
-            return Ok(());
-        }
-        if self.capabilities().fused_processing {
-            let (rows, width) = call.extent();
-            let _span = debug_span!(
-                "specula_op",
-                op = "top_k_top_p_sample(processed)",
-                backend = self.desc().info.kind.name(),
-                rows,
-                width
-            )
-            .entered();
-            return self.run_processed_sample(call);
-        }
-        let (rows, vocab) = (params.shape.rows, params.shape.vocab);
-        let mut processed = self.alloc_zeroed(DType::F32, rows * vocab)?;
-        let mut fallback = self.alloc_zeroed(DType::I32, rows)?;
-        let temperature = inputs.scores.temperature();
-        self.process_logits(
-            &processing.inputs(inputs.scores),
-            &mut ProcessOutputs {
-                processed: &mut processed,
-                fallback: &mut fallback,
-            },
-            &processing.params(params.shape),
-        )?;
-        let scores = match temperature {
-            Some(temperature) => Scores::logits(&processed, temperature),
-            None => Scores::Probs(&processed),
-        };
-        let inputs = SampleInputs {
-            scores,
-            fallback: Some(&fallback),
-            ..*inputs
-        };
-        self.top_k_top_p_sample(&inputs, tokens, params)
+        front(self, AnyCall::TopKTopPSampleProcessed(call))
     }
 
     /// The first `C` tokens in rank order and the top-p prefix length (§5.7).
@@ -407,12 +371,13 @@ pub trait Device: Backend {
     }
 }
 
-/// Runs a validated call: the span, the zero-row rule, then the backend.
+/// Runs a validated call: the span, the zero-row rule, then the backend (or, for a gated entry
+/// of the op table on a device without its capability, the entry's fallback).
 fn front<'c, 'o: 'c, B: Backend + ?Sized>(backend: &B, call: AnyCall<'c, 'o>) -> Result<()> {
     let (rows, width) = call.extent();
     let _span = debug_span!(
         "specula_op",
-        op = call.op().name(),
+        op = call.name(),
         backend = backend.desc().info.kind.name(),
         rows,
         width
@@ -421,7 +386,7 @@ fn front<'c, 'o: 'c, B: Backend + ?Sized>(backend: &B, call: AnyCall<'c, 'o>) ->
     if call.launches_nothing() {
         return Ok(());
     }
-    backend.run(call)
+    fallback::run(backend, call)
 }
 
 /// The one implementation: every [`Backend`] is a [`Device`], with the front above.
@@ -430,7 +395,7 @@ impl<B: Backend + ?Sized> Device for B {}
 /// `bytes` fit at element `offset` of `dst`'s window: `dst` belongs to the device and the bytes
 /// are whole elements of its dtype ending inside the window (`None`: exactly the whole window).
 fn check_write(
-    desc: &crate::backend::DeviceDesc,
+    desc: &crate::call::DeviceDesc,
     dst: &Buffer,
     offset: Option<usize>,
     bytes: &[u8],
@@ -468,22 +433,6 @@ fn whole_elements(dtype: DType, bytes: &[u8]) -> Result<usize> {
     Ok(bytes.len() / size)
 }
 
-/// An allocation of `len` elements of `dtype`, or `OutOfMemory` when its size overflows or exceeds
-/// the device's largest buffer.
-fn checked_alloc(desc: &crate::backend::DeviceDesc, dtype: DType, len: usize) -> Result<Alloc> {
-    let out_of_memory = |requested_bytes| Error::OutOfMemory {
-        backend: desc.info.kind,
-        requested_bytes,
-    };
-    let bytes = len
-        .checked_mul(dtype.size_bytes())
-        .ok_or(out_of_memory(usize::MAX))?;
-    match desc.capabilities.max_buffer_bytes {
-        Some(max) if bytes as u64 > max => Err(out_of_memory(bytes)),
-        _ => Ok(Alloc::new(dtype, len, bytes)),
-    }
-}
-
 /// Typed helpers over any [`Device`]; kept out of the trait so it stays object-safe.
 pub trait DeviceExt: Device {
     /// Uploads a typed slice.
@@ -501,7 +450,7 @@ pub trait DeviceExt: Device {
     /// and the copy is freed when the `BorrowedInput` drops. Either way the buffer carries `T`'s dtype,
     /// the slice's length and this device's id, and ops validate it like any other buffer.
     fn borrow_host<'a, T: Element>(&self, data: &'a [T]) -> Result<BorrowedInput<'a>> {
-        let alloc = checked_alloc(self.desc(), T::DTYPE, data.len())?;
+        let alloc = Alloc::checked(self.desc(), T::DTYPE, data.len())?;
         if self.host_memory() {
             Ok(host::lend(self.desc(), alloc, data))
         } else {

@@ -8,12 +8,21 @@
 //! A host buffer can also be a caller's slice, lent without a copy for the life of a
 //! [`BorrowedInput`] ([`DeviceExt::borrow_host`](crate::DeviceExt::borrow_host)): read-only, and
 //! aligned for its dtype because it was a `&[T]`.
+//!
+//! [`process`] and [`verify`] unpack the inputs of `process_logits` and `verify_draft_tokens`
+//! into host slices for both host devices; each applies the rules its own way.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::backend::{Alloc, DeviceDesc, Download, Upload, Write};
+pub use process::ProcessSlices;
+pub use verify::VerifySlices;
+
+use crate::call::{Alloc, DeviceDesc, Download, Upload, Write};
 use crate::lent::LentBytes;
 use crate::{BackendKind, BorrowedInput, Buffer, Element, Error, Result};
+
+pub mod process;
+pub mod verify;
 
 /// The memory of one host buffer: owned words, or a caller's lent slice.
 #[derive(Debug)]

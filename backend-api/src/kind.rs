@@ -69,8 +69,9 @@ pub struct Capabilities {
     pub sliced_processing: bool,
     /// Whether `top_k_top_p_sample` applies `process_logits` to its rows itself
     /// ([`Device::top_k_top_p_sample_processed`](crate::Device::top_k_top_p_sample_processed)
-    /// runs a fused kernel, reading the logits once and writing no processed rows). Without it
-    /// that method is the composition `process_logits` then `top_k_top_p_sample`, through
+    /// runs a fused kernel, reading the logits once and writing no processed rows): the gate of
+    /// the op table's entry `top_k_top_p_sample_processed`. Without it the front runs that
+    /// entry's fallback, the composition `process_logits` then `top_k_top_p_sample` through
     /// scratch buffers of every row; the results are the same (`docs/semantics.md` §5.12).
     pub fused_processing: bool,
     /// A hint for callers that process and sample a step's rows: the bytes of `f32` rows a block

@@ -46,9 +46,11 @@ macro_rules! impl_named {
 }
 
 mod buffer;
+mod call;
 mod device;
 mod dtype;
 mod error;
+mod fallback;
 mod kind;
 #[allow(unsafe_code)]
 mod lent;

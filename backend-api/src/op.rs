@@ -99,6 +99,29 @@ macro_rules! __op_table {
     };
 }
 
+/// The op table's gated entries: `__gated_op_table!([prefix] callback)` calls
+/// `callback! { prefix $(Variant name BaseOp capability "section" "summary",)* }`.
+///
+/// A gated entry is an op in the table's sense — a [`Device`](crate::Device) method, validated
+/// once by the front, an [`AnyCall`](crate::backend::AnyCall) variant a backend receives through
+/// [`Backend::run`](crate::Backend::run) — that a device runs itself only when its
+/// [`Capabilities`](crate::Capabilities) field `capability` is set. On any other device the front
+/// runs the entry's fallback, `ops::<name>::fallback` (a composition of ops of the table), so
+/// every device answers it and no backend writes it twice. Errors name `BaseOp`. A backend that
+/// sets the capability routes the entry to its host code in
+/// [`dispatch_ops!`](crate::dispatch_ops) (`dispatch_ops!(self, call; Variant => path)`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __gated_op_table {
+    ([$($prefix:tt)*] $($callback:tt)+) => {
+        $($callback)+ ! {
+            $($prefix)*
+            TopKTopPSampleProcessed top_k_top_p_sample_processed TopKTopPSample fused_processing "5.12"
+                "top_k_top_p_sample of the rows process_logits makes, the processing applied as the sampling pass reads them",
+        }
+    };
+}
+
 macro_rules! define_ops {
     ($($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*) => {
         /// The ops of the contract (plus the memory operations), for errors, spans and trial

@@ -1,7 +1,6 @@
 //! `CpuDevice`: the `Device` implementation.
 
 use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
-use specula_backend_api::ops::ProcessedSampleCall;
 use specula_backend_api::{
     BackendKind, Buffer, Capabilities, DType, Device, DeviceInfo, Error, Op, Result,
 };
@@ -202,10 +201,7 @@ impl Backend for CpuDevice {
     }
 
     fn run(&self, call: AnyCall<'_, '_>) -> Result<()> {
-        specula_backend_api::dispatch_ops!(self, call)
-    }
-
-    fn run_processed_sample(&self, call: ProcessedSampleCall<'_>) -> Result<()> {
-        crate::ops::process_logits::run_processed_sample(self, call)
+        specula_backend_api::dispatch_ops!(self, call;
+            TopKTopPSampleProcessed => ops::process_logits::run_processed_sample)
     }
 }

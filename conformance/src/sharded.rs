@@ -16,6 +16,7 @@ use specula_shard::{Fallback, HostRows, Shard, SliceRows, TargetExtras};
 
 use crate::case::Case;
 use crate::cases::CaseParams;
+use crate::cases::verify_draft_tokens::{VerifyBuffers, verify_outputs};
 use crate::compare::{Mismatch, compare_outputs};
 use crate::exec::{Outputs, Runner, run_case};
 use crate::tensor::HostTensor;
@@ -289,125 +290,18 @@ fn verify(
     p: &crate::cases::verify_draft_tokens::Params,
     r: &mut Runner<'_>,
 ) -> Result<()> {
-    let dims = p.dims;
-    let strategy: Strategy = p.strategy.parse()?;
-    let host_lens = r.host_lens()?;
-    let [draft_tokens] = r.inputs(["draft_tokens"])?;
-    let lens = r.lens()?;
-    let [
-        cu_out,
-        stop,
-        blocked,
-        reasoning,
-        step_idx,
-        max_dec_len,
-        end_tokens,
-        seeds,
-    ] = r.inputs([
-        "cu_seqlens_q_output",
-        "stop_flags",
-        "is_block_step",
-        "reasoning_status",
-        "step_idx",
-        "max_dec_len",
-        "end_tokens",
-        "seeds",
-    ])?;
-    let names: &[&str] = match strategy {
-        Strategy::Greedy | Strategy::TargetMatch => &["target_tokens"],
-        Strategy::TopP => &["candidate_ids", "candidate_scores", "candidate_lens"],
-        Strategy::Rejection => &["top_k", "top_p"],
-    };
-    let extra = names
-        .iter()
-        .map(|n| r.input(n))
-        .collect::<Result<Vec<_>>>()?;
-    let rejection = match strategy {
-        Strategy::Rejection => {
-            let target = r.scores(p.logits, "target_probs", "target_logits")?;
-            let draft = r.input(match p.logits {
-                true => "draft_logits",
-                false => "draft_probs",
-            })?;
-            Some((target, draft))
-        }
-        _ => None,
-    };
+    let buffers = VerifyBuffers::upload(r, p)?;
     let fallback: Option<Vec<i32>> = match r.optional("fallback")? {
         Some(_) => Some(r.values("fallback")?),
         None => None,
     };
-    let draft_index = r.optional("draft_index")?;
-    let strategy_inputs = match (strategy, &rejection) {
-        (Strategy::Greedy, _) => StrategyInputs::Greedy {
-            target_tokens: &extra[0],
-        },
-        (Strategy::TargetMatch, _) => StrategyInputs::TargetMatch {
-            target_tokens: &extra[0],
-        },
-        (Strategy::TopP, _) => StrategyInputs::TopP(CandidateInputs {
-            candidate_ids: &extra[0],
-            candidate_scores: &extra[1],
-            candidate_lens: &extra[2],
-            candidates: p.candidates,
-        }),
-        (Strategy::Rejection, Some((target, draft))) => {
-            StrategyInputs::Rejection(RejectionInputs {
-                target: target.scores(),
-                draft,
-                top_k: &extra[0],
-                top_p: &extra[1],
-                fallback: None,
-                draft_index: draft_index.as_ref(),
-            })
-        }
-        (Strategy::Rejection, None) => {
-            return Err(ConformanceError::Format("REJECTION without rows".into()));
-        }
-    };
+    let inputs = buffers.inputs(None)?;
     let extras = TargetExtras {
         min_p: None,
         fallback: fallback.as_deref().map(Fallback::Row),
     };
-    let [accept_tokens, accept_num] = r.outputs([
-        (
-            "accept_tokens",
-            DType::I32,
-            &[dims.max_bsz, dims.max_step_tokens],
-        ),
-        ("accept_num", DType::I32, &[dims.max_bsz]),
-    ])?;
-    specula_shard::verify_draft_tokens(
-        shard,
-        &VerifyInputs {
-            draft_tokens: &draft_tokens,
-            lens: lens.slot_lens(),
-            cu_seqlens_q_output: &cu_out,
-            state: VerifySlotState {
-                stop_flags: &stop,
-                is_block_step: &blocked,
-                reasoning_status: &reasoning,
-                step_idx: &step_idx,
-                max_dec_len: &max_dec_len,
-                end_tokens: &end_tokens,
-            },
-            seeds: &seeds,
-            strategy: strategy_inputs,
-        },
-        extras,
-        &mut VerifyOutputs {
-            accept_tokens,
-            accept_num,
-        },
-        &VerifyParams {
-            dims: dims.into(),
-            rows: p.rows,
-            vocab: p.vocab,
-            accept_all: p.accept_all,
-            reject_all: p.reject_all,
-            host: host_lens.as_ref().map(crate::exec::HostLens::slot_lens),
-        },
-    )?;
+    let mut out = verify_outputs(r, &p.dims)?;
+    specula_shard::verify_draft_tokens(shard, &inputs, extras, &mut out, &buffers.params())?;
     Ok(())
 }
 
@@ -416,61 +310,9 @@ fn logprobs(
     p: &crate::cases::accept_logprobs::Params,
     r: &mut Runner<'_>,
 ) -> Result<()> {
-    let dims = p.dims;
-    let host_temperature = r.host::<f32>("temperature")?;
-    let [
-        logits,
-        temperature,
-        accept_tokens,
-        accept_num,
-        encoder,
-        cu_out,
-    ] = r.inputs([
-        "logits",
-        "temperature",
-        "accept_tokens",
-        "accept_num",
-        "seq_lens_encoder",
-        "cu_seqlens_q_output",
-    ])?;
-    let packed = dims.max_bsz * dims.max_step_tokens;
-    let [cu_accept, token_ids, logprobs, ranks, top_ids, top_logprobs] = r.outputs([
-        ("cu_accept", DType::I32, &[dims.max_bsz + 1]),
-        ("token_ids", DType::I32, &[packed]),
-        ("logprobs", DType::F32, &[packed]),
-        ("ranks", DType::I32, &[packed]),
-        ("top_ids", DType::I32, &[packed, p.top_k]),
-        ("top_logprobs", DType::F32, &[packed, p.top_k]),
-    ])?;
-    specula_shard::accept_logprobs(
-        shard,
-        &LogprobsInputs {
-            logits: &logits,
-            temperature: &temperature,
-            accept_tokens: &accept_tokens,
-            accept_num: &accept_num,
-            seq_lens_encoder: &encoder,
-            cu_seqlens_q_output: &cu_out,
-        },
-        &mut LogprobsOutputs {
-            cu_accept,
-            token_ids,
-            logprobs,
-            ranks,
-            top_ids,
-            top_logprobs,
-        },
-        &LogprobsParams {
-            dims: dims.into(),
-            shape: RowShape {
-                rows: p.rows,
-                vocab: p.vocab,
-            },
-            top_k: p.top_k,
-            host_temperature: host_temperature.as_deref(),
-        },
-    )?;
-    Ok(())
+    p.run_with(r, |inputs, out, params| {
+        Ok(specula_shard::accept_logprobs(shard, inputs, out, params)?)
+    })
 }
 
 /// A case of a sharded op with the outputs every rank must write.

@@ -1,7 +1,7 @@
 //! `accept_logprobs` (`docs/semantics.md` §5.11): arguments and validation.
 
 use super::{BatchDims, Check, RowShape};
-use crate::backend::{Call, DeviceDesc};
+use crate::call::{Call, DeviceDesc};
 use crate::{Buffer, DType, Device, DeviceExt, Error, Op, Result};
 
 /// A validated `accept_logprobs`. Facts: the logits dtype. Always launched: the packed offsets

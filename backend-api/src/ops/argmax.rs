@@ -1,7 +1,7 @@
 //! `argmax` (`docs/semantics.md` §5.4): validation.
 
 use super::{Check, RowShape};
-use crate::backend::{Call, DeviceDesc};
+use crate::call::{Call, DeviceDesc};
 use crate::{Buffer, DType, Op, Result};
 
 /// A validated `argmax`: the `[rows, vocab]` float input, the `[rows]` i32 output and the shape.

@@ -1,7 +1,7 @@
 //! `build_output_layout` (`docs/semantics.md` §5.1): arguments and validation.
 
 use super::{BatchDims, Check, HostSlotLens, SlotLens};
-use crate::backend::{Call, DeviceDesc};
+use crate::call::{Call, DeviceDesc};
 use crate::{Buffer, DType, Op, Result};
 
 /// A validated `build_output_layout`. Facts: the output-row capacity (the length of

@@ -1,7 +1,7 @@
 //! `build_sampling_params` (`docs/semantics.md` §5.3): arguments and validation.
 
 use super::{BatchDims, Check, HostSlotLens, OutputLayout, SlotLens};
-use crate::backend::{Call, DeviceDesc};
+use crate::call::{Call, DeviceDesc};
 use crate::{Buffer, DType, Op, Result};
 
 /// A validated `build_sampling_params`. Facts: the number of output rows (the layout's

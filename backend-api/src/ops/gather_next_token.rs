@@ -1,7 +1,7 @@
 //! `gather_next_token` (`docs/semantics.md` §5.2): arguments and validation.
 
 use super::{BatchDims, Check, HostSlotLens, OutputLayout, SlotLens};
-use crate::backend::{Call, DeviceDesc};
+use crate::call::{Call, DeviceDesc};
 use crate::{Buffer, DType, Error, Op, Result};
 
 /// A validated `gather_next_token`. Facts: the number of output rows (the layout's capacity when

@@ -21,6 +21,7 @@ pub mod shard_walk;
 pub mod sharded;
 pub mod softmax;
 pub mod top_k_top_p_sample;
+pub mod top_k_top_p_sample_processed;
 pub mod top_p_candidates;
 pub mod update_state;
 pub mod verify_draft_tokens;
@@ -51,7 +52,8 @@ pub use shard_walk::{
 };
 pub use sharded::{ShardRows, ShardShape, VocabSlice};
 pub use softmax::{SoftmaxCall, SoftmaxInputs, SoftmaxParams};
-pub use top_k_top_p_sample::{ProcessedSampleCall, SampleInputs, SampleParams, TopKTopPSampleCall};
+pub use top_k_top_p_sample::{SampleInputs, SampleParams, TopKTopPSampleCall};
+pub use top_k_top_p_sample_processed::{ProcessedSampleCall, ProcessedSampleFacts};
 pub use top_p_candidates::{
     CandidatesInputs, CandidatesOutputs, CandidatesParams, TopPCandidatesCall,
 };
@@ -61,7 +63,7 @@ pub use verify_draft_tokens::{
     VerifyInputs, VerifyOutputs, VerifyParams, VerifySlotState,
 };
 
-use crate::backend::DeviceDesc;
+use crate::call::DeviceDesc;
 use crate::{Buffer, DType, Error, Op, Result};
 
 /// The batch shape shared by the batch-level ops.

@@ -1,7 +1,7 @@
 //! `ngram_match` (`docs/semantics.md` §5.10): arguments and validation.
 
 use super::{BatchDims, Check};
-use crate::backend::{Call, DeviceDesc};
+use crate::call::{Call, DeviceDesc};
 use crate::{Buffer, DType, Error, Op, Result};
 
 /// A validated `ngram_match`. Nothing to launch when `real_bsz == 0`.

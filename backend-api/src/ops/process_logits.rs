@@ -7,7 +7,7 @@
 //! `fallback` as their `fallback` input (the token a row yields when its total weight is 0).
 
 use super::{BatchDims, Check, OutputLayout, RowShape, Scores, ScoresKind, VocabSlice};
-use crate::backend::{Call, DeviceDesc};
+use crate::call::{Call, DeviceDesc};
 use crate::{Buffer, DType, Error, Op, Result};
 
 /// A validated `process_logits`. Facts: the scores' dtype and kind. Nothing to launch when

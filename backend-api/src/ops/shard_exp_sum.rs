@@ -2,7 +2,7 @@
 
 use super::sharded::ShardShape;
 use super::{Check, Scores};
-use crate::backend::{Call, DeviceDesc};
+use crate::call::{Call, DeviceDesc};
 use crate::{Buffer, DType, Op, Result};
 
 /// A validated `shard_exp_sum`: output `sums [rows]` f32. Facts: the logits' dtype. Nothing to

@@ -3,7 +3,7 @@
 use super::sharded::{ShardRows, ShardShape};
 use super::{Check, ScoresKind};
 use crate::abi::SHARD_HISTOGRAM_BUCKETS;
-use crate::backend::{Call, DeviceDesc};
+use crate::call::{Call, DeviceDesc};
 use crate::{Buffer, DType, Error, Op, Result};
 
 /// A validated `shard_histogram`. Facts: the scores' dtype and kind. Nothing to launch when

@@ -2,7 +2,7 @@
 
 use super::sharded::ShardShape;
 use super::{Check, Scores, ScoresKind};
-use crate::backend::{Call, DeviceDesc};
+use crate::call::{Call, DeviceDesc};
 use crate::shard::KeyOrder;
 use crate::{Buffer, DType, Op, Result};
 

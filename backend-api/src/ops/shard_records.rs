@@ -2,7 +2,7 @@
 
 use super::sharded::{ShardRows, ShardShape};
 use super::{Check, ScoresKind};
-use crate::backend::{Call, DeviceDesc};
+use crate::call::{Call, DeviceDesc};
 use crate::shard::KeyOrder;
 use crate::{Buffer, DType, Error, Op, Result};
 

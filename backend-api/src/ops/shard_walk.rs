@@ -2,7 +2,7 @@
 
 use super::sharded::{ShardRows, ShardShape};
 use super::{Check, ScoresKind};
-use crate::backend::{Call, DeviceDesc};
+use crate::call::{Call, DeviceDesc};
 use crate::{Buffer, DType, Error, Op, Result};
 
 /// A validated `shard_walk`. Facts: the scores' dtype and kind. Nothing to launch when

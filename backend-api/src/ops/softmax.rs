@@ -1,7 +1,7 @@
 //! `softmax` (`docs/semantics.md` §5.5): arguments and validation.
 
 use super::{Check, RowShape};
-use crate::backend::{Call, DeviceDesc};
+use crate::call::{Call, DeviceDesc};
 use crate::{Buffer, DType, Op, Result};
 
 /// A validated `softmax`: output `probs [rows, vocab]` f32. Facts: the logits dtype. Nothing to

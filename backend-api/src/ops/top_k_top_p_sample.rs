@@ -1,9 +1,8 @@
 //! `top_k_top_p_sample` (`docs/semantics.md` §5.6): arguments and validation.
 
-use super::process_logits::{ProcessInputs, ProcessParams, RowProcessing, validate_processing};
 use super::{Check, RowShape, Scores, ScoresKind};
-use crate::backend::{Call, DeviceDesc};
-use crate::{Buffer, DType, Error, Op, Result};
+use crate::call::{Call, DeviceDesc};
+use crate::{Buffer, DType, Op, Result};
 
 /// A validated `top_k_top_p_sample`: output `tokens [rows]` i32. Facts: the scores' dtype and
 /// kind. Nothing to launch when `rows == 0`.
@@ -11,17 +10,6 @@ pub type TopKTopPSampleCall<'c> = Call<'c, SampleInputs<'c>, Buffer, SampleParam
 
 /// The op's validated call under the uniform name the op table uses ([`AnyCall`](crate::backend::AnyCall)).
 pub type OpCall<'c, 'o> = TopKTopPSampleCall<'c>;
-
-/// A validated `top_k_top_p_sample` that applies `process_logits` to its rows itself (the fused
-/// form, `docs/semantics.md` §5.12): the sampling call (no `fallback` input) and the processing
-/// of every row of its scores. Facts: the scores' dtype and kind.
-pub type ProcessedSampleCall<'c> = Call<
-    'c,
-    (SampleInputs<'c>, ProcessInputs<'c>),
-    Buffer,
-    (SampleParams<'c>, ProcessParams<'c>),
-    ScoresKind,
->;
 
 /// Inputs of `top_k_top_p_sample`.
 #[derive(Clone, Copy, Debug)]
@@ -97,39 +85,4 @@ pub(crate) fn validate<'c>(
     Ok(call
         .with_extent(shape.rows, shape.vocab)
         .launching_nothing_if(shape.rows == 0))
-}
-
-/// Validates the fused `top_k_top_p_sample` of processed rows: the sampling op's checks (its
-/// `fallback` input must be absent: the processing makes it) and `process_logits`' checks of
-/// every row of the scores.
-pub(crate) fn validate_processed<'c>(
-    device: &DeviceDesc,
-    (inputs, processing): (&SampleInputs<'c>, &RowProcessing<'c>),
-    tokens: &'c mut Buffer,
-    params: &SampleParams<'c>,
-) -> Result<ProcessedSampleCall<'c>> {
-    let check = Check::new(Op::TopKTopPSample, device);
-    if inputs.fallback.is_some() {
-        return Err(Error::invalid(
-            check.op,
-            "fallback",
-            "none: the processing makes the fallbacks",
-            "a buffer",
-        ));
-    }
-    let sample = validate(device, inputs, tokens, params)?;
-    let (launches_nothing, extent) = (sample.launches_nothing(), sample.extent());
-    let process_inputs = processing.inputs(inputs.scores);
-    let process_params = processing.params(params.shape);
-    let (kind, _) = validate_processing(&check, device, &process_inputs, &process_params)?;
-    let tokens = sample.into_out();
-    let call = Call::new(
-        (*inputs, process_inputs),
-        tokens,
-        (*params, process_params),
-        kind,
-    );
-    Ok(call
-        .with_extent(extent.0, extent.1)
-        .launching_nothing_if(launches_nothing))
 }

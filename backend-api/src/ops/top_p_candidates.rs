@@ -1,7 +1,7 @@
 //! `top_p_candidates` (`docs/semantics.md` §5.7): arguments and validation.
 
 use super::{Check, RowShape, Scores, ScoresKind, check_candidates_count};
-use crate::backend::{Call, DeviceDesc};
+use crate::call::{Call, DeviceDesc};
 use crate::{Buffer, DType, Op, Result};
 
 /// A validated `top_p_candidates`. Facts: the scores' dtype and kind. Nothing to launch when

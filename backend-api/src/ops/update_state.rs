@@ -1,7 +1,7 @@
 //! `update_state` (`docs/semantics.md` §5.9): arguments and validation.
 
 use super::{BatchDims, Check};
-use crate::backend::{Call, DeviceDesc};
+use crate::call::{Call, DeviceDesc};
 use crate::{Buffer, DType, Op, Result};
 
 /// A validated `update_state`. Nothing to launch when `real_bsz == 0` (slots `≥ real_bsz` are

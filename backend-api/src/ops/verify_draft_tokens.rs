@@ -1,7 +1,7 @@
 //! `verify_draft_tokens` (`docs/semantics.md` §5.8) and its strategies: arguments and validation.
 
 use super::{BatchDims, Check, HostSlotLens, RowShape, Scores, SlotLens, check_candidates_count};
-use crate::backend::{Call, DeviceDesc};
+use crate::call::{Call, DeviceDesc};
 use crate::{Buffer, DType, Error, Op, Result};
 
 /// A validated `verify_draft_tokens`. Nothing to launch when `max_bsz == 0` (with `max_bsz > 0`

@@ -26,7 +26,7 @@ mod fused;
 #[cfg(target_arch = "x86_64")]
 use crate::sampling::scan::{has_avx2, has_avx512};
 pub(crate) use fused::run_processed_sample;
-use specula_backend_api::host::{slice, slice_mut};
+use specula_backend_api::host::{ProcessSlices, slice, slice_mut};
 
 /// The largest count the frequency penalty sees.
 const MAX_COUNT: i32 = 1 << 24;
@@ -67,37 +67,24 @@ fn stepped(x: f32, result: f32) -> f32 {
     }
 }
 
-/// Every buffer the rows read, as host slices.
+/// Every buffer the rows read, as host slices (the unpacking shared with the reference,
+/// [`ProcessSlices`], which a `Batch` dereferences to), and what the CPU derives from them.
 struct Batch<'a> {
-    vocab: usize,
-    s: usize,
-    real_bsz: usize,
-    max_model_len: usize,
+    host: ProcessSlices<'a>,
     logits: bool,
-    cu_out: &'a [i32],
-    batch_id: &'a [i32],
-    token_ids_all: &'a [i32],
-    prompt_lens: &'a [i32],
-    step_idx: &'a [i32],
-    draft_tokens: &'a [i32],
-    token_counts: &'a [i32],
-    prompt_mask: &'a [u32],
-    penalties: &'a [f32],
-    min_tokens: &'a [i32],
-    end_tokens: &'a [i32],
-    bias_offsets: &'a [i32],
-    bias_ids: &'a [i32],
-    bias_values: &'a [f32],
-    bad_word_offsets: &'a [i32],
-    bad_words: &'a [i32],
-    allowed: Option<&'a [u32]>,
-    bitmask: Option<&'a [u32]>,
-    temperature: Option<&'a [f32]>,
     /// Per slot, one bit per 32-token word that a penalty may change (see [`penalized_words`]).
     penalized: &'a [u64],
     /// Per slot of the table, one bit per token with a positive count ([`counted::Counted`]),
     /// current for the slots [`penalized_slots`] names.
     counted: &'a [u32],
+}
+
+impl<'a> std::ops::Deref for Batch<'a> {
+    type Target = ProcessSlices<'a>;
+
+    fn deref(&self) -> &ProcessSlices<'a> {
+        &self.host
+    }
 }
 
 /// One row's slot, position and parameters.
@@ -844,43 +831,15 @@ fn with_batch<R>(
     (inputs, params, kind): (&ProcessInputs<'_>, &ProcessParams<'_>, &ScoresKind),
     then: impl FnOnce(&Batch<'_>) -> Result<R>,
 ) -> Result<R> {
-    let ProcessParams {
-        dims,
-        shape,
-        max_model_len,
-        ..
-    } = *params;
-    let (h, s) = (&inputs.history, &inputs.slots);
+    let ProcessParams { dims, shape, .. } = *params;
     let batch = Batch {
-        vocab: shape.vocab,
-        s: dims.max_step_tokens,
-        real_bsz: dims.real_bsz,
-        max_model_len,
+        host: ProcessSlices::new(inputs, params)?,
         logits: kind.logits,
-        cu_out: slice(inputs.layout.cu_seqlens_q_output)?,
-        batch_id: slice(inputs.layout.batch_id_per_token_output)?,
-        token_ids_all: slice(h.token_ids_all)?,
-        prompt_lens: slice(h.prompt_lens)?,
-        step_idx: slice(h.step_idx)?,
-        draft_tokens: slice(h.draft_tokens)?,
-        token_counts: slice(h.token_counts)?,
-        prompt_mask: slice(h.prompt_mask)?,
-        penalties: slice(s.penalties)?,
-        min_tokens: slice(s.min_tokens)?,
-        end_tokens: slice(s.end_tokens)?,
-        bias_offsets: slice(s.bias_offsets)?,
-        bias_ids: slice(s.bias_ids)?,
-        bias_values: slice(s.bias_values)?,
-        bad_word_offsets: slice(s.bad_word_offsets)?,
-        bad_words: slice(s.bad_words)?,
-        allowed: s.allowed.map(slice).transpose()?,
-        bitmask: inputs.bitmask.map(slice).transpose()?,
-        temperature: inputs.scores.temperature().map(slice).transpose()?,
         penalized: &[],
         counted: &[],
     };
     let tables = device.counted_tables();
-    let mut counted = tables.take(h.token_counts, shape.vocab);
+    let mut counted = tables.take(inputs.history.token_counts, shape.vocab);
     let wanted = penalized_slots(&batch, params.row_block(), dims.max_bsz);
     let penalized = device.install(|| {
         counted.bring_up_to_date(batch.token_counts, shape.vocab, &wanted);

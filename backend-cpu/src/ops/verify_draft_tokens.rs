@@ -15,7 +15,7 @@ use crate::sampling::histogram::{
     Kept, Prefix, first_prob_in_rank, prob_kept_set, total_weight, weight_in_prefix,
 };
 use crate::sampling::logits::{self, KeptLogits, Weighing};
-use specula_backend_api::host::{slice, slice_mut};
+use specula_backend_api::host::{VerifySlices, slice, slice_mut};
 
 /// The strategy inputs as host slices.
 enum Strategy<'a, T, D> {
@@ -49,17 +49,8 @@ struct Context<'a, T, D> {
     vocab: usize,
     accept_all: bool,
     reject_all: bool,
-    draft_tokens: &'a [i32],
-    seq_lens_this_time: &'a [i32],
-    seq_lens_encoder: &'a [i32],
-    cu_seqlens_q_output: &'a [i32],
-    stop_flags: &'a [u8],
-    is_block_step: &'a [u8],
-    reasoning_status: &'a [i32],
-    step_idx: &'a [i32],
-    max_dec_len: &'a [i32],
-    end_tokens: &'a [i32],
-    seeds: &'a [u64],
+    /// The drafts, the layout and the slot state (the unpacking shared with the reference).
+    slots: VerifySlices<'a>,
     strategy: Strategy<'a, T, D>,
 }
 
@@ -162,9 +153,9 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
                         d_index,
                         top_k[r],
                         top_p[r],
-                        self.seeds[r],
+                        self.slots.seeds[r],
                     ),
-                    None => rejection_check(p, q, d_index, top_k[r], top_p[r], self.seeds[r]),
+                    None => rejection_check(p, q, d_index, top_k[r], top_p[r], self.slots.seeds[r]),
                 };
                 let correction = self.or_fallback(p, correction, r);
                 (accepted, Some(correction).filter(|_| !accepted))
@@ -216,7 +207,7 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
                 if total == 0 {
                     return ids[0];
                 }
-                let t = scale_draw(draw(self.seeds[r], Purpose::Candidate), total);
+                let t = scale_draw(draw(self.slots.seeds[r], Purpose::Candidate), total);
                 let mut cumulative = 0;
                 for (k, w) in weights.iter().enumerate() {
                     cumulative += w;
@@ -234,7 +225,7 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
                 ..
             } => {
                 let Some(r) = row else { return -1 };
-                let draw = draw(self.seeds[r], Purpose::Sample);
+                let draw = draw(self.slots.seeds[r], Purpose::Sample);
                 let p = self.target_row(target, r);
                 let token = logits::sample_logit_row(p, t[r], top_k[r], top_p[r], draw) as i32;
                 self.or_fallback(p, token, r)
@@ -248,7 +239,7 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
             } => {
                 let Some(r) = row else { return -1 };
                 let p = self.target_row(target, r);
-                let token = sample_prob_row(p, top_k[r], top_p[r], self.seeds[r], 1) as i32;
+                let token = sample_prob_row(p, top_k[r], top_p[r], self.slots.seeds[r], 1) as i32;
                 self.or_fallback(p, token, r)
             }
         }
@@ -256,30 +247,31 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
 
     fn verify_slot(&self, b: usize, tokens: &mut [i32]) -> i32 {
         tokens.fill(-1);
-        if b >= self.real_bsz || self.stop_flags[b] != 0 || self.is_block_step[b] != 0 {
+        if b >= self.real_bsz || self.slots.stop_flags[b] != 0 || self.slots.is_block_step[b] != 0 {
             return 0;
         }
-        let this_time = len_or_zero(self.seq_lens_this_time[b]).min(self.max_step_tokens);
+        let this_time = len_or_zero(self.slots.seq_lens_this_time[b]).min(self.max_step_tokens);
         if this_time == 0 {
             return 0;
         }
         let s = self.max_step_tokens;
-        let base = i64::from(self.cu_seqlens_q_output[b]);
+        let base = i64::from(self.slots.cu_seqlens_q_output[b]);
         let mut out = Emitter {
             tokens,
             len: 0,
-            count: i64::from(self.step_idx[b].max(0)),
-            max_dec_len: i64::from(self.max_dec_len[b]),
-            end_tokens: self.end_tokens,
+            count: i64::from(self.slots.step_idx[b].max(0)),
+            max_dec_len: i64::from(self.slots.max_dec_len[b]),
+            end_tokens: self.slots.end_tokens,
             stopped: false,
         };
-        let skip_phase1 =
-            self.seq_lens_encoder[b] > 0 || self.reasoning_status[b] == 1 || self.reject_all;
+        let skip_phase1 = self.slots.seq_lens_encoder[b] > 0
+            || self.slots.reasoning_status[b] == 1
+            || self.reject_all;
         let mut i = 0;
         let mut correction = None;
         if !skip_phase1 {
             while i + 1 < this_time {
-                let d = self.draft_tokens[b * s + i + 1];
+                let d = self.slots.draft_tokens[b * s + i + 1];
                 let (accepted, rejected_with) = self.check(b, i, d, self.row(base + i as i64));
                 if !accepted {
                     correction = rejected_with;
@@ -297,7 +289,7 @@ impl<T: FloatElement, D: FloatElement> Context<'_, T, D> {
         let token = if token_index(token, self.vocab).is_some() {
             token
         } else {
-            self.end_tokens[0]
+            self.slots.end_tokens[0]
         };
         out.emit(token);
         out.len as i32
@@ -515,7 +507,6 @@ fn verify_slots<T: FloatElement, D: FloatElement>(
             draft_index: r.draft_index.map(slice::<i32>).transpose()?,
         },
     };
-    let state = &inputs.state;
     let context = Context::<T, D> {
         max_step_tokens: params.dims.max_step_tokens,
         real_bsz: params.dims.real_bsz,
@@ -523,17 +514,7 @@ fn verify_slots<T: FloatElement, D: FloatElement>(
         vocab: params.vocab,
         accept_all: params.accept_all && !params.reject_all,
         reject_all: params.reject_all,
-        draft_tokens: slice(inputs.draft_tokens)?,
-        seq_lens_this_time: slice(inputs.lens.seq_lens_this_time)?,
-        seq_lens_encoder: slice(inputs.lens.seq_lens_encoder)?,
-        cu_seqlens_q_output: slice(inputs.cu_seqlens_q_output)?,
-        stop_flags: slice(state.stop_flags)?,
-        is_block_step: slice(state.is_block_step)?,
-        reasoning_status: slice(state.reasoning_status)?,
-        step_idx: slice(state.step_idx)?,
-        max_dec_len: slice(state.max_dec_len)?,
-        end_tokens: slice(state.end_tokens)?,
-        seeds: slice(inputs.seeds)?,
+        slots: VerifySlices::new(inputs)?,
         strategy,
     };
     let accept_tokens = slice_mut::<i32>(out.accept_tokens)?;

@@ -28,27 +28,20 @@ pub struct Params {
     pub top_k: usize,
 }
 
-impl OpCase for Params {
-    fn tensors(&self) -> Vec<TensorSpec> {
-        let d = &self.dims;
-        vec![
-            TensorSpec::new("logits", Want::Float, self.rows * self.vocab),
-            TensorSpec::new("temperature", Want::Is(DType::F32), self.rows),
-            TensorSpec::i32("accept_tokens", d.max_bsz * d.max_step_tokens),
-            TensorSpec::i32("accept_num", d.max_bsz),
-            TensorSpec::i32("seq_lens_encoder", d.max_bsz),
-            TensorSpec::i32("cu_seqlens_q_output", d.real_bsz + 1),
-        ]
-    }
-
-    fn run(&self, r: &mut Runner<'_>) -> Result<()> {
+impl Params {
+    /// Uploads the case's inputs, allocates its guarded outputs and runs `op` on them: the
+    /// device's op for the plain run, the sharded op for the sharded run (`sharded.rs`).
+    pub(crate) fn run_with(
+        &self,
+        r: &mut Runner<'_>,
+        op: impl FnOnce(&LogprobsInputs<'_>, &mut LogprobsOutputs<'_>, &LogprobsParams<'_>) -> Result<()>,
+    ) -> Result<()> {
         let Params {
             dims,
             rows,
             vocab,
             top_k,
         } = *self;
-        let device = r.device();
         let host_temperature = r.host::<f32>("temperature")?;
         let [
             logits,
@@ -74,7 +67,7 @@ impl OpCase for Params {
             ("top_ids", DType::I32, &[packed, top_k]),
             ("top_logprobs", DType::F32, &[packed, top_k]),
         ])?;
-        device.accept_logprobs(
+        op(
             &LogprobsInputs {
                 logits: &logits,
                 temperature: &temperature,
@@ -97,8 +90,28 @@ impl OpCase for Params {
                 top_k,
                 host_temperature: host_temperature.as_deref(),
             },
-        )?;
-        Ok(())
+        )
+    }
+}
+
+impl OpCase for Params {
+    fn tensors(&self) -> Vec<TensorSpec> {
+        let d = &self.dims;
+        vec![
+            TensorSpec::new("logits", Want::Float, self.rows * self.vocab),
+            TensorSpec::new("temperature", Want::Is(DType::F32), self.rows),
+            TensorSpec::i32("accept_tokens", d.max_bsz * d.max_step_tokens),
+            TensorSpec::i32("accept_num", d.max_bsz),
+            TensorSpec::i32("seq_lens_encoder", d.max_bsz),
+            TensorSpec::i32("cu_seqlens_q_output", d.real_bsz + 1),
+        ]
+    }
+
+    fn run(&self, r: &mut Runner<'_>) -> Result<()> {
+        let device = r.device();
+        self.run_with(r, |inputs, out, params| {
+            Ok(device.accept_logprobs(inputs, out, params)?)
+        })
     }
 
     fn reduction_width(&self) -> usize {

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 use specula_backend_api::ops::*;
-use specula_backend_api::{DType, Strategy};
+use specula_backend_api::{Buffer, DType, Strategy};
 
 use super::Size;
 use super::build_output_layout::batch_shapes;
@@ -13,9 +13,9 @@ use super::generate::{
     i32s, logit_row, pick_temperature, prob_row, round_to, sample_index, softmax_f64, u8s, u64s,
 };
 use super::top_k_top_p_sample::{pick_top_k, pick_top_p};
-use crate::Result;
+use crate::{ConformanceError, Result};
 use crate::case::{Case, CaseParams, Dims, TensorSpec, Want, scores_specs};
-use crate::exec::{HostLens, OpCase, Runner};
+use crate::exec::{HostLens, LensBuffers, OpCase, Runner, ScoreBuffers};
 
 /// The parameters of a `verify_draft_tokens` case (the JSON header of a case file, beside `"op"`).
 /// Inputs `draft_tokens`, `seq_lens_this_time`, `seq_lens_encoder`, `cu_seqlens_q_output`,
@@ -100,31 +100,51 @@ impl OpCase for Params {
     }
 
     fn run(&self, r: &mut Runner<'_>) -> Result<()> {
-        let Params {
-            dims,
-            rows,
-            vocab,
-            candidates,
-            accept_all,
-            reject_all,
-            logits,
-            ..
-        } = *self;
         let device = r.device();
+        let buffers = VerifyBuffers::upload(r, self)?;
+        let fallback = r.optional("fallback")?;
+        let inputs = buffers.inputs(fallback.as_ref())?;
+        let mut out = verify_outputs(r, &self.dims)?;
+        device.verify_draft_tokens(&inputs, &mut out, &buffers.params())?;
+        Ok(())
+    }
+}
+
+/// The uploaded inputs of a `verify_draft_tokens` case, every strategy but REJECTION's
+/// `fallback` (the plain run uploads it as the op's input, the sharded run, `sharded.rs`, passes
+/// it as a row extra).
+pub(crate) struct VerifyBuffers<'p> {
+    params: &'p Params,
+    strategy: Strategy,
+    host_lens: Option<HostLens>,
+    draft_tokens: Buffer,
+    lens: LensBuffers,
+    /// `cu_seqlens_q_output`, then the slot state, then `seeds`.
+    slots: [Buffer; 8],
+    /// The strategy's per-row inputs, in the order of [`strategy_inputs`].
+    extra: Vec<Buffer>,
+    /// REJECTION's target and draft rows.
+    rejection: Option<(ScoreBuffers, Buffer)>,
+    draft_index: Option<Buffer>,
+}
+
+/// The names of a strategy's per-row inputs besides REJECTION's rows.
+fn strategy_inputs(strategy: Strategy) -> &'static [&'static str] {
+    match strategy {
+        Strategy::Greedy | Strategy::TargetMatch => &["target_tokens"],
+        Strategy::TopP => &["candidate_ids", "candidate_scores", "candidate_lens"],
+        Strategy::Rejection => &["top_k", "top_p"],
+    }
+}
+
+impl<'p> VerifyBuffers<'p> {
+    /// Uploads the case's inputs.
+    pub(crate) fn upload(r: &mut Runner<'_>, params: &'p Params) -> Result<Self> {
+        let strategy: Strategy = params.strategy.parse()?;
         let host_lens = r.host_lens()?;
-        let strategy: Strategy = self.strategy.parse()?;
         let [draft_tokens] = r.inputs(["draft_tokens"])?;
         let lens = r.lens()?;
-        let [
-            cu_out,
-            stop,
-            blocked,
-            reasoning,
-            step_idx,
-            max_dec_len,
-            end_tokens,
-            seeds,
-        ] = r.inputs([
+        let slots = r.inputs([
             "cu_seqlens_q_output",
             "stop_flags",
             "is_block_step",
@@ -134,13 +154,13 @@ impl OpCase for Params {
             "end_tokens",
             "seeds",
         ])?;
-        let names: &[&str] = match strategy {
-            Strategy::Greedy | Strategy::TargetMatch => &["target_tokens"],
-            Strategy::TopP => &["candidate_ids", "candidate_scores", "candidate_lens"],
-            Strategy::Rejection => &["top_k", "top_p"],
-        };
+        let extra = strategy_inputs(strategy)
+            .iter()
+            .map(|n| r.input(n))
+            .collect::<Result<Vec<_>>>()?;
         let rejection = match strategy {
             Strategy::Rejection => {
+                let logits = params.logits;
                 let target = r.scores(logits, "target_probs", "target_logits")?;
                 let draft = r.input(if logits {
                     "draft_logits"
@@ -151,78 +171,97 @@ impl OpCase for Params {
             }
             _ => None,
         };
-        let extra = names
-            .iter()
-            .map(|n| r.input(n))
-            .collect::<Result<Vec<_>>>()?;
-        let fallback = r.optional("fallback")?;
         let draft_index = r.optional("draft_index")?;
-        let strategy_inputs = match strategy {
-            Strategy::Greedy => StrategyInputs::Greedy {
+        Ok(VerifyBuffers {
+            params,
+            strategy,
+            host_lens,
+            draft_tokens,
+            lens,
+            slots,
+            extra,
+            rejection,
+            draft_index,
+        })
+    }
+
+    /// The op's inputs, REJECTION's rows with `fallback`.
+    pub(crate) fn inputs<'a>(&'a self, fallback: Option<&'a Buffer>) -> Result<VerifyInputs<'a>> {
+        let extra = &self.extra;
+        let strategy = match (self.strategy, &self.rejection) {
+            (Strategy::Greedy, _) => StrategyInputs::Greedy {
                 target_tokens: &extra[0],
             },
-            Strategy::TargetMatch => StrategyInputs::TargetMatch {
+            (Strategy::TargetMatch, _) => StrategyInputs::TargetMatch {
                 target_tokens: &extra[0],
             },
-            Strategy::TopP => StrategyInputs::TopP(CandidateInputs {
+            (Strategy::TopP, _) => StrategyInputs::TopP(CandidateInputs {
                 candidate_ids: &extra[0],
                 candidate_scores: &extra[1],
                 candidate_lens: &extra[2],
-                candidates,
+                candidates: self.params.candidates,
             }),
-            Strategy::Rejection => {
-                let Some((target, draft)) = &rejection else {
-                    unreachable!("the REJECTION rows are uploaded above")
-                };
+            (Strategy::Rejection, Some((target, draft))) => {
                 StrategyInputs::Rejection(RejectionInputs {
                     target: target.scores(),
                     draft,
                     top_k: &extra[0],
                     top_p: &extra[1],
-                    fallback: fallback.as_ref(),
-                    draft_index: draft_index.as_ref(),
+                    fallback,
+                    draft_index: self.draft_index.as_ref(),
                 })
             }
+            (Strategy::Rejection, None) => {
+                return Err(ConformanceError::Format("REJECTION without rows".into()));
+            }
         };
-        let [accept_tokens, accept_num] = r.outputs([
-            (
-                "accept_tokens",
-                DType::I32,
-                &[dims.max_bsz, dims.max_step_tokens],
-            ),
-            ("accept_num", DType::I32, &[dims.max_bsz]),
-        ])?;
-        device.verify_draft_tokens(
-            &VerifyInputs {
-                draft_tokens: &draft_tokens,
-                lens: lens.slot_lens(),
-                cu_seqlens_q_output: &cu_out,
-                state: VerifySlotState {
-                    stop_flags: &stop,
-                    is_block_step: &blocked,
-                    reasoning_status: &reasoning,
-                    step_idx: &step_idx,
-                    max_dec_len: &max_dec_len,
-                    end_tokens: &end_tokens,
-                },
-                seeds: &seeds,
-                strategy: strategy_inputs,
+        let [cu_out, stop, blocked, reasoning, step_idx, max_dec_len, end_tokens, seeds] =
+            &self.slots;
+        Ok(VerifyInputs {
+            draft_tokens: &self.draft_tokens,
+            lens: self.lens.slot_lens(),
+            cu_seqlens_q_output: cu_out,
+            state: VerifySlotState {
+                stop_flags: stop,
+                is_block_step: blocked,
+                reasoning_status: reasoning,
+                step_idx,
+                max_dec_len,
+                end_tokens,
             },
-            &mut VerifyOutputs {
-                accept_tokens,
-                accept_num,
-            },
-            &VerifyParams {
-                dims: dims.into(),
-                rows,
-                vocab,
-                accept_all,
-                reject_all,
-                host: host_lens.as_ref().map(HostLens::slot_lens),
-            },
-        )?;
-        Ok(())
+            seeds,
+            strategy,
+        })
     }
+
+    /// The op's parameters, with the host copies of the lengths unless the case is device-only.
+    pub(crate) fn params(&self) -> VerifyParams<'_> {
+        let p = self.params;
+        VerifyParams {
+            dims: p.dims.into(),
+            rows: p.rows,
+            vocab: p.vocab,
+            accept_all: p.accept_all,
+            reject_all: p.reject_all,
+            host: self.host_lens.as_ref().map(HostLens::slot_lens),
+        }
+    }
+}
+
+/// The guarded outputs of a `verify_draft_tokens` case.
+pub(crate) fn verify_outputs<'r>(r: &'r mut Runner<'_>, dims: &Dims) -> Result<VerifyOutputs<'r>> {
+    let [accept_tokens, accept_num] = r.outputs([
+        (
+            "accept_tokens",
+            DType::I32,
+            &[dims.max_bsz, dims.max_step_tokens],
+        ),
+        ("accept_num", DType::I32, &[dims.max_bsz]),
+    ])?;
+    Ok(VerifyOutputs {
+        accept_tokens,
+        accept_num,
+    })
 }
 
 /// `(dims, vocab, target dtype, draft dtype)` of the REJECTION cases from logits.

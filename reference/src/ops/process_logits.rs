@@ -5,14 +5,14 @@
 
 use specula_backend_api::logit_weights::{row_weights, sanitize_logit};
 use specula_backend_api::ops::process_logits::{OpCall, PENALTY_FIELDS, mask_words, penalty};
-use specula_backend_api::ops::{ProcessInputs, ProcessParams, RowBlock, ScoresKind, VocabSlice};
+use specula_backend_api::ops::{ProcessInputs, RowBlock, ScoresKind, VocabSlice};
 use specula_backend_api::{Op, Result};
 
 use crate::ReferenceDevice;
 use crate::layout::{len_or_zero, token_index};
 use crate::matrix::FloatMatrix;
 use crate::weights::{logit_rank_cmp, sanitize, weight};
-use specula_backend_api::host::{slice, slice_mut};
+use specula_backend_api::host::{ProcessSlices, slice_mut};
 
 const OP: Op = Op::ProcessLogits;
 
@@ -48,30 +48,16 @@ struct SlotParams {
     bad_words: Vec<Vec<i32>>,
 }
 
-/// Everything the rows read, as host slices.
-struct Reader<'a> {
-    vocab: usize,
-    s: usize,
-    real_bsz: usize,
-    max_model_len: usize,
-    cu_out: &'a [i32],
-    batch_id: &'a [i32],
-    token_ids_all: &'a [i32],
-    prompt_lens: &'a [i32],
-    step_idx: &'a [i32],
-    draft_tokens: &'a [i32],
-    token_counts: &'a [i32],
-    prompt_mask: &'a [u32],
-    penalties: &'a [f32],
-    min_tokens: &'a [i32],
-    end_tokens: &'a [i32],
-    bias_offsets: &'a [i32],
-    bias_ids: &'a [i32],
-    bias_values: &'a [f32],
-    bad_word_offsets: &'a [i32],
-    bad_words: &'a [i32],
-    allowed: Option<&'a [u32]>,
-    bitmask: Option<&'a [u32]>,
+/// Everything the rows read, as host slices (the unpacking shared with the CPU backend,
+/// [`ProcessSlices`], which a `Reader` dereferences to); the rules below are the reference's own.
+struct Reader<'a>(ProcessSlices<'a>);
+
+impl<'a> std::ops::Deref for Reader<'a> {
+    type Target = ProcessSlices<'a>;
+
+    fn deref(&self) -> &ProcessSlices<'a> {
+        &self.0
+    }
 }
 
 /// Bit `v` of a mask row.
@@ -252,7 +238,7 @@ fn process_logits(
 ) -> Result<()> {
     let width = ids.len;
     let matrix = FloatMatrix::new(OP, kind.dtype, inputs.scores.matrix(), rows, width)?;
-    let temperature = inputs.scores.temperature().map(slice::<f32>).transpose()?;
+    let temperature = r.temperature;
     let (processed, fallback) = out;
     let masked_value = if kind.logits { f32::NEG_INFINITY } else { 0.0 };
     let whole = ids.len == r.vocab;
@@ -345,37 +331,8 @@ fn drop_below_min_p(
 /// Runs a validated `process_logits` call (the front has checked every argument).
 pub(crate) fn run(_device: &ReferenceDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     let (inputs, out, params, kind) = call.parts();
-    let ProcessParams {
-        dims,
-        shape,
-        max_model_len,
-        ..
-    } = *params;
-    let (h, s) = (&inputs.history, &inputs.slots);
-    let reader = Reader {
-        vocab: shape.vocab,
-        s: dims.max_step_tokens,
-        real_bsz: dims.real_bsz,
-        max_model_len,
-        cu_out: slice(inputs.layout.cu_seqlens_q_output)?,
-        batch_id: slice(inputs.layout.batch_id_per_token_output)?,
-        token_ids_all: slice(h.token_ids_all)?,
-        prompt_lens: slice(h.prompt_lens)?,
-        step_idx: slice(h.step_idx)?,
-        draft_tokens: slice(h.draft_tokens)?,
-        token_counts: slice(h.token_counts)?,
-        prompt_mask: slice(h.prompt_mask)?,
-        penalties: slice(s.penalties)?,
-        min_tokens: slice(s.min_tokens)?,
-        end_tokens: slice(s.end_tokens)?,
-        bias_offsets: slice(s.bias_offsets)?,
-        bias_ids: slice(s.bias_ids)?,
-        bias_values: slice(s.bias_values)?,
-        bad_word_offsets: slice(s.bad_word_offsets)?,
-        bad_words: slice(s.bad_words)?,
-        allowed: s.allowed.map(slice).transpose()?,
-        bitmask: inputs.bitmask.map(slice).transpose()?,
-    };
+    let shape = params.shape;
+    let reader = Reader(ProcessSlices::new(inputs, params)?);
     let processed = slice_mut::<f32>(out.processed)?;
     let fallback = slice_mut::<i32>(out.fallback)?;
     let rows = (shape.rows, params.row_block(), params.ids());

@@ -13,7 +13,7 @@ use crate::ReferenceDevice;
 use crate::layout::{len_or_zero, token_index};
 use crate::matrix::{ScoreMatrix, view, view_mut};
 use crate::weights::{WeightedRow, draw_by_weight, weight};
-use specula_backend_api::host::{slice, slice_mut};
+use specula_backend_api::host::{VerifySlices, slice, slice_mut};
 
 /// A target or draft row weighing this much is not a distribution (`2^41`).
 const NOT_A_DISTRIBUTION: u64 = 1 << 41;
@@ -63,16 +63,8 @@ struct Verifier<'a> {
     accept_all: bool,
     reject_all: bool,
     draft_tokens: ArrayView2<'a, i32>,
-    this_time: &'a [i32],
-    encoder: &'a [i32],
-    cu_out: &'a [i32],
-    stop_flags: &'a [u8],
-    is_block_step: &'a [u8],
-    reasoning_status: &'a [i32],
-    step_idx: &'a [i32],
-    max_dec_len: &'a [i32],
-    end_tokens: &'a [i32],
-    seeds: &'a [u64],
+    /// The layout and the slot state as host slices (the unpacking shared with the CPU backend).
+    slots: VerifySlices<'a>,
     strategy: Strategy<'a>,
 }
 
@@ -105,20 +97,24 @@ impl Emitter<'_> {
 impl Verifier<'_> {
     /// Output row `row` if it exists among the per-row inputs.
     fn row(&self, row: i64) -> Option<usize> {
-        usize::try_from(row).ok().filter(|&r| r < self.seeds.len())
+        usize::try_from(row)
+            .ok()
+            .filter(|&r| r < self.slots.seeds.len())
     }
 
     /// Whether slot `b` emits anything: live, not stopped, not blocked, with tokens this step.
     fn tokens_this_step(&self, b: usize) -> usize {
-        if b >= self.real_bsz || self.stop_flags[b] != 0 || self.is_block_step[b] != 0 {
+        if b >= self.real_bsz || self.slots.stop_flags[b] != 0 || self.slots.is_block_step[b] != 0 {
             return 0;
         }
-        len_or_zero(self.this_time[b]).min(self.s)
+        len_or_zero(self.slots.seq_lens_this_time[b]).min(self.s)
     }
 
     /// Whether phase 1 runs for slot `b`: not a prefill, not reasoning, not `reject_all`.
     fn checks_drafts(&self, b: usize) -> bool {
-        self.encoder[b] <= 0 && self.reasoning_status[b] != 1 && !self.reject_all
+        self.slots.seq_lens_encoder[b] <= 0
+            && self.slots.reasoning_status[b] != 1
+            && !self.reject_all
     }
 
     /// The tokens slot `b` emits.
@@ -127,12 +123,12 @@ impl Verifier<'_> {
         if n == 0 {
             return Vec::new();
         }
-        let base = i64::from(self.cu_out[b]);
+        let base = i64::from(self.slots.cu_seqlens_q_output[b]);
         let mut out = Emitter {
             tokens: Vec::with_capacity(n),
-            count: i64::from(self.step_idx[b].max(0)),
-            max_dec_len: i64::from(self.max_dec_len[b]),
-            end_tokens: self.end_tokens,
+            count: i64::from(self.slots.step_idx[b].max(0)),
+            max_dec_len: i64::from(self.slots.max_dec_len[b]),
+            end_tokens: self.slots.end_tokens,
             stopped: false,
         };
         let mut i = 0;
@@ -157,7 +153,7 @@ impl Verifier<'_> {
         // A token outside the vocabulary (a missing row, a caller's candidates) ends the slot.
         out.emit(match token_index(token, self.vocab) {
             Some(_) => token,
-            None => self.end_tokens[0],
+            None => self.slots.end_tokens[0],
         });
         out.tokens
     }
@@ -197,7 +193,8 @@ impl Verifier<'_> {
                     .zip(scores.row(r))
                     .take(l)
                     .map(|(&id, &score)| (id, weight(score)));
-                draw_by_weight(members, self.seeds[r], Purpose::Candidate).unwrap_or(ids[[r, 0]])
+                draw_by_weight(members, self.slots.seeds[r], Purpose::Candidate)
+                    .unwrap_or(ids[[r, 0]])
             }
             Strategy::Rejection {
                 target,
@@ -210,7 +207,7 @@ impl Verifier<'_> {
                     &p,
                     top_k[r],
                     top_p[r],
-                    self.seeds[r],
+                    self.slots.seeds[r],
                     fallback.map(|f| f[r]),
                 ),
                 None => -1,
@@ -234,7 +231,7 @@ impl Verifier<'_> {
         let Some(p) = target.row(r) else {
             return Verdict::Reject(None);
         };
-        let seed = self.seeds[r];
+        let seed = self.slots.seeds[r];
         let fallback = fallback.map(|f| f[r]);
         let sample_target = || sample_row(&p, top_k[r], top_p[r], seed, fallback);
         // The draft's row: `b · (S − 1) + i` densely, else the index's entry; an entry outside
@@ -385,7 +382,6 @@ pub(crate) fn verify_draft_tokens(
 ) -> Result<()> {
     let dims = params.dims;
     let s = dims.max_step_tokens;
-    let state = &inputs.state;
     let verifier = Verifier {
         s,
         real_bsz: dims.real_bsz,
@@ -393,16 +389,7 @@ pub(crate) fn verify_draft_tokens(
         accept_all: params.accept_all,
         reject_all: params.reject_all,
         draft_tokens: view(OP, inputs.draft_tokens, dims.max_bsz, s)?,
-        this_time: slice(inputs.lens.seq_lens_this_time)?,
-        encoder: slice(inputs.lens.seq_lens_encoder)?,
-        cu_out: slice(inputs.cu_seqlens_q_output)?,
-        stop_flags: slice(state.stop_flags)?,
-        is_block_step: slice(state.is_block_step)?,
-        reasoning_status: slice(state.reasoning_status)?,
-        step_idx: slice(state.step_idx)?,
-        max_dec_len: slice(state.max_dec_len)?,
-        end_tokens: slice(state.end_tokens)?,
-        seeds: slice(inputs.seeds)?,
+        slots: VerifySlices::new(inputs)?,
         strategy: strategy(inputs, facts, params)?,
     };
     let mut accept_tokens: ArrayViewMut2<'_, i32> =

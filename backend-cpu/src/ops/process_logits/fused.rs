@@ -56,7 +56,8 @@ pub(crate) fn run_processed_sample(
     device: &CpuDevice,
     mut call: ProcessedSampleCall<'_>,
 ) -> Result<()> {
-    let ((sample, process), tokens, (sample_params, process_params), kind) = call.parts();
+    let ((sample, process), tokens, (sample_params, process_params), facts) = call.parts();
+    let kind = &facts.scores;
     let top_k = slice::<i32>(sample.top_k)?;
     let top_p = slice::<f32>(sample.top_p)?;
     let seed = slice::<u64>(sample.seed)?;
