@@ -5,9 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
-use specula_backend_api::abi::KernelArgs;
 use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
 use specula_backend_api::{
     BackendKind, Buffer, Capabilities, DType, DeviceInfo, Error, Op, PendingDownload, Result,
@@ -15,6 +14,7 @@ use specula_backend_api::{
 };
 
 use crate::arena::{Allocate, Arena};
+use crate::args::CudaArgs;
 use crate::driver::{DeviceBlock, Driver, PinnedPool};
 use crate::error::CudaError;
 use crate::kernels::{
@@ -492,18 +492,30 @@ pub(crate) struct Kernels<'d> {
 }
 
 impl Kernels<'_> {
+    /// Whether `A` is one of the file's argument structs ([`KernelFacts::args`](crate::kernels::KernelFacts::args)).
+    fn takes<A: CudaArgs>(&self) -> bool {
+        self.file.facts().args.iter().any(|a| a.name == A::STRUCT)
+    }
+
     /// Launches entry `stem`: `grid` blocks of `block` threads, one argument block, on the
     /// device's stream.
-    pub(crate) fn launch<A: KernelArgs + DeviceRepr>(
+    pub(crate) fn launch<A: CudaArgs>(
         &self,
         stem: &'static str,
         grid: (u32, u32, u32),
         block: u32,
         args: &A,
     ) -> Result<()> {
+        debug_assert!(
+            self.takes::<A>(),
+            "{} takes no {}",
+            self.file.file_name(),
+            A::STRUCT
+        );
         let f = self.device.function(self.file, self.instance, stem)?;
-        // SAFETY: `args` is a `kernel_args!` struct that mirrors the kernel's argument struct
-        // field for field (checked by `args::tests`); every pointer in it is a window of a
+        // SAFETY: `args` is a `cuda_args!` struct, one of the file's (`debug_assert` above), from
+        // which the kernel's argument struct is generated with `static_assert`s of its layout
+        // (`ArgsStruct::declaration`); every pointer in it is a window of a
         // validated buffer of this device, or scratch of the device's arena, which lives until
         // the stream has consumed it (a growth frees the old block stream-ordered).
         unsafe { self.device.driver.launch(f, grid, block, args, false) }
@@ -512,13 +524,19 @@ impl Kernels<'_> {
 
     /// As [`launch`](Self::launch), cooperatively (all blocks co-resident); `Ok(false)` when the
     /// grid does not fit the device at once, so the caller can fall back.
-    pub(crate) fn launch_cooperative<A: KernelArgs + DeviceRepr>(
+    pub(crate) fn launch_cooperative<A: CudaArgs>(
         &self,
         stem: &'static str,
         grid: (u32, u32, u32),
         block: u32,
         args: &A,
     ) -> Result<bool> {
+        debug_assert!(
+            self.takes::<A>(),
+            "{} takes no {}",
+            self.file.file_name(),
+            A::STRUCT
+        );
         let f = self.device.function(self.file, self.instance, stem)?;
         // SAFETY: as in `launch`.
         match unsafe { self.device.driver.launch(f, grid, block, args, true) } {
