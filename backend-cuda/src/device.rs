@@ -492,9 +492,16 @@ pub(crate) struct Kernels<'d> {
 }
 
 impl Kernels<'_> {
-    /// Whether `A` is one of the file's argument structs ([`KernelFacts::args`](crate::kernels::KernelFacts::args)).
-    fn takes<A: CudaArgs>(&self) -> bool {
-        self.file.facts().args.iter().any(|a| a.name == A::STRUCT)
+    /// The function of entry `stem`, to launch with an `A` (in debug builds, `A` must be one of
+    /// the file's argument structs, [`KernelFacts::args`](crate::kernels::KernelFacts::args)).
+    fn function_for<A: CudaArgs>(&self, stem: &'static str) -> Result<&CudaFunction> {
+        debug_assert!(
+            self.file.facts().args.iter().any(|a| a.name == A::STRUCT),
+            "{} takes no {}",
+            self.file.file_name(),
+            A::STRUCT
+        );
+        self.device.function(self.file, self.instance, stem)
     }
 
     /// Launches entry `stem`: `grid` blocks of `block` threads, one argument block, on the
@@ -506,18 +513,12 @@ impl Kernels<'_> {
         block: u32,
         args: &A,
     ) -> Result<()> {
-        debug_assert!(
-            self.takes::<A>(),
-            "{} takes no {}",
-            self.file.file_name(),
-            A::STRUCT
-        );
-        let f = self.device.function(self.file, self.instance, stem)?;
-        // SAFETY: `args` is a `cuda_args!` struct, one of the file's (`debug_assert` above), from
-        // which the kernel's argument struct is generated with `static_assert`s of its layout
-        // (`ArgsStruct::declaration`); every pointer in it is a window of a
-        // validated buffer of this device, or scratch of the device's arena, which lives until
-        // the stream has consumed it (a growth frees the old block stream-ordered).
+        let f = self.function_for::<A>(stem)?;
+        // SAFETY: `args` is a `cuda_args!` struct, one of the file's (checked in debug builds by
+        // `function_for`), from which the kernel's argument struct is generated with
+        // `static_assert`s of its layout (`ArgsStruct::declaration`); every pointer in it is a
+        // window of a validated buffer of this device, or scratch of the device's arena, which
+        // lives until the stream has consumed it (a growth frees the old block stream-ordered).
         unsafe { self.device.driver.launch(f, grid, block, args, false) }
             .map_err(|e| CudaError::driver("cuLaunchKernel", e).into_api(self.file.op().name()))
     }
@@ -531,13 +532,7 @@ impl Kernels<'_> {
         block: u32,
         args: &A,
     ) -> Result<bool> {
-        debug_assert!(
-            self.takes::<A>(),
-            "{} takes no {}",
-            self.file.file_name(),
-            A::STRUCT
-        );
-        let f = self.device.function(self.file, self.instance, stem)?;
+        let f = self.function_for::<A>(stem)?;
         // SAFETY: as in `launch`.
         match unsafe { self.device.driver.launch(f, grid, block, args, true) } {
             Ok(()) => Ok(true),
