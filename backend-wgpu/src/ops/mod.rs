@@ -8,8 +8,9 @@
 //! [`row_chunk_dispatches`] fills). The module's `KERNEL` ([`KernelFacts`]) lists them, with the
 //! shared WGSL files the shader module is built on and its float kernels; `Kernel::facts`
 //! collects every op's from the op table. The WGSL `struct` of the same name (head fields first)
-//! is generated from each into the shader module (`kernels.rs`, checked with naga by its tests). WGSL has no 64-bit integers, so a 64-bit value is two `u32`
-//! fields `*_lo`, `*_hi`; every field is a `u32`, so the uniform layout is `4·i` with no padding.
+//! is generated from each into the shader module (`kernels.rs`, checked with naga by its tests).
+//! WGSL has no 64-bit integers, so a 64-bit value is two `u32` fields `*_lo`, `*_hi`; every field
+//! is a `u32`, so the uniform layout is `4·i` with no padding.
 
 pub(crate) mod accept_logprobs;
 pub(crate) mod argmax;
