@@ -51,8 +51,9 @@ macro_rules! cuda_args {
 
 pub(crate) use cuda_args;
 
-/// An argument struct as the kernels see it: the name, fields and CUDA types of a [`CudaArgs`]
-/// struct, and the size and alignment Rust gives it.
+/// An argument struct as the kernels see it: the name, fields and CUDA types of a kernel argument
+/// struct declared in Rust (with the crate's `cuda_args!`), and the size and alignment Rust gives
+/// it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ArgsStruct {
     /// The struct's name, in Rust and in CUDA.
@@ -108,7 +109,7 @@ impl ArgsStruct {
 
     /// The CUDA declaration, one field per line, then `static_assert`s that its size and
     /// alignment and every field's size are those of the Rust struct. The fields are declared in
-    /// Rust's order and their sizes add up to the struct's ([`ArgsStruct::of`] checks it), so
+    /// Rust's order and their sizes add up to the struct's (`ArgsStruct::of` checks it), so
     /// neither side has padding and every field's offset is the same on both (NVRTC has no
     /// `offsetof` to assert it directly).
     pub fn declaration(&self) -> String {
