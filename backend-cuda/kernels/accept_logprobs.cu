@@ -6,30 +6,6 @@
 // (a block count of strictly larger logits), and, when K > 0, the top-K by the radix count
 // selection of select.cuh over order-preserving logit keys, gathered and ordered in shared memory.
 
-struct LogprobsArgs {
-    const SPECULA_T::raw* logits;  // [rows, vocab]
-    const float* temperature;      // [rows]
-    const i32* accept_tokens;      // [max_bsz, S]
-    const i32* accept_num;         // [max_bsz]
-    const i32* encoder;            // [max_bsz]
-    const i32* cu_out;             // [real_bsz + 1]
-    i32* cu_accept;                // [max_bsz + 1]
-    i32* token_ids;                // [max_bsz · S]
-    float* logprobs;               // [max_bsz · S]
-    i32* ranks;                    // [max_bsz · S]
-    i32* top_ids;                  // [max_bsz · S, K]
-    float* top_logprobs;           // [max_bsz · S, K]
-    u32* entries;                  // scratch [max_bsz · S + 1]: slot << 16 ... see pack
-    u64 rows;
-    u64 max_step_tokens;
-    u32 max_bsz;
-    u32 real_bsz;
-    u32 vocab;
-    u32 top_k;
-    u32 vec;
-    u32 pad;
-};
-
 // Entry p of the scratch holds (slot, position) as two u32 words at 2p, 2p + 1; the total count of
 // entries is stored after them, at 2 · max_bsz · S.
 extern "C" __global__ void __launch_bounds__(SPECULA_BATCH_BLOCK)

@@ -2,15 +2,6 @@
 // -0 equals +0, ties go to the lowest id. One block per row; the order is total, so the parallel
 // reduction gives the CPU's answer bit for bit.
 
-struct ArgmaxArgs {
-    const SPECULA_T::raw* input;  // [rows, vocab]
-    i32* out;                     // [rows]
-    u32 rows;
-    u32 vocab;
-    u32 vec;
-    u32 pad;
-};
-
 extern "C" __global__ void __launch_bounds__(SPECULA_ROW_BLOCK) SPECULA_ENTRY(argmax)(const ArgmaxArgs a) {
     const u32 r = blockIdx.x;
     if (r >= a.rows) return;

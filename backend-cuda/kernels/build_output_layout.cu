@@ -2,19 +2,6 @@
 // the slot of every output row (-1 for padding rows). One block: two saturating prefix scans over
 // the slots, then every output row finds its slot by binary search in cu_seqlens_q_output.
 
-struct LayoutArgs {
-    const i32* this_time;   // [max_bsz]
-    const i32* encoder;     // [max_bsz]
-    i32* seq_lens_output;   // [max_bsz]
-    i32* cu_in;             // [real_bsz + 1]
-    i32* cu_out;            // [real_bsz + 1]
-    i32* batch_id;          // [capacity]
-    u64 capacity;
-    u64 max_step_tokens;
-    u32 max_bsz;
-    u32 real_bsz;
-};
-
 __device__ __forceinline__ i32 saturate_i32(u64 v) { return v > (u64)SPECULA_I32_MAX ? SPECULA_I32_MAX : (i32)v; }
 
 extern "C" __global__ void __launch_bounds__(SPECULA_BATCH_BLOCK)

@@ -2,25 +2,6 @@
 // and the seed (infer_seed + 4·j) mod MAX_INFER_SEED of its position j; padding rows get
 // top_p 1, top_k 0, temperature 1, seed 0. One thread per output row.
 
-struct SamplingParamsArgs {
-    const float* slot_top_p;        // [max_bsz]
-    const i32* slot_top_k;          // [max_bsz]
-    const float* slot_temperature;  // [max_bsz]
-    const u64* slot_seed;           // [max_bsz]
-    const i32* this_time;           // [max_bsz]
-    const i32* encoder;             // [max_bsz]
-    const i32* cu_out;              // [real_bsz + 1]
-    const i32* batch_id;            // [rows]
-    float* top_p;                   // [rows]
-    i32* top_k;                     // [rows]
-    float* temperature;             // [rows]
-    u64* seed;                      // [rows]
-    u64 rows;
-    u64 max_step_tokens;
-    u32 real_bsz;
-    u32 pad;
-};
-
 extern "C" __global__ void __launch_bounds__(SPECULA_BATCH_BLOCK)
     SPECULA_ENTRY(build_sampling_params)(const SamplingParamsArgs a) {
     const u64 t = (u64)blockIdx.x * SPECULA_BATCH_BLOCK + threadIdx.x;

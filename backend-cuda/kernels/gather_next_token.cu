@@ -3,23 +3,6 @@
 // divides the row size and both bases (chosen on the host), so it is bit-exact for every dtype.
 // One block per output row.
 
-struct GatherArgs {
-    const u8* src;              // [token_num, row_bytes]
-    u8* dst;                    // [out_rows, row_bytes]
-    const i32* cu_seqlens_q;    // [real_bsz + 1]
-    const i32* this_time;       // [max_bsz]
-    const i32* encoder;         // [max_bsz]
-    const i32* cu_out;          // [real_bsz + 1]
-    const i32* batch_id;        // [capacity]
-    u64 row_bytes;
-    u64 token_num;
-    u64 max_step_tokens;
-    u32 out_rows;
-    u32 real_bsz;
-    u32 speculative;
-    u32 unit;  // 16, 8, 4, 2 or 1 bytes
-};
-
 // The packed input row of slot b at position pos, or -1 when it is outside the input.
 __device__ __forceinline__ i64 packed_row(const GatherArgs& a, u32 b, i64 pos) {
     const i64 row = (i64)a.cu_seqlens_q[b] + pos;

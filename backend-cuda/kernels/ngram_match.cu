@@ -8,25 +8,6 @@
 // `ngram_match`: one block grants the global budget in ascending slot order (one thread, a few
 // integer operations per slot), then all threads copy the granted drafts.
 
-struct NgramArgs {
-    const i32* token_ids_all;    // [max_bsz, max_model_len]
-    const i32* prompt_lens;      // [max_bsz]
-    const i32* step_idx;         // [max_bsz]
-    const i32* draft_token_num;  // [max_bsz]
-    const i32* encoder;          // [max_bsz]
-    const i32* max_dec_len;      // [max_bsz]
-    i32* draft_tokens;           // [max_bsz, S]
-    i32* this_time;              // [max_bsz]
-    u64* proposals;              // scratch [real_bsz][2]: start in the row, (len | decode << 32)
-    u64 max_model_len;
-    u64 max_step_tokens;
-    u64 threshold;
-    u32 real_bsz;
-    u32 min_ngram;
-    u32 max_ngram;
-    u32 pad;
-};
-
 // The leftmost start in [0, count) where row[start .. start + n) equals pattern, or U32_MAX.
 __device__ u32 leftmost_match(const i32* row, u64 count, const i32* pattern, u32 n, u32* best) {
     if (threadIdx.x == 0) *best = SPECULA_U32_MAX;

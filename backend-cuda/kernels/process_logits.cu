@@ -28,43 +28,6 @@
 // outside the slice writes nothing; the fallback is a global id; a slice applies no min_p (the
 // sharded ops apply it against the whole row's maximum).
 
-struct ProcessArgs {
-    const typename SPECULA_T::raw* scores;  // [first + rows, width] logits or probabilities
-    const float* temperature;               // [first + rows] (logits rows only)
-    const i32* cu_out;                      // [real_bsz + 1] first output row of each slot
-    const i32* batch_id;                    // [first + rows] slot of each output row
-    const i32* token_ids_all;               // [max_bsz, max_model_len]
-    const i32* prompt_lens;                 // [max_bsz]
-    const i32* step_idx;                    // [max_bsz]
-    const i32* draft_tokens;                // [max_bsz, S]
-    const i32* token_counts;                // [max_bsz, vocab]
-    const u32* prompt_mask;                 // [max_bsz, words]
-    const float* penalties;                 // [max_bsz, SPECULA_PENALTY_FIELDS]
-    const i32* min_tokens;                  // [max_bsz]
-    const i32* end_tokens;                  // [n_end]
-    const i32* bias_offsets;                // [max_bsz + 1]
-    const i32* bias_ids;                    // [n_bias]
-    const float* bias_values;               // [n_bias]
-    const i32* bad_word_offsets;            // [max_bsz + 1]
-    const i32* bad_words;                   // [n_bad_words]
-    const u32* allowed;                     // [max_bsz, words] or null
-    const u32* bitmask;                     // [first + rows, words] or null
-    float* processed;                       // [rows, width]: row i is scores row first + i
-    i32* fallback;                          // [rows]
-    u64 max_model_len;
-    u64 max_step_tokens;
-    u64 n_end;
-    u64 n_bias;
-    u64 n_bad_words;
-    u64 first;  // the block's first scores row: every per-row input is read at first + i
-    u32 rows;   // the block's rows (one CUDA block each)
-    u32 vocab;  // the tables' vocabulary
-    u32 real_bsz;
-    u32 logits;       // the rows are logits at `temperature`
-    u32 slice_first;  // the rows hold the ids [slice_first, slice_first + width) (§4d)
-    u32 width;
-};
-
 // The mark of a masked token while the row is built (a NaN: never a processed value).
 #define SPECULA_PL_MASKED_BITS 0x7fc00001u
 // The largest count the frequency penalty sees (2^24, exact in f32).

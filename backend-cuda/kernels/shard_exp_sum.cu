@@ -5,15 +5,6 @@
 // add their lane of it in id order. Special rows: 0 at T == 0 or m = -inf, the number of +inf
 // logits at m = +inf.
 
-struct ShardExpSumArgs {
-    const SPECULA_T::raw* logits;  // [rows, len]
-    const float* temperature;      // [rows]
-    const u64* row_key;            // [rows]
-    float* sums;                   // [rows]
-    u32 rows;
-    u32 len;
-};
-
 #define SHARD_EXP_LANES 8
 
 // exp((l - m) / t) of a logit below a maximum m that is not infinite: NaN and -inf logits add 0,

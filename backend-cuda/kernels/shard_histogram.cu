@@ -3,23 +3,6 @@
 // shared memory: a count, and its weight as a token of the whole row (shard.cuh) by a 64-bit atomic
 // add, exact whatever the order. Then the buckets are written out.
 
-struct ShardHistogramArgs {
-    const SPECULA_T::raw* scores;  // [rows, len] probabilities or logits
-    const float* temperature;      // [rows] (logits rows only)
-    const u64* row_key;            // [rows]
-    const float* min_p;            // [rows] or null
-    const u64* prefix;             // [rows]: key >> (shift + 8) of the counted tokens
-    const u64* floors;             // [rows]: the least counted key
-    u64* counts;                   // [rows, 256]
-    u64* masses;                   // [rows, 256]
-    u32 rows;
-    u32 len;
-    u32 first;
-    u32 shift;
-    u32 logits;
-    u32 vec;
-};
-
 extern "C" __global__ void __launch_bounds__(SHARD_BLOCK)
     SPECULA_ENTRY(shard_histogram)(const ShardHistogramArgs a) {
     __shared__ u32 count[256];

@@ -2,18 +2,6 @@
 // elements (read four at a time when aligned), then a block maximum. With `ids`, thread 0 keys the
 // one token ids[r] when the slice holds it (0 otherwise) and nothing else is read.
 
-struct ShardKeyArgs {
-    const SPECULA_T::raw* scores;  // [rows, len] probabilities or logits
-    const i32* ids;                // [rows] global ids, or null
-    u64* keys;                     // [rows]
-    u32 rows;
-    u32 len;
-    u32 first;  // the slice's first global id
-    u32 order;  // SHARD_ORDER_RANK or SHARD_ORDER_ARGMAX
-    u32 logits;
-    u32 vec;
-};
-
 extern "C" __global__ void __launch_bounds__(SHARD_BLOCK) SPECULA_ENTRY(shard_key)(const ShardKeyArgs a) {
     __shared__ u64 scratch[SHARD_BLOCK / 32];
     const u32 r = blockIdx.x;

@@ -6,22 +6,6 @@
 // record's place is the number of gathered keys above it, and its weight is that of a token of the
 // whole row (shard.cuh). Records n .. K are (0, 0).
 
-struct ShardRecordsArgs {
-    const SPECULA_T::raw* scores;  // [rows, len] probabilities or logits
-    const float* temperature;      // [rows] (logits rows only)
-    const u64* row_key;            // [rows]
-    const float* min_p;            // [rows] or null
-    u64* records;                  // [rows, K, 2]: (key, weight)
-    u32 rows;
-    u32 len;
-    u32 first;
-    u32 records_per_row;  // K
-    u32 order;            // SHARD_ORDER_RANK or SHARD_ORDER_ARGMAX
-    u32 logits;
-    u32 vec;
-    u32 pad;
-};
-
 extern "C" __global__ void __launch_bounds__(SHARD_BLOCK)
     SPECULA_ENTRY(shard_records)(const ShardRecordsArgs a) {
     __shared__ u32 hist[256];

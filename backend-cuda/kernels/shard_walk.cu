@@ -5,29 +5,6 @@
 // partial sums in thread order; the one thread whose range first exceeds the offset walks its part
 // again in ascending id order to the token. Integer throughout.
 
-struct ShardWalkArgs {
-    const SPECULA_T::raw* scores;  // [rows, len] probabilities or logits
-    const float* temperature;      // [rows] (logits rows only)
-    const u64* row_key;            // [rows]
-    const float* min_p;            // [rows] or null
-    const u64* threshold;          // [rows]: the least kept key
-    const u64* offset;             // [rows]: where the walk starts
-    const SPECULA_T::raw* draft;   // [draft_rows, len] or null (no residual)
-    const u64* draft_key;          // [draft_rows]
-    const i32* draft_row;          // [rows]
-    const u64* target_mass;        // [rows]: Wp
-    const u64* draft_mass;         // [rows]: Wq
-    i32* tokens;                   // [rows]
-    u64* mass;                     // [rows]
-    u64* count;                    // [rows]
-    u32 rows;
-    u32 len;
-    u32 first;
-    u32 draft_rows;
-    u32 logits;
-    u32 pad;
-};
-
 // What a row's tokens walk with: the kept weight, or the residual against a draft row.
 struct Walked {
     const SPECULA_T::raw* q;  // the draft row (residual on)

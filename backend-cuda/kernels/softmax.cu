@@ -3,16 +3,6 @@
 // first, then divide). Temperature 0 is one-hot at the argmax; a row whose maximum is +inf is
 // uniform over its +inf entries; a row of all -inf is uniform; NaN logits count as -inf.
 
-struct SoftmaxArgs {
-    const SPECULA_T::raw* logits;  // [rows, vocab]
-    const float* temperature;      // [rows]
-    float* probs;                  // [rows, vocab]
-    u32 rows;
-    u32 vocab;
-    u32 vec;
-    u32 pad;
-};
-
 extern "C" __global__ void __launch_bounds__(SPECULA_ROW_BLOCK) SPECULA_ENTRY(softmax)(const SoftmaxArgs a) {
     const u32 r = blockIdx.x;
     if (r >= a.rows) return;

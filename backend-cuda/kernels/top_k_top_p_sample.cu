@@ -7,25 +7,6 @@
 // (`logits`) first find the row maximum and weigh each token by `docs/semantics.md` §4b at the row's
 // temperature. With `fallback`, a row of weight 0 yields fallback[r] (process_logits, §4c).
 
-struct SampleArgs {
-    const typename SPECULA_T::raw* probs;  // [rows, vocab] probabilities or logits
-    const float* temperature;              // [rows] (logits rows only)
-    const i32* top_k;                      // [rows]
-    const float* top_p;                    // [rows]
-    const u64* seed;                       // [rows]
-    const i32* fallback;                   // [rows] or null: the token of a row of weight 0
-    i32* tokens;                           // [rows]
-    unsigned char* scratch;                // split rows: [rows][stride], any content
-    u64* sync;                             // split rows: [rows][2] barrier words (select.cuh)
-    u64 scratch_stride;
-    u32 rows;
-    u32 vocab;
-    u32 vec;     // rows are aligned for 4-element loads
-    u32 splits;  // blocks per row (split kernel only)
-    u32 logits;  // the rows are logits at `temperature`
-    u32 pad;
-};
-
 // Samples row r into tokens[r]; `p` is this block's part of the row.
 __device__ void sample_one_row(const SampleArgs& a, u32 r, RowPart& p, SelShared& s) {
     typedef SPECULA_T E;

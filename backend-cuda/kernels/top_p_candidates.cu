@@ -9,23 +9,6 @@
 // of positive weight lead), and a candidate's score is its exact share of the row
 // (candidate_score).
 
-struct CandidatesArgs {
-    const typename SPECULA_T::raw* probs;  // [rows, vocab] probabilities or logits
-    const float* temperature;              // [rows] (logits rows only)
-    const float* top_p;                    // [rows]
-    const i32* batch_id;                   // [rows] or null
-    const i32* fallback;                   // [rows] or null: the token of a row of weight 0
-    i32* ids;                              // [rows, C]
-    float* scores;                         // [rows, C]
-    i32* lens;                             // [rows]
-    u32 rows;
-    u32 vocab;
-    u32 candidates;
-    u32 vec;
-    u32 logits;  // the rows are logits at `temperature`
-    u32 pad;
-};
-
 extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
     SPECULA_ENTRY(top_p_candidates)(const CandidatesArgs a) {
     __shared__ SelShared s;

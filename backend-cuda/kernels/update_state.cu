@@ -5,29 +5,6 @@
 // (non-null), every appended token in [0, vocab) adds 1 to its slot's entry, saturating at
 // i32::MAX (the counts process_logits reads, docs/semantics.md §4c).
 
-struct UpdateStateArgs {
-    const i32* accept_tokens;  // [max_bsz, S]
-    const u8* is_block_step;   // [max_bsz]
-    const i32* prompt_lens;    // [max_bsz]
-    const i32* max_dec_len;    // [max_bsz]
-    const i32* end_tokens;     // [n_end]
-    i32* accept_num;           // [max_bsz]
-    u8* stop_flags;            // [max_bsz]
-    i32* token_ids_all;        // [max_bsz, max_model_len]
-    i32* step_idx;             // [max_bsz]
-    u64* infer_seed;           // [max_bsz]
-    i32* draft_tokens;         // [max_bsz, S]
-    i32* encoder;              // [max_bsz]
-    i32* decoder;              // [max_bsz]
-    i32* token_counts;         // [max_bsz, vocab], or null
-    u64 max_model_len;
-    u64 max_step_tokens;
-    u64 n_end;
-    u64 vocab;  // row length of token_counts (unused without it)
-    u32 real_bsz;
-    u32 pad;
-};
-
 extern "C" __global__ void __launch_bounds__(SPECULA_BATCH_BLOCK)
     SPECULA_ENTRY(update_state)(const UpdateStateArgs a) {
     const u32 b = blockIdx.x * SPECULA_BATCH_BLOCK + threadIdx.x;

@@ -17,49 +17,6 @@
 // draft i + 1 of slot b at draft_index[b · (S − 1) + i], read only when that draft is tested; an
 // entry outside [0, draft_rows) rejects the draft and samples the target row.
 
-struct VerifyArgs {
-    const i32* draft_tokens;  // [max_bsz, S]
-    const i32* this_time;     // [max_bsz]
-    const i32* encoder;       // [max_bsz]
-    const i32* cu_out;        // [real_bsz + 1]
-    const u8* stop_flags;     // [max_bsz]
-    const u8* is_block_step;  // [max_bsz]
-    const i32* reasoning;     // [max_bsz]
-    const i32* step_idx;      // [max_bsz]
-    const i32* max_dec_len;   // [max_bsz]
-    const i32* end_tokens;    // [n_end]
-    const u64* seeds;         // [rows]
-    const i32* target_tokens;  // GREEDY / TARGET_MATCH: [rows]
-    const i32* cand_ids;       // TOPP: [rows, C]
-    const float* cand_scores;  // TOPP: [rows, C]
-    const i32* cand_lens;      // TOPP: [rows]
-    const SPECULA_T::raw* target_probs;  // REJECTION: [rows, vocab]
-    const SPECULA_D::raw* draft_probs;   // REJECTION: [draft_rows, vocab]
-    const i32* top_k;                    // REJECTION: [rows]
-    const float* top_p;                  // REJECTION: [rows]
-    const float* temperature;            // REJECTION of logits rows: [rows]
-    const i32* fallback;                 // REJECTION: [rows] or null: the sample of a row of kept weight 0
-    const i32* draft_index;              // REJECTION: [max_bsz · (S − 1)] or null (dense): each draft's row
-    unsigned char* stats;                // REJECTION scratch: [rows] TargetStats, then [draft rows] DraftStat
-    i32* accept_tokens;                  // [max_bsz, S]
-    i32* accept_num;                     // [max_bsz]
-    u64 rows;
-    u64 max_step_tokens;
-    u64 n_end;
-    u64 candidates;
-    u64 draft_rows;
-    u32 max_bsz;
-    u32 real_bsz;
-    u32 vocab;
-    u32 strategy;
-    u32 accept_all;  // already false when reject_all
-    u32 reject_all;
-    u32 vec_target;
-    u32 vec_draft;
-    u32 logits;  // REJECTION: target and draft rows are logits at `temperature`
-    u32 pad;
-};
-
 // Per target row, what REJECTION needs (written by the prepare kernel).
 struct TargetStats {
     u64 raw_total;  // total weight before filtering (probability rows)

@@ -5,9 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
-use specula_backend_api::abi::KernelArgs;
 use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
 use specula_backend_api::{
     BackendKind, Buffer, Capabilities, DType, DeviceInfo, Error, Op, PendingDownload, Result,
@@ -15,6 +14,7 @@ use specula_backend_api::{
 };
 
 use crate::arena::{Allocate, Arena};
+use crate::args::CudaArgs;
 use crate::driver::{DeviceBlock, Driver, PinnedPool};
 use crate::error::CudaError;
 use crate::kernels::{
@@ -492,34 +492,47 @@ pub(crate) struct Kernels<'d> {
 }
 
 impl Kernels<'_> {
+    /// The function of entry `stem`, to launch with an `A` (in debug builds, `A` must be one of
+    /// the file's argument structs, [`KernelFacts::args`](crate::kernels::KernelFacts::args)).
+    fn function_for<A: CudaArgs>(&self, stem: &'static str) -> Result<&CudaFunction> {
+        debug_assert!(
+            self.file.facts().args.iter().any(|a| a.name == A::STRUCT),
+            "{} takes no {}",
+            self.file.file_name(),
+            A::STRUCT
+        );
+        self.device.function(self.file, self.instance, stem)
+    }
+
     /// Launches entry `stem`: `grid` blocks of `block` threads, one argument block, on the
     /// device's stream.
-    pub(crate) fn launch<A: KernelArgs + DeviceRepr>(
+    pub(crate) fn launch<A: CudaArgs>(
         &self,
         stem: &'static str,
         grid: (u32, u32, u32),
         block: u32,
         args: &A,
     ) -> Result<()> {
-        let f = self.device.function(self.file, self.instance, stem)?;
-        // SAFETY: `args` is a `kernel_args!` struct that mirrors the kernel's argument struct
-        // field for field (checked by `args::tests`); every pointer in it is a window of a
-        // validated buffer of this device, or scratch of the device's arena, which lives until
-        // the stream has consumed it (a growth frees the old block stream-ordered).
+        let f = self.function_for::<A>(stem)?;
+        // SAFETY: `args` is a `cuda_args!` struct, one of the file's (checked in debug builds by
+        // `function_for`), from which the kernel's argument struct is generated with
+        // `static_assert`s of its layout (`ArgsStruct::declaration`); every pointer in it is a
+        // window of a validated buffer of this device, or scratch of the device's arena, which
+        // lives until the stream has consumed it (a growth frees the old block stream-ordered).
         unsafe { self.device.driver.launch(f, grid, block, args, false) }
             .map_err(|e| CudaError::driver("cuLaunchKernel", e).into_api(self.file.op().name()))
     }
 
     /// As [`launch`](Self::launch), cooperatively (all blocks co-resident); `Ok(false)` when the
     /// grid does not fit the device at once, so the caller can fall back.
-    pub(crate) fn launch_cooperative<A: KernelArgs + DeviceRepr>(
+    pub(crate) fn launch_cooperative<A: CudaArgs>(
         &self,
         stem: &'static str,
         grid: (u32, u32, u32),
         block: u32,
         args: &A,
     ) -> Result<bool> {
-        let f = self.device.function(self.file, self.instance, stem)?;
+        let f = self.function_for::<A>(stem)?;
         // SAFETY: as in `launch`.
         match unsafe { self.device.driver.launch(f, grid, block, args, true) } {
             Ok(()) => Ok(true),

@@ -2,12 +2,17 @@
 //!
 //! Every op has one file under `kernels/`, named as the op and embedded with `include_str!`; the
 //! list of files ([`KernelFile`]) is generated from the op table of `specula-backend-api`, so an op
-//! without its kernel file is a compile error. Every file is built on the shared `common.cuh`
-//! (types, 128-bit helpers, Philox, weights, block collectives) and, for the ops that select in
-//! rank order, `select.cuh`. The headers are prepended as text, so no include path is
-//! needed. Constants shared with the Rust side come from [`specula_backend_api::abi`] as `-D`
-//! defines ([`defines`]); the element types as `-DSPECULA_T=F32|F16|BF16` (and `SPECULA_D` for
-//! REJECTION's draft rows); `-DSPECULA_SUFFIX` names the entry points (`argmax_f32`).
+//! without its kernel file is a compile error. What is known about a file — the shared headers it
+//! is built on, its entry points, its element-type instances and its argument structs
+//! ([`KernelFacts`]) — is declared beside the op's host code, as `KERNEL` in `ops/<op>.rs`, and
+//! collected from the op table by [`KernelFile::facts`]. Every file is built on the shared
+//! `common.cuh` (types, 128-bit helpers, Philox, weights, block collectives) and, as its facts say,
+//! `select.cuh` (rank-order selection) or `shard.cuh` (sharded rows); then come its argument
+//! structs, generated from their Rust declarations ([`ArgsStruct::declaration`]), then the file.
+//! The headers are prepended as text, so no include path is needed. Constants shared with the
+//! Rust side come from [`specula_backend_api::abi`] as `-D` defines ([`defines`]); the element
+//! types as `-DSPECULA_T=F32|F16|BF16` (and `SPECULA_D` for REJECTION's draft rows);
+//! `-DSPECULA_SUFFIX` names the entry points (`argmax_f32`).
 //!
 //! The runtime ([`crate::CudaDevice`]) and the compile check (`nvrtc-check`) both build through
 //! [`KernelFile::source`] and [`compile_options`], so CI checks exactly what a GPU runs.
@@ -18,6 +23,7 @@ use specula_backend_api::ops::process_logits::{PENALTY_FIELDS, penalty};
 use specula_backend_api::rng::Purpose;
 use specula_backend_api::{DType, Op, WarmUp};
 
+pub use crate::args::ArgsStruct;
 use crate::launch;
 
 /// The shared header of every kernel file.
@@ -49,7 +55,8 @@ pub fn floor_blocks(bytes: u64, resident: u32) -> u32 {
 }
 
 /// Declares [`KernelFile`] from the op table: one variant per op, whose source is
-/// `kernels/<op>.cu`, so an op without its kernel file does not compile.
+/// `kernels/<op>.cu`, so an op without its kernel file does not compile. (Its facts,
+/// [`KernelFile::facts`], are collected from the op table where the op modules are: `ops/mod.rs`.)
 macro_rules! kernel_files {
     ($($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*) => {
         /// One kernel file per op of the contract (`kernels/<op>.cu`), generated from the op table
@@ -74,7 +81,7 @@ macro_rules! kernel_files {
                 }
             }
 
-            /// The op's own source (without the shared headers).
+            /// The op's own source (without the shared headers and its argument structs).
             pub const fn body(self) -> &'static str {
                 match self {
                     $(KernelFile::$variant => {
@@ -88,152 +95,188 @@ macro_rules! kernel_files {
 
 specula_backend_api::for_each_op!(kernel_files);
 
+/// A shared header a kernel file may be built on, after `common.cuh`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Library {
+    /// `select.cuh`: the rank-order selection of the sampling kernels.
+    Select,
+    /// `shard.cuh`: rank keys and slice weights of the ops of sharded rows (§4d).
+    Shard,
+}
+
+impl Library {
+    /// The header's text.
+    pub const fn text(self) -> &'static str {
+        match self {
+            Library::Select => SELECT,
+            Library::Shard => SHARD,
+        }
+    }
+}
+
+/// The element-type instances a kernel file is built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Instances {
+    /// One integer-only instance, its entry points named by this dtype (`i32`; `u8` for the byte
+    /// copy of `gather_next_token`).
+    Integer(DType),
+    /// One per float dtype of the rows.
+    Float,
+    /// One per (target, draft) pair of float dtypes (REJECTION's target and draft rows).
+    FloatPairs,
+}
+
+impl Instances {
+    /// Every instance, in order: `(suffix dtype, T, D)`.
+    pub fn list(self) -> Vec<Instance> {
+        match self {
+            Instances::Integer(suffix) => vec![Instance::integer(suffix)],
+            Instances::Float => DType::FLOATS
+                .iter()
+                .map(|&t| Instance::float(t, t))
+                .collect(),
+            Instances::FloatPairs => DType::FLOATS
+                .iter()
+                .flat_map(|&t| DType::FLOATS.iter().map(move |&d| Instance::float(t, d)))
+                .collect(),
+        }
+    }
+
+    /// How many there are ([`Instances::list`]), without allocating.
+    pub const fn count(self) -> usize {
+        match self {
+            Instances::Integer(_) => 1,
+            Instances::Float => DType::FLOATS.len(),
+            Instances::FloatPairs => DType::FLOATS.len() * DType::FLOATS.len(),
+        }
+    }
+
+    /// The position of `instance` in [`Instances::list`], without allocating (`None`: not one of
+    /// them).
+    pub fn index(self, instance: Instance) -> Option<usize> {
+        let float = |d: DType| DType::FLOATS.iter().position(|&f| f == d);
+        match self {
+            Instances::Integer(suffix) => (Instance::integer(suffix) == instance).then_some(0),
+            Instances::Float => (instance == Instance::float(instance.target, instance.target))
+                .then(|| float(instance.target))
+                .flatten(),
+            Instances::FloatPairs => {
+                let (t, d) = (float(instance.target)?, float(instance.draft)?);
+                (instance.suffix == instance.target).then_some(t * DType::FLOATS.len() + d)
+            }
+        }
+    }
+}
+
+/// What an op's host code (`ops/<op>.rs`, its `KERNEL`) declares about its kernel file, beside
+/// the `run` that launches it; [`KernelFile::facts`] collects them from the op table.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelFacts {
+    /// The shared headers the file is built on after `common.cuh`, in order.
+    pub libraries: &'static [Library],
+    /// Entry-point stems; each is suffixed with the instance's dtype name
+    /// (`top_k_top_p_sample` → `top_k_top_p_sample_f32`).
+    pub entry_stems: &'static [&'static str],
+    /// The element-type instances the file is built for.
+    pub instances: Instances,
+    /// The instance a warm-up builds whatever its dtypes, if any (`verify_draft_tokens`' f32 pair:
+    /// the strategies other than REJECTION launch it whatever the rows).
+    pub always_built: Option<Instance>,
+    /// The argument structs of its kernels, declared in Rust and generated into its source.
+    pub args: &'static [ArgsStruct],
+}
+
+impl KernelFacts {
+    /// A file built on `common.cuh` alone, with these entry-point stems, instances and argument
+    /// structs, none of its instances built by a warm-up of other dtypes.
+    pub const fn new(
+        entry_stems: &'static [&'static str],
+        instances: Instances,
+        args: &'static [ArgsStruct],
+    ) -> Self {
+        KernelFacts {
+            libraries: &[],
+            entry_stems,
+            instances,
+            always_built: None,
+            args,
+        }
+    }
+
+    /// The same file, built on `libraries` too (after `common.cuh`, in order).
+    pub const fn on(self, libraries: &'static [Library]) -> Self {
+        KernelFacts { libraries, ..self }
+    }
+
+    /// The same file, its `instance` built by every warm-up whatever its dtypes.
+    pub const fn always_building(self, instance: Instance) -> Self {
+        KernelFacts {
+            always_built: Some(instance),
+            ..self
+        }
+    }
+}
+
 impl KernelFile {
     /// The file name under `kernels/` (`<op>.cu`).
     pub fn file_name(self) -> String {
         self.op().kernel_file("cu")
     }
 
-    /// Whether the file uses the rank-order selection header.
-    pub const fn uses_select(self) -> bool {
-        matches!(
-            self,
-            KernelFile::TopKTopPSample
-                | KernelFile::TopPCandidates
-                | KernelFile::VerifyDraftTokens
-                | KernelFile::AcceptLogprobs
-        )
-    }
-
-    /// Whether the file uses the header of sharded rows (the ops of `docs/semantics.md` §5.13–§5.17).
-    pub const fn uses_shard(self) -> bool {
-        self.op().is_sharded()
-    }
-
-    /// The complete translation unit NVRTC compiles: the headers, then the op's file.
-    pub fn source(self) -> String {
-        let mut src = String::with_capacity(COMMON.len() + SELECT.len() + self.body().len() + 64);
-        src.push_str(COMMON);
+    /// The op's file with its argument structs declared before it (generated from their Rust
+    /// declarations, [`ArgsStruct::declaration`]): what follows the headers.
+    pub fn declared_body(self) -> String {
+        let mut src: String = self
+            .facts()
+            .args
+            .iter()
+            .map(ArgsStruct::declaration)
+            .collect();
         src.push('\n');
-        if self.uses_select() {
-            src.push_str(SELECT);
-            src.push('\n');
-        }
-        if self.uses_shard() {
-            src.push_str(SHARD);
-            src.push('\n');
-        }
         src.push_str(self.body());
         src
     }
 
-    /// Entry-point stems of the file; each is suffixed with the instance's dtype name
-    /// (`top_k_top_p_sample` → `top_k_top_p_sample_f32`).
-    pub const fn entry_stems(self) -> &'static [&'static str] {
-        match self {
-            KernelFile::BuildOutputLayout => &["build_output_layout"],
-            KernelFile::GatherNextToken => &["gather_next_token"],
-            KernelFile::BuildSamplingParams => &["build_sampling_params"],
-            KernelFile::Argmax => &["argmax"],
-            KernelFile::Softmax => &["softmax"],
-            KernelFile::TopKTopPSample => &["top_k_top_p_sample", "top_k_top_p_sample_split"],
-            KernelFile::TopPCandidates => &["top_p_candidates"],
-            KernelFile::VerifyDraftTokens => &[
-                "verify_draft_tokens",
-                "verify_draft_tokens_rejection_prepare",
-                "verify_draft_tokens_rejection",
-            ],
-            KernelFile::UpdateState => &["update_state"],
-            KernelFile::NgramMatch => &["ngram_match_propose", "ngram_match"],
-            KernelFile::AcceptLogprobs => &["accept_logprobs_pack", "accept_logprobs"],
-            KernelFile::ProcessLogits => &["process_logits"],
-            KernelFile::ShardKey => &["shard_key"],
-            KernelFile::ShardRecords => &["shard_records"],
-            KernelFile::ShardHistogram => &["shard_histogram"],
-            KernelFile::ShardWalk => &["shard_walk"],
-            KernelFile::ShardExpSum => &["shard_exp_sum"],
+    /// The complete translation unit NVRTC compiles: `common.cuh`, the file's libraries, its
+    /// argument structs, then the op's file.
+    pub fn source(self) -> String {
+        let mut src = String::from(COMMON);
+        src.push('\n');
+        for library in self.facts().libraries {
+            src.push_str(library.text());
+            src.push('\n');
         }
+        src.push_str(&self.declared_body());
+        src
+    }
+
+    /// Entry-point stems of the file ([`KernelFacts::entry_stems`]).
+    pub const fn entry_stems(self) -> &'static [&'static str] {
+        self.facts().entry_stems
     }
 
     /// Whether a warm-up for `plan` builds `instance` of this file: an integer instance always,
-    /// a float one when its rows are of the plan's dtypes, and `verify_draft_tokens`' f32
-    /// instance always (the strategies other than REJECTION launch it whatever the rows).
+    /// a float one when its rows are of the plan's dtypes, and the file's
+    /// [`KernelFacts::always_built`] instance always.
     fn builds_instance(self, instance: Instance, plan: &WarmUp) -> bool {
-        plan.builds_dtype(instance.suffix)
-            || (self == KernelFile::VerifyDraftTokens
-                && instance == Instance::float(DType::F32, DType::F32))
+        plan.builds_dtype(instance.suffix) || self.facts().always_built == Some(instance)
     }
 
-    /// The element-type instances this file is built for: `(suffix dtype, T, D)`.
-    ///
-    /// Integer-only files have one instance named `i32` (`u8` for the byte copy of gather); float
-    /// files one per float dtype; verify one per (target, draft) pair of the REJECTION strategy.
+    /// The element-type instances this file is built for: `(suffix dtype, T, D)`
+    /// ([`KernelFacts::instances`]).
     pub fn instances(self) -> Vec<Instance> {
-        match self {
-            KernelFile::BuildOutputLayout
-            | KernelFile::BuildSamplingParams
-            | KernelFile::UpdateState
-            | KernelFile::NgramMatch => vec![Instance::integer(DType::I32)],
-            KernelFile::GatherNextToken => vec![Instance::integer(DType::U8)],
-            KernelFile::Argmax
-            | KernelFile::Softmax
-            | KernelFile::TopKTopPSample
-            | KernelFile::TopPCandidates
-            | KernelFile::AcceptLogprobs
-            | KernelFile::ProcessLogits
-            | KernelFile::ShardKey
-            | KernelFile::ShardRecords
-            | KernelFile::ShardHistogram
-            | KernelFile::ShardWalk
-            | KernelFile::ShardExpSum => DType::FLOATS
-                .iter()
-                .map(|&t| Instance::float(t, t))
-                .collect(),
-            KernelFile::VerifyDraftTokens => DType::FLOATS
-                .iter()
-                .flat_map(|&t| DType::FLOATS.iter().map(move |&d| Instance::float(t, d)))
-                .collect(),
-        }
+        self.facts().instances.list()
     }
-}
 
-impl KernelFile {
     /// How many instances the file is built for ([`KernelFile::instances`]), without allocating.
     pub const fn instance_count(self) -> usize {
-        match self {
-            KernelFile::BuildOutputLayout
-            | KernelFile::BuildSamplingParams
-            | KernelFile::UpdateState
-            | KernelFile::NgramMatch
-            | KernelFile::GatherNextToken => 1,
-            KernelFile::VerifyDraftTokens => DType::FLOATS.len() * DType::FLOATS.len(),
-            _ => DType::FLOATS.len(),
-        }
+        self.facts().instances.count()
     }
 
     /// The position of `instance` in [`KernelFile::instances`], without allocating (`None`: the
     /// file is not built for it).
     pub fn instance_index(self, instance: Instance) -> Option<usize> {
-        let float = |d: DType| DType::FLOATS.iter().position(|&f| f == d);
-        match self.instance_count() {
-            1 => (self.instances_single() == instance).then_some(0),
-            n if n == DType::FLOATS.len() => (instance.draft == instance.target
-                && instance.suffix == instance.target)
-                .then(|| float(instance.target))
-                .flatten(),
-            _ => {
-                let (t, d) = (float(instance.target)?, float(instance.draft)?);
-                (instance.suffix == instance.target).then_some(t * DType::FLOATS.len() + d)
-            }
-        }
-    }
-
-    /// The one instance of an integer-only file.
-    fn instances_single(self) -> Instance {
-        match self {
-            KernelFile::GatherNextToken => Instance::integer(DType::U8),
-            _ => Instance::integer(DType::I32),
-        }
+        self.facts().instances.index(instance)
     }
 
     /// The position of `stem` in [`KernelFile::entry_stems`].
@@ -452,6 +495,60 @@ mod tests {
         }
     }
 
+    /// The names of the `struct *Args {` declarations of a kernel source.
+    fn declared_args(source: &str) -> Vec<&str> {
+        source
+            .lines()
+            .filter_map(|line| line.strip_prefix("struct "))
+            .filter_map(|rest| rest.strip_suffix(" {"))
+            .filter(|name| name.ends_with("Args"))
+            .collect()
+    }
+
+    #[test]
+    fn every_argument_struct_is_generated_into_its_source_from_rust() {
+        for file in KernelFile::ALL {
+            let (name, facts) = (file.file_name(), file.facts());
+            assert!(!facts.args.is_empty(), "{name} has no argument struct");
+            assert_eq!(
+                declared_args(file.body()),
+                Vec::<&str>::new(),
+                "{name} declares its own"
+            );
+            let source = file.source();
+            let generated: Vec<&str> = facts.args.iter().map(|a| a.name).collect();
+            assert_eq!(declared_args(&source), generated, "{name}");
+            for args in facts.args {
+                let rust: Vec<(String, usize)> = args
+                    .fields
+                    .iter()
+                    .map(|f| (f.name.to_owned(), f.bytes))
+                    .collect();
+                let read_back = abi::c_struct_fields(&source, args.name);
+                assert_eq!(read_back, Some(rust), "{name}: struct {}", args.name);
+                assert!(
+                    file.body().contains(&format!("(const {} a)", args.name)),
+                    "{name}: no kernel takes {}",
+                    args.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn files_of_sharded_rows_are_built_on_the_shard_header() {
+        for file in KernelFile::ALL {
+            let libraries = file.facts().libraries;
+            assert_eq!(
+                libraries.contains(&Library::Shard),
+                file.op().is_sharded(),
+                "{}",
+                file.file_name()
+            );
+            assert!(file.source().contains(SELECT) == libraries.contains(&Library::Select));
+        }
+    }
+
     #[test]
     fn one_file_per_op_in_table_order() {
         assert_eq!(KernelFile::ALL.map(KernelFile::op), Op::ALL);
@@ -474,7 +571,7 @@ mod tests {
         let injected: Vec<String> = defines().into_iter().map(|(n, _)| n).collect();
         let all = format!(
             "{COMMON}{SELECT}{SHARD}{}",
-            KernelFile::ALL.map(|f| f.body()).concat()
+            KernelFile::ALL.map(KernelFile::declared_body).concat()
         );
         for word in all.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
             if !word.starts_with("SPECULA_") {

@@ -117,7 +117,8 @@ fn driver(dtype: DType) -> PathBuf {
     built[slot].clone()
 }
 
-/// The defines, the emulator, the headers and every kernel file, then the driver, for `dtype`.
+/// The defines, the emulator, the headers and every kernel file (after its argument structs,
+/// generated from Rust), then the driver, for `dtype`.
 fn build_driver(dir: &Path, dtype: DType) -> PathBuf {
     let tag = match dtype {
         DType::F16 => "F16",
@@ -135,7 +136,7 @@ fn build_driver(dir: &Path, dtype: DType) -> PathBuf {
     src += SELECT;
     src += SHARD;
     for file in KernelFile::ALL {
-        src += file.body();
+        src += &file.declared_body();
     }
     src += DRIVER;
     let compiler = host::compiler(STD).expect("checked before the tests run");

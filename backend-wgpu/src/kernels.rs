@@ -27,7 +27,9 @@ macro_rules! kernel_registry {
     ($($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*) => {
         /// One shader module per op of the table (`shaders/<op>.wgsl`, plus the shared files it
         /// needs). Generated from [`specula_backend_api::for_each_op!`], so an op without its
-        /// shader file does not compile.
+        /// shader file does not compile. What the op's host code declares about it
+        /// ([`KernelFacts`]) is collected from the op table where the op modules are
+        /// (`Kernel::facts`, in `ops/mod.rs`).
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub(crate) enum Kernel {
             $(
@@ -58,13 +60,6 @@ macro_rules! kernel_registry {
                     $(Kernel::$variant => include_str!(concat!("../shaders/", stringify!($name), ".wgsl")),)*
                 }
             }
-
-            /// The argument structs of the module's kernels (`ARGS` of `src/ops/<op>.rs`).
-            pub(crate) fn args(self) -> &'static [ArgsStruct] {
-                match self {
-                    $(Kernel::$variant => crate::ops::$name::ARGS,)*
-                }
-            }
         }
     };
 }
@@ -77,25 +72,9 @@ impl Kernel {
         self.op().kernel_file("wgsl")
     }
 
-    /// The shared files this module needs besides `common.wgsl`.
-    fn libraries(self) -> &'static [&'static str] {
-        match self {
-            Kernel::Argmax
-            | Kernel::TopKTopPSample
-            | Kernel::TopPCandidates
-            | Kernel::VerifyDraftTokens => &[SELECT],
-            Kernel::Softmax | Kernel::AcceptLogprobs => &[SELECT, ROWSTATS],
-            Kernel::BuildOutputLayout
-            | Kernel::GatherNextToken
-            | Kernel::BuildSamplingParams
-            | Kernel::UpdateState
-            | Kernel::NgramMatch
-            | Kernel::ProcessLogits => &[],
-            Kernel::ShardKey | Kernel::ShardExpSum => &[SHARD],
-            Kernel::ShardRecords | Kernel::ShardHistogram | Kernel::ShardWalk => {
-                &[SHARD, SHARD_ROWS]
-            }
-        }
+    /// The argument structs of the module's kernels ([`KernelFacts::args`]).
+    pub(crate) fn args(self) -> &'static [ArgsStruct] {
+        self.facts().args
     }
 
     /// Every entry point of the module, each a pipeline: those of its float kernels for each dtype
@@ -116,30 +95,51 @@ impl Kernel {
         names
     }
 
-    /// The module's float kernels, one workgroup per row (or entry): for each suffix, the
-    /// entry point `<op>[_<suffix>]_<dtype>` of every float dtype is generated
-    /// ([`float_entry_points`]), calling `<op>[_<suffix>]_main` of the op's file.
+    /// The module's float kernels ([`KernelFacts::float_kernels`]).
     fn float_kernels(self) -> &'static [Option<&'static str>] {
+        self.facts().float_kernels
+    }
+}
+
+/// A shared WGSL file a module may be built on, after `common.wgsl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Library {
+    /// `select.wgsl`: rank-order selection.
+    Select,
+    /// `rowstats.wgsl`: a row's softmax statistics.
+    RowStats,
+    /// `shard.wgsl`: rank keys and slice weights of sharded rows (`docs/semantics.md` §4d).
+    Shard,
+    /// `shard_rows.wgsl`: the rows of the ops over `ops::ShardRows` (records, histogram, walk).
+    ShardRows,
+}
+
+impl Library {
+    /// The file's text.
+    const fn text(self) -> &'static str {
         match self {
-            Kernel::Argmax
-            | Kernel::Softmax
-            | Kernel::TopKTopPSample
-            | Kernel::TopPCandidates
-            | Kernel::AcceptLogprobs
-            | Kernel::ProcessLogits
-            | Kernel::ShardKey
-            | Kernel::ShardRecords
-            | Kernel::ShardHistogram
-            | Kernel::ShardWalk
-            | Kernel::ShardExpSum => &[None],
-            Kernel::VerifyDraftTokens => &[Some("pair")],
-            Kernel::BuildOutputLayout
-            | Kernel::GatherNextToken
-            | Kernel::BuildSamplingParams
-            | Kernel::UpdateState
-            | Kernel::NgramMatch => &[],
+            Library::Select => SELECT,
+            Library::RowStats => ROWSTATS,
+            Library::Shard => SHARD,
+            Library::ShardRows => SHARD_ROWS,
         }
     }
+}
+
+/// What an op's host code (`ops/<op>.rs`, its `KERNEL`) declares about its shader module, beside
+/// the `run` that dispatches it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KernelFacts {
+    /// The shared files the module is built on after `common.wgsl`, in order.
+    pub(crate) libraries: &'static [Library],
+    /// The module's float kernels, one workgroup per row (or entry): for each suffix, the
+    /// entry point `<op>[_<suffix>]_<dtype>` of every float dtype is generated
+    /// ([`float_entry_points`]), calling `<op>[_<suffix>]_main` of the op's file; the module's
+    /// other kernels are integer ones (`<op>[_<suffix>]_i32`).
+    pub(crate) float_kernels: &'static [Option<&'static str>],
+    /// The argument structs of its kernels, one per [`Entry`] ([`Entry::args`]), generated into
+    /// the module.
+    pub(crate) args: &'static [ArgsStruct],
 }
 
 /// The entry point `<op>_<dtype>` (Op::entry_point), or `<op>_<suffix>_<dtype>` for an op's
@@ -441,8 +441,8 @@ pub(crate) fn shader_source(kernel: Kernel) -> String {
         source.push_str(&args.wgsl());
     }
     source.push_str(COMMON);
-    for library in kernel.libraries() {
-        source.push_str(library);
+    for library in kernel.facts().libraries {
+        source.push_str(library.text());
     }
     source.push_str(kernel.body());
     source.push_str(&float_entry_points(kernel));

@@ -6,6 +6,11 @@
 //! cargo run -p specula-backend-cuda --bin nvrtc-check -- --arch sm_80,sm_90 [--ptxas PATH]
 //! ```
 //!
+//! Each source holds the file's argument structs, generated from their Rust declarations with
+//! `static_assert`s of their size, alignment and field sizes (fields in Rust's order, no padding:
+//! the offsets agree too), so a struct whose CUDA layout differs from the Rust one fails to
+//! compile here.
+//!
 //! Any compile error or any warning in NVRTC's log fails the run (exit 1), and so does an entry
 //! point of the file's [`KernelFile::entry_stems`] missing from the PTX of an instance (the
 //! device's warm-up loads every one, `kernels::warm_up_plan`). With `--ptxas`, the PTX

@@ -6,10 +6,40 @@ use specula_backend_api::ops::AcceptLogprobsCall;
 use specula_backend_api::{Op, Result};
 
 use super::{grid_x, to_u32};
-use crate::args::LogprobsArgs;
+use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
-use crate::kernels::{Instance, KernelFile};
+use crate::kernels::{Instance, Instances, KernelFacts, KernelFile, Library};
 use crate::launch::{BATCH_BLOCK, SELECT_BLOCK};
+
+cuda_args! {
+    /// The argument block of every entry point of `kernels/accept_logprobs.cu`.
+    pub(crate) struct LogprobsArgs {
+        logits: u64 as "const SPECULA_T::raw*", // [rows, vocab]
+        temperature: u64 as "const float*",     // [rows]
+        accept_tokens: u64 as "const i32*",     // [max_bsz, S]
+        accept_num: u64 as "const i32*",        // [max_bsz]
+        encoder: u64 as "const i32*",           // [max_bsz]
+        cu_out: u64 as "const i32*",            // [real_bsz + 1]
+        cu_accept: u64 as "i32*",               // [max_bsz + 1]
+        token_ids: u64 as "i32*",               // [max_bsz · S]
+        logprobs: u64 as "float*",              // [max_bsz · S]
+        ranks: u64 as "i32*",                   // [max_bsz · S]
+        top_ids: u64 as "i32*",                 // [max_bsz · S, K]
+        top_logprobs: u64 as "float*",          // [max_bsz · S, K]
+        // scratch [max_bsz · S + 1]: slot << 16 ... see pack
+        entries: u64 as "u32*",
+        rows: u64, max_step_tokens: u64, max_bsz: u32, real_bsz: u32, vocab: u32, top_k: u32,
+        vec: u32, pad: u32,
+    }
+}
+
+/// What `kernels/accept_logprobs.cu` is built on and for ([`KernelFacts`]).
+pub(crate) const KERNEL: KernelFacts = KernelFacts::new(
+    &["accept_logprobs_pack", "accept_logprobs"],
+    Instances::Float,
+    &[ArgsStruct::of::<LogprobsArgs>()],
+)
+.on(&[Library::Select]);
 
 /// Launches the pack kernel, then the scoring kernel over the `max_bsz · S` entries.
 pub(crate) fn run(device: &CudaDevice, mut call: AcceptLogprobsCall<'_, '_>) -> Result<()> {

@@ -6,10 +6,26 @@ use specula_backend_api::Result;
 use specula_backend_api::ops::ArgmaxCall;
 
 use super::{grid_x, to_u32};
-use crate::args::ArgmaxArgs;
+use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
-use crate::kernels::{Instance, KernelFile};
+use crate::kernels::{Instance, Instances, KernelFacts, KernelFile};
 use crate::launch::ROW_BLOCK;
+
+cuda_args! {
+    /// The argument block of every entry point of `kernels/argmax.cu`.
+    pub(crate) struct ArgmaxArgs {
+        input: u64 as "const SPECULA_T::raw*", // [rows, vocab]
+        out: u64 as "i32*",                    // [rows]
+        rows: u32, vocab: u32, vec: u32, pad: u32,
+    }
+}
+
+/// What `kernels/argmax.cu` is built on and for ([`KernelFacts`]).
+pub(crate) const KERNEL: KernelFacts = KernelFacts::new(
+    &["argmax"],
+    Instances::Float,
+    &[ArgsStruct::of::<ArgmaxArgs>()],
+);
 
 /// Launches `argmax` over the call's rows.
 pub(crate) fn run(device: &CudaDevice, mut call: ArgmaxCall<'_>) -> Result<()> {

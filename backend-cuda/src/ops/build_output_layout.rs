@@ -5,10 +5,30 @@ use specula_backend_api::ops::BuildOutputLayoutCall;
 use specula_backend_api::{DType, Op, Result};
 
 use super::to_u32;
-use crate::args::LayoutArgs;
+use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
-use crate::kernels::{Instance, KernelFile};
+use crate::kernels::{Instance, Instances, KernelFacts, KernelFile};
 use crate::launch::BATCH_BLOCK;
+
+cuda_args! {
+    /// The argument block of every entry point of `kernels/build_output_layout.cu`.
+    pub(crate) struct LayoutArgs {
+        this_time: u64 as "const i32*", // [max_bsz]
+        encoder: u64 as "const i32*",   // [max_bsz]
+        seq_lens_output: u64 as "i32*", // [max_bsz]
+        cu_in: u64 as "i32*",           // [real_bsz + 1]
+        cu_out: u64 as "i32*",          // [real_bsz + 1]
+        batch_id: u64 as "i32*",        // [capacity]
+        capacity: u64, max_step_tokens: u64, max_bsz: u32, real_bsz: u32,
+    }
+}
+
+/// What `kernels/build_output_layout.cu` is built on and for ([`KernelFacts`]).
+pub(crate) const KERNEL: KernelFacts = KernelFacts::new(
+    &["build_output_layout"],
+    Instances::Integer(DType::I32),
+    &[ArgsStruct::of::<LayoutArgs>()],
+);
 
 /// Launches `build_output_layout`; the prefix sums have entries even for an empty batch, so the
 /// front always calls it.

@@ -5,10 +5,36 @@ use specula_backend_api::ops::BuildSamplingParamsCall;
 use specula_backend_api::{DType, Op, Result};
 
 use super::{grid_x, to_u32};
-use crate::args::SamplingParamsArgs;
+use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
-use crate::kernels::{Instance, KernelFile};
+use crate::kernels::{Instance, Instances, KernelFacts, KernelFile};
 use crate::launch::{self, BATCH_BLOCK};
+
+cuda_args! {
+    /// The argument block of every entry point of `kernels/build_sampling_params.cu`.
+    pub(crate) struct SamplingParamsArgs {
+        slot_top_p: u64 as "const float*",       // [max_bsz]
+        slot_top_k: u64 as "const i32*",         // [max_bsz]
+        slot_temperature: u64 as "const float*", // [max_bsz]
+        slot_seed: u64 as "const u64*",          // [max_bsz]
+        this_time: u64 as "const i32*",          // [max_bsz]
+        encoder: u64 as "const i32*",            // [max_bsz]
+        cu_out: u64 as "const i32*",             // [real_bsz + 1]
+        batch_id: u64 as "const i32*",           // [rows]
+        top_p: u64 as "float*",                  // [rows]
+        top_k: u64 as "i32*",                    // [rows]
+        temperature: u64 as "float*",            // [rows]
+        seed: u64 as "u64*",                     // [rows]
+        rows: u64, max_step_tokens: u64, real_bsz: u32, pad: u32,
+    }
+}
+
+/// What `kernels/build_sampling_params.cu` is built on and for ([`KernelFacts`]).
+pub(crate) const KERNEL: KernelFacts = KernelFacts::new(
+    &["build_sampling_params"],
+    Instances::Integer(DType::I32),
+    &[ArgsStruct::of::<SamplingParamsArgs>()],
+);
 
 /// Launches `build_sampling_params` over the `rows` output rows validation derived.
 pub(crate) fn run(device: &CudaDevice, mut call: BuildSamplingParamsCall<'_, '_>) -> Result<()> {

@@ -5,10 +5,33 @@ use specula_backend_api::ops::GatherNextTokenCall;
 use specula_backend_api::{DType, Op, Result};
 
 use super::{flag, grid_x, to_u32};
-use crate::args::GatherArgs;
+use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
-use crate::kernels::{Instance, KernelFile};
+use crate::kernels::{Instance, Instances, KernelFacts, KernelFile};
 use crate::launch::{self, BATCH_BLOCK};
+
+cuda_args! {
+    /// The argument block of every entry point of `kernels/gather_next_token.cu`.
+    pub(crate) struct GatherArgs {
+        src: u64 as "const u8*",           // [token_num, row_bytes]
+        dst: u64 as "u8*",                 // [out_rows, row_bytes]
+        cu_seqlens_q: u64 as "const i32*", // [real_bsz + 1]
+        this_time: u64 as "const i32*",    // [max_bsz]
+        encoder: u64 as "const i32*",      // [max_bsz]
+        cu_out: u64 as "const i32*",       // [real_bsz + 1]
+        batch_id: u64 as "const i32*",     // [capacity]
+        row_bytes: u64, token_num: u64, max_step_tokens: u64, out_rows: u32, real_bsz: u32,
+        speculative: u32,
+        unit: u32,                         // 16, 8, 4, 2 or 1 bytes
+    }
+}
+
+/// What `kernels/gather_next_token.cu` is built on and for ([`KernelFacts`]).
+pub(crate) const KERNEL: KernelFacts = KernelFacts::new(
+    &["gather_next_token"],
+    Instances::Integer(DType::U8),
+    &[ArgsStruct::of::<GatherArgs>()],
+);
 
 /// Launches `gather_next_token` over the `rows` output rows validation derived.
 pub(crate) fn run(device: &CudaDevice, mut call: GatherNextTokenCall<'_>) -> Result<()> {

@@ -1,4 +1,8 @@
-//! One module per op, named as the op, beside its kernel file `kernels/<op>.cu`: each turns a
+//! One module per op, named as the op, beside its kernel file `kernels/<op>.cu`: each declares
+//! what is known about that file (`KERNEL`: the shared headers it is built on, its entry points,
+//! its element-type instances, its argument struct, declared here with
+//! [`cuda_args!`](crate::args::cuda_args) and generated into the file's source), which
+//! [`KernelFile::facts`](crate::kernels::KernelFile::facts) collects from the op table, and turns a
 //! validated call into the op's argument block (window pointers and sizes) and launches the
 //! kernels. Validation, the tracing span and the zero-row rule are the front's
 //! ([`specula_backend_api::Device`]): a module here only runs when its op has something to do.
@@ -25,7 +29,26 @@ pub(crate) mod verify_draft_tokens;
 use specula_backend_api::{Op, Result};
 
 use crate::error::CudaError;
+use crate::kernels::{KernelFacts, KernelFile};
 use crate::launch;
+
+/// Collects the `KERNEL` of every op module from the op table.
+macro_rules! kernel_facts {
+    ($($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*) => {
+        impl KernelFile {
+            /// What the op's host code (`ops/<op>.rs`, its `KERNEL`) declares about this file:
+            /// its headers, entry points, instances and argument structs. Generated from the op
+            /// table, so an op without its facts does not compile.
+            pub const fn facts(self) -> &'static KernelFacts {
+                match self {
+                    $(KernelFile::$variant => &$name::KERNEL,)*
+                }
+            }
+        }
+    };
+}
+
+specula_backend_api::for_each_op!(kernel_facts);
 
 /// A size as a `u32` kernel argument, or an error naming it.
 pub(crate) fn to_u32(op: Op, what: &'static str, value: usize) -> Result<u32> {

@@ -6,10 +6,35 @@ use specula_backend_api::ops::NgramMatchCall;
 use specula_backend_api::{DType, Op, Result};
 
 use super::to_u32;
-use crate::args::NgramArgs;
+use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
-use crate::kernels::{Instance, KernelFile};
+use crate::kernels::{Instance, Instances, KernelFacts, KernelFile};
 use crate::launch::BATCH_BLOCK;
+
+cuda_args! {
+    /// The argument block of every entry point of `kernels/ngram_match.cu`.
+    pub(crate) struct NgramArgs {
+        token_ids_all: u64 as "const i32*",   // [max_bsz, max_model_len]
+        prompt_lens: u64 as "const i32*",     // [max_bsz]
+        step_idx: u64 as "const i32*",        // [max_bsz]
+        draft_token_num: u64 as "const i32*", // [max_bsz]
+        encoder: u64 as "const i32*",         // [max_bsz]
+        max_dec_len: u64 as "const i32*",     // [max_bsz]
+        draft_tokens: u64 as "i32*",          // [max_bsz, S]
+        this_time: u64 as "i32*",             // [max_bsz]
+        // scratch [real_bsz][2]: start in the row, (len | decode << 32)
+        proposals: u64 as "u64*",
+        max_model_len: u64, max_step_tokens: u64, threshold: u64, real_bsz: u32, min_ngram: u32,
+        max_ngram: u32, pad: u32,
+    }
+}
+
+/// What `kernels/ngram_match.cu` is built on and for ([`KernelFacts`]).
+pub(crate) const KERNEL: KernelFacts = KernelFacts::new(
+    &["ngram_match_propose", "ngram_match"],
+    Instances::Integer(DType::I32),
+    &[ArgsStruct::of::<NgramArgs>()],
+);
 
 /// Bytes of one slot's proposal in the scratch (start, and length | decode << 32).
 const PROPOSAL_BYTES: u64 = 16;

@@ -11,10 +11,55 @@ use specula_backend_api::ops::ProcessLogitsCall;
 use specula_backend_api::{Op, Result};
 
 use super::{flag, grid_x, to_u32};
-use crate::args::ProcessArgs;
+use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
-use crate::kernels::{Instance, KernelFile};
+use crate::kernels::{Instance, Instances, KernelFacts, KernelFile};
 use crate::launch::ROW_BLOCK;
+
+cuda_args! {
+    /// The argument block of every entry point of `kernels/process_logits.cu`.
+    pub(crate) struct ProcessArgs {
+        // [first + rows, width] logits or probabilities
+        scores: u64 as "const typename SPECULA_T::raw*",
+        temperature: u64 as "const float*",    // [first + rows] (logits rows only)
+        cu_out: u64 as "const i32*",           // [real_bsz + 1] first output row of each slot
+        batch_id: u64 as "const i32*",         // [first + rows] slot of each output row
+        token_ids_all: u64 as "const i32*",    // [max_bsz, max_model_len]
+        prompt_lens: u64 as "const i32*",      // [max_bsz]
+        step_idx: u64 as "const i32*",         // [max_bsz]
+        draft_tokens: u64 as "const i32*",     // [max_bsz, S]
+        token_counts: u64 as "const i32*",     // [max_bsz, vocab]
+        prompt_mask: u64 as "const u32*",      // [max_bsz, words]
+        penalties: u64 as "const float*",      // [max_bsz, SPECULA_PENALTY_FIELDS]
+        min_tokens: u64 as "const i32*",       // [max_bsz]
+        end_tokens: u64 as "const i32*",       // [n_end]
+        bias_offsets: u64 as "const i32*",     // [max_bsz + 1]
+        bias_ids: u64 as "const i32*",         // [n_bias]
+        bias_values: u64 as "const float*",    // [n_bias]
+        bad_word_offsets: u64 as "const i32*", // [max_bsz + 1]
+        bad_words: u64 as "const i32*",        // [n_bad_words]
+        allowed: u64 as "const u32*",          // [max_bsz, words] or null
+        bitmask: u64 as "const u32*",          // [first + rows, words] or null
+        processed: u64 as "float*",            // [rows, width]: row i is scores row first + i
+        fallback: u64 as "i32*",               // [rows]
+        max_model_len: u64, max_step_tokens: u64, n_end: u64, n_bias: u64, n_bad_words: u64,
+        // the block's first scores row: every per-row input is read at first + i
+        first: u64,
+        rows: u32,                             // the block's rows (one CUDA block each)
+        vocab: u32,                            // the tables' vocabulary
+        real_bsz: u32,
+        logits: u32,                           // the rows are logits at `temperature`
+        // the rows hold the ids [slice_first, slice_first + width) (§4d)
+        slice_first: u32, width: u32,
+    }
+}
+
+/// What `kernels/process_logits.cu` is built on and for ([`KernelFacts`]).
+pub(crate) const KERNEL: KernelFacts = KernelFacts::new(
+    &["process_logits"],
+    Instances::Float,
+    &[ArgsStruct::of::<ProcessArgs>()],
+);
 
 /// Launches `process_logits` over the rows of the call's block.
 pub(crate) fn run(device: &CudaDevice, mut call: ProcessLogitsCall<'_, '_>) -> Result<()> {

@@ -5,10 +5,29 @@ use specula_backend_api::ops::shard_exp_sum::OpCall;
 use specula_backend_api::{Op, Result};
 
 use super::{grid_x, to_u32};
-use crate::args::ShardExpSumArgs;
+use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
-use crate::kernels::{Instance, KernelFile};
+use crate::kernels::{Instance, Instances, KernelFacts, KernelFile, Library};
 use crate::launch::ROW_BLOCK;
+
+cuda_args! {
+    /// The argument block of every entry point of `kernels/shard_exp_sum.cu`.
+    pub(crate) struct ShardExpSumArgs {
+        logits: u64 as "const SPECULA_T::raw*", // [rows, len]
+        temperature: u64 as "const float*",     // [rows]
+        row_key: u64 as "const u64*",           // [rows]
+        sums: u64 as "float*",                  // [rows]
+        rows: u32, len: u32,
+    }
+}
+
+/// What `kernels/shard_exp_sum.cu` is built on and for ([`KernelFacts`]).
+pub(crate) const KERNEL: KernelFacts = KernelFacts::new(
+    &["shard_exp_sum"],
+    Instances::Float,
+    &[ArgsStruct::of::<ShardExpSumArgs>()],
+)
+.on(&[Library::Shard]);
 
 /// Launches `shard_exp_sum` over the call's rows.
 pub(crate) fn run(device: &CudaDevice, mut call: OpCall<'_, '_>) -> Result<()> {

@@ -5,10 +5,33 @@ use specula_backend_api::ops::shard_histogram::OpCall;
 use specula_backend_api::{Op, Result};
 
 use super::sharded::RowPointers;
-use crate::args::ShardHistogramArgs;
+use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
-use crate::kernels::{Instance, KernelFile};
+use crate::kernels::{Instance, Instances, KernelFacts, KernelFile, Library};
 use crate::launch::ROW_BLOCK;
+
+cuda_args! {
+    /// The argument block of every entry point of `kernels/shard_histogram.cu`.
+    pub(crate) struct ShardHistogramArgs {
+        scores: u64 as "const SPECULA_T::raw*", // [rows, len] probabilities or logits
+        temperature: u64 as "const float*",     // [rows] (logits rows only)
+        row_key: u64 as "const u64*",           // [rows]
+        min_p: u64 as "const float*",           // [rows] or null
+        prefix: u64 as "const u64*",            // [rows]: key >> (shift + 8) of the counted tokens
+        floors: u64 as "const u64*",            // [rows]: the least counted key
+        counts: u64 as "u64*",                  // [rows, 256]
+        masses: u64 as "u64*",                  // [rows, 256]
+        rows: u32, len: u32, first: u32, shift: u32, logits: u32, vec: u32,
+    }
+}
+
+/// What `kernels/shard_histogram.cu` is built on and for ([`KernelFacts`]).
+pub(crate) const KERNEL: KernelFacts = KernelFacts::new(
+    &["shard_histogram"],
+    Instances::Float,
+    &[ArgsStruct::of::<ShardHistogramArgs>()],
+)
+.on(&[Library::Shard]);
 
 /// Launches `shard_histogram` over the call's rows.
 pub(crate) fn run(device: &CudaDevice, mut call: OpCall<'_, '_>) -> Result<()> {

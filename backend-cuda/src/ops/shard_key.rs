@@ -6,10 +6,31 @@ use specula_backend_api::{Op, Result};
 
 use super::sharded::order_code;
 use super::{flag, grid_x, to_u32};
-use crate::args::ShardKeyArgs;
+use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
-use crate::kernels::{Instance, KernelFile};
+use crate::kernels::{Instance, Instances, KernelFacts, KernelFile, Library};
 use crate::launch::ROW_BLOCK;
+
+cuda_args! {
+    /// The argument block of every entry point of `kernels/shard_key.cu`.
+    pub(crate) struct ShardKeyArgs {
+        scores: u64 as "const SPECULA_T::raw*", // [rows, len] probabilities or logits
+        ids: u64 as "const i32*",               // [rows] global ids, or null
+        keys: u64 as "u64*",                    // [rows]
+        rows: u32, len: u32,
+        first: u32,                             // the slice's first global id
+        order: u32,                             // SHARD_ORDER_RANK or SHARD_ORDER_ARGMAX
+        logits: u32, vec: u32,
+    }
+}
+
+/// What `kernels/shard_key.cu` is built on and for ([`KernelFacts`]).
+pub(crate) const KERNEL: KernelFacts = KernelFacts::new(
+    &["shard_key"],
+    Instances::Float,
+    &[ArgsStruct::of::<ShardKeyArgs>()],
+)
+.on(&[Library::Shard]);
 
 /// Launches `shard_key` over the call's rows.
 pub(crate) fn run(device: &CudaDevice, mut call: OpCall<'_, '_>) -> Result<()> {

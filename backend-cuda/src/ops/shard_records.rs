@@ -6,10 +6,33 @@ use specula_backend_api::{Op, Result};
 
 use super::sharded::{RowPointers, order_code};
 use super::to_u32;
-use crate::args::ShardRecordsArgs;
+use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
-use crate::kernels::{Instance, KernelFile};
+use crate::kernels::{Instance, Instances, KernelFacts, KernelFile, Library};
 use crate::launch::ROW_BLOCK;
+
+cuda_args! {
+    /// The argument block of every entry point of `kernels/shard_records.cu`.
+    pub(crate) struct ShardRecordsArgs {
+        scores: u64 as "const SPECULA_T::raw*", // [rows, len] probabilities or logits
+        temperature: u64 as "const float*",     // [rows] (logits rows only)
+        row_key: u64 as "const u64*",           // [rows]
+        min_p: u64 as "const float*",           // [rows] or null
+        records: u64 as "u64*",                 // [rows, K, 2]: (key, weight)
+        rows: u32, len: u32, first: u32,
+        records_per_row: u32,                   // K
+        order: u32,                             // SHARD_ORDER_RANK or SHARD_ORDER_ARGMAX
+        logits: u32, vec: u32, pad: u32,
+    }
+}
+
+/// What `kernels/shard_records.cu` is built on and for ([`KernelFacts`]).
+pub(crate) const KERNEL: KernelFacts = KernelFacts::new(
+    &["shard_records"],
+    Instances::Float,
+    &[ArgsStruct::of::<ShardRecordsArgs>()],
+)
+.on(&[Library::Shard]);
 
 /// Launches `shard_records` over the call's rows.
 pub(crate) fn run(device: &CudaDevice, mut call: OpCall<'_, '_>) -> Result<()> {

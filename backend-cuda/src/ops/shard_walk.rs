@@ -6,10 +6,39 @@ use specula_backend_api::{Op, Result};
 
 use super::sharded::RowPointers;
 use super::to_u32;
-use crate::args::ShardWalkArgs;
+use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
-use crate::kernels::{Instance, KernelFile};
+use crate::kernels::{Instance, Instances, KernelFacts, KernelFile, Library};
 use crate::launch::ROW_BLOCK;
+
+cuda_args! {
+    /// The argument block of every entry point of `kernels/shard_walk.cu`.
+    pub(crate) struct ShardWalkArgs {
+        scores: u64 as "const SPECULA_T::raw*", // [rows, len] probabilities or logits
+        temperature: u64 as "const float*",     // [rows] (logits rows only)
+        row_key: u64 as "const u64*",           // [rows]
+        min_p: u64 as "const float*",           // [rows] or null
+        threshold: u64 as "const u64*",         // [rows]: the least kept key
+        offset: u64 as "const u64*",            // [rows]: where the walk starts
+        draft: u64 as "const SPECULA_T::raw*",  // [draft_rows, len] or null (no residual)
+        draft_key: u64 as "const u64*",         // [draft_rows]
+        draft_row: u64 as "const i32*",         // [rows]
+        target_mass: u64 as "const u64*",       // [rows]: Wp
+        draft_mass: u64 as "const u64*",        // [rows]: Wq
+        tokens: u64 as "i32*",                  // [rows]
+        mass: u64 as "u64*",                    // [rows]
+        count: u64 as "u64*",                   // [rows]
+        rows: u32, len: u32, first: u32, draft_rows: u32, logits: u32, pad: u32,
+    }
+}
+
+/// What `kernels/shard_walk.cu` is built on and for ([`KernelFacts`]).
+pub(crate) const KERNEL: KernelFacts = KernelFacts::new(
+    &["shard_walk"],
+    Instances::Float,
+    &[ArgsStruct::of::<ShardWalkArgs>()],
+)
+.on(&[Library::Shard]);
 
 /// Launches `shard_walk` over the call's rows (without a residual its five pointers are null).
 pub(crate) fn run(device: &CudaDevice, mut call: OpCall<'_, '_>) -> Result<()> {

@@ -5,10 +5,27 @@ use specula_backend_api::ops::SoftmaxCall;
 use specula_backend_api::{Op, Result};
 
 use super::{grid_x, to_u32};
-use crate::args::SoftmaxArgs;
+use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
-use crate::kernels::{Instance, KernelFile};
+use crate::kernels::{Instance, Instances, KernelFacts, KernelFile};
 use crate::launch::ROW_BLOCK;
+
+cuda_args! {
+    /// The argument block of every entry point of `kernels/softmax.cu`.
+    pub(crate) struct SoftmaxArgs {
+        logits: u64 as "const SPECULA_T::raw*", // [rows, vocab]
+        temperature: u64 as "const float*",     // [rows]
+        probs: u64 as "float*",                 // [rows, vocab]
+        rows: u32, vocab: u32, vec: u32, pad: u32,
+    }
+}
+
+/// What `kernels/softmax.cu` is built on and for ([`KernelFacts`]).
+pub(crate) const KERNEL: KernelFacts = KernelFacts::new(
+    &["softmax"],
+    Instances::Float,
+    &[ArgsStruct::of::<SoftmaxArgs>()],
+);
 
 /// Launches `softmax` over the call's rows.
 pub(crate) fn run(device: &CudaDevice, mut call: SoftmaxCall<'_>) -> Result<()> {

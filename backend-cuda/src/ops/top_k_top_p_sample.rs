@@ -7,10 +7,40 @@ use specula_backend_api::ops::TopKTopPSampleCall;
 use specula_backend_api::{Op, Result};
 
 use super::{flag, grid_x, to_u32};
-use crate::args::SampleArgs;
+use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
-use crate::kernels::{Instance, KernelFile};
+use crate::kernels::{Instance, Instances, KernelFacts, KernelFile, Library};
 use crate::launch::{self, SELECT_BLOCK};
+
+cuda_args! {
+    /// The argument block of every entry point of `kernels/top_k_top_p_sample.cu`.
+    pub(crate) struct SampleArgs {
+        probs: u64 as "const typename SPECULA_T::raw*", // [rows, vocab] probabilities or logits
+        temperature: u64 as "const float*",             // [rows] (logits rows only)
+        top_k: u64 as "const i32*",                     // [rows]
+        top_p: u64 as "const float*",                   // [rows]
+        seed: u64 as "const u64*",                      // [rows]
+        // [rows] or null: the token of a row of weight 0
+        fallback: u64 as "const i32*",
+        tokens: u64 as "i32*",                          // [rows]
+        scratch: u64 as "unsigned char*",               // split rows: [rows][stride], any content
+        // split rows: [rows][2] barrier words (select.cuh)
+        sync: u64 as "u64*",
+        scratch_stride: u64, rows: u32, vocab: u32,
+        vec: u32,                                       // rows are aligned for 4-element loads
+        splits: u32,                                    // blocks per row (split kernel only)
+        logits: u32,                                    // the rows are logits at `temperature`
+        pad: u32,
+    }
+}
+
+/// What `kernels/top_k_top_p_sample.cu` is built on and for ([`KernelFacts`]).
+pub(crate) const KERNEL: KernelFacts = KernelFacts::new(
+    &["top_k_top_p_sample", "top_k_top_p_sample_split"],
+    Instances::Float,
+    &[ArgsStruct::of::<SampleArgs>()],
+)
+.on(&[Library::Select]);
 
 /// Launches `top_k_top_p_sample` over the call's rows.
 pub(crate) fn run(device: &CudaDevice, mut call: TopKTopPSampleCall<'_>) -> Result<()> {

@@ -6,10 +6,36 @@ use specula_backend_api::ops::TopPCandidatesCall;
 use specula_backend_api::{Op, Result};
 
 use super::{flag, grid_x, to_u32};
-use crate::args::CandidatesArgs;
+use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
-use crate::kernels::{Instance, KernelFile};
+use crate::kernels::{Instance, Instances, KernelFacts, KernelFile, Library};
 use crate::launch::SELECT_BLOCK;
+
+cuda_args! {
+    /// The argument block of every entry point of `kernels/top_p_candidates.cu`.
+    pub(crate) struct CandidatesArgs {
+        probs: u64 as "const typename SPECULA_T::raw*", // [rows, vocab] probabilities or logits
+        temperature: u64 as "const float*",             // [rows] (logits rows only)
+        top_p: u64 as "const float*",                   // [rows]
+        batch_id: u64 as "const i32*",                  // [rows] or null
+        // [rows] or null: the token of a row of weight 0
+        fallback: u64 as "const i32*",
+        ids: u64 as "i32*",                             // [rows, C]
+        scores: u64 as "float*",                        // [rows, C]
+        lens: u64 as "i32*",                            // [rows]
+        rows: u32, vocab: u32, candidates: u32, vec: u32,
+        logits: u32,                                    // the rows are logits at `temperature`
+        pad: u32,
+    }
+}
+
+/// What `kernels/top_p_candidates.cu` is built on and for ([`KernelFacts`]).
+pub(crate) const KERNEL: KernelFacts = KernelFacts::new(
+    &["top_p_candidates"],
+    Instances::Float,
+    &[ArgsStruct::of::<CandidatesArgs>()],
+)
+.on(&[Library::Select]);
 
 /// Launches `top_p_candidates` over the call's rows.
 pub(crate) fn run(device: &CudaDevice, mut call: TopPCandidatesCall<'_, '_>) -> Result<()> {

@@ -6,10 +6,40 @@ use specula_backend_api::ops::UpdateStateCall;
 use specula_backend_api::{DType, Op, Result};
 
 use super::to_u32;
-use crate::args::UpdateStateArgs;
+use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
-use crate::kernels::{Instance, KernelFile};
+use crate::kernels::{Instance, Instances, KernelFacts, KernelFile};
 use crate::launch::{self, BATCH_BLOCK};
+
+cuda_args! {
+    /// The argument block of every entry point of `kernels/update_state.cu`.
+    pub(crate) struct UpdateStateArgs {
+        accept_tokens: u64 as "const i32*", // [max_bsz, S]
+        is_block_step: u64 as "const u8*",  // [max_bsz]
+        prompt_lens: u64 as "const i32*",   // [max_bsz]
+        max_dec_len: u64 as "const i32*",   // [max_bsz]
+        end_tokens: u64 as "const i32*",    // [n_end]
+        accept_num: u64 as "i32*",          // [max_bsz]
+        stop_flags: u64 as "u8*",           // [max_bsz]
+        token_ids_all: u64 as "i32*",       // [max_bsz, max_model_len]
+        step_idx: u64 as "i32*",            // [max_bsz]
+        infer_seed: u64 as "u64*",          // [max_bsz]
+        draft_tokens: u64 as "i32*",        // [max_bsz, S]
+        encoder: u64 as "i32*",             // [max_bsz]
+        decoder: u64 as "i32*",             // [max_bsz]
+        token_counts: u64 as "i32*",        // [max_bsz, vocab], or null
+        max_model_len: u64, max_step_tokens: u64, n_end: u64,
+        vocab: u64,                         // row length of token_counts (unused without it)
+        real_bsz: u32, pad: u32,
+    }
+}
+
+/// What `kernels/update_state.cu` is built on and for ([`KernelFacts`]).
+pub(crate) const KERNEL: KernelFacts = KernelFacts::new(
+    &["update_state"],
+    Instances::Integer(DType::I32),
+    &[ArgsStruct::of::<UpdateStateArgs>()],
+);
 
 /// Launches `update_state` over slots `0 .. real_bsz`.
 pub(crate) fn run(device: &CudaDevice, mut call: UpdateStateCall<'_, '_>) -> Result<()> {

@@ -8,10 +8,63 @@ use specula_backend_api::ops::{Strategy, StrategyInputs, VerifyDraftTokensCall};
 use specula_backend_api::{DType, Op, Result};
 
 use super::{flag, grid_x, to_u32};
-use crate::args::VerifyArgs;
+use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
-use crate::kernels::{Instance, KernelFile};
+use crate::kernels::{Instance, Instances, KernelFacts, KernelFile, Library};
 use crate::launch::{self, BATCH_BLOCK, SELECT_BLOCK};
+
+cuda_args! {
+    /// The argument block of every entry point of `kernels/verify_draft_tokens.cu`.
+    pub(crate) struct VerifyArgs {
+        draft_tokens: u64 as "const i32*",            // [max_bsz, S]
+        this_time: u64 as "const i32*",               // [max_bsz]
+        encoder: u64 as "const i32*",                 // [max_bsz]
+        cu_out: u64 as "const i32*",                  // [real_bsz + 1]
+        stop_flags: u64 as "const u8*",               // [max_bsz]
+        is_block_step: u64 as "const u8*",            // [max_bsz]
+        reasoning: u64 as "const i32*",               // [max_bsz]
+        step_idx: u64 as "const i32*",                // [max_bsz]
+        max_dec_len: u64 as "const i32*",             // [max_bsz]
+        end_tokens: u64 as "const i32*",              // [n_end]
+        seeds: u64 as "const u64*",                   // [rows]
+        target_tokens: u64 as "const i32*",           // GREEDY / TARGET_MATCH: [rows]
+        cand_ids: u64 as "const i32*",                // TOPP: [rows, C]
+        cand_scores: u64 as "const float*",           // TOPP: [rows, C]
+        cand_lens: u64 as "const i32*",               // TOPP: [rows]
+        target_probs: u64 as "const SPECULA_T::raw*", // REJECTION: [rows, vocab]
+        draft_probs: u64 as "const SPECULA_D::raw*",  // REJECTION: [draft_rows, vocab]
+        top_k: u64 as "const i32*",                   // REJECTION: [rows]
+        top_p: u64 as "const float*",                 // REJECTION: [rows]
+        temperature: u64 as "const float*",           // REJECTION of logits rows: [rows]
+        // REJECTION: [rows] or null: the sample of a row of kept weight 0
+        fallback: u64 as "const i32*",
+        // REJECTION: [max_bsz · (S − 1)] or null (dense): each draft's row
+        draft_index: u64 as "const i32*",
+        // REJECTION scratch: [rows] TargetStats, then [draft rows] DraftStat
+        stats: u64 as "unsigned char*",
+        accept_tokens: u64 as "i32*",                 // [max_bsz, S]
+        accept_num: u64 as "i32*",                    // [max_bsz]
+        rows: u64, max_step_tokens: u64, n_end: u64, candidates: u64, draft_rows: u64, max_bsz: u32,
+        real_bsz: u32, vocab: u32, strategy: u32,
+        accept_all: u32,                              // already false when reject_all
+        reject_all: u32, vec_target: u32, vec_draft: u32,
+        // REJECTION: target and draft rows are logits at `temperature`
+        logits: u32, pad: u32,
+    }
+}
+
+/// What `kernels/verify_draft_tokens.cu` is built on and for ([`KernelFacts`]).
+pub(crate) const KERNEL: KernelFacts = KernelFacts::new(
+    &[
+        "verify_draft_tokens",
+        "verify_draft_tokens_rejection_prepare",
+        "verify_draft_tokens_rejection",
+    ],
+    Instances::FloatPairs,
+    &[ArgsStruct::of::<VerifyArgs>()],
+)
+.on(&[Library::Select])
+.always_building(Instance::float(DType::F32, DType::F32));
 
 /// The kernel file of this op.
 const FILE: KernelFile = KernelFile::VerifyDraftTokens;

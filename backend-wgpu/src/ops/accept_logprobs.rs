@@ -6,7 +6,7 @@ use specula_backend_api::{Op, Result};
 
 use super::{Binder, chunks_or_empty, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, BatchHead, Entry, Kernel};
+use crate::kernels::{BatchHead, Entry, Kernel, KernelFacts, Library};
 
 specula_backend_api::kernel_args! {
     /// `accept_logprobs_pack_i32`, after its [`BatchHead`]: the packed offsets and one (token,
@@ -44,8 +44,13 @@ const PACK: Entry<AcceptLogprobsPackArgs, BatchHead> =
 /// `accept_logprobs_<dtype>`.
 const SCORE: Entry<AcceptLogprobsArgs> = Entry::new(Kernel::AcceptLogprobs, None, 0);
 
-/// The argument structs of `shaders/accept_logprobs.wgsl`, generated into its module.
-pub(crate) const ARGS: &[ArgsStruct] = &[PACK.args(), SCORE.args()];
+/// The facts of `shaders/accept_logprobs.wgsl`: the shared files its module is built on, its float
+/// kernels and its kernels' argument structs (generated into the module).
+pub(crate) const KERNEL: KernelFacts = KernelFacts {
+    libraries: &[Library::Select, Library::RowStats],
+    float_kernels: &[None],
+    args: &[PACK.args(), SCORE.args()],
+};
 
 /// Records and submits the packing dispatch and one scoring dispatch per logits chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: AcceptLogprobsCall<'_, '_>) -> Result<()> {

@@ -5,7 +5,7 @@ use specula_backend_api::{Op, Result};
 
 use super::row_chunk_dispatches;
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel, RowHead};
+use crate::kernels::{Entry, Kernel, KernelFacts, Library, RowHead};
 
 specula_backend_api::kernel_args! {
     /// `argmax_<dtype>`, after its [`RowHead`]: rows `row0 ..` of the chunk bound at `input`.
@@ -18,8 +18,13 @@ specula_backend_api::kernel_args! {
 /// `argmax_<dtype>`.
 const ARGMAX: Entry<ArgmaxArgs, RowHead> = Entry::new(Kernel::Argmax, None, 0);
 
-/// The argument structs of `shaders/argmax.wgsl`, generated into its module.
-pub(crate) const ARGS: &[ArgsStruct] = &[ARGMAX.args()];
+/// The facts of `shaders/argmax.wgsl`: the shared files its module is built on, its float
+/// kernels and its kernels' argument structs (generated into the module).
+pub(crate) const KERNEL: KernelFacts = KernelFacts {
+    libraries: &[Library::Select],
+    float_kernels: &[None],
+    args: &[ARGMAX.args()],
+};
 
 /// Records and submits one dispatch per row chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: ArgmaxCall<'_>) -> Result<()> {

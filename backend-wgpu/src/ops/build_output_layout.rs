@@ -6,7 +6,7 @@ use specula_backend_api::{DType, Op, Result};
 
 use super::{Binder, element_groups, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, BatchHead, Entry, Kernel};
+use crate::kernels::{BatchHead, Entry, Kernel, KernelFacts};
 
 specula_backend_api::kernel_args! {
     /// `build_output_layout_i32`, after its [`BatchHead`]: rows per slot and both prefix sums.
@@ -34,8 +34,13 @@ const SUMS: Entry<BuildOutputLayoutArgs, BatchHead> =
 const ROWS: Entry<BuildOutputLayoutRowsArgs> =
     Entry::new(Kernel::BuildOutputLayout, Some("rows"), 6);
 
-/// The argument structs of `shaders/build_output_layout.wgsl`, generated into its module.
-pub(crate) const ARGS: &[ArgsStruct] = &[SUMS.args(), ROWS.args()];
+/// The facts of `shaders/build_output_layout.wgsl`: the shared files its module is built on, its float
+/// kernels and its kernels' argument structs (generated into the module).
+pub(crate) const KERNEL: KernelFacts = KernelFacts {
+    libraries: &[],
+    float_kernels: &[],
+    args: &[SUMS.args(), ROWS.args()],
+};
 
 /// Records and submits both dispatches.
 pub(crate) fn run(device: &WgpuDevice, mut call: BuildOutputLayoutCall<'_, '_>) -> Result<()> {

@@ -6,7 +6,7 @@ use specula_backend_api::{Op, Result};
 
 use super::{Binder, element_groups, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, BatchHead, Entry, Kernel};
+use crate::kernels::{BatchHead, Entry, Kernel, KernelFacts};
 
 specula_backend_api::kernel_args! {
     /// `build_sampling_params_i32`, after its [`BatchHead`]: the shape and the offset of every
@@ -32,8 +32,13 @@ specula_backend_api::kernel_args! {
 const BUILD: Entry<BuildSamplingParamsArgs, BatchHead> =
     Entry::new(Kernel::BuildSamplingParams, None, 0);
 
-/// The argument structs of `shaders/build_sampling_params.wgsl`, generated into its module.
-pub(crate) const ARGS: &[ArgsStruct] = &[BUILD.args()];
+/// The facts of `shaders/build_sampling_params.wgsl`: the shared files its module is built on, its float
+/// kernels and its kernels' argument structs (generated into the module).
+pub(crate) const KERNEL: KernelFacts = KernelFacts {
+    libraries: &[],
+    float_kernels: &[],
+    args: &[BUILD.args()],
+};
 
 /// Records and submits the dispatch.
 pub(crate) fn run(device: &WgpuDevice, mut call: BuildSamplingParamsCall<'_, '_>) -> Result<()> {

@@ -6,7 +6,7 @@ use specula_backend_api::{Op, Result};
 
 use super::{Binder, chunks_or_empty, element_groups, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, BatchHead, Entry, Kernel};
+use crate::kernels::{BatchHead, Entry, Kernel, KernelFacts};
 
 specula_backend_api::kernel_args! {
     /// `gather_next_token_i32`, after its [`BatchHead`]: the output window in bytes and words, the
@@ -34,8 +34,13 @@ specula_backend_api::kernel_args! {
 /// `gather_next_token_i32`.
 const GATHER: Entry<GatherNextTokenArgs, BatchHead> = Entry::new(Kernel::GatherNextToken, None, 0);
 
-/// The argument structs of `shaders/gather_next_token.wgsl`, generated into its module.
-pub(crate) const ARGS: &[ArgsStruct] = &[GATHER.args()];
+/// The facts of `shaders/gather_next_token.wgsl`: the shared files its module is built on, its float
+/// kernels and its kernels' argument structs (generated into the module).
+pub(crate) const KERNEL: KernelFacts = KernelFacts {
+    libraries: &[],
+    float_kernels: &[],
+    args: &[GATHER.args()],
+};
 
 /// Records and submits one dispatch per input chunk; with no input rows at all there is still a
 /// zero-filling pass.

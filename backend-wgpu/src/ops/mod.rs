@@ -5,10 +5,12 @@
 //! Every kernel's uniform parameters are a [`kernel_args!`](specula_backend_api::kernel_args)
 //! struct declared beside the op's host code with the kernel's [`Entry`] (entry point, uniform
 //! binding and the [`Head`] before the struct: the row kernels' [`RowHead`], which
-//! [`row_chunk_dispatches`] fills); the module's `ARGS` lists them, and the WGSL `struct` of the
-//! same name (head fields first) is generated from each into the shader module (`kernels.rs`,
-//! checked with naga by its tests). WGSL has no 64-bit integers, so a 64-bit value is two `u32`
-//! fields `*_lo`, `*_hi`; every field is a `u32`, so the uniform layout is `4·i` with no padding.
+//! [`row_chunk_dispatches`] fills). The module's `KERNEL` ([`KernelFacts`]) lists them, with the
+//! shared WGSL files the shader module is built on and its float kernels; `Kernel::facts`
+//! collects every op's from the op table. The WGSL `struct` of the same name (head fields first)
+//! is generated from each into the shader module (`kernels.rs`, checked with naga by its tests).
+//! WGSL has no 64-bit integers, so a 64-bit value is two `u32` fields `*_lo`, `*_hi`; every field
+//! is a `u32`, so the uniform layout is `4·i` with no padding.
 
 pub(crate) mod accept_logprobs;
 pub(crate) mod argmax;
@@ -35,8 +37,26 @@ use specula_backend_api::{Buffer, DType, Op, Result};
 
 use crate::WgpuDevice;
 use crate::gpu::{Bound, Dispatch, WgpuStorage};
-use crate::kernels::{BatchHead, Entry, Head, RowHead, WG};
+use crate::kernels::{BatchHead, Entry, Head, Kernel, KernelFacts, RowHead, WG};
 pub(crate) use crate::words::{split_u64, u};
+
+/// Collects the `KERNEL` of every op module from the op table.
+macro_rules! kernel_facts {
+    ($($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*) => {
+        impl Kernel {
+            /// What the op's host code (`ops/<op>.rs`, its `KERNEL`) declares about this module:
+            /// the shared files it is built on, its float kernels and its argument structs.
+            /// Generated from the op table, so an op without its facts does not compile.
+            pub(crate) const fn facts(self) -> &'static KernelFacts {
+                match self {
+                    $(Kernel::$variant => &$name::KERNEL,)*
+                }
+            }
+        }
+    };
+}
+
+specula_backend_api::for_each_op!(kernel_facts);
 
 /// Workgroups for `n` invocations of `per` each.
 pub(crate) fn groups_for(n: usize, per: u32) -> u32 {

@@ -6,7 +6,7 @@ use specula_backend_api::{Op, Result};
 
 use super::{Binder, split_u64, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, BatchHead, Entry, Kernel};
+use crate::kernels::{BatchHead, Entry, Kernel, KernelFacts};
 
 specula_backend_api::kernel_args! {
     /// `ngram_match_i32`, after its [`BatchHead`]: the per-slot search.
@@ -42,8 +42,13 @@ const SEARCH: Entry<NgramMatchArgs, BatchHead> = Entry::new(Kernel::NgramMatch, 
 const BUDGET: Entry<NgramMatchBudgetArgs, BatchHead> =
     Entry::new(Kernel::NgramMatch, Some("budget"), 10);
 
-/// The argument structs of `shaders/ngram_match.wgsl`, generated into its module.
-pub(crate) const ARGS: &[ArgsStruct] = &[SEARCH.args(), BUDGET.args()];
+/// The facts of `shaders/ngram_match.wgsl`: the shared files its module is built on, its float
+/// kernels and its kernels' argument structs (generated into the module).
+pub(crate) const KERNEL: KernelFacts = KernelFacts {
+    libraries: &[],
+    float_kernels: &[],
+    args: &[SEARCH.args(), BUDGET.args()],
+};
 
 /// Records and submits both dispatches.
 pub(crate) fn run(device: &WgpuDevice, mut call: NgramMatchCall<'_, '_>) -> Result<()> {

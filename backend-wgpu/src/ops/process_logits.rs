@@ -13,7 +13,7 @@ use specula_backend_api::{Op, Result};
 
 use super::{row_chunk_dispatches, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel, RowHead};
+use crate::kernels::{Entry, Kernel, KernelFacts, RowHead};
 
 /// The storage buffers the kernel binds (the adapter must allow as many per stage for the device
 /// to offer logits processing).
@@ -68,8 +68,13 @@ specula_backend_api::kernel_args! {
 /// `process_logits_<dtype>`.
 const PROCESS: Entry<ProcessLogitsArgs, RowHead> = Entry::new(Kernel::ProcessLogits, None, 0);
 
-/// The argument structs of `shaders/process_logits.wgsl`, generated into its module.
-pub(crate) const ARGS: &[ArgsStruct] = &[PROCESS.args()];
+/// The facts of `shaders/process_logits.wgsl`: the shared files its module is built on, its float
+/// kernels and its kernels' argument structs (generated into the module).
+pub(crate) const KERNEL: KernelFacts = KernelFacts {
+    libraries: &[],
+    float_kernels: &[None],
+    args: &[PROCESS.args()],
+};
 
 /// Records and submits one dispatch per row chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: ProcessLogitsCall<'_, '_>) -> Result<()> {

@@ -7,7 +7,7 @@ use specula_backend_api::{Op, Result};
 
 use super::row_chunk_dispatches;
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel, RowHead};
+use crate::kernels::{Entry, Kernel, KernelFacts, Library, RowHead};
 
 specula_backend_api::kernel_args! {
     /// `shard_exp_sum_<dtype>`, after its [`RowHead`]: rows `row0 ..` of the chunk of logits
@@ -23,8 +23,13 @@ specula_backend_api::kernel_args! {
 /// `shard_exp_sum_<dtype>`.
 const SHARD_EXP_SUM: Entry<ShardExpSumArgs, RowHead> = Entry::new(Kernel::ShardExpSum, None, 0);
 
-/// The argument structs of `shaders/shard_exp_sum.wgsl`, generated into its module.
-pub(crate) const ARGS: &[ArgsStruct] = &[SHARD_EXP_SUM.args()];
+/// The facts of `shaders/shard_exp_sum.wgsl`: the shared files its module is built on, its float
+/// kernels and its kernels' argument structs (generated into the module).
+pub(crate) const KERNEL: KernelFacts = KernelFacts {
+    libraries: &[Library::Shard],
+    float_kernels: &[None],
+    args: &[SHARD_EXP_SUM.args()],
+};
 
 /// Records and submits one dispatch per row chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {

@@ -7,7 +7,7 @@ use specula_backend_api::{Op, Result};
 use super::sharded::bind_rows;
 use super::{row_chunk_dispatches, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel, RowHead};
+use crate::kernels::{Entry, Kernel, KernelFacts, Library, RowHead};
 
 specula_backend_api::kernel_args! {
     /// `shard_histogram_<dtype>`, after its [`RowHead`]: rows `row0 ..` of the chunk bound at
@@ -34,8 +34,13 @@ specula_backend_api::kernel_args! {
 const SHARD_HISTOGRAM: Entry<ShardHistogramArgs, RowHead> =
     Entry::new(Kernel::ShardHistogram, None, 0);
 
-/// The argument structs of `shaders/shard_histogram.wgsl`, generated into its module.
-pub(crate) const ARGS: &[ArgsStruct] = &[SHARD_HISTOGRAM.args()];
+/// The facts of `shaders/shard_histogram.wgsl`: the shared files its module is built on, its float
+/// kernels and its kernels' argument structs (generated into the module).
+pub(crate) const KERNEL: KernelFacts = KernelFacts {
+    libraries: &[Library::Shard, Library::ShardRows],
+    float_kernels: &[None],
+    args: &[SHARD_HISTOGRAM.args()],
+};
 
 /// Records and submits one dispatch per row chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {

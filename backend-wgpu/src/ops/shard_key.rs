@@ -7,7 +7,7 @@ use specula_backend_api::{Op, Result};
 use super::sharded::order_code;
 use super::{row_chunk_dispatches, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel, RowHead};
+use crate::kernels::{Entry, Kernel, KernelFacts, Library, RowHead};
 
 specula_backend_api::kernel_args! {
     /// `shard_key_<dtype>`, after its [`RowHead`]: rows `row0 ..` of the chunk bound at `input`,
@@ -27,8 +27,13 @@ specula_backend_api::kernel_args! {
 /// `shard_key_<dtype>`.
 const SHARD_KEY: Entry<ShardKeyArgs, RowHead> = Entry::new(Kernel::ShardKey, None, 0);
 
-/// The argument structs of `shaders/shard_key.wgsl`, generated into its module.
-pub(crate) const ARGS: &[ArgsStruct] = &[SHARD_KEY.args()];
+/// The facts of `shaders/shard_key.wgsl`: the shared files its module is built on, its float
+/// kernels and its kernels' argument structs (generated into the module).
+pub(crate) const KERNEL: KernelFacts = KernelFacts {
+    libraries: &[Library::Shard],
+    float_kernels: &[None],
+    args: &[SHARD_KEY.args()],
+};
 
 /// Records and submits one dispatch per row chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {

@@ -7,7 +7,7 @@ use specula_backend_api::{Op, Result};
 use super::sharded::{bind_rows, order_code};
 use super::{row_chunk_dispatches, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel, RowHead};
+use crate::kernels::{Entry, Kernel, KernelFacts, Library, RowHead};
 
 specula_backend_api::kernel_args! {
     /// `shard_records_<dtype>`, after its [`RowHead`]: rows `row0 ..` of the chunk bound at
@@ -31,8 +31,13 @@ specula_backend_api::kernel_args! {
 /// `shard_records_<dtype>`.
 const SHARD_RECORDS: Entry<ShardRecordsArgs, RowHead> = Entry::new(Kernel::ShardRecords, None, 0);
 
-/// The argument structs of `shaders/shard_records.wgsl`, generated into its module.
-pub(crate) const ARGS: &[ArgsStruct] = &[SHARD_RECORDS.args()];
+/// The facts of `shaders/shard_records.wgsl`: the shared files its module is built on, its float
+/// kernels and its kernels' argument structs (generated into the module).
+pub(crate) const KERNEL: KernelFacts = KernelFacts {
+    libraries: &[Library::Shard, Library::ShardRows],
+    float_kernels: &[None],
+    args: &[SHARD_RECORDS.args()],
+};
 
 /// Records and submits one dispatch per row chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {

@@ -5,7 +5,7 @@ use specula_backend_api::{Op, Result};
 
 use super::row_chunk_dispatches;
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel, RowHead};
+use crate::kernels::{Entry, Kernel, KernelFacts, Library, RowHead};
 
 specula_backend_api::kernel_args! {
     /// `softmax_<dtype>`, after its [`RowHead`]: rows `row0 ..` of the chunks bound at `logits` and
@@ -20,8 +20,13 @@ specula_backend_api::kernel_args! {
 /// `softmax_<dtype>`.
 const SOFTMAX: Entry<SoftmaxArgs, RowHead> = Entry::new(Kernel::Softmax, None, 0);
 
-/// The argument structs of `shaders/softmax.wgsl`, generated into its module.
-pub(crate) const ARGS: &[ArgsStruct] = &[SOFTMAX.args()];
+/// The facts of `shaders/softmax.wgsl`: the shared files its module is built on, its float
+/// kernels and its kernels' argument structs (generated into the module).
+pub(crate) const KERNEL: KernelFacts = KernelFacts {
+    libraries: &[Library::Select, Library::RowStats],
+    float_kernels: &[None],
+    args: &[SOFTMAX.args()],
+};
 
 /// Records and submits one dispatch per row chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: SoftmaxCall<'_>) -> Result<()> {

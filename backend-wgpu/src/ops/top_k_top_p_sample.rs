@@ -7,7 +7,7 @@ use specula_backend_api::{DType, Op, Result};
 use super::row_chunk_dispatches;
 use crate::WgpuDevice;
 use crate::gpu::{Bound, Dispatch};
-use crate::kernels::{ArgsStruct, Entry, Kernel, RowHead};
+use crate::kernels::{Entry, Kernel, KernelFacts, Library, RowHead};
 
 specula_backend_api::kernel_args! {
     /// `top_k_top_p_sample_<dtype>`, after its [`RowHead`]: rows `row0 ..` of the chunk bound at
@@ -32,8 +32,13 @@ specula_backend_api::kernel_args! {
 /// `top_k_top_p_sample_<dtype>`.
 const SAMPLE: Entry<TopKTopPSampleArgs, RowHead> = Entry::new(Kernel::TopKTopPSample, None, 0);
 
-/// The argument structs of `shaders/top_k_top_p_sample.wgsl`, generated into its module.
-pub(crate) const ARGS: &[ArgsStruct] = &[SAMPLE.args()];
+/// The facts of `shaders/top_k_top_p_sample.wgsl`: the shared files its module is built on, its float
+/// kernels and its kernels' argument structs (generated into the module).
+pub(crate) const KERNEL: KernelFacts = KernelFacts {
+    libraries: &[Library::Select],
+    float_kernels: &[None],
+    args: &[SAMPLE.args()],
+};
 
 /// The dispatches sampling every row of `inputs.scores` into `tokens` (and, with `aux`, recording
 /// each row's kept set and total weight for REJECTION). `op` is the op they are recorded for.

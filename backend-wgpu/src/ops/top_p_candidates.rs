@@ -6,7 +6,7 @@ use specula_backend_api::{Op, Result};
 
 use super::{row_chunk_dispatches, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, Entry, Kernel, RowHead};
+use crate::kernels::{Entry, Kernel, KernelFacts, Library, RowHead};
 
 specula_backend_api::kernel_args! {
     /// `top_p_candidates_<dtype>`, after its [`RowHead`]: rows `row0 ..` of the chunk bound at
@@ -32,8 +32,13 @@ specula_backend_api::kernel_args! {
 const TOP_P_CANDIDATES: Entry<TopPCandidatesArgs, RowHead> =
     Entry::new(Kernel::TopPCandidates, None, 0);
 
-/// The argument structs of `shaders/top_p_candidates.wgsl`, generated into its module.
-pub(crate) const ARGS: &[ArgsStruct] = &[TOP_P_CANDIDATES.args()];
+/// The facts of `shaders/top_p_candidates.wgsl`: the shared files its module is built on, its float
+/// kernels and its kernels' argument structs (generated into the module).
+pub(crate) const KERNEL: KernelFacts = KernelFacts {
+    libraries: &[Library::Select],
+    float_kernels: &[None],
+    args: &[TOP_P_CANDIDATES.args()],
+};
 
 /// Records and submits one dispatch per row chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: TopPCandidatesCall<'_, '_>) -> Result<()> {

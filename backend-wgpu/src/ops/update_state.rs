@@ -5,7 +5,7 @@ use specula_backend_api::{Op, Result};
 
 use super::{Binder, groups_for, u};
 use crate::WgpuDevice;
-use crate::kernels::{ArgsStruct, BatchHead, Entry, Kernel, SLOT_WG};
+use crate::kernels::{BatchHead, Entry, Kernel, KernelFacts, SLOT_WG};
 
 specula_backend_api::kernel_args! {
     /// `update_state_i32`, after its [`BatchHead`]: the shape, the number of end tokens and the
@@ -35,8 +35,13 @@ specula_backend_api::kernel_args! {
 /// `update_state_i32`.
 const UPDATE: Entry<UpdateStateArgs, BatchHead> = Entry::new(Kernel::UpdateState, None, 0);
 
-/// The argument structs of `shaders/update_state.wgsl`, generated into its module.
-pub(crate) const ARGS: &[ArgsStruct] = &[UPDATE.args()];
+/// The facts of `shaders/update_state.wgsl`: the shared files its module is built on, its float
+/// kernels and its kernels' argument structs (generated into the module).
+pub(crate) const KERNEL: KernelFacts = KernelFacts {
+    libraries: &[],
+    float_kernels: &[],
+    args: &[UPDATE.args()],
+};
 
 /// Records and submits the dispatch.
 pub(crate) fn run(device: &WgpuDevice, mut call: UpdateStateCall<'_, '_>) -> Result<()> {

@@ -14,7 +14,7 @@ use super::top_k_top_p_sample::sample_dispatches;
 use super::{Binder, groups_for, u};
 use crate::WgpuDevice;
 use crate::gpu::{Dispatch, WgpuStorage};
-use crate::kernels::{ArgsStruct, BatchHead, Entry, Kernel, SLOT_WG, float_code};
+use crate::kernels::{BatchHead, Entry, Kernel, KernelFacts, Library, SLOT_WG, float_code};
 
 specula_backend_api::kernel_args! {
     /// `verify_draft_tokens_i32`, after its [`BatchHead`]: the slot walk.
@@ -82,8 +82,13 @@ const WALK: Entry<VerifyDraftTokensArgs, BatchHead> =
 const PAIR: Entry<VerifyDraftTokensPairArgs, BatchHead> =
     Entry::new(Kernel::VerifyDraftTokens, Some("pair"), 20);
 
-/// The argument structs of `shaders/verify_draft_tokens.wgsl`, generated into its module.
-pub(crate) const ARGS: &[ArgsStruct] = &[WALK.args(), PAIR.args()];
+/// The facts of `shaders/verify_draft_tokens.wgsl`: the shared files its module is built on, its float
+/// kernels and its kernels' argument structs (generated into the module).
+pub(crate) const KERNEL: KernelFacts = KernelFacts {
+    libraries: &[Library::Select],
+    float_kernels: &[Some("pair")],
+    args: &[WALK.args(), PAIR.args()],
+};
 
 /// The strategy's code in the shader (`STRATEGY_*`).
 fn strategy_code(strategy: Strategy) -> u32 {
