@@ -55,9 +55,10 @@ pub struct KernelField {
 }
 
 /// A kernel's argument struct: `#[repr(C)]`, plain old data without padding (`bytemuck::Pod`),
-/// mirrored field for field by a struct of the same name in the kernel source. Declared with
-/// [`kernel_args!`](crate::kernel_args); every backend checks its structs against its kernel files
-/// ([`c_struct_fields`] for CUDA and OpenCL, naga reflection for WGSL).
+/// declared once in Rust with [`kernel_args!`](crate::kernel_args). Every accelerated backend
+/// generates the kernel-side struct of the same name from that declaration (CUDA and OpenCL C
+/// with [`c_struct_declaration`]-style text, WGSL by its own generator) and checks what it
+/// compiles against it ([`c_struct_fields`] reads C text back; naga reflection for WGSL).
 pub trait KernelArgs: Copy + Send + Sync + 'static {
     /// The struct's name, in Rust and in the kernel source.
     const STRUCT: &'static str;
@@ -178,8 +179,8 @@ pub fn c_struct_declaration(
     text
 }
 
-/// Checks a [`KernelArgs`] struct against its mirror in a CUDA or OpenCL C source: the same field
-/// names, in the same order, with the same sizes.
+/// Checks a [`KernelArgs`] struct against its declaration in a CUDA or OpenCL C source (the
+/// generated text, or any other): the same field names, in the same order, with the same sizes.
 pub fn check_c_struct<A: KernelArgs>(source: &str) -> std::result::Result<(), String> {
     let found = c_struct_fields(source, A::STRUCT)
         .ok_or_else(|| format!("struct {} not found or not parsable", A::STRUCT))?;
