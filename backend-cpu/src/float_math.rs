@@ -176,6 +176,120 @@ fn exp_into_generic<T: FloatElement>(row: &[T], max: f32, t: f32, out: &mut [f32
     lanes.iter().sum::<f32>() + rest
 }
 
+/// `Σ exp((x − max) · (1/t))` over an f32 row whose maximum `max` is finite, in sixteen AVX-512
+/// lanes: the normaliser of `accept_logprobs`, which is tolerance-compared (§5.11), with the
+/// division by `t` replaced by a multiply by `1/t` (within an ulp of the quotient: its error in
+/// the sum is far below the tolerance). `None` where the loop does not apply: no AVX-512, or a
+/// `t` whose reciprocal is not a normal f32 (the caller takes [`sum_exp`]).
+///
+/// `next` is the row the caller reads next (or empty): its bytes at the offsets of the tokens
+/// being summed are asked for into L2 as the loop goes (a hint that never faults), so that the
+/// next row's first pass, which is bound by memory, finds it there while this pass computes.
+pub(crate) fn sum_exp_reciprocal(row: &[f32], max: f32, t: f32, next: &[f32]) -> Option<f32> {
+    let inverse = 1.0 / t;
+    if !inverse.is_normal() || !max.is_finite() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: AVX-512F/BW/VL/DQ are present.
+        return Some(unsafe { avx512::sum_exp_reciprocal(row, max, inverse, next) });
+    }
+    None
+}
+
+/// Hand-written AVX-512 loops (LLVM keeps generic loops in 256-bit registers on these CPUs).
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{EXP_OVERFLOW, EXP_UNDERFLOW, LN2_HI, LN2_LO, LOG2_E, ROUNDER};
+    use std::arch::x86_64::*;
+
+    /// [`super::exp`] of 16 lanes (none NaN): the same reduction and polynomial, with FMAs, and
+    /// `2^n` by `vscalefps` (which rounds subnormal results right).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    pub(super) fn exp16(x: __m512) -> __m512 {
+        let clamped = _mm512_min_ps(
+            _mm512_max_ps(x, _mm512_set1_ps(EXP_UNDERFLOW)),
+            _mm512_set1_ps(EXP_OVERFLOW),
+        );
+        let rounder = _mm512_set1_ps(ROUNDER);
+        let shifted = _mm512_fmadd_ps(clamped, _mm512_set1_ps(LOG2_E), rounder);
+        let nf = _mm512_sub_ps(shifted, rounder);
+        let r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(LN2_HI), clamped);
+        let r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(LN2_LO), r);
+        let mut p = _mm512_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        }
+        let er = _mm512_add_ps(
+            _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r),
+            _mm512_set1_ps(1.0),
+        );
+        let value = _mm512_scalef_ps(er, nf);
+        // 0 below the range (−inf included), +inf above it.
+        let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(EXP_UNDERFLOW));
+        let over = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(EXP_OVERFLOW));
+        let value = _mm512_mask_mov_ps(value, over, _mm512_set1_ps(f32::INFINITY));
+        _mm512_maskz_mov_ps(!under, value)
+    }
+
+    /// See [`super::sum_exp_reciprocal`] (`inverse` is `1/t`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F/BW/VL/DQ.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    pub(super) unsafe fn sum_exp_reciprocal(
+        row: &[f32],
+        max: f32,
+        inverse: f32,
+        next: &[f32],
+    ) -> f32 {
+        let (m, inverse) = (_mm512_set1_ps(max), _mm512_set1_ps(inverse));
+        let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+        let term = |x: __m512| {
+            // `max(y, −inf)` returns −inf for a NaN `y` (a NaN logit weighs 0).
+            let y = _mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(x, m), inverse), neg_inf);
+            exp16(y)
+        };
+        let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut pairs = row.chunks_exact(32);
+        for (i, v) in (&mut pairs).enumerate() {
+            // The next row's two cache lines at these tokens' offsets (32 f32 = 128 bytes).
+            if let Some(ahead) = next.get(32 * i..32 * i + 32) {
+                let at = ahead.as_ptr().cast::<i8>();
+                // SAFETY: a prefetch is a hint; both addresses are inside `ahead`.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T1>(at);
+                    _mm_prefetch::<_MM_HINT_T1>(at.add(64));
+                }
+            }
+            // SAFETY: `v` holds 32 f32.
+            let (a, b) = unsafe {
+                (
+                    _mm512_loadu_ps(v.as_ptr()),
+                    _mm512_loadu_ps(v.as_ptr().add(16)),
+                )
+            };
+            acc0 = _mm512_add_ps(acc0, term(a));
+            acc1 = _mm512_add_ps(acc1, term(b));
+        }
+        for v in pairs.remainder().chunks(16) {
+            let lanes = (1u32 << v.len()) - 1;
+            // SAFETY: the mask reads only the `v.len()` values of `v`; the others are −inf.
+            let x = unsafe { _mm512_mask_loadu_ps(neg_inf, lanes as __mmask16, v.as_ptr()) };
+            acc0 = _mm512_add_ps(acc0, term(x));
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +309,64 @@ mod tests {
             x += 0.000_37;
         }
         assert!(worst <= 2, "worst error {worst} ulp");
+    }
+
+    /// The AVX-512 `exp` is the scalar one within 2 ulp over the normal range, 0 below it and
+    /// right at −inf; the reciprocal sum is the plain sum within the float ops' tolerance.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_avx512_exp_and_sum_match_the_scalar_ones() {
+        use std::arch::x86_64::{_mm512_loadu_ps, _mm512_storeu_ps};
+        if !has_avx512() {
+            eprintln!("skipped: no AVX-512 on this CPU");
+            return;
+        }
+        let mut xs: Vec<f32> = (0..4000).map(|i| -104.5 + i as f32 * 0.0481).collect();
+        xs.extend([
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            -87.3,
+            -103.0,
+            -103.9,
+            -104.0,
+            -1e30,
+        ]);
+        xs.resize(xs.len().div_ceil(16) * 16, -1.0);
+        for v in xs.chunks_exact(16) {
+            let mut out = [0f32; 16];
+            // SAFETY: AVX-512 is present; `v` and `out` hold 16 f32.
+            unsafe {
+                _mm512_storeu_ps(out.as_mut_ptr(), avx512::exp16(_mm512_loadu_ps(v.as_ptr())))
+            };
+            for (&x, &e) in v.iter().zip(&out) {
+                let want = exp(x);
+                assert!(
+                    ulps(e, want) <= 2 || (e - want).abs() <= f32::from_bits(2),
+                    "exp({x}) = {e}, want {want}"
+                );
+            }
+        }
+        for len in [0usize, 1, 15, 16, 17, 31, 32, 33, 1000, 4099] {
+            let row: Vec<f32> = (0..len)
+                .map(|i| match i % 41 {
+                    7 => f32::NAN,
+                    9 => f32::NEG_INFINITY,
+                    _ => ((i * 7919) % 1013) as f32 / 37.0 - 30.0,
+                })
+                .collect();
+            let max = row.iter().copied().fold(-1.0f32, f32::max);
+            for t in [1.0f32, 0.8, 0.05, 3.0] {
+                let fast = sum_exp_reciprocal(&row, max, t, &row).expect("AVX-512");
+                let plain = sum_exp(&row, max, t, None);
+                assert!(
+                    (fast - plain).abs() <= plain * 1e-5,
+                    "len {len}, t {t}: {fast} vs {plain}"
+                );
+            }
+        }
+        assert_eq!(sum_exp_reciprocal(&[0.0], 0.0, 1e-40, &[]), None);
+        assert_eq!(sum_exp_reciprocal(&[0.0], f32::INFINITY, 1.0, &[]), None);
     }
 
     #[test]
