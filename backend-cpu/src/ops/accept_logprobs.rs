@@ -121,6 +121,18 @@ fn scan_row<T: FloatElement>(
             larger,
         };
     }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(values) = as_f32(row)
+        && has_avx2()
+    {
+        // SAFETY: AVX2 and FMA are present.
+        let (max, inf_count, larger) = unsafe { avx2::scan_row(values, tv, k, top) };
+        return RowScan {
+            max,
+            inf_count,
+            larger,
+        };
+    }
     let (max, inf_count, larger) =
         dispatch!(scan_row_generic::<T>(row, tv, k, top) via scan_row_avx512, scan_row_avx2);
     RowScan {
@@ -337,6 +349,94 @@ mod avx512 {
     }
 }
 
+/// The first pass over an f32 row in AVX2 lanes (two vectors of 8 per chunk of [`CHUNK`]), as
+/// the AVX-512 one.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{CHUNK, offer};
+    use std::arch::x86_64::*;
+
+    /// See the AVX-512 loop.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn scan_row(
+        row: &[f32],
+        tv: f32,
+        k: usize,
+        top: &mut Vec<(f32, usize)>,
+    ) -> (f32, usize, usize) {
+        const _: () = assert!(CHUNK == 16);
+        let (inf, tvv) = (_mm256_set1_ps(f32::INFINITY), _mm256_set1_ps(tv));
+        let mut max = [_mm256_set1_ps(f32::NEG_INFINITY); 2];
+        let mut infs = [_mm256_setzero_si256(); 2];
+        let mut above = [_mm256_setzero_si256(); 2];
+        let mut open = k > 0;
+        let mut last = _mm256_set1_ps(f32::NAN);
+        for (c, chunk) in row.chunks(CHUNK).enumerate() {
+            let mut beats = 0;
+            for h in 0..2 {
+                let x = if chunk.len() == CHUNK {
+                    // SAFETY: `chunk` holds 16 f32.
+                    unsafe { _mm256_loadu_ps(chunk.as_ptr().add(8 * h)) }
+                } else {
+                    // The short last chunk: its values, NaN in the other lanes (no count,
+                    // maximum or compare below takes NaN).
+                    let mut lanes = [f32::NAN; 8];
+                    for (l, &v) in lanes.iter_mut().zip(chunk.iter().skip(8 * h)) {
+                        *l = v;
+                    }
+                    // SAFETY: `lanes` holds 8 f32.
+                    unsafe { _mm256_loadu_ps(lanes.as_ptr()) }
+                };
+                // `max(x, m)` returns `m` for a NaN `x`: `x > m ? x : m`.
+                max[h] = _mm256_max_ps(x, max[h]);
+                // A true compare is −1 in every bit: subtracting it counts 1.
+                let is_inf = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_EQ_OQ>(x, inf));
+                infs[h] = _mm256_sub_epi32(infs[h], is_inf);
+                let is_above = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(x, tvv));
+                above[h] = _mm256_sub_epi32(above[h], is_above);
+                beats |= _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(x, last));
+            }
+            if k == 0 {
+                continue;
+            }
+            if open || beats != 0 {
+                for (j, &value) in chunk.iter().enumerate() {
+                    offer(top, k, value, c * CHUNK + j);
+                }
+                match top.last() {
+                    Some(&(l, _)) if top.len() == k && !l.is_nan() => {
+                        open = false;
+                        last = _mm256_set1_ps(l);
+                    }
+                    _ => open = true,
+                }
+            }
+        }
+        let mut lanes = [0f32; 16];
+        // SAFETY: `lanes` holds 16 f32.
+        unsafe {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), max[0]);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), max[1]);
+        }
+        let best = lanes
+            .iter()
+            .fold(f32::NEG_INFINITY, |b, &m| if m > b { m } else { b });
+        let count = |v: [__m256i; 2]| {
+            let mut counts = [0u32; 16];
+            // SAFETY: `counts` holds 16 u32.
+            unsafe {
+                _mm256_storeu_si256(counts.as_mut_ptr().cast(), v[0]);
+                _mm256_storeu_si256(counts.as_mut_ptr().add(8).cast(), v[1]);
+            }
+            counts.iter().map(|&c| c as usize).sum::<usize>()
+        };
+        (best, count(infs), count(above))
+    }
+}
+
 /// Packs the accepted tokens and scores each against its logits row.
 pub(crate) fn accept_logprobs(
     dtype: DType,
@@ -445,14 +545,22 @@ mod tests {
     use super::*;
     use crate::sampling::lcg::Lcg;
 
-    /// The AVX-512 first pass finds the maximum, the counts and the top-K of the generic one, on
-    /// rows with NaN, ±inf, ties and −0, of lengths off the chunk size, for every K and token
-    /// value kind.
+    /// The AVX-512 and AVX2 first passes find the maximum, the counts and the top-K of the
+    /// generic one, on rows with NaN, ±inf, ties and −0, of lengths off the chunk size, for every
+    /// K and token value kind.
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn the_avx512_scan_matches_the_generic_one() {
-        if !has_avx512() {
-            eprintln!("skipped: no AVX-512 on this CPU");
+    fn the_vector_scans_match_the_generic_one() {
+        type Scan = unsafe fn(&[f32], f32, usize, &mut Vec<(f32, usize)>) -> (f32, usize, usize);
+        let mut loops: Vec<(&str, Scan)> = Vec::new();
+        if has_avx512() {
+            loops.push(("avx512", avx512::scan_row));
+        }
+        if has_avx2() {
+            loops.push(("avx2", avx2::scan_row));
+        }
+        if loops.is_empty() {
+            eprintln!("skipped: no vector loops on this CPU");
             return;
         }
         let mut lcg = Lcg(23);
@@ -475,16 +583,19 @@ mod tests {
                 for k in [0usize, 1, 5, 20, 64] {
                     for tv in [f32::INFINITY, 0.0, row[len / 2], f32::NEG_INFINITY] {
                         let tv = if tv.is_nan() { f32::NEG_INFINITY } else { tv };
-                        let (mut fast, mut plain) = (Vec::new(), Vec::new());
-                        // SAFETY: AVX-512 is present.
-                        let got = unsafe { avx512::scan_row(&row, tv, k, &mut fast) };
+                        let mut plain = Vec::new();
                         let want = scan_row_generic(&row, tv, k, &mut plain);
-                        let at = format!("len {len}, style {style}, k {k}, tv {tv}");
-                        assert_eq!(got.0.to_bits(), want.0.to_bits(), "{at}");
-                        assert_eq!((got.1, got.2), (want.1, want.2), "{at}");
-                        let ids =
-                            |top: &[(f32, usize)]| top.iter().map(|e| e.1).collect::<Vec<_>>();
-                        assert_eq!(ids(&fast), ids(&plain), "{at}");
+                        for &(name, scan) in &loops {
+                            let mut fast = Vec::new();
+                            // SAFETY: the CPU has the loop's features (checked above).
+                            let got = unsafe { scan(&row, tv, k, &mut fast) };
+                            let at = format!("{name}, len {len}, style {style}, k {k}, tv {tv}");
+                            assert_eq!(got.0.to_bits(), want.0.to_bits(), "{at}");
+                            assert_eq!((got.1, got.2), (want.1, want.2), "{at}");
+                            let ids =
+                                |top: &[(f32, usize)]| top.iter().map(|e| e.1).collect::<Vec<_>>();
+                            assert_eq!(ids(&fast), ids(&plain), "{at}");
+                        }
                     }
                 }
             }
