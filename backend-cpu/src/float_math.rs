@@ -30,6 +30,17 @@ const EXP_OVERFLOW: f32 = 88.722_83;
 /// then sits in the low bits of the sum's significand.
 const ROUNDER: f32 = 12_582_912.0;
 
+/// The coefficients of `e^r ≈ 1 + r + r² · p(r)` on `[−ln2/2, ln2/2]` (Cephes' `expf`), the
+/// highest first.
+const EXP_POLYNOMIAL: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
+
 /// `e^x` in f32 without branches (vectorisable): ±1 ulp-level accurate, 0 for `x ≤ −103.9` (−inf
 /// included), +inf above the f32 range. `x` must not be NaN (the callers map NaN to −inf first).
 #[inline(always)]
@@ -42,12 +53,9 @@ pub(crate) fn exp(x: f32) -> f32 {
     // r = x − n · ln 2 ∈ [−ln2/2, ln2/2].
     let r = clamped - nf * LN2_HI - nf * LN2_LO;
     // e^r: the minimax polynomial of Cephes' expf.
-    let p = 1.987_569_1e-4_f32;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 0.5;
+    let p = EXP_POLYNOMIAL[1..]
+        .iter()
+        .fold(EXP_POLYNOMIAL[0], |p, &c| p * r + c);
     let er = p * (r * r) + r + 1.0;
     // 2^n in two normal factors, so that subnormal results come out right: n ∈ [−150, 128].
     let half = n >> 1;
@@ -229,7 +237,9 @@ fn prefetch_pair(next: &[f32], i: usize) {
 /// Hand-written AVX2 loops: eight lanes, `2^n` in two factors as in [`exp`].
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{EXP_OVERFLOW, EXP_UNDERFLOW, LN2_HI, LN2_LO, LOG2_E, ROUNDER, prefetch_pair};
+    use super::{
+        EXP_OVERFLOW, EXP_POLYNOMIAL, EXP_UNDERFLOW, LN2_HI, LN2_LO, LOG2_E, ROUNDER, prefetch_pair,
+    };
     use std::arch::x86_64::*;
 
     /// `2^k` of 8 lanes, `k ∈ [−126, 127]`, from its exponent bits.
@@ -256,14 +266,8 @@ mod avx2 {
         let nf = _mm256_sub_ps(shifted, rounder);
         let r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(LN2_HI), clamped);
         let r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(LN2_LO), r);
-        let mut p = _mm256_set1_ps(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            1.666_666_5e-1,
-            0.5,
-        ] {
+        let mut p = _mm256_set1_ps(EXP_POLYNOMIAL[0]);
+        for &c in &EXP_POLYNOMIAL[1..] {
             p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
         }
         let er = _mm256_add_ps(
@@ -326,7 +330,9 @@ mod avx2 {
 /// Hand-written AVX-512 loops (LLVM keeps generic loops in 256-bit registers on these CPUs).
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{EXP_OVERFLOW, EXP_UNDERFLOW, LN2_HI, LN2_LO, LOG2_E, ROUNDER, prefetch_pair};
+    use super::{
+        EXP_OVERFLOW, EXP_POLYNOMIAL, EXP_UNDERFLOW, LN2_HI, LN2_LO, LOG2_E, ROUNDER, prefetch_pair,
+    };
     use std::arch::x86_64::*;
 
     /// [`super::exp`] of 16 lanes (none NaN): the same reduction and polynomial, with FMAs, and
@@ -343,14 +349,8 @@ mod avx512 {
         let nf = _mm512_sub_ps(shifted, rounder);
         let r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(LN2_HI), clamped);
         let r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(LN2_LO), r);
-        let mut p = _mm512_set1_ps(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            1.666_666_5e-1,
-            0.5,
-        ] {
+        let mut p = _mm512_set1_ps(EXP_POLYNOMIAL[0]);
+        for &c in &EXP_POLYNOMIAL[1..] {
             p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
         }
         let er = _mm512_add_ps(
@@ -429,6 +429,55 @@ mod tests {
         assert!(worst <= 2, "worst error {worst} ulp");
     }
 
+    /// Arguments of `exp` over its range and past its ends, `lanes` at a time.
+    fn exp_inputs(lanes: usize) -> Vec<f32> {
+        let mut xs: Vec<f32> = (0..4000).map(|i| -104.5 + i as f32 * 0.0481).collect();
+        let edges = [
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            -87.3,
+            -103.0,
+            -103.9,
+            -104.0,
+            -1e30,
+        ];
+        xs.extend(edges);
+        xs.resize(xs.len().div_ceil(lanes) * lanes, -1.0);
+        xs
+    }
+
+    /// A vector `exp` value `e` of `x` is the scalar one within 2 ulp (or 2 subnormal steps).
+    fn assert_exp_close(x: f32, e: f32) {
+        let want = exp(x);
+        assert!(
+            ulps(e, want) <= 2 || (e - want).abs() <= f32::from_bits(2),
+            "exp({x}) = {e}, want {want}"
+        );
+    }
+
+    /// `sum(row, max, t)` is the plain `sum_exp` within the float ops' tolerance, on rows with
+    /// NaN and −inf of lengths off every vector width.
+    fn assert_sums_close(sum: impl Fn(&[f32], f32, f32) -> f32) {
+        for len in [0usize, 1, 7, 8, 15, 16, 17, 31, 32, 33, 1000, 4099] {
+            let row: Vec<f32> = (0..len)
+                .map(|i| match i % 41 {
+                    7 => f32::NAN,
+                    9 => f32::NEG_INFINITY,
+                    _ => ((i * 7919) % 1013) as f32 / 37.0 - 30.0,
+                })
+                .collect();
+            let max = row.iter().copied().fold(-1.0f32, f32::max);
+            for t in [1.0f32, 0.8, 0.05, 3.0] {
+                let (fast, plain) = (sum(&row, max, t), sum_exp(&row, max, t, None));
+                assert!(
+                    (fast - plain).abs() <= plain * 1e-5,
+                    "len {len}, t {t}: {fast} vs {plain}"
+                );
+            }
+        }
+    }
+
     /// The AVX2 `exp` is the scalar one within 2 ulp over the normal range, 0 below it and right
     /// at −inf; the AVX2 reciprocal sum is the plain sum within the float ops' tolerance.
     #[cfg(target_arch = "x86_64")]
@@ -439,48 +488,18 @@ mod tests {
             eprintln!("skipped: no AVX2 on this CPU");
             return;
         }
-        let mut xs: Vec<f32> = (0..4000).map(|i| -104.5 + i as f32 * 0.0481).collect();
-        xs.extend([
-            f32::NEG_INFINITY,
-            0.0,
-            -0.0,
-            -87.3,
-            -103.0,
-            -103.9,
-            -104.0,
-            -1e30,
-        ]);
-        for v in xs.chunks_exact(8) {
+        for v in exp_inputs(8).chunks_exact(8) {
             let mut out = [0f32; 8];
             // SAFETY: AVX2 and FMA are present; `v` and `out` hold 8 f32.
             unsafe { _mm256_storeu_ps(out.as_mut_ptr(), avx2::exp8(_mm256_loadu_ps(v.as_ptr()))) };
-            for (&x, &e) in v.iter().zip(&out) {
-                let want = exp(x);
-                assert!(
-                    ulps(e, want) <= 2 || (e - want).abs() <= f32::from_bits(2),
-                    "exp({x}) = {e}, want {want}"
-                );
-            }
+            v.iter()
+                .zip(&out)
+                .for_each(|(&x, &e)| assert_exp_close(x, e));
         }
-        for len in [0usize, 1, 7, 8, 31, 32, 33, 1000, 4099] {
-            let row: Vec<f32> = (0..len)
-                .map(|i| match i % 41 {
-                    7 => f32::NAN,
-                    9 => f32::NEG_INFINITY,
-                    _ => ((i * 7919) % 1013) as f32 / 37.0 - 30.0,
-                })
-                .collect();
-            let max = row.iter().copied().fold(-1.0f32, f32::max);
-            for t in [1.0f32, 0.8, 0.05, 3.0] {
-                // SAFETY: AVX2 and FMA are present.
-                let fast = unsafe { avx2::sum_exp_reciprocal(&row, max, 1.0 / t, &row) };
-                let plain = sum_exp(&row, max, t, None);
-                assert!(
-                    (fast - plain).abs() <= plain * 1e-5,
-                    "len {len}, t {t}: {fast} vs {plain}"
-                );
-            }
-        }
+        // SAFETY: AVX2 and FMA are present.
+        assert_sums_close(|row, max, t| unsafe {
+            avx2::sum_exp_reciprocal(row, max, 1.0 / t, row)
+        });
     }
 
     /// The AVX-512 `exp` is the scalar one within 2 ulp over the normal range, 0 below it and
@@ -493,50 +512,17 @@ mod tests {
             eprintln!("skipped: no AVX-512 on this CPU");
             return;
         }
-        let mut xs: Vec<f32> = (0..4000).map(|i| -104.5 + i as f32 * 0.0481).collect();
-        xs.extend([
-            f32::NEG_INFINITY,
-            0.0,
-            -0.0,
-            -87.3,
-            -103.0,
-            -103.9,
-            -104.0,
-            -1e30,
-        ]);
-        xs.resize(xs.len().div_ceil(16) * 16, -1.0);
-        for v in xs.chunks_exact(16) {
+        for v in exp_inputs(16).chunks_exact(16) {
             let mut out = [0f32; 16];
             // SAFETY: AVX-512 is present; `v` and `out` hold 16 f32.
             unsafe {
                 _mm512_storeu_ps(out.as_mut_ptr(), avx512::exp16(_mm512_loadu_ps(v.as_ptr())))
             };
-            for (&x, &e) in v.iter().zip(&out) {
-                let want = exp(x);
-                assert!(
-                    ulps(e, want) <= 2 || (e - want).abs() <= f32::from_bits(2),
-                    "exp({x}) = {e}, want {want}"
-                );
-            }
+            v.iter()
+                .zip(&out)
+                .for_each(|(&x, &e)| assert_exp_close(x, e));
         }
-        for len in [0usize, 1, 15, 16, 17, 31, 32, 33, 1000, 4099] {
-            let row: Vec<f32> = (0..len)
-                .map(|i| match i % 41 {
-                    7 => f32::NAN,
-                    9 => f32::NEG_INFINITY,
-                    _ => ((i * 7919) % 1013) as f32 / 37.0 - 30.0,
-                })
-                .collect();
-            let max = row.iter().copied().fold(-1.0f32, f32::max);
-            for t in [1.0f32, 0.8, 0.05, 3.0] {
-                let fast = sum_exp_reciprocal(&row, max, t, &row).expect("AVX-512");
-                let plain = sum_exp(&row, max, t, None);
-                assert!(
-                    (fast - plain).abs() <= plain * 1e-5,
-                    "len {len}, t {t}: {fast} vs {plain}"
-                );
-            }
-        }
+        assert_sums_close(|row, max, t| sum_exp_reciprocal(row, max, t, row).expect("AVX-512"));
         assert_eq!(sum_exp_reciprocal(&[0.0], 0.0, 1e-40, &[]), None);
         assert_eq!(sum_exp_reciprocal(&[0.0], f32::INFINITY, 1.0, &[]), None);
     }

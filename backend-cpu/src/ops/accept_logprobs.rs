@@ -84,6 +84,21 @@ fn offer(top: &mut Vec<(f32, usize)>, k: usize, value: f32, id: usize) {
     top.insert(at, (value, id));
 }
 
+/// Offers the logits of a chunk (ids from `first`) to the top-K; returns the K-th logit, which a
+/// later chunk must beat to enter, or `None` while every chunk must be offered (the top-K has
+/// room, or its last entry is NaN).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn offer_chunk(top: &mut Vec<(f32, usize)>, k: usize, chunk: &[f32], first: usize) -> Option<f32> {
+    for (j, &value) in chunk.iter().enumerate() {
+        offer(top, k, value, first + j);
+    }
+    match top.last() {
+        Some(&(last, _)) if top.len() == k && !last.is_nan() => Some(last),
+        _ => None,
+    }
+}
+
 /// Logits per chunk of the fused pass: the top-K is offered a chunk only when its maximum can
 /// enter it.
 const CHUNK: usize = 16;
@@ -109,32 +124,15 @@ fn scan_row<T: FloatElement>(
 ) -> RowScan {
     // Nothing ranks above +inf under `>`: no token counts nothing.
     let tv = token_value.unwrap_or(f32::INFINITY);
-    #[cfg(target_arch = "x86_64")]
-    if let Some(values) = as_f32(row)
-        && has_avx512()
-    {
+    let (max, inf_count, larger) = match as_f32(row) {
         // SAFETY: AVX-512F/BW/VL/DQ are present.
-        let (max, inf_count, larger) = unsafe { avx512::scan_row(values, tv, k, top) };
-        return RowScan {
-            max,
-            inf_count,
-            larger,
-        };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if let Some(values) = as_f32(row)
-        && has_avx2()
-    {
+        #[cfg(target_arch = "x86_64")]
+        Some(values) if has_avx512() => unsafe { avx512::scan_row(values, tv, k, top) },
         // SAFETY: AVX2 and FMA are present.
-        let (max, inf_count, larger) = unsafe { avx2::scan_row(values, tv, k, top) };
-        return RowScan {
-            max,
-            inf_count,
-            larger,
-        };
-    }
-    let (max, inf_count, larger) =
-        dispatch!(scan_row_generic::<T>(row, tv, k, top) via scan_row_avx512, scan_row_avx2);
+        #[cfg(target_arch = "x86_64")]
+        Some(values) if has_avx2() => unsafe { avx2::scan_row(values, tv, k, top) },
+        _ => dispatch!(scan_row_generic::<T>(row, tv, k, top) via scan_row_avx512, scan_row_avx2),
+    };
     RowScan {
         max,
         inf_count,
@@ -285,7 +283,7 @@ fn score_entry<T: FloatElement>(
 /// [`CHUNK`] logits offered to the top-K in the same order, so the same top-K.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{CHUNK, offer};
+    use super::{CHUNK, offer_chunk};
     use std::arch::x86_64::*;
 
     /// The maximum (NaN ignored), the +inf count and the count above `tv` of `row`, and its
@@ -326,15 +324,9 @@ mod avx512 {
                 continue;
             }
             if open || _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, last) != 0 {
-                for (j, &value) in chunk.iter().enumerate() {
-                    offer(top, k, value, c * CHUNK + j);
-                }
-                match top.last() {
-                    Some(&(l, _)) if top.len() == k && !l.is_nan() => {
-                        open = false;
-                        last = _mm512_set1_ps(l);
-                    }
-                    _ => open = true,
+                match offer_chunk(top, k, chunk, c * CHUNK) {
+                    Some(l) => (open, last) = (false, _mm512_set1_ps(l)),
+                    None => open = true,
                 }
             }
         }
@@ -353,7 +345,7 @@ mod avx512 {
 /// the AVX-512 one.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{CHUNK, offer};
+    use super::{CHUNK, offer_chunk};
     use std::arch::x86_64::*;
 
     /// See the AVX-512 loop.
@@ -403,15 +395,9 @@ mod avx2 {
                 continue;
             }
             if open || beats != 0 {
-                for (j, &value) in chunk.iter().enumerate() {
-                    offer(top, k, value, c * CHUNK + j);
-                }
-                match top.last() {
-                    Some(&(l, _)) if top.len() == k && !l.is_nan() => {
-                        open = false;
-                        last = _mm256_set1_ps(l);
-                    }
-                    _ => open = true,
+                match offer_chunk(top, k, chunk, c * CHUNK) {
+                    Some(l) => (open, last) = (false, _mm256_set1_ps(l)),
+                    None => open = true,
                 }
             }
         }
