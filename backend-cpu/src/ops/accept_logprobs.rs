@@ -5,7 +5,13 @@
 //! maximum, the token's rank and the top-K (a bounded insertion into at most K ≤ 64 slots, never a
 //! sort of the row; a chunk of 16 logits is looked at only when its maximum can enter the top-K),
 //! one for the normaliser (vectorised `exp`, `float_math`). Log-probabilities follow the softmax rules exactly
-//! (same temperature handling and special rows), so `exp(logprob)` is what `softmax` returns.
+//! (same temperature handling and special rows), so `exp(logprob)` is what `softmax` returns
+//! (within the tolerance of §5.11).
+//!
+//! f32 rows on AVX-512 take hand-written loops: the first pass in sixteen lanes (maximum, +inf
+//! count and rank count as vector operations; a chunk goes to the top-K only when one of its
+//! logits beats the K-th, by one compare), and the normaliser in sixteen lanes with a multiply by
+//! `1/T` (`float_math::sum_exp_reciprocal`).
 
 use rayon::prelude::*;
 use specula_backend_api::ops::accept_logprobs::OpCall;
@@ -16,6 +22,7 @@ use super::argmax::ranks_above;
 use super::softmax::{RowStats, effective_temperature, row_stats_after_max, scaled};
 use super::{len_or_zero, token_index, with_float};
 use crate::CpuDevice;
+use crate::float_math;
 use crate::sampling::scan::{compiled_for, dispatch};
 #[cfg(target_arch = "x86_64")]
 use crate::sampling::scan::{has_avx2, has_avx512};
@@ -77,6 +84,21 @@ fn offer(top: &mut Vec<(f32, usize)>, k: usize, value: f32, id: usize) {
     top.insert(at, (value, id));
 }
 
+/// Offers the logits of a chunk (ids from `first`) to the top-K; returns the K-th logit, which a
+/// later chunk must beat to enter, or `None` while every chunk must be offered (the top-K has
+/// room, or its last entry is NaN).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn offer_chunk(top: &mut Vec<(f32, usize)>, k: usize, chunk: &[f32], first: usize) -> Option<f32> {
+    for (j, &value) in chunk.iter().enumerate() {
+        offer(top, k, value, first + j);
+    }
+    match top.last() {
+        Some(&(last, _)) if top.len() == k && !last.is_nan() => Some(last),
+        _ => None,
+    }
+}
+
 /// Logits per chunk of the fused pass: the top-K is offered a chunk only when its maximum can
 /// enter it.
 const CHUNK: usize = 16;
@@ -102,13 +124,39 @@ fn scan_row<T: FloatElement>(
 ) -> RowScan {
     // Nothing ranks above +inf under `>`: no token counts nothing.
     let tv = token_value.unwrap_or(f32::INFINITY);
-    let (max, inf_count, larger) =
-        dispatch!(scan_row_generic::<T>(row, tv, k, top) via scan_row_avx512, scan_row_avx2);
+    let (max, inf_count, larger) = match as_f32(row) {
+        // SAFETY: AVX-512F/BW/VL/DQ are present.
+        #[cfg(target_arch = "x86_64")]
+        Some(values) if has_avx512() => unsafe { avx512::scan_row(values, tv, k, top) },
+        // SAFETY: AVX2 and FMA are present.
+        #[cfg(target_arch = "x86_64")]
+        Some(values) if has_avx2() => unsafe { avx2::scan_row(values, tv, k, top) },
+        _ => dispatch!(scan_row_generic::<T>(row, tv, k, top) via scan_row_avx512, scan_row_avx2),
+    };
     RowScan {
         max,
         inf_count,
         larger,
     }
+}
+
+/// `row` as f32 values, when it is an f32 row.
+fn as_f32<T: FloatElement>(row: &[T]) -> Option<&[f32]> {
+    if T::DTYPE != DType::F32 {
+        return None;
+    }
+    bytemuck::try_cast_slice::<T, f32>(row).ok()
+}
+
+/// The normaliser `Σ exp(y)` of a row whose maximum `max` is finite, at a finite `t > 0`, where
+/// the AVX-512 loop applies (f32 rows); `None` elsewhere. `next` is the row this thread likely
+/// scores next (asked for into L2 meanwhile).
+fn fast_sum<T: FloatElement>(row: &[T], t: f32, max: f32, next: &[T]) -> Option<f32> {
+    if t == 0.0 || !t.is_finite() || !max.is_finite() {
+        return None;
+    }
+    let next = as_f32(next).unwrap_or(&[]);
+    float_math::sum_exp_reciprocal(as_f32(row)?, max, t, next)
 }
 
 compiled_for!(avx512, fn scan_row_avx512 [T: FloatElement]
@@ -164,10 +212,22 @@ fn scan_row_generic<T: FloatElement>(
     (best, count(&infs), count(&above))
 }
 
+/// The logits row an entry is scored against.
+#[derive(Clone, Copy, Debug)]
+struct Source<'a, T> {
+    row: &'a [T],
+    temperature: f32,
+    /// The row of the next entry (empty if none): asked for into L2 while this one is summed.
+    next: &'a [T],
+}
+
 /// Scores one packed entry: writes its log-probability and rank, and fills its top-K slots.
 fn score_entry<T: FloatElement>(
-    row: &[T],
-    temperature: f32,
+    Source {
+        row,
+        temperature,
+        next,
+    }: Source<'_, T>,
     token: i32,
     logprob_out: &mut f32,
     rank_out: &mut i32,
@@ -184,7 +244,10 @@ fn score_entry<T: FloatElement>(
     let mut top = Vec::with_capacity(k);
     // One pass for the maximum, the rank and the top-K, one for the normaliser.
     let scan = scan_row(row, token_value, k, &mut top);
-    let stats = row_stats_after_max(row, t, (scan.max, scan.inf_count), None);
+    let stats = match fast_sum(row, t, scan.max, next) {
+        Some(sum) => RowStats::Finite { max: scan.max, sum },
+        None => row_stats_after_max(row, t, (scan.max, scan.inf_count), None),
+    };
     let larger = scan.larger;
     let lp = |i: usize| -> f32 {
         let x = row.get(i).map_or(f32::NEG_INFINITY, |v| v.to_f32());
@@ -213,6 +276,150 @@ fn score_entry<T: FloatElement>(
                 *lp_out = f32::NEG_INFINITY;
             }
         }
+    }
+}
+
+/// The first pass over an f32 row in AVX-512 lanes, as [`scan_row_generic`]: the same chunks of
+/// [`CHUNK`] logits offered to the top-K in the same order, so the same top-K.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{CHUNK, offer_chunk};
+    use std::arch::x86_64::*;
+
+    /// The maximum (NaN ignored), the +inf count and the count above `tv` of `row`, and its
+    /// best `k` logits into `top`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F/BW/VL/DQ.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    pub(super) unsafe fn scan_row(
+        row: &[f32],
+        tv: f32,
+        k: usize,
+        top: &mut Vec<(f32, usize)>,
+    ) -> (f32, usize, usize) {
+        const _: () = assert!(CHUNK == 16);
+        let (inf, tvv) = (_mm512_set1_ps(f32::INFINITY), _mm512_set1_ps(tv));
+        let one = _mm512_set1_epi32(1);
+        let mut max = _mm512_set1_ps(f32::NEG_INFINITY);
+        let (mut infs, mut above) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+        // The K-th logit, which a chunk must beat to be offered; `open` while the top-K has room
+        // or its last entry is NaN (then every chunk is offered).
+        let mut open = k > 0;
+        let mut last = _mm512_set1_ps(f32::NAN);
+        for (c, chunk) in row.chunks(CHUNK).enumerate() {
+            let lanes = (1u32 << chunk.len()) - 1;
+            // SAFETY: the mask reads only the `chunk.len()` values of `chunk`; the other lanes
+            // are NaN, which no count, maximum or compare below takes.
+            let x = unsafe {
+                _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NAN), lanes as __mmask16, chunk.as_ptr())
+            };
+            // `max(x, m)` returns `m` for a NaN `x`: `x > m ? x : m`.
+            max = _mm512_max_ps(x, max);
+            let is_inf = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(x, inf);
+            infs = _mm512_mask_add_epi32(infs, is_inf, infs, one);
+            let is_above = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, tvv);
+            above = _mm512_mask_add_epi32(above, is_above, above, one);
+            if k == 0 {
+                continue;
+            }
+            if open || _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, last) != 0 {
+                match offer_chunk(top, k, chunk, c * CHUNK) {
+                    Some(l) => (open, last) = (false, _mm512_set1_ps(l)),
+                    None => open = true,
+                }
+            }
+        }
+        let mut lanes = [0f32; 16];
+        // SAFETY: `lanes` holds 16 f32.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), max) };
+        let best = lanes
+            .iter()
+            .fold(f32::NEG_INFINITY, |b, &m| if m > b { m } else { b });
+        let count = |v: __m512i| _mm512_reduce_add_epi32(v) as u32 as usize;
+        (best, count(infs), count(above))
+    }
+}
+
+/// The first pass over an f32 row in AVX2 lanes (two vectors of 8 per chunk of [`CHUNK`]), as
+/// the AVX-512 one.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{CHUNK, offer_chunk};
+    use std::arch::x86_64::*;
+
+    /// See the AVX-512 loop.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn scan_row(
+        row: &[f32],
+        tv: f32,
+        k: usize,
+        top: &mut Vec<(f32, usize)>,
+    ) -> (f32, usize, usize) {
+        const _: () = assert!(CHUNK == 16);
+        let (inf, tvv) = (_mm256_set1_ps(f32::INFINITY), _mm256_set1_ps(tv));
+        let mut max = [_mm256_set1_ps(f32::NEG_INFINITY); 2];
+        let mut infs = [_mm256_setzero_si256(); 2];
+        let mut above = [_mm256_setzero_si256(); 2];
+        let mut open = k > 0;
+        let mut last = _mm256_set1_ps(f32::NAN);
+        for (c, chunk) in row.chunks(CHUNK).enumerate() {
+            let mut beats = 0;
+            for h in 0..2 {
+                let x = if chunk.len() == CHUNK {
+                    // SAFETY: `chunk` holds 16 f32.
+                    unsafe { _mm256_loadu_ps(chunk.as_ptr().add(8 * h)) }
+                } else {
+                    // The short last chunk: its values, NaN in the other lanes (no count,
+                    // maximum or compare below takes NaN).
+                    let mut lanes = [f32::NAN; 8];
+                    for (l, &v) in lanes.iter_mut().zip(chunk.iter().skip(8 * h)) {
+                        *l = v;
+                    }
+                    // SAFETY: `lanes` holds 8 f32.
+                    unsafe { _mm256_loadu_ps(lanes.as_ptr()) }
+                };
+                // `max(x, m)` returns `m` for a NaN `x`: `x > m ? x : m`.
+                max[h] = _mm256_max_ps(x, max[h]);
+                // A true compare is −1 in every bit: subtracting it counts 1.
+                let is_inf = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_EQ_OQ>(x, inf));
+                infs[h] = _mm256_sub_epi32(infs[h], is_inf);
+                let is_above = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(x, tvv));
+                above[h] = _mm256_sub_epi32(above[h], is_above);
+                beats |= _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(x, last));
+            }
+            if k == 0 {
+                continue;
+            }
+            if open || beats != 0 {
+                match offer_chunk(top, k, chunk, c * CHUNK) {
+                    Some(l) => (open, last) = (false, _mm256_set1_ps(l)),
+                    None => open = true,
+                }
+            }
+        }
+        let mut lanes = [0f32; 16];
+        // SAFETY: `lanes` holds 16 f32.
+        unsafe {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), max[0]);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), max[1]);
+        }
+        let best = lanes
+            .iter()
+            .fold(f32::NEG_INFINITY, |b, &m| if m > b { m } else { b });
+        let count = |v: [__m256i; 2]| {
+            let mut counts = [0u32; 16];
+            // SAFETY: `counts` holds 16 u32.
+            unsafe {
+                _mm256_storeu_si256(counts.as_mut_ptr().cast(), v[0]);
+                _mm256_storeu_si256(counts.as_mut_ptr().add(8).cast(), v[1]);
+            }
+            counts.iter().map(|&c| c as usize).sum::<usize>()
+        };
+        (best, count(infs), count(above))
     }
 }
 
@@ -290,11 +497,16 @@ pub(crate) fn accept_logprobs(
             .for_each(|(p, ((((token_out, lp_out), rank_out), ids), lps))| {
                 let entry = entries.get(p);
                 *token_out = entry.map_or(-1, |e| e.token);
-                let row = entry
-                    .and_then(|e| e.row)
-                    .and_then(|r| Some((logits.get(r * vocab..(r + 1) * vocab)?, *temperature.get(r)?)));
-                match (entry, row) {
-                    (Some(e), Some((row, t))) => score_entry(row, t, e.token, lp_out, rank_out, ids, lps),
+                let row_of = |e: Option<&Entry>| {
+                    let r = e?.row?;
+                    Some((logits.get(r * vocab..(r + 1) * vocab)?, *temperature.get(r)?))
+                };
+                match (entry, row_of(entry)) {
+                    (Some(e), Some((row, temperature))) => {
+                        let next = row_of(entries.get(p + 1)).map_or(&[][..], |(next, _)| next);
+                        let source = Source { row, temperature, next };
+                        score_entry(source, e.token, lp_out, rank_out, ids, lps)
+                    }
                     // Padding entries and entries whose source row does not exist.
                     _ => {
                         *lp_out = f32::NEG_INFINITY;
@@ -312,4 +524,67 @@ pub(crate) fn accept_logprobs(
 pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     let (inputs, out, params, dtype) = call.parts();
     device.install(|| accept_logprobs(*dtype, inputs, out, params))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::lcg::Lcg;
+
+    /// The AVX-512 and AVX2 first passes find the maximum, the counts and the top-K of the
+    /// generic one, on rows with NaN, ±inf, ties and −0, of lengths off the chunk size, for every
+    /// K and token value kind.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_vector_scans_match_the_generic_one() {
+        type Scan = unsafe fn(&[f32], f32, usize, &mut Vec<(f32, usize)>) -> (f32, usize, usize);
+        let mut loops: Vec<(&str, Scan)> = Vec::new();
+        if has_avx512() {
+            loops.push(("avx512", avx512::scan_row));
+        }
+        if has_avx2() {
+            loops.push(("avx2", avx2::scan_row));
+        }
+        if loops.is_empty() {
+            eprintln!("skipped: no vector loops on this CPU");
+            return;
+        }
+        let mut lcg = Lcg(23);
+        for len in [1usize, 15, 16, 17, 33, 500, 4099] {
+            for style in 0..4 {
+                let row: Vec<f32> = (0..len)
+                    .map(|i| {
+                        let u = lcg.unit();
+                        match (style, i % 23) {
+                            (1, 3) => f32::NAN,
+                            (1, 5) => f32::INFINITY,
+                            (1, 7) => f32::NEG_INFINITY,
+                            (2, _) => (u * 4.0).floor() - 2.0, // heavy ties
+                            (3, _) if i % 2 == 0 => f32::NAN,
+                            (3, _) => -0.0,
+                            _ => u * 20.0 - 10.0,
+                        }
+                    })
+                    .collect();
+                for k in [0usize, 1, 5, 20, 64] {
+                    for tv in [f32::INFINITY, 0.0, row[len / 2], f32::NEG_INFINITY] {
+                        let tv = if tv.is_nan() { f32::NEG_INFINITY } else { tv };
+                        let mut plain = Vec::new();
+                        let want = scan_row_generic(&row, tv, k, &mut plain);
+                        for &(name, scan) in &loops {
+                            let mut fast = Vec::new();
+                            // SAFETY: the CPU has the loop's features (checked above).
+                            let got = unsafe { scan(&row, tv, k, &mut fast) };
+                            let at = format!("{name}, len {len}, style {style}, k {k}, tv {tv}");
+                            assert_eq!(got.0.to_bits(), want.0.to_bits(), "{at}");
+                            assert_eq!((got.1, got.2), (want.1, want.2), "{at}");
+                            let ids =
+                                |top: &[(f32, usize)]| top.iter().map(|e| e.1).collect::<Vec<_>>();
+                            assert_eq!(ids(&fast), ids(&plain), "{at}");
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
