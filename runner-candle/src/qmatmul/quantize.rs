@@ -36,8 +36,29 @@ pub(super) enum Format {
 }
 
 /// Quantizes `values` (rows of a multiple of [`QK`] values, so `values.len()` is one too) as
-/// candle's `from_float` of `format`, block after block.
+/// candle's `from_float` of `format`, block after block; the CPU's features are asked once a call.
 pub(super) fn quantize(values: &[f32], format: Format) -> Quantized {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { quantize_avx2(values, format) };
+    }
+    quantize_blocks(values, format)
+}
+
+/// [`quantize_blocks`] compiled for AVX2 (so the block's loops become vector instructions).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_avx2(values: &[f32], format: Format) -> Quantized {
+    quantize_blocks(values, format)
+}
+
+/// Every block of `values` by [`block_generic`], inlined into its caller.
+#[inline(always)]
+fn quantize_blocks(values: &[f32], format: Format) -> Quantized {
     let blocks = values.len() / QK;
     let mut out = Quantized {
         values: vec![0; blocks * QK],
@@ -45,7 +66,7 @@ pub(super) fn quantize(values: &[f32], format: Format) -> Quantized {
         sums: Vec::with_capacity(if format == Format::Q8_1 { blocks } else { 0 }),
     };
     for (xs, qs) in values.chunks_exact(QK).zip(out.values.chunks_exact_mut(QK)) {
-        let (d, sum) = block(xs, qs);
+        let (d, sum) = block_generic(xs, qs);
         out.scales.push(d.to_f32());
         if format == Format::Q8_1 {
             // candle's `ys.s = f16::from_f32(sum as f32) * ys.d`: an f16 product.
@@ -53,26 +74,6 @@ pub(super) fn quantize(values: &[f32], format: Format) -> Quantized {
         }
     }
     out
-}
-
-/// One block: `qs` receives the values; returns `d` as f16 and the sum of the values.
-fn block(xs: &[f32], qs: &mut [i8]) -> (f16, i32) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { block_avx2(xs, qs) };
-    }
-    block_generic(xs, qs)
-}
-
-/// [`block_generic`] compiled for AVX2 (so its loops become vector instructions).
-///
-/// # Safety
-/// The CPU has AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn block_avx2(xs: &[f32], qs: &mut [i8]) -> (f16, i32) {
-    block_generic(xs, qs)
 }
 
 /// The block's quantization (see the module).
