@@ -33,7 +33,6 @@ use std::fmt::{Debug, Display};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use half::{bf16, f16};
 use specula_backend_api::named_tests;
 use specula_backend_api::ops::*;
 use specula_backend_api::testing::{self, Needs, TestFn};
@@ -42,9 +41,11 @@ use specula_backend_cpu::CpuDevice;
 use specula_backend_cuda::kernels::{KernelFile, SELECT, SHARD};
 use specula_backend_cuda::launch;
 use specula_reference::ReferenceDevice;
-use specula_reference::fixtures::{self, ProcessCase};
+use specula_reference::fixtures::rows::{
+    compact_draft_rows, kinded_logit_rows, kinded_prob_rows, peaked_rows, temperature_kinds,
+};
+use specula_reference::fixtures::{self, ProcessCase, Rng, score_bytes};
 
-use host::Lcg;
 use shard::sharded_row_kernels_match_the_reference;
 
 const SHIM: &str = include_str!("emulator/shim.hpp");
@@ -277,90 +278,6 @@ fn bits<T: bytemuck::Pod>(dev: &dyn Device, buffer: &Buffer) -> Vec<T> {
     bytemuck::pod_collect_to_vec(&dev.download_bytes(buffer).expect("download"))
 }
 
-fn unit(rng: &mut Lcg) -> f32 {
-    (rng.next() >> 40) as f32 / (1u64 << 24) as f32
-}
-
-/// Rows of every kind: softmax-like, heavy-tailed, tied, hostile, all-zero, tiny, one-hot.
-fn rows(rng: &mut Lcg, count: usize, vocab: usize) -> Vec<f32> {
-    kinded_rows(
-        rng,
-        count,
-        vocab,
-        |rng, kind, u| match kind {
-            0 => u * u * u * u,
-            1 => (u * 8.0).floor() / 64.0,
-            2 => {
-                let x = rng.next() % 16;
-                match x {
-                    0 => f32::NAN,
-                    1 => f32::INFINITY,
-                    2 => -0.5,
-                    3 => 1.5,
-                    4 => -0.0,
-                    5 => f32::NEG_INFINITY,
-                    _ => u / 50.0,
-                }
-            }
-            3 => 0.0,
-            4 => u * 1e-13,
-            5 => (u * 3.0).floor() * 0.25,
-            6 => u.powi(12),
-            _ => u / vocab as f32,
-        },
-        |rng, kind, row| {
-            if kind == 7 {
-                row[(rng.next() as usize) % vocab] = 0.75;
-            }
-            if kind == 0 {
-                let s: f32 = row.iter().sum();
-                row.iter_mut().for_each(|x| *x /= s);
-            }
-        },
-    )
-}
-
-/// `count` rows of `vocab` values, row `r` of kind `r % 8`: `value(rng, kind, u)` gives each entry
-/// from a fresh uniform `u`, then `finish(rng, kind, row)` adjusts the whole row.
-fn kinded_rows(
-    rng: &mut Lcg,
-    count: usize,
-    vocab: usize,
-    value: impl Fn(&mut Lcg, usize, f32) -> f32,
-    finish: impl Fn(&mut Lcg, usize, &mut [f32]),
-) -> Vec<f32> {
-    let mut out = Vec::with_capacity(count * vocab);
-    for r in 0..count {
-        let kind = r % 8;
-        let mut row: Vec<f32> = (0..vocab)
-            .map(|_| {
-                let u = unit(rng);
-                value(rng, kind, u)
-            })
-            .collect();
-        finish(rng, kind, &mut row);
-        out.extend(row);
-    }
-    out
-}
-
-fn to_bytes(dtype: DType, values: &[f32]) -> Vec<u8> {
-    match dtype {
-        DType::F16 => {
-            bytemuck::cast_slice(&values.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>())
-                .to_vec()
-        }
-        DType::BF16 => bytemuck::cast_slice(
-            &values
-                .iter()
-                .map(|&v| bf16::from_f32(v))
-                .collect::<Vec<_>>(),
-        )
-        .to_vec(),
-        _ => bytemuck::cast_slice(values).to_vec(),
-    }
-}
-
 /// The rows and per-row parameters of one sampling case.
 struct Case {
     dtype: DType,
@@ -373,8 +290,8 @@ struct Case {
 }
 
 impl Case {
-    fn new(rng: &mut Lcg, dtype: DType, rows_n: usize, vocab: usize) -> Self {
-        let values = rows(rng, rows_n, vocab);
+    fn new(rng: &mut Rng, dtype: DType, rows_n: usize, vocab: usize) -> Self {
+        let values = kinded_prob_rows(rng, rows_n, vocab);
         let ks = [
             0,
             1,
@@ -404,14 +321,14 @@ impl Case {
             dtype,
             rows: rows_n,
             vocab,
-            probs: to_bytes(dtype, &values),
+            probs: score_bytes(&values, dtype),
             top_k: (0..rows_n)
                 .map(|r| ks[(r * 7 + r / 3) % ks.len()])
                 .collect(),
             top_p: (0..rows_n)
                 .map(|r| ps[(r * 5 + r / 2) % ps.len()])
                 .collect(),
-            seed: (0..rows_n).map(|_| rng.next()).collect(),
+            seed: (0..rows_n).map(|_| rng.next_u64()).collect(),
         }
     }
 
@@ -477,7 +394,7 @@ fn candidates_on(
 fn sampling_kernels_match_the_cpu_reference() {
     let work = Workdir::new("sampling");
     let cpu = cpu();
-    let mut rng = Lcg(0xC0DA);
+    let mut rng = Rng(0xC0DA);
     for dtype in DType::FLOATS {
         let bin = driver(dtype);
         // (rows, vocab, window offset in elements, splits)
@@ -589,31 +506,6 @@ fn output_offsets(this_time: &[i32], encoder: &[i32], real_bsz: usize, s: usize)
     cu_out
 }
 
-/// Probability rows with a few peaks; the last id weighs 0 in every row (see
-/// [`as_zero_weight`]).
-fn peaked_rows(rng: &mut Lcg, count: usize, vocab: usize, hostile: bool) -> Vec<f32> {
-    let mut out = Vec::with_capacity(count * vocab);
-    for r in 0..count {
-        let mut row: Vec<f32> = (0..vocab).map(|_| unit(rng).powi(8)).collect();
-        for _ in 0..3 {
-            row[(rng.next() as usize) % vocab] += 2.0;
-        }
-        let sum: f32 = row.iter().sum();
-        row.iter_mut().for_each(|x| *x /= sum);
-        row[vocab - 1] = 0.0;
-        if hostile && r % 4 == 3 {
-            row[1] = f32::NAN;
-            row[2] = -1.0;
-            row[3] = 3.0; // raw total weight ≥ 2^41: not a distribution
-        }
-        if hostile && r % 7 == 5 {
-            row.iter_mut().for_each(|x| *x = 0.0);
-        }
-        out.extend(row);
-    }
-    out
-}
-
 /// REJECTION gives a draft outside `[0, V)` weight 0 in both rows (`docs/semantics.md` §5.8): it is rejected
 /// and corrected from the residual like any rejected draft. The id `V − 1`, which weighs 0 in
 /// every row of [`peaked_rows`], takes the same path, so a reference given it in place of each
@@ -691,7 +583,7 @@ impl VerifySlots {
     /// happen), some random, some −1 or beyond the vocabulary, and some `end_token` where given.
     fn drafts(
         &self,
-        rng: &mut Lcg,
+        rng: &mut Rng,
         s: usize,
         vocab: usize,
         sampled: &[i32],
@@ -704,11 +596,11 @@ impl VerifySlots {
             for i in 0..s {
                 let row =
                     self.cu_out.get(b).map_or(0, |&c| c.max(0) as usize) + i.saturating_sub(1);
-                draft_tokens[b * s + i] = match (rng.next() % 10, end_token) {
+                draft_tokens[b * s + i] = match (rng.next_u64() % 10, end_token) {
                     (0, _) => -1,
                     (1, _) => vocab as i32 + 3,
                     (2, Some(end)) => end,
-                    (roll, _) if roll < random_below => (rng.next() % vocab as u64) as i32,
+                    (roll, _) if roll < random_below => (rng.next_u64() % vocab as u64) as i32,
                     _ => *sampled.get(row).unwrap_or(&0),
                 };
             }
@@ -850,7 +742,7 @@ impl VerifyRun {
 fn verify_kernels_match_the_cpu_reference() {
     let work = Workdir::new("verify");
     let cpu = cpu();
-    let mut rng = Lcg(0xBEEF);
+    let mut rng = Rng(0xBEEF);
     let (max_bsz, real_bsz, s, vocab, cands) = (8usize, 7usize, 4usize, 300usize, 8usize);
     let dims = BatchDims::new(max_bsz, real_bsz, s);
     let end_tokens = [7i32, 13];
@@ -895,7 +787,9 @@ fn verify_kernels_match_the_cpu_reference() {
             let reasoning: Vec<i32> = (0..max_bsz)
                 .map(|b| i32::from(trial % 3 == 1 && b == 5))
                 .collect();
-            let step_idx: Vec<i32> = (0..max_bsz).map(|_| (rng.next() % 12) as i32 - 1).collect();
+            let step_idx: Vec<i32> = (0..max_bsz)
+                .map(|_| (rng.next_u64() % 12) as i32 - 1)
+                .collect();
             let max_dec_len: Vec<i32> = (0..max_bsz)
                 .map(|b| if b % 3 == 0 { step_idx[b] + 2 } else { 100 })
                 .collect();
@@ -909,7 +803,7 @@ fn verify_kernels_match_the_cpu_reference() {
                 step_idx,
                 max_dec_len,
             };
-            let seeds: Vec<u64> = (0..rows).map(|_| rng.next()).collect();
+            let seeds: Vec<u64> = (0..rows).map(|_| rng.next_u64()).collect();
             let target = peaked_rows(&mut rng, rows, vocab, trial % 2 == 1);
             let draft = peaked_rows(&mut rng, max_bsz * (s - 1), vocab, trial % 4 == 3);
             let top_k: Vec<i32> = (0..rows).map(|r| [0, 3, 50, -1][r % 4]).collect();
@@ -924,7 +818,8 @@ fn verify_kernels_match_the_cpu_reference() {
                 .collect();
             let fb = up(&cpu, &fallback);
             work.write("fallback.bin", &fallback);
-            let (target_bytes, draft_bytes) = (to_bytes(dtype, &target), to_bytes(dtype, &draft));
+            let (target_bytes, draft_bytes) =
+                (score_bytes(&target, dtype), score_bytes(&draft, dtype));
             let target_buf = cpu.upload_bytes(dtype, &target_bytes).expect("u");
             let draft_buf = cpu.upload_bytes(dtype, &draft_bytes).expect("u");
             // Strategy inputs from the CPU: argmax, samples and candidates of the target rows.
@@ -1040,70 +935,6 @@ fn verify_kernels_match_the_cpu_reference() {
     }
 }
 
-/// Logits rows of every kind: ordinary, tied, hostile (NaN, ±inf, beyond ±2^64, below 2^-76,
-/// subnormal, ±0), all −inf, with +inf entries, huge and nearly equal values, a wide range.
-fn logit_rows(rng: &mut Lcg, count: usize, vocab: usize) -> Vec<f32> {
-    kinded_rows(
-        rng,
-        count,
-        vocab,
-        |rng, kind, u| match kind {
-            0 => u * 20.0 - 10.0,
-            1 => (u * 4.0).floor(),
-            2 => match rng.next() % 12 {
-                0 => f32::NAN,
-                1 => f32::NEG_INFINITY,
-                2 => 1e30,
-                3 => -3e19,
-                4 => 1e-30,
-                5 => f32::from_bits(1),
-                6 => -0.0,
-                7 => 0.0,
-                _ => u * 10.0 - 5.0,
-            },
-            3 => {
-                if u < 0.5 {
-                    f32::NEG_INFINITY
-                } else {
-                    f32::NAN
-                }
-            }
-            4 => u * 6.0,
-            5 => u * 1e25 - 5e24,
-            6 => 1.0 + u * 1e-6,
-            _ => u * 200.0 - 100.0,
-        },
-        |rng, kind, row| {
-            if kind == 4 {
-                row[(rng.next() as usize) % vocab] = f32::INFINITY;
-                row[(rng.next() as usize) % vocab] = f32::INFINITY;
-            }
-        },
-    )
-}
-
-/// Per-row temperatures of every kind: 1, 0 and −0 (argmax), ordinary, +inf (uniform), NaN and
-/// negative (1.0 on the device), tiny, huge, subnormal.
-fn temperatures(rows: usize, shift: usize) -> Vec<f32> {
-    let kinds = [
-        1.0f32,
-        0.0,
-        0.7,
-        f32::INFINITY,
-        f32::NAN,
-        -1.0,
-        1e-30,
-        2.5,
-        1e30,
-        -0.0,
-        f32::from_bits(1),
-        0.05,
-    ];
-    (0..rows)
-        .map(|r| kinds[(r * 5 + shift) % kinds.len()])
-        .collect()
-}
-
 /// `top_k_top_p_sample` of `scores` with the settings of `c` and `fallback` on `dev`.
 fn case_sample(
     dev: &dyn Device,
@@ -1134,7 +965,7 @@ fn case_candidates(
 fn logits_sampling_kernels_match_the_reference() {
     let work = Workdir::new("logits-sampling");
     let dev = ReferenceDevice::new();
-    let mut rng = Lcg(0x10_61_75);
+    let mut rng = Rng(0x10_61_75);
     let split_vocab = 3 * launch::SELECT_CHUNK as usize - 123;
     for dtype in DType::FLOATS {
         let bin = driver(dtype);
@@ -1146,9 +977,9 @@ fn logits_sampling_kernels_match_the_reference() {
         }
         for (shape_index, (rows_n, vocab, offset, splits)) in shapes.into_iter().enumerate() {
             let mut c = Case::new(&mut rng, dtype, rows_n, vocab);
-            let values = logit_rows(&mut rng, rows_n, vocab);
-            c.probs = to_bytes(dtype, &values);
-            let temperature = temperatures(rows_n, shape_index);
+            let values = kinded_logit_rows(&mut rng, rows_n, vocab);
+            c.probs = score_bytes(&values, dtype);
+            let temperature = temperature_kinds(rows_n, shape_index);
             if vocab == split_vocab {
                 // Top-p across blocks with and without top-k, plain top-k, everything.
                 c.top_p = (0..rows_n).map(|r| [0.9, 0.3, 0.7, 1.0][r % 4]).collect();
@@ -1210,7 +1041,7 @@ fn logits_sampling_kernels_match_the_reference() {
 fn sampling_fallback_matches_the_reference() {
     let work = Workdir::new("fallback");
     let dev = ReferenceDevice::new();
-    let mut rng = Lcg(0xFA11_BAC4);
+    let mut rng = Rng(0xFA11_BAC4);
     let split_vocab = 3 * launch::SELECT_CHUNK as usize - 77;
     for dtype in DType::FLOATS {
         let bin = driver(dtype);
@@ -1222,9 +1053,9 @@ fn sampling_fallback_matches_the_reference() {
             for logits in [false, true] {
                 let mut c = Case::new(&mut rng, dtype, rows_n, vocab);
                 let mut values = if logits {
-                    logit_rows(&mut rng, rows_n, vocab)
+                    kinded_logit_rows(&mut rng, rows_n, vocab)
                 } else {
-                    rows(&mut rng, rows_n, vocab)
+                    kinded_prob_rows(&mut rng, rows_n, vocab)
                 };
                 for (r, row) in values.chunks_mut(vocab).enumerate() {
                     if r % 3 == 0 {
@@ -1241,11 +1072,11 @@ fn sampling_fallback_matches_the_reference() {
                         }
                     }
                 }
-                c.probs = to_bytes(dtype, &values);
+                c.probs = score_bytes(&values, dtype);
                 let fallback: Vec<i32> = (0..rows_n)
                     .map(|r| [-1, 0, vocab as i32 - 1, 3, -1, 12345][r % 6])
                     .collect();
-                let temperature = temperatures(rows_n, rows_n);
+                let temperature = temperature_kinds(rows_n, rows_n);
                 c.write(&work);
                 work.write("temperature.bin", &temperature);
                 work.write("fallback.bin", &fallback);
@@ -1297,7 +1128,7 @@ fn sampling_fallback_matches_the_reference() {
 fn logits_rejection_matches_the_reference() {
     let work = Workdir::new("logits-rejection");
     let dev = ReferenceDevice::new();
-    let mut rng = Lcg(0x4E1EC7);
+    let mut rng = Rng(0x4E1EC7);
     let (max_bsz, real_bsz, s, vocab) = (8usize, 7usize, 4usize, 300usize);
     let dims = BatchDims::new(max_bsz, real_bsz, s);
     let end_tokens = [7i32, 13];
@@ -1314,7 +1145,7 @@ fn logits_rejection_matches_the_reference() {
                 .collect();
             let cu_out = output_offsets(&this_time, &encoder, real_bsz, s);
             let rows = cu_out[real_bsz] as usize;
-            let step_idx: Vec<i32> = (0..max_bsz).map(|_| (rng.next() % 12) as i32).collect();
+            let step_idx: Vec<i32> = (0..max_bsz).map(|_| (rng.next_u64() % 12) as i32).collect();
             let max_dec_len: Vec<i32> = (0..max_bsz)
                 .map(|b| if b % 3 == 0 { step_idx[b] + 3 } else { 100 })
                 .collect();
@@ -1328,12 +1159,12 @@ fn logits_rejection_matches_the_reference() {
                 step_idx,
                 max_dec_len,
             };
-            let seeds: Vec<u64> = (0..rows).map(|_| rng.next()).collect();
+            let seeds: Vec<u64> = (0..rows).map(|_| rng.next_u64()).collect();
             // The draft rows are the target rows disturbed (so that drafts are often accepted),
             // some of them wholly different; both of every kind.
-            let target = logit_rows(&mut rng, rows, vocab);
+            let target = kinded_logit_rows(&mut rng, rows, vocab);
             let draft_rows = max_bsz * (s - 1);
-            let other = logit_rows(&mut rng, draft_rows, vocab);
+            let other = kinded_logit_rows(&mut rng, draft_rows, vocab);
             let draft: Vec<f32> = (0..draft_rows * vocab)
                 .map(|k| {
                     let (q, v) = (k / vocab, k % vocab);
@@ -1341,7 +1172,7 @@ fn logits_rejection_matches_the_reference() {
                     if q % 3 == 2 || rows == 0 {
                         other[k]
                     } else {
-                        target[source * vocab + v] + unit(&mut rng) - 0.5
+                        target[source * vocab + v] + rng.unit_f32() - 0.5
                     }
                 })
                 .collect();
@@ -1356,7 +1187,7 @@ fn logits_rejection_matches_the_reference() {
             } else {
                 draft.len() / vocab
             };
-            let temperature = temperatures(rows, trial);
+            let temperature = temperature_kinds(rows, trial);
             // The fallback on two trials of three: rows of kind 3 (all −inf / NaN) weigh 0 and
             // sample it wherever REJECTION samples the target row.
             let with_fallback = trial % 3 != 0;
@@ -1368,7 +1199,8 @@ fn logits_rejection_matches_the_reference() {
             let top_p: Vec<f32> = (0..rows)
                 .map(|r| [1.0, 0.8, 0.3, f32::NAN][(r + trial / 2) % 4])
                 .collect();
-            let (target_bytes, draft_bytes) = (to_bytes(dtype, &target), to_bytes(dtype, &draft));
+            let (target_bytes, draft_bytes) =
+                (score_bytes(&target, dtype), score_bytes(&draft, dtype));
             let target_buf = dev.upload_bytes(dtype, &target_bytes).expect("u");
             let draft_buf = dev.upload_bytes(dtype, &draft_bytes).expect("u");
             let (tk, tp, sd, tt) = (
@@ -1433,27 +1265,6 @@ fn logits_rejection_matches_the_reference() {
     }
 }
 
-/// The compact form (`docs/semantics.md` §5.8.1) of dense draft rows: the rows shuffled, every
-/// fifth dropped, and the index of each dense row (a dropped one's entry negative or too large).
-fn compact_draft_rows(rng: &mut Lcg, dense: &[f32], vocab: usize) -> (Vec<f32>, Vec<i32>) {
-    let dense_rows = dense.len() / vocab;
-    let mut order: Vec<usize> = (0..dense_rows).collect();
-    for k in (1..order.len()).rev() {
-        order.swap(k, (rng.next() % (k as u64 + 1)) as usize);
-    }
-    let kept: Vec<usize> = order.into_iter().filter(|&q| q % 5 != 4).collect();
-    let n = kept.len() as i32;
-    let mut index: Vec<i32> = (0..dense_rows)
-        .map(|q| [-1, n, n + 3, i32::MIN, i32::MAX][q % 5])
-        .collect();
-    let mut rows = Vec::with_capacity(kept.len() * vocab);
-    for (row, &q) in kept.iter().enumerate() {
-        index[q] = row as i32;
-        rows.extend_from_slice(&dense[q * vocab..(q + 1) * vocab]);
-    }
-    (rows, index)
-}
-
 /// Whether an emulated logprob is the CPU's: both NaN, equal, or within the f32 rounding of `exp`
 /// and `log` over a row.
 fn logprob_close(x: f32, y: f32) -> bool {
@@ -1477,7 +1288,7 @@ fn cpu_logprobs(
 fn logprob_kernels_match_the_cpu_reference() {
     let work = Workdir::new("logprobs");
     let cpu = cpu();
-    let mut rng = Lcg(0x10C);
+    let mut rng = Rng(0x10C);
     let (max_bsz, real_bsz, s) = (5usize, 4usize, 3usize);
     let dims = BatchDims::new(max_bsz, real_bsz, s);
     for dtype in [DType::F32, DType::F16] {
@@ -1488,7 +1299,7 @@ fn logprob_kernels_match_the_cpu_reference() {
             let cu_out = output_offsets(&this_time, &encoder, real_bsz, s);
             let rows = cu_out[real_bsz] as usize;
             let mut logits: Vec<f32> = (0..rows * vocab)
-                .map(|_| unit(&mut rng) * 10.0 - 5.0)
+                .map(|_| rng.unit_f32() * 10.0 - 5.0)
                 .collect();
             // Hostile rows: NaN, ±inf, ties.
             if vocab > 4 && rows > 3 {
@@ -1506,7 +1317,7 @@ fn logprob_kernels_match_the_cpu_reference() {
                 logits[3 * vocab] = 0.0;
             }
             // Rows are rounded to the dtype so both sides see the same values.
-            let bytes = to_bytes(dtype, &logits);
+            let bytes = score_bytes(&logits, dtype);
             let temperature: Vec<f32> = (0..rows)
                 .map(|r| [1.0, 0.0, 0.7, f32::NAN, -1.0, f32::INFINITY][r % 6])
                 .collect();
@@ -1515,7 +1326,7 @@ fn logprob_kernels_match_the_cpu_reference() {
                 .map(|i| match i % 7 {
                     0 => -1,
                     1 => vocab as i32,
-                    _ => (rng.next() % vocab as u64) as i32,
+                    _ => (rng.next_u64() % vocab as u64) as i32,
                 })
                 .collect();
             work.write("probs.bin", &bytes);
@@ -1582,7 +1393,7 @@ struct BatchState {
 fn batch_kernels_match_the_cpu_reference() {
     let work = Workdir::new("batch");
     let cpu = cpu();
-    let mut rng = Lcg(0xBA7C);
+    let mut rng = Rng(0xBA7C);
     let bin = driver(DType::F32);
     let (s, hidden, max_model_len) = (4usize, 6usize, 24usize);
     let end_tokens = [5i32, 9];
@@ -1622,7 +1433,7 @@ fn batch_kernels_match_the_cpu_reference() {
             token_sum
         };
         let hidden_bytes: Vec<u8> = (0..token_num * hidden * 4)
-            .map(|_| rng.next() as u8)
+            .map(|_| rng.next_u64() as u8)
             .collect();
         let slot_top_p: Vec<f32> = (0..max_bsz)
             .map(|b| [0.9, 1.0, 0.5, f32::NAN][b % 4])
@@ -1633,7 +1444,7 @@ fn batch_kernels_match_the_cpu_reference() {
             .map(|b| match b % 4 {
                 0 => u64::MAX,
                 1 => specula_backend_api::abi::MAX_INFER_SEED - 5,
-                _ => rng.next(),
+                _ => rng.next_u64(),
             })
             .collect();
         // update_state / ngram state
@@ -1664,7 +1475,7 @@ fn batch_kernels_match_the_cpu_reference() {
                 .map(|b| if b == 1 { i32::MAX - 1 } else { b as i32 * 10 })
                 .collect(),
             token_ids_all: (0..max_bsz * max_model_len)
-                .map(|_| alphabet[(rng.next() % alphabet.len() as u64) as usize])
+                .map(|_| alphabet[(rng.next_u64() % alphabet.len() as u64) as usize])
                 .collect(),
             draft_token_num: (0..max_bsz)
                 .map(|b| [3, 1, 0, 5, -1, 3, 2, 3, 3][b])
@@ -2012,18 +1823,20 @@ fn check_ngram_match(
 }
 
 /// `softmax`, tolerance-compared.
-fn softmax_kernels_match_the_cpu_reference(work: &Workdir, cpu: &CpuDevice, rng: &mut Lcg) {
+fn softmax_kernels_match_the_cpu_reference(work: &Workdir, cpu: &CpuDevice, rng: &mut Rng) {
     for dtype in [DType::F32, DType::BF16] {
         let bin = driver(dtype);
         let (rows, vocab) = (6usize, 333usize);
-        let mut logits: Vec<f32> = (0..rows * vocab).map(|_| unit(rng) * 20.0 - 10.0).collect();
+        let mut logits: Vec<f32> = (0..rows * vocab)
+            .map(|_| rng.unit_f32() * 20.0 - 10.0)
+            .collect();
         logits[vocab + 5] = f32::INFINITY;
         logits[vocab + 9] = f32::INFINITY;
         logits[2 * vocab..3 * vocab]
             .iter_mut()
             .for_each(|x| *x = f32::NEG_INFINITY);
         logits[3 * vocab + 7] = f32::NAN;
-        let bytes = to_bytes(dtype, &logits);
+        let bytes = score_bytes(&logits, dtype);
         let temperature = vec![1.0f32, 0.5, 1.0, 0.0, f32::NAN, f32::INFINITY];
         work.write("probs.bin", &bytes);
         work.write("temperature.bin", &temperature);
@@ -2159,13 +1972,13 @@ fn an_infinite_temperature_is_uniform_over_the_finite_logits() {
 /// every buffer; its rows are the emulator tests' row kinds ([`logit_rows`], [`rows`]) at
 /// temperatures of every kind ([`temperatures`]).
 fn process_case(
-    rng: &mut Lcg,
+    rng: &mut Rng,
     dtype: DType,
     logits: bool,
     vocab: usize,
     hostile: bool,
 ) -> ProcessCase {
-    let fx = &mut fixtures::Rng(rng.next());
+    let fx = &mut Rng(rng.next_u64());
     let spec = fixtures::Spec {
         shape: fixtures::Shape::slots(fx, vocab),
         dtype,
@@ -2175,11 +1988,11 @@ fn process_case(
     };
     let mut case = ProcessCase::random(fx, &spec);
     case.scores = if logits {
-        logit_rows(rng, case.rows, vocab)
+        kinded_logit_rows(rng, case.rows, vocab)
     } else {
-        rows(rng, case.rows, vocab)
+        kinded_prob_rows(rng, case.rows, vocab)
     };
-    case.temperature = temperatures(case.rows, rng.next() as usize % 12);
+    case.temperature = temperature_kinds(case.rows, rng.next_u64() as usize % 12);
     case
 }
 
@@ -2274,7 +2087,7 @@ fn run_process_case(
 fn process_logits_matches_the_reference() {
     let work = Workdir::new("process");
     let dev = ReferenceDevice::new();
-    let mut rng = Lcg(0x9_40CE55);
+    let mut rng = Rng(0x9_40CE55);
     let mut checked = 0usize;
     for dtype in DType::FLOATS {
         let bin = driver(dtype);
@@ -2349,7 +2162,7 @@ fn process_slices(vocab: usize) -> Vec<VocabSlice> {
 fn process_logits_of_a_slice_matches_the_reference() {
     let work = Workdir::new("process-slice");
     let dev = ReferenceDevice::new();
-    let mut rng = Lcg(0x5_11CE);
+    let mut rng = Rng(0x5_11CE);
     let mut checked = 0usize;
     for dtype in DType::FLOATS {
         let bin = driver(dtype);

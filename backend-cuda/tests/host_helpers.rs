@@ -19,7 +19,7 @@ use specula_backend_api::fixed_point::{
 use specula_backend_api::logit_weights::row_weights;
 use specula_backend_api::rng::{Purpose, draw, row_seed};
 
-use host::Lcg;
+use specula_reference::fixtures::Rng;
 
 /// One host thread calls the helpers: the block collectives of `common.cuh` compile against
 /// these and are never called.
@@ -111,7 +111,7 @@ fn build_helpers(compiler: &str, dir: &Path) -> Result<PathBuf, String> {
 
 /// The queries for the helper binary (one per line) and the answers the reference gives.
 fn queries() -> (String, Vec<String>) {
-    let mut rng = Lcg(0x5eed);
+    let mut rng = Rng(0x5eed);
     let mut input = String::new();
     let mut expected: Vec<String> = Vec::new();
     let specials = [
@@ -129,8 +129,8 @@ fn queries() -> (String, Vec<String>) {
         0xbf00_0000,
     ];
     let mut floats: Vec<u32> = specials.to_vec();
-    floats.extend((0..2000).map(|_| rng.next() as u32));
-    floats.extend((0..2000).map(|_| (rng.next() as u32) % 0x3f80_0001));
+    floats.extend((0..2000).map(|_| rng.next_u64() as u32));
+    floats.extend((0..2000).map(|_| (rng.next_u64() as u32) % 0x3f80_0001));
     for bits in floats {
         input += &format!("key {bits}\n");
         let key = rank_key(f32::from_bits(bits));
@@ -142,7 +142,7 @@ fn queries() -> (String, Vec<String>) {
         let seed = match i {
             0 => 0,
             1 => u64::MAX,
-            _ => rng.next(),
+            _ => rng.next_u64(),
         };
         let purpose = [
             Purpose::Sample,
@@ -152,17 +152,17 @@ fn queries() -> (String, Vec<String>) {
         ][(i % 4) as usize];
         input += &format!("draw {seed} {}\n", purpose as u32);
         expected.push(draw(seed, purpose).to_string());
-        let mass = rng.next() >> (rng.next() % 64);
+        let mass = rng.next_u64() >> (rng.next_u64() % 64);
         input += &format!("scale {seed} {mass}\n");
         expected.push(scale_draw(seed, mass).to_string());
-        let j = rng.next() % 1024;
+        let j = rng.next_u64() % 1024;
         input += &format!("seed {seed} {j}\n");
         expected.push(row_seed(seed, j).to_string());
-        let p = 1 + rng.next() % (1 << 24);
-        let w = rng.next() >> 4; // up to 2^60
+        let p = 1 + rng.next_u64() % (1 << 24);
+        let w = rng.next_u64() >> 4; // up to 2^60
         input += &format!("target {p} {w}\n");
         expected.push(top_p_target_mass(p, w).to_string());
-        let c = rng.next() >> 4;
+        let c = rng.next_u64() >> 4;
         let c = if i % 3 == 0 {
             top_p_target_mass(p, w) - (i % 2)
         } else {
@@ -171,46 +171,58 @@ fn queries() -> (String, Vec<String>) {
         input += &format!("reach {c} {p} {w}\n");
         expected.push(u8::from(reaches_top_p(c, p, w)).to_string());
         // The REJECTION residual and acceptance test, against u128.
-        let (wp, wqt, wq) = (rng.next() >> 24, rng.next() >> 23, rng.next() >> 24);
+        let (wp, wqt, wq) = (
+            rng.next_u64() >> 24,
+            rng.next_u64() >> 23,
+            rng.next_u64() >> 24,
+        );
         input += &format!("mulsub {wp} {wqt} {wq}\n");
         let x = u128::from(wp) * u128::from(wqt);
         let y = u128::from(wq) * u128::from(wqt / 2 + 1);
         expected.push((x.saturating_sub(y) >> 41).to_string());
-        let u = rng.next() >> 32;
+        let u = rng.next_u64() >> 32;
         let (wq_d, wp_total, wp_d, wq_total) = (
-            rng.next() >> 24,
-            rng.next() >> 23,
-            rng.next() >> 24,
-            rng.next() >> 23,
+            rng.next_u64() >> 24,
+            rng.next_u64() >> 23,
+            rng.next_u64() >> 24,
+            rng.next_u64() >> 23,
         );
         input += &format!("accept {u} {wq_d} {wp_total} {wp_d} {wq_total}\n");
         let lhs = u128::from(u) * u128::from(wq_d) * u128::from(wp_total);
         let rhs = (u128::from(wp_d) * u128::from(wq_total)) << 32;
         expected.push(u8::from(lhs < rhs).to_string());
         // The same test on logits rows: weights up to 2^40, totals up to 2^60 (products to 2^133).
-        let u = rng.next() >> 32;
-        let (wq_d, wp_d) = (rng.next() >> 24, rng.next() >> 24);
-        let wp_total = if i % 5 == 0 { 1 << 60 } else { rng.next() >> 4 };
+        let u = rng.next_u64() >> 32;
+        let (wq_d, wp_d) = (rng.next_u64() >> 24, rng.next_u64() >> 24);
+        let wp_total = if i % 5 == 0 {
+            1 << 60
+        } else {
+            rng.next_u64() >> 4
+        };
         let wq_total = if i % 7 == 0 {
             exact_accept_tie(u, wq_d, wp_total, wp_d)
         } else {
-            rng.next() >> 4
+            rng.next_u64() >> 4
         };
         input += &format!("accept {u} {wq_d} {wp_total} {wp_d} {wq_total}\n");
         expected.push(u8::from(accepts_exactly(u, wq_d, wp_total, wp_d, wq_total)).to_string());
         // The residual's division by 2^k, k from 0 (logits rows) to 63.
-        let (a, b, k) = (rng.next() >> 24, rng.next() >> 4, rng.next() % 64);
+        let (a, b, k) = (
+            rng.next_u64() >> 24,
+            rng.next_u64() >> 4,
+            rng.next_u64() % 64,
+        );
         let x = (u128::from(a) * u128::from(b)) >> k;
         if x <= u128::from(u64::MAX) {
             input += &format!("shr {a} {b} {k}\n");
             expected.push(x.to_string());
         }
         // Candidate scores: q = floor(w · 2^40 / W) cut to 24 bits, times 2^-40.
-        let total = (rng.next() >> (4 + rng.next() % 20)).max(1);
+        let total = (rng.next_u64() >> (4 + rng.next_u64() % 20)).max(1);
         let w = match i % 4 {
             0 => total,
             1 => 0,
-            _ => rng.next() % (total.min(1 << 40) + 1),
+            _ => rng.next_u64() % (total.min(1 << 40) + 1),
         };
         input += &format!("score {w} {total}\n");
         expected.push(candidate_score(w, total).to_bits().to_string());
@@ -234,7 +246,7 @@ fn queries() -> (String, Vec<String>) {
             f32::MAX,
         ][i % 12];
         let t = if i % 13 == 12 {
-            f32::from_bits(rng.next() as u32 & 0x7fff_ffff)
+            f32::from_bits(rng.next_u64() as u32 & 0x7fff_ffff)
         } else {
             t
         };
@@ -254,9 +266,9 @@ fn queries() -> (String, Vec<String>) {
 }
 
 /// A logit of every kind: ordinary, tied, ±inf, NaN, tiny, huge, subnormal, ±0, any bits.
-fn hostile_logit(rng: &mut Lcg) -> f32 {
-    let u = (rng.next() >> 40) as f32 / (1u64 << 24) as f32;
-    match rng.next() % 16 {
+fn hostile_logit(rng: &mut Rng) -> f32 {
+    let u = (rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+    match rng.next_u64() % 16 {
         0 => f32::NAN,
         1 => f32::INFINITY,
         2 => f32::NEG_INFINITY,
@@ -265,7 +277,7 @@ fn hostile_logit(rng: &mut Lcg) -> f32 {
         5 => f32::from_bits(1),
         6 => -0.0,
         7 => 0.0,
-        8 => f32::from_bits(rng.next() as u32),
+        8 => f32::from_bits(rng.next_u64() as u32),
         9 => 3e19,
         10 => (u * 4.0).floor(),
         _ => u * 40.0 - 20.0,

@@ -1,13 +1,11 @@
-//! A conformance case: one op, its parameters, its named input tensors and (for golden cases) the
-//! expected outputs. Cases are data: generated, written by hand, or loaded from a replay file.
-
-use std::collections::BTreeMap;
+//! The vocabulary of a conformance case: its batch shape, the tensors an op takes, the errors a
+//! case expects. The case itself (`cases::Case`) lives with the registry that defines its
+//! parameters.
 
 use serde::{Deserialize, Serialize};
 use specula_backend_api::ops::BatchDims;
-use specula_backend_api::{DType, Error, Op};
+use specula_backend_api::{DType, Error};
 
-pub use crate::cases::CaseParams;
 use crate::tensor::HostTensor;
 
 /// The batch shape, as stored in case files.
@@ -24,82 +22,6 @@ pub struct Dims {
 impl From<Dims> for BatchDims {
     fn from(d: Dims) -> Self {
         BatchDims::new(d.max_bsz, d.real_bsz, d.max_step_tokens)
-    }
-}
-
-/// One case.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Case {
-    /// The name after the op in a trial name, e.g. `target_match::bs64_s6` or `f32::1x32000`.
-    pub name: String,
-    /// The op and its parameters.
-    pub params: CaseParams,
-    /// The input tensors by name (the in/out buffers' initial contents included).
-    pub inputs: BTreeMap<String, HostTensor>,
-    /// Hand-computed outputs (golden cases); otherwise the reference device's outputs are
-    /// expected.
-    pub expected: Option<BTreeMap<String, HostTensor>>,
-    /// The error every device (the reference included) must reject the case with (`invalid::`
-    /// cases); `None`: the case must run.
-    pub expected_error: Option<ExpectedError>,
-    /// The inputs hold hostile device contents that host validation would reject (negative
-    /// lengths, slot rules broken): the case runs without host copies. Otherwise the host-side
-    /// tensors (slot lengths, `top_p`, temperatures) are also passed as host copies, so that host
-    /// validation runs as it does for a runner.
-    pub device_only: bool,
-    /// Inputs uploaded to another device than the one under test (a `DeviceMismatch` case).
-    pub foreign: Vec<String>,
-}
-
-impl Case {
-    /// A case without expected outputs.
-    pub fn new(name: impl Into<String>, params: impl Into<CaseParams>) -> Self {
-        Case {
-            name: name.into(),
-            params: params.into(),
-            inputs: BTreeMap::new(),
-            expected: None,
-            expected_error: None,
-            device_only: false,
-            foreign: Vec::new(),
-        }
-    }
-
-    /// Marks the inputs as device-only contents (no host copies, no host validation).
-    pub fn device_only(mut self) -> Self {
-        self.device_only = true;
-        self
-    }
-
-    /// Makes this an `invalid::` case: every device must reject it with `error`.
-    pub fn rejects(mut self, error: ExpectedError) -> Self {
-        self.expected_error = Some(error);
-        self
-    }
-
-    /// Uploads input `name` to another device than the one under test.
-    pub fn foreign(mut self, name: &str) -> Self {
-        self.foreign.push(name.to_owned());
-        self
-    }
-
-    /// Adds an input tensor.
-    pub fn with(mut self, name: &str, tensor: HostTensor) -> Self {
-        self.inputs.insert(name.to_owned(), tensor);
-        self
-    }
-
-    /// Adds an expected output (making this a golden case).
-    pub fn expect(mut self, name: &str, tensor: HostTensor) -> Self {
-        self.expected
-            .get_or_insert_with(BTreeMap::new)
-            .insert(name.to_owned(), tensor);
-        self
-    }
-
-    /// The op of this case.
-    pub fn op(&self) -> Op {
-        self.params.op()
     }
 }
 
@@ -259,7 +181,7 @@ impl TensorSpec {
     }
 
     /// Why `tensor` does not fit this spec, if it does not.
-    fn mismatch(&self, tensor: &HostTensor) -> Option<String> {
+    pub(crate) fn mismatch(&self, tensor: &HostTensor) -> Option<String> {
         let dtype_ok = match self.dtype {
             Want::Is(dtype) => tensor.dtype == dtype,
             Want::Float => tensor.dtype.is_float(),
@@ -282,34 +204,6 @@ impl TensorSpec {
             let bound = if self.at_least { "at least " } else { "" };
             format!("has {len} elements, expected {bound}{}", self.len)
         })
-    }
-}
-
-impl Case {
-    /// Checks every input tensor against the op's table ([`CaseParams::tensors`]): each declared
-    /// tensor present (unless optional) with its dtype and element count, and no other tensor.
-    /// `Err` names the tensor.
-    pub fn check_tensors(&self) -> Result<(), String> {
-        let specs = self.params.tensors();
-        for spec in &specs {
-            match self.inputs.get(spec.name) {
-                None if spec.optional => {}
-                None => return Err(format!("tensor `{}` is missing", spec.name)),
-                Some(tensor) => {
-                    if let Some(why) = spec.mismatch(tensor) {
-                        return Err(format!("tensor `{}` {why}", spec.name));
-                    }
-                }
-            }
-        }
-        match self
-            .inputs
-            .keys()
-            .find(|n| !specs.iter().any(|s| s.name == n.as_str()))
-        {
-            Some(extra) => Err(format!("tensor `{extra}` is not an input of {}", self.op())),
-            None => Ok(()),
-        }
     }
 }
 

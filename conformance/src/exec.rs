@@ -7,7 +7,9 @@ use specula_backend_api::ops::{HostSlotLens, OutputLayout, SlotLens};
 use specula_backend_api::ops::{Logits, Scores};
 use specula_backend_api::{Buffer, DType, Device, Element};
 
-use crate::case::{Case, TensorSpec};
+use specula_backend_api::Op;
+
+use crate::case::TensorSpec;
 use crate::tensor::HostTensor;
 use crate::{ConformanceError, Result};
 
@@ -78,18 +80,29 @@ impl ScoreBuffers {
     }
 }
 
+/// What a [`Runner`] reads of a case: its name and op (for messages), its input tensors, those
+/// that go to a foreign device, and whether it holds device-only contents.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CaseInputs<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) op: Op,
+    pub(crate) inputs: &'a BTreeMap<String, HostTensor>,
+    pub(crate) foreign: &'a [String],
+    pub(crate) device_only: bool,
+}
+
 /// Runs one case on one device: uploads inputs, allocates guarded outputs, collects them.
 pub(crate) struct Runner<'a> {
     device: &'a dyn Device,
     /// The device that holds the case's `foreign` inputs (opened on first use).
     foreign: Option<Box<dyn Device>>,
-    case: &'a Case,
+    case: CaseInputs<'a>,
     guarded: Vec<Guarded>,
 }
 
 impl<'a> Runner<'a> {
     /// A runner of `case` on `device`.
-    pub(crate) fn new(device: &'a dyn Device, case: &'a Case) -> Self {
+    pub(crate) fn new(device: &'a dyn Device, case: CaseInputs<'a>) -> Self {
         Runner {
             device,
             foreign: None,
@@ -113,8 +126,7 @@ impl<'a> Runner<'a> {
         self.case.inputs.get(name).ok_or_else(|| {
             ConformanceError::Format(format!(
                 "case {} ({}) has no input tensor `{name}`",
-                self.case.name,
-                self.case.op()
+                self.case.name, self.case.op
             ))
         })
     }
@@ -344,11 +356,4 @@ impl LayoutBuffers {
     pub(crate) fn rows(&self) -> usize {
         self.0[1].len()
     }
-}
-
-/// Runs `case` on `device` and returns its outputs and any guard violation.
-pub fn run_case(device: &dyn Device, case: &Case) -> Result<Outputs> {
-    let mut runner = Runner::new(device, case);
-    case.params.run(&mut runner)?;
-    runner.finish()
 }

@@ -21,7 +21,7 @@ use specula_backend_api::abi::MAX_INFER_SEED;
 use specula_backend_api::{Buffer, DType, Device, Error, Op};
 
 use crate::backends::Backend;
-use crate::case::Case;
+use crate::cases::Case;
 use crate::cases::generate::{EDGE_SEEDS, Rng};
 use crate::cases::{self, Size};
 use crate::suite::{CaseEntry, Outcome, Suite, catch};
@@ -108,7 +108,7 @@ pub fn mutated(pool: &[Case], seed: u64, iteration: u64) -> Case {
     case.expected = None;
     let names: Vec<String> = case.inputs.keys().cloned().collect();
     for name in names {
-        if rng.chance(0.5)
+        if rng.chance(1, 2)
             && let Some(tensor) = case.inputs.get_mut(&name)
         {
             mutate(&mut rng, tensor);

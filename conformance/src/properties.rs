@@ -46,15 +46,16 @@ use specula_sampler::{
 use crate::case::ErrorKind::{
     DeviceMismatch, DtypeMismatch, InvalidArgument, OutOfMemory, ShapeMismatch,
 };
-use crate::case::{Case, CaseParams, ErrorKind, ExpectedError};
+use crate::case::{ErrorKind, ExpectedError};
 use crate::cases::generate::{
     Batch, FLOAT_DTYPES, Rng, dims, f32s, float_tensor, hostile_logit_rows, i32s, logit_row, mix,
     prob_row, round_to, sample_index, softmax_f64,
 };
+use crate::cases::run_case;
+use crate::cases::{Case, CaseParams};
 use crate::cases::{
     Size, argmax, process_logits, top_k_top_p_sample, top_p_candidates, verify_draft_tokens,
 };
-use crate::exec::run_case;
 use crate::tensor::HostTensor;
 
 /// A named end-to-end property.
@@ -70,6 +71,18 @@ pub struct Property {
     pub processing: bool,
     /// Checks the property on a device; `Err` explains the failure.
     pub check: fn(&Arc<dyn Device>, crate::cases::Size) -> Result<(), String>,
+}
+
+impl Property {
+    /// The capability `device` lacks for this property (`logits processing`, `logits rows`), if
+    /// any: the suite then skips it as unsupported.
+    pub fn missing_capability(&self, device: &dyn Device) -> Option<&'static str> {
+        let capabilities = device.capabilities();
+        if self.processing && !capabilities.processing {
+            return Some("logits processing");
+        }
+        (self.logits && !capabilities.logits).then_some("logits rows")
+    }
 }
 
 /// Every property.
@@ -1404,7 +1417,7 @@ mod tests {
     fn every_supported_property_holds(device: Arc<dyn Device>) -> Vec<&'static str> {
         let mut skipped = Vec::new();
         for property in properties() {
-            if crate::suite::property_unsupported(device.as_ref(), &property).is_some() {
+            if property.missing_capability(device.as_ref()).is_some() {
                 skipped.push(property.name);
                 continue;
             }

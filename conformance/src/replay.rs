@@ -13,7 +13,7 @@
 //!   is [`CaseParams`] in its serde form.
 //!
 //! ```
-//! use specula_conformance::{case::Case, cases::argmax, replay, tensor::HostTensor};
+//! use specula_conformance::{cases::Case, cases::argmax, replay, tensor::HostTensor};
 //! let case = Case::new("f32::2x3", argmax::Params { rows: 2, vocab: 3 })
 //!     .with("input", HostTensor::new(&[2, 3], &[0.1f32, 0.7, 0.2, 0.5, 0.4, 0.1]));
 //! let bytes = replay::to_bytes(&case)?;
@@ -29,7 +29,7 @@ use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 use specula_backend_api::{Buffer, DType, Device};
 
-use crate::case::{Case, CaseParams};
+use crate::cases::{Case, CaseParams};
 use crate::tensor::HostTensor;
 use crate::{ConformanceError, Result};
 
@@ -244,4 +244,28 @@ pub fn download_tensor(
 ) -> Result<HostTensor> {
     let bytes = device.download_bytes(buffer)?;
     HostTensor::from_bytes(buffer.dtype(), shape.to_vec(), bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use specula_backend_api::Op;
+
+    use super::{from_bytes, to_bytes};
+    use crate::cases::{Size, cases};
+
+    /// The header fields of an `invalid::` case (`expected.error`, `device_only`, `foreign`) and
+    /// its hostile tensors (NaN entries) survive a case file.
+    #[test]
+    fn every_invalid_case_round_trips_through_a_case_file() {
+        for op in Op::ALL {
+            let invalid = cases(op, Size::Quick)
+                .into_iter()
+                .filter(|c| c.expected_error.is_some());
+            for case in invalid {
+                let bytes = to_bytes(&case).unwrap();
+                let loaded = from_bytes(&bytes, &case.name).unwrap();
+                assert_eq!(loaded, case, "{op}::{}", case.name);
+            }
+        }
+    }
 }

@@ -14,11 +14,12 @@ use specula_backend_api::ops::*;
 use specula_backend_api::{DType, DeviceExt, Op};
 use specula_shard::{Fallback, HostRows, Shard, SliceRows, TargetExtras};
 
-use crate::case::Case;
+use crate::cases::Case;
 use crate::cases::CaseParams;
+use crate::cases::run_case;
 use crate::cases::verify_draft_tokens::{VerifyBuffers, verify_outputs};
 use crate::compare::{Mismatch, compare_outputs};
-use crate::exec::{Outputs, Runner, run_case};
+use crate::exec::{Outputs, Runner};
 use crate::tensor::HostTensor;
 use crate::{ConformanceError, Result};
 
@@ -90,7 +91,7 @@ fn slice_case(case: &Case, slice: VocabSlice) -> Result<Case> {
 /// the rank's outputs, named as the op's.
 pub fn run_case_sharded(shard: &Shard<'_>, case: &Case) -> Result<Outputs> {
     let sliced = slice_case(case, shard.partition.mine())?;
-    let mut r = Runner::new(shard.device, &sliced);
+    let mut r = Runner::new(shard.device, sliced.inputs_view());
     match &case.params {
         CaseParams::Argmax(p) => argmax(shard, p, &mut r)?,
         CaseParams::TopKTopPSample(p) => sample(shard, p, &mut r)?,

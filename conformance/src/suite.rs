@@ -33,10 +33,11 @@ use std::time::Instant;
 use specula_backend_api::{Device, Error, Op};
 
 use crate::backends::Backend;
-use crate::case::{Case, ExpectedError};
+use crate::case::ExpectedError;
+use crate::cases::Case;
 use crate::cases::{self, Size};
 use crate::compare::compare_outputs;
-use crate::exec::{self, Outputs};
+use crate::exec::Outputs;
 use crate::properties::{self, Property};
 pub use crate::report::{Outcome, PROPERTIES};
 use crate::report::{Report, TrialResult};
@@ -91,7 +92,7 @@ impl CaseEntry {
             if let (Some(expected), None) = (&self.case.expected, expected_error) {
                 return Reference::Outputs(expected.clone());
             }
-            let run = catch(|| exec::run_case(reference_device, &self.case));
+            let run = catch(|| crate::cases::run_case(reference_device, &self.case));
             match (run, expected_error) {
                 (Ok(Ok(outputs)), None) => Reference::Outputs(outputs.tensors),
                 (Ok(Ok(_)), Some(expected)) => Reference::Broken(format!(
@@ -320,7 +321,9 @@ impl Suite {
             Err(reason) => Some(Skip::Unavailable(reason.clone())),
             Ok(device) => match &subject {
                 Subject::Case(entry) => unsupported(device.as_ref(), &entry.case),
-                Subject::Property(property) => property_unsupported(device.as_ref(), property),
+                Subject::Property(property) => property
+                    .missing_capability(device.as_ref())
+                    .map(|what| Skip::Unsupported(what.to_owned())),
             },
         };
         Trial {
@@ -427,7 +430,7 @@ impl Suite {
     /// Runs `entry` on `device` and checks it against the reference: the outcome (without the
     /// trial's context) and the outputs the device produced, if it produced any.
     pub fn check_case(&self, device: &dyn Device, entry: &CaseEntry) -> (Outcome, Option<Outputs>) {
-        let actual = catch(|| exec::run_case(device, &entry.case));
+        let actual = catch(|| crate::cases::run_case(device, &entry.case));
         let reference = entry.reference(self.reference.as_ref());
         let op = entry.case.op();
         match (actual, reference) {
@@ -592,16 +595,6 @@ fn needs_processing(case: &Case) -> bool {
         || ["fallback", "token_counts"]
             .iter()
             .any(|name| case.inputs.contains_key(*name))
-}
-
-/// Why `device` cannot run `property`, if its capabilities exclude it: logits processing or
-/// logits rows.
-pub(crate) fn property_unsupported(device: &dyn Device, property: &Property) -> Option<Skip> {
-    let capabilities = device.capabilities();
-    if property.processing && !capabilities.processing {
-        return Some(Skip::Unsupported("logits processing".to_owned()));
-    }
-    (property.logits && !capabilities.logits).then(|| Skip::Unsupported("logits rows".to_owned()))
 }
 
 /// Describes every guard region an op overwrote.

@@ -14,7 +14,7 @@ use specula_backend_api::ops::*;
 use specula_backend_api::{Buffer, Device, DeviceExt, Op, Result};
 use specula_backend_cpu::CpuDevice;
 use specula_conformance::backends::Backend as BackendUnderTest;
-use specula_conformance::case::Case;
+use specula_conformance::cases::Case;
 use specula_conformance::cases::{Size, argmax};
 use specula_conformance::report::Report;
 use specula_conformance::suite::{CaseEntry, Outcome, Plan, Suite};
@@ -165,7 +165,7 @@ fn the_unbroken_copy_passes() {
     }
     // The hand-written verify case really emits tokens (so flipping one is observable).
     let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new().unwrap());
-    let outputs = specula_conformance::exec::run_case(cpu.as_ref(), &verify_case()).unwrap();
+    let outputs = specula_conformance::cases::run_case(cpu.as_ref(), &verify_case()).unwrap();
     assert_eq!(
         outputs.tensors["accept_num"].to_vec::<i32>().unwrap(),
         vec![3, 1]

@@ -15,9 +15,9 @@ use common::verify_case;
 use process::{assert_clean_error, specula, stderr, stdout};
 use specula_backend_api::Op;
 use specula_backend_cpu::CpuDevice;
-use specula_conformance::case::Case;
+use specula_conformance::cases::Case;
+use specula_conformance::cases::run_case;
 use specula_conformance::cases::{self, Size, argmax, softmax};
-use specula_conformance::exec::run_case;
 use specula_conformance::replay;
 use specula_conformance::tensor::HostTensor;
 

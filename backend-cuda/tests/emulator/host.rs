@@ -68,17 +68,3 @@ pub fn build(
     }
     Ok(bin)
 }
-
-/// A deterministic stream of u64 values.
-pub struct Lcg(pub u64);
-
-impl Lcg {
-    /// The next value.
-    pub fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 ^ (self.0 >> 31)
-    }
-}

@@ -30,11 +30,11 @@ struct WholeRows {
 }
 
 impl WholeRows {
-    fn new(rng: &mut Lcg, dtype: DType, logits: bool, rows_n: usize, shift: usize) -> Self {
+    fn new(rng: &mut Rng, dtype: DType, logits: bool, rows_n: usize, shift: usize) -> Self {
         let values = if logits {
-            logit_rows(rng, rows_n, VOCAB)
+            kinded_logit_rows(rng, rows_n, VOCAB)
         } else {
-            rows(rng, rows_n, VOCAB)
+            kinded_prob_rows(rng, rows_n, VOCAB)
         };
         let min_p = [0.0, 0.05, f32::NAN, 0.3, 1.5, -1.0];
         WholeRows {
@@ -42,7 +42,7 @@ impl WholeRows {
             logits,
             values,
             rows: rows_n,
-            temperature: temperatures(rows_n, shift),
+            temperature: temperature_kinds(rows_n, shift),
             min_p: (0..rows_n)
                 .map(|r| min_p[(r + shift) % min_p.len()])
                 .collect(),
@@ -54,7 +54,7 @@ impl WholeRows {
         let values: Vec<f32> = (0..self.rows)
             .flat_map(|r| self.values[r * VOCAB + first..r * VOCAB + first + len].to_vec())
             .collect();
-        to_bytes(self.dtype, &values)
+        score_bytes(&values, self.dtype)
     }
 
     /// The rows' scores on `dev` (logits with their temperatures), for `shape`'s slice.
@@ -185,12 +185,12 @@ impl SliceCase<'_> {
         ]
     }
 
-    fn key(&self, rng: &mut Lcg) {
+    fn key(&self, rng: &mut Rng) {
         let ids: Vec<i32> = (0..self.whole.rows)
             .map(|r| match r % 3 {
-                0 => (self.slice.0 + (rng.next() as usize) % self.slice.1) as i32,
-                1 => (rng.next() % (VOCAB as u64 + 3)) as i32 - 1,
-                _ => rng.next() as i32,
+                0 => (self.slice.0 + (rng.next_u64() as usize) % self.slice.1) as i32,
+                1 => (rng.next_u64() % (VOCAB as u64 + 3)) as i32 - 1,
+                _ => rng.next_u64() as i32,
             })
             .collect();
         self.work.write("ids.bin", &ids);
@@ -315,7 +315,7 @@ impl SliceCase<'_> {
         }
     }
 
-    fn walk(&self, rng: &mut Lcg, draft: &WholeRows) {
+    fn walk(&self, rng: &mut Rng, draft: &WholeRows) {
         let buffers = self.buffers();
         let extra = self.keys_and_min_p();
         let [rows, len, first] = self.common_args();
@@ -325,7 +325,7 @@ impl SliceCase<'_> {
                 0 => 0,
                 1 => self.row_keys[r] >> 1,
                 2 => self.row_keys[r],
-                _ => rng.next() >> (rng.next() % 64),
+                _ => rng.next_u64() >> (rng.next_u64() % 64),
             })
             .collect();
         let offset: Vec<u64> = (0..n)
@@ -333,7 +333,7 @@ impl SliceCase<'_> {
                 0 => u64::MAX,
                 1 => 0,
                 2 => 1 << 39,
-                _ => rng.next() >> (rng.next() % 64),
+                _ => rng.next_u64() >> (rng.next_u64() % 64),
             })
             .collect();
         self.work.write("threshold.bin", &threshold);
@@ -345,10 +345,10 @@ impl SliceCase<'_> {
             .map(|r| [0, 1, 2, -1, 3, 1][r as usize % 6])
             .collect();
         let target_mass: Vec<u64> = (0..n)
-            .map(|r| [1 << 40, 3 << 40, 1, 0, 1 << 59, rng.next()][r % 6])
+            .map(|r| [1 << 40, 3 << 40, 1, 0, 1 << 59, rng.next_u64()][r % 6])
             .collect();
         let draft_mass: Vec<u64> = (0..n)
-            .map(|r| [1 << 41, 1 << 40, rng.next(), 5, 1, 1 << 63][r % 6])
+            .map(|r| [1 << 41, 1 << 40, rng.next_u64(), 5, 1, 1 << 63][r % 6])
             .collect();
         self.work.write("draft.bin", &draft.cut(self.slice));
         self.work.write("draft_key.bin", &draft_keys);
@@ -436,7 +436,7 @@ impl SliceCase<'_> {
 pub(super) fn sharded_row_kernels_match_the_reference() {
     let work = Workdir::new("sharded");
     let dev = ReferenceDevice::new();
-    let mut rng = Lcg(0x5A_4D_ED);
+    let mut rng = Rng(0x5A_4D_ED);
     for (i, dtype) in DType::FLOATS.into_iter().enumerate() {
         let bin = driver(dtype);
         for logits in [true, false] {

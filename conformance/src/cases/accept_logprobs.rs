@@ -9,7 +9,8 @@ use super::generate::{
     Batch, FLOAT_DTYPES, Kind, Rng, batch_name, dims, f32s, float_tensor, i32s, logit_row,
 };
 use crate::Result;
-use crate::case::{Case, Dims, TensorSpec, Want};
+use crate::case::{Dims, TensorSpec, Want};
+use crate::cases::Case;
 use crate::exec::{OpCase, Runner};
 use crate::tensor::HostTensor;
 

@@ -9,7 +9,8 @@ use super::generate::{
 };
 use super::{Size, row_gens};
 use crate::Result;
-use crate::case::{Case, TensorSpec, Want};
+use crate::case::{TensorSpec, Want};
+use crate::cases::Case;
 use crate::exec::{OpCase, Runner};
 
 /// The parameters of a `argmax` case (the JSON header of a case file, beside `"op"`).

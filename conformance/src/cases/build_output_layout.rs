@@ -7,7 +7,8 @@ use specula_backend_api::ops::*;
 use super::Size;
 use super::generate::{Batch, Rng, batch_name, dims, i32s};
 use crate::Result;
-use crate::case::{Case, Dims, TensorSpec};
+use crate::case::{Dims, TensorSpec};
+use crate::cases::Case;
 use crate::exec::{HostLens, OpCase, Runner};
 
 /// The parameters of a `build_output_layout` case (the JSON header of a case file, beside `"op"`).

@@ -9,7 +9,8 @@ use super::build_output_layout::batch_shapes;
 use super::generate::{Batch, EDGE_SEEDS, Rng, batch_name, dims, f32s, i32s, u64s};
 use super::top_k_top_p_sample::{pick_top_k, pick_top_p};
 use crate::Result;
-use crate::case::{Case, Dims, TensorSpec, Want};
+use crate::case::{Dims, TensorSpec, Want};
+use crate::cases::Case;
 use crate::exec::{HostLens, OpCase, Runner};
 
 /// The parameters of a `build_sampling_params` case (the JSON header of a case file, beside `"op"`).

@@ -8,7 +8,8 @@ use super::Size;
 use super::build_output_layout::batch_shapes;
 use super::generate::{Batch, FLOAT_DTYPES, Rng, batch_name, dims, float_tensor, i32s};
 use crate::Result;
-use crate::case::{Case, CaseParams, Dims, TensorSpec, Want};
+use crate::case::{Dims, TensorSpec, Want};
+use crate::cases::{Case, CaseParams};
 use crate::exec::{HostLens, OpCase, Runner};
 use crate::tensor::HostTensor;
 

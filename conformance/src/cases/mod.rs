@@ -14,8 +14,13 @@ pub mod sharded_rows;
 use serde::{Deserialize, Serialize};
 use specula_backend_api::{DType, Op};
 
-use crate::case::Case;
-use crate::exec::{OpCase, Runner};
+use std::collections::BTreeMap;
+
+use specula_backend_api::Device;
+
+use crate::case::ExpectedError;
+use crate::exec::{CaseInputs, OpCase, Outputs, Runner};
+use crate::tensor::HostTensor;
 
 /// Declares the case module of every op, [`CaseParams`] and the registry, from the op table:
 /// an op without a case module (`cases/<op>.rs` with `Params`, `cases`) does not compile.
@@ -72,6 +77,128 @@ macro_rules! case_registry {
 
 specula_backend_api::for_each_op!(case_registry);
 
+/// One case.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Case {
+    /// The name after the op in a trial name, e.g. `target_match::bs64_s6` or `f32::1x32000`.
+    pub name: String,
+    /// The op and its parameters.
+    pub params: CaseParams,
+    /// The input tensors by name (the in/out buffers' initial contents included).
+    pub inputs: BTreeMap<String, HostTensor>,
+    /// Hand-computed outputs (golden cases); otherwise the reference device's outputs are
+    /// expected.
+    pub expected: Option<BTreeMap<String, HostTensor>>,
+    /// The error every device (the reference included) must reject the case with (`invalid::`
+    /// cases); `None`: the case must run.
+    pub expected_error: Option<ExpectedError>,
+    /// The inputs hold hostile device contents that host validation would reject (negative
+    /// lengths, slot rules broken): the case runs without host copies. Otherwise the host-side
+    /// tensors (slot lengths, `top_p`, temperatures) are also passed as host copies, so that host
+    /// validation runs as it does for a runner.
+    pub device_only: bool,
+    /// Inputs uploaded to another device than the one under test (a `DeviceMismatch` case).
+    pub foreign: Vec<String>,
+}
+
+impl Case {
+    /// A case without expected outputs.
+    pub fn new(name: impl Into<String>, params: impl Into<CaseParams>) -> Self {
+        Case {
+            name: name.into(),
+            params: params.into(),
+            inputs: BTreeMap::new(),
+            expected: None,
+            expected_error: None,
+            device_only: false,
+            foreign: Vec::new(),
+        }
+    }
+
+    /// Marks the inputs as device-only contents (no host copies, no host validation).
+    pub fn device_only(mut self) -> Self {
+        self.device_only = true;
+        self
+    }
+
+    /// Makes this an `invalid::` case: every device must reject it with `error`.
+    pub fn rejects(mut self, error: ExpectedError) -> Self {
+        self.expected_error = Some(error);
+        self
+    }
+
+    /// Uploads input `name` to another device than the one under test.
+    pub fn foreign(mut self, name: &str) -> Self {
+        self.foreign.push(name.to_owned());
+        self
+    }
+
+    /// Adds an input tensor.
+    pub fn with(mut self, name: &str, tensor: HostTensor) -> Self {
+        self.inputs.insert(name.to_owned(), tensor);
+        self
+    }
+
+    /// Adds an expected output (making this a golden case).
+    pub fn expect(mut self, name: &str, tensor: HostTensor) -> Self {
+        self.expected
+            .get_or_insert_with(BTreeMap::new)
+            .insert(name.to_owned(), tensor);
+        self
+    }
+
+    /// The op of this case.
+    pub fn op(&self) -> Op {
+        self.params.op()
+    }
+}
+
+impl Case {
+    /// Checks every input tensor against the op's table ([`CaseParams::tensors`]): each declared
+    /// tensor present (unless optional) with its dtype and element count, and no other tensor.
+    /// `Err` names the tensor.
+    pub fn check_tensors(&self) -> Result<(), String> {
+        let specs = self.params.tensors();
+        for spec in &specs {
+            match self.inputs.get(spec.name) {
+                None if spec.optional => {}
+                None => return Err(format!("tensor `{}` is missing", spec.name)),
+                Some(tensor) => {
+                    if let Some(why) = spec.mismatch(tensor) {
+                        return Err(format!("tensor `{}` {why}", spec.name));
+                    }
+                }
+            }
+        }
+        match self
+            .inputs
+            .keys()
+            .find(|n| !specs.iter().any(|s| s.name == n.as_str()))
+        {
+            Some(extra) => Err(format!("tensor `{extra}` is not an input of {}", self.op())),
+            None => Ok(()),
+        }
+    }
+
+    /// What a [`Runner`] reads of the case.
+    pub(crate) fn inputs_view(&self) -> CaseInputs<'_> {
+        CaseInputs {
+            name: &self.name,
+            op: self.op(),
+            inputs: &self.inputs,
+            foreign: &self.foreign,
+            device_only: self.device_only,
+        }
+    }
+}
+
+/// Runs `case` on `device` and returns its outputs and any guard violation.
+pub fn run_case(device: &dyn Device, case: &Case) -> crate::Result<Outputs> {
+    let mut runner = Runner::new(device, case.inputs_view());
+    case.params.run(&mut runner)?;
+    runner.finish()
+}
+
 fn mark_hostile(case: Case) -> Case {
     match case.name.starts_with("hostile::") {
         true => case.device_only(),
@@ -94,10 +221,10 @@ impl CaseParams {
             CaseParams::TopPCandidates(p) => p.logits,
             CaseParams::VerifyDraftTokens(p) => p.logits,
             CaseParams::ProcessLogits(p) => p.logits,
-            CaseParams::ShardKey(p) => p.logits,
-            CaseParams::ShardRecords(p) => p.logits,
-            CaseParams::ShardHistogram(p) => p.logits,
-            CaseParams::ShardWalk(p) => p.logits,
+            CaseParams::ShardKey(p) => p.shard.logits,
+            CaseParams::ShardRecords(p) => p.shard.logits,
+            CaseParams::ShardHistogram(p) => p.shard.logits,
+            CaseParams::ShardWalk(p) => p.shard.logits,
             CaseParams::ShardExpSum(_) => true,
             _ => false,
         }
@@ -212,9 +339,9 @@ mod tests {
     use specula_backend_api::Op;
     use specula_backend_cpu::CpuDevice;
 
+    use super::run_case;
     use super::*;
     use crate::compare::compare_outputs;
-    use crate::exec::run_case;
 
     #[test]
     fn golden_cases_pass_on_the_cpu() {
@@ -360,8 +487,8 @@ mod full_tests {
     use specula_backend_api::Op;
     use specula_backend_cpu::CpuDevice;
 
+    use super::run_case;
     use super::*;
-    use crate::exec::run_case;
 
     /// Generates and runs every Full case on the CPU, one op at a time (minutes; run with
     /// `--ignored`).

@@ -5,9 +5,10 @@ use specula_backend_api::ops::*;
 
 use super::Size;
 use super::build_output_layout::batch_shapes;
-use super::generate::{Rng, batch_name, dims, garbage_i32, i32s};
+use super::generate::{Rng, batch_name, dims, garbage_i32s, i32s};
 use crate::Result;
-use crate::case::{Case, Dims, TensorSpec};
+use crate::case::{Dims, TensorSpec};
+use crate::cases::Case;
 use crate::exec::{OpCase, Runner};
 
 /// The parameters of a `ngram_match` case (the JSON header of a case file, beside `"op"`).
@@ -157,7 +158,7 @@ impl State {
             let motif: Vec<i32> = (0..rng.range(2, 7)).map(|_| rng.token(alphabet)).collect();
             let row = &mut st.token_ids_all[b * max_model_len..(b + 1) * max_model_len];
             for (k, t) in row.iter_mut().enumerate() {
-                *t = if rng.chance(0.8) {
+                *t = if rng.chance(4, 5) {
                     motif[k % motif.len()]
                 } else {
                     rng.token(alphabet)
@@ -168,7 +169,7 @@ impl State {
             st.prompt_lens[b] = p as i32;
             st.step_idx[b] = step as i32;
             st.draft_token_num[b] = rng.pick(&[0, 1, (s - 1) as i32, (s - 1) as i32, s as i32 + 3]);
-            st.max_dec_len[b] = if rng.chance(0.2) {
+            st.max_dec_len[b] = if rng.chance(1, 5) {
                 (step + rng.range(0, s)) as i32
             } else {
                 100_000
@@ -295,7 +296,7 @@ fn hostile() -> Vec<Case> {
         let mut rng = Rng::new("ngram/hostile", i as u64);
         let mut st = State::random(&mut rng, d, 48);
         let n = d.max_bsz;
-        let garbage = |rng: &mut Rng, hi| garbage_i32(rng, n, hi);
+        let garbage = |rng: &mut Rng, hi| garbage_i32s(rng, n, hi);
         st.prompt_lens = garbage(&mut rng, 60);
         st.step_idx = garbage(&mut rng, 60);
         st.draft_token_num = garbage(&mut rng, 10);

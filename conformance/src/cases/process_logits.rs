@@ -8,11 +8,12 @@ use specula_backend_api::ops::*;
 
 use super::Size;
 use super::generate::{
-    Batch, Kind, Rng, batch_name, dims, f32s, float_tensor, garbage_i32, hostile_logit_rows, i32s,
+    Batch, Kind, Rng, batch_name, dims, f32s, float_tensor, garbage_i32s, hostile_logit_rows, i32s,
     logit_row, pick_temperature, prob_row,
 };
 use crate::Result;
-use crate::case::{Case, Dims, TensorSpec, Want, scores_specs};
+use crate::case::{Dims, TensorSpec, Want, scores_specs};
+use crate::cases::Case;
 use specula_backend_api::Buffer;
 use crate::exec::{OpCase, Runner};
 use crate::tensor::HostTensor;
@@ -437,7 +438,7 @@ impl Setup {
         // A small pool of tokens, so histories, drafts, bans and biases meet.
         let pool: Vec<i32> = (0..6.min(vocab)).map(|_| rng.token(vocab)).collect();
         let token = |rng: &mut Rng| {
-            if rng.chance(0.7) {
+            if rng.chance(7, 10) {
                 rng.pick(&pool)
             } else {
                 rng.token(vocab)
@@ -530,7 +531,7 @@ impl Setup {
         let mut bias = Vec::new();
         if f.bias {
             for _ in 0..rng.below(5) {
-                let t = if rng.chance(0.6) {
+                let t = if rng.chance(3, 5) {
                     rng.pick(pool)
                 } else {
                     rng.token(self.vocab)
@@ -548,7 +549,7 @@ impl Setup {
                 let s = self.batch.dims.max_step_tokens;
                 let drafts = &self.draft_tokens[b * s + 1..(b + 1) * s];
                 for k in 0..n {
-                    let t = match (rng.chance(0.5), drafts.get(k)) {
+                    let t = match (rng.chance(1, 2), drafts.get(k)) {
                         (true, Some(&d)) => d,
                         _ => rng.pick(pool),
                     };
@@ -571,7 +572,7 @@ impl Setup {
                 2..5 => pool.iter().for_each(|&t| set_bit(row, t as usize)),
                 _ => {
                     for v in 0..self.vocab {
-                        if !rng.chance(0.2) {
+                        if !rng.chance(1, 5) {
                             set_bit(row, v);
                         }
                     }
@@ -589,7 +590,7 @@ impl Setup {
         if logits {
             self.scores = (0..rows).flat_map(|_| logit_row(rng, v)).collect();
             for r in 0..rows {
-                if rng.chance(0.05) {
+                if rng.chance(1, 20) {
                     self.scores[r * v..(r + 1) * v].fill(f32::NEG_INFINITY);
                 }
             }
@@ -1120,9 +1121,9 @@ pub(crate) fn hostile_setups() -> Vec<(String, Setup)> {
         st.batch_id = (0..rows)
             .map(|r| [0, -1, 1, 99, 2, i32::MIN, 3][r % 7])
             .collect();
-        st.cu_out = garbage_i32(&mut rng, d.real_bsz + 1, rows);
-        st.prompt_lens = garbage_i32(&mut rng, n, 60);
-        st.step_idx = garbage_i32(&mut rng, n, 60);
+        st.cu_out = garbage_i32s(&mut rng, d.real_bsz + 1, rows);
+        st.prompt_lens = garbage_i32s(&mut rng, n, 60);
+        st.step_idx = garbage_i32s(&mut rng, n, 60);
         for t in st.draft_tokens.iter_mut().step_by(2) {
             *t = rng.pick(&[-1, i32::MAX, vocab as i32, i32::MIN]);
         }
@@ -1143,16 +1144,16 @@ pub(crate) fn hostile_setups() -> Vec<(String, Setup)> {
                 1e-20,
             ]);
         }
-        st.min_tokens = garbage_i32(&mut rng, n, 40);
+        st.min_tokens = garbage_i32s(&mut rng, n, 40);
         st.end_tokens = vec![-1, i32::MAX, st.end_tokens[0]];
-        st.bias_offsets = garbage_i32(&mut rng, n + 1, st.bias_ids.len() + 2);
+        st.bias_offsets = garbage_i32s(&mut rng, n + 1, st.bias_ids.len() + 2);
         for v in st.bias_values.iter_mut() {
             *v = rng.pick(&[f32::NAN, f32::INFINITY, -f32::INFINITY, 1e-40, 3e38, -2.0]);
         }
         for t in st.bias_ids.iter_mut().step_by(2) {
             *t = rng.pick(&[-5, vocab as i32, i32::MAX]);
         }
-        st.bad_word_offsets = garbage_i32(&mut rng, n + 1, st.bad_words.len() + 2);
+        st.bad_word_offsets = garbage_i32s(&mut rng, n + 1, st.bad_words.len() + 2);
         for w in st.bad_words.iter_mut().step_by(3) {
             *w = rng.pick(&[0, -1, 1000, i32::MAX, vocab as i32 + 3]);
         }

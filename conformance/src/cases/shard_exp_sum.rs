@@ -9,7 +9,8 @@ use super::Size;
 use super::generate::{FLOAT_DTYPES, Rng, f32s, hostile_logit_rows, u64s};
 use super::sharded_rows::{Slice, WholeRows, golden_key, shapes, slices_of};
 use crate::Result;
-use crate::case::{Case, TensorSpec, Want};
+use crate::case::{TensorSpec, Want};
+use crate::cases::Case;
 use crate::exec::{OpCase, Runner};
 
 /// The parameters of a `shard_exp_sum` case. Inputs `logits`, `temperature`, `row_key`.

@@ -8,39 +8,36 @@ use specula_backend_api::shard::KeyOrder;
 
 use super::Size;
 use super::generate::{FLOAT_DTYPES, Rng, f32s, hostile_logit_rows, u64s};
-use super::sharded_rows::{RowBuffers, Slice, WholeRows, golden_key, min_ps, u64_tensor, rows_specs, shapes, slices_of};
+use super::sharded_rows::{SliceRows, RowBuffers, Slice, WholeRows, golden_key, min_ps, u64_tensor, shapes, slices_of};
 use crate::Result;
-use crate::case::{Case, TensorSpec, Want};
+use crate::case::{TensorSpec, Want};
+use crate::cases::Case;
 use crate::exec::{OpCase, Runner};
 
 /// The parameters of a `shard_histogram` case. Inputs `probs` (or `logits`, `temperature`),
 /// `row_key`, optional `min_p`, `prefix`, `floor`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Params {
-    /// Rows.
-    pub rows: usize,
-    /// The slice the rows hold.
-    pub slice: Slice,
-    /// Logits rows (tensors `logits`, `temperature`) instead of `probs`.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub logits: bool,
+    /// The rows and their slice.
+    #[serde(flatten)]
+    pub shard: SliceRows,
     /// The bucket's shift.
     pub shift: u32,
 }
 
 impl OpCase for Params {
     fn tensors(&self) -> Vec<TensorSpec> {
-        let mut specs = rows_specs(self.logits, self.rows, self.slice.len);
-        specs.push(TensorSpec::new("prefix", Want::Is(DType::U64), self.rows));
-        specs.push(TensorSpec::new("floor", Want::Is(DType::U64), self.rows));
+        let mut specs = self.shard.rows_specs();
+        specs.push(TensorSpec::new("prefix", Want::Is(DType::U64), self.shard.rows));
+        specs.push(TensorSpec::new("floor", Want::Is(DType::U64), self.shard.rows));
         specs
     }
 
     fn run(&self, r: &mut Runner<'_>) -> Result<()> {
         let device = r.device();
-        let rows = RowBuffers::load(r, self.logits)?;
+        let rows = RowBuffers::load(r, self.shard.logits)?;
         let [prefix, floor] = r.inputs(["prefix", "floor"])?;
-        let len = [self.rows, SHARD_HISTOGRAM_BUCKETS];
+        let len = [self.shard.rows, SHARD_HISTOGRAM_BUCKETS];
         let [counts, masses] = r.outputs([("counts", DType::U64, &len), ("masses", DType::U64, &len)])?;
         let inputs = ShardHistogramInputs {
             rows: rows.rows(),
@@ -48,7 +45,7 @@ impl OpCase for Params {
             floor: &floor,
         };
         let params = ShardHistogramParams {
-            shape: self.slice.shape(self.rows),
+            shape: self.shard.shape(),
             shift: self.shift,
         };
         device.shard_histogram(&inputs, &mut ShardHistogramOutputs { counts, masses }, &params)?;
@@ -74,7 +71,7 @@ pub fn cases(size: Size) -> Vec<Case> {
                 let shift = rng.pick(&[44, 36, 28, 20, 12, 4, 0]);
                 let prefix: Vec<u64> = keys.iter().map(|&k| prefix_of(k, shift)).collect();
                 let floor: Vec<u64> = keys.iter().map(|&k| rng.pick(&[0, k >> 1, k])).collect();
-                let params = Params { rows: shape.0, slice, logits, shift };
+                let params = Params { shard: SliceRows::new(shape.0, slice, logits), shift };
                 let name = format!("{name}::{}::shift{shift}", slice.name());
                 let case = whole
                     .to_case(Case::new(name, params), slice)
@@ -110,9 +107,7 @@ fn golden() -> Vec<Case> {
     // Ids 2, 3, 4 of a row of 6: keys >> 44 are ord >> 24: 0xBE for 0.25 (ids 2, 4), 0xBF for
     // 0.5 (id 3). Row 1's floor leaves out id 4 (whose key is below id 2's).
     let params = Params {
-        rows: 2,
-        slice: Slice::new(2, 3, 6),
-        logits: false,
+        shard: SliceRows::new(2, Slice::new(2, 3, 6), false),
         shift: 44,
     };
     let mut counts = vec![0u64; 512];
@@ -141,7 +136,7 @@ fn hostile() -> Vec<Case> {
     let keys: Vec<u64> = (0..rows).map(|_| rng.next_u64()).collect();
     let prefix: Vec<u64> = (0..rows).map(|r| if r % 2 == 0 { 0 } else { rng.next_u64() }).collect();
     let floor: Vec<u64> = (0..rows).map(|_| rng.next_u64() >> rng.below(64)).collect();
-    let params = Params { rows, slice, logits: true, shift: 44 };
+    let params = Params { shard: SliceRows::new(rows, slice, true), shift: 44 };
     vec![whole
         .to_case(Case::new("hostile::garbage_keys_prefixes_floors", params), slice)
         .with("row_key", u64s(&keys))

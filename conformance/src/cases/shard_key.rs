@@ -5,24 +5,21 @@ use specula_backend_api::DType;
 use specula_backend_api::ops::*;
 use specula_backend_api::shard::KeyOrder;
 
-use super::generate::{FLOAT_DTYPES, Rng, f32s, float_tensor, garbage_i32, hostile_logit_rows, i32s, u64s};
-use super::sharded_rows::{Slice, WholeRows, golden_key, shapes, slices_of};
+use super::generate::{FLOAT_DTYPES, Rng, f32s, float_tensor, garbage_i32s, hostile_logit_rows, i32s, u64s};
+use super::sharded_rows::{SliceRows, Slice, WholeRows, golden_key, shapes, slices_of};
 use super::Size;
 use crate::Result;
-use crate::case::{Case, TensorSpec, scores_specs};
+use crate::case::TensorSpec;
+use crate::cases::Case;
 use crate::exec::{OpCase, Runner};
 
 /// The parameters of a `shard_key` case. Inputs `probs` (or `logits`, `temperature`), optional
 /// `ids`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Params {
-    /// Rows.
-    pub rows: usize,
-    /// The slice the rows hold.
-    pub slice: Slice,
-    /// Logits rows (tensors `logits`, `temperature`) instead of `probs`.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub logits: bool,
+    /// The rows and their slice.
+    #[serde(flatten)]
+    pub shard: SliceRows,
     /// The key order.
     #[serde(with = "super::sharded_rows::key_order")]
     pub order: KeyOrder,
@@ -30,19 +27,19 @@ pub struct Params {
 
 impl OpCase for Params {
     fn tensors(&self) -> Vec<TensorSpec> {
-        let mut specs = scores_specs(self.logits, ("probs", "logits"), self.rows, self.slice.len);
-        specs.push(TensorSpec::i32("ids", self.rows).optional());
+        let mut specs = self.shard.scores_specs();
+        specs.push(TensorSpec::i32("ids", self.shard.rows).optional());
         specs
     }
 
     fn run(&self, r: &mut Runner<'_>) -> Result<()> {
         let device = r.device();
-        let scores = r.scores(self.logits, "probs", "logits")?;
+        let scores = r.scores(self.shard.logits, "probs", "logits")?;
         let ids = r.optional("ids")?;
-        let [keys] = r.outputs([("keys", DType::U64, &[self.rows])])?;
+        let [keys] = r.outputs([("keys", DType::U64, &[self.shard.rows])])?;
         let inputs = ShardKeyInputs::new(scores.scores()).with_ids(ids.as_ref());
         let params = ShardKeyParams {
-            shape: self.slice.shape(self.rows),
+            shape: self.shard.shape(),
             order: self.order,
         };
         device.shard_key(&inputs, keys, &params)?;
@@ -53,9 +50,7 @@ impl OpCase for Params {
 /// A case of the slice `slice` of `whole` in `order`, with `ids` when given.
 fn case(name: String, whole: &WholeRows, slice: Slice, order: KeyOrder, ids: Option<&[i32]>) -> Case {
     let params = Params {
-        rows: whole.rows,
-        slice,
-        logits: whole.logits(),
+        shard: whole.slice_rows(slice),
         order,
     };
     let mut case = whole.to_case(Case::new(name, params), slice);
@@ -77,7 +72,7 @@ pub fn cases(size: Size) -> Vec<Case> {
                 for order in KeyOrder::ALL {
                     let name = format!("{name}::{}::{order}", slice.name());
                     out.push(case(name.clone(), &whole, slice, order, None));
-                    let ids = garbage_i32(&mut rng, shape.0, shape.1 + 2);
+                    let ids = garbage_i32s(&mut rng, shape.0, shape.1 + 2);
                     out.push(case(format!("{name}::ids"), &whole, slice, order, Some(&ids)));
                 }
             }
@@ -90,9 +85,7 @@ pub fn cases(size: Size) -> Vec<Case> {
 fn golden() -> Vec<Case> {
     let (nan, inf) = (f32::NAN, f32::INFINITY);
     let logits = Params {
-        rows: 2,
-        slice: Slice::new(3, 3, 8),
-        logits: true,
+        shard: SliceRows::new(2, Slice::new(3, 3, 8), true),
         order: KeyOrder::Rank,
     };
     let logit_rows = |case: Case| {
@@ -114,9 +107,7 @@ fn golden() -> Vec<Case> {
     // Probabilities rank by sanitize(p): 2.0 and 1.0 tie at 1 (ord 0xBF80_0000); argmax by the
     // raw value.
     let probs = Params {
-        rows: 1,
-        slice: Slice::new(0, 3, 3),
-        logits: false,
+        shard: SliceRows::new(1, Slice::new(0, 3, 3), false),
         order: KeyOrder::Rank,
     };
     let prob_row = |case: Case| case.with("probs", f32s(&[0.5, 2.0, 1.0]));
@@ -135,12 +126,12 @@ fn hostile() -> Vec<Case> {
     let (rows, vocab) = (9, 611);
     let values = hostile_logit_rows(&mut rng, rows, vocab);
     let slice = Slice::new(200, 300, vocab);
-    let ids = garbage_i32(&mut rng, rows, vocab);
+    let ids = garbage_i32s(&mut rng, rows, vocab);
     FLOAT_DTYPES
         .into_iter()
         .flat_map(|dtype| {
             KeyOrder::ALL.map(|order| {
-                let params = Params { rows, slice, logits: true, order };
+                let params = Params { shard: SliceRows::new(rows, slice, true), order };
                 let cut: Vec<f32> = (0..rows)
                     .flat_map(|r| values[r * vocab + 200..r * vocab + 500].to_vec())
                     .collect();

@@ -7,22 +7,19 @@ use specula_backend_api::shard::KeyOrder;
 
 use super::Size;
 use super::generate::{FLOAT_DTYPES, Rng, f32s, hostile_logit_rows, u64s};
-use super::sharded_rows::{RowBuffers, Slice, WholeRows, golden_key, min_ps, u64_tensor, rows_specs, shapes, slices_of};
+use super::sharded_rows::{SliceRows, RowBuffers, Slice, WholeRows, golden_key, min_ps, u64_tensor, shapes, slices_of};
 use crate::Result;
-use crate::case::{Case, TensorSpec};
+use crate::case::TensorSpec;
+use crate::cases::Case;
 use crate::exec::{OpCase, Runner};
 
 /// The parameters of a `shard_records` case. Inputs `probs` (or `logits`, `temperature`),
 /// `row_key`, optional `min_p`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Params {
-    /// Rows.
-    pub rows: usize,
-    /// The slice the rows hold.
-    pub slice: Slice,
-    /// Logits rows (tensors `logits`, `temperature`) instead of `probs`.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub logits: bool,
+    /// The rows and their slice.
+    #[serde(flatten)]
+    pub shard: SliceRows,
     /// `K`, the records per row.
     pub records: usize,
     /// The key order.
@@ -32,16 +29,16 @@ pub struct Params {
 
 impl OpCase for Params {
     fn tensors(&self) -> Vec<TensorSpec> {
-        rows_specs(self.logits, self.rows, self.slice.len)
+        self.shard.rows_specs()
     }
 
     fn run(&self, r: &mut Runner<'_>) -> Result<()> {
         let device = r.device();
-        let rows = RowBuffers::load(r, self.logits)?;
-        let len = [self.rows, self.records, 2];
+        let rows = RowBuffers::load(r, self.shard.logits)?;
+        let len = [self.shard.rows, self.records, 2];
         let [records] = r.outputs([("records", DType::U64, &len)])?;
         let params = ShardRecordsParams {
-            shape: self.slice.shape(self.rows),
+            shape: self.shard.shape(),
             records: self.records,
             order: self.order,
         };
@@ -53,9 +50,7 @@ impl OpCase for Params {
 /// A case of the slice `slice` of `whole`.
 pub(crate) fn case(name: String, whole: &WholeRows, slice: Slice, records: usize, order: KeyOrder) -> Case {
     let params = Params {
-        rows: whole.rows,
-        slice,
-        logits: whole.logits(),
+        shard: whole.slice_rows(slice),
         records,
         order,
     };
@@ -87,9 +82,7 @@ fn golden() -> Vec<Case> {
     // Ids 2, 3, 4 of a row of 6: w(0.25) = 2^38, w(0.5) = 2^39; ord(0.5) = 0xBF00_0000,
     // ord(0.25) = 0xBE80_0000. Four records of three tokens: the last is (0, 0).
     let params = Params {
-        rows: 1,
-        slice: Slice::new(2, 3, 6),
-        logits: false,
+        shard: SliceRows::new(1, Slice::new(2, 3, 6), false),
         records: 4,
         order: KeyOrder::Rank,
     };
@@ -120,9 +113,7 @@ fn golden() -> Vec<Case> {
     let logits = Case::new(
         "golden::logits_argmax_elsewhere",
         Params {
-            rows: 1,
-            slice: Slice::new(2, 2, 4),
-            logits: true,
+            shard: SliceRows::new(1, Slice::new(2, 2, 4), true),
             records: 2,
             order: KeyOrder::Rank,
         },

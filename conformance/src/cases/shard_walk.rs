@@ -7,9 +7,10 @@ use specula_backend_api::shard::{KeyOrder, SliceWeigher, token_key};
 
 use super::Size;
 use super::generate::{FLOAT_DTYPES, Rng, f32s, float_tensor, hostile_logit_rows, i32s, u64s};
-use super::sharded_rows::{RowBuffers, Slice, WholeRows, golden_key, min_ps, rows_specs, shapes, slices_of};
+use super::sharded_rows::{SliceRows, RowBuffers, Slice, WholeRows, golden_key, min_ps, shapes, slices_of};
 use crate::Result;
-use crate::case::{Case, TensorSpec, Want};
+use crate::case::{TensorSpec, Want};
+use crate::cases::Case;
 use crate::exec::{OpCase, Runner};
 
 /// The parameters of a `shard_walk` case. Inputs `probs` (or `logits`, `temperature`),
@@ -17,13 +18,9 @@ use crate::exec::{OpCase, Runner};
 /// rows), `draft_key`, `draft_row`, `target_mass`, `draft_mass`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Params {
-    /// Rows.
-    pub rows: usize,
-    /// The slice the rows hold.
-    pub slice: Slice,
-    /// Logits rows (tensors `logits`, `temperature`) instead of `probs`.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub logits: bool,
+    /// The rows and their slice.
+    #[serde(flatten)]
+    pub shard: SliceRows,
     /// Draft rows of REJECTION's residual (0: no residual).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub draft_rows: usize,
@@ -35,13 +32,13 @@ fn is_zero(n: &usize) -> bool {
 
 impl OpCase for Params {
     fn tensors(&self) -> Vec<TensorSpec> {
-        let rows = self.rows;
-        let mut specs = rows_specs(self.logits, rows, self.slice.len);
+        let rows = self.shard.rows;
+        let mut specs = self.shard.rows_specs();
         specs.push(TensorSpec::new("threshold", Want::Is(DType::U64), rows));
         specs.push(TensorSpec::new("offset", Want::Is(DType::U64), rows));
         if self.draft_rows > 0 {
             specs.extend([
-                TensorSpec::new("draft", Want::Float, self.draft_rows * self.slice.len),
+                TensorSpec::new("draft", Want::Float, self.draft_rows * self.shard.slice.len),
                 TensorSpec::new("draft_key", Want::Is(DType::U64), self.draft_rows),
                 TensorSpec::i32("draft_row", rows),
                 TensorSpec::new("target_mass", Want::Is(DType::U64), rows),
@@ -53,13 +50,13 @@ impl OpCase for Params {
 
     fn run(&self, r: &mut Runner<'_>) -> Result<()> {
         let device = r.device();
-        let rows = RowBuffers::load(r, self.logits)?;
+        let rows = RowBuffers::load(r, self.shard.logits)?;
         let [threshold, offset] = r.inputs(["threshold", "offset"])?;
         let residual = match self.draft_rows {
             0 => None,
             _ => Some(r.inputs(["draft", "draft_key", "draft_row", "target_mass", "draft_mass"])?),
         };
-        let n = [self.rows];
+        let n = [self.shard.rows];
         let [tokens, mass, count] = r.outputs([
             ("tokens", DType::I32, &n),
             ("mass", DType::U64, &n),
@@ -77,7 +74,7 @@ impl OpCase for Params {
                 draft_mass: wq,
             }),
         };
-        let params = ShardWalkParams { shape: self.slice.shape(self.rows) };
+        let params = ShardWalkParams { shape: self.shard.shape() };
         device.shard_walk(&inputs, &mut ShardWalkOutputs { tokens, mass, count }, &params)?;
         Ok(())
     }
@@ -118,9 +115,7 @@ fn case(name: String, rng: &mut Rng, whole: &WholeRows, slice: Slice, draft: Opt
         });
     }
     let params = Params {
-        rows: whole.rows,
-        slice,
-        logits: whole.logits(),
+        shard: whole.slice_rows(slice),
         draft_rows: draft.map_or(0, |d| d.rows),
     };
     let case = whole
@@ -177,9 +172,7 @@ fn golden() -> Vec<Case> {
     // are kept (id 4 ties on value and comes after id 2): mass 2^38 + 2^39, count 2. An offset
     // of 2^38 ends the walk at id 3; u64::MAX walks past every token.
     let params = Params {
-        rows: 2,
-        slice: Slice::new(2, 3, 6),
-        logits: false,
+        shard: SliceRows::new(2, Slice::new(2, 3, 6), false),
         draft_rows: 0,
     };
     let cut = golden_key(0xBE80_0000, 2);
@@ -202,7 +195,7 @@ fn hostile() -> Vec<Case> {
     let whole = WholeRows::of(DType::F16, (rows, vocab), values, Some(vec![-5.0; rows]));
     let draft = WholeRows::of(DType::F16, (3, vocab), draft_values, Some(vec![1.0; 3]));
     let garbage = |rng: &mut Rng, n: usize| -> Vec<u64> { (0..n).map(|_| rng.next_u64()).collect() };
-    let params = Params { rows, slice, logits: true, draft_rows: 3 };
+    let params = Params { shard: SliceRows::new(rows, slice, true), draft_rows: 3 };
     vec![whole
         .to_case(Case::new("hostile::garbage_keys_masses_offsets", params), slice)
         .with("row_key", u64s(&garbage(&mut rng, rows)))

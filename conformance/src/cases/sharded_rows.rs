@@ -11,7 +11,8 @@ use super::generate::{
 };
 use super::{Size, row_gens};
 use crate::Result;
-use crate::case::{Case, TensorSpec, Want, scores_specs};
+use crate::case::{TensorSpec, Want, scores_specs};
+use crate::cases::Case;
 use crate::exec::{Runner, ScoreBuffers};
 use specula_backend_api::Buffer;
 
@@ -56,12 +57,47 @@ impl Slice {
     }
 }
 
-/// The input specs of [`ShardRows`]: the scores of the slice, `row_key`, optional `min_p`.
-pub(crate) fn rows_specs(logits: bool, rows: usize, len: usize) -> Vec<TensorSpec> {
-    let mut specs = scores_specs(logits, ("probs", "logits"), rows, len);
-    specs.push(TensorSpec::new("row_key", Want::Is(DType::U64), rows));
-    specs.push(TensorSpec::new("min_p", Want::Is(DType::F32), rows).optional());
-    specs
+/// What the case of every sharded row op (`shard_key`, `shard_records`, `shard_histogram`,
+/// `shard_walk`) holds: `rows` rows of `slice`, probabilities or logits. Flattened into each op's
+/// `Params`, so a case file keeps these fields beside the op's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SliceRows {
+    /// Rows.
+    pub rows: usize,
+    /// The slice the rows hold.
+    pub slice: Slice,
+    /// Logits rows (tensors `logits`, `temperature`) instead of `probs`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub logits: bool,
+}
+
+impl SliceRows {
+    /// `rows` rows of `slice`, logits where `logits` holds.
+    pub const fn new(rows: usize, slice: Slice, logits: bool) -> Self {
+        SliceRows {
+            rows,
+            slice,
+            logits,
+        }
+    }
+
+    /// The op's shape.
+    pub fn shape(self) -> ShardShape {
+        self.slice.shape(self.rows)
+    }
+
+    /// The input specs of the scores of the slice: `probs`, or `logits` and `temperature`.
+    pub(crate) fn scores_specs(self) -> Vec<TensorSpec> {
+        scores_specs(self.logits, ("probs", "logits"), self.rows, self.slice.len)
+    }
+
+    /// The input specs of [`ShardRows`]: the scores of the slice, `row_key`, optional `min_p`.
+    pub(crate) fn rows_specs(self) -> Vec<TensorSpec> {
+        let mut specs = self.scores_specs();
+        specs.push(TensorSpec::new("row_key", Want::Is(DType::U64), self.rows));
+        specs.push(TensorSpec::new("min_p", Want::Is(DType::F32), self.rows).optional());
+        specs
+    }
 }
 
 /// The uploaded buffers of [`ShardRows`].
@@ -134,6 +170,11 @@ impl WholeRows {
     /// Whether the rows are logits.
     pub(crate) fn logits(&self) -> bool {
         self.temperature.is_some()
+    }
+
+    /// The case parameters of these rows cut to `slice`.
+    pub(crate) fn slice_rows(&self, slice: Slice) -> SliceRows {
+        SliceRows::new(self.rows, slice, self.logits())
     }
 
     /// Row `r`.

@@ -7,7 +7,8 @@ use specula_backend_api::ops::*;
 use super::generate::{FLOAT_DTYPES, Rng, f32s, float_tensor, logit_row, spoiled_rows};
 use super::{Size, row_gens};
 use crate::Result;
-use crate::case::{Case, TensorSpec, Want};
+use crate::case::{TensorSpec, Want};
+use crate::cases::Case;
 use crate::exec::{OpCase, Runner};
 
 /// The parameters of a `softmax` case (the JSON header of a case file, beside `"op"`).

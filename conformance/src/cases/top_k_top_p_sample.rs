@@ -6,12 +6,13 @@ use specula_backend_api::ops::*;
 
 use super::generate::{
     EDGE_SEEDS, FLOAT_DTYPES, HOSTILE_TOP_P, Rng, f32s, hostile_logit_rows, hostile_prob_rows, i32s,
-    logit_row, pick_temperature, prob_row, rows_with_ties, u64s, weightless_rows, with_score_rows,
+    logit_row, pick_temperature, prob_row, rows_with_ties, u64s, weightless_even_rows, with_score_rows,
 };
 use super::process_logits::{self, ProcessingBuffers, Setup, processing_specs};
 use super::{Size, row_gens};
 use crate::Result;
-use crate::case::{Case, Dims, TensorSpec, Want, scores_specs};
+use crate::case::{Dims, TensorSpec, Want, scores_specs};
+use crate::cases::Case;
 use specula_backend_api::ops::process_logits::{PENALTY_FIELDS, mask_words, penalty};
 use crate::exec::{OpCase, Runner};
 
@@ -159,7 +160,7 @@ fn fallback_cases() -> Vec<Case> {
     for logits in [false, true] {
         let mut rng = Rng::new("sample/fallback", u64::from(logits));
         let rows = fallback.len();
-        let scores = weightless_rows(&mut rng, rows, vocab, logits);
+        let scores = weightless_even_rows(&mut rng, rows, vocab, logits);
         let temperature: Vec<f32> = (0..rows).map(|r| [1.0, 0.0, 0.7][r % 3]).collect();
         let top_k: Vec<i32> = (0..rows).map(|r| [0, 1, 5][r % 3]).collect();
         let top_p = vec![0.9; rows];

@@ -6,12 +6,13 @@ use specula_backend_api::ops::*;
 
 use super::generate::{
     FLOAT_DTYPES, HOSTILE_TOP_P, Rng, f32s, float_tensor, hostile_logit_rows, hostile_prob_rows, i32s,
-    logit_row, pick_temperature, prob_row, rows_with_ties, weightless_rows, with_score_rows,
+    logit_row, pick_temperature, prob_row, rows_with_ties, weightless_even_rows, with_score_rows,
 };
 use super::top_k_top_p_sample::pick_top_p;
 use super::{Size, row_gens};
 use crate::Result;
-use crate::case::{Case, TensorSpec, Want, scores_specs};
+use crate::case::{TensorSpec, Want, scores_specs};
+use crate::cases::Case;
 use crate::exec::{OpCase, Runner};
 use crate::tensor::HostTensor;
 
@@ -300,7 +301,7 @@ fn fallback_cases() -> Vec<Case> {
     for logits in [false, true] {
         let mut rng = Rng::new("candidates/fallback", u64::from(logits));
         let rows = fallback.len();
-        let scores = weightless_rows(&mut rng, rows, vocab, logits);
+        let scores = weightless_even_rows(&mut rng, rows, vocab, logits);
         let temperature: Vec<f32> = (0..rows).map(|r| [1.0, 0.0, 0.7][r % 3]).collect();
         let top_p = vec![0.9; rows];
         let name = format!("fallback_{}", if logits { "logits" } else { "probs" });

@@ -5,14 +5,15 @@ use specula_backend_api::DType;
 use specula_backend_api::ops::*;
 
 use crate::Result;
-use crate::case::{Case, Dims, TensorSpec, Want};
+use crate::case::{Dims, TensorSpec, Want};
+use crate::cases::Case;
 use crate::exec::{OpCase, Runner};
 use specula_backend_api::abi::MAX_INFER_SEED;
 
 use super::Size;
 use super::build_output_layout::batch_shapes;
 use super::generate::{
-    Batch, EDGE_SEEDS, Kind, Rng, batch_name, dims, garbage_i32, i32s, u8s, u64s,
+    Batch, EDGE_SEEDS, Kind, Rng, batch_name, dims, garbage_i32s, i32s, u8s, u64s,
 };
 
 /// The parameters of a `update_state` case (the JSON header of a case file, beside `"op"`).
@@ -205,12 +206,12 @@ impl State {
             dims: d,
             max_model_len,
             accept_tokens: vec![-1; n * s],
-            is_block_step: (0..n).map(|_| u8::from(rng.chance(0.05))).collect(),
+            is_block_step: (0..n).map(|_| u8::from(rng.chance(1, 20))).collect(),
             prompt_lens: vec![0; n],
             max_dec_len: vec![0; n],
             end_tokens,
             accept_num: vec![0; n],
-            stop_flags: (0..n).map(|_| u8::from(rng.chance(0.05))).collect(),
+            stop_flags: (0..n).map(|_| u8::from(rng.chance(1, 20))).collect(),
             token_ids_all: (0..n * max_model_len).map(|_| rng.token(vocab)).collect(),
             step_idx: vec![0; n],
             infer_seed: (0..n).map(|_| rng.seed()).collect(),
@@ -218,7 +219,7 @@ impl State {
             seq_lens_encoder: batch.encoder.clone(),
             seq_lens_decoder: vec![0; n],
             token_counts: rng
-                .chance(0.5)
+                .chance(1, 2)
                 .then(|| (vocab, (0..n * vocab).map(|_| rng.below(3) as i32).collect())),
         };
         for b in 0..n {
@@ -230,7 +231,7 @@ impl State {
             };
             let step = if prefill {
                 0
-            } else if rng.chance(0.15) {
+            } else if rng.chance(3, 20) {
                 max_model_len - p - rng.below(s.min(max_model_len - p) + 1)
             } else {
                 rng.below(max_model_len - p)
@@ -238,7 +239,7 @@ impl State {
             st.prompt_lens[b] = p as i32;
             st.step_idx[b] = step as i32;
             st.seq_lens_decoder[b] = if prefill { 0 } else { (p + step) as i32 };
-            st.max_dec_len[b] = if rng.chance(0.2) {
+            st.max_dec_len[b] = if rng.chance(1, 5) {
                 (step + rng.range(1, s + 1)) as i32
             } else {
                 100_000
@@ -250,7 +251,7 @@ impl State {
             };
             st.accept_num[b] = emitted as i32;
             for k in 0..emitted {
-                st.accept_tokens[b * s + k] = if rng.chance(0.05) {
+                st.accept_tokens[b * s + k] = if rng.chance(1, 20) {
                     st.end_tokens[0]
                 } else {
                     rng.token(vocab)
@@ -383,7 +384,7 @@ fn hostile() -> Vec<Case> {
         let mut rng = Rng::new("update_state/hostile", i as u64);
         let mut st = State::random(&mut rng, d, 64);
         let n = d.max_bsz;
-        let garbage = |rng: &mut Rng, hi| garbage_i32(rng, n, hi);
+        let garbage = |rng: &mut Rng, hi| garbage_i32s(rng, n, hi);
         st.accept_num = garbage(&mut rng, 2 * d.max_step_tokens);
         st.step_idx = garbage(&mut rng, 80);
         st.prompt_lens = garbage(&mut rng, 80);

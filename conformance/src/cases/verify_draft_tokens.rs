@@ -9,12 +9,13 @@ use specula_backend_api::{Buffer, DType, Strategy};
 use super::Size;
 use super::build_output_layout::batch_shapes;
 use super::generate::{
-    Batch, EDGE_SEEDS, Kind, Rng, batch_name, candidates_of, dims, f32s, float_tensor, garbage_i32,
+    Batch, EDGE_SEEDS, Kind, Rng, batch_name, candidates_of, dims, f32s, float_tensor, garbage_i32s,
     i32s, logit_row, pick_temperature, prob_row, round_to, sample_index, softmax_f64, u8s, u64s,
 };
 use super::top_k_top_p_sample::{pick_top_k, pick_top_p};
 use crate::{ConformanceError, Result};
-use crate::case::{Case, CaseParams, Dims, TensorSpec, Want, scores_specs};
+use crate::case::{Dims, TensorSpec, Want, scores_specs};
+use crate::cases::{Case, CaseParams};
 use crate::exec::{HostLens, LensBuffers, OpCase, Runner, ScoreBuffers};
 
 /// The parameters of a `verify_draft_tokens` case (the JSON header of a case file, beside `"op"`).
@@ -338,15 +339,15 @@ impl State {
             .map(|_| rng.token(vocab))
             .collect();
         for b in 0..d.max_bsz {
-            s.stop_flags[b] = u8::from(rng.chance(0.05));
-            s.is_block_step[b] = u8::from(rng.chance(0.05));
-            s.reasoning_status[b] = if rng.chance(0.08) {
+            s.stop_flags[b] = u8::from(rng.chance(1, 20));
+            s.is_block_step[b] = u8::from(rng.chance(1, 20));
+            s.reasoning_status[b] = if rng.chance(2, 25) {
                 1
             } else {
                 rng.pick(&[0, 0, 2])
             };
             s.step_idx[b] = rng.below(500) as i32;
-            s.max_dec_len[b] = if rng.chance(0.2) {
+            s.max_dec_len[b] = if rng.chance(1, 5) {
                 s.step_idx[b] + rng.range(1, 2 * d.max_step_tokens) as i32
             } else {
                 4096
@@ -360,7 +361,7 @@ impl State {
 
     /// Emits an end token now and then, so stops by end token happen.
     fn maybe_end(&self, rng: &mut Rng, token: i32) -> i32 {
-        if rng.chance(0.03) {
+        if rng.chance(3, 100) {
             self.end_tokens[rng.below(self.end_tokens.len())]
         } else {
             token
@@ -464,7 +465,7 @@ fn token_case(
         })
         .collect();
     for (_, row, pos) in s.decode_rows() {
-        s.draft_tokens[pos] = if rng.chance(0.8) {
+        s.draft_tokens[pos] = if rng.chance(4, 5) {
             target[row]
         } else {
             rng.token(s.vocab)
@@ -522,7 +523,7 @@ fn topp_case(
     let (ids, scores, lens) = topp_tensors(rng, &s, c);
     for (_, row, pos) in s.decode_rows() {
         let n = lens[row] as usize;
-        s.draft_tokens[pos] = if rng.chance(0.75) {
+        s.draft_tokens[pos] = if rng.chance(3, 4) {
             ids[row * c + rng.below(n)]
         } else {
             rng.token(s.vocab)
@@ -1166,20 +1167,20 @@ fn hostile() -> Vec<Case> {
         let rows = state.rows;
         out.push(named("garbage_offsets").with(
             "cu_seqlens_q_output",
-            i32s(&garbage_i32(&mut rng, d.real_bsz + 1, rows + 4)),
+            i32s(&garbage_i32s(&mut rng, d.real_bsz + 1, rows + 4)),
         ));
         out.push(
             named("garbage_lengths")
                 .with(
                     "seq_lens_this_time",
-                    i32s(&garbage_i32(&mut rng, d.max_bsz, 2 * d.max_step_tokens)),
+                    i32s(&garbage_i32s(&mut rng, d.max_bsz, 2 * d.max_step_tokens)),
                 )
                 .with(
                     "seq_lens_encoder",
-                    i32s(&garbage_i32(&mut rng, d.max_bsz, 3)),
+                    i32s(&garbage_i32s(&mut rng, d.max_bsz, 3)),
                 ),
         );
-        let mut ids = garbage_i32(&mut rng, d.max_bsz * d.max_step_tokens, vocab + 10);
+        let mut ids = garbage_i32s(&mut rng, d.max_bsz * d.max_step_tokens, vocab + 10);
         for (k, t) in ids.iter_mut().enumerate() {
             if k % 3 == 0 {
                 *t = -(rng.below(5) as i32) - 1;
@@ -1199,9 +1200,9 @@ fn hostile() -> Vec<Case> {
                         .map(|k| [0, 0, 0, 128][(k + 1) % 4])
                         .collect::<Vec<u8>>()),
                 )
-                .with("reasoning_status", i32s(&garbage_i32(&mut rng, n, 2)))
-                .with("step_idx", i32s(&garbage_i32(&mut rng, n, 20)))
-                .with("max_dec_len", i32s(&garbage_i32(&mut rng, n, 20)))
+                .with("reasoning_status", i32s(&garbage_i32s(&mut rng, n, 2)))
+                .with("step_idx", i32s(&garbage_i32s(&mut rng, n, 20)))
+                .with("max_dec_len", i32s(&garbage_i32s(&mut rng, n, 20)))
                 .with("end_tokens", i32s(&[-1, i32::MAX, 5]))
                 .with(
                     "seeds",
@@ -1216,12 +1217,12 @@ fn hostile() -> Vec<Case> {
             Strategy::Greedy | Strategy::TargetMatch => {
                 out.push(named("bad_target_ids").with(
                     "target_tokens",
-                    i32s(&garbage_i32(&mut rng, rows, vocab + 10)),
+                    i32s(&garbage_i32s(&mut rng, rows, vocab + 10)),
                 ));
             }
             Strategy::TopP => {
                 let c = 8;
-                let ids = garbage_i32(&mut rng, rows * c, vocab + 10);
+                let ids = garbage_i32s(&mut rng, rows * c, vocab + 10);
                 let scores: Vec<f32> = (0..rows * c)
                     .map(|_| {
                         rng.pick(&[
@@ -1240,7 +1241,7 @@ fn hostile() -> Vec<Case> {
                     named("bad_candidates")
                         .with("candidate_ids", i32s(&ids))
                         .with("candidate_scores", f32s(&scores))
-                        .with("candidate_lens", i32s(&garbage_i32(&mut rng, rows, 2 * c))),
+                        .with("candidate_lens", i32s(&garbage_i32s(&mut rng, rows, 2 * c))),
                 );
             }
             Strategy::Rejection => {
@@ -1278,7 +1279,7 @@ fn hostile() -> Vec<Case> {
                                 "draft_probs",
                                 float_tensor(dtype, &[draft_rows, vocab], &draft),
                             )
-                            .with("top_k", i32s(&garbage_i32(&mut rng, rows, vocab + 5)))
+                            .with("top_k", i32s(&garbage_i32s(&mut rng, rows, vocab + 5)))
                             .with(
                                 "top_p",
                                 f32s(
@@ -1314,7 +1315,7 @@ fn hostile() -> Vec<Case> {
 #[cfg(test)]
 mod tests {
     use super::compact_pairs;
-    use crate::exec::run_case;
+    use crate::cases::run_case;
     use specula_backend_api::Device;
 
     /// The compact draft rows give the dense layout's tokens, on the reference and on the CPU.

@@ -1,6 +1,7 @@
 //! Cases written by hand, shared by the integration tests.
 
-use specula_conformance::case::{Case, Dims};
+use specula_conformance::case::Dims;
+use specula_conformance::cases::Case;
 use specula_conformance::cases::verify_draft_tokens;
 use specula_conformance::tensor::HostTensor;
 

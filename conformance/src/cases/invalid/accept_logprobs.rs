@@ -9,7 +9,8 @@ use super::{
     vocab_cases,
 };
 use crate::case::ErrorKind::InvalidArgument;
-use crate::case::{Case, Dims};
+use crate::case::Dims;
+use crate::cases::Case;
 use crate::cases::accept_logprobs::Params;
 use crate::cases::generate::{f32s, i32s};
 

@@ -4,7 +4,7 @@ use specula_backend_api::DType;
 
 use super::Break::{Dtype, Foreign, Short};
 use super::{VOCAB, batch, logit_rows, vocab_op_cases};
-use crate::case::Case;
+use crate::cases::Case;
 use crate::cases::argmax::Params;
 
 /// `T_out` rows of logits, with `vocab` as the parameter.

@@ -5,7 +5,8 @@ use specula_backend_api::DType;
 use super::Break::{Foreign, HostDtype, Long, Short};
 use super::{batch, broken, dims_cases, host_lens_cases, reject};
 use crate::case::ErrorKind::ShapeMismatch;
-use crate::case::{Case, Dims};
+use crate::case::Dims;
+use crate::cases::Case;
 use crate::cases::build_output_layout::Params;
 
 /// The batch's lengths with `dims` and `rows` (of `batch_id_per_token_output`) as the

@@ -8,7 +8,8 @@ use super::{
     resized,
 };
 use crate::case::ErrorKind::ShapeMismatch;
-use crate::case::{Case, Dims};
+use crate::case::Dims;
+use crate::cases::Case;
 use crate::cases::build_sampling_params::Params;
 use crate::cases::generate::{f32s, i32s, u64s};
 

@@ -5,7 +5,8 @@ use specula_backend_api::DType;
 use super::Break::{Dtype, Foreign, HostDtype, Long, Short};
 use super::{HIDDEN, batch, broken, dims_cases, foreign, host_lens_cases, reject, resized};
 use crate::case::ErrorKind::{InvalidArgument, ShapeMismatch};
-use crate::case::{Case, Dims};
+use crate::case::Dims;
+use crate::cases::Case;
 use crate::cases::gather_next_token::Params;
 use crate::cases::generate::{float_tensor, i32s};
 

@@ -8,7 +8,8 @@ use specula_backend_api::ops::process_logits::mask_words;
 use super::Break::{Dtype, Empty, Foreign, HostDtype, Long, Short};
 use super::{VOCAB, bad_entry, batch, broken, dims_cases, reject, vocab_cases};
 use crate::case::ErrorKind::{InvalidArgument, ShapeMismatch};
-use crate::case::{Case, Dims};
+use crate::case::Dims;
+use crate::cases::Case;
 use crate::cases::process_logits::Setup;
 
 /// The output rows of the batch (capacity `real_bsz · S`) with every parameter on, processed as

@@ -4,7 +4,7 @@ use specula_backend_api::DType;
 
 use super::Break::{Dtype, Foreign, Short};
 use super::{VOCAB, batch, broken, logit_rows};
-use crate::case::Case;
+use crate::cases::Case;
 use crate::cases::generate::{f32s, u64s};
 use crate::cases::shard_exp_sum::Params;
 use crate::cases::sharded_rows::Slice;

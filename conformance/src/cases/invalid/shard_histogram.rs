@@ -4,16 +4,16 @@ use specula_backend_api::DType;
 
 use super::Break::{Dtype, Foreign, Long, Short};
 use super::{VOCAB, batch, broken, logit_rows, reject};
-use crate::case::Case;
+use crate::cases::Case;
 use crate::case::ErrorKind::InvalidArgument;
 use crate::cases::generate::{f32s, u64s};
 use crate::cases::shard_histogram::Params;
-use crate::cases::sharded_rows::Slice;
+use crate::cases::sharded_rows::{Slice, SliceRows};
 
 /// `T_out` logits rows of `slice` in the first round, `shift` as the parameter.
 fn with(slice: Slice, shift: u32) -> Case {
     let rows = batch().t_out();
-    let params = Params { rows, slice, logits: true, shift };
+    let params = Params { shard: SliceRows::new(rows, slice, true), shift };
     Case::new("baseline", params)
         .with("logits", logit_rows(rows, slice.len.max(1)))
         .with("temperature", f32s(&[1.0, 0.7, 0.0, 2.5]))

@@ -5,16 +5,16 @@ use specula_backend_api::shard::KeyOrder;
 
 use super::Break::{Dtype, Foreign, Short};
 use super::{VOCAB, batch, broken, logit_rows, reject};
-use crate::case::Case;
+use crate::cases::Case;
 use crate::case::ErrorKind::InvalidArgument;
 use crate::cases::generate::{f32s, i32s};
 use crate::cases::shard_key::Params;
-use crate::cases::sharded_rows::Slice;
+use crate::cases::sharded_rows::{Slice, SliceRows};
 
 /// `T_out` logits rows of `slice`, with per-row ids.
 fn with_slice(slice: Slice) -> Case {
     let rows = batch().t_out();
-    let params = Params { rows, slice, logits: true, order: KeyOrder::Rank };
+    let params = Params { shard: SliceRows::new(rows, slice, true), order: KeyOrder::Rank };
     Case::new("baseline", params)
         .with("logits", logit_rows(rows, slice.len.max(1)))
         .with("temperature", f32s(&vec![1.0; rows]))

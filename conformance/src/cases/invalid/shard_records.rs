@@ -5,16 +5,16 @@ use specula_backend_api::shard::KeyOrder;
 
 use super::Break::{Dtype, Foreign, Short};
 use super::{VOCAB, batch, broken, prob_rows, reject};
-use crate::case::Case;
+use crate::cases::Case;
 use crate::case::ErrorKind::InvalidArgument;
 use crate::cases::generate::{f32s, u64s};
 use crate::cases::shard_records::Params;
-use crate::cases::sharded_rows::Slice;
+use crate::cases::sharded_rows::{Slice, SliceRows};
 
 /// `T_out` probability rows of `slice` with their row keys and min_p, `records` per row.
 fn with(slice: Slice, records: usize) -> Case {
     let rows = batch().t_out();
-    let params = Params { rows, slice, logits: false, records, order: KeyOrder::Rank };
+    let params = Params { shard: SliceRows::new(rows, slice, false), records, order: KeyOrder::Rank };
     Case::new("baseline", params)
         .with("probs", prob_rows(rows, slice.len.max(1)))
         .with("row_key", u64s(&[1 << 60; 4]))

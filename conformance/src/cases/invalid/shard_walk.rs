@@ -4,16 +4,16 @@ use specula_backend_api::DType;
 
 use super::Break::{Dtype, Foreign, Short};
 use super::{VOCAB, batch, broken, prob_rows, reject};
-use crate::case::Case;
+use crate::cases::Case;
 use crate::case::ErrorKind::InvalidArgument;
 use crate::cases::generate::{i32s, u64s};
 use crate::cases::shard_walk::Params;
-use crate::cases::sharded_rows::Slice;
+use crate::cases::sharded_rows::{Slice, SliceRows};
 
 /// `T_out` probability rows of `slice` with REJECTION's residual against 2 draft rows.
 fn with_slice(slice: Slice) -> Case {
     let rows = batch().t_out();
-    let params = Params { rows, slice, logits: false, draft_rows: 2 };
+    let params = Params { shard: SliceRows::new(rows, slice, false), draft_rows: 2 };
     Case::new("baseline", params)
         .with("probs", prob_rows(rows, slice.len.max(1)))
         .with("row_key", u64s(&[1 << 51; 4]))

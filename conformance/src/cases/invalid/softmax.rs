@@ -4,7 +4,7 @@ use specula_backend_api::DType;
 
 use super::Break::{Dtype, Foreign, HostDtype, Long};
 use super::{VOCAB, batch, host_temperature_cases, logit_rows, vocab_op_cases};
-use crate::case::Case;
+use crate::cases::Case;
 use crate::cases::generate::f32s;
 use crate::cases::softmax::Params;
 

@@ -7,7 +7,7 @@ use super::{VOCAB, batch, host_top_p_cases, prob_rows, reject, vocab_op_cases};
 use crate::case::ErrorKind::InvalidArgument;
 use crate::cases::process_logits::golden_setups;
 use crate::cases::top_k_top_p_sample::processed_case;
-use crate::case::Case;
+use crate::cases::Case;
 use crate::cases::generate::{f32s, i32s, u64s};
 use crate::cases::top_k_top_p_sample::Params;
 

@@ -5,7 +5,7 @@ use specula_backend_api::abi::MAX_CANDIDATES;
 
 use super::Break::{Dtype, Foreign, HostDtype, Short};
 use super::{CANDIDATES, VOCAB, batch, broken, host_top_p_cases, prob_rows, reject, vocab_cases};
-use crate::case::Case;
+use crate::cases::Case;
 use crate::case::ErrorKind::InvalidArgument;
 use crate::cases::generate::{f32s, i32s};
 use crate::cases::top_p_candidates::Params;

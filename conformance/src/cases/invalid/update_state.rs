@@ -7,7 +7,8 @@ use specula_backend_api::DType;
 use super::Break::{Dtype, Empty, Foreign, Long, Short};
 use super::{END_TOKENS, MAX_MODEL_LEN, batch, broken, dims_cases, reject};
 use crate::case::ErrorKind::InvalidArgument;
-use crate::case::{Case, Dims};
+use crate::case::Dims;
+use crate::cases::Case;
 use crate::cases::generate::{i32s, u8s, u64s};
 use crate::cases::update_state::Params;
 

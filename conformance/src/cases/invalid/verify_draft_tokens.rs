@@ -10,7 +10,8 @@ use super::{
     reject, too_long, too_short, vocab_cases, wrong_dtype,
 };
 use crate::case::ErrorKind::{InvalidArgument, ShapeMismatch};
-use crate::case::{Case, CaseParams, Dims};
+use crate::case::Dims;
+use crate::cases::{Case, CaseParams};
 use crate::cases::generate::{f32s, i32s, u8s, u64s};
 use crate::cases::verify_draft_tokens::Params;
 
