@@ -113,6 +113,46 @@ pub fn download(download: Download<'_>) -> Result<Vec<u8>> {
     Ok(bytes(download.src())?.to_vec())
 }
 
+/// The [`Backend`](crate::Backend) methods every host-memory device writes the same way, for the
+/// CPU backend and the reference alike: `desc` (the device's `desc` field), `run_alloc_zeroed`,
+/// `run_upload` and `run_download` through this module, `host_memory` (true) and
+/// `run_synchronize` (nothing to wait for: every op has finished when its call returns). Each
+/// device writes `run_write` (the CPU backend marks the count tables a write covers) and `run`.
+#[macro_export]
+macro_rules! host_memory_backend {
+    () => {
+        fn desc(&self) -> &$crate::backend::DeviceDesc {
+            &self.desc
+        }
+
+        fn run_alloc_zeroed(
+            &self,
+            alloc: $crate::backend::Alloc,
+        ) -> $crate::Result<$crate::Buffer> {
+            $crate::host::alloc_zeroed(&self.desc, alloc)
+        }
+
+        fn run_upload(
+            &self,
+            upload: $crate::backend::Upload<'_>,
+        ) -> $crate::Result<$crate::Buffer> {
+            $crate::host::upload(&self.desc, upload)
+        }
+
+        fn run_download(&self, download: $crate::backend::Download<'_>) -> $crate::Result<Vec<u8>> {
+            $crate::host::download(download)
+        }
+
+        fn host_memory(&self) -> bool {
+            true
+        }
+
+        fn run_synchronize(&self) -> $crate::Result<()> {
+            Ok(())
+        }
+    };
+}
+
 /// An internal fault: a buffer whose storage is not host memory, or a window outside its
 /// allocation. Validation rules both out, so this reports a broken invariant (never a panic).
 fn fault(what: &str) -> Error {

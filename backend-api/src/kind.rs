@@ -86,6 +86,23 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
+    /// Every op on every float dtype, with no buffer limit: logits rows, processing (sliced as
+    /// well) and the sharded ops, but no fused processed sample and no row-block hint. A device
+    /// states what it adds or lacks with struct update syntax
+    /// (`Capabilities { fused_processing: true, ..Capabilities::every_op() }`).
+    pub fn every_op() -> Self {
+        Capabilities {
+            float_dtypes: DType::FLOATS.to_vec(),
+            max_buffer_bytes: None,
+            logits: true,
+            processing: true,
+            sliced_processing: true,
+            fused_processing: false,
+            row_block_bytes: None,
+            sharded: true,
+        }
+    }
+
     /// Whether `op` accepts float inputs of `dtype` on this device.
     pub fn supports(&self, op: Op, dtype: DType) -> bool {
         match op {

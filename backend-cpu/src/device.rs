@@ -1,8 +1,8 @@
 //! `CpuDevice`: the `Device` implementation.
 
-use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
+use specula_backend_api::backend::{AnyCall, Backend, DeviceDesc, Write};
 use specula_backend_api::{
-    BackendKind, Buffer, Capabilities, DType, Device, DeviceInfo, Error, Op, Result,
+    BackendKind, Buffer, Capabilities, Device, DeviceInfo, Error, Op, Result,
 };
 
 use crate::ops;
@@ -67,14 +67,9 @@ impl CpuDevice {
             driver: "rayon".to_owned(),
         };
         let capabilities = Capabilities {
-            float_dtypes: DType::FLOATS.to_vec(),
-            max_buffer_bytes: None,
-            logits: true,
-            sliced_processing: true,
-            processing: true,
             fused_processing: true,
             row_block_bytes: row_block_bytes(),
-            sharded: true,
+            ..Capabilities::every_op()
         };
         Ok(CpuDevice {
             desc: DeviceDesc::new(info, capabilities),
@@ -167,17 +162,7 @@ impl CpuDevice {
 }
 
 impl Backend for CpuDevice {
-    fn desc(&self) -> &DeviceDesc {
-        &self.desc
-    }
-
-    fn run_alloc_zeroed(&self, alloc: Alloc) -> Result<Buffer> {
-        host::alloc_zeroed(&self.desc, alloc)
-    }
-
-    fn run_upload(&self, upload: Upload<'_>) -> Result<Buffer> {
-        host::upload(&self.desc, upload)
-    }
+    specula_backend_api::host_memory_backend!();
 
     fn run_write(&self, mut write: Write<'_, '_>) -> Result<()> {
         let (dst, bytes) = write.parts();
@@ -185,18 +170,6 @@ impl Backend for CpuDevice {
         host::bytes_mut(dst)?.copy_from_slice(bytes);
         // A write to a count table marks the slots it covers for a new scan.
         self.counted.written(before, dst);
-        Ok(())
-    }
-
-    fn run_download(&self, download: Download<'_>) -> Result<Vec<u8>> {
-        host::download(download)
-    }
-
-    fn host_memory(&self) -> bool {
-        true
-    }
-
-    fn run_synchronize(&self) -> Result<()> {
         Ok(())
     }
 

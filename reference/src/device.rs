@@ -1,7 +1,7 @@
 //! `ReferenceDevice`: the `Backend` implementation.
 
-use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
-use specula_backend_api::{BackendKind, Buffer, Capabilities, DType, DeviceInfo, Result};
+use specula_backend_api::backend::{AnyCall, Backend, DeviceDesc, Write};
+use specula_backend_api::{BackendKind, Capabilities, DeviceInfo, Result};
 
 use crate::ops;
 use specula_backend_api::host;
@@ -25,18 +25,8 @@ impl ReferenceDevice {
             name: "reference".to_owned(),
             driver: "plain Rust, single-threaded".to_owned(),
         };
-        let capabilities = Capabilities {
-            float_dtypes: DType::FLOATS.to_vec(),
-            max_buffer_bytes: None,
-            logits: true,
-            sliced_processing: true,
-            processing: true,
-            fused_processing: false,
-            row_block_bytes: None,
-            sharded: true,
-        };
         ReferenceDevice {
-            desc: DeviceDesc::new(info, capabilities),
+            desc: DeviceDesc::new(info, Capabilities::every_op()),
         }
     }
 }
@@ -48,33 +38,10 @@ impl Default for ReferenceDevice {
 }
 
 impl Backend for ReferenceDevice {
-    fn desc(&self) -> &DeviceDesc {
-        &self.desc
-    }
-
-    fn run_alloc_zeroed(&self, alloc: Alloc) -> Result<Buffer> {
-        host::alloc_zeroed(&self.desc, alloc)
-    }
-
-    fn run_upload(&self, upload: Upload<'_>) -> Result<Buffer> {
-        host::upload(&self.desc, upload)
-    }
+    specula_backend_api::host_memory_backend!();
 
     fn run_write(&self, write: Write<'_, '_>) -> Result<()> {
         host::write(write)
-    }
-
-    fn run_download(&self, download: Download<'_>) -> Result<Vec<u8>> {
-        host::download(download)
-    }
-
-    fn host_memory(&self) -> bool {
-        true
-    }
-
-    fn run_synchronize(&self) -> Result<()> {
-        // Every op has finished when its call returns.
-        Ok(())
     }
 
     fn run(&self, call: AnyCall<'_, '_>) -> Result<()> {
