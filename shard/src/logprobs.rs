@@ -21,7 +21,7 @@ use specula_backend_api::shard::{
 use specula_backend_api::{Buffer, DeviceExt};
 
 use crate::error::{Result, ShardError};
-use crate::rows::{Shard, SliceRows};
+use crate::rows::{Shard, SliceRows, pair_rounds};
 use crate::sample::walk_with;
 
 /// One packed entry: an accepted token and the row it is scored against (if it exists).
@@ -274,16 +274,9 @@ fn counts_above(
     pairs: &[(usize, i32)],
     keys: &[u64],
 ) -> Result<Vec<u64>> {
-    let mut round = vec![0usize; pairs.len()];
-    let mut asked = vec![0usize; rows];
-    for (i, &(r, _)) in pairs.iter().enumerate() {
-        round[i] = asked[r];
-        asked[r] += 1;
-    }
     let weighed = ShardRows::new(logits, row_key);
     let mut counts = vec![0u64; pairs.len()];
-    for k in 0..asked.iter().copied().max().unwrap_or(0) {
-        let members: Vec<usize> = (0..pairs.len()).filter(|&i| round[i] == k).collect();
+    for members in pair_rounds(pairs, rows) {
         let mut threshold = vec![u64::MAX; rows];
         for &i in &members {
             threshold[pairs[i].0] = above_value(keys[i]);

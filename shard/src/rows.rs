@@ -206,17 +206,9 @@ impl Shard<'_> {
         order: KeyOrder,
     ) -> Result<Vec<u64>> {
         use specula_backend_api::ops::{ShardKeyInputs, ShardKeyParams};
-        let mut round = vec![0usize; pairs.len()];
-        let mut asked = vec![0usize; rows];
-        for (i, &(r, _)) in pairs.iter().enumerate() {
-            round[i] = asked[r];
-            asked[r] += 1;
-        }
-        let rounds = asked.iter().copied().max().unwrap_or(0);
         let mut keys = vec![NO_KEY; pairs.len()];
         let mut out = self.device.alloc::<u64>(rows)?;
-        for k in 0..rounds {
-            let members: Vec<usize> = (0..pairs.len()).filter(|&i| round[i] == k).collect();
+        for members in pair_rounds(pairs, rows) {
             let mut ids = vec![-1i32; rows];
             for &i in &members {
                 ids[pairs[i].0] = pairs[i].1;
@@ -241,5 +233,36 @@ impl Shard<'_> {
     /// The device rows weighed under `row_key` (uploaded).
     pub(crate) fn weighed<'b>(rows: &SliceRows<'b>, row_key: &'b Buffer) -> ShardRows<'b> {
         ShardRows::new(rows.scores, row_key).with_min_p(rows.min_p)
+    }
+}
+
+/// The rounds in which `pairs[i] = (row, id)` of `rows` rows are asked: each round the indices of
+/// `pairs` that name a row at most once, in order, the `n`-th pair naming a row in round `n`.
+pub(crate) fn pair_rounds(pairs: &[(usize, i32)], rows: usize) -> Vec<Vec<usize>> {
+    let mut asked = vec![0usize; rows];
+    let mut rounds: Vec<Vec<usize>> = Vec::new();
+    for (i, &(r, _)) in pairs.iter().enumerate() {
+        let k = asked[r];
+        asked[r] += 1;
+        if k == rounds.len() {
+            rounds.push(Vec::new());
+        }
+        rounds[k].push(i);
+    }
+    rounds
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pair_rounds;
+
+    #[test]
+    fn a_row_named_again_waits_for_the_next_round() {
+        let pairs = [(0, 5), (2, 1), (0, 7), (1, 3), (0, 9), (2, 2)];
+        assert_eq!(
+            pair_rounds(&pairs, 3),
+            vec![vec![0, 1, 3], vec![2, 5], vec![4]]
+        );
+        assert!(pair_rounds(&[], 4).is_empty());
     }
 }
