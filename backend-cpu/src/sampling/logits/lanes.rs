@@ -303,6 +303,58 @@ pub(crate) fn estimate_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> 
     estimate_store_generic(row, lanes, out)
 }
 
+/// The block-sums loop of the vector widths: `block_sum` estimates one whole block of
+/// [`SUM_BLOCK`] tokens; a last, partial block is summed token by token. Returns the total.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn block_sums_with(
+    row: &[f32],
+    lanes: &RowLanes,
+    sums: &mut [f64],
+    mut block_sum: impl FnMut(&[f32]) -> f64,
+) -> f64 {
+    let mut total = 0.0;
+    let mut blocks = row.chunks_exact(SUM_BLOCK);
+    for (block, sum) in (&mut blocks).zip(sums.iter_mut()) {
+        *sum = block_sum(block);
+        total += *sum;
+    }
+    let tail = blocks.remainder();
+    if let (false, Some(sum)) = (tail.is_empty(), sums.get_mut(row.len() / SUM_BLOCK)) {
+        *sum = tail
+            .iter()
+            .map(|&l| f64::from(estimate_of_gap(lanes.gap_of(l), lanes)))
+            .sum();
+        total += *sum;
+    }
+    total
+}
+
+/// The store loop of the vector widths: `step` estimates (and stores, and accumulates) one
+/// vector of `N` tokens into its slots of `out`; the tokens past the last whole vector are
+/// estimated one by one. Returns the sum of those last ones.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn store_with<const N: usize>(
+    row: &[f32],
+    lanes: &RowLanes,
+    out: &mut [f32],
+    mut step: impl FnMut(&[f32], &mut [f32]),
+) -> f64 {
+    let mut vectors = row.chunks_exact(N);
+    let mut outs = out.chunks_exact_mut(N);
+    for (v, o) in (&mut vectors).zip(&mut outs) {
+        step(v, o);
+    }
+    let mut rest = 0.0;
+    for (&l, o) in vectors.remainder().iter().zip(outs.into_remainder()) {
+        let w = estimate_of_gap(lanes.gap_of(l), lanes);
+        *o = w;
+        rest += f64::from(w);
+    }
+    rest
+}
+
 /// Lanes of the generic estimate loops.
 const EST_LANES: usize = 8;
 
@@ -415,7 +467,7 @@ fn max_and_clean_generic(row: &[f32]) -> (f32, bool) {
 /// Hand-written AVX-512 loops (LLVM keeps generic loops in 256-bit registers on these CPUs).
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{ESTIMATE_COEFFICIENTS, RowLanes, SUM_BLOCK, estimate_of_gap, exact_of_gap};
+    use super::{ESTIMATE_COEFFICIENTS, RowLanes, block_sums_with, exact_of_gap, store_with};
     use specula_backend_api::logit_weights::{EXP2_COEFFICIENTS, GAP_LIMIT};
     use std::arch::x86_64::*;
 
@@ -553,7 +605,7 @@ mod avx512 {
         "avx512f,avx512bw,avx512vl,avx512dq,avx512ifma"
     );
 
-    /// The estimates of 16 logits: [`estimate_of_gap`] in lanes, the same bits.
+    /// The estimates of 16 logits: [`super::estimate_of_gap`] in lanes, the same bits.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
     fn estimate16(l: __m512, lanes: &RowLanes) -> __m512 {
@@ -607,9 +659,7 @@ mod avx512 {
         lanes: &RowLanes,
         sums: &mut [f64],
     ) -> f64 {
-        let mut total = 0.0;
-        let mut blocks = row.chunks_exact(SUM_BLOCK);
-        for (block, sum) in (&mut blocks).zip(sums.iter_mut()) {
+        block_sums_with(row, lanes, sums, |block| {
             let (mut acc0, mut acc1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
             for v in block.chunks_exact(64) {
                 // SAFETY: `v` holds 64 f32.
@@ -617,18 +667,8 @@ mod avx512 {
                 acc0 = _mm512_add_pd(acc0, low);
                 acc1 = _mm512_add_pd(acc1, high);
             }
-            *sum = _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
-            total += *sum;
-        }
-        let tail = blocks.remainder();
-        if let (false, Some(sum)) = (tail.is_empty(), sums.get_mut(row.len() / SUM_BLOCK)) {
-            *sum = tail
-                .iter()
-                .map(|&l| f64::from(estimate_of_gap(lanes.gap_of(l), lanes)))
-                .sum();
-            total += *sum;
-        }
-        total
+            _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1))
+        })
     }
 
     /// See [`super::estimate_store`].
@@ -638,22 +678,14 @@ mod avx512 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
     pub(super) unsafe fn estimate_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
         let mut acc = _mm512_setzero_ps();
-        let mut vectors = row.chunks_exact(16);
-        let mut outs = out.chunks_exact_mut(16);
-        for (v, o) in (&mut vectors).zip(&mut outs) {
+        let rest = store_with::<16>(row, lanes, out, |v, o| {
             // SAFETY: `v` and `o` hold 16 f32.
             unsafe {
                 let w = estimate16(_mm512_loadu_ps(v.as_ptr()), lanes);
                 _mm512_storeu_ps(o.as_mut_ptr(), w);
                 acc = _mm512_add_ps(acc, w);
             }
-        }
-        let mut rest = 0.0;
-        for (&l, o) in vectors.remainder().iter().zip(outs.into_remainder()) {
-            let w = estimate_of_gap(lanes.gap_of(l), lanes);
-            *o = w;
-            rest += f64::from(w);
-        }
+        });
         let (low, high) = widen16(acc);
         _mm512_reduce_add_pd(_mm512_add_pd(low, high)) + rest
     }
@@ -664,7 +696,7 @@ mod avx512 {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{
-        ESTIMATE_COEFFICIENTS, RowLanes, SCALE_ROUNDER, SUM_BLOCK, estimate_of_gap, exact_of_gap,
+        ESTIMATE_COEFFICIENTS, RowLanes, SCALE_ROUNDER, block_sums_with, exact_of_gap, store_with,
     };
     use specula_backend_api::logit_weights::{EXP2_COEFFICIENTS, GAP_LIMIT};
     use std::arch::x86_64::*;
@@ -725,7 +757,7 @@ mod avx2 {
         _mm256_and_si256(live, w)
     }
 
-    /// The estimates of 8 logits: [`estimate_of_gap`] in lanes, the same bits.
+    /// The estimates of 8 logits: [`super::estimate_of_gap`] in lanes, the same bits.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     fn estimate8(l: __m256, lanes: &RowLanes) -> __m256 {
@@ -757,9 +789,7 @@ mod avx2 {
         lanes: &RowLanes,
         sums: &mut [f64],
     ) -> f64 {
-        let mut total = 0.0;
-        let mut blocks = row.chunks_exact(SUM_BLOCK);
-        for (block, sum) in (&mut blocks).zip(sums.iter_mut()) {
+        block_sums_with(row, lanes, sums, |block| {
             let (mut acc0, mut acc1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
             for v in block.chunks_exact(32) {
                 // SAFETY: `v` holds 32 f32.
@@ -772,18 +802,8 @@ mod avx2 {
             let mut halves = [0f64; 4];
             // SAFETY: `halves` holds 4 f64.
             unsafe { _mm256_storeu_pd(halves.as_mut_ptr(), _mm256_add_pd(acc0, acc1)) };
-            *sum = halves.iter().sum();
-            total += *sum;
-        }
-        let tail = blocks.remainder();
-        if let (false, Some(sum)) = (tail.is_empty(), sums.get_mut(row.len() / SUM_BLOCK)) {
-            *sum = tail
-                .iter()
-                .map(|&l| f64::from(estimate_of_gap(lanes.gap_of(l), lanes)))
-                .sum();
-            total += *sum;
-        }
-        total
+            halves.iter().sum()
+        })
     }
 
     /// See [`super::estimate_store`].
@@ -793,22 +813,14 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn estimate_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
         let mut acc = _mm256_setzero_ps();
-        let mut vectors = row.chunks_exact(8);
-        let mut outs = out.chunks_exact_mut(8);
-        for (v, o) in (&mut vectors).zip(&mut outs) {
+        let rest = store_with::<8>(row, lanes, out, |v, o| {
             // SAFETY: `v` and `o` hold 8 f32.
             unsafe {
                 let w = estimate8(_mm256_loadu_ps(v.as_ptr()), lanes);
                 _mm256_storeu_ps(o.as_mut_ptr(), w);
                 acc = _mm256_add_ps(acc, w);
             }
-        }
-        let mut rest = 0.0;
-        for (&l, o) in vectors.remainder().iter().zip(outs.into_remainder()) {
-            let w = estimate_of_gap(lanes.gap_of(l), lanes);
-            *o = w;
-            rest += f64::from(w);
-        }
+        });
         let mut lanes8 = [0f32; 8];
         // SAFETY: `lanes8` holds 8 f32.
         unsafe { _mm256_storeu_ps(lanes8.as_mut_ptr(), acc) };
