@@ -6,6 +6,9 @@
 //! evaluated. [`exp`] is a branch-free Cody–Waite reduction with a degree-6 polynomial (within
 //! 2 ulp of the correctly rounded value over the normal range, and exactly 0 at −inf), so the
 //! passes compile to straight vector code in the AVX-512 and AVX2 variants chosen at run time.
+//! The normaliser of `accept_logprobs` ([`sum_exp_reciprocal`]) has hand-written loops whose
+//! terms read only `y ≤ 0` and floor it at −87, which drops the range checks and the subnormal
+//! scaling of [`exp`] (about half the operations on the AVX2 loops).
 
 use specula_backend_api::FloatElement;
 
@@ -73,14 +76,6 @@ pub(crate) fn exp(x: f32) -> f32 {
 #[inline(always)]
 fn pow2(k: i32) -> f32 {
     f32::from_bits(((k + 127) as u32) << 23)
-}
-
-/// `(x − m) · inverse` with NaN read as −inf: the reciprocal loops' scaled logit, for their tails.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn scaled_finite_reciprocal(x: f32, m: f32, inverse: f32) -> f32 {
-    let y = (x - m) * inverse;
-    if y.is_nan() { f32::NEG_INFINITY } else { y }
 }
 
 /// The scaled logit of a finite temperature in a row whose maximum `m` is finite: `(x − m) / t`,
@@ -193,9 +188,10 @@ fn exp_into_generic<T: FloatElement>(row: &[T], max: f32, t: f32, out: &mut [f32
 }
 
 /// `Σ exp((x − max) · (1/t))` over an f32 row whose maximum `max` is finite, in sixteen AVX-512
-/// lanes (eight AVX2 lanes): the normaliser of `accept_logprobs`, which is tolerance-compared (§5.11), with the
-/// division by `t` replaced by a multiply by `1/t` (within an ulp of the quotient: its error in
-/// the sum is far below the tolerance). `None` where the loop does not apply: neither AVX-512 nor
+/// lanes (eight AVX2 lanes): the normaliser of `accept_logprobs`, which is tolerance-compared
+/// (§5.11), with the division by `t` replaced by a multiply by `1/t` (within an ulp of the
+/// quotient: its error in the sum is far below the tolerance). Each term is [`normaliser_term`],
+/// the same bits in every variant. `None` where the loop does not apply: neither AVX-512 nor
 /// AVX2, or a `t` whose reciprocal is not a normal f32 (the caller takes [`sum_exp`]).
 ///
 /// `next` is the row the caller reads next (or empty): its bytes at the offsets of the tokens
@@ -219,6 +215,44 @@ pub(crate) fn sum_exp_reciprocal(row: &[f32], max: f32, t: f32, next: &[f32]) ->
     None
 }
 
+/// The least scaled logit the normaliser's terms read: `e^y` of a smaller `y` (−inf and NaN
+/// included) counts as `e^-87` (`1.6 · 10^-38`, with `2^n` still a normal f32). The sum holds the
+/// maximum's term, 1, so what those terms add is below `V · 2^-125` of it, far under §5.11's
+/// tolerance.
+const TERM_FLOOR: f32 = -87.0;
+/// `1.5 · 2^23 + 127`: adding it to `y · log2(e)` (`|·| < 2^22`) rounds to an integer `n` and
+/// leaves `n + 127`, the biased exponent of `2^n`, in the low bits of the sum.
+const BIASED_ROUNDER: f32 = 12_583_039.0;
+/// Cephes' `e^r ≈ 1 + r + r² · p(r)` as one polynomial, the highest coefficient first (Horner
+/// with FMAs, one step fewer than the two-part form).
+const TERM_POLYNOMIAL: [f32; 8] = {
+    let mut c = [1.0; 8];
+    let mut k = 0;
+    while k < 6 {
+        c[k] = EXP_POLYNOMIAL[k];
+        k += 1;
+    }
+    c
+};
+
+/// A term `e^y` of the normaliser, `y = max((x − m) · inverse, TERM_FLOOR)` (NaN reads as the
+/// floor): the Cody–Waite reduction of [`exp`] with `2^n` from the exponent bits of the rounded
+/// sum, on `y ∈ [−87, 0]` only (so never subnormal; within 2 ulp of `e^y`). The scalar form of
+/// the vector loops, which give these bits.
+#[inline(always)]
+fn normaliser_term(x: f32, m: f32, inverse: f32) -> f32 {
+    let y = (x - m) * inverse;
+    let y = if y >= TERM_FLOOR { y } else { TERM_FLOOR };
+    let shifted = y.mul_add(LOG2_E, BIASED_ROUNDER);
+    let n = shifted - BIASED_ROUNDER;
+    let r = (-n).mul_add(LN2_HI, y);
+    let r = (-n).mul_add(LN2_LO, r);
+    let p = TERM_POLYNOMIAL[1..]
+        .iter()
+        .fold(TERM_POLYNOMIAL[0], |p, &c| p.mul_add(r, c));
+    p * f32::from_bits(shifted.to_bits() << 23)
+}
+
 /// Asks for the two cache lines of `next` at tokens `32 · i ..` (a hint into L2).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
@@ -234,56 +268,39 @@ fn prefetch_pair(next: &[f32], i: usize) {
     }
 }
 
-/// Hand-written AVX2 loops: eight lanes, `2^n` in two factors as in [`exp`].
+/// The normaliser's tail (fewer tokens than a step of the vector loop), term by term.
+#[cfg(target_arch = "x86_64")]
+fn tail_sum(tail: &[f32], max: f32, inverse: f32) -> f32 {
+    tail.iter().map(|&x| normaliser_term(x, max, inverse)).sum()
+}
+
+/// Hand-written AVX2 loop: eight lanes.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{
-        EXP_OVERFLOW, EXP_POLYNOMIAL, EXP_UNDERFLOW, LN2_HI, LN2_LO, LOG2_E, ROUNDER, prefetch_pair,
+        BIASED_ROUNDER, LN2_HI, LN2_LO, LOG2_E, TERM_FLOOR, TERM_POLYNOMIAL, prefetch_pair,
+        tail_sum,
     };
     use std::arch::x86_64::*;
 
-    /// `2^k` of 8 lanes, `k ∈ [−126, 127]`, from its exponent bits.
+    /// [`super::normaliser_term`] of 8 lanes.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn pow2(k: __m256i) -> __m256 {
-        _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-            k,
-            _mm256_set1_epi32(127),
-        )))
-    }
-
-    /// [`super::exp`] of 8 lanes (none NaN): the same reduction and polynomial, with FMAs.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) fn exp8(x: __m256) -> __m256 {
-        let clamped = _mm256_min_ps(
-            _mm256_max_ps(x, _mm256_set1_ps(EXP_UNDERFLOW)),
-            _mm256_set1_ps(EXP_OVERFLOW),
-        );
-        let rounder = _mm256_set1_ps(ROUNDER);
-        let shifted = _mm256_fmadd_ps(clamped, _mm256_set1_ps(LOG2_E), rounder);
-        let n = _mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_castps_si256(rounder));
-        let nf = _mm256_sub_ps(shifted, rounder);
-        let r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(LN2_HI), clamped);
-        let r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(LN2_LO), r);
-        let mut p = _mm256_set1_ps(EXP_POLYNOMIAL[0]);
-        for &c in &EXP_POLYNOMIAL[1..] {
+    pub(super) fn term8(x: __m256, m: __m256, inverse: __m256) -> __m256 {
+        // `max(y, floor)` returns the floor for a NaN `y` (a NaN logit).
+        let y = _mm256_mul_ps(_mm256_sub_ps(x, m), inverse);
+        let y = _mm256_max_ps(y, _mm256_set1_ps(TERM_FLOOR));
+        let rounder = _mm256_set1_ps(BIASED_ROUNDER);
+        let shifted = _mm256_fmadd_ps(y, _mm256_set1_ps(LOG2_E), rounder);
+        let n = _mm256_sub_ps(shifted, rounder);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), y);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+        let mut p = _mm256_set1_ps(TERM_POLYNOMIAL[0]);
+        for &c in &TERM_POLYNOMIAL[1..] {
             p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
         }
-        let er = _mm256_add_ps(
-            _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
-            _mm256_set1_ps(1.0),
-        );
-        let half = _mm256_srai_epi32::<1>(n);
-        let value = _mm256_mul_ps(
-            _mm256_mul_ps(er, pow2(half)),
-            pow2(_mm256_sub_epi32(n, half)),
-        );
-        // 0 below the range (−inf included), +inf above it.
-        let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(EXP_UNDERFLOW));
-        let over = _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_set1_ps(EXP_OVERFLOW));
-        let value = _mm256_blendv_ps(value, _mm256_set1_ps(f32::INFINITY), over);
-        _mm256_andnot_ps(under, value)
+        let scale = _mm256_slli_epi32::<23>(_mm256_castps_si256(shifted));
+        _mm256_mul_ps(p, _mm256_castsi256_ps(scale))
     }
 
     /// See [`super::sum_exp_reciprocal`] (`inverse` is `1/t`).
@@ -298,12 +315,6 @@ mod avx2 {
         next: &[f32],
     ) -> f32 {
         let (m, scale) = (_mm256_set1_ps(max), _mm256_set1_ps(inverse));
-        let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
-        let term = |x: __m256| {
-            // `max(y, −inf)` returns −inf for a NaN `y` (a NaN logit weighs 0).
-            let y = _mm256_max_ps(_mm256_mul_ps(_mm256_sub_ps(x, m), scale), neg_inf);
-            exp8(y)
-        };
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut groups = row.chunks_exact(32);
         for (i, v) in (&mut groups).enumerate() {
@@ -311,58 +322,43 @@ mod avx2 {
             for (j, a) in acc.iter_mut().enumerate() {
                 // SAFETY: `v` holds 32 f32.
                 let x = unsafe { _mm256_loadu_ps(v.as_ptr().add(8 * j)) };
-                *a = _mm256_add_ps(*a, term(x));
+                *a = _mm256_add_ps(*a, term8(x, m, scale));
             }
         }
         let mut lanes = [0f32; 8];
         let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
         // SAFETY: `lanes` holds 8 f32.
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
-        let rest: f32 = groups
-            .remainder()
-            .iter()
-            .map(|&x| super::exp(super::scaled_finite_reciprocal(x, max, inverse)))
-            .sum();
-        lanes.iter().sum::<f32>() + rest
+        lanes.iter().sum::<f32>() + tail_sum(groups.remainder(), max, inverse)
     }
 }
 
-/// Hand-written AVX-512 loops (LLVM keeps generic loops in 256-bit registers on these CPUs).
+/// Hand-written AVX-512 loop: sixteen lanes, `2^n` by `vscalefps`.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{
-        EXP_OVERFLOW, EXP_POLYNOMIAL, EXP_UNDERFLOW, LN2_HI, LN2_LO, LOG2_E, ROUNDER, prefetch_pair,
+        BIASED_ROUNDER, LN2_HI, LN2_LO, LOG2_E, TERM_FLOOR, TERM_POLYNOMIAL, prefetch_pair,
+        tail_sum,
     };
     use std::arch::x86_64::*;
 
-    /// [`super::exp`] of 16 lanes (none NaN): the same reduction and polynomial, with FMAs, and
-    /// `2^n` by `vscalefps` (which rounds subnormal results right).
+    /// [`super::normaliser_term`] of 16 lanes.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-    pub(super) fn exp16(x: __m512) -> __m512 {
-        let clamped = _mm512_min_ps(
-            _mm512_max_ps(x, _mm512_set1_ps(EXP_UNDERFLOW)),
-            _mm512_set1_ps(EXP_OVERFLOW),
-        );
-        let rounder = _mm512_set1_ps(ROUNDER);
-        let shifted = _mm512_fmadd_ps(clamped, _mm512_set1_ps(LOG2_E), rounder);
-        let nf = _mm512_sub_ps(shifted, rounder);
-        let r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(LN2_HI), clamped);
-        let r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(LN2_LO), r);
-        let mut p = _mm512_set1_ps(EXP_POLYNOMIAL[0]);
-        for &c in &EXP_POLYNOMIAL[1..] {
+    pub(super) fn term16(x: __m512, m: __m512, inverse: __m512) -> __m512 {
+        // `max(y, floor)` returns the floor for a NaN `y` (a NaN logit).
+        let y = _mm512_mul_ps(_mm512_sub_ps(x, m), inverse);
+        let y = _mm512_max_ps(y, _mm512_set1_ps(TERM_FLOOR));
+        let rounder = _mm512_set1_ps(BIASED_ROUNDER);
+        let n = _mm512_sub_ps(_mm512_fmadd_ps(y, _mm512_set1_ps(LOG2_E), rounder), rounder);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), y);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+        let mut p = _mm512_set1_ps(TERM_POLYNOMIAL[0]);
+        for &c in &TERM_POLYNOMIAL[1..] {
             p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
         }
-        let er = _mm512_add_ps(
-            _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r),
-            _mm512_set1_ps(1.0),
-        );
-        let value = _mm512_scalef_ps(er, nf);
-        // 0 below the range (−inf included), +inf above it.
-        let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(EXP_UNDERFLOW));
-        let over = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(EXP_OVERFLOW));
-        let value = _mm512_mask_mov_ps(value, over, _mm512_set1_ps(f32::INFINITY));
-        _mm512_maskz_mov_ps(!under, value)
+        // `n` is an integer in [−126, 0]: the scaling is exact.
+        _mm512_scalef_ps(p, n)
     }
 
     /// See [`super::sum_exp_reciprocal`] (`inverse` is `1/t`).
@@ -376,13 +372,7 @@ mod avx512 {
         inverse: f32,
         next: &[f32],
     ) -> f32 {
-        let (m, inverse) = (_mm512_set1_ps(max), _mm512_set1_ps(inverse));
-        let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
-        let term = |x: __m512| {
-            // `max(y, −inf)` returns −inf for a NaN `y` (a NaN logit weighs 0).
-            let y = _mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(x, m), inverse), neg_inf);
-            exp16(y)
-        };
+        let (m, scale) = (_mm512_set1_ps(max), _mm512_set1_ps(inverse));
         let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         let mut pairs = row.chunks_exact(32);
         for (i, v) in (&mut pairs).enumerate() {
@@ -395,16 +385,10 @@ mod avx512 {
                     _mm512_loadu_ps(v.as_ptr().add(16)),
                 )
             };
-            acc0 = _mm512_add_ps(acc0, term(a));
-            acc1 = _mm512_add_ps(acc1, term(b));
+            acc0 = _mm512_add_ps(acc0, term16(a, m, scale));
+            acc1 = _mm512_add_ps(acc1, term16(b, m, scale));
         }
-        for v in pairs.remainder().chunks(16) {
-            let lanes = (1u32 << v.len()) - 1;
-            // SAFETY: the mask reads only the `v.len()` values of `v`; the others are −inf.
-            let x = unsafe { _mm512_mask_loadu_ps(neg_inf, lanes as __mmask16, v.as_ptr()) };
-            acc0 = _mm512_add_ps(acc0, term(x));
-        }
-        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + tail_sum(pairs.remainder(), max, inverse)
     }
 }
 
@@ -429,35 +413,9 @@ mod tests {
         assert!(worst <= 2, "worst error {worst} ulp");
     }
 
-    /// Arguments of `exp` over its range and past its ends, `lanes` at a time.
-    fn exp_inputs(lanes: usize) -> Vec<f32> {
-        let mut xs: Vec<f32> = (0..4000).map(|i| -104.5 + i as f32 * 0.0481).collect();
-        let edges = [
-            f32::NEG_INFINITY,
-            0.0,
-            -0.0,
-            -87.3,
-            -103.0,
-            -103.9,
-            -104.0,
-            -1e30,
-        ];
-        xs.extend(edges);
-        xs.resize(xs.len().div_ceil(lanes) * lanes, -1.0);
-        xs
-    }
-
-    /// A vector `exp` value `e` of `x` is the scalar one within 2 ulp (or 2 subnormal steps).
-    fn assert_exp_close(x: f32, e: f32) {
-        let want = exp(x);
-        assert!(
-            ulps(e, want) <= 2 || (e - want).abs() <= f32::from_bits(2),
-            "exp({x}) = {e}, want {want}"
-        );
-    }
-
     /// `sum(row, max, t)` is the plain `sum_exp` within the float ops' tolerance, on rows with
-    /// NaN and −inf of lengths off every vector width.
+    /// NaN and −inf of lengths off every vector width (`max` the row's maximum, as the callers
+    /// pass it; −1 for the empty row).
     fn assert_sums_close(sum: impl Fn(&[f32], f32, f32) -> f32) {
         for len in [0usize, 1, 7, 8, 15, 16, 17, 31, 32, 33, 1000, 4099] {
             let row: Vec<f32> = (0..len)
@@ -467,7 +425,8 @@ mod tests {
                     _ => ((i * 7919) % 1013) as f32 / 37.0 - 30.0,
                 })
                 .collect();
-            let max = row.iter().copied().fold(-1.0f32, f32::max);
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let max = if max.is_finite() { max } else { -1.0 };
             for t in [1.0f32, 0.8, 0.05, 3.0] {
                 let (fast, plain) = (sum(&row, max, t), sum_exp(&row, max, t, None));
                 assert!(
@@ -478,50 +437,94 @@ mod tests {
         }
     }
 
-    /// The AVX2 `exp` is the scalar one within 2 ulp over the normal range, 0 below it and right
-    /// at −inf; the AVX2 reciprocal sum is the plain sum within the float ops' tolerance.
+    /// Logits against a maximum of 2.5 whose scaled values cover the terms' range and pass its
+    /// floor, with NaN and −inf, `lanes` at a time.
+    fn term_inputs(lanes: usize) -> Vec<f32> {
+        let mut xs: Vec<f32> = (0..4000).map(|i| 2.5 - i as f32 * 0.0237).collect();
+        xs.extend([
+            2.5,
+            0.0,
+            -0.0,
+            -84.5,
+            -85.0,
+            f32::NAN,
+            f32::NEG_INFINITY,
+            -1e30,
+        ]);
+        xs.resize(xs.len().div_ceil(lanes) * lanes, -1.0);
+        xs
+    }
+
+    /// The normaliser's scalar term is `e^y` within 2 ulp of the correctly rounded value down to its floor, and `e^-87` below it
+    /// (−inf and NaN included).
+    #[test]
+    fn the_normaliser_term_is_exp_down_to_its_floor() {
+        for t in [1.0f32, 0.8, 0.05, 3.0] {
+            let inverse = 1.0 / t;
+            for x in term_inputs(1) {
+                let term = normaliser_term(x, 2.5, inverse);
+                let y = (x - 2.5) * inverse;
+                let y = if y >= TERM_FLOOR { y } else { TERM_FLOOR };
+                let want = f64::from(y).exp() as f32;
+                assert!(ulps(term, want) <= 2, "x {x}, t {t}: {term} vs {want}");
+            }
+        }
+        assert_eq!(normaliser_term(2.5, 2.5, 1.0), 1.0);
+    }
+
+    /// The vector terms (`avx2::term8`, `avx512::term16`) are the scalar term's bits.
+    fn assert_terms_equal(lanes: usize, terms: impl Fn(&[f32], f32, f32, &mut [f32])) {
+        let xs = term_inputs(lanes);
+        for t in [1.0f32, 0.8, 0.05, 3.0] {
+            let mut out = vec![0f32; lanes];
+            for v in xs.chunks_exact(lanes) {
+                terms(v, 2.5, 1.0 / t, &mut out);
+                for (&x, &term) in v.iter().zip(&out) {
+                    let want = normaliser_term(x, 2.5, 1.0 / t);
+                    assert_eq!(term.to_bits(), want.to_bits(), "x {x}, t {t}");
+                }
+            }
+        }
+    }
+
+    /// The AVX2 terms are the scalar ones, bit for bit; the AVX2 reciprocal sum is the plain sum
+    /// within the float ops' tolerance.
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn the_avx2_exp_and_sum_match_the_scalar_ones() {
-        use std::arch::x86_64::{_mm256_loadu_ps, _mm256_storeu_ps};
+    fn the_avx2_terms_and_sum_match_the_scalar_ones() {
+        use std::arch::x86_64::{_mm256_loadu_ps, _mm256_set1_ps, _mm256_storeu_ps};
         if !has_avx2() {
             eprintln!("skipped: no AVX2 on this CPU");
             return;
         }
-        for v in exp_inputs(8).chunks_exact(8) {
-            let mut out = [0f32; 8];
-            // SAFETY: AVX2 and FMA are present; `v` and `out` hold 8 f32.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), avx2::exp8(_mm256_loadu_ps(v.as_ptr()))) };
-            v.iter()
-                .zip(&out)
-                .for_each(|(&x, &e)| assert_exp_close(x, e));
-        }
+        // SAFETY: AVX2 and FMA are present; `v` and `out` hold 8 f32.
+        assert_terms_equal(8, |v, m, inverse, out| unsafe {
+            let x = _mm256_loadu_ps(v.as_ptr());
+            let term = avx2::term8(x, _mm256_set1_ps(m), _mm256_set1_ps(inverse));
+            _mm256_storeu_ps(out.as_mut_ptr(), term);
+        });
         // SAFETY: AVX2 and FMA are present.
         assert_sums_close(|row, max, t| unsafe {
             avx2::sum_exp_reciprocal(row, max, 1.0 / t, row)
         });
     }
 
-    /// The AVX-512 `exp` is the scalar one within 2 ulp over the normal range, 0 below it and
-    /// right at −inf; the reciprocal sum is the plain sum within the float ops' tolerance.
+    /// The AVX-512 terms are the scalar ones, bit for bit; the reciprocal sum is the plain sum
+    /// within the float ops' tolerance.
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn the_avx512_exp_and_sum_match_the_scalar_ones() {
-        use std::arch::x86_64::{_mm512_loadu_ps, _mm512_storeu_ps};
+    fn the_avx512_terms_and_sum_match_the_scalar_ones() {
+        use std::arch::x86_64::{_mm512_loadu_ps, _mm512_set1_ps, _mm512_storeu_ps};
         if !has_avx512() {
             eprintln!("skipped: no AVX-512 on this CPU");
             return;
         }
-        for v in exp_inputs(16).chunks_exact(16) {
-            let mut out = [0f32; 16];
-            // SAFETY: AVX-512 is present; `v` and `out` hold 16 f32.
-            unsafe {
-                _mm512_storeu_ps(out.as_mut_ptr(), avx512::exp16(_mm512_loadu_ps(v.as_ptr())))
-            };
-            v.iter()
-                .zip(&out)
-                .for_each(|(&x, &e)| assert_exp_close(x, e));
-        }
+        // SAFETY: AVX-512 is present; `v` and `out` hold 16 f32.
+        assert_terms_equal(16, |v, m, inverse, out| unsafe {
+            let x = _mm512_loadu_ps(v.as_ptr());
+            let term = avx512::term16(x, _mm512_set1_ps(m), _mm512_set1_ps(inverse));
+            _mm512_storeu_ps(out.as_mut_ptr(), term);
+        });
         assert_sums_close(|row, max, t| sum_exp_reciprocal(row, max, t, row).expect("AVX-512"));
         assert_eq!(sum_exp_reciprocal(&[0.0], 0.0, 1e-40, &[]), None);
         assert_eq!(sum_exp_reciprocal(&[0.0], f32::INFINITY, 1.0, &[]), None);

@@ -71,7 +71,7 @@ fn rank_value(x: f32) -> f32 {
 /// Ids arrive in ascending order, so an equal value never displaces an earlier one: ties go to
 /// the lower id, as the contract asks.
 #[inline]
-fn offer(top: &mut Vec<(f32, usize)>, k: usize, value: f32, id: usize) {
+fn offer(top: &mut TopK, k: usize, value: f32, id: usize) {
     if top.len() == k {
         match top.last() {
             Some(&(last, _)) if ranks_above(value, last) => {
@@ -89,7 +89,7 @@ fn offer(top: &mut Vec<(f32, usize)>, k: usize, value: f32, id: usize) {
 /// room, or its last entry is NaN).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn offer_chunk(top: &mut Vec<(f32, usize)>, k: usize, chunk: &[f32], first: usize) -> Option<f32> {
+fn offer_chunk(top: &mut TopK, k: usize, chunk: &[f32], first: usize) -> Option<f32> {
     for (j, &value) in chunk.iter().enumerate() {
         offer(top, k, value, first + j);
     }
@@ -100,8 +100,14 @@ fn offer_chunk(top: &mut Vec<(f32, usize)>, k: usize, chunk: &[f32], first: usiz
 }
 
 /// Logits per chunk of the fused pass: the top-K is offered a chunk only when its maximum can
-/// enter it.
+/// enter it (one AVX-512 vector, two AVX2 vectors).
 const CHUNK: usize = 16;
+const _: () = assert!(CHUNK == 16, "the vector scans read a chunk as 16 lanes");
+
+/// The best logits so far as `(value, id)`, best first (at most K).
+type TopK = Vec<(f32, usize)>;
+/// What the first pass counts: the maximum, the +inf count and the count above the token.
+type Counts = (f32, usize, usize);
 
 /// What the fused pass over a row finds.
 #[derive(Clone, Copy, Debug)]
@@ -120,7 +126,7 @@ fn scan_row<T: FloatElement>(
     row: &[T],
     token_value: Option<f32>,
     k: usize,
-    top: &mut Vec<(f32, usize)>,
+    top: &mut TopK,
 ) -> RowScan {
     // Nothing ranks above +inf under `>`: no token counts nothing.
     let tv = token_value.unwrap_or(f32::INFINITY);
@@ -160,22 +166,17 @@ fn fast_sum<T: FloatElement>(row: &[T], t: f32, max: f32, next: &[T]) -> Option<
 }
 
 compiled_for!(avx512, fn scan_row_avx512 [T: FloatElement]
-    (row: &[T], tv: f32, k: usize, top: &mut Vec<(f32, usize)>) -> (f32, usize, usize)
+    (row: &[T], tv: f32, k: usize, top: &mut TopK) -> Counts
     = scan_row_generic [T]);
 compiled_for!(avx2, fn scan_row_avx2 [T: FloatElement]
-    (row: &[T], tv: f32, k: usize, top: &mut Vec<(f32, usize)>) -> (f32, usize, usize)
+    (row: &[T], tv: f32, k: usize, top: &mut TopK) -> Counts
     = scan_row_generic [T]);
 
 /// [`scan_row`] in chunks: the counts and the maximum are branch-free lanes; a chunk goes
 /// through the (scalar) top-K only if the top-K has room, its last entry is NaN, or the chunk's
 /// maximum beats it (an equal value never displaces an earlier id).
 #[inline(always)]
-fn scan_row_generic<T: FloatElement>(
-    row: &[T],
-    tv: f32,
-    k: usize,
-    top: &mut Vec<(f32, usize)>,
-) -> (f32, usize, usize) {
+fn scan_row_generic<T: FloatElement>(row: &[T], tv: f32, k: usize, top: &mut TopK) -> Counts {
     let mut max = [f32::NEG_INFINITY; CHUNK];
     let mut infs = [0u32; CHUNK];
     let mut above = [0u32; CHUNK];
@@ -283,7 +284,7 @@ fn score_entry<T: FloatElement>(
 /// [`CHUNK`] logits offered to the top-K in the same order, so the same top-K.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{CHUNK, offer_chunk};
+    use super::{CHUNK, Counts, TopK, offer_chunk};
     use std::arch::x86_64::*;
 
     /// The maximum (NaN ignored), the +inf count and the count above `tv` of `row`, and its
@@ -292,13 +293,7 @@ mod avx512 {
     /// # Safety
     /// The CPU must support AVX-512F/BW/VL/DQ.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-    pub(super) unsafe fn scan_row(
-        row: &[f32],
-        tv: f32,
-        k: usize,
-        top: &mut Vec<(f32, usize)>,
-    ) -> (f32, usize, usize) {
-        const _: () = assert!(CHUNK == 16);
+    pub(super) unsafe fn scan_row(row: &[f32], tv: f32, k: usize, top: &mut TopK) -> Counts {
         let (inf, tvv) = (_mm512_set1_ps(f32::INFINITY), _mm512_set1_ps(tv));
         let one = _mm512_set1_epi32(1);
         let mut max = _mm512_set1_ps(f32::NEG_INFINITY);
@@ -345,7 +340,7 @@ mod avx512 {
 /// the AVX-512 one.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{CHUNK, offer_chunk};
+    use super::{CHUNK, Counts, TopK, offer_chunk};
     use std::arch::x86_64::*;
 
     /// See the AVX-512 loop.
@@ -353,13 +348,7 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn scan_row(
-        row: &[f32],
-        tv: f32,
-        k: usize,
-        top: &mut Vec<(f32, usize)>,
-    ) -> (f32, usize, usize) {
-        const _: () = assert!(CHUNK == 16);
+    pub(super) unsafe fn scan_row(row: &[f32], tv: f32, k: usize, top: &mut TopK) -> Counts {
         let (inf, tvv) = (_mm256_set1_ps(f32::INFINITY), _mm256_set1_ps(tv));
         let mut max = [_mm256_set1_ps(f32::NEG_INFINITY); 2];
         let mut infs = [_mm256_setzero_si256(); 2];
@@ -537,7 +526,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_vector_scans_match_the_generic_one() {
-        type Scan = unsafe fn(&[f32], f32, usize, &mut Vec<(f32, usize)>) -> (f32, usize, usize);
+        type Scan = unsafe fn(&[f32], f32, usize, &mut TopK) -> Counts;
         let mut loops: Vec<(&str, Scan)> = Vec::new();
         if has_avx512() {
             loops.push(("avx512", avx512::scan_row));

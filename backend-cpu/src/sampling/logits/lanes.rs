@@ -10,11 +10,12 @@
 //!   `(P << 9) >> n`. The same integers as the contract's steps (the tests compare every variant
 //!   with `scaled_weight` on hostile values).
 //! - **Estimates** ([`estimate_block_sums`], [`estimate_store`]): the same function in f32 without
-//!   the floors, sixteen lanes per AVX-512 vector: `x̂ = D · c − 2^-25` (the middle of the
-//!   contract's floored gap, formed in two f32 parts so that it keeps its accuracy), then the
-//!   contract's polynomial at `g = ⌈x̂⌉ − x̂` and the scale `2^(40 − ⌈x̂⌉)`. The exact weight differs from the estimate
-//!   `ŵ` by at most `ŵ · ESTIMATE_RELATIVE + ESTIMATE_ABSOLUTE` (see their docs), about half the
-//!   cost of the exact steps per token.
+//!   the floors, sixteen lanes per AVX-512 vector: `g = ⌈x⌉ − D · c` in two FMAs (`c` in two f32
+//!   parts, so that it keeps its accuracy), the contract's polynomial at `g` with the
+//!   coefficients scaled by `2^40 · 2^(2^-25)` (the middle of the contract's floored gap), and
+//!   the scale `2^-⌈x⌉`; block sums add four estimates in f32 before widening to f64. The exact
+//!   weight differs from the estimate `ŵ` by at most `ŵ · ESTIMATE_RELATIVE + ESTIMATE_ABSOLUTE`
+//!   (see their docs, which prove it); every variant stores the scalar steps' bits.
 //!
 //! The vector kernels need a row whose scale is finite (`0 < T < +inf`), `e ≤ 62` (so that a gap of
 //! 0 shifts out entirely, `T` above about `2^-94`) and a gap `D` from which on every weight is 0
@@ -35,14 +36,25 @@ const HUGE_BITS: u32 = 0x5f80_0000;
 pub(crate) const SUM_BLOCK: usize = 256;
 
 /// The relative part of the bound on `|w − ŵ|` of an estimate `ŵ` ([`estimate_block_sums`],
-/// [`estimate_store`]), summed over any set of tokens: `2^-21`. The sources: the gap
-/// `x̂ = D · c − 2^-25` is formed in two f32 parts (`D · c_hi`, its exact rounding error by an
-/// FMA, and `D · c_lo`), so it is within `2^-25` (half the step of the contract's floor of `X`)
-/// plus about `2^-41` of the exact gap, and the weight's logarithm moves by at most `0.6935` per
-/// unit of gap (`max p'/p` of the polynomial): `2^-25.5`; the contract's six floors in the Horner
-/// steps lose at most `6 / 2^30` relative (`2^-27.4`); the polynomial in f32 (coefficients
-/// rounded to f32, six FMAs) about `2^-22.5`; the f64 sums of the f32 estimates `2^-40`. About
-/// `2^-22.2` in all; the bound is twice that (the tests check it on hostile values).
+/// [`estimate_store`]), summed over any set of tokens: `2^-21`. The sources (`u = 2^-24`, the
+/// f32 unit roundoff), each a proven bound:
+/// - the gap: the estimate takes the middle of the contract's floored gap (the exact one lies
+///   within `2^-25` of it; the `2^-25` is folded into the coefficients as the factor `2^(2^-25)`,
+///   exact but for `2^-45`), and `g = ⌈x⌉ − D · c` is formed in two FMAs, `⌈x⌉ − D · c_hi` (its
+///   magnitude at most 1, so rounded by at most `2^-25`) and `− D · c_lo` (rounded by at most
+///   `2^-24`, `2^-25` unless `g` passes 1); `c_hi + c_lo` is within `2^-48` of `c`. That is
+///   `2^-23` of gap, and the weight's logarithm moves by at most `0.6935` per unit of gap
+///   (`max p'/p` of the polynomial): `2^-23.53`;
+/// - the contract's six floors in the Horner steps: at most `6 / 2^30` relative (`2^-27.4`);
+/// - the polynomial in f32: its coefficients rounded to f32 (`u` of terms that sum to `p`: `u`)
+///   and six FMAs, each rounding by `u` a partial value that reaches `p` multiplied by at most
+///   `1, 0.5, 0.153, 0.033, 0.006, 0.001` (`g ≤ 1`, positive terms): `2.69 u` (`2^-22.57`); the
+///   scale `2^-⌈x⌉` is exact;
+/// - the block sums: four estimates added in f32 in a tree of depth 2 (positive terms: `2u`,
+///   `2^-23`), then in f64 (`2^-40`).
+///
+/// About `3.7 · 10^-7` (`2^-21.4`) in all for the block sums, `2^-22` for one stored estimate;
+/// the bound, `4.77 · 10^-7`, is above both (the tests check it on hostile values).
 pub(crate) const ESTIMATE_RELATIVE: f64 = 1.0 / 2_097_152.0;
 /// The absolute part of the bound per token: the contract's final shift floors the weight (less
 /// than 1), and a gap at or past the limit weighs 0 exactly where the estimate is at most 1.
@@ -68,6 +80,8 @@ pub(crate) struct RowLanes {
     /// The scale in two f32 parts, `c ≈ c_hi + c_lo` (within `2^-48` of it).
     c_hi: f32,
     c_lo: f32,
+    /// `−c_hi`.
+    neg_c_hi: f32,
 }
 
 impl RowLanes {
@@ -98,6 +112,7 @@ impl RowLanes {
             c,
             c_hi,
             c_lo: (c - f64::from(c_hi)) as f32,
+            neg_c_hi: -c_hi,
         })
     }
 
@@ -211,34 +226,43 @@ pub(crate) fn exact_weights(chunk: &[f32], lanes: &RowLanes, out: &mut [u64]) {
     }
 }
 
-/// The estimate `ŵ` of a gap `d`: the contract's polynomial in f32 without floors, at the gap
-/// `x̂ = D · c − 2^-25` formed in two parts (see [`ESTIMATE_RELATIVE`]).
+/// The estimate `ŵ` of a gap `d`: the contract's polynomial in f32 without floors at
+/// `g = ⌈x⌉ − D · c` (two FMAs), times `2^-⌈x⌉` (see [`ESTIMATE_RELATIVE`]). The same operations,
+/// rounded the same way, as the vector loops: every variant gives these bits.
 #[inline(always)]
 fn estimate_of_gap(d: f32, lanes: &RowLanes) -> f32 {
-    let x_hi = d * lanes.c_hi;
-    let rounding = d.mul_add(lanes.c_hi, -x_hi);
-    let x_lo = d.mul_add(lanes.c_lo, rounding) - HALF_UNIT;
-    let up = x_hi.ceil();
-    let g = (up - x_hi) - x_lo;
-    let mut p = COEFFICIENTS_F32[6];
+    // −⌈x⌉ = ⌊−D · c_hi⌋, at least −42 (gaps are clamped).
+    let down = (d * lanes.neg_c_hi).floor();
+    let g = (-d).mul_add(lanes.c_hi, -down);
+    let g = (-d).mul_add(lanes.c_lo, g);
+    let mut p = ESTIMATE_COEFFICIENTS[6];
     for k in (0..6).rev() {
-        p = p.mul_add(g, COEFFICIENTS_F32[k]);
+        p = p.mul_add(g, ESTIMATE_COEFFICIENTS[k]);
     }
-    // 2^(40 − ⌈x̂⌉) from its exponent bits: ⌈x̂⌉ ≤ 42 (gaps are clamped), so it is normal.
-    p * f32::from_bits(((127 + 40 - up as i32) as u32) << 23)
+    // 2^-⌈x⌉ from the exponent bits `down + 127` (a normal f32), which the exact sum
+    // `down + SCALE_ROUNDER` holds in its low bits (no float-to-int conversion: it vectorises).
+    p * f32::from_bits((down + SCALE_ROUNDER).to_bits() << 23)
 }
 
-/// Half a unit of the contract's fixed-point gap (`2^-25` log2 units): the contract floors the
-/// gap to a multiple of `2^-24`, so the exact gap lies in `(x − 2^-24, x]` for the real `x = D · c`;
-/// the estimates take its middle.
-const HALF_UNIT: f32 = 1.0 / (1u64 << 25) as f32;
+/// `1.5 · 2^23 + 127`: added to an integer `n ∈ [−126, 127]` (exactly), it leaves `n + 127`, the
+/// biased exponent of `2^n`, in the low bits of the sum.
+const SCALE_ROUNDER: f32 = 12_583_039.0;
 
-/// The contract's coefficients as f32 values of `A_k / 2^30`.
-const COEFFICIENTS_F32: [f32; 7] = {
+/// `2^(2^-25)`: the contract floors the gap to a multiple of `2^-24`, so the exact gap lies in
+/// `(x − 2^-24, x]` for the real `x = D · c`; the estimates take its middle, `x − 2^-25`, whose
+/// weight is that of `x` times this factor.
+const HALF_UNIT_FACTOR: f64 = {
+    let t = std::f64::consts::LN_2 / (1u64 << 25) as f64;
+    1.0 + t + t * t / 2.0
+};
+
+/// The contract's coefficients as f32 values of `A_k / 2^30 · 2^40 · 2^(2^-25)`: the estimate's
+/// polynomial in weight units, at the middle of the floored gap.
+const ESTIMATE_COEFFICIENTS: [f32; 7] = {
     let mut c = [0.0; 7];
     let mut k = 0;
     while k < 7 {
-        c[k] = (EXP2_COEFFICIENTS[k] as f64 / (1u64 << 30) as f64) as f32;
+        c[k] = (EXP2_COEFFICIENTS[k] as f64 * (1u64 << 10) as f64 * HALF_UNIT_FACTOR) as f32;
         k += 1;
     }
     c
@@ -256,7 +280,7 @@ pub(crate) fn estimate_block_sums(row: &[f32], lanes: &RowLanes, sums: &mut [f64
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: AVX2 and FMA are present.
-        return unsafe { estimate_sums_avx2(row, lanes, sums) };
+        return unsafe { avx2::estimate_block_sums(row, lanes, sums) };
     }
     estimate_sums_generic(row, lanes, sums)
 }
@@ -273,22 +297,62 @@ pub(crate) fn estimate_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> 
     }
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
-        // SAFETY: AVX2 and FMA are present.
-        return unsafe { estimate_store_avx2(row, lanes, out) };
+        // SAFETY: AVX2 and FMA are present; `out` is as long as `row`.
+        return unsafe { avx2::estimate_store(row, lanes, out) };
     }
     estimate_store_generic(row, lanes, out)
 }
 
+/// The block-sums loop of the vector widths: `block_sum` estimates one whole block of
+/// [`SUM_BLOCK`] tokens; a last, partial block is summed token by token. Returns the total.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn estimate_sums_avx2(row: &[f32], lanes: &RowLanes, sums: &mut [f64]) -> f64 {
-    estimate_sums_generic(row, lanes, sums)
+#[inline(always)]
+fn block_sums_with(
+    row: &[f32],
+    lanes: &RowLanes,
+    sums: &mut [f64],
+    mut block_sum: impl FnMut(&[f32]) -> f64,
+) -> f64 {
+    let mut total = 0.0;
+    let mut blocks = row.chunks_exact(SUM_BLOCK);
+    for (block, sum) in (&mut blocks).zip(sums.iter_mut()) {
+        *sum = block_sum(block);
+        total += *sum;
+    }
+    let tail = blocks.remainder();
+    if let (false, Some(sum)) = (tail.is_empty(), sums.get_mut(row.len() / SUM_BLOCK)) {
+        *sum = tail
+            .iter()
+            .map(|&l| f64::from(estimate_of_gap(lanes.gap_of(l), lanes)))
+            .sum();
+        total += *sum;
+    }
+    total
 }
 
+/// The store loop of the vector widths: `step` estimates (and stores, and accumulates) one
+/// vector of `N` tokens into its slots of `out`; the tokens past the last whole vector are
+/// estimated one by one. Returns the sum of those last ones.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn estimate_store_avx2(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
-    estimate_store_generic(row, lanes, out)
+#[inline(always)]
+fn store_with<const N: usize>(
+    row: &[f32],
+    lanes: &RowLanes,
+    out: &mut [f32],
+    mut step: impl FnMut(&[f32], &mut [f32]),
+) -> f64 {
+    let mut vectors = row.chunks_exact(N);
+    let mut outs = out.chunks_exact_mut(N);
+    for (v, o) in (&mut vectors).zip(&mut outs) {
+        step(v, o);
+    }
+    let mut rest = 0.0;
+    for (&l, o) in vectors.remainder().iter().zip(outs.into_remainder()) {
+        let w = estimate_of_gap(lanes.gap_of(l), lanes);
+        *o = w;
+        rest += f64::from(w);
+    }
+    rest
 }
 
 /// Lanes of the generic estimate loops.
@@ -296,19 +360,26 @@ const EST_LANES: usize = 8;
 
 #[inline(always)]
 fn estimate_sums_generic(row: &[f32], lanes: &RowLanes, sums: &mut [f64]) -> f64 {
+    let estimate = |l: f32| estimate_of_gap(lanes.gap_of(l), lanes);
     let mut total = 0.0;
     for (block, sum) in row.chunks(SUM_BLOCK).zip(sums.iter_mut()) {
         let mut acc = [0.0f64; EST_LANES];
-        let mut groups = block.chunks_exact(EST_LANES);
+        let mut groups = block.chunks_exact(4 * EST_LANES);
         for group in &mut groups {
-            for (a, &l) in acc.iter_mut().zip(group) {
-                *a += f64::from(estimate_of_gap(lanes.gap_of(l), lanes));
+            // Four estimates per lane added in f32, `(w0 + w1) + (w2 + w3)`, as the AVX-512 loop.
+            let (a, b) = group.split_at(2 * EST_LANES);
+            let (a0, a1) = a.split_at(EST_LANES);
+            let (b0, b1) = b.split_at(EST_LANES);
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let pair_a = estimate(a0[j]) + estimate(a1[j]);
+                let pair_b = estimate(b0[j]) + estimate(b1[j]);
+                *acc += f64::from(pair_a + pair_b);
             }
         }
         let rest: f64 = groups
             .remainder()
             .iter()
-            .map(|&l| f64::from(estimate_of_gap(lanes.gap_of(l), lanes)))
+            .map(|&l| f64::from(estimate(l)))
             .sum();
         *sum = acc.iter().sum::<f64>() + rest;
         total += *sum;
@@ -396,7 +467,7 @@ fn max_and_clean_generic(row: &[f32]) -> (f32, bool) {
 /// Hand-written AVX-512 loops (LLVM keeps generic loops in 256-bit registers on these CPUs).
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{COEFFICIENTS_F32, RowLanes, SUM_BLOCK, estimate_of_gap, exact_of_gap};
+    use super::{ESTIMATE_COEFFICIENTS, RowLanes, block_sums_with, exact_of_gap, store_with};
     use specula_backend_api::logit_weights::{EXP2_COEFFICIENTS, GAP_LIMIT};
     use std::arch::x86_64::*;
 
@@ -534,27 +605,23 @@ mod avx512 {
         "avx512f,avx512bw,avx512vl,avx512dq,avx512ifma"
     );
 
-    /// The estimates of 16 logits (the coefficients are scaled by `2^40`, so that the scale is
-    /// `2^-⌈x̂⌉`).
+    /// The estimates of 16 logits: [`super::estimate_of_gap`] in lanes, the same bits.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
     fn estimate16(l: __m512, lanes: &RowLanes) -> __m512 {
-        const SCALE: f32 = (1u64 << 40) as f32;
         let d = gaps16(l, lanes);
-        let (c_hi, c_lo) = (_mm512_set1_ps(lanes.c_hi), _mm512_set1_ps(lanes.c_lo));
-        let x_hi = _mm512_mul_ps(d, c_hi);
-        let rounding = _mm512_fmsub_ps(d, c_hi, x_hi);
-        let x_lo = _mm512_sub_ps(
-            _mm512_fmadd_ps(d, c_lo, rounding),
-            _mm512_set1_ps(super::HALF_UNIT),
+        let c_hi = _mm512_set1_ps(lanes.c_hi);
+        let down = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(d, _mm512_set1_ps(lanes.neg_c_hi)),
         );
-        let up = _mm512_roundscale_ps::<{ _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC }>(x_hi);
-        let g = _mm512_sub_ps(_mm512_sub_ps(up, x_hi), x_lo);
-        let mut p = _mm512_set1_ps(COEFFICIENTS_F32[6] * SCALE);
+        // g = ⌈x⌉ − D · c_hi − D · c_lo, as −(D · c_hi) − (−⌈x⌉), then −(D · c_lo) + g.
+        let g = _mm512_fnmsub_ps(d, c_hi, down);
+        let g = _mm512_fnmadd_ps(d, _mm512_set1_ps(lanes.c_lo), g);
+        let mut p = _mm512_set1_ps(ESTIMATE_COEFFICIENTS[6]);
         for k in (0..6).rev() {
-            p = _mm512_fmadd_ps(p, g, _mm512_set1_ps(COEFFICIENTS_F32[k] * SCALE));
+            p = _mm512_fmadd_ps(p, g, _mm512_set1_ps(ESTIMATE_COEFFICIENTS[k]));
         }
-        _mm512_scalef_ps(p, _mm512_sub_ps(_mm512_setzero_ps(), up))
+        _mm512_scalef_ps(p, down)
     }
 
     /// The two f64 halves of 16 f32.
@@ -568,6 +635,20 @@ mod avx512 {
         (low, high)
     }
 
+    /// The estimates of 64 logits summed per lane in f32, `(w0 + w1) + (w2 + w3)` (two roundings
+    /// of positive terms; see [`super::ESTIMATE_RELATIVE`]).
+    ///
+    /// # Safety
+    /// `v` holds at least 64 f32.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    unsafe fn estimate64_sum(v: *const f32, lanes: &RowLanes) -> __m512 {
+        // SAFETY: the caller's promise.
+        let w = |i: usize| estimate16(unsafe { _mm512_loadu_ps(v.add(16 * i)) }, lanes);
+        let (w0, w1, w2, w3) = (w(0), w(1), w(2), w(3));
+        _mm512_add_ps(_mm512_add_ps(w0, w1), _mm512_add_ps(w2, w3))
+    }
+
     /// See [`super::estimate_block_sums`].
     ///
     /// # Safety
@@ -578,29 +659,16 @@ mod avx512 {
         lanes: &RowLanes,
         sums: &mut [f64],
     ) -> f64 {
-        let mut total = 0.0;
-        let mut blocks = row.chunks_exact(SUM_BLOCK);
-        for (block, sum) in (&mut blocks).zip(sums.iter_mut()) {
+        block_sums_with(row, lanes, sums, |block| {
             let (mut acc0, mut acc1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
-            for v in block.chunks_exact(16) {
-                // SAFETY: `v` holds 16 f32.
-                let w = estimate16(unsafe { _mm512_loadu_ps(v.as_ptr()) }, lanes);
-                let (low, high) = widen16(w);
+            for v in block.chunks_exact(64) {
+                // SAFETY: `v` holds 64 f32.
+                let (low, high) = widen16(unsafe { estimate64_sum(v.as_ptr(), lanes) });
                 acc0 = _mm512_add_pd(acc0, low);
                 acc1 = _mm512_add_pd(acc1, high);
             }
-            *sum = _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
-            total += *sum;
-        }
-        let tail = blocks.remainder();
-        if let (false, Some(sum)) = (tail.is_empty(), sums.get_mut(row.len() / SUM_BLOCK)) {
-            *sum = tail
-                .iter()
-                .map(|&l| f64::from(estimate_of_gap(lanes.gap_of(l), lanes)))
-                .sum();
-            total += *sum;
-        }
-        total
+            _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1))
+        })
     }
 
     /// See [`super::estimate_store`].
@@ -610,31 +678,26 @@ mod avx512 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
     pub(super) unsafe fn estimate_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
         let mut acc = _mm512_setzero_ps();
-        let mut vectors = row.chunks_exact(16);
-        let mut outs = out.chunks_exact_mut(16);
-        for (v, o) in (&mut vectors).zip(&mut outs) {
+        let rest = store_with::<16>(row, lanes, out, |v, o| {
             // SAFETY: `v` and `o` hold 16 f32.
             unsafe {
                 let w = estimate16(_mm512_loadu_ps(v.as_ptr()), lanes);
                 _mm512_storeu_ps(o.as_mut_ptr(), w);
                 acc = _mm512_add_ps(acc, w);
             }
-        }
-        let mut rest = 0.0;
-        for (&l, o) in vectors.remainder().iter().zip(outs.into_remainder()) {
-            let w = estimate_of_gap(lanes.gap_of(l), lanes);
-            *o = w;
-            rest += f64::from(w);
-        }
+        });
         let (low, high) = widen16(acc);
         _mm512_reduce_add_pd(_mm512_add_pd(low, high)) + rest
     }
 }
 
-/// Hand-written AVX2 loop of the exact weights (four 64-bit lanes per vector).
+/// Hand-written AVX2 loops: the exact weights (four 64-bit lanes per vector) and the estimates
+/// (eight f32 lanes).
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{RowLanes, exact_of_gap};
+    use super::{
+        ESTIMATE_COEFFICIENTS, RowLanes, SCALE_ROUNDER, block_sums_with, exact_of_gap, store_with,
+    };
     use specula_backend_api::logit_weights::{EXP2_COEFFICIENTS, GAP_LIMIT};
     use std::arch::x86_64::*;
 
@@ -692,6 +755,76 @@ mod avx2 {
         let live = _mm256_cmpgt_epi64(_mm256_set1_epi64x(GAP_LIMIT as i64), x);
         let w = _mm256_srlv_epi64(_mm256_slli_epi64::<9>(p), _mm256_srli_epi64::<24>(x));
         _mm256_and_si256(live, w)
+    }
+
+    /// The estimates of 8 logits: [`super::estimate_of_gap`] in lanes, the same bits.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn estimate8(l: __m256, lanes: &RowLanes) -> __m256 {
+        let d = gaps8(l, lanes);
+        let c_hi = _mm256_set1_ps(lanes.c_hi);
+        let down = _mm256_round_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+            d,
+            _mm256_set1_ps(lanes.neg_c_hi),
+        ));
+        let g = _mm256_fnmsub_ps(d, c_hi, down);
+        let g = _mm256_fnmadd_ps(d, _mm256_set1_ps(lanes.c_lo), g);
+        let mut p = _mm256_set1_ps(ESTIMATE_COEFFICIENTS[6]);
+        for k in (0..6).rev() {
+            p = _mm256_fmadd_ps(p, g, _mm256_set1_ps(ESTIMATE_COEFFICIENTS[k]));
+        }
+        let biased = _mm256_add_ps(down, _mm256_set1_ps(SCALE_ROUNDER));
+        let scale = _mm256_slli_epi32::<23>(_mm256_castps_si256(biased));
+        _mm256_mul_ps(p, _mm256_castsi256_ps(scale))
+    }
+
+    /// See [`super::estimate_block_sums`]: four estimates per lane added in f32,
+    /// `(w0 + w1) + (w2 + w3)`, then widened to f64.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn estimate_block_sums(
+        row: &[f32],
+        lanes: &RowLanes,
+        sums: &mut [f64],
+    ) -> f64 {
+        block_sums_with(row, lanes, sums, |block| {
+            let (mut acc0, mut acc1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+            for v in block.chunks_exact(32) {
+                // SAFETY: `v` holds 32 f32.
+                let w =
+                    |i: usize| estimate8(unsafe { _mm256_loadu_ps(v.as_ptr().add(8 * i)) }, lanes);
+                let s = _mm256_add_ps(_mm256_add_ps(w(0), w(1)), _mm256_add_ps(w(2), w(3)));
+                acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(s)));
+                acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(s)));
+            }
+            let mut halves = [0f64; 4];
+            // SAFETY: `halves` holds 4 f64.
+            unsafe { _mm256_storeu_pd(halves.as_mut_ptr(), _mm256_add_pd(acc0, acc1)) };
+            halves.iter().sum()
+        })
+    }
+
+    /// See [`super::estimate_store`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `out` is as long as `row`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn estimate_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
+        let mut acc = _mm256_setzero_ps();
+        let rest = store_with::<8>(row, lanes, out, |v, o| {
+            // SAFETY: `v` and `o` hold 8 f32.
+            unsafe {
+                let w = estimate8(_mm256_loadu_ps(v.as_ptr()), lanes);
+                _mm256_storeu_ps(o.as_mut_ptr(), w);
+                acc = _mm256_add_ps(acc, w);
+            }
+        });
+        let mut lanes8 = [0f32; 8];
+        // SAFETY: `lanes8` holds 8 f32.
+        unsafe { _mm256_storeu_ps(lanes8.as_mut_ptr(), acc) };
+        lanes8.iter().map(|&a| f64::from(a)).sum::<f64>() + rest
     }
 
     /// Exact weights of a chunk into `out` (same length).
@@ -869,6 +1002,73 @@ mod tests {
             worst <= ESTIMATE_RELATIVE / 2.0,
             "worst relative error {worst:e} (bound {ESTIMATE_RELATIVE:e})"
         );
+    }
+
+    /// Every compiled variant of the estimate loops (AVX-512, AVX2, generic), whichever this CPU
+    /// has: the stored estimates are the scalar steps' bits, and every block sum is within the
+    /// bound of the exact block weight, on hostile values.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn every_estimate_variant_equals_the_scalar_steps() {
+        use std::arch::is_x86_feature_detected as detected;
+        let mut lcg = Lcg(53);
+        for t in [1e-6f32, 0.05, 0.8, 1.0, 7.0, 1e10] {
+            for clean in [false, true] {
+                let max = 3.25;
+                let scale = row_scale(t);
+                let lanes = RowLanes::new(max, scale, clean).expect("vector lanes");
+                let row = logits_below(&mut lcg, max, 4099, clean);
+                let scalar: Vec<u32> = row
+                    .iter()
+                    .map(|&l| estimate_of_gap(lanes.gap_of(l), &lanes).to_bits())
+                    .collect();
+                let blocks = row.len().div_ceil(SUM_BLOCK);
+                let exact: Vec<f64> = row
+                    .chunks(SUM_BLOCK)
+                    .map(|b| b.iter().map(|&l| scaled_weight(l, max, scale)).sum::<u64>() as f64)
+                    .collect();
+                let check_sums = |name: &str, sums: &[f64], total: f64| {
+                    for (b, (&sum, &exact)) in sums.iter().zip(&exact).enumerate() {
+                        let bound = sum * ESTIMATE_RELATIVE + SUM_BLOCK as f64 * ESTIMATE_ABSOLUTE;
+                        assert!((sum - exact).abs() <= bound, "{name} block {b}, t {t}");
+                    }
+                    let summed: f64 = sums.iter().sum();
+                    assert!(
+                        (total - summed).abs() <= summed * 1e-12,
+                        "{name} total, t {t}"
+                    );
+                };
+                let mut stored = vec![0f32; row.len()];
+                let mut sums = vec![0f64; blocks];
+                let bits = |stored: &[f32]| stored.iter().map(|w| w.to_bits()).collect::<Vec<_>>();
+                estimate_store_generic(&row, &lanes, &mut stored);
+                assert_eq!(bits(&stored), scalar, "generic, t {t}, clean {clean}");
+                let total = estimate_sums_generic(&row, &lanes, &mut sums);
+                check_sums("generic", &sums, total);
+                if detected!("avx512f")
+                    && detected!("avx512bw")
+                    && detected!("avx512vl")
+                    && detected!("avx512dq")
+                {
+                    stored.fill(0.0);
+                    // SAFETY: the features are present; `stored` is as long as `row`.
+                    unsafe { avx512::estimate_store(&row, &lanes, &mut stored) };
+                    assert_eq!(bits(&stored), scalar, "avx512, t {t}, clean {clean}");
+                    // SAFETY: as above.
+                    let total = unsafe { avx512::estimate_block_sums(&row, &lanes, &mut sums) };
+                    check_sums("avx512", &sums, total);
+                }
+                if detected!("avx2") && detected!("fma") {
+                    stored.fill(0.0);
+                    // SAFETY: the features are present; `stored` is as long as `row`.
+                    unsafe { avx2::estimate_store(&row, &lanes, &mut stored) };
+                    assert_eq!(bits(&stored), scalar, "avx2, t {t}, clean {clean}");
+                    // SAFETY: as above.
+                    let total = unsafe { avx2::estimate_block_sums(&row, &lanes, &mut sums) };
+                    check_sums("avx2", &sums, total);
+                }
+            }
+        }
     }
 
     #[test]
