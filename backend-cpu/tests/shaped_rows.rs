@@ -256,3 +256,55 @@ fn rows_of_logits_that_read_alike_agree_with_the_reference() {
         }
     }
 }
+
+/// Rows that mislead the strided sample the CPU places its band from (runs of 32 tokens, 128 of
+/// them spread evenly over the row), so that its band misses the threshold and is widened:
+/// sampled runs of near-zero weights with one token at logit 6 each over a normal bulk (the
+/// threshold lies below the band), sampled runs at logit 3 with heavy tokens (logit 8) between
+/// them (the threshold lies above it); and a normal row rounded to eighths, whose long runs of
+/// ties straddle the band's edges. Every token is the reference device's, from logits and from
+/// probabilities.
+#[test]
+fn rows_that_mislead_the_band_sample_agree_with_the_reference() {
+    let cpu = CpuDevice::new().unwrap();
+    let reference = ReferenceDevice::new();
+    let mut g = Lcg(2030);
+    let v = 151_936;
+    let (runs, run) = (128, 32);
+    let step = v / runs;
+    let bulk = logits_row(&mut g, v, 1.0, 0);
+    let below: Vec<f32> = (0..v)
+        .map(|i| match (i, i % step) {
+            (1, _) => 4.0,
+            (_, 0) => 6.0,
+            (_, j) if j < run => -30.0,
+            _ => bulk[i],
+        })
+        .collect();
+    let mut above: Vec<f32> = (0..v)
+        .map(|i| if i % step < run { 3.0 } else { -30.0 })
+        .collect();
+    for r in 0..runs {
+        above[r * step + run + 7] = 8.0 + 0.125 * (r % 3) as f32;
+        above[r * step + run + 300] = 8.0;
+    }
+    let ties = logits_row(&mut g, v, 2.0, 1);
+    for (name, row) in [("below", below), ("above", above), ("ties", ties)] {
+        let n = SETTINGS.len();
+        let rows: Vec<f32> = row.repeat(n);
+        let top_k: Vec<i32> = SETTINGS.iter().map(|&(k, _)| k).collect();
+        let top_p: Vec<f32> = SETTINGS.iter().map(|&(_, p)| p).collect();
+        let seed: Vec<u64> = (0..n).map(|_| g.next()).collect();
+        let params = (&top_k[..], &top_p[..], &seed[..]);
+        let temperature = vec![1.0f32; n];
+        let from_logits = |dev: &dyn Device| sample(dev, (&rows, v), Some(&temperature), params);
+        assert_eq!(from_logits(&cpu), from_logits(&reference), "logits, {name}");
+        let probs: Vec<f32> = softmax(&row, 1.0).repeat(n);
+        let from_probs = |dev: &dyn Device| sample(dev, (&probs, v), None, params);
+        assert_eq!(
+            from_probs(&cpu),
+            from_probs(&reference),
+            "probabilities, {name}"
+        );
+    }
+}

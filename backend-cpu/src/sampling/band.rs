@@ -151,6 +151,25 @@ fn place_band<T: FloatElement>(
     let scale = row.len() as f64 / sampled.max(1) as f64;
     let below = (total - target) as f64;
     let slack = SLACK * total as f64;
+    let (low_bin, high_bin) = band_bins(bins, scale, (below, below), slack);
+    let key = |bin: usize| (bin as u32 + first) << SHIFT;
+    Band {
+        low: low_bin.map_or(MIN_WEIGHT_KEY, key),
+        high: high_bin.map_or(u32::MAX, key),
+    }
+}
+
+/// The ends of a band from a sample's bins of levels (per bin, in rising order, the sampled
+/// weights' sum and sum of squares; each sampled token stands for `scale`): the first bin past
+/// the levels whose estimated mass below is certainly under `low_below`, and the first past the
+/// levels whose estimated mass below certainly reaches `high_below` — "certainly" meaning by
+/// four standard deviations of the estimate and `slack` (`None`: no such level).
+pub(crate) fn band_bins(
+    bins: &[(f64, f64)],
+    scale: f64,
+    (low_below, high_below): (f64, f64),
+    slack: f64,
+) -> (Option<usize>, Option<usize>) {
     let (mut mass, mut squares) = (0.0f64, 0.0f64);
     let (mut low_bin, mut high_bin) = (None, None);
     for (b, &(m, q)) in bins.iter().enumerate() {
@@ -158,20 +177,16 @@ fn place_band<T: FloatElement>(
             continue;
         }
         let spread = 4.0 * scale * (squares + q).sqrt() + slack;
-        if (mass + m) * scale <= below - spread {
+        if (mass + m) * scale <= low_below - spread {
             low_bin = Some(b + 1);
         }
         mass += m;
         squares += q;
-        if high_bin.is_none() && mass * scale >= below + spread {
+        if high_bin.is_none() && mass * scale >= high_below + spread {
             high_bin = Some(b + 1);
         }
     }
-    let key = |bin: usize| (bin as u32 + first) << SHIFT;
-    Band {
-        low: low_bin.map_or(MIN_WEIGHT_KEY, key),
-        high: high_bin.map_or(u32::MAX, key),
-    }
+    (low_bin, high_bin)
 }
 
 /// The pass over the row: the exact weight above the band per block into `s.masses`, the band's

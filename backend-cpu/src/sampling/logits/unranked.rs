@@ -43,7 +43,7 @@ use crate::sampling::scan::{has_avx2, has_avx512};
 const MIN_VOCAB: usize = 4096;
 // The band's placement (estimates sampled in runs, its slack) and its histogram's bins are the
 // probability band path's.
-use crate::sampling::band::{BAND_BINS, SAMPLE_RUN, SAMPLES, SLACK};
+use crate::sampling::band::{BAND_BINS, SAMPLE_RUN, SAMPLES, SLACK, band_bins};
 /// A margin on every float comparison of the bounds, relative: covers the f64 roundings of the
 /// sums and products the comparisons themselves make.
 const MARGIN: f64 = 1.0 / (1u64 << 44) as f64;
@@ -487,6 +487,18 @@ fn sample_whole(passes: &Passes<'_>, r: u64, s: &mut Scratch) -> Option<usize> {
     })
 }
 
+#[cfg(test)]
+thread_local! {
+    /// How often a band missed the threshold and was widened, on this thread (tests only).
+    static BAND_MISSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts a band that missed the threshold (tests only).
+fn count_band_miss() {
+    #[cfg(test)]
+    BAND_MISSES.with(|misses| misses.set(misses.get() + 1));
+}
+
 /// How often the bounds left a decision open and exact masses were computed (tests only).
 #[cfg(test)]
 pub(super) static EXACT_PASSES: std::sync::atomic::AtomicUsize =
@@ -615,6 +627,7 @@ fn sample_top_p(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch) -> Option<
             if band.high == f32::INFINITY {
                 return None;
             }
+            count_band_miss();
             band.high = f32::INFINITY;
             continue;
         }
@@ -641,7 +654,10 @@ fn sample_top_p(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch) -> Option<
                 return draw_exact(values, lanes, s, threshold, floor, r);
             }
             InBand::Below if band.low == -f32::MAX => return None,
-            InBand::Below => band.low = -f32::MAX,
+            InBand::Below => {
+                count_band_miss();
+                band.low = -f32::MAX;
+            }
         }
     }
 }
@@ -770,23 +786,7 @@ fn place_band(
     }
     let scale = estimates.len() as f64 / sampled.max(1) as f64;
     let below = total * (1.0 - p as f64 / (1u64 << TOP_P_BITS) as f64);
-    let slack = SLACK * total;
-    let (mut mass, mut squares) = (0.0f64, 0.0f64);
-    let (mut low_bin, mut high_bin) = (None, None);
-    for (b, &(m, q)) in bins.iter().enumerate() {
-        if m == 0.0 {
-            continue;
-        }
-        let spread = 4.0 * scale * (squares + q).sqrt() + slack;
-        if (mass + m) * scale <= below - spread {
-            low_bin = Some(b + 1);
-        }
-        mass += m;
-        squares += q;
-        if high_bin.is_none() && mass * scale >= below + spread {
-            high_bin = Some(b + 1);
-        }
-    }
+    let (low_bin, high_bin) = band_bins(bins, scale, (below, below), SLACK * total);
     let level = |bin: usize| f32::from_bits((bin as u32 + FIRST) << SHIFT);
     // A level at or above the maximum's weight keeps nothing above the band.
     let high = high_bin
@@ -1265,6 +1265,62 @@ mod tests {
                 sigma * (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * w).cos()
             })
             .collect()
+    }
+
+    /// Rows that mislead the strided sample placing the band, so that the band misses the
+    /// threshold and is widened: `below`, the sampled runs hold near-zero weights, one token at
+    /// logit 6 each and one token at 4, the rest of the row normal logits (the sample sees almost
+    /// no mass below 6, the threshold lies in the normal bulk below the band); `above`, the sampled runs hold logit 3,
+    /// and 256 tokens off the runs logit 8 (the sample sees no heavy tokens, the threshold lies
+    /// among them, above the band). The token is still the exact path's: top-k `V − 1` on a row
+    /// whose last-ranked token (−inf) weighs 0 keeps the same tokens as no top-k, and takes the
+    /// path that weighs every token exactly.
+    #[test]
+    fn a_band_the_sample_misplaced_is_widened() {
+        let mut lcg = Lcg(11);
+        let v = 65_536;
+        let runs = SAMPLES / SAMPLE_RUN;
+        let step = v / runs;
+        let sampled = |i: usize| i % step < SAMPLE_RUN;
+        let below: Vec<f32> = normal_row(&mut lcg, v, 1.0)
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| match (i, i % step) {
+                (1, _) => 4.0,
+                (_, 0) => 6.0,
+                (_, j) if j < SAMPLE_RUN => -30.0,
+                _ => l,
+            })
+            .collect();
+        let mut above: Vec<f32> = (0..v)
+            .map(|i| if sampled(i) { 3.0 } else { -30.0 })
+            .collect();
+        for run in 0..runs {
+            above[run * step + SAMPLE_RUN + 7] = 8.0 + 0.01 * lcg.unit();
+            above[run * step + SAMPLE_RUN + 300] = 8.0 - 0.01 * lcg.unit();
+        }
+        for (name, mut row) in [("below", below), ("above", above)] {
+            row[SAMPLE_RUN + 1] = f32::NEG_INFINITY;
+            let (mut decided, mut cases) = (0, 0);
+            let before = BAND_MISSES.with(|m| m.get());
+            for top_p in [0.9f32, 0.5] {
+                for i in 0..4u64 {
+                    let r = (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    let exact = super::super::sample_logit_row(&row, 1.0, v as i32 - 1, top_p, r);
+                    if let Some(token) = sample(&row, 1.0, top_p, r, RowHints::default()) {
+                        assert_eq!(token, exact, "{name}, top_p {top_p}, r {r}");
+                        decided += 1;
+                    }
+                    cases += 1;
+                }
+            }
+            let misses = BAND_MISSES.with(|m| m.get()) - before;
+            assert!(misses >= cases, "{name}: {misses} misses in {cases} rows");
+            assert!(
+                decided * 10 >= cases * 9,
+                "{name}: decided {decided} of {cases}"
+            );
+        }
     }
 
     /// The time of one row, warm, on one and on two threads (run with `--ignored --nocapture`).
