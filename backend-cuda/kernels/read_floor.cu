@@ -2,14 +2,11 @@
 // at `src` once, as an op reads its input, with 16-byte loads on a grid-stride loop (four in
 // flight per thread). The loaded words are folded into one value that is stored only when it
 // equals a constant, so no load can be dropped and almost nothing is written.
+//
+// struct FloorArgs (src, bytes, sink): generated from its Rust declaration in src/kernels.rs
+// (`read_floor_source`), with `static_assert`s of its layout.
 
 typedef unsigned long long floor_u64;
-
-struct FloorArgs {
-    const unsigned char* src;  // the bytes to read (any alignment)
-    floor_u64 bytes;
-    floor_u64* sink;           // one word, written (almost) never
-};
 
 extern "C" __global__ void __launch_bounds__(256) read_floor(const FloorArgs a) {
     const unsigned char* src = a.src;

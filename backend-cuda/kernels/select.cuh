@@ -163,6 +163,20 @@ __device__ __forceinline__ void load_items(const typename E::raw* __restrict__ r
     for (int q = 0; q < SEL_ITEMS / 4; ++q) load4<E>(row, i0 + 4 * q, p.end, p.vec, v + 4 * q);
 }
 
+// The keys (K::key) of this thread's SEL_ITEMS loaded items `v`, ids i0 .. (0 for an id at or past
+// `end`), into `keys`; returns how many of them are valid and equal `pkey` (the boundary tokens).
+template <class K>
+__device__ __forceinline__ u32 item_keys(const Weigh& wg, const float v[SEL_ITEMS], u32 i0, u32 end, u32 pkey,
+                                         u32 keys[SEL_ITEMS]) {
+    u32 b = 0;
+#pragma unroll
+    for (int j = 0; j < SEL_ITEMS; ++j) {
+        keys[j] = (i0 + j < end) ? K::key(wg, v[j], i0 + j) : 0u;
+        b += (i0 + j < end && keys[j] == pkey) ? 1u : 0u;
+    }
+    return b;
+}
+
 // Calls f(i, x) for each element of this block's slice: per chunk of SEL_CHUNK elements, thread t
 // takes SEL_ITEMS consecutive ones, in ascending order.
 template <class E, class F>
@@ -551,12 +565,7 @@ __device__ __noinline__ void gather_prefix(const typename E::raw* __restrict__ r
         load_items<E>(row, base, p, v);
         const u32 i0 = base + threadIdx.x * SEL_ITEMS;
         u32 keys[SEL_ITEMS];
-        u32 b = 0;
-#pragma unroll
-        for (int j = 0; j < SEL_ITEMS; ++j) {
-            keys[j] = (i0 + j < p.end) ? K::key(wg, v[j], i0 + j) : 0u;
-            b += (i0 + j < p.end && keys[j] == pkey) ? 1u : 0u;
-        }
+        const u32 b = item_keys<K>(wg, v, i0, p.end, pkey, keys);
         u64 ex_m, tot_m;
         u32 ex_b, tot_b;
         block_scan_pair<SEL_BLOCK>(0ull, b, ex_m, ex_b, tot_m, tot_b, s.sa, s.sb);

@@ -240,12 +240,7 @@ struct RejectionPolicy {
             load_items<SPECULA_D>(q, base, qp, qv);
             const u32 i0 = base + threadIdx.x * SEL_ITEMS;
             u32 pkeys[SEL_ITEMS];
-            u32 bcount = 0;
-#pragma unroll
-            for (int j = 0; j < SEL_ITEMS; ++j) {
-                pkeys[j] = i0 + j < a.vocab ? row_key(tw, pv[j], i0 + j) : 0u;
-                bcount += (i0 + j < a.vocab && pkeys[j] == pkey) ? 1u : 0u;
-            }
+            const u32 bcount = item_keys<RankKeys>(tw, pv, i0, a.vocab, pkey, pkeys);
             u64 ex_b, tot_b, dummy_ex, dummy_tot;
             block_scan_pair<SEL_BLOCK, u64, u64>((u64)bcount, 0ull, ex_b, dummy_ex, tot_b, dummy_tot, s->sa,
                                                  reinterpret_cast<u64*>(s->mass));

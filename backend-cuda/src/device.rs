@@ -523,6 +523,17 @@ impl Kernels<'_> {
             .map_err(|e| CudaError::driver("cuLaunchKernel", e).into_api(self.file.op().name()))
     }
 
+    /// Launches entry `stem` of a batch kernel: `blocks` blocks of [`launch::BATCH_BLOCK`]
+    /// threads (one block per slot or row, a grid-stride loop, or one block for the batch).
+    pub(crate) fn launch_batch<A: CudaArgs>(
+        &self,
+        stem: &'static str,
+        blocks: u32,
+        args: &A,
+    ) -> Result<()> {
+        self.launch(stem, (blocks, 1, 1), launch::BATCH_BLOCK, args)
+    }
+
     /// As [`launch`](Self::launch), cooperatively (all blocks co-resident); `Ok(false)` when the
     /// grid does not fit the device at once, so the caller can fall back.
     pub(crate) fn launch_cooperative<A: CudaArgs>(

@@ -24,6 +24,7 @@ use specula_backend_api::rng::Purpose;
 use specula_backend_api::{DType, Op, WarmUp};
 
 pub use crate::args::ArgsStruct;
+use crate::args::cuda_args;
 use crate::launch;
 
 /// The shared header of every kernel file.
@@ -33,8 +34,28 @@ pub const SELECT: &str = include_str!("../kernels/select.cuh");
 /// Rank keys and slice weights shared by the kernels of sharded rows (`docs/semantics.md` §4d).
 pub const SHARD: &str = include_str!("../kernels/shard.cuh");
 
-/// The read-floor kernel of the benchmarks (not an op: `CudaDevice::read_floor`).
+/// The read-floor kernel of the benchmarks (not an op: `CudaDevice::read_floor`), without its
+/// argument struct ([`read_floor_source`] puts [`FloorArgs`] before it).
 pub const READ_FLOOR: &str = include_str!("../kernels/read_floor.cu");
+
+cuda_args! {
+    /// The argument block of the read-floor kernel (`kernels/read_floor.cu`), generated into its
+    /// source ([`read_floor_source`]) as the ops' structs are into theirs.
+    pub struct FloorArgs {
+        src: u64 as "const unsigned char*", // the bytes to read (any alignment)
+        bytes: u64 as "unsigned long long",
+        sink: u64 as "unsigned long long*", // one word, written (almost) never
+    }
+}
+
+/// The source NVRTC compiles for the read-floor kernel: [`FloorArgs`]' CUDA declaration (from its
+/// Rust declaration, with its layout's `static_assert`s), then `kernels/read_floor.cu`.
+pub fn read_floor_source() -> String {
+    format!(
+        "{}\n{READ_FLOOR}",
+        ArgsStruct::of::<FloorArgs>().declaration()
+    )
+}
 
 /// The NVRTC options of the read-floor kernel for a target.
 pub fn floor_options(arch: &str) -> Vec<String> {

@@ -11,6 +11,7 @@ use specula_backend_api::{BackendKind, Buffer, Error, Op, Result};
 use crate::device::CudaDevice;
 use crate::driver::DeviceBlock;
 use crate::error::CudaError;
+use crate::kernels::FloorArgs;
 use crate::{kernels, nvrtc, storage};
 
 /// Threads per block of the read-floor kernel.
@@ -88,8 +89,8 @@ impl CudaDevice {
             bytes,
             sink: floor.sink.ptr(),
         };
-        // SAFETY: `FloorArgs` mirrors the kernel's argument struct (three 8-byte fields); the
-        // kernel reads `bytes` bytes at `src` (the buffer's validated window) and may write the
+        // SAFETY: the kernel's `FloorArgs` is generated from this one's declaration (with
+        // `static_assert`s of its layout, `kernels::read_floor_source`); the kernel reads `bytes` bytes at `src` (the buffer's validated window) and may write the
         // 8-byte sink this device owns.
         unsafe {
             self.driver
@@ -109,7 +110,7 @@ impl CudaDevice {
             log,
         };
         let compiled = nvrtc::compile(
-            kernels::READ_FLOOR,
+            &kernels::read_floor_source(),
             "read_floor.cu",
             &kernels::floor_options(self.target()),
         )
@@ -136,15 +137,3 @@ impl CudaDevice {
         Ok(self.floor.get_or_init(|| FloorKernel { function, sink }))
     }
 }
-
-/// The read-floor kernel's argument struct (`kernels/read_floor.cu`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct FloorArgs {
-    src: u64,
-    bytes: u64,
-    sink: u64,
-}
-
-// SAFETY: `#[repr(C)]` plain old data of three u64, mirrored by the kernel's `FloorArgs`.
-unsafe impl cudarc::driver::DeviceRepr for FloorArgs {}

@@ -142,6 +142,27 @@ pub(crate) struct KernelFacts {
     pub(crate) args: &'static [ArgsStruct],
 }
 
+impl KernelFacts {
+    /// A module of integer kernels only (`<op>[_<suffix>]_i32`), built on `common.wgsl` alone.
+    pub(crate) const fn batch(args: &'static [ArgsStruct]) -> Self {
+        KernelFacts {
+            libraries: &[],
+            float_kernels: &[],
+            args,
+        }
+    }
+
+    /// A module with one float kernel, `<op>_<dtype>` for every float dtype (one workgroup per
+    /// row), built on `libraries`.
+    pub(crate) const fn rows(libraries: &'static [Library], args: &'static [ArgsStruct]) -> Self {
+        KernelFacts {
+            libraries,
+            float_kernels: &[None],
+            args,
+        }
+    }
+}
+
 /// The entry point `<op>_<dtype>` (Op::entry_point), or `<op>_<suffix>_<dtype>` for an op's
 /// auxiliary kernels.
 pub(crate) fn entry(op: Op, suffix: Option<&str>, dtype: DType) -> String {

@@ -500,26 +500,52 @@ inline void bin_add_mass(volatile __local uint* lo, volatile __local uint* hi, u
 // Every core of the cluster calls them (uniform control flow). They end with a barrier, so the
 // scratch they use (part_*, bc_*[0]) is free again when they return.
 
+// Declares `inline ulong NAME(ulong v, __local Scratch* S, ulong* total)`: the ADD-sum (a binary
+// function or macro) of the `v` of the cores before this one, an exclusive scan in core order;
+// *total gets the ADD-sum over every core.
+#define CLUSTER_SCAN(NAME, ADD)                                                                    \
+    inline ulong NAME(ulong v, __local Scratch* S, ulong* total) {                                 \
+        S->part_mass[LID] = v;                                                                     \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                              \
+        if (LID == 0u) {                                                                           \
+            ulong before = 0ul;                                                                    \
+            for (uint c = 0; c < CORES; c++) {                                                     \
+                ulong x = S->part_mass[c];                                                         \
+                S->part_mass[c] = before;                                                          \
+                before = ADD(before, x);                                                           \
+            }                                                                                      \
+            S->bc_u64[0] = before;                                                                 \
+        }                                                                                          \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                              \
+        ulong mine = S->part_mass[LID];                                                            \
+        *total = S->bc_u64[0];                                                                     \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                              \
+        return mine;                                                                               \
+    }
+
+// Declares `inline TYPE NAME(TYPE v, __local Scratch* S)`: every core's `v` folded by FOLD (a
+// binary function such as min or max) from INIT in core order, through the per-core scratch
+// S->PART and the broadcast word S->BC[0].
+#define CLUSTER_FOLD(TYPE, NAME, PART, BC, INIT, FOLD)                                             \
+    inline TYPE NAME(TYPE v, __local Scratch* S) {                                                 \
+        S->PART[LID] = v;                                                                          \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                              \
+        if (LID == 0u) {                                                                           \
+            TYPE m = INIT;                                                                         \
+            for (uint c = 0; c < CORES; c++) m = FOLD(m, S->PART[c]);                              \
+            S->BC[0] = m;                                                                          \
+        }                                                                                          \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                              \
+        TYPE r = S->BC[0];                                                                         \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                              \
+        return r;                                                                                  \
+    }
+
+#define PLAIN_ADD(a, b) ((a) + (b))
+
 // The sum of the `v` of the cores before this one (an exclusive scan in core order); *total gets
 // the sum over every core.
-inline ulong cluster_scan(ulong v, __local Scratch* S, ulong* total) {
-    S->part_mass[LID] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (LID == 0u) {
-        ulong before = 0ul;
-        for (uint c = 0; c < CORES; c++) {
-            ulong x = S->part_mass[c];
-            S->part_mass[c] = before;
-            before += x;
-        }
-        S->bc_u64[0] = before;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    ulong mine = S->part_mass[LID];
-    *total = S->bc_u64[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return mine;
-}
+CLUSTER_SCAN(cluster_scan, PLAIN_ADD)
 
 // The sum of every core's `v` (the total of `cluster_scan`, summed in the same core order).
 inline ulong cluster_sum(ulong v, __local Scratch* S) {
@@ -529,19 +555,7 @@ inline ulong cluster_sum(ulong v, __local Scratch* S) {
 }
 
 // The smallest of every core's `v`.
-inline uint cluster_min(uint v, __local Scratch* S) {
-    S->part_id[LID] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (LID == 0u) {
-        uint m = 0xffffffffu;
-        for (uint c = 0; c < CORES; c++) m = min(m, S->part_id[c]);
-        S->bc_u32[0] = m;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    uint r = S->bc_u32[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
+CLUSTER_FOLD(uint, cluster_min, part_id, bc_u32, 0xffffffffu, min)
 
 typedef struct {
     uint key;

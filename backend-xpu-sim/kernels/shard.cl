@@ -159,38 +159,9 @@ inline ulong residual_weight(ulong wp, ulong wq, ulong target_mass, ulong draft_
     }
 
 // The largest of every core's `v`.
-inline ulong cluster_max_u64(ulong v, __local Scratch* S) {
-    S->part_mass[LID] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (LID == 0u) {
-        ulong m = 0ul;
-        for (uint c = 0; c < CORES; c++) m = max(m, S->part_mass[c]);
-        S->bc_u64[0] = m;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    ulong r = S->bc_u64[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
+CLUSTER_FOLD(ulong, cluster_max_u64, part_mass, bc_u64, 0ul, max)
 
 // cluster_scan with saturating sums: the saturated sum of the `v` of the cores before this one;
 // *total gets the saturated sum over every core (saturating sums of non-negative values are
 // associative, so the result is the saturated sum in any grouping).
-inline ulong cluster_scan_sat(ulong v, __local Scratch* S, ulong* total) {
-    S->part_mass[LID] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (LID == 0u) {
-        ulong before = 0ul;
-        for (uint c = 0; c < CORES; c++) {
-            ulong x = S->part_mass[c];
-            S->part_mass[c] = before;
-            before = add_sat(before, x);
-        }
-        S->bc_u64[0] = before;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    ulong mine = S->part_mass[LID];
-    *total = S->bc_u64[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return mine;
-}
+CLUSTER_SCAN(cluster_scan_sat, add_sat)

@@ -10,8 +10,8 @@ use specula_backend_api::{
 
 use crate::error::XpuSimError;
 use crate::launch::LaunchConfig;
-use crate::ops;
-use crate::runtime::{ClStorage, Runtime, kernel_programs};
+use crate::ops::{self, kernel_programs};
+use crate::runtime::{ClStorage, Runtime};
 
 /// An OpenCL device running the XPU-style kernels.
 pub struct XpuSimDevice {

@@ -66,64 +66,12 @@ impl Drop for Reads {
     }
 }
 
-/// The common kernel file: Philox, 128-bit helpers, keys, row primitives.
-const COMMON: &str = include_str!("../kernels/common.cl");
-
-/// The kernel file the ops of sharded rows share (`docs/semantics.md` §4d): rank keys and the
-/// weights of a slice's tokens as tokens of the whole row.
-const SHARD: &str = include_str!("../kernels/shard.cl");
-
 /// The largest buffer this backend allocates: `4 · (2^32 − 1)` bytes, or the device's own limit when
 /// that is lower (reported as `Capabilities::max_buffer_bytes`, so the front refuses larger buffers).
 /// Kernels take element counts as 32-bit `uint`s: with this bound a buffer of 4-byte (or wider)
 /// elements has fewer than 2^32 of them, so every count the host passes fits (see
 /// [`crate::ops::count`]).
 pub(crate) const MAX_BUFFER_BYTES: u64 = 4 * u32::MAX as u64;
-
-macro_rules! kernel_sources {
-    ($($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*) => {
-        /// The kernel file of `op`, `kernels/<op>.cl`, embedded (`None` for [`Op::Memory`]).
-        /// Generated from the op table, so an op without its kernel file does not compile.
-        pub(crate) fn kernel_source(op: Op) -> Option<&'static str> {
-            match op {
-                Op::Memory => None,
-                $(Op::$variant => Some(include_str!(concat!("../kernels/", stringify!($name), ".cl"))),)*
-            }
-        }
-
-        /// Every program `op`'s host code may launch for score rows of the plan's dtypes, with
-        /// its kernels (`ops::<op>::programs`; none for [`Op::Memory`]): what the warm-up builds.
-        pub(crate) fn kernel_programs(op: Op, plan: &specula_backend_api::WarmUp) -> Vec<Program> {
-            match op {
-                Op::Memory => Vec::new(),
-                $(Op::$variant => crate::ops::$name::programs(plan),)*
-            }
-        }
-
-        /// The argument structs of `op`'s kernels (`ops::<op>::ARGS`; none for [`Op::Memory`]).
-        pub(crate) fn kernel_args(op: Op) -> &'static [ArgsStruct] {
-            match op {
-                Op::Memory => &[],
-                $(Op::$variant => crate::ops::$name::ARGS,)*
-            }
-        }
-    };
-}
-
-specula_backend_api::for_each_op!(kernel_sources);
-
-/// The whole program of `op` as it is built: `common.cl` (and `shard.cl` for the ops of sharded
-/// rows), the OpenCL C declarations of the op's argument structs (generated from their
-/// `kernel_args!` declarations), then the kernel file (`None` for [`Op::Memory`]).
-pub(crate) fn program_source(op: Op) -> Option<String> {
-    let text = kernel_source(op)?;
-    let structs: String = kernel_args(op)
-        .iter()
-        .map(ArgsStruct::declaration)
-        .collect();
-    let shard = if op.is_sharded() { SHARD } else { "" };
-    Some(format!("{COMMON}\n{shard}\n{structs}\n{text}\n"))
-}
 
 /// The storage behind an xpu-sim [`Buffer`]: one OpenCL buffer (at least 8 bytes, since OpenCL
 /// has no empty buffers).
@@ -517,7 +465,8 @@ impl Runtime {
             options.push_str(&format!(" -D {define}={value}"));
         }
         // One NUL-terminated source: cl3 passes no lengths, so OpenCL reads up to the NUL.
-        let mut source = program_source(key.op)
+        let mut source = key
+            .source()
             .ok_or_else(|| XpuSimError::MissingKernel(name.to_owned()).into_execution(name))?;
         source.push('\0');
         let mut program = ClProgram::create_from_sources(&self.context, &[source.as_str()])
@@ -575,7 +524,7 @@ fn set_args<A: KernelArgs + Pod>(
         index += 2;
     }
     // SAFETY: `A` is `#[repr(C)]` plain old data without padding (`Pod`), and the struct the kernel
-    // takes by value after its buffers is generated from it (`program_source`; `ops::tests` checks
+    // takes by value after its buffers is generated from it (`ProgramKey::source`; `ops::tests` checks
     // every struct against the program); OpenCL checks the size.
     unsafe { kernel.set_arg(index, args) }.map_err(XpuSimError::cl("clSetKernelArg"))?;
     Ok(())

@@ -236,7 +236,7 @@ fn check(
 fn check_floor(arch: &str, ptxas: Option<&PathBuf>) -> (bool, String) {
     let label = format!("{arch} read_floor.cu");
     let out = match nvrtc::compile(
-        kernels::READ_FLOOR,
+        &kernels::read_floor_source(),
         "read_floor.cu",
         &kernels::floor_options(arch),
     ) {

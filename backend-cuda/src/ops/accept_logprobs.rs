@@ -9,7 +9,7 @@ use super::{grid_x, to_u32};
 use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
 use crate::kernels::{Instance, Instances, KernelFacts, KernelFile, Library};
-use crate::launch::{BATCH_BLOCK, SELECT_BLOCK};
+use crate::launch::SELECT_BLOCK;
 
 cuda_args! {
     /// The argument block of every entry point of `kernels/accept_logprobs.cu`.
@@ -73,7 +73,7 @@ pub(crate) fn run(device: &CudaDevice, mut call: AcceptLogprobsCall<'_, '_>) -> 
         pad: 0,
     };
     let kernels = device.kernels(KernelFile::AcceptLogprobs, Instance::float(dtype, dtype));
-    kernels.launch("accept_logprobs_pack", (1, 1, 1), BATCH_BLOCK, &args)?;
+    kernels.launch_batch("accept_logprobs_pack", 1, &args)?;
     if entries == 0 {
         return Ok(());
     }

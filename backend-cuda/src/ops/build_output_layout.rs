@@ -8,7 +8,6 @@ use super::to_u32;
 use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
 use crate::kernels::{Instance, Instances, KernelFacts, KernelFile};
-use crate::launch::BATCH_BLOCK;
 
 cuda_args! {
     /// The argument block of every entry point of `kernels/build_output_layout.cu`.
@@ -49,5 +48,5 @@ pub(crate) fn run(device: &CudaDevice, mut call: BuildOutputLayoutCall<'_, '_>) 
         real_bsz: to_u32(op, "real_bsz", dims.real_bsz)?,
     };
     let kernels = device.kernels(KernelFile::BuildOutputLayout, Instance::integer(DType::I32));
-    kernels.launch("build_output_layout", (1, 1, 1), BATCH_BLOCK, &args)
+    kernels.launch_batch("build_output_layout", 1, &args)
 }

@@ -63,5 +63,5 @@ pub(crate) fn run(device: &CudaDevice, mut call: BuildSamplingParamsCall<'_, '_>
         Instance::integer(DType::I32),
     );
     let blocks = grid_x(op, launch::blocks_for(rows, BATCH_BLOCK) as usize)?;
-    kernels.launch("build_sampling_params", (blocks, 1, 1), BATCH_BLOCK, &args)
+    kernels.launch_batch("build_sampling_params", blocks, &args)
 }

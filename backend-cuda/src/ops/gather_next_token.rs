@@ -8,7 +8,7 @@ use super::{flag, grid_x, to_u32};
 use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
 use crate::kernels::{Instance, Instances, KernelFacts, KernelFile};
-use crate::launch::{self, BATCH_BLOCK};
+use crate::launch;
 
 cuda_args! {
     /// The argument block of every entry point of `kernels/gather_next_token.cu`.
@@ -57,10 +57,5 @@ pub(crate) fn run(device: &CudaDevice, mut call: GatherNextTokenCall<'_>) -> Res
         unit: launch::copy_unit(src, dst, row_bytes),
     };
     let kernels = device.kernels(KernelFile::GatherNextToken, Instance::integer(DType::U8));
-    kernels.launch(
-        "gather_next_token",
-        (args.out_rows, 1, 1),
-        BATCH_BLOCK,
-        &args,
-    )
+    kernels.launch_batch("gather_next_token", args.out_rows, &args)
 }

@@ -9,7 +9,6 @@ use super::to_u32;
 use crate::args::{ArgsStruct, cuda_args};
 use crate::device::CudaDevice;
 use crate::kernels::{Instance, Instances, KernelFacts, KernelFile};
-use crate::launch::BATCH_BLOCK;
 
 cuda_args! {
     /// The argument block of every entry point of `kernels/ngram_match.cu`.
@@ -67,11 +66,6 @@ pub(crate) fn run(device: &CudaDevice, mut call: NgramMatchCall<'_, '_>) -> Resu
         pad: 0,
     };
     let kernels = device.kernels(KernelFile::NgramMatch, Instance::integer(DType::I32));
-    kernels.launch(
-        "ngram_match_propose",
-        (args.real_bsz, 1, 1),
-        BATCH_BLOCK,
-        &args,
-    )?;
-    kernels.launch("ngram_match", (1, 1, 1), BATCH_BLOCK, &args)
+    kernels.launch_batch("ngram_match_propose", args.real_bsz, &args)?;
+    kernels.launch_batch("ngram_match", 1, &args)
 }

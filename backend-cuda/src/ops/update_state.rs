@@ -74,5 +74,5 @@ pub(crate) fn run(device: &CudaDevice, mut call: UpdateStateCall<'_, '_>) -> Res
     };
     let kernels = device.kernels(KernelFile::UpdateState, Instance::integer(DType::I32));
     let blocks = launch::blocks_for(dims.real_bsz, BATCH_BLOCK);
-    kernels.launch("update_state", (blocks, 1, 1), BATCH_BLOCK, &args)
+    kernels.launch_batch("update_state", blocks, &args)
 }

@@ -143,7 +143,7 @@ pub(crate) fn run(device: &CudaDevice, mut call: VerifyDraftTokensCall<'_, '_>) 
     }
     let kernels = device.kernels(FILE, Instance::float(DType::F32, DType::F32));
     let blocks = launch::blocks_for(dims.max_bsz, BATCH_BLOCK);
-    kernels.launch("verify_draft_tokens", (blocks, 1, 1), BATCH_BLOCK, &args)
+    kernels.launch_batch("verify_draft_tokens", blocks, &args)
 }
 
 /// REJECTION: the pre-pass over every target and draft row (`args.draft_rows`, dense or

@@ -46,11 +46,10 @@ const SCORE: Entry<AcceptLogprobsArgs> = Entry::new(Kernel::AcceptLogprobs, None
 
 /// The facts of `shaders/accept_logprobs.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
-pub(crate) const KERNEL: KernelFacts = KernelFacts {
-    libraries: &[Library::Select, Library::RowStats],
-    float_kernels: &[None],
-    args: &[PACK.args(), SCORE.args()],
-};
+pub(crate) const KERNEL: KernelFacts = KernelFacts::rows(
+    &[Library::Select, Library::RowStats],
+    &[PACK.args(), SCORE.args()],
+);
 
 /// Records and submits the packing dispatch and one scoring dispatch per logits chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: AcceptLogprobsCall<'_, '_>) -> Result<()> {

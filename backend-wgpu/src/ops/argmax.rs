@@ -3,7 +3,7 @@
 use specula_backend_api::ops::ArgmaxCall;
 use specula_backend_api::{Op, Result};
 
-use super::row_chunk_dispatches;
+use super::matrix_row_dispatches;
 use crate::WgpuDevice;
 use crate::kernels::{Entry, Kernel, KernelFacts, Library, RowHead};
 
@@ -20,20 +20,16 @@ const ARGMAX: Entry<ArgmaxArgs, RowHead> = Entry::new(Kernel::Argmax, None, 0);
 
 /// The facts of `shaders/argmax.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
-pub(crate) const KERNEL: KernelFacts = KernelFacts {
-    libraries: &[Library::Select],
-    float_kernels: &[None],
-    args: &[ARGMAX.args()],
-};
+pub(crate) const KERNEL: KernelFacts = KernelFacts::rows(&[Library::Select], &[ARGMAX.args()]);
 
 /// Records and submits one dispatch per row chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: ArgmaxCall<'_>) -> Result<()> {
     let op = Op::Argmax;
     let (&input, out, shape, &dtype) = call.parts();
     let kernel = (&ARGMAX, dtype);
-    let dispatches = row_chunk_dispatches(device, op, kernel, input, shape, |b, chunk| {
+    let dispatches = matrix_row_dispatches(device, op, kernel, input, shape, |b, input_off| {
         Ok(ArgmaxArgs {
-            input_off: b.rows(1, input, shape.vocab, chunk)?,
+            input_off,
             out_off: b.buffer(2, out)?,
         })
     })?;

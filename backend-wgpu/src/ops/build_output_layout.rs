@@ -36,11 +36,7 @@ const ROWS: Entry<BuildOutputLayoutRowsArgs> =
 
 /// The facts of `shaders/build_output_layout.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
-pub(crate) const KERNEL: KernelFacts = KernelFacts {
-    libraries: &[],
-    float_kernels: &[],
-    args: &[SUMS.args(), ROWS.args()],
-};
+pub(crate) const KERNEL: KernelFacts = KernelFacts::batch(&[SUMS.args(), ROWS.args()]);
 
 /// Records and submits both dispatches.
 pub(crate) fn run(device: &WgpuDevice, mut call: BuildOutputLayoutCall<'_, '_>) -> Result<()> {

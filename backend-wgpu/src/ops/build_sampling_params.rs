@@ -34,11 +34,7 @@ const BUILD: Entry<BuildSamplingParamsArgs, BatchHead> =
 
 /// The facts of `shaders/build_sampling_params.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
-pub(crate) const KERNEL: KernelFacts = KernelFacts {
-    libraries: &[],
-    float_kernels: &[],
-    args: &[BUILD.args()],
-};
+pub(crate) const KERNEL: KernelFacts = KernelFacts::batch(&[BUILD.args()]);
 
 /// Records and submits the dispatch.
 pub(crate) fn run(device: &WgpuDevice, mut call: BuildSamplingParamsCall<'_, '_>) -> Result<()> {

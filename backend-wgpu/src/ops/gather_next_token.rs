@@ -36,11 +36,7 @@ const GATHER: Entry<GatherNextTokenArgs, BatchHead> = Entry::new(Kernel::GatherN
 
 /// The facts of `shaders/gather_next_token.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
-pub(crate) const KERNEL: KernelFacts = KernelFacts {
-    libraries: &[],
-    float_kernels: &[],
-    args: &[GATHER.args()],
-};
+pub(crate) const KERNEL: KernelFacts = KernelFacts::batch(&[GATHER.args()]);
 
 /// Records and submits one dispatch per input chunk; with no input rows at all there is still a
 /// zero-filling pass.

@@ -217,3 +217,20 @@ pub(crate) fn row_chunk_dispatches<A: KernelArgs + bytemuck::Pod>(
         })
         .collect()
 }
+
+/// The dispatches of a kernel with one workgroup per row of the `[rows, vocab]` matrix `matrix`,
+/// which it reads at binding 1 ([`row_chunk_dispatches`]): `args` gets the element offset of the
+/// chunk's rows there, binds the kernel's other buffers and returns its arguments.
+pub(crate) fn matrix_row_dispatches<A: KernelArgs + bytemuck::Pod>(
+    device: &WgpuDevice,
+    op: Op,
+    kernel: (&Entry<A, RowHead>, DType),
+    matrix: &Buffer,
+    shape: &RowShape,
+    mut args: impl FnMut(&mut Binder<'_>, u32) -> Result<A>,
+) -> Result<Vec<Dispatch>> {
+    row_chunk_dispatches(device, op, kernel, matrix, shape, |b, chunk| {
+        let matrix_off = b.rows(1, matrix, shape.vocab, chunk)?;
+        args(b, matrix_off)
+    })
+}

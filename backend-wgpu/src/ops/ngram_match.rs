@@ -44,11 +44,7 @@ const BUDGET: Entry<NgramMatchBudgetArgs, BatchHead> =
 
 /// The facts of `shaders/ngram_match.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
-pub(crate) const KERNEL: KernelFacts = KernelFacts {
-    libraries: &[],
-    float_kernels: &[],
-    args: &[SEARCH.args(), BUDGET.args()],
-};
+pub(crate) const KERNEL: KernelFacts = KernelFacts::batch(&[SEARCH.args(), BUDGET.args()]);
 
 /// Records and submits both dispatches.
 pub(crate) fn run(device: &WgpuDevice, mut call: NgramMatchCall<'_, '_>) -> Result<()> {

@@ -70,11 +70,7 @@ const PROCESS: Entry<ProcessLogitsArgs, RowHead> = Entry::new(Kernel::ProcessLog
 
 /// The facts of `shaders/process_logits.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
-pub(crate) const KERNEL: KernelFacts = KernelFacts {
-    libraries: &[],
-    float_kernels: &[None],
-    args: &[PROCESS.args()],
-};
+pub(crate) const KERNEL: KernelFacts = KernelFacts::rows(&[], &[PROCESS.args()]);
 
 /// Records and submits one dispatch per row chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: ProcessLogitsCall<'_, '_>) -> Result<()> {

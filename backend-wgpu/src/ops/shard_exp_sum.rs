@@ -5,7 +5,7 @@ use specula_backend_api::ops::RowShape;
 use specula_backend_api::ops::shard_exp_sum::OpCall;
 use specula_backend_api::{Op, Result};
 
-use super::row_chunk_dispatches;
+use super::matrix_row_dispatches;
 use crate::WgpuDevice;
 use crate::kernels::{Entry, Kernel, KernelFacts, Library, RowHead};
 
@@ -25,11 +25,8 @@ const SHARD_EXP_SUM: Entry<ShardExpSumArgs, RowHead> = Entry::new(Kernel::ShardE
 
 /// The facts of `shaders/shard_exp_sum.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
-pub(crate) const KERNEL: KernelFacts = KernelFacts {
-    libraries: &[Library::Shard],
-    float_kernels: &[None],
-    args: &[SHARD_EXP_SUM.args()],
-};
+pub(crate) const KERNEL: KernelFacts =
+    KernelFacts::rows(&[Library::Shard], &[SHARD_EXP_SUM.args()]);
 
 /// Records and submits one dispatch per row chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
@@ -38,9 +35,9 @@ pub(crate) fn run(device: &WgpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     let shape: RowShape = params.shape.matrix();
     let kernel = (&SHARD_EXP_SUM, dtype);
     let dispatches =
-        row_chunk_dispatches(device, op, kernel, inputs.logits, &shape, |b, chunk| {
+        matrix_row_dispatches(device, op, kernel, inputs.logits, &shape, |b, input_off| {
             Ok(ShardExpSumArgs {
-                input_off: b.rows(1, inputs.logits, shape.vocab, chunk)?,
+                input_off,
                 temperature_off: b.buffer(2, inputs.temperature)?,
                 row_key_off: b.buffer(3, inputs.row_key)?,
                 sums_off: b.buffer(4, sums)?,

@@ -4,23 +4,18 @@
 use specula_backend_api::ops::shard_histogram::OpCall;
 use specula_backend_api::{Op, Result};
 
-use super::sharded::bind_rows;
-use super::{row_chunk_dispatches, u};
+use super::sharded::{shard_row_args, shard_row_dispatches};
+use super::u;
 use crate::WgpuDevice;
 use crate::kernels::{Entry, Kernel, KernelFacts, Library, RowHead};
 
-specula_backend_api::kernel_args! {
-    /// `shard_histogram_<dtype>`, after its [`RowHead`]: rows `row0 ..` of the chunk bound at
+shard_row_args! {
+    /// `shard_histogram_<dtype>`, after its [`RowHead`] and the
+    /// [`BoundRows`](super::sharded::BoundRows) fields: rows `row0 ..` of the chunk bound at
     /// `input` (logits with their `temperature` when `logits` is 1), ids `first ..` of the
     /// vocabulary, weighed from `row_key` (and `min_p` when `has_min_p`); the buckets of key bits
     /// `[shift, shift + 8)` within `prefix`, from `floor` up.
     pub(crate) struct ShardHistogramArgs {
-        input_off: u32,
-        temperature_off: u32,
-        row_key_off: u32,
-        min_p_off: u32,
-        has_min_p: u32,
-        logits: u32,
         prefix_off: u32,
         floor_off: u32,
         counts_off: u32,
@@ -36,11 +31,10 @@ const SHARD_HISTOGRAM: Entry<ShardHistogramArgs, RowHead> =
 
 /// The facts of `shaders/shard_histogram.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
-pub(crate) const KERNEL: KernelFacts = KernelFacts {
-    libraries: &[Library::Shard, Library::ShardRows],
-    float_kernels: &[None],
-    args: &[SHARD_HISTOGRAM.args()],
-};
+pub(crate) const KERNEL: KernelFacts = KernelFacts::rows(
+    &[Library::Shard, Library::ShardRows],
+    &[SHARD_HISTOGRAM.args()],
+);
 
 /// Records and submits one dispatch per row chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
@@ -48,22 +42,15 @@ pub(crate) fn run(device: &WgpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     let (inputs, out, params, &kind) = call.parts();
     let shape = params.shape.matrix();
     let kernel = (&SHARD_HISTOGRAM, kind.dtype);
-    let matrix = inputs.rows.scores.matrix();
-    let dispatches = row_chunk_dispatches(device, op, kernel, matrix, &shape, |b, chunk| {
-        let rows = bind_rows(b, &inputs.rows, shape.vocab, chunk)?;
+    let dispatches = shard_row_dispatches(device, op, kernel, &inputs.rows, &shape, |b, rows| {
         Ok(ShardHistogramArgs {
-            input_off: rows.input_off,
-            temperature_off: rows.temperature_off,
-            row_key_off: rows.row_key_off,
-            min_p_off: rows.min_p_off,
-            has_min_p: rows.has_min_p,
-            logits: rows.logits,
             prefix_off: b.buffer(5, inputs.prefix)?,
             floor_off: b.buffer(6, inputs.floor)?,
             counts_off: b.buffer(7, out.counts)?,
             masses_off: b.buffer(8, out.masses)?,
             first: u(params.shape.slice.first),
             shift: params.shift,
+            ..ShardHistogramArgs::bound(rows)
         })
     })?;
     device.gpu.run(op, dispatches)

@@ -5,7 +5,7 @@ use specula_backend_api::ops::shard_key::OpCall;
 use specula_backend_api::{Op, Result};
 
 use super::sharded::order_code;
-use super::{row_chunk_dispatches, u};
+use super::{matrix_row_dispatches, u};
 use crate::WgpuDevice;
 use crate::kernels::{Entry, Kernel, KernelFacts, Library, RowHead};
 
@@ -29,11 +29,7 @@ const SHARD_KEY: Entry<ShardKeyArgs, RowHead> = Entry::new(Kernel::ShardKey, Non
 
 /// The facts of `shaders/shard_key.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
-pub(crate) const KERNEL: KernelFacts = KernelFacts {
-    libraries: &[Library::Shard],
-    float_kernels: &[None],
-    args: &[SHARD_KEY.args()],
-};
+pub(crate) const KERNEL: KernelFacts = KernelFacts::rows(&[Library::Shard], &[SHARD_KEY.args()]);
 
 /// Records and submits one dispatch per row chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
@@ -42,9 +38,9 @@ pub(crate) fn run(device: &WgpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     let shape = params.shape.matrix();
     let matrix = inputs.scores.matrix();
     let kernel = (&SHARD_KEY, kind.dtype);
-    let dispatches = row_chunk_dispatches(device, op, kernel, matrix, &shape, |b, chunk| {
+    let dispatches = matrix_row_dispatches(device, op, kernel, matrix, &shape, |b, input_off| {
         Ok(ShardKeyArgs {
-            input_off: b.rows(1, matrix, shape.vocab, chunk)?,
+            input_off,
             ids_off: b.optional(2, inputs.ids)?,
             has_ids: u32::from(inputs.ids.is_some()),
             keys_off: b.buffer(3, keys)?,

@@ -5,24 +5,18 @@
 use specula_backend_api::ops::shard_walk::OpCall;
 use specula_backend_api::{Op, Result};
 
-use super::sharded::bind_rows;
-use super::{row_chunk_dispatches, u};
+use super::sharded::{shard_row_args, shard_row_dispatches};
+use super::u;
 use crate::WgpuDevice;
 use crate::kernels::{Entry, Kernel, KernelFacts, Library, RowHead};
 
-specula_backend_api::kernel_args! {
-    /// `shard_walk_<dtype>`, after its [`RowHead`]: rows `row0 ..` of the chunk bound at `input`
-    /// (logits with their `temperature` when `logits` is 1), ids `first ..` of the vocabulary,
-    /// weighed from `row_key` (and `min_p` when `has_min_p`), kept from `threshold` up and walked
-    /// from `offset`; with `has_residual` the residual against the draft rows `draft_lo ..
-    /// draft_hi` (of `draft_rows`) bound at `draft`.
+shard_row_args! {
+    /// `shard_walk_<dtype>`, after its [`RowHead`] and the [`BoundRows`](super::sharded::BoundRows)
+    /// fields: rows `row0 ..` of the chunk bound at `input` (logits with their `temperature` when
+    /// `logits` is 1), ids `first ..` of the vocabulary, weighed from `row_key` (and `min_p` when
+    /// `has_min_p`), kept from `threshold` up and walked from `offset`; with `has_residual` the
+    /// residual against the draft rows `draft_lo .. draft_hi` (of `draft_rows`) bound at `draft`.
     pub(crate) struct ShardWalkArgs {
-        input_off: u32,
-        temperature_off: u32,
-        row_key_off: u32,
-        min_p_off: u32,
-        has_min_p: u32,
-        logits: u32,
         threshold_off: u32,
         offset_off: u32,
         draft_off: u32,
@@ -46,11 +40,8 @@ const SHARD_WALK: Entry<ShardWalkArgs, RowHead> = Entry::new(Kernel::ShardWalk, 
 
 /// The facts of `shaders/shard_walk.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
-pub(crate) const KERNEL: KernelFacts = KernelFacts {
-    libraries: &[Library::Shard, Library::ShardRows],
-    float_kernels: &[None],
-    args: &[SHARD_WALK.args()],
-};
+pub(crate) const KERNEL: KernelFacts =
+    KernelFacts::rows(&[Library::Shard, Library::ShardRows], &[SHARD_WALK.args()]);
 
 /// Records and submits one dispatch per (row chunk, draft chunk), all in one submission.
 pub(crate) fn run(device: &WgpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
@@ -58,7 +49,6 @@ pub(crate) fn run(device: &WgpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     let (inputs, out, params, &kind) = call.parts();
     let shape = params.shape.matrix();
     let len = shape.vocab;
-    let matrix = inputs.rows.scores.matrix();
     let residual = inputs.residual.as_ref();
     let draft_rows = residual.map_or(0, |r| r.draft_key.len());
     let draft_chunks = match residual {
@@ -68,21 +58,14 @@ pub(crate) fn run(device: &WgpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     let kernel = (&SHARD_WALK, kind.dtype);
     let mut dispatches = Vec::new();
     for dc in draft_chunks {
-        dispatches.extend(row_chunk_dispatches(
+        dispatches.extend(shard_row_dispatches(
             device,
             op,
             kernel,
-            matrix,
+            &inputs.rows,
             &shape,
-            |b, chunk| {
-                let rows = bind_rows(b, &inputs.rows, len, chunk)?;
+            |b, rows| {
                 Ok(ShardWalkArgs {
-                    input_off: rows.input_off,
-                    temperature_off: rows.temperature_off,
-                    row_key_off: rows.row_key_off,
-                    min_p_off: rows.min_p_off,
-                    has_min_p: rows.has_min_p,
-                    logits: rows.logits,
                     threshold_off: b.buffer(5, inputs.threshold)?,
                     offset_off: b.buffer(6, inputs.offset)?,
                     draft_off: match residual {
@@ -101,6 +84,7 @@ pub(crate) fn run(device: &WgpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
                     draft_rows: u(draft_rows),
                     draft_lo: u(dc.0),
                     draft_hi: u(dc.1),
+                    ..ShardWalkArgs::bound(rows)
                 })
             },
         )?);

@@ -22,11 +22,8 @@ const SOFTMAX: Entry<SoftmaxArgs, RowHead> = Entry::new(Kernel::Softmax, None, 0
 
 /// The facts of `shaders/softmax.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
-pub(crate) const KERNEL: KernelFacts = KernelFacts {
-    libraries: &[Library::Select, Library::RowStats],
-    float_kernels: &[None],
-    args: &[SOFTMAX.args()],
-};
+pub(crate) const KERNEL: KernelFacts =
+    KernelFacts::rows(&[Library::Select, Library::RowStats], &[SOFTMAX.args()]);
 
 /// Records and submits one dispatch per row chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: SoftmaxCall<'_>) -> Result<()> {

@@ -4,7 +4,7 @@
 use specula_backend_api::ops::{RowShape, SampleInputs, TopKTopPSampleCall};
 use specula_backend_api::{DType, Op, Result};
 
-use super::row_chunk_dispatches;
+use super::matrix_row_dispatches;
 use crate::WgpuDevice;
 use crate::gpu::{Bound, Dispatch};
 use crate::kernels::{Entry, Kernel, KernelFacts, Library, RowHead};
@@ -34,11 +34,7 @@ const SAMPLE: Entry<TopKTopPSampleArgs, RowHead> = Entry::new(Kernel::TopKTopPSa
 
 /// The facts of `shaders/top_k_top_p_sample.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
-pub(crate) const KERNEL: KernelFacts = KernelFacts {
-    libraries: &[Library::Select],
-    float_kernels: &[None],
-    args: &[SAMPLE.args()],
-};
+pub(crate) const KERNEL: KernelFacts = KernelFacts::rows(&[Library::Select], &[SAMPLE.args()]);
 
 /// The dispatches sampling every row of `inputs.scores` into `tokens` (and, with `aux`, recording
 /// each row's kept set and total weight for REJECTION). `op` is the op they are recorded for.
@@ -52,15 +48,15 @@ pub(crate) fn sample_dispatches(
     shape: &RowShape,
 ) -> Result<Vec<Dispatch>> {
     let kernel = (&SAMPLE, dtype);
-    row_chunk_dispatches(
+    matrix_row_dispatches(
         device,
         op,
         kernel,
         inputs.scores.matrix(),
         shape,
-        |b, chunk| {
+        |b, probs_off| {
             Ok(TopKTopPSampleArgs {
-                probs_off: b.rows(1, inputs.scores.matrix(), shape.vocab, chunk)?,
+                probs_off,
                 top_k_off: b.buffer(2, inputs.top_k)?,
                 top_p_off: b.buffer(3, inputs.top_p)?,
                 seed_off: b.buffer(4, inputs.seed)?,

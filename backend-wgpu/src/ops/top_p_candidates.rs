@@ -4,7 +4,7 @@
 use specula_backend_api::ops::TopPCandidatesCall;
 use specula_backend_api::{Op, Result};
 
-use super::{row_chunk_dispatches, u};
+use super::{matrix_row_dispatches, u};
 use crate::WgpuDevice;
 use crate::kernels::{Entry, Kernel, KernelFacts, Library, RowHead};
 
@@ -34,11 +34,8 @@ const TOP_P_CANDIDATES: Entry<TopPCandidatesArgs, RowHead> =
 
 /// The facts of `shaders/top_p_candidates.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
-pub(crate) const KERNEL: KernelFacts = KernelFacts {
-    libraries: &[Library::Select],
-    float_kernels: &[None],
-    args: &[TOP_P_CANDIDATES.args()],
-};
+pub(crate) const KERNEL: KernelFacts =
+    KernelFacts::rows(&[Library::Select], &[TOP_P_CANDIDATES.args()]);
 
 /// Records and submits one dispatch per row chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: TopPCandidatesCall<'_, '_>) -> Result<()> {
@@ -46,15 +43,15 @@ pub(crate) fn run(device: &WgpuDevice, mut call: TopPCandidatesCall<'_, '_>) -> 
     let (inputs, out, params, &kind) = call.parts();
     let shape = &params.shape;
     let kernel = (&TOP_P_CANDIDATES, kind.dtype);
-    let dispatches = row_chunk_dispatches(
+    let dispatches = matrix_row_dispatches(
         device,
         op,
         kernel,
         inputs.scores.matrix(),
         shape,
-        |b, chunk| {
+        |b, probs_off| {
             Ok(TopPCandidatesArgs {
-                probs_off: b.rows(1, inputs.scores.matrix(), shape.vocab, chunk)?,
+                probs_off,
                 top_p_off: b.buffer(2, inputs.top_p)?,
                 batch_id_off: b.optional(3, inputs.batch_id_per_token_output)?,
                 has_batch_id: u32::from(inputs.batch_id_per_token_output.is_some()),

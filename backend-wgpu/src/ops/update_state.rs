@@ -37,11 +37,7 @@ const UPDATE: Entry<UpdateStateArgs, BatchHead> = Entry::new(Kernel::UpdateState
 
 /// The facts of `shaders/update_state.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
-pub(crate) const KERNEL: KernelFacts = KernelFacts {
-    libraries: &[],
-    float_kernels: &[],
-    args: &[UPDATE.args()],
-};
+pub(crate) const KERNEL: KernelFacts = KernelFacts::batch(&[UPDATE.args()]);
 
 /// Records and submits the dispatch.
 pub(crate) fn run(device: &WgpuDevice, mut call: UpdateStateCall<'_, '_>) -> Result<()> {

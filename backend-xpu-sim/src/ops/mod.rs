@@ -9,8 +9,10 @@
 //! entry, so each buffer is named once, in the kernel's parameter order; then one
 //! [`kernel_args!`](specula_backend_api::kernel_args) struct per kernel, passed by value, holding
 //! the scalars. The kernel files do not declare these structs: each module lists its own in
-//! `ARGS`, and the runtime writes them as OpenCL C into the program between `common.cl` and the
-//! kernel file ([`ArgsStruct::declaration`]).
+//! `ARGS`, and [`program_source`] writes them as OpenCL C into the program between `common.cl` and
+//! the kernel file ([`ArgsStruct::declaration`]). The kernel files, programs and argument structs
+//! are collected here from the op table ([`kernel_source`], [`kernel_programs`], [`kernel_args`]);
+//! the runtime builds a program from its [`ProgramKey::source`].
 
 pub(crate) mod accept_logprobs;
 pub(crate) mod argmax;
@@ -37,6 +39,68 @@ use specula_backend_api::{DType, Op, Result};
 
 pub(crate) use crate::runtime::{ArgsStruct, Program};
 use crate::runtime::{ClStorage, ProgramKey, Runtime};
+
+/// The common kernel file: Philox, 128-bit helpers, keys, row primitives.
+const COMMON: &str = include_str!("../../kernels/common.cl");
+
+/// The kernel file the ops of sharded rows share (`docs/semantics.md` §4d): rank keys and the
+/// weights of a slice's tokens as tokens of the whole row.
+const SHARD: &str = include_str!("../../kernels/shard.cl");
+
+/// Collects each op's kernel file, programs and argument structs from the op table, so an op
+/// without its module, its kernel file, its `programs` or its `ARGS` does not compile.
+macro_rules! kernel_sources {
+    ($($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*) => {
+        /// The kernel file of `op`, `kernels/<op>.cl`, embedded (`None` for [`Op::Memory`]).
+        /// Generated from the op table, so an op without its kernel file does not compile.
+        pub(crate) fn kernel_source(op: Op) -> Option<&'static str> {
+            match op {
+                Op::Memory => None,
+                $(Op::$variant => Some(include_str!(concat!("../../kernels/", stringify!($name), ".cl"))),)*
+            }
+        }
+
+        /// Every program `op`'s host code may launch for score rows of the plan's dtypes, with
+        /// its kernels (`ops::<op>::programs`; none for [`Op::Memory`]): what the warm-up builds.
+        pub(crate) fn kernel_programs(op: Op, plan: &WarmUp) -> Vec<Program> {
+            match op {
+                Op::Memory => Vec::new(),
+                $(Op::$variant => $name::programs(plan),)*
+            }
+        }
+
+        /// The argument structs of `op`'s kernels (`ops::<op>::ARGS`; none for [`Op::Memory`]).
+        pub(crate) fn kernel_args(op: Op) -> &'static [ArgsStruct] {
+            match op {
+                Op::Memory => &[],
+                $(Op::$variant => $name::ARGS,)*
+            }
+        }
+    };
+}
+
+specula_backend_api::for_each_op!(kernel_sources);
+
+/// The whole program of `op` as it is built: `common.cl` (and `shard.cl` for the ops of sharded
+/// rows), the OpenCL C declarations of the op's argument structs (generated from their
+/// `kernel_args!` declarations), then the kernel file (`None` for [`Op::Memory`]).
+pub(crate) fn program_source(op: Op) -> Option<String> {
+    let text = kernel_source(op)?;
+    let structs: String = kernel_args(op)
+        .iter()
+        .map(ArgsStruct::declaration)
+        .collect();
+    let shard = if op.is_sharded() { SHARD } else { "" };
+    Some(format!("{COMMON}\n{shard}\n{structs}\n{text}\n"))
+}
+
+impl ProgramKey {
+    /// The whole source of this key's program ([`program_source`] of its op), as the runtime
+    /// builds it.
+    pub(crate) fn source(&self) -> Option<String> {
+        program_source(self.op)
+    }
+}
 
 /// The program of `(key, entry)` with its one kernel, `entry`.
 pub(crate) fn single((key, entry): (ProgramKey, String)) -> Program {
@@ -140,7 +204,6 @@ mod tests {
     use specula_backend_api::abi;
 
     use super::*;
-    use crate::runtime::{kernel_args, kernel_source, program_source};
 
     /// What is wrong with `args` in `op`'s program, if anything: it must be declared once, with
     /// the fields of its Rust declaration, and taken by the kernel file (`const struct <Name> args`).
