@@ -9,8 +9,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
 use specula_backend_api::{
-    BackendKind, Buffer, Capabilities, DType, DeviceInfo, Error, Op, PendingDownload, Result,
-    WarmUp,
+    BackendKind, Buffer, Capabilities, DeviceInfo, Error, Op, PendingDownload, Result, WarmUp,
 };
 
 use crate::arena::{Allocate, Arena};
@@ -289,14 +288,8 @@ impl CudaDevice {
             ),
         };
         let capabilities = Capabilities {
-            float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: total_mem,
-            logits: true,
-            sliced_processing: true,
-            processing: true,
-            fused_processing: false,
-            row_block_bytes: None,
-            sharded: true,
+            ..Capabilities::every_op()
         };
         let desc = DeviceDesc::new(info, capabilities).counting_driver_calls();
         let counters = desc.driver_counters().cloned().unwrap_or_default();

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
 use specula_backend_api::{
-    BackendKind, Buffer, Capabilities, DType, DeviceInfo, PendingDownload, Result, WarmUp,
+    BackendKind, Buffer, Capabilities, DeviceInfo, PendingDownload, Result, WarmUp,
 };
 
 use crate::gpu::{Gpu, WgpuStorage, storage_of};
@@ -29,19 +29,14 @@ impl WgpuDevice {
             name,
             driver,
         };
+        // Every float dtype: f16 and bf16 are widened exactly from their bit patterns with u32
+        // arithmetic, so they need no optional feature (SHADER_F16) and keep subnormals.
         let capabilities = Capabilities {
-            // f16 and bf16 are widened exactly from their bit patterns with u32 arithmetic, so
-            // they need no optional feature (SHADER_F16) and keep subnormals.
-            float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: Some(gpu.limits.max_buffer_size),
-            logits: true,
-            sliced_processing: true,
             // process_logits binds more storage buffers than the other kernels.
             processing: gpu.limits.max_storage_buffers_per_shader_stage
                 >= crate::ops::process_logits::STORAGE_BUFFERS,
-            fused_processing: false,
-            row_block_bytes: None,
-            sharded: true,
+            ..Capabilities::every_op()
         };
         WgpuDevice {
             desc: DeviceDesc::new(info, capabilities),

@@ -5,7 +5,7 @@
 use specula_backend_api::WarmUp;
 use specula_backend_api::backend::{Alloc, AnyCall, Backend, DeviceDesc, Download, Upload, Write};
 use specula_backend_api::{
-    BackendKind, Buffer, Capabilities, DType, DeviceInfo, Error, PendingDownload, Result,
+    BackendKind, Buffer, Capabilities, DeviceInfo, Error, PendingDownload, Result,
 };
 
 use crate::error::XpuSimError;
@@ -58,14 +58,8 @@ impl XpuSimDevice {
             driver: runtime.driver.clone(),
         };
         let capabilities = Capabilities {
-            float_dtypes: DType::FLOATS.to_vec(),
             max_buffer_bytes: Some(runtime.max_alloc),
-            logits: true,
-            sliced_processing: true,
-            processing: true,
-            fused_processing: false,
-            row_block_bytes: None,
-            sharded: true,
+            ..Capabilities::every_op()
         };
         Ok(XpuSimDevice {
             desc: DeviceDesc::new(info, capabilities),
