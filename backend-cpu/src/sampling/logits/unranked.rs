@@ -254,11 +254,7 @@ fn sample_f32(
         };
         return sample_whole(&passes, r, s, false);
     }
-    let (raw_max, clean) = segments.reduce(
-        values,
-        |part, _| max_and_clean(part),
-        |(m1, c1), (m2, c2)| (if m2 > m1 { m2 } else { m1 }, c1 && c2),
-    );
+    let (raw_max, clean) = segments.max_and_clean(values);
     let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean)?;
     let passes = Passes {
         values,
@@ -282,7 +278,18 @@ struct Passes<'a> {
     next: &'a [u8],
 }
 
-impl Passes<'_> {
+impl<'a> Passes<'a> {
+    /// The passes of `values` with no next row to ask for.
+    #[cfg(test)]
+    fn unhinted(values: &'a [f32], lanes: RowLanes, segments: Segments) -> Self {
+        Passes {
+            values,
+            lanes,
+            segments,
+            next: &[],
+        }
+    }
+
     /// The estimated weight of every chunk into `masses` ([`estimate_block_sums`]).
     fn estimate_chunks(&self, masses: &mut Vec<f64>) {
         masses.resize(self.values.len().div_ceil(CHUNK), 0.0);
@@ -328,6 +335,11 @@ impl Segments {
             len: seg.max(CHUNK),
             count: len.div_ceil(seg.max(CHUNK)).max(1),
         }
+    }
+
+    /// The row's raw maximum and whether it is clean ([`max_and_clean`]), segment by segment.
+    fn max_and_clean(&self, values: &[f32]) -> (f32, bool) {
+        self.reduce(values, |part, _| max_and_clean(part), combine_max)
     }
 
     /// `f` of each segment (with its first token), combined by `join`.
@@ -406,6 +418,11 @@ impl Segments {
             })
             .collect()
     }
+}
+
+/// The maxima and cleanliness of two consecutive parts of a row, combined (in this order).
+fn combine_max((m1, c1): (f32, bool), (m2, c2): (f32, bool)) -> (f32, bool) {
+    (if m2 > m1 { m2 } else { m1 }, c1 && c2)
 }
 
 /// `f` of a segment's steps of [`PREFETCH_STEP`] tokens and their chunks' slots of `out`, asking
@@ -1372,22 +1389,13 @@ mod tests {
         for (i, row) in rows.iter().enumerate() {
             let segments = Segments::of(row.len(), 2);
             assert_eq!(segments.count, 2);
-            let (raw_max, clean) = segments.reduce(
-                row,
-                |part, _| max_and_clean(part),
-                |(m1, c1), (m2, c2)| (if m2 > m1 { m2 } else { m1 }, c1 && c2),
-            );
+            let (raw_max, clean) = segments.max_and_clean(row);
             let two = RowLanes::new(sanitize_logit(raw_max), row_scale(0.7), clean);
             let mut fused_masses = Vec::new();
             let one = fused::max_then_chunks(row, 0.7, segments, &[], &mut fused_masses);
             assert_eq!(one, two, "row {i}: constants");
             if let Some(lanes) = two {
-                let passes = Passes {
-                    values: row,
-                    lanes,
-                    segments,
-                    next: &[],
-                };
+                let passes = Passes::unhinted(row, lanes, segments);
                 let mut masses = Vec::new();
                 passes.estimate_chunks(&mut masses);
                 let bits = |m: &[f64]| m.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -1437,21 +1445,12 @@ mod tests {
         for (name, row) in &rows {
             let segments = Segments::of(row.len(), 2);
             let max_pass = least(&mut || {
-                std::hint::black_box(segments.reduce(
-                    row,
-                    |part, _| max_and_clean(part),
-                    |(m1, c1), (m2, c2)| (if m2 > m1 { m2 } else { m1 }, c1 && c2),
-                ));
+                std::hint::black_box(segments.max_and_clean(row));
             });
             let (raw_max, clean) = max_and_clean(row);
             let lanes =
                 RowLanes::new(sanitize_logit(raw_max), row_scale(1.0), clean).expect("lanes");
-            let passes = Passes {
-                values: row,
-                lanes,
-                segments,
-                next: &[],
-            };
+            let passes = Passes::unhinted(row, lanes, segments);
             let mut masses = Vec::new();
             let estimate_pass = least(&mut || passes.estimate_chunks(&mut masses));
             let fused_pass = least(&mut || {

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 use specula_backend_api::logit_weights::{row_scale, sanitize_logit};
 
 use super::super::lanes::{RowLanes, estimate_block_sums, max_and_clean};
-use super::{CHUNK, Segments, chunked_steps};
+use super::{CHUNK, Segments, chunked_steps, combine_max};
 
 /// A half's maximum: not claimed, being computed, or published.
 struct HalfMax {
@@ -89,14 +89,13 @@ pub(super) fn max_then_chunks(
         let parts = [first, second];
         let mine = halves[own].get(parts[own]);
         let other = halves[1 - own].get(parts[1 - own]);
-        let ((m1, c1), (m2, c2)) = if own == 0 {
-            (mine, other)
-        } else {
-            (other, mine)
-        };
         // The two-section path's combine, in its order.
-        let raw_max = if m2 > m1 { m2 } else { m1 };
-        RowLanes::new(sanitize_logit(raw_max), scale, c1 && c2)
+        let (raw_max, clean) = if own == 0 {
+            combine_max(mine, other)
+        } else {
+            combine_max(other, mine)
+        };
+        RowLanes::new(sanitize_logit(raw_max), scale, clean)
     };
     let estimate = |part: &[f32], out: &mut [f64], next: &[u8], lanes: &RowLanes| {
         chunked_steps(part, out, next, &|step: &[f32], out: &mut [f64]| {
