@@ -27,6 +27,8 @@ use specula_backend_api::fixed_point::top_p_fixed;
 use specula_backend_api::logit_weights::{row_scale, sanitize_logit};
 
 use super::key_select;
+
+mod fused;
 use super::lanes::{
     self, ESTIMATE_ABSOLUTE, ESTIMATE_RELATIVE, RowLanes, estimate_block_sums, estimate_store,
     exact_weights, max_and_clean,
@@ -240,13 +242,20 @@ fn sample_f32(
     s: &mut Scratch,
 ) -> Option<usize> {
     let segments = Segments::of(values.len(), hints.parts);
-    let (raw_max, clean) = segments.reduce(
-        values,
-        |part, _| max_and_clean(part),
-        |(m1, c1), (m2, c2)| (if m2 > m1 { m2 } else { m1 }, c1 && c2),
-    );
-    let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean)?;
     let p = top_p_fixed(top_p);
+    if p >= 1 << TOP_P_BITS && segments.count == 2 {
+        // One parallel section for the maximum and the estimates (see `fused`).
+        let lanes = fused::max_then_chunks(values, t, segments, hints.next, &mut s.masses)?;
+        let passes = Passes {
+            values,
+            lanes,
+            segments,
+            next: hints.next,
+        };
+        return sample_whole(&passes, r, s, false);
+    }
+    let (raw_max, clean) = segments.max_and_clean(values);
+    let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean)?;
     let passes = Passes {
         values,
         lanes,
@@ -254,7 +263,7 @@ fn sample_f32(
         next: hints.next,
     };
     if p >= 1 << TOP_P_BITS {
-        sample_whole(&passes, r, s)
+        sample_whole(&passes, r, s, true)
     } else {
         sample_top_p(&passes, p, r, s)
     }
@@ -269,7 +278,18 @@ struct Passes<'a> {
     next: &'a [u8],
 }
 
-impl Passes<'_> {
+impl<'a> Passes<'a> {
+    /// The passes of `values` with no next row to ask for.
+    #[cfg(test)]
+    fn unhinted(values: &'a [f32], lanes: RowLanes, segments: Segments) -> Self {
+        Passes {
+            values,
+            lanes,
+            segments,
+            next: &[],
+        }
+    }
+
     /// The estimated weight of every chunk into `masses` ([`estimate_block_sums`]).
     fn estimate_chunks(&self, masses: &mut Vec<f64>) {
         masses.resize(self.values.len().div_ceil(CHUNK), 0.0);
@@ -317,6 +337,11 @@ impl Segments {
         }
     }
 
+    /// The row's raw maximum and whether it is clean ([`max_and_clean`]), segment by segment.
+    fn max_and_clean(&self, values: &[f32]) -> (f32, bool) {
+        self.reduce(values, |part, _| max_and_clean(part), combine_max)
+    }
+
     /// `f` of each segment (with its first token), combined by `join`.
     fn reduce<R: Send>(
         &self,
@@ -345,16 +370,7 @@ impl Segments {
         f: impl Fn(&[f32], &mut [O]) + Sync,
     ) {
         let chunks = self.len / CHUNK;
-        let run = |part: &[f32], out: &mut [O], next: &[u8]| {
-            for (i, (step, out)) in part
-                .chunks(PREFETCH_STEP)
-                .zip(out.chunks_mut(PREFETCH_STEP / CHUNK))
-                .enumerate()
-            {
-                prefetch_share(next, i * PREFETCH_STEP, step.len(), part.len());
-                f(step, out);
-            }
-        };
+        let run = |part: &[f32], out: &mut [O], next: &[u8]| chunked_steps(part, out, next, &f);
         if self.count == 1 {
             return run(values, out, next);
         }
@@ -401,6 +417,24 @@ impl Segments {
                 run(part, out, &next[start..(start + next_len).min(next.len())])
             })
             .collect()
+    }
+}
+
+/// The maxima and cleanliness of two consecutive parts of a row, combined (in this order).
+fn combine_max((m1, c1): (f32, bool), (m2, c2): (f32, bool)) -> (f32, bool) {
+    (if m2 > m1 { m2 } else { m1 }, c1 && c2)
+}
+
+/// `f` of a segment's steps of [`PREFETCH_STEP`] tokens and their chunks' slots of `out`, asking
+/// for the matching share of `next` (this segment's part of the next row) before each step.
+fn chunked_steps<O>(part: &[f32], out: &mut [O], next: &[u8], f: &impl Fn(&[f32], &mut [O])) {
+    for (i, (step, out)) in part
+        .chunks(PREFETCH_STEP)
+        .zip(out.chunks_mut(PREFETCH_STEP / CHUNK))
+        .enumerate()
+    {
+        prefetch_share(next, i * PREFETCH_STEP, step.len(), part.len());
+        f(step, out);
     }
 }
 
@@ -476,9 +510,12 @@ impl Split {
 }
 
 /// top_p = 1: every token of positive weight is kept; the draw's chunk is weighed exactly.
-fn sample_whole(passes: &Passes<'_>, r: u64, s: &mut Scratch) -> Option<usize> {
+/// `estimate` false: `s.masses` already holds the chunk estimates ([`fused`]).
+fn sample_whole(passes: &Passes<'_>, r: u64, s: &mut Scratch, estimate: bool) -> Option<usize> {
     let (values, lanes) = (passes.values, &passes.lanes);
-    passes.estimate_chunks(&mut s.masses);
+    if estimate {
+        passes.estimate_chunks(&mut s.masses);
+    }
     let kept = |_: usize, _: f32| true;
     draw_by_chunks(values, lanes, &s.masses, ESTIMATED, r, kept).or_else(|| {
         // The bounds left the draw open: the exact chunk masses decide it.
@@ -1323,23 +1360,130 @@ mod tests {
         }
     }
 
-    /// The time of one row, warm, on one and on two threads (run with `--ignored --nocapture`).
+    /// The one- and two-section paths of a top_p = 1 row split in two agree bit for bit: the
+    /// row's constants and every chunk estimate, on normal rows and on rows with NaN, infinities
+    /// or huge values in either half; and `sample` gives the same token on one and two parts.
+    #[test]
+    fn the_fused_section_matches_two_sections() {
+        let mut lcg = Lcg(21);
+        let v = 40_000;
+        let mut rows = vec![normal_row(&mut lcg, v, 3.0), normal_row(&mut lcg, v, 0.5)];
+        for (at, value) in [
+            (5, f32::NAN),
+            (v - 3, f32::NAN),
+            (v - 1, f32::INFINITY),
+            (7, f32::NEG_INFINITY),
+            (v / 2 + 100, 1e30),
+            (30_000, 80.0),
+        ] {
+            let mut row = normal_row(&mut lcg, v, 3.0);
+            row[at] = value;
+            rows.push(row);
+        }
+        // The maximum in the second half only, and equal maxima in both.
+        let mut row = vec![-2.0f32; v];
+        row[v - 10] = 4.0;
+        rows.push(row.clone());
+        row[10] = 4.0;
+        rows.push(row);
+        for (i, row) in rows.iter().enumerate() {
+            let segments = Segments::of(row.len(), 2);
+            assert_eq!(segments.count, 2);
+            let (raw_max, clean) = segments.max_and_clean(row);
+            let two = RowLanes::new(sanitize_logit(raw_max), row_scale(0.7), clean);
+            let mut fused_masses = Vec::new();
+            let one = fused::max_then_chunks(row, 0.7, segments, &[], &mut fused_masses);
+            assert_eq!(one, two, "row {i}: constants");
+            if let Some(lanes) = two {
+                let passes = Passes::unhinted(row, lanes, segments);
+                let mut masses = Vec::new();
+                passes.estimate_chunks(&mut masses);
+                let bits = |m: &[f64]| m.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&fused_masses),
+                    bits(&masses),
+                    "row {i}: chunk estimates"
+                );
+            }
+            for r in [0, 1 << 63, u64::MAX, lcg.next_u64()] {
+                let hints = |parts| RowHints { parts, next: &[] };
+                assert_eq!(
+                    sample(row, 0.7, 1.0, r, hints(2)),
+                    sample(row, 0.7, 1.0, r, hints(1)),
+                    "row {i}, r {r}"
+                );
+            }
+        }
+    }
+
+    /// The pieces of one warm batch-1 top_p = 1 row split over two threads, least wall time of
+    /// many calls each, with random draws (run with `--ignored --nocapture`).
     #[test]
     #[ignore = "a measurement, not a check"]
     fn row_times() {
         let mut lcg = Lcg(9);
-        let row = normal_row(&mut lcg, 151_936, 3.0);
-        for top_p in [1.0f32, 0.9] {
-            for parts in [1, 2] {
-                let hints = RowHints { parts, next: &[] };
-                let reps = 300;
+        let mut rows = vec![("flat", normal_row(&mut lcg, 151_936, 3.0))];
+        // A row whose mass is spread over ~100k tokens (nearly flat logits).
+        rows.push(("sigma 0.87", normal_row(&mut lcg, 151_936, 0.874)));
+        let reps = 400;
+        let least = |f: &mut dyn FnMut()| {
+            f();
+            let mut ns = f64::INFINITY;
+            for _ in 0..reps {
                 let start = std::time::Instant::now();
-                for i in 0..reps {
-                    std::hint::black_box(sample(&row, 1.0, top_p, i, hints));
-                }
-                let us = start.elapsed().as_secs_f64() * 1e6 / reps as f64;
-                println!("top_p {top_p} parts {parts}: {us:.1} µs/row");
+                f();
+                ns = ns.min(start.elapsed().as_secs_f64() * 1e9);
             }
+            ns / 1e3
+        };
+        println!(
+            "empty rayon::join: {:.1} µs",
+            least(&mut || {
+                rayon::join(|| std::hint::black_box(1), || std::hint::black_box(2));
+            })
+        );
+        for (name, row) in &rows {
+            let segments = Segments::of(row.len(), 2);
+            let max_pass = least(&mut || {
+                std::hint::black_box(segments.max_and_clean(row));
+            });
+            let (raw_max, clean) = max_and_clean(row);
+            let lanes =
+                RowLanes::new(sanitize_logit(raw_max), row_scale(1.0), clean).expect("lanes");
+            let passes = Passes::unhinted(row, lanes, segments);
+            let mut masses = Vec::new();
+            let estimate_pass = least(&mut || passes.estimate_chunks(&mut masses));
+            let fused_pass = least(&mut || {
+                std::hint::black_box(fused::max_then_chunks(row, 1.0, segments, &[], &mut masses));
+            });
+            let mut draw_ns = f64::INFINITY;
+            let mut draw_worst = 0.0f64;
+            for _ in 0..reps {
+                let r = lcg.next_u64();
+                let start = std::time::Instant::now();
+                let token = draw_by_chunks(row, &lanes, &masses, ESTIMATED, r, |_, _| true);
+                let us = start.elapsed().as_secs_f64() * 1e6;
+                std::hint::black_box(token);
+                draw_ns = draw_ns.min(us);
+                draw_worst = draw_worst.max(us);
+            }
+            let mut whole = |parts: usize| {
+                let mut best = f64::INFINITY;
+                for _ in 0..reps {
+                    let r = lcg.next_u64();
+                    let hints = RowHints { parts, next: &[] };
+                    let start = std::time::Instant::now();
+                    std::hint::black_box(sample(row, 1.0, 1.0, r, hints));
+                    best = best.min(start.elapsed().as_secs_f64() * 1e6);
+                }
+                best
+            };
+            let (one, two) = (whole(1), whole(2));
+            println!(
+                "{name}: max section {max_pass:.1} µs, estimate section {estimate_pass:.1} µs, \
+                 fused section {fused_pass:.1} µs, draw {draw_ns:.1} µs (worst {draw_worst:.1}), \
+                 sample on 1 thread {one:.1} µs, on 2 (fused) {two:.1} µs"
+            );
         }
     }
 
@@ -1438,7 +1582,7 @@ mod tests {
             std::hint::black_box(sample_top_p(&passes, top_p_fixed(0.9), 7, &mut s));
         });
         time("sample_whole (all)", &mut || {
-            std::hint::black_box(sample_whole(&passes, 7, &mut s));
+            std::hint::black_box(sample_whole(&passes, 7, &mut s, true));
         });
     }
 
