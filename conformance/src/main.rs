@@ -72,10 +72,12 @@ struct BenchArgs {
     /// default: the CPU).
     #[arg(long, default_value = "cpu", value_name = "BACKENDS", value_parser = parse_backends)]
     backend: Selection,
-    /// Only lines whose op name contains one of these (comma-separated; e.g. `argmax,step`). A
-    /// value that is part of no line's name is an error.
-    #[arg(long, value_name = "OPS", value_delimiter = ',', value_parser = parse_bench_op)]
-    op: Vec<String>,
+    /// Only lines whose op name contains one of these (comma-separated; e.g. `argmax,step`; a
+    /// comma inside parentheses or brackets belongs to the name, so a whole line name such as
+    /// `top_k_top_p_sample(k=0,p=0.9)` selects its lines). A value that is part of no line's
+    /// name is an error.
+    #[arg(long, value_name = "OPS", value_parser = parse_bench_ops)]
+    op: Vec<BenchOps>,
     /// Only the 151936 vocabulary at batches 1 and 64.
     #[arg(long)]
     quick: bool,
@@ -205,6 +207,39 @@ fn parse_op(value: &str) -> Result<Op, String> {
 }
 
 /// One `--op` value of `bench`: it must be part of the name of some bench line.
+/// The parts of bench line names `--op` selects.
+#[derive(Clone, Debug)]
+struct BenchOps(Vec<String>);
+
+/// `--op`'s value: its parts split at the commas outside parentheses and brackets (a line name
+/// such as `step(target_match,S=6)` is one part), each checked by [`parse_bench_op`].
+fn parse_bench_ops(value: &str) -> Result<BenchOps, String> {
+    split_outside_brackets(value)
+        .into_iter()
+        .map(parse_bench_op)
+        .collect::<Result<_, _>>()
+        .map(BenchOps)
+}
+
+/// `value` split at the commas at bracket depth 0 (`(` `[` open, `)` `]` close).
+fn split_outside_brackets(value: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0usize, 0);
+    for (i, c) in value.char_indices() {
+        match c {
+            '(' | '[' => depth += 1,
+            ')' | ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                parts.push(&value[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&value[start..]);
+    parts
+}
+
 fn parse_bench_op(value: &str) -> Result<String, String> {
     let op = value.trim();
     if op.is_empty() {
@@ -537,7 +572,7 @@ fn bench(args: BenchArgs) -> Result<ExitCode, CliError> {
         repeats: args.repeats,
         cold: !args.warm,
         quick: args.quick,
-        ops: args.op.clone(),
+        ops: args.op.iter().flat_map(|o| o.0.iter().cloned()).collect(),
         graph: args.graph,
         tiny: false,
     };
@@ -765,5 +800,24 @@ fn main() -> ExitCode {
             eprintln!("error: internal error: {panic}");
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_outside_brackets;
+
+    #[test]
+    fn bench_ops_split_at_commas_outside_brackets() {
+        assert_eq!(split_outside_brackets("argmax,step"), ["argmax", "step"]);
+        assert_eq!(
+            split_outside_brackets("top_k_top_p_sample(k=0,p=0.9)[flat],step(target_match,S=6)"),
+            [
+                "top_k_top_p_sample(k=0,p=0.9)[flat]",
+                "step(target_match,S=6)"
+            ]
+        );
+        assert_eq!(split_outside_brackets(""), [""]);
+        assert_eq!(split_outside_brackets("a),b"), ["a)", "b"]);
     }
 }

@@ -53,6 +53,33 @@ fn bench_accepts_a_part_of_a_line_name() {
 }
 
 #[test]
+fn bench_takes_a_whole_line_name_with_commas() {
+    // The comma of `(c=8,p=0.9)` belongs to the line name: one filter, that line's batches only
+    // (split at it, `p=0.9)` would select every top-p line).
+    let o = specula(&[
+        "bench",
+        "--op",
+        "top_p_candidates(c=8,p=0.9)",
+        "--quick",
+        "--warm",
+        "--warmup",
+        "0",
+        "--repeats",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("cpu ")).collect();
+    assert!(lines.len() >= 2, "batches 1 and 64: {out}");
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains("top_p_candidates(c=8,p=0.9)")),
+        "{out}"
+    );
+}
+
+#[test]
 fn bench_takes_graph_lines_and_names_a_missing_cuda_device() {
     // `--graph` and the captured step's lines parse; CUDA device 99 exists nowhere, so the bench
     // stops with the one-line error (with a GPU or without, with the cuda feature or without).
