@@ -124,6 +124,16 @@ const SETTINGS: [(i32, f32); 8] = [
     (5000, 0.95),
 ];
 
+/// The per-row parameters `(top_k, top_p, seed)` of one row per setting of [`SETTINGS`], row
+/// `i`'s seed `seed(i)`.
+fn setting_params(seed: impl FnMut(u64) -> u64) -> (Vec<i32>, Vec<f32>, Vec<u64>) {
+    (
+        SETTINGS.iter().map(|&(k, _)| k).collect(),
+        SETTINGS.iter().map(|&(_, p)| p).collect(),
+        (0..SETTINGS.len() as u64).map(seed).collect(),
+    )
+}
+
 #[test]
 fn rows_of_every_shape_agree_with_the_reference() {
     let cpu = CpuDevice::new().unwrap();
@@ -140,9 +150,7 @@ fn rows_of_every_shape_agree_with_the_reference() {
         // One row per setting, each with its own seed.
         let n = SETTINGS.len();
         let rows: Vec<f32> = row.repeat(n);
-        let top_k: Vec<i32> = SETTINGS.iter().map(|&(k, _)| k).collect();
-        let top_p: Vec<f32> = SETTINGS.iter().map(|&(_, p)| p).collect();
-        let seed: Vec<u64> = (0..n as u64).map(|i| g.next() ^ i).collect();
+        let (top_k, top_p, seed) = setting_params(|i| g.next() ^ i);
         let params = (&top_k[..], &top_p[..], &seed[..]);
         let temperature = vec![t; n];
         let from_logits = |dev: &dyn Device| sample(dev, (&rows, v), Some(&temperature), params);
@@ -242,9 +250,7 @@ fn rows_of_logits_that_read_alike_agree_with_the_reference() {
     for (name, row) in [("tiny", tiny), ("huge", huge), ("low", low)] {
         let n = SETTINGS.len();
         let rows: Vec<f32> = row.repeat(n);
-        let top_k: Vec<i32> = SETTINGS.iter().map(|&(k, _)| k).collect();
-        let top_p: Vec<f32> = SETTINGS.iter().map(|&(_, p)| p).collect();
-        let seed: Vec<u64> = (0..n).map(|_| g.next()).collect();
+        let (top_k, top_p, seed) = setting_params(|_| g.next());
         let params = (&top_k[..], &top_p[..], &seed[..]);
         for t in [1.0f32, 0.6, 0.0] {
             let temperature = vec![t; n];
@@ -292,9 +298,7 @@ fn rows_that_mislead_the_band_sample_agree_with_the_reference() {
     for (name, row) in [("below", below), ("above", above), ("ties", ties)] {
         let n = SETTINGS.len();
         let rows: Vec<f32> = row.repeat(n);
-        let top_k: Vec<i32> = SETTINGS.iter().map(|&(k, _)| k).collect();
-        let top_p: Vec<f32> = SETTINGS.iter().map(|&(_, p)| p).collect();
-        let seed: Vec<u64> = (0..n).map(|_| g.next()).collect();
+        let (top_k, top_p, seed) = setting_params(|_| g.next());
         let params = (&top_k[..], &top_p[..], &seed[..]);
         let temperature = vec![1.0f32; n];
         let from_logits = |dev: &dyn Device| sample(dev, (&rows, v), Some(&temperature), params);

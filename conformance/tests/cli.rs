@@ -32,12 +32,13 @@ fn bench_rejects_an_unknown_op() {
     assert_clean_error(&o, &["empty bench op"]);
 }
 
-#[test]
-fn bench_accepts_a_part_of_a_line_name() {
+/// The CPU lines of `specula bench --op OP --quick --warm` with one timed call each (the run must
+/// succeed).
+fn quick_bench_lines(op: &str) -> Vec<String> {
     let o = specula(&[
         "bench",
         "--op",
-        "argmax",
+        op,
         "--quick",
         "--warm",
         "--warmup",
@@ -46,37 +47,28 @@ fn bench_accepts_a_part_of_a_line_name() {
         "1",
     ]);
     assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
-    let out = stdout(&o);
-    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("cpu ")).collect();
-    assert_eq!(lines.len(), 2, "batches 1 and 64: {out}");
-    assert!(lines.iter().all(|l| l.contains("argmax")), "{out}");
+    stdout(&o)
+        .lines()
+        .filter(|l| l.starts_with("cpu "))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn bench_accepts_a_part_of_a_line_name() {
+    let lines = quick_bench_lines("argmax");
+    assert_eq!(lines.len(), 2, "batches 1 and 64: {lines:?}");
+    assert!(lines.iter().all(|l| l.contains("argmax")), "{lines:?}");
 }
 
 #[test]
 fn bench_takes_a_whole_line_name_with_commas() {
     // The comma of `(c=8,p=0.9)` belongs to the line name: one filter, that line's batches only
     // (split at it, `p=0.9)` would select every top-p line).
-    let o = specula(&[
-        "bench",
-        "--op",
-        "top_p_candidates(c=8,p=0.9)",
-        "--quick",
-        "--warm",
-        "--warmup",
-        "0",
-        "--repeats",
-        "1",
-    ]);
-    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
-    let out = stdout(&o);
-    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("cpu ")).collect();
-    assert!(lines.len() >= 2, "batches 1 and 64: {out}");
-    assert!(
-        lines
-            .iter()
-            .all(|l| l.contains("top_p_candidates(c=8,p=0.9)")),
-        "{out}"
-    );
+    let name = "top_p_candidates(c=8,p=0.9)";
+    let lines = quick_bench_lines(name);
+    assert_eq!(lines.len(), 2, "batches 1 and 64: {lines:?}");
+    assert!(lines.iter().all(|l| l.contains(name)), "{lines:?}");
 }
 
 #[test]
