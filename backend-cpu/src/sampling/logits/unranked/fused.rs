@@ -119,20 +119,11 @@ pub(super) fn max_then_chunks(
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::normal_row as normal;
     use super::super::{Passes, RowHints, sample};
     use super::*;
     use crate::sampling::lcg::Lcg;
     use specula_backend_api::logit_weights::scaled_weight;
-
-    /// Normal logits N(0, σ²).
-    fn normal(lcg: &mut Lcg, v: usize, sigma: f32) -> Vec<f32> {
-        (0..v)
-            .map(|_| {
-                let (u, w) = (lcg.unit().max(1e-7), lcg.unit());
-                sigma * (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * w).cos()
-            })
-            .collect()
-    }
 
     /// The contract's draw at top_p 1, every token weighed by `scaled_weight`: the first token
     /// whose cumulative weight exceeds `⌊r · W / 2^64⌋`.
