@@ -1295,7 +1295,7 @@ mod tests {
     use crate::sampling::lcg::Lcg;
 
     /// Normal logits N(0, σ²) with a few hostile values.
-    fn normal_row(lcg: &mut Lcg, v: usize, sigma: f32) -> Vec<f32> {
+    pub(super) fn normal_row(lcg: &mut Lcg, v: usize, sigma: f32) -> Vec<f32> {
         (0..v)
             .map(|_| {
                 let (u, w) = (lcg.unit().max(1e-7), lcg.unit());

@@ -116,3 +116,90 @@ pub(super) fn max_then_chunks(
     );
     lanes
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::normal_row as normal;
+    use super::super::{Passes, RowHints, sample};
+    use super::*;
+    use crate::sampling::lcg::Lcg;
+    use specula_backend_api::logit_weights::scaled_weight;
+
+    /// The contract's draw at top_p 1, every token weighed by `scaled_weight`: the first token
+    /// whose cumulative weight exceeds `⌊r · W / 2^64⌋`.
+    fn contract_draw(row: &[f32], t: f32, r: u64) -> Option<usize> {
+        let m = row
+            .iter()
+            .map(|&l| sanitize_logit(l))
+            .fold(f32::NEG_INFINITY, f32::max);
+        let weights: Vec<u64> = row
+            .iter()
+            .map(|&l| scaled_weight(l, m, row_scale(t)))
+            .collect();
+        let total: u64 = weights.iter().sum();
+        let target = ((u128::from(r) * u128::from(total)) >> 64) as u64;
+        let mut cumulative = 0;
+        weights.iter().position(|&w| {
+            cumulative += w;
+            cumulative > target
+        })
+    }
+
+    /// Rows whose halves' maxima are far apart (the lower half weighs 0 or almost 0 at the row's
+    /// maximum), whose maximum is the last token or the first, and a half of NaN: the section's
+    /// constants and chunk estimates are the two-section path's bits, and the drawn token is the
+    /// contract's (weighed token by token here), on one and two parts.
+    #[test]
+    fn far_apart_halves_and_a_last_maximum_draw_the_contract_token() {
+        let mut lcg = Lcg(23);
+        let v = 40_000;
+        let mut rows = Vec::new();
+        for (gap, sigma) in [(3.0f32, 1.0f32), (27.0, 1.0), (45.0, 3.0), (200.0, 1.0)] {
+            for lower_first in [false, true] {
+                let mut row = normal(&mut lcg, v, sigma);
+                let (start, end) = if lower_first { (0, v / 2) } else { (v / 2, v) };
+                row[start..end].iter_mut().for_each(|l| *l -= gap);
+                rows.push((
+                    format!("halves {gap} apart, lower first {lower_first}"),
+                    row,
+                ));
+            }
+        }
+        let rising: Vec<f32> = (0..v).map(|i| i as f32 * 3e-4 - 6.0).collect();
+        let mut falling = rising.clone();
+        falling.reverse();
+        rows.push(("rising: the maximum last".to_string(), rising));
+        rows.push(("falling: the maximum first".to_string(), falling));
+        let mut row = normal(&mut lcg, v, 1.0);
+        row[..v / 2 + 5000].fill(f32::NAN);
+        rows.push(("a NaN first half".to_string(), row));
+        let mut decided = 0;
+        for t in [0.7f32, 1.0, 0.05] {
+            for (name, row) in &rows {
+                let segments = Segments::of(row.len(), 2);
+                assert_eq!(segments.count, 2);
+                let (raw_max, clean) = segments.max_and_clean(row);
+                let two = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean);
+                let mut masses = Vec::new();
+                let one = max_then_chunks(row, t, segments, &[], &mut masses);
+                assert_eq!(one, two, "{name}, t {t}: constants");
+                let lanes = one.expect("finite rows");
+                let mut estimated = Vec::new();
+                Passes::unhinted(row, lanes, segments).estimate_chunks(&mut estimated);
+                let bits = |m: &[f64]| m.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&masses), bits(&estimated), "{name}, t {t}: estimates");
+                for r in [0, 1 << 63, u64::MAX, lcg.next_u64(), lcg.next_u64()] {
+                    let hints = |parts| RowHints { parts, next: &[] };
+                    let token = sample(row, t, 1.0, r, hints(2));
+                    assert_eq!(token, sample(row, t, 1.0, r, hints(1)), "{name}, r {r}");
+                    // `None` hands the row to the exact path (r = u64::MAX always does).
+                    if token.is_some() {
+                        assert_eq!(token, contract_draw(row, t, r), "{name}, t {t}, r {r}");
+                        decided += 1;
+                    }
+                }
+            }
+        }
+        assert!(decided * 5 >= rows.len() * 3 * 5 * 3, "decided {decided}");
+    }
+}
