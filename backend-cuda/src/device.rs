@@ -2,7 +2,7 @@
 //! here, each op in `ops/<op>.rs`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
@@ -39,6 +39,19 @@ fn unavailable(reason: impl Into<String>) -> Error {
 pub(crate) struct Versions {
     driver: i32,
     nvrtc: (i32, i32),
+}
+
+/// Serialises the devices' kernel builds within the process. Two devices compiling at the same
+/// time (two threads, NVRTC 13.0.88 and driver 580 on an H200, 2026-11-29) kept both threads at
+/// 100 % CPU inside NVRTC for over 50 s without an end, the GPU idle; one build at a time finishes
+/// in seconds. A runner that opens a device per worker thread, or a test harness that opens one
+/// per test (`tests/driver_counts.rs`), builds through here. (`nvrtc-check` compiles in parallel
+/// with the CUDA 12.9 wheel's NVRTC, which does not show it.)
+static BUILDING: Mutex<()> = Mutex::new(());
+
+/// Holds [`BUILDING`] while a device compiles and loads a program.
+pub(crate) fn one_build_at_a_time() -> MutexGuard<'static, ()> {
+    BUILDING.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The scratch of a device's ops: the arena ([`crate::arena`]) and the grid-barrier words of
@@ -363,8 +376,10 @@ impl CudaDevice {
         Ok(slot.get_or_init(|| f))
     }
 
-    /// Compiles `file` for `instance` with NVRTC and loads it into the context.
+    /// Compiles `file` for `instance` with NVRTC and loads it into the context, one build at a
+    /// time in the process ([`BUILDING`]).
     fn build_module(&self, file: KernelFile, instance: Instance) -> Result<Arc<CudaModule>> {
+        let _one_at_a_time = one_build_at_a_time();
         let _span = tracing::debug_span!(
             "nvrtc",
             backend = "cuda",

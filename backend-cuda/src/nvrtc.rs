@@ -134,18 +134,8 @@ fn c_buffer_to_string(buffer: &[c_char]) -> String {
 /// Compiles `source` (named `name` in the log) with `options`; a CUBIN is extracted when the
 /// options target a real architecture (`--gpu-architecture=sm_XY`).
 ///
-/// Compiles are serialised within the process: devices opened on several threads at once (a
-/// runner with a device per worker, a test harness) compile one program at a time.
-///
 /// Errors carry the log: [`CudaError::Compile`] for a program that does not compile.
 pub fn compile(source: &str, name: &str, options: &[String]) -> Result<Compiled, CudaError> {
-    // Two devices compiling at once in one process (two threads, NVRTC 13.0.88, driver 580 on an
-    // H200, 2026-11-29) spun both threads at 100 % CPU inside NVRTC for over 50 s without an end;
-    // one compile at a time finishes in seconds (`tests/driver_counts.rs` opens a device per test).
-    static COMPILING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one_at_a_time = COMPILING
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let src = CString::new(source).map_err(|_| CudaError::Compile {
         kernel: name.to_owned(),
         log: "the source contains a NUL byte".to_owned(),

@@ -109,6 +109,7 @@ impl CudaDevice {
             kernel: format!("read_floor.cu for {}", self.target()),
             log,
         };
+        let _one_at_a_time = crate::device::one_build_at_a_time();
         let compiled = nvrtc::compile(
             &kernels::read_floor_source(),
             "read_floor.cu",
