@@ -274,6 +274,30 @@ fn tail_sum(tail: &[f32], max: f32, inverse: f32) -> f32 {
     tail.iter().map(|&x| normaliser_term(x, max, inverse)).sum()
 }
 
+/// [`normaliser_term`] on the lanes of one vector, from the intrinsics of its width (`mul`, `sub`,
+/// `max`, `set1`, `fmadd`, `fnmadd` of `__m256` or `__m512`): `(p, shifted, n)` with
+/// `e^y = p · 2^n`, `shifted` the rounded sum whose low bits hold `n`. Each width scales by `2^n`
+/// its own way.
+#[cfg(target_arch = "x86_64")]
+macro_rules! term_reduction {
+    ($x:expr, $m:expr, $inverse:expr;
+        $mul:ident, $sub:ident, $max:ident, $set1:ident, $fmadd:ident, $fnmadd:ident) => {{
+        // `max(y, floor)` returns the floor for a NaN `y` (a NaN logit).
+        let y = $mul($sub($x, $m), $inverse);
+        let y = $max(y, $set1(TERM_FLOOR));
+        let rounder = $set1(BIASED_ROUNDER);
+        let shifted = $fmadd(y, $set1(LOG2_E), rounder);
+        let n = $sub(shifted, rounder);
+        let r = $fnmadd(n, $set1(LN2_HI), y);
+        let r = $fnmadd(n, $set1(LN2_LO), r);
+        let mut p = $set1(TERM_POLYNOMIAL[0]);
+        for &c in &TERM_POLYNOMIAL[1..] {
+            p = $fmadd(p, r, $set1(c));
+        }
+        (p, shifted, n)
+    }};
+}
+
 /// Hand-written AVX2 loop: eight lanes.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
@@ -287,18 +311,8 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn term8(x: __m256, m: __m256, inverse: __m256) -> __m256 {
-        // `max(y, floor)` returns the floor for a NaN `y` (a NaN logit).
-        let y = _mm256_mul_ps(_mm256_sub_ps(x, m), inverse);
-        let y = _mm256_max_ps(y, _mm256_set1_ps(TERM_FLOOR));
-        let rounder = _mm256_set1_ps(BIASED_ROUNDER);
-        let shifted = _mm256_fmadd_ps(y, _mm256_set1_ps(LOG2_E), rounder);
-        let n = _mm256_sub_ps(shifted, rounder);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), y);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
-        let mut p = _mm256_set1_ps(TERM_POLYNOMIAL[0]);
-        for &c in &TERM_POLYNOMIAL[1..] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-        }
+        let (p, shifted, _) = term_reduction!(x, m, inverse; _mm256_mul_ps, _mm256_sub_ps,
+            _mm256_max_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_fnmadd_ps);
         let scale = _mm256_slli_epi32::<23>(_mm256_castps_si256(shifted));
         _mm256_mul_ps(p, _mm256_castsi256_ps(scale))
     }
@@ -346,17 +360,8 @@ mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
     pub(super) fn term16(x: __m512, m: __m512, inverse: __m512) -> __m512 {
-        // `max(y, floor)` returns the floor for a NaN `y` (a NaN logit).
-        let y = _mm512_mul_ps(_mm512_sub_ps(x, m), inverse);
-        let y = _mm512_max_ps(y, _mm512_set1_ps(TERM_FLOOR));
-        let rounder = _mm512_set1_ps(BIASED_ROUNDER);
-        let n = _mm512_sub_ps(_mm512_fmadd_ps(y, _mm512_set1_ps(LOG2_E), rounder), rounder);
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), y);
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
-        let mut p = _mm512_set1_ps(TERM_POLYNOMIAL[0]);
-        for &c in &TERM_POLYNOMIAL[1..] {
-            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-        }
+        let (p, _, n) = term_reduction!(x, m, inverse; _mm512_mul_ps, _mm512_sub_ps,
+            _mm512_max_ps, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_fnmadd_ps);
         // `n` is an integer in [−126, 0]: the scaling is exact.
         _mm512_scalef_ps(p, n)
     }
@@ -487,48 +492,55 @@ mod tests {
         }
     }
 
-    /// The AVX2 terms are the scalar ones, bit for bit; the AVX2 reciprocal sum is the plain sum
-    /// within the float ops' tolerance.
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn the_avx2_terms_and_sum_match_the_scalar_ones() {
-        use std::arch::x86_64::{_mm256_loadu_ps, _mm256_set1_ps, _mm256_storeu_ps};
-        if !has_avx2() {
-            eprintln!("skipped: no AVX2 on this CPU");
-            return;
-        }
-        // SAFETY: AVX2 and FMA are present; `v` and `out` hold 8 f32.
-        assert_terms_equal(8, |v, m, inverse, out| unsafe {
-            let x = _mm256_loadu_ps(v.as_ptr());
-            let term = avx2::term8(x, _mm256_set1_ps(m), _mm256_set1_ps(inverse));
-            _mm256_storeu_ps(out.as_mut_ptr(), term);
-        });
-        // SAFETY: AVX2 and FMA are present.
-        assert_sums_close(|row, max, t| unsafe {
-            avx2::sum_exp_reciprocal(row, max, 1.0 / t, row)
-        });
+    /// Defines the test `$name`, run where `$has` holds (a reported skip elsewhere): the vector
+    /// terms `$term` of `$lanes` lanes (loaded, broadcast and stored by the intrinsics of its
+    /// width) are the scalar ones, bit for bit; then `$sums` runs.
+    macro_rules! vector_terms_test {
+        ($(#[$doc:meta])* fn $name:ident() if $has:ident ($isa:literal):
+            $term:path [$load:ident, $set1:ident, $store:ident], $lanes:literal lanes; then $sums:block) => {
+            $(#[$doc])*
+            #[cfg(target_arch = "x86_64")]
+            #[test]
+            fn $name() {
+                use std::arch::x86_64::{$load, $set1, $store};
+                if !$has() {
+                    eprintln!(concat!("skipped: no ", $isa, " on this CPU"));
+                    return;
+                }
+                // SAFETY: the CPU supports the width's features; `v` and `out` hold `$lanes` f32.
+                assert_terms_equal($lanes, |v, m, inverse, out| unsafe {
+                    let x = $load(v.as_ptr());
+                    $store(out.as_mut_ptr(), $term(x, $set1(m), $set1(inverse)));
+                });
+                $sums
+            }
+        };
     }
 
-    /// The AVX-512 terms are the scalar ones, bit for bit; the reciprocal sum is the plain sum
-    /// within the float ops' tolerance.
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn the_avx512_terms_and_sum_match_the_scalar_ones() {
-        use std::arch::x86_64::{_mm512_loadu_ps, _mm512_set1_ps, _mm512_storeu_ps};
-        if !has_avx512() {
-            eprintln!("skipped: no AVX-512 on this CPU");
-            return;
+    vector_terms_test!(
+        /// The AVX2 terms are the scalar ones, bit for bit; the AVX2 reciprocal sum is the plain
+        /// sum within the float ops' tolerance.
+        fn the_avx2_terms_and_sum_match_the_scalar_ones() if has_avx2 ("AVX2"):
+            avx2::term8 [_mm256_loadu_ps, _mm256_set1_ps, _mm256_storeu_ps], 8 lanes; then {
+            // SAFETY: AVX2 and FMA are present.
+            assert_sums_close(|row, max, t| unsafe {
+                avx2::sum_exp_reciprocal(row, max, 1.0 / t, row)
+            });
         }
-        // SAFETY: AVX-512 is present; `v` and `out` hold 16 f32.
-        assert_terms_equal(16, |v, m, inverse, out| unsafe {
-            let x = _mm512_loadu_ps(v.as_ptr());
-            let term = avx512::term16(x, _mm512_set1_ps(m), _mm512_set1_ps(inverse));
-            _mm512_storeu_ps(out.as_mut_ptr(), term);
-        });
-        assert_sums_close(|row, max, t| sum_exp_reciprocal(row, max, t, row).expect("AVX-512"));
-        assert_eq!(sum_exp_reciprocal(&[0.0], 0.0, 1e-40, &[]), None);
-        assert_eq!(sum_exp_reciprocal(&[0.0], f32::INFINITY, 1.0, &[]), None);
-    }
+    );
+
+    vector_terms_test!(
+        /// The AVX-512 terms are the scalar ones, bit for bit; the reciprocal sum is the plain sum
+        /// within the float ops' tolerance.
+        fn the_avx512_terms_and_sum_match_the_scalar_ones() if has_avx512 ("AVX-512"):
+            avx512::term16 [_mm512_loadu_ps, _mm512_set1_ps, _mm512_storeu_ps], 16 lanes; then {
+            assert_sums_close(|row, max, t| {
+                sum_exp_reciprocal(row, max, t, row).expect("AVX-512")
+            });
+            assert_eq!(sum_exp_reciprocal(&[0.0], 0.0, 1e-40, &[]), None);
+            assert_eq!(sum_exp_reciprocal(&[0.0], f32::INFINITY, 1.0, &[]), None);
+        }
+    );
 
     #[test]
     fn exp_edges() {

@@ -75,11 +75,8 @@ fn clear_top(lid: u32, e: u32, k: u32, first: u32) {
     }
 }
 
-// Entry points `accept_logprobs_<dtype>` (generated, kernels.rs).
+// Entry points `accept_logprobs_<dtype>` (generated, kernels.rs; groups with work only).
 fn accept_logprobs_main(e: u32, lid: u32, dt: u32) {
-    if e >= p.entries {
-        return;
-    }
     let k = p.top_k;
     if lid == 0u {
         let token = entries[2u * e];

@@ -332,6 +332,10 @@ fn word_of(i: u32, dt: u32) -> u32 {
     return i >> 1u;
 }
 
+/// The f32 bits of +inf and -inf.
+const POS_INF_BITS: u32 = 0x7f800000u;
+const NEG_INF_BITS: u32 = 0xff800000u;
+
 fn is_nan_bits(bits: u32) -> bool {
     return (bits & 0x7fffffffu) > 0x7f800000u;
 }

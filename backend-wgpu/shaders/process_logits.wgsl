@@ -386,11 +386,8 @@ fn sparse_rules(g: u32, dt: u32, st: RowState) {
     }
 }
 
-// Entry points `process_logits_<dtype>` (generated, kernels.rs).
+// Entry points `process_logits_<dtype>` (generated, kernels.rs; groups with work only).
 fn process_logits_main(g: u32, lid: u32, dt: u32) {
-    if g >= p.rows {
-        return;
-    }
     // The output row, and the scores row every per-row input is read at.
     let out_row = p.row0 + g;
     let row = p.first + out_row;

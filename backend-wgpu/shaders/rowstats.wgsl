@@ -10,8 +10,6 @@ const KIND_ONEHOT: u32 = 0u;
 const KIND_POSINF: u32 = 1u;
 const KIND_ALLNEGINF: u32 = 2u;
 const KIND_FINITE: u32 = 3u;
-const POS_INF_BITS: u32 = 0x7f800000u;
-const NEG_INF_BITS: u32 = 0xff800000u;
 
 struct Stats {
     kind: u32,

@@ -19,8 +19,6 @@
 @group(0) @binding(4) var<storage, read_write> sums: array<u32>;
 
 const EXP_LANES: u32 = 8u;
-const POS_INF: u32 = 0x7f800000u;
-const NEG_INF: u32 = 0xff800000u;
 
 var<workgroup> terms: array<f32, WG>;
 var<workgroup> lanes: array<f32, EXP_LANES>;
@@ -28,23 +26,20 @@ var<workgroup> lanes: array<f32, EXP_LANES>;
 /// exp((l - m) / t) of a logit (f32 bits) below a finite maximum m: NaN and -inf logits add 0,
 /// +inf ones +inf, T = +inf scales a finite logit to 0 (one subtraction, then one division).
 fn exp_term(bits: u32, m: f32, t: f32, t_inf: bool) -> f32 {
-    if is_nan_bits(bits) || bits == NEG_INF {
+    if is_nan_bits(bits) || bits == NEG_INF_BITS {
         return 0.0;
     }
     if t_inf {
         return 1.0;
     }
-    if bits == POS_INF {
-        return bitcast<f32>(POS_INF);
+    if bits == POS_INF_BITS {
+        return bitcast<f32>(POS_INF_BITS);
     }
     return exp((bitcast<f32>(bits) - m) / t);
 }
 
-// Entry points `shard_exp_sum_<dtype>` (generated, kernels.rs).
+// Entry points `shard_exp_sum_<dtype>` (generated, kernels.rs; groups with work only).
 fn shard_exp_sum_main(g: u32, lid: u32, dt: u32) {
-    if g >= p.rows {
-        return;
-    }
     begin_row(dt, p.input_off + g * p.vocab);
     let row = p.row0 + g;
     let len = p.vocab;
@@ -55,18 +50,18 @@ fn shard_exp_sum_main(g: u32, lid: u32, dt: u32) {
         t_bits = 0x3f800000u;
     }
     let t_zero = (t_bits & 0x7fffffffu) == 0u;
-    let t_inf = t_bits == POS_INF;
-    let m_inf = (m_bits & 0x7fffffffu) == POS_INF;
+    let t_inf = t_bits == POS_INF_BITS;
+    let m_inf = (m_bits & 0x7fffffffu) == POS_INF_BITS;
     let m_nan = is_nan_bits(m_bits);
     // Counted over the slice when the row needs them: the +inf logits (m = +inf), and under a NaN
     // maximum the logits whose term is NaN (not NaN or -inf themselves, T finite).
     var inf_here = 0u;
     var nan_here = 0u;
-    if (m_bits == POS_INF || m_nan) && !t_zero {
+    if (m_bits == POS_INF_BITS || m_nan) && !t_zero {
         for (var i = lid; i < len; i += WG) {
             let bits = row_bits(i);
-            inf_here = inf_here + select(0u, 1u, bits == POS_INF);
-            nan_here = nan_here + select(0u, 1u, !is_nan_bits(bits) && bits != NEG_INF && !t_inf);
+            inf_here = inf_here + select(0u, 1u, bits == POS_INF_BITS);
+            nan_here = nan_here + select(0u, 1u, !is_nan_bits(bits) && bits != NEG_INF_BITS && !t_inf);
         }
     }
     let inf_count = wg_scan32(lid, inf_here).y;
@@ -98,9 +93,9 @@ fn shard_exp_sum_main(g: u32, lid: u32, dt: u32) {
     if lid == 0u {
         var sum = 0.0;
         var bits = 0u;
-        if t_zero || m_bits == NEG_INF {
+        if t_zero || m_bits == NEG_INF_BITS {
             bits = 0u;
-        } else if m_bits == POS_INF {
+        } else if m_bits == POS_INF_BITS {
             bits = bitcast<u32>(f32(inf_count));
         } else if m_nan && nan_count != 0u {
             bits = 0x7fc00000u;

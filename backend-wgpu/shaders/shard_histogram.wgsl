@@ -17,11 +17,8 @@ var<workgroup> h_count: array<atomic<u32>, 256>;
 var<workgroup> h_mlo: array<atomic<u32>, 256>;
 var<workgroup> h_mhi: array<atomic<u32>, 256>;
 
-// Entry points `shard_histogram_<dtype>` (generated, kernels.rs).
+// Entry points `shard_histogram_<dtype>` (generated, kernels.rs; groups with work only).
 fn shard_histogram_main(g: u32, lid: u32, dt: u32) {
-    if g >= p.rows {
-        return;
-    }
     begin_row(dt, p.input_off + g * p.vocab);
     let row = p.row0 + g;
     let logits = p.logits != 0u;

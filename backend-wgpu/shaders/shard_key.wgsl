@@ -10,11 +10,8 @@
 @group(0) @binding(2) var<storage, read> ids: array<i32>;
 @group(0) @binding(3) var<storage, read_write> keys: array<u32>;
 
-// Entry points `shard_key_<dtype>` (generated, kernels.rs).
+// Entry points `shard_key_<dtype>` (generated, kernels.rs; groups with work only).
 fn shard_key_main(g: u32, lid: u32, dt: u32) {
-    if g >= p.rows {
-        return;
-    }
     begin_row(dt, p.input_off + g * p.vocab);
     let row = p.row0 + g;
     let len = p.vocab;

@@ -70,11 +70,8 @@ fn walked_weight(logits: bool, j: u32) -> vec3<u32> {
 
 var<workgroup> s_found: u32;
 
-// Entry points `shard_walk_<dtype>` (generated, kernels.rs).
+// Entry points `shard_walk_<dtype>` (generated, kernels.rs; groups with work only).
 fn shard_walk_main(g: u32, lid: u32, dt: u32) {
-    if g >= p.rows {
-        return;
-    }
     let row = p.row0 + g;
     // The draft row, and whether this dispatch runs the row.
     var mode = 0u;

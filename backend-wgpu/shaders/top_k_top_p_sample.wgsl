@@ -31,11 +31,8 @@ fn row_key(i: u32) -> u32 {
     return rank_key(row_bits(i));
 }
 
-// Entry points `top_k_top_p_sample_<dtype>` (generated, kernels.rs).
+// Entry points `top_k_top_p_sample_<dtype>` (generated, kernels.rs; groups with work only).
 fn top_k_top_p_sample_main(g: u32, lid: u32, dt: u32) {
-    if g >= p.rows {
-        return;
-    }
     begin_row(dt, p.probs_off + g * p.vocab);
     let row = p.row0 + g;
     if lid == 0u {

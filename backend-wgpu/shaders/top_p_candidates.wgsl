@@ -38,11 +38,8 @@ fn clear_candidates(lid: u32, out: u32, first: u32, c: u32) {
     }
 }
 
-// Entry points `top_p_candidates_<dtype>` (generated, kernels.rs).
+// Entry points `top_p_candidates_<dtype>` (generated, kernels.rs; groups with work only).
 fn top_p_candidates_main(g: u32, lid: u32, dt: u32) {
-    if g >= p.rows {
-        return;
-    }
     begin_row(dt, p.probs_off + g * p.vocab);
     let row = p.row0 + g;
     let c = p.candidates;

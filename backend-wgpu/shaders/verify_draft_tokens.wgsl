@@ -18,10 +18,7 @@
 
 // `struct VerifyDraftTokensArgs` is generated from its `kernel_args!` declaration in src/ops/verify_draft_tokens.rs.
 
-const STRATEGY_GREEDY: u32 = 0u;
-const STRATEGY_TARGET_MATCH: u32 = 1u;
-const STRATEGY_TOPP: u32 = 2u;
-const STRATEGY_REJECTION: u32 = 3u;
+// `STRATEGY_*`: generated from `strategy_code` in src/ops/verify_draft_tokens.rs.
 
 const PAIR_ACCEPTED: u32 = 1u;
 const PAIR_REJECTED: u32 = 2u;
@@ -363,11 +360,8 @@ fn residual_shift(wp_total: vec2<u32>, wq_total: vec2<u32>) -> u32 {
     return 0u;
 }
 
-// Entry points `verify_draft_tokens_pair_<dtype>` (generated, kernels.rs).
+// Entry points `verify_draft_tokens_pair_<dtype>` (generated, kernels.rs; groups with work only).
 fn verify_draft_tokens_pair_main(g: u32, lid: u32, dt: u32) {
-    if g >= pp.pairs_in_dispatch {
-        return;
-    }
     let j = pp.pair_lo + g;
     let s = pp.step_tokens;
     let vocab = pp.vocab;

@@ -86,7 +86,7 @@ impl Kernel {
         let op = self.op();
         let mut names = Vec::new();
         for args in self.args() {
-            if self.float_kernels().contains(&args.suffix) {
+            if self.float_kernels().iter().any(|k| k.suffix == args.suffix) {
                 names.extend(floats.iter().map(|&dtype| entry(op, args.suffix, dtype)));
             } else {
                 names.push(entry(op, args.suffix, DType::I32));
@@ -96,7 +96,7 @@ impl Kernel {
     }
 
     /// The module's float kernels ([`KernelFacts::float_kernels`]).
-    fn float_kernels(self) -> &'static [Option<&'static str>] {
+    fn float_kernels(self) -> &'static [FloatKernel] {
         self.facts().float_kernels
     }
 }
@@ -132,14 +132,36 @@ impl Library {
 pub(crate) struct KernelFacts {
     /// The shared files the module is built on after `common.wgsl`, in order.
     pub(crate) libraries: &'static [Library],
-    /// The module's float kernels, one workgroup per row (or entry): for each suffix, the
-    /// entry point `<op>[_<suffix>]_<dtype>` of every float dtype is generated
-    /// ([`float_entry_points`]), calling `<op>[_<suffix>]_main` of the op's file; the module's
-    /// other kernels are integer ones (`<op>[_<suffix>]_i32`).
-    pub(crate) float_kernels: &'static [Option<&'static str>],
+    /// The module's float kernels, one workgroup per row (or entry): for each, the entry point
+    /// `<op>[_<suffix>]_<dtype>` of every float dtype is generated ([`float_entry_points`]),
+    /// calling `<op>[_<suffix>]_main` of the op's file; the module's other kernels are integer
+    /// ones (`<op>[_<suffix>]_i32`).
+    pub(crate) float_kernels: &'static [FloatKernel],
     /// The argument structs of its kernels, one per [`Entry`] ([`Entry::args`]), generated into
     /// the module.
     pub(crate) args: &'static [ArgsStruct],
+    /// The module's own constants (`const NAME: u32 = <value>u;`, generated after the prelude),
+    /// where the host writes the same codes into its arguments.
+    pub(crate) constants: &'static [(&'static str, u32)],
+}
+
+/// A float kernel of a module ([`KernelFacts::float_kernels`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FloatKernel {
+    /// The kernel's suffix: `None` for the op's main kernel `<op>_<dtype>`.
+    pub(crate) suffix: Option<&'static str>,
+    /// The WGSL expression of the number of groups that hold work (`p.rows`, from the kernel's
+    /// argument struct): the generated entry point returns on the groups past it (a dispatch is
+    /// rounded up to whole rows of groups), so `<op>[_<suffix>]_main` runs only on real ones.
+    pub(crate) groups: &'static str,
+}
+
+impl FloatKernel {
+    /// The op's main kernel over `p.rows` rows.
+    pub(crate) const ROWS: FloatKernel = FloatKernel {
+        suffix: None,
+        groups: "p.rows",
+    };
 }
 
 impl KernelFacts {
@@ -149,16 +171,18 @@ impl KernelFacts {
             libraries: &[],
             float_kernels: &[],
             args,
+            constants: &[],
         }
     }
 
     /// A module with one float kernel, `<op>_<dtype>` for every float dtype (one workgroup per
-    /// row), built on `libraries`.
+    /// row of `p.rows`, [`FloatKernel::ROWS`]), built on `libraries`.
     pub(crate) const fn rows(libraries: &'static [Library], args: &'static [ArgsStruct]) -> Self {
         KernelFacts {
             libraries,
-            float_kernels: &[None],
+            float_kernels: &[FloatKernel::ROWS],
             args,
+            constants: &[],
         }
     }
 }
@@ -174,11 +198,12 @@ pub(crate) fn entry(op: Op, suffix: Option<&str>, dtype: DType) -> String {
 
 /// The entry points of `kernel`'s float kernels, named as [`entry`] names them: for each float
 /// dtype, `<op>[_<suffix>]_<dtype>` runs `<op>[_<suffix>]_main(group, lid, DT_<DTYPE>)` with one
-/// workgroup of [`WG`] invocations per group (`group` flattened by `group_index`).
+/// workgroup of [`WG`] invocations per group (`group` flattened by `group_index`), for the groups
+/// below the kernel's [`FloatKernel::groups`] only.
 fn float_entry_points(kernel: Kernel) -> String {
     let op = kernel.op();
     let mut out = String::new();
-    for &suffix in kernel.float_kernels() {
+    for &FloatKernel { suffix, groups } in kernel.float_kernels() {
         let main = match suffix {
             None => format!("{}_main", op.name()),
             Some(s) => format!("{}_{s}_main", op.name()),
@@ -191,7 +216,11 @@ fn float_entry_points(kernel: Kernel) -> String {
                 out,
                 "\n@compute @workgroup_size(WG)\n\
                  fn {name}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n    \
-                 {main}(group_index(wid, nwg), lid, DT_{dt});\n\
+                 let g = group_index(wid, nwg);\n    \
+                 if g >= {groups} {{\n        \
+                 return;\n    \
+                 }}\n    \
+                 {main}(g, lid, DT_{dt});\n\
                  }}\n"
             );
         }
@@ -454,10 +483,14 @@ const fn all_u32(fields: &[KernelField]) -> bool {
     true
 }
 
-/// The whole source of a module: prelude, argument structs, common helpers, libraries, the op's
+/// The whole source of a module: prelude, the module's constants, argument structs, common helpers, libraries, the op's
 /// file, the generated entry points of its float kernels.
 pub(crate) fn shader_source(kernel: Kernel) -> String {
     let mut source = prelude();
+    for (name, value) in kernel.facts().constants {
+        // Writing to a String cannot fail.
+        let _ = writeln!(source, "const {name}: u32 = {value}u;");
+    }
     for args in kernel.args() {
         source.push_str(&args.wgsl());
     }
@@ -582,7 +615,7 @@ mod tests {
                 "{}: no entry point named after the op",
                 kernel.file()
             );
-            for &suffix in kernel.float_kernels() {
+            for &FloatKernel { suffix, .. } in kernel.float_kernels() {
                 for dtype in DType::FLOATS {
                     let name = entry(op, suffix, dtype);
                     assert!(

@@ -7,8 +7,7 @@
 __kernel void ENTRY(BUF(const T_STORE, input), BUF(int, out), const struct ArgmaxArgs args) {
     BIND(const T_STORE, input);
     BIND(int, out);
-    const uint rows = args.rows, V = args.vocab;
-    __local Scratch S[1];
+    MATRIX_ROWS(args);
     FOR_CLUSTER_ROWS(r, rows) {
         uint arg = row_argmax(input + (ulong)r * V, V, S);
         if (LID == 0u) out[r] = (int)arg;

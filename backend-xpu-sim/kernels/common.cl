@@ -57,6 +57,12 @@
 // one item per core across every cluster (global-stride)
 #define FOR_EVERY_CORE(i, n) for (uint i = GRP * CORES + LID; i < (n); i += NGRP * CORES)
 
+// The head of a kernel over the rows of a [rows, vocab] matrix (`args.rows`, `args.vocab` of its
+// argument struct): declares `rows`, the row length `V` and the cluster's scratch `S` (kernel scope).
+#define MATRIX_ROWS(args)                            \
+    const uint rows = (args).rows, V = (args).vocab; \
+    __local Scratch S[1]
+
 // Kernel parameters: each buffer is a positional pointer argument and the element offset of its
 // window (BUF), then one struct passed by value as the last argument, always named `args`: `const
 // struct <Op>Args args`, the op's scalars. The host writes the struct into the program (after this
@@ -416,8 +422,8 @@ inline uint logit_row_key(Weigh w, uint bits, uint id) {
 
 // ---- per-core slices, local scratch, broadcasts -------------------------------------------------
 
-// The local memory of one cluster. A kernel declares it as `__local Scratch S[1];` (kernel scope)
-// and hands S to the primitives below.
+// The local memory of one cluster. A kernel declares it as `__local Scratch S[1];` (kernel scope,
+// or through MATRIX_ROWS) and hands S to the primitives below.
 typedef struct {
     uint hist_count[256];
     uint hist_lo[256];
@@ -500,14 +506,25 @@ inline void bin_add_mass(volatile __local uint* lo, volatile __local uint* hi, u
 // Every core of the cluster calls them (uniform control flow). They end with a barrier, so the
 // scratch they use (part_*, bc_*[0]) is free again when they return.
 
+// The head of core 0's merge of per-core partials: every core posts its partial value `va` to
+// S->PA[LID] (and `vb` to S->PB[LID]) and waits for the cluster; the statement or block that follows
+// runs on core 0 alone, which reads the partials S->PA[c] (S->PB[c]) in core order.
+#define CORE0_MERGES_1(S, PA, va) \
+    (S)->PA[LID] = (va);          \
+    barrier(CLK_LOCAL_MEM_FENCE); \
+    if (LID == 0u)
+#define CORE0_MERGES_2(S, PA, va, PB, vb) \
+    (S)->PA[LID] = (va);                  \
+    (S)->PB[LID] = (vb);                  \
+    barrier(CLK_LOCAL_MEM_FENCE);         \
+    if (LID == 0u)
+
 // Declares `inline ulong NAME(ulong v, __local Scratch* S, ulong* total)`: the ADD-sum (a binary
 // function or macro) of the `v` of the cores before this one, an exclusive scan in core order;
 // *total gets the ADD-sum over every core.
 #define CLUSTER_SCAN(NAME, ADD)                                                                    \
     inline ulong NAME(ulong v, __local Scratch* S, ulong* total) {                                 \
-        S->part_mass[LID] = v;                                                                     \
-        barrier(CLK_LOCAL_MEM_FENCE);                                                              \
-        if (LID == 0u) {                                                                           \
+        CORE0_MERGES_1(S, part_mass, v) {                                                          \
             ulong before = 0ul;                                                                    \
             for (uint c = 0; c < CORES; c++) {                                                     \
                 ulong x = S->part_mass[c];                                                         \
@@ -528,9 +545,7 @@ inline void bin_add_mass(volatile __local uint* lo, volatile __local uint* hi, u
 // S->PART and the broadcast word S->BC[0].
 #define CLUSTER_FOLD(TYPE, NAME, PART, BC, INIT, FOLD)                                             \
     inline TYPE NAME(TYPE v, __local Scratch* S) {                                                 \
-        S->PART[LID] = v;                                                                          \
-        barrier(CLK_LOCAL_MEM_FENCE);                                                              \
-        if (LID == 0u) {                                                                           \
+        CORE0_MERGES_1(S, PART, v) {                                                               \
             TYPE m = INIT;                                                                         \
             for (uint c = 0; c < CORES; c++) m = FOLD(m, S->PART[c]);                              \
             S->BC[0] = m;                                                                          \
@@ -566,10 +581,7 @@ typedef struct {
 // every key is 0): with contiguous slices in core order, the lowest id among the largest keys of
 // the row.
 inline KeyId cluster_max(uint key, uint id, __local Scratch* S) {
-    S->part_key[LID] = key;
-    S->part_id[LID] = id;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (LID == 0u) {
+    CORE0_MERGES_2(S, part_key, key, part_id, id) {
         uint bk = 0u, bi = 0u;
         for (uint c = 0; c < CORES; c++) {
             if (S->part_key[c] > bk) { bk = S->part_key[c]; bi = S->part_id[c]; }
@@ -734,10 +746,7 @@ inline void prefix_scan_counts(__global const T_STORE* row, uint V, __local Scra
         gt += key > p.key ? 1u : 0u;
         eq += key == p.key ? 1u : 0u;
     })
-    S->part_count[LID] = gt;
-    S->part_eq[LID] = eq;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (LID == 0u) {
+    CORE0_MERGES_2(S, part_count, gt, part_eq, eq) {
         uint eq_before = 0u, members_before = 0u;
         for (uint c = 0; c < CORES; c++) {
             uint g = S->part_count[c], e = S->part_eq[c];
@@ -986,10 +995,7 @@ inline SoftmaxStats softmax_stats(__global const T_STORE* row, uint V, __local S
         m = fmax(m, x);
         inf += x == INFINITY ? 1u : 0u;
     }
-    S->part_f[LID] = m;
-    S->part_count[LID] = inf;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (LID == 0u) {
+    CORE0_MERGES_2(S, part_f, m, part_count, inf) {
         float mm = -INFINITY;
         uint ii = 0u;
         for (uint c = 0; c < CORES; c++) { mm = fmax(mm, S->part_f[c]); ii += S->part_count[c]; }
@@ -1009,10 +1015,7 @@ inline SoftmaxStats softmax_stats(__global const T_STORE* row, uint V, __local S
         comp = (s2 - sum) - v;
         sum = s2;
     }
-    S->part_f[LID] = sum;
-    S->part_c[LID] = comp;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (LID == 0u) {
+    CORE0_MERGES_2(S, part_f, sum, part_c, comp) {
         float total = 0.0f, c2 = 0.0f;
         for (uint c = 0; c < CORES; c++) {
             float v = S->part_f[c] - (S->part_c[c] + c2);

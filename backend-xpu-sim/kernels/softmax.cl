@@ -8,8 +8,7 @@ __kernel void ENTRY(BUF(const T_STORE, logits), BUF(const float, temperature), B
     BIND(const T_STORE, logits);
     BIND(const float, temperature);
     BIND(float, probs);
-    const uint rows = args.rows, V = args.vocab;
-    __local Scratch S[1];
+    MATRIX_ROWS(args);
     FOR_CLUSTER_ROWS(r, rows) {
         __global const T_STORE* row = logits + (ulong)r * V;
         __global float* out = probs + (ulong)r * V;

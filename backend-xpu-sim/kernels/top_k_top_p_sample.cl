@@ -16,8 +16,7 @@ __kernel void ENTRY(BUF(const T_STORE, matrix), BUF(const uint, temperature), BU
     BIND(const int, top_k, fallback);
     BIND(const ulong, seed);
     BIND(int, tokens);
-    const uint rows = args.rows, V = args.vocab;
-    __local Scratch S[1];
+    MATRIX_ROWS(args);
     FOR_CLUSTER_ROWS(r, rows) {
         __global const T_STORE* row = matrix + (ulong)r * V;
         KeptSet k = kept_set(row, V, S, row_weigh(row, V, S, ROW_TEMPERATURE(temperature, r)),

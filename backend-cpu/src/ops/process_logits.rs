@@ -19,7 +19,7 @@ use specula_backend_api::{DType, FloatElement, Op, Result};
 use super::{len_or_zero, token_index, with_float};
 use crate::CpuDevice;
 use crate::sampling::logits::key_select;
-use crate::sampling::scan::{compiled_for, dispatch};
+use crate::sampling::scan::{compiled_for, dispatch, dispatched};
 
 pub(crate) mod counted;
 mod fused;
@@ -448,26 +448,14 @@ fn process_slice_row<T: FloatElement>(
     }
 }
 
-/// The dense rules on every token: masks from the mask words, and for logits the penalties from
-/// the slot's counts (no bias, no drafts). Returns the largest rank key written. Runs the loop
-/// compiled for the widest vector unit of the CPU.
-fn dense_pass<T: FloatElement>(
-    batch: &Batch<'_>,
-    row: &Row<'_>,
-    input: &[T],
-    out: &mut [f32],
-    masked_value: f32,
-) -> u32 {
-    dispatch!(dense_pass_generic::<T>(batch, row, input, out, masked_value)
-        via dense_pass_avx512, dense_pass_avx2)
-}
-
-compiled_for!(avx512, fn dense_pass_avx512 [T: FloatElement]
-    (batch: &Batch<'_>, row: &Row<'_>, input: &[T], out: &mut [f32], masked_value: f32) -> u32
-    = dense_pass_generic [T]);
-compiled_for!(avx2, fn dense_pass_avx2 [T: FloatElement]
-    (batch: &Batch<'_>, row: &Row<'_>, input: &[T], out: &mut [f32], masked_value: f32) -> u32
-    = dense_pass_generic [T]);
+dispatched!(
+    /// The dense rules on every token: masks from the mask words, and for logits the penalties
+    /// from the slot's counts (no bias, no drafts). Returns the largest rank key written. Runs the
+    /// loop compiled for the widest vector unit of the CPU.
+    fn dense_pass [T: FloatElement]
+        (batch: &Batch<'_>, row: &Row<'_>, input: &[T], out: &mut [f32], masked_value: f32) -> u32
+        = dense_pass_generic [T]
+);
 
 /// [`dense_pass`] as written. A word that no mask, prompt token or count touches (nearly all of
 /// them) takes a branch-free loop.

@@ -2,44 +2,29 @@
 //! the length of the shortest prefix of them that reaches `top_p`.
 
 use rayon::prelude::*;
-use specula_backend_api::fixed_point::{key_weight, rank_key, reaches_top_p, top_p_fixed};
+use specula_backend_api::fixed_point::{key_weight, rank_key};
 use specula_backend_api::ops::top_p_candidates::OpCall;
 use specula_backend_api::ops::{CandidatesInputs, CandidatesOutputs, CandidatesParams};
 use specula_backend_api::{DType, FloatElement, Op, Result};
 
 use super::with_float;
 use crate::CpuDevice;
+use crate::sampling::fast::candidates_row_fast;
 use crate::sampling::histogram::{
     Metric, Prefix, first_prob_in_rank, shortest_prefix, totals, with_scratch,
 };
-use crate::sampling::logits;
+use crate::sampling::{CandidateRow, logits};
 use specula_backend_api::host::{slice, slice_mut};
 
-/// Fills one row's `ids` and `scores` (length C each) and returns its `lens`: the single-pass fast
-/// path when it applies, the histogram path otherwise (the same decisions).
-pub(crate) fn candidates_row<T: FloatElement>(
-    row: &[T],
-    top_p: f32,
-    ids: &mut [i32],
-    scores: &mut [f32],
-    parts: usize,
-) -> i32 {
-    match crate::sampling::fast::candidates_row_fast(row, top_p, ids, scores, parts) {
-        Some(lens) => lens,
-        None => candidates_row_histogram(row, top_p, ids, scores),
-    }
-}
-
-/// The histogram path of [`candidates_row`].
+/// The histogram path of a probability row's candidates (the fast path,
+/// [`crate::sampling::fast::candidates_row_fast`], makes the same decisions): fills `out` and
+/// returns `lens`.
 pub(crate) fn candidates_row_histogram<T: FloatElement>(
     row: &[T],
     top_p: f32,
-    ids: &mut [i32],
-    scores: &mut [f32],
+    out: &mut CandidateRow<'_>,
 ) -> i32 {
-    ids.fill(-1);
-    scores.fill(0.0);
-    let c = ids.len();
+    let c = out.capacity();
     // The tokens with w > 0 carry the whole weight of the row; the candidates are the first C.
     let (valid, total) = with_scratch(|s| {
         let all = totals(row, &Prefix::POSITIVE_WEIGHT, s);
@@ -55,8 +40,7 @@ pub(crate) fn candidates_row_histogram<T: FloatElement>(
         (valid, all.mass)
     });
     if valid.count == 0 {
-        ids[0] = first_prob_in_rank(row) as i32;
-        return 1;
+        return out.only(first_prob_in_rank(row));
     }
     let mut chosen: Vec<(u32, u32)> = Vec::with_capacity(valid.count);
     let mut member = valid.member();
@@ -68,20 +52,10 @@ pub(crate) fn candidates_row_histogram<T: FloatElement>(
     }
     // At most C entries: ordering them is cheap. Stable, so equal keys stay in id order.
     chosen.sort_by_key(|&(key, _)| std::cmp::Reverse(key));
-    let p = top_p_fixed(top_p);
-    let mut lens = chosen.len() as i32;
-    let mut mass = 0u64;
-    let mut reached = false;
-    for (i, &(key, id)) in chosen.iter().enumerate() {
-        ids[i] = id as i32;
-        scores[i] = f32::from_bits(key);
-        mass += key_weight(key);
-        if !reached && reaches_top_p(mass, p, total) {
-            reached = true;
-            lens = i as i32 + 1;
-        }
-    }
-    lens
+    let members = chosen
+        .iter()
+        .map(|&(key, id)| (id, f32::from_bits(key), key_weight(key)));
+    out.fill(members, top_p, total)
 }
 
 /// The candidates of every row; `temperature` is given for logits rows (`docs/semantics.md` §4b).
@@ -111,14 +85,17 @@ pub(crate) fn top_p_candidates(
             .zip(probs.par_chunks_exact(vocab))
             .enumerate()
             .for_each(|(r, (((ids, scores), len), row))| {
+                let mut out = CandidateRow { ids, scores };
+                let p = top_p[r];
                 if batch_id.is_some_and(|b| b[r] < 0) {
-                    ids.fill(-1);
-                    scores.fill(0.0);
+                    out.clear();
                     *len = 0;
                 } else if let Some(t) = temperature {
-                    *len = logits::candidates_row(row, t[r], top_p[r], ids, scores);
+                    *len = logits::candidates_row(row, t[r], p, &mut out);
                 } else {
-                    *len = candidates_row(row, top_p[r], ids, scores, parts);
+                    // The single-pass fast path when it applies, the histogram path otherwise.
+                    *len = candidates_row_fast(row, p, &mut out, parts)
+                        .unwrap_or_else(|| candidates_row_histogram(row, p, &mut out));
                 }
             });
         Ok(())

@@ -27,11 +27,12 @@
 
 use rayon::prelude::*;
 use specula_backend_api::FloatElement;
-use specula_backend_api::fixed_point::{reaches_top_p, scale_draw, top_p_fixed, top_p_target_mass};
+use specula_backend_api::fixed_point::{scale_draw, top_p_fixed, top_p_target_mass};
 
+use super::CandidateRow;
 use super::histogram::{MIN_WEIGHT_KEY, Prefix};
 use super::scan::{
-    self, BLOCK, Candidate, GroupSample, Need, Want, block_counts, collect, floor_for,
+    self, BLOCK, Candidate, Collect, GroupSample, Need, Want, block_counts, collect, floor_for,
     weight_of_key,
 };
 
@@ -60,14 +61,13 @@ impl FastScratch {
     /// sample [`scan_row`] kept ([`collect`]); `false` as soon as there are more than `cap`.
     fn collect_above<T: FloatElement>(&mut self, row: &[T], floor: u32, cap: usize) -> bool {
         self.candidates.clear();
-        collect(
-            row,
-            &self.group_max,
-            &self.group_pos,
+        let from = Collect {
+            keys: &self.group_max,
+            pos: &self.group_pos,
             floor,
             cap,
-            &mut self.candidates,
-        )
+        };
+        collect(row, from, &mut self.candidates)
     }
 }
 
@@ -402,11 +402,10 @@ fn sample_top_p<T: FloatElement>(
 pub(crate) fn candidates_row_fast<T: FloatElement>(
     row: &[T],
     top_p: f32,
-    ids: &mut [i32],
-    scores: &mut [f32],
+    out: &mut CandidateRow<'_>,
     parts: usize,
 ) -> Option<i32> {
-    let c = ids.len();
+    let c = out.capacity();
     with_fast(|s| {
         let total = scan_row(row, s, parts, Need::Both);
         if total == 0 || c == 0 {
@@ -420,22 +419,11 @@ pub(crate) fn candidates_row_fast<T: FloatElement>(
         keep_top_k(s, c);
         s.candidates
             .sort_unstable_by(|a, b| b.key.cmp(&a.key).then(a.id.cmp(&b.id)));
-        ids.fill(-1);
-        scores.fill(0.0);
-        let p_fixed = top_p_fixed(top_p);
-        let mut lens = s.candidates.len() as i32;
-        let mut mass = 0u64;
-        let mut reached = false;
-        for (i, &Candidate { key, id }) in s.candidates.iter().enumerate() {
-            ids[i] = id as i32;
-            scores[i] = f32::from_bits(key);
-            mass += weight_of_key(key);
-            if !reached && reaches_top_p(mass, p_fixed, total) {
-                reached = true;
-                lens = i as i32 + 1;
-            }
-        }
-        Some(lens)
+        let members = s
+            .candidates
+            .iter()
+            .map(|&Candidate { key, id }| (id, f32::from_bits(key), weight_of_key(key)));
+        Some(out.fill(members, top_p, total))
     })
 }
 
@@ -534,10 +522,17 @@ mod tests {
         for (i, row) in normalized_rows(9, 20, 3001).iter().enumerate() {
             for (c, p) in [(1usize, 0.9f32), (8, 0.9), (64, 0.5), (128, 1.0)] {
                 let (mut ids, mut scores) = (vec![0; c], vec![0.0; c]);
-                let lens =
-                    candidates_row_fast(row, p, &mut ids, &mut scores, 1).expect("fast path");
+                let mut out = CandidateRow {
+                    ids: &mut ids,
+                    scores: &mut scores,
+                };
+                let lens = candidates_row_fast(row, p, &mut out, 1).expect("fast path");
                 let (mut e_ids, mut e_scores) = (vec![0; c], vec![0.0; c]);
-                let e_lens = candidates_row_histogram(row, p, &mut e_ids, &mut e_scores);
+                let mut expected = CandidateRow {
+                    ids: &mut e_ids,
+                    scores: &mut e_scores,
+                };
+                let e_lens = candidates_row_histogram(row, p, &mut expected);
                 assert_eq!(
                     (lens, &ids, &scores),
                     (e_lens, &e_ids, &e_scores),
@@ -612,8 +607,16 @@ mod tests {
             for (c, p) in [(1usize, 0.9f32), (8, 0.9), (64, 0.5)] {
                 let (mut ids, mut scores) = (vec![0; c], vec![0.0; c]);
                 let (mut e_ids, mut e_scores) = (vec![0; c], vec![0.0; c]);
-                let e_lens = candidates_row_histogram(row, p, &mut e_ids, &mut e_scores);
-                if let Some(lens) = candidates_row_fast(row, p, &mut ids, &mut scores, 2) {
+                let mut expected = CandidateRow {
+                    ids: &mut e_ids,
+                    scores: &mut e_scores,
+                };
+                let e_lens = candidates_row_histogram(row, p, &mut expected);
+                let mut out = CandidateRow {
+                    ids: &mut ids,
+                    scores: &mut scores,
+                };
+                if let Some(lens) = candidates_row_fast(row, p, &mut out, 2) {
                     assert_eq!(
                         (lens, &ids, &scores),
                         (e_lens, &e_ids, &e_scores),

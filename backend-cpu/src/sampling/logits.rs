@@ -21,6 +21,7 @@ mod unranked;
 
 pub(crate) use unranked::RowHints;
 
+use super::CandidateRow;
 use super::scan::{compiled_for, dispatch};
 #[cfg(target_arch = "x86_64")]
 use super::scan::{has_avx2, has_avx512};
@@ -846,42 +847,30 @@ pub(crate) fn share(w: u64, total: u64) -> f32 {
 /// `top_p_candidates` of one logits row: the first C tokens of positive weight in rank order with
 /// their shares, and the shortest prefix of them reaching `top_p` of the row's weight (all of them
 /// when they fall short). A row of weight 0 yields its first token in rank order, share 0, lens 1.
-/// `ids` and `scores` are filled with -1 and 0 first.
+/// `out` is cleared first.
 pub(crate) fn candidates_row<T: FloatElement>(
     row: &[T],
     t: f32,
     top_p: f32,
-    ids: &mut [i32],
-    scores: &mut [f32],
+    out: &mut CandidateRow<'_>,
 ) -> i32 {
-    ids.fill(-1);
-    scores.fill(0.0);
     let weighing = Weighing::of(row, t);
     let mut positive = Vec::new();
     let total = positive_tokens(row, &weighing, &mut positive);
     if total == 0 {
-        ids[0] = first_logit_in_rank(row) as i32;
-        return 1;
+        return out.only(first_logit_in_rank(row));
     }
-    let c = ids.len().min(positive.len());
+    let c = out.capacity().min(positive.len());
     let by_rank = |a: &Weighted, b: &Weighted| rank_cmp(&(a.key, a.id), &(b.key, b.id));
     if positive.len() > c {
         positive.select_nth_unstable_by(c - 1, by_rank);
         positive.truncate(c);
     }
     positive.sort_unstable_by(by_rank);
-    let p = top_p_fixed(top_p);
-    let mut mass = 0u64;
-    let mut lens = None;
-    for (i, w) in positive.iter().enumerate() {
-        ids[i] = w.id as i32;
-        scores[i] = share(w.weight, total);
-        mass += w.weight;
-        if lens.is_none() && reaches_top_p(mass, p, total) {
-            lens = Some(i + 1);
-        }
-    }
-    lens.unwrap_or(c) as i32
+    let members = positive
+        .iter()
+        .map(|w| (w.id, share(w.weight, total), w.weight));
+    out.fill(members, top_p, total)
 }
 
 #[cfg(test)]

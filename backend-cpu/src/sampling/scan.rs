@@ -221,10 +221,10 @@ pub(crate) fn has_avx2() -> bool {
 /// called where [`has_avx512`] or [`has_avx2`] holds.
 macro_rules! compiled_for {
     (avx512, $($rest:tt)*) => {
-        compiled_for!(@ "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c", $($rest)*);
+        $crate::sampling::scan::compiled_for!(@ "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c", $($rest)*);
     };
     (avx2, $($rest:tt)*) => {
-        compiled_for!(@ "avx2,fma,f16c", $($rest)*);
+        $crate::sampling::scan::compiled_for!(@ "avx2,fma,f16c", $($rest)*);
     };
     (@ $features:literal, fn $name:ident [$($gp:tt)*] ($($arg:ident: $ty:ty),*) -> $ret:ty
         = $generic:ident [$($ga:tt)*]) => {
@@ -255,7 +255,24 @@ macro_rules! dispatch {
     }};
 }
 
-pub(crate) use {compiled_for, dispatch};
+/// Defines `$name`, which runs [`dispatch`]'s choice of the generic loop `$generic`: its
+/// AVX-512 and AVX2 compilations ([`compiled_for`], items inside `$name`) or `$generic` itself.
+/// The signature is written once, for the three.
+macro_rules! dispatched {
+    ($(#[$attr:meta])* $vis:vis fn $name:ident [$($gp:tt)*] ($($arg:ident: $ty:ty),*) -> $ret:ty
+        = $generic:ident [$($ga:tt)*]) => {
+        $(#[$attr])*
+        $vis fn $name<$($gp)*>($($arg: $ty),*) -> $ret {
+            $crate::sampling::scan::compiled_for!(avx512, fn avx512 [$($gp)*]
+                ($($arg: $ty),*) -> $ret = $generic [$($ga)*]);
+            $crate::sampling::scan::compiled_for!(avx2, fn avx2 [$($gp)*]
+                ($($arg: $ty),*) -> $ret = $generic [$($ga)*]);
+            $crate::sampling::scan::dispatch!($generic::<$($ga)*>($($arg),*) via avx512, avx2)
+        }
+    };
+}
+
+pub(crate) use {compiled_for, dispatch, dispatched};
 
 compiled_for!(avx512, fn scan_avx512 [T: FloatElement, const W: bool, const S: bool]
     (row: &[T], block_mass: &mut [u64], sample: GroupSample<'_>) -> u64
@@ -271,7 +288,7 @@ mod avx2;
 /// in 256-bit registers and spills their accumulators).
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{BLOCK, Candidate, GROUP_KEYS, GROUPS, GroupSample, ROUND};
+    use super::{BLOCK, Candidate, Collect, GROUP_KEYS, GROUPS, GroupSample, ROUND};
     use specula_backend_api::FloatElement;
     use std::arch::x86_64::*;
 
@@ -445,12 +462,10 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn collect<T: FloatElement>(
         row: &[T],
-        keys: &[u32],
-        pos: &[u8],
-        floor: u32,
-        cap: usize,
+        from: Collect<'_>,
         out: &mut Vec<Candidate>,
     ) -> bool {
+        let (keys, pos, floor, cap) = (from.keys, from.pos, from.floor, from.cap);
         let floor_v = _mm512_set1_epi32(floor as i32);
         let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         let threshold = _mm512_set1_ps(f32::from_bits(floor));
@@ -736,39 +751,48 @@ fn lanes_at_or_above(keys: &[u32], floor: u32) -> u32 {
 /// `out` holds more than `cap` entries.
 pub(crate) fn collect<T: FloatElement>(
     row: &[T],
-    keys: &[u32],
-    pos: &[u8],
-    floor: u32,
-    cap: usize,
+    from: Collect<'_>,
     out: &mut Vec<Candidate>,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         if has_avx512() {
             // SAFETY: AVX-512F is present.
-            return unsafe { avx512::collect(row, keys, pos, floor, cap, out) };
+            return unsafe { avx512::collect(row, from, out) };
         }
         if has_avx2() {
             // SAFETY: the CPU supports the features the variant is compiled for.
-            return unsafe { collect_avx2(row, keys, pos, floor, cap, out) };
+            return unsafe { collect_avx2(row, from, out) };
         }
     }
-    collect_generic(row, keys, pos, floor, cap, out)
+    collect_generic(row, from, out)
+}
+
+/// What [`collect`] reads besides the row: the sample [`scan`] kept (`keys` and `pos`, as
+/// [`GroupSample`] holds them), the `floor` a token's key must reach, and the most entries (`cap`)
+/// it may gather.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Collect<'a> {
+    /// The two largest keys of each group.
+    pub keys: &'a [u32],
+    /// The position of each of those keys within its group.
+    pub pos: &'a [u8],
+    /// The smallest key gathered.
+    pub floor: u32,
+    /// The most entries gathered before [`collect`] gives up.
+    pub cap: usize,
 }
 
 compiled_for!(avx2, fn collect_avx2 [T: FloatElement]
-    (row: &[T], keys: &[u32], pos: &[u8], floor: u32, cap: usize, out: &mut Vec<Candidate>) -> bool
-    = collect_generic [T]);
+    (row: &[T], from: Collect<'_>, out: &mut Vec<Candidate>) -> bool = collect_generic [T]);
 
 #[inline(always)]
 fn collect_generic<T: FloatElement>(
     row: &[T],
-    keys: &[u32],
-    pos: &[u8],
-    floor: u32,
-    cap: usize,
+    from: Collect<'_>,
     out: &mut Vec<Candidate>,
 ) -> bool {
+    let (keys, pos, floor, cap) = (from.keys, from.pos, from.floor, from.cap);
     for (b, (keys, pos)) in keys
         .chunks_exact(GROUP_KEYS)
         .zip(pos.chunks_exact(GROUP_KEYS))
@@ -1213,21 +1237,20 @@ mod tests {
             u32::MAX,
         ] {
             let mut got = Vec::new();
-            assert!(collect(&row, &keys, &pos, floor, usize::MAX, &mut got));
+            let from = Collect {
+                keys: &keys,
+                pos: &pos,
+                floor,
+                cap: usize::MAX,
+            };
+            assert!(collect(&row, from, &mut got));
             // Grouped by block, in ascending blocks.
             assert!(
                 got.windows(2)
                     .all(|w| w[0].id / BLOCK as u32 <= w[1].id / BLOCK as u32)
             );
             let mut generic = Vec::new();
-            assert!(collect_generic(
-                &row,
-                &keys,
-                &pos,
-                floor,
-                usize::MAX,
-                &mut generic
-            ));
+            assert!(collect_generic(&row, from, &mut generic));
             assert!(
                 generic
                     .windows(2)
@@ -1248,7 +1271,13 @@ mod tests {
             assert_eq!(got, expected, "floor {floor:#x}");
         }
         let mut capped = Vec::new();
-        assert!(!collect(&row, &keys, &pos, 0, 10, &mut capped));
+        let from = Collect {
+            keys: &keys,
+            pos: &pos,
+            floor: 0,
+            cap: 10,
+        };
+        assert!(!collect(&row, from, &mut capped));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use specula_backend_api::{Op, Result};
 
 use super::{Binder, chunks_or_empty, u};
 use crate::WgpuDevice;
-use crate::kernels::{BatchHead, Entry, Kernel, KernelFacts, Library};
+use crate::kernels::{BatchHead, Entry, FloatKernel, Kernel, KernelFacts, Library};
 
 specula_backend_api::kernel_args! {
     /// `accept_logprobs_pack_i32`, after its [`BatchHead`]: the packed offsets and one (token,
@@ -46,10 +46,15 @@ const SCORE: Entry<AcceptLogprobsArgs> = Entry::new(Kernel::AcceptLogprobs, None
 
 /// The facts of `shaders/accept_logprobs.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
-pub(crate) const KERNEL: KernelFacts = KernelFacts::rows(
-    &[Library::Select, Library::RowStats],
-    &[PACK.args(), SCORE.args()],
-);
+pub(crate) const KERNEL: KernelFacts = KernelFacts {
+    libraries: &[Library::Select, Library::RowStats],
+    float_kernels: &[FloatKernel {
+        suffix: None,
+        groups: "p.entries",
+    }],
+    args: &[PACK.args(), SCORE.args()],
+    constants: &[],
+};
 
 /// Records and submits the packing dispatch and one scoring dispatch per logits chunk.
 pub(crate) fn run(device: &WgpuDevice, mut call: AcceptLogprobsCall<'_, '_>) -> Result<()> {

@@ -14,7 +14,9 @@ use super::top_k_top_p_sample::sample_dispatches;
 use super::{Binder, groups_for, u};
 use crate::WgpuDevice;
 use crate::gpu::{Dispatch, WgpuStorage};
-use crate::kernels::{BatchHead, Entry, Kernel, KernelFacts, Library, SLOT_WG, float_code};
+use crate::kernels::{
+    BatchHead, Entry, FloatKernel, Kernel, KernelFacts, Library, SLOT_WG, float_code,
+};
 
 specula_backend_api::kernel_args! {
     /// `verify_draft_tokens_i32`, after its [`BatchHead`]: the slot walk.
@@ -86,12 +88,24 @@ const PAIR: Entry<VerifyDraftTokensPairArgs, BatchHead> =
 /// kernels and its kernels' argument structs (generated into the module).
 pub(crate) const KERNEL: KernelFacts = KernelFacts {
     libraries: &[Library::Select],
-    float_kernels: &[Some("pair")],
+    float_kernels: &[FloatKernel {
+        suffix: Some("pair"),
+        groups: "pp.pairs_in_dispatch",
+    }],
     args: &[WALK.args(), PAIR.args()],
+    constants: &[
+        ("STRATEGY_GREEDY", strategy_code(Strategy::Greedy)),
+        (
+            "STRATEGY_TARGET_MATCH",
+            strategy_code(Strategy::TargetMatch),
+        ),
+        ("STRATEGY_TOPP", strategy_code(Strategy::TopP)),
+        ("STRATEGY_REJECTION", strategy_code(Strategy::Rejection)),
+    ],
 };
 
-/// The strategy's code in the shader (`STRATEGY_*`).
-fn strategy_code(strategy: Strategy) -> u32 {
+/// The strategy's code in the shader (`STRATEGY_*`, generated into the module from [`KERNEL`]).
+const fn strategy_code(strategy: Strategy) -> u32 {
     match strategy {
         Strategy::Greedy => 0,
         Strategy::TargetMatch => 1,
