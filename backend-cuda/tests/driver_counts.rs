@@ -17,6 +17,7 @@ use specula_backend_api::testing::{self, Needs, TestFn};
 use specula_backend_api::{Buffer, Device, DeviceExt, DriverStats, Error, Result};
 use specula_backend_cpu::CpuDevice;
 use specula_backend_cuda::CudaDevice;
+use specula_reference::fixtures::step::{StepRows, StepSlots};
 
 /// Slots of the step, tokens per slot, and a vocabulary large enough to split a few rows.
 const SLOTS: usize = 4;
@@ -135,7 +136,7 @@ fn ops_after_their_warm_up_only_launch() -> Outcome {
     only_launches("argmax", driver_cost(&d, &mut call).map_err(e)?, 1)?;
 
     let step = Step::new(&d).map_err(e)?;
-    let (dims, cu_out, zeros) = (step.dims, &step.cu_out, &step.zeros_i32);
+    let (dims, cu_out, zeros) = (step.slots.dims, &step.cu_out, &step.slots.zeros_i32);
     let accept_num = d.upload(&[S as i32; SLOTS]).map_err(e)?;
     let accept_tokens = d.upload(&(0..rows as i32).collect::<Vec<_>>()).map_err(e)?;
     let mut out = LogprobsBuffers::alloc(&d, SLOTS, rows, 5).map_err(e)?;
@@ -207,149 +208,25 @@ fn ops_after_their_warm_up_only_launch() -> Outcome {
     only_launches("ngram_match", driver_cost(&d, &mut call).map_err(e)?, 2)
 }
 
-/// The per-slot state and layout of a TARGET_MATCH step of `SLOTS` slots × `S` tokens.
+/// The per-slot state of a TARGET_MATCH step of `SLOTS` slots × `S` tokens
+/// ([`specula_reference::fixtures::step`]) and its layout.
 struct Step {
-    dims: BatchDims,
+    slots: StepSlots,
     /// The layout of full slots (`0, S, 2S, ...`), for the ops run outside a step.
     cu_out: Buffer,
-    this_time: Buffer,
-    zeros_i32: Buffer,
-    zeros_u8: Buffer,
-    drafts: Buffer,
-    slot_top_p: Buffer,
-    slot_top_k: Buffer,
-    slot_temperature: Buffer,
-    infer_seed: Buffer,
-    step_idx: Buffer,
-    max_dec_len: Buffer,
-    end_tokens: Buffer,
-}
-
-/// What a step writes.
-struct StepOut {
-    seq_lens_output: Buffer,
-    cu_q: Buffer,
-    cu_out: Buffer,
-    batch_id: Buffer,
-    top_p: Buffer,
-    top_k: Buffer,
-    temperature: Buffer,
-    seed: Buffer,
-    targets: Buffer,
-    accept_tokens: Buffer,
-    accept_num: Buffer,
-}
-
-impl StepOut {
-    fn new(d: &dyn Device) -> Result<Self> {
-        let rows = SLOTS * S;
-        Ok(StepOut {
-            seq_lens_output: d.alloc::<i32>(SLOTS)?,
-            cu_q: d.alloc::<i32>(SLOTS + 1)?,
-            cu_out: d.alloc::<i32>(SLOTS + 1)?,
-            batch_id: d.alloc::<i32>(rows)?,
-            top_p: d.alloc::<f32>(rows)?,
-            top_k: d.alloc::<i32>(rows)?,
-            temperature: d.alloc::<f32>(rows)?,
-            seed: d.alloc::<u64>(rows)?,
-            targets: d.alloc::<i32>(rows)?,
-            accept_tokens: d.alloc::<i32>(rows)?,
-            accept_num: d.alloc::<i32>(SLOTS)?,
-        })
-    }
 }
 
 impl Step {
     fn new(d: &dyn Device) -> Result<Self> {
-        let drafts: Vec<i32> = (0..(SLOTS * S) as i32)
-            .map(|i| (i * 7919) % VOCAB as i32)
-            .collect();
         Ok(Step {
-            dims: BatchDims::new(SLOTS, SLOTS, S),
+            slots: StepSlots::new(d, (SLOTS, S, VOCAB), 0.8, 7919)?,
             cu_out: d.upload(&(0..=SLOTS as i32).map(|b| b * S as i32).collect::<Vec<_>>())?,
-            this_time: d.upload(&[S as i32; SLOTS])?,
-            zeros_i32: d.alloc::<i32>(SLOTS)?,
-            zeros_u8: d.alloc::<u8>(SLOTS)?,
-            drafts: d.upload(&drafts)?,
-            slot_top_p: d.upload(&[0.9f32; SLOTS])?,
-            slot_top_k: d.upload(&[50i32; SLOTS])?,
-            slot_temperature: d.upload(&[0.8f32; SLOTS])?,
-            infer_seed: d.upload(&(0..SLOTS as u64).map(|i| i * 1000).collect::<Vec<_>>())?,
-            step_idx: d.upload(&[10i32; SLOTS])?,
-            max_dec_len: d.upload(&[1 << 20; SLOTS])?,
-            end_tokens: d.upload(&[0i32])?,
         })
     }
 
-    fn lens(&self) -> SlotLens<'_> {
-        SlotLens {
-            seq_lens_this_time: &self.this_time,
-            seq_lens_encoder: &self.zeros_i32,
-        }
-    }
-
-    fn state(&self) -> VerifySlotState<'_> {
-        VerifySlotState {
-            stop_flags: &self.zeros_u8,
-            is_block_step: &self.zeros_u8,
-            reasoning_status: &self.zeros_i32,
-            step_idx: &self.step_idx,
-            max_dec_len: &self.max_dec_len,
-            end_tokens: &self.end_tokens,
-        }
-    }
-
-    fn params(&self) -> VerifyParams<'_> {
-        VerifyParams {
-            dims: self.dims,
-            rows: SLOTS * S,
-            vocab: VOCAB,
-            accept_all: false,
-            reject_all: false,
-            host: None,
-        }
-    }
-
     /// Layout, per-row parameters, sampling of `logits` (at the rows' temperatures), TARGET_MATCH.
-    fn run(&self, d: &dyn Device, logits: &Buffer, o: &mut StepOut) -> Result<()> {
-        let dims = self.dims;
-        let mut layout = LayoutOutputs {
-            seq_lens_output: &mut o.seq_lens_output,
-            cu_seqlens_q: &mut o.cu_q,
-            cu_seqlens_q_output: &mut o.cu_out,
-            batch_id_per_token_output: &mut o.batch_id,
-        };
-        d.build_output_layout(
-            &self.lens(),
-            &mut layout,
-            &LayoutParams { dims, host: None },
-        )?;
-        let inputs = SamplingParamsInputs {
-            slots: SlotSamplingParams {
-                top_p: &self.slot_top_p,
-                top_k: &self.slot_top_k,
-                temperature: &self.slot_temperature,
-                infer_seed: &self.infer_seed,
-            },
-            lens: self.lens(),
-            layout: OutputLayout {
-                cu_seqlens_q_output: &o.cu_out,
-                batch_id_per_token_output: &o.batch_id,
-            },
-        };
-        let mut rows = RowSamplingParams {
-            top_p: &mut o.top_p,
-            top_k: &mut o.top_k,
-            temperature: &mut o.temperature,
-            seed: &mut o.seed,
-        };
-        let params = SamplingParamsParams {
-            dims,
-            host: None,
-            host_top_p: None,
-            host_temperature: None,
-        };
-        d.build_sampling_params(&inputs, &mut rows, &params)?;
+    fn run(&self, d: &dyn Device, logits: &Buffer, o: &mut StepRows) -> Result<()> {
+        o.plan(d, &self.slots)?;
         let sample = SampleInputs::new(
             Scores::logits(logits, &o.temperature),
             &o.top_k,
@@ -361,21 +238,7 @@ impl Step {
             vocab: VOCAB,
         };
         d.top_k_top_p_sample(&sample, &mut o.targets, &SampleParams::new(shape))?;
-        let verify = VerifyInputs {
-            draft_tokens: &self.drafts,
-            lens: self.lens(),
-            cu_seqlens_q_output: &o.cu_out,
-            state: self.state(),
-            seeds: &o.seed,
-            strategy: StrategyInputs::TargetMatch {
-                target_tokens: &o.targets,
-            },
-        };
-        let mut out = VerifyOutputs {
-            accept_tokens: &mut o.accept_tokens,
-            accept_num: &mut o.accept_num,
-        };
-        d.verify_draft_tokens(&verify, &mut out, &self.params())
+        o.verify(d, &self.slots)
     }
 
     /// REJECTION of dense draft logits against target logits (layout of `cu_out` 0, S, 2S, ...).
@@ -385,11 +248,12 @@ impl Step {
         (target, draft, sampling): (&Buffer, &Buffer, &Sampling),
         (accept_tokens, accept_num): (&mut Buffer, &mut Buffer),
     ) -> Result<()> {
+        let slots = &self.slots;
         let verify = VerifyInputs {
-            draft_tokens: &self.drafts,
-            lens: self.lens(),
+            draft_tokens: &slots.drafts,
+            lens: slots.lens(),
             cu_seqlens_q_output: &self.cu_out,
-            state: self.state(),
+            state: slots.state(),
             seeds: &sampling.seed,
             strategy: StrategyInputs::Rejection(RejectionInputs {
                 target: Scores::logits(target, &sampling.temperature),
@@ -404,7 +268,7 @@ impl Step {
             accept_tokens,
             accept_num,
         };
-        d.verify_draft_tokens(&verify, &mut out, &self.params())
+        d.verify_draft_tokens(&verify, &mut out, &slots.verify_params())
     }
 }
 
@@ -463,9 +327,9 @@ fn a_captured_step_replays_the_step() -> Outcome {
     let rows = SLOTS * S;
     let step = Step::new(&d).map_err(e)?;
     let mut logits_buf = d.upload(&logits(rows, 5)).map_err(e)?;
-    let mut plain = StepOut::new(&d).map_err(e)?;
-    let mut replayed = StepOut::new(&d).map_err(e)?;
-    let outputs = |o: &StepOut| -> std::result::Result<(Vec<i32>, Vec<i32>), String> {
+    let mut plain = StepRows::new(&d, &step.slots).map_err(e)?;
+    let mut replayed = StepRows::new(&d, &step.slots).map_err(e)?;
+    let outputs = |o: &StepRows| -> std::result::Result<(Vec<i32>, Vec<i32>), String> {
         Ok((
             d.download(&o.accept_tokens).map_err(e)?,
             d.download(&o.accept_num).map_err(e)?,

@@ -33,6 +33,7 @@ use serde::Serialize;
 use specula_backend_api::ops::*;
 use specula_backend_api::{Buffer, Device, DeviceExt, Result};
 use specula_backend_cpu::CpuDevice;
+use specula_reference::fixtures::step::{StepRows, StepSlots};
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -1157,34 +1158,13 @@ fn shard_failure(what: &str) -> specula_backend_api::Error {
     }
 }
 
-/// The buffers of the unified step (TARGET_MATCH) over `slots` full decode slots of `s` tokens:
-/// the layout, the per-row parameters, the targets and what verification emits.
+/// The buffers of the unified step (TARGET_MATCH) over `slots` full decode slots of `s` tokens
+/// ([`specula_reference::fixtures::step`]): the layout, the per-row parameters, the targets and
+/// what verification emits, and the rows the next sampling call covers.
 struct StepFixture {
     rows: usize,
-    vocab: usize,
-    dims: BatchDims,
-    this_time: Buffer,
-    zeros_i32: Buffer,
-    zeros_u8: Buffer,
-    drafts: Buffer,
-    slot_top_p: Buffer,
-    slot_top_k: Buffer,
-    slot_temperature: Buffer,
-    infer_seed: Buffer,
-    step_idx: Buffer,
-    max_dec_len: Buffer,
-    end_tokens: Buffer,
-    seq_lens_output: Buffer,
-    cu_q: Buffer,
-    cu_out: Buffer,
-    batch_id: Buffer,
-    row_top_p: Buffer,
-    row_top_k: Buffer,
-    row_temperature: Buffer,
-    row_seed: Buffer,
-    targets: Buffer,
-    accept_tokens: Buffer,
-    accept_num: Buffer,
+    slots: StepSlots,
+    out: StepRows,
 }
 
 impl StepFixture {
@@ -1192,97 +1172,27 @@ impl StepFixture {
     /// `(i · stride) mod V`.
     fn new(
         d: &dyn Device,
-        (slots, s, vocab): (usize, usize, usize),
+        shape: (usize, usize, usize),
         temperature: f32,
         stride: i32,
     ) -> Result<Self> {
-        let rows = slots * s;
-        let drafts: Vec<i32> = (0..rows as i32)
-            .map(|i| (i * stride) % vocab as i32)
-            .collect();
+        let slots = StepSlots::new(d, shape, temperature, stride)?;
+        let out = StepRows::new(d, &slots)?;
         Ok(StepFixture {
-            rows,
-            vocab,
-            dims: full_batch(slots, s),
-            this_time: d.upload(&vec![s as i32; slots])?,
-            zeros_i32: d.alloc::<i32>(slots)?,
-            zeros_u8: d.alloc::<u8>(slots)?,
-            drafts: d.upload(&drafts)?,
-            slot_top_p: d.upload(&vec![0.9f32; slots])?,
-            slot_top_k: d.upload(&vec![50i32; slots])?,
-            slot_temperature: d.upload(&vec![temperature; slots])?,
-            infer_seed: d.upload(&(0..slots as u64).map(|i| i * 1000).collect::<Vec<_>>())?,
-            step_idx: d.upload(&vec![10i32; slots])?,
-            max_dec_len: d.upload(&vec![1 << 20; slots])?,
-            end_tokens: d.upload(&[0i32])?,
-            seq_lens_output: d.alloc::<i32>(slots)?,
-            cu_q: d.alloc::<i32>(slots + 1)?,
-            cu_out: d.alloc::<i32>(slots + 1)?,
-            batch_id: d.alloc::<i32>(rows)?,
-            row_top_p: d.alloc::<f32>(rows)?,
-            row_top_k: d.alloc::<i32>(rows)?,
-            row_temperature: d.alloc::<f32>(rows)?,
-            row_seed: d.alloc::<u64>(rows)?,
-            targets: d.alloc::<i32>(rows)?,
-            accept_tokens: d.alloc::<i32>(rows)?,
-            accept_num: d.alloc::<i32>(slots)?,
+            rows: slots.rows(),
+            slots,
+            out,
         })
-    }
-
-    fn layout(&self) -> OutputLayout<'_> {
-        OutputLayout {
-            cu_seqlens_q_output: &self.cu_out,
-            batch_id_per_token_output: &self.batch_id,
-        }
     }
 
     /// `build_output_layout`, then `build_sampling_params`.
     fn plan(&mut self, d: &dyn Device) -> Result<()> {
-        let dims = self.dims;
-        d.build_output_layout(
-            &SlotLens {
-                seq_lens_this_time: &self.this_time,
-                seq_lens_encoder: &self.zeros_i32,
-            },
-            &mut LayoutOutputs {
-                seq_lens_output: &mut self.seq_lens_output,
-                cu_seqlens_q: &mut self.cu_q,
-                cu_seqlens_q_output: &mut self.cu_out,
-                batch_id_per_token_output: &mut self.batch_id,
-            },
-            &LayoutParams { dims, host: None },
-        )?;
-        d.build_sampling_params(
-            &SamplingParamsInputs {
-                slots: SlotSamplingParams {
-                    top_p: &self.slot_top_p,
-                    top_k: &self.slot_top_k,
-                    temperature: &self.slot_temperature,
-                    infer_seed: &self.infer_seed,
-                },
-                lens: SlotLens {
-                    seq_lens_this_time: &self.this_time,
-                    seq_lens_encoder: &self.zeros_i32,
-                },
-                layout: OutputLayout {
-                    cu_seqlens_q_output: &self.cu_out,
-                    batch_id_per_token_output: &self.batch_id,
-                },
-            },
-            &mut RowSamplingParams {
-                top_p: &mut self.row_top_p,
-                top_k: &mut self.row_top_k,
-                temperature: &mut self.row_temperature,
-                seed: &mut self.row_seed,
-            },
-            &SamplingParamsParams {
-                dims,
-                host: None,
-                host_top_p: None,
-                host_temperature: None,
-            },
-        )?;
-        Ok(())
+        self.out.plan(d, &self.slots)
+    }
+
+    /// `verify_draft_tokens` of the drafts against the targets.
+    fn verify(&mut self, d: &dyn Device) -> Result<()> {
+        self.out.verify(d, &self.slots)
     }
 
     /// The TARGET_MATCH targets of the rows of `block` from `scores` (the block's rows: logits at
@@ -1296,11 +1206,12 @@ impl StepFixture {
         block: RowBlock,
     ) -> Result<()> {
         let per_row = |f: &mut Self, (first, rows): (usize, usize)| -> Result<()> {
-            f.row_top_k.set_window(first, rows)?;
-            f.row_top_p.set_window(first, rows)?;
-            f.row_seed.set_window(first, rows)?;
-            f.row_temperature.set_window(first, rows)?;
-            f.targets.set_window(first, rows)?;
+            let o = &mut f.out;
+            o.top_k.set_window(first, rows)?;
+            o.top_p.set_window(first, rows)?;
+            o.seed.set_window(first, rows)?;
+            o.temperature.set_window(first, rows)?;
+            o.targets.set_window(first, rows)?;
             Ok(())
         };
         per_row(self, (block.first, block.rows))?;
@@ -1330,68 +1241,29 @@ impl StepFixture {
         (scores, logits): (&Buffer, bool),
         (fallback, tables): (Option<&Buffer>, Option<&ProcessingBench>),
     ) -> Result<()> {
+        let (slots, o) = (&self.slots, &mut self.out);
+        let history = (&slots.step_idx, &slots.drafts, &slots.end_tokens);
         let layout = OutputLayout {
-            cu_seqlens_q_output: &self.cu_out,
-            batch_id_per_token_output: &self.batch_id,
+            cu_seqlens_q_output: &o.cu_out,
+            batch_id_per_token_output: &o.batch_id,
         };
-        let history = (&self.step_idx, &self.drafts, &self.end_tokens);
-        let processing = tables.map(|t| t.processing(layout, history, self.dims));
+        let processing = tables.map(|t| t.processing(layout, history, slots.dims));
         let scores = match logits {
-            true => Scores::logits(scores, &self.row_temperature),
+            true => Scores::logits(scores, &o.temperature),
             false => Scores::Probs(scores),
         };
-        let inputs = SampleInputs::new(scores, &self.row_top_k, &self.row_top_p, &self.row_seed)
-            .with_fallback(fallback);
+        let inputs = SampleInputs::new(scores, &o.top_k, &o.top_p, &o.seed).with_fallback(fallback);
         let params = SampleParams {
             shape: RowShape {
                 rows: self.rows,
-                vocab: self.vocab,
+                vocab: slots.vocab,
             },
             host_top_p: None,
         };
         match &processing {
-            Some(p) => d.top_k_top_p_sample_processed(&inputs, p, &mut self.targets, &params),
-            None => d.top_k_top_p_sample(&inputs, &mut self.targets, &params),
+            Some(p) => d.top_k_top_p_sample_processed(&inputs, p, &mut o.targets, &params),
+            None => d.top_k_top_p_sample(&inputs, &mut o.targets, &params),
         }
-    }
-
-    /// `verify_draft_tokens` of the drafts against the targets.
-    fn verify(&mut self, d: &dyn Device) -> Result<()> {
-        d.verify_draft_tokens(
-            &VerifyInputs {
-                draft_tokens: &self.drafts,
-                lens: SlotLens {
-                    seq_lens_this_time: &self.this_time,
-                    seq_lens_encoder: &self.zeros_i32,
-                },
-                cu_seqlens_q_output: &self.cu_out,
-                state: VerifySlotState {
-                    stop_flags: &self.zeros_u8,
-                    is_block_step: &self.zeros_u8,
-                    reasoning_status: &self.zeros_i32,
-                    step_idx: &self.step_idx,
-                    max_dec_len: &self.max_dec_len,
-                    end_tokens: &self.end_tokens,
-                },
-                seeds: &self.row_seed,
-                strategy: StrategyInputs::TargetMatch {
-                    target_tokens: &self.targets,
-                },
-            },
-            &mut VerifyOutputs {
-                accept_tokens: &mut self.accept_tokens,
-                accept_num: &mut self.accept_num,
-            },
-            &VerifyParams {
-                dims: self.dims,
-                rows: self.rows,
-                vocab: self.vocab,
-                accept_all: false,
-                reject_all: false,
-                host: None,
-            },
-        )?;
-        Ok(())
     }
 }
 
@@ -1445,13 +1317,7 @@ struct ProcessingBench {
     prompt_lens: Buffer,
     token_counts: Buffer,
     prompt_mask: Buffer,
-    penalties: Buffer,
-    min_tokens: Buffer,
-    bias_offsets: Buffer,
-    bias_ids: Buffer,
-    bias_values: Buffer,
-    bad_word_offsets: Buffer,
-    bad_words: Buffer,
+    tables: ProcessingTables,
     allowed: Buffer,
     bitmask: Buffer,
 }
@@ -1506,13 +1372,15 @@ impl ProcessingBench {
             prompt_lens: d.upload(&vec![BENCH_PROMPT as i32; slots])?,
             token_counts: d.upload(&counts)?,
             prompt_mask: d.upload(&prompt_mask)?,
-            penalties: d.upload(&[1.2f32, 1.0 / 1.2, 0.5, 0.3, 0.05].repeat(slots))?,
-            min_tokens: d.upload(&vec![12i32; slots])?,
-            bias_offsets: d.upload(&per_slot(8))?,
-            bias_ids: d.upload(&bias_ids)?,
-            bias_values: d.upload(&vec![-1.5f32; slots * 8])?,
-            bad_word_offsets: d.upload(&per_slot(9))?,
-            bad_words: d.upload(&bad_words)?,
+            tables: ProcessingTables {
+                penalties: d.upload(&[1.2f32, 1.0 / 1.2, 0.5, 0.3, 0.05].repeat(slots))?,
+                min_tokens: d.upload(&vec![12i32; slots])?,
+                bias_offsets: d.upload(&per_slot(8))?,
+                bias_ids: d.upload(&bias_ids)?,
+                bias_values: d.upload(&vec![-1.5f32; slots * 8])?,
+                bad_word_offsets: d.upload(&per_slot(9))?,
+                bad_words: d.upload(&bad_words)?,
+            },
             allowed: d.upload(&vec![0x7fff_ffffu32; slots * words])?,
             bitmask: d.upload(&bitmask)?,
         })
@@ -1527,16 +1395,17 @@ impl ProcessingBench {
         block: RowBlock,
         (processed, fallback): (&mut Buffer, &mut Buffer),
     ) -> Result<()> {
-        processed.set_window(0, block.rows * f.vocab)?;
+        let (slots, o) = (&f.slots, &f.out);
+        processed.set_window(0, block.rows * slots.vocab)?;
         fallback.set_window(0, block.rows)?;
-        let processing =
-            self.processing(f.layout(), (&f.step_idx, &f.drafts, &f.end_tokens), f.dims);
+        let history = (&slots.step_idx, &slots.drafts, &slots.end_tokens);
+        let processing = self.processing(o.layout(), history, slots.dims);
         let shape = RowShape {
             rows: f.rows,
-            vocab: f.vocab,
+            vocab: slots.vocab,
         };
         d.process_logits(
-            &processing.inputs(Scores::logits(logits, &f.row_temperature)),
+            &processing.inputs(Scores::logits(logits, &o.temperature)),
             &mut ProcessOutputs {
                 processed,
                 fallback,
@@ -1566,17 +1435,7 @@ impl ProcessingBench {
                 token_counts: &self.token_counts,
                 prompt_mask: &self.prompt_mask,
             },
-            slots: SlotProcessing {
-                penalties: &self.penalties,
-                min_tokens: &self.min_tokens,
-                end_tokens,
-                bias_offsets: &self.bias_offsets,
-                bias_ids: &self.bias_ids,
-                bias_values: &self.bias_values,
-                bad_word_offsets: &self.bad_word_offsets,
-                bad_words: &self.bad_words,
-                allowed: Some(&self.allowed),
-            },
+            slots: self.tables.slots(end_tokens, Some(&self.allowed)),
             bitmask: Some(&self.bitmask),
             dims,
             max_model_len: BENCH_MODEL_LEN,

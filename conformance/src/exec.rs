@@ -308,6 +308,45 @@ impl<'a> Runner<'a> {
     }
 }
 
+/// Uploads the input tensors named as the fields of an op's struct of read buffers, binds each
+/// buffer to its field's name and `$var` to the struct of their borrows: each name written once.
+///
+/// `named_inputs!(r, let inputs = SoftmaxInputs { logits, temperature });` is
+/// `let [logits, temperature] = r.inputs(["logits", "temperature"])?;` followed by
+/// `let inputs = SoftmaxInputs { logits: &logits, temperature: &temperature };`.
+macro_rules! named_inputs {
+    ($r:expr, let $var:ident = $ty:ident { $($field:ident),+ $(,)? }) => {
+        let [$($field),+] = $r.inputs([$(stringify!($field)),+])?;
+        let $var = $ty { $($field: &$field),+ };
+    };
+}
+pub(crate) use named_inputs;
+
+/// The struct `$ty` of the guarded in/out tensors named as its fields ([`Runner::inouts`]), each
+/// name written once; `$rest` gives its other fields.
+///
+/// `named_inouts!(r, NgramOutputs { draft_tokens, seq_lens_this_time })` is
+/// `NgramOutputs { draft_tokens, seq_lens_this_time }` of
+/// `r.inouts(["draft_tokens", "seq_lens_this_time"])?`.
+///
+/// With `+ $opt if $cond`, the struct's optional field `$opt` is the tensor of that name when
+/// `$cond` holds, else `None`.
+macro_rules! named_inouts {
+    ($r:expr, $ty:ident { $($field:ident),+ $(,)? } $(, $rest:ident: $value:expr)*) => {{
+        let [$($field),+] = $r.inouts([$(stringify!($field)),+])?;
+        $ty { $($field,)+ $($rest: $value),* }
+    }};
+    ($r:expr, $ty:ident { $($field:ident),+ $(,)? } + $opt:ident if $cond:expr) => {
+        if $cond {
+            let [$($field,)+ $opt] = $r.inouts([$(stringify!($field),)+ stringify!($opt)])?;
+            $ty { $($field,)+ $opt: Some($opt) }
+        } else {
+            named_inouts!($r, $ty { $($field),+ }, $opt: None)
+        }
+    };
+}
+pub(crate) use named_inouts;
+
 /// Host copies of a case's slot lengths (from [`Runner::host_lens`]).
 pub(crate) struct HostLens {
     this_time: Vec<i32>,

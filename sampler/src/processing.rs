@@ -8,7 +8,7 @@
 //! bias and bad-word lists) are uploaded before a step when a request came or went.
 
 use specula_backend_api::ops::process_logits::{PENALTY_FIELDS, mask_words, penalty};
-use specula_backend_api::ops::{SlotProcessing, TokenHistory};
+use specula_backend_api::ops::{ProcessingTables, SlotProcessing, TokenHistory};
 use specula_backend_api::{Buffer, Device, DeviceExt, WriteAt};
 
 use crate::config::{Request, SamplerConfig};
@@ -48,13 +48,7 @@ pub(crate) struct Processing {
     pub(crate) token_counts: Buffer,
     prompt_mask: Buffer,
     allowed: Buffer,
-    penalties_buf: Buffer,
-    min_tokens_buf: Buffer,
-    bias_offsets: Buffer,
-    bias_ids: Buffer,
-    bias_values: Buffer,
-    bad_word_offsets: Buffer,
-    bad_words: Buffer,
+    tables: ProcessingTables,
 }
 
 /// A slot's penalty row for a request (or the defaults for an empty slot).
@@ -121,13 +115,15 @@ impl Processing {
             token_counts: device.alloc::<i32>(n * vocab)?,
             prompt_mask: device.alloc::<u32>(n * words)?,
             allowed: device.upload(&vec![u32::MAX; n * words])?,
-            penalties_buf: device.upload(&penalty_row(None).repeat(n))?,
-            min_tokens_buf: device.alloc::<i32>(n)?,
-            bias_offsets: device.alloc::<i32>(n + 1)?,
-            bias_ids: device.alloc::<i32>(1)?,
-            bias_values: device.alloc::<f32>(1)?,
-            bad_word_offsets: device.alloc::<i32>(n + 1)?,
-            bad_words: device.alloc::<i32>(1)?,
+            tables: ProcessingTables {
+                penalties: device.upload(&penalty_row(None).repeat(n))?,
+                min_tokens: device.alloc::<i32>(n)?,
+                bias_offsets: device.alloc::<i32>(n + 1)?,
+                bias_ids: device.alloc::<i32>(1)?,
+                bias_values: device.alloc::<f32>(1)?,
+                bad_word_offsets: device.alloc::<i32>(n + 1)?,
+                bad_words: device.alloc::<i32>(1)?,
+            },
         })
     }
 
@@ -230,14 +226,14 @@ impl Processing {
         });
         let (word_offsets, words) = flatten(encoded, 0);
         device.write_many(&mut [
-            WriteAt::new(&mut self.penalties_buf, 0, &self.penalties),
-            WriteAt::new(&mut self.min_tokens_buf, 0, &self.min_tokens),
-            WriteAt::new(&mut self.bias_offsets, 0, &bias_offsets),
-            WriteAt::new(&mut self.bad_word_offsets, 0, &word_offsets),
+            WriteAt::new(&mut self.tables.penalties, 0, &self.penalties),
+            WriteAt::new(&mut self.tables.min_tokens, 0, &self.min_tokens),
+            WriteAt::new(&mut self.tables.bias_offsets, 0, &bias_offsets),
+            WriteAt::new(&mut self.tables.bad_word_offsets, 0, &word_offsets),
         ])?;
-        self.bias_ids = device.upload(&ids)?;
-        self.bias_values = device.upload(&values)?;
-        self.bad_words = device.upload(&words)?;
+        self.tables.bias_ids = device.upload(&ids)?;
+        self.tables.bias_values = device.upload(&values)?;
+        self.tables.bad_words = device.upload(&words)?;
         self.dirty = false;
         Ok(())
     }
@@ -262,17 +258,7 @@ impl Processing {
 
     /// The per-slot parameters of `process_logits`.
     pub(crate) fn slots<'a>(&'a self, end_tokens: &'a Buffer) -> SlotProcessing<'a> {
-        SlotProcessing {
-            penalties: &self.penalties_buf,
-            min_tokens: &self.min_tokens_buf,
-            end_tokens,
-            bias_offsets: &self.bias_offsets,
-            bias_ids: &self.bias_ids,
-            bias_values: &self.bias_values,
-            bad_word_offsets: &self.bad_word_offsets,
-            bad_words: &self.bad_words,
-            allowed: Some(&self.allowed),
-        }
+        self.tables.slots(end_tokens, Some(&self.allowed))
     }
 }
 

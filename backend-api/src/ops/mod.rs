@@ -38,8 +38,8 @@ pub use build_sampling_params::{
 pub use gather_next_token::{GatherInputs, GatherNextTokenCall, GatherParams};
 pub use ngram_match::{NgramInputs, NgramMatchCall, NgramOutputs, NgramParams};
 pub use process_logits::{
-    HostProcessing, ProcessInputs, ProcessLogitsCall, ProcessOutputs, ProcessParams, RowBlock,
-    RowProcessing, SlotProcessing, TokenHistory,
+    HostProcessing, ProcessInputs, ProcessLogitsCall, ProcessOutputs, ProcessParams,
+    ProcessingTables, RowBlock, RowProcessing, SlotProcessing, TokenHistory,
 };
 pub use shard_exp_sum::{ShardExpSumCall, ShardExpSumInputs, ShardExpSumParams};
 pub use shard_histogram::{

@@ -84,6 +84,49 @@ pub struct SlotProcessing<'a> {
     pub allowed: Option<&'a Buffer>,
 }
 
+/// The per-slot tables of [`SlotProcessing`], owned: kept on the device (by a runner, a bench, a
+/// test) and lent to each call with [`slots`](ProcessingTables::slots), beside the end tokens
+/// (which other ops read too) and the optional allowed-token masks.
+#[derive(Debug)]
+pub struct ProcessingTables {
+    /// See [`SlotProcessing::penalties`].
+    pub penalties: Buffer,
+    /// See [`SlotProcessing::min_tokens`].
+    pub min_tokens: Buffer,
+    /// See [`SlotProcessing::bias_offsets`].
+    pub bias_offsets: Buffer,
+    /// See [`SlotProcessing::bias_ids`].
+    pub bias_ids: Buffer,
+    /// See [`SlotProcessing::bias_values`].
+    pub bias_values: Buffer,
+    /// See [`SlotProcessing::bad_word_offsets`].
+    pub bad_word_offsets: Buffer,
+    /// See [`SlotProcessing::bad_words`].
+    pub bad_words: Buffer,
+}
+
+impl ProcessingTables {
+    /// The tables, lent as the per-slot parameters of one call, with `end_tokens` and the
+    /// allowed-token masks `allowed`.
+    pub fn slots<'a>(
+        &'a self,
+        end_tokens: &'a Buffer,
+        allowed: Option<&'a Buffer>,
+    ) -> SlotProcessing<'a> {
+        SlotProcessing {
+            penalties: &self.penalties,
+            min_tokens: &self.min_tokens,
+            end_tokens,
+            bias_offsets: &self.bias_offsets,
+            bias_ids: &self.bias_ids,
+            bias_values: &self.bias_values,
+            bad_word_offsets: &self.bad_word_offsets,
+            bad_words: &self.bad_words,
+            allowed,
+        }
+    }
+}
+
 /// Inputs of `process_logits`.
 #[derive(Clone, Copy, Debug)]
 pub struct ProcessInputs<'a> {

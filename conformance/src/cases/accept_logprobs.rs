@@ -11,7 +11,7 @@ use super::generate::{
 use crate::Result;
 use crate::case::{Dims, TensorSpec, Want};
 use crate::cases::Case;
-use crate::exec::{OpCase, Runner};
+use crate::exec::{OpCase, Runner, named_inputs};
 use crate::tensor::HostTensor;
 
 /// The parameters of a `accept_logprobs` case (the JSON header of a case file, beside `"op"`).
@@ -44,21 +44,17 @@ impl Params {
             top_k,
         } = *self;
         let host_temperature = r.host::<f32>("temperature")?;
-        let [
-            logits,
-            temperature,
-            accept_tokens,
-            accept_num,
-            encoder,
-            cu_out,
-        ] = r.inputs([
-            "logits",
-            "temperature",
-            "accept_tokens",
-            "accept_num",
-            "seq_lens_encoder",
-            "cu_seqlens_q_output",
-        ])?;
+        named_inputs!(
+            r,
+            let inputs = LogprobsInputs {
+                logits,
+                temperature,
+                accept_tokens,
+                accept_num,
+                seq_lens_encoder,
+                cu_seqlens_q_output,
+            }
+        );
         let packed = dims.max_bsz * dims.max_step_tokens;
         let [cu_accept, token_ids, logprobs, ranks, top_ids, top_logprobs] = r.outputs([
             ("cu_accept", DType::I32, &[dims.max_bsz + 1]),
@@ -69,14 +65,7 @@ impl Params {
             ("top_logprobs", DType::F32, &[packed, top_k]),
         ])?;
         op(
-            &LogprobsInputs {
-                logits: &logits,
-                temperature: &temperature,
-                accept_tokens: &accept_tokens,
-                accept_num: &accept_num,
-                seq_lens_encoder: &encoder,
-                cu_seqlens_q_output: &cu_out,
-            },
+            &inputs,
             &mut LogprobsOutputs {
                 cu_accept,
                 token_ids,

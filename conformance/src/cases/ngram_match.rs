@@ -9,7 +9,7 @@ use super::generate::{Rng, batch_name, dims, garbage_i32s, i32s};
 use crate::Result;
 use crate::case::{Dims, TensorSpec};
 use crate::cases::Case;
-use crate::exec::{OpCase, Runner};
+use crate::exec::{OpCase, Runner, named_inouts, named_inputs};
 
 /// The parameters of a `ngram_match` case (the JSON header of a case file, beside `"op"`).
 /// Inputs `token_ids_all`, `prompt_lens`, `step_idx`, `draft_token_num`, `seq_lens_encoder`,
@@ -53,36 +53,20 @@ impl OpCase for Params {
             threshold,
         } = *self;
         let device = r.device();
-        let [
-            token_ids_all,
-            prompt_lens,
-            step_idx,
-            draft_token_num,
-            encoder,
-            max_dec_len,
-        ] = r.inputs([
-            "token_ids_all",
-            "prompt_lens",
-            "step_idx",
-            "draft_token_num",
-            "seq_lens_encoder",
-            "max_dec_len",
-        ])?;
-        let [draft_tokens, seq_lens_this_time] =
-            r.inouts(["draft_tokens", "seq_lens_this_time"])?;
+        named_inputs!(
+            r,
+            let inputs = NgramInputs {
+                token_ids_all,
+                prompt_lens,
+                step_idx,
+                draft_token_num,
+                seq_lens_encoder,
+                max_dec_len,
+            }
+        );
         device.ngram_match(
-            &NgramInputs {
-                token_ids_all: &token_ids_all,
-                prompt_lens: &prompt_lens,
-                step_idx: &step_idx,
-                draft_token_num: &draft_token_num,
-                seq_lens_encoder: &encoder,
-                max_dec_len: &max_dec_len,
-            },
-            &mut NgramOutputs {
-                draft_tokens,
-                seq_lens_this_time,
-            },
+            &inputs,
+            &mut named_inouts!(r, NgramOutputs { draft_tokens, seq_lens_this_time }),
             &NgramParams {
                 dims: dims.into(),
                 max_model_len,

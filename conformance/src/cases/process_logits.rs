@@ -15,7 +15,7 @@ use crate::Result;
 use crate::case::{Dims, TensorSpec, Want, scores_specs};
 use crate::cases::Case;
 use specula_backend_api::Buffer;
-use crate::exec::{OpCase, Runner};
+use crate::exec::{LayoutBuffers, OpCase, Runner};
 use crate::tensor::HostTensor;
 
 /// The parameters of a `process_logits` case (the JSON header of a case file, beside `"op"`).
@@ -148,9 +148,10 @@ pub(crate) fn processing_specs(
 
 /// The processing inputs of a case on the device, with their host copies.
 pub(crate) struct ProcessingBuffers {
-    layout: [Buffer; 2],
+    layout: LayoutBuffers,
     history: [Buffer; 6],
-    slots: [Buffer; 8],
+    tables: ProcessingTables,
+    end_tokens: Buffer,
     allowed: Option<Buffer>,
     bitmask: Option<Buffer>,
     host: HostCopies,
@@ -168,7 +169,7 @@ impl ProcessingBuffers {
             words_used: r.host::<i32>("bad_word_offsets")?,
         };
         Ok(ProcessingBuffers {
-            layout: r.inputs(["cu_seqlens_q_output", "batch_id_per_token_output"])?,
+            layout: r.layout()?,
             history: r.inputs([
                 "token_ids_all",
                 "prompt_lens",
@@ -177,16 +178,16 @@ impl ProcessingBuffers {
                 "token_counts",
                 "prompt_mask",
             ])?,
-            slots: r.inputs([
-                "penalties",
-                "min_tokens",
-                "end_tokens",
-                "bias_offsets",
-                "bias_ids",
-                "bias_values",
-                "bad_word_offsets",
-                "bad_words",
-            ])?,
+            tables: ProcessingTables {
+                penalties: r.input("penalties")?,
+                min_tokens: r.input("min_tokens")?,
+                bias_offsets: r.input("bias_offsets")?,
+                bias_ids: r.input("bias_ids")?,
+                bias_values: r.input("bias_values")?,
+                bad_word_offsets: r.input("bad_word_offsets")?,
+                bad_words: r.input("bad_words")?,
+            },
+            end_tokens: r.input("end_tokens")?,
             allowed: r.optional("allowed")?,
             bitmask: r.optional("bitmask")?,
             host,
@@ -195,23 +196,9 @@ impl ProcessingBuffers {
 
     /// The processing of a `dims` batch whose `token_ids_all` rows hold `max_model_len` tokens.
     pub(crate) fn processing(&self, dims: Dims, max_model_len: usize) -> RowProcessing<'_> {
-        let [cu, batch_id] = &self.layout;
         let [token_ids_all, prompt_lens, step_idx, draft_tokens, counts, prompt] = &self.history;
-        let [
-            penalties,
-            min_tokens,
-            end_tokens,
-            bias_offsets,
-            bias_ids,
-            bias_values,
-            bad_word_offsets,
-            bad_words,
-        ] = &self.slots;
         RowProcessing {
-            layout: OutputLayout {
-                cu_seqlens_q_output: cu,
-                batch_id_per_token_output: batch_id,
-            },
+            layout: self.layout.output_layout(),
             history: TokenHistory {
                 token_ids_all,
                 prompt_lens,
@@ -220,17 +207,7 @@ impl ProcessingBuffers {
                 token_counts: counts,
                 prompt_mask: prompt,
             },
-            slots: SlotProcessing {
-                penalties,
-                min_tokens,
-                end_tokens,
-                bias_offsets,
-                bias_ids,
-                bias_values,
-                bad_word_offsets,
-                bad_words,
-                allowed: self.allowed.as_ref(),
-            },
+            slots: self.tables.slots(&self.end_tokens, self.allowed.as_ref()),
             bitmask: self.bitmask.as_ref(),
             dims: dims.into(),
             max_model_len,
@@ -607,29 +584,26 @@ impl Setup {
 
     /// The case, processing only the block `(first, rows)` of the rows when one is given.
     pub(crate) fn block_case(&self, name: String, block: Option<(usize, usize)>) -> Case {
-        let params = Params {
+        self.with_inputs(Case::new(name, self.params(block, None)))
+    }
+
+    /// The parameters of the setup's case, processing the rows of `block` or the slice `slice`
+    /// of each row when given.
+    fn params(&self, block: Option<(usize, usize)>, slice: Option<(usize, usize)>) -> Params {
+        Params {
             dims: self.batch.dims,
             rows: self.rows,
             vocab: self.vocab,
             max_model_len: self.max_model_len,
             logits: self.temperature.is_some(),
             block,
-            slice: None,
-        };
-        self.with_inputs(Case::new(name, params))
+            slice,
+        }
     }
 
     /// The case of one rank's slice `(first, len)` of the rows (`docs/semantics.md` §4d).
     pub(crate) fn slice_case(&self, name: String, (first, len): (usize, usize)) -> Case {
-        let params = Params {
-            dims: self.batch.dims,
-            rows: self.rows,
-            vocab: self.vocab,
-            max_model_len: self.max_model_len,
-            logits: self.temperature.is_some(),
-            block: None,
-            slice: Some((first, len)),
-        };
+        let params = self.params(None, Some((first, len)));
         let cut: Vec<f32> = self
             .scores
             .chunks(self.vocab)

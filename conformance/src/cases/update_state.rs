@@ -7,7 +7,7 @@ use specula_backend_api::ops::*;
 use crate::Result;
 use crate::case::{Dims, TensorSpec, Want};
 use crate::cases::Case;
-use crate::exec::{OpCase, Runner};
+use crate::exec::{OpCase, Runner, named_inouts, named_inputs};
 use specula_backend_api::abi::MAX_INFER_SEED;
 
 use super::Size;
@@ -60,33 +60,31 @@ impl OpCase for Params {
             vocab,
         } = *self;
         let device = r.device();
-        let [
-            accept_tokens,
-            is_block_step,
-            prompt_lens,
-            max_dec_len,
-            end_tokens,
-        ] = r.inputs([
-            "accept_tokens",
-            "is_block_step",
-            "prompt_lens",
-            "max_dec_len",
-            "end_tokens",
-        ])?;
-        let mut state = if vocab.is_some() {
-            let [a, b, c, d, e, f, g, h, counts] = r.inouts(STATE_AND_COUNTS)?;
-            decode_state([a, b, c, d, e, f, g, h], Some(counts))
-        } else {
-            decode_state(r.inouts(state_names())?, None)
-        };
+        named_inputs!(
+            r,
+            let inputs = UpdateStateInputs {
+                accept_tokens,
+                is_block_step,
+                prompt_lens,
+                max_dec_len,
+                end_tokens,
+            }
+        );
+        let mut state = named_inouts!(
+            r,
+            DecodeState {
+                accept_num,
+                stop_flags,
+                token_ids_all,
+                step_idx,
+                infer_seed,
+                draft_tokens,
+                seq_lens_encoder,
+                seq_lens_decoder,
+            } + token_counts if vocab.is_some()
+        );
         device.update_state(
-            &UpdateStateInputs {
-                accept_tokens: &accept_tokens,
-                is_block_step: &is_block_step,
-                prompt_lens: &prompt_lens,
-                max_dec_len: &max_dec_len,
-                end_tokens: &end_tokens,
-            },
+            &inputs,
             &mut state,
             &UpdateStateParams {
                 dims: dims.into(),
@@ -95,51 +93,6 @@ impl OpCase for Params {
             },
         )?;
         Ok(())
-    }
-}
-
-/// The in/out state tensors, in [`DecodeState`] order, then the optional token counts.
-const STATE_AND_COUNTS: [&str; 9] = [
-    "accept_num",
-    "stop_flags",
-    "token_ids_all",
-    "step_idx",
-    "infer_seed",
-    "draft_tokens",
-    "seq_lens_encoder",
-    "seq_lens_decoder",
-    "token_counts",
-];
-
-/// The in/out state tensors without the token counts.
-fn state_names() -> [&'static str; 8] {
-    std::array::from_fn(|i| STATE_AND_COUNTS[i])
-}
-
-/// The state buffers (in [`state_names`] order) as a [`DecodeState`].
-fn decode_state<'a>(
-    [
-        accept_num,
-        stop_flags,
-        token_ids_all,
-        step_idx,
-        infer_seed,
-        draft_tokens,
-        seq_lens_encoder,
-        seq_lens_decoder,
-    ]: [&'a mut specula_backend_api::Buffer; 8],
-    token_counts: Option<&'a mut specula_backend_api::Buffer>,
-) -> DecodeState<'a> {
-    DecodeState {
-        accept_num,
-        stop_flags,
-        token_ids_all,
-        step_idx,
-        infer_seed,
-        draft_tokens,
-        seq_lens_encoder,
-        seq_lens_decoder,
-        token_counts,
     }
 }
 
