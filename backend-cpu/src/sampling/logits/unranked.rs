@@ -1436,6 +1436,88 @@ mod tests {
         }
     }
 
+    /// The vector classify loops (listing each step of [`LIST_STEP`] tokens after its loop) find
+    /// the same band tokens, histogram counts, tokens above the band and per-chunk masses (up to
+    /// the order of the f64 sums) as the token-by-token loop, on rows whose band tokens sit at
+    /// every step and chunk edge, with NaN and infinities among them, split in one and two parts.
+    #[test]
+    fn the_vector_classify_lists_what_the_scalar_one_does() {
+        let mut lcg = Lcg(31);
+        let v = 3 * LIST_STEP + 5 * CHUNK + 17;
+        let mut row = normal_row(&mut lcg, v, 2.0);
+        for edge in (0..v).step_by(CHUNK) {
+            for at in [edge.saturating_sub(1), edge, edge + 1] {
+                row[at.min(v - 1)] = 0.5 + 0.001 * (at % 7) as f32;
+            }
+        }
+        let max = row.iter().copied().fold(f32::MIN, f32::max);
+        for (at, value) in [
+            (3, f32::NAN),
+            (LIST_STEP, f32::NAN),
+            (11, f32::NEG_INFINITY),
+        ] {
+            row[at] = value;
+        }
+        let lanes = RowLanes::new(max, row_scale(1.0), true).expect("lanes");
+        let mut estimates = vec![0.0f32; v];
+        estimate_store(&row, &lanes, &mut estimates);
+        let band = Band {
+            low: 0.25,
+            high: 1.5,
+        };
+        let run = |parts: usize, vector: bool| {
+            let (mut tokens, mut histogram) = (Vec::new(), Histogram::default());
+            histogram.span(band);
+            let mut masses = vec![0.0; v.div_ceil(CHUNK)];
+            let mut found = Found {
+                tokens: &mut tokens,
+                histogram: &mut histogram,
+            };
+            // Parts of whole chunks, as `Segments` cuts long rows.
+            let len = v.div_ceil(parts).div_ceil(CHUNK) * CHUNK;
+            let mut counted = Counted::default();
+            for (i, part) in row.chunks(len).enumerate() {
+                let at = i * len;
+                let (ests, masses) = (&estimates[at..], &mut masses[at / CHUNK..]);
+                let full = part.len() / CHUNK * CHUNK;
+                let (head, tail) = part.split_at(full);
+                let (m_head, m_tail) = masses.split_at_mut(full / CHUNK);
+                let step = if vector {
+                    classify_full(head, ests, at, band, m_head, &mut found)
+                } else {
+                    classify_chunks(head, ests, at, band, m_head, &mut found)
+                };
+                let rest =
+                    classify_chunks(tail, &ests[full..], at + full, band, m_tail, &mut found);
+                counted = counted.plus(step).plus(rest);
+            }
+            let listed: Vec<_> = tokens
+                .iter()
+                .map(|t| (t.key, t.id, t.estimate.to_bits()))
+                .collect();
+            let counts: Vec<u32> = histogram.bins.iter().map(|b| b.1).collect();
+            (listed, counts, counted.above_tokens, masses)
+        };
+        let scalar = run(1, false);
+        assert!(
+            scalar.0.len() > 3 * v / CHUNK,
+            "band of {} tokens",
+            scalar.0.len()
+        );
+        for parts in [1, 2] {
+            let vector = run(parts, true);
+            assert_eq!(vector.0, scalar.0, "{parts} parts: band tokens");
+            assert_eq!(vector.1, scalar.1, "{parts} parts: histogram counts");
+            assert_eq!(vector.2, scalar.2, "{parts} parts: tokens above the band");
+            for (c, (a, b)) in vector.3.iter().zip(&scalar.3).enumerate() {
+                assert!(
+                    (a - b).abs() <= a.abs() * 1e-12,
+                    "{parts} parts, chunk {c}: {a} vs {b}"
+                );
+            }
+        }
+    }
+
     /// The one- and two-section paths of a top_p = 1 row split in two agree bit for bit: the
     /// row's constants and every chunk estimate, on normal rows and on rows with NaN, infinities
     /// or huge values in either half; and `sample` gives the same token on one and two parts.
