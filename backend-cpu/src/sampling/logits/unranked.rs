@@ -65,8 +65,6 @@ struct Scratch {
     histogram: Histogram,
     /// The tokens of the threshold's bins, with exact weights.
     region: Vec<(u32, u32, u64)>,
-    /// Per chunk, four sums of the kept band tokens' estimates ([`add_kept_band`]).
-    kept_sums: Vec<[f64; 4]>,
     /// Sample bins (placement of the band).
     sample: Vec<(f64, f64)>,
 }
@@ -765,30 +763,13 @@ fn draw_kept(
     threshold: Threshold,
     r: u64,
 ) -> Option<usize> {
-    add_kept_band(&s.band, threshold, &mut s.masses, &mut s.kept_sums);
-    let keeps = |id: usize, l: f32| threshold.keeps(key_select(l), id as u32);
-    draw_by_chunks(values, lanes, &s.masses, ESTIMATED, r, keeps)
-}
-
-/// Adds the estimates of the kept tokens of `band` (in id order) to their chunks' `masses`, each
-/// chunk's in four sums (`sums`, a buffer) that consecutive tokens take in turn: an add to one
-/// memory slot per token chains each token's add on the previous one's store.
-fn add_kept_band(
-    band: &[BandToken],
-    threshold: Threshold,
-    masses: &mut [f64],
-    sums: &mut Vec<[f64; 4]>,
-) {
-    sums.clear();
-    sums.resize(masses.len(), [0.0; 4]);
-    for (i, t) in band.iter().enumerate() {
+    for t in &s.band {
         // Without a branch: about half the band is kept, unpredictably.
         let kept = f64::from(u8::from(threshold.keeps(t.key, t.id)));
-        sums[t.id as usize / CHUNK][i % 4] += kept * f64::from(t.estimate);
+        s.masses[t.id as usize / CHUNK] += kept * f64::from(t.estimate);
     }
-    for (mass, sums) in masses.iter_mut().zip(sums.iter()) {
-        *mass += (sums[0] + sums[1]) + (sums[2] + sums[3]);
-    }
+    let keeps = |id: usize, l: f32| threshold.keeps(key_select(l), id as u32);
+    draw_by_chunks(values, lanes, &s.masses, ESTIMATED, r, keeps)
 }
 
 /// What the band says of the threshold.
@@ -965,7 +946,8 @@ fn classify_full(
     #[cfg(target_arch = "x86_64")]
     if has_avx512() || has_avx2() {
         // A step's tokens are listed right after its vector loop, while its logits and estimates
-        // are still in L1: listed after the whole segment, each band token's logit was a miss.
+        // are still in L1: listed after the whole segment, the profile put most of the listing's
+        // time on the load of each band token's logit.
         let mut bitmaps = [0u64; LIST_STEP / WORD];
         let mut counted = Counted::default();
         let steps = values
@@ -1047,8 +1029,8 @@ struct Found<'a> {
 
 /// Appends the band tokens that `bitmaps` marks (bit `j` of word `w`: token `w · WORD + j` of
 /// `values`, whose first token is token `first` of the row), then counts them in the histogram:
-/// two tight loops, the tokens written into room made for all of them at once (a push per token,
-/// with the histogram's add beside it, costs several times as much).
+/// two tight loops, the tokens written into room made for all of them at once (no capacity check
+/// or length store per token, no histogram add between them).
 fn list_band(
     found: &mut Found<'_>,
     first: usize,
