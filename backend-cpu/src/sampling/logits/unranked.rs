@@ -656,14 +656,7 @@ fn sample_top_p(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch) -> Option<
             histogram: &mut s.histogram,
         };
         let counted = classify(passes, &s.estimates, band, &mut s.masses, found);
-        let row = Masses {
-            total: counted.row,
-            tokens: values.len(),
-        };
-        let above = Masses {
-            total: counted.above,
-            tokens: counted.above_tokens,
-        };
+        let (row, above) = counted.masses(values.len());
         if !split.certainly_not(above.bounds(), row.less(above).bounds()) {
             // The threshold may lie above the band.
             if band.high == f32::INFINITY {
@@ -900,6 +893,19 @@ struct Counted {
 }
 
 impl Counted {
+    /// The row's estimated mass (of its `tokens` tokens) and the mass above the band.
+    fn masses(&self, tokens: usize) -> (Masses, Masses) {
+        let row = Masses {
+            total: self.row,
+            tokens,
+        };
+        let above = Masses {
+            total: self.above,
+            tokens: self.above_tokens,
+        };
+        (row, above)
+    }
+
     fn plus(self, other: Counted) -> Counted {
         Counted {
             above: self.above + other.above,
@@ -1556,6 +1562,19 @@ mod tests {
         }
     }
 
+    /// The least wall time of `reps` calls of `f` (after one to warm it), in µs: a loaded
+    /// machine preempts some calls, not all.
+    fn least_us(reps: usize, f: &mut dyn FnMut()) -> f64 {
+        f();
+        let mut ns = f64::INFINITY;
+        for _ in 0..reps {
+            let start = std::time::Instant::now();
+            f();
+            ns = ns.min(start.elapsed().as_secs_f64() * 1e9);
+        }
+        ns / 1e3
+    }
+
     /// The pieces of one warm batch-1 top_p = 1 row split over two threads, least wall time of
     /// many calls each, with random draws (run with `--ignored --nocapture`).
     #[test]
@@ -1566,16 +1585,7 @@ mod tests {
         // A row whose mass is spread over ~100k tokens (nearly flat logits).
         rows.push(("sigma 0.87", normal_row(&mut lcg, 151_936, 0.874)));
         let reps = 400;
-        let least = |f: &mut dyn FnMut()| {
-            f();
-            let mut ns = f64::INFINITY;
-            for _ in 0..reps {
-                let start = std::time::Instant::now();
-                f();
-                ns = ns.min(start.elapsed().as_secs_f64() * 1e9);
-            }
-            ns / 1e3
-        };
+        let least = |f: &mut dyn FnMut()| least_us(reps, f);
         println!(
             "empty rayon::join: {:.1} µs",
             least(&mut || {
@@ -1654,19 +1664,11 @@ mod tests {
         let mut band = Vec::new();
         let (band_lo, band_hi) = (6.0, 6.5);
         let reps = 200;
-        // The least wall time of one call: a loaded machine preempts some calls, not all.
         let time = |name: &str, f: &mut dyn FnMut()| {
-            f();
-            let mut ns = f64::INFINITY;
-            for _ in 0..reps {
-                let start = std::time::Instant::now();
-                f();
-                ns = ns.min(start.elapsed().as_secs_f64() * 1e9);
-            }
+            let us = least_us(reps, f);
             println!(
-                "{name:<22} {:>8.1} µs/row {:>6.3} ns/token",
-                ns / 1e3,
-                ns / row.len() as f64
+                "{name:<22} {us:>8.1} µs/row {:>6.3} ns/token",
+                us * 1e3 / row.len() as f64
             );
         };
         time("read (sum)", &mut || {
@@ -1742,16 +1744,7 @@ mod tests {
             ("kept~100k", 0.874, 1.0),
         ];
         let reps = 100;
-        let least = |f: &mut dyn FnMut()| {
-            f();
-            let mut ns = f64::INFINITY;
-            for _ in 0..reps {
-                let start = std::time::Instant::now();
-                f();
-                ns = ns.min(start.elapsed().as_secs_f64() * 1e9);
-            }
-            ns / 1e3
-        };
+        let least = |f: &mut dyn FnMut()| least_us(reps, f);
         let p = top_p_fixed(0.9);
         for (name, sigma, t) in shapes {
             let row = normal_row(&mut lcg, 151_936, sigma);
@@ -1771,42 +1764,30 @@ mod tests {
             let bins_us = least(&mut || {
                 std::hint::black_box(band_bins(&s.sample, 37.0, (total * 0.1, total * 0.1), 0.0));
             });
-            let mut counted = Counted::default();
-            let classify_us = least(&mut || {
+            // The second pass over `band`, into the scratch buffers.
+            let second = |s: &mut Scratch, band: Band| {
                 let found = Found {
                     tokens: &mut s.band,
                     histogram: &mut s.histogram,
                 };
-                counted = classify(&passes, &s.estimates, band, &mut s.masses, found);
+                classify(&passes, &s.estimates, band, &mut s.masses, found)
+            };
+            let classify_us = least(&mut || {
+                second(&mut s, band);
             });
             let empty = Band {
                 low: band.high,
                 high: band.high,
             };
             let unlisted_us = least(&mut || {
-                let found = Found {
-                    tokens: &mut s.band,
-                    histogram: &mut s.histogram,
-                };
-                counted = classify(&passes, &s.estimates, empty, &mut s.masses, found);
+                second(&mut s, empty);
             });
-            let found = Found {
-                tokens: &mut s.band,
-                histogram: &mut s.histogram,
-            };
-            counted = classify(&passes, &s.estimates, band, &mut s.masses, found);
+            let counted = second(&mut s, band);
             let scan_us = least(&mut || {
                 let low = s.band.len() as u32 / 3;
                 std::hint::black_box(s.band.iter().filter(|t| t.id > low).count());
             });
-            let row_m = Masses {
-                total: counted.row,
-                tokens: row.len(),
-            };
-            let above = Masses {
-                total: counted.above,
-                tokens: counted.above_tokens,
-            };
+            let (row_m, above) = counted.masses(row.len());
             let split = Split::top_p(p);
             let mut threshold = None;
             let threshold_us = least(&mut || {
