@@ -12,6 +12,25 @@ use super::{BLOCK, Band};
 /// `2^40`, the scale of the weights.
 const SCALE: f32 = (1u64 << 40) as f32;
 
+/// The loop over the full blocks of both vector widths: `block_step` classifies one block, writes
+/// the bitmaps of its words and returns its exact weight above the band, stored in its slot of
+/// `masses`. Returns the weight above the band of all the blocks.
+#[inline(always)]
+fn blocks_with(
+    row: &[f32],
+    masses: &mut [u64],
+    bitmaps: &mut [u64],
+    mut block_step: impl FnMut(&[f32], &mut [u64]) -> u64,
+) -> u64 {
+    let mut total = 0u64;
+    let words = bitmaps.chunks_exact_mut(BLOCK / 64);
+    for ((block, mass), words) in row.chunks_exact(BLOCK).zip(masses.iter_mut()).zip(words) {
+        *mass = block_step(block, words);
+        total += *mass;
+    }
+    total
+}
+
 /// AVX-512: sixteen tokens per vector, a compare mask per vector is sixteen bits of a bitmap word.
 pub(super) mod avx512 {
     use super::*;
@@ -43,9 +62,7 @@ pub(super) mod avx512 {
             _mm512_set1_epi32(band.high as i32),
         );
         let scale = _mm512_set1_ps(SCALE);
-        let mut total = 0u64;
-        let words = bitmaps.chunks_exact_mut(BLOCK / 64);
-        for ((block, mass), words) in row.chunks_exact(BLOCK).zip(masses.iter_mut()).zip(words) {
+        blocks_with(row, masses, bitmaps, |block, words| {
             let (mut acc0, mut acc1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
             for (word, out) in block.chunks_exact(64).zip(words.iter_mut()) {
                 let mut bits = 0u64;
@@ -70,11 +87,8 @@ pub(super) mod avx512 {
                 *out = bits;
             }
             // Exact: integers below 2^40, 256 of them.
-            let above = _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1)) as u64;
-            *mass = above;
-            total += above;
-        }
-        total
+            _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1)) as u64
+        })
     }
 }
 
@@ -113,9 +127,7 @@ pub(super) mod avx2 {
             _mm256_set1_epi32(cap(band.high)),
         );
         let scale = _mm256_set1_ps(SCALE);
-        let mut total = 0u64;
-        let words = bitmaps.chunks_exact_mut(BLOCK / 64);
-        for ((block, mass), words) in row.chunks_exact(BLOCK).zip(masses.iter_mut()).zip(words) {
+        blocks_with(row, masses, bitmaps, |block, words| {
             let mut acc = [_mm256_setzero_pd(); 2];
             for (word, out) in block.chunks_exact(64).zip(words.iter_mut()) {
                 let mut bits = 0u64;
@@ -142,10 +154,7 @@ pub(super) mod avx2 {
             // SAFETY: `lanes` holds 4 f64; unaligned stores are allowed.
             unsafe { _mm256_storeu_pd(lanes.as_mut_ptr(), _mm256_add_pd(acc[0], acc[1])) };
             // Exact: integers below 2^40, 256 of them.
-            let above = lanes.iter().sum::<f64>() as u64;
-            *mass = above;
-            total += above;
-        }
-        total
+            lanes.iter().sum::<f64>() as u64
+        })
     }
 }

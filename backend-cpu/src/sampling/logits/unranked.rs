@@ -111,6 +111,11 @@ impl Histogram {
         (key.saturating_sub(self.low) >> self.shift) as usize
     }
 
+    /// The least key of bin `b`, saturated (no finite logit's key is `u32::MAX`).
+    fn keys(&self, b: usize) -> u32 {
+        (u64::from(self.low) + ((b as u64) << self.shift)).min(u64::from(u32::MAX)) as u32
+    }
+
     /// Counts a band token.
     #[inline(always)]
     fn add(&mut self, key: u32, estimate: f32) {
@@ -651,14 +656,7 @@ fn sample_top_p(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch) -> Option<
             histogram: &mut s.histogram,
         };
         let counted = classify(passes, &s.estimates, band, &mut s.masses, found);
-        let row = Masses {
-            total: counted.row,
-            tokens: values.len(),
-        };
-        let above = Masses {
-            total: counted.above,
-            tokens: counted.above_tokens,
-        };
+        let (row, above) = counted.masses(values.len());
         if !split.certainly_not(above.bounds(), row.less(above).bounds()) {
             // The threshold may lie above the band.
             if band.high == f32::INFINITY {
@@ -895,6 +893,19 @@ struct Counted {
 }
 
 impl Counted {
+    /// The row's estimated mass (of its `tokens` tokens) and the mass above the band.
+    fn masses(&self, tokens: usize) -> (Masses, Masses) {
+        let row = Masses {
+            total: self.row,
+            tokens,
+        };
+        let above = Masses {
+            total: self.above,
+            tokens: self.above_tokens,
+        };
+        (row, above)
+    }
+
     fn plus(self, other: Counted) -> Counted {
         Counted {
             above: self.above + other.above,
@@ -940,27 +951,37 @@ fn classify_full(
 ) -> Counted {
     #[cfg(target_arch = "x86_64")]
     if has_avx512() || has_avx2() {
-        let mut bitmaps = vec![0u64; masses.len() * (CHUNK / WORD)];
-        let counted = if has_avx512() {
-            // SAFETY: AVX-512F/BW/VL/DQ (and POPCNT, which every AVX-512 CPU has) are present;
-            // the slices hold whole chunks.
-            unsafe { avx512::classify(values, estimates, band, masses, &mut bitmaps) }
-        } else {
-            // SAFETY: AVX2 (and POPCNT, which every AVX2 CPU has) is present; the slices hold
-            // whole chunks.
-            unsafe { avx2::classify(values, estimates, band, masses, &mut bitmaps) }
-        };
-        for (word, &bits) in bitmaps.iter().enumerate() {
-            if bits != 0 {
-                let at = word * WORD;
-                let (ls, ws) = (&values[at..at + WORD], &estimates[at..at + WORD]);
-                push_band_bits(found, first + at, bits, ls, ws);
-            }
+        // A step's tokens are listed right after its vector loop, while its logits and estimates
+        // are still in L1: listed after the whole segment, the profile put most of the listing's
+        // time on the load of each band token's logit.
+        let mut bitmaps = [0u64; LIST_STEP / WORD];
+        let mut counted = Counted::default();
+        let steps = values
+            .chunks(LIST_STEP)
+            .zip(estimates.chunks(LIST_STEP))
+            .zip(masses.chunks_mut(LIST_STEP / CHUNK));
+        for (i, ((values, estimates), masses)) in steps.enumerate() {
+            let bitmaps = &mut bitmaps[..masses.len() * (CHUNK / WORD)];
+            let step = if has_avx512() {
+                // SAFETY: AVX-512F/BW/VL/DQ (and POPCNT, which every AVX-512 CPU has) are
+                // present; the slices hold whole chunks.
+                unsafe { avx512::classify(values, estimates, band, masses, bitmaps) }
+            } else {
+                // SAFETY: AVX2 (and POPCNT, which every AVX2 CPU has) is present; the slices
+                // hold whole chunks.
+                unsafe { avx2::classify(values, estimates, band, masses, bitmaps) }
+            };
+            counted = counted.plus(step);
+            list_band(found, first + i * LIST_STEP, bitmaps, values, estimates);
         }
         return counted;
     }
     classify_chunks(values, estimates, first, band, masses, found)
 }
+
+/// Tokens per step of the vector classify loop: their logits and estimates (16 KiB) stay in L1
+/// until the step's band tokens are listed.
+const LIST_STEP: usize = 8 * CHUNK;
 
 /// [`classify`] token by token, for chunks starting at token `first`.
 fn classify_chunks(
@@ -1012,15 +1033,68 @@ struct Found<'a> {
     histogram: &'a mut Histogram,
 }
 
-/// Appends the band tokens of a group of tokens starting at `first`: bit `j` of `bits` marks
-/// token `j`.
-#[inline(always)]
-fn push_band_bits(found: &mut Found<'_>, first: usize, mut bits: u64, ls: &[f32], ws: &[f32]) {
-    while bits != 0 {
-        let j = bits.trailing_zeros() as usize;
-        push_band(found, first + j, ls[j], ws[j]);
-        bits &= bits - 1;
+/// Appends the band tokens that `bitmaps` marks (bit `j` of word `w`: token `w · WORD + j` of
+/// `values`, whose first token is token `first` of the row), then counts them in the histogram:
+/// two tight loops, the tokens written into room made for all of them at once (no capacity check
+/// or length store per token, no histogram add between them).
+fn list_band(
+    found: &mut Found<'_>,
+    first: usize,
+    bitmaps: &[u64],
+    values: &[f32],
+    estimates: &[f32],
+) {
+    let count: usize = bitmaps.iter().map(|w| w.count_ones() as usize).sum();
+    let start = found.tokens.len();
+    let empty = BandToken {
+        key: 0,
+        id: 0,
+        estimate: 0.0,
+    };
+    found.tokens.resize(start + count, empty);
+    let listed = &mut found.tokens[start..];
+    let mut n = 0;
+    for (word, &bits) in bitmaps.iter().enumerate() {
+        let mut bits = bits;
+        while bits != 0 {
+            let j = word * WORD + bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            listed[n] = BandToken {
+                key: key_select(values[j]),
+                id: (first + j) as u32,
+                estimate: estimates[j],
+            };
+            n += 1;
+        }
     }
+    for t in listed.iter() {
+        found.histogram.add(t.key, t.estimate);
+    }
+}
+
+/// The loop over whole chunks of both vector widths' [`classify`]: `chunk_step` classifies one
+/// chunk (its logits and estimates), writes the bitmaps of its words and returns its estimated
+/// mass above the band, stored in its slot of `masses`. Returns the mass above the band (the
+/// caller counts the tokens and the row's sum).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn chunks_with(
+    values: &[f32],
+    estimates: &[f32],
+    masses: &mut [f64],
+    bitmaps: &mut [u64],
+    mut chunk_step: impl FnMut(&[f32], &[f32], &mut [u64]) -> f64,
+) -> Counted {
+    let mut counted = Counted::default();
+    let rows = values
+        .chunks_exact(CHUNK)
+        .zip(estimates.chunks_exact(CHUNK));
+    let words = bitmaps.chunks_exact_mut(CHUNK / WORD);
+    for ((chunk, ests), (mass, words)) in rows.zip(masses.iter_mut().zip(words)) {
+        *mass = chunk_step(chunk, ests, words);
+        counted.above += *mass;
+    }
+    counted
 }
 
 /// The [`classify`] loop over whole chunks with AVX-512: per 16 tokens two compares, the
@@ -1029,7 +1103,7 @@ fn push_band_bits(found: &mut Found<'_>, first: usize, mut bits: u64, ls: &[f32]
 /// registers) and pushed afterwards.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Band, CHUNK, Counted, WORD};
+    use super::{Band, Counted, WORD, chunks_with};
     use std::arch::x86_64::*;
 
     /// Writes each chunk's mass above the band to `masses` and the bitmap of the band tokens of
@@ -1048,13 +1122,9 @@ mod avx512 {
         bitmaps: &mut [u64],
     ) -> Counted {
         let (high, low) = (_mm512_set1_ps(band.high), _mm512_set1_ps(band.low));
-        let mut counted = Counted::default();
         let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
-        let rows = values
-            .chunks_exact(CHUNK)
-            .zip(estimates.chunks_exact(CHUNK));
-        let words = bitmaps.chunks_exact_mut(CHUNK / WORD);
-        for ((chunk, ests), (mass, words)) in rows.zip(masses.iter_mut().zip(words)) {
+        let mut above_tokens = 0;
+        let mut counted = chunks_with(values, estimates, masses, bitmaps, |chunk, ests, words| {
             let (mut acc0, mut acc1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
             for (w, word) in words.iter_mut().enumerate() {
                 let mut bits = 0u64;
@@ -1078,14 +1148,14 @@ mod avx512 {
                     acc1 = _mm512_mask_add_pd(acc1, (above >> 8) as u8, acc1, e_high);
                     all0 = _mm512_add_pd(all0, e_low);
                     all1 = _mm512_add_pd(all1, e_high);
-                    counted.above_tokens += above.count_ones() as usize;
+                    above_tokens += above.count_ones() as usize;
                     bits |= u64::from(in_band) << (16 * g);
                 }
                 *word = bits;
             }
-            *mass = _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
-            counted.above += *mass;
-        }
+            _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1))
+        });
+        counted.above_tokens = above_tokens;
         counted.row = _mm512_reduce_add_pd(_mm512_add_pd(all0, all1));
         counted
     }
@@ -1094,7 +1164,7 @@ mod avx512 {
 /// The [`classify`] loop over whole chunks with AVX2 (8 tokens per step), as the AVX-512 one.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Band, CHUNK, Counted, WORD};
+    use super::{Band, Counted, WORD, chunks_with};
     use std::arch::x86_64::*;
 
     /// See the AVX-512 loop.
@@ -1112,13 +1182,9 @@ mod avx2 {
         bitmaps: &mut [u64],
     ) -> Counted {
         let (high, low) = (_mm256_set1_ps(band.high), _mm256_set1_ps(band.low));
-        let mut counted = Counted::default();
         let (mut all0, mut all1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
-        let rows = values
-            .chunks_exact(CHUNK)
-            .zip(estimates.chunks_exact(CHUNK));
-        let words = bitmaps.chunks_exact_mut(CHUNK / WORD);
-        for ((chunk, ests), (mass, words)) in rows.zip(masses.iter_mut().zip(words)) {
+        let mut above_tokens = 0;
+        let mut counted = chunks_with(values, estimates, masses, bitmaps, |chunk, ests, words| {
             let (mut acc0, mut acc1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
             for (w, word) in words.iter_mut().enumerate() {
                 let mut bits = 0u64;
@@ -1139,7 +1205,7 @@ mod avx2 {
                     acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
                     acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e)));
                     let above = _mm256_movemask_ps(above) as u32;
-                    counted.above_tokens += above.count_ones() as usize;
+                    above_tokens += above.count_ones() as usize;
                     let in_band = _mm256_movemask_ps(at_least_low) as u32 & !above;
                     bits |= u64::from(in_band) << (8 * g);
                 }
@@ -1147,9 +1213,9 @@ mod avx2 {
             }
             let sum = _mm256_add_pd(acc0, acc1);
             let pair = _mm_add_pd(_mm256_castpd256_pd128(sum), _mm256_extractf128_pd::<1>(sum));
-            *mass = _mm_cvtsd_f64(_mm_add_sd(pair, _mm_unpackhi_pd(pair, pair)));
-            counted.above += *mass;
-        }
+            _mm_cvtsd_f64(_mm_add_sd(pair, _mm_unpackhi_pd(pair, pair)))
+        });
+        counted.above_tokens = above_tokens;
         let mut lanes = [0.0f64; 4];
         // SAFETY: `lanes` holds 4 f64.
         unsafe { _mm256_storeu_pd(lanes.as_mut_ptr(), _mm256_add_pd(all0, all1)) };
@@ -1219,15 +1285,13 @@ fn threshold_in_band(
         return InBand::Below;
     };
     // The least key above the region's bins (saturated: no finite logit's key is that high).
-    let floor = (u64::from(histogram.low) + ((top as u64 + 1) << histogram.shift))
-        .min(u64::from(u32::MAX)) as u32;
+    let floor = histogram.keys(top + 1);
     // The tokens of those bins, weighed exactly, in rank order.
     s.region.clear();
     let mut region = Masses::default();
-    for t in band
-        .iter()
-        .filter(|t| (bottom..=top).contains(&histogram.bin(t.key)))
-    {
+    // The keys of those bins (every band key is at least the histogram's low key).
+    let keys = histogram.keys(bottom)..floor;
+    for t in band.iter().filter(|t| keys.contains(&t.key)) {
         s.region.push((t.key, t.id, 0));
         region = region.plus(Masses {
             total: f64::from(t.estimate),
@@ -1360,6 +1424,88 @@ mod tests {
         }
     }
 
+    /// The vector classify loops (listing each step of [`LIST_STEP`] tokens after its loop) find
+    /// the same band tokens, histogram counts, tokens above the band and per-chunk masses (up to
+    /// the order of the f64 sums) as the token-by-token loop, on rows whose band tokens sit at
+    /// every step and chunk edge, with NaN and infinities among them, split in one and two parts.
+    #[test]
+    fn the_vector_classify_lists_what_the_scalar_one_does() {
+        let mut lcg = Lcg(31);
+        let v = 3 * LIST_STEP + 5 * CHUNK + 17;
+        let mut row = normal_row(&mut lcg, v, 2.0);
+        for edge in (0..v).step_by(CHUNK) {
+            for at in [edge.saturating_sub(1), edge, edge + 1] {
+                row[at.min(v - 1)] = 0.5 + 0.001 * (at % 7) as f32;
+            }
+        }
+        let max = row.iter().copied().fold(f32::MIN, f32::max);
+        for (at, value) in [
+            (3, f32::NAN),
+            (LIST_STEP, f32::NAN),
+            (11, f32::NEG_INFINITY),
+        ] {
+            row[at] = value;
+        }
+        let lanes = RowLanes::new(max, row_scale(1.0), true).expect("lanes");
+        let mut estimates = vec![0.0f32; v];
+        estimate_store(&row, &lanes, &mut estimates);
+        let band = Band {
+            low: 0.25,
+            high: 1.5,
+        };
+        let run = |parts: usize, vector: bool| {
+            let (mut tokens, mut histogram) = (Vec::new(), Histogram::default());
+            histogram.span(band);
+            let mut masses = vec![0.0; v.div_ceil(CHUNK)];
+            let mut found = Found {
+                tokens: &mut tokens,
+                histogram: &mut histogram,
+            };
+            // Parts of whole chunks, as `Segments` cuts long rows.
+            let len = v.div_ceil(parts).div_ceil(CHUNK) * CHUNK;
+            let mut counted = Counted::default();
+            for (i, part) in row.chunks(len).enumerate() {
+                let at = i * len;
+                let (ests, masses) = (&estimates[at..], &mut masses[at / CHUNK..]);
+                let full = part.len() / CHUNK * CHUNK;
+                let (head, tail) = part.split_at(full);
+                let (m_head, m_tail) = masses.split_at_mut(full / CHUNK);
+                let step = if vector {
+                    classify_full(head, ests, at, band, m_head, &mut found)
+                } else {
+                    classify_chunks(head, ests, at, band, m_head, &mut found)
+                };
+                let rest =
+                    classify_chunks(tail, &ests[full..], at + full, band, m_tail, &mut found);
+                counted = counted.plus(step).plus(rest);
+            }
+            let listed: Vec<_> = tokens
+                .iter()
+                .map(|t| (t.key, t.id, t.estimate.to_bits()))
+                .collect();
+            let counts: Vec<u32> = histogram.bins.iter().map(|b| b.1).collect();
+            (listed, counts, counted.above_tokens, masses)
+        };
+        let scalar = run(1, false);
+        assert!(
+            scalar.0.len() > 3 * v / CHUNK,
+            "band of {} tokens",
+            scalar.0.len()
+        );
+        for parts in [1, 2] {
+            let vector = run(parts, true);
+            assert_eq!(vector.0, scalar.0, "{parts} parts: band tokens");
+            assert_eq!(vector.1, scalar.1, "{parts} parts: histogram counts");
+            assert_eq!(vector.2, scalar.2, "{parts} parts: tokens above the band");
+            for (c, (a, b)) in vector.3.iter().zip(&scalar.3).enumerate() {
+                assert!(
+                    (a - b).abs() <= a.abs() * 1e-12,
+                    "{parts} parts, chunk {c}: {a} vs {b}"
+                );
+            }
+        }
+    }
+
     /// The one- and two-section paths of a top_p = 1 row split in two agree bit for bit: the
     /// row's constants and every chunk estimate, on normal rows and on rows with NaN, infinities
     /// or huge values in either half; and `sample` gives the same token on one and two parts.
@@ -1416,6 +1562,19 @@ mod tests {
         }
     }
 
+    /// The least wall time of `reps` calls of `f` (after one to warm it), in µs: a loaded
+    /// machine preempts some calls, not all.
+    fn least_us(reps: usize, f: &mut dyn FnMut()) -> f64 {
+        f();
+        let mut ns = f64::INFINITY;
+        for _ in 0..reps {
+            let start = std::time::Instant::now();
+            f();
+            ns = ns.min(start.elapsed().as_secs_f64() * 1e9);
+        }
+        ns / 1e3
+    }
+
     /// The pieces of one warm batch-1 top_p = 1 row split over two threads, least wall time of
     /// many calls each, with random draws (run with `--ignored --nocapture`).
     #[test]
@@ -1426,16 +1585,7 @@ mod tests {
         // A row whose mass is spread over ~100k tokens (nearly flat logits).
         rows.push(("sigma 0.87", normal_row(&mut lcg, 151_936, 0.874)));
         let reps = 400;
-        let least = |f: &mut dyn FnMut()| {
-            f();
-            let mut ns = f64::INFINITY;
-            for _ in 0..reps {
-                let start = std::time::Instant::now();
-                f();
-                ns = ns.min(start.elapsed().as_secs_f64() * 1e9);
-            }
-            ns / 1e3
-        };
+        let least = |f: &mut dyn FnMut()| least_us(reps, f);
         println!(
             "empty rayon::join: {:.1} µs",
             least(&mut || {
@@ -1514,19 +1664,11 @@ mod tests {
         let mut band = Vec::new();
         let (band_lo, band_hi) = (6.0, 6.5);
         let reps = 200;
-        // The least wall time of one call: a loaded machine preempts some calls, not all.
         let time = |name: &str, f: &mut dyn FnMut()| {
-            f();
-            let mut ns = f64::INFINITY;
-            for _ in 0..reps {
-                let start = std::time::Instant::now();
-                f();
-                ns = ns.min(start.elapsed().as_secs_f64() * 1e9);
-            }
+            let us = least_us(reps, f);
             println!(
-                "{name:<22} {:>8.1} µs/row {:>6.3} ns/token",
-                ns / 1e3,
-                ns / row.len() as f64
+                "{name:<22} {us:>8.1} µs/row {:>6.3} ns/token",
+                us * 1e3 / row.len() as f64
             );
         };
         time("read (sum)", &mut || {
@@ -1584,6 +1726,97 @@ mod tests {
         time("sample_whole (all)", &mut || {
             std::hint::black_box(sample_whole(&passes, 7, &mut s, true));
         });
+    }
+
+    /// The stages of one warm top_p 0.9 row on one thread, per row shape of `specula bench`,
+    /// least wall time of many calls each (run with `--ignored --nocapture`).
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn top_p_stage_costs() {
+        let mut lcg = Lcg(9);
+        let shapes = [
+            ("sigma 3.5 T 0.8", 3.5f32, 0.8f32),
+            ("flat", 3.0, 1.0),
+            ("kept~10", 5.1, 1.0),
+            ("kept~100", 4.49, 1.0),
+            ("kept~1k", 3.76, 1.0),
+            ("kept~10k", 2.79, 1.0),
+            ("kept~100k", 0.874, 1.0),
+        ];
+        let reps = 100;
+        let least = |f: &mut dyn FnMut()| least_us(reps, f);
+        let p = top_p_fixed(0.9);
+        for (name, sigma, t) in shapes {
+            let row = normal_row(&mut lcg, 151_936, sigma);
+            let (raw_max, clean) = max_and_clean(&row);
+            let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes");
+            let passes = Passes::unhinted(&row, lanes, Segments::of(row.len(), 1));
+            let mut s = Scratch::default();
+            let read = least(&mut || {
+                std::hint::black_box(row.iter().map(|x| x.to_bits() as u64).sum::<u64>());
+            });
+            let mut total = 0.0;
+            let store = least(&mut || total = passes.estimate_tokens(&mut s.estimates));
+            let mut band = place_band(&lanes, &s.estimates, total, p, &mut s.sample);
+            let place = least(&mut || {
+                band = place_band(&lanes, &s.estimates, total, p, &mut s.sample);
+            });
+            let bins_us = least(&mut || {
+                std::hint::black_box(band_bins(&s.sample, 37.0, (total * 0.1, total * 0.1), 0.0));
+            });
+            // The second pass over `band`, into the scratch buffers.
+            let second = |s: &mut Scratch, band: Band| {
+                let found = Found {
+                    tokens: &mut s.band,
+                    histogram: &mut s.histogram,
+                };
+                classify(&passes, &s.estimates, band, &mut s.masses, found)
+            };
+            let classify_us = least(&mut || {
+                second(&mut s, band);
+            });
+            let empty = Band {
+                low: band.high,
+                high: band.high,
+            };
+            let unlisted_us = least(&mut || {
+                second(&mut s, empty);
+            });
+            let counted = second(&mut s, band);
+            let scan_us = least(&mut || {
+                let low = s.band.len() as u32 / 3;
+                std::hint::black_box(s.band.iter().filter(|t| t.id > low).count());
+            });
+            let (row_m, above) = counted.masses(row.len());
+            let split = Split::top_p(p);
+            let mut threshold = None;
+            let threshold_us = least(&mut || {
+                threshold = match threshold_in_band(&row, &lanes, &mut s, (row_m, above), split) {
+                    InBand::Found(t) => Some(t),
+                    _ => None,
+                };
+            });
+            let masses = s.masses.clone();
+            let draw_us = threshold.map_or(f64::NAN, |threshold| {
+                least(&mut || {
+                    s.masses.copy_from_slice(&masses);
+                    let r = lcg.next_u64();
+                    std::hint::black_box(draw_kept(&row, &lanes, &mut s, threshold, r));
+                })
+            });
+            let whole = least(&mut || {
+                std::hint::black_box(sample_top_p(&passes, p, lcg.next_u64(), &mut s));
+            });
+            println!(
+                "{name:<16} read {read:5.1} store {store:5.1} place {place:5.1} (bins {bins_us:4.1}) \
+                 classify \
+                 {classify_us:5.1} threshold {threshold_us:5.1} draw {draw_us:5.1} | all \
+                 {whole:5.1} µs | classify w/o band {unlisted_us:5.1}, band scan {scan_us:4.1} | band {} region {} above {}",
+                s.band.len(),
+                s.region.len(),
+                counted.above_tokens
+            );
+        }
     }
 
     /// The band's and the region's sizes, per row shape (run with `--ignored --nocapture`).
