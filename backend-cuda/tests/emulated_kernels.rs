@@ -19,9 +19,9 @@
 //! every kernel must write what it reads. An f32 split row runs twice on the same scratch and
 //! barrier words, so the second launch starts from what the first left there.
 //!
-//! The emulation takes minutes, so these tests run only when `SPECULA_REQUIRE` names
-//! `cuda-emulator` (the CUDA CI lanes); otherwise they are listed as ignored with the reason, as
-//! they are when no compiler is found. With `SPECULA_REQUIRE=cuda-emulator` and no compiler they
+//! The emulation takes a minute or more (three compiles first), so these tests run only when
+//! `SPECULA_REQUIRE` names `cuda-emulator` (the CUDA CI lanes); otherwise they are listed as
+//! ignored with the reason, as they are when no compiler is found. With `SPECULA_REQUIRE=cuda-emulator` and no compiler they
 //! fail.
 
 #[path = "emulator/host.rs"]

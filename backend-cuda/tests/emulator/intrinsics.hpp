@@ -45,6 +45,10 @@ inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll((unsigned
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
+// What a spin wait does between two looks at the word it waits on: yield the OS thread (the
+// launch machinery of shim.hpp, whose threads are fibers, lets the block's other fibers run too).
+static void (*emulator_spin_wait)() = [] { sched_yield(); };
+
 // A spin wait (a grid barrier's): yields. A wait that goes on for ten minutes (calls less than a
 // second apart) fails its block: a barrier that is never released, instead of a hung test.
 inline void __nanosleep(unsigned) {
@@ -57,7 +61,7 @@ inline void __nanosleep(unsigned) {
         fprintf(stderr, "a spin wait lasted ten minutes: a grid barrier is never released\n");
         _exit(6);
     }
-    sched_yield();
+    emulator_spin_wait();
 }
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 template <class T> T __ldcg(const T* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
