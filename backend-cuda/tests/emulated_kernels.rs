@@ -1864,20 +1864,6 @@ fn softmax_kernels_match_the_cpu_reference(work: &Workdir, cpu: &CpuDevice, rng:
     }
 }
 
-/// `docs/semantics.md` §5.5's scaled logit of `x` in a row whose maximum logit is `m`: `(x − m) / t` in f32,
-/// NaN read as −inf.
-fn contract_scaled(x: f32, m: f32, t: f32) -> f32 {
-    if t == f32::INFINITY {
-        return if x.is_finite() {
-            0.0
-        } else {
-            f32::NEG_INFINITY
-        };
-    }
-    let y = (x - m) / t;
-    if y.is_nan() { f32::NEG_INFINITY } else { y }
-}
-
 /// Whether an emulated value is the contract's: equal (infinities and zeros exactly), or within
 /// the f32 rounding of `exp` and `log`.
 fn close_to(got: f32, want: f32) -> bool {
@@ -1904,7 +1890,10 @@ fn scaled_logits_subtract_the_row_maximum_first() {
         .zip(temperature)
         .map(|(row, t)| {
             let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let sum = row.iter().map(|&x| contract_scaled(x, m, t).exp()).sum();
+            let sum = row
+                .iter()
+                .map(|&x| fixtures::scaled_logit(x, m, t).exp())
+                .sum();
             (m, sum)
         })
         .collect();
@@ -1925,7 +1914,7 @@ fn scaled_logits_subtract_the_row_maximum_first() {
     work.run(&bin, "logprobs", &[&rows, &vocab, &0, &rows, &rows, &1, &k]);
     let logprob = |r: usize, id: usize| {
         let (m, sum) = stats[r];
-        contract_scaled(logits[r * vocab + id], m, temperature[r]) - sum.ln()
+        fixtures::scaled_logit(logits[r * vocab + id], m, temperature[r]) - sum.ln()
     };
     let lps = work.read::<f32>("logprobs.out");
     let top_ids = work.read::<i32>("top_ids.out");

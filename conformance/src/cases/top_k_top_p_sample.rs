@@ -9,7 +9,7 @@ use super::generate::{
     logit_row, pick_temperature, prob_row, rows_with_ties, u64s, weightless_even_rows, with_score_rows,
 };
 use super::process_logits::{self, ProcessingBuffers, Setup, processing_specs};
-use super::{Size, row_gens};
+use super::{RowGen, Size, row_gens};
 use crate::Result;
 use crate::case::{Dims, TensorSpec, Want, scores_specs};
 use crate::cases::Case;
@@ -312,52 +312,84 @@ fn processed_case_at(name: String, st: &Setup, pick: impl Fn(&mut Rng) -> i32) -
 fn logits_cases(size: Size) -> Vec<Case> {
     let mut out = Vec::new();
     for dtype in FLOAT_DTYPES {
-        for mut g in row_gens(size, "sample/logits", dtype) {
-            let (rng, rows, vocab) = (&mut g.rng, g.rows, g.vocab);
-            let logits = rows_with_ties(rng, rows, |rng, _| logit_row(rng, vocab));
-            let temperature: Vec<f32> = (0..rows).map(|_| pick_temperature(rng)).collect();
-            let (top_k, top_p, seed) = pick_row_params(rng, rows, |rng| pick_top_k(rng, vocab));
-            let name = format!("logits::{}", g.name());
-            out.push(logits_case(
-                name,
-                dtype,
-                vocab,
-                &logits,
-                &temperature,
-                &top_k,
-                &top_p,
-                &seed,
-            ));
+        let drawn = row_gens(size, "sample/logits", dtype).into_iter().map(drawn_logits);
+        for rows in drawn.chain([hostile_logits(dtype)]) {
+            out.push(rows.case(dtype));
         }
-        let mut rng = Rng::new(&format!("sample/logits/hostile/{dtype}"), 1);
-        let (rows, vocab) = (24, 1031);
-        let logits = hostile_logit_rows(&mut rng, rows, vocab);
-        let hostile_t = [f32::NAN, -1.0, 0.0, 1e-30, f32::INFINITY, f32::MIN_POSITIVE];
-        let temperature: Vec<f32> = (0..rows)
-            .map(|r| match r % 3 {
-                0 => hostile_t[r / 3 % hostile_t.len()],
-                _ => pick_temperature(&mut rng),
-            })
-            .collect();
-        let top_k: Vec<i32> = (0..rows).map(|_| pick_top_k(&mut rng, vocab)).collect();
-        let top_p: Vec<f32> = (0..rows).map(|_| pick_top_p(&mut rng)).collect();
-        let seed: Vec<u64> = (0..rows)
-            .map(|r| EDGE_SEEDS[r % EDGE_SEEDS.len()])
-            .collect();
-        out.push(logits_case(
-            format!("hostile::logits_{dtype}"),
-            dtype,
-            vocab,
-            &logits,
-            &temperature,
-            &top_k,
-            &top_p,
-            &seed,
-        ));
     }
     out.push(logits_known_answers());
     out.push(logits_rank_order_probes());
     out
+}
+
+/// The logits rows of a case and each row's parameters.
+struct LogitsRows {
+    name: String,
+    vocab: usize,
+    logits: Vec<f32>,
+    temperature: Vec<f32>,
+    top_k: Vec<i32>,
+    top_p: Vec<f32>,
+    seed: Vec<u64>,
+}
+
+impl LogitsRows {
+    /// The case of these rows in `dtype`.
+    fn case(self, dtype: DType) -> Case {
+        logits_case(
+            self.name,
+            dtype,
+            self.vocab,
+            &self.logits,
+            &self.temperature,
+            &self.top_k,
+            &self.top_p,
+            &self.seed,
+        )
+    }
+}
+
+/// Realistic logits rows with ties, at realistic temperatures and parameters, of a generated
+/// shape.
+fn drawn_logits(mut g: RowGen) -> LogitsRows {
+    let name = format!("logits::{}", g.name());
+    let (rng, rows, vocab) = (&mut g.rng, g.rows, g.vocab);
+    let logits = rows_with_ties(rng, rows, |rng, _| logit_row(rng, vocab));
+    let temperature: Vec<f32> = (0..rows).map(|_| pick_temperature(rng)).collect();
+    let (top_k, top_p, seed) = pick_row_params(rng, rows, |rng| pick_top_k(rng, vocab));
+    LogitsRows {
+        name,
+        vocab,
+        logits,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+    }
+}
+
+/// Hostile logits rows, every third at a hostile temperature (NaN, negative, 0, tiny, +inf,
+/// subnormal), with the edge seeds.
+fn hostile_logits(dtype: DType) -> LogitsRows {
+    let mut rng = Rng::new(&format!("sample/logits/hostile/{dtype}"), 1);
+    let (rows, vocab) = (24, 1031);
+    let hostile_t = [f32::NAN, -1.0, 0.0, 1e-30, f32::INFINITY, f32::MIN_POSITIVE];
+    LogitsRows {
+        name: format!("hostile::logits_{dtype}"),
+        vocab,
+        logits: hostile_logit_rows(&mut rng, rows, vocab),
+        temperature: (0..rows)
+            .map(|r| match r % 3 {
+                0 => hostile_t[r / 3 % hostile_t.len()],
+                _ => pick_temperature(&mut rng),
+            })
+            .collect(),
+        top_k: (0..rows).map(|_| pick_top_k(&mut rng, vocab)).collect(),
+        top_p: (0..rows).map(|_| pick_top_p(&mut rng)).collect(),
+        seed: (0..rows)
+            .map(|r| EDGE_SEEDS[r % EDGE_SEEDS.len()])
+            .collect(),
+    }
 }
 
 /// The rank order of logits rows is the logits' own (`docs/semantics.md` §4b step 1): logits that

@@ -92,6 +92,26 @@ impl Checked<'_> {
     }
 }
 
+/// What the stages after the checks read besides the scratch buffers: the step, the slot
+/// buffers, the checked scores and each row's temperature (the host copy).
+#[derive(Clone, Copy)]
+struct Stage<'a> {
+    cx: &'a StepContext<'a>,
+    state: &'a SlotBuffers,
+    checked: &'a Checked<'a>,
+    row_temperature: &'a [f32],
+}
+
+impl Stage<'_> {
+    /// Every row of the step as one block.
+    fn all_rows(&self) -> RowBlock {
+        RowBlock {
+            first: 0,
+            rows: self.checked.rows,
+        }
+    }
+}
+
 /// Proof that stages 1–7 ran without error: the step is verified and nothing is committed yet.
 /// Only [`verify_step`] makes one; [`commit_on_device`] consumes it.
 pub(super) struct Verified {
@@ -141,25 +161,24 @@ pub(super) fn verify_step(
     let row_temperature = row_temperatures(cx.plan, slots, checked.rows);
     prepare_scratch(cx, sc, &checked)?;
     let fused = checked.processing && fuses(cx, checked.strategy);
+    let stage = Stage {
+        cx,
+        state,
+        checked: &checked,
+        row_temperature: &row_temperature,
+    };
     match block_rows(cx, &checked) {
-        _ if fused => fused_targets(cx, state, sc, &checked, &row_temperature)?,
-        Some(block_rows) => {
-            let rows = (row_temperature.as_slice(), block_rows);
-            processed_targets_in_blocks(cx, state, sc, &checked, rows)?;
-        }
+        _ if fused => fused_targets(stage, sc)?,
+        Some(block_rows) => processed_targets_in_blocks(stage, sc, block_rows)?,
         None => {
-            let all = RowBlock {
-                first: 0,
-                rows: checked.rows,
-            };
-            process(cx, state, sc, &checked, (&row_temperature, all))?;
-            softmax(cx, sc, &checked, &row_temperature)?;
-            targets(cx, sc, &checked, &row_temperature, all)?;
+            process(stage, sc, stage.all_rows())?;
+            softmax(stage, sc)?;
+            targets(stage, sc, stage.all_rows())?;
         }
     }
     narrow_to_outputs(cx, sc, &checked)?;
-    verify(cx, slots, state, sc, (&checked, &row_temperature), None)?;
-    logprobs(cx, state, sc, &checked, &row_temperature)?;
+    verify(stage, slots, sc, None)?;
+    logprobs(stage, sc)?;
     Ok(Verified {
         _sealed: (),
         processed: checked.processing,
@@ -228,11 +247,13 @@ fn verify_sharded(
     }
     let row_temperature = row_temperatures(cx.plan, slots, checked.rows);
     prepare_scratch(cx, sc, &checked)?;
-    let all = RowBlock {
-        first: 0,
-        rows: checked.rows,
+    let stage = Stage {
+        cx,
+        state,
+        checked: &checked,
+        row_temperature: &row_temperature,
     };
-    process(cx, state, sc, &checked, (&row_temperature, all))?;
+    process(stage, sc, stage.all_rows())?;
     let shard = sharding.shard(cx.device);
     let rows = step_rows(cx, &shard, slots, sc, &checked, &row_temperature)?;
     let scores = row_scores(
@@ -258,15 +279,8 @@ fn verify_sharded(
         (&mut sc.target_tokens, candidates),
     )?;
     narrow_to_outputs(cx, sc, &checked)?;
-    verify(
-        cx,
-        slots,
-        state,
-        sc,
-        (&checked, &row_temperature),
-        Some(&rows),
-    )?;
-    logprobs(cx, state, sc, &checked, &row_temperature)?;
+    verify(stage, slots, sc, Some(&rows))?;
+    logprobs(stage, sc)?;
     Ok(Verified {
         _sealed: (),
         processed: checked.processing,
@@ -581,29 +595,18 @@ fn prepare_scratch(cx: &StepContext<'_>, sc: &mut Scratch, checked: &Checked<'_>
 /// Stage 2b: `process_logits` of the `R` rows (`docs/semantics.md` §4c) when some request uses
 /// a parameter or the runner gave a bitmask: every later stage but `logprobs` reads the
 /// processed rows, and the sampling ops the row fallbacks.
-fn process(
-    cx: &StepContext<'_>,
-    state: &SlotBuffers,
-    sc: &mut Scratch,
-    checked: &Checked<'_>,
-    (row_temperature, block): (&[f32], RowBlock),
-) -> Result<()> {
+fn process(stage: Stage<'_>, sc: &mut Scratch, block: RowBlock) -> Result<()> {
+    let Stage { cx, checked, .. } = stage;
     if !checked.processing {
         return Ok(());
     }
-    let (Some(p), Some(out)) = (state.processing.as_ref(), sc.processed.as_mut()) else {
+    let (Some(p), Some(out)) = (stage.state.processing.as_ref(), sc.processed.as_mut()) else {
         return Err(missing_processing());
     };
     out.window_rows(block.rows, cx.width())?;
     let processed = out.rows.as_mut().ok_or_else(missing_processing)?;
     let layout = (&sc.cu_seqlens_q_output, &sc.batch_id_per_token_output);
-    let (scores, processing) = step_processing(
-        cx,
-        (state, p),
-        layout,
-        checked,
-        (&sc.row_temperature, row_temperature),
-    );
+    let (scores, processing) = step_processing(stage, p, layout, &sc.row_temperature);
     cx.device.process_logits(
         &processing.inputs(scores),
         &mut ProcessOutputs {
@@ -623,17 +626,19 @@ fn process(
 /// their host copies — or probabilities) and their processing (`layout`: the output layout's
 /// `cu_seqlens_q_output` and `batch_id_per_token_output`).
 fn step_processing<'b>(
-    cx: &StepContext<'_>,
-    (state, p): (&'b SlotBuffers, &'b crate::processing::Processing),
+    stage: Stage<'b>,
+    p: &'b crate::processing::Processing,
     (cu, batch_id): (&'b Buffer, &'b Buffer),
-    checked: &Checked<'b>,
-    (temperature, host_temperature): (&'b Buffer, &'b [f32]),
+    temperature: &'b Buffer,
 ) -> (RowScores<'b>, RowProcessing<'b>) {
+    let Stage {
+        cx, state, checked, ..
+    } = stage;
     let scores = match checked.is_logits {
         true => RowScores::Logits(Logits {
             logits: checked.target,
             temperature,
-            host_temperature: Some(host_temperature),
+            host_temperature: Some(stage.row_temperature),
         }),
         false => RowScores::Probs(checked.target),
     };
@@ -694,12 +699,11 @@ fn processed_rows(cx: &StepContext<'_>) -> usize {
 /// per-row buffers read the block's window during its targets and every row again afterwards,
 /// whatever the outcome.
 fn processed_targets_in_blocks(
-    cx: &StepContext<'_>,
-    state: &SlotBuffers,
+    stage: Stage<'_>,
     sc: &mut Scratch,
-    checked: &Checked<'_>,
-    (row_temperature, block_rows): (&[f32], usize),
+    block_rows: usize,
 ) -> Result<()> {
+    let Stage { cx, checked, .. } = stage;
     let (vocab, candidates) = (cx.config.vocab, cx.config.candidates);
     let mut done = Ok(());
     for first in (0..checked.rows).step_by(block_rows) {
@@ -709,9 +713,9 @@ fn processed_targets_in_blocks(
         };
         done = sc
             .window_rows(checked.rows, vocab, candidates)
-            .and_then(|()| process(cx, state, sc, checked, (row_temperature, block)))
+            .and_then(|()| process(stage, sc, block))
             .and_then(|()| sc.window_block(block, candidates))
-            .and_then(|()| targets(cx, sc, checked, row_temperature, block));
+            .and_then(|()| targets(stage, sc, block));
         if done.is_err() {
             break;
         }
@@ -734,14 +738,9 @@ fn fused_strategy(strategy: Strategy) -> bool {
 /// Stages 2b and 4 at once on a device that fuses them: the targets of every row are sampled
 /// from the rows `process_logits` makes (`docs/semantics.md` §5.12), with no processed rows.
 /// GREEDY is the `top_k = 1` sample, as in [`targets`].
-fn fused_targets(
-    cx: &StepContext<'_>,
-    state: &SlotBuffers,
-    sc: &mut Scratch,
-    checked: &Checked<'_>,
-    row_temperature: &[f32],
-) -> Result<()> {
-    let (Some(p), Some(out)) = (state.processing.as_ref(), sc.processed.as_mut()) else {
+fn fused_targets(stage: Stage<'_>, sc: &mut Scratch) -> Result<()> {
+    let Stage { cx, checked, .. } = stage;
+    let (Some(p), Some(out)) = (stage.state.processing.as_ref(), sc.processed.as_mut()) else {
         return Err(missing_processing());
     };
     out.window_rows(checked.rows, cx.config.vocab)?;
@@ -750,13 +749,7 @@ fn fused_targets(
         _ => &sc.row_top_k,
     };
     let layout = (&sc.cu_seqlens_q_output, &sc.batch_id_per_token_output);
-    let (scores, processing) = step_processing(
-        cx,
-        (state, p),
-        layout,
-        checked,
-        (&sc.row_temperature, row_temperature),
-    );
+    let (scores, processing) = step_processing(stage, p, layout, &sc.row_temperature);
     cx.device.top_k_top_p_sample_processed(
         &SampleInputs {
             scores,
@@ -784,12 +777,8 @@ fn missing_processing() -> SamplerError {
 
 /// Stage 3: `softmax` of the target logits with each row's temperature, when REJECTION verifies
 /// them against draft probabilities (nothing otherwise).
-fn softmax(
-    cx: &StepContext<'_>,
-    sc: &mut Scratch,
-    checked: &Checked<'_>,
-    row_temperature: &[f32],
-) -> Result<()> {
+fn softmax(stage: Stage<'_>, sc: &mut Scratch) -> Result<()> {
+    let Stage { cx, checked, .. } = stage;
     if !checked.softmax {
         return Ok(());
     }
@@ -804,7 +793,7 @@ fn softmax(
         probs,
         &SoftmaxParams {
             shape: checked.shape(cx.config.vocab),
-            host_temperature: Some(row_temperature),
+            host_temperature: Some(stage.row_temperature),
         },
     )?;
     Ok(())
@@ -860,13 +849,8 @@ fn fallback<'b>(
 }
 
 /// Stage 4: the strategy's target for every row.
-fn targets(
-    cx: &StepContext<'_>,
-    sc: &mut Scratch,
-    checked: &Checked<'_>,
-    row_temperature: &[f32],
-    block: RowBlock,
-) -> Result<()> {
+fn targets(stage: Stage<'_>, sc: &mut Scratch, block: RowBlock) -> Result<()> {
+    let Stage { cx, checked, .. } = stage;
     let shape = RowShape {
         rows: block.rows,
         vocab: cx.config.vocab,
@@ -876,7 +860,7 @@ fn targets(
         sc.probs.as_ref(),
         sc.processed.as_ref(),
         &sc.row_temperature,
-        &row_temperature[block.first..block.first + block.rows],
+        &stage.row_temperature[block.first..block.first + block.rows],
     )?;
     let fallback = fallback(checked, sc.processed.as_ref());
     let top_k = match (
@@ -998,13 +982,12 @@ struct Targets<'b> {
 /// Stage 6: `verify_draft_tokens` against the rows `checked.verify_rows` says, with the host slot
 /// lengths when those are the `T_out` output rows.
 fn verify(
-    cx: &StepContext<'_>,
+    stage: Stage<'_>,
     slots: &SlotTable,
-    st: &SlotBuffers,
     sc: &mut Scratch,
-    (checked, row_temperature): (&Checked<'_>, &[f32]),
     sharded: Option<&super::sharded::StepRows>,
 ) -> Result<()> {
+    let Stage { cx, checked, .. } = stage;
     write_draft_index(cx, sc, checked)?;
     let targets = Targets {
         tokens: &sc.target_tokens,
@@ -1014,7 +997,7 @@ fn verify(
             sc.probs.as_ref(),
             sc.processed.as_ref(),
             &sc.row_temperature,
-            row_temperature,
+            stage.row_temperature,
         )?,
         top_k: &sc.row_top_k,
         top_p: &sc.row_top_p,
@@ -1037,10 +1020,10 @@ fn verify(
         };
     run(
         &VerifyInputs {
-            draft_tokens: &st.draft_tokens,
-            lens: st.lens(),
+            draft_tokens: &stage.state.draft_tokens,
+            lens: stage.state.lens(),
             cu_seqlens_q_output: &sc.cu_seqlens_q_output,
-            state: verify_slot_state(st),
+            state: verify_slot_state(stage.state),
             seeds: &sc.row_seed,
             strategy,
         },
@@ -1105,13 +1088,8 @@ fn verify_slot_state(st: &SlotBuffers) -> VerifySlotState<'_> {
 }
 
 /// Stage 7: `accept_logprobs` of the accepted tokens, when configured.
-fn logprobs(
-    cx: &StepContext<'_>,
-    st: &SlotBuffers,
-    sc: &mut Scratch,
-    checked: &Checked<'_>,
-    row_temperature: &[f32],
-) -> Result<()> {
+fn logprobs(stage: Stage<'_>, sc: &mut Scratch) -> Result<()> {
+    let Stage { cx, checked, .. } = stage;
     let Some(lp) = sc.logprobs.as_mut().filter(|_| checked.logprobs) else {
         return Ok(());
     };
@@ -1120,14 +1098,14 @@ fn logprobs(
         temperature: &sc.row_temperature,
         accept_tokens: &sc.accept_tokens,
         accept_num: &sc.accept_num,
-        seq_lens_encoder: &st.seq_lens_encoder,
+        seq_lens_encoder: &stage.state.seq_lens_encoder,
         cu_seqlens_q_output: &sc.cu_seqlens_q_output,
     };
     let params = LogprobsParams {
         dims: cx.dims(),
         shape: checked.shape(cx.config.vocab),
         top_k: lp.top_k,
-        host_temperature: Some(row_temperature),
+        host_temperature: Some(stage.row_temperature),
     };
     match cx.sharding {
         Some(s) => specula_shard::accept_logprobs(

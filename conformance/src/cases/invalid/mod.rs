@@ -55,6 +55,24 @@ macro_rules! invalid_registry {
     };
 }
 
+/// The two entry points the registry calls, for a row op whose only shape parameter is the
+/// vocabulary: `baselines` (`$make(VOCAB)`) and `cases` ([`vocab_op_cases`] of `$make`, the
+/// broken tensors `$table` and the op's own cases `$extra`).
+macro_rules! vocab_op_entries {
+    ($make:ident, $table:expr, $extra:expr $(,)?) => {
+        /// The valid call every case breaks.
+        #[cfg(test)]
+        pub(super) fn baselines() -> Vec<crate::cases::Case> {
+            vec![$make(super::VOCAB)]
+        }
+
+        /// Every `invalid::` case of the op.
+        pub(super) fn cases() -> Vec<crate::cases::Case> {
+            super::vocab_op_cases($make, $table, $extra)
+        }
+    };
+}
+
 specula_backend_api::for_each_op!(invalid_registry);
 
 /// Vocabulary of the baselines.
@@ -238,13 +256,19 @@ fn vocab_cases(make: impl Fn(usize) -> Case) -> Vec<Case> {
     ]
 }
 
-/// The baseline `make(VOCAB)` of a row op whose only shape parameter is the vocabulary, and its
-/// first cases: the baseline's tensors broken as `table` says, then [`vocab_cases`].
-fn vocab_op_cases(make: fn(usize) -> Case, table: &[(&str, &[Break])]) -> (Case, Vec<Case>) {
+/// Every `invalid::` case of a row op whose only shape parameter is the vocabulary, through
+/// `make(vocab)` (its baseline with another vocabulary): the baseline `make(VOCAB)`'s tensors
+/// broken as `table` says, then [`vocab_cases`], then the op's own `extra(&baseline)`.
+fn vocab_op_cases(
+    make: fn(usize) -> Case,
+    table: &[(&str, &[Break])],
+    extra: fn(&Case) -> Vec<Case>,
+) -> Vec<Case> {
     let base = make(VOCAB);
     let mut out = broken(&base, table);
     out.extend(vocab_cases(make));
-    (base, out)
+    out.extend(extra(&base));
+    out
 }
 
 /// The slice cases of a sharded op, through `make(slice)` (the baseline with another slice):

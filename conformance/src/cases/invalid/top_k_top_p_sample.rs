@@ -3,13 +3,28 @@
 use specula_backend_api::DType;
 
 use super::Break::{Dtype, Foreign, HostDtype, Long, Short};
-use super::{VOCAB, batch, host_top_p_cases, prob_rows, reject, vocab_op_cases};
+use super::{VOCAB, batch, host_top_p_cases, prob_rows, reject};
 use crate::case::ErrorKind::InvalidArgument;
 use crate::cases::process_logits::golden_setups;
 use crate::cases::top_k_top_p_sample::processed_case;
 use crate::cases::Case;
 use crate::cases::generate::{f32s, i32s, u64s};
 use crate::cases::top_k_top_p_sample::Params;
+
+vocab_op_entries!(
+    with_vocab,
+    &[
+        ("probs", &[Dtype(DType::I32), Short, Foreign]),
+        ("top_k", &[Dtype(DType::F32), Short]),
+        ("top_p", &[HostDtype(DType::U32), Long]),
+        ("seed", &[Dtype(DType::U32), Short, Foreign]),
+    ],
+    |base| {
+        let mut out = host_top_p_cases(base, 2);
+        out.push(processed_with_fallback());
+        out
+    },
+);
 
 /// `T_out` rows of probabilities with per-row `top_k`, `top_p` and seeds, with `vocab` as the
 /// parameter.
@@ -28,28 +43,6 @@ fn with_vocab(vocab: usize) -> Case {
     .with("top_k", i32s(&[0, 2, 3, 8]))
     .with("top_p", f32s(&[0.9, 0.5, 1.0, 0.7]))
     .with("seed", u64s(&[100, 104, 108, 200]))
-}
-
-/// The valid call every case breaks.
-#[cfg(test)]
-pub(super) fn baselines() -> Vec<Case> {
-    vec![with_vocab(VOCAB)]
-}
-
-/// Every `invalid::` case of `top_k_top_p_sample`.
-pub(super) fn cases() -> Vec<Case> {
-    let (base, mut out) = vocab_op_cases(
-        with_vocab,
-        &[
-            ("probs", &[Dtype(DType::I32), Short, Foreign]),
-            ("top_k", &[Dtype(DType::F32), Short]),
-            ("top_p", &[HostDtype(DType::U32), Long]),
-            ("seed", &[Dtype(DType::U32), Short, Foreign]),
-        ],
-    );
-    out.extend(host_top_p_cases(&base, 2));
-    out.push(processed_with_fallback());
-    out
 }
 
 /// The fused sampling of processed rows given a `fallback` input: the processing makes the
