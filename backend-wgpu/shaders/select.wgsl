@@ -291,11 +291,7 @@ fn select_prefix(lid: u32, vocab: u32, min_key: u32, metric: u32, goal: vec2<u32
             shift = remaining - HIST_BITS;
         }
         let nb = 1u << (remaining - shift);
-        for (var b = lid; b < HIST_BINS; b += WG) {
-            atomicStore(&h_count[b], 0u);
-            atomicStore(&h_mlo[b], 0u);
-            atomicStore(&h_mhi[b], 0u);
-        }
+        clear_bins(lid, HIST_BINS);
         workgroupBarrier();
         for (var i = lid; i < vocab; i += WG) {
             let k = row_key(i);
@@ -305,14 +301,7 @@ fn select_prefix(lid: u32, vocab: u32, min_key: u32, metric: u32, goal: vec2<u32
             let d = (k >> shift) & (nb - 1u);
             atomicAdd(&h_count[d], 1u);
             if with_mass {
-                let w = weight_of(k);
-                if !is_zero64(w) {
-                    let old = atomicAdd(&h_mlo[d], w.x);
-                    let hi = w.y + select(0u, 1u, old + w.x < old);
-                    if hi != 0u {
-                        atomicAdd(&h_mhi[d], hi);
-                    }
-                }
+                add_mass(d, weight_of(k));
             }
         }
         workgroupBarrier();
