@@ -23,6 +23,7 @@ const ROWSTATS: &str = include_str!("../shaders/rowstats.wgsl");
 const SHARD: &str = include_str!("../shaders/shard.wgsl");
 const SHARD_ROWS: &str = include_str!("../shaders/shard_rows.wgsl");
 const MASS_BINS: &str = include_str!("../shaders/mass_bins.wgsl");
+const DRAW: &str = include_str!("../shaders/draw.wgsl");
 
 macro_rules! kernel_registry {
     ($($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*) => {
@@ -116,6 +117,9 @@ pub(crate) enum Library {
     /// `mass_bins.wgsl`: histogram bins with a count and an exact 64-bit mass (the module declares
     /// the bins), for a module without [`Library::Select`].
     MassBins,
+    /// `draw.wgsl`: a draw among a selection's members in ascending id order, each weighing the
+    /// module's `drawn_weight` (after [`Library::Select`]).
+    Draw,
 }
 
 impl Library {
@@ -127,6 +131,7 @@ impl Library {
             Library::Shard => &[SHARD],
             Library::ShardRows => &[SHARD_ROWS],
             Library::MassBins => &[MASS_BINS],
+            Library::Draw => &[DRAW],
         }
     }
 }
