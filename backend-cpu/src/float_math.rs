@@ -274,128 +274,110 @@ fn tail_sum(tail: &[f32], max: f32, inverse: f32) -> f32 {
     tail.iter().map(|&x| normaliser_term(x, max, inverse)).sum()
 }
 
-/// [`normaliser_term`] on the lanes of one vector, from the intrinsics of its width (`mul`, `sub`,
-/// `max`, `set1`, `fmadd`, `fnmadd` of `__m256` or `__m512`): `(p, shifted, n)` with
-/// `e^y = p · 2^n`, `shifted` the rounded sum whose low bits hold `n`. Each width scales by `2^n`
-/// its own way.
+/// Writes the module of one vector width: `term`, [`normaliser_term`] on the lanes of one vector,
+/// and `sum_exp_reciprocal`, the normaliser's loop (32 tokens a step into `32 / lanes`
+/// accumulators, the next row's two cache lines at those tokens' offsets asked for as it goes, the
+/// tail term by term). From the width's intrinsics (`mul`, `sub`, `max`, `set1`, `fmadd`,
+/// `fnmadd`, `setzero`, `loadu`, `add` of `__m256` or `__m512`) and its two own steps: how a term
+/// `p · 2^n` is scaled (`scale`, from `p`, the rounded sum `shifted` whose low bits hold `n`, and
+/// `n`) and how the accumulators are summed (`reduce`).
 #[cfg(target_arch = "x86_64")]
-macro_rules! term_reduction {
-    ($x:expr, $m:expr, $inverse:expr;
-        $mul:ident, $sub:ident, $max:ident, $set1:ident, $fmadd:ident, $fnmadd:ident) => {{
-        // `max(y, floor)` returns the floor for a NaN `y` (a NaN logit).
-        let y = $mul($sub($x, $m), $inverse);
-        let y = $max(y, $set1(TERM_FLOOR));
-        let rounder = $set1(BIASED_ROUNDER);
-        let shifted = $fmadd(y, $set1(LOG2_E), rounder);
-        let n = $sub(shifted, rounder);
-        let r = $fnmadd(n, $set1(LN2_HI), y);
-        let r = $fnmadd(n, $set1(LN2_LO), r);
-        let mut p = $set1(TERM_POLYNOMIAL[0]);
-        for &c in &TERM_POLYNOMIAL[1..] {
-            p = $fmadd(p, r, $set1(c));
-        }
-        (p, shifted, n)
-    }};
-}
+macro_rules! normaliser_lanes {
+    ($(#[$doc:meta])* mod $module:ident: $vec:ident x $lanes:literal, $features:literal ($isa:literal);
+        $mul:ident, $sub:ident, $max:ident, $set1:ident, $fmadd:ident, $fnmadd:ident,
+        $setzero:ident, $loadu:ident, $add:ident;
+        scale |$p:ident, $shifted:ident, $n:ident| $scale:expr;
+        reduce |$acc:ident| $reduce:expr) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        mod $module {
+            use super::{
+                BIASED_ROUNDER, LN2_HI, LN2_LO, LOG2_E, TERM_FLOOR, TERM_POLYNOMIAL, prefetch_pair,
+                tail_sum,
+            };
+            use std::arch::x86_64::*;
 
-/// Hand-written AVX2 loop: eight lanes.
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::{
-        BIASED_ROUNDER, LN2_HI, LN2_LO, LOG2_E, TERM_FLOOR, TERM_POLYNOMIAL, prefetch_pair,
-        tail_sum,
-    };
-    use std::arch::x86_64::*;
+            /// f32 lanes of one vector.
+            const LANES: usize = $lanes;
 
-    /// [`super::normaliser_term`] of 8 lanes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) fn term8(x: __m256, m: __m256, inverse: __m256) -> __m256 {
-        let (p, shifted, _) = term_reduction!(x, m, inverse; _mm256_mul_ps, _mm256_sub_ps,
-            _mm256_max_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_fnmadd_ps);
-        let scale = _mm256_slli_epi32::<23>(_mm256_castps_si256(shifted));
-        _mm256_mul_ps(p, _mm256_castsi256_ps(scale))
-    }
+            /// [`super::normaliser_term`] of the lanes of one vector.
+            #[inline]
+            #[target_feature(enable = $features)]
+            pub(super) fn term(x: $vec, m: $vec, inverse: $vec) -> $vec {
+                // `max(y, floor)` returns the floor for a NaN `y` (a NaN logit).
+                let y = $mul($sub(x, m), inverse);
+                let y = $max(y, $set1(TERM_FLOOR));
+                let rounder = $set1(BIASED_ROUNDER);
+                let shifted = $fmadd(y, $set1(LOG2_E), rounder);
+                let n = $sub(shifted, rounder);
+                let r = $fnmadd(n, $set1(LN2_HI), y);
+                let r = $fnmadd(n, $set1(LN2_LO), r);
+                let mut p = $set1(TERM_POLYNOMIAL[0]);
+                for &c in &TERM_POLYNOMIAL[1..] {
+                    p = $fmadd(p, r, $set1(c));
+                }
+                let ($p, $shifted, $n) = (p, shifted, n);
+                $scale
+            }
 
-    /// See [`super::sum_exp_reciprocal`] (`inverse` is `1/t`).
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn sum_exp_reciprocal(
-        row: &[f32],
-        max: f32,
-        inverse: f32,
-        next: &[f32],
-    ) -> f32 {
-        let (m, scale) = (_mm256_set1_ps(max), _mm256_set1_ps(inverse));
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut groups = row.chunks_exact(32);
-        for (i, v) in (&mut groups).enumerate() {
-            prefetch_pair(next, i);
-            for (j, a) in acc.iter_mut().enumerate() {
-                // SAFETY: `v` holds 32 f32.
-                let x = unsafe { _mm256_loadu_ps(v.as_ptr().add(8 * j)) };
-                *a = _mm256_add_ps(*a, term8(x, m, scale));
+            /// See [`super::sum_exp_reciprocal`] (`inverse` is `1/t`).
+            ///
+            /// # Safety
+            #[doc = concat!("The CPU must support ", $isa, ".")]
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn sum_exp_reciprocal(
+                row: &[f32],
+                max: f32,
+                inverse: f32,
+                next: &[f32],
+            ) -> f32 {
+                let (m, scale) = ($set1(max), $set1(inverse));
+                let mut acc = [$setzero(); 32 / LANES];
+                let mut steps = row.chunks_exact(32);
+                for (i, v) in (&mut steps).enumerate() {
+                    // The next row's two cache lines at these tokens' offsets (32 f32 = 128 bytes).
+                    prefetch_pair(next, i);
+                    for (j, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: `v` holds 32 f32.
+                        let x = unsafe { $loadu(v.as_ptr().add(LANES * j)) };
+                        *a = $add(*a, term(x, m, scale));
+                    }
+                }
+                let $acc = acc;
+                let vector: f32 = $reduce;
+                vector + tail_sum(steps.remainder(), max, inverse)
             }
         }
+    };
+}
+
+normaliser_lanes!(
+    /// Hand-written AVX2 loop: eight lanes, `2^n` from the exponent bits of the rounded sum.
+    mod avx2: __m256 x 8, "avx2,fma" ("AVX2 and FMA");
+        _mm256_mul_ps, _mm256_sub_ps, _mm256_max_ps, _mm256_set1_ps, _mm256_fmadd_ps,
+        _mm256_fnmadd_ps, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_add_ps;
+    scale |p, shifted, _n| {
+        let scale = _mm256_slli_epi32::<23>(_mm256_castps_si256(shifted));
+        _mm256_mul_ps(p, _mm256_castsi256_ps(scale))
+    };
+    reduce |acc| {
         let mut lanes = [0f32; 8];
         let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
         // SAFETY: `lanes` holds 8 f32.
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
-        lanes.iter().sum::<f32>() + tail_sum(groups.remainder(), max, inverse)
+        lanes.iter().sum::<f32>()
     }
-}
+);
 
-/// Hand-written AVX-512 loop: sixteen lanes, `2^n` by `vscalefps`.
-#[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use super::{
-        BIASED_ROUNDER, LN2_HI, LN2_LO, LOG2_E, TERM_FLOOR, TERM_POLYNOMIAL, prefetch_pair,
-        tail_sum,
-    };
-    use std::arch::x86_64::*;
-
-    /// [`super::normaliser_term`] of 16 lanes.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-    pub(super) fn term16(x: __m512, m: __m512, inverse: __m512) -> __m512 {
-        let (p, _, n) = term_reduction!(x, m, inverse; _mm512_mul_ps, _mm512_sub_ps,
-            _mm512_max_ps, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_fnmadd_ps);
-        // `n` is an integer in [−126, 0]: the scaling is exact.
-        _mm512_scalef_ps(p, n)
-    }
-
-    /// See [`super::sum_exp_reciprocal`] (`inverse` is `1/t`).
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F/BW/VL/DQ.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-    pub(super) unsafe fn sum_exp_reciprocal(
-        row: &[f32],
-        max: f32,
-        inverse: f32,
-        next: &[f32],
-    ) -> f32 {
-        let (m, scale) = (_mm512_set1_ps(max), _mm512_set1_ps(inverse));
-        let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let mut pairs = row.chunks_exact(32);
-        for (i, v) in (&mut pairs).enumerate() {
-            // The next row's two cache lines at these tokens' offsets (32 f32 = 128 bytes).
-            prefetch_pair(next, i);
-            // SAFETY: `v` holds 32 f32.
-            let (a, b) = unsafe {
-                (
-                    _mm512_loadu_ps(v.as_ptr()),
-                    _mm512_loadu_ps(v.as_ptr().add(16)),
-                )
-            };
-            acc0 = _mm512_add_ps(acc0, term16(a, m, scale));
-            acc1 = _mm512_add_ps(acc1, term16(b, m, scale));
-        }
-        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + tail_sum(pairs.remainder(), max, inverse)
-    }
-}
+normaliser_lanes!(
+    /// Hand-written AVX-512 loop: sixteen lanes, `2^n` by `vscalefps`.
+    mod avx512: __m512 x 16, "avx512f,avx512bw,avx512vl,avx512dq" ("AVX-512F/BW/VL/DQ");
+        _mm512_mul_ps, _mm512_sub_ps, _mm512_max_ps, _mm512_set1_ps, _mm512_fmadd_ps,
+        _mm512_fnmadd_ps, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_add_ps;
+    // `n` is an integer in [−126, 0]: the scaling is exact.
+    scale |p, _shifted, n| _mm512_scalef_ps(p, n);
+    reduce |acc| _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
+);
 
 #[cfg(test)]
 mod tests {
@@ -477,7 +459,7 @@ mod tests {
         assert_eq!(normaliser_term(2.5, 2.5, 1.0), 1.0);
     }
 
-    /// The vector terms (`avx2::term8`, `avx512::term16`) are the scalar term's bits.
+    /// The vector terms (`avx2::term`, `avx512::term`) are the scalar term's bits.
     fn assert_terms_equal(lanes: usize, terms: impl Fn(&[f32], f32, f32, &mut [f32])) {
         let xs = term_inputs(lanes);
         for t in [1.0f32, 0.8, 0.05, 3.0] {
@@ -521,7 +503,7 @@ mod tests {
         /// The AVX2 terms are the scalar ones, bit for bit; the AVX2 reciprocal sum is the plain
         /// sum within the float ops' tolerance.
         fn the_avx2_terms_and_sum_match_the_scalar_ones() if has_avx2 ("AVX2"):
-            avx2::term8 [_mm256_loadu_ps, _mm256_set1_ps, _mm256_storeu_ps], 8 lanes; then {
+            avx2::term [_mm256_loadu_ps, _mm256_set1_ps, _mm256_storeu_ps], 8 lanes; then {
             // SAFETY: AVX2 and FMA are present.
             assert_sums_close(|row, max, t| unsafe {
                 avx2::sum_exp_reciprocal(row, max, 1.0 / t, row)
@@ -533,7 +515,7 @@ mod tests {
         /// The AVX-512 terms are the scalar ones, bit for bit; the reciprocal sum is the plain sum
         /// within the float ops' tolerance.
         fn the_avx512_terms_and_sum_match_the_scalar_ones() if has_avx512 ("AVX-512"):
-            avx512::term16 [_mm512_loadu_ps, _mm512_set1_ps, _mm512_storeu_ps], 16 lanes; then {
+            avx512::term [_mm512_loadu_ps, _mm512_set1_ps, _mm512_storeu_ps], 16 lanes; then {
             assert_sums_close(|row, max, t| {
                 sum_exp_reciprocal(row, max, t, row).expect("AVX-512")
             });

@@ -11,8 +11,8 @@
 // selection: up to four passes over the row, each building a 1024-bin histogram (counts, and masses
 // as u32 limb pairs with an explicit carry) of the next 10 key bits among the tokens that match the
 // bits found so far, and one walk from the top bin down to the bin where the goal is crossed. The
-// take inside the final key group is computed exactly. `draw_in_prefix` then walks the members in
-// ascending id order with one chunked pass and a scan of per-thread partial masses.
+// take inside the final key group is computed exactly. `draw_in_prefix` (draw.wgsl) then walks the
+// members in ascending id order with one chunked pass and a scan of per-thread partial masses.
 
 const HIST_BITS: u32 = 10u;
 const HIST_BINS: u32 = 1024u;
@@ -291,11 +291,7 @@ fn select_prefix(lid: u32, vocab: u32, min_key: u32, metric: u32, goal: vec2<u32
             shift = remaining - HIST_BITS;
         }
         let nb = 1u << (remaining - shift);
-        for (var b = lid; b < HIST_BINS; b += WG) {
-            atomicStore(&h_count[b], 0u);
-            atomicStore(&h_mlo[b], 0u);
-            atomicStore(&h_mhi[b], 0u);
-        }
+        clear_bins(lid, HIST_BINS);
         workgroupBarrier();
         for (var i = lid; i < vocab; i += WG) {
             let k = row_key(i);
@@ -305,14 +301,7 @@ fn select_prefix(lid: u32, vocab: u32, min_key: u32, metric: u32, goal: vec2<u32
             let d = (k >> shift) & (nb - 1u);
             atomicAdd(&h_count[d], 1u);
             if with_mass {
-                let w = weight_of(k);
-                if !is_zero64(w) {
-                    let old = atomicAdd(&h_mlo[d], w.x);
-                    let hi = w.y + select(0u, 1u, old + w.x < old);
-                    if hi != 0u {
-                        atomicAdd(&h_mhi[d], hi);
-                    }
-                }
+                add_mass(d, weight_of(k));
             }
         }
         workgroupBarrier();
@@ -428,37 +417,6 @@ fn admit(k: u32, sel: Sel, min_key: u32, seen: ptr<function, u32>) -> bool {
         return true;
     }
     return false;
-}
-
-/// Draws in a prefix: the member, in ascending id order, whose cumulative weight first exceeds
-/// `t` (`t < sel.mass`). Uniform result; 0xffffffff if none (unreachable for a valid t).
-fn draw_in_prefix(lid: u32, vocab: u32, sel: Sel, t: vec2<u32>) -> u32 {
-    let base = eq_base(lid, vocab, sel);
-    let r = chunk_range(lid, vocab);
-    var m = vec2<u32>(0u);
-    var seen = base;
-    for (var i = r.x; i < r.y; i++) {
-        let k = row_key(i);
-        if admit(k, sel, 0u, &seen) {
-            m = add64(m, weight_of(k));
-        }
-    }
-    let crossing = wg_crossing(lid, m, t);
-    if lid == crossing.thread {
-        var cum = crossing.before;
-        var seen2 = base;
-        for (var i = r.x; i < r.y; i++) {
-            let k = row_key(i);
-            if admit(k, sel, 0u, &seen2) {
-                cum = add64(cum, weight_of(k));
-                if lt64(t, cum) {
-                    s_state.result = i;
-                    break;
-                }
-            }
-        }
-    }
-    return wg_result();
 }
 
 /// Gathers the members of `sel` (none below `min_key`) in ascending id order into `m_key` and

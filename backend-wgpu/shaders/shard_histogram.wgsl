@@ -1,8 +1,8 @@
 // shard_histogram (`docs/semantics.md` §5.15): one workgroup per row. Every invocation keys its
 // strided part of the slice and adds each token within the row's prefix and at or above its floor
 // to the workgroup's 256 buckets: a count, and its weight as a token of the whole row (shard.wgsl)
-// as two 32-bit words with an explicit carry, so the masses are exact whatever the order of the
-// adds. Then the buckets are written out as u64 words.
+// as two 32-bit words with an explicit carry (mass_bins.wgsl), so the masses are exact whatever the
+// order of the adds. Then the buckets are written out as u64 words.
 
 // `struct ShardHistogramArgs` is generated from its `kernel_args!` declaration in src/ops/shard_histogram.rs.
 
@@ -25,11 +25,7 @@ fn shard_histogram_main(g: u32, lid: u32, dt: u32) {
     let sw = row_weigh(row);
     let want = vec2<u32>(prefix[p.prefix_off + 2u * row], prefix[p.prefix_off + 2u * row + 1u]);
     let low = vec2<u32>(floors[p.floor_off + 2u * row], floors[p.floor_off + 2u * row + 1u]);
-    for (var b = lid; b < 256u; b += WG) {
-        atomicStore(&h_count[b], 0u);
-        atomicStore(&h_mlo[b], 0u);
-        atomicStore(&h_mhi[b], 0u);
-    }
+    clear_bins(lid, 256u);
     workgroupBarrier();
     let shift = p.shift;
     for (var i = lid; i < p.vocab; i += WG) {
@@ -44,14 +40,7 @@ fn shard_histogram_main(g: u32, lid: u32, dt: u32) {
         if ge64(k, low) && eq64(above, want) {
             let bin = shr64(k, shift).x & 255u;
             atomicAdd(&h_count[bin], 1u);
-            let w = slice_weight(sw, logits, bits, id);
-            if !is_zero64(w) {
-                let old = atomicAdd(&h_mlo[bin], w.x);
-                let hi = w.y + select(0u, 1u, old + w.x < old);
-                if hi != 0u {
-                    atomicAdd(&h_mhi[bin], hi);
-                }
-            }
+            add_mass(bin, slice_weight(sw, logits, bits, id));
         }
     }
     workgroupBarrier();

@@ -31,6 +31,11 @@ fn row_key(i: u32) -> u32 {
     return rank_key(row_bits(i));
 }
 
+/// The weight of member `i` (key `k`) in the SAMPLE draw (draw.wgsl): its kept weight.
+fn drawn_weight(i: u32, k: u32) -> vec2<u32> {
+    return weight_of(k);
+}
+
 // Entry points `top_k_top_p_sample_<dtype>` (generated, kernels.rs; groups with work only).
 fn top_k_top_p_sample_main(g: u32, lid: u32, dt: u32) {
     begin_row(dt, p.probs_off + g * p.vocab);

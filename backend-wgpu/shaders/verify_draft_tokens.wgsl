@@ -347,6 +347,22 @@ fn residual(wp: vec2<u32>, wq: vec2<u32>, wq_total: vec2<u32>, wp_total: vec2<u3
     return shr128_low64(sub128(a, b), shift);
 }
 
+/// What the residual draw of a pair weighs its members against (set before the draw, the same on
+/// every invocation): the draft row's kept weight `Wq`, the target's `Wp` and the scale.
+struct Residual {
+    wq_total: vec2<u32>,
+    wp_total: vec2<u32>,
+    shift: u32,
+}
+
+var<private> g_residual: Residual;
+
+/// The weight of member `i` (key `k`) in the residual draw (draw.wgsl): its residual.
+fn drawn_weight(i: u32, k: u32) -> vec2<u32> {
+    let g = g_residual;
+    return residual(weight_of(k), q_weight(i), g.wq_total, g.wp_total, g.shift);
+}
+
 /// The scale `k` of the residual: 41 for probability rows; for logits rows
 /// `max(0, bitlength(Wp) + bitlength(Wq) − 60)`, so that the residual's total stays below 2^60.
 fn residual_shift(wp_total: vec2<u32>, wq_total: vec2<u32>) -> u32 {
@@ -474,15 +490,8 @@ fn verify_draft_tokens_pair_main(g: u32, lid: u32, dt: u32) {
         return;
     }
     // Residual sample in ascending id order over the kept set.
-    let shift = residual_shift(pr.kept_mass, wq_total);
-    var seen = base;
-    var m = vec2<u32>(0u);
-    for (var i = r.x; i < r.y; i++) {
-        let k = row_key(i);
-        if admit(k, sel, 0u, &seen) {
-            m = add64(m, residual(weight_of(k), q_weight(i), wq_total, pr.kept_mass, shift));
-        }
-    }
+    g_residual = Residual(wq_total, pr.kept_mass, residual_shift(pr.kept_mass, wq_total));
+    let m = chunk_mass(r, sel, base);
     let total = wg_sum64(lid, m);
     if is_zero64(total) {
         if lid == 0u {
@@ -491,22 +500,7 @@ fn verify_draft_tokens_pair_main(g: u32, lid: u32, dt: u32) {
         return;
     }
     let t = scale_draw(draw(pr.seed, PURPOSE_RESIDUAL), total);
-    let crossing = wg_crossing(lid, m, t);
-    if lid == crossing.thread {
-        var cum = crossing.before;
-        var seen2 = base;
-        for (var i = r.x; i < r.y; i++) {
-            let k = row_key(i);
-            if admit(k, sel, 0u, &seen2) {
-                cum = add64(cum, residual(weight_of(k), q_weight(i), wq_total, pr.kept_mass, shift));
-                if lt64(t, cum) {
-                    s_state.result = i;
-                    break;
-                }
-            }
-        }
-    }
-    let result = wg_result();
+    let result = draw_crossing(lid, r, sel, base, m, t);
     if lid == 0u {
         if result == 0xffffffffu {
             post_pair(j, PAIR_RESAMPLE_TARGET, 0u);

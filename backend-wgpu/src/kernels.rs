@@ -22,6 +22,8 @@ const SELECT: &str = include_str!("../shaders/select.wgsl");
 const ROWSTATS: &str = include_str!("../shaders/rowstats.wgsl");
 const SHARD: &str = include_str!("../shaders/shard.wgsl");
 const SHARD_ROWS: &str = include_str!("../shaders/shard_rows.wgsl");
+const MASS_BINS: &str = include_str!("../shaders/mass_bins.wgsl");
+const DRAW: &str = include_str!("../shaders/draw.wgsl");
 
 macro_rules! kernel_registry {
     ($($variant:ident $name:ident $section:literal $exact:ident $summary:literal,)*) => {
@@ -104,7 +106,7 @@ impl Kernel {
 /// A shared WGSL file a module may be built on, after `common.wgsl`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Library {
-    /// `select.wgsl`: rank-order selection.
+    /// `select.wgsl`: rank-order selection (built on `mass_bins.wgsl`, which comes with it).
     Select,
     /// `rowstats.wgsl`: a row's softmax statistics.
     RowStats,
@@ -112,16 +114,24 @@ pub(crate) enum Library {
     Shard,
     /// `shard_rows.wgsl`: the rows of the ops over `ops::ShardRows` (records, histogram, walk).
     ShardRows,
+    /// `mass_bins.wgsl`: histogram bins with a count and an exact 64-bit mass (the module declares
+    /// the bins), for a module without [`Library::Select`].
+    MassBins,
+    /// `draw.wgsl`: a draw among a selection's members in ascending id order, each weighing the
+    /// module's `drawn_weight` (after [`Library::Select`]).
+    Draw,
 }
 
 impl Library {
-    /// The file's text.
-    const fn text(self) -> &'static str {
+    /// The files' texts, in order.
+    const fn texts(self) -> &'static [&'static str] {
         match self {
-            Library::Select => SELECT,
-            Library::RowStats => ROWSTATS,
-            Library::Shard => SHARD,
-            Library::ShardRows => SHARD_ROWS,
+            Library::Select => &[MASS_BINS, SELECT],
+            Library::RowStats => &[ROWSTATS],
+            Library::Shard => &[SHARD],
+            Library::ShardRows => &[SHARD_ROWS],
+            Library::MassBins => &[MASS_BINS],
+            Library::Draw => &[DRAW],
         }
     }
 }
@@ -496,7 +506,9 @@ pub(crate) fn shader_source(kernel: Kernel) -> String {
     }
     source.push_str(COMMON);
     for library in kernel.facts().libraries {
-        source.push_str(library.text());
+        for text in library.texts() {
+            source.push_str(text);
+        }
     }
     source.push_str(kernel.body());
     source.push_str(&float_entry_points(kernel));

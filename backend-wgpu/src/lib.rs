@@ -17,7 +17,8 @@
 //! - **Sampling without a sort** (`shaders/select.wgsl`): one workgroup per row finds the top-k
 //!   and top-p cut (a rank key and a take inside its group of equal keys) by a radix selection,
 //!   10 key bits per pass with workgroup histograms of counts and masses, then draws with one
-//!   chunked prefix scan in ascending id order.
+//!   chunked prefix scan in ascending id order (`shaders/draw.wgsl`, the same walk for SAMPLE's
+//!   kept weights and REJECTION's residuals).
 //! - **Any window, any size.** Buffers are windows of allocations; each binding starts at the
 //!   aligned-down offset and the element offset inside it is a uniform parameter, so no window
 //!   relies on the adapter's offset alignment. Matrices larger than the largest storage binding

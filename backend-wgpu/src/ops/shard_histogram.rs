@@ -32,7 +32,7 @@ const SHARD_HISTOGRAM: Entry<ShardHistogramArgs, RowHead> =
 /// The facts of `shaders/shard_histogram.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
 pub(crate) const KERNEL: KernelFacts = KernelFacts::rows(
-    &[Library::Shard, Library::ShardRows],
+    &[Library::Shard, Library::ShardRows, Library::MassBins],
     &[SHARD_HISTOGRAM.args()],
 );
 

@@ -34,7 +34,8 @@ const SAMPLE: Entry<TopKTopPSampleArgs, RowHead> = Entry::new(Kernel::TopKTopPSa
 
 /// The facts of `shaders/top_k_top_p_sample.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
-pub(crate) const KERNEL: KernelFacts = KernelFacts::rows(&[Library::Select], &[SAMPLE.args()]);
+pub(crate) const KERNEL: KernelFacts =
+    KernelFacts::rows(&[Library::Select, Library::Draw], &[SAMPLE.args()]);
 
 /// The dispatches sampling every row of `inputs.scores` into `tokens` (and, with `aux`, recording
 /// each row's kept set and total weight for REJECTION). `op` is the op they are recorded for.

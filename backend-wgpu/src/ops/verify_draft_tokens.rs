@@ -87,7 +87,7 @@ const PAIR: Entry<VerifyDraftTokensPairArgs, BatchHead> =
 /// The facts of `shaders/verify_draft_tokens.wgsl`: the shared files its module is built on, its float
 /// kernels and its kernels' argument structs (generated into the module).
 pub(crate) const KERNEL: KernelFacts = KernelFacts {
-    libraries: &[Library::Select],
+    libraries: &[Library::Select, Library::Draw],
     float_kernels: &[FloatKernel {
         suffix: Some("pair"),
         groups: "pp.pairs_in_dispatch",
