@@ -171,22 +171,25 @@ pub(crate) fn band_bins(
     slack: f64,
 ) -> (Option<usize>, Option<usize>) {
     let (mut mass, mut squares) = (0.0f64, 0.0f64);
-    let (mut low_bin, mut high_bin) = (None, None);
+    let mut low_bin = None;
+    // `x ≥ 4 · scale · √S` as `x ≥ 0 ∧ x² ≥ 16 · scale² · S`: no square root (its latency, once
+    // per bin, was most of the walk).
+    let beyond = |x: f64, squares: f64| x >= 0.0 && x * x >= 16.0 * scale * scale * squares;
     for (b, &(m, q)) in bins.iter().enumerate() {
         if m == 0.0 {
             continue;
         }
-        let spread = 4.0 * scale * (squares + q).sqrt() + slack;
-        if (mass + m) * scale <= low_below - spread {
+        if beyond(low_below - slack - (mass + m) * scale, squares + q) {
             low_bin = Some(b + 1);
         }
         mass += m;
         squares += q;
-        if high_bin.is_none() && mass * scale >= high_below + spread {
-            high_bin = Some(b + 1);
+        if beyond(mass * scale - high_below - slack, squares) {
+            // No later bin is below `low_below` by the spread (the mass and the spread grow).
+            return (low_bin, Some(b + 1));
         }
     }
-    (low_bin, high_bin)
+    (low_bin, None)
 }
 
 /// The pass over the row: the exact weight above the band per block into `s.masses`, the band's

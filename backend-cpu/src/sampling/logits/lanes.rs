@@ -289,18 +289,30 @@ pub(crate) fn estimate_block_sums(row: &[f32], lanes: &RowLanes, sums: &mut [f64
 /// [`ESTIMATE_ABSOLUTE`] of the exact weight) and a rough total (f32 sums in lanes: a guide, not
 /// a bound; the exact sums of the stored values are the caller's).
 pub(crate) fn estimate_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
+    estimate_store_levels(row, lanes, out, &[]).0
+}
+
+/// [`estimate_store`], and for each logit level of `levels` the rough sum of the estimates of
+/// the tokens whose logit is at least it (an ordered compare: NaN is never at a level; f32 sums
+/// in lanes, a guide like the total: the band they place is checked after the fact).
+pub(crate) fn estimate_store_levels<const L: usize>(
+    row: &[f32],
+    lanes: &RowLanes,
+    out: &mut [f32],
+    levels: &[f32; L],
+) -> (f64, [f64; L]) {
     let out = &mut out[..row.len()];
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: AVX-512F/BW/VL/DQ are present.
-        return unsafe { avx512::estimate_store(row, lanes, out) };
+        return unsafe { avx512::estimate_store(row, lanes, out, levels) };
     }
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: AVX2 and FMA are present; `out` is as long as `row`.
-        return unsafe { avx2::estimate_store(row, lanes, out) };
+        return unsafe { avx2::estimate_store(row, lanes, out, levels) };
     }
-    estimate_store_generic(row, lanes, out)
+    estimate_store_generic(row, lanes, out, levels)
 }
 
 /// The block-sums loop of the vector widths: `block_sum` estimates one whole block of
@@ -332,27 +344,45 @@ fn block_sums_with(
 
 /// The store loop of the vector widths: `step` estimates (and stores, and accumulates) one
 /// vector of `N` tokens into its slots of `out`; the tokens past the last whole vector are
-/// estimated one by one. Returns the sum of those last ones.
+/// estimated one by one ([`store_rest`]). Returns the sums of those last ones: the total and
+/// the masses at `levels`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn store_with<const N: usize>(
+fn store_with<const N: usize, const L: usize>(
     row: &[f32],
     lanes: &RowLanes,
     out: &mut [f32],
+    levels: &[f32; L],
     mut step: impl FnMut(&[f32], &mut [f32]),
-) -> f64 {
+) -> (f64, [f64; L]) {
     let mut vectors = row.chunks_exact(N);
     let mut outs = out.chunks_exact_mut(N);
     for (v, o) in (&mut vectors).zip(&mut outs) {
         step(v, o);
     }
-    let mut rest = 0.0;
-    for (&l, o) in vectors.remainder().iter().zip(outs.into_remainder()) {
+    store_rest(vectors.remainder(), lanes, outs.into_remainder(), levels)
+}
+
+/// The estimates of `row` into `out` one by one: their sum and their masses at `levels`.
+#[inline(always)]
+fn store_rest<const L: usize>(
+    row: &[f32],
+    lanes: &RowLanes,
+    out: &mut [f32],
+    levels: &[f32; L],
+) -> (f64, [f64; L]) {
+    let (mut total, mut above) = (0.0, [0.0; L]);
+    for (&l, o) in row.iter().zip(out) {
         let w = estimate_of_gap(lanes.gap_of(l), lanes);
         *o = w;
-        rest += f64::from(w);
+        total += f64::from(w);
+        for (above, &level) in above.iter_mut().zip(levels) {
+            if l >= level {
+                *above += f64::from(w);
+            }
+        }
     }
-    rest
+    (total, above)
 }
 
 /// Lanes of the generic estimate loops.
@@ -388,24 +418,31 @@ fn estimate_sums_generic(row: &[f32], lanes: &RowLanes, sums: &mut [f64]) -> f64
 }
 
 #[inline(always)]
-fn estimate_store_generic(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
+fn estimate_store_generic<const L: usize>(
+    row: &[f32],
+    lanes: &RowLanes,
+    out: &mut [f32],
+    levels: &[f32; L],
+) -> (f64, [f64; L]) {
     let mut acc = [0.0f32; EST_LANES];
+    let mut at = [[0.0f32; EST_LANES]; L];
     let mut groups = row.chunks_exact(EST_LANES);
     let mut outs = out.chunks_exact_mut(EST_LANES);
     for (group, o) in (&mut groups).zip(&mut outs) {
-        for ((a, &l), o) in acc.iter_mut().zip(group).zip(o.iter_mut()) {
+        for (j, (&l, o)) in group.iter().zip(o.iter_mut()).enumerate() {
             let w = estimate_of_gap(lanes.gap_of(l), lanes);
             *o = w;
-            *a += w;
+            acc[j] += w;
+            for (at, &level) in at.iter_mut().zip(levels) {
+                at[j] += if l >= level { w } else { 0.0 };
+            }
         }
     }
-    let mut rest = 0.0;
-    for (&l, o) in groups.remainder().iter().zip(outs.into_remainder()) {
-        let w = estimate_of_gap(lanes.gap_of(l), lanes);
-        *o = w;
-        rest += f64::from(w);
+    let (rest, mut above) = store_rest(groups.remainder(), lanes, outs.into_remainder(), levels);
+    for (above, at) in above.iter_mut().zip(&at) {
+        *above += at.iter().map(|&a| f64::from(a)).sum::<f64>();
     }
-    acc.iter().map(|&a| f64::from(a)).sum::<f64>() + rest
+    (acc.iter().map(|&a| f64::from(a)).sum::<f64>() + rest, above)
 }
 
 /// The maximum of an f32 row (NaN ignored; −inf for a row of NaN and −inf) and whether the row
@@ -676,18 +713,37 @@ mod avx512 {
     /// # Safety
     /// The CPU must support AVX-512F/BW/VL/DQ; `out` is as long as `row`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-    pub(super) unsafe fn estimate_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
+    pub(super) unsafe fn estimate_store<const L: usize>(
+        row: &[f32],
+        lanes: &RowLanes,
+        out: &mut [f32],
+        levels: &[f32; L],
+    ) -> (f64, [f64; L]) {
         let mut acc = _mm512_setzero_ps();
-        let rest = store_with::<16>(row, lanes, out, |v, o| {
+        let at = levels.map(|level| _mm512_set1_ps(level));
+        let mut sums = [_mm512_setzero_ps(); L];
+        let (rest, mut above) = store_with::<16, L>(row, lanes, out, levels, |v, o| {
             // SAFETY: `v` and `o` hold 16 f32.
             unsafe {
-                let w = estimate16(_mm512_loadu_ps(v.as_ptr()), lanes);
+                let l = _mm512_loadu_ps(v.as_ptr());
+                let w = estimate16(l, lanes);
                 _mm512_storeu_ps(o.as_mut_ptr(), w);
                 acc = _mm512_add_ps(acc, w);
+                for (sum, &level) in sums.iter_mut().zip(&at) {
+                    // Ordered: NaN is at no level.
+                    let m = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, level);
+                    *sum = _mm512_mask_add_ps(*sum, m, *sum, w);
+                }
             }
         });
-        let (low, high) = widen16(acc);
-        _mm512_reduce_add_pd(_mm512_add_pd(low, high)) + rest
+        let reduce = |v: __m512| {
+            let (low, high) = widen16(v);
+            _mm512_reduce_add_pd(_mm512_add_pd(low, high))
+        };
+        for (above, &sum) in above.iter_mut().zip(&sums) {
+            *above += reduce(sum);
+        }
+        (reduce(acc) + rest, above)
     }
 }
 
@@ -811,20 +867,39 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2 and FMA; `out` is as long as `row`.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn estimate_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
+    pub(super) unsafe fn estimate_store<const L: usize>(
+        row: &[f32],
+        lanes: &RowLanes,
+        out: &mut [f32],
+        levels: &[f32; L],
+    ) -> (f64, [f64; L]) {
         let mut acc = _mm256_setzero_ps();
-        let rest = store_with::<8>(row, lanes, out, |v, o| {
+        let at = levels.map(|level| _mm256_set1_ps(level));
+        let mut sums = [_mm256_setzero_ps(); L];
+        let (rest, mut above) = store_with::<8, L>(row, lanes, out, levels, |v, o| {
             // SAFETY: `v` and `o` hold 8 f32.
             unsafe {
-                let w = estimate8(_mm256_loadu_ps(v.as_ptr()), lanes);
+                let l = _mm256_loadu_ps(v.as_ptr());
+                let w = estimate8(l, lanes);
                 _mm256_storeu_ps(o.as_mut_ptr(), w);
                 acc = _mm256_add_ps(acc, w);
+                for (sum, &level) in sums.iter_mut().zip(&at) {
+                    // Ordered: NaN is at no level.
+                    let m = _mm256_cmp_ps::<_CMP_GE_OQ>(l, level);
+                    *sum = _mm256_add_ps(*sum, _mm256_and_ps(w, m));
+                }
             }
         });
-        let mut lanes8 = [0f32; 8];
-        // SAFETY: `lanes8` holds 8 f32.
-        unsafe { _mm256_storeu_ps(lanes8.as_mut_ptr(), acc) };
-        lanes8.iter().map(|&a| f64::from(a)).sum::<f64>() + rest
+        let reduce = |v: __m256| {
+            let mut lanes8 = [0f32; 8];
+            // SAFETY: `lanes8` holds 8 f32.
+            unsafe { _mm256_storeu_ps(lanes8.as_mut_ptr(), v) };
+            lanes8.iter().map(|&a| f64::from(a)).sum::<f64>()
+        };
+        for (above, &sum) in above.iter_mut().zip(&sums) {
+            *above += reduce(sum);
+        }
+        (reduce(acc) + rest, above)
     }
 
     /// Exact weights of a chunk into `out` (same length).
@@ -1041,7 +1116,7 @@ mod tests {
                 let mut stored = vec![0f32; row.len()];
                 let mut sums = vec![0f64; blocks];
                 let bits = |stored: &[f32]| stored.iter().map(|w| w.to_bits()).collect::<Vec<_>>();
-                estimate_store_generic(&row, &lanes, &mut stored);
+                estimate_store_generic(&row, &lanes, &mut stored, &[]);
                 assert_eq!(bits(&stored), scalar, "generic, t {t}, clean {clean}");
                 let total = estimate_sums_generic(&row, &lanes, &mut sums);
                 check_sums("generic", &sums, total);
@@ -1052,7 +1127,7 @@ mod tests {
                 {
                     stored.fill(0.0);
                     // SAFETY: the features are present; `stored` is as long as `row`.
-                    unsafe { avx512::estimate_store(&row, &lanes, &mut stored) };
+                    unsafe { avx512::estimate_store(&row, &lanes, &mut stored, &[]) };
                     assert_eq!(bits(&stored), scalar, "avx512, t {t}, clean {clean}");
                     // SAFETY: as above.
                     let total = unsafe { avx512::estimate_block_sums(&row, &lanes, &mut sums) };
@@ -1061,13 +1136,79 @@ mod tests {
                 if detected!("avx2") && detected!("fma") {
                     stored.fill(0.0);
                     // SAFETY: the features are present; `stored` is as long as `row`.
-                    unsafe { avx2::estimate_store(&row, &lanes, &mut stored) };
+                    unsafe { avx2::estimate_store(&row, &lanes, &mut stored, &[]) };
                     assert_eq!(bits(&stored), scalar, "avx2, t {t}, clean {clean}");
                     // SAFETY: as above.
                     let total = unsafe { avx2::estimate_block_sums(&row, &lanes, &mut sums) };
                     check_sums("avx2", &sums, total);
                 }
             }
+        }
+    }
+
+    /// Every compiled variant of the store loop with levels stores the scalar steps' bits and
+    /// sums, per level, the estimates of the tokens at or above it (NaN at none; a level equal to
+    /// a token's logit counts it; a NaN level counts nothing), within the f32 rounding of its
+    /// lanes.
+    #[test]
+    fn every_store_variant_sums_the_estimates_at_its_levels() {
+        let mut lcg = Lcg(59);
+        for (t, clean) in [(1.0f32, false), (0.05, false), (0.8, true)] {
+            let max = 3.25;
+            let lanes = RowLanes::new(max, row_scale(t), clean).expect("vector lanes");
+            let mut row = logits_below(&mut lcg, max, 5003, clean);
+            let levels = [max, 3.0, row[17], f32::NAN, -1e30];
+            row[40] = 3.0;
+            let scalar: Vec<f32> = row
+                .iter()
+                .map(|&l| estimate_of_gap(lanes.gap_of(l), &lanes))
+                .collect();
+            let expected = levels.map(|level| {
+                row.iter()
+                    .zip(&scalar)
+                    .filter(|&(&l, _)| l >= level)
+                    .map(|(_, &w)| f64::from(w))
+                    .sum::<f64>()
+            });
+            let total: f64 = scalar.iter().map(|&w| f64::from(w)).sum();
+            let check = |name: &str, stored: &[f32], (rough, above): (f64, [f64; 5])| {
+                let bits = |v: &[f32]| v.iter().map(|w| w.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(stored), bits(&scalar), "{name}, t {t}");
+                assert!((rough - total).abs() <= total * 1e-4, "{name} total, t {t}");
+                for (k, (&a, &e)) in above.iter().zip(&expected).enumerate() {
+                    assert!(
+                        (a - e).abs() <= total * 1e-4,
+                        "{name} level {k}: {a} vs {e}"
+                    );
+                }
+                assert_eq!(above[3], 0.0, "{name}: NaN level");
+            };
+            let mut stored = vec![0f32; row.len()];
+            let sums = estimate_store_generic(&row, &lanes, &mut stored, &levels);
+            check("generic", &stored, sums);
+            #[cfg(target_arch = "x86_64")]
+            {
+                use std::arch::is_x86_feature_detected as detected;
+                if detected!("avx512f")
+                    && detected!("avx512bw")
+                    && detected!("avx512vl")
+                    && detected!("avx512dq")
+                {
+                    stored.fill(0.0);
+                    // SAFETY: the features are present; `stored` is as long as `row`.
+                    let sums =
+                        unsafe { avx512::estimate_store(&row, &lanes, &mut stored, &levels) };
+                    check("avx512", &stored, sums);
+                }
+                if detected!("avx2") && detected!("fma") {
+                    stored.fill(0.0);
+                    // SAFETY: the features are present; `stored` is as long as `row`.
+                    let sums = unsafe { avx2::estimate_store(&row, &lanes, &mut stored, &levels) };
+                    check("avx2", &stored, sums);
+                }
+            }
+            let sums = estimate_store_levels(&row, &lanes, &mut stored, &levels);
+            check("dispatched", &stored, sums);
         }
     }
 

@@ -31,7 +31,7 @@ use super::key_select;
 mod fused;
 use super::lanes::{
     self, ESTIMATE_ABSOLUTE, ESTIMATE_RELATIVE, RowLanes, estimate_block_sums, estimate_store,
-    exact_weights, max_and_clean,
+    estimate_store_levels, exact_weights, max_and_clean,
 };
 
 /// Tokens per chunk of the passes: the unit of the per-chunk masses and of the draw's exact walk.
@@ -67,6 +67,8 @@ struct Scratch {
     region: Vec<(u32, u32, u64)>,
     /// Sample bins (placement of the band).
     sample: Vec<(f64, f64)>,
+    /// The sampled tokens' estimates.
+    sampled: Vec<f32>,
 }
 
 thread_local! {
@@ -305,16 +307,28 @@ impl<'a> Passes<'a> {
             });
     }
 
-    /// The estimate of every token into `estimates` and a rough total ([`estimate_store`]).
-    fn estimate_tokens(&self, estimates: &mut Vec<f32>) -> f64 {
+    /// The estimate of every token into `estimates`, a rough total and the rough masses at
+    /// `levels` ([`estimate_store_levels`]).
+    fn estimate_tokens<const L: usize>(
+        &self,
+        estimates: &mut Vec<f32>,
+        levels: &[f32; L],
+    ) -> (f64, [f64; L]) {
         estimates.resize(self.values.len(), 0.0);
         let lanes = &self.lanes;
-        self.segments
+        let steps = self
+            .segments
             .map_tokens(self.values, estimates, self.next, |part, out| {
-                estimate_store(part, lanes, out)
-            })
-            .iter()
-            .sum()
+                estimate_store_levels(part, lanes, out, levels)
+            });
+        let mut sums = (0.0, [0.0; L]);
+        for (total, above) in steps {
+            sums.0 += total;
+            for (sum, a) in sums.1.iter_mut().zip(above) {
+                *sum += a;
+            }
+        }
+        sums
     }
 }
 
@@ -645,11 +659,68 @@ fn draw_by_chunks(
 /// top_p < 1: the band around the threshold, its exact bins, then the draw. A band that turns out
 /// to lie below the threshold (the mass above it may reach the target) or above it (its tokens
 /// do not reach it) is widened to the top or to the bottom of the row and the pass repeated.
+///
+/// The band is placed from a strided sample of the row's estimates. Where the sample pins the
+/// row's total well (its own spread at most [`CONFIDENT`] of it: rows whose mass is spread over
+/// many tokens), the band is placed before the first pass, and that pass narrows it with the
+/// masses at a few levels inside it ([`sample_in_band`]). Elsewhere the first pass's total
+/// places it (the sample cannot: a few heavy tokens carry most of the mass).
 fn sample_top_p(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch) -> Option<usize> {
+    let lanes = &passes.lanes;
+    let sample = Sample::of(lanes, passes.values, &mut s.sampled);
+    let share = 1.0 - p as f64 / (1u64 << TOP_P_BITS) as f64;
+    let slack = |total: f64| SLACK * total;
+    if sample.spread() <= CONFIDENT * sample.total {
+        let below = share * sample.total;
+        let spread = share * sample.spread();
+        let limits = (below - spread, below + spread);
+        let sampled = place_band(
+            lanes,
+            &s.sampled,
+            &sample,
+            limits,
+            slack(sample.total),
+            &mut s.sample,
+        );
+        return sample_in_band(passes, p, r, s, sampled);
+    }
+    let (total, []) = passes.estimate_tokens(&mut s.estimates, &[]);
+    let below = share * total;
+    let band = place_band(
+        lanes,
+        &s.sampled,
+        &sample,
+        (below, below),
+        slack(total),
+        &mut s.sample,
+    );
+    settle(passes, p, r, s, band)
+}
+
+/// How closely the sample must pin the row's total (four of its standard deviations, as a share
+/// of it) for the band to be placed before the first pass.
+const CONFIDENT: f64 = 0.2;
+
+/// [`sample_top_p`] from the band `sampled` placed before the first pass: the first pass's
+/// levels narrow it, the second pass checks it.
+fn sample_in_band(
+    passes: &Passes<'_>,
+    p: u64,
+    r: u64,
+    s: &mut Scratch,
+    sampled: Band,
+) -> Option<usize> {
+    let lanes = &passes.lanes;
+    let levels = sampled.levels(lanes);
+    let (rough_total, masses) = passes.estimate_tokens(&mut s.estimates, &levels);
+    let band = sampled.narrowed(&levels, &masses, rough_total, p);
+    settle(passes, p, r, s, band)
+}
+
+/// The threshold and the draw from `band`, widened and the second pass repeated while it misses.
+fn settle(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch, mut band: Band) -> Option<usize> {
     let (values, lanes) = (passes.values, &passes.lanes);
-    let rough_total = passes.estimate_tokens(&mut s.estimates);
     let split = Split::top_p(p);
-    let mut band = place_band(lanes, &s.estimates, rough_total, p, &mut s.sample);
     loop {
         let found = Found {
             tokens: &mut s.band,
@@ -784,15 +855,66 @@ struct Band {
     high: f32,
 }
 
-/// Places the band from a strided sample of the estimates: the threshold is where the mass
-/// below it is `W − P · W / 2^24`; the sample estimates the mass below each level (well, since
-/// that mass is spread over many tokens), and the band spans the levels whose estimate is within
-/// four standard deviations (and [`SLACK`] of `W`) of it.
+/// A strided sample of a row's estimates: runs of [`SAMPLE_RUN`] consecutive tokens spread over
+/// the row (a few cache lines each, not one line per sampled token), estimated in lanes before
+/// the first pass (the same bits as the first pass stores).
+struct Sample {
+    /// Tokens of the row per sampled token.
+    scale: f64,
+    /// The row's total as the sample estimates it, and the sum of the sampled estimates' squares
+    /// (scaled as the total).
+    total: f64,
+    squares: f64,
+}
+
+impl Sample {
+    /// The sample of `values` (its estimates into `out`).
+    fn of(lanes: &RowLanes, values: &[f32], out: &mut Vec<f32>) -> Sample {
+        let runs = (values.len() / SAMPLE_RUN).clamp(1, SAMPLES / SAMPLE_RUN);
+        let step = values.len() / runs;
+        // The runs' logits gathered, then estimated in one call (one call per run costs more).
+        let mut logits = [0.0f32; SAMPLES];
+        let mut n = 0;
+        for i in 0..runs {
+            let run = &values[i * step..(i * step + SAMPLE_RUN).min(values.len())];
+            logits[n..n + run.len()].copy_from_slice(run);
+            n += run.len();
+        }
+        out.resize(n, 0.0);
+        estimate_store(&logits[..n], lanes, out);
+        let scale = values.len() as f64 / out.len().max(1) as f64;
+        // Sums in eight lanes (a chain of dependent adds per token would cost more than the
+        // estimates).
+        let (mut total, mut squares) = ([0.0f64; 8], [0.0f64; 8]);
+        for group in out.chunks(8) {
+            for (j, &w) in group.iter().enumerate() {
+                total[j] += f64::from(w);
+                squares[j] += f64::from(w) * f64::from(w);
+            }
+        }
+        Sample {
+            scale,
+            total: scale * total.iter().sum::<f64>(),
+            squares: scale * scale * squares.iter().sum::<f64>(),
+        }
+    }
+
+    /// Four standard deviations of the sample's estimate of the total.
+    fn spread(&self) -> f64 {
+        4.0 * self.squares.sqrt()
+    }
+}
+
+/// Places the band from the sample's estimates `sampled`: the threshold is where the mass below
+/// it is `W − P · W / 2^24`, between `limits`; the sample estimates the mass below each level
+/// (well, since that mass is spread over many tokens), and the band spans the levels whose
+/// estimate is within four standard deviations (and `slack`) of the limits.
 fn place_band(
     lanes: &RowLanes,
-    estimates: &[f32],
-    total: f64,
-    p: u64,
+    sampled: &[f32],
+    sample: &Sample,
+    limits: (f64, f64),
+    slack: f64,
     bins: &mut Vec<(f64, f64)>,
 ) -> Band {
     // Bins of the estimate's f32 bits >> 17: sixty-four per octave, in the order of the logits,
@@ -801,27 +923,15 @@ fn place_band(
     const SHIFT: u32 = 17;
     const FIRST: u32 = 0.25f32.to_bits() >> SHIFT;
     const LAST: u32 = 0x5400_0000 >> SHIFT; // 2^41
-    let last = LAST;
     bins.clear();
-    bins.resize((last - FIRST + 1) as usize, (0.0, 0.0));
-    // Runs of consecutive estimates spread over the row (a few cache lines each, not one line
-    // per sampled token).
-    let runs = (estimates.len() / SAMPLE_RUN).clamp(1, SAMPLES / SAMPLE_RUN);
-    let step = estimates.len() / runs;
-    let mut sampled = 0usize;
-    for i in 0..runs {
-        let run = &estimates[i * step..(i * step + SAMPLE_RUN).min(estimates.len())];
-        sampled += run.len();
-        for &w in run {
-            let bin = (w.max(0.0).to_bits() >> SHIFT).clamp(FIRST, last) - FIRST;
-            let bin = &mut bins[bin as usize];
-            bin.0 += f64::from(w);
-            bin.1 += f64::from(w) * f64::from(w);
-        }
+    bins.resize((LAST - FIRST + 1) as usize, (0.0, 0.0));
+    for &w in sampled {
+        let bin = (w.max(0.0).to_bits() >> SHIFT).clamp(FIRST, LAST) - FIRST;
+        let bin = &mut bins[bin as usize];
+        bin.0 += f64::from(w);
+        bin.1 += f64::from(w) * f64::from(w);
     }
-    let scale = estimates.len() as f64 / sampled.max(1) as f64;
-    let below = total * (1.0 - p as f64 / (1u64 << TOP_P_BITS) as f64);
-    let (low_bin, high_bin) = band_bins(bins, scale, (below, below), SLACK * total);
+    let (low_bin, high_bin) = band_bins(bins, sample.scale, limits, slack);
     let level = |bin: usize| f32::from_bits((bin as u32 + FIRST) << SHIFT);
     // A level at or above the maximum's weight keeps nothing above the band.
     let high = high_bin
@@ -830,6 +940,63 @@ fn place_band(
     Band {
         low: low_bin.map_or(-f32::MAX, |b| logit_of_estimate(lanes, level(b))),
         high: high.map_or(f32::INFINITY, |w| logit_of_estimate(lanes, w)),
+    }
+}
+
+/// Logit levels inside a band at which the first pass sums the estimates above (a compare and a
+/// masked add per level and vector), so that the band it hands the second pass is one or two of
+/// the `LEVELS + 1` slices they cut.
+const LEVELS: usize = 3;
+/// Levels of the first pass, from the top.
+type Levels = [f32; LEVELS];
+/// How far (a share of the row's rough total) the target must lie from a level's rough mass for
+/// the level to bound the band: far above the f32 rounding of those sums (at most 256 adds per
+/// lane and step) and the bounds' error (`2^-20`), so that the second pass rarely finds the
+/// threshold outside.
+const LEVEL_SLACK: f64 = 1.0 / 4096.0;
+
+impl Band {
+    /// The levels that cut the band into `LEVELS + 1` slices of equal logit width, between its
+    /// ends clamped to the row (the maximum, the logit past which every weight is 0); NaN
+    /// levels (no token is at them) where the band is too narrow to cut.
+    fn levels(&self, lanes: &RowLanes) -> Levels {
+        let top = self.high.min(lanes.max);
+        let bottom = self.low.max(lanes.max - lanes.dcap);
+        let width = (top - bottom) / (LEVELS + 1) as f32;
+        let mut levels = [f32::NAN; LEVELS];
+        for (k, level) in levels.iter_mut().enumerate() {
+            *level = top - width * (k + 1) as f32;
+        }
+        let inside = |&l: &f32| l > self.low && l < self.high;
+        let falling = levels.windows(2).all(|w| w[0] > w[1]);
+        if !(levels.iter().all(inside) && falling) {
+            levels = [f32::NAN; LEVELS];
+        }
+        levels
+    }
+
+    /// The band narrowed by the first pass's rough masses at `levels` (`Band::levels`): its
+    /// high end is the lowest level whose mass is short of the target `P · W / 2^24` by
+    /// [`LEVEL_SLACK`], its low end the highest level whose mass passes it by as much (the
+    /// band's own ends where no level does). Rough sums: the second pass checks both ends.
+    fn narrowed(&self, levels: &Levels, masses: &[f64; LEVELS], total: f64, p: u64) -> Band {
+        if levels.iter().any(|l| l.is_nan()) {
+            return *self;
+        }
+        let target = total * p as f64 / (1u64 << TOP_P_BITS) as f64;
+        let slack = LEVEL_SLACK * total;
+        let mut band = *self;
+        for (&level, &mass) in levels.iter().zip(masses) {
+            if mass < target - slack {
+                band.high = level;
+            }
+        }
+        for (&level, &mass) in levels.iter().zip(masses).rev() {
+            if mass > target + slack {
+                band.low = level;
+            }
+        }
+        if band.low < band.high { band } else { *self }
     }
 }
 
@@ -1424,6 +1591,143 @@ mod tests {
         }
     }
 
+    /// The band the first pass's levels leave: its ends move to the levels whose rough mass is
+    /// short of or past the target by [`LEVEL_SLACK`]; a level whose mass is the target (or
+    /// within the slack of it) bounds nothing, so the band keeps the slices on both sides of it;
+    /// equal masses, levels out of order and NaN levels (a band too narrow to cut) are handled.
+    #[test]
+    fn the_levels_narrow_the_band_only_where_their_masses_are_clear() {
+        let band = Band {
+            low: 0.0,
+            high: 4.0,
+        };
+        let levels = [3.0, 2.0, 1.0];
+        let (total, p) = (1000.0, top_p_fixed(0.5)); // the target: 500
+        let slack = LEVEL_SLACK * total;
+        let ends = |masses: [f64; LEVELS]| {
+            let b = band.narrowed(&levels, &masses, total, p);
+            (b.low, b.high)
+        };
+        assert_eq!(ends([100.0, 300.0, 800.0]), (1.0, 2.0));
+        assert_eq!(
+            ends([100.0, 500.0, 800.0]),
+            (1.0, 3.0),
+            "a mass on the target"
+        );
+        assert_eq!(ends([100.0, 500.0 + slack / 2.0, 800.0]), (1.0, 3.0));
+        assert_eq!(ends([100.0, 500.0 - slack / 2.0, 800.0]), (1.0, 3.0));
+        assert_eq!(ends([100.0, 500.0 + 2.0 * slack, 800.0]), (2.0, 3.0));
+        assert_eq!(ends([100.0, 100.0, 800.0]), (1.0, 2.0), "equal masses");
+        assert_eq!(ends([600.0, 600.0, 800.0]), (3.0, 4.0), "all past");
+        assert_eq!(ends([1.0, 2.0, 3.0]), (0.0, 1.0), "all short");
+        assert_eq!(ends([800.0, 100.0, 100.0]), (0.0, 4.0), "out of order");
+        let uncut = band.narrowed(&[f32::NAN; LEVELS], &[0.0, 0.0, 1000.0], total, p);
+        assert_eq!((uncut.low, uncut.high), (0.0, 4.0), "NaN levels");
+        // Levels cut the band (clamped to the row) strictly inside it, or are NaN.
+        let lanes = RowLanes::new(5.0, row_scale(1.0), true).expect("lanes");
+        assert_eq!(band.levels(&lanes), levels);
+        let whole = Band {
+            low: -f32::MAX,
+            high: f32::INFINITY,
+        };
+        let cut = whole.levels(&lanes);
+        assert!(cut[0] < 5.0 && cut[2] > 5.0 - lanes.dcap, "{cut:?}");
+        let thin = Band {
+            low: 1.0,
+            high: 1.0f32.next_up(),
+        };
+        assert!(thin.levels(&lanes).iter().all(|l| l.is_nan()));
+    }
+
+    /// Rows with large groups of tokens exactly on the levels (and one f32 step either side), the
+    /// top-p threshold inside a group, on its first or its last token, or just past it, with NaN
+    /// and −inf among them, at T 1 and 0.05: the band the levels narrow gives the exact path's
+    /// token; and whole bf16 rows (ties everywhere) too.
+    #[test]
+    fn thresholds_on_the_levels_sample_as_the_exact_path() {
+        let mut lcg = Lcg(43);
+        let v = 65_536;
+        let mut narrowed = 0;
+        for (t, sigma) in [(1.0f32, 1.5f32), (0.05, 0.08)] {
+            let mut row = normal_row(&mut lcg, v, sigma);
+            // The band [0, 4σ) below the maximum (4.5σ), its levels at about 3σ, 2σ and σ;
+            // groups on and beside them.
+            row[20] = 4.5 * sigma;
+            let band = Band {
+                low: 0.0,
+                high: 4.0 * sigma,
+            };
+            let (raw_max, clean) = max_and_clean(&row);
+            let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes");
+            let levels = band.levels(&lanes);
+            assert!((levels[0] - 3.0 * sigma).abs() < 1e-5, "{levels:?}");
+            for (i, l) in row.iter_mut().enumerate().skip(64) {
+                let level = levels[i % LEVELS];
+                *l = match i % 23 {
+                    0..=2 => level,
+                    3 => level.next_up(),
+                    4 => level.next_down(),
+                    _ => *l,
+                };
+            }
+            row[5] = f32::NAN;
+            row[9] = f32::NEG_INFINITY;
+            let (raw_max, clean) = max_and_clean(&row);
+            assert!(!clean);
+            let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes");
+            assert_eq!(band.levels(&lanes), levels);
+            // The share of the row's weight at or above `x` (f64: close to the exact one).
+            let weight = |l: f32| f64::from((l - raw_max) / t).exp();
+            let total: f64 = row.iter().filter(|l| !l.is_nan()).map(|&l| weight(l)).sum();
+            let share = |x: f32, strict: bool| {
+                let kept = |l: f32| if strict { l > x } else { l >= x };
+                row.iter()
+                    .filter(|&&l| kept(l))
+                    .map(|&l| weight(l))
+                    .sum::<f64>()
+                    / total
+            };
+            let mut shares = Vec::new();
+            for &level in &levels {
+                let (above, through) = (share(level, true), share(level, false));
+                shares.extend([above, (above + through) / 2.0, through, through + 1e-6]);
+            }
+            let passes = Passes::unhinted(&row, lanes, Segments::of(row.len(), 1));
+            let mut s = Scratch::default();
+            let mut decided = 0;
+            for &top_p in &shares {
+                let top_p = (top_p as f32).clamp(0.01, 0.999);
+                let p = top_p_fixed(top_p);
+                let (total, masses) = passes.estimate_tokens(&mut s.estimates, &levels);
+                let cut = band.narrowed(&levels, &masses, total, p);
+                narrowed += usize::from(cut.low > band.low || cut.high < band.high);
+                for i in 0..4u64 {
+                    let r = (i + 3).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    let exact = super::super::sample_logit_row(&row, t, v as i32 - 1, top_p, r);
+                    if let Some(token) = sample_in_band(&passes, p, r, &mut s, band) {
+                        assert_eq!(token, exact, "T {t}, top_p {top_p}, r {r}");
+                        decided += 1;
+                    }
+                }
+            }
+            assert!(
+                decided * 10 >= shares.len() * 4 * 9,
+                "T {t}: decided {decided}"
+            );
+            // The whole path on the row as bf16.
+            let half: Vec<half::bf16> = row.iter().map(|&l| half::bf16::from_f32(l)).collect();
+            for top_p in [0.5f32, 0.9, 0.95] {
+                for r in [7u64, 1 << 63, u64::MAX] {
+                    let exact = super::super::sample_logit_row(&half, t, v as i32 - 1, top_p, r);
+                    if let Some(token) = sample(&half, t, top_p, r, RowHints::default()) {
+                        assert_eq!(token, exact, "bf16, T {t}, top_p {top_p}, r {r}");
+                    }
+                }
+            }
+        }
+        assert!(narrowed >= 8, "the levels narrowed {narrowed} bands");
+    }
+
     /// The vector classify loops (listing each step of [`LIST_STEP`] tokens after its loop) find
     /// the same band tokens, histogram counts, tokens above the band and per-chunk masses (up to
     /// the order of the f64 sums) as the token-by-token loop, on rows whose band tokens sit at
@@ -1702,16 +2006,9 @@ mod tests {
             std::hint::black_box(&exact);
         });
         println!("band tokens: {}", band.len());
-        let total = estimate_store(&row, &lanes, &mut stored);
-        let mut bins = Vec::new();
-        time("place_band", &mut || {
-            std::hint::black_box(place_band(
-                &lanes,
-                &stored,
-                total,
-                top_p_fixed(0.9),
-                &mut bins,
-            ));
+        let mut scratch = Scratch::default();
+        time("sample", &mut || {
+            std::hint::black_box(Sample::of(&lanes, &row, &mut scratch.sampled));
         });
         let passes = Passes {
             values: &row,
@@ -1755,12 +2052,30 @@ mod tests {
             let read = least(&mut || {
                 std::hint::black_box(row.iter().map(|x| x.to_bits() as u64).sum::<u64>());
             });
-            let mut total = 0.0;
-            let store = least(&mut || total = passes.estimate_tokens(&mut s.estimates));
-            let mut band = place_band(&lanes, &s.estimates, total, p, &mut s.sample);
+            let mut sample = Sample::of(&lanes, &row, &mut s.sampled);
+            let sample_us = least(&mut || sample = Sample::of(&lanes, &row, &mut s.sampled));
+            let share = 1.0 - p as f64 / (1u64 << TOP_P_BITS) as f64;
+            let limits = (
+                share * (sample.total - sample.spread()),
+                share * (sample.total + sample.spread()),
+            );
+            let slack = SLACK * sample.total;
+            let mut sampled = place_band(&lanes, &s.sampled, &sample, limits, slack, &mut s.sample);
             let place = least(&mut || {
-                band = place_band(&lanes, &s.estimates, total, p, &mut s.sample);
+                sampled = place_band(&lanes, &s.sampled, &sample, limits, slack, &mut s.sample);
             });
+            let confident = sample.spread() / sample.total;
+            let levels = sampled.levels(&lanes);
+            let mut pass = (0.0, [0.0; LEVELS]);
+            let store = least(&mut || pass = passes.estimate_tokens(&mut s.estimates, &levels));
+            // The first pass without levels, as before them.
+            let plain_store = least(&mut || {
+                std::hint::black_box(estimate_store(&row, &lanes, &mut s.estimates));
+            });
+            let (total, masses) = pass;
+            let band = sampled.narrowed(&levels, &masses, total, p);
+            let in_band = |b: Band| row.iter().filter(|&&l| l >= b.low && l < b.high).count();
+            let (sampled_tokens, band_tokens) = (in_band(sampled), in_band(band));
             let bins_us = least(&mut || {
                 std::hint::black_box(band_bins(&s.sample, 37.0, (total * 0.1, total * 0.1), 0.0));
             });
@@ -1808,8 +2123,9 @@ mod tests {
                 std::hint::black_box(sample_top_p(&passes, p, lcg.next_u64(), &mut s));
             });
             println!(
-                "{name:<16} read {read:5.1} store {store:5.1} place {place:5.1} (bins {bins_us:4.1}) \
-                 classify \
+                "{name:<16} read {read:5.1} store {store:5.1} (w/o levels {plain_store:5.1}) \
+                 sample {sample_us:4.1} place {place:5.1} (bins {bins_us:4.1}) spread \
+                 {confident:.3} sample band {sampled_tokens} narrowed {band_tokens} | classify \
                  {classify_us:5.1} threshold {threshold_us:5.1} draw {draw_us:5.1} | all \
                  {whole:5.1} µs | classify w/o band {unlisted_us:5.1}, band scan {scan_us:4.1} | band {} region {} above {}",
                 s.band.len(),
