@@ -342,11 +342,9 @@ fn block_sums_with(
     total
 }
 
-/// The store loop of the vector widths: `step` estimates (and stores, and accumulates) one
-/// vector of `N` tokens into its slots of `out`; the tokens past the last whole vector are
-/// estimated one by one ([`store_rest`]). Returns the sums of those last ones: the total and
-/// the masses at `levels`.
-#[cfg(target_arch = "x86_64")]
+/// The store loop of every width: `step` estimates (and stores, and accumulates) one vector of
+/// `N` tokens into its slots of `out`; the tokens past the last whole vector are estimated one
+/// by one. Returns the sums of those last ones: the total and the masses at `levels`.
 #[inline(always)]
 fn store_with<const N: usize, const L: usize>(
     row: &[f32],
@@ -360,19 +358,8 @@ fn store_with<const N: usize, const L: usize>(
     for (v, o) in (&mut vectors).zip(&mut outs) {
         step(v, o);
     }
-    store_rest(vectors.remainder(), lanes, outs.into_remainder(), levels)
-}
-
-/// The estimates of `row` into `out` one by one: their sum and their masses at `levels`.
-#[inline(always)]
-fn store_rest<const L: usize>(
-    row: &[f32],
-    lanes: &RowLanes,
-    out: &mut [f32],
-    levels: &[f32; L],
-) -> (f64, [f64; L]) {
     let (mut total, mut above) = (0.0, [0.0; L]);
-    for (&l, o) in row.iter().zip(out) {
+    for (&l, o) in vectors.remainder().iter().zip(outs.into_remainder()) {
         let w = estimate_of_gap(lanes.gap_of(l), lanes);
         *o = w;
         total += f64::from(w);
@@ -426,9 +413,7 @@ fn estimate_store_generic<const L: usize>(
 ) -> (f64, [f64; L]) {
     let mut acc = [0.0f32; EST_LANES];
     let mut at = [[0.0f32; EST_LANES]; L];
-    let mut groups = row.chunks_exact(EST_LANES);
-    let mut outs = out.chunks_exact_mut(EST_LANES);
-    for (group, o) in (&mut groups).zip(&mut outs) {
+    let (rest, mut above) = store_with::<EST_LANES, L>(row, lanes, out, levels, |group, o| {
         for (j, (&l, o)) in group.iter().zip(o.iter_mut()).enumerate() {
             let w = estimate_of_gap(lanes.gap_of(l), lanes);
             *o = w;
@@ -437,8 +422,7 @@ fn estimate_store_generic<const L: usize>(
                 at[j] += if l >= level { w } else { 0.0 };
             }
         }
-    }
-    let (rest, mut above) = store_rest(groups.remainder(), lanes, outs.into_remainder(), levels);
+    });
     for (above, at) in above.iter_mut().zip(&at) {
         *above += at.iter().map(|&a| f64::from(a)).sum::<f64>();
     }
@@ -499,6 +483,48 @@ fn max_and_clean_generic(row: &[f32]) -> (f32, bool) {
         lo = lo.min(low[lane]);
     }
     (best, hi <= HUGE_BITS && lo >= TINY_BITS - 1)
+}
+
+/// The store loop with levels of one vector width (`$n` f32 lanes): each vector's estimates
+/// stored and summed, and summed again per level where the logit is at it (`$add_at`), the
+/// lanes reduced by `$reduce`; see [`estimate_store_levels`].
+#[cfg(target_arch = "x86_64")]
+macro_rules! store_levels {
+    ($features:literal, $n:literal, ($zero:ident, $set1:ident, $add:ident),
+     ($load:ident, $store:ident), ($estimate:ident, $add_at:ident, $reduce:ident)) => {
+        /// See [`super::estimate_store_levels`].
+        ///
+        /// # Safety
+        /// The CPU must have the features the function is compiled for; `out` is as long as
+        /// `row`.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn estimate_store<const L: usize>(
+            row: &[f32],
+            lanes: &RowLanes,
+            out: &mut [f32],
+            levels: &[f32; L],
+        ) -> (f64, [f64; L]) {
+            let mut acc = $zero();
+            let at = levels.map(|level| $set1(level));
+            let mut sums = [$zero(); L];
+            let (rest, mut above) = store_with::<$n, L>(row, lanes, out, levels, |v, o| {
+                // SAFETY: `v` and `o` hold `$n` f32.
+                unsafe {
+                    let l = $load(v.as_ptr());
+                    let w = $estimate(l, lanes);
+                    $store(o.as_mut_ptr(), w);
+                    acc = $add(acc, w);
+                    for (sum, &level) in sums.iter_mut().zip(&at) {
+                        *sum = $add_at(*sum, l, level, w);
+                    }
+                }
+            });
+            for (above, &sum) in above.iter_mut().zip(&sums) {
+                *above += $reduce(sum);
+            }
+            ($reduce(acc) + rest, above)
+        }
+    };
 }
 
 /// Hand-written AVX-512 loops (LLVM keeps generic loops in 256-bit registers on these CPUs).
@@ -708,43 +734,28 @@ mod avx512 {
         })
     }
 
-    /// See [`super::estimate_store`].
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F/BW/VL/DQ; `out` is as long as `row`.
+    /// `sum + w` in the lanes whose logit `l` is at least `level` (ordered: NaN is at no level).
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-    pub(super) unsafe fn estimate_store<const L: usize>(
-        row: &[f32],
-        lanes: &RowLanes,
-        out: &mut [f32],
-        levels: &[f32; L],
-    ) -> (f64, [f64; L]) {
-        let mut acc = _mm512_setzero_ps();
-        let at = levels.map(|level| _mm512_set1_ps(level));
-        let mut sums = [_mm512_setzero_ps(); L];
-        let (rest, mut above) = store_with::<16, L>(row, lanes, out, levels, |v, o| {
-            // SAFETY: `v` and `o` hold 16 f32.
-            unsafe {
-                let l = _mm512_loadu_ps(v.as_ptr());
-                let w = estimate16(l, lanes);
-                _mm512_storeu_ps(o.as_mut_ptr(), w);
-                acc = _mm512_add_ps(acc, w);
-                for (sum, &level) in sums.iter_mut().zip(&at) {
-                    // Ordered: NaN is at no level.
-                    let m = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, level);
-                    *sum = _mm512_mask_add_ps(*sum, m, *sum, w);
-                }
-            }
-        });
-        let reduce = |v: __m512| {
-            let (low, high) = widen16(v);
-            _mm512_reduce_add_pd(_mm512_add_pd(low, high))
-        };
-        for (above, &sum) in above.iter_mut().zip(&sums) {
-            *above += reduce(sum);
-        }
-        (reduce(acc) + rest, above)
+    fn add_at16(sum: __m512, l: __m512, level: __m512, w: __m512) -> __m512 {
+        _mm512_mask_add_ps(sum, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, level), sum, w)
     }
+
+    /// The sum of 16 f32 lanes, in f64.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    fn reduce16(v: __m512) -> f64 {
+        let (low, high) = widen16(v);
+        _mm512_reduce_add_pd(_mm512_add_pd(low, high))
+    }
+
+    store_levels!(
+        "avx512f,avx512bw,avx512vl,avx512dq",
+        16,
+        (_mm512_setzero_ps, _mm512_set1_ps, _mm512_add_ps),
+        (_mm512_loadu_ps, _mm512_storeu_ps),
+        (estimate16, add_at16, reduce16)
+    );
 }
 
 /// Hand-written AVX2 loops: the exact weights (four 64-bit lanes per vector) and the estimates
@@ -862,45 +873,30 @@ mod avx2 {
         })
     }
 
-    /// See [`super::estimate_store`].
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and FMA; `out` is as long as `row`.
+    /// `sum + w` in the lanes whose logit `l` is at least `level` (ordered: NaN is at no level).
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn estimate_store<const L: usize>(
-        row: &[f32],
-        lanes: &RowLanes,
-        out: &mut [f32],
-        levels: &[f32; L],
-    ) -> (f64, [f64; L]) {
-        let mut acc = _mm256_setzero_ps();
-        let at = levels.map(|level| _mm256_set1_ps(level));
-        let mut sums = [_mm256_setzero_ps(); L];
-        let (rest, mut above) = store_with::<8, L>(row, lanes, out, levels, |v, o| {
-            // SAFETY: `v` and `o` hold 8 f32.
-            unsafe {
-                let l = _mm256_loadu_ps(v.as_ptr());
-                let w = estimate8(l, lanes);
-                _mm256_storeu_ps(o.as_mut_ptr(), w);
-                acc = _mm256_add_ps(acc, w);
-                for (sum, &level) in sums.iter_mut().zip(&at) {
-                    // Ordered: NaN is at no level.
-                    let m = _mm256_cmp_ps::<_CMP_GE_OQ>(l, level);
-                    *sum = _mm256_add_ps(*sum, _mm256_and_ps(w, m));
-                }
-            }
-        });
-        let reduce = |v: __m256| {
-            let mut lanes8 = [0f32; 8];
-            // SAFETY: `lanes8` holds 8 f32.
-            unsafe { _mm256_storeu_ps(lanes8.as_mut_ptr(), v) };
-            lanes8.iter().map(|&a| f64::from(a)).sum::<f64>()
-        };
-        for (above, &sum) in above.iter_mut().zip(&sums) {
-            *above += reduce(sum);
-        }
-        (reduce(acc) + rest, above)
+    fn add_at8(sum: __m256, l: __m256, level: __m256, w: __m256) -> __m256 {
+        _mm256_add_ps(sum, _mm256_and_ps(w, _mm256_cmp_ps::<_CMP_GE_OQ>(l, level)))
     }
+
+    /// The sum of 8 f32 lanes, in f64.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn reduce8(v: __m256) -> f64 {
+        let mut lanes8 = [0f32; 8];
+        // SAFETY: `lanes8` holds 8 f32.
+        unsafe { _mm256_storeu_ps(lanes8.as_mut_ptr(), v) };
+        lanes8.iter().map(|&a| f64::from(a)).sum()
+    }
+
+    store_levels!(
+        "avx2,fma",
+        8,
+        (_mm256_setzero_ps, _mm256_set1_ps, _mm256_add_ps),
+        (_mm256_loadu_ps, _mm256_storeu_ps),
+        (estimate8, add_at8, reduce8)
+    );
 
     /// Exact weights of a chunk into `out` (same length).
     ///
