@@ -234,15 +234,15 @@ fn classify_row<T: FloatElement>(
         (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(row))
     {
         if has_avx512() {
-            return with_full_blocks(values, band, masses, bitmaps, |head, band, m, b| {
+            return with_full_blocks(values, band, masses, bitmaps, |blocks, band| {
                 // SAFETY: AVX-512F is present; the slices are sized as the function requires.
-                unsafe { lanes::avx512::classify_full_blocks(head, band, m, b) }
+                unsafe { lanes::avx512::classify_full_blocks(blocks, band) }
             });
         }
         if has_avx2() {
-            return with_full_blocks(values, band, masses, bitmaps, |head, band, m, b| {
+            return with_full_blocks(values, band, masses, bitmaps, |blocks, band| {
                 // SAFETY: AVX2 is present; the slices are sized as the function requires.
-                unsafe { lanes::avx2::classify_full_blocks(head, band, m, b) }
+                unsafe { lanes::avx2::classify_full_blocks(blocks, band) }
             });
         }
     }
@@ -258,14 +258,18 @@ fn with_full_blocks(
     band: Band,
     masses: &mut [u64],
     bitmaps: &mut [u64],
-    full_blocks: impl FnOnce(&[f32], Band, &mut [u64], &mut [u64]) -> u64,
+    full_blocks: impl FnOnce(lanes::Blocks<'_>, Band) -> u64,
 ) -> u64 {
     let full = values.len() / BLOCK;
     let (head, tail) = values.split_at(full * BLOCK);
     let (head_masses, tail_masses) = masses.split_at_mut(full);
     let (head_bits, tail_bits) = bitmaps.split_at_mut(full * (BLOCK / 64));
-    full_blocks(head, band, head_masses, head_bits)
-        + classify_blocks::<f32>(tail, band, tail_masses, tail_bits)
+    let blocks = lanes::Blocks {
+        row: head,
+        masses: head_masses,
+        bitmaps: head_bits,
+    };
+    full_blocks(blocks, band) + classify_blocks::<f32>(tail, band, tail_masses, tail_bits)
 }
 
 compiled_for!(avx512, fn classify_blocks_avx512 [T: FloatElement]
@@ -461,16 +465,16 @@ mod tests {
                     let got = match isa {
                         #[cfg(target_arch = "x86_64")]
                         "avx512" if has_avx512() => {
-                            with_full_blocks(&row, band, &mut m, &mut b, |head, band, m, b| {
+                            with_full_blocks(&row, band, &mut m, &mut b, |blocks, band| {
                                 // SAFETY: AVX-512F is present; the slices are sized as required.
-                                unsafe { lanes::avx512::classify_full_blocks(head, band, m, b) }
+                                unsafe { lanes::avx512::classify_full_blocks(blocks, band) }
                             })
                         }
                         #[cfg(target_arch = "x86_64")]
                         "avx2" if has_avx2() => {
-                            with_full_blocks(&row, band, &mut m, &mut b, |head, band, m, b| {
+                            with_full_blocks(&row, band, &mut m, &mut b, |blocks, band| {
                                 // SAFETY: AVX2 is present; the slices are sized as required.
-                                unsafe { lanes::avx2::classify_full_blocks(head, band, m, b) }
+                                unsafe { lanes::avx2::classify_full_blocks(blocks, band) }
                             })
                         }
                         "best" => classify_row(&row, band, &mut m, &mut b),

@@ -1129,14 +1129,20 @@ fn classify_full(
             .zip(masses.chunks_mut(LIST_STEP / CHUNK));
         for (i, ((values, estimates), masses)) in steps.enumerate() {
             let bitmaps = &mut bitmaps[..masses.len() * (CHUNK / WORD)];
+            let slices = Step {
+                values,
+                estimates,
+                masses,
+                bitmaps: &mut *bitmaps,
+            };
             let step = if has_avx512() {
                 // SAFETY: AVX-512F/BW/VL/DQ (and POPCNT, which every AVX-512 CPU has) are
                 // present; the slices hold whole chunks.
-                unsafe { avx512::classify(values, estimates, band, masses, bitmaps) }
+                unsafe { avx512::classify(slices, band) }
             } else {
                 // SAFETY: AVX2 (and POPCNT, which every AVX2 CPU has) is present; the slices
                 // hold whole chunks.
-                unsafe { avx2::classify(values, estimates, band, masses, bitmaps) }
+                unsafe { avx2::classify(slices, band) }
             };
             counted = counted.plus(step);
             list_band(found, first + i * LIST_STEP, bitmaps, values, estimates);
@@ -1239,26 +1245,48 @@ fn list_band(
     }
 }
 
-/// The loop over whole chunks of both vector widths' [`classify`]: `chunk_step` classifies one
-/// chunk (its logits and estimates), writes the bitmaps of its words and returns its estimated
-/// mass above the band, stored in its slot of `masses`. Returns the mass above the band (the
-/// caller counts the tokens and the row's sum).
+/// One step of the vector [`classify`] loops: whole chunks of logits and their estimates, and
+/// their slots of the per-chunk masses and of the band bitmaps (`CHUNK / WORD` words a chunk).
+#[cfg(target_arch = "x86_64")]
+struct Step<'a> {
+    values: &'a [f32],
+    estimates: &'a [f32],
+    masses: &'a mut [f64],
+    bitmaps: &'a mut [u64],
+}
+
+/// The loop of both vector widths' [`classify`] over a step's whole chunks, `N` tokens at a
+/// time: `group` classifies the `N` logits and estimates at its two pointers (into its chunk's
+/// accumulator, starting at `zero`) and returns their band bits; `finish` turns a chunk's
+/// accumulator into its estimated mass above the band, stored in its slot of `masses`. Returns
+/// the mass above the band (the caller counts the tokens and the row's sum).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn chunks_with(
-    values: &[f32],
-    estimates: &[f32],
-    masses: &mut [f64],
-    bitmaps: &mut [u64],
-    mut chunk_step: impl FnMut(&[f32], &[f32], &mut [u64]) -> f64,
+fn chunks_with<const N: usize, A: Copy>(
+    step: Step<'_>,
+    zero: A,
+    mut group: impl FnMut(*const f32, *const f32, &mut A) -> u64,
+    mut finish: impl FnMut(A) -> f64,
 ) -> Counted {
     let mut counted = Counted::default();
-    let rows = values
+    let rows = step
+        .values
         .chunks_exact(CHUNK)
-        .zip(estimates.chunks_exact(CHUNK));
-    let words = bitmaps.chunks_exact_mut(CHUNK / WORD);
-    for ((chunk, ests), (mass, words)) in rows.zip(masses.iter_mut().zip(words)) {
-        *mass = chunk_step(chunk, ests, words);
+        .zip(step.estimates.chunks_exact(CHUNK));
+    let words = step.bitmaps.chunks_exact_mut(CHUNK / WORD);
+    for ((chunk, ests), (mass, words)) in rows.zip(step.masses.iter_mut().zip(words)) {
+        let mut acc = zero;
+        for (w, word) in words.iter_mut().enumerate() {
+            let mut bits = 0u64;
+            for g in 0..WORD / N {
+                // Tokens `at .. at + N` of the chunk (`at + N ≤ CHUNK`).
+                let at = w * WORD + N * g;
+                let (l, e) = (chunk[at..].as_ptr(), ests[at..].as_ptr());
+                bits |= group(l, e, &mut acc) << (N * g);
+            }
+            *word = bits;
+        }
+        *mass = finish(acc);
         counted.above += *mass;
     }
     counted
@@ -1270,58 +1298,40 @@ fn chunks_with(
 /// registers) and pushed afterwards.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Band, Counted, WORD, chunks_with};
+    use super::{Band, Counted, Step, chunks_with};
     use std::arch::x86_64::*;
 
-    /// Writes each chunk's mass above the band to `masses` and the bitmap of the band tokens of
-    /// each word to `bitmaps`; returns the mass above the band and its token count.
+    /// Writes each chunk's mass above the band and the bitmap of the band tokens of each word;
+    /// returns the mass above the band, its token count and the row's sum.
     ///
     /// # Safety
-    /// The CPU must support AVX-512F/BW/VL/DQ and POPCNT; `values` holds whole chunks, as many as
-    /// `masses` (and `CHUNK / WORD` times as many words in `bitmaps`), and `estimates` at least
-    /// as many tokens.
+    /// The CPU must support AVX-512F/BW/VL/DQ and POPCNT; the step's slices are as
+    /// [`Step`] says.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt")]
-    pub(super) unsafe fn classify(
-        values: &[f32],
-        estimates: &[f32],
-        band: Band,
-        masses: &mut [f64],
-        bitmaps: &mut [u64],
-    ) -> Counted {
+    pub(super) unsafe fn classify(step: Step<'_>, band: Band) -> Counted {
         let (high, low) = (_mm512_set1_ps(band.high), _mm512_set1_ps(band.low));
         let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
         let mut above_tokens = 0;
-        let mut counted = chunks_with(values, estimates, masses, bitmaps, |chunk, ests, words| {
-            let (mut acc0, mut acc1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
-            for (w, word) in words.iter_mut().enumerate() {
-                let mut bits = 0u64;
-                for g in 0..WORD / 16 {
-                    let at = w * WORD + 16 * g;
-                    // SAFETY: `chunk` and `ests` hold CHUNK f32.
-                    let (l, e) = unsafe {
-                        (
-                            _mm512_loadu_ps(chunk.as_ptr().add(at)),
-                            _mm512_loadu_ps(ests.as_ptr().add(at)),
-                        )
-                    };
-                    // Ordered compares: NaN is neither above nor in the band.
-                    let above = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, high);
-                    let in_band = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(!above, l, low);
-                    let e_low = _mm512_cvtps_pd(_mm512_castps512_ps256(e));
-                    let e_high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                        _mm512_castps_pd(e),
-                    )));
-                    acc0 = _mm512_mask_add_pd(acc0, above as u8, acc0, e_low);
-                    acc1 = _mm512_mask_add_pd(acc1, (above >> 8) as u8, acc1, e_high);
-                    all0 = _mm512_add_pd(all0, e_low);
-                    all1 = _mm512_add_pd(all1, e_high);
-                    above_tokens += above.count_ones() as usize;
-                    bits |= u64::from(in_band) << (16 * g);
-                }
-                *word = bits;
-            }
-            _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1))
-        });
+        let zero = (_mm512_setzero_pd(), _mm512_setzero_pd());
+        let group = |l: *const f32, e: *const f32, (acc0, acc1): &mut (__m512d, __m512d)| {
+            // SAFETY: `chunks_with` passes pointers to 16 f32.
+            let (l, e) = unsafe { (_mm512_loadu_ps(l), _mm512_loadu_ps(e)) };
+            // Ordered compares: NaN is neither above nor in the band.
+            let above = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, high);
+            let in_band = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(!above, l, low);
+            let e_low = _mm512_cvtps_pd(_mm512_castps512_ps256(e));
+            let e_high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                _mm512_castps_pd(e),
+            )));
+            *acc0 = _mm512_mask_add_pd(*acc0, above as u8, *acc0, e_low);
+            *acc1 = _mm512_mask_add_pd(*acc1, (above >> 8) as u8, *acc1, e_high);
+            all0 = _mm512_add_pd(all0, e_low);
+            all1 = _mm512_add_pd(all1, e_high);
+            above_tokens += above.count_ones() as usize;
+            u64::from(in_band)
+        };
+        let finish = |(acc0, acc1)| _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
+        let mut counted = chunks_with::<16, _>(step, zero, group, finish);
         counted.above_tokens = above_tokens;
         counted.row = _mm512_reduce_add_pd(_mm512_add_pd(all0, all1));
         counted
@@ -1331,62 +1341,45 @@ mod avx512 {
 /// The [`classify`] loop over whole chunks with AVX2 (8 tokens per step), as the AVX-512 one.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Band, Counted, WORD, chunks_with};
+    use super::{Band, Counted, Step, chunks_with};
     use std::arch::x86_64::*;
+
+    /// The sum of 4 f64 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn reduce4(v: __m256d) -> f64 {
+        let pair = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd::<1>(v));
+        _mm_cvtsd_f64(_mm_add_sd(pair, _mm_unpackhi_pd(pair, pair)))
+    }
 
     /// See the AVX-512 loop.
     ///
     /// # Safety
-    /// The CPU must support AVX2 and POPCNT; `values` holds whole chunks, as many as `masses`
-    /// (and `CHUNK / WORD` times as many words in `bitmaps`), and `estimates` at least as many
-    /// tokens.
+    /// The CPU must support AVX2 and POPCNT; the step's slices are as [`Step`] says.
     #[target_feature(enable = "avx2,fma,popcnt")]
-    pub(super) unsafe fn classify(
-        values: &[f32],
-        estimates: &[f32],
-        band: Band,
-        masses: &mut [f64],
-        bitmaps: &mut [u64],
-    ) -> Counted {
+    pub(super) unsafe fn classify(step: Step<'_>, band: Band) -> Counted {
         let (high, low) = (_mm256_set1_ps(band.high), _mm256_set1_ps(band.low));
         let (mut all0, mut all1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
         let mut above_tokens = 0;
-        let mut counted = chunks_with(values, estimates, masses, bitmaps, |chunk, ests, words| {
-            let (mut acc0, mut acc1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
-            for (w, word) in words.iter_mut().enumerate() {
-                let mut bits = 0u64;
-                for g in 0..WORD / 8 {
-                    let at = w * WORD + 8 * g;
-                    // SAFETY: `chunk` and `ests` hold CHUNK f32.
-                    let (l, e) = unsafe {
-                        (
-                            _mm256_loadu_ps(chunk.as_ptr().add(at)),
-                            _mm256_loadu_ps(ests.as_ptr().add(at)),
-                        )
-                    };
-                    let above = _mm256_cmp_ps::<_CMP_GE_OQ>(l, high);
-                    let at_least_low = _mm256_cmp_ps::<_CMP_GE_OQ>(l, low);
-                    all0 = _mm256_add_pd(all0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-                    all1 = _mm256_add_pd(all1, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e)));
-                    let e = _mm256_and_ps(e, above);
-                    acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-                    acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e)));
-                    let above = _mm256_movemask_ps(above) as u32;
-                    above_tokens += above.count_ones() as usize;
-                    let in_band = _mm256_movemask_ps(at_least_low) as u32 & !above;
-                    bits |= u64::from(in_band) << (8 * g);
-                }
-                *word = bits;
-            }
-            let sum = _mm256_add_pd(acc0, acc1);
-            let pair = _mm_add_pd(_mm256_castpd256_pd128(sum), _mm256_extractf128_pd::<1>(sum));
-            _mm_cvtsd_f64(_mm_add_sd(pair, _mm_unpackhi_pd(pair, pair)))
-        });
+        let zero = (_mm256_setzero_pd(), _mm256_setzero_pd());
+        let group = |l: *const f32, e: *const f32, (acc0, acc1): &mut (__m256d, __m256d)| {
+            // SAFETY: `chunks_with` passes pointers to 8 f32.
+            let (l, e) = unsafe { (_mm256_loadu_ps(l), _mm256_loadu_ps(e)) };
+            let above = _mm256_cmp_ps::<_CMP_GE_OQ>(l, high);
+            let at_least_low = _mm256_cmp_ps::<_CMP_GE_OQ>(l, low);
+            all0 = _mm256_add_pd(all0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+            all1 = _mm256_add_pd(all1, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e)));
+            let e = _mm256_and_ps(e, above);
+            *acc0 = _mm256_add_pd(*acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+            *acc1 = _mm256_add_pd(*acc1, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e)));
+            let above = _mm256_movemask_ps(above) as u32;
+            above_tokens += above.count_ones() as usize;
+            u64::from(_mm256_movemask_ps(at_least_low) as u32 & !above)
+        };
+        let finish = |(acc0, acc1)| reduce4(_mm256_add_pd(acc0, acc1));
+        let mut counted = chunks_with::<8, _>(step, zero, group, finish);
         counted.above_tokens = above_tokens;
-        let mut lanes = [0.0f64; 4];
-        // SAFETY: `lanes` holds 4 f64.
-        unsafe { _mm256_storeu_pd(lanes.as_mut_ptr(), _mm256_add_pd(all0, all1)) };
-        counted.row = lanes.iter().sum();
+        counted.row = reduce4(_mm256_add_pd(all0, all1));
         counted
     }
 }
@@ -2073,7 +2066,23 @@ mod tests {
                 std::hint::black_box(estimate_store(&row, &lanes, &mut s.estimates));
             });
             let (total, masses) = pass;
-            let band = sampled.narrowed(&levels, &masses, total, p);
+            // The band `sample_top_p` hands the second pass: narrowed by the levels where the
+            // sample pins the total, else placed with the first pass's total.
+            let levels_path = sample.spread() <= CONFIDENT * sample.total;
+            let band = if levels_path {
+                sampled.narrowed(&levels, &masses, total, p)
+            } else {
+                let below = share * total;
+                place_band(
+                    &lanes,
+                    &s.sampled,
+                    &sample,
+                    (below, below),
+                    SLACK * total,
+                    &mut s.sample,
+                )
+            };
+            let path = if levels_path { "levels" } else { "total" };
             let in_band = |b: Band| row.iter().filter(|&&l| l >= b.low && l < b.high).count();
             let (sampled_tokens, band_tokens) = (in_band(sampled), in_band(band));
             let bins_us = least(&mut || {
@@ -2125,7 +2134,8 @@ mod tests {
             println!(
                 "{name:<16} read {read:5.1} store {store:5.1} (w/o levels {plain_store:5.1}) \
                  sample {sample_us:4.1} place {place:5.1} (bins {bins_us:4.1}) spread \
-                 {confident:.3} sample band {sampled_tokens} narrowed {band_tokens} | classify \
+                 {confident:.3} ({path}) sample band {sampled_tokens} handed on {band_tokens} | \
+                 classify \
                  {classify_us:5.1} threshold {threshold_us:5.1} draw {draw_us:5.1} | all \
                  {whole:5.1} µs | classify w/o band {unlisted_us:5.1}, band scan {scan_us:4.1} | band {} region {} above {}",
                 s.band.len(),
