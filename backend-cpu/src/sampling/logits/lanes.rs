@@ -485,6 +485,28 @@ fn max_and_clean_generic(row: &[f32]) -> (f32, bool) {
     (best, hi <= HUGE_BITS && lo >= TINY_BITS - 1)
 }
 
+/// The gaps `D` of a vector of logits, clamped to `dcap`, for one vector width: the logits
+/// sanitized by `$sanitize` (`sanitize_logit`: NaN to −inf, finite magnitudes above `2^64` to
+/// `±2^64`, nonzero magnitudes below `2^-76` to +0) unless the row is clean.
+#[cfg(target_arch = "x86_64")]
+macro_rules! gaps_fn {
+    ($name:ident, $v:ty, $features:literal, $sanitize:ident, ($set1:ident, $sub:ident, $min:ident)) => {
+        /// The gaps `D` of a vector of logits, sanitized unless the row is clean, clamped to
+        /// `dcap`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn $name(l: $v, lanes: &RowLanes) -> $v {
+            let s = if lanes.clean {
+                l
+            } else {
+                let huge = $set1(f32::from_bits(super::HUGE_BITS));
+                $sanitize(l, huge, $set1(f32::NEG_INFINITY))
+            };
+            $min($sub($set1(lanes.max), s), $set1(lanes.dcap))
+        }
+    };
+}
+
 /// The store loop with levels of one vector width (`$n` f32 lanes): each vector's estimates
 /// stored and summed, and summed again per level where the logit is at it (`$add_at`), the
 /// lanes reduced by `$reduce`; see [`estimate_store_levels`].
@@ -540,22 +562,18 @@ mod avx512 {
         *IFMA.get_or_init(|| std::arch::is_x86_feature_detected!("avx512ifma"))
     }
 
-    /// The gaps `D` of 16 logits, sanitized unless the row is clean, clamped to `dcap`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-    fn gaps16(l: __m512, lanes: &RowLanes) -> __m512 {
-        let s = if lanes.clean { l } else { sanitize16(l) };
-        let d = _mm512_sub_ps(_mm512_set1_ps(lanes.max), s);
-        _mm512_min_ps(d, _mm512_set1_ps(lanes.dcap))
-    }
+    gaps_fn!(
+        gaps16,
+        __m512,
+        "avx512f,avx512bw,avx512vl,avx512dq",
+        sanitize16,
+        (_mm512_set1_ps, _mm512_sub_ps, _mm512_min_ps)
+    );
 
-    /// `sanitize_logit` on 16 lanes: NaN to −inf, finite magnitudes above `2^64` to `±2^64`,
-    /// nonzero magnitudes below `2^-76` to +0.
+    /// `sanitize_logit` on 16 lanes (`huge` = `2^64` and `neg_inf` in every lane).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-    fn sanitize16(l: __m512) -> __m512 {
-        let huge = _mm512_set1_ps(f32::from_bits(super::HUGE_BITS));
-        let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+    fn sanitize16(l: __m512, huge: __m512, neg_inf: __m512) -> __m512 {
         // `max(l, −inf)` returns its second operand for a NaN `l`.
         let s = _mm512_max_ps(l, neg_inf);
         let s = _mm512_min_ps(s, huge);
@@ -768,22 +786,19 @@ mod avx2 {
     use specula_backend_api::logit_weights::{EXP2_COEFFICIENTS, GAP_LIMIT};
     use std::arch::x86_64::*;
 
-    /// The gaps `D` of 8 logits, sanitized unless the row is clean, clamped to `dcap`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn gaps8(l: __m256, lanes: &RowLanes) -> __m256 {
-        let s = if lanes.clean { l } else { sanitize8(l) };
-        let d = _mm256_sub_ps(_mm256_set1_ps(lanes.max), s);
-        _mm256_min_ps(d, _mm256_set1_ps(lanes.dcap))
-    }
+    gaps_fn!(
+        gaps8,
+        __m256,
+        "avx2,fma",
+        sanitize8,
+        (_mm256_set1_ps, _mm256_sub_ps, _mm256_min_ps)
+    );
 
-    /// `sanitize_logit` on 8 lanes.
+    /// `sanitize_logit` on 8 lanes, as [`gaps8`] passes it the constants.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn sanitize8(l: __m256) -> __m256 {
-        let huge = _mm256_set1_ps(f32::from_bits(super::HUGE_BITS));
-        let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
-        // `max(l, −inf)` returns its second operand for a NaN `l`.
+    fn sanitize8(l: __m256, huge: __m256, neg_inf: __m256) -> __m256 {
+        // `max(l, −inf)` returns its second operand for a NaN `l`; blend the −inf back.
         let s = _mm256_min_ps(_mm256_max_ps(l, neg_inf), huge);
         let clamped = _mm256_max_ps(s, _mm256_sub_ps(_mm256_setzero_ps(), huge));
         let s = _mm256_blendv_ps(clamped, s, _mm256_cmp_ps::<_CMP_EQ_OQ>(s, neg_inf));
