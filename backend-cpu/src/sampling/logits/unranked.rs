@@ -1545,7 +1545,8 @@ mod tests {
     /// and 256 tokens off the runs logit 8 (the sample sees no heavy tokens, the threshold lies
     /// among them, above the band). The token is still the exact path's: top-k `V − 1` on a row
     /// whose last-ranked token (−inf) weighs 0 keeps the same tokens as no top-k, and takes the
-    /// path that weighs every token exactly.
+    /// path that weighs every token exactly. `below` takes the first pass's total (the sample
+    /// does not pin it), `above` the levels (its sample is uniform): a miss on each path.
     #[test]
     fn a_band_the_sample_misplaced_is_widened() {
         let mut lcg = Lcg(11);
@@ -1572,6 +1573,12 @@ mod tests {
         }
         for (name, mut row) in [("below", below), ("above", above)] {
             row[SAMPLE_RUN + 1] = f32::NEG_INFINITY;
+            let (raw_max, clean) = max_and_clean(&row);
+            let lanes =
+                RowLanes::new(sanitize_logit(raw_max), row_scale(1.0), clean).expect("lanes");
+            let pinned = Sample::of(&lanes, &row, &mut Vec::new());
+            let levels = pinned.spread() <= CONFIDENT * pinned.total;
+            assert_eq!(levels, name == "above", "{name}: the path");
             let (mut decided, mut cases) = (0, 0);
             let before = BAND_MISSES.with(|m| m.get());
             for top_p in [0.9f32, 0.5] {
