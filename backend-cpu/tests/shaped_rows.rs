@@ -312,3 +312,53 @@ fn rows_that_mislead_the_band_sample_agree_with_the_reference() {
         );
     }
 }
+
+/// Asserts that the CPU device samples `rows` (logits at `temperature`) as the reference does.
+fn assert_as_reference<T: Element>(
+    rows: (&[T], usize),
+    temperature: &[f32],
+    params: (&[i32], &[f32], &[u64]),
+    what: &str,
+) {
+    let (cpu, reference) = (CpuDevice::new().unwrap(), ReferenceDevice::new());
+    let run = |dev: &dyn Device| sample(dev, rows, Some(temperature), params);
+    assert_eq!(run(&cpu), run(&reference), "{what}");
+}
+
+/// Rows whose mass is spread over many tokens (σ 0.874 at T 1 and σ 0.0437 at T 0.05: kept sets
+/// of ~100k), on which the CPU places its band before the first pass and narrows it at three
+/// logit levels inside it: plain, rounded to eighths (long runs of ties wherever the levels and
+/// the threshold fall; at σ 0.0437 nearly every token ties at 0), and with −inf and a NaN. Every
+/// token is the reference device's, in f32 and bf16.
+#[test]
+fn rows_whose_band_the_first_pass_narrows_agree_with_the_reference() {
+    let (mut g, v) = (Lcg(2031), 65_536);
+    // (σ, T, style, also as bf16)
+    let rows = [
+        (0.874, 1.0f32, 0, true),
+        (0.874, 1.0, 1, false),
+        (0.874, 1.0, 2, false),
+        (0.0437, 0.05, 1, false),
+        (0.0437, 0.05, 2, true),
+    ];
+    // The settings without top-k (those that take the band path).
+    let top_p = [0.999f32, 0.99, 0.9, 0.5, 0.1];
+    let (n, top_k) = (top_p.len(), [0; 5]);
+    for (sigma, t, style, bf16) in rows {
+        let rows: Vec<f32> = logits_row(&mut g, v, sigma, style).repeat(n);
+        let seed: Vec<u64> = (0..n).map(|_| g.next()).collect();
+        let params = (&top_k[..], &top_p[..], &seed[..]);
+        let temperature = vec![t; n];
+        assert_as_reference(
+            (&rows, v),
+            &temperature,
+            params,
+            &format!("σ {sigma}, {style}"),
+        );
+        if bf16 {
+            let half: Vec<half::bf16> = rows.iter().map(|&l| half::bf16::from_f32(l)).collect();
+            let what = format!("bf16 σ {sigma}, style {style}");
+            assert_as_reference((&half, v), &temperature, params, &what);
+        }
+    }
+}

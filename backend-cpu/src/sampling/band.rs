@@ -171,22 +171,25 @@ pub(crate) fn band_bins(
     slack: f64,
 ) -> (Option<usize>, Option<usize>) {
     let (mut mass, mut squares) = (0.0f64, 0.0f64);
-    let (mut low_bin, mut high_bin) = (None, None);
+    let mut low_bin = None;
+    // `x ≥ 4 · scale · √S` as `x ≥ 0 ∧ x² ≥ 16 · scale² · S`: no square root (its latency, once
+    // per bin, was most of the walk).
+    let beyond = |x: f64, squares: f64| x >= 0.0 && x * x >= 16.0 * scale * scale * squares;
     for (b, &(m, q)) in bins.iter().enumerate() {
         if m == 0.0 {
             continue;
         }
-        let spread = 4.0 * scale * (squares + q).sqrt() + slack;
-        if (mass + m) * scale <= low_below - spread {
+        if beyond(low_below - slack - (mass + m) * scale, squares + q) {
             low_bin = Some(b + 1);
         }
         mass += m;
         squares += q;
-        if high_bin.is_none() && mass * scale >= high_below + spread {
-            high_bin = Some(b + 1);
+        if beyond(mass * scale - high_below - slack, squares) {
+            // No later bin is below `low_below` by the spread (the mass and the spread grow).
+            return (low_bin, Some(b + 1));
         }
     }
-    (low_bin, high_bin)
+    (low_bin, None)
 }
 
 /// The pass over the row: the exact weight above the band per block into `s.masses`, the band's
@@ -231,15 +234,15 @@ fn classify_row<T: FloatElement>(
         (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(row))
     {
         if has_avx512() {
-            return with_full_blocks(values, band, masses, bitmaps, |head, band, m, b| {
+            return with_full_blocks(values, band, masses, bitmaps, |blocks, band| {
                 // SAFETY: AVX-512F is present; the slices are sized as the function requires.
-                unsafe { lanes::avx512::classify_full_blocks(head, band, m, b) }
+                unsafe { lanes::avx512::classify_full_blocks(blocks, band) }
             });
         }
         if has_avx2() {
-            return with_full_blocks(values, band, masses, bitmaps, |head, band, m, b| {
+            return with_full_blocks(values, band, masses, bitmaps, |blocks, band| {
                 // SAFETY: AVX2 is present; the slices are sized as the function requires.
-                unsafe { lanes::avx2::classify_full_blocks(head, band, m, b) }
+                unsafe { lanes::avx2::classify_full_blocks(blocks, band) }
             });
         }
     }
@@ -255,14 +258,18 @@ fn with_full_blocks(
     band: Band,
     masses: &mut [u64],
     bitmaps: &mut [u64],
-    full_blocks: impl FnOnce(&[f32], Band, &mut [u64], &mut [u64]) -> u64,
+    full_blocks: impl FnOnce(lanes::Blocks<'_>, Band) -> u64,
 ) -> u64 {
     let full = values.len() / BLOCK;
     let (head, tail) = values.split_at(full * BLOCK);
     let (head_masses, tail_masses) = masses.split_at_mut(full);
     let (head_bits, tail_bits) = bitmaps.split_at_mut(full * (BLOCK / 64));
-    full_blocks(head, band, head_masses, head_bits)
-        + classify_blocks::<f32>(tail, band, tail_masses, tail_bits)
+    let blocks = lanes::Blocks {
+        row: head,
+        masses: head_masses,
+        bitmaps: head_bits,
+    };
+    full_blocks(blocks, band) + classify_blocks::<f32>(tail, band, tail_masses, tail_bits)
 }
 
 compiled_for!(avx512, fn classify_blocks_avx512 [T: FloatElement]
@@ -458,16 +465,16 @@ mod tests {
                     let got = match isa {
                         #[cfg(target_arch = "x86_64")]
                         "avx512" if has_avx512() => {
-                            with_full_blocks(&row, band, &mut m, &mut b, |head, band, m, b| {
+                            with_full_blocks(&row, band, &mut m, &mut b, |blocks, band| {
                                 // SAFETY: AVX-512F is present; the slices are sized as required.
-                                unsafe { lanes::avx512::classify_full_blocks(head, band, m, b) }
+                                unsafe { lanes::avx512::classify_full_blocks(blocks, band) }
                             })
                         }
                         #[cfg(target_arch = "x86_64")]
                         "avx2" if has_avx2() => {
-                            with_full_blocks(&row, band, &mut m, &mut b, |head, band, m, b| {
+                            with_full_blocks(&row, band, &mut m, &mut b, |blocks, band| {
                                 // SAFETY: AVX2 is present; the slices are sized as required.
-                                unsafe { lanes::avx2::classify_full_blocks(head, band, m, b) }
+                                unsafe { lanes::avx2::classify_full_blocks(blocks, band) }
                             })
                         }
                         "best" => classify_row(&row, band, &mut m, &mut b),

@@ -12,16 +12,24 @@ use super::{BLOCK, Band};
 /// `2^40`, the scale of the weights.
 const SCALE: f32 = (1u64 << 40) as f32;
 
+/// The full blocks of an f32 row segment (the caller handles the tail) and their slots: a mass
+/// per block, `BLOCK / 64` bitmap words per block.
+pub(crate) struct Blocks<'a> {
+    pub(crate) row: &'a [f32],
+    pub(crate) masses: &'a mut [u64],
+    pub(crate) bitmaps: &'a mut [u64],
+}
+
 /// The loop over the full blocks of both vector widths: `block_step` classifies one block, writes
 /// the bitmaps of its words and returns its exact weight above the band, stored in its slot of
 /// `masses`. Returns the weight above the band of all the blocks.
 #[inline(always)]
-fn blocks_with(
-    row: &[f32],
-    masses: &mut [u64],
-    bitmaps: &mut [u64],
-    mut block_step: impl FnMut(&[f32], &mut [u64]) -> u64,
-) -> u64 {
+fn blocks_with(blocks: Blocks<'_>, mut block_step: impl FnMut(&[f32], &mut [u64]) -> u64) -> u64 {
+    let Blocks {
+        row,
+        masses,
+        bitmaps,
+    } = blocks;
     let mut total = 0u64;
     let words = bitmaps.chunks_exact_mut(BLOCK / 64);
     for ((block, mass), words) in row.chunks_exact(BLOCK).zip(masses.iter_mut()).zip(words) {
@@ -44,25 +52,19 @@ pub(super) mod avx512 {
         _mm512_maskz_min_ps(positive, v, _mm512_set1_ps(1.0))
     }
 
-    /// The classify pass over the full blocks of an f32 row segment (the caller handles the
-    /// tail); returns the exact weight above the band.
+    /// The classify pass over the full blocks of an f32 row segment; returns the exact weight
+    /// above the band.
     ///
     /// # Safety
-    /// The CPU must support AVX-512F; `masses` must hold `row.len() / BLOCK` entries and `bitmaps`
-    /// `row.len() / BLOCK * (BLOCK / 64)` words.
+    /// The CPU must support AVX-512F; the slices are sized as [`Blocks`] says.
     #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn classify_full_blocks(
-        row: &[f32],
-        band: Band,
-        masses: &mut [u64],
-        bitmaps: &mut [u64],
-    ) -> u64 {
+    pub(crate) unsafe fn classify_full_blocks(blocks: Blocks<'_>, band: Band) -> u64 {
         let (low, high) = (
             _mm512_set1_epi32(band.low as i32),
             _mm512_set1_epi32(band.high as i32),
         );
         let scale = _mm512_set1_ps(SCALE);
-        blocks_with(row, masses, bitmaps, |block, words| {
+        blocks_with(blocks, |block, words| {
             let (mut acc0, mut acc1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
             for (word, out) in block.chunks_exact(64).zip(words.iter_mut()) {
                 let mut bits = 0u64;
@@ -105,19 +107,12 @@ pub(super) mod avx2 {
         _mm256_and_ps(_mm256_min_ps(v, _mm256_set1_ps(1.0)), positive)
     }
 
-    /// The classify pass over the full blocks of an f32 row segment (the caller handles the
-    /// tail); returns the exact weight above the band.
+    /// As the AVX-512 loop.
     ///
     /// # Safety
-    /// The CPU must support AVX2; `masses` must hold `row.len() / BLOCK` entries and `bitmaps`
-    /// `row.len() / BLOCK * (BLOCK / 64)` words.
+    /// The CPU must support AVX2; the slices are sized as [`Blocks`] says.
     #[target_feature(enable = "avx2")]
-    pub(crate) unsafe fn classify_full_blocks(
-        row: &[f32],
-        band: Band,
-        masses: &mut [u64],
-        bitmaps: &mut [u64],
-    ) -> u64 {
+    pub(crate) unsafe fn classify_full_blocks(blocks: Blocks<'_>, band: Band) -> u64 {
         // Keys of sanitized values are at most the key of 1.0 (below 2^31), so the signed compare
         // orders them as the unsigned one does once the bounds are capped below 2^31 too (a bound
         // above every key stays above every key).
@@ -127,7 +122,7 @@ pub(super) mod avx2 {
             _mm256_set1_epi32(cap(band.high)),
         );
         let scale = _mm256_set1_ps(SCALE);
-        blocks_with(row, masses, bitmaps, |block, words| {
+        blocks_with(blocks, |block, words| {
             let mut acc = [_mm256_setzero_pd(); 2];
             for (word, out) in block.chunks_exact(64).zip(words.iter_mut()) {
                 let mut bits = 0u64;

@@ -289,18 +289,30 @@ pub(crate) fn estimate_block_sums(row: &[f32], lanes: &RowLanes, sums: &mut [f64
 /// [`ESTIMATE_ABSOLUTE`] of the exact weight) and a rough total (f32 sums in lanes: a guide, not
 /// a bound; the exact sums of the stored values are the caller's).
 pub(crate) fn estimate_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
+    estimate_store_levels(row, lanes, out, &[]).0
+}
+
+/// [`estimate_store`], and for each logit level of `levels` the rough sum of the estimates of
+/// the tokens whose logit is at least it (an ordered compare: NaN is never at a level; f32 sums
+/// in lanes, a guide like the total: the band they place is checked after the fact).
+pub(crate) fn estimate_store_levels<const L: usize>(
+    row: &[f32],
+    lanes: &RowLanes,
+    out: &mut [f32],
+    levels: &[f32; L],
+) -> (f64, [f64; L]) {
     let out = &mut out[..row.len()];
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: AVX-512F/BW/VL/DQ are present.
-        return unsafe { avx512::estimate_store(row, lanes, out) };
+        return unsafe { avx512::estimate_store(row, lanes, out, levels) };
     }
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: AVX2 and FMA are present; `out` is as long as `row`.
-        return unsafe { avx2::estimate_store(row, lanes, out) };
+        return unsafe { avx2::estimate_store(row, lanes, out, levels) };
     }
-    estimate_store_generic(row, lanes, out)
+    estimate_store_generic(row, lanes, out, levels)
 }
 
 /// The block-sums loop of the vector widths: `block_sum` estimates one whole block of
@@ -330,29 +342,34 @@ fn block_sums_with(
     total
 }
 
-/// The store loop of the vector widths: `step` estimates (and stores, and accumulates) one
-/// vector of `N` tokens into its slots of `out`; the tokens past the last whole vector are
-/// estimated one by one. Returns the sum of those last ones.
-#[cfg(target_arch = "x86_64")]
+/// The store loop of every width: `step` estimates (and stores, and accumulates) one vector of
+/// `N` tokens into its slots of `out`; the tokens past the last whole vector are estimated one
+/// by one. Returns the sums of those last ones: the total and the masses at `levels`.
 #[inline(always)]
-fn store_with<const N: usize>(
+fn store_with<const N: usize, const L: usize>(
     row: &[f32],
     lanes: &RowLanes,
     out: &mut [f32],
+    levels: &[f32; L],
     mut step: impl FnMut(&[f32], &mut [f32]),
-) -> f64 {
+) -> (f64, [f64; L]) {
     let mut vectors = row.chunks_exact(N);
     let mut outs = out.chunks_exact_mut(N);
     for (v, o) in (&mut vectors).zip(&mut outs) {
         step(v, o);
     }
-    let mut rest = 0.0;
+    let (mut total, mut above) = (0.0, [0.0; L]);
     for (&l, o) in vectors.remainder().iter().zip(outs.into_remainder()) {
         let w = estimate_of_gap(lanes.gap_of(l), lanes);
         *o = w;
-        rest += f64::from(w);
+        total += f64::from(w);
+        for (above, &level) in above.iter_mut().zip(levels) {
+            if l >= level {
+                *above += f64::from(w);
+            }
+        }
     }
-    rest
+    (total, above)
 }
 
 /// Lanes of the generic estimate loops.
@@ -388,24 +405,28 @@ fn estimate_sums_generic(row: &[f32], lanes: &RowLanes, sums: &mut [f64]) -> f64
 }
 
 #[inline(always)]
-fn estimate_store_generic(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
+fn estimate_store_generic<const L: usize>(
+    row: &[f32],
+    lanes: &RowLanes,
+    out: &mut [f32],
+    levels: &[f32; L],
+) -> (f64, [f64; L]) {
     let mut acc = [0.0f32; EST_LANES];
-    let mut groups = row.chunks_exact(EST_LANES);
-    let mut outs = out.chunks_exact_mut(EST_LANES);
-    for (group, o) in (&mut groups).zip(&mut outs) {
-        for ((a, &l), o) in acc.iter_mut().zip(group).zip(o.iter_mut()) {
+    let mut at = [[0.0f32; EST_LANES]; L];
+    let (rest, mut above) = store_with::<EST_LANES, L>(row, lanes, out, levels, |group, o| {
+        for (j, (&l, o)) in group.iter().zip(o.iter_mut()).enumerate() {
             let w = estimate_of_gap(lanes.gap_of(l), lanes);
             *o = w;
-            *a += w;
+            acc[j] += w;
+            for (at, &level) in at.iter_mut().zip(levels) {
+                at[j] += if l >= level { w } else { 0.0 };
+            }
         }
+    });
+    for (above, at) in above.iter_mut().zip(&at) {
+        *above += at.iter().map(|&a| f64::from(a)).sum::<f64>();
     }
-    let mut rest = 0.0;
-    for (&l, o) in groups.remainder().iter().zip(outs.into_remainder()) {
-        let w = estimate_of_gap(lanes.gap_of(l), lanes);
-        *o = w;
-        rest += f64::from(w);
-    }
-    acc.iter().map(|&a| f64::from(a)).sum::<f64>() + rest
+    (acc.iter().map(|&a| f64::from(a)).sum::<f64>() + rest, above)
 }
 
 /// The maximum of an f32 row (NaN ignored; −inf for a row of NaN and −inf) and whether the row
@@ -464,6 +485,70 @@ fn max_and_clean_generic(row: &[f32]) -> (f32, bool) {
     (best, hi <= HUGE_BITS && lo >= TINY_BITS - 1)
 }
 
+/// The gaps `D` of a vector of logits, clamped to `dcap`, for one vector width: the logits
+/// sanitized by `$sanitize` (`sanitize_logit`: NaN to −inf, finite magnitudes above `2^64` to
+/// `±2^64`, nonzero magnitudes below `2^-76` to +0) unless the row is clean.
+#[cfg(target_arch = "x86_64")]
+macro_rules! gaps_fn {
+    ($name:ident, $v:ty, $features:literal, $sanitize:ident, ($set1:ident, $sub:ident, $min:ident)) => {
+        /// The gaps `D` of a vector of logits, sanitized unless the row is clean, clamped to
+        /// `dcap`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn $name(l: $v, lanes: &RowLanes) -> $v {
+            let s = if lanes.clean {
+                l
+            } else {
+                let huge = $set1(f32::from_bits(super::HUGE_BITS));
+                $sanitize(l, huge, $set1(f32::NEG_INFINITY))
+            };
+            $min($sub($set1(lanes.max), s), $set1(lanes.dcap))
+        }
+    };
+}
+
+/// The store loop with levels of one vector width (`$n` f32 lanes): each vector's estimates
+/// stored and summed, and summed again per level where the logit is at it (`$add_at`), the
+/// lanes reduced by `$reduce`; see [`estimate_store_levels`].
+#[cfg(target_arch = "x86_64")]
+macro_rules! store_levels {
+    ($features:literal, $n:literal, ($zero:ident, $set1:ident, $add:ident),
+     ($load:ident, $store:ident), ($estimate:ident, $add_at:ident, $reduce:ident)) => {
+        /// See [`super::estimate_store_levels`].
+        ///
+        /// # Safety
+        /// The CPU must have the features the function is compiled for; `out` is as long as
+        /// `row`.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn estimate_store<const L: usize>(
+            row: &[f32],
+            lanes: &RowLanes,
+            out: &mut [f32],
+            levels: &[f32; L],
+        ) -> (f64, [f64; L]) {
+            let mut acc = $zero();
+            let at = levels.map(|level| $set1(level));
+            let mut sums = [$zero(); L];
+            let (rest, mut above) = store_with::<$n, L>(row, lanes, out, levels, |v, o| {
+                // SAFETY: `v` and `o` hold `$n` f32.
+                unsafe {
+                    let l = $load(v.as_ptr());
+                    let w = $estimate(l, lanes);
+                    $store(o.as_mut_ptr(), w);
+                    acc = $add(acc, w);
+                    for (sum, &level) in sums.iter_mut().zip(&at) {
+                        *sum = $add_at(*sum, l, level, w);
+                    }
+                }
+            });
+            for (above, &sum) in above.iter_mut().zip(&sums) {
+                *above += $reduce(sum);
+            }
+            ($reduce(acc) + rest, above)
+        }
+    };
+}
+
 /// Hand-written AVX-512 loops (LLVM keeps generic loops in 256-bit registers on these CPUs).
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
@@ -477,22 +562,18 @@ mod avx512 {
         *IFMA.get_or_init(|| std::arch::is_x86_feature_detected!("avx512ifma"))
     }
 
-    /// The gaps `D` of 16 logits, sanitized unless the row is clean, clamped to `dcap`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-    fn gaps16(l: __m512, lanes: &RowLanes) -> __m512 {
-        let s = if lanes.clean { l } else { sanitize16(l) };
-        let d = _mm512_sub_ps(_mm512_set1_ps(lanes.max), s);
-        _mm512_min_ps(d, _mm512_set1_ps(lanes.dcap))
-    }
+    gaps_fn!(
+        gaps16,
+        __m512,
+        "avx512f,avx512bw,avx512vl,avx512dq",
+        sanitize16,
+        (_mm512_set1_ps, _mm512_sub_ps, _mm512_min_ps)
+    );
 
-    /// `sanitize_logit` on 16 lanes: NaN to −inf, finite magnitudes above `2^64` to `±2^64`,
-    /// nonzero magnitudes below `2^-76` to +0.
+    /// `sanitize_logit` on 16 lanes (`huge` = `2^64` and `neg_inf` in every lane).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-    fn sanitize16(l: __m512) -> __m512 {
-        let huge = _mm512_set1_ps(f32::from_bits(super::HUGE_BITS));
-        let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+    fn sanitize16(l: __m512, huge: __m512, neg_inf: __m512) -> __m512 {
         // `max(l, −inf)` returns its second operand for a NaN `l`.
         let s = _mm512_max_ps(l, neg_inf);
         let s = _mm512_min_ps(s, huge);
@@ -671,24 +752,28 @@ mod avx512 {
         })
     }
 
-    /// See [`super::estimate_store`].
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F/BW/VL/DQ; `out` is as long as `row`.
+    /// `sum + w` in the lanes whose logit `l` is at least `level` (ordered: NaN is at no level).
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-    pub(super) unsafe fn estimate_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
-        let mut acc = _mm512_setzero_ps();
-        let rest = store_with::<16>(row, lanes, out, |v, o| {
-            // SAFETY: `v` and `o` hold 16 f32.
-            unsafe {
-                let w = estimate16(_mm512_loadu_ps(v.as_ptr()), lanes);
-                _mm512_storeu_ps(o.as_mut_ptr(), w);
-                acc = _mm512_add_ps(acc, w);
-            }
-        });
-        let (low, high) = widen16(acc);
-        _mm512_reduce_add_pd(_mm512_add_pd(low, high)) + rest
+    fn add_at16(sum: __m512, l: __m512, level: __m512, w: __m512) -> __m512 {
+        _mm512_mask_add_ps(sum, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, level), sum, w)
     }
+
+    /// The sum of 16 f32 lanes, in f64.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    fn reduce16(v: __m512) -> f64 {
+        let (low, high) = widen16(v);
+        _mm512_reduce_add_pd(_mm512_add_pd(low, high))
+    }
+
+    store_levels!(
+        "avx512f,avx512bw,avx512vl,avx512dq",
+        16,
+        (_mm512_setzero_ps, _mm512_set1_ps, _mm512_add_ps),
+        (_mm512_loadu_ps, _mm512_storeu_ps),
+        (estimate16, add_at16, reduce16)
+    );
 }
 
 /// Hand-written AVX2 loops: the exact weights (four 64-bit lanes per vector) and the estimates
@@ -701,22 +786,19 @@ mod avx2 {
     use specula_backend_api::logit_weights::{EXP2_COEFFICIENTS, GAP_LIMIT};
     use std::arch::x86_64::*;
 
-    /// The gaps `D` of 8 logits, sanitized unless the row is clean, clamped to `dcap`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn gaps8(l: __m256, lanes: &RowLanes) -> __m256 {
-        let s = if lanes.clean { l } else { sanitize8(l) };
-        let d = _mm256_sub_ps(_mm256_set1_ps(lanes.max), s);
-        _mm256_min_ps(d, _mm256_set1_ps(lanes.dcap))
-    }
+    gaps_fn!(
+        gaps8,
+        __m256,
+        "avx2,fma",
+        sanitize8,
+        (_mm256_set1_ps, _mm256_sub_ps, _mm256_min_ps)
+    );
 
-    /// `sanitize_logit` on 8 lanes.
+    /// `sanitize_logit` on 8 lanes, as [`gaps8`] passes it the constants.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn sanitize8(l: __m256) -> __m256 {
-        let huge = _mm256_set1_ps(f32::from_bits(super::HUGE_BITS));
-        let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
-        // `max(l, −inf)` returns its second operand for a NaN `l`.
+    fn sanitize8(l: __m256, huge: __m256, neg_inf: __m256) -> __m256 {
+        // `max(l, −inf)` returns its second operand for a NaN `l`; blend the −inf back.
         let s = _mm256_min_ps(_mm256_max_ps(l, neg_inf), huge);
         let clamped = _mm256_max_ps(s, _mm256_sub_ps(_mm256_setzero_ps(), huge));
         let s = _mm256_blendv_ps(clamped, s, _mm256_cmp_ps::<_CMP_EQ_OQ>(s, neg_inf));
@@ -806,26 +888,30 @@ mod avx2 {
         })
     }
 
-    /// See [`super::estimate_store`].
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and FMA; `out` is as long as `row`.
+    /// `sum + w` in the lanes whose logit `l` is at least `level` (ordered: NaN is at no level).
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn estimate_store(row: &[f32], lanes: &RowLanes, out: &mut [f32]) -> f64 {
-        let mut acc = _mm256_setzero_ps();
-        let rest = store_with::<8>(row, lanes, out, |v, o| {
-            // SAFETY: `v` and `o` hold 8 f32.
-            unsafe {
-                let w = estimate8(_mm256_loadu_ps(v.as_ptr()), lanes);
-                _mm256_storeu_ps(o.as_mut_ptr(), w);
-                acc = _mm256_add_ps(acc, w);
-            }
-        });
+    fn add_at8(sum: __m256, l: __m256, level: __m256, w: __m256) -> __m256 {
+        _mm256_add_ps(sum, _mm256_and_ps(w, _mm256_cmp_ps::<_CMP_GE_OQ>(l, level)))
+    }
+
+    /// The sum of 8 f32 lanes, in f64.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn reduce8(v: __m256) -> f64 {
         let mut lanes8 = [0f32; 8];
         // SAFETY: `lanes8` holds 8 f32.
-        unsafe { _mm256_storeu_ps(lanes8.as_mut_ptr(), acc) };
-        lanes8.iter().map(|&a| f64::from(a)).sum::<f64>() + rest
+        unsafe { _mm256_storeu_ps(lanes8.as_mut_ptr(), v) };
+        lanes8.iter().map(|&a| f64::from(a)).sum()
     }
+
+    store_levels!(
+        "avx2,fma",
+        8,
+        (_mm256_setzero_ps, _mm256_set1_ps, _mm256_add_ps),
+        (_mm256_loadu_ps, _mm256_storeu_ps),
+        (estimate8, add_at8, reduce8)
+    );
 
     /// Exact weights of a chunk into `out` (same length).
     ///
@@ -1041,7 +1127,7 @@ mod tests {
                 let mut stored = vec![0f32; row.len()];
                 let mut sums = vec![0f64; blocks];
                 let bits = |stored: &[f32]| stored.iter().map(|w| w.to_bits()).collect::<Vec<_>>();
-                estimate_store_generic(&row, &lanes, &mut stored);
+                estimate_store_generic(&row, &lanes, &mut stored, &[]);
                 assert_eq!(bits(&stored), scalar, "generic, t {t}, clean {clean}");
                 let total = estimate_sums_generic(&row, &lanes, &mut sums);
                 check_sums("generic", &sums, total);
@@ -1052,7 +1138,7 @@ mod tests {
                 {
                     stored.fill(0.0);
                     // SAFETY: the features are present; `stored` is as long as `row`.
-                    unsafe { avx512::estimate_store(&row, &lanes, &mut stored) };
+                    unsafe { avx512::estimate_store(&row, &lanes, &mut stored, &[]) };
                     assert_eq!(bits(&stored), scalar, "avx512, t {t}, clean {clean}");
                     // SAFETY: as above.
                     let total = unsafe { avx512::estimate_block_sums(&row, &lanes, &mut sums) };
@@ -1061,13 +1147,79 @@ mod tests {
                 if detected!("avx2") && detected!("fma") {
                     stored.fill(0.0);
                     // SAFETY: the features are present; `stored` is as long as `row`.
-                    unsafe { avx2::estimate_store(&row, &lanes, &mut stored) };
+                    unsafe { avx2::estimate_store(&row, &lanes, &mut stored, &[]) };
                     assert_eq!(bits(&stored), scalar, "avx2, t {t}, clean {clean}");
                     // SAFETY: as above.
                     let total = unsafe { avx2::estimate_block_sums(&row, &lanes, &mut sums) };
                     check_sums("avx2", &sums, total);
                 }
             }
+        }
+    }
+
+    /// Every compiled variant of the store loop with levels stores the scalar steps' bits and
+    /// sums, per level, the estimates of the tokens at or above it (NaN at none; a level equal to
+    /// a token's logit counts it; a NaN level counts nothing), within the f32 rounding of its
+    /// lanes.
+    #[test]
+    fn every_store_variant_sums_the_estimates_at_its_levels() {
+        let mut lcg = Lcg(59);
+        for (t, clean) in [(1.0f32, false), (0.05, false), (0.8, true)] {
+            let max = 3.25;
+            let lanes = RowLanes::new(max, row_scale(t), clean).expect("vector lanes");
+            let mut row = logits_below(&mut lcg, max, 5003, clean);
+            let levels = [max, 3.0, row[17], f32::NAN, -1e30];
+            row[40] = 3.0;
+            let scalar: Vec<f32> = row
+                .iter()
+                .map(|&l| estimate_of_gap(lanes.gap_of(l), &lanes))
+                .collect();
+            let expected = levels.map(|level| {
+                row.iter()
+                    .zip(&scalar)
+                    .filter(|&(&l, _)| l >= level)
+                    .map(|(_, &w)| f64::from(w))
+                    .sum::<f64>()
+            });
+            let total: f64 = scalar.iter().map(|&w| f64::from(w)).sum();
+            let check = |name: &str, stored: &[f32], (rough, above): (f64, [f64; 5])| {
+                let bits = |v: &[f32]| v.iter().map(|w| w.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(stored), bits(&scalar), "{name}, t {t}");
+                assert!((rough - total).abs() <= total * 1e-4, "{name} total, t {t}");
+                for (k, (&a, &e)) in above.iter().zip(&expected).enumerate() {
+                    assert!(
+                        (a - e).abs() <= total * 1e-4,
+                        "{name} level {k}: {a} vs {e}"
+                    );
+                }
+                assert_eq!(above[3], 0.0, "{name}: NaN level");
+            };
+            let mut stored = vec![0f32; row.len()];
+            let sums = estimate_store_generic(&row, &lanes, &mut stored, &levels);
+            check("generic", &stored, sums);
+            #[cfg(target_arch = "x86_64")]
+            {
+                use std::arch::is_x86_feature_detected as detected;
+                if detected!("avx512f")
+                    && detected!("avx512bw")
+                    && detected!("avx512vl")
+                    && detected!("avx512dq")
+                {
+                    stored.fill(0.0);
+                    // SAFETY: the features are present; `stored` is as long as `row`.
+                    let sums =
+                        unsafe { avx512::estimate_store(&row, &lanes, &mut stored, &levels) };
+                    check("avx512", &stored, sums);
+                }
+                if detected!("avx2") && detected!("fma") {
+                    stored.fill(0.0);
+                    // SAFETY: the features are present; `stored` is as long as `row`.
+                    let sums = unsafe { avx2::estimate_store(&row, &lanes, &mut stored, &levels) };
+                    check("avx2", &stored, sums);
+                }
+            }
+            let sums = estimate_store_levels(&row, &lanes, &mut stored, &levels);
+            check("dispatched", &stored, sums);
         }
     }
 

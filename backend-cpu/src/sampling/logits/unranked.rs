@@ -31,7 +31,7 @@ use super::key_select;
 mod fused;
 use super::lanes::{
     self, ESTIMATE_ABSOLUTE, ESTIMATE_RELATIVE, RowLanes, estimate_block_sums, estimate_store,
-    exact_weights, max_and_clean,
+    estimate_store_levels, exact_weights, max_and_clean,
 };
 
 /// Tokens per chunk of the passes: the unit of the per-chunk masses and of the draw's exact walk.
@@ -67,6 +67,8 @@ struct Scratch {
     region: Vec<(u32, u32, u64)>,
     /// Sample bins (placement of the band).
     sample: Vec<(f64, f64)>,
+    /// The sampled tokens' estimates.
+    sampled: Vec<f32>,
 }
 
 thread_local! {
@@ -305,16 +307,28 @@ impl<'a> Passes<'a> {
             });
     }
 
-    /// The estimate of every token into `estimates` and a rough total ([`estimate_store`]).
-    fn estimate_tokens(&self, estimates: &mut Vec<f32>) -> f64 {
+    /// The estimate of every token into `estimates`, a rough total and the rough masses at
+    /// `levels` ([`estimate_store_levels`]).
+    fn estimate_tokens<const L: usize>(
+        &self,
+        estimates: &mut Vec<f32>,
+        levels: &[f32; L],
+    ) -> (f64, [f64; L]) {
         estimates.resize(self.values.len(), 0.0);
         let lanes = &self.lanes;
-        self.segments
+        let steps = self
+            .segments
             .map_tokens(self.values, estimates, self.next, |part, out| {
-                estimate_store(part, lanes, out)
-            })
-            .iter()
-            .sum()
+                estimate_store_levels(part, lanes, out, levels)
+            });
+        let mut sums = (0.0, [0.0; L]);
+        for (total, above) in steps {
+            sums.0 += total;
+            for (sum, a) in sums.1.iter_mut().zip(above) {
+                *sum += a;
+            }
+        }
+        sums
     }
 }
 
@@ -645,11 +659,68 @@ fn draw_by_chunks(
 /// top_p < 1: the band around the threshold, its exact bins, then the draw. A band that turns out
 /// to lie below the threshold (the mass above it may reach the target) or above it (its tokens
 /// do not reach it) is widened to the top or to the bottom of the row and the pass repeated.
+///
+/// The band is placed from a strided sample of the row's estimates. Where the sample pins the
+/// row's total well (its own spread at most [`CONFIDENT`] of it: rows whose mass is spread over
+/// many tokens), the band is placed before the first pass, and that pass narrows it with the
+/// masses at a few levels inside it ([`sample_in_band`]). Elsewhere the first pass's total
+/// places it (the sample cannot: a few heavy tokens carry most of the mass).
 fn sample_top_p(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch) -> Option<usize> {
+    let lanes = &passes.lanes;
+    let sample = Sample::of(lanes, passes.values, &mut s.sampled);
+    let share = 1.0 - p as f64 / (1u64 << TOP_P_BITS) as f64;
+    let slack = |total: f64| SLACK * total;
+    if sample.spread() <= CONFIDENT * sample.total {
+        let below = share * sample.total;
+        let spread = share * sample.spread();
+        let limits = (below - spread, below + spread);
+        let sampled = place_band(
+            lanes,
+            &s.sampled,
+            &sample,
+            limits,
+            slack(sample.total),
+            &mut s.sample,
+        );
+        return sample_in_band(passes, p, r, s, sampled);
+    }
+    let (total, []) = passes.estimate_tokens(&mut s.estimates, &[]);
+    let below = share * total;
+    let band = place_band(
+        lanes,
+        &s.sampled,
+        &sample,
+        (below, below),
+        slack(total),
+        &mut s.sample,
+    );
+    settle(passes, p, r, s, band)
+}
+
+/// How closely the sample must pin the row's total (four of its standard deviations, as a share
+/// of it) for the band to be placed before the first pass.
+const CONFIDENT: f64 = 0.2;
+
+/// [`sample_top_p`] from the band `sampled` placed before the first pass: the first pass's
+/// levels narrow it, the second pass checks it.
+fn sample_in_band(
+    passes: &Passes<'_>,
+    p: u64,
+    r: u64,
+    s: &mut Scratch,
+    sampled: Band,
+) -> Option<usize> {
+    let lanes = &passes.lanes;
+    let levels = sampled.levels(lanes);
+    let (rough_total, masses) = passes.estimate_tokens(&mut s.estimates, &levels);
+    let band = sampled.narrowed(&levels, &masses, rough_total, p);
+    settle(passes, p, r, s, band)
+}
+
+/// The threshold and the draw from `band`, widened and the second pass repeated while it misses.
+fn settle(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch, mut band: Band) -> Option<usize> {
     let (values, lanes) = (passes.values, &passes.lanes);
-    let rough_total = passes.estimate_tokens(&mut s.estimates);
     let split = Split::top_p(p);
-    let mut band = place_band(lanes, &s.estimates, rough_total, p, &mut s.sample);
     loop {
         let found = Found {
             tokens: &mut s.band,
@@ -784,15 +855,76 @@ struct Band {
     high: f32,
 }
 
-/// Places the band from a strided sample of the estimates: the threshold is where the mass
-/// below it is `W − P · W / 2^24`; the sample estimates the mass below each level (well, since
-/// that mass is spread over many tokens), and the band spans the levels whose estimate is within
-/// four standard deviations (and [`SLACK`] of `W`) of it.
+/// A strided sample of a row's estimates: runs of [`SAMPLE_RUN`] consecutive tokens spread over
+/// the row (a few cache lines each, not one line per sampled token), estimated in lanes before
+/// the first pass (the same bits as the first pass stores).
+struct Sample {
+    /// Tokens of the row per sampled token.
+    scale: f64,
+    /// The row's total as the sample estimates it, and the sum of the sampled estimates' squares
+    /// (scaled as the total).
+    total: f64,
+    squares: f64,
+}
+
+impl Sample {
+    /// The sample of `values` (its estimates into `out`).
+    fn of(lanes: &RowLanes, values: &[f32], out: &mut Vec<f32>) -> Sample {
+        let runs = (values.len() / SAMPLE_RUN).clamp(1, SAMPLES / SAMPLE_RUN);
+        let step = values.len() / runs;
+        // The runs' logits gathered, then estimated in one call (one call per run costs more).
+        let mut logits = [0.0f32; SAMPLES];
+        let mut n = 0;
+        for i in 0..runs {
+            let run = &values[i * step..(i * step + SAMPLE_RUN).min(values.len())];
+            if let Ok(run) = <&[f32; SAMPLE_RUN]>::try_from(run) {
+                // A copy of a known length: a few vector moves, not a call.
+                logits[n..n + SAMPLE_RUN].copy_from_slice(run);
+            } else {
+                logits[n..n + run.len()].copy_from_slice(run);
+            }
+            n += run.len();
+        }
+        out.resize(n, 0.0);
+        let total = estimate_store(&logits[..n], lanes, out);
+        let scale = values.len() as f64 / n.max(1) as f64;
+        // The squares in eight lanes (one chain of dependent adds would cost more than the
+        // estimates).
+        let mut squares = [0.0f64; 8];
+        let mut groups = out.chunks_exact(8);
+        for group in &mut groups {
+            for (square, &w) in squares.iter_mut().zip(group) {
+                *square += f64::from(w) * f64::from(w);
+            }
+        }
+        let rest: f64 = groups
+            .remainder()
+            .iter()
+            .map(|&w| f64::from(w).powi(2))
+            .sum();
+        Sample {
+            scale,
+            total: scale * total,
+            squares: scale * scale * (squares.iter().sum::<f64>() + rest),
+        }
+    }
+
+    /// Four standard deviations of the sample's estimate of the total.
+    fn spread(&self) -> f64 {
+        4.0 * self.squares.sqrt()
+    }
+}
+
+/// Places the band from the sample's estimates `sampled`: the threshold is where the mass below
+/// it is `W − P · W / 2^24`, between `limits`; the sample estimates the mass below each level
+/// (well, since that mass is spread over many tokens), and the band spans the levels whose
+/// estimate is within four standard deviations (and `slack`) of the limits.
 fn place_band(
     lanes: &RowLanes,
-    estimates: &[f32],
-    total: f64,
-    p: u64,
+    sampled: &[f32],
+    sample: &Sample,
+    limits: (f64, f64),
+    slack: f64,
     bins: &mut Vec<(f64, f64)>,
 ) -> Band {
     // Bins of the estimate's f32 bits >> 17: sixty-four per octave, in the order of the logits,
@@ -801,27 +933,15 @@ fn place_band(
     const SHIFT: u32 = 17;
     const FIRST: u32 = 0.25f32.to_bits() >> SHIFT;
     const LAST: u32 = 0x5400_0000 >> SHIFT; // 2^41
-    let last = LAST;
     bins.clear();
-    bins.resize((last - FIRST + 1) as usize, (0.0, 0.0));
-    // Runs of consecutive estimates spread over the row (a few cache lines each, not one line
-    // per sampled token).
-    let runs = (estimates.len() / SAMPLE_RUN).clamp(1, SAMPLES / SAMPLE_RUN);
-    let step = estimates.len() / runs;
-    let mut sampled = 0usize;
-    for i in 0..runs {
-        let run = &estimates[i * step..(i * step + SAMPLE_RUN).min(estimates.len())];
-        sampled += run.len();
-        for &w in run {
-            let bin = (w.max(0.0).to_bits() >> SHIFT).clamp(FIRST, last) - FIRST;
-            let bin = &mut bins[bin as usize];
-            bin.0 += f64::from(w);
-            bin.1 += f64::from(w) * f64::from(w);
-        }
+    bins.resize((LAST - FIRST + 1) as usize, (0.0, 0.0));
+    for &w in sampled {
+        let bin = (w.max(0.0).to_bits() >> SHIFT).clamp(FIRST, LAST) - FIRST;
+        let bin = &mut bins[bin as usize];
+        bin.0 += f64::from(w);
+        bin.1 += f64::from(w) * f64::from(w);
     }
-    let scale = estimates.len() as f64 / sampled.max(1) as f64;
-    let below = total * (1.0 - p as f64 / (1u64 << TOP_P_BITS) as f64);
-    let (low_bin, high_bin) = band_bins(bins, scale, (below, below), SLACK * total);
+    let (low_bin, high_bin) = band_bins(bins, sample.scale, limits, slack);
     let level = |bin: usize| f32::from_bits((bin as u32 + FIRST) << SHIFT);
     // A level at or above the maximum's weight keeps nothing above the band.
     let high = high_bin
@@ -830,6 +950,63 @@ fn place_band(
     Band {
         low: low_bin.map_or(-f32::MAX, |b| logit_of_estimate(lanes, level(b))),
         high: high.map_or(f32::INFINITY, |w| logit_of_estimate(lanes, w)),
+    }
+}
+
+/// Logit levels inside a band at which the first pass sums the estimates above (a compare and a
+/// masked add per level and vector), so that the band it hands the second pass is one or two of
+/// the `LEVELS + 1` slices they cut.
+const LEVELS: usize = 3;
+/// Levels of the first pass, from the top.
+type Levels = [f32; LEVELS];
+/// How far (a share of the row's rough total) the target must lie from a level's rough mass for
+/// the level to bound the band: far above the f32 rounding of those sums (at most 256 adds per
+/// lane and step) and the bounds' error (`2^-20`), so that the second pass rarely finds the
+/// threshold outside.
+const LEVEL_SLACK: f64 = 1.0 / 4096.0;
+
+impl Band {
+    /// The levels that cut the band into `LEVELS + 1` slices of equal logit width, between its
+    /// ends clamped to the row (the maximum, the logit past which every weight is 0); NaN
+    /// levels (no token is at them) where the band is too narrow to cut.
+    fn levels(&self, lanes: &RowLanes) -> Levels {
+        let top = self.high.min(lanes.max);
+        let bottom = self.low.max(lanes.max - lanes.dcap);
+        let width = (top - bottom) / (LEVELS + 1) as f32;
+        let mut levels = [f32::NAN; LEVELS];
+        for (k, level) in levels.iter_mut().enumerate() {
+            *level = top - width * (k + 1) as f32;
+        }
+        let inside = |&l: &f32| l > self.low && l < self.high;
+        let falling = levels.windows(2).all(|w| w[0] > w[1]);
+        if !(levels.iter().all(inside) && falling) {
+            levels = [f32::NAN; LEVELS];
+        }
+        levels
+    }
+
+    /// The band narrowed by the first pass's rough masses at `levels` (`Band::levels`): its
+    /// high end is the lowest level whose mass is short of the target `P · W / 2^24` by
+    /// [`LEVEL_SLACK`], its low end the highest level whose mass passes it by as much (the
+    /// band's own ends where no level does). Rough sums: the second pass checks both ends.
+    fn narrowed(&self, levels: &Levels, masses: &[f64; LEVELS], total: f64, p: u64) -> Band {
+        if levels.iter().any(|l| l.is_nan()) {
+            return *self;
+        }
+        let target = total * p as f64 / (1u64 << TOP_P_BITS) as f64;
+        let slack = LEVEL_SLACK * total;
+        let mut band = *self;
+        for (&level, &mass) in levels.iter().zip(masses) {
+            if mass < target - slack {
+                band.high = level;
+            }
+        }
+        for (&level, &mass) in levels.iter().zip(masses).rev() {
+            if mass > target + slack {
+                band.low = level;
+            }
+        }
+        if band.low < band.high { band } else { *self }
     }
 }
 
@@ -962,14 +1139,20 @@ fn classify_full(
             .zip(masses.chunks_mut(LIST_STEP / CHUNK));
         for (i, ((values, estimates), masses)) in steps.enumerate() {
             let bitmaps = &mut bitmaps[..masses.len() * (CHUNK / WORD)];
+            let slices = Step {
+                values,
+                estimates,
+                masses,
+                bitmaps: &mut *bitmaps,
+            };
             let step = if has_avx512() {
                 // SAFETY: AVX-512F/BW/VL/DQ (and POPCNT, which every AVX-512 CPU has) are
                 // present; the slices hold whole chunks.
-                unsafe { avx512::classify(values, estimates, band, masses, bitmaps) }
+                unsafe { avx512::classify(slices, band) }
             } else {
                 // SAFETY: AVX2 (and POPCNT, which every AVX2 CPU has) is present; the slices
                 // hold whole chunks.
-                unsafe { avx2::classify(values, estimates, band, masses, bitmaps) }
+                unsafe { avx2::classify(slices, band) }
             };
             counted = counted.plus(step);
             list_band(found, first + i * LIST_STEP, bitmaps, values, estimates);
@@ -1072,26 +1255,48 @@ fn list_band(
     }
 }
 
-/// The loop over whole chunks of both vector widths' [`classify`]: `chunk_step` classifies one
-/// chunk (its logits and estimates), writes the bitmaps of its words and returns its estimated
-/// mass above the band, stored in its slot of `masses`. Returns the mass above the band (the
-/// caller counts the tokens and the row's sum).
+/// One step of the vector [`classify`] loops: whole chunks of logits and their estimates, and
+/// their slots of the per-chunk masses and of the band bitmaps (`CHUNK / WORD` words a chunk).
+#[cfg(target_arch = "x86_64")]
+struct Step<'a> {
+    values: &'a [f32],
+    estimates: &'a [f32],
+    masses: &'a mut [f64],
+    bitmaps: &'a mut [u64],
+}
+
+/// The loop of both vector widths' [`classify`] over a step's whole chunks, `N` tokens at a
+/// time: `group` classifies the `N` logits and estimates at its two pointers (into its chunk's
+/// accumulator, starting at `zero`) and returns their band bits; `finish` turns a chunk's
+/// accumulator into its estimated mass above the band, stored in its slot of `masses`. Returns
+/// the mass above the band (the caller counts the tokens and the row's sum).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn chunks_with(
-    values: &[f32],
-    estimates: &[f32],
-    masses: &mut [f64],
-    bitmaps: &mut [u64],
-    mut chunk_step: impl FnMut(&[f32], &[f32], &mut [u64]) -> f64,
+fn chunks_with<const N: usize, A: Copy>(
+    step: Step<'_>,
+    zero: A,
+    mut group: impl FnMut(*const f32, *const f32, &mut A) -> u64,
+    mut finish: impl FnMut(A) -> f64,
 ) -> Counted {
     let mut counted = Counted::default();
-    let rows = values
+    let rows = step
+        .values
         .chunks_exact(CHUNK)
-        .zip(estimates.chunks_exact(CHUNK));
-    let words = bitmaps.chunks_exact_mut(CHUNK / WORD);
-    for ((chunk, ests), (mass, words)) in rows.zip(masses.iter_mut().zip(words)) {
-        *mass = chunk_step(chunk, ests, words);
+        .zip(step.estimates.chunks_exact(CHUNK));
+    let words = step.bitmaps.chunks_exact_mut(CHUNK / WORD);
+    for ((chunk, ests), (mass, words)) in rows.zip(step.masses.iter_mut().zip(words)) {
+        let mut acc = zero;
+        for (w, word) in words.iter_mut().enumerate() {
+            let mut bits = 0u64;
+            for g in 0..WORD / N {
+                // Tokens `at .. at + N` of the chunk (`at + N ≤ CHUNK`).
+                let at = w * WORD + N * g;
+                let (l, e) = (chunk[at..].as_ptr(), ests[at..].as_ptr());
+                bits |= group(l, e, &mut acc) << (N * g);
+            }
+            *word = bits;
+        }
+        *mass = finish(acc);
         counted.above += *mass;
     }
     counted
@@ -1103,58 +1308,40 @@ fn chunks_with(
 /// registers) and pushed afterwards.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Band, Counted, WORD, chunks_with};
+    use super::{Band, Counted, Step, chunks_with};
     use std::arch::x86_64::*;
 
-    /// Writes each chunk's mass above the band to `masses` and the bitmap of the band tokens of
-    /// each word to `bitmaps`; returns the mass above the band and its token count.
+    /// Writes each chunk's mass above the band and the bitmap of the band tokens of each word;
+    /// returns the mass above the band, its token count and the row's sum.
     ///
     /// # Safety
-    /// The CPU must support AVX-512F/BW/VL/DQ and POPCNT; `values` holds whole chunks, as many as
-    /// `masses` (and `CHUNK / WORD` times as many words in `bitmaps`), and `estimates` at least
-    /// as many tokens.
+    /// The CPU must support AVX-512F/BW/VL/DQ and POPCNT; the step's slices are as
+    /// [`Step`] says.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt")]
-    pub(super) unsafe fn classify(
-        values: &[f32],
-        estimates: &[f32],
-        band: Band,
-        masses: &mut [f64],
-        bitmaps: &mut [u64],
-    ) -> Counted {
+    pub(super) unsafe fn classify(step: Step<'_>, band: Band) -> Counted {
         let (high, low) = (_mm512_set1_ps(band.high), _mm512_set1_ps(band.low));
         let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
         let mut above_tokens = 0;
-        let mut counted = chunks_with(values, estimates, masses, bitmaps, |chunk, ests, words| {
-            let (mut acc0, mut acc1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
-            for (w, word) in words.iter_mut().enumerate() {
-                let mut bits = 0u64;
-                for g in 0..WORD / 16 {
-                    let at = w * WORD + 16 * g;
-                    // SAFETY: `chunk` and `ests` hold CHUNK f32.
-                    let (l, e) = unsafe {
-                        (
-                            _mm512_loadu_ps(chunk.as_ptr().add(at)),
-                            _mm512_loadu_ps(ests.as_ptr().add(at)),
-                        )
-                    };
-                    // Ordered compares: NaN is neither above nor in the band.
-                    let above = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, high);
-                    let in_band = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(!above, l, low);
-                    let e_low = _mm512_cvtps_pd(_mm512_castps512_ps256(e));
-                    let e_high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                        _mm512_castps_pd(e),
-                    )));
-                    acc0 = _mm512_mask_add_pd(acc0, above as u8, acc0, e_low);
-                    acc1 = _mm512_mask_add_pd(acc1, (above >> 8) as u8, acc1, e_high);
-                    all0 = _mm512_add_pd(all0, e_low);
-                    all1 = _mm512_add_pd(all1, e_high);
-                    above_tokens += above.count_ones() as usize;
-                    bits |= u64::from(in_band) << (16 * g);
-                }
-                *word = bits;
-            }
-            _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1))
-        });
+        let zero = (_mm512_setzero_pd(), _mm512_setzero_pd());
+        let group = |l: *const f32, e: *const f32, (acc0, acc1): &mut (__m512d, __m512d)| {
+            // SAFETY: `chunks_with` passes pointers to 16 f32.
+            let (l, e) = unsafe { (_mm512_loadu_ps(l), _mm512_loadu_ps(e)) };
+            // Ordered compares: NaN is neither above nor in the band.
+            let above = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, high);
+            let in_band = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(!above, l, low);
+            let e_low = _mm512_cvtps_pd(_mm512_castps512_ps256(e));
+            let e_high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                _mm512_castps_pd(e),
+            )));
+            *acc0 = _mm512_mask_add_pd(*acc0, above as u8, *acc0, e_low);
+            *acc1 = _mm512_mask_add_pd(*acc1, (above >> 8) as u8, *acc1, e_high);
+            all0 = _mm512_add_pd(all0, e_low);
+            all1 = _mm512_add_pd(all1, e_high);
+            above_tokens += above.count_ones() as usize;
+            u64::from(in_band)
+        };
+        let finish = |(acc0, acc1)| _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
+        let mut counted = chunks_with::<16, _>(step, zero, group, finish);
         counted.above_tokens = above_tokens;
         counted.row = _mm512_reduce_add_pd(_mm512_add_pd(all0, all1));
         counted
@@ -1164,62 +1351,45 @@ mod avx512 {
 /// The [`classify`] loop over whole chunks with AVX2 (8 tokens per step), as the AVX-512 one.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Band, Counted, WORD, chunks_with};
+    use super::{Band, Counted, Step, chunks_with};
     use std::arch::x86_64::*;
+
+    /// The sum of 4 f64 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn reduce4(v: __m256d) -> f64 {
+        let pair = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd::<1>(v));
+        _mm_cvtsd_f64(_mm_add_sd(pair, _mm_unpackhi_pd(pair, pair)))
+    }
 
     /// See the AVX-512 loop.
     ///
     /// # Safety
-    /// The CPU must support AVX2 and POPCNT; `values` holds whole chunks, as many as `masses`
-    /// (and `CHUNK / WORD` times as many words in `bitmaps`), and `estimates` at least as many
-    /// tokens.
+    /// The CPU must support AVX2 and POPCNT; the step's slices are as [`Step`] says.
     #[target_feature(enable = "avx2,fma,popcnt")]
-    pub(super) unsafe fn classify(
-        values: &[f32],
-        estimates: &[f32],
-        band: Band,
-        masses: &mut [f64],
-        bitmaps: &mut [u64],
-    ) -> Counted {
+    pub(super) unsafe fn classify(step: Step<'_>, band: Band) -> Counted {
         let (high, low) = (_mm256_set1_ps(band.high), _mm256_set1_ps(band.low));
         let (mut all0, mut all1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
         let mut above_tokens = 0;
-        let mut counted = chunks_with(values, estimates, masses, bitmaps, |chunk, ests, words| {
-            let (mut acc0, mut acc1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
-            for (w, word) in words.iter_mut().enumerate() {
-                let mut bits = 0u64;
-                for g in 0..WORD / 8 {
-                    let at = w * WORD + 8 * g;
-                    // SAFETY: `chunk` and `ests` hold CHUNK f32.
-                    let (l, e) = unsafe {
-                        (
-                            _mm256_loadu_ps(chunk.as_ptr().add(at)),
-                            _mm256_loadu_ps(ests.as_ptr().add(at)),
-                        )
-                    };
-                    let above = _mm256_cmp_ps::<_CMP_GE_OQ>(l, high);
-                    let at_least_low = _mm256_cmp_ps::<_CMP_GE_OQ>(l, low);
-                    all0 = _mm256_add_pd(all0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-                    all1 = _mm256_add_pd(all1, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e)));
-                    let e = _mm256_and_ps(e, above);
-                    acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-                    acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e)));
-                    let above = _mm256_movemask_ps(above) as u32;
-                    above_tokens += above.count_ones() as usize;
-                    let in_band = _mm256_movemask_ps(at_least_low) as u32 & !above;
-                    bits |= u64::from(in_band) << (8 * g);
-                }
-                *word = bits;
-            }
-            let sum = _mm256_add_pd(acc0, acc1);
-            let pair = _mm_add_pd(_mm256_castpd256_pd128(sum), _mm256_extractf128_pd::<1>(sum));
-            _mm_cvtsd_f64(_mm_add_sd(pair, _mm_unpackhi_pd(pair, pair)))
-        });
+        let zero = (_mm256_setzero_pd(), _mm256_setzero_pd());
+        let group = |l: *const f32, e: *const f32, (acc0, acc1): &mut (__m256d, __m256d)| {
+            // SAFETY: `chunks_with` passes pointers to 8 f32.
+            let (l, e) = unsafe { (_mm256_loadu_ps(l), _mm256_loadu_ps(e)) };
+            let above = _mm256_cmp_ps::<_CMP_GE_OQ>(l, high);
+            let at_least_low = _mm256_cmp_ps::<_CMP_GE_OQ>(l, low);
+            all0 = _mm256_add_pd(all0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+            all1 = _mm256_add_pd(all1, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e)));
+            let e = _mm256_and_ps(e, above);
+            *acc0 = _mm256_add_pd(*acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+            *acc1 = _mm256_add_pd(*acc1, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e)));
+            let above = _mm256_movemask_ps(above) as u32;
+            above_tokens += above.count_ones() as usize;
+            u64::from(_mm256_movemask_ps(at_least_low) as u32 & !above)
+        };
+        let finish = |(acc0, acc1)| reduce4(_mm256_add_pd(acc0, acc1));
+        let mut counted = chunks_with::<8, _>(step, zero, group, finish);
         counted.above_tokens = above_tokens;
-        let mut lanes = [0.0f64; 4];
-        // SAFETY: `lanes` holds 4 f64.
-        unsafe { _mm256_storeu_pd(lanes.as_mut_ptr(), _mm256_add_pd(all0, all1)) };
-        counted.row = lanes.iter().sum();
+        counted.row = reduce4(_mm256_add_pd(all0, all1));
         counted
     }
 }
@@ -1289,9 +1459,13 @@ fn threshold_in_band(
     // The tokens of those bins, weighed exactly, in rank order.
     s.region.clear();
     let mut region = Masses::default();
-    // The keys of those bins (every band key is at least the histogram's low key).
-    let keys = histogram.keys(bottom)..floor;
-    for t in band.iter().filter(|t| keys.contains(&t.key)) {
+    // The keys of those bins (every band key is at least the histogram's low key), `least ..
+    // floor`, tested as one unsigned compare `key − least < width`: a range's `contains` is two
+    // compares branched on the first, which in id order goes either way for about half a wide
+    // band (the profile put kept~100k's 26–29 µs here, on mispredicted branches).
+    let least = histogram.keys(bottom);
+    let width = floor.wrapping_sub(least);
+    for t in band.iter().filter(|t| t.key.wrapping_sub(least) < width) {
         s.region.push((t.key, t.id, 0));
         region = region.plus(Masses {
             total: f64::from(t.estimate),
@@ -1375,7 +1549,8 @@ mod tests {
     /// and 256 tokens off the runs logit 8 (the sample sees no heavy tokens, the threshold lies
     /// among them, above the band). The token is still the exact path's: top-k `V − 1` on a row
     /// whose last-ranked token (−inf) weighs 0 keeps the same tokens as no top-k, and takes the
-    /// path that weighs every token exactly.
+    /// path that weighs every token exactly. `below` takes the first pass's total (the sample
+    /// does not pin it), `above` the levels (its sample is uniform): a miss on each path.
     #[test]
     fn a_band_the_sample_misplaced_is_widened() {
         let mut lcg = Lcg(11);
@@ -1402,6 +1577,12 @@ mod tests {
         }
         for (name, mut row) in [("below", below), ("above", above)] {
             row[SAMPLE_RUN + 1] = f32::NEG_INFINITY;
+            let (raw_max, clean) = max_and_clean(&row);
+            let lanes =
+                RowLanes::new(sanitize_logit(raw_max), row_scale(1.0), clean).expect("lanes");
+            let pinned = Sample::of(&lanes, &row, &mut Vec::new());
+            let levels = pinned.spread() <= CONFIDENT * pinned.total;
+            assert_eq!(levels, name == "above", "{name}: the path");
             let (mut decided, mut cases) = (0, 0);
             let before = BAND_MISSES.with(|m| m.get());
             for top_p in [0.9f32, 0.5] {
@@ -1422,6 +1603,180 @@ mod tests {
                 "{name}: decided {decided} of {cases}"
             );
         }
+    }
+
+    /// The band the first pass's levels leave: its ends move to the levels whose rough mass is
+    /// short of or past the target by [`LEVEL_SLACK`]; a level whose mass is the target (or
+    /// within the slack of it) bounds nothing, so the band keeps the slices on both sides of it;
+    /// equal masses, levels out of order and NaN levels (a band too narrow to cut) are handled.
+    #[test]
+    fn the_levels_narrow_the_band_only_where_their_masses_are_clear() {
+        let band = Band {
+            low: 0.0,
+            high: 4.0,
+        };
+        let levels = [3.0, 2.0, 1.0];
+        let (total, p) = (1000.0, top_p_fixed(0.5)); // the target: 500
+        let slack = LEVEL_SLACK * total;
+        let ends = |masses: [f64; LEVELS]| {
+            let b = band.narrowed(&levels, &masses, total, p);
+            (b.low, b.high)
+        };
+        assert_eq!(ends([100.0, 300.0, 800.0]), (1.0, 2.0));
+        assert_eq!(
+            ends([100.0, 500.0, 800.0]),
+            (1.0, 3.0),
+            "a mass on the target"
+        );
+        assert_eq!(ends([100.0, 500.0 + slack / 2.0, 800.0]), (1.0, 3.0));
+        assert_eq!(ends([100.0, 500.0 - slack / 2.0, 800.0]), (1.0, 3.0));
+        assert_eq!(ends([100.0, 500.0 + 2.0 * slack, 800.0]), (2.0, 3.0));
+        assert_eq!(ends([100.0, 100.0, 800.0]), (1.0, 2.0), "equal masses");
+        assert_eq!(ends([600.0, 600.0, 800.0]), (3.0, 4.0), "all past");
+        assert_eq!(ends([1.0, 2.0, 3.0]), (0.0, 1.0), "all short");
+        assert_eq!(ends([800.0, 100.0, 100.0]), (0.0, 4.0), "out of order");
+        let uncut = band.narrowed(&[f32::NAN; LEVELS], &[0.0, 0.0, 1000.0], total, p);
+        assert_eq!((uncut.low, uncut.high), (0.0, 4.0), "NaN levels");
+        // Levels cut the band (clamped to the row) strictly inside it, or are NaN.
+        let lanes = RowLanes::new(5.0, row_scale(1.0), true).expect("lanes");
+        assert_eq!(band.levels(&lanes), levels);
+        let whole = Band {
+            low: -f32::MAX,
+            high: f32::INFINITY,
+        };
+        let cut = whole.levels(&lanes);
+        assert!(cut[0] < 5.0 && cut[2] > 5.0 - lanes.dcap, "{cut:?}");
+        let thin = Band {
+            low: 1.0,
+            high: 1.0f32.next_up(),
+        };
+        assert!(thin.levels(&lanes).iter().all(|l| l.is_nan()));
+    }
+
+    /// The sample pins the total of rows whose mass is spread over many tokens (the rows
+    /// `tests/shaped_rows.rs` narrows at the levels: σ 0.874 at T 1, σ 0.0437 at T 0.05, plain
+    /// or rounded to eighths) and not of rows where a few heavy tokens carry it (σ 3, σ 3.5 at
+    /// T 0.8): those take the first pass's total.
+    #[test]
+    fn the_sample_pins_the_total_of_spread_rows_only() {
+        let mut lcg = Lcg(47);
+        let mut s = Scratch::default();
+        let shapes = [
+            (0.874f32, 1.0f32, true),
+            (0.0437, 0.05, true),
+            (3.0, 1.0, false),
+            (3.5, 0.8, false),
+        ];
+        for (v, (sigma, t, pinned)) in [65_536, 151_936]
+            .into_iter()
+            .flat_map(|v| shapes.map(|shape| (v, shape)))
+        {
+            for eighths in [false, true] {
+                let mut row = normal_row(&mut lcg, v, sigma);
+                if eighths {
+                    row.iter_mut().for_each(|l| *l = (*l * 8.0).round() / 8.0);
+                }
+                let (raw_max, clean) = max_and_clean(&row);
+                let lanes =
+                    RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes");
+                let sample = Sample::of(&lanes, &row, &mut s.sampled);
+                let spread = sample.spread() / sample.total;
+                assert_eq!(
+                    spread <= CONFIDENT,
+                    pinned,
+                    "{v}: σ {sigma}, T {t}: {spread}"
+                );
+            }
+        }
+    }
+
+    /// Rows with large groups of tokens exactly on the levels (and one f32 step either side), the
+    /// top-p threshold inside a group, on its first or its last token, or just past it, with NaN
+    /// and −inf among them, at T 1 and 0.05: the band the levels narrow gives the exact path's
+    /// token; and whole bf16 rows (ties everywhere) too.
+    #[test]
+    fn thresholds_on_the_levels_sample_as_the_exact_path() {
+        let mut lcg = Lcg(43);
+        let v = 65_536;
+        let mut narrowed = 0;
+        for (t, sigma) in [(1.0f32, 1.5f32), (0.05, 0.08)] {
+            let mut row = normal_row(&mut lcg, v, sigma);
+            // The band [0, 4σ) below the maximum (4.5σ), its levels at about 3σ, 2σ and σ;
+            // groups on and beside them.
+            row[20] = 4.5 * sigma;
+            let band = Band {
+                low: 0.0,
+                high: 4.0 * sigma,
+            };
+            let (raw_max, clean) = max_and_clean(&row);
+            let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes");
+            let levels = band.levels(&lanes);
+            assert!((levels[0] - 3.0 * sigma).abs() < 1e-5, "{levels:?}");
+            for (i, l) in row.iter_mut().enumerate().skip(64) {
+                let level = levels[i % LEVELS];
+                *l = match i % 23 {
+                    0..=2 => level,
+                    3 => level.next_up(),
+                    4 => level.next_down(),
+                    _ => *l,
+                };
+            }
+            row[5] = f32::NAN;
+            row[9] = f32::NEG_INFINITY;
+            let (raw_max, clean) = max_and_clean(&row);
+            assert!(!clean);
+            let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes");
+            assert_eq!(band.levels(&lanes), levels);
+            // The share of the row's weight at or above `x` (f64: close to the exact one).
+            let weight = |l: f32| f64::from((l - raw_max) / t).exp();
+            let total: f64 = row.iter().filter(|l| !l.is_nan()).map(|&l| weight(l)).sum();
+            let share = |x: f32, strict: bool| {
+                let kept = |l: f32| if strict { l > x } else { l >= x };
+                row.iter()
+                    .filter(|&&l| kept(l))
+                    .map(|&l| weight(l))
+                    .sum::<f64>()
+                    / total
+            };
+            let mut shares = Vec::new();
+            for &level in &levels {
+                let (above, through) = (share(level, true), share(level, false));
+                shares.extend([above, (above + through) / 2.0, through, through + 1e-6]);
+            }
+            let passes = Passes::unhinted(&row, lanes, Segments::of(row.len(), 1));
+            let mut s = Scratch::default();
+            let mut decided = 0;
+            for &top_p in &shares {
+                let top_p = (top_p as f32).clamp(0.01, 0.999);
+                let p = top_p_fixed(top_p);
+                let (total, masses) = passes.estimate_tokens(&mut s.estimates, &levels);
+                let cut = band.narrowed(&levels, &masses, total, p);
+                narrowed += usize::from(cut.low > band.low || cut.high < band.high);
+                for i in 0..4u64 {
+                    let r = (i + 3).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    let exact = super::super::sample_logit_row(&row, t, v as i32 - 1, top_p, r);
+                    if let Some(token) = sample_in_band(&passes, p, r, &mut s, band) {
+                        assert_eq!(token, exact, "T {t}, top_p {top_p}, r {r}");
+                        decided += 1;
+                    }
+                }
+            }
+            assert!(
+                decided * 10 >= shares.len() * 4 * 9,
+                "T {t}: decided {decided}"
+            );
+            // The whole path on the row as bf16.
+            let half: Vec<half::bf16> = row.iter().map(|&l| half::bf16::from_f32(l)).collect();
+            for top_p in [0.5f32, 0.9, 0.95] {
+                for r in [7u64, 1 << 63, u64::MAX] {
+                    let exact = super::super::sample_logit_row(&half, t, v as i32 - 1, top_p, r);
+                    if let Some(token) = sample(&half, t, top_p, r, RowHints::default()) {
+                        assert_eq!(token, exact, "bf16, T {t}, top_p {top_p}, r {r}");
+                    }
+                }
+            }
+        }
+        assert!(narrowed >= 8, "the levels narrowed {narrowed} bands");
     }
 
     /// The vector classify loops (listing each step of [`LIST_STEP`] tokens after its loop) find
@@ -1702,16 +2057,9 @@ mod tests {
             std::hint::black_box(&exact);
         });
         println!("band tokens: {}", band.len());
-        let total = estimate_store(&row, &lanes, &mut stored);
-        let mut bins = Vec::new();
-        time("place_band", &mut || {
-            std::hint::black_box(place_band(
-                &lanes,
-                &stored,
-                total,
-                top_p_fixed(0.9),
-                &mut bins,
-            ));
+        let mut scratch = Scratch::default();
+        time("sample", &mut || {
+            std::hint::black_box(Sample::of(&lanes, &row, &mut scratch.sampled));
         });
         let passes = Passes {
             values: &row,
@@ -1755,12 +2103,46 @@ mod tests {
             let read = least(&mut || {
                 std::hint::black_box(row.iter().map(|x| x.to_bits() as u64).sum::<u64>());
             });
-            let mut total = 0.0;
-            let store = least(&mut || total = passes.estimate_tokens(&mut s.estimates));
-            let mut band = place_band(&lanes, &s.estimates, total, p, &mut s.sample);
+            let mut sample = Sample::of(&lanes, &row, &mut s.sampled);
+            let sample_us = least(&mut || sample = Sample::of(&lanes, &row, &mut s.sampled));
+            let share = 1.0 - p as f64 / (1u64 << TOP_P_BITS) as f64;
+            let limits = (
+                share * (sample.total - sample.spread()),
+                share * (sample.total + sample.spread()),
+            );
+            let slack = SLACK * sample.total;
+            let mut sampled = place_band(&lanes, &s.sampled, &sample, limits, slack, &mut s.sample);
             let place = least(&mut || {
-                band = place_band(&lanes, &s.estimates, total, p, &mut s.sample);
+                sampled = place_band(&lanes, &s.sampled, &sample, limits, slack, &mut s.sample);
             });
+            let confident = sample.spread() / sample.total;
+            let levels = sampled.levels(&lanes);
+            let mut pass = (0.0, [0.0; LEVELS]);
+            let store = least(&mut || pass = passes.estimate_tokens(&mut s.estimates, &levels));
+            // The first pass without levels, as before them.
+            let plain_store = least(&mut || {
+                std::hint::black_box(estimate_store(&row, &lanes, &mut s.estimates));
+            });
+            let (total, masses) = pass;
+            // The band `sample_top_p` hands the second pass: narrowed by the levels where the
+            // sample pins the total, else placed with the first pass's total.
+            let levels_path = sample.spread() <= CONFIDENT * sample.total;
+            let band = if levels_path {
+                sampled.narrowed(&levels, &masses, total, p)
+            } else {
+                let below = share * total;
+                place_band(
+                    &lanes,
+                    &s.sampled,
+                    &sample,
+                    (below, below),
+                    SLACK * total,
+                    &mut s.sample,
+                )
+            };
+            let path = if levels_path { "levels" } else { "total" };
+            let in_band = |b: Band| row.iter().filter(|&&l| l >= b.low && l < b.high).count();
+            let (sampled_tokens, band_tokens) = (in_band(sampled), in_band(band));
             let bins_us = least(&mut || {
                 std::hint::black_box(band_bins(&s.sample, 37.0, (total * 0.1, total * 0.1), 0.0));
             });
@@ -1796,6 +2178,29 @@ mod tests {
                     _ => None,
                 };
             });
+            // The threshold stage on the band the first pass's total places (the levels path's
+            // band is narrower): the cost of a wide band's region scan.
+            let below = share * total;
+            let limits = (below, below);
+            let wide = place_band(
+                &lanes,
+                &s.sampled,
+                &sample,
+                limits,
+                SLACK * total,
+                &mut s.sample,
+            );
+            let wide_counted = second(&mut s, wide);
+            let wide_tokens = s.band.len();
+            let wide_us = least(&mut || {
+                let masses = wide_counted.masses(row.len());
+                std::hint::black_box(threshold_in_band(&row, &lanes, &mut s, masses, split));
+            });
+            println!(
+                "{name:<16} threshold on the total's band ({wide_tokens} tokens) {wide_us:5.1} µs"
+            );
+            second(&mut s, band);
+            let _ = threshold_in_band(&row, &lanes, &mut s, (row_m, above), split);
             let masses = s.masses.clone();
             let draw_us = threshold.map_or(f64::NAN, |threshold| {
                 least(&mut || {
@@ -1808,7 +2213,9 @@ mod tests {
                 std::hint::black_box(sample_top_p(&passes, p, lcg.next_u64(), &mut s));
             });
             println!(
-                "{name:<16} read {read:5.1} store {store:5.1} place {place:5.1} (bins {bins_us:4.1}) \
+                "{name:<16} read {read:5.1} store {store:5.1} (w/o levels {plain_store:5.1}) \
+                 sample {sample_us:4.1} place {place:5.1} (bins {bins_us:4.1}) spread \
+                 {confident:.3} ({path}) sample band {sampled_tokens} handed on {band_tokens} | \
                  classify \
                  {classify_us:5.1} threshold {threshold_us:5.1} draw {draw_us:5.1} | all \
                  {whole:5.1} µs | classify w/o band {unlisted_us:5.1}, band scan {scan_us:4.1} | band {} region {} above {}",
