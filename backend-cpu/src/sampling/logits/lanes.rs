@@ -454,21 +454,76 @@ compiled_for!(avx2, fn max_and_clean_avx2 []
 /// Lanes of the maximum pass.
 const MAX_LANES: usize = 16;
 
+/// Parts of a row the maximum pass reads side by side, a vector of each in turn: four memory
+/// streams in flight instead of one. On the 2-core CI kind one thread reads a row of 151936 f32
+/// from memory at about 10 GB/s as one stream and 18 GB/s as four (`docs/performance.md`, "Top-p
+/// from logits at batch 64"); the pass is the only one that reads the row from memory.
+const MAX_STREAMS: usize = 4;
+
+/// The maximum pass's per-lane state: the maximum (NaN ignored), the largest magnitude (as
+/// bits: NaN and infinities above every finite value) and the least nonzero magnitude (bits − 1,
+/// so that a zero wraps to the top).
+struct MaxLanes {
+    max: [f32; MAX_LANES],
+    high: [u32; MAX_LANES],
+    low: [u32; MAX_LANES],
+}
+
+impl MaxLanes {
+    #[inline(always)]
+    fn new() -> Self {
+        MaxLanes {
+            max: [f32::NEG_INFINITY; MAX_LANES],
+            high: [0; MAX_LANES],
+            low: [u32::MAX; MAX_LANES],
+        }
+    }
+
+    /// Folds `MAX_LANES` values in, one per lane.
+    #[inline(always)]
+    fn fold(&mut self, chunk: &[f32]) {
+        for (lane, &x) in chunk.iter().enumerate().take(MAX_LANES) {
+            self.max[lane] = if x > self.max[lane] {
+                x
+            } else {
+                self.max[lane]
+            };
+            let a = x.to_bits() & 0x7fff_ffff;
+            self.high[lane] = self.high[lane].max(a);
+            self.low[lane] = self.low[lane].min(a.wrapping_sub(1));
+        }
+    }
+}
+
+/// The maximum and cleanliness of `row`: its first `MAX_STREAMS` equal parts (whole vectors)
+/// read side by side, then the rest. A maximum does not depend on the order its values are met
+/// in, but for the sign of a zero maximum, which `sanitize_logit` erases (−0 and +0 both become
+/// +0) before any weight reads it.
 #[inline(always)]
 fn max_and_clean_generic(row: &[f32]) -> (f32, bool) {
-    let mut max = [f32::NEG_INFINITY; MAX_LANES];
-    // The largest magnitude (as bits: NaN and infinities above every finite value) and the least
-    // nonzero magnitude (bits − 1, so that a zero wraps to the top).
-    let mut high = [0u32; MAX_LANES];
-    let mut low = [u32::MAX; MAX_LANES];
-    let mut chunks = row.chunks_exact(MAX_LANES);
-    for chunk in &mut chunks {
-        for (lane, &x) in chunk.iter().enumerate() {
-            max[lane] = if x > max[lane] { x } else { max[lane] };
-            let a = x.to_bits() & 0x7fff_ffff;
-            high[lane] = high[lane].max(a);
-            low[lane] = low[lane].min(a.wrapping_sub(1));
+    let mut lanes = MaxLanes::new();
+    let part = row.len() / (MAX_STREAMS * MAX_LANES) * MAX_LANES;
+    let (streams, rest) = row.split_at(part * MAX_STREAMS);
+    if part > 0 {
+        // The four parts (`MAX_STREAMS`), a vector of each per step.
+        let (p0, p12) = streams.split_at(part);
+        let (p1, p23) = p12.split_at(part);
+        let (p2, p3) = p23.split_at(part);
+        for (((a, b), c), d) in p0
+            .chunks_exact(MAX_LANES)
+            .zip(p1.chunks_exact(MAX_LANES))
+            .zip(p2.chunks_exact(MAX_LANES))
+            .zip(p3.chunks_exact(MAX_LANES))
+        {
+            lanes.fold(a);
+            lanes.fold(b);
+            lanes.fold(c);
+            lanes.fold(d);
         }
+    }
+    let mut chunks = rest.chunks_exact(MAX_LANES);
+    for chunk in &mut chunks {
+        lanes.fold(chunk);
     }
     let (mut best, mut hi, mut lo) = (f32::NEG_INFINITY, 0u32, u32::MAX);
     for &x in chunks.remainder() {
@@ -478,9 +533,13 @@ fn max_and_clean_generic(row: &[f32]) -> (f32, bool) {
         lo = lo.min(a.wrapping_sub(1));
     }
     for lane in 0..MAX_LANES {
-        best = if max[lane] > best { max[lane] } else { best };
-        hi = hi.max(high[lane]);
-        lo = lo.min(low[lane]);
+        best = if lanes.max[lane] > best {
+            lanes.max[lane]
+        } else {
+            best
+        };
+        hi = hi.max(lanes.high[lane]);
+        lo = lo.min(lanes.low[lane]);
     }
     (best, hi <= HUGE_BITS && lo >= TINY_BITS - 1)
 }
@@ -1239,5 +1298,92 @@ mod tests {
         zeros[4] = -0.0;
         assert!(max_and_clean(&zeros).1);
         assert_eq!(max_and_clean(&[f32::NAN; 3]).0, f32::NEG_INFINITY);
+    }
+
+    /// The maximum pass reads a row's first `MAX_STREAMS` parts side by side, then the rest:
+    /// on lengths around every split, with the maximum, a NaN, an infinity and each kind of dirt
+    /// placed in each part, at its edges and in the rest, every compiled variant gives the
+    /// maximum and the cleanliness of a plain scalar fold (a zero maximum up to its sign, which
+    /// `sanitize_logit` erases).
+    #[test]
+    fn the_maximum_pass_in_streams_is_a_plain_fold() {
+        let scalar = |row: &[f32]| {
+            let best = row
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+            let clean = row.iter().all(|x| {
+                let a = x.to_bits() & 0x7fff_ffff;
+                a <= HUGE_BITS && a.wrapping_sub(1) >= TINY_BITS - 1
+            });
+            (sanitize_logit(best).to_bits(), clean)
+        };
+        let variants = |row: &[f32]| {
+            let mut out = vec![("generic", max_and_clean_generic(row))];
+            #[cfg(target_arch = "x86_64")]
+            {
+                if has_avx512() {
+                    // SAFETY: the CPU has the variant's features.
+                    out.push(("avx512", unsafe { max_and_clean_avx512(row) }));
+                }
+                if has_avx2() {
+                    // SAFETY: as above.
+                    out.push(("avx2", unsafe { max_and_clean_avx2(row) }));
+                }
+            }
+            out
+        };
+        let mut lcg = Lcg(23);
+        let block = MAX_STREAMS * MAX_LANES;
+        for len in [
+            0,
+            1,
+            15,
+            16,
+            63,
+            64,
+            65,
+            127,
+            128,
+            129,
+            1000,
+            4096 + 17,
+            151_936,
+        ] {
+            let base: Vec<f32> = (0..len).map(|_| lcg.unit() * 20.0 - 30.0).collect();
+            let part = len / block * MAX_LANES;
+            let mut places = vec![0, len.saturating_sub(1), len / 2];
+            for k in 0..MAX_STREAMS {
+                places.extend([k * part, (k * part + part).saturating_sub(1), k * part + 5]);
+            }
+            places.retain(|&i| i < len);
+            for &at in &places {
+                for value in [
+                    7.5,
+                    f32::NAN,
+                    f32::INFINITY,
+                    f32::NEG_INFINITY,
+                    3e38,
+                    -1e-30,
+                    0.0,
+                    -0.0,
+                ] {
+                    let mut row = base.clone();
+                    row[at] = value;
+                    if value == 0.0 {
+                        // A zero maximum, met as −0 and +0 in different parts.
+                        row.iter_mut().for_each(|x| *x = -x.abs() - 1.0);
+                        row[at] = value;
+                        row[len - 1 - at] = -value;
+                    }
+                    for (name, (max, clean)) in variants(&row) {
+                        assert_eq!(
+                            (sanitize_logit(max).to_bits(), clean),
+                            scalar(&row),
+                            "{name}: len {len}, {value} at {at}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

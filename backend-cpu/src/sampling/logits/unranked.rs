@@ -201,7 +201,11 @@ pub(crate) struct RowHints<'a> {
     /// Threads a pass over the row may be split across (rows fewer than threads).
     pub parts: usize,
     /// The bytes of the row this thread will likely sample next: asked for (into L2) while this
-    /// row's weights are estimated, so that its first pass does not wait on memory.
+    /// row's chunk weights are estimated (top_p = 1), so that its first pass does not wait on
+    /// memory. The top_p < 1 passes do not ask for it: they keep every token's estimate, and the
+    /// row, its estimates and the next row (1.8 MB at V = 151936) nearly fill a 2 MiB L2, which
+    /// the second pass reads the first two from; asked for there, the next row cost more than it
+    /// saved (`docs/performance.md`, "Top-p from logits at batch 64").
     pub next: &'a [u8],
 }
 
@@ -318,7 +322,7 @@ impl<'a> Passes<'a> {
         let lanes = &self.lanes;
         let steps = self
             .segments
-            .map_tokens(self.values, estimates, self.next, |part, out| {
+            .map_tokens(self.values, estimates, |part, out| {
                 estimate_store_levels(part, lanes, out, levels)
             });
         let mut sums = (0.0, [0.0; L]);
@@ -343,7 +347,8 @@ struct Segments {
 
 /// Rows shorter than this are never split across threads.
 const SPLIT_MIN: usize = 32 * 1024;
-/// Tokens per step of a pass that asks for the next row as it goes.
+/// Tokens per step of the passes that go step by step: the chunk pass asks for the next row's
+/// share before each step, the store pass restarts its f32 level sums at each.
 const PREFETCH_STEP: usize = 16 * CHUNK;
 
 impl Segments {
@@ -404,37 +409,27 @@ impl Segments {
             });
     }
 
-    /// `f` of each segment and its tokens' slots of `out`, asking for `next` as it goes; the
-    /// results of the steps, in order.
+    /// `f` of each segment's steps of [`PREFETCH_STEP`] tokens and their slots of `out` (the
+    /// next row is not asked for: see [`RowHints::next`]); the results of the steps, in order.
     fn map_tokens<O: Send, R: Send>(
         &self,
         values: &[f32],
         out: &mut [O],
-        next: &[u8],
         f: impl Fn(&[f32], &mut [O]) -> R + Sync,
     ) -> Vec<R> {
-        let run = |part: &[f32], out: &mut [O], next: &[u8]| -> Vec<R> {
+        let run = |part: &[f32], out: &mut [O]| -> Vec<R> {
             part.chunks(PREFETCH_STEP)
                 .zip(out.chunks_mut(PREFETCH_STEP))
-                .enumerate()
-                .map(|(i, (step, out))| {
-                    prefetch_share(next, i * PREFETCH_STEP, step.len(), part.len());
-                    f(step, out)
-                })
+                .map(|(step, out)| f(step, out))
                 .collect()
         };
         if self.count == 1 {
-            return run(values, out, next);
+            return run(values, out);
         }
-        let next_len = next.len().div_ceil(self.count);
         values
             .par_chunks(self.len)
             .zip(out.par_chunks_mut(self.len))
-            .enumerate()
-            .flat_map_iter(|(i, (part, out))| {
-                let start = (i * next_len).min(next.len());
-                run(part, out, &next[start..(start + next_len).min(next.len())])
-            })
+            .flat_map_iter(|(part, out)| run(part, out))
             .collect()
     }
 }
