@@ -5,9 +5,9 @@
 //! (less one unit at most per token, for the floors, and the rounding of the normalisation: both
 //! far inside [`SLACK`]). So the band's sample is taken first and the band placed with `W`
 //! assumed `2^40`; the same sample says whether the kept set is likely wide (more tokens than the
-//! candidates of the fast path hold). If so, one pass ([`super::classify`]) computes the exact
-//! total together with the band's classify: the mass above the band per block, the band's tokens
-//! and their histogram. The exact checks follow with the exact total: the mass above the band is
+//! candidates of the fast path hold) and the band narrow enough to list ([`MAX_BAND`]). If so,
+//! one pass ([`super::classify`]) computes the exact total together with the band's classify: the
+//! mass above the band per block, the band's tokens and their histogram. The exact checks follow with the exact total: the mass above the band is
 //! under the target and the band's tokens reach it. A band that missed them (a row far from
 //! summing to 1, a sample that misled) is decided by the two-pass band path, with the exact total
 //! now known; correctness never depends on the guess.
@@ -26,7 +26,11 @@ use super::{
 /// The one pass is taken when the sampled tokens at or above the band's low end stand for at
 /// least this many row tokens: a kept set of about this size or more, which the candidates of the
 /// fast path (4096 at most) would hold only in part or at a cost of a second full read.
-pub(crate) const WIDE_FROM: f64 = 2048.0;
+const WIDE_FROM: f64 = 2048.0;
+/// ... unless the band would hold more than about this many tokens (a sample that cannot place
+/// it, e.g. one whose mass below the threshold sits in a few sampled tokens): listing them costs
+/// more than the scan, and the scan's candidates may hold the kept set.
+const MAX_BAND: f64 = 32768.0;
 
 /// The assumed total weight of a normalised row, `2^40`.
 const ASSUMED_TOTAL: u64 = 1 << 40;
@@ -67,15 +71,20 @@ pub(crate) fn sample_top_p_one_pass<T: FloatElement>(
 }
 
 /// The band for a total of `2^40`, placed from the sample, when the sample predicts a wide kept
-/// set; `None` when it predicts a narrow one.
+/// set and a band of at most [`MAX_BAND`] tokens; `None` otherwise.
 fn predict<T: FloatElement>(row: &[T], p_fixed: u64, s: &mut Scratch) -> Option<Band> {
     let scale = take_sample(row, &mut s.sample, &mut s.counts);
     // The floors lose under one unit per token; the normalisation's rounding is inside SLACK.
     let below = (ASSUMED_TOTAL - top_p_target_mass(p_fixed, ASSUMED_TOTAL)) as f64;
     let slack = SLACK * ASSUMED_TOTAL as f64 + row.len() as f64;
     let band = band_from(&s.sample, scale, below, slack);
-    let wide = f64::from(sampled_from(&s.counts, band.low)) * scale >= WIDE_FROM;
-    wide.then_some(band)
+    let (from_low, from_high) = (
+        sampled_from(&s.counts, band.low),
+        sampled_from(&s.counts, band.high),
+    );
+    let wide = f64::from(from_low) * scale >= WIDE_FROM;
+    let listable = f64::from(from_low - from_high) * scale <= MAX_BAND;
+    (wide && listable).then_some(band)
 }
 
 /// The one pass over the row with `band`, then the exact checks with the exact total; the
@@ -104,6 +113,7 @@ fn decide<T: FloatElement>(
 mod tests {
     use super::*;
     use crate::ops::top_k_top_p_sample::sample_prob_row_histogram;
+    use crate::sampling::band::{SAMPLE_RUN, SAMPLES};
     use crate::sampling::histogram::MIN_WEIGHT_KEY;
     use crate::sampling::lcg::Lcg;
     use crate::sampling::scan::{key_of, weight_of_key};
@@ -254,6 +264,40 @@ mod tests {
         heavy[V / 128 * 5 + 100] = 0.6;
         let outcome = check_row(&heavy, &mut draws, "heavy unsampled token");
         assert!(matches!(outcome, OnePass::FellBack(Some(_))), "{outcome:?}");
+    }
+
+    /// A row whose mass below the threshold the sample cannot weigh (its sampled runs start with
+    /// heavy tokens): the band would span the row, so the row is left to the scan, which decides
+    /// it as the histogram path does.
+    #[test]
+    fn a_band_the_sample_cannot_place_is_left_to_the_scan() {
+        let step = V / (SAMPLES / SAMPLE_RUN);
+        let row: Vec<f32> = (0..V)
+            .map(|i| {
+                if i % step == 0 {
+                    0.85 / 128.0
+                } else {
+                    0.15 / (V - 128) as f32
+                }
+            })
+            .collect();
+        let mut s = Scratch::default();
+        let band = predict(&row, top_p_fixed(0.9), &mut s);
+        assert!(band.is_none(), "{band:?}");
+        // The sample alone would call it wide: the cap on the band decides.
+        let scale = take_sample(&row, &mut s.sample, &mut s.counts);
+        let below = (ASSUMED_TOTAL - top_p_target_mass(top_p_fixed(0.9), ASSUMED_TOTAL)) as f64;
+        let placed = band_from(&s.sample, scale, below, SLACK * ASSUMED_TOTAL as f64);
+        assert!(f64::from(sampled_from(&s.counts, placed.low)) * scale >= WIDE_FROM);
+        assert_eq!(
+            sample_top_p_one_pass(&row, top_p_fixed(0.9), 5),
+            OnePass::Narrow
+        );
+        for (top_p, draw) in [(0.9f32, 5u64), (0.5, 77), (0.99, 1 << 63)] {
+            let got = crate::sampling::fast::sample_prob_row_fast(&row, 0, top_p, draw, 1);
+            let expected = sample_prob_row_histogram(&row, 0, top_p, draw);
+            assert_eq!(got.unwrap_or(expected), expected, "top_p {top_p}");
+        }
     }
 
     /// Bands whose ends fall exactly on the threshold's key: a band that holds it decides in the
