@@ -362,3 +362,46 @@ fn rows_whose_band_the_first_pass_narrows_agree_with_the_reference() {
         }
     }
 }
+
+/// Probability rows whose top-p set (no top-k) is wider than the fast path's candidates: flat
+/// rows and kept sets of ~10k and ~100k tokens, on which the CPU places its band from a sample
+/// before any pass (the total assumed 1) and decides in one pass; the same rows with long runs
+/// of ties, with NaN, negative and zero entries, and scaled to sum to 0.5 and 2 (the band placed
+/// for 1 misses: the two-pass path decides). Every token is the reference device's, in f32, f16
+/// and bf16.
+#[test]
+fn wide_probability_rows_decided_in_one_pass_agree_with_the_reference() {
+    let (cpu, reference) = (CpuDevice::new().unwrap(), ReferenceDevice::new());
+    let (mut g, v) = (Lcg(2032), 151_936);
+    let top_p = [0.999f32, 0.99, 0.9, 0.5, 0.1];
+    let (n, top_k) = (top_p.len(), [0; 5]);
+    // σ of the logits, style of the row, what its probabilities sum to; the half dtypes too
+    // on the flat and the hostile rows.
+    let sigmas = [3.0, 2.79, 0.874, 2.79, 0.874];
+    let styles_and_sums = [(0, 1.0f32), (1, 1.0), (2, 1.0), (0, 0.5), (0, 2.0)];
+    for (i, (sigma, (style, scale))) in sigmas.into_iter().zip(styles_and_sums).enumerate() {
+        let halves = i == 0 || i == 2;
+        let probs: Vec<f32> = softmax(&logits_row(&mut g, v, sigma, style), 1.0)
+            .iter()
+            .map(|p| p * scale)
+            .collect();
+        let mut probs = probs.repeat(n);
+        if style == 2 {
+            probs[3] = -0.25;
+            probs[v + 9] = f32::NAN;
+        }
+        let seed: Vec<u64> = (0..n).map(|_| g.next()).collect();
+        let params = (&top_k[..], &top_p[..], &seed[..]);
+        let what = format!("σ {sigma}, style {style}, sum {scale}");
+        let run = |dev: &dyn Device| sample(dev, (&probs, v), None, params);
+        assert_eq!(run(&cpu), run(&reference), "{what}");
+        if halves {
+            let f16: Vec<half::f16> = probs.iter().map(|&p| half::f16::from_f32(p)).collect();
+            let run = |dev: &dyn Device| sample(dev, (&f16, v), None, params);
+            assert_eq!(run(&cpu), run(&reference), "f16 {what}");
+            let bf16: Vec<half::bf16> = probs.iter().map(|&p| half::bf16::from_f32(p)).collect();
+            let run = |dev: &dyn Device| sample(dev, (&bf16, v), None, params);
+            assert_eq!(run(&cpu), run(&reference), "bf16 {what}");
+        }
+    }
+}

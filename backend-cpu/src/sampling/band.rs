@@ -21,17 +21,24 @@
 //! A band that turns out to lie wholly above or below the threshold is widened to the top or the
 //! bottom of the row and the pass repeated; `None` only if even that fails (it cannot on a row of
 //! positive total weight, but the caller has the histogram path to fall back on).
+//!
+//! A row whose sample predicts a wide kept set skips the scan of the fast path: [`one_pass`]
+//! places the band for a total of `2^40` and learns the exact total in the classify pass itself,
+//! so that the row is read once; this two-pass path decides the rows where that band missed.
 
 use specula_backend_api::FloatElement;
 use specula_backend_api::fixed_point::{scale_draw, top_p_target_mass};
 
 use super::histogram::MIN_WEIGHT_KEY;
-use super::scan::{compiled_for, dispatch, key_of, weight_of_key};
+use super::scan::{compiled_for, dispatch, dispatched, key_of, weight_of_key};
 #[cfg(target_arch = "x86_64")]
 use super::scan::{has_avx2, has_avx512};
 
 #[cfg(target_arch = "x86_64")]
 mod lanes;
+mod one_pass;
+
+pub(crate) use one_pass::{OnePass, sample_top_p_one_pass};
 
 /// Tokens per block of the above-band masses and of the draw's walk.
 const BLOCK: usize = 256;
@@ -57,8 +64,10 @@ struct Scratch {
     bins: Vec<(u64, u32)>,
     bin_low: u32,
     bin_shift: u32,
-    /// The sample's bins.
+    /// The sample's bins: sum and sum of squares of the sampled weights.
     sample: Vec<(f64, f64)>,
+    /// The sample's bins: sampled tokens.
+    counts: Vec<u32>,
     /// The band's tokens, a bit per token.
     bitmaps: Vec<u64>,
     /// The tokens of the threshold's bin.
@@ -84,10 +93,15 @@ pub(crate) fn sample_top_p<T: FloatElement>(
     p_fixed: u64,
     draw: u64,
 ) -> Option<usize> {
+    with_scratch(|s| sample_with(row, total, p_fixed, draw, s))
+}
+
+/// Runs `f` with this thread's scratch, moved out of its cell for the duration.
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
     let mut s = SCRATCH.with(|cell| cell.take());
-    let token = sample_with(row, total, p_fixed, draw, &mut s);
+    let result = f(&mut s);
     SCRATCH.with(|cell| *cell.borrow_mut() = s);
-    token
+    result
 }
 
 fn sample_with<T: FloatElement>(
@@ -98,9 +112,11 @@ fn sample_with<T: FloatElement>(
     s: &mut Scratch,
 ) -> Option<usize> {
     let target = top_p_target_mass(p_fixed, total);
-    let mut band = place_band(row, total, target, &mut s.sample);
+    let scale = take_sample(row, &mut s.sample, &mut s.counts);
+    let below = (total - target) as f64;
+    let mut band = band_from(&s.sample, scale, below, SLACK * total as f64);
     loop {
-        let above = classify(row, band, s);
+        let (above, _) = classify(row, band, s);
         if above >= target {
             // The threshold may lie above the band.
             if band.high == u32::MAX {
@@ -117,22 +133,52 @@ fn sample_with<T: FloatElement>(
     }
 }
 
-/// Places the band from a sample of runs of consecutive tokens: the mass below each level of the
-/// key (sixty-four bins per octave) is estimated from it, and the band spans the levels whose
-/// estimate is within four standard deviations (and [`SLACK`] of `W`) of `W − target`.
-fn place_band<T: FloatElement>(
+/// Bins of the band's sample: `2^SAMPLE_SHIFT` keys each, sixty-four per octave.
+const SAMPLE_SHIFT: u32 = 17;
+/// The first key of the sample's bins.
+const FIRST_BIN: u32 = MIN_WEIGHT_KEY >> SAMPLE_SHIFT;
+
+/// Takes the sample that places the band: runs of [`SAMPLE_RUN`] consecutive tokens spread over
+/// the row, their weights summed per level of the key (sixty-four bins per octave) into `bins`
+/// (sum and sum of squares) and counted into `counts`. Returns how many row tokens each sampled
+/// token stands for.
+fn take_sample<T: FloatElement>(
     row: &[T],
-    total: u64,
-    target: u64,
     bins: &mut Vec<(f64, f64)>,
-) -> Band {
-    const SHIFT: u32 = 17;
-    let first = MIN_WEIGHT_KEY >> SHIFT;
+    counts: &mut Vec<u32>,
+) -> f64 {
+    const SHIFT: u32 = SAMPLE_SHIFT;
+    let first = FIRST_BIN;
     let last = 1.0f32.to_bits() >> SHIFT;
     bins.clear();
     bins.resize((last - first + 1) as usize, (0.0, 0.0));
+    counts.clear();
+    counts.resize(bins.len(), 0);
     let runs = (row.len() / SAMPLE_RUN).clamp(1, SAMPLES / SAMPLE_RUN);
     let step = row.len() / runs;
+    prefetch_runs(row, runs, step);
+    let sampled = sample_runs(row, (runs, step), bins, counts);
+    row.len() as f64 / sampled.max(1) as f64
+}
+
+dispatched!(
+    /// The sample's runs into its bins; returns the tokens sampled. Compiled for the widest
+    /// vector unit of the CPU (the weights' floor and widening are single instructions there).
+    fn sample_runs [T: FloatElement]
+        (row: &[T], at: (usize, usize), bins: &mut [(f64, f64)], counts: &mut [u32]) -> usize
+        = sample_runs_generic [T]
+);
+
+/// [`sample_runs`]: `runs` runs of [`SAMPLE_RUN`] tokens, `step` tokens apart.
+#[inline(always)]
+fn sample_runs_generic<T: FloatElement>(
+    row: &[T],
+    (runs, step): (usize, usize),
+    bins: &mut [(f64, f64)],
+    counts: &mut [u32],
+) -> usize {
+    const SCALE: f32 = (1u64 << 40) as f32;
+    let last = (1.0f32.to_bits() >> SAMPLE_SHIFT) - FIRST_BIN;
     let mut sampled = 0usize;
     for i in 0..runs {
         let run = &row[i * step..(i * step + SAMPLE_RUN).min(row.len())];
@@ -142,21 +188,56 @@ fn place_band<T: FloatElement>(
             if key < MIN_WEIGHT_KEY {
                 continue;
             }
-            let w = weight_of_key(key) as f64;
-            let bin = &mut bins[((key >> SHIFT).min(last) - first) as usize];
+            // `weight_of_key(key)`, as the passes compute it: exact in f32, widened exactly.
+            let w = f64::from((f32::from_bits(key) * SCALE).floor());
+            let at = ((key >> SAMPLE_SHIFT) - FIRST_BIN).min(last) as usize;
+            let bin = &mut bins[at];
             bin.0 += w;
             bin.1 += w * w;
+            counts[at] += 1;
         }
     }
-    let scale = row.len() as f64 / sampled.max(1) as f64;
-    let below = (total - target) as f64;
-    let slack = SLACK * total as f64;
+    sampled
+}
+
+/// Asks for the sample's runs before they are read: scattered over the row, each is a miss the
+/// hardware prefetcher does not foresee, and one after the other they cost a row that is not in
+/// the caches a memory latency each (the one-pass path takes the sample before any pass).
+#[inline]
+fn prefetch_runs<T>(row: &[T], runs: usize, step: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for i in 0..runs {
+        let run = &row[i * step..(i * step + SAMPLE_RUN).min(row.len())];
+        let (start, bytes) = (run.as_ptr().cast::<i8>(), std::mem::size_of_val(run));
+        for offset in (0..bytes).step_by(64).chain([bytes.saturating_sub(1)]) {
+            // SAFETY: a prefetch is a hint that never faults; the address lies inside `run`.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    start.wrapping_add(offset),
+                );
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (row, runs, step);
+}
+
+/// Places the band from the sample's bins: it spans the levels whose estimated mass below is
+/// within four standard deviations and `slack` of `below` (`W − target`).
+fn band_from(bins: &[(f64, f64)], scale: f64, below: f64, slack: f64) -> Band {
     let (low_bin, high_bin) = band_bins(bins, scale, (below, below), slack);
-    let key = |bin: usize| (bin as u32 + first) << SHIFT;
+    let key = |bin: usize| (bin as u32 + FIRST_BIN) << SAMPLE_SHIFT;
     Band {
         low: low_bin.map_or(MIN_WEIGHT_KEY, key),
         high: high_bin.map_or(u32::MAX, key),
     }
+}
+
+/// The sampled tokens with a key at or above `key`, a bin boundary of the sample (or
+/// `MIN_WEIGHT_KEY`, or `u32::MAX`).
+fn sampled_from(counts: &[u32], key: u32) -> u32 {
+    let at = ((key >> SAMPLE_SHIFT).saturating_sub(FIRST_BIN)) as usize;
+    counts.get(at..).map_or(0, |bins| bins.iter().sum())
 }
 
 /// The ends of a band from a sample's bins of levels (per bin, in rising order, the sampled
@@ -193,8 +274,9 @@ pub(crate) fn band_bins(
 }
 
 /// The pass over the row: the exact weight above the band per block into `s.masses`, the band's
-/// tokens and their histogram into `s.band` and `s.bins`; returns the exact weight above the band.
-fn classify<T: FloatElement>(row: &[T], band: Band, s: &mut Scratch) -> u64 {
+/// tokens and their histogram into `s.band` and `s.bins`; returns the exact weight above the band
+/// and the row's exact total weight.
+fn classify<T: FloatElement>(row: &[T], band: Band, s: &mut Scratch) -> (u64, u64) {
     s.masses.clear();
     s.masses.resize(row.len().div_ceil(BLOCK), 0);
     s.band.clear();
@@ -228,7 +310,7 @@ fn classify_row<T: FloatElement>(
     band: Band,
     masses: &mut [u64],
     bitmaps: &mut [u64],
-) -> u64 {
+) -> (u64, u64) {
     #[cfg(target_arch = "x86_64")]
     if let (specula_backend_api::DType::F32, Ok(values)) =
         (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(row))
@@ -258,8 +340,8 @@ fn with_full_blocks(
     band: Band,
     masses: &mut [u64],
     bitmaps: &mut [u64],
-    full_blocks: impl FnOnce(lanes::Blocks<'_>, Band) -> u64,
-) -> u64 {
+    full_blocks: impl FnOnce(lanes::Blocks<'_>, Band) -> (u64, u64),
+) -> (u64, u64) {
     let full = values.len() / BLOCK;
     let (head, tail) = values.split_at(full * BLOCK);
     let (head_masses, tail_masses) = masses.split_at_mut(full);
@@ -269,53 +351,59 @@ fn with_full_blocks(
         masses: head_masses,
         bitmaps: head_bits,
     };
-    full_blocks(blocks, band) + classify_blocks::<f32>(tail, band, tail_masses, tail_bits)
+    let (above, total) = full_blocks(blocks, band);
+    let (tail_above, tail_total) = classify_blocks::<f32>(tail, band, tail_masses, tail_bits);
+    (above + tail_above, total + tail_total)
 }
 
 compiled_for!(avx512, fn classify_blocks_avx512 [T: FloatElement]
-    (row: &[T], band: Band, masses: &mut [u64], bitmaps: &mut [u64]) -> u64
+    (row: &[T], band: Band, masses: &mut [u64], bitmaps: &mut [u64]) -> (u64, u64)
     = classify_blocks [T]);
 compiled_for!(avx2, fn classify_blocks_avx2 [T: FloatElement]
-    (row: &[T], band: Band, masses: &mut [u64], bitmaps: &mut [u64]) -> u64
+    (row: &[T], band: Band, masses: &mut [u64], bitmaps: &mut [u64]) -> (u64, u64)
     = classify_blocks [T]);
 
 /// The vector part of [`classify`]: per block the exact weight above the band, per word of 64
-/// tokens the bitmap of the band's tokens (no call in the loop).
+/// tokens the bitmap of the band's tokens (no call in the loop); returns the weight above the
+/// band and the exact weight of the whole segment.
 #[inline(always)]
 fn classify_blocks<T: FloatElement>(
     row: &[T],
     band: Band,
     masses: &mut [u64],
     bitmaps: &mut [u64],
-) -> u64 {
-    let mut total = 0u64;
+) -> (u64, u64) {
+    let (mut total, mut every) = (0u64, 0u64);
     let words = bitmaps.chunks_mut(BLOCK / 64);
     for ((block, mass), bits) in row.chunks(BLOCK).zip(masses.iter_mut()).zip(words) {
-        let (above, block_bits) = classify_block(block, band);
+        let (above, all, block_bits) = classify_block(block, band);
         *mass = above;
         total += above;
+        every += all;
         bits.copy_from_slice(&block_bits[..bits.len()]);
     }
-    total
+    (total, every)
 }
 
-/// One block: the exact weight of its tokens above the band, and a bitmap of its band tokens.
-/// Written without branches, so that the compiler vectorizes it.
+/// One block: the exact weight of its tokens above the band, the exact weight of all its tokens,
+/// and a bitmap of its band tokens. Written without branches, so that the compiler vectorizes it.
 #[inline]
-fn classify_block<T: FloatElement>(block: &[T], band: Band) -> (u64, [u64; BLOCK / 64]) {
+fn classify_block<T: FloatElement>(block: &[T], band: Band) -> (u64, u64, [u64; BLOCK / 64]) {
     let mut bits = [0u64; BLOCK / 64];
-    let mut above = 0u64;
+    let (mut above, mut all) = (0u64, 0u64);
     for (w, word) in block.chunks(64).enumerate() {
         let mut mask = 0u64;
         for (j, &v) in word.iter().enumerate() {
             let key = key_of(v);
+            let weight = weight_of_key(key);
             let is_above = key >= band.high;
-            above += if is_above { weight_of_key(key) } else { 0 };
+            above += if is_above { weight } else { 0 };
+            all += weight;
             mask |= u64::from(!is_above & (key >= band.low)) << j;
         }
         bits[w] = mask;
     }
-    (above, bits)
+    (above, all, bits)
 }
 
 /// The threshold `(key, id)` and the kept mass: the bins walked from the top from the mass above
@@ -348,8 +436,9 @@ fn threshold(s: &mut Scratch, above: u64, target: u64) -> Option<(u32, u32, u64)
     None
 }
 
-/// The draw among the kept tokens: each block's kept mass is its mass above the band plus its
-/// kept band tokens; the block holding `t` is walked in id order.
+/// The draw among the kept tokens: the blocks are walked in id order, each block's kept mass its
+/// mass above the band plus its kept band tokens (the band is listed in id order), until the
+/// block holding `t`, which is walked in id order.
 fn draw_kept<T: FloatElement>(
     row: &[T],
     s: &mut Scratch,
@@ -357,30 +446,41 @@ fn draw_kept<T: FloatElement>(
     kept: u64,
     draw: u64,
 ) -> Option<usize> {
-    let keeps = |key: u32, id: u32| key > tkey || (key == tkey && id <= tid);
-    for &(key, id) in &s.band {
-        if keeps(key, id) {
-            s.masses[id as usize / BLOCK] += weight_of_key(key);
-        }
-    }
+    // Rank order as one integer: key descending, then id ascending; kept up to the threshold.
+    let rank = |key: u32, id: u32| (u64::from(key) << 32) | u64::from(!id);
+    let least = rank(tkey, tid);
+    let kept_weight = |key: u32, id: u32| {
+        let weight = weight_of_key(key);
+        if rank(key, id) >= least { weight } else { 0 }
+    };
     let t = scale_draw(draw, kept);
     let mut before = 0u64;
-    let b = s.masses.iter().position(|&m| {
-        let reached = before + m > t;
-        if !reached {
-            before += m;
+    let mut rest = &s.band[..];
+    for (b, &above) in s.masses.iter().enumerate() {
+        let end = (b + 1) * BLOCK;
+        let here = rest
+            .iter()
+            .position(|&(_, id)| id as usize >= end)
+            .unwrap_or(rest.len());
+        let (in_block, next) = rest.split_at(here);
+        rest = next;
+        let mass = above
+            + in_block
+                .iter()
+                .map(|&(k, id)| kept_weight(k, id))
+                .sum::<u64>();
+        if before + mass <= t {
+            before += mass;
+            continue;
         }
-        reached
-    })?;
-    let start = b * BLOCK;
-    for (j, &v) in row[start..row.len().min(start + BLOCK)].iter().enumerate() {
-        let key = key_of(v);
-        if keeps(key, (start + j) as u32) {
-            before += weight_of_key(key);
+        let start = b * BLOCK;
+        for (j, &v) in row[start..row.len().min(end)].iter().enumerate() {
+            before += kept_weight(key_of(v), (start + j) as u32);
             if before > t {
                 return Some(start + j);
             }
         }
+        return None;
     }
     None
 }
@@ -459,7 +559,8 @@ mod tests {
                     .filter(|&&k| k >= high)
                     .map(|&k| weight_of_key(k))
                     .sum();
-                assert_eq!(expected, want, "v {v} band {band:?}");
+                let every: u64 = keys.iter().map(|&k| weight_of_key(k)).sum();
+                assert_eq!(expected, (want, every), "v {v} band {band:?}");
                 for isa in ["avx512", "avx2", "best"] {
                     let (mut m, mut b) = (vec![u64::MAX; blocks], vec![u64::MAX; words]);
                     let got = match isa {

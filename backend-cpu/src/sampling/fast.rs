@@ -12,7 +12,9 @@
 //! - top-p without top-k: the floor is where the sampled keys, largest first, reach the target
 //!   mass. The sampled tokens at or above it are row tokens at or above it, so those tokens reach
 //!   the target too and the kept prefix lies among them. A peaked row gets a floor at its top token;
-//!   an LLM-like row about as many candidates as its kept set;
+//!   an LLM-like row about as many candidates as its kept set. A row whose kept set a sample
+//!   predicts wider than the candidates can hold is decided in one pass of the band path
+//!   (`band::one_pass`) before and instead of the scan;
 //! - top_p = 1 without top-k keeps every positive-weight token: the draw locates its block from
 //!   the block weights and scans that block only.
 //!
@@ -295,6 +297,13 @@ pub(crate) fn sample_prob_row_fast<T: FloatElement>(
             // Top-k decides on its candidates' weights alone: no row total needed.
             scan_row(row, s, parts, Need::Sample);
             return sample_top_k(row, s, k, p_fixed, draw);
+        }
+        if !keep_all {
+            // A kept set the sample predicts wide: one pass of the band path, no scan.
+            let one_pass = super::band::sample_top_p_one_pass(row, p_fixed, draw);
+            if one_pass != super::band::OnePass::Narrow {
+                return one_pass.token();
+            }
         }
         let need = if keep_all { Need::Weights } else { Need::Both };
         let total = scan_row(row, s, parts, need);

@@ -3,7 +3,8 @@
 //! compiler does not vectorize. Both compute the same integers as the generic loop (the tests
 //! compare them): per block the exact weight above the band — `floor(p · 2^40)` in f32 (exact: a
 //! power-of-two scaling of a sanitized value, then a floor) summed in f64 (exact: integers below
-//! 2^40, 256 of them) — and per word of 64 tokens the bitmap of the band's tokens.
+//! 2^40, 256 of them) — and per word of 64 tokens the bitmap of the band's tokens, and the exact
+//! weight of every token (the row's total, which the one-pass path learns here).
 
 use std::arch::x86_64::*;
 
@@ -11,6 +12,9 @@ use super::{BLOCK, Band};
 
 /// `2^40`, the scale of the weights.
 const SCALE: f32 = (1u64 << 40) as f32;
+/// How far ahead the pass prefetches, in blocks (4 KiB), as the scan does: the one-pass path
+/// reads the row from memory here.
+const PREFETCH_BLOCKS: usize = 4;
 
 /// The full blocks of an f32 row segment (the caller handles the tail) and their slots: a mass
 /// per block, `BLOCK / 64` bitmap words per block.
@@ -21,22 +25,36 @@ pub(crate) struct Blocks<'a> {
 }
 
 /// The loop over the full blocks of both vector widths: `block_step` classifies one block, writes
-/// the bitmaps of its words and returns its exact weight above the band, stored in its slot of
-/// `masses`. Returns the weight above the band of all the blocks.
+/// the bitmaps of its words and returns its exact weight above the band (stored in its slot of
+/// `masses`) and its exact weight. Returns both summed over the blocks.
 #[inline(always)]
-fn blocks_with(blocks: Blocks<'_>, mut block_step: impl FnMut(&[f32], &mut [u64]) -> u64) -> u64 {
+fn blocks_with(
+    blocks: Blocks<'_>,
+    mut block_step: impl FnMut(&[f32], &mut [u64]) -> (u64, u64),
+) -> (u64, u64) {
     let Blocks {
         row,
         masses,
         bitmaps,
     } = blocks;
-    let mut total = 0u64;
+    let (mut total, mut every) = (0u64, 0u64);
     let words = bitmaps.chunks_exact_mut(BLOCK / 64);
     for ((block, mass), words) in row.chunks_exact(BLOCK).zip(masses.iter_mut()).zip(words) {
-        *mass = block_step(block, words);
-        total += *mass;
+        // Ask for the block PREFETCH_BLOCKS ahead (a hint: never faults, even past the end).
+        let ahead = block
+            .as_ptr()
+            .wrapping_add(PREFETCH_BLOCKS * BLOCK)
+            .cast::<i8>();
+        for line in 0..BLOCK * 4 / 64 {
+            // SAFETY: a prefetch is a hint that never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64)) };
+        }
+        let (above, all) = block_step(block, words);
+        *mass = above;
+        total += above;
+        every += all;
     }
-    total
+    (total, every)
 }
 
 /// AVX-512: sixteen tokens per vector, a compare mask per vector is sixteen bits of a bitmap word.
@@ -53,12 +71,12 @@ pub(super) mod avx512 {
     }
 
     /// The classify pass over the full blocks of an f32 row segment; returns the exact weight
-    /// above the band.
+    /// above the band and the exact weight of the segment.
     ///
     /// # Safety
     /// The CPU must support AVX-512F; the slices are sized as [`Blocks`] says.
     #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn classify_full_blocks(blocks: Blocks<'_>, band: Band) -> u64 {
+    pub(crate) unsafe fn classify_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
         let (low, high) = (
             _mm512_set1_epi32(band.low as i32),
             _mm512_set1_epi32(band.high as i32),
@@ -66,6 +84,7 @@ pub(super) mod avx512 {
         let scale = _mm512_set1_ps(SCALE);
         blocks_with(blocks, |block, words| {
             let (mut acc0, mut acc1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+            let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
             for (word, out) in block.chunks_exact(64).zip(words.iter_mut()) {
                 let mut bits = 0u64;
                 for (k, lanes) in word.chunks_exact(16).enumerate() {
@@ -75,21 +94,25 @@ pub(super) mod avx512 {
                     let above = _mm512_cmpge_epu32_mask(key, high);
                     let in_band = _mm512_mask_cmpge_epu32_mask(!above, key, low);
                     bits |= u64::from(in_band) << (16 * k);
-                    let w = _mm512_maskz_roundscale_ps::<
-                        { _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC },
-                    >(above, _mm512_mul_ps(p, scale));
-                    acc0 = _mm512_add_pd(acc0, _mm512_cvtps_pd(_mm512_castps512_ps256(w)));
-                    acc1 = _mm512_add_pd(
-                        acc1,
-                        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                            _mm512_castps_pd(w),
-                        ))),
+                    let w = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(
+                        _mm512_mul_ps(p, scale),
                     );
+                    let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(w));
+                    let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                        _mm512_castps_pd(w),
+                    )));
+                    all0 = _mm512_add_pd(all0, lo);
+                    all1 = _mm512_add_pd(all1, hi);
+                    acc0 = _mm512_mask_add_pd(acc0, above as u8, acc0, lo);
+                    acc1 = _mm512_mask_add_pd(acc1, (above >> 8) as u8, acc1, hi);
                 }
                 *out = bits;
             }
             // Exact: integers below 2^40, 256 of them.
-            _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1)) as u64
+            (
+                _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1)) as u64,
+                _mm512_reduce_add_pd(_mm512_add_pd(all0, all1)) as u64,
+            )
         })
     }
 }
@@ -107,12 +130,22 @@ pub(super) mod avx2 {
         _mm256_and_ps(_mm256_min_ps(v, _mm256_set1_ps(1.0)), positive)
     }
 
+    /// The four f64 lanes of `v` summed (integers below 2^48: exact), as an integer.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn sum_lanes(v: __m256d) -> u64 {
+        let mut lanes = [0f64; 4];
+        // SAFETY: `lanes` holds 4 f64; unaligned stores are allowed.
+        unsafe { _mm256_storeu_pd(lanes.as_mut_ptr(), v) };
+        lanes.iter().sum::<f64>() as u64
+    }
+
     /// As the AVX-512 loop.
     ///
     /// # Safety
     /// The CPU must support AVX2; the slices are sized as [`Blocks`] says.
     #[target_feature(enable = "avx2")]
-    pub(crate) unsafe fn classify_full_blocks(blocks: Blocks<'_>, band: Band) -> u64 {
+    pub(crate) unsafe fn classify_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
         // Keys of sanitized values are at most the key of 1.0 (below 2^31), so the signed compare
         // orders them as the unsigned one does once the bounds are capped below 2^31 too (a bound
         // above every key stays above every key).
@@ -124,6 +157,7 @@ pub(super) mod avx2 {
         let scale = _mm256_set1_ps(SCALE);
         blocks_with(blocks, |block, words| {
             let mut acc = [_mm256_setzero_pd(); 2];
+            let mut all = [_mm256_setzero_pd(); 2];
             for (word, out) in block.chunks_exact(64).zip(words.iter_mut()) {
                 let mut bits = 0u64;
                 for (k, lanes) in word.chunks_exact(8).enumerate() {
@@ -136,20 +170,21 @@ pub(super) mod avx2 {
                     let in_band = _mm256_andnot_si256(below_low, below_high);
                     let lane_bits = _mm256_movemask_ps(_mm256_castsi256_ps(in_band)) as u8;
                     bits |= u64::from(lane_bits) << (8 * k);
-                    let w = _mm256_andnot_ps(
-                        _mm256_castsi256_ps(below_high),
-                        _mm256_floor_ps(_mm256_mul_ps(p, scale)),
-                    );
+                    let every = _mm256_floor_ps(_mm256_mul_ps(p, scale));
+                    let w = _mm256_andnot_ps(_mm256_castsi256_ps(below_high), every);
                     acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
                     acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(w)));
+                    all[0] = _mm256_add_pd(all[0], _mm256_cvtps_pd(_mm256_castps256_ps128(every)));
+                    all[1] =
+                        _mm256_add_pd(all[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(every)));
                 }
                 *out = bits;
             }
-            let mut lanes = [0f64; 4];
-            // SAFETY: `lanes` holds 4 f64; unaligned stores are allowed.
-            unsafe { _mm256_storeu_pd(lanes.as_mut_ptr(), _mm256_add_pd(acc[0], acc[1])) };
             // Exact: integers below 2^40, 256 of them.
-            lanes.iter().sum::<f64>() as u64
+            (
+                sum_lanes(_mm256_add_pd(acc[0], acc[1])),
+                sum_lanes(_mm256_add_pd(all[0], all[1])),
+            )
         })
     }
 }
