@@ -102,7 +102,7 @@ pub(super) fn max_then_chunks(
             estimate_block_sums(step, lanes, out);
         });
     };
-    let (lanes, _) = rayon::join(
+    let (lanes, _) = crate::parallel::join(
         || {
             let lanes = lanes_of(0)?;
             estimate(first, out0, next0, &lanes);
@@ -201,5 +201,42 @@ mod tests {
             }
         }
         assert!(decided * 5 >= rows.len() * 3 * 5 * 3, "decided {decided}");
+    }
+
+    /// The section run from a caller's thread with one pool worker as its other side (a batch-1
+    /// call on the caller's thread, `crate::parallel`), on pools of one and two threads (the
+    /// caller computing both halves or not): the two-section path's constants and estimates.
+    #[test]
+    fn on_the_callers_thread_the_section_keeps_its_bits() {
+        let mut lcg = Lcg(29);
+        let v = 40_000;
+        let mut far = normal(&mut lcg, v, 1.0);
+        far[..v / 2].iter_mut().for_each(|l| *l -= 45.0);
+        let mut nan = normal(&mut lcg, v, 1.0);
+        nan[v / 2 - 10..].fill(f32::NAN);
+        let rows = [normal(&mut lcg, v, 3.0), far, nan];
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("pool");
+            for (i, row) in rows.iter().enumerate() {
+                let segments = Segments::of(row.len(), 2);
+                let (raw_max, clean) = segments.max_and_clean(row);
+                let two = RowLanes::new(sanitize_logit(raw_max), row_scale(0.8), clean);
+                let mut estimated = Vec::new();
+                let lanes = two.expect("finite rows");
+                Passes::unhinted(row, lanes, segments).estimate_chunks(&mut estimated);
+                let bits = |m: &[f64]| m.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                for _ in 0..20 {
+                    let mut masses = Vec::new();
+                    let one = crate::parallel::on_caller(&pool, || {
+                        max_then_chunks(row, 0.8, segments, &[], &mut masses)
+                    });
+                    assert_eq!(one, two, "row {i}, {threads} threads: constants");
+                    assert_eq!(bits(&masses), bits(&estimated), "row {i}: estimates");
+                }
+            }
+        }
     }
 }
