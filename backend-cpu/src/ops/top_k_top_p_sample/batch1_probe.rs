@@ -5,17 +5,9 @@ use std::time::Instant;
 use specula_backend_api::ops::{RowShape, SampleInputs, SampleParams, Scores};
 use specula_backend_api::{DType, Device, DeviceExt};
 
+use super::tests::normal_row;
 use crate::CpuDevice;
 use crate::sampling::lcg::Lcg;
-
-fn normal_row(lcg: &mut Lcg, v: usize, sigma: f32) -> Vec<f32> {
-    (0..v)
-        .map(|_| {
-            let (u, w) = (lcg.unit().max(1e-7), lcg.unit());
-            sigma * (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * w).cos()
-        })
-        .collect()
-}
 
 /// Median and least µs of `reps` calls of `f`, each after `gap` (as the bench's floor read).
 fn times(reps: usize, f: &mut dyn FnMut(), gap: &mut dyn FnMut()) -> (f64, f64) {
@@ -101,32 +93,20 @@ fn batch1_pieces() {
         cpu.top_k_top_p_sample(&inputs, &mut tokens, &tiny_params)
             .expect("op");
     });
-    let inputs = SampleInputs::new(
-        Scores::logits(&logits, &temperature),
-        &top_k0,
-        &top_p,
-        &seed,
-    );
     let temps = [1.0f32];
-    report("op body in install (k0 p1)", &mut || {
-        let mut out = cpu.alloc::<i32>(1).expect("alloc");
-        cpu.install(|| {
-            super::top_k_top_p_sample(DType::F32, &inputs, Some(&temps), &mut out, &shape)
-        })
-        .expect("op");
-    });
-    report("op (k0 p1)", &mut || {
-        cpu.top_k_top_p_sample(&inputs, &mut tokens, &params)
+    for (setting, top_k) in [("k0 p1", &top_k0), ("k50 p1", &top_k50)] {
+        let scores = Scores::logits(&logits, &temperature);
+        let inputs = SampleInputs::new(scores, top_k, &top_p, &seed);
+        report(&format!("op body on the pool ({setting})"), &mut || {
+            let out = &mut tokens;
+            cpu.install(|| {
+                super::top_k_top_p_sample(DType::F32, &inputs, Some(&temps), out, &shape)
+            })
             .expect("op");
-    });
-    let inputs50 = SampleInputs::new(
-        Scores::logits(&logits, &temperature),
-        &top_k50,
-        &top_p,
-        &seed,
-    );
-    report("op (k50 p1)", &mut || {
-        cpu.top_k_top_p_sample(&inputs50, &mut tokens, &params)
-            .expect("op");
-    });
+        });
+        report(&format!("op ({setting})"), &mut || {
+            cpu.top_k_top_p_sample(&inputs, &mut tokens, &params)
+                .expect("op");
+        });
+    }
 }

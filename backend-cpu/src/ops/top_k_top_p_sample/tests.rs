@@ -8,13 +8,13 @@ use specula_reference::ReferenceDevice;
 use crate::CpuDevice;
 use crate::sampling::lcg::Lcg;
 
-fn normal_row(lcg: &mut Lcg, v: usize, sigma: f32) -> Vec<f32> {
-    (0..v)
-        .map(|_| {
-            let (u, w) = (lcg.unit().max(1e-7), lcg.unit());
-            sigma * (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * w).cos()
-        })
-        .collect()
+/// Normal logits N(0, σ²) (Box–Muller).
+pub(super) fn normal_row(lcg: &mut Lcg, v: usize, sigma: f32) -> Vec<f32> {
+    let mut normal = || {
+        let radius = (-2.0 * lcg.unit().max(1e-7).ln()).sqrt();
+        radius * (std::f32::consts::TAU * lcg.unit()).cos()
+    };
+    (0..v).map(|_| sigma * normal()).collect()
 }
 
 /// The token `dev` samples from one row of logits at `t`.
