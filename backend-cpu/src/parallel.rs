@@ -19,6 +19,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::thread::Result as Outcome;
+use std::time::{Duration, Instant};
 
 thread_local! {
     /// The pool the [`join`]s of this thread hand their second side to, while [`on_caller`]
@@ -66,8 +67,6 @@ const FREE: u8 = 0;
 const WORKER: u8 = 1;
 const CALLER: u8 = 2;
 const DONE: u8 = 3;
-/// Spins of a waiting caller before it yields its core (the worker may have been preempted).
-const SPINS: u32 = 1 << 12;
 
 /// The second side and its result, on the caller's stack.
 struct Side<B, RB> {
@@ -140,12 +139,24 @@ where
     }
 }
 
-/// Spins (then yields) until the worker that claimed a side has run it.
+/// Waits until the worker that claimed a side has run it (at most about the side's work, spun).
 fn wait_done(state: &AtomicU8) {
+    spin_until(SIDE_SPIN, || state.load(Ordering::Acquire) == DONE);
+}
+
+/// How long a caller spins for a side a worker has started before yielding its core: about a
+/// side's work on a batch-1 row (half of the estimates of 151936 logits). Longer, the worker is
+/// most likely waiting for this very core.
+const SIDE_SPIN: Duration = Duration::from_micros(30);
+
+/// Spins until `done`, for at most `spin` (the clock read every 32 spins), then yields the core
+/// between checks: a thread it waits for that was preempted, or shares this core, gets to run.
+pub(crate) fn spin_until(spin: Duration, done: impl Fn() -> bool) {
+    let start = Instant::now();
     let mut spins = 0u32;
-    while state.load(Ordering::Acquire) != DONE {
-        if spins < SPINS {
-            spins += 1;
+    while !done() {
+        spins = spins.wrapping_add(1);
+        if spins % 32 != 0 || start.elapsed() < spin {
             std::hint::spin_loop();
         } else {
             std::thread::yield_now();

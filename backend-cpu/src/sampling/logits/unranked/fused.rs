@@ -25,8 +25,9 @@ struct HalfMax {
 const FREE: u8 = 0;
 const CLAIMED: u8 = 1;
 const DONE: u8 = 2;
-/// Spins before a waiting side yields its core (the claimant may have been preempted).
-const SPINS: u32 = 1 << 10;
+/// How long a waiting side spins before it yields its core: about a half's maximum (7–9 µs on
+/// 75968 logits); longer, the claimant was preempted or waits for this very core.
+const MAX_SPIN: std::time::Duration = std::time::Duration::from_micros(12);
 
 impl HalfMax {
     fn new() -> Self {
@@ -51,15 +52,7 @@ impl HalfMax {
             self.state.store(DONE, Ordering::Release);
             return (max, clean);
         }
-        let mut spins = 0u32;
-        while self.state.load(Ordering::Acquire) != DONE {
-            if spins < SPINS {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
+        crate::parallel::spin_until(MAX_SPIN, || self.state.load(Ordering::Acquire) == DONE);
         (
             f32::from_bits(self.max.load(Ordering::Relaxed)),
             self.clean.load(Ordering::Relaxed),
