@@ -156,7 +156,7 @@ pub(crate) fn spin_until(spin: Duration, done: impl Fn() -> bool) {
     let mut spins = 0u32;
     while !done() {
         spins = spins.wrapping_add(1);
-        if spins % 32 != 0 || start.elapsed() < spin {
+        if !spins.is_multiple_of(32) || start.elapsed() < spin {
             std::hint::spin_loop();
         } else {
             std::thread::yield_now();
