@@ -106,14 +106,13 @@ impl<'a> Rows<'a> {
         }
     }
 
-    /// Whether row `r` of `vocab` logits, its passes split over `parts` threads, makes no
-    /// parallel section but at most one two-way `parallel::join`: top-k applies (one streaming
-    /// pass), the row is on one thread, or top-p 1 splits it in two (`logits/unranked/fused.rs`).
+    /// Whether row `r` of `vocab` logits, its passes split over `parts` threads, enters no rayon
+    /// parallel section and makes at most one two-way `parallel::join`: top-k applies (one
+    /// streaming pass), or top-p 1 on at most two threads (`logits/unranked/fused.rs`).
     fn at_most_a_join(&self, r: usize, vocab: usize, parts: usize) -> bool {
         let top_k = usize::try_from(self.top_k[r]).unwrap_or(0);
         let whole = top_p_fixed(self.top_p[r]) >= 1 << TOP_P_BITS;
-        self.temperature.is_some()
-            && ((top_k > 0 && top_k < vocab) || parts == 1 || (whole && parts == 2))
+        self.temperature.is_some() && ((top_k > 0 && top_k < vocab) || (whole && parts <= 2))
     }
 }
 

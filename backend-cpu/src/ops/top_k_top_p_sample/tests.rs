@@ -38,7 +38,7 @@ fn sample<T: Element>(dev: &dyn Device, row: &[T], t: f32, (k, p, seed): (i32, f
 }
 
 /// The settings of the test: the caller's thread takes top-k (any split) and top-p 1 (split in
-/// two or not split); top-k 0 / top-p 0.9 on more than one thread stays on the pool.
+/// two or not split); top-k 0 / top-p 0.9 stays on the pool.
 const SETTINGS: [(i32, f32); 5] = [(0, 1.0), (50, 0.9), (50, 1.0), (39_999, 1.0), (0, 0.9)];
 
 /// One row per call, on devices of one, two and three threads (the row not split, split in two
