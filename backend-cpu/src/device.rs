@@ -146,6 +146,18 @@ impl CpuDevice {
         self.pool.install(f)
     }
 
+    /// Runs `f` on the calling thread, its `parallel::join`s helped by this device's workers (a
+    /// batch-1 call that makes no other parallel section; see `parallel`).
+    pub(crate) fn on_caller<R>(&self, f: impl FnOnce() -> R) -> R {
+        crate::parallel::on_caller(&self.pool, f)
+    }
+
+    /// Whether the calling thread is one of this device's workers (an op called from inside
+    /// another op's work).
+    pub(crate) fn is_worker(&self) -> bool {
+        self.pool.current_thread_index().is_some()
+    }
+
     /// `DeviceMismatch` unless `buffer` belongs to this device (for the benchmark helpers, which
     /// are not ops and so do not pass through the front).
     fn check_owner(&self, arg: &'static str, buffer: &Buffer) -> Result<()> {

@@ -45,6 +45,7 @@
 mod device;
 mod float_math;
 mod ops;
+mod parallel;
 mod sampling;
 
 pub use device::CpuDevice;

@@ -1,6 +1,7 @@
 //! `top_k_top_p_sample` (`docs/semantics.md` §5.6): exact sampling on fixed-point weights.
 
 use rayon::prelude::*;
+use specula_backend_api::abi::TOP_P_BITS;
 use specula_backend_api::fixed_point::top_p_fixed;
 use specula_backend_api::ops::top_k_top_p_sample::OpCall;
 use specula_backend_api::ops::{RowShape, SampleInputs};
@@ -56,33 +57,90 @@ pub(crate) fn top_k_top_p_sample(
     tokens: &mut Buffer,
     shape: &RowShape,
 ) -> Result<()> {
-    let top_k = slice::<i32>(inputs.top_k)?;
-    let top_p = slice::<f32>(inputs.top_p)?;
-    let seed = slice::<u64>(inputs.seed)?;
+    let parts = super::parts_per_row(shape.rows);
+    let rows = Rows::of(inputs, temperature)?;
     let tokens = slice_mut::<i32>(tokens)?;
     with_float!(dtype, Op::TopKTopPSample, T => {
         let scores = slice::<T>(inputs.scores.matrix())?;
-        let parts = super::parts_per_row(shape.rows);
         tokens
             .par_iter_mut()
             .zip(scores.par_chunks_exact(shape.vocab))
             .enumerate()
             .for_each(|(r, (token, row))| {
-                let id = match temperature {
-                    Some(temperature) => {
-                        let draw = draw(seed[r], Purpose::Sample);
-                        let hints = logits::RowHints {
-                            parts,
-                            next: next_row(scores, r, shape.vocab),
-                        };
-                        let sampling = (top_k[r], top_p[r], draw);
-                        logits::sample_logit_row_hinted(row, temperature[r], sampling, hints)
-                    }
-                    None => sample_prob_row(row, top_k[r], top_p[r], seed[r], parts),
-                };
-                *token = id as i32;
+                let next = next_row(scores, r, shape.vocab);
+                *token = rows.sample(r, row, parts, next) as i32;
             });
         Ok(())
+    })
+}
+
+/// The per-row inputs of a call, as slices.
+struct Rows<'a> {
+    top_k: &'a [i32],
+    top_p: &'a [f32],
+    seed: &'a [u64],
+    temperature: Option<&'a [f32]>,
+}
+
+impl<'a> Rows<'a> {
+    fn of(inputs: &SampleInputs<'a>, temperature: Option<&'a [f32]>) -> Result<Self> {
+        Ok(Rows {
+            top_k: slice::<i32>(inputs.top_k)?,
+            top_p: slice::<f32>(inputs.top_p)?,
+            seed: slice::<u64>(inputs.seed)?,
+            temperature,
+        })
+    }
+
+    /// The token of row `r` (`row`), its passes split over `parts` threads; `next` is the row
+    /// this thread likely samples next.
+    fn sample<T: FloatElement>(&self, r: usize, row: &[T], parts: usize, next: &[u8]) -> usize {
+        let (top_k, top_p, seed) = (self.top_k[r], self.top_p[r], self.seed[r]);
+        match self.temperature {
+            Some(temperature) => {
+                let hints = logits::RowHints { parts, next };
+                let sampling = (top_k, top_p, draw(seed, Purpose::Sample));
+                logits::sample_logit_row_hinted(row, temperature[r], sampling, hints)
+            }
+            None => sample_prob_row(row, top_k, top_p, seed, parts),
+        }
+    }
+
+    /// Whether row `r` of `vocab` logits, its passes split over `parts` threads, enters no rayon
+    /// parallel section and makes at most one two-way `parallel::join`: top-k applies (one
+    /// streaming pass), or top-p 1 on at most two threads (`logits/unranked/fused.rs`).
+    fn at_most_a_join(&self, r: usize, vocab: usize, parts: usize) -> bool {
+        let top_k = usize::try_from(self.top_k[r]).unwrap_or(0);
+        let whole = top_p_fixed(self.top_p[r]) >= 1 << TOP_P_BITS;
+        self.temperature.is_some() && ((top_k > 0 && top_k < vocab) || (whole && parts <= 2))
+    }
+}
+
+/// A call of one logits row on the caller's thread (`parallel`): `Some` when it ran there,
+/// `None` when it must run on the pool (more rows, probabilities, a row split further or through
+/// more than one parallel section).
+fn on_caller(
+    device: &CpuDevice,
+    dtype: DType,
+    inputs: &SampleInputs<'_>,
+    temperature: Option<&[f32]>,
+    tokens: &mut Buffer,
+    shape: &RowShape,
+) -> Result<Option<()>> {
+    let parts = device.threads();
+    let rows = Rows::of(inputs, temperature)?;
+    if shape.rows != 1 || !rows.at_most_a_join(0, shape.vocab, parts) || device.is_worker() {
+        return Ok(None);
+    }
+    let tokens = slice_mut::<i32>(tokens)?;
+    with_float!(dtype, Op::TopKTopPSample, T => {
+        let row = slice::<T>(inputs.scores.matrix())?;
+        let row = row.get(..shape.vocab).unwrap_or(row);
+        let token = device.on_caller(|| rows.sample(0, row, parts, &[]));
+        if let Some(slot) = tokens.first_mut() {
+            *slot = token as i32;
+        }
+        Ok(Some(()))
     })
 }
 
@@ -98,8 +156,10 @@ pub(crate) fn next_row<T: FloatElement>(matrix: &[T], r: usize, vocab: usize) ->
 pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     let (inputs, tokens, params, kind) = call.parts();
     let temperature = super::logits_temperature(&inputs.scores, kind)?;
-    device
-        .install(|| top_k_top_p_sample(kind.dtype, inputs, temperature, tokens, &params.shape))?;
+    let shape = &params.shape;
+    if on_caller(device, kind.dtype, inputs, temperature, tokens, shape)?.is_none() {
+        device.install(|| top_k_top_p_sample(kind.dtype, inputs, temperature, tokens, shape))?;
+    }
     let Some(fallback) = inputs.fallback else {
         return Ok(());
     };
@@ -113,3 +173,9 @@ pub(crate) fn run(device: &CpuDevice, mut call: OpCall<'_, '_>) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod batch1_probe;
+
+#[cfg(test)]
+mod tests;
