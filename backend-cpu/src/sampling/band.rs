@@ -57,21 +57,66 @@ pub(crate) const BAND_BINS: usize = 2048;
 struct Scratch {
     /// Per block: the exact mass above the band, then the kept mass.
     masses: Vec<u64>,
-    /// The band's tokens: key and id, in id order.
-    band: Vec<(u32, u32)>,
-    /// The band's histogram: exact mass and count per bin, of keys from `bin_low` on, `2^bin_shift`
-    /// keys per bin.
-    bins: Vec<(u64, u32)>,
+    /// The band's tokens, in id order.
+    band: Listing,
+    /// The band's histogram: exact mass per bin, of keys from `bin_low` on, `2^bin_shift` keys per
+    /// bin.
+    bins: Vec<u64>,
     bin_low: u32,
     bin_shift: u32,
     /// The sample's bins: sum and sum of squares of the sampled weights.
     sample: Vec<(f64, f64)>,
     /// The sample's bins: sampled tokens.
     counts: Vec<u32>,
-    /// The band's tokens, a bit per token.
+    /// The band's tokens, a bit per token (the loops that do not list them as they go).
     bitmaps: Vec<u64>,
     /// The tokens of the threshold's bin.
     crossing: Vec<(u32, u32)>,
+}
+
+/// The band's tokens in id order: their keys and ids side by side, the first `len` of each
+/// buffer (the buffers hold a whole row, so that the vector loops store whole vectors).
+#[derive(Default)]
+struct Listing {
+    keys: Vec<u32>,
+    ids: Vec<u32>,
+    len: usize,
+}
+
+impl Listing {
+    /// Empties the listing, with room for `tokens` tokens (the buffers only grow).
+    fn reset(&mut self, tokens: usize) {
+        if self.keys.len() < tokens {
+            self.keys.resize(tokens, 0);
+            self.ids.resize(tokens, 0);
+        }
+        self.len = 0;
+    }
+
+    /// The listed keys.
+    fn keys(&self) -> &[u32] {
+        &self.keys[..self.len]
+    }
+
+    /// The listed ids.
+    fn ids(&self) -> &[u32] {
+        &self.ids[..self.len]
+    }
+
+    /// Appends the tokens of `bitmaps` (a bit per token, from token `first` on) with their keys
+    /// from `row` (indexed from 0, as the bitmaps are).
+    fn push_bitmaps<T: FloatElement>(&mut self, row: &[T], first: usize, bitmaps: &[u64]) {
+        for (w, &word) in bitmaps.iter().enumerate() {
+            let mut word = word;
+            while word != 0 {
+                let at = w * 64 + word.trailing_zeros() as usize;
+                word &= word - 1;
+                self.keys[self.len] = key_of(row[at]);
+                self.ids[self.len] = (first + at) as u32;
+                self.len += 1;
+            }
+        }
+    }
 }
 
 thread_local! {
@@ -279,80 +324,121 @@ pub(crate) fn band_bins(
 fn classify<T: FloatElement>(row: &[T], band: Band, s: &mut Scratch) -> (u64, u64) {
     s.masses.clear();
     s.masses.resize(row.len().div_ceil(BLOCK), 0);
-    s.band.clear();
+    s.band.reset(row.len());
     let range = band.high.saturating_sub(band.low);
     let shift = (32 - range.leading_zeros()).saturating_sub(BAND_BINS.trailing_zeros());
     s.bins.clear();
-    s.bins.resize((range >> shift) as usize + 1, (0, 0));
+    s.bins.resize((range >> shift) as usize + 1, 0);
     (s.bin_low, s.bin_shift) = (band.low, shift);
-    s.bitmaps.clear();
-    s.bitmaps.resize(row.len().div_ceil(64), 0);
-    let total = classify_row(row, band, &mut s.masses, &mut s.bitmaps);
-    for (w, &word) in s.bitmaps.iter().enumerate() {
-        let mut word = word;
-        while word != 0 {
-            let id = w * 64 + word.trailing_zeros() as usize;
-            word &= word - 1;
-            let key = key_of(row[id]);
-            s.band.push((key, id as u32));
-            let bin = &mut s.bins[((key - band.low) >> shift) as usize];
-            bin.0 += weight_of_key(key);
-            bin.1 += 1;
-        }
-    }
+    let total = classify_row(row, band, &mut s.masses, &mut s.bitmaps, &mut s.band);
+    histogram(s.band.keys(), band.low, shift, &mut s.bins);
     total
 }
 
+/// Adds the weight of each of `keys` (all in the band, from `low` on) to its bin of `bins`,
+/// `2^shift` keys per bin, with the loop compiled for the CPU's vector unit.
+fn histogram(keys: &[u32], low: u32, shift: u32, bins: &mut [u64]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the CPU supports the features the variant is compiled for.
+        return unsafe { histogram_avx512(keys, low, shift, bins) };
+    } else if has_avx2() {
+        // SAFETY: as above.
+        return unsafe { histogram_avx2(keys, low, shift, bins) };
+    }
+    histogram_generic(keys, low, shift, bins)
+}
+
+compiled_for!(avx512, fn histogram_avx512 []
+    (keys: &[u32], low: u32, shift: u32, bins: &mut [u64]) -> () = histogram_generic []);
+compiled_for!(avx2, fn histogram_avx2 []
+    (keys: &[u32], low: u32, shift: u32, bins: &mut [u64]) -> () = histogram_generic []);
+
+/// [`histogram`]: the bins and weights of a chunk of keys first (a loop the compiler vectorizes),
+/// then the additions.
+#[inline(always)]
+fn histogram_generic(keys: &[u32], low: u32, shift: u32, bins: &mut [u64]) {
+    const CHUNK: usize = 64;
+    for chunk in keys.chunks(CHUNK) {
+        let (mut at, mut weights) = ([0u32; CHUNK], [0u64; CHUNK]);
+        for ((&key, at), weight) in chunk.iter().zip(&mut at).zip(&mut weights) {
+            *at = key.wrapping_sub(low) >> shift;
+            *weight = weight_of_key(key);
+        }
+        for (&at, &weight) in at.iter().zip(&weights).take(chunk.len()) {
+            bins[at as usize] += weight;
+        }
+    }
+}
+
 /// The vector part of [`classify`] on the best loop for this CPU and element type: the
-/// hand-written ones of [`lanes`] for the full blocks of an f32 row, else the generic loop.
+/// hand-written ones of [`lanes`] for the full blocks of an f32 row (they list the band's tokens
+/// as they go), else the generic loop (bitmaps, listed after it).
 fn classify_row<T: FloatElement>(
     row: &[T],
     band: Band,
     masses: &mut [u64],
-    bitmaps: &mut [u64],
+    bitmaps: &mut Vec<u64>,
+    listing: &mut Listing,
 ) -> (u64, u64) {
     #[cfg(target_arch = "x86_64")]
     if let (specula_backend_api::DType::F32, Ok(values)) =
         (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(row))
     {
         if has_avx512() {
-            return with_full_blocks(values, band, masses, bitmaps, |blocks, band| {
-                // SAFETY: AVX-512F is present; the slices are sized as the function requires.
+            return with_full_blocks(values, band, (masses, bitmaps, listing), |blocks, band| {
+                // SAFETY: AVX-512F is present.
                 unsafe { lanes::avx512::classify_full_blocks(blocks, band) }
             });
         }
         if has_avx2() {
-            return with_full_blocks(values, band, masses, bitmaps, |blocks, band| {
-                // SAFETY: AVX2 is present; the slices are sized as the function requires.
+            return with_full_blocks(values, band, (masses, bitmaps, listing), |blocks, band| {
+                // SAFETY: AVX2 is present.
                 unsafe { lanes::avx2::classify_full_blocks(blocks, band) }
             });
         }
     }
-    dispatch!(classify_blocks::<T>(row, band, masses, bitmaps)
-        via classify_blocks_avx512, classify_blocks_avx2)
+    classify_listed(row, 0, band, masses, bitmaps, listing)
+}
+
+/// The generic loop over `row` (the row's tokens from `first` on), then its band's tokens listed
+/// from the bitmaps.
+fn classify_listed<T: FloatElement>(
+    row: &[T],
+    first: usize,
+    band: Band,
+    masses: &mut [u64],
+    bitmaps: &mut Vec<u64>,
+    listing: &mut Listing,
+) -> (u64, u64) {
+    bitmaps.clear();
+    bitmaps.resize(row.len().div_ceil(64), 0);
+    let total = dispatch!(classify_blocks::<T>(row, band, masses, bitmaps)
+        via classify_blocks_avx512, classify_blocks_avx2);
+    listing.push_bitmaps(row, first, bitmaps);
+    total
 }
 
 #[cfg(target_arch = "x86_64")]
-/// The classify pass of an f32 row with `full_blocks` over its full blocks (and their masses and
-/// bitmap words) and the generic loop over the rest.
+/// The classify pass of an f32 row with `full_blocks` over its full blocks (and their masses;
+/// they list their band tokens) and the generic loop over the rest.
 fn with_full_blocks(
     values: &[f32],
     band: Band,
-    masses: &mut [u64],
-    bitmaps: &mut [u64],
+    (masses, bitmaps, listing): (&mut [u64], &mut Vec<u64>, &mut Listing),
     full_blocks: impl FnOnce(lanes::Blocks<'_>, Band) -> (u64, u64),
 ) -> (u64, u64) {
     let full = values.len() / BLOCK;
     let (head, tail) = values.split_at(full * BLOCK);
     let (head_masses, tail_masses) = masses.split_at_mut(full);
-    let (head_bits, tail_bits) = bitmaps.split_at_mut(full * (BLOCK / 64));
     let blocks = lanes::Blocks {
         row: head,
         masses: head_masses,
-        bitmaps: head_bits,
+        listing: &mut *listing,
     };
     let (above, total) = full_blocks(blocks, band);
-    let (tail_above, tail_total) = classify_blocks::<f32>(tail, band, tail_masses, tail_bits);
+    let (tail_above, tail_total) =
+        classify_listed(tail, head.len(), band, tail_masses, bitmaps, listing);
     (above + tail_above, total + tail_total)
 }
 
@@ -412,9 +498,9 @@ fn classify_block<T: FloatElement>(block: &[T], band: Band) -> (u64, u64, [u64; 
 fn threshold(s: &mut Scratch, above: u64, target: u64) -> Option<(u32, u32, u64)> {
     let mut running = above;
     let crossing = (0..s.bins.len()).rev().find(|&b| {
-        let reached = running + s.bins[b].0 >= target;
+        let reached = running + s.bins[b] >= target;
         if !reached {
-            running += s.bins[b].0;
+            running += s.bins[b];
         }
         reached
     })?;
@@ -422,8 +508,11 @@ fn threshold(s: &mut Scratch, above: u64, target: u64) -> Option<(u32, u32, u64)
     s.crossing.clear();
     s.crossing.extend(
         s.band
+            .keys()
             .iter()
-            .filter(|&&(key, _)| ((key - low) >> shift) as usize == crossing),
+            .zip(s.band.ids())
+            .filter(|&(&key, _)| ((key - low) >> shift) as usize == crossing)
+            .map(|(&key, &id)| (key, id)),
     );
     s.crossing
         .sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
@@ -455,19 +544,21 @@ fn draw_kept<T: FloatElement>(
     };
     let t = scale_draw(draw, kept);
     let mut before = 0u64;
-    let mut rest = &s.band[..];
+    let (mut keys, mut ids) = (s.band.keys(), s.band.ids());
     for (b, &above) in s.masses.iter().enumerate() {
         let end = (b + 1) * BLOCK;
-        let here = rest
+        let here = ids
             .iter()
-            .position(|&(_, id)| id as usize >= end)
-            .unwrap_or(rest.len());
-        let (in_block, next) = rest.split_at(here);
-        rest = next;
+            .position(|&id| id as usize >= end)
+            .unwrap_or(ids.len());
+        let ((block_keys, next_keys), (block_ids, next_ids)) =
+            (keys.split_at(here), ids.split_at(here));
+        (keys, ids) = (next_keys, next_ids);
         let mass = above
-            + in_block
+            + block_keys
                 .iter()
-                .map(|&(k, id)| kept_weight(k, id))
+                .zip(block_ids)
+                .map(|(&k, &id)| kept_weight(k, id))
                 .sum::<u64>();
         if before + mass <= t {
             before += mass;
@@ -522,8 +613,9 @@ mod tests {
     }
 
     /// The classify pass of every loop this CPU runs against the generic one (on the baseline
-    /// target), on rows with hostile values, with bands from empty to the whole row and lengths
-    /// that are not a multiple of a block.
+    /// target) and its listing against the band's tokens picked one by one, on rows with hostile
+    /// values (NaN, negatives, infinity, subnormals, ties), with bands from empty to the whole row
+    /// and lengths that are not a multiple of a block; f16 and bf16 rows through the generic loop.
     #[test]
     fn the_vector_classify_loops_equal_the_generic_one() {
         let mut lcg = Lcg(2028);
@@ -535,6 +627,12 @@ mod tests {
             row[33] = f32::INFINITY;
             row[40] = 1e-40;
             row[v - 1] = 0.0;
+            // Ties: a run of equal values, and a value repeated over the row.
+            let tied = row[2];
+            row[44..60].fill(tied);
+            for i in (50..v).step_by(37) {
+                row[i] = row[1];
+            }
             let keys: Vec<u32> = row.iter().map(|&p| key_of(p)).collect();
             let mut sorted = keys.clone();
             sorted.sort_unstable();
@@ -548,6 +646,7 @@ mod tests {
                 (at(99), u32::MAX),
                 (at(30), 0x3f80_0000),
                 (0x3f80_0000, 0x3f80_0001),
+                (key_of(row[1]), key_of(row[1]) + 1),
             ];
             for (low, high) in bands {
                 let band = Band { low, high };
@@ -561,31 +660,109 @@ mod tests {
                     .sum();
                 let every: u64 = keys.iter().map(|&k| weight_of_key(k)).sum();
                 assert_eq!(expected, (want, every), "v {v} band {band:?}");
-                for isa in ["avx512", "avx2", "best"] {
-                    let (mut m, mut b) = (vec![u64::MAX; blocks], vec![u64::MAX; words]);
+                let (want_keys, want_ids): (Vec<u32>, Vec<u32>) = (0..v as u32)
+                    .map(|id| (keys[id as usize], id))
+                    .filter(|&(k, _)| (low..high).contains(&k))
+                    .unzip();
+                let mut bitmap_listing = Listing::default();
+                bitmap_listing.reset(v);
+                bitmap_listing.push_bitmaps(&row, 0, &bitmaps);
+                assert_eq!(
+                    bitmap_listing.keys(),
+                    want_keys,
+                    "bitmaps v {v} band {band:?}"
+                );
+                assert_eq!(
+                    bitmap_listing.ids(),
+                    want_ids,
+                    "bitmaps v {v} band {band:?}"
+                );
+                for isa in ["avx512", "avx2", "generic", "best"] {
+                    let (mut m, mut b) = (vec![u64::MAX; blocks], vec![u64::MAX; 3]);
+                    // A listing used before, its buffers full of stale tokens.
+                    let mut listing = Listing {
+                        keys: vec![u32::MAX; v + 5],
+                        ids: vec![7; v + 5],
+                        len: 9,
+                    };
+                    listing.reset(v);
+                    let parts = (&mut m[..], &mut b, &mut listing);
                     let got = match isa {
                         #[cfg(target_arch = "x86_64")]
                         "avx512" if has_avx512() => {
-                            with_full_blocks(&row, band, &mut m, &mut b, |blocks, band| {
-                                // SAFETY: AVX-512F is present; the slices are sized as required.
+                            with_full_blocks(&row, band, parts, |blocks, band| {
+                                // SAFETY: AVX-512F is present.
                                 unsafe { lanes::avx512::classify_full_blocks(blocks, band) }
                             })
                         }
                         #[cfg(target_arch = "x86_64")]
                         "avx2" if has_avx2() => {
-                            with_full_blocks(&row, band, &mut m, &mut b, |blocks, band| {
-                                // SAFETY: AVX2 is present; the slices are sized as required.
+                            with_full_blocks(&row, band, parts, |blocks, band| {
+                                // SAFETY: AVX2 is present.
                                 unsafe { lanes::avx2::classify_full_blocks(blocks, band) }
                             })
                         }
-                        "best" => classify_row(&row, band, &mut m, &mut b),
+                        "generic" => classify_listed(&row, 0, band, parts.0, parts.1, parts.2),
+                        "best" => classify_row(&row, band, parts.0, parts.1, parts.2),
                         _ => continue,
                     };
-                    assert_eq!(got, expected, "{isa} v {v} band {band:?}");
-                    assert_eq!(m, masses, "{isa} v {v} band {band:?}");
-                    assert_eq!(b, bitmaps, "{isa} v {v} band {band:?}");
+                    let what = format!("{isa} v {v} band {band:?}");
+                    assert_eq!(got, expected, "{what}");
+                    assert_eq!(m, masses, "{what}");
+                    assert_eq!(listing.keys(), want_keys, "{what}");
+                    assert_eq!(listing.ids(), want_ids, "{what}");
                 }
+                let f16: Vec<half::f16> = row.iter().map(|&p| half::f16::from_f32(p)).collect();
+                let bf16: Vec<half::bf16> = row.iter().map(|&p| half::bf16::from_f32(p)).collect();
+                check_listing(&f16, band);
+                check_listing(&bf16, band);
             }
+        }
+    }
+
+    /// [`classify_row`] on a row of another element type against its band's tokens picked one by
+    /// one.
+    fn check_listing<T: FloatElement>(row: &[T], band: Band) {
+        let keys: Vec<u32> = row.iter().map(|&p| key_of(p)).collect();
+        let (want_keys, want_ids): (Vec<u32>, Vec<u32>) = (0..row.len() as u32)
+            .map(|id| (keys[id as usize], id))
+            .filter(|&(k, _)| (band.low..band.high).contains(&k))
+            .unzip();
+        let mut masses = vec![0; row.len().div_ceil(BLOCK)];
+        let (mut bitmaps, mut listing) = (Vec::new(), Listing::default());
+        listing.reset(row.len());
+        let (above, every) = classify_row(row, band, &mut masses, &mut bitmaps, &mut listing);
+        let weights = |keep: &dyn Fn(u32) -> bool| -> u64 {
+            keys.iter()
+                .filter(|&&k| keep(k))
+                .map(|&k| weight_of_key(k))
+                .sum()
+        };
+        assert_eq!(above, weights(&|k| k >= band.high), "{band:?}");
+        assert_eq!(every, weights(&|_| true), "{band:?}");
+        assert_eq!(listing.keys(), want_keys, "{band:?}");
+        assert_eq!(listing.ids(), want_ids, "{band:?}");
+    }
+
+    /// The band's histogram against its bins summed one token at a time, over chunk edges.
+    #[test]
+    fn the_histogram_sums_each_bin_exactly() {
+        let mut lcg = Lcg(2029);
+        for n in [0, 1, 63, 64, 65, 1000] {
+            let (low, shift) = (0x3000_0000u32, 19);
+            let keys: Vec<u32> = (0..n)
+                .map(|_| low + (lcg.next_u64() % (1 << 26)) as u32)
+                .collect();
+            let mut want = vec![0u64; (1 << 26 >> shift) + 1];
+            for &k in &keys {
+                want[((k - low) >> shift) as usize] += weight_of_key(k);
+            }
+            let mut bins = vec![0u64; want.len()];
+            histogram(&keys, low, shift, &mut bins);
+            assert_eq!(bins, want, "n {n}");
+            let mut bins = vec![0u64; want.len()];
+            histogram_generic(&keys, low, shift, &mut bins);
+            assert_eq!(bins, want, "generic, n {n}");
         }
     }
 

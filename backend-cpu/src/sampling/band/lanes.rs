@@ -3,12 +3,15 @@
 //! compiler does not vectorize. Both compute the same integers as the generic loop (the tests
 //! compare them): per block the exact weight above the band — `floor(p · 2^40)` in f32 (exact: a
 //! power-of-two scaling of a sanitized value, then a floor) summed in f64 (exact: integers below
-//! 2^40, 256 of them) — and per word of 64 tokens the bitmap of the band's tokens, and the exact
-//! weight of every token (the row's total, which the one-pass path learns here).
+//! 2^40, 256 of them) — and the exact weight of every token (the row's total, which the one-pass
+//! path learns here). They list the band's tokens as they go (the generic loop writes bitmaps,
+//! listed after it): each vector's band tokens, keys and ids, are packed to the front of a vector
+//! (AVX-512 `vpcompressd`, AVX2 a permutation from a table) stored whole at the listing's end,
+//! which then grows by their count, so that the listing stays in id order.
 
 use std::arch::x86_64::*;
 
-use super::{BLOCK, Band};
+use super::{BLOCK, Band, Listing};
 
 /// `2^40`, the scale of the weights.
 const SCALE: f32 = (1u64 << 40) as f32;
@@ -16,30 +19,42 @@ const SCALE: f32 = (1u64 << 40) as f32;
 /// reads the row from memory here.
 const PREFETCH_BLOCKS: usize = 4;
 
-/// The full blocks of an f32 row segment (the caller handles the tail) and their slots: a mass
-/// per block, `BLOCK / 64` bitmap words per block.
+/// The full blocks of an f32 row segment that starts the row (the caller handles the tail), a
+/// mass slot per block, and the listing the band's tokens are appended to (emptied, with room
+/// for the segment).
 pub(crate) struct Blocks<'a> {
     pub(crate) row: &'a [f32],
     pub(crate) masses: &'a mut [u64],
-    pub(crate) bitmaps: &'a mut [u64],
+    pub(crate) listing: &'a mut Listing,
 }
 
-/// The loop over the full blocks of both vector widths: `block_step` classifies one block, writes
-/// the bitmaps of its words and returns its exact weight above the band (stored in its slot of
-/// `masses`) and its exact weight. Returns both summed over the blocks.
+/// Where the band's tokens are listed: the listing's buffers and how many they hold.
+struct Out<'a> {
+    keys: &'a mut [u32],
+    ids: &'a mut [u32],
+    len: usize,
+}
+
+/// The loop over the full blocks of both vector widths: `block_step` classifies one block (its
+/// first token's id given), lists its band tokens and returns its exact weight above the band
+/// (stored in its slot of `masses`) and its exact weight. Returns both summed over the blocks.
 #[inline(always)]
 fn blocks_with(
     blocks: Blocks<'_>,
-    mut block_step: impl FnMut(&[f32], &mut [u64]) -> (u64, u64),
+    mut block_step: impl FnMut(&[f32], u32, &mut Out<'_>) -> (u64, u64),
 ) -> (u64, u64) {
     let Blocks {
         row,
         masses,
-        bitmaps,
+        listing,
     } = blocks;
+    let mut out = Out {
+        keys: &mut listing.keys,
+        ids: &mut listing.ids,
+        len: listing.len,
+    };
     let (mut total, mut every) = (0u64, 0u64);
-    let words = bitmaps.chunks_exact_mut(BLOCK / 64);
-    for ((block, mass), words) in row.chunks_exact(BLOCK).zip(masses.iter_mut()).zip(words) {
+    for ((b, block), mass) in row.chunks_exact(BLOCK).enumerate().zip(masses.iter_mut()) {
         // Ask for the block PREFETCH_BLOCKS ahead (a hint: never faults, even past the end).
         let ahead = block
             .as_ptr()
@@ -49,15 +64,16 @@ fn blocks_with(
             // SAFETY: a prefetch is a hint that never faults, whatever the address.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64)) };
         }
-        let (above, all) = block_step(block, words);
+        let (above, all) = block_step(block, (b * BLOCK) as u32, &mut out);
         *mass = above;
         total += above;
         every += all;
     }
+    listing.len = out.len;
     (total, every)
 }
 
-/// AVX-512: sixteen tokens per vector, a compare mask per vector is sixteen bits of a bitmap word.
+/// AVX-512: sixteen tokens per vector, a compare mask per vector selects the band's lanes.
 pub(super) mod avx512 {
     use super::*;
 
@@ -70,11 +86,34 @@ pub(super) mod avx512 {
         _mm512_maskz_min_ps(positive, v, _mm512_set1_ps(1.0))
     }
 
+    /// Appends the lanes of `keys` and `ids` that `mask` selects to `out`, in lane order.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn list(out: &mut Out<'_>, mask: __mmask16, keys: __m512i, ids: __m512i) {
+        let at = out.len;
+        // Whole vectors are stored (the lanes past the selected ones are overwritten later): the
+        // listing holds at most one token per token before this vector's, so these 16 slots lie
+        // inside the buffers, which hold the whole segment.
+        let (keys_at, ids_at) = (&mut out.keys[at..at + 16], &mut out.ids[at..at + 16]);
+        // SAFETY: each slice holds 16 u32; unaligned stores are allowed.
+        unsafe {
+            _mm512_storeu_si512(
+                keys_at.as_mut_ptr().cast(),
+                _mm512_maskz_compress_epi32(mask, keys),
+            );
+            _mm512_storeu_si512(
+                ids_at.as_mut_ptr().cast(),
+                _mm512_maskz_compress_epi32(mask, ids),
+            );
+        }
+        out.len = at + mask.count_ones() as usize;
+    }
+
     /// The classify pass over the full blocks of an f32 row segment; returns the exact weight
     /// above the band and the exact weight of the segment.
     ///
     /// # Safety
-    /// The CPU must support AVX-512F; the slices are sized as [`Blocks`] says.
+    /// The CPU must support AVX-512F.
     #[target_feature(enable = "avx512f")]
     pub(crate) unsafe fn classify_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
         let (low, high) = (
@@ -82,31 +121,30 @@ pub(super) mod avx512 {
             _mm512_set1_epi32(band.high as i32),
         );
         let scale = _mm512_set1_ps(SCALE);
-        blocks_with(blocks, |block, words| {
+        let iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        blocks_with(blocks, |block, first, out| {
             let (mut acc0, mut acc1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
             let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
-            for (word, out) in block.chunks_exact(64).zip(words.iter_mut()) {
-                let mut bits = 0u64;
-                for (k, lanes) in word.chunks_exact(16).enumerate() {
-                    // SAFETY: `lanes` holds 16 f32; unaligned loads are allowed.
-                    let p = sanitize(unsafe { _mm512_loadu_ps(lanes.as_ptr()) });
-                    let key = _mm512_castps_si512(p);
-                    let above = _mm512_cmpge_epu32_mask(key, high);
-                    let in_band = _mm512_mask_cmpge_epu32_mask(!above, key, low);
-                    bits |= u64::from(in_band) << (16 * k);
-                    let w = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(
-                        _mm512_mul_ps(p, scale),
-                    );
-                    let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(w));
-                    let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                        _mm512_castps_pd(w),
-                    )));
-                    all0 = _mm512_add_pd(all0, lo);
-                    all1 = _mm512_add_pd(all1, hi);
-                    acc0 = _mm512_mask_add_pd(acc0, above as u8, acc0, lo);
-                    acc1 = _mm512_mask_add_pd(acc1, (above >> 8) as u8, acc1, hi);
-                }
-                *out = bits;
+            let mut ids = _mm512_add_epi32(iota, _mm512_set1_epi32(first as i32));
+            for lanes in block.chunks_exact(16) {
+                // SAFETY: `lanes` holds 16 f32; unaligned loads are allowed.
+                let p = sanitize(unsafe { _mm512_loadu_ps(lanes.as_ptr()) });
+                let key = _mm512_castps_si512(p);
+                let above = _mm512_cmpge_epu32_mask(key, high);
+                let in_band = _mm512_mask_cmpge_epu32_mask(!above, key, low);
+                list(out, in_band, key, ids);
+                ids = _mm512_add_epi32(ids, _mm512_set1_epi32(16));
+                let w = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(
+                    _mm512_mul_ps(p, scale),
+                );
+                let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(w));
+                let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                    _mm512_castps_pd(w),
+                )));
+                all0 = _mm512_add_pd(all0, lo);
+                all1 = _mm512_add_pd(all1, hi);
+                acc0 = _mm512_mask_add_pd(acc0, above as u8, acc0, lo);
+                acc1 = _mm512_mask_add_pd(acc1, (above >> 8) as u8, acc1, hi);
             }
             // Exact: integers below 2^40, 256 of them.
             (
@@ -117,7 +155,7 @@ pub(super) mod avx512 {
     }
 }
 
-/// AVX2: eight tokens per vector, a sign mask per vector is eight bits of a bitmap word.
+/// AVX2: eight tokens per vector, a sign mask per vector selects the band's lanes.
 pub(super) mod avx2 {
     use super::*;
 
@@ -140,10 +178,52 @@ pub(super) mod avx2 {
         lanes.iter().sum::<f64>() as u64
     }
 
+    /// For each mask of 8 lanes, the lanes it selects packed to the front: their indices, a byte
+    /// each, the first in the low byte (the rest 0).
+    const PACK: [u64; 256] = {
+        let mut table = [0u64; 256];
+        let mut mask = 0;
+        while mask < 256 {
+            let (mut lane, mut at, mut packed) = (0, 0, 0u64);
+            while lane < 8 {
+                if mask & (1 << lane) != 0 {
+                    packed |= (lane as u64) << (8 * at);
+                    at += 1;
+                }
+                lane += 1;
+            }
+            table[mask] = packed;
+            mask += 1;
+        }
+        table
+    };
+
+    /// Appends the lanes of `keys` and `ids` that `mask` selects to `out`, in lane order.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn list(out: &mut Out<'_>, mask: u8, keys: __m256i, ids: __m256i) {
+        let at = out.len;
+        let order = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(PACK[usize::from(mask)] as i64));
+        // Whole vectors are stored, as in the AVX-512 loop (the same bound).
+        let (keys_at, ids_at) = (&mut out.keys[at..at + 8], &mut out.ids[at..at + 8]);
+        // SAFETY: each slice holds 8 u32; unaligned stores are allowed.
+        unsafe {
+            _mm256_storeu_si256(
+                keys_at.as_mut_ptr().cast(),
+                _mm256_permutevar8x32_epi32(keys, order),
+            );
+            _mm256_storeu_si256(
+                ids_at.as_mut_ptr().cast(),
+                _mm256_permutevar8x32_epi32(ids, order),
+            );
+        }
+        out.len = at + mask.count_ones() as usize;
+    }
+
     /// As the AVX-512 loop.
     ///
     /// # Safety
-    /// The CPU must support AVX2; the slices are sized as [`Blocks`] says.
+    /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     pub(crate) unsafe fn classify_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
         // Keys of sanitized values are at most the key of 1.0 (below 2^31), so the signed compare
@@ -155,30 +235,28 @@ pub(super) mod avx2 {
             _mm256_set1_epi32(cap(band.high)),
         );
         let scale = _mm256_set1_ps(SCALE);
-        blocks_with(blocks, |block, words| {
+        let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        blocks_with(blocks, |block, first, out| {
             let mut acc = [_mm256_setzero_pd(); 2];
             let mut all = [_mm256_setzero_pd(); 2];
-            for (word, out) in block.chunks_exact(64).zip(words.iter_mut()) {
-                let mut bits = 0u64;
-                for (k, lanes) in word.chunks_exact(8).enumerate() {
-                    // SAFETY: `lanes` holds 8 f32; unaligned loads are allowed.
-                    let p = sanitize(unsafe { _mm256_loadu_ps(lanes.as_ptr()) });
-                    let key = _mm256_castps_si256(p);
-                    // key < bound, lane by lane (all ones where it holds).
-                    let below_high = _mm256_cmpgt_epi32(high, key);
-                    let below_low = _mm256_cmpgt_epi32(low, key);
-                    let in_band = _mm256_andnot_si256(below_low, below_high);
-                    let lane_bits = _mm256_movemask_ps(_mm256_castsi256_ps(in_band)) as u8;
-                    bits |= u64::from(lane_bits) << (8 * k);
-                    let every = _mm256_floor_ps(_mm256_mul_ps(p, scale));
-                    let w = _mm256_andnot_ps(_mm256_castsi256_ps(below_high), every);
-                    acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
-                    acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(w)));
-                    all[0] = _mm256_add_pd(all[0], _mm256_cvtps_pd(_mm256_castps256_ps128(every)));
-                    all[1] =
-                        _mm256_add_pd(all[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(every)));
-                }
-                *out = bits;
+            let mut ids = _mm256_add_epi32(iota, _mm256_set1_epi32(first as i32));
+            for lanes in block.chunks_exact(8) {
+                // SAFETY: `lanes` holds 8 f32; unaligned loads are allowed.
+                let p = sanitize(unsafe { _mm256_loadu_ps(lanes.as_ptr()) });
+                let key = _mm256_castps_si256(p);
+                // key < bound, lane by lane (all ones where it holds).
+                let below_high = _mm256_cmpgt_epi32(high, key);
+                let below_low = _mm256_cmpgt_epi32(low, key);
+                let in_band = _mm256_andnot_si256(below_low, below_high);
+                let lane_bits = _mm256_movemask_ps(_mm256_castsi256_ps(in_band)) as u8;
+                list(out, lane_bits, key, ids);
+                ids = _mm256_add_epi32(ids, _mm256_set1_epi32(8));
+                let every = _mm256_floor_ps(_mm256_mul_ps(p, scale));
+                let w = _mm256_andnot_ps(_mm256_castsi256_ps(below_high), every);
+                acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
+                acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(w)));
+                all[0] = _mm256_add_pd(all[0], _mm256_cvtps_pd(_mm256_castps256_ps128(every)));
+                all[1] = _mm256_add_pd(all[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(every)));
             }
             // Exact: integers below 2^40, 256 of them.
             (

@@ -448,11 +448,13 @@ mod tests {
                 let mut pass = (0, 0);
                 let w_classify = least_us(50, &mut || pass = classify(row, band, &mut s));
                 let w_lanes = least_us(50, &mut || {
+                    s.band.reset(row.len());
                     std::hint::black_box(super::super::classify_row(
                         row,
                         band,
                         &mut s.masses,
                         &mut s.bitmaps,
+                        &mut s.band,
                     ));
                 });
                 let (above, total) = classify(row, band, &mut s);
@@ -468,7 +470,7 @@ mod tests {
                 line += &format!(
                     ", classify {w_classify:.1} (lanes {w_lanes:.1}), threshold {w_threshold:.1}, \
                      draw {w_draw:.1}; band {} tokens",
-                    s.band.len()
+                    s.band.len
                 );
             }
             println!("{line}");
