@@ -103,6 +103,14 @@ impl Listing {
         &self.ids[..self.len]
     }
 
+    /// Appends a token (room for it was made by [`Listing::reset`]).
+    #[cfg(test)]
+    fn push_key(&mut self, key: u32, id: u32) {
+        self.keys[self.len] = key;
+        self.ids[self.len] = id;
+        self.len += 1;
+    }
+
     /// Appends the tokens of `bitmaps` (a bit per token, from token `first` on) with their keys
     /// from `row` (indexed from 0, as the bitmaps are).
     fn push_bitmaps<T: FloatElement>(&mut self, row: &[T], first: usize, bitmaps: &[u64]) {
@@ -496,24 +504,9 @@ fn classify_block<T: FloatElement>(block: &[T], band: Band) -> (u64, u64, [u64; 
 /// the band to the one where the target is reached, that bin's tokens in rank order; `None` when
 /// the band's tokens do not reach the target.
 fn threshold(s: &mut Scratch, above: u64, target: u64) -> Option<(u32, u32, u64)> {
-    let mut running = above;
-    let crossing = (0..s.bins.len()).rev().find(|&b| {
-        let reached = running + s.bins[b] >= target;
-        if !reached {
-            running += s.bins[b];
-        }
-        reached
-    })?;
-    let (low, shift) = (s.bin_low, s.bin_shift);
+    let (crossing, mut running) = crossing_bin(&s.bins, above, target)?;
     s.crossing.clear();
-    s.crossing.extend(
-        s.band
-            .keys()
-            .iter()
-            .zip(s.band.ids())
-            .filter(|&(&key, _)| ((key - low) >> shift) as usize == crossing)
-            .map(|(&key, &id)| (key, id)),
-    );
+    bin_tokens(&s.band, (s.bin_low, s.bin_shift), crossing, &mut s.crossing);
     s.crossing
         .sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     for &(key, id) in &s.crossing {
@@ -523,6 +516,45 @@ fn threshold(s: &mut Scratch, above: u64, target: u64) -> Option<(u32, u32, u64)
         }
     }
     None
+}
+
+/// The bin where the target is reached, walking `bins` from the top from `above`, and the mass
+/// above it; `None` when they do not reach it. Eight bins at a time: their sum first.
+fn crossing_bin(bins: &[u64], above: u64, target: u64) -> Option<(usize, u64)> {
+    const CHUNK: usize = 8;
+    let mut running = above;
+    let mut end = bins.len();
+    for chunk in bins.rchunks(CHUNK) {
+        let start = end - chunk.len();
+        let sum: u64 = chunk.iter().sum();
+        if running + sum < target {
+            running += sum;
+        } else {
+            for (b, &mass) in chunk.iter().enumerate().rev() {
+                if running + mass >= target {
+                    return Some((start + b, running));
+                }
+                running += mass;
+            }
+        }
+        end = start;
+    }
+    None
+}
+
+/// Appends the band's tokens whose key falls in bin `bin` (of `2^shift` keys from `low`) to
+/// `out`, in id order. The band's keys are looked at sixteen at a time (a loop the compiler
+/// vectorizes); only chunks that hold one of them are walked.
+fn bin_tokens(band: &Listing, (low, shift): (u32, u32), bin: usize, out: &mut Vec<(u32, u32)>) {
+    const CHUNK: usize = 16;
+    let in_bin = |key: u32| (key.wrapping_sub(low) >> shift) as usize == bin;
+    let (keys, ids) = (band.keys().chunks(CHUNK), band.ids().chunks(CHUNK));
+    for (keys, ids) in keys.zip(ids) {
+        if keys.iter().fold(false, |hit, &key| hit | in_bin(key)) {
+            let tokens = keys.iter().zip(ids).filter(|&(&key, _)| in_bin(key));
+            out.extend(tokens.map(|(&key, &id)| (key, id)));
+        }
+    }
 }
 
 /// The draw among the kept tokens: the blocks are walked in id order, each block's kept mass its
@@ -763,6 +795,59 @@ mod tests {
             let mut bins = vec![0u64; want.len()];
             histogram_generic(&keys, low, shift, &mut bins);
             assert_eq!(bins, want, "generic, n {n}");
+        }
+    }
+
+    /// The crossing bin and the tokens of a bin, a chunk at a time, against the walks one bin and
+    /// one token at a time, at every target over bins of 0 to 37 (chunk edges, empty bins).
+    #[test]
+    fn the_chunked_walks_equal_the_plain_ones() {
+        let mut lcg = Lcg(2030);
+        for len in [1usize, 7, 8, 9, 16, 37] {
+            let bins: Vec<u64> = (0..len)
+                .map(|_| {
+                    if lcg.unit() < 0.3 {
+                        0
+                    } else {
+                        lcg.next_u64() % 1000
+                    }
+                })
+                .collect();
+            let above = lcg.next_u64() % 100;
+            let total = above + bins.iter().sum::<u64>();
+            for target in 0..=total + 1 {
+                let mut running = above;
+                let plain = (0..len).rev().find(|&b| {
+                    let reached = running + bins[b] >= target;
+                    running += if reached { 0 } else { bins[b] };
+                    reached
+                });
+                let want = plain.map(|b| (b, running));
+                assert_eq!(
+                    crossing_bin(&bins, above, target),
+                    want,
+                    "len {len} target {target}"
+                );
+            }
+        }
+        let (low, shift) = (0x3000_0000u32, 20);
+        let mut band = Listing::default();
+        band.reset(1000);
+        for id in 0..1000u32 {
+            band.push_key(low + (lcg.next_u64() % (40 << shift)) as u32, id * 3);
+        }
+        for bin in [0, 1, 17, 39, 40] {
+            let mut got = Vec::new();
+            bin_tokens(&band, (low, shift), bin, &mut got);
+            let want: Vec<(u32, u32)> = band
+                .keys()
+                .iter()
+                .zip(band.ids())
+                .filter(|&(&k, _)| ((k - low) >> shift) as usize == bin)
+                .map(|(&k, &id)| (k, id))
+                .collect();
+            assert_eq!(got, want, "bin {bin}");
+            assert_eq!(want.is_empty(), bin == 40, "bin {bin}");
         }
     }
 
