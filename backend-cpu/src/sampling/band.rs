@@ -393,12 +393,6 @@ fn classify_row<T: FloatElement>(
     if let (specula_backend_api::DType::F32, Ok(values)) =
         (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(row))
     {
-        if has_avx512() && has_vbmi2() {
-            return with_full_blocks(values, band, (masses, bitmaps, listing), |blocks, band| {
-                // SAFETY: AVX-512F, BW and VBMI2 are present.
-                unsafe { lanes::avx512::classify_full_blocks_vbmi2(blocks, band) }
-            });
-        }
         if has_avx512() {
             return with_full_blocks(values, band, (masses, bitmaps, listing), |blocks, band| {
                 // SAFETY: AVX-512F is present.
@@ -413,12 +407,6 @@ fn classify_row<T: FloatElement>(
         }
     }
     classify_listed(row, 0, band, masses, bitmaps, listing)
-}
-
-/// Whether the CPU has AVX-512 VBMI2 (`vpcompressb`); [`has_avx512`] is checked beside it.
-#[cfg(target_arch = "x86_64")]
-fn has_vbmi2() -> bool {
-    std::arch::is_x86_feature_detected!("avx512vbmi2")
 }
 
 /// The generic loop over `row` (the row's tokens from `first` on), then its band's tokens listed
@@ -721,7 +709,7 @@ mod tests {
                     want_ids,
                     "bitmaps v {v} band {band:?}"
                 );
-                for isa in ["avx512", "vbmi2", "avx2", "generic", "best"] {
+                for isa in ["avx512", "avx2", "generic", "best"] {
                     let (mut m, mut b) = (vec![u64::MAX; blocks], vec![u64::MAX; 3]);
                     // A listing used before, its buffers full of stale tokens.
                     let mut listing = Listing {
@@ -737,13 +725,6 @@ mod tests {
                             with_full_blocks(&row, band, parts, |blocks, band| {
                                 // SAFETY: AVX-512F is present.
                                 unsafe { lanes::avx512::classify_full_blocks(blocks, band) }
-                            })
-                        }
-                        #[cfg(target_arch = "x86_64")]
-                        "vbmi2" if has_avx512() && has_vbmi2() => {
-                            with_full_blocks(&row, band, parts, |blocks, band| {
-                                // SAFETY: AVX-512F, BW and VBMI2 are present.
-                                unsafe { lanes::avx512::classify_full_blocks_vbmi2(blocks, band) }
                             })
                         }
                         #[cfg(target_arch = "x86_64")]

@@ -94,105 +94,19 @@ pub(super) mod avx512 {
         // Whole vectors are stored (the lanes past the selected ones are overwritten later): the
         // listing holds at most one token per token before this vector's, so these 16 slots lie
         // inside the buffers, which hold the whole segment.
-        let ids_at = &mut out.ids[at..at + 16];
-        // SAFETY: the slice holds 16 u32; unaligned stores are allowed.
-        unsafe {
-            _mm512_storeu_si512(
-                ids_at.as_mut_ptr().cast(),
-                _mm512_maskz_compress_epi32(mask, ids),
-            );
-        }
-        list_keys(out, mask, keys);
-    }
-
-    /// Appends the lanes of `keys` that `mask` selects to `out.keys`, in lane order, and counts
-    /// them in `out.len` (their ids are written apart).
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn list_keys(out: &mut Out<'_>, mask: __mmask16, keys: __m512i) {
-        let at = out.len;
-        // As in `list`.
-        let keys_at = &mut out.keys[at..at + 16];
-        // SAFETY: the slice holds 16 u32; unaligned stores are allowed.
+        let (keys_at, ids_at) = (&mut out.keys[at..at + 16], &mut out.ids[at..at + 16]);
+        // SAFETY: each slice holds 16 u32; unaligned stores are allowed.
         unsafe {
             _mm512_storeu_si512(
                 keys_at.as_mut_ptr().cast(),
                 _mm512_maskz_compress_epi32(mask, keys),
             );
+            _mm512_storeu_si512(
+                ids_at.as_mut_ptr().cast(),
+                _mm512_maskz_compress_epi32(mask, ids),
+            );
         }
         out.len = at + mask.count_ones() as usize;
-    }
-
-    /// The band's bounds and the weights' scale, in every lane.
-    #[derive(Clone, Copy)]
-    struct Bounds {
-        low: __m512i,
-        high: __m512i,
-        scale: __m512,
-    }
-
-    /// Per block: the exact weights above the band and of every token, eight lanes each for the
-    /// low and the high half of the vectors.
-    struct Sums {
-        above: [__m512d; 2],
-        all: [__m512d; 2],
-    }
-
-    /// Sixteen tokens: their weights added to `sums`; returns the mask of the band's lanes and
-    /// their keys.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn classify16(lanes: &[f32], b: Bounds, sums: &mut Sums) -> (__mmask16, __m512i) {
-        // SAFETY: `lanes` holds 16 f32 (callers pass `chunks_exact(16)`); unaligned loads are
-        // allowed.
-        let p = sanitize(unsafe { _mm512_loadu_ps(lanes.as_ptr()) });
-        let key = _mm512_castps_si512(p);
-        let above = _mm512_cmpge_epu32_mask(key, b.high);
-        let in_band = _mm512_mask_cmpge_epu32_mask(!above, key, b.low);
-        let w = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(
-            _mm512_mul_ps(p, b.scale),
-        );
-        let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(w));
-        let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-            _mm512_castps_pd(w),
-        )));
-        let Sums { above: acc, all } = sums;
-        all[0] = _mm512_add_pd(all[0], lo);
-        all[1] = _mm512_add_pd(all[1], hi);
-        acc[0] = _mm512_mask_add_pd(acc[0], above as u8, acc[0], lo);
-        acc[1] = _mm512_mask_add_pd(acc[1], (above >> 8) as u8, acc[1], hi);
-        (in_band, key)
-    }
-
-    /// The bounds of `band` in every lane.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn bounds(band: Band) -> Bounds {
-        Bounds {
-            low: _mm512_set1_epi32(band.low as i32),
-            high: _mm512_set1_epi32(band.high as i32),
-            scale: _mm512_set1_ps(SCALE),
-        }
-    }
-
-    /// A block's sums as integers: exact (integers below 2^40, 256 of them).
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn totals(sums: &Sums) -> (u64, u64) {
-        (
-            _mm512_reduce_add_pd(_mm512_add_pd(sums.above[0], sums.above[1])) as u64,
-            _mm512_reduce_add_pd(_mm512_add_pd(sums.all[0], sums.all[1])) as u64,
-        )
-    }
-
-    /// Empty sums.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn no_sums() -> Sums {
-        Sums {
-            above: [_mm512_setzero_pd(); 2],
-            all: [_mm512_setzero_pd(); 2],
-        }
     }
 
     /// The classify pass over the full blocks of an f32 row segment; returns the exact weight
@@ -202,73 +116,41 @@ pub(super) mod avx512 {
     /// The CPU must support AVX-512F.
     #[target_feature(enable = "avx512f")]
     pub(crate) unsafe fn classify_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
-        let b = bounds(band);
+        let (low, high) = (
+            _mm512_set1_epi32(band.low as i32),
+            _mm512_set1_epi32(band.high as i32),
+        );
+        let scale = _mm512_set1_ps(SCALE);
         let iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         blocks_with(blocks, |block, first, out| {
-            let mut sums = no_sums();
+            let (mut acc0, mut acc1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+            let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
             let mut ids = _mm512_add_epi32(iota, _mm512_set1_epi32(first as i32));
             for lanes in block.chunks_exact(16) {
-                let (in_band, key) = classify16(lanes, b, &mut sums);
+                // SAFETY: `lanes` holds 16 f32; unaligned loads are allowed.
+                let p = sanitize(unsafe { _mm512_loadu_ps(lanes.as_ptr()) });
+                let key = _mm512_castps_si512(p);
+                let above = _mm512_cmpge_epu32_mask(key, high);
+                let in_band = _mm512_mask_cmpge_epu32_mask(!above, key, low);
                 list(out, in_band, key, ids);
                 ids = _mm512_add_epi32(ids, _mm512_set1_epi32(16));
+                let w = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(
+                    _mm512_mul_ps(p, scale),
+                );
+                let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(w));
+                let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                    _mm512_castps_pd(w),
+                )));
+                all0 = _mm512_add_pd(all0, lo);
+                all1 = _mm512_add_pd(all1, hi);
+                acc0 = _mm512_mask_add_pd(acc0, above as u8, acc0, lo);
+                acc1 = _mm512_mask_add_pd(acc1, (above >> 8) as u8, acc1, hi);
             }
-            totals(&sums)
-        })
-    }
-
-    /// Appends the ids of the tokens `bits` selects among the 64 from `first` on to `out.ids`
-    /// from `at` on, in id order: their positions packed as bytes (`vpcompressb`), widened sixteen
-    /// at a time.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi2")]
-    fn list_ids64(out: &mut Out<'_>, at: usize, bits: u64, first: u32) {
-        let positions = _mm512_maskz_compress_epi8(bits, byte_iota());
-        let base = _mm512_set1_epi32(first as i32);
-        for g in 0..(bits.count_ones() as usize).div_ceil(16) {
-            let bytes = match g {
-                0 => _mm512_castsi512_si128(positions),
-                1 => _mm512_extracti32x4_epi32::<1>(positions),
-                2 => _mm512_extracti32x4_epi32::<2>(positions),
-                _ => _mm512_extracti32x4_epi32::<3>(positions),
-            };
-            let ids = _mm512_add_epi32(_mm512_cvtepu8_epi32(bytes), base);
-            // The listing holds at most one token per token before these 64, so the 64 slots
-            // from `at` lie inside the buffers, which hold the whole segment.
-            let ids_at = &mut out.ids[at + 16 * g..at + 16 * g + 16];
-            // SAFETY: the slice holds 16 u32; unaligned stores are allowed.
-            unsafe { _mm512_storeu_si512(ids_at.as_mut_ptr().cast(), ids) };
-        }
-    }
-
-    /// The bytes 0, 1, …, 63.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn byte_iota() -> __m512i {
-        let bytes: [u8; 64] = std::array::from_fn(|i| i as u8);
-        // SAFETY: `bytes` holds 64 bytes; unaligned loads are allowed.
-        unsafe { _mm512_loadu_si512(bytes.as_ptr().cast()) }
-    }
-
-    /// As [`classify_full_blocks`], the band's ids listed 64 tokens at a time with one
-    /// `vpcompressb` instead of four `vpcompressd`.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F, AVX-512BW and AVX-512 VBMI2.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi2")]
-    pub(crate) unsafe fn classify_full_blocks_vbmi2(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
-        let b = bounds(band);
-        blocks_with(blocks, |block, first, out| {
-            let mut sums = no_sums();
-            for (w, word) in block.chunks_exact(64).enumerate() {
-                let (at, mut bits) = (out.len, 0u64);
-                for (k, lanes) in word.chunks_exact(16).enumerate() {
-                    let (in_band, key) = classify16(lanes, b, &mut sums);
-                    list_keys(out, in_band, key);
-                    bits |= u64::from(in_band) << (16 * k);
-                }
-                list_ids64(out, at, bits, first + 64 * w as u32);
-            }
-            totals(&sums)
+            // Exact: integers below 2^40, 256 of them.
+            (
+                _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1)) as u64,
+                _mm512_reduce_add_pd(_mm512_add_pd(all0, all1)) as u64,
+            )
         })
     }
 }
