@@ -545,7 +545,33 @@ fn crossing_bin(bins: &[u64], above: u64, target: u64) -> Option<(usize, u64)> {
 /// Appends the band's tokens whose key falls in bin `bin` (of `2^shift` keys from `low`) to
 /// `out`, in id order. The band's keys are looked at sixteen at a time (a loop the compiler
 /// vectorizes); only chunks that hold one of them are walked.
-fn bin_tokens(band: &Listing, (low, shift): (u32, u32), bin: usize, out: &mut Vec<(u32, u32)>) {
+fn bin_tokens(band: &Listing, at: (u32, u32), bin: usize, out: &mut Vec<(u32, u32)>) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the CPU supports the features the variant is compiled for.
+        return unsafe { bin_tokens_avx512(band, at, bin, out) };
+    } else if has_avx2() {
+        // SAFETY: as above.
+        return unsafe { bin_tokens_avx2(band, at, bin, out) };
+    }
+    bin_tokens_generic(band, at, bin, out)
+}
+
+compiled_for!(avx512, fn bin_tokens_avx512 []
+    (band: &Listing, at: (u32, u32), bin: usize, out: &mut Vec<(u32, u32)>) -> ()
+    = bin_tokens_generic []);
+compiled_for!(avx2, fn bin_tokens_avx2 []
+    (band: &Listing, at: (u32, u32), bin: usize, out: &mut Vec<(u32, u32)>) -> ()
+    = bin_tokens_generic []);
+
+/// [`bin_tokens`], compiled for each vector unit.
+#[inline(always)]
+fn bin_tokens_generic(
+    band: &Listing,
+    (low, shift): (u32, u32),
+    bin: usize,
+    out: &mut Vec<(u32, u32)>,
+) {
     const CHUNK: usize = 16;
     let in_bin = |key: u32| (key.wrapping_sub(low) >> shift) as usize == bin;
     let (keys, ids) = (band.keys().chunks(CHUNK), band.ids().chunks(CHUNK));
