@@ -69,8 +69,6 @@ struct Scratch {
     bin_shift: u32,
     /// The sample's bins: sum and sum of squares of the sampled weights.
     sample: Vec<(f64, f64)>,
-    /// The sample's bins: sampled tokens.
-    counts: Vec<u32>,
     /// The sample's keys.
     keys: sample::SampleKeys,
     /// The band's tokens, a bit per token.
@@ -139,11 +137,11 @@ fn sample_with<T: FloatElement>(
 }
 
 /// Takes the sample that places the band: its keys into `s.keys`, their weights summed per level
-/// of the key into `s.sample` and counted into `s.counts` ([`sample`]). Returns how many row
+/// of the key into `s.sample` ([`sample`]). Returns how many row
 /// tokens each sampled token stands for.
 fn take_sample<T: FloatElement>(row: &[T], s: &mut Scratch) -> f64 {
     let scale = sample::take_keys(row, &mut s.keys);
-    sample::bin_keys(s.keys.keys(), &mut s.sample, &mut s.counts);
+    sample::bin_keys(s.keys.keys(), &mut s.sample);
     scale
 }
 

@@ -75,6 +75,14 @@ impl SampleKeys {
     pub(super) fn keys(&self) -> &[u32] {
         &self.keys[..self.sampled]
     }
+
+    /// The sampled tokens with a key at or above `key`, a bin boundary of the sample (or
+    /// `MIN_WEIGHT_KEY`, or `u32::MAX`): the levels at or above its level, counted in lanes.
+    pub(super) fn sampled_from(&self, key: u32) -> u32 {
+        // At most `u32::MAX >> SAMPLE_SHIFT`, which fits.
+        let level = (key >> SAMPLE_SHIFT) as i16;
+        count_levels_from(&self.levels[..self.sampled], level)
+    }
 }
 
 /// Gathers the rank keys of the sample's runs into `out`; returns how many row tokens each
@@ -182,36 +190,40 @@ fn prefetch_runs<T, const HINT: i32>(row: &[T], runs: usize, step: usize) {
 }
 
 /// Sums the sampled weights per level of the key (sixty-four bins per octave) into `bins` (sum
-/// and sum of squares) and counts the sampled tokens into `counts`; keys under
-/// [`MIN_WEIGHT_KEY`] weigh nothing and are not counted.
-pub(super) fn bin_keys(keys: &[u32], bins: &mut Vec<(f64, f64)>, counts: &mut Vec<u32>) {
+/// and sum of squares); keys under [`MIN_WEIGHT_KEY`] weigh nothing. (The bins' counts are the
+/// levels' [`SampleKeys::sampled_from`].)
+pub(super) fn bin_keys(keys: &[u32], bins: &mut Vec<(f64, f64)>) {
     bins.clear();
     bins.resize(LAST_BIN as usize + 1, (0.0, 0.0));
-    counts.clear();
-    counts.resize(bins.len(), 0);
-    bin_keys_into(keys, bins, counts);
+    bin_keys_into(keys, bins);
 }
 
 dispatched_plain!(
     /// The loop of [`bin_keys`], compiled for the widest vector unit of the CPU (the weights'
     /// floor and widening are single instructions there).
-    fn bin_keys_into(keys: &[u32], bins: &mut [(f64, f64)], counts: &mut [u32]) -> ()
-        = bin_keys_generic
+    fn bin_keys_into(keys: &[u32], bins: &mut [(f64, f64)]) -> () = bin_keys_generic
 );
 
-/// [`bin_keys_into`].
+/// [`bin_keys_into`]: per chunk of keys, the weights, their squares and their bins in vector
+/// lanes, then the sums bin by bin in the order of the keys (the sums are those of one loop over
+/// the keys, bit for bit).
 #[inline(always)]
-fn bin_keys_generic(keys: &[u32], bins: &mut [(f64, f64)], counts: &mut [u32]) {
-    for &key in keys {
-        if key < MIN_WEIGHT_KEY {
-            continue;
+fn bin_keys_generic(keys: &[u32], bins: &mut [(f64, f64)]) {
+    const CHUNK: usize = 256;
+    let mut weights = [(0.0f64, 0.0f64); CHUNK];
+    let mut at = [0u16; CHUNK];
+    for chunk in keys.chunks(CHUNK) {
+        for ((&key, w), bin) in chunk.iter().zip(&mut weights).zip(&mut at) {
+            // A key under MIN_WEIGHT_KEY weighs 0 and adds nothing (`+ 0.0` keeps the sums' bits).
+            let weight = weight_f64(key);
+            *w = (weight, weight * weight);
+            *bin = bin_of(key.max(MIN_WEIGHT_KEY)) as u16;
         }
-        let w = weight_f64(key);
-        let at = bin_of(key);
-        let bin = &mut bins[at];
-        bin.0 += w;
-        bin.1 += w * w;
-        counts[at] += 1;
+        for (&(w, square), &bin) in weights.iter().zip(&at).take(chunk.len()) {
+            let bin = &mut bins[usize::from(bin)];
+            bin.0 += w;
+            bin.1 += square;
+        }
     }
 }
 
@@ -224,13 +236,6 @@ pub(super) fn band_from(bins: &[(f64, f64)], scale: f64, below: f64, slack: f64)
         low: low_bin.map_or(MIN_WEIGHT_KEY, key),
         high: high_bin.map_or(u32::MAX, key),
     }
-}
-
-/// The sampled tokens with a key at or above `key`, a bin boundary of the sample (or
-/// `MIN_WEIGHT_KEY`, or `u32::MAX`).
-pub(super) fn sampled_from(counts: &[u32], key: u32) -> u32 {
-    let at = ((key >> SAMPLE_SHIFT).saturating_sub(FIRST_BIN)) as usize;
-    counts.get(at..).map_or(0, |bins| bins.iter().sum())
 }
 
 /// How far, relatively, the test of [`certainly_narrow`] must clear four standard deviations: far
@@ -255,12 +260,8 @@ pub(super) fn certainly_narrow(
     (below, slack): (f64, f64),
     wide_from: f64,
 ) -> bool {
-    let levels = &sample.levels[..sample.sampled];
-    let wide = |bin: u32| f64::from(count_from(levels, bin)) * scale >= wide_from;
-    if !wide(0) {
-        return true;
-    }
-    // `wide(low)` and not `wide(high)`: `low` becomes `c`.
+    let wide = |bin: u32| f64::from(sample.sampled_from(bin_key(bin))) * scale >= wide_from;
+    // `wide(low)` (once checked) and not `wide(high)`: `low` becomes `c`.
     let (mut low, mut high) = (0, LAST_BIN + 1);
     while high - low > 1 {
         let mid = low + (high - low) / 2;
@@ -270,14 +271,12 @@ pub(super) fn certainly_narrow(
             high = mid;
         }
     }
+    if low == 0 && !wide(0) {
+        return true;
+    }
     let (mass, squares) = sums_under(sample.keys(), bin_key(low + 1));
     let x = below - slack - mass * scale;
     x >= 0.0 && x * x >= 16.0 * scale * scale * squares * (1.0 + NARROW_MARGIN)
-}
-
-/// The sampled tokens with a key at or above bin `bin`'s first (at most [`SAMPLES`]).
-fn count_from(levels: &[i16], bin: u32) -> u32 {
-    count_levels_from(levels, (bin + FIRST_BIN) as i16)
 }
 
 dispatched_plain!(
@@ -304,17 +303,18 @@ dispatched_plain!(
 #[inline(always)]
 fn sums_under_generic(keys: &[u32], limit: u32) -> (f64, f64) {
     const LANES: usize = 16;
+    let weight = |key: u32| if key < limit { weight_f64(key) } else { 0.0 };
     let (mut mass, mut squares) = ([0.0f64; LANES], [0.0f64; LANES]);
     let mut chunks = keys.chunks_exact(LANES);
     for chunk in &mut chunks {
         for ((m, q), &key) in mass.iter_mut().zip(&mut squares).zip(chunk) {
-            let w = if key < limit { weight_f64(key) } else { 0.0 };
+            let w = weight(key);
             *m += w;
             *q += w * w;
         }
     }
     for (j, &key) in chunks.remainder().iter().enumerate() {
-        let w = if key < limit { weight_f64(key) } else { 0.0 };
+        let w = weight(key);
         mass[j] += w;
         squares[j] += w * w;
     }
@@ -325,6 +325,7 @@ fn sums_under_generic(keys: &[u32], limit: u32) -> (f64, f64) {
 mod tests {
     use super::*;
     use crate::sampling::lcg::Lcg;
+    use crate::sampling::scan::weight_of_key;
 
     /// The gathered keys are the rows' keys at the runs, whatever the row's length and type.
     #[test]
@@ -362,6 +363,39 @@ mod tests {
                 .map(|&p| key_of(p))
                 .collect();
             assert_eq!(keys.keys(), &expected[..], "f16 v {v}");
+        }
+    }
+
+    /// The bins are those of one plain loop over the keys, bit for bit (the weightless keys
+    /// skipped).
+    #[test]
+    fn the_bins_are_a_plain_loops_bit_for_bit() {
+        let mut lcg = Lcg(4041);
+        for v in [7, 5000, 151_936] {
+            let row: Vec<f32> = (0..v)
+                .map(|i| match i % 89 {
+                    0 => f32::NAN,
+                    1 => 0.0,
+                    2 => 1e-20,
+                    3 => 1.0,
+                    _ => lcg.unit().powi(5) * 1e-3,
+                })
+                .collect();
+            let mut keys = SampleKeys::default();
+            take_keys(&row, &mut keys);
+            let mut bins = Vec::new();
+            bin_keys(keys.keys(), &mut bins);
+            let mut expected = vec![(0.0f64, 0.0f64); LAST_BIN as usize + 1];
+            for &key in keys.keys().iter().filter(|&&k| k >= MIN_WEIGHT_KEY) {
+                let w = weight_of_key(key) as f64;
+                let bin = &mut expected[bin_of(key)];
+                bin.0 += w;
+                bin.1 += w * w;
+            }
+            let bits = |b: &[(f64, f64)]| -> Vec<(u64, u64)> {
+                b.iter().map(|&(m, q)| (m.to_bits(), q.to_bits())).collect()
+            };
+            assert_eq!(bits(&bins), bits(&expected), "v {v}");
         }
     }
 
