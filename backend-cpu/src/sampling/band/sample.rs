@@ -242,9 +242,9 @@ pub(super) fn band_from(bins: &[(f64, f64)], scale: f64, below: f64, slack: f64)
 /// above the rounding of a sum of 4096 squares in another order (`4096 · 2^-53`).
 const NARROW_MARGIN: f64 = 1e-9;
 
-/// Whether the band [`band_from`] would place from the bins of `keys` (each standing for `scale`
-/// row tokens) starts above all but fewer than `wide_from` row tokens' worth of the sampled
-/// tokens — the verdict "narrow" of `one_pass` — decided without the bins.
+/// Whether the band [`band_from`] would place from the bins of `sample` (each sampled token
+/// standing for `scale` row tokens) starts above all but fewer than `wide_from` row tokens' worth
+/// of the sampled tokens — the verdict "narrow" of `one_pass` — decided without the bins.
 ///
 /// The band's low end is the first bin past the levels whose estimated mass below is certainly
 /// under `below` (four standard deviations and `slack`); that test fails from some level on, as
