@@ -10,7 +10,6 @@ use specula_backend_api::{Buffer, DType, FloatElement, Op, Result};
 
 use super::with_float;
 use crate::CpuDevice;
-use crate::sampling::band;
 use crate::sampling::fast::sample_prob_row_fast;
 use crate::sampling::histogram::{Kept, draw_in_prefix, first_prob_in_rank, prob_kept_set};
 use crate::sampling::logits;
@@ -103,24 +102,8 @@ impl<'a> Rows<'a> {
                 let sampling = (top_k, top_p, draw(seed, Purpose::Sample));
                 logits::sample_logit_row_hinted(row, temperature[r], sampling, hints)
             }
-            None => {
-                if self.takes_the_band_sample(r + 1, row.len()) {
-                    // Its sample arrives while this row is sampled.
-                    band::prefetch_sample::<T>(next);
-                }
-                sample_prob_row(row, top_k, top_p, seed, parts)
-            }
+            None => sample_prob_row(row, top_k, top_p, seed, parts),
         }
-    }
-
-    /// Whether probability row `r` (of `vocab` tokens), if there is one, starts with the band's
-    /// sample (`sampling/band/one_pass.rs`): top-p under 1 without top-k.
-    fn takes_the_band_sample(&self, r: usize, vocab: usize) -> bool {
-        let (Some(&top_k), Some(&top_p)) = (self.top_k.get(r), self.top_p.get(r)) else {
-            return false;
-        };
-        let top_k = usize::try_from(top_k).ok().filter(|&k| k > 0 && k < vocab);
-        top_k.is_none() && top_p_fixed(top_p) < 1 << TOP_P_BITS
     }
 
     /// Whether row `r` of `vocab` logits, its passes split over `parts` threads, enters no rayon

@@ -41,7 +41,6 @@ mod sample;
 
 pub(crate) use one_pass::{OnePass, sample_top_p_one_pass};
 use sample::band_from;
-pub(crate) use sample::prefetch_sample;
 
 /// Tokens per block of the above-band masses and of the draw's walk.
 const BLOCK: usize = 256;

@@ -469,13 +469,6 @@ mod tests {
             let whole = cold(&mut |i| {
                 std::hint::black_box(sample_prob_row_fast(&rows[i], 0, 0.9, 7, 1));
             });
-            // As the op runs a batch: the next row's sample asked for before each row.
-            let batch = cold(&mut |i| {
-                if let Some(next) = rows.get(i + 1) {
-                    crate::sampling::band::prefetch_sample::<f32>(bytemuck::cast_slice(next));
-                }
-                std::hint::black_box(sample_prob_row_fast(&rows[i], 0, 0.9, 7, 1));
-            });
             let row = &rows[0];
             let band = predict(row, p_fixed, &mut s);
             let w_sample = least_us(50, &mut || {
@@ -512,7 +505,7 @@ mod tests {
             let mut line = format!(
                 "{name}: cold per row: read {read:.1}, sample {sample:.1} (keys {keys_cold:.1}; \
                  binned always {binned:.1}), \
-                 whole {whole:.1}, with the next row's sample asked for {batch:.1} us; \
+                 whole {whole:.1} us; \
                  warm: sample {w_sample:.1}, whole {w_whole:.1}"
             );
             if let Some(band) = band {
