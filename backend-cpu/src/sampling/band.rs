@@ -30,15 +30,17 @@ use specula_backend_api::FloatElement;
 use specula_backend_api::fixed_point::{scale_draw, top_p_target_mass};
 
 use super::histogram::MIN_WEIGHT_KEY;
-use super::scan::{compiled_for, dispatch, dispatched, key_of, weight_of_key};
+use super::scan::{compiled_for, dispatch, key_of, weight_of_key};
 #[cfg(target_arch = "x86_64")]
 use super::scan::{has_avx2, has_avx512};
 
 #[cfg(target_arch = "x86_64")]
 mod lanes;
 mod one_pass;
+mod sample;
 
 pub(crate) use one_pass::{OnePass, sample_top_p_one_pass};
+use sample::band_from;
 
 /// Tokens per block of the above-band masses and of the draw's walk.
 const BLOCK: usize = 256;
@@ -66,8 +68,8 @@ struct Scratch {
     bin_shift: u32,
     /// The sample's bins: sum and sum of squares of the sampled weights.
     sample: Vec<(f64, f64)>,
-    /// The sample's bins: sampled tokens.
-    counts: Vec<u32>,
+    /// The sample's keys.
+    keys: sample::SampleKeys,
     /// The band's tokens, a bit per token (the loops that do not list them as they go).
     bitmaps: Vec<u64>,
     /// The tokens of the threshold's bin.
@@ -165,7 +167,7 @@ fn sample_with<T: FloatElement>(
     s: &mut Scratch,
 ) -> Option<usize> {
     let target = top_p_target_mass(p_fixed, total);
-    let scale = take_sample(row, &mut s.sample, &mut s.counts);
+    let scale = take_sample(row, s);
     let below = (total - target) as f64;
     let mut band = band_from(&s.sample, scale, below, SLACK * total as f64);
     loop {
@@ -186,111 +188,13 @@ fn sample_with<T: FloatElement>(
     }
 }
 
-/// Bins of the band's sample: `2^SAMPLE_SHIFT` keys each, sixty-four per octave.
-const SAMPLE_SHIFT: u32 = 17;
-/// The first key of the sample's bins.
-const FIRST_BIN: u32 = MIN_WEIGHT_KEY >> SAMPLE_SHIFT;
-
-/// Takes the sample that places the band: runs of [`SAMPLE_RUN`] consecutive tokens spread over
-/// the row, their weights summed per level of the key (sixty-four bins per octave) into `bins`
-/// (sum and sum of squares) and counted into `counts`. Returns how many row tokens each sampled
-/// token stands for.
-fn take_sample<T: FloatElement>(
-    row: &[T],
-    bins: &mut Vec<(f64, f64)>,
-    counts: &mut Vec<u32>,
-) -> f64 {
-    const SHIFT: u32 = SAMPLE_SHIFT;
-    let first = FIRST_BIN;
-    let last = 1.0f32.to_bits() >> SHIFT;
-    bins.clear();
-    bins.resize((last - first + 1) as usize, (0.0, 0.0));
-    counts.clear();
-    counts.resize(bins.len(), 0);
-    let runs = (row.len() / SAMPLE_RUN).clamp(1, SAMPLES / SAMPLE_RUN);
-    let step = row.len() / runs;
-    prefetch_runs(row, runs, step);
-    let sampled = sample_runs(row, (runs, step), bins, counts);
-    row.len() as f64 / sampled.max(1) as f64
-}
-
-dispatched!(
-    /// The sample's runs into its bins; returns the tokens sampled. Compiled for the widest
-    /// vector unit of the CPU (the weights' floor and widening are single instructions there).
-    fn sample_runs [T: FloatElement]
-        (row: &[T], at: (usize, usize), bins: &mut [(f64, f64)], counts: &mut [u32]) -> usize
-        = sample_runs_generic [T]
-);
-
-/// [`sample_runs`]: `runs` runs of [`SAMPLE_RUN`] tokens, `step` tokens apart.
-#[inline(always)]
-fn sample_runs_generic<T: FloatElement>(
-    row: &[T],
-    (runs, step): (usize, usize),
-    bins: &mut [(f64, f64)],
-    counts: &mut [u32],
-) -> usize {
-    const SCALE: f32 = (1u64 << 40) as f32;
-    let last = (1.0f32.to_bits() >> SAMPLE_SHIFT) - FIRST_BIN;
-    let mut sampled = 0usize;
-    for i in 0..runs {
-        let run = &row[i * step..(i * step + SAMPLE_RUN).min(row.len())];
-        sampled += run.len();
-        for &v in run {
-            let key = key_of(v);
-            if key < MIN_WEIGHT_KEY {
-                continue;
-            }
-            // `weight_of_key(key)`, as the passes compute it: exact in f32, widened exactly.
-            let w = f64::from((f32::from_bits(key) * SCALE).floor());
-            let at = ((key >> SAMPLE_SHIFT) - FIRST_BIN).min(last) as usize;
-            let bin = &mut bins[at];
-            bin.0 += w;
-            bin.1 += w * w;
-            counts[at] += 1;
-        }
-    }
-    sampled
-}
-
-/// Asks for the sample's runs before they are read: scattered over the row, each is a miss the
-/// hardware prefetcher does not foresee, and one after the other they cost a row that is not in
-/// the caches a memory latency each (the one-pass path takes the sample before any pass).
-#[inline]
-fn prefetch_runs<T>(row: &[T], runs: usize, step: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for i in 0..runs {
-        let run = &row[i * step..(i * step + SAMPLE_RUN).min(row.len())];
-        let (start, bytes) = (run.as_ptr().cast::<i8>(), std::mem::size_of_val(run));
-        for offset in (0..bytes).step_by(64).chain([bytes.saturating_sub(1)]) {
-            // SAFETY: a prefetch is a hint that never faults; the address lies inside `run`.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    start.wrapping_add(offset),
-                );
-            }
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (row, runs, step);
-}
-
-/// Places the band from the sample's bins: it spans the levels whose estimated mass below is
-/// within four standard deviations and `slack` of `below` (`W − target`).
-fn band_from(bins: &[(f64, f64)], scale: f64, below: f64, slack: f64) -> Band {
-    let (low_bin, high_bin) = band_bins(bins, scale, (below, below), slack);
-    let key = |bin: usize| (bin as u32 + FIRST_BIN) << SAMPLE_SHIFT;
-    Band {
-        low: low_bin.map_or(MIN_WEIGHT_KEY, key),
-        high: high_bin.map_or(u32::MAX, key),
-    }
-}
-
-/// The sampled tokens with a key at or above `key`, a bin boundary of the sample (or
-/// `MIN_WEIGHT_KEY`, or `u32::MAX`).
-fn sampled_from(counts: &[u32], key: u32) -> u32 {
-    let at = ((key >> SAMPLE_SHIFT).saturating_sub(FIRST_BIN)) as usize;
-    counts.get(at..).map_or(0, |bins| bins.iter().sum())
+/// Takes the sample that places the band: its keys into `s.keys`, their weights summed per level
+/// of the key into `s.sample` ([`sample`]). Returns how many row
+/// tokens each sampled token stands for.
+fn take_sample<T: FloatElement>(row: &[T], s: &mut Scratch) -> f64 {
+    let scale = sample::take_keys(row, &mut s.keys);
+    sample::bin_keys(s.keys.keys(), &mut s.sample);
+    scale
 }
 
 /// The ends of a band from a sample's bins of levels (per bin, in rising order, the sampled
