@@ -11,9 +11,9 @@
 //! f32 rows on AVX-512 take hand-written loops: the first pass in sixteen lanes (maximum, +inf
 //! count and rank count as vector operations; a chunk goes to the top-K only when one of its
 //! logits beats the K-th, by one compare), and the normaliser in sixteen lanes with a multiply by
-//! `1/T` (`float_math::sum_exp_reciprocal`). The vector first passes (AVX-512 and AVX2) read the
-//! row's four quarters side by side, a chunk of each in turn (four memory streams in flight); the
-//! result does not depend on that order (`STREAMS`).
+//! `1/T` (`float_math::sum_exp_reciprocal`). The AVX-512 first pass reads the row's four
+//! quarters side by side, a chunk of each in turn (four memory streams in flight); the result
+//! does not depend on that order (`STREAMS`). The AVX2 one reads it in order (four lost there).
 
 use rayon::prelude::*;
 use specula_backend_api::ops::accept_logprobs::OpCall;
@@ -460,52 +460,13 @@ mod avx512 {
 }
 
 /// The first pass over an f32 row in AVX2 lanes (two vectors of 8 per chunk of [`CHUNK`]), as
-/// the AVX-512 one (the same parts read side by side).
+/// the AVX-512 one but in order: read in four parts (the AVX-512 loop's way, eight maxima and the
+/// counts in the sixteen AVX2 registers) it lost to this loop in `specula bench`
+/// (`SPECULA_CPU_MAX_ISA=avx2`, `docs/bench/stop40-streams-accept-avx2.txt`).
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{CHUNK, Counts, Gate, STREAMS, TopK, stream_part};
+    use super::{CHUNK, Counts, TopK, offer_chunk};
     use std::arch::x86_64::*;
-
-    /// The pass's lanes, as the AVX-512 loop's, in two halves of 8.
-    struct Lanes<'t> {
-        max: [[__m256; 2]; STREAMS],
-        infs: [__m256i; 2],
-        above: [__m256i; 2],
-        tv: __m256,
-        k: usize,
-        top: &'t mut TopK,
-        gate: Gate,
-    }
-
-    impl Lanes<'_> {
-        /// Takes in the chunk `chunk` (ids from `first`, its values in `x`, NaN past its end)
-        /// into the maximum of part `part`, the counts and the top-K.
-        #[target_feature(enable = "avx2,fma")]
-        #[inline]
-        fn step(&mut self, x: [__m256; 2], chunk: &[f32], first: usize, part: usize) {
-            let inf = _mm256_set1_ps(f32::INFINITY);
-            let last = _mm256_set1_ps(self.gate.last);
-            let (mut ge, mut gt) = (0, 0);
-            for (h, &x) in x.iter().enumerate() {
-                // `max(x, m)` returns `m` for a NaN `x` and on a tie: `x > m ? x : m`.
-                self.max[part][h] = _mm256_max_ps(x, self.max[part][h]);
-                // A true compare is −1 in every bit: subtracting it counts 1.
-                let is_inf = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_EQ_OQ>(x, inf));
-                self.infs[h] = _mm256_sub_epi32(self.infs[h], is_inf);
-                let is_above = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(x, self.tv));
-                self.above[h] = _mm256_sub_epi32(self.above[h], is_above);
-                ge |= _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(x, last));
-                gt |= _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(x, last));
-            }
-            if self.k == 0 {
-                return;
-            }
-            let gate = self.gate;
-            if gate.open || (ge != 0 && (first < gate.last_id || gt != 0)) {
-                self.gate.offer(self.top, self.k, chunk, first);
-            }
-        }
-    }
 
     /// See the AVX-512 loop.
     ///
@@ -513,75 +474,55 @@ mod avx2 {
     /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn scan_row(row: &[f32], tv: f32, k: usize, top: &mut TopK) -> Counts {
-        // SAFETY: the caller's promise.
-        unsafe { scan_parts(row, tv, k, top, stream_part(row.len())) }
-    }
-
-    /// [`scan_row`] with parts of `part` logits (a multiple of [`CHUNK`], at most a
-    /// [`STREAMS`]th of the row; 0 reads the row in order).
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn scan_parts(
-        row: &[f32],
-        tv: f32,
-        k: usize,
-        top: &mut TopK,
-        part: usize,
-    ) -> Counts {
-        let mut lanes = Lanes {
-            max: [[_mm256_set1_ps(f32::NEG_INFINITY); 2]; STREAMS],
-            infs: [_mm256_setzero_si256(); 2],
-            above: [_mm256_setzero_si256(); 2],
-            tv: _mm256_set1_ps(tv),
-            k,
-            top,
-            gate: Gate::new(k),
-        };
-        let (streams, rest) = row.split_at(STREAMS * part);
-        for first in (0..part).step_by(CHUNK) {
-            for p in 0..STREAMS {
-                let at = p * part + first;
-                let chunk = &streams[at..at + CHUNK];
-                // SAFETY: `chunk` holds 16 f32.
-                let x = unsafe {
-                    [
-                        _mm256_loadu_ps(chunk.as_ptr()),
-                        _mm256_loadu_ps(chunk.as_ptr().add(8)),
-                    ]
-                };
-                lanes.step(x, chunk, at, p);
-            }
-        }
-        for (c, chunk) in rest.chunks(CHUNK).enumerate() {
-            // The values, NaN in the lanes past a short chunk (no count, maximum or compare
-            // takes NaN).
-            let mut values = [f32::NAN; CHUNK];
-            values[..chunk.len()].copy_from_slice(chunk);
-            // SAFETY: `values` holds 16 f32.
-            let x = unsafe {
-                [
-                    _mm256_loadu_ps(values.as_ptr()),
-                    _mm256_loadu_ps(values.as_ptr().add(8)),
-                ]
-            };
-            lanes.step(x, chunk, STREAMS * part + c * CHUNK, STREAMS - 1);
-        }
-        // The parts' maxima in index order: a later part's only where strictly greater.
-        let mut max = lanes.max[0];
-        for part in &lanes.max[1..] {
+        let (inf, tvv) = (_mm256_set1_ps(f32::INFINITY), _mm256_set1_ps(tv));
+        let mut max = [_mm256_set1_ps(f32::NEG_INFINITY); 2];
+        let mut infs = [_mm256_setzero_si256(); 2];
+        let mut above = [_mm256_setzero_si256(); 2];
+        let mut open = k > 0;
+        let mut last = _mm256_set1_ps(f32::NAN);
+        for (c, chunk) in row.chunks(CHUNK).enumerate() {
+            let mut beats = 0;
             for h in 0..2 {
-                max[h] = _mm256_max_ps(part[h], max[h]);
+                let x = if chunk.len() == CHUNK {
+                    // SAFETY: `chunk` holds 16 f32.
+                    unsafe { _mm256_loadu_ps(chunk.as_ptr().add(8 * h)) }
+                } else {
+                    // The short last chunk: its values, NaN in the other lanes (no count,
+                    // maximum or compare below takes NaN).
+                    let mut lanes = [f32::NAN; 8];
+                    for (l, &v) in lanes.iter_mut().zip(chunk.iter().skip(8 * h)) {
+                        *l = v;
+                    }
+                    // SAFETY: `lanes` holds 8 f32.
+                    unsafe { _mm256_loadu_ps(lanes.as_ptr()) }
+                };
+                // `max(x, m)` returns `m` for a NaN `x`: `x > m ? x : m`.
+                max[h] = _mm256_max_ps(x, max[h]);
+                // A true compare is −1 in every bit: subtracting it counts 1.
+                let is_inf = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_EQ_OQ>(x, inf));
+                infs[h] = _mm256_sub_epi32(infs[h], is_inf);
+                let is_above = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(x, tvv));
+                above[h] = _mm256_sub_epi32(above[h], is_above);
+                beats |= _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(x, last));
+            }
+            if k == 0 {
+                continue;
+            }
+            if open || beats != 0 {
+                // Ids arrive in order: an equal logit never ranks above the K-th entry.
+                match offer_chunk(top, k, chunk, c * CHUNK) {
+                    Some((l, _)) => (open, last) = (false, _mm256_set1_ps(l)),
+                    None => open = true,
+                }
             }
         }
-        let mut values = [0f32; 16];
-        // SAFETY: `values` holds 16 f32.
+        let mut lanes = [0f32; 16];
+        // SAFETY: `lanes` holds 16 f32.
         unsafe {
-            _mm256_storeu_ps(values.as_mut_ptr(), max[0]);
-            _mm256_storeu_ps(values.as_mut_ptr().add(8), max[1]);
+            _mm256_storeu_ps(lanes.as_mut_ptr(), max[0]);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), max[1]);
         }
-        let best = values
+        let best = lanes
             .iter()
             .fold(f32::NEG_INFINITY, |b, &m| if m > b { m } else { b });
         let count = |v: [__m256i; 2]| {
@@ -593,7 +534,7 @@ mod avx2 {
             }
             counts.iter().map(|&c| c as usize).sum::<usize>()
         };
-        (best, count(lanes.infs), count(lanes.above))
+        (best, count(infs), count(above))
     }
 }
 
@@ -743,7 +684,7 @@ mod tests {
             .collect()
     }
 
-    /// The AVX-512 and AVX2 first passes, which read a row's four parts side by side, find the
+    /// The AVX-512 first pass, which reads a row's four parts side by side, and the AVX2 one find the
     /// maximum (its bits: the sign of a zero maximum too), the counts and the top-K (ids and
     /// order: ties by id) of the generic one, which reads it in order: on rows with NaN, ±inf,
     /// ties (across the parts' boundaries too), ±0, masked rows, of lengths around every split
@@ -757,7 +698,7 @@ mod tests {
             loops.push(("avx512", avx512::scan_parts));
         }
         if has_avx2() {
-            loops.push(("avx2", avx2::scan_parts));
+            loops.push(("avx2", avx2_in_order));
         }
         if loops.is_empty() {
             eprintln!("skipped: no vector loops on this CPU");
@@ -799,6 +740,16 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The AVX2 pass, which reads a row in order whatever the split asked for.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx2_in_order(row: &[f32], tv: f32, k: usize, top: &mut TopK, _: usize) -> Counts {
+        // SAFETY: the caller's promise.
+        unsafe { avx2::scan_row(row, tv, k, top) }
     }
 
     /// `offer` keeps the same best `k` entries, in the same order, whatever order a row's
