@@ -11,7 +11,9 @@
 //! f32 rows on AVX-512 take hand-written loops: the first pass in sixteen lanes (maximum, +inf
 //! count and rank count as vector operations; a chunk goes to the top-K only when one of its
 //! logits beats the K-th, by one compare), and the normaliser in sixteen lanes with a multiply by
-//! `1/T` (`float_math::sum_exp_reciprocal`).
+//! `1/T` (`float_math::sum_exp_reciprocal`). The AVX-512 first pass reads the row's four
+//! quarters side by side, a chunk of each in turn (four memory streams in flight); the result
+//! does not depend on that order (`STREAMS`). The AVX2 one reads it in order (four lost there).
 
 use rayon::prelude::*;
 use specula_backend_api::ops::accept_logprobs::OpCall;
@@ -66,35 +68,42 @@ fn rank_value(x: f32) -> f32 {
     if x.is_nan() { f32::NEG_INFINITY } else { x }
 }
 
-/// Inserts `(value, id)` into `top` (sorted best first, at most `k` long) if it belongs there.
-///
-/// Ids arrive in ascending order, so an equal value never displaces an earlier one: ties go to
-/// the lower id, as the contract asks.
+/// Whether the entry `(a, ia)` ranks above `(b, ib)`: the higher logit (NaN lowest, as
+/// [`ranks_above`]), on a tie the lower id, as the contract asks. A strict total order on a row's
+/// entries, so the best `k` of a row are the same whatever order they are offered in.
+#[inline]
+fn entry_above(a: f32, ia: usize, b: f32, ib: usize) -> bool {
+    ranks_above(a, b) || (!ranks_above(b, a) && ia < ib)
+}
+
+/// Inserts `(value, id)` into `top` (sorted best first by [`entry_above`], at most `k` long) if
+/// it belongs there. The ids may come in any order (the vector passes read a row's parts side by
+/// side); for ascending ids an equal value never displaces an earlier one.
 #[inline]
 fn offer(top: &mut TopK, k: usize, value: f32, id: usize) {
     if top.len() == k {
         match top.last() {
-            Some(&(last, _)) if ranks_above(value, last) => {
+            Some(&(last, last_id)) if entry_above(value, id, last, last_id) => {
                 top.pop();
             }
             _ => return,
         }
     }
-    let at = top.partition_point(|&(v, _)| !ranks_above(value, v));
+    let at = top.partition_point(|&(v, i)| entry_above(v, i, value, id));
     top.insert(at, (value, id));
 }
 
-/// Offers the logits of a chunk (ids from `first`) to the top-K; returns the K-th logit, which a
-/// later chunk must beat to enter, or `None` while every chunk must be offered (the top-K has
-/// room, or its last entry is NaN).
+/// Offers the logits of a chunk (ids from `first`) to the top-K; returns its K-th entry, which a
+/// later logit must rank above to enter, or `None` while every chunk must be offered (the top-K
+/// has room, or its last entry is NaN).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn offer_chunk(top: &mut TopK, k: usize, chunk: &[f32], first: usize) -> Option<f32> {
+fn offer_chunk(top: &mut TopK, k: usize, chunk: &[f32], first: usize) -> Option<(f32, usize)> {
     for (j, &value) in chunk.iter().enumerate() {
         offer(top, k, value, first + j);
     }
     match top.last() {
-        Some(&(last, _)) if top.len() == k && !last.is_nan() => Some(last),
+        Some(&(last, id)) if top.len() == k && !last.is_nan() => Some((last, id)),
         _ => None,
     }
 }
@@ -280,12 +289,108 @@ fn score_entry<T: FloatElement>(
     }
 }
 
-/// The first pass over an f32 row in AVX-512 lanes, as [`scan_row_generic`]: the same chunks of
-/// [`CHUNK`] logits offered to the top-K in the same order, so the same top-K.
+/// Parts of an f32 row the vector first passes read side by side, a chunk of each in turn: four
+/// memory streams in flight instead of one (as `max_and_clean` in `sampling/logits/lanes.rs`),
+/// then the rest of the row in order.
+#[cfg(target_arch = "x86_64")]
+const STREAMS: usize = 4;
+
+/// Logits in each of the [`STREAMS`] parts of a row of `len` (whole chunks; 0 for a row under
+/// `STREAMS` chunks, which is then read in order).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn stream_part(len: usize) -> usize {
+    len / (STREAMS * CHUNK) * CHUNK
+}
+
+/// When a vector pass offers a chunk to the top-K: always while `open` (the top-K has room or
+/// its last entry is NaN), else when one of its logits ranks above the K-th entry, `(last,
+/// last_id)`: beats it, or equals it from a lower id (the parts are read side by side, so a
+/// chunk may come after higher ids).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Gate {
+    open: bool,
+    last: f32,
+    last_id: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Gate {
+    /// The gate of an empty top-K.
+    #[inline(always)]
+    fn new(k: usize) -> Self {
+        Gate {
+            open: k > 0,
+            last: f32::NAN,
+            last_id: 0,
+        }
+    }
+
+    /// Offers `chunk` (ids from `first`) to the top-K and moves the gate to its new K-th entry.
+    #[inline(always)]
+    fn offer(&mut self, top: &mut TopK, k: usize, chunk: &[f32], first: usize) {
+        match offer_chunk(top, k, chunk, first) {
+            Some((last, last_id)) => {
+                *self = Gate {
+                    open: false,
+                    last,
+                    last_id,
+                }
+            }
+            None => self.open = true,
+        }
+    }
+}
+
+/// The first pass over an f32 row in AVX-512 lanes, as [`scan_row_generic`], reading the row's
+/// [`STREAMS`] parts side by side. Nothing depends on that order: the counts are integers; each
+/// part keeps its own maxima, folded in part order (index order) at the end, so even the sign
+/// of a zero maximum is the generic pass's; the top-K ranks ties by id (`offer`), so it holds the
+/// same entries whatever order the chunks come in.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{CHUNK, Counts, TopK, offer_chunk};
+    use super::{CHUNK, Counts, Gate, STREAMS, TopK, stream_part};
     use std::arch::x86_64::*;
+
+    /// The pass's lanes: a maximum per part (the rest of the row in the last), the +inf and
+    /// above-the-token counts, the top-K and its gate.
+    struct Lanes<'t> {
+        max: [__m512; STREAMS],
+        infs: __m512i,
+        above: __m512i,
+        tv: __m512,
+        k: usize,
+        top: &'t mut TopK,
+        gate: Gate,
+    }
+
+    impl Lanes<'_> {
+        /// Takes in the chunk `chunk` (ids from `first`, its values in `x`, NaN past its end)
+        /// into the maximum of part `part`, the counts and the top-K.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+        #[inline]
+        fn step(&mut self, x: __m512, chunk: &[f32], first: usize, part: usize) {
+            // `max(x, m)` returns `m` for a NaN `x` and on a tie: `x > m ? x : m`.
+            self.max[part] = _mm512_max_ps(x, self.max[part]);
+            let one = _mm512_set1_epi32(1);
+            let is_inf = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(x, _mm512_set1_ps(f32::INFINITY));
+            self.infs = _mm512_mask_add_epi32(self.infs, is_inf, self.infs, one);
+            let is_above = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, self.tv);
+            self.above = _mm512_mask_add_epi32(self.above, is_above, self.above, one);
+            if self.k == 0 {
+                return;
+            }
+            let gate = self.gate;
+            let last = _mm512_set1_ps(gate.last);
+            if gate.open
+                || (_mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, last) != 0
+                    && (first < gate.last_id || _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, last) != 0))
+            {
+                self.gate.offer(self.top, self.k, chunk, first);
+            }
+        }
+    }
 
     /// The maximum (NaN ignored), the +inf count and the count above `tv` of `row`, and its
     /// best `k` logits into `top`.
@@ -294,50 +399,70 @@ mod avx512 {
     /// The CPU must support AVX-512F/BW/VL/DQ.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
     pub(super) unsafe fn scan_row(row: &[f32], tv: f32, k: usize, top: &mut TopK) -> Counts {
-        let (inf, tvv) = (_mm512_set1_ps(f32::INFINITY), _mm512_set1_ps(tv));
-        let one = _mm512_set1_epi32(1);
-        let mut max = _mm512_set1_ps(f32::NEG_INFINITY);
-        let (mut infs, mut above) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-        // The K-th logit, which a chunk must beat to be offered; `open` while the top-K has room
-        // or its last entry is NaN (then every chunk is offered).
-        let mut open = k > 0;
-        let mut last = _mm512_set1_ps(f32::NAN);
-        for (c, chunk) in row.chunks(CHUNK).enumerate() {
-            let lanes = (1u32 << chunk.len()) - 1;
-            // SAFETY: the mask reads only the `chunk.len()` values of `chunk`; the other lanes
-            // are NaN, which no count, maximum or compare below takes.
-            let x = unsafe {
-                _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NAN), lanes as __mmask16, chunk.as_ptr())
-            };
-            // `max(x, m)` returns `m` for a NaN `x`: `x > m ? x : m`.
-            max = _mm512_max_ps(x, max);
-            let is_inf = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(x, inf);
-            infs = _mm512_mask_add_epi32(infs, is_inf, infs, one);
-            let is_above = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, tvv);
-            above = _mm512_mask_add_epi32(above, is_above, above, one);
-            if k == 0 {
-                continue;
-            }
-            if open || _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, last) != 0 {
-                match offer_chunk(top, k, chunk, c * CHUNK) {
-                    Some(l) => (open, last) = (false, _mm512_set1_ps(l)),
-                    None => open = true,
-                }
+        // SAFETY: the caller's promise.
+        unsafe { scan_parts(row, tv, k, top, stream_part(row.len())) }
+    }
+
+    /// [`scan_row`] with parts of `part` logits (a multiple of [`CHUNK`], at most a
+    /// [`STREAMS`]th of the row; 0 reads the row in order).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F/BW/VL/DQ.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    pub(super) unsafe fn scan_parts(
+        row: &[f32],
+        tv: f32,
+        k: usize,
+        top: &mut TopK,
+        part: usize,
+    ) -> Counts {
+        let mut lanes = Lanes {
+            max: [_mm512_set1_ps(f32::NEG_INFINITY); STREAMS],
+            infs: _mm512_setzero_si512(),
+            above: _mm512_setzero_si512(),
+            tv: _mm512_set1_ps(tv),
+            k,
+            top,
+            gate: Gate::new(k),
+        };
+        let (streams, rest) = row.split_at(STREAMS * part);
+        for first in (0..part).step_by(CHUNK) {
+            for p in 0..STREAMS {
+                let at = p * part + first;
+                let chunk = &streams[at..at + CHUNK];
+                // SAFETY: `chunk` holds 16 f32.
+                let x = unsafe { _mm512_loadu_ps(chunk.as_ptr()) };
+                lanes.step(x, chunk, at, p);
             }
         }
-        let mut lanes = [0f32; 16];
-        // SAFETY: `lanes` holds 16 f32.
-        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), max) };
-        let best = lanes
+        for (c, chunk) in rest.chunks(CHUNK).enumerate() {
+            let bits = (1u32 << chunk.len()) - 1;
+            // SAFETY: the mask reads only the `chunk.len()` values of `chunk`; the other lanes
+            // are NaN, which no count, maximum or compare takes.
+            let x = unsafe {
+                _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NAN), bits as __mmask16, chunk.as_ptr())
+            };
+            lanes.step(x, chunk, STREAMS * part + c * CHUNK, STREAMS - 1);
+        }
+        // The parts' maxima in index order: a later part's only where strictly greater.
+        let max = lanes.max[1..]
+            .iter()
+            .fold(lanes.max[0], |m, &p| _mm512_max_ps(p, m));
+        let mut values = [0f32; 16];
+        // SAFETY: `values` holds 16 f32.
+        unsafe { _mm512_storeu_ps(values.as_mut_ptr(), max) };
+        let best = values
             .iter()
             .fold(f32::NEG_INFINITY, |b, &m| if m > b { m } else { b });
         let count = |v: __m512i| _mm512_reduce_add_epi32(v) as u32 as usize;
-        (best, count(infs), count(above))
+        (best, count(lanes.infs), count(lanes.above))
     }
 }
 
 /// The first pass over an f32 row in AVX2 lanes (two vectors of 8 per chunk of [`CHUNK`]), as
-/// the AVX-512 one.
+/// the AVX-512 one but in order: read in four parts (the AVX-512 loop's way, eight maxima and the
+/// counts in the sixteen AVX2 registers) it lost to this loop in `specula bench`
+/// (`SPECULA_CPU_MAX_ISA=avx2`, `docs/bench/stop40-streams-accept-avx2.txt`).
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{CHUNK, Counts, TopK, offer_chunk};
@@ -384,8 +509,9 @@ mod avx2 {
                 continue;
             }
             if open || beats != 0 {
+                // Ids arrive in order: an equal logit never ranks above the K-th entry.
                 match offer_chunk(top, k, chunk, c * CHUNK) {
-                    Some(l) => (open, last) = (false, _mm256_set1_ps(l)),
+                    Some((l, _)) => (open, last) = (false, _mm256_set1_ps(l)),
                     None => open = true,
                 }
             }
@@ -520,51 +646,90 @@ mod tests {
     use super::*;
     use crate::sampling::lcg::Lcg;
 
-    /// The AVX-512 and AVX2 first passes find the maximum, the counts and the top-K of the
-    /// generic one, on rows with NaN, ±inf, ties and −0, of lengths off the chunk size, for every
-    /// K and token value kind.
+    /// Kinds of rows [`styled_row`] makes.
+    #[cfg(target_arch = "x86_64")]
+    const STYLES: usize = 8;
+
+    /// A row of `len` logits of kind `style`: spread values; NaN and ±inf among them; heavy ties;
+    /// NaN and −0; one value everywhere; negative values and zeros of both signs (a zero
+    /// maximum, its sign from the first zero); −inf but for a few (a masked row); and low values
+    /// with one high value tied around every boundary between the vector passes' parts.
+    #[cfg(target_arch = "x86_64")]
+    fn styled_row(lcg: &mut Lcg, len: usize, style: usize) -> Vec<f32> {
+        let part = stream_part(len);
+        let boundary = |i: usize| {
+            (1..=STREAMS).any(|p| (p * part).abs_diff(i) <= 1 || (p * part).abs_diff(i + 1) <= 1)
+        };
+        (0..len)
+            .map(|i| {
+                let u = lcg.unit();
+                match (style, i % 23) {
+                    (1, 3) => f32::NAN,
+                    (1, 5) => f32::INFINITY,
+                    (1, 7) => f32::NEG_INFINITY,
+                    (2, _) => (u * 4.0).floor() - 2.0, // heavy ties
+                    (3, _) if i % 2 == 0 => f32::NAN,
+                    (3, _) => -0.0,
+                    (4, _) => 1.5,
+                    (5, _) if u < 0.3 => -0.0,
+                    (5, _) if u < 0.6 => 0.0,
+                    (5, _) => -u,
+                    (6, 11) => u,
+                    (6, _) => f32::NEG_INFINITY,
+                    (7, _) if boundary(i) || i + 2 >= len => 7.0,
+                    (7, _) => u - 5.0,
+                    _ => u * 20.0 - 10.0,
+                }
+            })
+            .collect()
+    }
+
+    /// The AVX-512 first pass, which reads a row's four parts side by side, and the AVX2 one find the
+    /// maximum (its bits: the sign of a zero maximum too), the counts and the top-K (ids and
+    /// order: ties by id) of the generic one, which reads it in order: on rows with NaN, ±inf,
+    /// ties (across the parts' boundaries too), ±0, masked rows, of lengths around every split
+    /// into parts and off the chunk size, for every K and token value kind.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_vector_scans_match_the_generic_one() {
-        type Scan = unsafe fn(&[f32], f32, usize, &mut TopK) -> Counts;
+        type Scan = unsafe fn(&[f32], f32, usize, &mut TopK, usize) -> Counts;
         let mut loops: Vec<(&str, Scan)> = Vec::new();
         if has_avx512() {
-            loops.push(("avx512", avx512::scan_row));
+            loops.push(("avx512", avx512::scan_parts));
         }
         if has_avx2() {
-            loops.push(("avx2", avx2::scan_row));
+            loops.push(("avx2", avx2_in_order));
         }
         if loops.is_empty() {
             eprintln!("skipped: no vector loops on this CPU");
             return;
         }
         let mut lcg = Lcg(23);
-        for len in [1usize, 15, 16, 17, 33, 500, 4099] {
-            for style in 0..4 {
-                let row: Vec<f32> = (0..len)
-                    .map(|i| {
-                        let u = lcg.unit();
-                        match (style, i % 23) {
-                            (1, 3) => f32::NAN,
-                            (1, 5) => f32::INFINITY,
-                            (1, 7) => f32::NEG_INFINITY,
-                            (2, _) => (u * 4.0).floor() - 2.0, // heavy ties
-                            (3, _) if i % 2 == 0 => f32::NAN,
-                            (3, _) => -0.0,
-                            _ => u * 20.0 - 10.0,
-                        }
-                    })
-                    .collect();
+        // Around every split into parts (`STREAMS` × `CHUNK` = 64) and the short last chunk.
+        let lens = [
+            1usize, 15, 16, 17, 33, 63, 64, 65, 127, 128, 129, 500, 4099, 4160,
+        ];
+        for len in lens {
+            for style in 0..STYLES {
+                let row = styled_row(&mut lcg, len, style);
                 for k in [0usize, 1, 5, 20, 64] {
                     for tv in [f32::INFINITY, 0.0, row[len / 2], f32::NEG_INFINITY] {
                         let tv = if tv.is_nan() { f32::NEG_INFINITY } else { tv };
                         let mut plain = Vec::new();
                         let want = scan_row_generic(&row, tv, k, &mut plain);
-                        for &(name, scan) in &loops {
+                        // The row's split (`scan_row`'s), one of a chunk a part, and none (the
+                        // row in order): the same results whatever the split.
+                        let split = stream_part(len);
+                        let parts = [split, split.min(CHUNK), 0];
+                        for (&(name, scan), part) in
+                            loops.iter().flat_map(|l| parts.map(|p| (l, p)))
+                        {
                             let mut fast = Vec::new();
                             // SAFETY: the CPU has the loop's features (checked above).
-                            let got = unsafe { scan(&row, tv, k, &mut fast) };
-                            let at = format!("{name}, len {len}, style {style}, k {k}, tv {tv}");
+                            let got = unsafe { scan(&row, tv, k, &mut fast, part) };
+                            let at = format!(
+                                "{name}, len {len}, part {part}, style {style}, k {k}, tv {tv}"
+                            );
                             assert_eq!(got.0.to_bits(), want.0.to_bits(), "{at}");
                             assert_eq!((got.1, got.2), (want.1, want.2), "{at}");
                             let ids =
@@ -573,6 +738,49 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// The AVX2 pass, which reads a row in order whatever the split asked for.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx2_in_order(row: &[f32], tv: f32, k: usize, top: &mut TopK, _: usize) -> Counts {
+        // SAFETY: the caller's promise.
+        unsafe { avx2::scan_row(row, tv, k, top) }
+    }
+
+    /// `offer` keeps the same best `k` entries, in the same order, whatever order a row's
+    /// entries come in: offered in a shuffled order (ties and NaN among them), the top-K is the
+    /// one offered in id order.
+    #[test]
+    fn the_top_k_does_not_depend_on_the_offer_order() {
+        let mut lcg = Lcg(5);
+        for len in [1usize, 7, 40, 300] {
+            let row: Vec<f32> = (0..len)
+                .map(|i| match i % 13 {
+                    4 => f32::NAN,
+                    9 => f32::NEG_INFINITY,
+                    _ => (lcg.unit() * 5.0).floor(),
+                })
+                .collect();
+            let mut order: Vec<usize> = (0..len).collect();
+            for i in (1..len).rev() {
+                let j = (lcg.unit() * (i + 1) as f32) as usize;
+                order.swap(i, j.min(i));
+            }
+            for k in [1usize, 3, 20, 64, 400] {
+                let (mut plain, mut shuffled) = (Vec::new(), Vec::new());
+                for (i, &x) in row.iter().enumerate() {
+                    offer(&mut plain, k, x, i);
+                }
+                for &i in &order {
+                    offer(&mut shuffled, k, row[i], i);
+                }
+                let ids = |top: &[(f32, usize)]| top.iter().map(|e| e.1).collect::<Vec<_>>();
+                assert_eq!(ids(&shuffled), ids(&plain), "len {len}, k {k}");
             }
         }
     }

@@ -292,7 +292,8 @@ mod avx512 {
     use specula_backend_api::FloatElement;
     use std::arch::x86_64::*;
 
-    /// How far ahead the scan prefetches, in blocks (4 KiB).
+    /// How far ahead the scan prefetches when it reads the row in order, in blocks (4 KiB); one
+    /// block in each part when it reads parts side by side.
     const PREFETCH_BLOCKS: usize = 4;
 
     /// `sanitize` on 16 lanes: NaN, zeros and negatives to +0 (the compare is false for NaN),
@@ -331,12 +332,14 @@ mod avx512 {
     ) -> u64 {
         let scale = _mm512_set1_ps((1u64 << 40) as f32);
         let mut total = 0u64;
-        for (b, block) in row.chunks_exact(BLOCK).enumerate() {
-            // Ask for the block PREFETCH_BLOCKS ahead (a hint: never faults, even past the end).
-            let ahead = block
-                .as_ptr()
-                .wrapping_add(PREFETCH_BLOCKS * BLOCK)
-                .cast::<i8>();
+        // The row's parts side by side (`streams_for`); the prefetch distance within a part.
+        let streams = super::streams_for(W, S);
+        let distance = if streams > 1 { 1 } else { PREFETCH_BLOCKS };
+        for b in super::block_order(row.len() / BLOCK, streams) {
+            let block = &row[b * BLOCK..(b + 1) * BLOCK];
+            // Ask for the block `distance` ahead in this part (a hint: never faults, even past
+            // the end).
+            let ahead = block.as_ptr().wrapping_add(distance * BLOCK).cast::<i8>();
             for line in 0..BLOCK * 4 / 64 {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64));
             }
@@ -651,6 +654,29 @@ mod avx512 {
             partial[j] = _mm512_setzero_ps();
         }
     }
+}
+
+/// Parts of a row segment the vector passes of [`scan`] read side by side, a block of each in
+/// turn: four memory streams in flight instead of one (as `max_and_clean` in
+/// `sampling/logits/lanes.rs`), when they compute the weights only (top-p 1) or the group sample
+/// only (top-k); the pass that computes both (top-p < 1) reads the row in order: one thread, 32
+/// cold rows, it lost with four streams (+4 %) where the others gained 17–20 %
+/// (`docs/bench/stop40-streams-probe.txt`). Every block's weight and group sample depend on that
+/// block alone and the total is an integer sum, so the order changes nothing.
+#[cfg(target_arch = "x86_64")]
+fn streams_for(weights: bool, sample: bool) -> usize {
+    if weights && sample { 1 } else { 4 }
+}
+
+/// The order the vector passes read `blocks` full blocks in: with `streams` > 1, block `j` of
+/// each of `streams` equal parts in turn, then the blocks past the parts in order; else in order.
+/// Every block once.
+#[cfg(target_arch = "x86_64")]
+fn block_order(blocks: usize, streams: usize) -> impl Iterator<Item = usize> {
+    let part = blocks / streams.max(1);
+    (0..part)
+        .flat_map(move |j| (0..streams).map(move |p| p * part + j))
+        .chain(streams * part..blocks)
 }
 
 /// The number of blocks of `len` tokens and of group keys [`scan`] keeps for them.
@@ -1022,7 +1048,9 @@ mod tests {
     use specula_backend_api::fixed_point::{key_weight, rank_key};
 
     /// The AVX2 pass writes what the generic loop writes: block weights, the two largest keys of
-    /// each group and their positions, on rows with ties, NaN, negatives and values above 1.
+    /// each group and their positions, on rows with ties, NaN, negatives and values above 1, of
+    /// 1 to 13 blocks; in order (weights and sample) and in four parts side by side (weights
+    /// alone, sample alone).
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_avx2_pass_equals_the_generic_loop() {
@@ -1038,7 +1066,7 @@ mod tests {
             (s >> 33) as u32
         };
         for case in 0..40 {
-            let len = BLOCK * (1 + case % 7);
+            let len = BLOCK * (1 + case % 13);
             let row: Vec<f32> = (0..len)
                 .map(|_| match next() % 23 {
                     0 => f32::NAN,
@@ -1065,7 +1093,24 @@ mod tests {
                 };
                 (total, mass, k, p)
             };
-            assert!(run(true) == run(false), "case {case}");
+            let want = run(false);
+            assert!(run(true) == want, "case {case}");
+            // The weights alone and the sample alone, which read the row's parts side by side.
+            let (mut mass, mut k, mut p) = (vec![0u64; blocks], vec![0u32; keys], vec![0u8; keys]);
+            let sample = GroupSample {
+                keys: &mut k,
+                pos: &mut p,
+            };
+            // SAFETY: as above.
+            let total = unsafe { avx2::scan_full_blocks::<true, false>(&row, &mut mass, sample) };
+            assert!((total, &mass) == (want.0, &want.1), "case {case}, weights");
+            let sample = GroupSample {
+                keys: &mut k,
+                pos: &mut p,
+            };
+            // SAFETY: as above.
+            unsafe { avx2::scan_full_blocks::<false, true>(&row, &mut mass, sample) };
+            assert!((&k, &p) == (&want.2, &want.3), "case {case}, sample");
         }
     }
 
@@ -1194,6 +1239,27 @@ mod tests {
         (gk, gp)
     }
 
+    /// The vector passes' block order visits every block once, each part's blocks in order,
+    /// the parts side by side while they last.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_block_order_is_every_block_once() {
+        for blocks in 0..40 {
+            let order: Vec<usize> = block_order(blocks, 4).collect();
+            assert!(
+                block_order(blocks, 1).eq(0..blocks),
+                "{blocks} blocks in order"
+            );
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..blocks).collect::<Vec<_>>(), "{blocks} blocks");
+            let part = blocks / 4;
+            if part > 0 {
+                assert_eq!(&order[..4], &[0, part, 2 * part, 3 * part], "{blocks}");
+            }
+        }
+    }
+
     #[test]
     fn every_variant_of_scan_matches_the_definition() {
         for (seed, len) in [
@@ -1203,6 +1269,11 @@ mod tests {
             (4, 1000),
             (5, 5003),
             (6, 4096),
+            // Around the vector passes' split into parts (four of whole blocks).
+            (7, 4 * BLOCK - 1),
+            (8, 5 * BLOCK),
+            (9, 9 * BLOCK + 5),
+            (10, 39 * BLOCK + 200),
         ] {
             let row = hostile_row(seed, len);
             check_scan(&row, false);

@@ -108,7 +108,9 @@ pub(super) unsafe fn scan_full_blocks<const W: bool, const S: bool>(
 ) -> u64 {
     let scale = _mm256_set1_ps((1u64 << 40) as f32);
     let mut total = 0u64;
-    for (b, block) in row.chunks_exact(BLOCK).enumerate() {
+    // The row's parts side by side (`streams_for`).
+    for b in super::block_order(row.len() / BLOCK, super::streams_for(W, S)) {
+        let block = &row[b * BLOCK..(b + 1) * BLOCK];
         let mut acc = [_mm256_setzero_pd(); 4];
         let (mut lo, mut hi) = (TwoLargest::new(), TwoLargest::new());
         for (q, group) in block.chunks_exact(STEP).enumerate() {
