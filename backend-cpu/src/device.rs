@@ -5,6 +5,7 @@ use specula_backend_api::{
     BackendKind, Buffer, Capabilities, Device, DeviceInfo, Error, Op, Result,
 };
 
+use crate::affinity;
 use crate::ops;
 use crate::ops::process_logits::counted::CountedTables;
 use specula_backend_api::host;
@@ -43,23 +44,33 @@ pub struct CpuDevice {
 }
 
 impl CpuDevice {
-    /// Opens the CPU device with one thread per available core.
+    /// Opens the CPU device with one thread per available core, each worker pinned to its own
+    /// CPU (`SPECULA_CPU_PIN_THREADS=0` leaves them unpinned; see [`CpuDevice::with_threads`]).
     pub fn new() -> Result<Self> {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self::with_threads(threads)
     }
 
-    /// Opens the CPU device with `threads` worker threads (at least 1).
+    /// Opens the CPU device with `threads` worker threads (at least 1). When the process may use
+    /// at least `threads` CPUs (and there are two workers or more), worker *i* pins itself to the
+    /// *i*-th of them: woken after a pause, unpinned workers can land on one CPU together and
+    /// take turns there. `SPECULA_CPU_PIN_THREADS=0` turns pinning off; results never depend on it.
     pub fn with_threads(threads: usize) -> Result<Self> {
         let threads = threads.max(1);
-        let pool = rayon::ThreadPoolBuilder::new()
+        let mut builder = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
-            .thread_name(|i| format!("specula-cpu-{i}"))
-            .build()
-            .map_err(|e| Error::Unavailable {
-                backend: BackendKind::Cpu,
-                reason: format!("cannot start the thread pool: {e}"),
-            })?;
+            .thread_name(|i| format!("specula-cpu-{i}"));
+        if let Some(cpus) = affinity::placement(threads) {
+            builder = builder.start_handler(move |i| {
+                if let Some(&cpu) = cpus.get(i) {
+                    affinity::pin_current_thread(cpu);
+                }
+            });
+        }
+        let pool = builder.build().map_err(|e| Error::Unavailable {
+            backend: BackendKind::Cpu,
+            reason: format!("cannot start the thread pool: {e}"),
+        })?;
         let info = DeviceInfo {
             kind: BackendKind::Cpu,
             ordinal: 0,

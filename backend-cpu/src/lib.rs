@@ -42,6 +42,7 @@
 //! # Ok::<(), specula_backend_api::Error>(())
 //! ```
 
+mod affinity;
 mod device;
 mod float_math;
 mod ops;
