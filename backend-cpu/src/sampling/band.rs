@@ -30,7 +30,7 @@ use specula_backend_api::FloatElement;
 use specula_backend_api::fixed_point::{scale_draw, top_p_target_mass};
 
 use super::histogram::MIN_WEIGHT_KEY;
-use super::scan::{compiled_for, dispatch, key_of, weight_of_key};
+use super::scan::{compiled_for, dispatch, dispatched, key_of, weight_of_key};
 #[cfg(target_arch = "x86_64")]
 use super::scan::{has_avx2, has_avx512};
 
@@ -247,24 +247,12 @@ fn classify<T: FloatElement>(row: &[T], band: Band, s: &mut Scratch) -> (u64, u6
     total
 }
 
-/// Adds the weight of each of `keys` (all in the band, from `low` on) to its bin of `bins`,
-/// `2^shift` keys per bin, with the loop compiled for the CPU's vector unit.
-fn histogram(keys: &[u32], low: u32, shift: u32, bins: &mut [u64]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
-        // SAFETY: the CPU supports the features the variant is compiled for.
-        return unsafe { histogram_avx512(keys, low, shift, bins) };
-    } else if has_avx2() {
-        // SAFETY: as above.
-        return unsafe { histogram_avx2(keys, low, shift, bins) };
-    }
-    histogram_generic(keys, low, shift, bins)
-}
-
-compiled_for!(avx512, fn histogram_avx512 []
-    (keys: &[u32], low: u32, shift: u32, bins: &mut [u64]) -> () = histogram_generic []);
-compiled_for!(avx2, fn histogram_avx2 []
-    (keys: &[u32], low: u32, shift: u32, bins: &mut [u64]) -> () = histogram_generic []);
+dispatched!(
+    /// Adds the weight of each of `keys` (all in the band, from `low` on) to its bin of `bins`,
+    /// `2^shift` keys per bin, with the loop compiled for the CPU's vector unit.
+    fn histogram [] (keys: &[u32], low: u32, shift: u32, bins: &mut [u64]) -> ()
+        = histogram_generic []
+);
 
 /// [`histogram`]: the bins and weights of a chunk of keys first (a loop the compiler vectorizes),
 /// then the additions.
@@ -446,27 +434,13 @@ fn crossing_bin(bins: &[u64], above: u64, target: u64) -> Option<(usize, u64)> {
     None
 }
 
-/// Appends the band's tokens whose key falls in bin `bin` (of `2^shift` keys from `low`) to
-/// `out`, in id order. The band's keys are looked at sixteen at a time (a loop the compiler
-/// vectorizes); only chunks that hold one of them are walked.
-fn bin_tokens(band: &Listing, at: (u32, u32), bin: usize, out: &mut Vec<(u32, u32)>) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
-        // SAFETY: the CPU supports the features the variant is compiled for.
-        return unsafe { bin_tokens_avx512(band, at, bin, out) };
-    } else if has_avx2() {
-        // SAFETY: as above.
-        return unsafe { bin_tokens_avx2(band, at, bin, out) };
-    }
-    bin_tokens_generic(band, at, bin, out)
-}
-
-compiled_for!(avx512, fn bin_tokens_avx512 []
-    (band: &Listing, at: (u32, u32), bin: usize, out: &mut Vec<(u32, u32)>) -> ()
-    = bin_tokens_generic []);
-compiled_for!(avx2, fn bin_tokens_avx2 []
-    (band: &Listing, at: (u32, u32), bin: usize, out: &mut Vec<(u32, u32)>) -> ()
-    = bin_tokens_generic []);
+dispatched!(
+    /// Appends the band's tokens whose key falls in bin `bin` (of `2^shift` keys from `low`) to
+    /// `out`, in id order. The band's keys are looked at sixteen at a time (a loop the compiler
+    /// vectorizes); only chunks that hold one of them are walked.
+    fn bin_tokens [] (band: &Listing, at: (u32, u32), bin: usize, out: &mut Vec<(u32, u32)>) -> ()
+        = bin_tokens_generic []
+);
 
 /// [`bin_tokens`], compiled for each vector unit.
 #[inline(always)]

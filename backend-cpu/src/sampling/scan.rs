@@ -238,21 +238,30 @@ macro_rules! compiled_for {
 
 /// Runs the best compiled variant of a generic loop for this CPU.
 macro_rules! dispatch {
-    ($generic:ident::<$($g:tt),*>($($arg:expr),*) via $avx512:ident, $avx2:ident) => {{
+    // The three functions' paths as token trees: with their generic arguments, or without (an
+    // empty `::<>`, which the arm below cannot tell from the end of a list).
+    (@call [$($generic:tt)*] [$($avx512:tt)*] [$($avx2:tt)*] ($($arg:expr),*)) => {{
         #[cfg(target_arch = "x86_64")]
         let result = if has_avx512() {
             // SAFETY: the CPU supports the features the variant is compiled for.
-            unsafe { $avx512::<$($g),*>($($arg),*) }
+            unsafe { $($avx512)*($($arg),*) }
         } else if has_avx2() {
             // SAFETY: as above.
-            unsafe { $avx2::<$($g),*>($($arg),*) }
+            unsafe { $($avx2)*($($arg),*) }
         } else {
-            $generic::<$($g),*>($($arg),*)
+            $($generic)*($($arg),*)
         };
         #[cfg(not(target_arch = "x86_64"))]
-        let result = $generic::<$($g),*>($($arg),*);
+        let result = $($generic)*($($arg),*);
         result
     }};
+    ($generic:ident::<>($($arg:expr),*) via $avx512:ident, $avx2:ident) => {
+        $crate::sampling::scan::dispatch!(@call [$generic] [$avx512] [$avx2] ($($arg),*))
+    };
+    ($generic:ident::<$($g:tt),*>($($arg:expr),*) via $avx512:ident, $avx2:ident) => {
+        $crate::sampling::scan::dispatch!(@call [$generic::<$($g),*>] [$avx512::<$($g),*>]
+            [$avx2::<$($g),*>] ($($arg),*))
+    };
 }
 
 /// Defines `$name`, which runs [`dispatch`]'s choice of the generic loop `$generic`: its

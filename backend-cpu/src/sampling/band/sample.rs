@@ -11,29 +11,9 @@ use specula_backend_api::FloatElement;
 
 use super::{Band, SAMPLE_RUN, SAMPLES, band_bins};
 use crate::sampling::histogram::MIN_WEIGHT_KEY;
-use crate::sampling::scan::{compiled_for, dispatched, key_of};
+use crate::sampling::scan::{dispatched, key_of};
 #[cfg(target_arch = "x86_64")]
 use crate::sampling::scan::{has_avx2, has_avx512};
-
-/// [`dispatched`] for a function without type parameters.
-macro_rules! dispatched_plain {
-    ($(#[$attr:meta])* fn $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty = $generic:ident) => {
-        $(#[$attr])*
-        fn $name($($arg: $ty),*) -> $ret {
-            compiled_for!(avx512, fn avx512 [] ($($arg: $ty),*) -> $ret = $generic []);
-            compiled_for!(avx2, fn avx2 [] ($($arg: $ty),*) -> $ret = $generic []);
-            #[cfg(target_arch = "x86_64")]
-            if has_avx512() {
-                // SAFETY: the CPU supports the features the variant is compiled for.
-                return unsafe { avx512($($arg),*) };
-            } else if has_avx2() {
-                // SAFETY: as above.
-                return unsafe { avx2($($arg),*) };
-            }
-            $generic($($arg),*)
-        }
-    };
-}
 
 /// Bins of the band's sample: `2^SAMPLE_SHIFT` keys each, sixty-four per octave.
 const SAMPLE_SHIFT: u32 = 17;
@@ -178,10 +158,10 @@ pub(super) fn bin_keys(keys: &[u32], bins: &mut Vec<(f64, f64)>) {
     bin_keys_into(keys, bins);
 }
 
-dispatched_plain!(
+dispatched!(
     /// The loop of [`bin_keys`], compiled for the widest vector unit of the CPU (the weights'
     /// floor and widening are single instructions there).
-    fn bin_keys_into(keys: &[u32], bins: &mut [(f64, f64)]) -> () = bin_keys_generic
+    fn bin_keys_into [] (keys: &[u32], bins: &mut [(f64, f64)]) -> () = bin_keys_generic []
 );
 
 /// [`bin_keys_into`]: per chunk of keys, the weights, their squares and their bins in vector
@@ -259,10 +239,10 @@ pub(super) fn certainly_narrow(
     x >= 0.0 && x * x >= 16.0 * scale * scale * squares * (1.0 + NARROW_MARGIN)
 }
 
-dispatched_plain!(
+dispatched!(
     /// The levels at or above `from`, counted in 16-bit lanes (at most [`SAMPLES`] levels),
     /// compiled for the widest vector unit of the CPU.
-    fn count_levels_from(levels: &[i16], from: i16) -> u32 = count_levels_generic
+    fn count_levels_from [] (levels: &[i16], from: i16) -> u32 = count_levels_generic []
 );
 
 /// [`count_levels_from`].
@@ -274,9 +254,9 @@ fn count_levels_generic(levels: &[i16], from: i16) -> u32 {
         .sum()
 }
 
-dispatched_plain!(
+dispatched!(
     /// [`sums_under_generic`], compiled for the widest vector unit of the CPU.
-    fn sums_under(keys: &[u32], limit: u32) -> (f64, f64) = sums_under_generic
+    fn sums_under [] (keys: &[u32], limit: u32) -> (f64, f64) = sums_under_generic []
 );
 
 /// The sum and the sum of squares of the weights of the keys under `limit`, in lanes.
