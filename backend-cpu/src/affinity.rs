@@ -12,6 +12,11 @@
 //! many CPUs as the pool has workers. `SPECULA_CPU_PIN_THREADS=0` turns this off (a runner that
 //! places its own threads); pinning is only a placement, so results never depend on it. Elsewhere
 //! than on Linux nothing is pinned.
+//!
+//! Devices in one process never share a CPU through pinning: a device claims the CPUs its
+//! workers pin to for as long as it lives ([`Claim`]), and a later device pins its workers to
+//! CPUs no live device holds — or, when too few are left, leaves them unpinned (two pools pinned
+//! to the same CPUs could not move off each other's).
 
 /// The environment variable that turns pinning off when set to `0`.
 pub(crate) const PIN_VAR: &str = "SPECULA_CPU_PIN_THREADS";
@@ -27,23 +32,97 @@ fn pinning_enabled() -> bool {
     }
 }
 
-/// The CPUs worker `0..threads` pin themselves to: the first `threads` of `allowed`, when there
-/// are at least two workers and as many allowed CPUs; `None` otherwise (nothing pinned).
+/// The CPUs worker `0..threads` pin themselves to: the first `threads` of `allowed` that are not
+/// `taken` (by another live device), when there are at least two workers and that many such
+/// CPUs; `None` otherwise (nothing pinned).
 pub(crate) fn placement_for(
     threads: usize,
     allowed: &[usize],
+    taken: &[usize],
     enabled: bool,
 ) -> Option<Vec<usize>> {
-    (enabled && threads >= 2 && allowed.len() >= threads).then(|| allowed[..threads].to_vec())
+    if !enabled || threads < 2 {
+        return None;
+    }
+    let free: Vec<usize> = allowed
+        .iter()
+        .copied()
+        .filter(|cpu| !taken.contains(cpu))
+        .take(threads)
+        .collect();
+    (free.len() == threads).then_some(free)
 }
 
-/// The CPUs this device's `threads` workers pin themselves to (see the module doc), or `None`.
-pub(crate) fn placement(threads: usize) -> Option<Vec<usize>> {
+/// The CPUs the live devices of a process have pinned their workers to.
+#[derive(Debug, Default)]
+pub(crate) struct Claims {
+    taken: std::sync::Mutex<Vec<usize>>,
+}
+
+/// The CPUs one device's workers are pinned to, held for the device's life: dropping it frees
+/// them for a later device.
+#[derive(Debug)]
+pub(crate) struct Claim {
+    claims: &'static Claims,
+    cpus: Vec<usize>,
+}
+
+impl Claims {
+    /// The CPUs no live device has pinned to, as [`placement_for`] picks them from `allowed`,
+    /// claimed until the returned [`Claim`] is dropped; `None` when nothing is pinned.
+    pub(crate) fn claim(
+        &'static self,
+        threads: usize,
+        allowed: &[usize],
+        enabled: bool,
+    ) -> Option<Claim> {
+        let mut taken = self.taken();
+        let cpus = placement_for(threads, allowed, &taken, enabled);
+        tracing::debug!(
+            threads,
+            ?allowed,
+            ?taken,
+            ?cpus,
+            enabled,
+            "cpu pool placement"
+        );
+        let cpus = cpus?;
+        taken.extend_from_slice(&cpus);
+        Some(Claim { claims: self, cpus })
+    }
+
+    /// The claimed CPUs (a panic elsewhere while they were held leaves them as they were).
+    fn taken(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+        self.taken
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Claim {
+    /// The CPU of each worker, by worker index.
+    pub(crate) fn cpus(&self) -> &[usize] {
+        &self.cpus
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.claims.taken().retain(|cpu| !self.cpus.contains(cpu));
+    }
+}
+
+/// The CPUs the process's live devices have pinned their workers to.
+static CLAIMS: Claims = Claims {
+    taken: std::sync::Mutex::new(Vec::new()),
+};
+
+/// The CPUs a new device's `threads` workers pin themselves to (see the module doc), claimed for
+/// the device's life, or `None` (nothing pinned).
+pub(crate) fn placement(threads: usize) -> Option<Claim> {
     let enabled = pinning_enabled();
     let allowed = if enabled { allowed_cpus() } else { Vec::new() };
-    let cpus = placement_for(threads, &allowed, enabled);
-    tracing::debug!(threads, ?allowed, ?cpus, enabled, "cpu pool placement");
-    cpus
+    CLAIMS.claim(threads, &allowed, enabled)
 }
 
 /// The CPUs the calling thread may run on, in rising order (empty when unknown).
@@ -105,13 +184,43 @@ mod tests {
 
     #[test]
     fn workers_take_the_first_allowed_cpus_when_there_are_enough() {
-        assert_eq!(placement_for(2, &[3, 5, 7], true), Some(vec![3, 5]));
-        assert_eq!(placement_for(3, &[0, 1, 2], true), Some(vec![0, 1, 2]));
-        // Too few CPUs, one worker, or pinning turned off: nothing pinned.
-        assert_eq!(placement_for(3, &[0, 1], true), None);
-        assert_eq!(placement_for(1, &[0, 1], true), None);
-        assert_eq!(placement_for(2, &[0, 1], false), None);
-        assert_eq!(placement_for(2, &[], true), None);
+        assert_eq!(placement_for(2, &[3, 5, 7], &[], true), Some(vec![3, 5]));
+        assert_eq!(placement_for(3, &[0, 1, 2], &[], true), Some(vec![0, 1, 2]));
+        // CPUs another device holds are skipped.
+        assert_eq!(
+            placement_for(2, &[3, 5, 7, 9], &[5], true),
+            Some(vec![3, 7])
+        );
+        // Too few CPUs (free ones), one worker, or pinning turned off: nothing pinned.
+        assert_eq!(placement_for(3, &[0, 1], &[], true), None);
+        assert_eq!(placement_for(2, &[0, 1, 2], &[1, 2], true), None);
+        assert_eq!(placement_for(1, &[0, 1], &[], true), None);
+        assert_eq!(placement_for(2, &[0, 1], &[], false), None);
+        assert_eq!(placement_for(2, &[], &[], true), None);
+    }
+
+    /// Two live devices never pin to the same CPU: the second takes the CPUs the first left, or
+    /// pins nothing when too few are left; a device's CPUs are free again once it is dropped.
+    #[test]
+    fn live_devices_do_not_share_pinned_cpus() {
+        // A registry of its own: the process's is shared with every other test's devices.
+        let claims: &'static Claims = Box::leak(Box::default());
+        let allowed = [0, 1, 2, 3, 4];
+        let first = claims.claim(2, &allowed, true).expect("two free cpus");
+        assert_eq!(first.cpus(), [0, 1]);
+        let second = claims.claim(2, &allowed, true).expect("two more free cpus");
+        assert_eq!(second.cpus(), [2, 3]);
+        assert!(claims.claim(2, &allowed, true).is_none(), "one cpu is left");
+        drop(first);
+        let third = claims
+            .claim(2, &allowed, true)
+            .expect("the first device's cpus");
+        assert_eq!(third.cpus(), [0, 1]);
+        drop((second, third));
+        assert!(claims.taken().is_empty());
+        // Nothing pinned claims nothing.
+        assert!(claims.claim(2, &allowed, false).is_none());
+        assert!(claims.taken().is_empty());
     }
 
     /// A pool built as the device builds its pool runs each worker on its own CPU (skipped, with
@@ -120,7 +229,7 @@ mod tests {
     #[test]
     fn pinned_workers_run_on_their_own_cpus() {
         let allowed = allowed_cpus();
-        let Some(cpus) = placement_for(2, &allowed, true) else {
+        let Some(cpus) = placement_for(2, &allowed, &[], true) else {
             eprintln!(
                 "skipped: this process may use {} cpu(s), fewer than two",
                 allowed.len()

@@ -41,6 +41,8 @@ pub struct CpuDevice {
     pool: rayon::ThreadPool,
     /// The counted bits of the count tables the processing ops have read, kept between calls.
     counted: CountedTables,
+    /// The CPUs the pool's workers are pinned to, held while the device lives (`None`: unpinned).
+    _pinned: Option<affinity::Claim>,
 }
 
 impl CpuDevice {
@@ -52,15 +54,18 @@ impl CpuDevice {
     }
 
     /// Opens the CPU device with `threads` worker threads (at least 1). When the process may use
-    /// at least `threads` CPUs (and there are two workers or more), worker *i* pins itself to the
-    /// *i*-th of them: woken after a pause, unpinned workers can land on one CPU together and
-    /// take turns there. `SPECULA_CPU_PIN_THREADS=0` turns pinning off; results never depend on it.
+    /// at least `threads` CPUs that no other live device has pinned to (and there are two workers
+    /// or more), worker *i* pins itself to the *i*-th of them: woken after a pause, unpinned
+    /// workers can land on one CPU together and take turns there. Otherwise the workers are left
+    /// unpinned. `SPECULA_CPU_PIN_THREADS=0` turns pinning off; results never depend on it.
     pub fn with_threads(threads: usize) -> Result<Self> {
         let threads = threads.max(1);
         let mut builder = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("specula-cpu-{i}"));
-        if let Some(cpus) = affinity::placement(threads) {
+        let pinned = affinity::placement(threads);
+        if let Some(claim) = &pinned {
+            let cpus = claim.cpus().to_vec();
             builder = builder.start_handler(move |i| {
                 if let Some(&cpu) = cpus.get(i) {
                     affinity::pin_current_thread(cpu);
@@ -86,6 +91,7 @@ impl CpuDevice {
             desc: DeviceDesc::new(info, capabilities),
             pool,
             counted: CountedTables::default(),
+            _pinned: pinned,
         })
     }
 
