@@ -99,8 +99,15 @@ fn offer(top: &mut TopK, k: usize, value: f32, id: usize) {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn offer_chunk(top: &mut TopK, k: usize, chunk: &[f32], first: usize) -> Option<(f32, usize)> {
+    // A logit below a full top-K's last (non-NaN) entry, or NaN, cannot enter: no search.
+    let floor = match top.last() {
+        Some(&(last, _)) if top.len() == k && !last.is_nan() => Some(last),
+        _ => None,
+    };
     for (j, &value) in chunk.iter().enumerate() {
-        offer(top, k, value, first + j);
+        if floor.is_none_or(|last| value >= last) {
+            offer(top, k, value, first + j);
+        }
     }
     match top.last() {
         Some(&(last, id)) if top.len() == k && !last.is_nan() => Some((last, id)),
@@ -513,8 +520,10 @@ mod avx512 {
         let mut gate = Gate::new(k);
         let (streams, rest) = row.split_at(STREAMS * part);
         let parts: [&[f32]; STREAMS] = std::array::from_fn(|p| &streams[p * part..(p + 1) * part]);
-        for block in (0..part).step_by(BLOCK * CHUNK) {
-            let end = (block + BLOCK * CHUNK).min(part);
+        let mut block = 0;
+        while block < part {
+            // While the top-K has room, a chunk a part at a time (every chunk goes to it).
+            let end = (block + if gate.open { CHUNK } else { BLOCK * CHUNK }).min(part);
             let before = lanes.sum;
             let g = BlockGate {
                 gate,
@@ -559,6 +568,7 @@ mod avx512 {
                 let at = (bit % STREAMS) * part + block + bit / STREAMS * CHUNK;
                 gate.offer(top, k, &streams[at..at + CHUNK], at);
             }
+            block = end;
         }
         for (c, chunk) in rest.chunks(CHUNK).enumerate() {
             let first = STREAMS * part + c * CHUNK;
@@ -718,7 +728,11 @@ mod avx2 {
         let mut gate = Gate::new(k);
         let whole = row.len() / CHUNK * CHUNK;
         let (body, tail) = row.split_at(whole);
-        for (b, block) in body.chunks(CHUNKS * CHUNK).enumerate() {
+        let mut start = 0;
+        while start < whole {
+            // While the top-K has room, a chunk at a time (every chunk goes to it).
+            let end = (start + if gate.open { CHUNK } else { CHUNKS * CHUNK }).min(whole);
+            let block = &body[start..end];
             let mut offers = 0u64;
             for (c, chunk) in block.chunks_exact(CHUNK).enumerate() {
                 // SAFETY: this function's features.
@@ -744,8 +758,9 @@ mod avx2 {
                 let c = offers.trailing_zeros() as usize;
                 offers &= offers - 1;
                 let chunk = &block[c * CHUNK..(c + 1) * CHUNK];
-                gate.offer(top, k, chunk, (b * CHUNKS + c) * CHUNK);
+                gate.offer(top, k, chunk, start + c * CHUNK);
             }
+            start = end;
         }
         if !tail.is_empty() {
             // SAFETY: this function's features.
