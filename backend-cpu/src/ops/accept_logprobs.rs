@@ -1,19 +1,23 @@
 //! `accept_logprobs` (`docs/semantics.md` §5.11): log-probabilities, ranks and top-K of the accepted tokens.
 //!
 //! The accepted counts are packed first (a short sequential prefix sum); then every packed entry is
-//! independent and runs in parallel. Per entry the source row is read twice: one pass for the
-//! maximum, the token's rank and the top-K (a bounded insertion into at most K ≤ 64 slots, never a
-//! sort of the row; a chunk of 16 logits is looked at only when its maximum can enter the top-K),
-//! one for the normaliser (vectorised `exp`, `float_math`). Log-probabilities follow the softmax rules exactly
-//! (same temperature handling and special rows), so `exp(logprob)` is what `softmax` returns
-//! (within the tolerance of §5.11).
+//! independent and runs in parallel. Per entry one pass over the source row finds the maximum,
+//! the token's rank and the top-K (a bounded insertion into at most K ≤ 64 slots, never a sort of
+//! the row; a chunk of 16 logits is looked at only when its maximum can enter the top-K) and, on
+//! f32 rows in the vector loops at a finite T > 0, the normaliser (`float_math`'s one-pass
+//! normaliser: terms against a running reference, moved to the row's maximum at the end). Rows
+//! it does not cover (f16, bf16, no AVX2, T = 0 or +inf, a maximum of ±inf) take a second pass
+//! for the normaliser, softmax's (`row_stats_after_max`). Log-probabilities follow the softmax
+//! rules exactly (same temperature handling and special rows), so `exp(logprob)` is what
+//! `softmax` returns (within the tolerance of §5.11).
 //!
-//! f32 rows on AVX-512 take hand-written loops: the first pass in sixteen lanes (maximum, +inf
-//! count and rank count as vector operations; a chunk goes to the top-K only when one of its
-//! logits beats the K-th, by one compare), and the normaliser in sixteen lanes with a multiply by
-//! `1/T` (`float_math::sum_exp_reciprocal`). The AVX-512 first pass reads the row's four
-//! quarters side by side, a chunk of each in turn (four memory streams in flight); the result
-//! does not depend on that order (`STREAMS`). The AVX2 one reads it in order (four lost there).
+//! f32 rows take hand-written AVX-512 and AVX2 loops: maximum and rank count as vector
+//! operations, a chunk offered to the top-K only when one of its logits can beat the K-th (by
+//! one compare; the offers of a block of chunks made after it, so that the loop makes no call
+//! and keeps its vectors in registers). The AVX-512 loop reads the row's four quarters side by
+//! side, a chunk of each in turn, and sums each chunk's terms as it reads it; the result does
+//! not depend on that order (`STREAMS`). The AVX2 loop reads the row in order and sums a block's
+//! terms after scanning it, from L1 (its sixteen registers do not hold both loops' values).
 
 use rayon::prelude::*;
 use specula_backend_api::ops::accept_logprobs::OpCall;
@@ -1214,7 +1218,7 @@ mod tests {
     }
 
     /// The costs of the first pass alone, of the one pass with the normaliser, and of a whole
-    /// entry (K = 20), on the bench's rows, one thread: cold (32 rows after a 400 MiB read, each
+    /// entry (K = 20; and at K = 0 without a token), on the bench's rows, one thread: cold (32 rows after a 400 MiB read, each
     /// row's least of 7, averaged) and warm (one row, least of 50), with a read of the rows
     /// beside them (run with `--ignored --nocapture`; `SPECULA_CPU_MAX_ISA=avx2` for the AVX2
     /// loops).
@@ -1276,11 +1280,11 @@ mod tests {
                 let mut top = Vec::new();
                 std::hint::black_box(scan_row(&rows[0], None, 0, &mut top, inverse));
             });
-            println!("warm: max+inf {w_max:.1}, scan k0 {w_k0:.1}, one pass k0 {w_k0s:.1}");
             println!(
                 "{name}: cold per row: read {read:.1}, first pass {first:.1}, one pass {one:.1}, \
                  entry {whole:.1} us; warm: first pass {w_first:.1}, one pass {w_one:.1}, \
-                 entry {w_whole:.1} us"
+                 entry {w_whole:.1} us; warm at K = 0 (no token): first pass {w_k0:.1}, one pass \
+                 {w_k0s:.1} us, a plain maximum and +inf count {w_max:.1} us"
             );
         }
     }
