@@ -199,9 +199,10 @@ fn exp_into_generic<T: FloatElement>(row: &[T], max: f32, t: f32, out: &mut [f32
 /// `R = −inf`; when a block of the row holds a logit with `y` above `REBASE_ABOVE` (23), `R`
 /// moves to the maximum so far and the sum so far is multiplied by `e^((R_old − R_new)/T)`
 /// ([`rebase_factor`]) before the block's terms are added. So every term is at most `2^23`
-/// (the sum of any row stays far from overflow) and, as `R` only moves by more than
-/// `23 · ln 2 · T`, a part of the sum rebased twice is below `2^-23 · V` of the new
-/// reference's term: the factors' errors do not compound. After the pass,
+/// (the sum of any row stays far from overflow), every term already summed is at most 1 after
+/// a rebase (the new reference is the maximum so far), and, as `R` only moves by more than
+/// `23 · ln 2 · T`, the part of the sum rebased more than once weighs at most `2^-23 · V` of
+/// it (`V · 2^-23 < 0.02` at V = 151936): only the last factor's error counts. After the pass,
 /// [`Partial::at_max`] moves the sum to the row's maximum `M` (`R ≤ M`, `(M − R)/T ≤ 16`);
 /// rows whose maximum is not finite (±inf, all NaN) are left to the two-pass path, which the
 /// caller takes on `None`.
@@ -432,8 +433,9 @@ macro_rules! normaliser_lanes {
                     }
                 }
 
-                /// Whether a lane of `x` is more than [`REBASE_ABOVE`] above the reference
-                /// (scaled as the terms are: then so is no logit at most `x`'s maximum).
+                /// Whether a lane of `x` is more than [`REBASE_ABOVE`] above the reference,
+                /// scaled as the terms are (the loops pass their maxima so far: when none is,
+                /// no logit read so far is).
                 ///
                 /// # Safety
                 #[doc = concat!("The CPU must support ", $features, ".")]
