@@ -74,6 +74,8 @@ struct Scratch {
     bitmaps: Vec<u64>,
     /// The tokens of the threshold's bin.
     crossing: Vec<(u32, u32)>,
+    /// The sampled keys above a narrow row's first guess at its floor (`sample::narrow_floor`).
+    upper_keys: Vec<u32>,
 }
 
 /// The band's tokens in id order: their keys and ids side by side, the first `len` of each
@@ -138,6 +140,23 @@ thread_local! {
 struct Band {
     low: u32,
     high: u32,
+}
+
+/// The `high` of a band with nothing above it: one past the key of 1.0, the largest key of a
+/// sanitized value.
+const TOP: u32 = super::scan::ONE_KEY + 1;
+
+impl Band {
+    /// Every token from `low` on: the kept set of a narrow row, a few thousand tokens at most,
+    /// which the vector loops list only where a vector holds one (`lanes`).
+    fn from_floor(low: u32) -> Band {
+        Band { low, high: TOP }
+    }
+
+    /// Whether the band is one of [`Band::from_floor`]'s.
+    fn is_floor(&self) -> bool {
+        self.high == TOP
+    }
 }
 
 /// The token drawn by `draw` from a probability row of exact total weight `total > 0` under top-p
@@ -284,21 +303,40 @@ fn classify_row<T: FloatElement>(
     #[cfg(target_arch = "x86_64")]
     if let (specula_backend_api::DType::F32, Ok(values)) =
         (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(row))
+        && let Some(full_blocks) = lanes_for(band)
     {
-        if has_avx512() {
-            return with_full_blocks(values, band, (masses, bitmaps, listing), |blocks, band| {
-                // SAFETY: AVX-512F is present.
-                unsafe { lanes::avx512::classify_full_blocks(blocks, band) }
-            });
-        }
-        if has_avx2() {
-            return with_full_blocks(values, band, (masses, bitmaps, listing), |blocks, band| {
-                // SAFETY: AVX2 is present.
-                unsafe { lanes::avx2::classify_full_blocks(blocks, band) }
-            });
-        }
+        return with_full_blocks(values, band, (masses, bitmaps, listing), |blocks, band| {
+            // SAFETY: `lanes_for` chose a loop whose features the CPU supports.
+            unsafe { full_blocks(blocks, band) }
+        });
     }
     classify_listed(row, 0, band, masses, bitmaps, listing)
+}
+
+/// A hand-written classify loop over the full blocks of an f32 row ([`lanes`]).
+#[cfg(target_arch = "x86_64")]
+type FullBlocks = unsafe fn(lanes::Blocks<'_>, Band) -> (u64, u64);
+
+/// The hand-written loop for `band` on this CPU: the sparse one for a band from a floor to the
+/// top ([`Band::from_floor`]), else the one that lists every vector; `None` without AVX2.
+#[cfg(target_arch = "x86_64")]
+fn lanes_for(band: Band) -> Option<FullBlocks> {
+    let sparse = band.is_floor();
+    if has_avx512() {
+        return Some(if sparse {
+            lanes::avx512::classify_sparse_full_blocks
+        } else {
+            lanes::avx512::classify_full_blocks
+        });
+    }
+    if has_avx2() {
+        return Some(if sparse {
+            lanes::avx2::classify_sparse_full_blocks
+        } else {
+            lanes::avx2::classify_full_blocks
+        });
+    }
+    None
 }
 
 /// The generic loop over `row` (the row's tokens from `first` on), then its band's tokens listed
@@ -331,10 +369,13 @@ fn with_full_blocks(
     let full = values.len() / BLOCK;
     let (head, tail) = values.split_at(full * BLOCK);
     let (head_masses, tail_masses) = masses.split_at_mut(full);
+    // Sized, not cleared: the loops that mark write every word.
+    bitmaps.resize(full * BLOCK / 64, 0);
     let blocks = lanes::Blocks {
         row: head,
         masses: head_masses,
         listing: &mut *listing,
+        marks: &mut bitmaps[..full * BLOCK / 64],
     };
     let (above, total) = full_blocks(blocks, band);
     let (tail_above, tail_total) =
@@ -583,6 +624,12 @@ mod tests {
                 (at(30), 0x3f80_0000),
                 (0x3f80_0000, 0x3f80_0001),
                 (key_of(row[1]), key_of(row[1]) + 1),
+                // From a floor to the top (`Band::from_floor`: the sparse loops).
+                (0, TOP),
+                (MIN_WEIGHT_KEY, TOP),
+                (at(90), TOP),
+                (at(99), TOP),
+                (TOP, TOP),
             ];
             for (low, high) in bands {
                 let band = Band { low, high };
@@ -613,7 +660,15 @@ mod tests {
                     want_ids,
                     "bitmaps v {v} band {band:?}"
                 );
-                for isa in ["avx512", "avx2", "generic", "best"] {
+                let isas = [
+                    "avx512",
+                    "avx2",
+                    "avx512 sparse",
+                    "avx2 sparse",
+                    "generic",
+                    "best",
+                ];
+                for isa in isas {
                     let (mut m, mut b) = (vec![u64::MAX; blocks], vec![u64::MAX; 3]);
                     // A listing used before, its buffers full of stale tokens.
                     let mut listing = Listing {
@@ -636,6 +691,20 @@ mod tests {
                             with_full_blocks(&row, band, parts, |blocks, band| {
                                 // SAFETY: AVX2 is present.
                                 unsafe { lanes::avx2::classify_full_blocks(blocks, band) }
+                            })
+                        }
+                        #[cfg(target_arch = "x86_64")]
+                        "avx512 sparse" if has_avx512() && band.is_floor() => {
+                            with_full_blocks(&row, band, parts, |blocks, band| {
+                                // SAFETY: AVX-512F is present.
+                                unsafe { lanes::avx512::classify_sparse_full_blocks(blocks, band) }
+                            })
+                        }
+                        #[cfg(target_arch = "x86_64")]
+                        "avx2 sparse" if has_avx2() && band.is_floor() => {
+                            with_full_blocks(&row, band, parts, |blocks, band| {
+                                // SAFETY: AVX2 is present.
+                                unsafe { lanes::avx2::classify_sparse_full_blocks(blocks, band) }
                             })
                         }
                         "generic" => classify_listed(&row, 0, band, parts.0, parts.1, parts.2),

@@ -20,12 +20,14 @@ const SCALE: f32 = (1u64 << 40) as f32;
 const PREFETCH_BLOCKS: usize = 4;
 
 /// The full blocks of an f32 row segment that starts the row (the caller handles the tail), a
-/// mass slot per block, and the listing the band's tokens are appended to (emptied, with room
-/// for the segment).
+/// mass slot per block, the listing the band's tokens are appended to (emptied, with room for
+/// the segment), and a bit per token for the loops that mark the band's tokens and list them
+/// after the pass.
 pub(crate) struct Blocks<'a> {
     pub(crate) row: &'a [f32],
     pub(crate) masses: &'a mut [u64],
     pub(crate) listing: &'a mut Listing,
+    pub(crate) marks: &'a mut [u64],
 }
 
 /// Where the band's tokens are listed: the listing's buffers and how many they hold.
@@ -47,6 +49,7 @@ fn blocks_with(
         row,
         masses,
         listing,
+        ..
     } = blocks;
     let mut out = Out {
         keys: &mut listing.keys,
@@ -152,6 +155,54 @@ pub(super) mod avx512 {
                 _mm512_reduce_add_pd(_mm512_add_pd(all0, all1)) as u64,
             )
         })
+    }
+    /// The classify pass of a band from a floor to the top (`Band::from_floor`: nothing above
+    /// it, a few thousand tokens at most, the kept set of a narrow row) over the full blocks of
+    /// an f32 row segment: each vector's compare mask is stored as its 16 bits of `marks`, and
+    /// the marked tokens are listed after the pass (from the caches). No weight above the band to
+    /// sum, no compress, no branch. Returns `(0, exact weight of the segment)`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn classify_sparse_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
+        let Blocks {
+            row,
+            masses,
+            listing,
+            marks,
+        } = blocks;
+        masses.fill(0);
+        let low = _mm512_set1_epi32(band.low as i32);
+        let scale = _mm512_set1_ps(SCALE);
+        // A vector's 16 tokens are 16 consecutive bits of the bitmap (x86 is little-endian).
+        let vector_marks: &mut [u16] = bytemuck::cast_slice_mut(&mut *marks);
+        let mut total = 0u64;
+        for (block, block_marks) in row
+            .chunks_exact(BLOCK)
+            .zip(vector_marks.chunks_exact_mut(BLOCK / 16))
+        {
+            let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+            for (lanes, mark) in block.chunks_exact(16).zip(block_marks) {
+                // SAFETY: `lanes` holds 16 f32; unaligned loads are allowed.
+                let p = sanitize(unsafe { _mm512_loadu_ps(lanes.as_ptr()) });
+                *mark = _mm512_cmpge_epu32_mask(_mm512_castps_si512(p), low);
+                let w = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(
+                    _mm512_mul_ps(p, scale),
+                );
+                all0 = _mm512_add_pd(all0, _mm512_cvtps_pd(_mm512_castps512_ps256(w)));
+                all1 = _mm512_add_pd(
+                    all1,
+                    _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                        _mm512_castps_pd(w),
+                    ))),
+                );
+            }
+            // Exact: integers below 2^40, 256 of them.
+            total += _mm512_reduce_add_pd(_mm512_add_pd(all0, all1)) as u64;
+        }
+        listing.push_bitmaps(row, 0, marks);
+        (0, total)
     }
 }
 
@@ -264,5 +315,45 @@ pub(super) mod avx2 {
                 sum_lanes(_mm256_add_pd(all[0], all[1])),
             )
         })
+    }
+
+    /// As the AVX-512 loop, a byte of marks per vector of 8.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn classify_sparse_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
+        let Blocks {
+            row,
+            masses,
+            listing,
+            marks,
+        } = blocks;
+        masses.fill(0);
+        // Sanitized keys are below 2^31: the signed compare orders them as the unsigned one
+        // does once the bound is capped below 2^31 too.
+        let low = _mm256_set1_epi32(band.low.min(i32::MAX as u32) as i32);
+        let scale = _mm256_set1_ps(SCALE);
+        let vector_marks: &mut [u8] = bytemuck::cast_slice_mut(&mut *marks);
+        let mut total = 0u64;
+        for (block, block_marks) in row
+            .chunks_exact(BLOCK)
+            .zip(vector_marks.chunks_exact_mut(BLOCK / 8))
+        {
+            let mut all = [_mm256_setzero_pd(); 2];
+            for (lanes, mark) in block.chunks_exact(8).zip(block_marks) {
+                // SAFETY: `lanes` holds 8 f32; unaligned loads are allowed.
+                let p = sanitize(unsafe { _mm256_loadu_ps(lanes.as_ptr()) });
+                let below_low = _mm256_cmpgt_epi32(low, _mm256_castps_si256(p));
+                *mark = !(_mm256_movemask_ps(_mm256_castsi256_ps(below_low)) as u8);
+                let w = _mm256_floor_ps(_mm256_mul_ps(p, scale));
+                all[0] = _mm256_add_pd(all[0], _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
+                all[1] = _mm256_add_pd(all[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(w)));
+            }
+            // Exact: integers below 2^40, 256 of them.
+            total += sum_lanes(_mm256_add_pd(all[0], all[1]));
+        }
+        listing.push_bitmaps(row, 0, marks);
+        (0, total)
     }
 }
