@@ -1,13 +1,17 @@
 //! The classify pass of the band path ([`super::classify_blocks`]) for f32 rows, written with
 //! AVX-512 and AVX2 intrinsics: the generic loop builds its bitmaps a bit at a time, which the
 //! compiler does not vectorize. Both compute the same integers as the generic loop (the tests
-//! compare them): per block the exact weight above the band — `floor(p · 2^40)` in f32 (exact: a
-//! power-of-two scaling of a sanitized value, then a floor) summed in f64 (exact: integers below
-//! 2^40, 256 of them) — and the exact weight of every token (the row's total, which the one-pass
-//! path learns here). They list the band's tokens as they go (the generic loop writes bitmaps,
-//! listed after it): each vector's band tokens, keys and ids, are packed to the front of a vector
-//! (AVX-512 `vpcompressd`, AVX2 a permutation from a table) stored whole at the listing's end,
-//! which then grows by their count, so that the listing stays in id order.
+//! compare them): per block the exact weight above the band — `floor(p · 2^40)`, exact in f32 (a
+//! power-of-two scaling of a sanitized value, then a floor), summed exactly (AVX-512: converted
+//! to u64 by a truncation; AVX2: widened to f64, integers below 2^40, 256 of them) — and the
+//! exact weight of every token (the row's total, which the one-pass path learns here).
+//!
+//! The loops for a band around the threshold list its tokens as they go (the generic loop writes
+//! bitmaps, listed after it): each vector's band tokens, keys and ids, are packed to the front of
+//! a vector (AVX-512 `vpcompressd`, AVX2 a permutation from a table) stored whole at the
+//! listing's end, which then grows by their count, so that the listing stays in id order. The
+//! loops for a band from a floor to the top (a narrow row's kept set, a few thousand tokens) store
+//! each vector's compare mask as its bits of a bitmap instead, listed after the pass.
 
 use std::arch::x86_64::*;
 
@@ -89,6 +93,21 @@ pub(super) mod avx512 {
         _mm512_maskz_min_ps(positive, v, _mm512_set1_ps(1.0))
     }
 
+    /// The weights `floor(p · 2^40)` of 16 sanitized values as two vectors of u64: the product is
+    /// exact in f32 (a power-of-two scaling) and the conversion truncates, which is the floor of a
+    /// non-negative value. Summed in integer lanes (the vector unit's integer adders are more
+    /// than its floating-point ones).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    fn weights(p: __m512, scale: __m512) -> (__m512i, __m512i) {
+        let w = _mm512_mul_ps(p, scale);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(w)));
+        (
+            _mm512_cvttps_epu64(_mm512_castps512_ps256(w)),
+            _mm512_cvttps_epu64(hi),
+        )
+    }
+
     /// Appends the lanes of `keys` and `ids` that `mask` selects to `out`, in lane order.
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -116,8 +135,8 @@ pub(super) mod avx512 {
     /// above the band and the exact weight of the segment.
     ///
     /// # Safety
-    /// The CPU must support AVX-512F.
-    #[target_feature(enable = "avx512f")]
+    /// The CPU must support AVX-512F and AVX-512DQ.
+    #[target_feature(enable = "avx512f,avx512dq")]
     pub(crate) unsafe fn classify_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
         let (low, high) = (
             _mm512_set1_epi32(band.low as i32),
@@ -126,8 +145,8 @@ pub(super) mod avx512 {
         let scale = _mm512_set1_ps(SCALE);
         let iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         blocks_with(blocks, |block, first, out| {
-            let (mut acc0, mut acc1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
-            let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+            let (mut acc0, mut acc1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+            let (mut all0, mut all1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
             let mut ids = _mm512_add_epi32(iota, _mm512_set1_epi32(first as i32));
             for lanes in block.chunks_exact(16) {
                 // SAFETY: `lanes` holds 16 f32; unaligned loads are allowed.
@@ -137,22 +156,15 @@ pub(super) mod avx512 {
                 let in_band = _mm512_mask_cmpge_epu32_mask(!above, key, low);
                 list(out, in_band, key, ids);
                 ids = _mm512_add_epi32(ids, _mm512_set1_epi32(16));
-                let w = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(
-                    _mm512_mul_ps(p, scale),
-                );
-                let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(w));
-                let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                    _mm512_castps_pd(w),
-                )));
-                all0 = _mm512_add_pd(all0, lo);
-                all1 = _mm512_add_pd(all1, hi);
-                acc0 = _mm512_mask_add_pd(acc0, above as u8, acc0, lo);
-                acc1 = _mm512_mask_add_pd(acc1, (above >> 8) as u8, acc1, hi);
+                let (lo, hi) = weights(p, scale);
+                all0 = _mm512_add_epi64(all0, lo);
+                all1 = _mm512_add_epi64(all1, hi);
+                acc0 = _mm512_mask_add_epi64(acc0, above as u8, acc0, lo);
+                acc1 = _mm512_mask_add_epi64(acc1, (above >> 8) as u8, acc1, hi);
             }
-            // Exact: integers below 2^40, 256 of them.
             (
-                _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1)) as u64,
-                _mm512_reduce_add_pd(_mm512_add_pd(all0, all1)) as u64,
+                _mm512_reduce_add_epi64(_mm512_add_epi64(acc0, acc1)) as u64,
+                _mm512_reduce_add_epi64(_mm512_add_epi64(all0, all1)) as u64,
             )
         })
     }
@@ -163,8 +175,8 @@ pub(super) mod avx512 {
     /// sum, no compress, no branch. Returns `(0, exact weight of the segment)`.
     ///
     /// # Safety
-    /// The CPU must support AVX-512F.
-    #[target_feature(enable = "avx512f")]
+    /// The CPU must support AVX-512F and AVX-512DQ.
+    #[target_feature(enable = "avx512f,avx512dq")]
     pub(crate) unsafe fn classify_sparse_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
         let Blocks {
             row,
@@ -182,24 +194,16 @@ pub(super) mod avx512 {
             .chunks_exact(BLOCK)
             .zip(vector_marks.chunks_exact_mut(BLOCK / 16))
         {
-            let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+            let (mut all0, mut all1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
             for (lanes, mark) in block.chunks_exact(16).zip(block_marks) {
                 // SAFETY: `lanes` holds 16 f32; unaligned loads are allowed.
                 let p = sanitize(unsafe { _mm512_loadu_ps(lanes.as_ptr()) });
                 *mark = _mm512_cmpge_epu32_mask(_mm512_castps_si512(p), low);
-                let w = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(
-                    _mm512_mul_ps(p, scale),
-                );
-                all0 = _mm512_add_pd(all0, _mm512_cvtps_pd(_mm512_castps512_ps256(w)));
-                all1 = _mm512_add_pd(
-                    all1,
-                    _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                        _mm512_castps_pd(w),
-                    ))),
-                );
+                let (lo, hi) = weights(p, scale);
+                all0 = _mm512_add_epi64(all0, lo);
+                all1 = _mm512_add_epi64(all1, hi);
             }
-            // Exact: integers below 2^40, 256 of them.
-            total += _mm512_reduce_add_pd(_mm512_add_pd(all0, all1)) as u64;
+            total += _mm512_reduce_add_epi64(_mm512_add_epi64(all0, all1)) as u64;
         }
         listing.push_bitmaps(row, 0, marks);
         (0, total)
