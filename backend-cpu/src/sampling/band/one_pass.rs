@@ -664,7 +664,6 @@ mod tests {
                         row,
                         band,
                         &mut s.masses,
-                        &mut s.bitmaps,
                         &mut s.band,
                     ));
                 });
