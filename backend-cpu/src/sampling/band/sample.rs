@@ -11,7 +11,7 @@ use specula_backend_api::FloatElement;
 
 use super::{Band, SAMPLE_RUN, SAMPLES, band_bins};
 use crate::sampling::histogram::MIN_WEIGHT_KEY;
-use crate::sampling::scan::{dispatched, key_of};
+use crate::sampling::scan::{band_of, dispatched, key_of};
 #[cfg(target_arch = "x86_64")]
 use crate::sampling::scan::{has_avx2, has_avx512};
 
@@ -269,8 +269,7 @@ fn raise_floor(
     certainly_under: impl Fn(f64, f64) -> bool,
     upper: &mut Vec<u32>,
 ) -> u32 {
-    upper.clear();
-    upper.extend(keys.iter().copied().filter(|&k| k >= start));
+    band_of(keys, start, u32::MAX, upper);
     upper.sort_unstable();
     let mut floor = start;
     for run in upper.chunk_by(|a, b| a == b) {
