@@ -70,28 +70,35 @@ struct Scratch {
     sample: Vec<(f64, f64)>,
     /// The sample's keys.
     keys: sample::SampleKeys,
-    /// The band's tokens, a bit per token (the loops that do not list them as they go).
-    bitmaps: Vec<u64>,
     /// The tokens of the threshold's bin.
     crossing: Vec<(u32, u32)>,
+    /// The sampled keys above a narrow row's first guess at its floor (`sample::narrow_floor`).
+    upper_keys: Vec<u32>,
 }
 
-/// The band's tokens in id order: their keys and ids side by side, the first `len` of each
-/// buffer (the buffers hold a whole row, so that the vector loops store whole vectors).
+/// The band's tokens in id order: their keys, the first `len` of `keys` (which holds a whole row,
+/// so that the vector loops store whole vectors), and a bit per token of the row marking them
+/// (`marks`). Their ids are read from the marks only where they are needed — the threshold's bin
+/// and the draw's block — instead of being listed beside the keys.
 #[derive(Default)]
 struct Listing {
     keys: Vec<u32>,
-    ids: Vec<u32>,
     len: usize,
+    marks: Vec<u64>,
 }
 
+/// Marks per block: [`BLOCK`] bits.
+const MARK_WORDS: usize = BLOCK / 64;
+
 impl Listing {
-    /// Empties the listing, with room for `tokens` tokens (the buffers only grow).
+    /// Empties the listing, with room for `tokens` tokens (the buffers only grow) and their marks
+    /// cleared.
     fn reset(&mut self, tokens: usize) {
         if self.keys.len() < tokens {
             self.keys.resize(tokens, 0);
-            self.ids.resize(tokens, 0);
         }
+        self.marks.clear();
+        self.marks.resize(tokens.div_ceil(64), 0);
         self.len = 0;
     }
 
@@ -100,33 +107,88 @@ impl Listing {
         &self.keys[..self.len]
     }
 
-    /// The listed ids.
-    fn ids(&self) -> &[u32] {
-        &self.ids[..self.len]
+    /// The marks of block `b`.
+    fn block_marks(&self, b: usize) -> &[u64] {
+        let start = (b * MARK_WORDS).min(self.marks.len());
+        &self.marks[start..(start + MARK_WORDS).min(self.marks.len())]
     }
 
-    /// Appends a token (room for it was made by [`Listing::reset`]).
+    /// How many of the band's tokens block `b` holds.
+    fn count_in_block(&self, b: usize) -> usize {
+        let marks = self.block_marks(b);
+        marks.iter().map(|word| word.count_ones() as usize).sum()
+    }
+
+    /// The ids of the band's tokens in block `b`, in order.
+    fn ids_in_block(&self, b: usize) -> impl Iterator<Item = u32> + '_ {
+        let first = b * BLOCK;
+        let words = self.block_marks(b).iter().enumerate();
+        words.flat_map(move |(w, &word)| {
+            set_bits(word).map(move |bit| (first + w * 64 + bit) as u32)
+        })
+    }
+
+    /// The id of the listed token at `at` (`0` past the last): the marks' counts summed eight
+    /// words at a time up to the words holding it, then its bit there.
+    fn id_of(&self, at: usize) -> u32 {
+        const WORDS: usize = 8;
+        let count = |words: &[u64]| words.iter().map(|w| w.count_ones() as usize).sum::<usize>();
+        let mut before = 0;
+        for (c, chunk) in self.marks.chunks(WORDS).enumerate() {
+            let here = count(chunk);
+            if before + here <= at {
+                before += here;
+                continue;
+            }
+            for (w, &word) in chunk.iter().enumerate() {
+                let here = word.count_ones() as usize;
+                if before + here > at {
+                    let bit = set_bits(word).nth(at - before).unwrap_or(0);
+                    return ((c * WORDS + w) * 64 + bit) as u32;
+                }
+                before += here;
+            }
+        }
+        0
+    }
+
+    /// The listed ids (tests).
+    #[cfg(test)]
+    fn ids(&self) -> Vec<u32> {
+        let words = self.marks.iter().enumerate();
+        words
+            .flat_map(|(w, &word)| set_bits(word).map(move |bit| (w * 64 + bit) as u32))
+            .collect()
+    }
+
+    /// Appends a token after the last one (room for it was made by [`Listing::reset`]).
     #[cfg(test)]
     fn push_key(&mut self, key: u32, id: u32) {
         self.keys[self.len] = key;
-        self.ids[self.len] = id;
+        self.marks[id as usize / 64] |= 1 << (id % 64);
         self.len += 1;
     }
 
-    /// Appends the tokens of `bitmaps` (a bit per token, from token `first` on) with their keys
-    /// from `row` (indexed from 0, as the bitmaps are).
-    fn push_bitmaps<T: FloatElement>(&mut self, row: &[T], first: usize, bitmaps: &[u64]) {
-        for (w, &word) in bitmaps.iter().enumerate() {
-            let mut word = word;
-            while word != 0 {
-                let at = w * 64 + word.trailing_zeros() as usize;
-                word &= word - 1;
-                self.keys[self.len] = key_of(row[at]);
-                self.ids[self.len] = (first + at) as u32;
+    /// Appends the keys of the marked tokens of `row`, the row's tokens from `first` on (a
+    /// multiple of 64), from `row`.
+    fn push_marked<T: FloatElement>(&mut self, row: &[T], first: usize) {
+        let words = &self.marks[first / 64..(first + row.len()).div_ceil(64)];
+        for (w, &word) in words.iter().enumerate() {
+            for bit in set_bits(word) {
+                self.keys[self.len] = key_of(row[w * 64 + bit]);
                 self.len += 1;
             }
         }
     }
+}
+
+/// The set bits of `word`, lowest first.
+fn set_bits(mut word: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        let bit = (word != 0).then(|| word.trailing_zeros() as usize);
+        word &= word.wrapping_sub(1);
+        bit
+    })
 }
 
 thread_local! {
@@ -138,6 +200,23 @@ thread_local! {
 struct Band {
     low: u32,
     high: u32,
+}
+
+/// The `high` of a band with nothing above it: one past the key of 1.0, the largest key of a
+/// sanitized value.
+const TOP: u32 = super::scan::ONE_KEY + 1;
+
+impl Band {
+    /// Every token from `low` on: the kept set of a narrow row, a few thousand tokens at most,
+    /// which the vector loops list only where a vector holds one (`lanes`).
+    fn from_floor(low: u32) -> Band {
+        Band { low, high: TOP }
+    }
+
+    /// Whether the band is one of [`Band::from_floor`]'s.
+    fn is_floor(&self) -> bool {
+        self.high == TOP
+    }
 }
 
 /// The token drawn by `draw` from a probability row of exact total weight `total > 0` under top-p
@@ -242,7 +321,7 @@ fn classify<T: FloatElement>(row: &[T], band: Band, s: &mut Scratch) -> (u64, u6
     s.bins.clear();
     s.bins.resize((range >> shift) as usize + 1, 0);
     (s.bin_low, s.bin_shift) = (band.low, shift);
-    let total = classify_row(row, band, &mut s.masses, &mut s.bitmaps, &mut s.band);
+    let total = classify_row(row, band, &mut s.masses, &mut s.band);
     histogram(s.band.keys(), band.low, shift, &mut s.bins);
     total
 }
@@ -273,49 +352,65 @@ fn histogram_generic(keys: &[u32], low: u32, shift: u32, bins: &mut [u64]) {
 
 /// The vector part of [`classify`] on the best loop for this CPU and element type: the
 /// hand-written ones of [`lanes`] for the full blocks of an f32 row (they list the band's tokens
-/// as they go), else the generic loop (bitmaps, listed after it).
+/// as they go), else the generic loop (marks, listed after it).
 fn classify_row<T: FloatElement>(
     row: &[T],
     band: Band,
     masses: &mut [u64],
-    bitmaps: &mut Vec<u64>,
     listing: &mut Listing,
 ) -> (u64, u64) {
     #[cfg(target_arch = "x86_64")]
     if let (specula_backend_api::DType::F32, Ok(values)) =
         (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(row))
+        && let Some(full_blocks) = lanes_for(band)
     {
-        if has_avx512() {
-            return with_full_blocks(values, band, (masses, bitmaps, listing), |blocks, band| {
-                // SAFETY: AVX-512F is present.
-                unsafe { lanes::avx512::classify_full_blocks(blocks, band) }
-            });
-        }
-        if has_avx2() {
-            return with_full_blocks(values, band, (masses, bitmaps, listing), |blocks, band| {
-                // SAFETY: AVX2 is present.
-                unsafe { lanes::avx2::classify_full_blocks(blocks, band) }
-            });
-        }
+        return with_full_blocks(values, band, (masses, listing), |blocks, band| {
+            // SAFETY: `lanes_for` chose a loop whose features the CPU supports.
+            unsafe { full_blocks(blocks, band) }
+        });
     }
-    classify_listed(row, 0, band, masses, bitmaps, listing)
+    classify_listed(row, 0, band, masses, listing)
 }
 
-/// The generic loop over `row` (the row's tokens from `first` on), then its band's tokens listed
-/// from the bitmaps.
+/// A hand-written classify loop over the full blocks of an f32 row ([`lanes`]).
+#[cfg(target_arch = "x86_64")]
+type FullBlocks = unsafe fn(lanes::Blocks<'_>, Band) -> (u64, u64);
+
+/// The hand-written loop for `band` on this CPU: the sparse one for a band from a floor to the
+/// top ([`Band::from_floor`]), else the one that lists every vector; `None` without AVX2.
+#[cfg(target_arch = "x86_64")]
+fn lanes_for(band: Band) -> Option<FullBlocks> {
+    let sparse = band.is_floor();
+    if has_avx512() {
+        return Some(if sparse {
+            lanes::avx512::classify_sparse_full_blocks
+        } else {
+            lanes::avx512::classify_full_blocks
+        });
+    }
+    if has_avx2() {
+        return Some(if sparse {
+            lanes::avx2::classify_sparse_full_blocks
+        } else {
+            lanes::avx2::classify_full_blocks
+        });
+    }
+    None
+}
+
+/// The generic loop over `row` (the row's tokens from `first` on, a multiple of [`BLOCK`]): the
+/// band's tokens marked, then listed from the marks.
 fn classify_listed<T: FloatElement>(
     row: &[T],
     first: usize,
     band: Band,
     masses: &mut [u64],
-    bitmaps: &mut Vec<u64>,
     listing: &mut Listing,
 ) -> (u64, u64) {
-    bitmaps.clear();
-    bitmaps.resize(row.len().div_ceil(64), 0);
-    let total = dispatch!(classify_blocks::<T>(row, band, masses, bitmaps)
+    let marks = &mut listing.marks[first / 64..(first + row.len()).div_ceil(64)];
+    let total = dispatch!(classify_blocks::<T>(row, band, masses, marks)
         via classify_blocks_avx512, classify_blocks_avx2);
-    listing.push_bitmaps(row, first, bitmaps);
+    listing.push_marked(row, first);
     total
 }
 
@@ -325,7 +420,7 @@ fn classify_listed<T: FloatElement>(
 fn with_full_blocks(
     values: &[f32],
     band: Band,
-    (masses, bitmaps, listing): (&mut [u64], &mut Vec<u64>, &mut Listing),
+    (masses, listing): (&mut [u64], &mut Listing),
     full_blocks: impl FnOnce(lanes::Blocks<'_>, Band) -> (u64, u64),
 ) -> (u64, u64) {
     let full = values.len() / BLOCK;
@@ -337,8 +432,7 @@ fn with_full_blocks(
         listing: &mut *listing,
     };
     let (above, total) = full_blocks(blocks, band);
-    let (tail_above, tail_total) =
-        classify_listed(tail, head.len(), band, tail_masses, bitmaps, listing);
+    let (tail_above, tail_total) = classify_listed(tail, head.len(), band, tail_masses, listing);
     (above + tail_above, total + tail_total)
 }
 
@@ -399,12 +493,13 @@ fn threshold(s: &mut Scratch, above: u64, target: u64) -> Option<(u32, u32, u64)
     let (crossing, mut running) = crossing_bin(&s.bins, above, target)?;
     s.crossing.clear();
     bin_tokens(&s.band, (s.bin_low, s.bin_shift), crossing, &mut s.crossing);
+    // Rank order: key descending, then id ascending — the listing's order, which is the ids'.
     s.crossing
         .sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    for &(key, id) in &s.crossing {
+    for &(key, at) in &s.crossing {
         running += weight_of_key(key);
         if running >= target {
-            return Some((key, id, running));
+            return Some((key, s.band.id_of(at as usize), running));
         }
     }
     None
@@ -436,7 +531,7 @@ fn crossing_bin(bins: &[u64], above: u64, target: u64) -> Option<(usize, u64)> {
 
 dispatched!(
     /// Appends the band's tokens whose key falls in bin `bin` (of `2^shift` keys from `low`) to
-    /// `out`, in id order. The band's keys are looked at sixteen at a time (a loop the compiler
+    /// `out`, in id order: their keys and places in the listing. The band's keys are looked at sixteen at a time (a loop the compiler
     /// vectorizes); only chunks that hold one of them are walked.
     fn bin_tokens [] (band: &Listing, at: (u32, u32), bin: usize, out: &mut Vec<(u32, u32)>) -> ()
         = bin_tokens_generic []
@@ -452,11 +547,10 @@ fn bin_tokens_generic(
 ) {
     const CHUNK: usize = 16;
     let in_bin = |key: u32| (key.wrapping_sub(low) >> shift) as usize == bin;
-    let (keys, ids) = (band.keys().chunks(CHUNK), band.ids().chunks(CHUNK));
-    for (keys, ids) in keys.zip(ids) {
+    for (c, keys) in band.keys().chunks(CHUNK).enumerate() {
         if keys.iter().fold(false, |hit, &key| hit | in_bin(key)) {
-            let tokens = keys.iter().zip(ids).filter(|&(&key, _)| in_bin(key));
-            out.extend(tokens.map(|(&key, &id)| (key, id)));
+            let tokens = keys.iter().enumerate().filter(|&(_, &key)| in_bin(key));
+            out.extend(tokens.map(|(j, &key)| (key, (c * CHUNK + j) as u32)));
         }
     }
 }
@@ -480,22 +574,22 @@ fn draw_kept<T: FloatElement>(
     };
     let t = scale_draw(draw, kept);
     let mut before = 0u64;
-    let (mut keys, mut ids) = (s.band.keys(), s.band.ids());
+    let mut keys = s.band.keys();
+    let threshold_block = tid as usize / BLOCK;
     for (b, &above) in s.masses.iter().enumerate() {
         let end = (b + 1) * BLOCK;
-        let here = ids
-            .iter()
-            .position(|&id| id as usize >= end)
-            .unwrap_or(ids.len());
-        let ((block_keys, next_keys), (block_ids, next_ids)) =
-            (keys.split_at(here), ids.split_at(here));
-        (keys, ids) = (next_keys, next_ids);
-        let mass = above
-            + block_keys
-                .iter()
-                .zip(block_ids)
-                .map(|(&k, &id)| kept_weight(k, id))
-                .sum::<u64>();
+        let (block_keys, next_keys) = keys.split_at(s.band.count_in_block(b).min(keys.len()));
+        keys = next_keys;
+        let band_mass: u64 = if b == threshold_block {
+            let ids = s.band.ids_in_block(b);
+            let tokens = block_keys.iter().zip(ids);
+            tokens.map(|(&k, id)| kept_weight(k, id)).sum()
+        } else {
+            // A token tied with the threshold's key is kept when its block comes first.
+            let tied_id = if b < threshold_block { 0 } else { u32::MAX };
+            block_keys.iter().map(|&k| kept_weight(k, tied_id)).sum()
+        };
+        let mass = above + band_mass;
         if before + mass <= t {
             before += mass;
             continue;
@@ -583,6 +677,12 @@ mod tests {
                 (at(30), 0x3f80_0000),
                 (0x3f80_0000, 0x3f80_0001),
                 (key_of(row[1]), key_of(row[1]) + 1),
+                // From a floor to the top (`Band::from_floor`: the sparse loops).
+                (0, TOP),
+                (MIN_WEIGHT_KEY, TOP),
+                (at(90), TOP),
+                (at(99), TOP),
+                (TOP, TOP),
             ];
             for (low, high) in bands {
                 let band = Band { low, high };
@@ -602,7 +702,8 @@ mod tests {
                     .unzip();
                 let mut bitmap_listing = Listing::default();
                 bitmap_listing.reset(v);
-                bitmap_listing.push_bitmaps(&row, 0, &bitmaps);
+                bitmap_listing.marks.copy_from_slice(&bitmaps);
+                bitmap_listing.push_marked(&row, 0);
                 assert_eq!(
                     bitmap_listing.keys(),
                     want_keys,
@@ -613,16 +714,24 @@ mod tests {
                     want_ids,
                     "bitmaps v {v} band {band:?}"
                 );
-                for isa in ["avx512", "avx2", "generic", "best"] {
-                    let (mut m, mut b) = (vec![u64::MAX; blocks], vec![u64::MAX; 3]);
-                    // A listing used before, its buffers full of stale tokens.
+                let isas = [
+                    "avx512",
+                    "avx2",
+                    "avx512 sparse",
+                    "avx2 sparse",
+                    "generic",
+                    "best",
+                ];
+                for isa in isas {
+                    let mut m = vec![u64::MAX; blocks];
+                    // A listing used before, its buffers full of stale tokens and marks.
                     let mut listing = Listing {
                         keys: vec![u32::MAX; v + 5],
-                        ids: vec![7; v + 5],
                         len: 9,
+                        marks: vec![u64::MAX; words + 3],
                     };
                     listing.reset(v);
-                    let parts = (&mut m[..], &mut b, &mut listing);
+                    let parts = (&mut m[..], &mut listing);
                     let got = match isa {
                         #[cfg(target_arch = "x86_64")]
                         "avx512" if has_avx512() => {
@@ -638,8 +747,22 @@ mod tests {
                                 unsafe { lanes::avx2::classify_full_blocks(blocks, band) }
                             })
                         }
-                        "generic" => classify_listed(&row, 0, band, parts.0, parts.1, parts.2),
-                        "best" => classify_row(&row, band, parts.0, parts.1, parts.2),
+                        #[cfg(target_arch = "x86_64")]
+                        "avx512 sparse" if has_avx512() && band.is_floor() => {
+                            with_full_blocks(&row, band, parts, |blocks, band| {
+                                // SAFETY: AVX-512F is present.
+                                unsafe { lanes::avx512::classify_sparse_full_blocks(blocks, band) }
+                            })
+                        }
+                        #[cfg(target_arch = "x86_64")]
+                        "avx2 sparse" if has_avx2() && band.is_floor() => {
+                            with_full_blocks(&row, band, parts, |blocks, band| {
+                                // SAFETY: AVX2 is present.
+                                unsafe { lanes::avx2::classify_sparse_full_blocks(blocks, band) }
+                            })
+                        }
+                        "generic" => classify_listed(&row, 0, band, parts.0, parts.1),
+                        "best" => classify_row(&row, band, parts.0, parts.1),
                         _ => continue,
                     };
                     let what = format!("{isa} v {v} band {band:?}");
@@ -665,9 +788,9 @@ mod tests {
             .filter(|&(k, _)| (band.low..band.high).contains(&k))
             .unzip();
         let mut masses = vec![0; row.len().div_ceil(BLOCK)];
-        let (mut bitmaps, mut listing) = (Vec::new(), Listing::default());
+        let mut listing = Listing::default();
         listing.reset(row.len());
-        let (above, every) = classify_row(row, band, &mut masses, &mut bitmaps, &mut listing);
+        let (above, every) = classify_row(row, band, &mut masses, &mut listing);
         let weights = |keep: &dyn Fn(u32) -> bool| -> u64 {
             keys.iter()
                 .filter(|&&k| keep(k))
@@ -736,19 +859,26 @@ mod tests {
         }
         let (low, shift) = (0x3000_0000u32, 20);
         let mut band = Listing::default();
-        band.reset(1000);
+        band.reset(3000);
         for id in 0..1000u32 {
             band.push_key(low + (lcg.next_u64() % (40 << shift)) as u32, id * 3);
         }
+        assert_eq!(band.id_of(999), 2997);
+        assert_eq!(band.id_of(1000), 0);
         for bin in [0, 1, 17, 39, 40] {
             let mut got = Vec::new();
             bin_tokens(&band, (low, shift), bin, &mut got);
+            // Places in the listing, and their ids.
+            let got: Vec<(u32, u32)> = got
+                .iter()
+                .map(|&(k, at)| (k, band.id_of(at as usize)))
+                .collect();
             let want: Vec<(u32, u32)> = band
                 .keys()
                 .iter()
                 .zip(band.ids())
                 .filter(|&(&k, _)| ((k - low) >> shift) as usize == bin)
-                .map(|(&k, &id)| (k, id))
+                .map(|(&k, id)| (k, id))
                 .collect();
             assert_eq!(got, want, "bin {bin}");
             assert_eq!(want.is_empty(), bin == 40, "bin {bin}");

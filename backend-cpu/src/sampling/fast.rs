@@ -299,9 +299,9 @@ pub(crate) fn sample_prob_row_fast<T: FloatElement>(
             return sample_top_k(row, s, k, p_fixed, draw);
         }
         if !keep_all {
-            // A kept set the sample predicts wide: one pass of the band path, no scan.
+            // A band the sample places: one pass of the band path, no scan.
             let one_pass = super::band::sample_top_p_one_pass(row, p_fixed, draw);
-            if one_pass != super::band::OnePass::Narrow {
+            if one_pass != super::band::OnePass::Unplaced {
                 return one_pass.token();
             }
         }

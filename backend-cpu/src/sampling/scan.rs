@@ -986,7 +986,7 @@ pub(crate) fn floor_for(keys: &[u32], want: Want, band: &mut Vec<u32>) -> Option
 }
 
 /// The keys in `[low, high)`, into `band`.
-fn band_of(keys: &[u32], low: u32, high: u32, band: &mut Vec<u32>) {
+pub(crate) fn band_of(keys: &[u32], low: u32, high: u32, band: &mut Vec<u32>) {
     band.clear();
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {

@@ -1,13 +1,18 @@
 //! The classify pass of the band path ([`super::classify_blocks`]) for f32 rows, written with
 //! AVX-512 and AVX2 intrinsics: the generic loop builds its bitmaps a bit at a time, which the
 //! compiler does not vectorize. Both compute the same integers as the generic loop (the tests
-//! compare them): per block the exact weight above the band — `floor(p · 2^40)` in f32 (exact: a
-//! power-of-two scaling of a sanitized value, then a floor) summed in f64 (exact: integers below
-//! 2^40, 256 of them) — and the exact weight of every token (the row's total, which the one-pass
-//! path learns here). They list the band's tokens as they go (the generic loop writes bitmaps,
-//! listed after it): each vector's band tokens, keys and ids, are packed to the front of a vector
-//! (AVX-512 `vpcompressd`, AVX2 a permutation from a table) stored whole at the listing's end,
-//! which then grows by their count, so that the listing stays in id order.
+//! compare them): per block the exact weight above the band — `floor(p · 2^40)`, exact in f32 (a
+//! power-of-two scaling of a sanitized value, then a floor), summed exactly (AVX-512: converted
+//! to u64 by a truncation; AVX2: widened to f64, integers below 2^40, 256 of them) — and the
+//! exact weight of every token (the row's total, which the one-pass path learns here).
+//!
+//! Every loop marks the band's tokens, a bit per token (the listing's marks, where their ids are
+//! read when needed). The loops for a band around the threshold list its keys as they go (the
+//! generic loop lists them from the marks after it): each vector's band keys are packed to the
+//! front of a vector (AVX-512 `vpcompressd`, AVX2 a permutation from a table) stored whole at the
+//! listing's end, which then grows by their count, so that the listing stays in id order. The
+//! loops for a band from a floor to the top (a narrow row's kept set, a few thousand tokens) only
+//! mark, and list the keys from the marks after the pass.
 
 use std::arch::x86_64::*;
 
@@ -21,40 +26,39 @@ const PREFETCH_BLOCKS: usize = 4;
 
 /// The full blocks of an f32 row segment that starts the row (the caller handles the tail), a
 /// mass slot per block, and the listing the band's tokens are appended to (emptied, with room
-/// for the segment).
+/// for the segment, its marks cleared).
 pub(crate) struct Blocks<'a> {
     pub(crate) row: &'a [f32],
     pub(crate) masses: &'a mut [u64],
     pub(crate) listing: &'a mut Listing,
 }
 
-/// Where the band's tokens are listed: the listing's buffers and how many they hold.
+/// Where the band's keys are listed: the listing's buffer and how many it holds, and the marks
+/// of the block at hand.
 struct Out<'a> {
     keys: &'a mut [u32],
-    ids: &'a mut [u32],
     len: usize,
 }
 
-/// The loop over the full blocks of both vector widths: `block_step` classifies one block (its
-/// first token's id given), lists its band tokens and returns its exact weight above the band
-/// (stored in its slot of `masses`) and its exact weight. Returns both summed over the blocks.
+/// The loop over the full blocks of both vector widths: `block_step` classifies one block, lists
+/// its band tokens' keys, marks them in the block's words and returns its exact weight above the
+/// band (stored in its slot of `masses`) and its exact weight. Returns both summed over the
+/// blocks.
 #[inline(always)]
 fn blocks_with(
     blocks: Blocks<'_>,
-    mut block_step: impl FnMut(&[f32], u32, &mut Out<'_>) -> (u64, u64),
+    mut block_step: impl FnMut(&[f32], &mut Out<'_>, &mut [u64]) -> (u64, u64),
 ) -> (u64, u64) {
     let Blocks {
         row,
         masses,
         listing,
     } = blocks;
-    let mut out = Out {
-        keys: &mut listing.keys,
-        ids: &mut listing.ids,
-        len: listing.len,
-    };
+    let Listing { keys, len, marks } = listing;
+    let mut out = Out { keys, len: *len };
     let (mut total, mut every) = (0u64, 0u64);
-    for ((b, block), mass) in row.chunks_exact(BLOCK).enumerate().zip(masses.iter_mut()) {
+    let block_marks = marks.chunks_exact_mut(super::MARK_WORDS);
+    for ((block, mass), marks) in row.chunks_exact(BLOCK).zip(masses).zip(block_marks) {
         // Ask for the block PREFETCH_BLOCKS ahead (a hint: never faults, even past the end).
         let ahead = block
             .as_ptr()
@@ -64,12 +68,12 @@ fn blocks_with(
             // SAFETY: a prefetch is a hint that never faults, whatever the address.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64)) };
         }
-        let (above, all) = block_step(block, (b * BLOCK) as u32, &mut out);
+        let (above, all) = block_step(block, &mut out, marks);
         *mass = above;
         total += above;
         every += all;
     }
-    listing.len = out.len;
+    *len = out.len;
     (total, every)
 }
 
@@ -86,24 +90,35 @@ pub(super) mod avx512 {
         _mm512_maskz_min_ps(positive, v, _mm512_set1_ps(1.0))
     }
 
-    /// Appends the lanes of `keys` and `ids` that `mask` selects to `out`, in lane order.
+    /// The weights `floor(p · 2^40)` of 16 sanitized values as two vectors of u64: the product is
+    /// exact in f32 (a power-of-two scaling) and the conversion truncates, which is the floor of a
+    /// non-negative value. Summed in integer lanes (the vector unit's integer adders are more
+    /// than its floating-point ones).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    fn weights(p: __m512, scale: __m512) -> (__m512i, __m512i) {
+        let w = _mm512_mul_ps(p, scale);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(w)));
+        (
+            _mm512_cvttps_epu64(_mm512_castps512_ps256(w)),
+            _mm512_cvttps_epu64(hi),
+        )
+    }
+
+    /// Appends the lanes of `keys` that `mask` selects to `out`, in lane order.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn list(out: &mut Out<'_>, mask: __mmask16, keys: __m512i, ids: __m512i) {
+    fn list(out: &mut Out<'_>, mask: __mmask16, keys: __m512i) {
         let at = out.len;
         // Whole vectors are stored (the lanes past the selected ones are overwritten later): the
         // listing holds at most one token per token before this vector's, so these 16 slots lie
-        // inside the buffers, which hold the whole segment.
-        let (keys_at, ids_at) = (&mut out.keys[at..at + 16], &mut out.ids[at..at + 16]);
-        // SAFETY: each slice holds 16 u32; unaligned stores are allowed.
+        // inside the buffer, which holds the whole segment.
+        let keys_at = &mut out.keys[at..at + 16];
+        // SAFETY: the slice holds 16 u32; unaligned stores are allowed.
         unsafe {
             _mm512_storeu_si512(
                 keys_at.as_mut_ptr().cast(),
                 _mm512_maskz_compress_epi32(mask, keys),
-            );
-            _mm512_storeu_si512(
-                ids_at.as_mut_ptr().cast(),
-                _mm512_maskz_compress_epi32(mask, ids),
             );
         }
         out.len = at + mask.count_ones() as usize;
@@ -113,45 +128,79 @@ pub(super) mod avx512 {
     /// above the band and the exact weight of the segment.
     ///
     /// # Safety
-    /// The CPU must support AVX-512F.
-    #[target_feature(enable = "avx512f")]
+    /// The CPU must support AVX-512F and AVX-512DQ.
+    #[target_feature(enable = "avx512f,avx512dq")]
     pub(crate) unsafe fn classify_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
         let (low, high) = (
             _mm512_set1_epi32(band.low as i32),
             _mm512_set1_epi32(band.high as i32),
         );
         let scale = _mm512_set1_ps(SCALE);
-        let iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        blocks_with(blocks, |block, first, out| {
-            let (mut acc0, mut acc1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
-            let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
-            let mut ids = _mm512_add_epi32(iota, _mm512_set1_epi32(first as i32));
-            for lanes in block.chunks_exact(16) {
+        blocks_with(blocks, |block, out, marks| {
+            let (mut acc0, mut acc1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+            let (mut all0, mut all1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+            // A vector's 16 tokens are 16 consecutive bits of the marks (x86 is little-endian).
+            let vector_marks: &mut [u16] = bytemuck::cast_slice_mut(marks);
+            for (lanes, mark) in block.chunks_exact(16).zip(vector_marks) {
                 // SAFETY: `lanes` holds 16 f32; unaligned loads are allowed.
                 let p = sanitize(unsafe { _mm512_loadu_ps(lanes.as_ptr()) });
                 let key = _mm512_castps_si512(p);
                 let above = _mm512_cmpge_epu32_mask(key, high);
                 let in_band = _mm512_mask_cmpge_epu32_mask(!above, key, low);
-                list(out, in_band, key, ids);
-                ids = _mm512_add_epi32(ids, _mm512_set1_epi32(16));
-                let w = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(
-                    _mm512_mul_ps(p, scale),
-                );
-                let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(w));
-                let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                    _mm512_castps_pd(w),
-                )));
-                all0 = _mm512_add_pd(all0, lo);
-                all1 = _mm512_add_pd(all1, hi);
-                acc0 = _mm512_mask_add_pd(acc0, above as u8, acc0, lo);
-                acc1 = _mm512_mask_add_pd(acc1, (above >> 8) as u8, acc1, hi);
+                list(out, in_band, key);
+                *mark = in_band;
+                let (lo, hi) = weights(p, scale);
+                all0 = _mm512_add_epi64(all0, lo);
+                all1 = _mm512_add_epi64(all1, hi);
+                acc0 = _mm512_mask_add_epi64(acc0, above as u8, acc0, lo);
+                acc1 = _mm512_mask_add_epi64(acc1, (above >> 8) as u8, acc1, hi);
             }
-            // Exact: integers below 2^40, 256 of them.
             (
-                _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1)) as u64,
-                _mm512_reduce_add_pd(_mm512_add_pd(all0, all1)) as u64,
+                _mm512_reduce_add_epi64(_mm512_add_epi64(acc0, acc1)) as u64,
+                _mm512_reduce_add_epi64(_mm512_add_epi64(all0, all1)) as u64,
             )
         })
+    }
+    /// The classify pass of a band from a floor to the top (`Band::from_floor`: nothing above
+    /// it, a few thousand tokens at most, the kept set of a narrow row) over the full blocks of
+    /// an f32 row segment: each vector's compare mask is stored as its 16 bits of the marks, and
+    /// the marked tokens' keys are listed after the pass (from the caches). No weight above the
+    /// band to sum, no compress, no branch. Returns `(0, exact weight of the segment)`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F and AVX-512DQ.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub(crate) unsafe fn classify_sparse_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
+        let Blocks {
+            row,
+            masses,
+            listing,
+        } = blocks;
+        let low = _mm512_set1_epi32(band.low as i32);
+        let scale = _mm512_set1_ps(SCALE);
+        let blocks = Blocks {
+            row,
+            masses,
+            listing: &mut *listing,
+        };
+        let totals = blocks_with(blocks, |block, _, marks| {
+            let (mut all0, mut all1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+            let vector_marks: &mut [u16] = bytemuck::cast_slice_mut(marks);
+            for (lanes, mark) in block.chunks_exact(16).zip(vector_marks) {
+                // SAFETY: `lanes` holds 16 f32; unaligned loads are allowed.
+                let p = sanitize(unsafe { _mm512_loadu_ps(lanes.as_ptr()) });
+                *mark = _mm512_cmpge_epu32_mask(_mm512_castps_si512(p), low);
+                let (lo, hi) = weights(p, scale);
+                all0 = _mm512_add_epi64(all0, lo);
+                all1 = _mm512_add_epi64(all1, hi);
+            }
+            (
+                0,
+                _mm512_reduce_add_epi64(_mm512_add_epi64(all0, all1)) as u64,
+            )
+        });
+        listing.push_marked(row, 0);
+        totals
     }
 }
 
@@ -198,23 +247,19 @@ pub(super) mod avx2 {
         table
     };
 
-    /// Appends the lanes of `keys` and `ids` that `mask` selects to `out`, in lane order.
+    /// Appends the lanes of `keys` that `mask` selects to `out`, in lane order.
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn list(out: &mut Out<'_>, mask: u8, keys: __m256i, ids: __m256i) {
+    fn list(out: &mut Out<'_>, mask: u8, keys: __m256i) {
         let at = out.len;
         let order = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(PACK[usize::from(mask)] as i64));
         // Whole vectors are stored, as in the AVX-512 loop (the same bound).
-        let (keys_at, ids_at) = (&mut out.keys[at..at + 8], &mut out.ids[at..at + 8]);
-        // SAFETY: each slice holds 8 u32; unaligned stores are allowed.
+        let keys_at = &mut out.keys[at..at + 8];
+        // SAFETY: the slice holds 8 u32; unaligned stores are allowed.
         unsafe {
             _mm256_storeu_si256(
                 keys_at.as_mut_ptr().cast(),
                 _mm256_permutevar8x32_epi32(keys, order),
-            );
-            _mm256_storeu_si256(
-                ids_at.as_mut_ptr().cast(),
-                _mm256_permutevar8x32_epi32(ids, order),
             );
         }
         out.len = at + mask.count_ones() as usize;
@@ -235,12 +280,12 @@ pub(super) mod avx2 {
             _mm256_set1_epi32(cap(band.high)),
         );
         let scale = _mm256_set1_ps(SCALE);
-        let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        blocks_with(blocks, |block, first, out| {
+        blocks_with(blocks, |block, out, marks| {
             let mut acc = [_mm256_setzero_pd(); 2];
             let mut all = [_mm256_setzero_pd(); 2];
-            let mut ids = _mm256_add_epi32(iota, _mm256_set1_epi32(first as i32));
-            for lanes in block.chunks_exact(8) {
+            // A vector's 8 tokens are a byte of the marks (x86 is little-endian).
+            let vector_marks: &mut [u8] = bytemuck::cast_slice_mut(marks);
+            for (lanes, mark) in block.chunks_exact(8).zip(vector_marks) {
                 // SAFETY: `lanes` holds 8 f32; unaligned loads are allowed.
                 let p = sanitize(unsafe { _mm256_loadu_ps(lanes.as_ptr()) });
                 let key = _mm256_castps_si256(p);
@@ -249,8 +294,8 @@ pub(super) mod avx2 {
                 let below_low = _mm256_cmpgt_epi32(low, key);
                 let in_band = _mm256_andnot_si256(below_low, below_high);
                 let lane_bits = _mm256_movemask_ps(_mm256_castsi256_ps(in_band)) as u8;
-                list(out, lane_bits, key, ids);
-                ids = _mm256_add_epi32(ids, _mm256_set1_epi32(8));
+                list(out, lane_bits, key);
+                *mark = lane_bits;
                 let every = _mm256_floor_ps(_mm256_mul_ps(p, scale));
                 let w = _mm256_andnot_ps(_mm256_castsi256_ps(below_high), every);
                 acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
@@ -264,5 +309,44 @@ pub(super) mod avx2 {
                 sum_lanes(_mm256_add_pd(all[0], all[1])),
             )
         })
+    }
+
+    /// As the AVX-512 loop, a byte of marks per vector of 8.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn classify_sparse_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
+        let Blocks {
+            row,
+            masses,
+            listing,
+        } = blocks;
+        // Sanitized keys are below 2^31: the signed compare orders them as the unsigned one
+        // does once the bound is capped below 2^31 too.
+        let low = _mm256_set1_epi32(band.low.min(i32::MAX as u32) as i32);
+        let scale = _mm256_set1_ps(SCALE);
+        let blocks = Blocks {
+            row,
+            masses,
+            listing: &mut *listing,
+        };
+        let totals = blocks_with(blocks, |block, _, marks| {
+            let mut all = [_mm256_setzero_pd(); 2];
+            let vector_marks: &mut [u8] = bytemuck::cast_slice_mut(marks);
+            for (lanes, mark) in block.chunks_exact(8).zip(vector_marks) {
+                // SAFETY: `lanes` holds 8 f32; unaligned loads are allowed.
+                let p = sanitize(unsafe { _mm256_loadu_ps(lanes.as_ptr()) });
+                let below_low = _mm256_cmpgt_epi32(low, _mm256_castps_si256(p));
+                *mark = !(_mm256_movemask_ps(_mm256_castsi256_ps(below_low)) as u8);
+                let w = _mm256_floor_ps(_mm256_mul_ps(p, scale));
+                all[0] = _mm256_add_pd(all[0], _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
+                all[1] = _mm256_add_pd(all[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(w)));
+            }
+            // Exact: integers below 2^40, 256 of them.
+            (0, sum_lanes(_mm256_add_pd(all[0], all[1])))
+        });
+        listing.push_marked(row, 0);
+        totals
     }
 }

@@ -1,24 +1,32 @@
-//! Top-p without top-k on a probability row whose kept set is wide, in ONE pass over the row.
+//! Top-p without top-k on a probability row, in ONE pass over the row.
 //!
 //! The band path needs the row's exact total `W` only through `W − target`, the mass below the
 //! top-p threshold. A normalised row sums to about 1, so `W` is about `2^40` before any pass
 //! (less one unit at most per token, for the floors, and the rounding of the normalisation: both
 //! far inside [`SLACK`]). So the band's sample is taken first and the band placed with `W`
-//! assumed `2^40`; the same sample says whether the kept set is likely wide (more tokens than the
-//! candidates of the fast path hold) and the band narrow enough to list ([`MAX_BAND`]). If so,
-//! one pass ([`super::classify`]) computes the exact total together with the band's classify: the
-//! mass above the band per block, the band's tokens and their histogram. The exact checks follow with the exact total: the mass above the band is
-//! under the target and the band's tokens reach it. A band that missed them (a row far from
-//! summing to 1, a sample that misled) is decided by the two-pass band path, with the exact total
-//! now known; correctness never depends on the guess.
+//! assumed `2^40`:
 //!
-//! Rows predicted narrow return [`OnePass::Narrow`]: the caller takes the scan and candidates
-//! path unchanged.
+//! - a row whose sample predicts a wide kept set (more tokens than the candidates of the fast
+//!   path hold) gets a band around the threshold, if it is narrow enough to list ([`MAX_BAND`]);
+//! - a row predicted narrow gets a band from a floor to the top ([`Band::from_floor`]): the floor
+//!   is the highest key under which the sampled mass is still certainly below `W − target`
+//!   (`sample::narrow_floor`), so the band is the kept set and a few more tokens, and the pass
+//!   lists them only where a vector holds one.
+//!
+//! One pass ([`super::classify`]) then computes the exact total together with the band's
+//! classify: the mass above the band per block, the band's tokens and their histogram. The exact
+//! checks follow with the exact total: the mass above the band is under the target and the
+//! band's tokens reach it. A band that missed them (a row far from summing to 1, a sample that
+//! misled) is decided by the two-pass band path, with the exact total now known; correctness
+//! never depends on the guess.
+//!
+//! Rows whose band the sample cannot place return [`OnePass::Unplaced`]: the caller takes the
+//! scan and candidates path unchanged.
 
 use specula_backend_api::FloatElement;
 use specula_backend_api::fixed_point::top_p_target_mass;
 
-use super::sample::{bin_keys, certainly_narrow, take_keys};
+use super::sample::{bin_keys, narrow_floor, take_keys};
 use super::{
     Band, SLACK, Scratch, band_from, classify, draw_kept, sample_with, threshold, with_scratch,
 };
@@ -26,7 +34,7 @@ use super::{
 /// The one pass is taken when the sampled tokens at or above the band's low end stand for at
 /// least this many row tokens: a kept set of about this size or more, which the candidates of the
 /// fast path (4096 at most) would hold only in part or at a cost of a second full read.
-const WIDE_FROM: f64 = 2048.0;
+const WIDE_FROM: f64 = 4096.0;
 /// ... unless the band would hold more than about this many tokens (a sample that cannot place
 /// it, e.g. one whose mass below the threshold sits in a few sampled tokens): listing them costs
 /// more than the scan, and the scan's candidates may hold the kept set.
@@ -38,8 +46,8 @@ const ASSUMED_TOTAL: u64 = 1 << 40;
 /// What [`sample_top_p_one_pass`] did with a row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum OnePass {
-    /// The sample predicts a kept set the fast path's candidates hold: nothing was decided.
-    Narrow,
+    /// The sample could not place a band the pass can list: nothing was decided.
+    Unplaced,
     /// Decided in the one pass (`None`: a row that weighs nothing, left to the histogram path).
     Decided(Option<usize>),
     /// The band placed for an assumed total missed the threshold: decided by the two-pass band
@@ -48,10 +56,10 @@ pub(crate) enum OnePass {
 }
 
 impl OnePass {
-    /// The token, when the row was decided here; `None` for [`OnePass::Narrow`] too.
+    /// The token, when the row was decided here; `None` for [`OnePass::Unplaced`] too.
     pub(crate) fn token(self) -> Option<usize> {
         match self {
-            OnePass::Narrow => None,
+            OnePass::Unplaced => None,
             OnePass::Decided(token) | OnePass::FellBack(token) => token,
         }
     }
@@ -66,19 +74,21 @@ pub(crate) fn sample_top_p_one_pass<T: FloatElement>(
 ) -> OnePass {
     with_scratch(|s| match predict(row, p_fixed, s) {
         Some(band) => decide(row, band, p_fixed, draw, s),
-        None => OnePass::Narrow,
+        None => OnePass::Unplaced,
     })
 }
 
-/// The band for a total of `2^40`, placed from the sample, when the sample predicts a wide kept
-/// set and a band of at most [`MAX_BAND`] tokens; `None` otherwise.
+/// The band for a total of `2^40`, placed from the sample: from a floor to the top when the
+/// sample predicts a narrow kept set, around the threshold when it predicts a wide one and a band
+/// of at most [`MAX_BAND`] tokens; `None` otherwise.
 fn predict<T: FloatElement>(row: &[T], p_fixed: u64, s: &mut Scratch) -> Option<Band> {
     let scale = take_keys(row, &mut s.keys);
     // The floors lose under one unit per token; the normalisation's rounding is inside SLACK.
     let below = (ASSUMED_TOTAL - top_p_target_mass(p_fixed, ASSUMED_TOTAL)) as f64;
     let slack = SLACK * ASSUMED_TOTAL as f64 + row.len() as f64;
-    if certainly_narrow(&s.keys, scale, (below, slack), WIDE_FROM) {
-        return None;
+    let limits = (below, slack);
+    if let Some(floor) = narrow_floor(&s.keys, scale, limits, WIDE_FROM, &mut s.upper_keys) {
+        return Some(Band::from_floor(floor));
     }
     bin_keys(s.keys.keys(), &mut s.sample);
     let band = band_from(&s.sample, scale, below, slack);
@@ -86,9 +96,12 @@ fn predict<T: FloatElement>(row: &[T], p_fixed: u64, s: &mut Scratch) -> Option<
         s.keys.sampled_from(band.low),
         s.keys.sampled_from(band.high),
     );
-    let wide = f64::from(from_low) * scale >= WIDE_FROM;
+    if f64::from(from_low) * scale < WIDE_FROM {
+        // Narrow by the bins (the verdict without them is cautious).
+        return Some(Band::from_floor(band.low));
+    }
     let listable = f64::from(from_low - from_high) * scale <= MAX_BAND;
-    (wide && listable).then_some(band)
+    listable.then_some(band)
 }
 
 /// The one pass over the row with `band`, then the exact checks with the exact total; the
@@ -117,7 +130,7 @@ fn decide<T: FloatElement>(
 mod tests {
     use super::*;
     use crate::ops::top_k_top_p_sample::sample_prob_row_histogram;
-    use crate::sampling::band::{SAMPLE_RUN, SAMPLES, take_sample};
+    use crate::sampling::band::{SAMPLE_RUN, SAMPLES, TOP, take_sample};
     use crate::sampling::histogram::MIN_WEIGHT_KEY;
     use crate::sampling::lcg::Lcg;
     use crate::sampling::scan::{key_of, weight_of_key};
@@ -163,15 +176,16 @@ mod tests {
         (ranked[at], at + 1)
     }
 
-    /// The row's shapes of `specula bench` and their expected outcome at top-p 0.9: `Some(true)`
-    /// one pass, `Some(false)` narrow, `None` either.
+    /// The row's shapes of `specula bench` and the band the one pass takes at top-p 0.9:
+    /// `Some(true)` around the threshold (a wide kept set), `Some(false)` from a floor (a narrow
+    /// one), `None` either.
     fn bench_shapes() -> [(&'static str, f64, f64, Option<bool>); 7] {
         [
             ("sigma 3.5 T 0.8", 3.5, 0.8, Some(false)),
             ("flat", 3.0, 1.0, Some(true)),
             ("kept~10", 5.1, 1.0, Some(false)),
             ("kept~100", 4.49, 1.0, Some(false)),
-            ("kept~1k", 3.76, 1.0, None),
+            ("kept~1k", 3.76, 1.0, Some(false)),
             ("kept~10k", 2.79, 1.0, Some(true)),
             ("kept~100k", 0.874, 1.0, Some(true)),
         ]
@@ -180,14 +194,14 @@ mod tests {
     /// Checks `row` (and its f16 and bf16 roundings) at several top-p against the histogram path,
     /// and returns the f32 outcome at top-p 0.9.
     fn check_row(row: &[f32], draws: &mut Lcg, what: &str) -> OnePass {
-        let mut at_0_9 = OnePass::Narrow;
+        let mut at_0_9 = OnePass::Unplaced;
         for top_p in [0.9f32, 0.5, 0.99] {
             let draw = draws.next_u64();
             let got = sample_top_p_one_pass(row, top_p_fixed(top_p), draw);
             if top_p == 0.9 {
                 at_0_9 = got;
             }
-            if got != OnePass::Narrow {
+            if got != OnePass::Unplaced {
                 let expected = sample_prob_row_histogram(row, 0, top_p, draw);
                 assert_eq!(got.token(), Some(expected), "{what}, top_p {top_p}");
             }
@@ -210,14 +224,13 @@ mod tests {
     #[test]
     fn bench_shapes_take_the_predicted_path_and_decide_as_the_histogram_path() {
         let (mut lcg, mut draws) = (Lcg(2832), Lcg(99));
-        for (name, sigma, t, one_pass) in bench_shapes() {
+        for (name, sigma, t, wide) in bench_shapes() {
             let row = softmax_row(&mut lcg, V, sigma, t);
             let outcome = check_row(&row, &mut draws, name);
-            match one_pass {
-                Some(true) => assert!(matches!(outcome, OnePass::Decided(Some(_))), "{name}"),
-                Some(false) => assert_eq!(outcome, OnePass::Narrow, "{name}"),
-                None => {}
-            }
+            assert!(matches!(outcome, OnePass::Decided(Some(_))), "{name}");
+            let band = predict(&row, top_p_fixed(0.9), &mut Scratch::default());
+            let floor = band.is_some_and(|band| band.is_floor());
+            assert!(wide.is_none_or(|wide| wide != floor), "{name}: {band:?}");
         }
     }
 
@@ -238,7 +251,7 @@ mod tests {
                 .map(|&p| (p * V as f32 * 8.0).round() / (V as f32 * 8.0))
                 .collect();
             let outcome = check_row(&row, &mut draws, &format!("ties σ {sigma}"));
-            assert_ne!(outcome, OnePass::Narrow, "ties σ {sigma}");
+            assert_ne!(outcome, OnePass::Unplaced, "ties σ {sigma}");
         }
         // NaN, negative and zero entries weigh nothing; an infinity weighs as 1.0 (total ≈ 2).
         let mut hostile = softmax_row(&mut lcg, V, 2.79, 1.0);
@@ -270,6 +283,29 @@ mod tests {
         assert!(matches!(outcome, OnePass::FellBack(Some(_))), "{outcome:?}");
     }
 
+    /// Narrow rows take a band from a floor; one whose floor turns out too high (a row summing to
+    /// 0.2, for which the floor placed for a total of 1 leaves too little above it) falls back to
+    /// the two-pass band path. Both decide as the histogram path does.
+    #[test]
+    fn narrow_rows_decide_from_a_floor_and_fall_back_when_it_is_too_high() {
+        let (mut lcg, mut draws) = (Lcg(2837), Lcg(95));
+        for sigma in [4.49, 5.1] {
+            let row = softmax_row(&mut lcg, V, sigma, 1.0);
+            let band = predict(&row, top_p_fixed(0.9), &mut Scratch::default());
+            assert!(band.is_some_and(|b| b.is_floor()), "σ {sigma}: {band:?}");
+            let outcome = check_row(&row, &mut draws, &format!("σ {sigma}"));
+            assert!(matches!(outcome, OnePass::Decided(Some(_))), "{outcome:?}");
+            let low: Vec<f32> = row.iter().map(|p| p * 0.2).collect();
+            let band = predict(&low, top_p_fixed(0.9), &mut Scratch::default());
+            assert!(
+                band.is_some_and(|b| b.is_floor()),
+                "σ {sigma}, sum 0.2: {band:?}"
+            );
+            let outcome = check_row(&low, &mut draws, &format!("σ {sigma}, sum 0.2"));
+            assert!(matches!(outcome, OnePass::FellBack(Some(_))), "{outcome:?}");
+        }
+    }
+
     /// A row whose mass below the threshold the sample cannot weigh (its sampled runs start with
     /// heavy tokens): the band would span the row, so the row is left to the scan, which decides
     /// it as the histogram path does.
@@ -295,7 +331,7 @@ mod tests {
         assert!(f64::from(s.keys.sampled_from(placed.low)) * scale >= WIDE_FROM);
         assert_eq!(
             sample_top_p_one_pass(&row, top_p_fixed(0.9), 5),
-            OnePass::Narrow
+            OnePass::Unplaced
         );
         for (top_p, draw) in [(0.9f32, 5u64), (0.5, 77), (0.99, 1 << 63)] {
             let got = crate::sampling::fast::sample_prob_row_fast(&row, 0, top_p, draw, 1);
@@ -305,7 +341,8 @@ mod tests {
     }
 
     /// Bands whose ends fall exactly on the threshold's key: a band that holds it decides in the
-    /// one pass, one that ends just below or starts just above it falls back.
+    /// one pass, one that ends just below or starts just above it falls back; so does a band from
+    /// a floor just above it.
     #[test]
     fn a_band_edge_on_the_threshold_key() {
         let (mut lcg, mut draws) = (Lcg(2835), Lcg(96));
@@ -326,6 +363,10 @@ mod tests {
                 (MIN_WEIGHT_KEY, key + 1, true),
                 (key + 1, u32::MAX, false),
                 (MIN_WEIGHT_KEY, key, false),
+                // From a floor to the top (the narrow rows' band, listed by the sparse loops).
+                (key, TOP, true),
+                (MIN_WEIGHT_KEY, TOP, true),
+                (key + 1, TOP, false),
             ];
             for (low, high, decided) in cases {
                 let draw = draws.next_u64();
@@ -368,7 +409,9 @@ mod tests {
                     let slack = SLACK * ASSUMED_TOTAL as f64 + row.len() as f64;
                     let band = band_from(&s.sample, scale, below, slack);
                     let from_low = f64::from(s.keys.sampled_from(band.low)) * scale;
-                    let fast = certainly_narrow(&s.keys, scale, (below, slack), WIDE_FROM);
+                    let fast =
+                        narrow_floor(&s.keys, scale, (below, slack), WIDE_FROM, &mut Vec::new())
+                            .is_some();
                     let what = format!("v {v} σ {sigma} top_p {top_p}: from low {from_low}");
                     assert_eq!(fast, from_low < WIDE_FROM, "{what}");
                     if fast {
@@ -409,6 +452,109 @@ mod tests {
                      from high {from_high:.0}, band tokens {in_band}, {outcome:?}"
                 );
             }
+        }
+    }
+
+    /// The stages of a narrow row (the sample, the scan, the rest of the fast path) beside a
+    /// read, one thread, cold rows, and the band path's classify with the band from the sampled
+    /// low end to the top (run with `--ignored --nocapture`).
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn narrow_stage_costs() {
+        use crate::sampling::fast::sample_prob_row_fast;
+        use crate::sampling::scan::{GroupSample, Need, block_counts, scan};
+        let mut lcg = Lcg(9);
+        let evict: Vec<u64> = vec![1; 50 << 20];
+        let p_fixed = top_p_fixed(0.9);
+        for (name, sigma, t, _) in bench_shapes() {
+            let rows: Vec<Vec<f32>> = (0..32)
+                .map(|_| softmax_row(&mut lcg, V, sigma, t))
+                .collect();
+            let cold = |f: &mut dyn FnMut(usize)| {
+                let mut best = vec![f64::INFINITY; rows.len()];
+                for _ in 0..7 {
+                    std::hint::black_box(evict.iter().fold(0u64, |a, &b| a.wrapping_add(b)));
+                    for (i, least) in best.iter_mut().enumerate() {
+                        let start = std::time::Instant::now();
+                        f(i);
+                        *least = least.min(start.elapsed().as_secs_f64() * 1e6);
+                    }
+                }
+                best.iter().sum::<f64>() / rows.len() as f64
+            };
+            let read = cold(&mut |i| {
+                std::hint::black_box(rows[i].iter().map(|x| x.to_bits() as u64).sum::<u64>());
+            });
+            let mut s = Scratch::default();
+            let sample = cold(&mut |i| {
+                std::hint::black_box(predict(&rows[i], p_fixed, &mut s));
+            });
+            let (nb, nk) = block_counts(V);
+            let (mut bm, mut gk, mut gp) = (vec![0u64; nb], vec![0u32; nk], vec![0u8; nk]);
+            let mut scan_both = |i: usize| {
+                let sample = GroupSample {
+                    keys: &mut gk,
+                    pos: &mut gp,
+                };
+                std::hint::black_box(scan(&rows[i], &mut bm, sample, Need::Both));
+            };
+            let scanned = cold(&mut scan_both);
+            let w_scan = least_us(50, &mut || scan_both(0));
+            let whole = cold(&mut |i| {
+                std::hint::black_box(sample_prob_row_fast(&rows[i], 0, 0.9, 7, 1));
+            });
+            let w_whole = least_us(50, &mut || {
+                std::hint::black_box(sample_prob_row_fast(&rows[0], 0, 0.9, 7, 1));
+            });
+            // The band from the sampled low end up.
+            let lows: Vec<u32> = rows
+                .iter()
+                .map(|row| {
+                    let scale = take_sample(row, &mut s);
+                    let below = (ASSUMED_TOTAL - top_p_target_mass(p_fixed, ASSUMED_TOTAL)) as f64;
+                    let slack = SLACK * ASSUMED_TOTAL as f64 + row.len() as f64;
+                    band_from(&s.sample, scale, below, slack).low
+                })
+                .collect();
+            let top = |i: usize| Band::from_floor(lows[i]);
+            let classified = cold(&mut |i| {
+                std::hint::black_box(classify(&rows[i], top(i), &mut s));
+            });
+            let w_classify = least_us(50, &mut || {
+                std::hint::black_box(classify(&rows[0], top(0), &mut s));
+            });
+            let listed: usize = (0..rows.len())
+                .map(|i| {
+                    classify(&rows[i], top(i), &mut s);
+                    s.band.len
+                })
+                .sum::<usize>()
+                / rows.len();
+            let (_, kept) = threshold_of(&rows[0], 0.9);
+            // What the one pass does with the rows: (floor bands, wide bands, unplaced),
+            // fallbacks, tokens listed.
+            let (mut ways, mut fell, mut listed_now) = ([0; 3], 0, 0);
+            for row in &rows {
+                match predict(row, p_fixed, &mut s) {
+                    Some(band) if band.is_floor() => ways[0] += 1,
+                    Some(_) => ways[1] += 1,
+                    None => ways[2] += 1,
+                }
+                fell += usize::from(matches!(
+                    sample_top_p_one_pass(row, p_fixed, 7),
+                    OnePass::FellBack(_)
+                ));
+                listed_now += with_scratch(|s| s.band.len);
+            }
+            println!(
+                "  floor/wide/unplaced {ways:?}, fell back {fell}, listed {}",
+                listed_now / rows.len()
+            );
+            println!(
+                "{name}: cold per row: read {read:.1}, sample {sample:.1}, scan {scanned:.1}, \
+                 whole {whole:.1}, classify from the low end {classified:.1} ({listed} tokens, \
+                 kept {kept}); warm: scan {w_scan:.1}, whole {w_whole:.1}, classify {w_classify:.1}"
+            );
         }
     }
 
@@ -480,6 +626,7 @@ mod tests {
             let scale = take_keys(row, &mut s.keys);
             let below = (ASSUMED_TOTAL - top_p_target_mass(p_fixed, ASSUMED_TOTAL)) as f64;
             let limits = (below, SLACK * ASSUMED_TOTAL as f64 + row.len() as f64);
+            let mut upper = Vec::new();
             let w_take = least_us(50, &mut || {
                 std::hint::black_box(take_sample(row, &mut s));
             });
@@ -487,7 +634,7 @@ mod tests {
                 std::hint::black_box(take_keys(row, &mut s.keys));
             });
             let w_verdict = least_us(50, &mut || {
-                std::hint::black_box(certainly_narrow(&s.keys, scale, limits, WIDE_FROM));
+                std::hint::black_box(narrow_floor(&s.keys, scale, limits, WIDE_FROM, &mut upper));
             });
             let w_runs = least_us(50, &mut || {
                 bin_keys(s.keys.keys(), &mut s.sample);
@@ -495,7 +642,7 @@ mod tests {
             let w_place = least_us(50, &mut || {
                 std::hint::black_box(band_from(&s.sample, scale, 1e11, 2e9));
             });
-            let narrow = certainly_narrow(&s.keys, scale, limits, WIDE_FROM);
+            let narrow = narrow_floor(&s.keys, scale, limits, WIDE_FROM, &mut upper).is_some();
             println!(
                 "  take {w_take:.1} (keys {w_keys:.1}, bins {w_runs:.1}), verdict {w_verdict:.1} \
                  ({}), place {w_place:.1}",
@@ -517,7 +664,6 @@ mod tests {
                         row,
                         band,
                         &mut s.masses,
-                        &mut s.bitmaps,
                         &mut s.band,
                     ));
                 });

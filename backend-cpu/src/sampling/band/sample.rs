@@ -2,8 +2,8 @@
 //! keys place the band and say whether the kept set is wide (`one_pass`).
 //!
 //! The keys are gathered first, in vector lanes ([`take_keys`]). A row the sample calls narrow
-//! needs nothing more than a few compare-and-count passes over them and one masked sum
-//! ([`certainly_narrow`]): no bins. Only a row that may be wide (or the two-pass band path) sums
+//! needs nothing more than a few compare-and-count passes over them, one masked sum and a walk of
+//! the few keys near the top to place its floor ([`narrow_floor`]): no bins. Only a row that may be wide (or the two-pass band path) sums
 //! the sampled weights into the bins of levels ([`bin_keys`]) from which [`band_from`] places the
 //! band.
 
@@ -11,7 +11,7 @@ use specula_backend_api::FloatElement;
 
 use super::{Band, SAMPLE_RUN, SAMPLES, band_bins};
 use crate::sampling::histogram::MIN_WEIGHT_KEY;
-use crate::sampling::scan::{dispatched, key_of};
+use crate::sampling::scan::{band_of, dispatched, key_of};
 #[cfg(target_arch = "x86_64")]
 use crate::sampling::scan::{has_avx2, has_avx512};
 
@@ -198,13 +198,14 @@ pub(super) fn band_from(bins: &[(f64, f64)], scale: f64, below: f64, slack: f64)
     }
 }
 
-/// How far, relatively, the test of [`certainly_narrow`] must clear four standard deviations: far
+/// How far, relatively, the test of [`narrow_floor`] must clear four standard deviations: far
 /// above the rounding of a sum of 4096 squares in another order (`4096 · 2^-53`).
 const NARROW_MARGIN: f64 = 1e-9;
 
-/// Whether the band [`band_from`] would place from the bins of `sample` (each sampled token
-/// standing for `scale` row tokens) starts above all but fewer than `wide_from` row tokens' worth
-/// of the sampled tokens — the verdict "narrow" of `one_pass` — decided without the bins.
+/// A floor for the kept set of a narrow row: `Some` when the band [`band_from`] would place from
+/// the bins of `sample` (each sampled token standing for `scale` row tokens) starts above all but
+/// fewer than `wide_from` row tokens' worth of the sampled tokens — the verdict "narrow" of
+/// `one_pass` — decided without the bins; `None` leaves the verdict to them.
 ///
 /// The band's low end is the first bin past the levels whose estimated mass below is certainly
 /// under `below` (four standard deviations and `slack`); that test fails from some level on, as
@@ -212,14 +213,19 @@ const NARROW_MARGIN: f64 = 1e-9;
 /// stand for at least `wide_from` row tokens. The row is narrow exactly when the test still holds
 /// at `c`: then the band starts above `c`. The mass through `c` is a sum of integers under
 /// `2^53`, exact in any order, so it equals the bins' walk's; the sum of squares differs by
-/// rounding only, which [`NARROW_MARGIN`] covers. So `true` here means the bins would say narrow
-/// too; `false` leaves the verdict to them.
-pub(super) fn certainly_narrow(
+/// rounding only, which [`NARROW_MARGIN`] covers. So `Some` here means the bins would say narrow
+/// too.
+///
+/// The floor returned is the highest key the same test passes at, walking the few sampled keys
+/// above `c` ([`raise_floor`]; `upper` is scratch): the row's tokens at or above it are likely to
+/// hold `1 − below` of the mass. Only likely — the caller checks it exactly.
+pub(super) fn narrow_floor(
     sample: &SampleKeys,
     scale: f64,
     (below, slack): (f64, f64),
     wide_from: f64,
-) -> bool {
+    upper: &mut Vec<u32>,
+) -> Option<u32> {
     let wide = |bin: u32| f64::from(sample.sampled_from(bin_key(bin))) * scale >= wide_from;
     // `wide(low)` (once checked) and not `wide(high)`: `low` becomes `c`.
     let (mut low, mut high) = (0, LAST_BIN + 1);
@@ -231,12 +237,51 @@ pub(super) fn certainly_narrow(
             high = mid;
         }
     }
+    let certainly_under = |mass: f64, squares: f64| {
+        let x = below - slack - mass * scale;
+        x >= 0.0 && x * x >= 16.0 * scale * scale * squares * (1.0 + NARROW_MARGIN)
+    };
     if low == 0 && !wide(0) {
-        return true;
+        // Every sampled token from the first level on stands for fewer than `wide_from`.
+        let under = (0.0, 0.0);
+        return Some(raise_floor(
+            sample.keys(),
+            MIN_WEIGHT_KEY,
+            under,
+            certainly_under,
+            upper,
+        ));
     }
-    let (mass, squares) = sums_under(sample.keys(), bin_key(low + 1));
-    let x = below - slack - mass * scale;
-    x >= 0.0 && x * x >= 16.0 * scale * scale * squares * (1.0 + NARROW_MARGIN)
+    let start = bin_key(low + 1);
+    let under = sums_under(sample.keys(), start);
+    certainly_under(under.0, under.1)
+        .then(|| raise_floor(sample.keys(), start, under, certainly_under, upper))
+}
+
+/// The highest floor from `start` up such that the sampled weight under it still passes
+/// `certainly_under` (it does under `start`, whose sum and sum of squares are `under`): the keys
+/// at or above `start` in rising order, equal keys together, each passing key moving the floor
+/// just above it. At most the key of 1.0.
+fn raise_floor(
+    keys: &[u32],
+    start: u32,
+    (mut mass, mut squares): (f64, f64),
+    certainly_under: impl Fn(f64, f64) -> bool,
+    upper: &mut Vec<u32>,
+) -> u32 {
+    band_of(keys, start, u32::MAX, upper);
+    upper.sort_unstable();
+    let mut floor = start;
+    for run in upper.chunk_by(|a, b| a == b) {
+        let (w, n) = (weight_f64(run[0]), run.len() as f64);
+        mass += w * n;
+        squares += w * w * n;
+        if !certainly_under(mass, squares) {
+            break;
+        }
+        floor = run[0] + 1;
+    }
+    floor.min(crate::sampling::scan::ONE_KEY)
 }
 
 dispatched!(
