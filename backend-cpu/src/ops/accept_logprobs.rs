@@ -1226,23 +1226,13 @@ mod tests {
     #[test]
     #[ignore = "a measurement, not a check"]
     fn one_pass_costs() {
+        use crate::sampling::probe::{cold_micros, evictor};
         const V: usize = 151_936;
         let mut lcg = Lcg(9);
-        let evict: Vec<u64> = vec![1; 50 << 20];
+        let evict = evictor();
         for (name, sigma, t) in [("sigma 3.5, T 0.8", 3.5, 0.8f32), ("flat", 3.0, 1.0)] {
             let rows: Vec<Vec<f32>> = (0..32).map(|_| gaussian_row(&mut lcg, V, sigma)).collect();
-            let cold = |f: &mut dyn FnMut(usize)| {
-                let mut best = vec![f64::INFINITY; rows.len()];
-                for _ in 0..7 {
-                    std::hint::black_box(evict.iter().fold(0u64, |a, &b| a.wrapping_add(b)));
-                    for (i, least) in best.iter_mut().enumerate() {
-                        let start = std::time::Instant::now();
-                        f(i);
-                        *least = least.min(start.elapsed().as_secs_f64() * 1e6);
-                    }
-                }
-                best.iter().sum::<f64>() / rows.len() as f64
-            };
+            let cold = |f: &mut dyn FnMut(usize)| cold_micros(rows.len(), &evict, f);
             let inverse = float_math::one_pass_inverse(t);
             let tv = rows[0][V / 2];
             let read = cold(&mut |i| {

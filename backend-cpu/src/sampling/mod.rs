@@ -12,6 +12,8 @@ pub(crate) mod histogram;
 #[cfg(test)]
 pub(crate) mod lcg;
 pub(crate) mod logits;
+#[cfg(test)]
+pub(crate) mod probe;
 pub(crate) mod scan;
 
 /// One row of `top_p_candidates`' outputs, `ids` and `scores` (C entries each), as every path fills

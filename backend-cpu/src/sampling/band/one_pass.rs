@@ -462,26 +462,16 @@ mod tests {
     #[ignore = "a measurement, not a check"]
     fn narrow_stage_costs() {
         use crate::sampling::fast::sample_prob_row_fast;
+        use crate::sampling::probe::{cold_micros, evictor};
         use crate::sampling::scan::{GroupSample, Need, block_counts, scan};
         let mut lcg = Lcg(9);
-        let evict: Vec<u64> = vec![1; 50 << 20];
+        let evict = evictor();
         let p_fixed = top_p_fixed(0.9);
         for (name, sigma, t, _) in bench_shapes() {
             let rows: Vec<Vec<f32>> = (0..32)
                 .map(|_| softmax_row(&mut lcg, V, sigma, t))
                 .collect();
-            let cold = |f: &mut dyn FnMut(usize)| {
-                let mut best = vec![f64::INFINITY; rows.len()];
-                for _ in 0..7 {
-                    std::hint::black_box(evict.iter().fold(0u64, |a, &b| a.wrapping_add(b)));
-                    for (i, least) in best.iter_mut().enumerate() {
-                        let start = std::time::Instant::now();
-                        f(i);
-                        *least = least.min(start.elapsed().as_secs_f64() * 1e6);
-                    }
-                }
-                best.iter().sum::<f64>() / rows.len() as f64
-            };
+            let cold = |f: &mut dyn FnMut(usize)| cold_micros(rows.len(), &evict, f);
             let read = cold(&mut |i| {
                 std::hint::black_box(rows[i].iter().map(|x| x.to_bits() as u64).sum::<u64>());
             });
@@ -576,27 +566,15 @@ mod tests {
     #[ignore = "a measurement, not a check"]
     fn stage_costs() {
         use crate::sampling::fast::sample_prob_row_fast;
+        use crate::sampling::probe::{cold_micros, evictor};
         let mut lcg = Lcg(9);
-        let evict: Vec<u64> = vec![1; 50 << 20];
+        let evict = evictor();
         let p_fixed = top_p_fixed(0.9);
         for (name, sigma, t, _) in bench_shapes() {
             let rows: Vec<Vec<f32>> = (0..32)
                 .map(|_| softmax_row(&mut lcg, V, sigma, t))
                 .collect();
-            // Each row's least time over 7 rounds after a 400 MiB read, averaged over the rows
-            // (a round a busy machine interrupts costs only the rows it interrupts).
-            let cold = |f: &mut dyn FnMut(usize)| {
-                let mut best = vec![f64::INFINITY; rows.len()];
-                for _ in 0..7 {
-                    std::hint::black_box(evict.iter().fold(0u64, |a, &b| a.wrapping_add(b)));
-                    for (i, least) in best.iter_mut().enumerate() {
-                        let start = std::time::Instant::now();
-                        f(i);
-                        *least = least.min(start.elapsed().as_secs_f64() * 1e6);
-                    }
-                }
-                best.iter().sum::<f64>() / rows.len() as f64
-            };
+            let cold = |f: &mut dyn FnMut(usize)| cold_micros(rows.len(), &evict, f);
             let read = cold(&mut |i| {
                 std::hint::black_box(rows[i].iter().map(|x| x.to_bits() as u64).sum::<u64>());
             });
