@@ -1196,17 +1196,6 @@ mod tests {
         }
     }
 
-    /// Least wall time of `f` in µs over `reps` calls.
-    fn least_us(reps: usize, f: &mut dyn FnMut()) -> f64 {
-        f();
-        let timed = |_| {
-            let start = std::time::Instant::now();
-            f();
-            start.elapsed().as_secs_f64() * 1e6
-        };
-        (0..reps).map(timed).fold(f64::INFINITY, f64::min)
-    }
-
     /// Gaussian logits N(0, σ²) (the bench's rows).
     fn gaussian_row(lcg: &mut Lcg, v: usize, sigma: f64) -> Vec<f32> {
         (0..v)
@@ -1226,7 +1215,7 @@ mod tests {
     #[test]
     #[ignore = "a measurement, not a check"]
     fn one_pass_costs() {
-        use crate::sampling::probe::{cold_micros, evictor};
+        use crate::sampling::probe::{cold_micros, evictor, least_us};
         const V: usize = 151_936;
         let mut lcg = Lcg(9);
         let evict = evictor();

@@ -20,3 +20,14 @@ pub(crate) fn cold_micros(rows: usize, evict: &[u64], f: &mut dyn FnMut(usize)) 
     }
     best.iter().sum::<f64>() / rows as f64
 }
+
+/// The least wall time of `f` in µs over `reps` calls, after one untimed call (warm).
+pub(crate) fn least_us(reps: usize, f: &mut dyn FnMut()) -> f64 {
+    f();
+    let timed = |_| {
+        let start = std::time::Instant::now();
+        f();
+        start.elapsed().as_secs_f64() * 1e6
+    };
+    (0..reps).map(timed).fold(f64::INFINITY, f64::min)
+}

@@ -462,7 +462,7 @@ mod tests {
     #[ignore = "a measurement, not a check"]
     fn narrow_stage_costs() {
         use crate::sampling::fast::sample_prob_row_fast;
-        use crate::sampling::probe::{cold_micros, evictor};
+        use crate::sampling::probe::{cold_micros, evictor, least_us};
         use crate::sampling::scan::{GroupSample, Need, block_counts, scan};
         let mut lcg = Lcg(9);
         let evict = evictor();
@@ -548,17 +548,6 @@ mod tests {
         }
     }
 
-    /// Least wall time of `f` in µs over `reps` calls.
-    fn least_us(reps: usize, f: &mut dyn FnMut()) -> f64 {
-        f();
-        let timed = |_| {
-            let start = std::time::Instant::now();
-            f();
-            start.elapsed().as_secs_f64() * 1e6
-        };
-        (0..reps).map(timed).fold(f64::INFINITY, f64::min)
-    }
-
     /// The stages of the one pass on the bench's shapes, one thread: warm (one row, least of 50
     /// calls) and cold (32 rows after a 400 MiB read, each row's least of 7, averaged), with a
     /// read of the rows beside them (run with `--ignored --nocapture`).
@@ -566,7 +555,7 @@ mod tests {
     #[ignore = "a measurement, not a check"]
     fn stage_costs() {
         use crate::sampling::fast::sample_prob_row_fast;
-        use crate::sampling::probe::{cold_micros, evictor};
+        use crate::sampling::probe::{cold_micros, evictor, least_us};
         let mut lcg = Lcg(9);
         let evict = evictor();
         let p_fixed = top_p_fixed(0.9);
