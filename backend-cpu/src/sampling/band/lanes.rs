@@ -12,7 +12,7 @@
 //! front of a vector (AVX-512 `vpcompressd`, AVX2 a permutation from a table) stored whole at the
 //! listing's end, which then grows by their count, so that the listing stays in id order. The
 //! loops for a band from a floor to the top (a narrow row's kept set, a few thousand tokens) only
-//! mark, and list the keys from the marks after the pass.
+//! mark, and list the keys from the marks a few blocks behind the pass ([`Listed::Behind`]).
 
 use std::arch::x86_64::*;
 
@@ -20,9 +20,11 @@ use super::{BLOCK, Band, Listing};
 
 /// `2^40`, the scale of the weights.
 const SCALE: f32 = (1u64 << 40) as f32;
-/// How far ahead the pass prefetches, in blocks (4 KiB), as the scan does: the one-pass path
-/// reads the row from memory here.
-const PREFETCH_BLOCKS: usize = 4;
+/// How far ahead the pass prefetches, in blocks (16 KiB), into the second-level cache: the
+/// one-pass path reads the row from memory here. Farther and into L2 rather than L1 (the
+/// scan's 4 KiB into L1): one thread, cold rows, the narrow rows' pass 29–35 → 24–26 µs, the
+/// wide rows' 44.6–49.4 → 42.9–46.7 µs (`one_pass::tests::classify_cold_costs`).
+const PREFETCH_BLOCKS: usize = 16;
 
 /// The full blocks of an f32 row segment that starts the row (the caller handles the tail), a
 /// mass slot per block, and the listing the band's tokens are appended to (emptied, with room
@@ -40,13 +42,47 @@ struct Out<'a> {
     len: usize,
 }
 
-/// The loop over the full blocks of both vector widths: `block_step` classifies one block, lists
-/// its band tokens' keys, marks them in the block's words and returns its exact weight above the
-/// band (stored in its slot of `masses`) and its exact weight. Returns both summed over the
-/// blocks.
+impl Out<'_> {
+    /// Appends the keys of `block`'s tokens marked in `marks` (its words), in id order: a walk
+    /// of the set bits while the block is in the first-level cache.
+    #[inline(always)]
+    fn push_marked(&mut self, block: &[f32], marks: &[u64]) {
+        if marks.iter().fold(0, |any, &word| any | word) == 0 {
+            return;
+        }
+        for (w, &word) in marks.iter().enumerate() {
+            for bit in super::set_bits(word) {
+                self.keys[self.len] = super::key_of(block[w * 64 + bit]);
+                self.len += 1;
+            }
+        }
+    }
+}
+
+/// How the band's keys are listed by [`blocks_with`]'s loop.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Listed {
+    /// By the block step itself, as it goes (a compress per vector).
+    InStep,
+    /// From the marks the block step stored, [`LIST_BEHIND`] blocks later (a walk of their bits).
+    Behind,
+}
+
+/// How many blocks behind the pass the marks are walked for [`Listed::Behind`]: far enough that
+/// the marks' values, and so the walk's branches, are known by then (the walk right after the
+/// block waits, at each mispredicted branch, for the block's loads from memory and loses the
+/// loads issued past it: 42 µs a cold kept~1k row instead of 29), near enough that the block is
+/// still in the first-level cache.
+const LIST_BEHIND: usize = 4;
+
+/// The loop over the full blocks of both vector widths: `block_step` classifies one block, marks
+/// its band tokens in the block's words (and lists their keys, [`Listed::InStep`]) and returns
+/// its exact weight above the band (stored in its slot of `masses`) and its exact weight. Returns
+/// both summed over the blocks.
 #[inline(always)]
 fn blocks_with(
     blocks: Blocks<'_>,
+    listed: Listed,
     mut block_step: impl FnMut(&[f32], &mut Out<'_>, &mut [u64]) -> (u64, u64),
 ) -> (u64, u64) {
     let Blocks {
@@ -57,8 +93,14 @@ fn blocks_with(
     let Listing { keys, len, marks } = listing;
     let mut out = Out { keys, len: *len };
     let (mut total, mut every) = (0u64, 0u64);
-    let block_marks = marks.chunks_exact_mut(super::MARK_WORDS);
-    for ((block, mass), marks) in row.chunks_exact(BLOCK).zip(masses).zip(block_marks) {
+    let words = super::MARK_WORDS;
+    let behind = if listed == Listed::Behind {
+        LIST_BEHIND
+    } else {
+        0
+    };
+    let count = row.len() / BLOCK;
+    for (b, (block, mass)) in row.chunks_exact(BLOCK).zip(masses).enumerate() {
         // Ask for the block PREFETCH_BLOCKS ahead (a hint: never faults, even past the end).
         let ahead = block
             .as_ptr()
@@ -66,12 +108,22 @@ fn blocks_with(
             .cast::<i8>();
         for line in 0..BLOCK * 4 / 64 {
             // SAFETY: a prefetch is a hint that never faults, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64)) };
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(line * 64)) };
         }
-        let (above, all) = block_step(block, &mut out, marks);
+        let (above, all) = block_step(block, &mut out, &mut marks[b * words..(b + 1) * words]);
         *mass = above;
         total += above;
         every += all;
+        if behind > 0 && b >= behind {
+            let earlier = b - behind;
+            let marked = &marks[earlier * words..(earlier + 1) * words];
+            out.push_marked(&row[earlier * BLOCK..(earlier + 1) * BLOCK], marked);
+        }
+    }
+    // The last blocks' marks (none for `Listed::InStep`).
+    for earlier in count.saturating_sub(behind)..count {
+        let marked = &marks[earlier * words..(earlier + 1) * words];
+        out.push_marked(&row[earlier * BLOCK..(earlier + 1) * BLOCK], marked);
     }
     *len = out.len;
     (total, every)
@@ -136,7 +188,7 @@ pub(super) mod avx512 {
             _mm512_set1_epi32(band.high as i32),
         );
         let scale = _mm512_set1_ps(SCALE);
-        blocks_with(blocks, |block, out, marks| {
+        blocks_with(blocks, Listed::InStep, |block, out, marks| {
             let (mut acc0, mut acc1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
             let (mut all0, mut all1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
             // A vector's 16 tokens are 16 consecutive bits of the marks (x86 is little-endian).
@@ -161,29 +213,20 @@ pub(super) mod avx512 {
             )
         })
     }
+
     /// The classify pass of a band from a floor to the top (`Band::from_floor`: nothing above
     /// it, a few thousand tokens at most, the kept set of a narrow row) over the full blocks of
     /// an f32 row segment: each vector's compare mask is stored as its 16 bits of the marks, and
-    /// the marked tokens' keys are listed after the pass (from the caches). No weight above the
-    /// band to sum, no compress, no branch. Returns `(0, exact weight of the segment)`.
+    /// the marked tokens' keys are listed a few blocks behind ([`Listed::Behind`]). No weight
+    /// above the band to sum, no compress. Returns `(0, exact weight of the segment)`.
     ///
     /// # Safety
     /// The CPU must support AVX-512F and AVX-512DQ.
     #[target_feature(enable = "avx512f,avx512dq")]
     pub(crate) unsafe fn classify_sparse_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
-        let Blocks {
-            row,
-            masses,
-            listing,
-        } = blocks;
         let low = _mm512_set1_epi32(band.low as i32);
         let scale = _mm512_set1_ps(SCALE);
-        let blocks = Blocks {
-            row,
-            masses,
-            listing: &mut *listing,
-        };
-        let totals = blocks_with(blocks, |block, _, marks| {
+        blocks_with(blocks, Listed::Behind, |block, _, marks| {
             let (mut all0, mut all1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
             let vector_marks: &mut [u16] = bytemuck::cast_slice_mut(marks);
             for (lanes, mark) in block.chunks_exact(16).zip(vector_marks) {
@@ -198,9 +241,7 @@ pub(super) mod avx512 {
                 0,
                 _mm512_reduce_add_epi64(_mm512_add_epi64(all0, all1)) as u64,
             )
-        });
-        listing.push_marked(row, 0);
-        totals
+        })
     }
 }
 
@@ -280,7 +321,7 @@ pub(super) mod avx2 {
             _mm256_set1_epi32(cap(band.high)),
         );
         let scale = _mm256_set1_ps(SCALE);
-        blocks_with(blocks, |block, out, marks| {
+        blocks_with(blocks, Listed::InStep, |block, out, marks| {
             let mut acc = [_mm256_setzero_pd(); 2];
             let mut all = [_mm256_setzero_pd(); 2];
             // A vector's 8 tokens are a byte of the marks (x86 is little-endian).
@@ -317,21 +358,11 @@ pub(super) mod avx2 {
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     pub(crate) unsafe fn classify_sparse_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
-        let Blocks {
-            row,
-            masses,
-            listing,
-        } = blocks;
         // Sanitized keys are below 2^31: the signed compare orders them as the unsigned one
         // does once the bound is capped below 2^31 too.
         let low = _mm256_set1_epi32(band.low.min(i32::MAX as u32) as i32);
         let scale = _mm256_set1_ps(SCALE);
-        let blocks = Blocks {
-            row,
-            masses,
-            listing: &mut *listing,
-        };
-        let totals = blocks_with(blocks, |block, _, marks| {
+        blocks_with(blocks, Listed::Behind, |block, _, marks| {
             let mut all = [_mm256_setzero_pd(); 2];
             let vector_marks: &mut [u8] = bytemuck::cast_slice_mut(marks);
             for (lanes, mark) in block.chunks_exact(8).zip(vector_marks) {
@@ -345,8 +376,6 @@ pub(super) mod avx2 {
             }
             // Exact: integers below 2^40, 256 of them.
             (0, sum_lanes(_mm256_add_pd(all[0], all[1])))
-        });
-        listing.push_marked(row, 0);
-        totals
+        })
     }
 }

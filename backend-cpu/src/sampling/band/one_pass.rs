@@ -653,4 +653,98 @@ mod tests {
             println!("{line}");
         }
     }
+
+    /// The bench's batch of 64 rows on a pool of two pinned threads, cold (after a 400 MiB
+    /// write), beside a plain read of the same rows by the same pool: the median over 15 calls of
+    /// each, and their ratio, per shape (run with `--ignored --nocapture`; `SPECULA_PROBE_SHAPES`
+    /// picks shapes by name prefix, comma-separated).
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn batch_costs() {
+        use crate::sampling::fast::sample_prob_row_fast;
+        use crate::sampling::probe::evictor;
+        use rayon::prelude::*;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .start_handler(crate::affinity::pin_current_thread)
+            .build()
+            .expect("a pool");
+        let mut evict = evictor();
+        let only = std::env::var("SPECULA_PROBE_SHAPES").unwrap_or_default();
+        let mut lcg = Lcg(9);
+        let median = |mut t: Vec<f64>| {
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
+        };
+        for (name, sigma, t, _) in bench_shapes() {
+            if !only.is_empty() && !only.split(',').any(|p| name.starts_with(p)) {
+                continue;
+            }
+            let distinct: Vec<Vec<f32>> =
+                (0..8).map(|_| softmax_row(&mut lcg, V, sigma, t)).collect();
+            let mut matrix = Vec::with_capacity(64 * V);
+            for r in 0..64 {
+                matrix.extend_from_slice(&distinct[r % 8]);
+            }
+            // The bench's eviction: a running sum written over 400 MiB (dirty lines).
+            let mut time = |f: &(dyn Fn(&[f32]) + Sync)| {
+                let mut acc = 0u64;
+                for w in evict.iter_mut() {
+                    acc = acc.wrapping_add(*w);
+                    *w = acc;
+                }
+                let start = std::time::Instant::now();
+                pool.install(|| matrix.par_chunks_exact(V).for_each(f));
+                start.elapsed().as_secs_f64() * 1e6
+            };
+            let (mut ops, mut reads) = (Vec::new(), Vec::new());
+            for _ in 0..15 {
+                ops.push(time(&|row| {
+                    std::hint::black_box(sample_prob_row_fast(row, 0, 0.9, 7, 1));
+                }));
+                reads.push(time(&|row| {
+                    std::hint::black_box(row.iter().map(|x| x.to_bits() as u64).sum::<u64>());
+                }));
+            }
+            let (op, read) = (median(ops), median(reads));
+            println!(
+                "{name}: batch 64 op {op:.0} us, read {read:.0} us, ratio {:.2}",
+                op / read
+            );
+        }
+    }
+
+    /// The classify pass alone and the whole one pass, cold (one thread, 32 rows after a 400 MiB
+    /// read, each row's least of 7, averaged), beside a read (run with `--ignored --nocapture`).
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn classify_cold_costs() {
+        use crate::sampling::probe::{cold_micros, evictor};
+        let mut lcg = Lcg(9);
+        let evict = evictor();
+        let p_fixed = top_p_fixed(0.9);
+        for (name, sigma, t, _) in bench_shapes() {
+            let rows: Vec<Vec<f32>> = (0..32)
+                .map(|_| softmax_row(&mut lcg, V, sigma, t))
+                .collect();
+            let cold = |f: &mut dyn FnMut(usize)| cold_micros(rows.len(), &evict, f);
+            let mut s = Scratch::default();
+            let bands: Vec<Band> = rows
+                .iter()
+                .map(|row| predict(row, p_fixed, &mut s).expect("placed"))
+                .collect();
+            let read = cold(&mut |i| {
+                std::hint::black_box(rows[i].iter().map(|x| x.to_bits() as u64).sum::<u64>());
+            });
+            let classified = cold(&mut |i| {
+                std::hint::black_box(classify(&rows[i], bands[i], &mut s));
+            });
+            let whole = cold(&mut |i| {
+                std::hint::black_box(sample_top_p_one_pass(&rows[i], p_fixed, 7));
+            });
+            println!(
+                "{name}: cold per row: read {read:.1}, classify {classified:.1}, whole {whole:.1}"
+            );
+        }
+    }
 }
