@@ -10,7 +10,7 @@ use specula_backend_api::{Buffer, DType, FloatElement, Op, Result};
 
 use super::with_float;
 use crate::CpuDevice;
-use crate::sampling::fast::sample_prob_row_fast_hinted;
+use crate::sampling::fast::sample_prob_row_fast;
 use crate::sampling::histogram::{Kept, draw_in_prefix, first_prob_in_rank, prob_kept_set};
 use crate::sampling::logits;
 use specula_backend_api::host::{slice, slice_mut};
@@ -26,19 +26,8 @@ pub(crate) fn sample_prob_row<T: FloatElement>(
     seed: u64,
     parts: usize,
 ) -> usize {
-    sample_prob_row_hinted(row, (top_k, top_p, seed), parts, &[])
-}
-
-/// [`sample_prob_row`] with `next`, the bytes of the row this thread likely samples next (empty
-/// when none).
-fn sample_prob_row_hinted<T: FloatElement>(
-    row: &[T],
-    (top_k, top_p, seed): (i32, f32, u64),
-    parts: usize,
-    next: &[u8],
-) -> usize {
     let r = draw(seed, Purpose::Sample);
-    if let Some(token) = sample_prob_row_fast_hinted(row, (top_k, top_p, r), parts, next) {
+    if let Some(token) = sample_prob_row_fast(row, top_k, top_p, r, parts) {
         return token;
     }
     sample_prob_row_histogram(row, top_k, top_p, r)
@@ -113,7 +102,7 @@ impl<'a> Rows<'a> {
                 let sampling = (top_k, top_p, draw(seed, Purpose::Sample));
                 logits::sample_logit_row_hinted(row, temperature[r], sampling, hints)
             }
-            None => sample_prob_row_hinted(row, (top_k, top_p, seed), parts, next),
+            None => sample_prob_row(row, top_k, top_p, seed, parts),
         }
     }
 

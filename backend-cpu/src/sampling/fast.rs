@@ -278,24 +278,12 @@ fn draw_among(
 
 /// Samples a row on the fast path, or returns `None` when the histogram path must decide.
 /// `parts > 1` lets the first pass use that many threads.
-#[cfg(test)]
 pub(crate) fn sample_prob_row_fast<T: FloatElement>(
     row: &[T],
     top_k: i32,
     top_p: f32,
     draw: u64,
     parts: usize,
-) -> Option<usize> {
-    sample_prob_row_fast_hinted(row, (top_k, top_p, draw), parts, &[])
-}
-
-/// [`sample_prob_row_fast`] with `next`, the bytes of the row this thread likely samples next
-/// (empty when none), whose band sample the one pass asks for ahead.
-pub(crate) fn sample_prob_row_fast_hinted<T: FloatElement>(
-    row: &[T],
-    (top_k, top_p, draw): (i32, f32, u64),
-    parts: usize,
-    next: &[u8],
 ) -> Option<usize> {
     let vocab = row.len();
     let top_k = usize::try_from(top_k).ok().filter(|&k| k > 0 && k < vocab);
@@ -312,7 +300,7 @@ pub(crate) fn sample_prob_row_fast_hinted<T: FloatElement>(
         }
         if !keep_all {
             // A band the sample places: one pass of the band path, no scan.
-            let one_pass = super::band::sample_top_p_one_pass(row, p_fixed, draw, next);
+            let one_pass = super::band::sample_top_p_one_pass(row, p_fixed, draw);
             if one_pass != super::band::OnePass::Unplaced {
                 return one_pass.token();
             }

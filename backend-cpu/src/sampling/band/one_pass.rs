@@ -26,7 +26,7 @@
 use specula_backend_api::FloatElement;
 use specula_backend_api::fixed_point::top_p_target_mass;
 
-use super::sample::{bin_keys, narrow_floor, prefetch_runs_of, take_keys};
+use super::sample::{bin_keys, narrow_floor, take_keys};
 use super::{
     Band, SLACK, Scratch, band_from, classify, draw_kept, sample_with, threshold, with_scratch,
 };
@@ -66,17 +66,14 @@ impl OnePass {
 }
 
 /// Samples a probability row under top-p `p_fixed` (below `2^24`) without top-k in one pass when
-/// its sample predicts a wide kept set (see the module doc). `next` is the bytes of the row this
-/// thread likely samples next (empty when none): its sample is asked for once this row's pass is
-/// done, so that it arrives while this row is decided.
+/// its sample predicts a wide kept set (see the module doc).
 pub(crate) fn sample_top_p_one_pass<T: FloatElement>(
     row: &[T],
     p_fixed: u64,
     draw: u64,
-    next: &[u8],
 ) -> OnePass {
     with_scratch(|s| match predict(row, p_fixed, s) {
-        Some(band) => decide(row, band, (p_fixed, draw), next, s),
+        Some(band) => decide(row, band, p_fixed, draw, s),
         None => OnePass::Unplaced,
     })
 }
@@ -112,12 +109,11 @@ fn predict<T: FloatElement>(row: &[T], p_fixed: u64, s: &mut Scratch) -> Option<
 fn decide<T: FloatElement>(
     row: &[T],
     band: Band,
-    (p_fixed, draw): (u64, u64),
-    next: &[u8],
+    p_fixed: u64,
+    draw: u64,
     s: &mut Scratch,
 ) -> OnePass {
     let (above, total) = classify(row, band, s);
-    prefetch_runs_of::<T>(next);
     if total == 0 {
         return OnePass::Decided(None);
     }
@@ -201,7 +197,7 @@ mod tests {
         let mut at_0_9 = OnePass::Unplaced;
         for top_p in [0.9f32, 0.5, 0.99] {
             let draw = draws.next_u64();
-            let got = sample_top_p_one_pass(row, top_p_fixed(top_p), draw, &[]);
+            let got = sample_top_p_one_pass(row, top_p_fixed(top_p), draw);
             if top_p == 0.9 {
                 at_0_9 = got;
             }
@@ -211,12 +207,12 @@ mod tests {
             }
             let f16: Vec<half::f16> = row.iter().map(|&p| half::f16::from_f32(p)).collect();
             let bf16: Vec<half::bf16> = row.iter().map(|&p| half::bf16::from_f32(p)).collect();
-            let got = sample_top_p_one_pass(&f16, top_p_fixed(top_p), draw, &[]);
+            let got = sample_top_p_one_pass(&f16, top_p_fixed(top_p), draw);
             if let Some(token) = got.token() {
                 let expected = sample_prob_row_histogram(&f16, 0, top_p, draw);
                 assert_eq!(token, expected, "f16 {what}, top_p {top_p}");
             }
-            let got = sample_top_p_one_pass(&bf16, top_p_fixed(top_p), draw, &[]);
+            let got = sample_top_p_one_pass(&bf16, top_p_fixed(top_p), draw);
             if let Some(token) = got.token() {
                 let expected = sample_prob_row_histogram(&bf16, 0, top_p, draw);
                 assert_eq!(token, expected, "bf16 {what}, top_p {top_p}");
@@ -334,7 +330,7 @@ mod tests {
         let placed = band_from(&s.sample, scale, below, SLACK * ASSUMED_TOTAL as f64);
         assert!(f64::from(s.keys.sampled_from(placed.low)) * scale >= WIDE_FROM);
         assert_eq!(
-            sample_top_p_one_pass(&row, top_p_fixed(0.9), 5, &[]),
+            sample_top_p_one_pass(&row, top_p_fixed(0.9), 5),
             OnePass::Unplaced
         );
         for (top_p, draw) in [(0.9f32, 5u64), (0.5, 77), (0.99, 1 << 63)] {
@@ -375,13 +371,7 @@ mod tests {
             for (low, high, decided) in cases {
                 let draw = draws.next_u64();
                 let mut s = Scratch::default();
-                let outcome = decide(
-                    &row,
-                    Band { low, high },
-                    (top_p_fixed(top_p), draw),
-                    &[],
-                    &mut s,
-                );
+                let outcome = decide(&row, Band { low, high }, top_p_fixed(top_p), draw, &mut s);
                 let expected = sample_prob_row_histogram(&row, 0, top_p, draw);
                 let what = format!("top_p {top_p}, band [{low:#x}, {high:#x}), threshold {id}");
                 assert_eq!(outcome.token(), Some(expected), "{what}");
@@ -456,7 +446,7 @@ mod tests {
                     .iter()
                     .filter(|&&p| (band.low..band.high).contains(&key_of(p)))
                     .count();
-                let outcome = sample_top_p_one_pass(&row, p_fixed, 7, &[]);
+                let outcome = sample_top_p_one_pass(&row, p_fixed, 7);
                 println!(
                     "{name} row {r}: kept {kept}, sampled from low ×scale {from_low:.0}, \
                      from high {from_high:.0}, band tokens {in_band}, {outcome:?}"
@@ -541,7 +531,7 @@ mod tests {
                     None => ways[2] += 1,
                 }
                 fell += usize::from(matches!(
-                    sample_top_p_one_pass(row, p_fixed, 7, &[]),
+                    sample_top_p_one_pass(row, p_fixed, 7),
                     OnePass::FellBack(_)
                 ));
                 listed_now += with_scratch(|s| s.band.len);
@@ -666,12 +656,12 @@ mod tests {
 
     /// The bench's batch of 64 rows on a pool of two pinned threads, cold (after a 400 MiB
     /// write), beside a plain read of the same rows by the same pool: the median over 15 calls of
-    /// each, and their ratio, per shape, with and without the next row's sample asked for ahead,
-    /// call by call (run with `--ignored --nocapture`).
+    /// each, and their ratio, per shape (run with `--ignored --nocapture`; `SPECULA_PROBE_SHAPES`
+    /// picks shapes by name prefix, comma-separated).
     #[test]
     #[ignore = "a measurement, not a check"]
     fn batch_costs() {
-        use crate::sampling::fast::sample_prob_row_fast_hinted;
+        use crate::sampling::fast::sample_prob_row_fast;
         use crate::sampling::probe::evictor;
         use rayon::prelude::*;
         let pool = rayon::ThreadPoolBuilder::new()
@@ -680,59 +670,46 @@ mod tests {
             .build()
             .expect("a pool");
         let mut evict = evictor();
+        let only = std::env::var("SPECULA_PROBE_SHAPES").unwrap_or_default();
         let mut lcg = Lcg(9);
         let median = |mut t: Vec<f64>| {
             t.sort_by(f64::total_cmp);
             t[t.len() / 2]
         };
         for (name, sigma, t, _) in bench_shapes() {
+            if !only.is_empty() && !only.split(',').any(|p| name.starts_with(p)) {
+                continue;
+            }
             let distinct: Vec<Vec<f32>> =
                 (0..8).map(|_| softmax_row(&mut lcg, V, sigma, t)).collect();
             let mut matrix = Vec::with_capacity(64 * V);
             for r in 0..64 {
                 matrix.extend_from_slice(&distinct[r % 8]);
             }
-            let next_of = |r: usize, hinted: bool| -> &[u8] {
-                match matrix.get((r + 1) * V..(r + 2) * V) {
-                    Some(next) if hinted => bytemuck::cast_slice(next),
-                    _ => &[],
-                }
-            };
             // The bench's eviction: a running sum written over 400 MiB (dirty lines).
-            let mut time = |f: &(dyn Fn(usize, &[f32]) + Sync)| {
+            let mut time = |f: &(dyn Fn(&[f32]) + Sync)| {
                 let mut acc = 0u64;
                 for w in evict.iter_mut() {
                     acc = acc.wrapping_add(*w);
                     *w = acc;
                 }
                 let start = std::time::Instant::now();
-                pool.install(|| {
-                    matrix
-                        .par_chunks_exact(V)
-                        .enumerate()
-                        .for_each(|(r, row)| f(r, row))
-                });
+                pool.install(|| matrix.par_chunks_exact(V).for_each(f));
                 start.elapsed().as_secs_f64() * 1e6
             };
-            let (mut plain, mut hinted, mut reads) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut ops, mut reads) = (Vec::new(), Vec::new());
             for _ in 0..15 {
-                for (hint, times) in [(false, &mut plain), (true, &mut hinted)] {
-                    times.push(time(&|r, row| {
-                        let next = next_of(r, hint);
-                        let sampling = (0, 0.9, 7);
-                        std::hint::black_box(sample_prob_row_fast_hinted(row, sampling, 1, next));
-                    }));
-                }
-                reads.push(time(&|_, row| {
+                ops.push(time(&|row| {
+                    std::hint::black_box(sample_prob_row_fast(row, 0, 0.9, 7, 1));
+                }));
+                reads.push(time(&|row| {
                     std::hint::black_box(row.iter().map(|x| x.to_bits() as u64).sum::<u64>());
                 }));
             }
-            let (plain, hinted, read) = (median(plain), median(hinted), median(reads));
+            let (op, read) = (median(ops), median(reads));
             println!(
-                "{name}: batch 64, read {read:.0} us; op {plain:.0} us ({:.2}), the next row's \
-                 sample asked for {hinted:.0} us ({:.2})",
-                plain / read,
-                hinted / read
+                "{name}: batch 64 op {op:.0} us, read {read:.0} us, ratio {:.2}",
+                op / read
             );
         }
     }
@@ -763,7 +740,7 @@ mod tests {
                 std::hint::black_box(classify(&rows[i], bands[i], &mut s));
             });
             let whole = cold(&mut |i| {
-                std::hint::black_box(sample_top_p_one_pass(&rows[i], p_fixed, 7, &[]));
+                std::hint::black_box(sample_top_p_one_pass(&rows[i], p_fixed, 7));
             });
             println!(
                 "{name}: cold per row: read {read:.1}, classify {classified:.1}, whole {whole:.1}"

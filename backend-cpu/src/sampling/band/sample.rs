@@ -125,40 +125,17 @@ fn keys_of<T: FloatElement>(values: &[T], out: &mut [u32], levels: &mut [i16]) {
     }
 }
 
-/// Asks for the runs of the sample of a row of `T` (as bytes: `row`) that is sampled later: the
-/// next row of this thread, asked for while this one is decided. A hint only.
-pub(super) fn prefetch_runs_of<T>(row: &[u8]) {
-    let len = row.len() / std::mem::size_of::<T>().max(1);
-    if len == 0 {
-        return;
-    }
-    let runs = (len / SAMPLE_RUN).clamp(1, SAMPLES / SAMPLE_RUN);
-    let size = std::mem::size_of::<T>();
-    prefetch_byte_runs(row, (runs, len / runs * size), SAMPLE_RUN * size);
-}
-
 /// Asks for the sample's runs before they are read: scattered over the row, each is a miss the
 /// hardware prefetcher does not foresee, and one after the other they cost a row that is not in
 /// the caches a memory latency each (the one-pass path takes the sample before any pass). Into
 /// the second-level cache, which takes more misses at once than the first (the stage probe: the
 /// keys of a cold row in 3.6–5.4 µs instead of 5.3–7.4).
 #[inline]
-fn prefetch_runs<T: FloatElement>(row: &[T], runs: usize, step: usize) {
-    let size = std::mem::size_of::<T>();
-    let bytes: &[u8] = bytemuck::cast_slice(row);
-    prefetch_byte_runs(bytes, (runs, step * size), SAMPLE_RUN * size);
-}
-
-/// [`prefetch_runs`] on bytes: `runs` runs of `run` bytes, `step` bytes apart (the last cut at
-/// the row's end).
-#[inline]
-fn prefetch_byte_runs(row: &[u8], (runs, step): (usize, usize), run: usize) {
+fn prefetch_runs<T>(row: &[T], runs: usize, step: usize) {
     #[cfg(target_arch = "x86_64")]
     for i in 0..runs {
-        let Some(run) = row.get(i * step..(i * step + run).min(row.len())) else {
-            break;
-        };
-        let (start, bytes) = (run.as_ptr().cast::<i8>(), run.len());
+        let run = &row[i * step..(i * step + SAMPLE_RUN).min(row.len())];
+        let (start, bytes) = (run.as_ptr().cast::<i8>(), std::mem::size_of_val(run));
         for offset in (0..bytes).step_by(64).chain([bytes.saturating_sub(1)]) {
             // SAFETY: a prefetch is a hint that never faults; the address lies inside `run`.
             unsafe {
@@ -169,7 +146,7 @@ fn prefetch_byte_runs(row: &[u8], (runs, step): (usize, usize), run: usize) {
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (row, runs, step, run);
+    let _ = (row, runs, step);
 }
 
 /// Sums the sampled weights per level of the key (sixty-four bins per octave) into `bins` (sum
