@@ -649,7 +649,9 @@ mod tests {
     #[test]
     fn the_vector_classify_loops_equal_the_generic_one() {
         let mut lcg = Lcg(2028);
-        for v in [64, 300, 5000, 40_000 + 17] {
+        // 1024 and 1283: the floor bands' listing behind the pass (`lanes::LIST_BEHIND` blocks) at
+        // exactly that many full blocks and one more.
+        for v in [64, 300, 1024, 1283, 5000, 40_000 + 17] {
             let mut row: Vec<f32> = (0..v).map(|_| lcg.unit().powi(8) * 0.01).collect();
             row[3] = f32::NAN;
             row[9] = -0.5;
