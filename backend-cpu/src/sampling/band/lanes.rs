@@ -258,14 +258,34 @@ pub(super) mod avx2 {
         _mm256_and_ps(_mm256_min_ps(v, _mm256_set1_ps(1.0)), positive)
     }
 
-    /// The four f64 lanes of `v` summed (integers below 2^48: exact), as an integer.
+    /// The weights `floor(p · 2^40)` of 8 sanitized values (`p ≤ 1`) as two vectors of 32-bit
+    /// integers, `(hi, lo)` with weight `= hi · 2^16 + lo`: `x = p · 2^24` is exact (a
+    /// power-of-two scaling) and below `2^31`, its truncation `hi` is its floor, `x − hi` is
+    /// exact (a value less its integer part), and `lo` the floor of that fraction times `2^16`.
+    /// Summed in integer lanes (`hi ≤ 2^24`, `lo < 2^16`: 32 of each, a block's share per lane,
+    /// fit in 32 bits), instead of widened to f64 four lanes at a time.
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn sum_lanes(v: __m256d) -> u64 {
-        let mut lanes = [0f64; 4];
-        // SAFETY: `lanes` holds 4 f64; unaligned stores are allowed.
-        unsafe { _mm256_storeu_pd(lanes.as_mut_ptr(), v) };
-        lanes.iter().sum::<f64>() as u64
+    fn split_weights(p: __m256) -> (__m256i, __m256i) {
+        let x = _mm256_mul_ps(p, _mm256_set1_ps((1u32 << 24) as f32));
+        let hi = _mm256_cvttps_epi32(x);
+        let fraction = _mm256_sub_ps(x, _mm256_cvtepi32_ps(hi));
+        let lo = _mm256_cvttps_epi32(_mm256_mul_ps(fraction, _mm256_set1_ps(65536.0)));
+        (hi, lo)
+    }
+
+    /// The eight 32-bit lanes of `hi` and of `lo` summed, as `Σhi · 2^16 + Σlo`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn join_sums(hi: __m256i, lo: __m256i) -> u64 {
+        let (mut his, mut los) = ([0u32; 8], [0u32; 8]);
+        // SAFETY: each array holds 8 u32; unaligned stores are allowed.
+        unsafe {
+            _mm256_storeu_si256(his.as_mut_ptr().cast(), hi);
+            _mm256_storeu_si256(los.as_mut_ptr().cast(), lo);
+        }
+        let sum = |lanes: [u32; 8]| lanes.iter().map(|&v| u64::from(v)).sum::<u64>();
+        (sum(his) << 16) + sum(los)
     }
 
     /// For each mask of 8 lanes, the lanes it selects packed to the front: their indices, a byte
@@ -320,10 +340,9 @@ pub(super) mod avx2 {
             _mm256_set1_epi32(cap(band.low)),
             _mm256_set1_epi32(cap(band.high)),
         );
-        let scale = _mm256_set1_ps(SCALE);
         blocks_with(blocks, Listed::InStep, |block, out, marks| {
-            let mut acc = [_mm256_setzero_pd(); 2];
-            let mut all = [_mm256_setzero_pd(); 2];
+            let (mut acc_hi, mut acc_lo) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            let (mut all_hi, mut all_lo) = (_mm256_setzero_si256(), _mm256_setzero_si256());
             // A vector's 8 tokens are a byte of the marks (x86 is little-endian).
             let vector_marks: &mut [u8] = bytemuck::cast_slice_mut(marks);
             for (lanes, mark) in block.chunks_exact(8).zip(vector_marks) {
@@ -337,18 +356,13 @@ pub(super) mod avx2 {
                 let lane_bits = _mm256_movemask_ps(_mm256_castsi256_ps(in_band)) as u8;
                 list(out, lane_bits, key);
                 *mark = lane_bits;
-                let every = _mm256_floor_ps(_mm256_mul_ps(p, scale));
-                let w = _mm256_andnot_ps(_mm256_castsi256_ps(below_high), every);
-                acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
-                acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(w)));
-                all[0] = _mm256_add_pd(all[0], _mm256_cvtps_pd(_mm256_castps256_ps128(every)));
-                all[1] = _mm256_add_pd(all[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(every)));
+                let (hi, lo) = split_weights(p);
+                all_hi = _mm256_add_epi32(all_hi, hi);
+                all_lo = _mm256_add_epi32(all_lo, lo);
+                acc_hi = _mm256_add_epi32(acc_hi, _mm256_andnot_si256(below_high, hi));
+                acc_lo = _mm256_add_epi32(acc_lo, _mm256_andnot_si256(below_high, lo));
             }
-            // Exact: integers below 2^40, 256 of them.
-            (
-                sum_lanes(_mm256_add_pd(acc[0], acc[1])),
-                sum_lanes(_mm256_add_pd(all[0], all[1])),
-            )
+            (join_sums(acc_hi, acc_lo), join_sums(all_hi, all_lo))
         })
     }
 
@@ -361,21 +375,19 @@ pub(super) mod avx2 {
         // Sanitized keys are below 2^31: the signed compare orders them as the unsigned one
         // does once the bound is capped below 2^31 too.
         let low = _mm256_set1_epi32(band.low.min(i32::MAX as u32) as i32);
-        let scale = _mm256_set1_ps(SCALE);
         blocks_with(blocks, Listed::Behind, |block, _, marks| {
-            let mut all = [_mm256_setzero_pd(); 2];
+            let (mut all_hi, mut all_lo) = (_mm256_setzero_si256(), _mm256_setzero_si256());
             let vector_marks: &mut [u8] = bytemuck::cast_slice_mut(marks);
             for (lanes, mark) in block.chunks_exact(8).zip(vector_marks) {
                 // SAFETY: `lanes` holds 8 f32; unaligned loads are allowed.
                 let p = sanitize(unsafe { _mm256_loadu_ps(lanes.as_ptr()) });
                 let below_low = _mm256_cmpgt_epi32(low, _mm256_castps_si256(p));
                 *mark = !(_mm256_movemask_ps(_mm256_castsi256_ps(below_low)) as u8);
-                let w = _mm256_floor_ps(_mm256_mul_ps(p, scale));
-                all[0] = _mm256_add_pd(all[0], _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
-                all[1] = _mm256_add_pd(all[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(w)));
+                let (hi, lo) = split_weights(p);
+                all_hi = _mm256_add_epi32(all_hi, hi);
+                all_lo = _mm256_add_epi32(all_lo, lo);
             }
-            // Exact: integers below 2^40, 256 of them.
-            (0, sum_lanes(_mm256_add_pd(all[0], all[1])))
+            (0, join_sums(all_hi, all_lo))
         })
     }
 }
