@@ -455,6 +455,19 @@ mod tests {
         }
     }
 
+    /// The 32 rows of one bench shape the cold probes below time.
+    fn probe_rows(lcg: &mut Lcg, sigma: f64, t: f64) -> Vec<Vec<f32>> {
+        (0..32).map(|_| softmax_row(lcg, V, sigma, t)).collect()
+    }
+
+    /// A plain read of each of `rows`, cold ([`cold_micros`](crate::sampling::probe::cold_micros)):
+    /// the probes' yardstick.
+    fn cold_read(rows: &[Vec<f32>], evict: &[u64]) -> f64 {
+        crate::sampling::probe::cold_micros(rows.len(), evict, &mut |i| {
+            std::hint::black_box(rows[i].iter().map(|x| x.to_bits() as u64).sum::<u64>());
+        })
+    }
+
     /// The stages of a narrow row (the sample, the scan, the rest of the fast path) beside a
     /// read, one thread, cold rows, and the band path's classify with the band from the sampled
     /// low end to the top (run with `--ignored --nocapture`).
@@ -468,13 +481,9 @@ mod tests {
         let evict = evictor();
         let p_fixed = top_p_fixed(0.9);
         for (name, sigma, t, _) in bench_shapes() {
-            let rows: Vec<Vec<f32>> = (0..32)
-                .map(|_| softmax_row(&mut lcg, V, sigma, t))
-                .collect();
+            let rows = probe_rows(&mut lcg, sigma, t);
             let cold = |f: &mut dyn FnMut(usize)| cold_micros(rows.len(), &evict, f);
-            let read = cold(&mut |i| {
-                std::hint::black_box(rows[i].iter().map(|x| x.to_bits() as u64).sum::<u64>());
-            });
+            let read = cold_read(&rows, &evict);
             let mut s = Scratch::default();
             let sample = cold(&mut |i| {
                 std::hint::black_box(predict(&rows[i], p_fixed, &mut s));
@@ -560,13 +569,9 @@ mod tests {
         let evict = evictor();
         let p_fixed = top_p_fixed(0.9);
         for (name, sigma, t, _) in bench_shapes() {
-            let rows: Vec<Vec<f32>> = (0..32)
-                .map(|_| softmax_row(&mut lcg, V, sigma, t))
-                .collect();
+            let rows = probe_rows(&mut lcg, sigma, t);
             let cold = |f: &mut dyn FnMut(usize)| cold_micros(rows.len(), &evict, f);
-            let read = cold(&mut |i| {
-                std::hint::black_box(rows[i].iter().map(|x| x.to_bits() as u64).sum::<u64>());
-            });
+            let read = cold_read(&rows, &evict);
             let mut s = Scratch::default();
             let sample = cold(&mut |i| {
                 std::hint::black_box(predict(&rows[i], p_fixed, &mut s));
@@ -724,18 +729,14 @@ mod tests {
         let evict = evictor();
         let p_fixed = top_p_fixed(0.9);
         for (name, sigma, t, _) in bench_shapes() {
-            let rows: Vec<Vec<f32>> = (0..32)
-                .map(|_| softmax_row(&mut lcg, V, sigma, t))
-                .collect();
+            let rows = probe_rows(&mut lcg, sigma, t);
             let cold = |f: &mut dyn FnMut(usize)| cold_micros(rows.len(), &evict, f);
             let mut s = Scratch::default();
             let bands: Vec<Band> = rows
                 .iter()
                 .map(|row| predict(row, p_fixed, &mut s).expect("placed"))
                 .collect();
-            let read = cold(&mut |i| {
-                std::hint::black_box(rows[i].iter().map(|x| x.to_bits() as u64).sum::<u64>());
-            });
+            let read = cold_read(&rows, &evict);
             let classified = cold(&mut |i| {
                 std::hint::black_box(classify(&rows[i], bands[i], &mut s));
             });
