@@ -455,17 +455,25 @@ mod tests {
         }
     }
 
-    /// The 32 rows of one bench shape the cold probes below time.
-    fn probe_rows(lcg: &mut Lcg, sigma: f64, t: f64) -> Vec<Vec<f32>> {
-        (0..32).map(|_| softmax_row(lcg, V, sigma, t)).collect()
-    }
-
-    /// A plain read of each of `rows`, cold ([`cold_micros`](crate::sampling::probe::cold_micros)):
-    /// the probes' yardstick.
-    fn cold_read(rows: &[Vec<f32>], evict: &[u64]) -> f64 {
-        crate::sampling::probe::cold_micros(rows.len(), evict, &mut |i| {
-            std::hint::black_box(rows[i].iter().map(|x| x.to_bits() as u64).sum::<u64>());
-        })
+    /// Runs `probe` on each bench shape's 32 rows with a timer of cold calls
+    /// ([`cold_micros`](crate::sampling::probe::cold_micros): `f(i)` for each row `i`, µs a row)
+    /// and that timer's figure for a plain read of the rows, the probes' yardstick.
+    fn cold_probe(
+        mut probe: impl FnMut(&str, &[Vec<f32>], &mut dyn FnMut(&mut dyn FnMut(usize)) -> f64, f64),
+    ) {
+        use crate::sampling::probe::{cold_micros, evictor};
+        let mut lcg = Lcg(9);
+        let evict = evictor();
+        for (name, sigma, t, _) in bench_shapes() {
+            let rows: Vec<Vec<f32>> = (0..32)
+                .map(|_| softmax_row(&mut lcg, V, sigma, t))
+                .collect();
+            let mut cold = |f: &mut dyn FnMut(usize)| cold_micros(rows.len(), &evict, f);
+            let read = cold(&mut |i| {
+                std::hint::black_box(rows[i].iter().map(|x| x.to_bits() as u64).sum::<u64>());
+            });
+            probe(name, &rows, &mut cold, read);
+        }
     }
 
     /// The stages of a narrow row (the sample, the scan, the rest of the fast path) beside a
@@ -475,15 +483,10 @@ mod tests {
     #[ignore = "a measurement, not a check"]
     fn narrow_stage_costs() {
         use crate::sampling::fast::sample_prob_row_fast;
-        use crate::sampling::probe::{cold_micros, evictor, least_us};
+        use crate::sampling::probe::least_us;
         use crate::sampling::scan::{GroupSample, Need, block_counts, scan};
-        let mut lcg = Lcg(9);
-        let evict = evictor();
         let p_fixed = top_p_fixed(0.9);
-        for (name, sigma, t, _) in bench_shapes() {
-            let rows = probe_rows(&mut lcg, sigma, t);
-            let cold = |f: &mut dyn FnMut(usize)| cold_micros(rows.len(), &evict, f);
-            let read = cold_read(&rows, &evict);
+        cold_probe(|name, rows, cold, read| {
             let mut s = Scratch::default();
             let sample = cold(&mut |i| {
                 std::hint::black_box(predict(&rows[i], p_fixed, &mut s));
@@ -533,7 +536,7 @@ mod tests {
             // What the one pass does with the rows: (floor bands, wide bands, unplaced),
             // fallbacks, tokens listed.
             let (mut ways, mut fell, mut listed_now) = ([0; 3], 0, 0);
-            for row in &rows {
+            for row in rows {
                 match predict(row, p_fixed, &mut s) {
                     Some(band) if band.is_floor() => ways[0] += 1,
                     Some(_) => ways[1] += 1,
@@ -554,7 +557,7 @@ mod tests {
                  whole {whole:.1}, classify from the low end {classified:.1} ({listed} tokens, \
                  kept {kept}); warm: scan {w_scan:.1}, whole {w_whole:.1}, classify {w_classify:.1}"
             );
-        }
+        });
     }
 
     /// The stages of the one pass on the bench's shapes, one thread: warm (one row, least of 50
@@ -564,14 +567,9 @@ mod tests {
     #[ignore = "a measurement, not a check"]
     fn stage_costs() {
         use crate::sampling::fast::sample_prob_row_fast;
-        use crate::sampling::probe::{cold_micros, evictor, least_us};
-        let mut lcg = Lcg(9);
-        let evict = evictor();
+        use crate::sampling::probe::least_us;
         let p_fixed = top_p_fixed(0.9);
-        for (name, sigma, t, _) in bench_shapes() {
-            let rows = probe_rows(&mut lcg, sigma, t);
-            let cold = |f: &mut dyn FnMut(usize)| cold_micros(rows.len(), &evict, f);
-            let read = cold_read(&rows, &evict);
+        cold_probe(|name, rows, cold, read| {
             let mut s = Scratch::default();
             let sample = cold(&mut |i| {
                 std::hint::black_box(predict(&rows[i], p_fixed, &mut s));
@@ -656,7 +654,7 @@ mod tests {
                 );
             }
             println!("{line}");
-        }
+        });
     }
 
     /// The bench's batch of 64 rows on a pool of two pinned threads, cold (after a 400 MiB
@@ -724,19 +722,13 @@ mod tests {
     #[test]
     #[ignore = "a measurement, not a check"]
     fn classify_cold_costs() {
-        use crate::sampling::probe::{cold_micros, evictor};
-        let mut lcg = Lcg(9);
-        let evict = evictor();
         let p_fixed = top_p_fixed(0.9);
-        for (name, sigma, t, _) in bench_shapes() {
-            let rows = probe_rows(&mut lcg, sigma, t);
-            let cold = |f: &mut dyn FnMut(usize)| cold_micros(rows.len(), &evict, f);
+        cold_probe(|name, rows, cold, read| {
             let mut s = Scratch::default();
             let bands: Vec<Band> = rows
                 .iter()
                 .map(|row| predict(row, p_fixed, &mut s).expect("placed"))
                 .collect();
-            let read = cold_read(&rows, &evict);
             let classified = cold(&mut |i| {
                 std::hint::black_box(classify(&rows[i], bands[i], &mut s));
             });
@@ -746,6 +738,6 @@ mod tests {
             println!(
                 "{name}: cold per row: read {read:.1}, classify {classified:.1}, whole {whole:.1}"
             );
-        }
+        });
     }
 }
