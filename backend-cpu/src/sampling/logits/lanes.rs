@@ -312,45 +312,7 @@ pub(crate) fn estimate_store_levels<const L: usize>(
         // SAFETY: AVX2 and FMA are present; `out` is as long as `row`.
         return unsafe { avx2::estimate_store(row, lanes, out, levels) };
     }
-    estimate_store_generic(row, lanes, out, levels, |w| w)
-}
-
-/// `2^-25`: a stored half estimate is the IEEE half of `ŵ · 2^-25` (every estimate is below
-/// about `2^40`, so below `2^15` scaled, inside the half range).
-pub(crate) const HALF_SCALE: f32 = 1.0 / 33_554_432.0;
-
-/// The stored half of an estimate `w` (rounded to nearest, ties to even: `vcvtps2ph`'s rounding).
-#[inline(always)]
-pub(crate) fn to_half(w: f32) -> u16 {
-    half::f16::from_f32(w * HALF_SCALE).to_bits()
-}
-
-/// The estimate a stored half stands for.
-#[inline(always)]
-pub(crate) fn of_half(h: u16) -> f32 {
-    half::f16::from_bits(h).to_f32() * (1.0 / HALF_SCALE)
-}
-
-/// [`estimate_store_levels`] with the estimates stored as halves ([`to_half`]); the total and
-/// the masses at the levels are sums of the f32 estimates.
-pub(crate) fn estimate_store_levels_half<const L: usize>(
-    row: &[f32],
-    lanes: &RowLanes,
-    out: &mut [u16],
-    levels: &[f32; L],
-) -> (f64, [f64; L]) {
-    let out = &mut out[..row.len()];
-    #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
-        // SAFETY: AVX-512F/BW/VL/DQ are present.
-        return unsafe { avx512::estimate_store_half(row, lanes, out, levels) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2, FMA and F16C are present; `out` is as long as `row`.
-        return unsafe { avx2::estimate_store_half(row, lanes, out, levels) };
-    }
-    estimate_store_generic(row, lanes, out, levels, to_half)
+    estimate_store_generic(row, lanes, out, levels)
 }
 
 /// The block-sums loop of the vector widths: `block_sum` estimates one whole block of
@@ -384,13 +346,12 @@ fn block_sums_with(
 /// `N` tokens into its slots of `out`; the tokens past the last whole vector are estimated one
 /// by one. Returns the sums of those last ones: the total and the masses at `levels`.
 #[inline(always)]
-fn store_with<const N: usize, const L: usize, O>(
+fn store_with<const N: usize, const L: usize>(
     row: &[f32],
     lanes: &RowLanes,
-    out: &mut [O],
+    out: &mut [f32],
     levels: &[f32; L],
-    narrow: impl Fn(f32) -> O,
-    mut step: impl FnMut(&[f32], &mut [O]),
+    mut step: impl FnMut(&[f32], &mut [f32]),
 ) -> (f64, [f64; L]) {
     let mut vectors = row.chunks_exact(N);
     let mut outs = out.chunks_exact_mut(N);
@@ -400,7 +361,7 @@ fn store_with<const N: usize, const L: usize, O>(
     let (mut total, mut above) = (0.0, [0.0; L]);
     for (&l, o) in vectors.remainder().iter().zip(outs.into_remainder()) {
         let w = estimate_of_gap(lanes.gap_of(l), lanes);
-        *o = narrow(w);
+        *o = w;
         total += f64::from(w);
         for (above, &level) in above.iter_mut().zip(levels) {
             if l >= level {
@@ -409,12 +370,6 @@ fn store_with<const N: usize, const L: usize, O>(
         }
     }
     (total, above)
-}
-
-/// An estimate stored as itself.
-#[inline(always)]
-fn same(w: f32) -> f32 {
-    w
 }
 
 /// Lanes of the generic estimate loops.
@@ -450,26 +405,24 @@ fn estimate_sums_generic(row: &[f32], lanes: &RowLanes, sums: &mut [f64]) -> f64
 }
 
 #[inline(always)]
-fn estimate_store_generic<const L: usize, O>(
+fn estimate_store_generic<const L: usize>(
     row: &[f32],
     lanes: &RowLanes,
-    out: &mut [O],
+    out: &mut [f32],
     levels: &[f32; L],
-    narrow: impl Fn(f32) -> O + Copy,
 ) -> (f64, [f64; L]) {
     let mut acc = [0.0f32; EST_LANES];
     let mut at = [[0.0f32; EST_LANES]; L];
-    let step = |group: &[f32], o: &mut [O]| {
+    let (rest, mut above) = store_with::<EST_LANES, L>(row, lanes, out, levels, |group, o| {
         for (j, (&l, o)) in group.iter().zip(o.iter_mut()).enumerate() {
             let w = estimate_of_gap(lanes.gap_of(l), lanes);
-            *o = narrow(w);
+            *o = w;
             acc[j] += w;
             for (at, &level) in at.iter_mut().zip(levels) {
                 at[j] += if l >= level { w } else { 0.0 };
             }
         }
-    };
-    let (rest, mut above) = store_with::<EST_LANES, L, O>(row, lanes, out, levels, narrow, step);
+    });
     for (above, at) in above.iter_mut().zip(&at) {
         *above += at.iter().map(|&a| f64::from(a)).sum::<f64>();
     }
@@ -618,8 +571,7 @@ macro_rules! gaps_fn {
 /// lanes reduced by `$reduce`; see [`estimate_store_levels`].
 #[cfg(target_arch = "x86_64")]
 macro_rules! store_levels {
-    ($name:ident, $out:ty, $narrow:path, $features:literal, $n:literal,
-     ($zero:ident, $set1:ident, $add:ident),
+    ($features:literal, $n:literal, ($zero:ident, $set1:ident, $add:ident),
      ($load:ident, $store:ident), ($estimate:ident, $add_at:ident, $reduce:ident)) => {
         /// See [`super::estimate_store_levels`].
         ///
@@ -627,28 +579,27 @@ macro_rules! store_levels {
         /// The CPU must have the features the function is compiled for; `out` is as long as
         /// `row`.
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn $name<const L: usize>(
+        pub(super) unsafe fn estimate_store<const L: usize>(
             row: &[f32],
             lanes: &RowLanes,
-            out: &mut [$out],
+            out: &mut [f32],
             levels: &[f32; L],
         ) -> (f64, [f64; L]) {
             let mut acc = $zero();
             let at = levels.map(|level| $set1(level));
             let mut sums = [$zero(); L];
-            let (rest, mut above) =
-                store_with::<$n, L, $out>(row, lanes, out, levels, $narrow, |v, o| {
-                    // SAFETY: `v` and `o` hold `$n` f32.
-                    unsafe {
-                        let l = $load(v.as_ptr());
-                        let w = $estimate(l, lanes);
-                        $store(o.as_mut_ptr(), w);
-                        acc = $add(acc, w);
-                        for (sum, &level) in sums.iter_mut().zip(&at) {
-                            *sum = $add_at(*sum, l, level, w);
-                        }
+            let (rest, mut above) = store_with::<$n, L>(row, lanes, out, levels, |v, o| {
+                // SAFETY: `v` and `o` hold `$n` f32.
+                unsafe {
+                    let l = $load(v.as_ptr());
+                    let w = $estimate(l, lanes);
+                    $store(o.as_mut_ptr(), w);
+                    acc = $add(acc, w);
+                    for (sum, &level) in sums.iter_mut().zip(&at) {
+                        *sum = $add_at(*sum, l, level, w);
                     }
-                });
+                }
+            });
             for (above, &sum) in above.iter_mut().zip(&sums) {
                 *above += $reduce(sum);
             }
@@ -876,37 +827,10 @@ mod avx512 {
     }
 
     store_levels!(
-        estimate_store,
-        f32,
-        super::same,
         "avx512f,avx512bw,avx512vl,avx512dq",
         16,
         (_mm512_setzero_ps, _mm512_set1_ps, _mm512_add_ps),
         (_mm512_loadu_ps, _mm512_storeu_ps),
-        (estimate16, add_at16, reduce16)
-    );
-
-    /// Stores 16 estimates as halves ([`super::to_half`]).
-    ///
-    /// # Safety
-    /// `o` has room for 16 u16.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-    unsafe fn store_half16(o: *mut u16, w: __m512) {
-        let scaled = _mm512_mul_ps(w, _mm512_set1_ps(super::HALF_SCALE));
-        let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(scaled);
-        // SAFETY: the caller's promise.
-        unsafe { _mm256_storeu_si256(o.cast(), h) };
-    }
-
-    store_levels!(
-        estimate_store_half,
-        u16,
-        super::to_half,
-        "avx512f,avx512bw,avx512vl,avx512dq",
-        16,
-        (_mm512_setzero_ps, _mm512_set1_ps, _mm512_add_ps),
-        (_mm512_loadu_ps, store_half16),
         (estimate16, add_at16, reduce16)
     );
 }
@@ -1041,37 +965,10 @@ mod avx2 {
     }
 
     store_levels!(
-        estimate_store,
-        f32,
-        super::same,
         "avx2,fma",
         8,
         (_mm256_setzero_ps, _mm256_set1_ps, _mm256_add_ps),
         (_mm256_loadu_ps, _mm256_storeu_ps),
-        (estimate8, add_at8, reduce8)
-    );
-
-    /// Stores 8 estimates as halves ([`super::to_half`]).
-    ///
-    /// # Safety
-    /// `o` has room for 8 u16.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn store_half8(o: *mut u16, w: __m256) {
-        let scaled = _mm256_mul_ps(w, _mm256_set1_ps(super::HALF_SCALE));
-        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(scaled);
-        // SAFETY: the caller's promise.
-        unsafe { _mm_storeu_si128(o.cast(), h) };
-    }
-
-    store_levels!(
-        estimate_store_half,
-        u16,
-        super::to_half,
-        "avx2,fma,f16c",
-        8,
-        (_mm256_setzero_ps, _mm256_set1_ps, _mm256_add_ps),
-        (_mm256_loadu_ps, store_half8),
         (estimate8, add_at8, reduce8)
     );
 
@@ -1289,7 +1186,7 @@ mod tests {
                 let mut stored = vec![0f32; row.len()];
                 let mut sums = vec![0f64; blocks];
                 let bits = |stored: &[f32]| stored.iter().map(|w| w.to_bits()).collect::<Vec<_>>();
-                estimate_store_generic(&row, &lanes, &mut stored, &[], same);
+                estimate_store_generic(&row, &lanes, &mut stored, &[]);
                 assert_eq!(bits(&stored), scalar, "generic, t {t}, clean {clean}");
                 let total = estimate_sums_generic(&row, &lanes, &mut sums);
                 check_sums("generic", &sums, total);
@@ -1357,7 +1254,7 @@ mod tests {
                 assert_eq!(above[3], 0.0, "{name}: NaN level");
             };
             let mut stored = vec![0f32; row.len()];
-            let sums = estimate_store_generic(&row, &lanes, &mut stored, &levels, same);
+            let sums = estimate_store_generic(&row, &lanes, &mut stored, &levels);
             check("generic", &stored, sums);
             #[cfg(target_arch = "x86_64")]
             {

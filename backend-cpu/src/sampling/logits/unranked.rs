@@ -31,7 +31,7 @@ use super::key_select;
 mod fused;
 use super::lanes::{
     self, ESTIMATE_ABSOLUTE, ESTIMATE_RELATIVE, RowLanes, estimate_block_sums, estimate_store,
-    estimate_store_levels_half, exact_weights, max_and_clean, of_half,
+    estimate_store_levels, exact_weights, max_and_clean,
 };
 
 /// Tokens per chunk of the passes: the unit of the per-chunk masses and of the draw's exact walk.
@@ -55,8 +55,8 @@ const MARGIN: f64 = 1.0 / (1u64 << 44) as f64;
 struct Scratch {
     /// The row as f32 (rows of other dtypes).
     widened: Vec<f32>,
-    /// Per-token estimates as halves (top_p < 1; [`lanes::to_half`]).
-    estimates: Vec<u16>,
+    /// Per-token estimates (top_p < 1).
+    estimates: Vec<f32>,
     /// Per-chunk masses.
     masses: Vec<f64>,
     /// The band's tokens: rank key, id, estimate.
@@ -315,15 +315,15 @@ impl<'a> Passes<'a> {
     /// `levels` ([`estimate_store_levels`]).
     fn estimate_tokens<const L: usize>(
         &self,
-        estimates: &mut Vec<u16>,
+        estimates: &mut Vec<f32>,
         levels: &[f32; L],
     ) -> (f64, [f64; L]) {
-        estimates.resize(self.values.len(), 0);
+        estimates.resize(self.values.len(), 0.0);
         let lanes = &self.lanes;
         let steps = self
             .segments
             .map_tokens(self.values, estimates, |part, out| {
-                estimate_store_levels_half(part, lanes, out, levels)
+                estimate_store_levels(part, lanes, out, levels)
             });
         let mut sums = (0.0, [0.0; L]);
         for (total, above) in steps {
@@ -1017,7 +1017,7 @@ fn logit_of_estimate(lanes: &RowLanes, w: f32) -> f32 {
 /// its token count.
 fn classify(
     passes: &Passes<'_>,
-    estimates: &[u16],
+    estimates: &[f32],
     band: Band,
     masses: &mut Vec<f64>,
     found: Found<'_>,
@@ -1090,7 +1090,7 @@ impl Counted {
 /// [`classify`] of the tokens of one segment, starting at token `first`.
 fn classify_part(
     values: &[f32],
-    estimates: &[u16],
+    estimates: &[f32],
     first: usize,
     band: Band,
     masses: &mut [f64],
@@ -1115,7 +1115,7 @@ fn classify_part(
 /// band's tokens in a bitmap per chunk, pushed here afterwards.
 fn classify_full(
     values: &[f32],
-    estimates: &[u16],
+    estimates: &[f32],
     first: usize,
     band: Band,
     masses: &mut [f64],
@@ -1164,7 +1164,7 @@ const LIST_STEP: usize = 8 * CHUNK;
 /// [`classify`] token by token, for chunks starting at token `first`.
 fn classify_chunks(
     values: &[f32],
-    estimates: &[u16],
+    estimates: &[f32],
     first: usize,
     band: Band,
     masses: &mut [f64],
@@ -1178,8 +1178,7 @@ fn classify_chunks(
         .enumerate()
     {
         *mass = 0.0;
-        for (j, (&l, &h)) in chunk.iter().zip(ests).enumerate() {
-            let w = of_half(h);
+        for (j, (&l, &w)) in chunk.iter().zip(ests).enumerate() {
             counted.row += f64::from(w);
             // NaN is neither above nor in the band (it ranks last and weighs 0).
             if l >= band.high {
@@ -1221,7 +1220,7 @@ fn list_band(
     first: usize,
     bitmaps: &[u64],
     values: &[f32],
-    estimates: &[u16],
+    estimates: &[f32],
 ) {
     let count: usize = bitmaps.iter().map(|w| w.count_ones() as usize).sum();
     let start = found.tokens.len();
@@ -1241,7 +1240,7 @@ fn list_band(
             listed[n] = BandToken {
                 key: key_select(values[j]),
                 id: (first + j) as u32,
-                estimate: of_half(estimates[j]),
+                estimate: estimates[j],
             };
             n += 1;
         }
@@ -1256,7 +1255,7 @@ fn list_band(
 #[cfg(target_arch = "x86_64")]
 struct Step<'a> {
     values: &'a [f32],
-    estimates: &'a [u16],
+    estimates: &'a [f32],
     masses: &'a mut [f64],
     bitmaps: &'a mut [u64],
 }
@@ -1271,7 +1270,7 @@ struct Step<'a> {
 fn chunks_with<const N: usize, A: Copy>(
     step: Step<'_>,
     zero: A,
-    mut group: impl FnMut(*const f32, *const u16, &mut A) -> u64,
+    mut group: impl FnMut(*const f32, *const f32, &mut A) -> u64,
     mut finish: impl FnMut(A) -> f64,
 ) -> Counted {
     let mut counted = Counted::default();
@@ -1306,8 +1305,6 @@ fn chunks_with<const N: usize, A: Copy>(
 mod avx512 {
     use super::{Band, Counted, Step, chunks_with};
     use std::arch::x86_64::*;
-    /// The halves' scale undone.
-    const UNSCALE: f64 = 33_554_432.0;
 
     /// Writes each chunk's mass above the band and the bitmap of the band tokens of each word;
     /// returns the mass above the band, its token count and the row's sum.
@@ -1318,32 +1315,30 @@ mod avx512 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt")]
     pub(super) unsafe fn classify(step: Step<'_>, band: Band) -> Counted {
         let (high, low) = (_mm512_set1_ps(band.high), _mm512_set1_ps(band.low));
-        let mut row = 0.0f64;
+        let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
         let mut above_tokens = 0;
-        let zero = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let group = |l: *const f32, e: *const u16, (acc, all): &mut (__m512, __m512)| {
-            // SAFETY: `chunks_with` passes pointers to 16 f32 and 16 u16.
-            let (l, e) = unsafe {
-                (
-                    _mm512_loadu_ps(l),
-                    _mm512_cvtph_ps(_mm256_loadu_si256(e.cast())),
-                )
-            };
+        let zero = (_mm512_setzero_pd(), _mm512_setzero_pd());
+        let group = |l: *const f32, e: *const f32, (acc0, acc1): &mut (__m512d, __m512d)| {
+            // SAFETY: `chunks_with` passes pointers to 16 f32.
+            let (l, e) = unsafe { (_mm512_loadu_ps(l), _mm512_loadu_ps(e)) };
             // Ordered compares: NaN is neither above nor in the band.
             let above = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, high);
             let in_band = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(!above, l, low);
-            *acc = _mm512_mask_add_ps(*acc, above, *acc, e);
-            *all = _mm512_add_ps(*all, e);
+            let e_low = _mm512_cvtps_pd(_mm512_castps512_ps256(e));
+            let e_high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                _mm512_castps_pd(e),
+            )));
+            *acc0 = _mm512_mask_add_pd(*acc0, above as u8, *acc0, e_low);
+            *acc1 = _mm512_mask_add_pd(*acc1, (above >> 8) as u8, *acc1, e_high);
+            all0 = _mm512_add_pd(all0, e_low);
+            all1 = _mm512_add_pd(all1, e_high);
             above_tokens += above.count_ones() as usize;
             u64::from(in_band)
         };
-        let finish = |(acc, all): (__m512, __m512)| {
-            row += f64::from(_mm512_reduce_add_ps(all)) * UNSCALE;
-            f64::from(_mm512_reduce_add_ps(acc)) * UNSCALE
-        };
+        let finish = |(acc0, acc1)| _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
         let mut counted = chunks_with::<16, _>(step, zero, group, finish);
         counted.above_tokens = above_tokens;
-        counted.row = row;
+        counted.row = _mm512_reduce_add_pd(_mm512_add_pd(all0, all1));
         counted
     }
 }
@@ -1353,8 +1348,6 @@ mod avx512 {
 mod avx2 {
     use super::{Band, Counted, Step, chunks_with};
     use std::arch::x86_64::*;
-    /// The halves' scale undone.
-    const UNSCALE: f64 = 33_554_432.0;
 
     /// The sum of 4 f64 lanes.
     #[inline]
@@ -1368,20 +1361,15 @@ mod avx2 {
     ///
     /// # Safety
     /// The CPU must support AVX2 and POPCNT; the step's slices are as [`Step`] says.
-    #[target_feature(enable = "avx2,fma,f16c,popcnt")]
+    #[target_feature(enable = "avx2,fma,popcnt")]
     pub(super) unsafe fn classify(step: Step<'_>, band: Band) -> Counted {
         let (high, low) = (_mm256_set1_ps(band.high), _mm256_set1_ps(band.low));
         let (mut all0, mut all1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
         let mut above_tokens = 0;
         let zero = (_mm256_setzero_pd(), _mm256_setzero_pd());
-        let group = |l: *const f32, e: *const u16, (acc0, acc1): &mut (__m256d, __m256d)| {
-            // SAFETY: `chunks_with` passes pointers to 8 f32 and 8 u16.
-            let (l, e) = unsafe {
-                (
-                    _mm256_loadu_ps(l),
-                    _mm256_cvtph_ps(_mm_loadu_si128(e.cast())),
-                )
-            };
+        let group = |l: *const f32, e: *const f32, (acc0, acc1): &mut (__m256d, __m256d)| {
+            // SAFETY: `chunks_with` passes pointers to 8 f32.
+            let (l, e) = unsafe { (_mm256_loadu_ps(l), _mm256_loadu_ps(e)) };
             let above = _mm256_cmp_ps::<_CMP_GE_OQ>(l, high);
             let at_least_low = _mm256_cmp_ps::<_CMP_GE_OQ>(l, low);
             all0 = _mm256_add_pd(all0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
@@ -1393,10 +1381,10 @@ mod avx2 {
             above_tokens += above.count_ones() as usize;
             u64::from(_mm256_movemask_ps(at_least_low) as u32 & !above)
         };
-        let finish = |(acc0, acc1)| reduce4(_mm256_add_pd(acc0, acc1)) * UNSCALE;
+        let finish = |(acc0, acc1)| reduce4(_mm256_add_pd(acc0, acc1));
         let mut counted = chunks_with::<8, _>(step, zero, group, finish);
         counted.above_tokens = above_tokens;
-        counted.row = reduce4(_mm256_add_pd(all0, all1)) * UNSCALE;
+        counted.row = reduce4(_mm256_add_pd(all0, all1));
         counted
     }
 }
@@ -1809,8 +1797,8 @@ mod tests {
             row[at] = value;
         }
         let lanes = RowLanes::new(max, row_scale(1.0), true).expect("lanes");
-        let mut estimates = vec![0u16; v];
-        lanes::estimate_store_levels_half(&row, &lanes, &mut estimates, &[]);
+        let mut estimates = vec![0.0f32; v];
+        estimate_store(&row, &lanes, &mut estimates);
         let band = Band {
             low: 0.25,
             high: 1.5,
@@ -2022,8 +2010,6 @@ mod tests {
         .expect("lanes");
         let mut masses = vec![0.0; row.len() / CHUNK + 1];
         let mut stored = vec![0.0f32; row.len()];
-        let mut stored_h = vec![0u16; row.len()];
-        lanes::estimate_store_levels_half(&row, &lanes, &mut stored_h, &[]);
         let mut exact = vec![0u64; row.len()];
         let mut band = Vec::new();
         let (band_lo, band_hi) = (6.0, 6.5);
@@ -2059,7 +2045,7 @@ mod tests {
                 tokens: &mut band,
                 histogram: &mut histogram,
             };
-            std::hint::black_box(classify_part(&row, &stored_h, 0, b, &mut masses, found));
+            std::hint::black_box(classify_part(&row, &stored, 0, b, &mut masses, found));
         });
         time("exact_weights", &mut || {
             exact_weights(&row, &lanes, &mut exact);
@@ -2130,12 +2116,7 @@ mod tests {
             let store = least(&mut || pass = passes.estimate_tokens(&mut s.estimates, &levels));
             // The first pass without levels, as before them.
             let plain_store = least(&mut || {
-                std::hint::black_box(lanes::estimate_store_levels_half(
-                    &row,
-                    &lanes,
-                    &mut s.estimates,
-                    &[],
-                ));
+                std::hint::black_box(estimate_store(&row, &lanes, &mut s.estimates));
             });
             let (total, masses) = pass;
             // The band `sample_top_p` hands the second pass: narrowed by the levels where the
