@@ -610,7 +610,7 @@ macro_rules! store_levels {
 
 /// Hand-written AVX-512 loops (LLVM keeps generic loops in 256-bit registers on these CPUs).
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512 {
+mod avx512 {
     use super::{ESTIMATE_COEFFICIENTS, RowLanes, block_sums_with, exact_of_gap, store_with};
     use specula_backend_api::logit_weights::{EXP2_COEFFICIENTS, GAP_LIMIT};
     use std::arch::x86_64::*;
@@ -824,81 +824,6 @@ pub(crate) mod avx512 {
     fn reduce16(v: __m512) -> f64 {
         let (low, high) = widen16(v);
         _mm512_reduce_add_pd(_mm512_add_pd(low, high))
-    }
-
-    /// EXPERIMENT (fallback idea, levels path without stored estimates): per chunk of 256
-    /// tokens, f64 sums of the estimates (four added in f32 first, as the block sums) of every
-    /// token and of the tokens at or above each of four levels. Timing only.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F/BW/VL/DQ.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-    pub(crate) unsafe fn chunk_level_sums(
-        row: &[f32],
-        lanes: &RowLanes,
-        levels: &[f32; 4],
-        out: &mut [[f64; 5]],
-    ) {
-        let at = levels.map(|l| _mm512_set1_ps(l));
-        for (chunk, o) in row.chunks_exact(super::SUM_BLOCK).zip(out.iter_mut()) {
-            let mut acc = [_mm512_setzero_pd(); 5];
-            for g in chunk.chunks_exact(64) {
-                // SAFETY: `g` holds 64 f32.
-                let l = |i: usize| unsafe { _mm512_loadu_ps(g.as_ptr().add(16 * i)) };
-                let (l0, l1, l2, l3) = (l(0), l(1), l(2), l(3));
-                let (w0, w1, w2, w3) = (
-                    estimate16(l0, lanes),
-                    estimate16(l1, lanes),
-                    estimate16(l2, lanes),
-                    estimate16(l3, lanes),
-                );
-                let t = _mm512_add_ps(_mm512_add_ps(w0, w1), _mm512_add_ps(w2, w3));
-                let (lo, hi) = widen16(t);
-                acc[0] = _mm512_add_pd(acc[0], _mm512_add_pd(lo, hi));
-                for (k, &level) in at.iter().enumerate() {
-                    let m = |l: __m512| _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, level);
-                    let x = _mm512_maskz_mov_ps(m(l0), w0);
-                    let x = _mm512_mask_add_ps(x, m(l1), x, w1);
-                    let y = _mm512_maskz_mov_ps(m(l2), w2);
-                    let y = _mm512_mask_add_ps(y, m(l3), y, w3);
-                    let (lo, hi) = widen16(_mm512_add_ps(x, y));
-                    acc[k + 1] = _mm512_add_pd(acc[k + 1], _mm512_add_pd(lo, hi));
-                }
-            }
-            for (o, a) in o.iter_mut().zip(acc) {
-                *o = _mm512_reduce_add_pd(a);
-            }
-        }
-    }
-
-    /// EXPERIMENT: [`chunk_level_sums`] with each sum kept in f32 lanes over the chunk (16
-    /// adds a lane) and widened once per chunk: cheaper, looser (about `2^-20`). Timing only.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F/BW/VL/DQ.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-    pub(crate) unsafe fn chunk_level_sums_f32(
-        row: &[f32],
-        lanes: &RowLanes,
-        levels: &[f32; 4],
-        out: &mut [[f64; 5]],
-    ) {
-        let at = levels.map(|l| _mm512_set1_ps(l));
-        for (chunk, o) in row.chunks_exact(super::SUM_BLOCK).zip(out.iter_mut()) {
-            let mut acc = [_mm512_setzero_ps(); 5];
-            for v in chunk.chunks_exact(16) {
-                // SAFETY: `v` holds 16 f32.
-                let l = unsafe { _mm512_loadu_ps(v.as_ptr()) };
-                let w = estimate16(l, lanes);
-                acc[0] = _mm512_add_ps(acc[0], w);
-                for (k, &level) in at.iter().enumerate() {
-                    acc[k + 1] = add_at16(acc[k + 1], l, level, w);
-                }
-            }
-            for (o, a) in o.iter_mut().zip(acc) {
-                *o = reduce16(a);
-            }
-        }
     }
 
     store_levels!(

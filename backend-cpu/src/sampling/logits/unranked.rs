@@ -1527,103 +1527,6 @@ mod tests {
     use super::*;
     use crate::sampling::lcg::Lcg;
 
-    /// EXPERIMENT (fallback idea): the warm cost of the levels path without stored estimates
-    /// (per-chunk sums at four levels in the first pass, a compare-only second pass) against
-    /// today's store with levels and classify (run with `--ignored --nocapture`).
-    #[test]
-    #[ignore = "a measurement, not a check"]
-    fn fallback_costs() {
-        use std::arch::x86_64::*;
-        /// Compare-only band marking over logits: the band bitmaps and the count above.
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt")]
-        unsafe fn compare_only(values: &[f32], band: Band, bitmaps: &mut [u64]) -> usize {
-            let (high, low) = (_mm512_set1_ps(band.high), _mm512_set1_ps(band.low));
-            let mut above_tokens = 0;
-            for (word, v) in bitmaps.iter_mut().zip(values.chunks_exact(WORD)) {
-                let mut bits = 0u64;
-                for g in 0..WORD / 16 {
-                    // SAFETY: 16 f32 at `16 g`.
-                    let l = unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * g)) };
-                    let above = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, high);
-                    let in_band = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(!above, l, low);
-                    above_tokens += above.count_ones() as usize;
-                    bits |= u64::from(in_band) << (16 * g);
-                }
-                *word = bits;
-            }
-            above_tokens
-        }
-        let mut lcg = Lcg(9);
-        let p = top_p_fixed(0.9);
-        for (name, sigma, t) in [("flat", 3.0f32, 1.0f32), ("kept~100k", 0.874, 1.0)] {
-            let row = normal_row(&mut lcg, 151_936, sigma);
-            let (raw_max, clean) = max_and_clean(&row);
-            let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes");
-            let passes = Passes::unhinted(&row, lanes, Segments::of(row.len(), 1));
-            let mut s = Scratch::default();
-            let sample = Sample::of(&lanes, &row, &mut s.sampled);
-            let share = 1.0 - p as f64 / (1u64 << TOP_P_BITS) as f64;
-            let spread = share * sample.spread();
-            let below = share * sample.total;
-            let sampled = place_band(
-                &lanes,
-                &s.sampled,
-                &sample,
-                (below - spread, below + spread),
-                SLACK * sample.total,
-                &mut s.sample,
-            );
-            let levels = sampled.levels(&lanes);
-            let least = |f: &mut dyn FnMut()| least_us(200, f);
-            let mut pass = (0.0, [0.0; LEVELS]);
-            let store = least(&mut || pass = passes.estimate_tokens(&mut s.estimates, &levels));
-            let band = sampled.narrowed(&levels, &pass.1, pass.0, p);
-            let empty = Band {
-                low: band.high,
-                high: band.high,
-            };
-            let classify_us = least(&mut || {
-                let found = Found {
-                    tokens: &mut s.band,
-                    histogram: &mut s.histogram,
-                };
-                std::hint::black_box(classify(&passes, &s.estimates, empty, &mut s.masses, found));
-            });
-            let four = [sampled.high, levels[0], levels[1], levels[2]];
-            let mut sums = vec![[0.0f64; 5]; row.len() / CHUNK];
-            let chunk_sums = least(&mut || {
-                // SAFETY: this machine has AVX-512 (the probe is for it).
-                unsafe { lanes::avx512::chunk_level_sums(&row, &lanes, &four, &mut sums) };
-            });
-            let f32_sums = least(&mut || {
-                // SAFETY: as above.
-                unsafe { lanes::avx512::chunk_level_sums_f32(&row, &lanes, &four, &mut sums) };
-            });
-            println!("{name:<10} chunk sums at 4 levels in f32 lanes {f32_sums:5.1} µs");
-            let mut bitmaps = vec![0u64; row.len() / WORD];
-            let whole = row.len() / WORD * WORD;
-            let compare_us = least(&mut || {
-                // SAFETY: as above.
-                std::hint::black_box(unsafe { compare_only(&row[..whole], band, &mut bitmaps) });
-            });
-            let in_band: Vec<f32> = row
-                .iter()
-                .copied()
-                .filter(|&l| l >= band.low && l < band.high)
-                .collect();
-            let mut ests = vec![0.0f32; in_band.len()];
-            let recompute = least(&mut || {
-                std::hint::black_box(estimate_store(&in_band, &lanes, &mut ests));
-            });
-            println!(
-                "{name:<10} levels {levels:?}: today store+levels {store:5.1} + classify w/o band {classify_us:5.1} = {:5.1} µs | fallback chunk sums at 4 levels {chunk_sums:5.1} + compare-only {compare_us:5.1} + band estimates ({} tokens) {recompute:4.1} = {:5.1} µs",
-                store + classify_us,
-                in_band.len(),
-                chunk_sums + compare_us + recompute
-            );
-        }
-    }
-
     /// Normal logits N(0, σ²) with a few hostile values.
     pub(super) fn normal_row(lcg: &mut Lcg, v: usize, sigma: f32) -> Vec<f32> {
         (0..v)
@@ -2447,23 +2350,21 @@ mod tests {
                 floor.push(start.elapsed().as_secs_f64() * 1e3);
                 std::hint::black_box(evict.iter().fold(0u64, |a, &b| a.wrapping_add(b)));
                 let (start, c0) = (std::time::Instant::now(), cpu_total_ns());
-                let tokens: Vec<Option<usize>> = rows
-                    .par_iter()
-                    .enumerate()
-                    .map(|(i, r)| {
-                        sample(
-                            r,
-                            t,
-                            top_p,
-                            (i as u64 + 1) * 0x9e37_79b9_7f4a_7c15 ^ round as u64,
-                            RowHints {
-                                parts: 1,
-                                next: &[],
-                            },
-                        )
-                    })
-                    .collect();
-                std::hint::black_box(tokens);
+                // Two halves on two threads, each in row order, as the op's pool runs a batch.
+                let half = |rows: &[Vec<f32>], first: usize| {
+                    let hints = RowHints {
+                        parts: 1,
+                        next: &[],
+                    };
+                    let seed =
+                        |i: usize| ((first + i) as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                    rows.iter()
+                        .enumerate()
+                        .map(|(i, r)| sample(r, t, top_p, seed(i) ^ round as u64, hints))
+                        .collect::<Vec<_>>()
+                };
+                let (a, b) = rows.split_at(rows.len() / 2);
+                std::hint::black_box(rayon::join(|| half(a, 0), || half(b, a.len())));
                 wall.push(start.elapsed().as_secs_f64() * 1e3);
                 cpu.push((cpu_total_ns() - c0) as f64 / 1e6);
             }
