@@ -1027,10 +1027,7 @@ fn classify(
     found.tokens.clear();
     found.histogram.span(band);
     if segments.count == 1 {
-        NEXT_HACK.with(|n| n.set((passes.next.as_ptr(), passes.next.len())));
-        let counted = classify_part(values, estimates, 0, band, masses, found);
-        NEXT_HACK.with(|n| n.set((std::ptr::null(), 0)));
-        return counted;
+        return classify_part(values, estimates, 0, band, masses, found);
     }
     let empty = found.histogram.clone();
     let parts: Vec<(Counted, Vec<BandToken>, Histogram)> = values
@@ -1135,17 +1132,7 @@ fn classify_full(
             .chunks(LIST_STEP)
             .zip(estimates.chunks(LIST_STEP))
             .zip(masses.chunks_mut(LIST_STEP / CHUNK));
-        let (next_ptr, next_len) = NEXT_HACK.with(|n| n.get());
-        let next: &[u8] =
-            if next_ptr.is_null() || !PREFETCH_HACK.load(std::sync::atomic::Ordering::Relaxed) {
-                &[]
-            } else {
-                // SAFETY: EXPERIMENT: the pointer and length of `passes.next`, alive during classify.
-                unsafe { std::slice::from_raw_parts(next_ptr, next_len) }
-            };
-        let total = values.len();
         for (i, ((values, estimates), masses)) in steps.enumerate() {
-            prefetch_share(next, i * LIST_STEP, values.len(), total);
             let bitmaps = &mut bitmaps[..masses.len() * (CHUNK / WORD)];
             let slices = Step {
                 values,
@@ -1169,14 +1156,6 @@ fn classify_full(
     }
     classify_chunks(values, estimates, first, band, masses, found)
 }
-
-thread_local! {
-    /// EXPERIMENT: the next row for the classify pass to ask for.
-    static NEXT_HACK: std::cell::Cell<(*const u8, usize)> = const { std::cell::Cell::new((std::ptr::null(), 0)) };
-}
-/// EXPERIMENT: whether the classify pass asks for the next row.
-pub(crate) static PREFETCH_HACK: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
 
 /// Tokens per step of the vector classify loop: their logits and estimates (16 KiB) stay in L1
 /// until the step's band tokens are listed.
@@ -2346,10 +2325,6 @@ mod tests {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.9);
-        PREFETCH_HACK.store(
-            std::env::var("SPECULA_PREFETCH_HACK").is_ok(),
-            std::sync::atomic::Ordering::Relaxed,
-        );
         let evict = crate::sampling::probe::evictor();
         let mut lcg = Lcg(9);
         let shapes = [
@@ -2377,15 +2352,15 @@ mod tests {
                 let (start, c0) = (std::time::Instant::now(), cpu_total_ns());
                 // Two halves on two threads, each in row order, as the op's pool runs a batch.
                 let half = |rows: &[Vec<f32>], first: usize| {
-                    let hints = |i: usize| RowHints {
+                    let hints = RowHints {
                         parts: 1,
-                        next: rows.get(i + 1).map_or(&[][..], |r| bytemuck::cast_slice(r)),
+                        next: &[],
                     };
                     let seed =
                         |i: usize| ((first + i) as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
                     rows.iter()
                         .enumerate()
-                        .map(|(i, r)| sample(r, t, top_p, seed(i) ^ round as u64, hints(i)))
+                        .map(|(i, r)| sample(r, t, top_p, seed(i) ^ round as u64, hints))
                         .collect::<Vec<_>>()
                 };
                 let (a, b) = rows.split_at(rows.len() / 2);
