@@ -2303,8 +2303,13 @@ mod tests {
     }
 
     /// Batch probe (issue 28, session 11): 64 cold rows of one shape sampled as the op samples
-    /// them (rayon over the rows), wall and process CPU time per batch, next to a two-thread read
-    /// of the same rows (run with `--ignored --nocapture`; `SPECULA_PROBE_ROUNDS`).
+    /// them (two halves on two threads, each in row order), wall and process CPU time per batch
+    /// (all threads: robust to preemption, where wall time is not), next to a two-thread read of
+    /// the same rows. Run with `--ignored --nocapture`; `SPECULA_PROBE_ROUNDS` (9),
+    /// `SPECULA_PROBE_P` (0.9), `SPECULA_PROBE_V` (151936), `SPECULA_PROBE_MODE`: `warm` samples one row 64 times (in cache),
+    /// `max` runs only the maximum pass on the cold rows, `l3` samples 16 rows four times each,
+    /// read just before (in L3, not in L2). A wall time equal to the CPU time means
+    /// the second thread did not get its vCPU (another process had it).
     #[test]
     #[ignore = "a measurement, not a check"]
     fn batch_costs() {
@@ -2325,6 +2330,10 @@ mod tests {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.9);
+        let vocab: usize = std::env::var("SPECULA_PROBE_V")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(151_936);
         let evict = crate::sampling::probe::evictor();
         let mut lcg = Lcg(9);
         let shapes = [
@@ -2336,8 +2345,16 @@ mod tests {
         ];
         for (name, sigma, t) in shapes {
             let rows: Vec<Vec<f32>> = (0..64)
-                .map(|_| normal_row(&mut lcg, 151_936, sigma))
+                .map(|_| normal_row(&mut lcg, vocab, sigma))
                 .collect();
+            let mode = std::env::var("SPECULA_PROBE_MODE").unwrap_or_default();
+            let rows: Vec<&[f32]> = if mode == "warm" {
+                vec![&rows[0][..]; rows.len()]
+            } else if mode == "l3" {
+                (0..rows.len()).map(|i| &rows[i % 16][..]).collect()
+            } else {
+                rows.iter().map(|r| &r[..]).collect()
+            };
             let (mut wall, mut cpu, mut floor) = (vec![], vec![], vec![]);
             for round in 0..rounds {
                 std::hint::black_box(evict.iter().fold(0u64, |a, &b| a.wrapping_add(b)));
@@ -2348,10 +2365,12 @@ mod tests {
                     .reduce(|| 0, |a, b| a ^ b);
                 std::hint::black_box(sum);
                 floor.push(start.elapsed().as_secs_f64() * 1e3);
-                std::hint::black_box(evict.iter().fold(0u64, |a, &b| a.wrapping_add(b)));
+                if mode != "l3" {
+                    std::hint::black_box(evict.iter().fold(0u64, |a, &b| a.wrapping_add(b)));
+                }
                 let (start, c0) = (std::time::Instant::now(), cpu_total_ns());
                 // Two halves on two threads, each in row order, as the op's pool runs a batch.
-                let half = |rows: &[Vec<f32>], first: usize| {
+                let half = |rows: &[&[f32]], first: usize| {
                     let hints = RowHints {
                         parts: 1,
                         next: &[],
@@ -2360,7 +2379,13 @@ mod tests {
                         |i: usize| ((first + i) as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
                     rows.iter()
                         .enumerate()
-                        .map(|(i, r)| sample(r, t, top_p, seed(i) ^ round as u64, hints))
+                        .map(|(i, r)| {
+                            if mode == "max" {
+                                std::hint::black_box(max_and_clean(r));
+                                return None;
+                            }
+                            sample(r, t, top_p, seed(i) ^ round as u64, hints)
+                        })
                         .collect::<Vec<_>>()
                 };
                 let (a, b) = rows.split_at(rows.len() / 2);
