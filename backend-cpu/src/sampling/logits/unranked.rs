@@ -50,32 +50,6 @@ use crate::sampling::band::{BAND_BINS, SAMPLE_RUN, SAMPLES, SLACK, band_bins};
 /// sums and products the comparisons themselves make.
 const MARGIN: f64 = 1.0 / (1u64 << 44) as f64;
 
-/// EXPERIMENT: nanoseconds per stage (max, sample, store, place, classify, threshold, draw).
-pub(crate) static STAGE_NS: [std::sync::atomic::AtomicU64; 7] =
-    [const { std::sync::atomic::AtomicU64::new(0) }; 7];
-
-/// EXPERIMENT: `f` timed into stage `k`.
-#[inline(always)]
-fn staged<R>(k: usize, f: impl FnOnce() -> R) -> R {
-    fn thread_ns() -> u64 {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a valid timespec pointer.
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    }
-    let start = thread_ns();
-    let r = f();
-    STAGE_NS[k].fetch_add(thread_ns() - start, std::sync::atomic::Ordering::Relaxed);
-    r
-}
-
-/// EXPERIMENT: whether the single-segment store pass runs its steps from the row's end.
-pub(crate) static REVERSE_HACK: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
-
 /// Per-thread buffers, reused from row to row.
 #[derive(Default)]
 struct Scratch {
@@ -291,7 +265,7 @@ fn sample_f32(
         };
         return sample_whole(&passes, r, s, false);
     }
-    let (raw_max, clean) = staged(0, || segments.max_and_clean(values));
+    let (raw_max, clean) = segments.max_and_clean(values);
     let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean)?;
     let passes = Passes {
         values,
@@ -450,17 +424,6 @@ impl Segments {
                 .collect()
         };
         if self.count == 1 {
-            if REVERSE_HACK.load(std::sync::atomic::Ordering::Relaxed) {
-                // EXPERIMENT: the steps from the last to the first, their results in row order.
-                let mut results: Vec<R> = values
-                    .chunks(PREFETCH_STEP)
-                    .zip(out.chunks_mut(PREFETCH_STEP))
-                    .rev()
-                    .map(|(step, out)| f(step, out))
-                    .collect();
-                results.reverse();
-                return results;
-            }
             return run(values, out);
         }
         values
@@ -699,37 +662,33 @@ fn draw_by_chunks(
 /// places it (the sample cannot: a few heavy tokens carry most of the mass).
 fn sample_top_p(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch) -> Option<usize> {
     let lanes = &passes.lanes;
-    let sample = staged(1, || Sample::of(lanes, passes.values, &mut s.sampled));
+    let sample = Sample::of(lanes, passes.values, &mut s.sampled);
     let share = 1.0 - p as f64 / (1u64 << TOP_P_BITS) as f64;
     let slack = |total: f64| SLACK * total;
     if sample.spread() <= CONFIDENT * sample.total {
         let below = share * sample.total;
         let spread = share * sample.spread();
         let limits = (below - spread, below + spread);
-        let sampled = staged(3, || {
-            place_band(
-                lanes,
-                &s.sampled,
-                &sample,
-                limits,
-                slack(sample.total),
-                &mut s.sample,
-            )
-        });
-        return sample_in_band(passes, p, r, s, sampled);
-    }
-    let (total, []) = staged(2, || passes.estimate_tokens(&mut s.estimates, &[]));
-    let below = share * total;
-    let band = staged(3, || {
-        place_band(
+        let sampled = place_band(
             lanes,
             &s.sampled,
             &sample,
-            (below, below),
-            slack(total),
+            limits,
+            slack(sample.total),
             &mut s.sample,
-        )
-    });
+        );
+        return sample_in_band(passes, p, r, s, sampled);
+    }
+    let (total, []) = passes.estimate_tokens(&mut s.estimates, &[]);
+    let below = share * total;
+    let band = place_band(
+        lanes,
+        &s.sampled,
+        &sample,
+        (below, below),
+        slack(total),
+        &mut s.sample,
+    );
     settle(passes, p, r, s, band)
 }
 
@@ -748,7 +707,7 @@ fn sample_in_band(
 ) -> Option<usize> {
     let lanes = &passes.lanes;
     let levels = sampled.levels(lanes);
-    let (rough_total, masses) = staged(2, || passes.estimate_tokens(&mut s.estimates, &levels));
+    let (rough_total, masses) = passes.estimate_tokens(&mut s.estimates, &levels);
     let band = sampled.narrowed(&levels, &masses, rough_total, p);
     settle(passes, p, r, s, band)
 }
@@ -762,9 +721,7 @@ fn settle(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch, mut band: Band) 
             tokens: &mut s.band,
             histogram: &mut s.histogram,
         };
-        let counted = staged(4, || {
-            classify(passes, &s.estimates, band, &mut s.masses, found)
-        });
+        let counted = classify(passes, &s.estimates, band, &mut s.masses, found);
         let (row, above) = counted.masses(values.len());
         if !split.certainly_not(above.bounds(), row.less(above).bounds()) {
             // The threshold may lie above the band.
@@ -775,11 +732,9 @@ fn settle(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch, mut band: Band) 
             band.high = f32::INFINITY;
             continue;
         }
-        match staged(5, || {
-            threshold_in_band(values, lanes, s, (row, above), split)
-        }) {
+        match threshold_in_band(values, lanes, s, (row, above), split) {
             InBand::Found(threshold) => {
-                return staged(6, || draw_kept(values, lanes, s, threshold, r)).or_else(|| {
+                return draw_kept(values, lanes, s, threshold, r).or_else(|| {
                     // The bounds left the draw open: exact kept masses decide it.
                     let floor = threshold.key.saturating_add(1);
                     exact_above(values, lanes, floor, &mut s.masses);
@@ -2379,10 +2334,6 @@ mod tests {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(151_936);
-        REVERSE_HACK.store(
-            std::env::var("SPECULA_REVERSE_HACK").is_ok(),
-            std::sync::atomic::Ordering::Relaxed,
-        );
         let evict = crate::sampling::probe::evictor();
         let mut lcg = Lcg(9);
         let shapes = [
@@ -2405,9 +2356,6 @@ mod tests {
                 rows.iter().map(|r| &r[..]).collect()
             };
             let (mut wall, mut cpu, mut floor) = (vec![], vec![], vec![]);
-            for ns in &STAGE_NS {
-                ns.store(0, std::sync::atomic::Ordering::Relaxed);
-            }
             for round in 0..rounds {
                 std::hint::black_box(evict.iter().fold(0u64, |a, &b| a.wrapping_add(b)));
                 let start = std::time::Instant::now();
@@ -2445,21 +2393,6 @@ mod tests {
                 wall.push(start.elapsed().as_secs_f64() * 1e3);
                 cpu.push((cpu_total_ns() - c0) as f64 / 1e6);
             }
-            let per_row = |k: usize| {
-                STAGE_NS[k].load(std::sync::atomic::Ordering::Relaxed) as f64
-                    / 1e3
-                    / (rounds * rows.len()) as f64
-            };
-            println!(
-                "{name:<16} stages (µs a row, thread CPU time): max {:5.1} sample {:5.1} store {:5.1} place {:5.1} classify {:5.1} threshold {:5.1} draw {:5.1}",
-                per_row(0),
-                per_row(1),
-                per_row(2),
-                per_row(3),
-                per_row(4),
-                per_row(5),
-                per_row(6)
-            );
             let med = |v: &mut Vec<f64>| {
                 v.sort_by(f64::total_cmp);
                 (v[v.len() / 2], v[0])
