@@ -1127,8 +1127,6 @@ fn classify_full(
         // are still in L1: listed after the whole segment, the profile put most of the listing's
         // time on the load of each band token's logit.
         let mut bitmaps = [0u64; LIST_STEP / WORD];
-        let mut ids = [0u32; LIST_STEP + 16];
-        let compress = COMPRESS_HACK.load(std::sync::atomic::Ordering::Relaxed) && has_avx512();
         let mut counted = Counted::default();
         let steps = values
             .chunks(LIST_STEP)
@@ -1142,13 +1140,6 @@ fn classify_full(
                 masses,
                 bitmaps: &mut *bitmaps,
             };
-            if compress {
-                // SAFETY: as below; `ids` has room for the step's tokens and 16 more.
-                let (step, n) = unsafe { avx512::classify_ids(slices, band, &mut ids) };
-                counted = counted.plus(step);
-                list_ids(found, first + i * LIST_STEP, &ids[..n], values, estimates);
-                continue;
-            }
             let step = if has_avx512() {
                 // SAFETY: AVX-512F/BW/VL/DQ (and POPCNT, which every AVX-512 CPU has) are
                 // present; the slices hold whole chunks.
@@ -1259,33 +1250,6 @@ fn list_band(
     }
 }
 
-/// EXPERIMENT: whether the AVX-512 classify lists band tokens by compressed ids.
-pub(crate) static COMPRESS_HACK: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
-
-/// EXPERIMENT: [`list_band`] from the step's band token indices (in order): one fixed-count loop.
-fn list_ids(found: &mut Found<'_>, first: usize, ids: &[u32], values: &[f32], estimates: &[f32]) {
-    let start = found.tokens.len();
-    let empty = BandToken {
-        key: 0,
-        id: 0,
-        estimate: 0.0,
-    };
-    found.tokens.resize(start + ids.len(), empty);
-    let listed = &mut found.tokens[start..];
-    for (t, &j) in listed.iter_mut().zip(ids) {
-        let j = j as usize;
-        *t = BandToken {
-            key: key_select(values[j]),
-            id: (first + j) as u32,
-            estimate: estimates[j],
-        };
-    }
-    for t in listed.iter() {
-        found.histogram.add(t.key, t.estimate);
-    }
-}
-
 /// One step of the vector [`classify`] loops: whole chunks of logits and their estimates, and
 /// their slots of the per-chunk masses and of the band bitmaps (`CHUNK / WORD` words a chunk).
 #[cfg(target_arch = "x86_64")]
@@ -1376,54 +1340,6 @@ mod avx512 {
         counted.above_tokens = above_tokens;
         counted.row = _mm512_reduce_add_pd(_mm512_add_pd(all0, all1));
         counted
-    }
-
-    /// EXPERIMENT: [`classify`] that also writes the step indices of the band tokens, in order,
-    /// into `ids` (a compress per 16 tokens, no branch); returns their count.
-    ///
-    /// # Safety
-    /// As [`classify`]; `ids` has room for the step's tokens and 16 more.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt")]
-    pub(super) unsafe fn classify_ids(
-        step: Step<'_>,
-        band: Band,
-        ids: &mut [u32],
-    ) -> (Counted, usize) {
-        let (high, low) = (_mm512_set1_ps(band.high), _mm512_set1_ps(band.low));
-        let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
-        let mut above_tokens = 0;
-        let base = step.values.as_ptr() as usize;
-        let iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        let out = ids.as_mut_ptr();
-        let mut n = 0usize;
-        let zero = (_mm512_setzero_pd(), _mm512_setzero_pd());
-        let group = |l: *const f32, e: *const f32, (acc0, acc1): &mut (__m512d, __m512d)| {
-            let at = (l as usize - base) / 4;
-            // SAFETY: `chunks_with` passes pointers to 16 f32.
-            let (l, e) = unsafe { (_mm512_loadu_ps(l), _mm512_loadu_ps(e)) };
-            let above = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, high);
-            let in_band = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(!above, l, low);
-            let e_low = _mm512_cvtps_pd(_mm512_castps512_ps256(e));
-            let e_high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                _mm512_castps_pd(e),
-            )));
-            *acc0 = _mm512_mask_add_pd(*acc0, above as u8, *acc0, e_low);
-            *acc1 = _mm512_mask_add_pd(*acc1, (above >> 8) as u8, *acc1, e_high);
-            all0 = _mm512_add_pd(all0, e_low);
-            all1 = _mm512_add_pd(all1, e_high);
-            above_tokens += above.count_ones() as usize;
-            let idx = _mm512_add_epi32(_mm512_set1_epi32(at as i32), iota);
-            let packed = _mm512_maskz_compress_epi32(in_band, idx);
-            // SAFETY: `n + 16` is within `ids` (the caller's promise).
-            unsafe { _mm512_storeu_si512(out.add(n).cast(), packed) };
-            n += in_band.count_ones() as usize;
-            u64::from(in_band)
-        };
-        let finish = |(acc0, acc1)| _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
-        let mut counted = chunks_with::<16, _>(step, zero, group, finish);
-        counted.above_tokens = above_tokens;
-        counted.row = _mm512_reduce_add_pd(_mm512_add_pd(all0, all1));
-        (counted, n)
     }
 }
 
@@ -2418,10 +2334,6 @@ mod tests {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(151_936);
-        COMPRESS_HACK.store(
-            std::env::var("SPECULA_COMPRESS_HACK").is_ok(),
-            std::sync::atomic::Ordering::Relaxed,
-        );
         let evict = crate::sampling::probe::evictor();
         let mut lcg = Lcg(9);
         let shapes = [
