@@ -50,6 +50,71 @@ use crate::sampling::band::{BAND_BINS, SAMPLE_RUN, SAMPLES, SLACK, band_bins};
 /// sums and products the comparisons themselves make.
 const MARGIN: f64 = 1.0 / (1u64 << 44) as f64;
 
+/// Per-stage timing of the top_p < 1 path for the ignored batch probe (`tests::batch_costs`):
+/// [`staged`] runs its closure, and in test builds with the probe's switch on it adds the
+/// closure's wall time to the stage's counter on this thread. Shipped code only runs the closure.
+mod stage {
+    /// The maximum pass.
+    pub(super) const MAX: usize = 0;
+    /// The strided sample.
+    pub(super) const SAMPLE: usize = 1;
+    /// The store pass (estimates, and the levels).
+    pub(super) const STORE: usize = 2;
+    /// The band's placement.
+    pub(super) const PLACE: usize = 3;
+    /// The classify pass, its listing included.
+    pub(super) const CLASSIFY: usize = 4;
+    /// The listing of the band tokens (inside the classify pass).
+    pub(super) const LIST: usize = 5;
+    /// The histogram count of the band tokens (inside the listing).
+    pub(super) const COUNT: usize = 6;
+    /// The threshold in the band.
+    pub(super) const THRESHOLD: usize = 7;
+    /// The draw's kept masses (the band tokens added to their chunks).
+    pub(super) const KEPT: usize = 8;
+    /// The draw's walk (`draw_by_chunks`).
+    pub(super) const WALK: usize = 9;
+    /// How many stages.
+    pub(super) const COUNT_OF: usize = 10;
+
+    #[cfg(test)]
+    thread_local! {
+        /// Nanoseconds per stage on this thread since its last flush.
+        pub(super) static NS: std::cell::Cell<[u64; COUNT_OF]> =
+            const { std::cell::Cell::new([0; COUNT_OF]) };
+    }
+
+    /// Whether the stages are timed (tests only).
+    #[cfg(test)]
+    pub(super) static ON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    /// Runs `f`, timed into stage `k` when the probe asks (tests only).
+    #[cfg(test)]
+    #[inline(always)]
+    pub(super) fn staged<R>(k: usize, f: impl FnOnce() -> R) -> R {
+        if !ON.load(std::sync::atomic::Ordering::Relaxed) {
+            return f();
+        }
+        let start = std::time::Instant::now();
+        let r = f();
+        let ns = start.elapsed().as_nanos() as u64;
+        NS.with(|c| {
+            let mut v = c.get();
+            v[k] += ns;
+            c.set(v);
+        });
+        r
+    }
+
+    /// Runs `f` (shipped code: no timing).
+    #[cfg(not(test))]
+    #[inline(always)]
+    pub(super) fn staged<R>(_: usize, f: impl FnOnce() -> R) -> R {
+        f()
+    }
+}
+use stage::staged;
+
 /// Per-thread buffers, reused from row to row.
 #[derive(Default)]
 struct Scratch {
@@ -265,7 +330,7 @@ fn sample_f32(
         };
         return sample_whole(&passes, r, s, false);
     }
-    let (raw_max, clean) = segments.max_and_clean(values);
+    let (raw_max, clean) = staged(stage::MAX, || segments.max_and_clean(values));
     let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean)?;
     let passes = Passes {
         values,
@@ -662,33 +727,41 @@ fn draw_by_chunks(
 /// places it (the sample cannot: a few heavy tokens carry most of the mass).
 fn sample_top_p(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch) -> Option<usize> {
     let lanes = &passes.lanes;
-    let sample = Sample::of(lanes, passes.values, &mut s.sampled);
+    let sample = staged(stage::SAMPLE, || {
+        Sample::of(lanes, passes.values, &mut s.sampled)
+    });
     let share = 1.0 - p as f64 / (1u64 << TOP_P_BITS) as f64;
     let slack = |total: f64| SLACK * total;
     if sample.spread() <= CONFIDENT * sample.total {
         let below = share * sample.total;
         let spread = share * sample.spread();
         let limits = (below - spread, below + spread);
-        let sampled = place_band(
+        let sampled = staged(stage::PLACE, || {
+            place_band(
+                lanes,
+                &s.sampled,
+                &sample,
+                limits,
+                slack(sample.total),
+                &mut s.sample,
+            )
+        });
+        return sample_in_band(passes, p, r, s, sampled);
+    }
+    let (total, []) = staged(stage::STORE, || {
+        passes.estimate_tokens(&mut s.estimates, &[])
+    });
+    let below = share * total;
+    let band = staged(stage::PLACE, || {
+        place_band(
             lanes,
             &s.sampled,
             &sample,
-            limits,
-            slack(sample.total),
+            (below, below),
+            slack(total),
             &mut s.sample,
-        );
-        return sample_in_band(passes, p, r, s, sampled);
-    }
-    let (total, []) = passes.estimate_tokens(&mut s.estimates, &[]);
-    let below = share * total;
-    let band = place_band(
-        lanes,
-        &s.sampled,
-        &sample,
-        (below, below),
-        slack(total),
-        &mut s.sample,
-    );
+        )
+    });
     settle(passes, p, r, s, band)
 }
 
@@ -707,7 +780,9 @@ fn sample_in_band(
 ) -> Option<usize> {
     let lanes = &passes.lanes;
     let levels = sampled.levels(lanes);
-    let (rough_total, masses) = passes.estimate_tokens(&mut s.estimates, &levels);
+    let (rough_total, masses) = staged(stage::STORE, || {
+        passes.estimate_tokens(&mut s.estimates, &levels)
+    });
     let band = sampled.narrowed(&levels, &masses, rough_total, p);
     settle(passes, p, r, s, band)
 }
@@ -721,7 +796,9 @@ fn settle(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch, mut band: Band) 
             tokens: &mut s.band,
             histogram: &mut s.histogram,
         };
-        let counted = classify(passes, &s.estimates, band, &mut s.masses, found);
+        let counted = staged(stage::CLASSIFY, || {
+            classify(passes, &s.estimates, band, &mut s.masses, found)
+        });
         let (row, above) = counted.masses(values.len());
         if !split.certainly_not(above.bounds(), row.less(above).bounds()) {
             // The threshold may lie above the band.
@@ -732,7 +809,10 @@ fn settle(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch, mut band: Band) 
             band.high = f32::INFINITY;
             continue;
         }
-        match threshold_in_band(values, lanes, s, (row, above), split) {
+        let in_band = staged(stage::THRESHOLD, || {
+            threshold_in_band(values, lanes, s, (row, above), split)
+        });
+        match in_band {
             InBand::Found(threshold) => {
                 return draw_kept(values, lanes, s, threshold, r).or_else(|| {
                     // The bounds left the draw open: exact kept masses decide it.
@@ -822,13 +902,17 @@ fn draw_kept(
     threshold: Threshold,
     r: u64,
 ) -> Option<usize> {
-    for t in &s.band {
-        // Without a branch: about half the band is kept, unpredictably.
-        let kept = f64::from(u8::from(threshold.keeps(t.key, t.id)));
-        s.masses[t.id as usize / CHUNK] += kept * f64::from(t.estimate);
-    }
+    staged(stage::KEPT, || {
+        for t in &s.band {
+            // Without a branch: about half the band is kept, unpredictably.
+            let kept = f64::from(u8::from(threshold.keeps(t.key, t.id)));
+            s.masses[t.id as usize / CHUNK] += kept * f64::from(t.estimate);
+        }
+    });
     let keeps = |id: usize, l: f32| threshold.keeps(key_select(l), id as u32);
-    draw_by_chunks(values, lanes, &s.masses, ESTIMATED, r, keeps)
+    staged(stage::WALK, || {
+        draw_by_chunks(values, lanes, &s.masses, ESTIMATED, r, keeps)
+    })
 }
 
 /// What the band says of the threshold.
@@ -1150,7 +1234,9 @@ fn classify_full(
                 unsafe { avx2::classify(slices, band) }
             };
             counted = counted.plus(step);
-            list_band(found, first + i * LIST_STEP, bitmaps, values, estimates);
+            staged(stage::LIST, || {
+                list_band(found, first + i * LIST_STEP, bitmaps, values, estimates)
+            });
         }
         return counted;
     }
@@ -1245,9 +1331,11 @@ fn list_band(
             n += 1;
         }
     }
-    for t in listed.iter() {
-        found.histogram.add(t.key, t.estimate);
-    }
+    staged(stage::COUNT, || {
+        for t in listed.iter() {
+            found.histogram.add(t.key, t.estimate);
+        }
+    });
 }
 
 /// One step of the vector [`classify`] loops: whole chunks of logits and their estimates, and
@@ -2334,6 +2422,8 @@ mod tests {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(151_936);
+        let timed = std::env::var("SPECULA_PROBE_STAGES").is_ok();
+        stage::ON.store(timed, std::sync::atomic::Ordering::Relaxed);
         let evict = crate::sampling::probe::evictor();
         let mut lcg = Lcg(9);
         let shapes = [
@@ -2356,6 +2446,7 @@ mod tests {
                 rows.iter().map(|r| &r[..]).collect()
             };
             let (mut wall, mut cpu, mut floor) = (vec![], vec![], vec![]);
+            let mut stages = [0u64; stage::COUNT_OF];
             for round in 0..rounds {
                 std::hint::black_box(evict.iter().fold(0u64, |a, &b| a.wrapping_add(b)));
                 let start = std::time::Instant::now();
@@ -2377,7 +2468,9 @@ mod tests {
                     };
                     let seed =
                         |i: usize| ((first + i) as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                    rows.iter()
+                    stage::NS.with(|c| c.set([0; stage::COUNT_OF]));
+                    let drawn = rows
+                        .iter()
                         .enumerate()
                         .map(|(i, r)| {
                             if mode == "max" {
@@ -2386,12 +2479,39 @@ mod tests {
                             }
                             sample(r, t, top_p, seed(i) ^ round as u64, hints)
                         })
-                        .collect::<Vec<_>>()
+                        .collect::<Vec<_>>();
+                    (drawn, stage::NS.with(|c| c.get()))
                 };
                 let (a, b) = rows.split_at(rows.len() / 2);
-                std::hint::black_box(rayon::join(|| half(a, 0), || half(b, a.len())));
+                let ((_, ns_a), (_, ns_b)) =
+                    std::hint::black_box(rayon::join(|| half(a, 0), || half(b, a.len())));
                 wall.push(start.elapsed().as_secs_f64() * 1e3);
                 cpu.push((cpu_total_ns() - c0) as f64 / 1e6);
+                for (k, total) in stages.iter_mut().enumerate() {
+                    *total += ns_a[k] + ns_b[k];
+                }
+            }
+            if timed {
+                let names = [
+                    "max",
+                    "sample",
+                    "store",
+                    "place",
+                    "classify",
+                    "(list",
+                    "(count",
+                    "threshold",
+                    "kept",
+                    "walk",
+                ];
+                let line: Vec<String> = names
+                    .iter()
+                    .zip(stages)
+                    .map(|(n, ns)| {
+                        format!("{n} {:.1}", ns as f64 / 1e3 / (rounds * rows.len()) as f64)
+                    })
+                    .collect();
+                println!("{name:<16} µs a row (wall, per stage): {}", line.join("  "));
             }
             let med = |v: &mut Vec<f64>| {
                 v.sort_by(f64::total_cmp);
