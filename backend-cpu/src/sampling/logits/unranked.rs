@@ -124,8 +124,6 @@ struct Scratch {
     estimates: Vec<f32>,
     /// Per-chunk masses.
     masses: Vec<f64>,
-    /// Per-chunk sums of the kept band tokens (the draw).
-    kept: Vec<f64>,
     /// The band's tokens: rank key, id, estimate.
     band: Vec<BandToken>,
     /// The band's histogram of rank keys.
@@ -905,38 +903,16 @@ fn draw_kept(
     r: u64,
 ) -> Option<usize> {
     staged(stage::KEPT, || {
-        add_kept(&s.band, threshold, &mut s.masses, &mut s.kept)
+        for t in &s.band {
+            // Without a branch: about half the band is kept, unpredictably.
+            let kept = f64::from(u8::from(threshold.keeps(t.key, t.id)));
+            s.masses[t.id as usize / CHUNK] += kept * f64::from(t.estimate);
+        }
     });
     let keeps = |id: usize, l: f32| threshold.keeps(key_select(l), id as u32);
     staged(stage::WALK, || {
         draw_by_chunks(values, lanes, &s.masses, ESTIMATED, r, keeps)
     })
-}
-
-/// Adds the estimates of the kept tokens of `band` (in id order) to their chunks' `masses`, with
-/// `sums` as room for one sum per chunk. Each chunk's kept band tokens are summed in a register
-/// (reset without a branch where a chunk starts) and the running sum stored into its chunk's slot
-/// of `sums` at every token, so the last store holds the chunk's sum; then one add per chunk.
-/// Added one by one into `masses`, each add waited on the previous one's store to the same slot,
-/// and a cold batch paid about three times what a repeated row did; a branch per chunk change
-/// mispredicted as much (`docs/performance.md`).
-fn add_kept(band: &[BandToken], threshold: Threshold, masses: &mut [f64], sums: &mut Vec<f64>) {
-    sums.clear();
-    sums.resize(masses.len(), 0.0);
-    let (mut chunk, mut sum) = (usize::MAX, 0.0f64);
-    for t in band {
-        let c = t.id as usize / CHUNK;
-        // All ones while the chunk goes on, zero where it starts: the sum kept or cleared.
-        let same = 0u64.wrapping_sub(u64::from(c == chunk));
-        // Without a branch: about half the band is kept, unpredictably.
-        let kept = f64::from(u8::from(threshold.keeps(t.key, t.id)));
-        sum = f64::from_bits(sum.to_bits() & same) + kept * f64::from(t.estimate);
-        sums[c] = sum;
-        chunk = c;
-    }
-    for (mass, &sum) in masses.iter_mut().zip(sums.iter()) {
-        *mass += sum;
-    }
 }
 
 /// What the band says of the threshold.
