@@ -75,6 +75,7 @@ mod stage {
     /// The draw's walk (`draw_by_chunks`).
     pub(super) const WALK: usize = 9;
     /// How many stages.
+    #[cfg(test)]
     pub(super) const COUNT_OF: usize = 10;
 
     #[cfg(test)]
