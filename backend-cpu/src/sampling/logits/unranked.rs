@@ -1344,13 +1344,6 @@ fn list_band(
     // Room for the unconditional writes past the last token.
     found.tokens.resize(start + count + UNCONDITIONAL, empty);
     let listed = &mut found.tokens[start..];
-    // Where the step's words hold fewer than one band token in two, most are empty: the
-    // unconditional writes cost more than the branches they save.
-    let unconditional = if 2 * count < bitmaps.len() {
-        0
-    } else {
-        UNCONDITIONAL
-    };
     let mut n = 0;
     for (word, &bits) in bitmaps.iter().enumerate() {
         let mut bits = bits;
@@ -1358,7 +1351,7 @@ fn list_band(
         // The word's first tokens without a branch: each written at `n` (overwritten later
         // where the word has no more), `n` advanced where it had one. A loop until the word
         // is empty mispredicted its exit on most words with band tokens in a cold batch.
-        for _ in 0..unconditional {
+        for _ in 0..UNCONDITIONAL {
             listed[n] = listed_token(values, estimates, first, at, bits);
             n += usize::from(bits != 0);
             bits &= bits.wrapping_sub(1);
@@ -1378,8 +1371,8 @@ fn list_band(
     });
 }
 
-/// Tokens of each bitmap word [`list_band`] lists without a branch where the band is dense
-/// (band tokens are about 2 % of a row at most shapes: one or two a word).
+/// Tokens of each bitmap word [`list_band`] lists without a branch (band tokens are about 2 % of
+/// a row at most shapes: one or two a word).
 const UNCONDITIONAL: usize = 2;
 
 /// The band token of the lowest set bit of `bits`, a bitmap word whose first token is `at` in
