@@ -1341,57 +1341,27 @@ fn list_band(
         id: 0,
         estimate: 0.0,
     };
-    // Room for the unconditional writes past the last token.
-    found.tokens.resize(start + count + UNCONDITIONAL, empty);
+    found.tokens.resize(start + count, empty);
     let listed = &mut found.tokens[start..];
     let mut n = 0;
     for (word, &bits) in bitmaps.iter().enumerate() {
         let mut bits = bits;
-        let at = word * WORD;
-        // The word's first tokens without a branch: each written at `n` (overwritten later
-        // where the word has no more), `n` advanced where it had one. A loop until the word
-        // is empty mispredicted its exit on most words with band tokens in a cold batch.
-        for _ in 0..UNCONDITIONAL {
-            listed[n] = listed_token(values, estimates, first, at, bits);
-            n += usize::from(bits != 0);
-            bits &= bits.wrapping_sub(1);
-        }
         while bits != 0 {
-            listed[n] = listed_token(values, estimates, first, at, bits);
-            n += 1;
+            let j = word * WORD + bits.trailing_zeros() as usize;
             bits &= bits - 1;
+            listed[n] = BandToken {
+                key: key_select(values[j]),
+                id: (first + j) as u32,
+                estimate: estimates[j],
+            };
+            n += 1;
         }
     }
-    found.tokens.truncate(start + count);
-    let listed = &found.tokens[start..];
     staged(stage::COUNT, || {
         for t in listed.iter() {
             found.histogram.add(t.key, t.estimate);
         }
     });
-}
-
-/// Tokens of each bitmap word [`list_band`] lists without a branch (band tokens are about 2 % of
-/// a row at most shapes: one or two a word).
-const UNCONDITIONAL: usize = 2;
-
-/// The band token of the lowest set bit of `bits`, a bitmap word whose first token is `at` in
-/// `values` (token `first + at` of the row); token `at + 63` where `bits` is empty (a token of
-/// the same whole chunk, written and then overwritten).
-#[inline(always)]
-fn listed_token(
-    values: &[f32],
-    estimates: &[f32],
-    first: usize,
-    at: usize,
-    bits: u64,
-) -> BandToken {
-    let j = at + (bits.trailing_zeros() as usize & (WORD - 1));
-    BandToken {
-        key: key_select(values[j]),
-        id: (first + j) as u32,
-        estimate: estimates[j],
-    }
 }
 
 /// One step of the vector [`classify`] loops: whole chunks of logits and their estimates, and
