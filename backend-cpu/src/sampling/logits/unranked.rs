@@ -1893,6 +1893,68 @@ mod tests {
         assert!(narrowed >= 8, "the levels narrowed {narrowed} bands");
     }
 
+    /// The packed compare of `Threshold::keeps` is the rank order's test (a larger key, or the
+    /// same key and an id at most the threshold's), at the extremes of keys and ids.
+    #[test]
+    fn keeps_is_the_rank_order_test() {
+        let mut lcg = Lcg(17);
+        let edges = [
+            0u32,
+            1,
+            2,
+            0x7fff_ffff,
+            0x8000_0000,
+            0x8000_0001,
+            u32::MAX - 1,
+            u32::MAX,
+        ];
+        let mut values: Vec<u32> = edges.to_vec();
+        values.extend((0..24).map(|_| lcg.next_u64() as u32));
+        for &(tk, ti) in &[
+            (0x8000_0000, 5),
+            (0, 0),
+            (u32::MAX, u32::MAX),
+            (0x9abc_def0, 0),
+        ] {
+            let threshold = Threshold { key: tk, id: ti };
+            for &key in values
+                .iter()
+                .chain(&[tk, tk.wrapping_add(1), tk.wrapping_sub(1)])
+            {
+                for &id in values
+                    .iter()
+                    .chain(&[ti, ti.wrapping_add(1), ti.wrapping_sub(1)])
+                {
+                    let expected = key > tk || (key == tk && id <= ti);
+                    assert_eq!(
+                        threshold.keeps(key, id),
+                        expected,
+                        "{key:#x} {id} vs {tk:#x} {ti}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// `kept_estimate` gives the bits of the product it replaced (the estimate widened, times
+    /// 1.0 or 0.0) for the estimates a row stores: zero, subnormal, ordinary and the largest.
+    #[test]
+    fn kept_estimate_is_the_product_it_replaced() {
+        let mut lcg = Lcg(23);
+        let mut estimates = vec![0.0f32, f32::from_bits(1), f32::MIN_POSITIVE, 1.0, f32::MAX];
+        estimates.extend((0..64).map(|_| f32::from_bits(lcg.next_u64() as u32 & 0x7f7f_ffff)));
+        for e in estimates {
+            for keeps in [false, true] {
+                let product = f64::from(u8::from(keeps)) * f64::from(e);
+                assert_eq!(
+                    kept_estimate(keeps, e).to_bits(),
+                    product.to_bits(),
+                    "{e} {keeps}"
+                );
+            }
+        }
+    }
+
     /// The vector classify loops (listing each step of [`LIST_STEP`] tokens after its loop) find
     /// the same band tokens, histogram counts, tokens above the band and per-chunk masses (up to
     /// the order of the f64 sums) as the token-by-token loop, on rows whose band tokens sit at
