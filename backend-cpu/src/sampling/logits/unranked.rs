@@ -50,6 +50,72 @@ use crate::sampling::band::{BAND_BINS, SAMPLE_RUN, SAMPLES, SLACK, band_bins};
 /// sums and products the comparisons themselves make.
 const MARGIN: f64 = 1.0 / (1u64 << 44) as f64;
 
+/// Per-stage timing of the top_p < 1 path for the ignored batch probe (`tests::batch_costs`):
+/// [`staged`] runs its closure, and in test builds with the probe's switch on it adds the
+/// closure's wall time to the stage's counter on this thread. Shipped code only runs the closure.
+mod stage {
+    /// The maximum pass.
+    pub(super) const MAX: usize = 0;
+    /// The strided sample.
+    pub(super) const SAMPLE: usize = 1;
+    /// The store pass (estimates, and the levels).
+    pub(super) const STORE: usize = 2;
+    /// The band's placement.
+    pub(super) const PLACE: usize = 3;
+    /// The classify pass, its listing included.
+    pub(super) const CLASSIFY: usize = 4;
+    /// The listing of the band tokens (inside the classify pass).
+    pub(super) const LIST: usize = 5;
+    /// The histogram count of the band tokens (inside the listing).
+    pub(super) const COUNT: usize = 6;
+    /// The threshold in the band.
+    pub(super) const THRESHOLD: usize = 7;
+    /// The draw's kept masses (the band tokens added to their chunks).
+    pub(super) const KEPT: usize = 8;
+    /// The draw's walk (`draw_by_chunks`).
+    pub(super) const WALK: usize = 9;
+    /// How many stages.
+    #[cfg(test)]
+    pub(super) const COUNT_OF: usize = 10;
+
+    #[cfg(test)]
+    thread_local! {
+        /// Nanoseconds per stage on this thread since its last flush.
+        pub(super) static NS: std::cell::Cell<[u64; COUNT_OF]> =
+            const { std::cell::Cell::new([0; COUNT_OF]) };
+    }
+
+    /// Whether the stages are timed (tests only).
+    #[cfg(test)]
+    pub(super) static ON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    /// Runs `f`, timed into stage `k` when the probe asks (tests only).
+    #[cfg(test)]
+    #[inline(always)]
+    pub(super) fn staged<R>(k: usize, f: impl FnOnce() -> R) -> R {
+        if !ON.load(std::sync::atomic::Ordering::Relaxed) {
+            return f();
+        }
+        let start = std::time::Instant::now();
+        let r = f();
+        let ns = start.elapsed().as_nanos() as u64;
+        NS.with(|c| {
+            let mut v = c.get();
+            v[k] += ns;
+            c.set(v);
+        });
+        r
+    }
+
+    /// Runs `f` (shipped code: no timing).
+    #[cfg(not(test))]
+    #[inline(always)]
+    pub(super) fn staged<R>(_: usize, f: impl FnOnce() -> R) -> R {
+        f()
+    }
+}
+use stage::staged;
+
 /// Per-thread buffers, reused from row to row.
 #[derive(Default)]
 struct Scratch {
@@ -265,7 +331,7 @@ fn sample_f32(
         };
         return sample_whole(&passes, r, s, false);
     }
-    let (raw_max, clean) = segments.max_and_clean(values);
+    let (raw_max, clean) = staged(stage::MAX, || segments.max_and_clean(values));
     let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean)?;
     let passes = Passes {
         values,
@@ -662,33 +728,41 @@ fn draw_by_chunks(
 /// places it (the sample cannot: a few heavy tokens carry most of the mass).
 fn sample_top_p(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch) -> Option<usize> {
     let lanes = &passes.lanes;
-    let sample = Sample::of(lanes, passes.values, &mut s.sampled);
+    let sample = staged(stage::SAMPLE, || {
+        Sample::of(lanes, passes.values, &mut s.sampled)
+    });
     let share = 1.0 - p as f64 / (1u64 << TOP_P_BITS) as f64;
     let slack = |total: f64| SLACK * total;
     if sample.spread() <= CONFIDENT * sample.total {
         let below = share * sample.total;
         let spread = share * sample.spread();
         let limits = (below - spread, below + spread);
-        let sampled = place_band(
+        let sampled = staged(stage::PLACE, || {
+            place_band(
+                lanes,
+                &s.sampled,
+                &sample,
+                limits,
+                slack(sample.total),
+                &mut s.sample,
+            )
+        });
+        return sample_in_band(passes, p, r, s, sampled);
+    }
+    let (total, []) = staged(stage::STORE, || {
+        passes.estimate_tokens(&mut s.estimates, &[])
+    });
+    let below = share * total;
+    let band = staged(stage::PLACE, || {
+        place_band(
             lanes,
             &s.sampled,
             &sample,
-            limits,
-            slack(sample.total),
+            (below, below),
+            slack(total),
             &mut s.sample,
-        );
-        return sample_in_band(passes, p, r, s, sampled);
-    }
-    let (total, []) = passes.estimate_tokens(&mut s.estimates, &[]);
-    let below = share * total;
-    let band = place_band(
-        lanes,
-        &s.sampled,
-        &sample,
-        (below, below),
-        slack(total),
-        &mut s.sample,
-    );
+        )
+    });
     settle(passes, p, r, s, band)
 }
 
@@ -707,7 +781,9 @@ fn sample_in_band(
 ) -> Option<usize> {
     let lanes = &passes.lanes;
     let levels = sampled.levels(lanes);
-    let (rough_total, masses) = passes.estimate_tokens(&mut s.estimates, &levels);
+    let (rough_total, masses) = staged(stage::STORE, || {
+        passes.estimate_tokens(&mut s.estimates, &levels)
+    });
     let band = sampled.narrowed(&levels, &masses, rough_total, p);
     settle(passes, p, r, s, band)
 }
@@ -721,7 +797,9 @@ fn settle(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch, mut band: Band) 
             tokens: &mut s.band,
             histogram: &mut s.histogram,
         };
-        let counted = classify(passes, &s.estimates, band, &mut s.masses, found);
+        let counted = staged(stage::CLASSIFY, || {
+            classify(passes, &s.estimates, band, &mut s.masses, found)
+        });
         let (row, above) = counted.masses(values.len());
         if !split.certainly_not(above.bounds(), row.less(above).bounds()) {
             // The threshold may lie above the band.
@@ -732,7 +810,10 @@ fn settle(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch, mut band: Band) 
             band.high = f32::INFINITY;
             continue;
         }
-        match threshold_in_band(values, lanes, s, (row, above), split) {
+        let in_band = staged(stage::THRESHOLD, || {
+            threshold_in_band(values, lanes, s, (row, above), split)
+        });
+        match in_band {
             InBand::Found(threshold) => {
                 return draw_kept(values, lanes, s, threshold, r).or_else(|| {
                     // The bounds left the draw open: exact kept masses decide it.
@@ -822,13 +903,42 @@ fn draw_kept(
     threshold: Threshold,
     r: u64,
 ) -> Option<usize> {
-    for t in &s.band {
-        // Without a branch: about half the band is kept, unpredictably.
-        let kept = f64::from(u8::from(threshold.keeps(t.key, t.id)));
-        s.masses[t.id as usize / CHUNK] += kept * f64::from(t.estimate);
-    }
+    staged(stage::KEPT, || {
+        for t in &s.band {
+            let kept = kept_estimate(threshold.keeps(t.key, t.id), t.estimate);
+            s.masses[t.id as usize / CHUNK] += kept;
+        }
+    });
     let keeps = |id: usize, l: f32| threshold.keeps(key_select(l), id as u32);
-    draw_by_chunks(values, lanes, &s.masses, ESTIMATED, r, keeps)
+    staged(stage::WALK, || {
+        draw_by_chunks(values, lanes, &s.masses, ESTIMATED, r, keeps)
+    })
+}
+
+/// `estimate` widened where `keeps`, else +0.0, without a branch: in id order about half the band
+/// is kept, unpredictably. A product with the test as 0.0 or 1.0, a float select, or a select of
+/// the bits all compiled to a branch, which a cold batch paid about 4 ns a band token for; an
+/// SSE2 AND with a mask of the test stays a vector operation.
+#[inline(always)]
+fn kept_estimate(keeps: bool, estimate: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{
+            _mm_and_pd, _mm_castsi128_pd, _mm_cvtsd_f64, _mm_cvtsi64_si128, _mm_set_sd,
+        };
+        let mask = 0i64.wrapping_sub(i64::from(keeps));
+        // SAFETY: SSE2 is part of the x86_64 baseline, so every x86_64 CPU runs these.
+        unsafe {
+            _mm_cvtsd_f64(_mm_and_pd(
+                _mm_set_sd(f64::from(estimate)),
+                _mm_castsi128_pd(_mm_cvtsi64_si128(mask)),
+            ))
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        if keeps { f64::from(estimate) } else { 0.0 }
+    }
 }
 
 /// What the band says of the threshold.
@@ -1150,7 +1260,9 @@ fn classify_full(
                 unsafe { avx2::classify(slices, band) }
             };
             counted = counted.plus(step);
-            list_band(found, first + i * LIST_STEP, bitmaps, values, estimates);
+            staged(stage::LIST, || {
+                list_band(found, first + i * LIST_STEP, bitmaps, values, estimates)
+            });
         }
         return counted;
     }
@@ -1245,9 +1357,11 @@ fn list_band(
             n += 1;
         }
     }
-    for t in listed.iter() {
-        found.histogram.add(t.key, t.estimate);
-    }
+    staged(stage::COUNT, || {
+        for t in listed.iter() {
+            found.histogram.add(t.key, t.estimate);
+        }
+    });
 }
 
 /// One step of the vector [`classify`] loops: whole chunks of logits and their estimates, and
@@ -1398,9 +1512,14 @@ struct Threshold {
 }
 
 impl Threshold {
+    /// Whether the token of rank key `key` and id `id` is kept: `key > self.key`, or the same key
+    /// and `id <= self.id`. Tested as one compare of `key` and the id's complement packed in a
+    /// u64 (lexicographic order), so that no branch is taken on the first compare: in id order
+    /// it goes either way for about half the band.
     #[inline(always)]
     fn keeps(&self, key: u32, id: u32) -> bool {
-        key > self.key || (key == self.key && id <= self.id)
+        let packed = |key: u32, id: u32| (u64::from(key) << 32) | u64::from(!id);
+        packed(key, id) >= packed(self.key, self.id)
     }
 }
 
@@ -1772,6 +1891,68 @@ mod tests {
             }
         }
         assert!(narrowed >= 8, "the levels narrowed {narrowed} bands");
+    }
+
+    /// The packed compare of `Threshold::keeps` is the rank order's test (a larger key, or the
+    /// same key and an id at most the threshold's), at the extremes of keys and ids.
+    #[test]
+    fn keeps_is_the_rank_order_test() {
+        let mut lcg = Lcg(17);
+        let edges = [
+            0u32,
+            1,
+            2,
+            0x7fff_ffff,
+            0x8000_0000,
+            0x8000_0001,
+            u32::MAX - 1,
+            u32::MAX,
+        ];
+        let mut values: Vec<u32> = edges.to_vec();
+        values.extend((0..24).map(|_| lcg.next_u64() as u32));
+        for &(tk, ti) in &[
+            (0x8000_0000, 5),
+            (0, 0),
+            (u32::MAX, u32::MAX),
+            (0x9abc_def0, 0),
+        ] {
+            let threshold = Threshold { key: tk, id: ti };
+            for &key in values
+                .iter()
+                .chain(&[tk, tk.wrapping_add(1), tk.wrapping_sub(1)])
+            {
+                for &id in values
+                    .iter()
+                    .chain(&[ti, ti.wrapping_add(1), ti.wrapping_sub(1)])
+                {
+                    let expected = key > tk || (key == tk && id <= ti);
+                    assert_eq!(
+                        threshold.keeps(key, id),
+                        expected,
+                        "{key:#x} {id} vs {tk:#x} {ti}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// `kept_estimate` gives the bits of the product it replaced (the estimate widened, times
+    /// 1.0 or 0.0) for the estimates a row stores: zero, subnormal, ordinary and the largest.
+    #[test]
+    fn kept_estimate_is_the_product_it_replaced() {
+        let mut lcg = Lcg(23);
+        let mut estimates = vec![0.0f32, f32::from_bits(1), f32::MIN_POSITIVE, 1.0, f32::MAX];
+        estimates.extend((0..64).map(|_| f32::from_bits(lcg.next_u64() as u32 & 0x7f7f_ffff)));
+        for e in estimates {
+            for keeps in [false, true] {
+                let product = f64::from(u8::from(keeps)) * f64::from(e);
+                assert_eq!(
+                    kept_estimate(keeps, e).to_bits(),
+                    product.to_bits(),
+                    "{e} {keeps}"
+                );
+            }
+        }
     }
 
     /// The vector classify loops (listing each step of [`LIST_STEP`] tokens after its loop) find
@@ -2299,6 +2480,143 @@ mod tests {
                     start.elapsed().as_secs_f64() * 1e6 / rows as f64
                 );
             }
+        }
+    }
+
+    /// Batch probe (issue 28, session 11): 64 cold rows of one shape sampled as the op samples
+    /// them (two halves on two threads, each in row order), wall and process CPU time per batch
+    /// (all threads: robust to preemption, where wall time is not), next to a two-thread read of
+    /// the same rows. Run with `--ignored --nocapture`; `SPECULA_PROBE_ROUNDS` (9),
+    /// `SPECULA_PROBE_P` (0.9), `SPECULA_PROBE_V` (151936), `SPECULA_PROBE_MODE`: `warm` samples one row 64 times (in cache),
+    /// `max` runs only the maximum pass on the cold rows, `l3` samples 16 rows four times each,
+    /// read just before (in L3, not in L2). A wall time equal to the CPU time means
+    /// the second thread did not get its vCPU (another process had it).
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn batch_costs() {
+        fn cpu_total_ns() -> u64 {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: a valid timespec pointer.
+            unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+        }
+        let rounds: usize = std::env::var("SPECULA_PROBE_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(9);
+        let top_p: f32 = std::env::var("SPECULA_PROBE_P")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.9);
+        let vocab: usize = std::env::var("SPECULA_PROBE_V")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(151_936);
+        let timed = std::env::var("SPECULA_PROBE_STAGES").is_ok();
+        stage::ON.store(timed, std::sync::atomic::Ordering::Relaxed);
+        let evict = crate::sampling::probe::evictor();
+        let mut lcg = Lcg(9);
+        let shapes = [
+            ("sigma 3.5 T 0.8", 3.5f32, 0.8f32),
+            ("flat", 3.0, 1.0),
+            ("kept~1k", 3.76, 1.0),
+            ("kept~10k", 2.79, 1.0),
+            ("kept~100k", 0.874, 1.0),
+        ];
+        for (name, sigma, t) in shapes {
+            let rows: Vec<Vec<f32>> = (0..64)
+                .map(|_| normal_row(&mut lcg, vocab, sigma))
+                .collect();
+            let mode = std::env::var("SPECULA_PROBE_MODE").unwrap_or_default();
+            let rows: Vec<&[f32]> = if mode == "warm" {
+                vec![&rows[0][..]; rows.len()]
+            } else if mode == "l3" {
+                (0..rows.len()).map(|i| &rows[i % 16][..]).collect()
+            } else {
+                rows.iter().map(|r| &r[..]).collect()
+            };
+            let (mut wall, mut cpu, mut floor) = (vec![], vec![], vec![]);
+            let mut stages = [0u64; stage::COUNT_OF];
+            for round in 0..rounds {
+                std::hint::black_box(evict.iter().fold(0u64, |a, &b| a.wrapping_add(b)));
+                let start = std::time::Instant::now();
+                let sum: u32 = rows
+                    .par_iter()
+                    .map(|r| r.iter().fold(0u32, |a, x| a ^ x.to_bits()))
+                    .reduce(|| 0, |a, b| a ^ b);
+                std::hint::black_box(sum);
+                floor.push(start.elapsed().as_secs_f64() * 1e3);
+                if mode != "l3" {
+                    std::hint::black_box(evict.iter().fold(0u64, |a, &b| a.wrapping_add(b)));
+                }
+                let (start, c0) = (std::time::Instant::now(), cpu_total_ns());
+                // Two halves on two threads, each in row order, as the op's pool runs a batch.
+                let half = |rows: &[&[f32]], first: usize| {
+                    let hints = RowHints {
+                        parts: 1,
+                        next: &[],
+                    };
+                    let seed =
+                        |i: usize| ((first + i) as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                    stage::NS.with(|c| c.set([0; stage::COUNT_OF]));
+                    let drawn = rows
+                        .iter()
+                        .enumerate()
+                        .map(|(i, r)| {
+                            if mode == "max" {
+                                std::hint::black_box(max_and_clean(r));
+                                return None;
+                            }
+                            sample(r, t, top_p, seed(i) ^ round as u64, hints)
+                        })
+                        .collect::<Vec<_>>();
+                    (drawn, stage::NS.with(|c| c.get()))
+                };
+                let (a, b) = rows.split_at(rows.len() / 2);
+                let ((_, ns_a), (_, ns_b)) =
+                    std::hint::black_box(rayon::join(|| half(a, 0), || half(b, a.len())));
+                wall.push(start.elapsed().as_secs_f64() * 1e3);
+                cpu.push((cpu_total_ns() - c0) as f64 / 1e6);
+                for (k, total) in stages.iter_mut().enumerate() {
+                    *total += ns_a[k] + ns_b[k];
+                }
+            }
+            if timed {
+                let names = [
+                    "max",
+                    "sample",
+                    "store",
+                    "place",
+                    "classify",
+                    "(list",
+                    "(count",
+                    "threshold",
+                    "kept",
+                    "walk",
+                ];
+                let line: Vec<String> = names
+                    .iter()
+                    .zip(stages)
+                    .map(|(n, ns)| {
+                        format!("{n} {:.1}", ns as f64 / 1e3 / (rounds * rows.len()) as f64)
+                    })
+                    .collect();
+                println!("{name:<16} µs a row (wall, per stage): {}", line.join("  "));
+            }
+            let med = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                (v[v.len() / 2], v[0])
+            };
+            let ((w, wmin), (c, cmin), (f, fmin)) =
+                (med(&mut wall), med(&mut cpu), med(&mut floor));
+            println!(
+                "{name:<16} p {top_p}: wall {w:6.2} ms (min {wmin:6.2}) cpu {c:6.2} ms (min {cmin:6.2}) floor {f:5.2} ms (min {fmin:5.2}) ratio {:.2} (min/min {:.2})",
+                w / f,
+                wmin / fmin
+            );
         }
     }
 }
