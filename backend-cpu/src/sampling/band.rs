@@ -48,9 +48,12 @@ const BLOCK: usize = 256;
 pub(crate) const SAMPLES: usize = 4096;
 /// Consecutive tokens per run of the sample.
 pub(crate) const SAMPLE_RUN: usize = 32;
-/// The margin of the band's placement besides four standard deviations of the sample's estimate,
-/// as a share of the row's mass.
+/// The margin of the band's placement besides [`SIGMAS`] standard deviations of the sample's
+/// estimate, as a share of the row's mass.
 pub(crate) const SLACK: f64 = 0.002;
+/// How many standard deviations of the sample's estimate of the mass below a level place the
+/// band's ends (a band that misses costs this path a second classify pass).
+pub(crate) const SIGMAS: f64 = 4.0;
 /// Bins of the band's histogram of keys.
 pub(crate) const BAND_BINS: usize = 2048;
 
@@ -280,18 +283,20 @@ fn take_sample<T: FloatElement>(row: &[T], s: &mut Scratch) -> f64 {
 /// weights' sum and sum of squares; each sampled token stands for `scale`): the first bin past
 /// the levels whose estimated mass below is certainly under `low_below`, and the first past the
 /// levels whose estimated mass below certainly reaches `high_below` — "certainly" meaning by
-/// four standard deviations of the estimate and `slack` (`None`: no such level).
+/// `sigmas` standard deviations of the estimate and `slack` (`None`: no such level).
 pub(crate) fn band_bins(
     bins: &[(f64, f64)],
     scale: f64,
     (low_below, high_below): (f64, f64),
     slack: f64,
+    sigmas: f64,
 ) -> (Option<usize>, Option<usize>) {
     let (mut mass, mut squares) = (0.0f64, 0.0f64);
     let mut low_bin = None;
-    // `x ≥ 4 · scale · √S` as `x ≥ 0 ∧ x² ≥ 16 · scale² · S`: no square root (its latency, once
-    // per bin, was most of the walk).
-    let beyond = |x: f64, squares: f64| x >= 0.0 && x * x >= 16.0 * scale * scale * squares;
+    // `x ≥ k · scale · √S` as `x ≥ 0 ∧ x² ≥ k² · scale² · S` (`k` = `sigmas`): no square root
+    // (its latency, once per bin, was most of the walk).
+    let k2 = sigmas * sigmas;
+    let beyond = |x: f64, squares: f64| x >= 0.0 && x * x >= k2 * scale * scale * squares;
     for (b, &(m, q)) in bins.iter().enumerate() {
         if m == 0.0 {
             continue;

@@ -9,7 +9,7 @@
 
 use specula_backend_api::FloatElement;
 
-use super::{Band, SAMPLE_RUN, SAMPLES, band_bins};
+use super::{Band, SAMPLE_RUN, SAMPLES, SIGMAS, band_bins};
 use crate::sampling::histogram::MIN_WEIGHT_KEY;
 use crate::sampling::scan::{band_of, dispatched, key_of};
 #[cfg(target_arch = "x86_64")]
@@ -190,7 +190,7 @@ fn bin_keys_generic(keys: &[u32], bins: &mut [(f64, f64)]) {
 /// Places the band from the sample's bins: it spans the levels whose estimated mass below is
 /// within four standard deviations and `slack` of `below` (`W − target`).
 pub(super) fn band_from(bins: &[(f64, f64)], scale: f64, below: f64, slack: f64) -> Band {
-    let (low_bin, high_bin) = band_bins(bins, scale, (below, below), slack);
+    let (low_bin, high_bin) = band_bins(bins, scale, (below, below), slack, SIGMAS);
     let key = |bin: usize| bin_key(bin as u32);
     Band {
         low: low_bin.map_or(MIN_WEIGHT_KEY, key),

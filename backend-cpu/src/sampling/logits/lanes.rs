@@ -56,6 +56,14 @@ pub(crate) const SUM_BLOCK: usize = 256;
 /// About `3.7 · 10^-7` (`2^-21.4`) in all for the block sums, `2^-22` for one stored estimate;
 /// the bound, `4.77 · 10^-7`, is above both (the tests check it on hostile values).
 pub(crate) const ESTIMATE_RELATIVE: f64 = 1.0 / 2_097_152.0;
+/// The relative part of the bound on `|w − ŵ|` for sums of **stored** estimates
+/// ([`estimate_store`], widened to f64 exactly and added in f64): the terms of
+/// [`ESTIMATE_RELATIVE`] but the block sums' f32 tree — the gap `2^-23.53`, the floors
+/// `2^-27.4`, the polynomial `2^-22.57`, `2.49 · 10^-7` in all (`2^-21.94`), and f64 sums of up
+/// to `2^32` terms in lanes of at most `2^20` adds each (`2^-33`). The bound, `2.6 · 10^-7`, is
+/// above them (the tests check it on hostile values); about half of [`ESTIMATE_RELATIVE`], which
+/// halves how often the top-p path's bounds leave a decision to the exact pass.
+pub(crate) const STORED_RELATIVE: f64 = 2.6e-7;
 /// The absolute part of the bound per token: the contract's final shift floors the weight (less
 /// than 1), and a gap at or past the limit weighs 0 exactly where the estimate is at most 1.
 pub(crate) const ESTIMATE_ABSOLUTE: f64 = 1.0;
@@ -1129,23 +1137,24 @@ mod tests {
                     if excess > 0.0 {
                         worst = worst.max(excess / single);
                     }
-                    let bound = f64::from(w) * ESTIMATE_RELATIVE + ESTIMATE_ABSOLUTE;
+                    let bound = f64::from(w) * STORED_RELATIVE + ESTIMATE_ABSOLUTE;
                     assert!(
                         (exact - f64::from(w)).abs() <= bound,
                         "stored, l {l}, t {t}"
                     );
                 }
                 let n = row.len() as f64;
-                for estimate in [total, summed] {
-                    let bound = estimate * ESTIMATE_RELATIVE + n * ESTIMATE_ABSOLUTE;
+                for (estimate, relative) in [(total, STORED_RELATIVE), (summed, ESTIMATE_RELATIVE)]
+                {
+                    let bound = estimate * relative + n * ESTIMATE_ABSOLUTE;
                     let error = (exact_total as f64 - estimate).abs();
                     assert!(error <= bound, "t {t} max {max}: {error} > {bound}");
                 }
             }
         }
         assert!(
-            worst <= ESTIMATE_RELATIVE / 2.0,
-            "worst relative error {worst:e} (bound {ESTIMATE_RELATIVE:e})"
+            worst <= STORED_RELATIVE / 2.0,
+            "worst relative error {worst:e} (bound {STORED_RELATIVE:e})"
         );
     }
 

@@ -30,8 +30,8 @@ use super::key_select;
 
 mod fused;
 use super::lanes::{
-    self, ESTIMATE_ABSOLUTE, ESTIMATE_RELATIVE, RowLanes, estimate_block_sums, estimate_store,
-    estimate_store_levels, exact_weights, max_and_clean,
+    self, ESTIMATE_ABSOLUTE, ESTIMATE_RELATIVE, RowLanes, STORED_RELATIVE, estimate_block_sums,
+    estimate_store, estimate_store_levels, exact_weights, max_and_clean,
 };
 
 /// Tokens per chunk of the passes: the unit of the per-chunk masses and of the draw's exact walk.
@@ -46,6 +46,13 @@ const MIN_VOCAB: usize = 4096;
 // The band's placement (estimates sampled in runs, its slack) and its histogram's bins are the
 // probability band path's.
 use crate::sampling::band::{BAND_BINS, SAMPLE_RUN, SAMPLES, SLACK, band_bins};
+/// Standard deviations of the sample's estimate that place the band's ends: three, not the
+/// probability path's four ([`crate::sampling::band::SIGMAS`]). The band's tokens cost about
+/// 5 ns each to list, count and add to the draw's masses, a band that misses about 50 µs (a
+/// second classify pass): at three the bands hold 10–25 % fewer tokens on the wide rows and
+/// miss on at most 2 of 1000 rows of the bench shapes at top-p 0.5, 0.9 and 0.99
+/// (`tests::band_widths`); a cold batch costs 3–7 % less.
+const BAND_SIGMAS: f64 = 3.0;
 /// A margin on every float comparison of the bounds, relative: covers the f64 roundings of the
 /// sums and products the comparisons themselves make.
 const MARGIN: f64 = 1.0 / (1u64 << 44) as f64;
@@ -253,6 +260,11 @@ struct Accuracy {
 /// The f32 estimates ([`estimate_block_sums`], [`estimate_store`]).
 const ESTIMATED: Accuracy = Accuracy {
     relative: ESTIMATE_RELATIVE,
+    absolute: ESTIMATE_ABSOLUTE,
+};
+/// Sums of the stored f32 estimates ([`estimate_store`], added in f64): the top_p < 1 path's.
+const STORED: Accuracy = Accuracy {
+    relative: STORED_RELATIVE,
     absolute: ESTIMATE_ABSOLUTE,
 };
 /// Exact weights (sums of at most a chunk of them are exact in f64).
@@ -610,6 +622,19 @@ thread_local! {
     static BAND_MISSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
+#[cfg(test)]
+thread_local! {
+    /// The band tokens listed and the classify passes that listed them, on this thread (tests
+    /// only).
+    static BAND_TOKENS: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Counts a classify pass that listed `tokens` band tokens (tests only).
+fn count_band(_tokens: usize) {
+    #[cfg(test)]
+    BAND_TOKENS.with(|b| b.set((b.get().0 + _tokens, b.get().1 + 1)));
+}
+
 /// Counts a band that missed the threshold (tests only).
 fn count_band_miss() {
     #[cfg(test)]
@@ -631,15 +656,30 @@ fn exact_above(values: &[f32], lanes: &RowLanes, floor: u32, masses: &mut [f64])
     for (chunk, mass) in values.chunks(CHUNK).zip(masses.iter_mut()) {
         let weights = &mut weights[..chunk.len()];
         exact_weights(chunk, lanes, weights);
-        total += weights.iter().sum::<u64>();
-        let above: u64 = chunk
-            .iter()
-            .zip(weights.iter())
-            .map(|(&l, &w)| if key_select(l) >= floor { w } else { 0 })
-            .sum();
+        let (all, above) = sums_above(chunk, weights, floor);
+        total += all;
         *mass = above as f64;
     }
     total
+}
+
+crate::sampling::scan::dispatched!(
+    /// The sum of `weights` and the sum of those whose logit in `chunk` has a rank key at least
+    /// `floor`, with the loop compiled for the CPU's vector unit (the baseline build's two-lane
+    /// loop was a third of an exact pass).
+    fn sums_above [] (chunk: &[f32], weights: &[u64], floor: u32) -> (u64, u64)
+        = sums_above_generic []
+);
+
+/// [`sums_above`]: branch-free, so that the compiler vectorizes it.
+#[inline(always)]
+fn sums_above_generic(chunk: &[f32], weights: &[u64], floor: u32) -> (u64, u64) {
+    let (mut all, mut above) = (0u64, 0u64);
+    for (&l, &w) in chunk.iter().zip(weights) {
+        all += w;
+        above += w & 0u64.wrapping_sub(u64::from(key_select(l) >= floor));
+    }
+    (all, above)
 }
 
 /// The token the draw `r` selects among the kept tokens in id order, given each chunk's
@@ -801,6 +841,7 @@ fn settle(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch, mut band: Band) 
             classify(passes, &s.estimates, band, &mut s.masses, found)
         });
         let (row, above) = counted.masses(values.len());
+        count_band(s.band.len());
         if !split.certainly_not(above.bounds(), row.less(above).bounds()) {
             // The threshold may lie above the band.
             if band.high == f32::INFINITY {
@@ -817,6 +858,7 @@ fn settle(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch, mut band: Band) 
             InBand::Found(threshold) => {
                 return draw_kept(values, lanes, s, threshold, r).or_else(|| {
                     // The bounds left the draw open: exact kept masses decide it.
+
                     let floor = threshold.key.saturating_add(1);
                     exact_above(values, lanes, floor, &mut s.masses);
                     draw_exact(values, lanes, s, threshold, floor, r)
@@ -874,7 +916,7 @@ struct Masses {
 impl Masses {
     /// The bounds of the exact mass.
     fn bounds(&self) -> Bounds {
-        Bounds::estimated(self.total.max(0.0), self.tokens, ESTIMATED)
+        Bounds::estimated(self.total.max(0.0), self.tokens, STORED)
     }
 
     /// The tokens of `self` that are not in `part` (a subset).
@@ -911,7 +953,7 @@ fn draw_kept(
     });
     let keeps = |id: usize, l: f32| threshold.keeps(key_select(l), id as u32);
     staged(stage::WALK, || {
-        draw_by_chunks(values, lanes, &s.masses, ESTIMATED, r, keeps)
+        draw_by_chunks(values, lanes, &s.masses, STORED, r, keeps)
     })
 }
 
@@ -1046,7 +1088,7 @@ fn place_band(
         bin.0 += f64::from(w);
         bin.1 += f64::from(w) * f64::from(w);
     }
-    let (low_bin, high_bin) = band_bins(bins, sample.scale, limits, slack);
+    let (low_bin, high_bin) = band_bins(bins, sample.scale, limits, slack, BAND_SIGMAS);
     let level = |bin: usize| f32::from_bits((bin as u32 + FIRST) << SHIFT);
     // A level at or above the maximum's weight keeps nothing above the band.
     let high = high_bin
@@ -1936,6 +1978,48 @@ mod tests {
         }
     }
 
+    /// `sums_above` (compiled for this CPU's vector unit) gives the scalar sums, on NaN, signed
+    /// zeros, infinities and raw bit patterns, at floors from 0 to the largest key.
+    #[test]
+    fn sums_above_are_the_scalar_sums() {
+        let mut lcg = Lcg(91);
+        let specials = [
+            f32::NAN,
+            -0.0,
+            0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -1.5,
+            2.25,
+        ];
+        for floor in [
+            0,
+            1,
+            key_select(-1.5),
+            key_select(0.0),
+            key_select(2.25),
+            u32::MAX,
+        ] {
+            for n in [0, 1, 7, 255, 256] {
+                let chunk: Vec<f32> = (0..n)
+                    .map(|i| match i % 3 {
+                        0 => specials[i % specials.len()],
+                        _ => f32::from_bits(lcg.next_u64() as u32),
+                    })
+                    .collect();
+                let weights: Vec<u64> = (0..n).map(|_| lcg.next_u64() >> 24).collect();
+                let all: u64 = weights.iter().sum();
+                let above: u64 = chunk
+                    .iter()
+                    .zip(&weights)
+                    .filter(|&(&l, _)| key_select(l) >= floor)
+                    .map(|(_, &w)| w)
+                    .sum();
+                assert_eq!(sums_above(&chunk, &weights, floor), (all, above));
+            }
+        }
+    }
+
     /// `kept_estimate` gives the bits of the product it replaced (the estimate widened, times
     /// 1.0 or 0.0) for the estimates a row stores: zero, subnormal, ordinary and the largest.
     #[test]
@@ -2263,6 +2347,84 @@ mod tests {
         ("kept~100k", 0.874, 1.0),
     ];
 
+    /// How wide the bands are, how often they miss and how often the bounds leave a decision to
+    /// the exact pass (and what a row with one costs), per bench shape, one thread, warm
+    /// (`SPECULA_PROBE_ROWS`, `SPECULA_PROBE_P`).
+    #[test]
+    #[ignore]
+    fn band_widths() {
+        let rows_n: usize = probe_setting("SPECULA_PROBE_ROWS", 200);
+        let top_p: f32 = probe_setting("SPECULA_PROBE_P", 0.9);
+        let mut lcg = Lcg(77);
+        for (name, sigma, t) in BENCH_SHAPES {
+            let rows: Vec<Vec<f32>> = (0..rows_n)
+                .map(|_| normal_row(&mut lcg, 151_936, sigma))
+                .collect();
+            BAND_TOKENS.with(|b| b.set((0, 0)));
+            let misses0 = BAND_MISSES.with(|m| m.get());
+            let exact0 = EXACT_PASSES.load(std::sync::atomic::Ordering::Relaxed);
+            let hints = RowHints {
+                parts: 1,
+                next: &[],
+            };
+            let start = std::time::Instant::now();
+            let (mut with_exact, mut n_exact) = (0.0, 0);
+            for (i, r) in rows.iter().enumerate() {
+                let e0 = EXACT_PASSES.load(std::sync::atomic::Ordering::Relaxed);
+                let t0 = std::time::Instant::now();
+                std::hint::black_box(sample(
+                    r,
+                    t,
+                    top_p,
+                    (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                    hints,
+                ));
+                if EXACT_PASSES.load(std::sync::atomic::Ordering::Relaxed) > e0 {
+                    with_exact += t0.elapsed().as_secs_f64() * 1e6;
+                    n_exact += 1;
+                }
+            }
+            let us = start.elapsed().as_secs_f64() * 1e6 / rows_n as f64;
+            println!(
+                "  rows with an exact pass: {n_exact}, {:.1} us each",
+                with_exact / n_exact.max(1) as f64
+            );
+            let (tokens, passes) = BAND_TOKENS.with(|b| b.get());
+            let misses = BAND_MISSES.with(|m| m.get()) - misses0;
+            let exact = EXACT_PASSES.load(std::sync::atomic::Ordering::Relaxed) - exact0;
+            println!(
+                "{name:16} band {:7.0} tokens/pass  passes/row {:.3} misses {misses} exact {exact}  {us:6.1} us/row",
+                tokens as f64 / passes.max(1) as f64,
+                passes as f64 / rows_n as f64
+            );
+        }
+    }
+
+    /// What the exact pass costs a row: its exact weights alone, and `exact_above` (the weights
+    /// and their sums), one thread, warm.
+    #[test]
+    #[ignore]
+    fn exact_costs() {
+        let mut lcg = Lcg(78);
+        for (name, sigma, t) in BENCH_SHAPES {
+            let row = normal_row(&mut lcg, 151_936, sigma);
+            let (raw_max, clean) = max_and_clean(&row);
+            let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes");
+            let mut masses = vec![0.0; row.len().div_ceil(CHUNK)];
+            let mut w = vec![0u64; CHUNK];
+            let weights_only = least_us(200, &mut || {
+                for chunk in row.chunks(CHUNK) {
+                    exact_weights(chunk, &lanes, &mut w[..chunk.len()]);
+                    std::hint::black_box(&w);
+                }
+            });
+            let above = least_us(200, &mut || {
+                std::hint::black_box(exact_above(&row, &lanes, key_select(0.0), &mut masses));
+            });
+            println!("{name:16} exact weights {weights_only:6.1} us, exact_above {above:6.1} us");
+        }
+    }
+
     /// A probe's setting from the environment variable `name`, else `default`.
     fn probe_setting<T: std::str::FromStr>(name: &str, default: T) -> T {
         std::env::var(name)
@@ -2330,7 +2492,13 @@ mod tests {
             let in_band = |b: Band| row.iter().filter(|&&l| l >= b.low && l < b.high).count();
             let (sampled_tokens, band_tokens) = (in_band(sampled), in_band(band));
             let bins_us = least(&mut || {
-                std::hint::black_box(band_bins(&s.sample, 37.0, (total * 0.1, total * 0.1), 0.0));
+                std::hint::black_box(band_bins(
+                    &s.sample,
+                    37.0,
+                    (total * 0.1, total * 0.1),
+                    0.0,
+                    BAND_SIGMAS,
+                ));
             });
             // The second pass over `band`, into the scratch buffers.
             let second = |s: &mut Scratch, band: Band| {
