@@ -1279,6 +1279,7 @@ fn classify_full(
         // are still in L1: listed after the whole segment, the profile put most of the listing's
         // time on the load of each band token's logit.
         let mut bitmaps = [0u64; LIST_STEP / WORD];
+        let mut offsets = [0u32; LIST_STEP];
         let mut counted = Counted::default();
         let steps = values
             .chunks(LIST_STEP)
@@ -1292,19 +1293,23 @@ fn classify_full(
                 masses,
                 bitmaps: &mut *bitmaps,
             };
-            let step = if has_avx512() {
+            let start = first + i * LIST_STEP;
+            if has_avx512() {
                 // SAFETY: AVX-512F/BW/VL/DQ (and POPCNT, which every AVX-512 CPU has) are
-                // present; the slices hold whole chunks.
-                unsafe { avx512::classify(slices, band) }
+                // present; the slices hold whole chunks, `offsets` a slot per token of the step.
+                let (step, listed) = unsafe { avx512::classify(slices, band, &mut offsets) };
+                counted = counted.plus(step);
+                staged(stage::LIST, || {
+                    list_offsets(found, start, &offsets[..listed], values, estimates)
+                });
             } else {
                 // SAFETY: AVX2 (and POPCNT, which every AVX2 CPU has) is present; the slices
                 // hold whole chunks.
-                unsafe { avx2::classify(slices, band) }
-            };
-            counted = counted.plus(step);
-            staged(stage::LIST, || {
-                list_band(found, first + i * LIST_STEP, bitmaps, values, estimates)
-            });
+                counted = counted.plus(unsafe { avx2::classify(slices, band) });
+                staged(stage::LIST, || {
+                    list_band(found, start, bitmaps, values, estimates)
+                });
+            }
         }
         return counted;
     }
@@ -1406,6 +1411,32 @@ fn list_band(
     });
 }
 
+/// Appends the band tokens at `offsets` (in id order) of a step whose first token is token
+/// `first` of the row, then counts them in the histogram: a loop of a known count, no branch per
+/// token or per bitmap word (the AVX-512 loop packs the offsets as it classifies).
+fn list_offsets(
+    found: &mut Found<'_>,
+    first: usize,
+    offsets: &[u32],
+    values: &[f32],
+    estimates: &[f32],
+) {
+    let start = found.tokens.len();
+    found.tokens.extend(offsets.iter().map(|&j| {
+        let j = j as usize;
+        BandToken {
+            key: key_select(values[j]),
+            id: (first + j) as u32,
+            estimate: estimates[j],
+        }
+    }));
+    staged(stage::COUNT, || {
+        for t in &found.tokens[start..] {
+            found.histogram.add(t.key, t.estimate);
+        }
+    });
+}
+
 /// One step of the vector [`classify`] loops: whole chunks of logits and their estimates, and
 /// their slots of the per-chunk masses and of the band bitmaps (`CHUNK / WORD` words a chunk).
 #[cfg(target_arch = "x86_64")]
@@ -1462,20 +1493,33 @@ mod avx512 {
     use super::{Band, Counted, Step, chunks_with};
     use std::arch::x86_64::*;
 
-    /// Writes each chunk's mass above the band and the bitmap of the band tokens of each word;
-    /// returns the mass above the band, its token count and the row's sum.
+    /// Writes each chunk's mass above the band and the bitmap of the band tokens of each word,
+    /// and the offsets in the step of the band tokens, in id order, to the front of `offsets`;
+    /// returns the mass above the band, its token count and the row's sum, and how many offsets
+    /// it wrote.
     ///
     /// # Safety
     /// The CPU must support AVX-512F/BW/VL/DQ and POPCNT; the step's slices are as
-    /// [`Step`] says.
+    /// [`Step`] says, and `offsets` holds a slot per token of the step.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt")]
-    pub(super) unsafe fn classify(step: Step<'_>, band: Band) -> Counted {
+    pub(super) unsafe fn classify(
+        step: Step<'_>,
+        band: Band,
+        offsets: &mut [u32],
+    ) -> (Counted, usize) {
+        assert!(offsets.len() >= step.values.len());
         let (high, low) = (_mm512_set1_ps(band.high), _mm512_set1_ps(band.low));
         let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
         let mut above_tokens = 0;
         let zero = (_mm512_setzero_pd(), _mm512_setzero_pd());
+        let (origin, out) = (step.values.as_ptr(), offsets.as_mut_ptr());
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let mut listed = 0usize;
         let group = |l: *const f32, e: *const f32, (acc0, acc1): &mut (__m512d, __m512d)| {
-            // SAFETY: `chunks_with` passes pointers to 16 f32.
+            // SAFETY: `chunks_with` passes pointers to 16 f32 of the step's values (`l`) and
+            // estimates (`e`).
+            let at = unsafe { l.offset_from(origin) } as i32;
+            // SAFETY: as above.
             let (l, e) = unsafe { (_mm512_loadu_ps(l), _mm512_loadu_ps(e)) };
             // Ordered compares: NaN is neither above nor in the band.
             let above = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, high);
@@ -1489,13 +1533,24 @@ mod avx512 {
             all0 = _mm512_add_pd(all0, e_low);
             all1 = _mm512_add_pd(all1, e_high);
             above_tokens += above.count_ones() as usize;
+            // The band lanes' offsets packed to the front of a vector, stored whole: at most
+            // `at` offsets precede them (one per token before this group), so the 16 slots
+            // from `listed` lie inside `offsets`; the slots past the band lanes are
+            // overwritten next or never read.
+            let packed = _mm512_maskz_compress_epi32(
+                in_band,
+                _mm512_add_epi32(_mm512_set1_epi32(at), lanes),
+            );
+            // SAFETY: `listed + 16 <= at + 16 <= step length <= offsets.len()` (above).
+            unsafe { _mm512_storeu_si512(out.add(listed).cast(), packed) };
+            listed += in_band.count_ones() as usize;
             u64::from(in_band)
         };
         let finish = |(acc0, acc1)| _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
         let mut counted = chunks_with::<16, _>(step, zero, group, finish);
         counted.above_tokens = above_tokens;
         counted.row = _mm512_reduce_add_pd(_mm512_add_pd(all0, all1));
-        counted
+        (counted, listed)
     }
 }
 
