@@ -1128,6 +1128,48 @@ mod tests {
         assert!(decided * 10 >= cases * 9, "decided {decided} of {cases}");
     }
 
+    /// The path without top-k on long rows whose top is hostile — values above 2^64 (read as
+    /// 2^64), +inf, a tiny largest value (read as +0), ties at the maximum — with thresholds in
+    /// the band's top bins (small top-p): the band's histogram spans up to the row's largest
+    /// value, and every token returned is the plain definition's (the path leaves the rows
+    /// with +inf to the exact one; the op's answer is checked on them too).
+    #[test]
+    fn the_unranked_path_decides_rows_with_hostile_tops() {
+        let mut next = stream(23);
+        let v = 9001;
+        for (case, top) in [
+            vec![1e30, 3e38, 2e19],
+            vec![f32::INFINITY, 5.0],
+            vec![f32::INFINITY, f32::INFINITY, 1e30],
+            vec![1e-30, 2e-30],
+            vec![4.0, 4.0, 4.0, 3.999_999_8],
+            vec![7.5],
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut row = normal_row(&mut next, v, [1.0, 3.0][case % 2]);
+            if case == 3 {
+                // Every other value negative, so that the tiny ones are the largest.
+                row.iter_mut().for_each(|x| *x = -x.abs() - 1.0);
+            }
+            for (i, &value) in top.iter().enumerate() {
+                row[(i * 2741 + 17) % v] = value;
+            }
+            row[4000] = f32::NAN;
+            for t in [1.0, 0.25] {
+                for top_p in [0.05, 0.3, 0.7, 0.95] {
+                    let r = next();
+                    let expected = plain_sample(&row, t, 0, top_p, r);
+                    if let Some(token) = unranked::sample(&row, t, top_p, r, RowHints::default()) {
+                        assert_eq!(token, expected, "case {case}, t {t}, top_p {top_p}");
+                    }
+                    assert_eq!(sample_logit_row(&row, t, 0, top_p, r), expected);
+                }
+            }
+        }
+    }
+
     #[test]
     fn hostile_rows() {
         let nan = f32::NAN;

@@ -169,9 +169,15 @@ struct Histogram {
 }
 
 impl Histogram {
-    /// Empties the histogram and spans it over the keys of `band`.
-    fn span(&mut self, band: Band) {
-        let (low, high) = (key_select(band.low), key_select(band.high));
+    /// Empties the histogram and spans it over the keys of `band` up to the key of `top`, a
+    /// bound on every band token's logit: a band open at the top (`high` +inf, or far above the
+    /// row) keeps its bins on its tokens, instead of a few of them holding all (whose tokens the
+    /// threshold then weighs exactly and sorts).
+    fn span(&mut self, band: Band, top: f32) {
+        let (low, high) = (
+            key_select(band.low),
+            key_select(band.high).min(key_select(top)),
+        );
         let range = high.saturating_sub(low);
         self.low = low;
         self.shift = (32 - range.leading_zeros()).saturating_sub(BAND_BINS.trailing_zeros());
@@ -338,6 +344,7 @@ fn sample_f32(
         let passes = Passes {
             values,
             lanes,
+            top: f32::INFINITY,
             segments,
             next: hints.next,
         };
@@ -348,6 +355,7 @@ fn sample_f32(
     let passes = Passes {
         values,
         lanes,
+        top: raw_max,
         segments,
         next: hints.next,
     };
@@ -363,6 +371,9 @@ fn sample_f32(
 struct Passes<'a> {
     values: &'a [f32],
     lanes: RowLanes,
+    /// The row's largest value, NaN ignored (`max_and_clean`'s; +inf where unknown): no band
+    /// token lies above it, so that a band open at the top spans its histogram up to it.
+    top: f32,
     segments: Segments,
     next: &'a [u8],
 }
@@ -374,6 +385,7 @@ impl<'a> Passes<'a> {
         Passes {
             values,
             lanes,
+            top: max_and_clean(values).0,
             segments,
             next: &[],
         }
@@ -1177,7 +1189,7 @@ fn classify(
     let (values, segments) = (passes.values, passes.segments);
     masses.resize(values.len().div_ceil(CHUNK), 0.0);
     found.tokens.clear();
-    found.histogram.span(band);
+    found.histogram.span(band, passes.top);
     if segments.count == 1 {
         return classify_part(values, estimates, 0, band, masses, found);
     }
@@ -2125,7 +2137,7 @@ mod tests {
         };
         let run = |parts: usize, vector: bool| {
             let (mut tokens, mut histogram) = (Vec::new(), Histogram::default());
-            histogram.span(band);
+            histogram.span(band, f32::INFINITY);
             let mut masses = vec![0.0; v.div_ceil(CHUNK)];
             let mut found = Found {
                 tokens: &mut tokens,
@@ -2360,7 +2372,7 @@ mod tests {
                 high: band_hi,
             };
             let mut histogram = Histogram::default();
-            histogram.span(b);
+            histogram.span(b, f32::INFINITY);
             let found = Found {
                 tokens: &mut band,
                 histogram: &mut histogram,
@@ -2376,12 +2388,7 @@ mod tests {
         time("sample", &mut || {
             std::hint::black_box(Sample::of(&lanes, &row, &mut scratch.sampled));
         });
-        let passes = Passes {
-            values: &row,
-            lanes,
-            segments: Segments::of(row.len(), 1),
-            next: &[],
-        };
+        let passes = Passes::unhinted(&row, lanes, Segments::of(row.len(), 1));
         let mut s = Scratch::default();
         time("sample_top_p (all)", &mut || {
             std::hint::black_box(sample_top_p(&passes, top_p_fixed(0.9), 7, &mut s));
@@ -2651,12 +2658,7 @@ mod tests {
             let mut s = Scratch::default();
             let (raw_max, clean) = max_and_clean(&row);
             let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes");
-            let passes = Passes {
-                values: &row,
-                lanes,
-                segments: Segments::of(row.len(), 1),
-                next: &[],
-            };
+            let passes = Passes::unhinted(&row, lanes, Segments::of(row.len(), 1));
             let start = cpu_ns();
             let token = sample_top_p(&passes, top_p_fixed(0.9), 7, &mut s);
             let us = (cpu_ns() - start) as f64 / 1e3;
