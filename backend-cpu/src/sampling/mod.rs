@@ -12,6 +12,8 @@ pub(crate) mod histogram;
 #[cfg(test)]
 pub(crate) mod lcg;
 pub(crate) mod logits;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod pack;
 #[cfg(test)]
 pub(crate) mod probe;
 pub(crate) mod scan;

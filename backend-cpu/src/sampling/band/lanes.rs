@@ -248,6 +248,7 @@ pub(super) mod avx512 {
 /// AVX2: eight tokens per vector, a sign mask per vector selects the band's lanes.
 pub(super) mod avx2 {
     use super::*;
+    use crate::sampling::pack::PACK8;
 
     /// `sanitize` on 8 lanes: NaN, zeros and negatives to +0 (the compare is false for NaN),
     /// above 1 to 1.
@@ -288,32 +289,12 @@ pub(super) mod avx2 {
         (sum(his) << 16) + sum(los)
     }
 
-    /// For each mask of 8 lanes, the lanes it selects packed to the front: their indices, a byte
-    /// each, the first in the low byte (the rest 0).
-    const PACK: [u64; 256] = {
-        let mut table = [0u64; 256];
-        let mut mask = 0;
-        while mask < 256 {
-            let (mut lane, mut at, mut packed) = (0, 0, 0u64);
-            while lane < 8 {
-                if mask & (1 << lane) != 0 {
-                    packed |= (lane as u64) << (8 * at);
-                    at += 1;
-                }
-                lane += 1;
-            }
-            table[mask] = packed;
-            mask += 1;
-        }
-        table
-    };
-
     /// Appends the lanes of `keys` that `mask` selects to `out`, in lane order.
     #[inline]
     #[target_feature(enable = "avx2")]
     fn list(out: &mut Out<'_>, mask: u8, keys: __m256i) {
         let at = out.len;
-        let order = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(PACK[usize::from(mask)] as i64));
+        let order = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(PACK8[usize::from(mask)] as i64));
         // Whole vectors are stored, as in the AVX-512 loop (the same bound).
         let keys_at = &mut out.keys[at..at + 8];
         // SAFETY: the slice holds 8 u32; unaligned stores are allowed.

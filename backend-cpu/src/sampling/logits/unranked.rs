@@ -36,8 +36,6 @@ use super::lanes::{
 
 /// Tokens per chunk of the passes: the unit of the per-chunk masses and of the draw's exact walk.
 const CHUNK: usize = lanes::SUM_BLOCK;
-/// Tokens per band bitmap word.
-const WORD: usize = 64;
 #[cfg(target_arch = "x86_64")]
 use crate::sampling::scan::{has_avx2, has_avx512};
 
@@ -1290,7 +1288,6 @@ fn classify_full(
         // A step's tokens are listed right after its vector loop, while its logits and estimates
         // are still in L1: listed after the whole segment, the profile put most of the listing's
         // time on the load of each band token's logit.
-        let mut bitmaps = [0u64; LIST_STEP / WORD];
         let mut offsets = [0u32; LIST_STEP];
         let mut counted = Counted::default();
         let steps = values
@@ -1298,30 +1295,25 @@ fn classify_full(
             .zip(estimates.chunks(LIST_STEP))
             .zip(masses.chunks_mut(LIST_STEP / CHUNK));
         for (i, ((values, estimates), masses)) in steps.enumerate() {
-            let bitmaps = &mut bitmaps[..masses.len() * (CHUNK / WORD)];
             let slices = Step {
                 values,
                 estimates,
                 masses,
-                bitmaps: &mut *bitmaps,
+                offsets: &mut offsets,
             };
-            let start = first + i * LIST_STEP;
-            if has_avx512() {
+            let (step, listed) = if has_avx512() {
                 // SAFETY: AVX-512F/BW/VL/DQ (and POPCNT, which every AVX-512 CPU has) are
-                // present; the slices hold whole chunks, `offsets` a slot per token of the step.
-                let (step, listed) = unsafe { avx512::classify(slices, band, &mut offsets) };
-                counted = counted.plus(step);
-                staged(stage::LIST, || {
-                    list_offsets(found, start, &offsets[..listed], values, estimates)
-                });
+                // present; the slices hold whole chunks, `offsets` a slot per token.
+                unsafe { avx512::classify(slices, band) }
             } else {
-                // SAFETY: AVX2 (and POPCNT, which every AVX2 CPU has) is present; the slices
-                // hold whole chunks.
-                counted = counted.plus(unsafe { avx2::classify(slices, band) });
-                staged(stage::LIST, || {
-                    list_band(found, start, bitmaps, values, estimates)
-                });
-            }
+                // SAFETY: AVX2 (and POPCNT, which every AVX2 CPU has) is present; as above.
+                unsafe { avx2::classify(slices, band) }
+            };
+            counted = counted.plus(step);
+            staged(stage::LIST, || {
+                let offsets = &offsets[..listed];
+                list_offsets(found, first + i * LIST_STEP, offsets, values, estimates)
+            });
         }
         return counted;
     }
@@ -1382,47 +1374,6 @@ struct Found<'a> {
     histogram: &'a mut Histogram,
 }
 
-/// Appends the band tokens that `bitmaps` marks (bit `j` of word `w`: token `w · WORD + j` of
-/// `values`, whose first token is token `first` of the row), then counts them in the histogram:
-/// two tight loops, the tokens written into room made for all of them at once (no capacity check
-/// or length store per token, no histogram add between them).
-fn list_band(
-    found: &mut Found<'_>,
-    first: usize,
-    bitmaps: &[u64],
-    values: &[f32],
-    estimates: &[f32],
-) {
-    let count: usize = bitmaps.iter().map(|w| w.count_ones() as usize).sum();
-    let start = found.tokens.len();
-    let empty = BandToken {
-        key: 0,
-        id: 0,
-        estimate: 0.0,
-    };
-    found.tokens.resize(start + count, empty);
-    let listed = &mut found.tokens[start..];
-    let mut n = 0;
-    for (word, &bits) in bitmaps.iter().enumerate() {
-        let mut bits = bits;
-        while bits != 0 {
-            let j = word * WORD + bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            listed[n] = BandToken {
-                key: key_select(values[j]),
-                id: (first + j) as u32,
-                estimate: estimates[j],
-            };
-            n += 1;
-        }
-    }
-    staged(stage::COUNT, || {
-        for t in listed.iter() {
-            found.histogram.add(t.key, t.estimate);
-        }
-    });
-}
-
 /// Appends the band tokens at `offsets` (in id order) of a step whose first token is token
 /// `first` of the row, then counts them in the histogram: a loop of a known count, no branch per
 /// token or per bitmap word (the AVX-512 loop packs the offsets as it classifies).
@@ -1449,46 +1400,41 @@ fn list_offsets(
     });
 }
 
-/// One step of the vector [`classify`] loops: whole chunks of logits and their estimates, and
-/// their slots of the per-chunk masses and of the band bitmaps (`CHUNK / WORD` words a chunk).
+/// One step of the vector [`classify`] loops: whole chunks of logits and their estimates, their
+/// slots of the per-chunk masses, and a slot per token for the offsets of its band tokens.
 #[cfg(target_arch = "x86_64")]
 struct Step<'a> {
     values: &'a [f32],
     estimates: &'a [f32],
     masses: &'a mut [f64],
-    bitmaps: &'a mut [u64],
+    offsets: &'a mut [u32; LIST_STEP],
 }
 
 /// The loop of both vector widths' [`classify`] over a step's whole chunks, `N` tokens at a
-/// time: `group` classifies the `N` logits and estimates at its two pointers (into its chunk's
-/// accumulator, starting at `zero`) and returns their band bits; `finish` turns a chunk's
+/// time: `group` classifies the `N` logits and estimates at its two pointers, token `at` of the
+/// step on (into its chunk's accumulator, starting at `zero`); `finish` turns a chunk's
 /// accumulator into its estimated mass above the band, stored in its slot of `masses`. Returns
 /// the mass above the band (the caller counts the tokens and the row's sum).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn chunks_with<const N: usize, A: Copy>(
-    step: Step<'_>,
+    values: &[f32],
+    estimates: &[f32],
+    masses: &mut [f64],
     zero: A,
-    mut group: impl FnMut(*const f32, *const f32, &mut A) -> u64,
+    mut group: impl FnMut(*const f32, *const f32, usize, &mut A),
     mut finish: impl FnMut(A) -> f64,
 ) -> Counted {
     let mut counted = Counted::default();
-    let rows = step
-        .values
+    let rows = values
         .chunks_exact(CHUNK)
-        .zip(step.estimates.chunks_exact(CHUNK));
-    let words = step.bitmaps.chunks_exact_mut(CHUNK / WORD);
-    for ((chunk, ests), (mass, words)) in rows.zip(step.masses.iter_mut().zip(words)) {
+        .zip(estimates.chunks_exact(CHUNK));
+    for (c, ((chunk, ests), mass)) in rows.zip(masses.iter_mut()).enumerate() {
         let mut acc = zero;
-        for (w, word) in words.iter_mut().enumerate() {
-            let mut bits = 0u64;
-            for g in 0..WORD / N {
-                // Tokens `at .. at + N` of the chunk (`at + N ≤ CHUNK`).
-                let at = w * WORD + N * g;
-                let (l, e) = (chunk[at..].as_ptr(), ests[at..].as_ptr());
-                bits |= group(l, e, &mut acc) << (N * g);
-            }
-            *word = bits;
+        for at in (0..CHUNK).step_by(N) {
+            // Tokens `at .. at + N` of the chunk (`at + N ≤ CHUNK`).
+            let (l, e) = (chunk[at..].as_ptr(), ests[at..].as_ptr());
+            group(l, e, c * CHUNK + at, &mut acc);
         }
         *mass = finish(acc);
         counted.above += *mass;
@@ -1497,41 +1443,38 @@ fn chunks_with<const N: usize, A: Copy>(
 }
 
 /// The [`classify`] loop over whole chunks with AVX-512: per 16 tokens two compares, the
-/// estimates above the band widened and added in f64 under a mask; the band's tokens are marked
-/// in a bitmap per word of [`WORD`] tokens (no call in the loop, so that the accumulators stay in
-/// registers) and pushed afterwards.
+/// estimates above the band widened and added in f64 under a mask, and the band lanes' offsets
+/// packed to the front of a vector (`vpcompressd`) stored whole at the end of the step's list,
+/// which then grows by their count: no branch per token, and no call in the loop, so that the
+/// accumulators stay in registers.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{Band, Counted, Step, chunks_with};
     use std::arch::x86_64::*;
 
-    /// Writes each chunk's mass above the band and the bitmap of the band tokens of each word,
-    /// and the offsets in the step of the band tokens, in id order, to the front of `offsets`;
-    /// returns the mass above the band, its token count and the row's sum, and how many offsets
-    /// it wrote.
+    /// Writes each chunk's mass above the band and the offsets in the step of its band tokens,
+    /// in id order, to the front of `step.offsets`; returns the mass above the band, its token
+    /// count and the row's sum, and how many offsets it wrote.
     ///
     /// # Safety
-    /// The CPU must support AVX-512F/BW/VL/DQ and POPCNT; the step's slices are as
-    /// [`Step`] says, and `offsets` holds a slot per token of the step.
+    /// The CPU must support AVX-512F/BW/VL/DQ and POPCNT; the step's slices are as [`Step`]
+    /// says.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt")]
-    pub(super) unsafe fn classify(
-        step: Step<'_>,
-        band: Band,
-        offsets: &mut [u32],
-    ) -> (Counted, usize) {
-        assert!(offsets.len() >= step.values.len());
+    pub(super) unsafe fn classify(step: Step<'_>, band: Band) -> (Counted, usize) {
+        let Step {
+            values,
+            estimates,
+            masses,
+            offsets,
+        } = step;
         let (high, low) = (_mm512_set1_ps(band.high), _mm512_set1_ps(band.low));
         let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
         let mut above_tokens = 0;
         let zero = (_mm512_setzero_pd(), _mm512_setzero_pd());
-        let (origin, out) = (step.values.as_ptr(), offsets.as_mut_ptr());
         let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         let mut listed = 0usize;
-        let group = |l: *const f32, e: *const f32, (acc0, acc1): &mut (__m512d, __m512d)| {
-            // SAFETY: `chunks_with` passes pointers to 16 f32 of the step's values (`l`) and
-            // estimates (`e`).
-            let at = unsafe { l.offset_from(origin) } as i32;
-            // SAFETY: as above.
+        let group = |l: *const f32, e: *const f32, at: usize, acc: &mut (__m512d, __m512d)| {
+            // SAFETY: `chunks_with` passes pointers to 16 f32.
             let (l, e) = unsafe { (_mm512_loadu_ps(l), _mm512_loadu_ps(e)) };
             // Ordered compares: NaN is neither above nor in the band.
             let above = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, high);
@@ -1540,36 +1483,39 @@ mod avx512 {
             let e_high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
                 _mm512_castps_pd(e),
             )));
-            *acc0 = _mm512_mask_add_pd(*acc0, above as u8, *acc0, e_low);
-            *acc1 = _mm512_mask_add_pd(*acc1, (above >> 8) as u8, *acc1, e_high);
+            acc.0 = _mm512_mask_add_pd(acc.0, above as u8, acc.0, e_low);
+            acc.1 = _mm512_mask_add_pd(acc.1, (above >> 8) as u8, acc.1, e_high);
             all0 = _mm512_add_pd(all0, e_low);
             all1 = _mm512_add_pd(all1, e_high);
             above_tokens += above.count_ones() as usize;
-            // The band lanes' offsets packed to the front of a vector, stored whole: at most
-            // `at` offsets precede them (one per token before this group), so the 16 slots
-            // from `listed` lie inside `offsets`; the slots past the band lanes are
-            // overwritten next or never read.
-            let packed = _mm512_maskz_compress_epi32(
-                in_band,
-                _mm512_add_epi32(_mm512_set1_epi32(at), lanes),
-            );
-            // SAFETY: `listed + 16 <= at + 16 <= step length <= offsets.len()` (above).
-            unsafe { _mm512_storeu_si512(out.add(listed).cast(), packed) };
+            let at_lanes = _mm512_add_epi32(_mm512_set1_epi32(at as i32), lanes);
+            // At most `at` offsets precede these (one per token before them), so the 16 slots
+            // from `listed` lie inside the step's `LIST_STEP` (`at + 16 ≤ LIST_STEP`); the
+            // slots past the band lanes are overwritten next or never read.
+            let slots = &mut offsets[listed..listed + 16];
+            // SAFETY: the slice holds 16 u32; unaligned stores are allowed.
+            unsafe {
+                _mm512_storeu_si512(
+                    slots.as_mut_ptr().cast(),
+                    _mm512_maskz_compress_epi32(in_band, at_lanes),
+                );
+            }
             listed += in_band.count_ones() as usize;
-            u64::from(in_band)
         };
         let finish = |(acc0, acc1)| _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
-        let mut counted = chunks_with::<16, _>(step, zero, group, finish);
+        let mut counted = chunks_with::<16, _>(values, estimates, masses, zero, group, finish);
         counted.above_tokens = above_tokens;
         counted.row = _mm512_reduce_add_pd(_mm512_add_pd(all0, all1));
         (counted, listed)
     }
 }
 
-/// The [`classify`] loop over whole chunks with AVX2 (8 tokens per step), as the AVX-512 one.
+/// The [`classify`] loop over whole chunks with AVX2 (8 tokens per step), as the AVX-512 one; a
+/// vector's band offsets are packed by a permutation from a table ([`PACK8`]).
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{Band, Counted, Step, chunks_with};
+    use crate::sampling::pack::PACK8;
     use std::arch::x86_64::*;
 
     /// The sum of 4 f64 lanes.
@@ -1585,12 +1531,20 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2 and POPCNT; the step's slices are as [`Step`] says.
     #[target_feature(enable = "avx2,fma,popcnt")]
-    pub(super) unsafe fn classify(step: Step<'_>, band: Band) -> Counted {
+    pub(super) unsafe fn classify(step: Step<'_>, band: Band) -> (Counted, usize) {
+        let Step {
+            values,
+            estimates,
+            masses,
+            offsets,
+        } = step;
         let (high, low) = (_mm256_set1_ps(band.high), _mm256_set1_ps(band.low));
         let (mut all0, mut all1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
         let mut above_tokens = 0;
         let zero = (_mm256_setzero_pd(), _mm256_setzero_pd());
-        let group = |l: *const f32, e: *const f32, (acc0, acc1): &mut (__m256d, __m256d)| {
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mut listed = 0usize;
+        let group = |l: *const f32, e: *const f32, at: usize, acc: &mut (__m256d, __m256d)| {
             // SAFETY: `chunks_with` passes pointers to 8 f32.
             let (l, e) = unsafe { (_mm256_loadu_ps(l), _mm256_loadu_ps(e)) };
             let above = _mm256_cmp_ps::<_CMP_GE_OQ>(l, high);
@@ -1598,17 +1552,29 @@ mod avx2 {
             all0 = _mm256_add_pd(all0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
             all1 = _mm256_add_pd(all1, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e)));
             let e = _mm256_and_ps(e, above);
-            *acc0 = _mm256_add_pd(*acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-            *acc1 = _mm256_add_pd(*acc1, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e)));
+            acc.0 = _mm256_add_pd(acc.0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+            acc.1 = _mm256_add_pd(acc.1, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e)));
             let above = _mm256_movemask_ps(above) as u32;
             above_tokens += above.count_ones() as usize;
-            u64::from(_mm256_movemask_ps(at_least_low) as u32 & !above)
+            let in_band = (_mm256_movemask_ps(at_least_low) as u32 & !above) as usize;
+            let order = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(PACK8[in_band] as i64));
+            let at_lanes = _mm256_add_epi32(_mm256_set1_epi32(at as i32), lanes);
+            // As in the AVX-512 loop: the 8 slots from `listed` lie inside the step's slots.
+            let slots = &mut offsets[listed..listed + 8];
+            // SAFETY: the slice holds 8 u32; unaligned stores are allowed.
+            unsafe {
+                _mm256_storeu_si256(
+                    slots.as_mut_ptr().cast(),
+                    _mm256_permutevar8x32_epi32(at_lanes, order),
+                );
+            }
+            listed += in_band.count_ones() as usize;
         };
         let finish = |(acc0, acc1)| reduce4(_mm256_add_pd(acc0, acc1));
-        let mut counted = chunks_with::<8, _>(step, zero, group, finish);
+        let mut counted = chunks_with::<8, _>(values, estimates, masses, zero, group, finish);
         counted.above_tokens = above_tokens;
         counted.row = reduce4(_mm256_add_pd(all0, all1));
-        counted
+        (counted, listed)
     }
 }
 
