@@ -868,7 +868,6 @@ fn settle(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch, mut band: Band) 
             InBand::Found(threshold) => {
                 return draw_kept(values, lanes, s, threshold, r).or_else(|| {
                     // The bounds left the draw open: exact kept masses decide it.
-
                     let floor = threshold.key.saturating_add(1);
                     exact_above(values, lanes, floor, &mut s.masses);
                     draw_exact(values, lanes, s, threshold, floor, r)
