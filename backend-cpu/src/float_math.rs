@@ -493,7 +493,7 @@ macro_rules! normaliser_lanes {
 
 normaliser_lanes!(
     /// The AVX2 normaliser: eight lanes.
-    mod avx2: __m256 x 8, "avx2,fma";
+    mod avx2: __m256 x 8, "avx2,fma,popcnt,bmi1,bmi2,lzcnt";
         _mm256_mul_ps, _mm256_sub_ps, _mm256_max_ps, _mm256_set1_ps, _mm256_fmadd_ps,
         _mm256_setzero_ps, _mm256_add_ps;
     fraction |y| _mm256_sub_ps(y, _mm256_round_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(y));
@@ -519,7 +519,7 @@ normaliser_lanes!(
 
 normaliser_lanes!(
     /// The AVX-512 normaliser: sixteen lanes.
-    mod avx512: __m512 x 16, "avx512f,avx512bw,avx512vl,avx512dq";
+    mod avx512: __m512 x 16, "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt";
         _mm512_mul_ps, _mm512_sub_ps, _mm512_max_ps, _mm512_set1_ps, _mm512_fmadd_ps,
         _mm512_setzero_ps, _mm512_add_ps;
     // `y − ⌊y⌋`, exact.

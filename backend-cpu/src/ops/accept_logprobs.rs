@@ -450,7 +450,7 @@ mod avx512 {
 
     /// The parts' maxima, in index order: a later part's only where strictly greater.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     fn max_of(max: &[__m512; STREAMS]) -> __m512 {
         max[1..].iter().fold(max[0], |m, &p| _mm512_max_ps(p, m))
     }
@@ -460,7 +460,7 @@ mod avx512 {
     ///
     /// # Safety
     /// The CPU must support AVX-512F/BW/VL/DQ.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn scan_row(
         row: &[f32],
         tv: f32,
@@ -483,7 +483,7 @@ mod avx512 {
     /// # Safety
     /// The CPU must support AVX-512F/BW/VL/DQ.
     #[cfg(test)]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn scan_parts(
         row: &[f32],
         tv: f32,
@@ -505,7 +505,7 @@ mod avx512 {
     /// the top-K after their block, with the gate as it stood at the block's start — which
     /// lets in every chunk the gate of the moment would (the K-th entry only rises), and
     /// offering a chunk that does not belong changes nothing.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) fn scan_parts_with<const SUM: bool>(
         row: &[f32],
         tv: f32,
@@ -693,7 +693,7 @@ mod avx2 {
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn scan_row(
         row: &[f32],
         tv: f32,
@@ -714,7 +714,7 @@ mod avx2 {
     /// otherwise). The row is read in order, [`CHUNKS`] chunks at a time, the chunks the gate
     /// lets in offered after their block (as the AVX-512 loop: the block's gate lets in every
     /// chunk the gate of the moment would).
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) fn scan_with<const SUM: bool>(
         row: &[f32],
         tv: f32,

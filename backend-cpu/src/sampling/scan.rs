@@ -201,30 +201,52 @@ pub(crate) fn has_avx512() -> bool {
     let capped = *CAPPED.get_or_init(|| {
         std::env::var("SPECULA_CPU_MAX_ISA").is_ok_and(|isa| isa.eq_ignore_ascii_case("avx2"))
     });
-    !capped
-        && std::arch::is_x86_feature_detected!("avx512f")
+    !capped && cpu_has_avx512()
+}
+
+/// Whether this CPU has every feature the AVX-512 variants are compiled with, whatever
+/// `SPECULA_CPU_MAX_ISA` says (the tests run every variant the CPU has).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn cpu_has_avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
         && std::arch::is_x86_feature_detected!("avx512vl")
         && std::arch::is_x86_feature_detected!("avx512dq")
+        && has_avx2()
 }
 
-/// Whether this CPU runs the AVX2 variants.
+/// Whether this CPU has the scalar bit instructions every vector variant is compiled with
+/// (`popcnt`, BMI1, BMI2, `lzcnt`): without them the compiler spells `count_ones` in a dozen
+/// shifts and masks (the AVX-512 band listing spent half its time there). Every CPU with AVX2
+/// has them; the check keeps the dispatch sound on any that would not.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn has_bit_ops() -> bool {
+    std::arch::is_x86_feature_detected!("popcnt")
+        && std::arch::is_x86_feature_detected!("bmi1")
+        && std::arch::is_x86_feature_detected!("bmi2")
+        && std::arch::is_x86_feature_detected!("lzcnt")
+}
+
+/// Whether this CPU runs the AVX2 variants: it has every feature they are compiled with.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn has_avx2() -> bool {
     std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
         && std::arch::is_x86_feature_detected!("f16c")
+        && has_bit_ops()
 }
 
 /// Defines `$name`: the generic loop `$generic` compiled for AVX-512 or AVX2 (x86_64 only), to be
 /// called where [`has_avx512`] or [`has_avx2`] holds.
 macro_rules! compiled_for {
     (avx512, $($rest:tt)*) => {
-        $crate::sampling::scan::compiled_for!(@ "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c", $($rest)*);
+        $crate::sampling::scan::compiled_for!(@ "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,popcnt,bmi1,bmi2,lzcnt", $($rest)*);
     };
     (avx2, $($rest:tt)*) => {
-        $crate::sampling::scan::compiled_for!(@ "avx2,fma,f16c", $($rest)*);
+        $crate::sampling::scan::compiled_for!(@ "avx2,fma,f16c,popcnt,bmi1,bmi2,lzcnt", $($rest)*);
     };
     (@ $features:literal, fn $name:ident [$($gp:tt)*] ($($arg:ident: $ty:ty),*) -> $ret:ty
         = $generic:ident [$($ga:tt)*]) => {
@@ -308,7 +330,7 @@ mod avx512 {
     /// `sanitize` on 16 lanes: NaN, zeros and negatives to +0 (the compare is false for NaN),
     /// above 1 to 1.
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,popcnt,bmi1,bmi2,lzcnt")]
     fn sanitize(v: __m512) -> __m512 {
         let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(v, _mm512_setzero_ps());
         _mm512_maskz_min_ps(positive, v, _mm512_set1_ps(1.0))
@@ -316,7 +338,7 @@ mod avx512 {
 
     /// `floor(p · 2^40)` of 16 sanitized values, exact in f32, widened exactly to two f64 vectors.
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,popcnt,bmi1,bmi2,lzcnt")]
     fn weights(p: __m512, scale: __m512) -> (__m512d, __m512d) {
         let w = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(
             _mm512_mul_ps(p, scale),
@@ -333,7 +355,7 @@ mod avx512 {
     /// # Safety
     /// The CPU must support AVX-512F; `block_mass` must hold `row.len() / BLOCK` entries and
     /// `sample` `row.len() / BLOCK * GROUP_KEYS` keys and positions.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn scan_full_blocks<const W: bool, const S: bool>(
         row: &[f32],
         block_mass: &mut [u64],
@@ -434,7 +456,7 @@ mod avx512 {
     /// # Safety
     /// The CPU must support AVX-512F.
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,popcnt,bmi1,bmi2,lzcnt")]
     unsafe fn push_pairs(keys: __m512i, ids: __m512i, mask: u16, out: &mut Vec<Candidate>) {
         out.reserve(2 * 8);
         let len = out.len();
@@ -471,7 +493,7 @@ mod avx512 {
     /// # Safety
     /// The CPU must support AVX-512F; `keys` and `pos` hold `GROUP_KEYS` entries per block of
     /// `row` (as [`super::scan`] writes them).
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn collect<T: FloatElement>(
         row: &[T],
         from: Collect<'_>,
@@ -565,7 +587,7 @@ mod avx512 {
     ///
     /// # Safety
     /// The CPU must support AVX-512F.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn band_of(keys: &[u32], low: u32, high: u32, band: &mut Vec<u32>) {
         let (low_v, high_v) = (
             _mm512_set1_epi32(low as i32),
@@ -604,7 +626,7 @@ mod avx512 {
     ///
     /// # Safety
     /// The CPU must support AVX-512F.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn level_totals<const MASS: bool>(
         keys: &[u32],
         levels: &[u32; ROUND],
@@ -652,7 +674,7 @@ mod avx512 {
 
     /// Adds f32 partial sums into f64 totals and clears them.
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,popcnt,bmi1,bmi2,lzcnt")]
     fn flush(partial: &mut [__m512; ROUND], mass: &mut [__m512d; ROUND]) {
         for j in 0..ROUND {
             let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(partial[j]));

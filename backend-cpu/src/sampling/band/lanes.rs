@@ -136,7 +136,7 @@ pub(super) mod avx512 {
     /// `sanitize` on 16 lanes: NaN, zeros and negatives to +0 (the compare is false for NaN),
     /// above 1 to 1.
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,popcnt,bmi1,bmi2,lzcnt")]
     fn sanitize(v: __m512) -> __m512 {
         let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(v, _mm512_setzero_ps());
         _mm512_maskz_min_ps(positive, v, _mm512_set1_ps(1.0))
@@ -147,7 +147,7 @@ pub(super) mod avx512 {
     /// non-negative value. Summed in integer lanes (the vector unit's integer adders are more
     /// than its floating-point ones).
     #[inline]
-    #[target_feature(enable = "avx512f,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     fn weights(p: __m512, scale: __m512) -> (__m512i, __m512i) {
         let w = _mm512_mul_ps(p, scale);
         let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(w)));
@@ -159,7 +159,7 @@ pub(super) mod avx512 {
 
     /// Appends the lanes of `keys` that `mask` selects to `out`, in lane order.
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,popcnt,bmi1,bmi2,lzcnt")]
     fn list(out: &mut Out<'_>, mask: __mmask16, keys: __m512i) {
         let at = out.len;
         // Whole vectors are stored (the lanes past the selected ones are overwritten later): the
@@ -181,7 +181,7 @@ pub(super) mod avx512 {
     ///
     /// # Safety
     /// The CPU must support AVX-512F and AVX-512DQ.
-    #[target_feature(enable = "avx512f,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     pub(crate) unsafe fn classify_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
         let (low, high) = (
             _mm512_set1_epi32(band.low as i32),
@@ -222,7 +222,7 @@ pub(super) mod avx512 {
     ///
     /// # Safety
     /// The CPU must support AVX-512F and AVX-512DQ.
-    #[target_feature(enable = "avx512f,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     pub(crate) unsafe fn classify_sparse_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
         let low = _mm512_set1_epi32(band.low as i32);
         let scale = _mm512_set1_ps(SCALE);
@@ -253,7 +253,7 @@ pub(super) mod avx2 {
     /// `sanitize` on 8 lanes: NaN, zeros and negatives to +0 (the compare is false for NaN),
     /// above 1 to 1.
     #[inline]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
     fn sanitize(v: __m256) -> __m256 {
         let positive = _mm256_cmp_ps::<_CMP_GT_OQ>(v, _mm256_setzero_ps());
         _mm256_and_ps(_mm256_min_ps(v, _mm256_set1_ps(1.0)), positive)
@@ -266,7 +266,7 @@ pub(super) mod avx2 {
     /// Summed in integer lanes (`hi ≤ 2^24`, `lo < 2^16`: 32 of each, a block's share per lane,
     /// fit in 32 bits), instead of widened to f64 four lanes at a time.
     #[inline]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
     fn split_weights(p: __m256) -> (__m256i, __m256i) {
         let x = _mm256_mul_ps(p, _mm256_set1_ps((1u32 << 24) as f32));
         let hi = _mm256_cvttps_epi32(x);
@@ -277,7 +277,7 @@ pub(super) mod avx2 {
 
     /// The eight 32-bit lanes of `hi` and of `lo` summed, as `Σhi · 2^16 + Σlo`.
     #[inline]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
     fn join_sums(hi: __m256i, lo: __m256i) -> u64 {
         let (mut his, mut los) = ([0u32; 8], [0u32; 8]);
         // SAFETY: each array holds 8 u32; unaligned stores are allowed.
@@ -291,7 +291,7 @@ pub(super) mod avx2 {
 
     /// Appends the lanes of `keys` that `mask` selects to `out`, in lane order.
     #[inline]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
     fn list(out: &mut Out<'_>, mask: u8, keys: __m256i) {
         let at = out.len;
         let order = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(PACK8[usize::from(mask)] as i64));
@@ -311,7 +311,7 @@ pub(super) mod avx2 {
     ///
     /// # Safety
     /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
     pub(crate) unsafe fn classify_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
         // Keys of sanitized values are at most the key of 1.0 (below 2^31), so the signed compare
         // orders them as the unsigned one does once the bounds are capped below 2^31 too (a bound
@@ -351,7 +351,7 @@ pub(super) mod avx2 {
     ///
     /// # Safety
     /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
     pub(crate) unsafe fn classify_sparse_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
         // Sanitized keys are below 2^31: the signed compare orders them as the unsigned one
         // does once the bound is capped below 2^31 too.

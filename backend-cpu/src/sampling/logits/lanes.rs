@@ -632,14 +632,14 @@ mod avx512 {
     gaps_fn!(
         gaps16,
         __m512,
-        "avx512f,avx512bw,avx512vl,avx512dq",
+        "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt",
         sanitize16,
         (_mm512_set1_ps, _mm512_sub_ps, _mm512_min_ps)
     );
 
     /// `sanitize_logit` on 16 lanes (`huge` = `2^64` and `neg_inf` in every lane).
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     fn sanitize16(l: __m512, huge: __m512, neg_inf: __m512) -> __m512 {
         // `max(l, −inf)` returns its second operand for a NaN `l`.
         let s = _mm512_max_ps(l, neg_inf);
@@ -653,7 +653,7 @@ mod avx512 {
 
     /// The gap `X` (fixed point) of 8 gaps `D` (f32 bits widened to 64-bit lanes).
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     fn gap8(d: __m256i, lanes: &RowLanes) -> __m512i {
         let bits = _mm512_cvtepu32_epi64(d);
         // (bits & 0x7fffff) | 0x800000
@@ -673,7 +673,7 @@ mod avx512 {
     /// The weight of 8 gaps `X` from the final Horner value `p`: `(P << 9) >> n`, 0 from the
     /// limit on.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     fn finish8(x: __m512i, p: __m512i) -> __m512i {
         let live = _mm512_cmplt_epu64_mask(x, _mm512_set1_epi64(GAP_LIMIT as i64));
         _mm512_maskz_srlv_epi64(live, _mm512_slli_epi64::<9>(p), _mm512_srli_epi64::<24>(x))
@@ -681,7 +681,7 @@ mod avx512 {
 
     /// `G = 2^24 − (X mod 2^24)` of 8 gaps.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     fn g8(x: __m512i) -> __m512i {
         _mm512_add_epi64(
             _mm512_andnot_si512(x, _mm512_set1_epi64(0xff_ffff)),
@@ -691,7 +691,7 @@ mod avx512 {
 
     /// Exact weights of 8 gaps `D`, Horner steps as 32 × 32-bit multiplies.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     fn weigh8(d: __m256i, lanes: &RowLanes) -> __m512i {
         let x = gap8(d, lanes);
         let g = g8(x);
@@ -706,7 +706,9 @@ mod avx512 {
     /// Exact weights of 8 gaps `D`, Horner steps as 52-bit multiply-adds: the high half of
     /// `(P · 2^20) · (G · 2^8)` is `⌊P · G / 2^24⌋` (both factors below `2^52`).
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512ifma")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512ifma,popcnt,bmi1,bmi2,lzcnt"
+    )]
     fn weigh8_ifma(d: __m256i, lanes: &RowLanes) -> __m512i {
         let x = gap8(d, lanes);
         let g = _mm512_slli_epi64::<8>(g8(x));
@@ -746,16 +748,20 @@ mod avx512 {
         };
     }
 
-    exact_loop!(exact_weights, weigh8, "avx512f,avx512bw,avx512vl,avx512dq");
+    exact_loop!(
+        exact_weights,
+        weigh8,
+        "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt"
+    );
     exact_loop!(
         exact_weights_ifma,
         weigh8_ifma,
-        "avx512f,avx512bw,avx512vl,avx512dq,avx512ifma"
+        "avx512f,avx512bw,avx512vl,avx512dq,avx512ifma,popcnt,bmi1,bmi2,lzcnt"
     );
 
     /// The estimates of 16 logits: [`super::estimate_of_gap`] in lanes, the same bits.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     fn estimate16(l: __m512, lanes: &RowLanes) -> __m512 {
         let d = gaps16(l, lanes);
         let c_hi = _mm512_set1_ps(lanes.c_hi);
@@ -774,7 +780,7 @@ mod avx512 {
 
     /// The two f64 halves of 16 f32.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     fn widen16(w: __m512) -> (__m512d, __m512d) {
         let low = _mm512_cvtps_pd(_mm512_castps512_ps256(w));
         let high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
@@ -789,7 +795,7 @@ mod avx512 {
     /// # Safety
     /// `v` holds at least 64 f32.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     unsafe fn estimate64_sum(v: *const f32, lanes: &RowLanes) -> __m512 {
         // SAFETY: the caller's promise.
         let w = |i: usize| estimate16(unsafe { _mm512_loadu_ps(v.add(16 * i)) }, lanes);
@@ -801,7 +807,7 @@ mod avx512 {
     ///
     /// # Safety
     /// The CPU must support AVX-512F/BW/VL/DQ.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn estimate_block_sums(
         row: &[f32],
         lanes: &RowLanes,
@@ -821,21 +827,21 @@ mod avx512 {
 
     /// `sum + w` in the lanes whose logit `l` is at least `level` (ordered: NaN is at no level).
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     fn add_at16(sum: __m512, l: __m512, level: __m512, w: __m512) -> __m512 {
         _mm512_mask_add_ps(sum, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, level), sum, w)
     }
 
     /// The sum of 16 f32 lanes, in f64.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     fn reduce16(v: __m512) -> f64 {
         let (low, high) = widen16(v);
         _mm512_reduce_add_pd(_mm512_add_pd(low, high))
     }
 
     store_levels!(
-        "avx512f,avx512bw,avx512vl,avx512dq",
+        "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt",
         16,
         (_mm512_setzero_ps, _mm512_set1_ps, _mm512_add_ps),
         (_mm512_loadu_ps, _mm512_storeu_ps),
@@ -856,14 +862,14 @@ mod avx2 {
     gaps_fn!(
         gaps8,
         __m256,
-        "avx2,fma",
+        "avx2,fma,popcnt,bmi1,bmi2,lzcnt",
         sanitize8,
         (_mm256_set1_ps, _mm256_sub_ps, _mm256_min_ps)
     );
 
     /// `sanitize_logit` on 8 lanes, as [`gaps8`] passes it the constants.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,popcnt,bmi1,bmi2,lzcnt")]
     fn sanitize8(l: __m256, huge: __m256, neg_inf: __m256) -> __m256 {
         // `max(l, −inf)` returns its second operand for a NaN `l`; blend the −inf back.
         let s = _mm256_min_ps(_mm256_max_ps(l, neg_inf), huge);
@@ -876,7 +882,7 @@ mod avx2 {
 
     /// Exact weights of 4 gaps `D`.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,popcnt,bmi1,bmi2,lzcnt")]
     fn weigh4(d: __m128i, lanes: &RowLanes) -> __m256i {
         let bits = _mm256_cvtepu32_epi64(d);
         let m_d = _mm256_or_si256(
@@ -908,7 +914,7 @@ mod avx2 {
 
     /// The estimates of 8 logits: [`super::estimate_of_gap`] in lanes, the same bits.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,popcnt,bmi1,bmi2,lzcnt")]
     fn estimate8(l: __m256, lanes: &RowLanes) -> __m256 {
         let d = gaps8(l, lanes);
         let c_hi = _mm256_set1_ps(lanes.c_hi);
@@ -932,7 +938,7 @@ mod avx2 {
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn estimate_block_sums(
         row: &[f32],
         lanes: &RowLanes,
@@ -957,14 +963,14 @@ mod avx2 {
 
     /// `sum + w` in the lanes whose logit `l` is at least `level` (ordered: NaN is at no level).
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,popcnt,bmi1,bmi2,lzcnt")]
     fn add_at8(sum: __m256, l: __m256, level: __m256, w: __m256) -> __m256 {
         _mm256_add_ps(sum, _mm256_and_ps(w, _mm256_cmp_ps::<_CMP_GE_OQ>(l, level)))
     }
 
     /// The sum of 8 f32 lanes, in f64.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,popcnt,bmi1,bmi2,lzcnt")]
     fn reduce8(v: __m256) -> f64 {
         let mut lanes8 = [0f32; 8];
         // SAFETY: `lanes8` holds 8 f32.
@@ -973,7 +979,7 @@ mod avx2 {
     }
 
     store_levels!(
-        "avx2,fma",
+        "avx2,fma,popcnt,bmi1,bmi2,lzcnt",
         8,
         (_mm256_setzero_ps, _mm256_set1_ps, _mm256_add_ps),
         (_mm256_loadu_ps, _mm256_storeu_ps),
@@ -984,7 +990,7 @@ mod avx2 {
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn exact_weights(chunk: &[f32], lanes: &RowLanes, out: &mut [u64]) {
         let mut vectors = chunk.chunks_exact(8);
         let mut outs = out.chunks_exact_mut(8);
@@ -1008,6 +1014,8 @@ mod avx2 {
 mod tests {
     use super::*;
     use crate::sampling::lcg::Lcg;
+    #[cfg(target_arch = "x86_64")]
+    use crate::sampling::scan::cpu_has_avx512;
     use specula_backend_api::logit_weights::{row_scale, sanitize_logit, scaled_weight};
 
     /// Hostile and ordinary logits below `max`: specials, raw bit patterns, values near it.
@@ -1082,12 +1090,7 @@ mod tests {
                     .map(|&l| exact_of_gap(lanes.gap_of(l), &lanes))
                     .collect();
                 let mut out = vec![0u64; row.len()];
-                use std::arch::is_x86_feature_detected as detected;
-                if detected!("avx512f")
-                    && detected!("avx512bw")
-                    && detected!("avx512vl")
-                    && detected!("avx512dq")
-                {
+                if cpu_has_avx512() {
                     // SAFETY: the features are present.
                     unsafe { avx512::exact_weights(&row, &lanes, &mut out) };
                     assert_eq!(out, scalar, "avx512, t {t}, clean {clean}");
@@ -1098,7 +1101,7 @@ mod tests {
                         assert_eq!(out, scalar, "avx512 ifma, t {t}, clean {clean}");
                     }
                 }
-                if detected!("avx2") && detected!("fma") {
+                if has_avx2() {
                     out.fill(0);
                     // SAFETY: the features are present.
                     unsafe { avx2::exact_weights(&row, &lanes, &mut out) };
@@ -1164,7 +1167,6 @@ mod tests {
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn every_estimate_variant_equals_the_scalar_steps() {
-        use std::arch::is_x86_feature_detected as detected;
         let mut lcg = Lcg(53);
         for t in [1e-6f32, 0.05, 0.8, 1.0, 7.0, 1e10] {
             for clean in [false, true] {
@@ -1199,11 +1201,7 @@ mod tests {
                 assert_eq!(bits(&stored), scalar, "generic, t {t}, clean {clean}");
                 let total = estimate_sums_generic(&row, &lanes, &mut sums);
                 check_sums("generic", &sums, total);
-                if detected!("avx512f")
-                    && detected!("avx512bw")
-                    && detected!("avx512vl")
-                    && detected!("avx512dq")
-                {
+                if cpu_has_avx512() {
                     stored.fill(0.0);
                     // SAFETY: the features are present; `stored` is as long as `row`.
                     unsafe { avx512::estimate_store(&row, &lanes, &mut stored, &[]) };
@@ -1212,7 +1210,7 @@ mod tests {
                     let total = unsafe { avx512::estimate_block_sums(&row, &lanes, &mut sums) };
                     check_sums("avx512", &sums, total);
                 }
-                if detected!("avx2") && detected!("fma") {
+                if has_avx2() {
                     stored.fill(0.0);
                     // SAFETY: the features are present; `stored` is as long as `row`.
                     unsafe { avx2::estimate_store(&row, &lanes, &mut stored, &[]) };
@@ -1267,19 +1265,14 @@ mod tests {
             check("generic", &stored, sums);
             #[cfg(target_arch = "x86_64")]
             {
-                use std::arch::is_x86_feature_detected as detected;
-                if detected!("avx512f")
-                    && detected!("avx512bw")
-                    && detected!("avx512vl")
-                    && detected!("avx512dq")
-                {
+                if cpu_has_avx512() {
                     stored.fill(0.0);
                     // SAFETY: the features are present; `stored` is as long as `row`.
                     let sums =
                         unsafe { avx512::estimate_store(&row, &lanes, &mut stored, &levels) };
                     check("avx512", &stored, sums);
                 }
-                if detected!("avx2") && detected!("fma") {
+                if has_avx2() {
                     stored.fill(0.0);
                     // SAFETY: the features are present; `stored` is as long as `row`.
                     let sums = unsafe { avx2::estimate_store(&row, &lanes, &mut stored, &levels) };

@@ -1458,7 +1458,7 @@ mod avx512 {
     /// # Safety
     /// The CPU must support AVX-512F/BW/VL/DQ and POPCNT; the step's slices are as [`Step`]
     /// says.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn classify(step: Step<'_>, band: Band) -> (Counted, usize) {
         let Step {
             values,
@@ -1519,7 +1519,7 @@ mod avx2 {
 
     /// The sum of 4 f64 lanes.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,popcnt,bmi1,bmi2,lzcnt")]
     fn reduce4(v: __m256d) -> f64 {
         let pair = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd::<1>(v));
         _mm_cvtsd_f64(_mm_add_sd(pair, _mm_unpackhi_pd(pair, pair)))
@@ -1529,7 +1529,7 @@ mod avx2 {
     ///
     /// # Safety
     /// The CPU must support AVX2 and POPCNT; the step's slices are as [`Step`] says.
-    #[target_feature(enable = "avx2,fma,popcnt")]
+    #[target_feature(enable = "avx2,fma,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn classify(step: Step<'_>, band: Band) -> (Counted, usize) {
         let Step {
             values,

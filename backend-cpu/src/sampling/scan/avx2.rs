@@ -13,7 +13,7 @@ const STEP: usize = 16;
 /// `sanitize` on 8 lanes: NaN, zeros and negatives to +0 (the compare is false for NaN), above 1
 /// to 1.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
 fn sanitize(v: __m256) -> __m256 {
     let positive = _mm256_cmp_ps::<_CMP_GT_OQ>(v, _mm256_setzero_ps());
     _mm256_and_ps(_mm256_min_ps(v, _mm256_set1_ps(1.0)), positive)
@@ -30,7 +30,7 @@ struct TwoLargest {
 
 impl TwoLargest {
     #[inline]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
     fn new() -> Self {
         let zero = _mm256_setzero_si256();
         TwoLargest {
@@ -44,7 +44,7 @@ impl TwoLargest {
     /// `keep_two` on 8 lanes. Keys are sanitized f32 bits (below 2^31), so the signed compare
     /// orders them as the unsigned one does.
     #[inline]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
     fn keep(&mut self, key: __m256i, q: __m256i) {
         let above_first = _mm256_cmpgt_epi32(key, self.max);
         let above_second = _mm256_cmpgt_epi32(key, self.second);
@@ -65,7 +65,7 @@ impl TwoLargest {
 
 /// `floor(p · 2^40)` of 8 sanitized values, exact in f32, widened exactly to two f64 vectors.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
 fn weights(p: __m256, scale: __m256) -> (__m256d, __m256d) {
     let w = _mm256_floor_ps(_mm256_mul_ps(p, scale));
     (
@@ -76,7 +76,7 @@ fn weights(p: __m256, scale: __m256) -> (__m256d, __m256d) {
 
 /// Stores 8 lanes of u32 to `out` (8 entries).
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
 fn store_u32(out: &mut [u32], v: __m256i) {
     let mut lanes = [0u32; 8];
     // SAFETY: `lanes` holds 8 u32; unaligned stores are allowed.
@@ -86,7 +86,7 @@ fn store_u32(out: &mut [u32], v: __m256i) {
 
 /// Stores 8 lanes of positions (each < 16) to `out` as bytes.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
 fn store_pos(out: &mut [u8], v: __m256i) {
     let mut lanes = [0u32; 8];
     store_u32(&mut lanes, v);
@@ -100,7 +100,7 @@ fn store_pos(out: &mut [u8], v: __m256i) {
 /// # Safety
 /// The CPU must support AVX2; `block_mass` must hold `row.len() / BLOCK` entries and `sample`
 /// `row.len() / BLOCK * GROUP_KEYS` keys and positions (when `S`).
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
 pub(super) unsafe fn scan_full_blocks<const W: bool, const S: bool>(
     row: &[f32],
     block_mass: &mut [u64],
