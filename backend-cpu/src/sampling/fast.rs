@@ -55,6 +55,8 @@ struct FastScratch {
     block_mass: Vec<u64>,
     group_max: Vec<u32>,
     group_pos: Vec<u8>,
+    /// The largest key of each block ([`block_maxima`]).
+    block_max: Vec<u32>,
     bins: Vec<u64>,
 }
 
@@ -114,9 +116,37 @@ fn scan_row<T: FloatElement>(row: &[T], s: &mut FastScratch, parts: usize, need:
 }
 
 /// A floor that at least k sampled keys (two per group) reach, so that the k-th largest key of the
-/// row reaches it too; `MIN_WEIGHT_KEY` when the sample does not say.
+/// row reaches it too; 0 when the sample does not say.
+///
+/// A top-k much smaller than the row's blocks is floored on the blocks' largest keys: k blocks
+/// whose largest key reaches the floor are k distinct tokens that reach it, and a small top-k's
+/// tokens lie mostly in distinct blocks, so that floor is about as high. It searches 593 keys
+/// instead of the 18,992 of the whole sample (a row of 151936: 0.3 µs instead of 5.5–11 µs warm,
+/// the most of top-k 50 after the scan).
 fn count_floor(s: &mut FastScratch, k: usize) -> u32 {
+    let blocks = s.group_max.len() / scan::GROUP_KEYS;
+    if k * BLOCK_MAXIMA_PER_K <= blocks {
+        block_maxima(&s.group_max, &mut s.block_max);
+        if let Some(floor) = floor_for(&s.block_max, Want::Count(k), &mut s.keys) {
+            return floor;
+        }
+    }
     floor_for(&s.group_max, Want::Count(k), &mut s.keys).unwrap_or(0)
+}
+
+/// A top-k is floored on the blocks' largest keys when the row has at least this many blocks per
+/// kept token ([`count_floor`]).
+const BLOCK_MAXIMA_PER_K: usize = 4;
+
+/// The largest key of each block: of its groups' largest keys (the first [`scan::GROUPS`] of its
+/// [`scan::GROUP_KEYS`]).
+fn block_maxima(group_keys: &[u32], maxima: &mut Vec<u32>) {
+    maxima.clear();
+    maxima.extend(
+        group_keys
+            .chunks_exact(scan::GROUP_KEYS)
+            .map(|keys| keys[..scan::GROUPS].iter().copied().max().unwrap_or(0)),
+    );
 }
 
 /// A [`Prefix`] over candidates that are grouped by block but not in id order within a block: the
@@ -631,6 +661,57 @@ mod tests {
                         (e_lens, &e_ids, &e_scores),
                         "row {i} c {c} p {p}"
                     );
+                }
+            }
+        }
+    }
+
+    /// A top-k small against the row's blocks is floored on the blocks' largest keys
+    /// (`count_floor`): on rows whose top tokens lie in distinct blocks, in a few blocks, in one
+    /// block, and on long runs of ties, every top-k on either side of the switch decides as the
+    /// histogram path, on the fast path unless thousands of tokens tie at the top.
+    #[test]
+    fn small_top_k_on_block_maxima_agrees_with_the_reference() {
+        use crate::ops::top_k_top_p_sample::sample_prob_row_histogram;
+        let vocab = 151_936;
+        let blocks = vocab / BLOCK;
+        let mut rows = normalized_rows(23, 3, vocab);
+        // The 200 largest values in the first block and the next (clustered), then in one block.
+        for width in [2 * BLOCK, BLOCK] {
+            let mut clustered = rows[1].clone();
+            let top = clustered.iter().copied().fold(0.0f32, f32::max);
+            for (i, v) in clustered[..width.min(200)].iter_mut().enumerate() {
+                *v = top * (2.0 + i as f32 / 200.0);
+            }
+            rows.push(clustered);
+        }
+        // Ties: three values, the largest held by 300 tokens spread over the row.
+        rows.push(
+            (0..vocab)
+                .map(|i| match i % 509 {
+                    0 => 4e-4,
+                    1..=7 => 1e-5,
+                    _ => 5e-6,
+                })
+                .collect(),
+        );
+        let switch = blocks / BLOCK_MAXIMA_PER_K;
+        for (i, row) in rows.iter().enumerate() {
+            for (j, k) in [1, 8, 50, switch - 1, switch, switch + 1, 300]
+                .into_iter()
+                .enumerate()
+            {
+                for p in [0.9f32, 1.0] {
+                    let draw = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul((i * 17 + j) as u64 + 5);
+                    let fast = sample_prob_row_fast(row, k as i32, p, draw, 1);
+                    let expected = sample_prob_row_histogram(row, k as i32, p, draw);
+                    // Rows whose top value thousands of tokens share fall back (more candidates
+                    // than the fast path collects); the others do not.
+                    let many_ties = i == 0 || i == 5;
+                    assert!(fast.is_some() || many_ties, "row {i} k {k} p {p} fell back");
+                    if let Some(token) = fast {
+                        assert_eq!(token, expected, "row {i} k {k} p {p}");
+                    }
                 }
             }
         }
