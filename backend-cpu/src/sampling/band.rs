@@ -56,6 +56,12 @@ pub(crate) const SLACK: f64 = 0.002;
 pub(crate) const SIGMAS: f64 = 4.0;
 /// Bins of the band's histogram of keys.
 pub(crate) const BAND_BINS: usize = 2048;
+/// The key of `2^-13`: the classify loops sum the weights of vectors of values below it in
+/// 32-bit lanes when the row has few others ([`Scratch::light`]).
+const SMALL_KEY: u32 = 0x3900_0000;
+/// A row is light ([`Scratch::light`]) when at most this many of its sampled tokens reach
+/// [`SMALL_KEY`]: a few dozen row tokens, each a mispredicted branch of the light loop.
+const LIGHT_SAMPLED: u32 = 1;
 
 /// Per-thread buffers, reused from row to row.
 #[derive(Default)]
@@ -77,6 +83,9 @@ struct Scratch {
     crossing: Vec<(u32, u32)>,
     /// The sampled keys above a narrow row's first guess at its floor (`sample::narrow_floor`).
     upper_keys: Vec<u32>,
+    /// The sample saw at most [`LIGHT_SAMPLED`] values of [`SMALL_KEY`] or more: the classify
+    /// pass takes the loop that sums small values in 32-bit lanes.
+    light: bool,
 }
 
 /// The band's tokens in id order: their keys, the first `len` of `keys` (which holds a whole row,
@@ -274,8 +283,16 @@ fn sample_with<T: FloatElement>(
 /// of the key into `s.sample` ([`sample`]). Returns how many row
 /// tokens each sampled token stands for.
 fn take_sample<T: FloatElement>(row: &[T], s: &mut Scratch) -> f64 {
-    let scale = sample::take_keys(row, &mut s.keys);
+    let scale = take_keys(row, s);
     sample::bin_keys(s.keys.keys(), &mut s.sample);
+    scale
+}
+
+/// The sample's keys into `s.keys`, and whether the row is light ([`Scratch::light`]); returns
+/// how many row tokens each sampled token stands for.
+fn take_keys<T: FloatElement>(row: &[T], s: &mut Scratch) -> f64 {
+    let scale = sample::take_keys(row, &mut s.keys);
+    s.light = s.keys.sampled_from(SMALL_KEY) <= LIGHT_SAMPLED;
     scale
 }
 
@@ -326,7 +343,7 @@ fn classify<T: FloatElement>(row: &[T], band: Band, s: &mut Scratch) -> (u64, u6
     s.bins.clear();
     s.bins.resize((range >> shift) as usize + 1, 0);
     (s.bin_low, s.bin_shift) = (band.low, shift);
-    let total = classify_row(row, band, &mut s.masses, &mut s.band);
+    let total = classify_row(row, (band, s.light), &mut s.masses, &mut s.band);
     histogram(s.band.keys(), band.low, shift, &mut s.bins);
     total
 }
@@ -358,16 +375,19 @@ fn histogram_generic(keys: &[u32], low: u32, shift: u32, bins: &mut [u64]) {
 /// The vector part of [`classify`] on the best loop for this CPU and element type: the
 /// hand-written ones of [`lanes`] for the full blocks of an f32 row (they list the band's tokens
 /// as they go), else the generic loop (marks, listed after it).
+/// `light`: the row's sample saw few values of [`SMALL_KEY`] or more ([`Scratch::light`]).
 fn classify_row<T: FloatElement>(
     row: &[T],
-    band: Band,
+    (band, light): (Band, bool),
     masses: &mut [u64],
     listing: &mut Listing,
 ) -> (u64, u64) {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = light;
     #[cfg(target_arch = "x86_64")]
     if let (specula_backend_api::DType::F32, Ok(values)) =
         (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(row))
-        && let Some(full_blocks) = lanes_for(band)
+        && let Some(full_blocks) = lanes_for(band, light)
     {
         return with_full_blocks(values, band, (masses, listing), |blocks, band| {
             // SAFETY: `lanes_for` chose a loop whose features the CPU supports.
@@ -382,22 +402,24 @@ fn classify_row<T: FloatElement>(
 type FullBlocks = unsafe fn(lanes::Blocks<'_>, Band) -> (u64, u64);
 
 /// The hand-written loop for `band` on this CPU: the sparse one for a band from a floor to the
-/// top ([`Band::from_floor`]), else the one that lists every vector; `None` without AVX2.
+/// top ([`Band::from_floor`]), else the one that lists every vector — its light form for a
+/// `light` row; `None` without AVX2.
 #[cfg(target_arch = "x86_64")]
-fn lanes_for(band: Band) -> Option<FullBlocks> {
+fn lanes_for(band: Band, light: bool) -> Option<FullBlocks> {
+    use lanes::{avx2, avx512};
     let sparse = band.is_floor();
     if has_avx512() {
-        return Some(if sparse {
-            lanes::avx512::classify_sparse_full_blocks
-        } else {
-            lanes::avx512::classify_full_blocks
+        return Some(match (sparse, light) {
+            (true, _) => avx512::classify_sparse_full_blocks,
+            (false, true) => avx512::classify_full_blocks_light,
+            (false, false) => avx512::classify_full_blocks,
         });
     }
     if has_avx2() {
-        return Some(if sparse {
-            lanes::avx2::classify_sparse_full_blocks
-        } else {
-            lanes::avx2::classify_full_blocks
+        return Some(match (sparse, light) {
+            (true, _) => avx2::classify_sparse_full_blocks,
+            (false, true) => avx2::classify_full_blocks_light,
+            (false, false) => avx2::classify_full_blocks,
         });
     }
     None
@@ -656,8 +678,13 @@ mod tests {
         let mut lcg = Lcg(2028);
         // 1024 and 1283: the floor bands' listing behind the pass (`lanes::LIST_BEHIND` blocks) at
         // exactly that many full blocks and one more.
-        for v in [64, 300, 1024, 1283, 5000, 40_000 + 17] {
-            let mut row: Vec<f32> = (0..v).map(|_| lcg.unit().powi(8) * 0.01).collect();
+        // The second scale: nearly every vector holds only values below `SMALL_KEY` (the light
+        // loops' 32-bit sums), a few hold the hostile values below.
+        for (v, scale) in [64, 300, 1024, 1283, 5000, 40_000 + 17]
+            .into_iter()
+            .flat_map(|v| [(v, 0.01), (v, 1e-5)])
+        {
+            let mut row: Vec<f32> = (0..v).map(|_| lcg.unit().powi(8) * scale).collect();
             row[3] = f32::NAN;
             row[9] = -0.5;
             row[20] = 1.5;
@@ -723,11 +750,14 @@ mod tests {
                 );
                 let isas = [
                     "avx512",
+                    "avx512 light",
                     "avx2",
+                    "avx2 light",
                     "avx512 sparse",
                     "avx2 sparse",
                     "generic",
                     "best",
+                    "best light",
                 ];
                 for isa in isas {
                     let mut m = vec![u64::MAX; blocks];
@@ -745,6 +775,20 @@ mod tests {
                             with_full_blocks(&row, band, parts, |blocks, band| {
                                 // SAFETY: AVX-512F is present.
                                 unsafe { lanes::avx512::classify_full_blocks(blocks, band) }
+                            })
+                        }
+                        #[cfg(target_arch = "x86_64")]
+                        "avx512 light" if has_avx512() && !band.is_floor() => {
+                            with_full_blocks(&row, band, parts, |blocks, band| {
+                                // SAFETY: AVX-512F is present.
+                                unsafe { lanes::avx512::classify_full_blocks_light(blocks, band) }
+                            })
+                        }
+                        #[cfg(target_arch = "x86_64")]
+                        "avx2 light" if has_avx2() && !band.is_floor() => {
+                            with_full_blocks(&row, band, parts, |blocks, band| {
+                                // SAFETY: AVX2 is present.
+                                unsafe { lanes::avx2::classify_full_blocks_light(blocks, band) }
                             })
                         }
                         #[cfg(target_arch = "x86_64")]
@@ -769,7 +813,8 @@ mod tests {
                             })
                         }
                         "generic" => classify_listed(&row, 0, band, parts.0, parts.1),
-                        "best" => classify_row(&row, band, parts.0, parts.1),
+                        "best" => classify_row(&row, (band, false), parts.0, parts.1),
+                        "best light" => classify_row(&row, (band, true), parts.0, parts.1),
                         _ => continue,
                     };
                     let what = format!("{isa} v {v} band {band:?}");
@@ -797,7 +842,7 @@ mod tests {
         let mut masses = vec![0; row.len().div_ceil(BLOCK)];
         let mut listing = Listing::default();
         listing.reset(row.len());
-        let (above, every) = classify_row(row, band, &mut masses, &mut listing);
+        let (above, every) = classify_row(row, (band, false), &mut masses, &mut listing);
         let weights = |keep: &dyn Fn(u32) -> bool| -> u64 {
             keys.iter()
                 .filter(|&&k| keep(k))

@@ -26,9 +26,10 @@
 use specula_backend_api::FloatElement;
 use specula_backend_api::fixed_point::top_p_target_mass;
 
-use super::sample::{bin_keys, narrow_floor, take_keys};
+use super::sample::{bin_keys, narrow_floor};
 use super::{
-    Band, SLACK, Scratch, band_from, classify, draw_kept, sample_with, threshold, with_scratch,
+    Band, SLACK, Scratch, band_from, classify, draw_kept, sample_with, take_keys, threshold,
+    with_scratch,
 };
 
 /// The one pass is taken when the sampled tokens at or above the band's low end stand for at
@@ -82,7 +83,7 @@ pub(crate) fn sample_top_p_one_pass<T: FloatElement>(
 /// sample predicts a narrow kept set, around the threshold when it predicts a wide one and a band
 /// of at most [`MAX_BAND`] tokens; `None` otherwise.
 fn predict<T: FloatElement>(row: &[T], p_fixed: u64, s: &mut Scratch) -> Option<Band> {
-    let scale = take_keys(row, &mut s.keys);
+    let scale = take_keys(row, s);
     // The floors lose under one unit per token; the normalisation's rounding is inside SLACK.
     let below = (ASSUMED_TOTAL - top_p_target_mass(p_fixed, ASSUMED_TOTAL)) as f64;
     let slack = SLACK * ASSUMED_TOTAL as f64 + row.len() as f64;
@@ -560,6 +561,39 @@ mod tests {
         });
     }
 
+    /// Top-k 50 on the bench's shapes, one thread, cold rows: the scan (the sample of two keys
+    /// per group) and the whole fast path, beside a read (run with `--ignored --nocapture`).
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn top_k_costs() {
+        use crate::sampling::fast::sample_prob_row_fast;
+        use crate::sampling::probe::least_us;
+        use crate::sampling::scan::{GroupSample, Need, block_counts, scan};
+        cold_probe(|name, rows, cold, read| {
+            let (nb, nk) = block_counts(V);
+            let (mut bm, mut gk, mut gp) = (vec![0u64; nb], vec![0u32; nk], vec![0u8; nk]);
+            let mut scan_sample = |i: usize| {
+                let sample = GroupSample {
+                    keys: &mut gk,
+                    pos: &mut gp,
+                };
+                std::hint::black_box(scan(&rows[i], &mut bm, sample, Need::Sample));
+            };
+            let scanned = cold(&mut scan_sample);
+            let w_scan = least_us(50, &mut || scan_sample(0));
+            let whole = cold(&mut |i| {
+                std::hint::black_box(sample_prob_row_fast(&rows[i], 50, 0.9, 7, 1));
+            });
+            let w_whole = least_us(50, &mut || {
+                std::hint::black_box(sample_prob_row_fast(&rows[0], 50, 0.9, 7, 1));
+            });
+            println!(
+                "{name}: cold per row: read {read:.1}, scan {scanned:.1}, whole {whole:.1}; \
+                 warm: scan {w_scan:.1}, whole {w_whole:.1}"
+            );
+        });
+    }
+
     /// The stages of the one pass on the bench's shapes, one thread: warm (one row, least of 50
     /// calls) and cold (32 rows after a 400 MiB read, each row's least of 7, averaged), with a
     /// read of the rows beside them (run with `--ignored --nocapture`).
@@ -575,7 +609,7 @@ mod tests {
                 std::hint::black_box(predict(&rows[i], p_fixed, &mut s));
             });
             let keys_cold = cold(&mut |i| {
-                std::hint::black_box(take_keys(&rows[i], &mut s.keys));
+                std::hint::black_box(take_keys(&rows[i], &mut s));
             });
             // The sample binned whatever the verdict (as before the verdict without bins).
             let binned = cold(&mut |i| {
@@ -593,7 +627,7 @@ mod tests {
             let w_whole = least_us(50, &mut || {
                 std::hint::black_box(sample_prob_row_fast(row, 0, 0.9, 7, 1));
             });
-            let scale = take_keys(row, &mut s.keys);
+            let scale = take_keys(row, &mut s);
             let below = (ASSUMED_TOTAL - top_p_target_mass(p_fixed, ASSUMED_TOTAL)) as f64;
             let limits = (below, SLACK * ASSUMED_TOTAL as f64 + row.len() as f64);
             let mut upper = Vec::new();
@@ -601,7 +635,7 @@ mod tests {
                 std::hint::black_box(take_sample(row, &mut s));
             });
             let w_keys = least_us(50, &mut || {
-                std::hint::black_box(take_keys(row, &mut s.keys));
+                std::hint::black_box(take_keys(row, &mut s));
             });
             let w_verdict = least_us(50, &mut || {
                 std::hint::black_box(narrow_floor(&s.keys, scale, limits, WIDE_FROM, &mut upper));
@@ -632,7 +666,7 @@ mod tests {
                     s.band.reset(row.len());
                     std::hint::black_box(super::super::classify_row(
                         row,
-                        band,
+                        (band, s.light),
                         &mut s.masses,
                         &mut s.band,
                     ));
@@ -660,7 +694,7 @@ mod tests {
     /// The bench's batch of 64 rows on a pool of two pinned threads, cold (after a 400 MiB
     /// write), beside a plain read of the same rows by the same pool: the median over 15 calls of
     /// each, and their ratio, per shape (run with `--ignored --nocapture`; `SPECULA_PROBE_SHAPES`
-    /// picks shapes by name prefix, comma-separated).
+    /// picks shapes by name prefix, comma-separated; `SPECULA_PROBE_K` a top-k, 0 unless set).
     #[test]
     #[ignore = "a measurement, not a check"]
     fn batch_costs() {
@@ -674,6 +708,8 @@ mod tests {
             .expect("a pool");
         let mut evict = evictor();
         let only = std::env::var("SPECULA_PROBE_SHAPES").unwrap_or_default();
+        let top_k: i32 =
+            std::env::var("SPECULA_PROBE_K").map_or(0, |k| k.parse().expect("a top-k"));
         let mut lcg = Lcg(9);
         let median = |mut t: Vec<f64>| {
             t.sort_by(f64::total_cmp);
@@ -703,7 +739,7 @@ mod tests {
             let (mut ops, mut reads) = (Vec::new(), Vec::new());
             for _ in 0..15 {
                 ops.push(time(&|row| {
-                    std::hint::black_box(sample_prob_row_fast(row, 0, 0.9, 7, 1));
+                    std::hint::black_box(sample_prob_row_fast(row, top_k, 0.9, 7, 1));
                 }));
                 reads.push(time(&|row| {
                     std::hint::black_box(row.iter().map(|x| x.to_bits() as u64).sum::<u64>());
