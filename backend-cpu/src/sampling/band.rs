@@ -411,15 +411,15 @@ fn lanes_for(band: Band, light: bool) -> Option<FullBlocks> {
     if has_avx512() {
         return Some(match (sparse, light) {
             (true, _) => avx512::classify_sparse_full_blocks,
-            (false, true) => avx512::classify_full_blocks_light,
-            (false, false) => avx512::classify_full_blocks,
+            (false, true) => avx512::classify_full_blocks::<true>,
+            (false, false) => avx512::classify_full_blocks::<false>,
         });
     }
     if has_avx2() {
         return Some(match (sparse, light) {
             (true, _) => avx2::classify_sparse_full_blocks,
-            (false, true) => avx2::classify_full_blocks_light,
-            (false, false) => avx2::classify_full_blocks,
+            (false, true) => avx2::classify_full_blocks::<true>,
+            (false, false) => avx2::classify_full_blocks::<false>,
         });
     }
     None
@@ -774,28 +774,30 @@ mod tests {
                         "avx512" if has_avx512() => {
                             with_full_blocks(&row, band, parts, |blocks, band| {
                                 // SAFETY: AVX-512F is present.
-                                unsafe { lanes::avx512::classify_full_blocks(blocks, band) }
+                                unsafe {
+                                    lanes::avx512::classify_full_blocks::<false>(blocks, band)
+                                }
                             })
                         }
                         #[cfg(target_arch = "x86_64")]
                         "avx512 light" if has_avx512() && !band.is_floor() => {
                             with_full_blocks(&row, band, parts, |blocks, band| {
                                 // SAFETY: AVX-512F is present.
-                                unsafe { lanes::avx512::classify_full_blocks_light(blocks, band) }
+                                unsafe { lanes::avx512::classify_full_blocks::<true>(blocks, band) }
                             })
                         }
                         #[cfg(target_arch = "x86_64")]
                         "avx2 light" if has_avx2() && !band.is_floor() => {
                             with_full_blocks(&row, band, parts, |blocks, band| {
                                 // SAFETY: AVX2 is present.
-                                unsafe { lanes::avx2::classify_full_blocks_light(blocks, band) }
+                                unsafe { lanes::avx2::classify_full_blocks::<true>(blocks, band) }
                             })
                         }
                         #[cfg(target_arch = "x86_64")]
                         "avx2" if has_avx2() => {
                             with_full_blocks(&row, band, parts, |blocks, band| {
                                 // SAFETY: AVX2 is present.
-                                unsafe { lanes::avx2::classify_full_blocks(blocks, band) }
+                                unsafe { lanes::avx2::classify_full_blocks::<false>(blocks, band) }
                             })
                         }
                         #[cfg(target_arch = "x86_64")]

@@ -184,51 +184,20 @@ pub(super) mod avx512 {
     /// The classify pass over the full blocks of an f32 row segment; returns the exact weight
     /// above the band and the exact weight of the segment.
     ///
-    /// # Safety
-    /// The CPU must support AVX-512F and AVX-512DQ.
-    #[target_feature(enable = "avx512f,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
-    pub(crate) unsafe fn classify_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
-        let (low, high) = (
-            _mm512_set1_epi32(band.low as i32),
-            _mm512_set1_epi32(band.high as i32),
-        );
-        let scale = _mm512_set1_ps(SCALE);
-        blocks_with(blocks, Listed::InStep, |block, out, marks| {
-            let (mut acc0, mut acc1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-            let (mut all0, mut all1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-            // A vector's 16 tokens are 16 consecutive bits of the marks (x86 is little-endian).
-            let vector_marks: &mut [u16] = bytemuck::cast_slice_mut(marks);
-            for (lanes, mark) in block.chunks_exact(16).zip(vector_marks) {
-                // SAFETY: `lanes` holds 16 f32; unaligned loads are allowed.
-                let p = sanitize(unsafe { _mm512_loadu_ps(lanes.as_ptr()) });
-                let key = _mm512_castps_si512(p);
-                let above = _mm512_cmpge_epu32_mask(key, high);
-                let in_band = _mm512_mask_cmpge_epu32_mask(!above, key, low);
-                list(out, in_band, key);
-                *mark = in_band;
-                let (lo, hi) = weights(p, scale);
-                all0 = _mm512_add_epi64(all0, lo);
-                all1 = _mm512_add_epi64(all1, hi);
-                acc0 = _mm512_mask_add_epi64(acc0, above as u8, acc0, lo);
-                acc1 = _mm512_mask_add_epi64(acc1, (above >> 8) as u8, acc1, hi);
-            }
-            (
-                _mm512_reduce_add_epi64(_mm512_add_epi64(acc0, acc1)) as u64,
-                _mm512_reduce_add_epi64(_mm512_add_epi64(all0, all1)) as u64,
-            )
-        })
-    }
-
-    /// [`classify_full_blocks`] for a row with few values of [`SMALL_KEY`] or more (a very flat
-    /// row, by its sample): a vector of small values only — its raw bits are its keys — sums
-    /// its weights in 32-bit lanes, one conversion of sixteen; any other vector takes the loop
-    /// of [`classify_full_blocks`]. The branch between them is a mispredicted one per heavy
-    /// vector, which the sample keeps rare: 29 against 36 µs a warm row of kept~100k.
+    /// `LIGHT`, for a row with few values of [`SMALL_KEY`] or more (a very flat row, by its
+    /// sample): a vector of small values only — its raw bits are its keys — sums its weights in
+    /// 32-bit lanes, one conversion of sixteen, any other vector the 64-bit sums. The branch
+    /// between them is a mispredicted one per heavy vector, which the sample keeps rare: 27
+    /// against 36 µs a warm row of kept~100k. Without `LIGHT` every vector takes the 64-bit
+    /// sums, no branch.
     ///
     /// # Safety
     /// The CPU must support AVX-512F and AVX-512DQ.
     #[target_feature(enable = "avx512f,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
-    pub(crate) unsafe fn classify_full_blocks_light(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
+    pub(crate) unsafe fn classify_full_blocks<const LIGHT: bool>(
+        blocks: Blocks<'_>,
+        band: Band,
+    ) -> (u64, u64) {
         let (low, high) = (
             _mm512_set1_epi32(band.low as i32),
             _mm512_set1_epi32(band.high as i32),
@@ -240,11 +209,12 @@ pub(super) mod avx512 {
             let (mut all0, mut all1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
             // 32-bit lanes: sixteen weights below 2^27 each.
             let (mut acc_small, mut all_small) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+            // A vector's 16 tokens are 16 consecutive bits of the marks (x86 is little-endian).
             let vector_marks: &mut [u16] = bytemuck::cast_slice_mut(marks);
             for (lanes, mark) in block.chunks_exact(16).zip(vector_marks) {
                 // SAFETY: `lanes` holds 16 f32; unaligned loads are allowed.
                 let raw = unsafe { _mm512_loadu_si512(lanes.as_ptr().cast()) };
-                let light = _mm512_cmplt_epu32_mask(raw, small) == u16::MAX;
+                let light = LIGHT && _mm512_cmplt_epu32_mask(raw, small) == u16::MAX;
                 let p = if light {
                     _mm512_castsi512_ps(raw)
                 } else {
@@ -379,55 +349,20 @@ pub(super) mod avx2 {
         out.len = at + mask.count_ones() as usize;
     }
 
-    /// As the AVX-512 loop.
+    /// As the AVX-512 loop: with `LIGHT`, a vector of eight small values sums its weights in
+    /// 32-bit lanes (32 a lane in a block, each below `2^27`: below `2^32`, exact read as u32),
+    /// one conversion; any other vector the split weights.
     ///
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
-    pub(crate) unsafe fn classify_full_blocks(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
+    pub(crate) unsafe fn classify_full_blocks<const LIGHT: bool>(
+        blocks: Blocks<'_>,
+        band: Band,
+    ) -> (u64, u64) {
         // Keys of sanitized values are at most the key of 1.0 (below 2^31), so the signed compare
         // orders them as the unsigned one does once the bounds are capped below 2^31 too (a bound
         // above every key stays above every key).
-        let cap = |bound: u32| bound.min(i32::MAX as u32) as i32;
-        let (low, high) = (
-            _mm256_set1_epi32(cap(band.low)),
-            _mm256_set1_epi32(cap(band.high)),
-        );
-        blocks_with(blocks, Listed::InStep, |block, out, marks| {
-            let (mut acc_hi, mut acc_lo) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-            let (mut all_hi, mut all_lo) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-            // A vector's 8 tokens are a byte of the marks (x86 is little-endian).
-            let vector_marks: &mut [u8] = bytemuck::cast_slice_mut(marks);
-            for (lanes, mark) in block.chunks_exact(8).zip(vector_marks) {
-                // SAFETY: `lanes` holds 8 f32; unaligned loads are allowed.
-                let p = sanitize(unsafe { _mm256_loadu_ps(lanes.as_ptr()) });
-                let key = _mm256_castps_si256(p);
-                // key < bound, lane by lane (all ones where it holds).
-                let below_high = _mm256_cmpgt_epi32(high, key);
-                let below_low = _mm256_cmpgt_epi32(low, key);
-                let in_band = _mm256_andnot_si256(below_low, below_high);
-                let lane_bits = _mm256_movemask_ps(_mm256_castsi256_ps(in_band)) as u8;
-                list(out, lane_bits, key);
-                *mark = lane_bits;
-                let (hi, lo) = split_weights(p);
-                all_hi = _mm256_add_epi32(all_hi, hi);
-                all_lo = _mm256_add_epi32(all_lo, lo);
-                acc_hi = _mm256_add_epi32(acc_hi, _mm256_andnot_si256(below_high, hi));
-                acc_lo = _mm256_add_epi32(acc_lo, _mm256_andnot_si256(below_high, lo));
-            }
-            (join_sums(acc_hi, acc_lo), join_sums(all_hi, all_lo))
-        })
-    }
-
-    /// As the AVX-512 light loop: a vector of eight small values sums its weights in 32-bit lanes
-    /// (32 a lane in a block, each below `2^27`: below `2^32`, exact read as u32), one
-    /// conversion; any other vector takes the split weights of [`classify_full_blocks`].
-    ///
-    /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
-    pub(crate) unsafe fn classify_full_blocks_light(blocks: Blocks<'_>, band: Band) -> (u64, u64) {
-        // As in `classify_full_blocks`: the bounds capped below 2^31 for the signed compare.
         let cap = |bound: u32| bound.min(i32::MAX as u32) as i32;
         let (low, high) = (
             _mm256_set1_epi32(cap(band.low)),
@@ -438,19 +373,21 @@ pub(super) mod avx2 {
             let (mut acc_hi, mut acc_lo) = (_mm256_setzero_si256(), _mm256_setzero_si256());
             let (mut all_hi, mut all_lo) = (_mm256_setzero_si256(), _mm256_setzero_si256());
             let (mut acc_small, mut all_small) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            // A vector's 8 tokens are a byte of the marks (x86 is little-endian).
             let vector_marks: &mut [u8] = bytemuck::cast_slice_mut(marks);
             for (lanes, mark) in block.chunks_exact(8).zip(vector_marks) {
                 // SAFETY: `lanes` holds 8 f32; unaligned loads are allowed.
                 let raw = unsafe { _mm256_loadu_si256(lanes.as_ptr().cast()) };
                 // Small: below SMALL_KEY as a signed integer, and no sign bit.
                 let below = _mm256_andnot_si256(raw, _mm256_cmpgt_epi32(small, raw));
-                let light = _mm256_movemask_ps(_mm256_castsi256_ps(below)) == 0xff;
+                let light = LIGHT && _mm256_movemask_ps(_mm256_castsi256_ps(below)) == 0xff;
                 let p = if light {
                     _mm256_castsi256_ps(raw)
                 } else {
                     sanitize(_mm256_castsi256_ps(raw))
                 };
                 let key = _mm256_castps_si256(p);
+                // key < bound, lane by lane (all ones where it holds).
                 let below_high = _mm256_cmpgt_epi32(high, key);
                 let below_low = _mm256_cmpgt_epi32(low, key);
                 let in_band = _mm256_andnot_si256(below_low, below_high);
@@ -458,8 +395,7 @@ pub(super) mod avx2 {
                 list(out, lane_bits, key);
                 *mark = lane_bits;
                 if light {
-                    let scaled = _mm256_mul_ps(p, _mm256_set1_ps(SCALE));
-                    let w = _mm256_cvttps_epi32(scaled);
+                    let w = _mm256_cvttps_epi32(_mm256_mul_ps(p, _mm256_set1_ps(SCALE)));
                     all_small = _mm256_add_epi32(all_small, w);
                     acc_small = _mm256_add_epi32(acc_small, _mm256_andnot_si256(below_high, w));
                 } else {

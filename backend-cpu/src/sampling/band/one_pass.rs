@@ -456,12 +456,13 @@ mod tests {
         }
     }
 
+    /// Times a call per row index over the rows read from memory: µs a row.
+    type ColdTimer<'a> = dyn FnMut(&mut dyn FnMut(usize)) -> f64 + 'a;
+
     /// Runs `probe` on each bench shape's 32 rows with a timer of cold calls
     /// ([`cold_micros`](crate::sampling::probe::cold_micros): `f(i)` for each row `i`, µs a row)
     /// and that timer's figure for a plain read of the rows, the probes' yardstick.
-    fn cold_probe(
-        mut probe: impl FnMut(&str, &[Vec<f32>], &mut dyn FnMut(&mut dyn FnMut(usize)) -> f64, f64),
-    ) {
+    fn cold_probe(mut probe: impl FnMut(&str, &[Vec<f32>], &mut ColdTimer<'_>, f64)) {
         use crate::sampling::probe::{cold_micros, evictor};
         let mut lcg = Lcg(9);
         let evict = evictor();
@@ -483,32 +484,15 @@ mod tests {
     #[test]
     #[ignore = "a measurement, not a check"]
     fn narrow_stage_costs() {
-        use crate::sampling::fast::sample_prob_row_fast;
         use crate::sampling::probe::least_us;
-        use crate::sampling::scan::{GroupSample, Need, block_counts, scan};
+        use crate::sampling::scan::Need;
         let p_fixed = top_p_fixed(0.9);
         cold_probe(|name, rows, cold, read| {
             let mut s = Scratch::default();
             let sample = cold(&mut |i| {
                 std::hint::black_box(predict(&rows[i], p_fixed, &mut s));
             });
-            let (nb, nk) = block_counts(V);
-            let (mut bm, mut gk, mut gp) = (vec![0u64; nb], vec![0u32; nk], vec![0u8; nk]);
-            let mut scan_both = |i: usize| {
-                let sample = GroupSample {
-                    keys: &mut gk,
-                    pos: &mut gp,
-                };
-                std::hint::black_box(scan(&rows[i], &mut bm, sample, Need::Both));
-            };
-            let scanned = cold(&mut scan_both);
-            let w_scan = least_us(50, &mut || scan_both(0));
-            let whole = cold(&mut |i| {
-                std::hint::black_box(sample_prob_row_fast(&rows[i], 0, 0.9, 7, 1));
-            });
-            let w_whole = least_us(50, &mut || {
-                std::hint::black_box(sample_prob_row_fast(&rows[0], 0, 0.9, 7, 1));
-            });
+            let ((scanned, w_scan), (whole, w_whole)) = fast_path_costs(rows, cold, Need::Both, 0);
             // The band from the sampled low end up.
             let lows: Vec<u32> = rows
                 .iter()
@@ -561,32 +545,43 @@ mod tests {
         });
     }
 
-    /// Top-k 50 on the bench's shapes, one thread, cold rows: the scan (the sample of two keys
-    /// per group) and the whole fast path, beside a read (run with `--ignored --nocapture`).
+    /// The scan (`need`) and the whole fast path at top-k `top_k` / top-p 0.9 over `rows`: each
+    /// cold (`cold`) and warm (the first row, least of 50 calls), in µs a row.
+    fn fast_path_costs(
+        rows: &[Vec<f32>],
+        cold: &mut ColdTimer<'_>,
+        need: crate::sampling::scan::Need,
+        top_k: i32,
+    ) -> ((f64, f64), (f64, f64)) {
+        use crate::sampling::fast::sample_prob_row_fast;
+        use crate::sampling::probe::least_us;
+        use crate::sampling::scan::{GroupSample, block_counts, scan};
+        let (nb, nk) = block_counts(V);
+        let (mut bm, mut gk, mut gp) = (vec![0u64; nb], vec![0u32; nk], vec![0u8; nk]);
+        let mut scan_row = |i: usize| {
+            let sample = GroupSample {
+                keys: &mut gk,
+                pos: &mut gp,
+            };
+            std::hint::black_box(scan(&rows[i], &mut bm, sample, need));
+        };
+        let scanned = (cold(&mut scan_row), least_us(50, &mut || scan_row(0)));
+        let mut sample = |i: usize| {
+            std::hint::black_box(sample_prob_row_fast(&rows[i], top_k, 0.9, 7, 1));
+        };
+        let whole = (cold(&mut sample), least_us(50, &mut || sample(0)));
+        (scanned, whole)
+    }
+
+    /// Top-k 50 on the bench's shapes, one thread: the scan (the sample of two keys per group)
+    /// and the whole fast path, cold and warm, beside a read (run with `--ignored --nocapture`).
     #[test]
     #[ignore = "a measurement, not a check"]
     fn top_k_costs() {
-        use crate::sampling::fast::sample_prob_row_fast;
-        use crate::sampling::probe::least_us;
-        use crate::sampling::scan::{GroupSample, Need, block_counts, scan};
+        use crate::sampling::scan::Need;
         cold_probe(|name, rows, cold, read| {
-            let (nb, nk) = block_counts(V);
-            let (mut bm, mut gk, mut gp) = (vec![0u64; nb], vec![0u32; nk], vec![0u8; nk]);
-            let mut scan_sample = |i: usize| {
-                let sample = GroupSample {
-                    keys: &mut gk,
-                    pos: &mut gp,
-                };
-                std::hint::black_box(scan(&rows[i], &mut bm, sample, Need::Sample));
-            };
-            let scanned = cold(&mut scan_sample);
-            let w_scan = least_us(50, &mut || scan_sample(0));
-            let whole = cold(&mut |i| {
-                std::hint::black_box(sample_prob_row_fast(&rows[i], 50, 0.9, 7, 1));
-            });
-            let w_whole = least_us(50, &mut || {
-                std::hint::black_box(sample_prob_row_fast(&rows[0], 50, 0.9, 7, 1));
-            });
+            let ((scanned, w_scan), (whole, w_whole)) =
+                fast_path_costs(rows, cold, Need::Sample, 50);
             println!(
                 "{name}: cold per row: read {read:.1}, scan {scanned:.1}, whole {whole:.1}; \
                  warm: scan {w_scan:.1}, whole {w_whole:.1}"

@@ -2298,7 +2298,8 @@ mod tests {
     #[ignore = "a measurement, not a check"]
     fn pass_costs() {
         let mut lcg = Lcg(9);
-        let row = normal_row(&mut lcg, 151_936, 3.0);
+        let sigma: f32 = probe_setting("SPECULA_PROBE_SIGMA", 3.0);
+        let row = normal_row(&mut lcg, 151_936, sigma);
         let lanes = RowLanes::new(
             row.iter().copied().fold(f32::MIN, f32::max),
             row_scale(1.0),
