@@ -1276,4 +1276,43 @@ mod tests {
         assert_eq!(share(0, FULL), 0.0);
         assert_eq!(share(5, 0), 0.0);
     }
+
+    /// Top-k 50 / top-p 0.9 from logits at T = 1 on rows of the bench's logit spreads, one
+    /// thread, cold (32 rows after a 400 MiB read, each row's least of 7): the streaming top-k
+    /// pass alone and the whole row, beside a read, and the pass warm (run with `--ignored
+    /// --nocapture`).
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn top_k_costs() {
+        use crate::sampling::lcg::Lcg;
+        use crate::sampling::probe::{cold_micros, evictor};
+        let evict = evictor();
+        let mut lcg = Lcg(9);
+        for (name, sigma) in [("sigma 3.5", 3.5), ("flat", 3.0), ("kept~100k", 0.874)] {
+            let mut gaussian = || {
+                let (u, w) = (f64::from(lcg.unit()).max(1e-12), f64::from(lcg.unit()));
+                (sigma * (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * w).cos()) as f32
+            };
+            let rows: Vec<Vec<f32>> = (0..32)
+                .map(|_| (0..151_936).map(|_| gaussian()).collect())
+                .collect();
+            let cold = |f: &mut dyn FnMut(usize)| cold_micros(rows.len(), &evict, f);
+            let read = cold(&mut |i| {
+                std::hint::black_box(rows[i].iter().map(|x| x.to_bits() as u64).sum::<u64>());
+            });
+            let mut best = Vec::new();
+            let pass = cold(&mut |i| top_ranked(&rows[i], 50, &mut best));
+            let whole = cold(&mut |i| {
+                std::hint::black_box(sample_logit_row(&rows[i], 1.0, 50, 0.9, 7));
+            });
+            let warm = crate::sampling::probe::least_us(50, &mut || {
+                top_ranked(&rows[0], 50, &mut best);
+            });
+
+            println!(
+                "{name}: cold per row: read {read:.1}, top-k pass {pass:.1}, whole {whole:.1}; \
+                 warm top-k pass {warm:.1}"
+            );
+        }
+    }
 }

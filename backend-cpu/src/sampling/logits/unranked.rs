@@ -2292,8 +2292,9 @@ mod tests {
             .unwrap_or(0)
     }
 
-    /// The CPU time of each pass over one warm row (run with `--ignored --nocapture`): what a
-    /// loaded machine cannot hide.
+    /// The CPU time of each pass over one warm row (run with `--ignored --nocapture`;
+    /// `SPECULA_PROBE_SIGMA` the spread of its logits, 3 unless set): what a loaded machine cannot
+    /// hide.
     #[test]
     #[ignore = "a measurement, not a check"]
     fn pass_costs() {
