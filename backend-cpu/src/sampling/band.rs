@@ -56,8 +56,11 @@ pub(crate) const SLACK: f64 = 0.002;
 pub(crate) const SIGMAS: f64 = 4.0;
 /// Bins of the band's histogram of keys.
 pub(crate) const BAND_BINS: usize = 2048;
-/// The key of `2^-13`: the classify loops sum the weights of vectors of values below it in
-/// 32-bit lanes when the row has few others ([`Scratch::light`]).
+/// The key of `2^-13` (its bits read as a u32): a vector whose raw bits are all below it holds
+/// values in `[+0, 2^-13)` only — no sign, no NaN, nothing above 1, so its bits are its sanitized
+/// keys — whose weights are below `2^27`, so that a lane's sums in a block fit 32 bits. The
+/// classify loops sum such vectors in 32-bit lanes when the row has few others
+/// ([`Scratch::light`]).
 const SMALL_KEY: u32 = 0x3900_0000;
 /// A row is light ([`Scratch::light`]) when at most this many of its sampled tokens reach
 /// [`SMALL_KEY`]: a few dozen row tokens, each a mispredicted branch of the light loop.

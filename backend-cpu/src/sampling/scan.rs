@@ -218,8 +218,8 @@ pub(crate) fn cpu_has_avx512() -> bool {
 
 /// Whether this CPU has the scalar bit instructions every vector variant is compiled with
 /// (`popcnt`, BMI1, BMI2, `lzcnt`): without them the compiler spells `count_ones` in a dozen
-/// shifts and masks (the AVX-512 band listing spent half its time there). Every CPU with AVX2
-/// has them; the check keeps the dispatch sound on any that would not.
+/// shifts and masks. Every CPU with AVX2 has them; the check keeps the dispatch sound on any
+/// that would not.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 fn has_bit_ops() -> bool {

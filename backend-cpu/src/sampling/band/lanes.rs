@@ -16,15 +16,10 @@
 
 use std::arch::x86_64::*;
 
-use super::{BLOCK, Band, Listing};
+use super::{BLOCK, Band, Listing, SMALL_KEY};
 
 /// `2^40`, the scale of the weights.
 const SCALE: f32 = (1u64 << 40) as f32;
-/// The bits of `2^-13` read as a u32 ([`super::SMALL_KEY`]): a vector whose raw bits are all below
-/// it holds values in `[+0, 2^-13)` only — no sign, no NaN, nothing above 1, so that its bits are
-/// its sanitized keys — whose weights are below `2^27`: the sixteen a lane sums in a block stay
-/// below `2^31`.
-const SMALL_KEY: u32 = super::SMALL_KEY;
 /// How far ahead the pass prefetches, in blocks (16 KiB), into the second-level cache: the
 /// one-pass path reads the row from memory here. Farther and into L2 rather than L1 (the
 /// scan's 4 KiB into L1): one thread, cold rows, the narrow rows' pass 29–35 → 24–26 µs, the
