@@ -204,6 +204,15 @@ pub(crate) fn has_avx512() -> bool {
     !capped && cpu_has_avx512()
 }
 
+/// Whether this CPU runs the AVX-512 variants ([`has_avx512`]) and has AVX-512 VBMI2 (the
+/// 16-bit `vpcompressw`), read once.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn has_avx512_vbmi2() -> bool {
+    static VBMI2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    has_avx512() && *VBMI2.get_or_init(|| std::arch::is_x86_feature_detected!("avx512vbmi2"))
+}
+
 /// Whether this CPU has every feature the AVX-512 variants are compiled with, whatever
 /// `SPECULA_CPU_MAX_ISA` says (the tests run every variant the CPU has).
 #[cfg(target_arch = "x86_64")]

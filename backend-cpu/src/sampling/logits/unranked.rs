@@ -37,7 +37,7 @@ use super::lanes::{
 /// Tokens per chunk of the passes: the unit of the per-chunk masses and of the draw's exact walk.
 const CHUNK: usize = lanes::SUM_BLOCK;
 #[cfg(target_arch = "x86_64")]
-use crate::sampling::scan::{has_avx2, has_avx512};
+use crate::sampling::scan::{has_avx2, has_avx512, has_avx512_vbmi2};
 
 /// Rows shorter than this take the exact path (it is cheap there).
 const MIN_VOCAB: usize = 4096;
@@ -1272,8 +1272,8 @@ fn classify_part(
     counted.plus(rest)
 }
 
-/// [`classify`] over whole chunks, with the vector loops where the CPU has them: they mark the
-/// band's tokens in a bitmap per chunk, pushed here afterwards.
+/// [`classify`] over whole chunks, with the vector loop of the CPU ([`step_loop`]) where it has
+/// one.
 fn classify_full(
     values: &[f32],
     estimates: &[f32],
@@ -1283,45 +1283,97 @@ fn classify_full(
     found: &mut Found<'_>,
 ) -> Counted {
     #[cfg(target_arch = "x86_64")]
-    if has_avx512() || has_avx2() {
-        // A step's tokens are listed right after its vector loop, while its logits and estimates
-        // are still in L1: listed after the whole segment, the profile put most of the listing's
-        // time on the load of each band token's logit.
-        let mut offsets = [0u32; LIST_STEP];
-        let mut counted = Counted::default();
-        let steps = values
-            .chunks(LIST_STEP)
-            .zip(estimates.chunks(LIST_STEP))
-            .zip(masses.chunks_mut(LIST_STEP / CHUNK));
-        for (i, ((values, estimates), masses)) in steps.enumerate() {
-            let slices = Step {
-                values,
-                estimates,
-                masses,
-                offsets: &mut offsets,
-            };
-            let (step, listed) = if has_avx512() {
-                // SAFETY: AVX-512F/BW/VL/DQ (and POPCNT, which every AVX-512 CPU has) are
-                // present; the slices hold whole chunks, `offsets` a slot per token.
-                unsafe { avx512::classify(slices, band) }
-            } else {
-                // SAFETY: AVX2 (and POPCNT, which every AVX2 CPU has) is present; as above.
-                unsafe { avx2::classify(slices, band) }
-            };
-            counted = counted.plus(step);
-            staged(stage::LIST, || {
-                let offsets = &offsets[..listed];
-                list_offsets(found, first + i * LIST_STEP, offsets, values, estimates)
-            });
-        }
-        return counted;
+    if let Some(step_loop) = step_loop() {
+        return classify_steps(step_loop, values, estimates, first, band, masses, found);
     }
     classify_chunks(values, estimates, first, band, masses, found)
 }
 
+/// [`classify_full`] with the vector loop `step_loop`, one [`LIST_STEP`] at a time: a step's
+/// tokens are listed right after its loop, while its logits and estimates are still in L1
+/// (listed after the whole segment, the profile put most of the listing's time on the load of
+/// each band token's logit).
+#[cfg(target_arch = "x86_64")]
+fn classify_steps(
+    step_loop: StepLoop,
+    values: &[f32],
+    estimates: &[f32],
+    first: usize,
+    band: Band,
+    masses: &mut [f64],
+    found: &mut Found<'_>,
+) -> Counted {
+    let mut offsets = [0u16; LIST_STEP];
+    let mut counted = Counted::default();
+    let steps = values
+        .chunks(LIST_STEP)
+        .zip(estimates.chunks(LIST_STEP))
+        .zip(masses.chunks_mut(LIST_STEP / CHUNK));
+    for (i, ((values, estimates), masses)) in steps.enumerate() {
+        let slices = Step {
+            values,
+            estimates,
+            masses,
+            offsets: &mut offsets,
+        };
+        // SAFETY: `step_loop` is one of `step_loops`, which offers only the loops whose
+        // features the CPU has; the slices hold whole chunks, `offsets` a slot per token.
+        let (step, listed) = unsafe { step_loop(slices, band) };
+        counted = counted.plus(step);
+        staged(stage::LIST, || {
+            let offsets = &offsets[..listed];
+            list_offsets(found, first + i * LIST_STEP, offsets, values, estimates)
+        });
+    }
+    counted
+}
+
+/// A vector loop of [`classify`] over one [`Step`]: it writes each chunk's mass above the band
+/// and the offsets in the step of its band tokens, in id order, to the front of `offsets`, and
+/// returns the mass above the band, its token count and the row's sum, and how many offsets it
+/// wrote.
+///
+/// # Safety
+/// The CPU must have the features the loop is compiled for; the step's slices are as [`Step`]
+/// says.
+#[cfg(target_arch = "x86_64")]
+type StepLoop = unsafe fn(Step<'_>, Band) -> (Counted, usize);
+
+/// The vector loops of [`classify`] this CPU runs, best first (the tests run each).
+#[cfg(all(test, target_arch = "x86_64"))]
+fn step_loops() -> Vec<StepLoop> {
+    let mut loops: Vec<StepLoop> = Vec::new();
+    if has_avx512_vbmi2() {
+        loops.push(avx512::classify_words);
+    }
+    if has_avx512() {
+        loops.push(avx512::classify_dwords);
+    }
+    if has_avx2() {
+        loops.push(avx2::classify);
+    }
+    loops
+}
+
+/// The best vector loop of [`classify`] this CPU runs ([`step_loops`]' first), chosen without
+/// allocating.
+#[cfg(target_arch = "x86_64")]
+fn step_loop() -> Option<StepLoop> {
+    if has_avx512_vbmi2() {
+        Some(avx512::classify_words)
+    } else if has_avx512() {
+        Some(avx512::classify_dwords)
+    } else if has_avx2() {
+        Some(avx2::classify)
+    } else {
+        None
+    }
+}
+
 /// Tokens per step of the vector classify loop: their logits and estimates (16 KiB) stay in L1
-/// until the step's band tokens are listed.
+/// until the step's band tokens are listed. Offsets in a step fit 16 bits.
 const LIST_STEP: usize = 8 * CHUNK;
+const _: () = assert!(LIST_STEP <= 1 << 16);
 
 /// [`classify`] token by token, for chunks starting at token `first`.
 fn classify_chunks(
@@ -1379,7 +1431,7 @@ struct Found<'a> {
 fn list_offsets(
     found: &mut Found<'_>,
     first: usize,
-    offsets: &[u32],
+    offsets: &[u16],
     values: &[f32],
     estimates: &[f32],
 ) {
@@ -1406,7 +1458,7 @@ struct Step<'a> {
     values: &'a [f32],
     estimates: &'a [f32],
     masses: &'a mut [f64],
-    offsets: &'a mut [u32; LIST_STEP],
+    offsets: &'a mut [u16; LIST_STEP],
 }
 
 /// The loop of both vector widths' [`classify`] over a step's whole chunks, `N` tokens at a
@@ -1441,72 +1493,131 @@ fn chunks_with<const N: usize, A: Copy>(
     counted
 }
 
-/// The [`classify`] loop over whole chunks with AVX-512: per 16 tokens two compares, the
-/// estimates above the band widened and added in f64 under a mask, and the band lanes' offsets
-/// packed to the front of a vector (`vpcompressd`) stored whole at the end of the step's list,
-/// which then grows by their count: no branch per token, and no call in the loop, so that the
-/// accumulators stay in registers.
+/// The [`classify`] loops over whole chunks with AVX-512, 32 tokens at a time: per 16 tokens
+/// two compares and the estimates above the band widened and added in f64 under a mask; per 32
+/// the band lanes' offsets packed to the front of a vector and stored whole at the end of the
+/// step's list, which then grows by their count. No branch per token, and no call in the loop,
+/// so that the accumulators stay in registers. The offsets are 16-bit words: with VBMI2 one
+/// `vpcompressw` packs the 32 tokens' at once (`classify_words`); without, a `vpcompressd` and a
+/// narrowing per 16 (`classify_dwords`). The packing and its store were a fifth of the loop at
+/// one `vpcompressd` and a 64-byte store per 16 tokens (`docs/performance.md`, "Issue 28, stop 45").
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{Band, Counted, Step, chunks_with};
     use std::arch::x86_64::*;
 
-    /// Writes each chunk's mass above the band and the offsets in the step of its band tokens,
-    /// in id order, to the front of `step.offsets`; returns the mass above the band, its token
-    /// count and the row's sum, and how many offsets it wrote.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F/BW/VL/DQ and POPCNT; the step's slices are as [`Step`]
-    /// says.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
-    pub(super) unsafe fn classify(step: Step<'_>, band: Band) -> (Counted, usize) {
-        let Step {
-            values,
-            estimates,
-            masses,
-            offsets,
-        } = step;
-        let (high, low) = (_mm512_set1_ps(band.high), _mm512_set1_ps(band.low));
-        let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
-        let mut above_tokens = 0;
-        let zero = (_mm512_setzero_pd(), _mm512_setzero_pd());
-        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        let mut listed = 0usize;
-        let group = |l: *const f32, e: *const f32, at: usize, acc: &mut (__m512d, __m512d)| {
-            // SAFETY: `chunks_with` passes pointers to 16 f32.
-            let (l, e) = unsafe { (_mm512_loadu_ps(l), _mm512_loadu_ps(e)) };
-            // Ordered compares: NaN is neither above nor in the band.
-            let above = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, high);
-            let in_band = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(!above, l, low);
-            let e_low = _mm512_cvtps_pd(_mm512_castps512_ps256(e));
-            let e_high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                _mm512_castps_pd(e),
-            )));
-            acc.0 = _mm512_mask_add_pd(acc.0, above as u8, acc.0, e_low);
-            acc.1 = _mm512_mask_add_pd(acc.1, (above >> 8) as u8, acc.1, e_high);
-            all0 = _mm512_add_pd(all0, e_low);
-            all1 = _mm512_add_pd(all1, e_high);
-            above_tokens += above.count_ones() as usize;
-            let at_lanes = _mm512_add_epi32(_mm512_set1_epi32(at as i32), lanes);
-            // At most `at` offsets precede these (one per token before them), so the 16 slots
-            // from `listed` lie inside the step's `LIST_STEP` (`at + 16 ≤ LIST_STEP`); the
-            // slots past the band lanes are overwritten next or never read.
-            let slots = &mut offsets[listed..listed + 16];
-            // SAFETY: the slice holds 16 u32; unaligned stores are allowed.
-            unsafe {
-                _mm512_storeu_si512(
-                    slots.as_mut_ptr().cast(),
-                    _mm512_maskz_compress_epi32(in_band, at_lanes),
-                );
-            }
-            listed += in_band.count_ones() as usize;
-        };
-        let finish = |(acc0, acc1)| _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
-        let mut counted = chunks_with::<16, _>(values, estimates, masses, zero, group, finish);
-        counted.above_tokens = above_tokens;
-        counted.row = _mm512_reduce_add_pd(_mm512_add_pd(all0, all1));
-        (counted, listed)
+    /// Packs the offsets `at ..` of the band lanes of two vectors of 16 tokens (masks `low`,
+    /// `high`) to the front of `slots` (at least 32) with one `vpcompressw`; returns their
+    /// count.
+    #[inline]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi2,popcnt,bmi1,bmi2,lzcnt"
+    )]
+    fn pack_words(low: u16, high: u16, at: usize, slots: &mut [u16]) -> usize {
+        let mask = u32::from(low) | (u32::from(high) << 16);
+        let lanes = _mm512_set_epi16(
+            31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11,
+            10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0,
+        );
+        // Offsets in a step are below `LIST_STEP` (2^16 at most): `at` fits a word.
+        let offsets = _mm512_add_epi16(_mm512_set1_epi16(at as u16 as i16), lanes);
+        let slots = &mut slots[..32];
+        // SAFETY: the slice holds 32 words; unaligned stores are allowed.
+        unsafe {
+            _mm512_storeu_si512(
+                slots.as_mut_ptr().cast(),
+                _mm512_maskz_compress_epi16(mask, offsets),
+            );
+        }
+        mask.count_ones() as usize
     }
+
+    /// [`pack_words`] without VBMI2: a `vpcompressd` of each vector's offsets, narrowed to words.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt")]
+    fn pack_dwords(low: u16, high: u16, at: usize, slots: &mut [u16]) -> usize {
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let mut listed = 0;
+        for (k, mask) in [low, high].into_iter().enumerate() {
+            let offsets = _mm512_add_epi32(_mm512_set1_epi32((at + 16 * k) as i32), lanes);
+            let words = _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(mask, offsets));
+            let slots = &mut slots[listed..listed + 16];
+            // SAFETY: the slice holds 16 words; unaligned stores are allowed.
+            unsafe { _mm256_storeu_si256(slots.as_mut_ptr().cast(), words) };
+            listed += mask.count_ones() as usize;
+        }
+        listed
+    }
+
+    /// The loop of both packings (`$pack`).
+    macro_rules! classify_loop {
+        ($name:ident, $features:literal, $pack:ident) => {
+            /// See [`super::StepLoop`].
+            ///
+            /// # Safety
+            /// The CPU must support the features the loop is compiled for; the step's slices
+            /// are as [`Step`] says.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $name(step: Step<'_>, band: Band) -> (Counted, usize) {
+                let Step {
+                    values,
+                    estimates,
+                    masses,
+                    offsets,
+                } = step;
+                let (high, low) = (_mm512_set1_ps(band.high), _mm512_set1_ps(band.low));
+                let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+                let mut above_tokens = 0;
+                let zero = (_mm512_setzero_pd(), _mm512_setzero_pd());
+                let mut listed = 0usize;
+                // The 16 tokens at `l` and `e` into the chunk's accumulator and the row's sum;
+                // returns the mask of the band lanes.
+                let mut vector = |l: *const f32, e: *const f32, acc: &mut (__m512d, __m512d)| {
+                    // SAFETY: the callers pass pointers to 16 f32.
+                    let (l, e) = unsafe { (_mm512_loadu_ps(l), _mm512_loadu_ps(e)) };
+                    // Ordered compares: NaN is neither above nor in the band.
+                    let above = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, high);
+                    let in_band = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(!above, l, low);
+                    let e_low = _mm512_cvtps_pd(_mm512_castps512_ps256(e));
+                    let e_high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                        _mm512_castps_pd(e),
+                    )));
+                    acc.0 = _mm512_mask_add_pd(acc.0, above as u8, acc.0, e_low);
+                    acc.1 = _mm512_mask_add_pd(acc.1, (above >> 8) as u8, acc.1, e_high);
+                    all0 = _mm512_add_pd(all0, e_low);
+                    all1 = _mm512_add_pd(all1, e_high);
+                    above_tokens += above.count_ones() as usize;
+                    in_band
+                };
+                let group = |l: *const f32, e: *const f32, at: usize, acc: &mut _| {
+                    // SAFETY: `chunks_with` passes pointers to 32 f32.
+                    let (b0, b1) = unsafe { (vector(l, e, acc), vector(l.add(16), e.add(16), acc)) };
+                    // At most `at` offsets precede these (one per token before them), so the 32
+                    // slots from `listed` lie inside the step's `LIST_STEP` (`at + 32 ≤
+                    // LIST_STEP`); the slots past the band lanes are overwritten next or never
+                    // read.
+                    listed += $pack(b0, b1, at, &mut offsets[listed..listed + 32]);
+                };
+                let finish = |(acc0, acc1)| _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
+                let mut counted =
+                    chunks_with::<32, _>(values, estimates, masses, zero, group, finish);
+                counted.above_tokens = above_tokens;
+                counted.row = _mm512_reduce_add_pd(_mm512_add_pd(all0, all1));
+                (counted, listed)
+            }
+        };
+    }
+
+    classify_loop!(
+        classify_words,
+        "avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi2,popcnt,bmi1,bmi2,lzcnt",
+        pack_words
+    );
+    classify_loop!(
+        classify_dwords,
+        "avx512f,avx512bw,avx512vl,avx512dq,popcnt,bmi1,bmi2,lzcnt",
+        pack_dwords
+    );
 }
 
 /// The [`classify`] loop over whole chunks with AVX2 (8 tokens per step), as the AVX-512 one; a
@@ -1560,13 +1671,14 @@ mod avx2 {
             let at_lanes = _mm256_add_epi32(_mm256_set1_epi32(at as i32), lanes);
             // As in the AVX-512 loop: the 8 slots from `listed` lie inside the step's slots.
             let slots = &mut offsets[listed..listed + 8];
-            // SAFETY: the slice holds 8 u32; unaligned stores are allowed.
-            unsafe {
-                _mm256_storeu_si256(
-                    slots.as_mut_ptr().cast(),
-                    _mm256_permutevar8x32_epi32(at_lanes, order),
-                );
-            }
+            let packed = _mm256_permutevar8x32_epi32(at_lanes, order);
+            // Offsets in a step fit words: narrowed with an unsigned saturation that changes none.
+            let words = _mm_packus_epi32(
+                _mm256_castsi256_si128(packed),
+                _mm256_extracti128_si256::<1>(packed),
+            );
+            // SAFETY: the slice holds 8 words; unaligned stores are allowed.
+            unsafe { _mm_storeu_si128(slots.as_mut_ptr().cast(), words) };
             listed += in_band.count_ones() as usize;
         };
         let finish = |(acc0, acc1)| reduce4(_mm256_add_pd(acc0, acc1));
@@ -2085,6 +2197,10 @@ mod tests {
                 row[at.min(v - 1)] = 0.5 + 0.001 * (at % 7) as f32;
             }
         }
+        // Whole groups and a whole step's first chunk in the band (every lane packed).
+        for at in (LIST_STEP..LIST_STEP + CHUNK).chain(40..104) {
+            row[at] = 0.75;
+        }
         let max = row.iter().copied().fold(f32::MIN, f32::max);
         for (at, value) in [
             (3, f32::NAN),
@@ -2100,7 +2216,8 @@ mod tests {
             low: 0.25,
             high: 1.5,
         };
-        let run = |parts: usize, vector: bool| {
+        // `None`: the scalar loop.
+        let run = |parts: usize, vector: Option<StepLoop>| {
             let (mut tokens, mut histogram) = (Vec::new(), Histogram::default());
             histogram.span(band, f32::INFINITY);
             let mut masses = vec![0.0; v.div_ceil(CHUNK)];
@@ -2117,10 +2234,11 @@ mod tests {
                 let full = part.len() / CHUNK * CHUNK;
                 let (head, tail) = part.split_at(full);
                 let (m_head, m_tail) = masses.split_at_mut(full / CHUNK);
-                let step = if vector {
-                    classify_full(head, ests, at, band, m_head, &mut found)
-                } else {
-                    classify_chunks(head, ests, at, band, m_head, &mut found)
+                let step = match vector {
+                    Some(step_loop) => {
+                        classify_steps(step_loop, head, ests, at, band, m_head, &mut found)
+                    }
+                    None => classify_chunks(head, ests, at, band, m_head, &mut found),
                 };
                 let rest =
                     classify_chunks(tail, &ests[full..], at + full, band, m_tail, &mut found);
@@ -2133,22 +2251,27 @@ mod tests {
             let counts: Vec<u32> = histogram.bins.iter().map(|b| b.1).collect();
             (listed, counts, counted.above_tokens, masses)
         };
-        let scalar = run(1, false);
+        let scalar = run(1, None);
         assert!(
             scalar.0.len() > 3 * v / CHUNK,
             "band of {} tokens",
             scalar.0.len()
         );
-        for parts in [1, 2] {
-            let vector = run(parts, true);
-            assert_eq!(vector.0, scalar.0, "{parts} parts: band tokens");
-            assert_eq!(vector.1, scalar.1, "{parts} parts: histogram counts");
-            assert_eq!(vector.2, scalar.2, "{parts} parts: tokens above the band");
-            for (c, (a, b)) in vector.3.iter().zip(&scalar.3).enumerate() {
-                assert!(
-                    (a - b).abs() <= a.abs() * 1e-12,
-                    "{parts} parts, chunk {c}: {a} vs {b}"
-                );
+        let loops = step_loops();
+        println!("{} vector loops on this CPU", loops.len());
+        for (l, &step_loop) in loops.iter().enumerate() {
+            for parts in [1, 2] {
+                let vector = run(parts, Some(step_loop));
+                let at = format!("loop {l}, {parts} parts");
+                assert_eq!(vector.0, scalar.0, "{at}: band tokens");
+                assert_eq!(vector.1, scalar.1, "{at}: histogram counts");
+                assert_eq!(vector.2, scalar.2, "{at}: tokens above the band");
+                for (c, (a, b)) in vector.3.iter().zip(&scalar.3).enumerate() {
+                    assert!(
+                        (a - b).abs() <= a.abs() * 1e-12,
+                        "{at}, chunk {c}: {a} vs {b}"
+                    );
+                }
             }
         }
     }
