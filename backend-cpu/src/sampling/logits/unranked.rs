@@ -954,16 +954,30 @@ fn draw_kept(
     threshold: Threshold,
     r: u64,
 ) -> Option<usize> {
-    staged(stage::KEPT, || {
-        for t in &s.band {
-            let kept = kept_estimate(threshold.keeps(t.key, t.id), t.estimate);
-            s.masses[t.id as usize / CHUNK] += kept;
-        }
-    });
+    staged(stage::KEPT, || add_kept(&s.band, threshold, &mut s.masses));
     let keeps = |id: usize, l: f32| threshold.keeps(key_select(l), id as u32);
     staged(stage::WALK, || {
         draw_by_chunks(values, lanes, &s.masses, STORED, r, keeps)
     })
+}
+
+/// Adds the estimate of each kept token of `band` (in id order) to its chunk's slot of `masses`.
+/// The two halves of the band go side by side: in id order most tokens add to the slot the one
+/// before added to, and one chain of those additions, each waiting on the last one's store, cost
+/// twice as long.
+fn add_kept(band: &[BandToken], threshold: Threshold, masses: &mut [f64]) {
+    let mut add = |t: &BandToken| {
+        let kept = kept_estimate(threshold.keeps(t.key, t.id), t.estimate);
+        masses[t.id as usize / CHUNK] += kept;
+    };
+    let (first, second) = band.split_at(band.len() / 2);
+    for (a, b) in first.iter().zip(second) {
+        add(a);
+        add(b);
+    }
+    if let Some(last) = second.get(first.len()) {
+        add(last);
+    }
 }
 
 /// `estimate` widened where `keeps`, else +0.0, without a branch: in id order about half the band
