@@ -508,6 +508,7 @@ impl Segments {
         let run = |part: &[f32], out: &mut [O]| -> Vec<R> {
             part.chunks(PREFETCH_STEP)
                 .zip(out.chunks_mut(PREFETCH_STEP))
+                .rev()
                 .map(|(step, out)| f(step, out))
                 .collect()
         };
