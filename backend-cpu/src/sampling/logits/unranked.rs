@@ -498,7 +498,12 @@ impl Segments {
     }
 
     /// `f` of each segment's steps of [`PREFETCH_STEP`] tokens and their slots of `out` (the
-    /// next row is not asked for: see [`RowHints::next`]); the results of the steps, in order.
+    /// next row is not asked for: see [`RowHints::next`]); the results of the steps, each
+    /// segment's last step first. The steps run from a segment's end to its start, so that the
+    /// pass after this one ([`classify`], from the start) finds the lines it reads first the
+    /// ones this pass touched last, still in L2: a row and its estimates (1.2 MB at V = 151936)
+    /// do not fit a 1 MB L2, and in the same order each line it read was the one just evicted
+    /// (`docs/performance.md`, "Issue 28, stop 45").
     fn map_tokens<O: Send, R: Send>(
         &self,
         values: &[f32],
@@ -1331,8 +1336,9 @@ fn classify_steps(
             masses,
             offsets: &mut offsets,
         };
-        // SAFETY: `step_loop` is one of `step_loops`, which offers only the loops whose
-        // features the CPU has; the slices hold whole chunks, `offsets` a slot per token.
+        // SAFETY: `step_loop` comes from `step_loop` (or the tests' `step_loops`), which offer
+        // only loops whose features the CPU has; the slices hold whole chunks, `offsets` a slot
+        // per token.
         let (step, listed) = unsafe { step_loop(slices, band) };
         counted = counted.plus(step);
         staged(stage::LIST, || {
@@ -1531,8 +1537,8 @@ mod avx512 {
     fn pack_words(low: u16, high: u16, at: usize, slots: &mut [u16]) -> usize {
         let mask = u32::from(low) | (u32::from(high) << 16);
         let lanes = _mm512_set_epi16(
-            31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11,
-            10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0,
+            31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10,
+            9, 8, 7, 6, 5, 4, 3, 2, 1, 0,
         );
         // Offsets in a step are below `LIST_STEP` (2^16 at most): `at` fits a word.
         let offsets = _mm512_add_epi16(_mm512_set1_epi16(at as u16 as i16), lanes);
@@ -1606,7 +1612,8 @@ mod avx512 {
                 };
                 let group = |l: *const f32, e: *const f32, at: usize, acc: &mut _| {
                     // SAFETY: `chunks_with` passes pointers to 32 f32.
-                    let (b0, b1) = unsafe { (vector(l, e, acc), vector(l.add(16), e.add(16), acc)) };
+                    let (b0, b1) =
+                        unsafe { (vector(l, e, acc), vector(l.add(16), e.add(16), acc)) };
                     // At most `at` offsets precede these (one per token before them), so the 32
                     // slots from `listed` lie inside the step's `LIST_STEP` (`at + 32 ≤
                     // LIST_STEP`); the slots past the band lanes are overwritten next or never
