@@ -1643,7 +1643,8 @@ mod avx512 {
 }
 
 /// The [`classify`] loop over whole chunks with AVX2 (8 tokens per step), as the AVX-512 one; a
-/// vector's band offsets are packed by a permutation from a table ([`PACK8`]).
+/// vector's band offsets are the lane indices a table packs to the front ([`PACK8`]) plus the
+/// vector's offset.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{Band, Counted, Step, chunks_with};
@@ -1674,7 +1675,6 @@ mod avx2 {
         let (mut all0, mut all1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
         let mut above_tokens = 0;
         let zero = (_mm256_setzero_pd(), _mm256_setzero_pd());
-        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         let mut listed = 0usize;
         let group = |l: *const f32, e: *const f32, at: usize, acc: &mut (__m256d, __m256d)| {
             // SAFETY: `chunks_with` passes pointers to 8 f32.
@@ -1689,16 +1689,12 @@ mod avx2 {
             let above = _mm256_movemask_ps(above) as u32;
             above_tokens += above.count_ones() as usize;
             let in_band = (_mm256_movemask_ps(at_least_low) as u32 & !above) as usize;
-            let order = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(PACK8[in_band] as i64));
-            let at_lanes = _mm256_add_epi32(_mm256_set1_epi32(at as i32), lanes);
+            // The band lanes' indices packed to the front, widened to words, plus `at`: their
+            // offsets (a step's fit words).
+            let lanes = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(PACK8[in_band] as i64));
+            let words = _mm_add_epi16(lanes, _mm_set1_epi16(at as u16 as i16));
             // As in the AVX-512 loop: the 8 slots from `listed` lie inside the step's slots.
             let slots = &mut offsets[listed..listed + 8];
-            let packed = _mm256_permutevar8x32_epi32(at_lanes, order);
-            // Offsets in a step fit words: narrowed with an unsigned saturation that changes none.
-            let words = _mm_packus_epi32(
-                _mm256_castsi256_si128(packed),
-                _mm256_extracti128_si256::<1>(packed),
-            );
             // SAFETY: the slice holds 8 words; unaligned stores are allowed.
             unsafe { _mm_storeu_si128(slots.as_mut_ptr().cast(), words) };
             listed += in_band.count_ones() as usize;
