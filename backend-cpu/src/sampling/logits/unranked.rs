@@ -779,9 +779,10 @@ fn draw_by_chunks(
 ///
 /// The band is placed from a strided sample of the row's estimates. Where the sample pins the
 /// row's total well (its own spread at most [`CONFIDENT`] of it: rows whose mass is spread over
-/// many tokens), the band is placed before the first pass, and that pass narrows it with the
-/// masses at a few levels inside it ([`sample_in_band`]). Elsewhere the first pass's total
-/// places it (the sample cannot: a few heavy tokens carry most of the mass).
+/// many tokens) and the levels pay ([`levels_pay`]), the band is placed before the first pass,
+/// and that pass narrows it with the masses at a few levels inside it ([`sample_in_band`]).
+/// Elsewhere the first pass's total places it (the sample cannot pin it where a few heavy
+/// tokens carry most of the mass).
 fn sample_top_p(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch) -> Option<usize> {
     let lanes = &passes.lanes;
     let sample = staged(stage::SAMPLE, || {
@@ -789,7 +790,7 @@ fn sample_top_p(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch) -> Option<
     });
     let share = 1.0 - p as f64 / (1u64 << TOP_P_BITS) as f64;
     let slack = |total: f64| SLACK * total;
-    if sample.spread() <= CONFIDENT * sample.total {
+    if sample.spread() <= CONFIDENT * sample.total && levels_pay() {
         let below = share * sample.total;
         let spread = share * sample.spread();
         let limits = (below - spread, below + spread);
@@ -825,6 +826,23 @@ fn sample_top_p(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch) -> Option<
 /// How closely the sample must pin the row's total (four of its standard deviations, as a share
 /// of it) for the band to be placed before the first pass.
 const CONFIDENT: f64 = 0.2;
+
+/// Whether the first pass's levels pay for themselves: where a level costs a compare and a
+/// masked add per sixteen tokens (AVX-512), 4 µs a row each against the 20 µs of listing a
+/// band four times as wide; in eight AVX2 lanes a compare, a mask and an add per eight tokens,
+/// 10–13 µs each, and a kept~100k row was 5 µs faster without them (`docs/performance.md`,
+/// "Issue 28, stop 45"). Without them the first pass's total places the band, as on rows the
+/// sample does not pin.
+fn levels_pay() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        has_avx512()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
 
 /// [`sample_top_p`] from the band `sampled` placed before the first pass: the first pass's
 /// levels narrow it, the second pass checks it.
