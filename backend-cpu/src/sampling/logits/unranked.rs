@@ -828,11 +828,12 @@ fn sample_top_p(passes: &Passes<'_>, p: u64, r: u64, s: &mut Scratch) -> Option<
 const CONFIDENT: f64 = 0.2;
 
 /// Whether the first pass's levels pay for themselves: where a level costs a compare and a
-/// masked add per sixteen tokens (AVX-512), 4 µs a row each against the 20 µs of listing a
-/// band four times as wide; in eight AVX2 lanes a compare, a mask and an add per eight tokens,
-/// 10–13 µs each, and a kept~100k row was 5 µs faster without them (`docs/performance.md`,
-/// "Issue 28, stop 45"). Without them the first pass's total places the band, as on rows the
-/// sample does not pin.
+/// masked add per sixteen tokens (AVX-512), 3.8 µs a row each, and without them a kept~100k
+/// row took 13 µs longer (the band the total places lists 6,910 tokens, the narrowed one
+/// 3,008); in eight AVX2 lanes a compare, a mask and an add per eight tokens, the three levels
+/// 30 µs a row, and the same row was 5 µs faster without them (`docs/performance.md`, "Issue
+/// 28, stop 45"). Without them the first pass's total places the band, as on rows the sample
+/// does not pin.
 fn levels_pay() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
