@@ -503,7 +503,7 @@ impl Segments {
     /// pass after this one ([`classify`], from the start) finds the lines it reads first the
     /// ones this pass touched last, still in L2: a row and its estimates (1.2 MB at V = 151936)
     /// do not fit a 1 MB L2, and in the same order each line it read was the one just evicted
-    /// (`docs/performance.md`, "Issue 28, stop 45").
+    /// (a cold batch 0–4 % less, `docs/performance.md`, "Issue 28, stop 45").
     fn map_tokens<O: Send, R: Send>(
         &self,
         values: &[f32],
