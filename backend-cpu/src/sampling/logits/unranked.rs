@@ -2525,6 +2525,31 @@ mod tests {
         });
     }
 
+    /// The whole top-p stage after the maximum (`sample_top_p`) on one warm row per bench shape,
+    /// the mean of many calls with fresh draws, one thread (run with `--ignored --nocapture`;
+    /// `SPECULA_PROBE_CALLS`, 3000). `top_p_stage_costs`' `all` (the least of 100 calls inside
+    /// that probe) moved by 10–30 µs between builds of the same code; this mean did not.
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn top_p_whole_costs() {
+        let calls: usize = probe_setting("SPECULA_PROBE_CALLS", 3000);
+        let mut lcg = Lcg(9);
+        for (name, sigma, t) in BENCH_SHAPES {
+            let row = normal_row(&mut lcg, 151_936, sigma);
+            let (raw_max, clean) = max_and_clean(&row);
+            let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes");
+            let passes = Passes::unhinted(&row, lanes, Segments::of(row.len(), 1));
+            let mut s = Scratch::default();
+            let p = top_p_fixed(0.9);
+            let start = std::time::Instant::now();
+            for _ in 0..calls {
+                std::hint::black_box(sample_top_p(&passes, p, lcg.next_u64(), &mut s));
+            }
+            let us = start.elapsed().as_secs_f64() * 1e6 / calls as f64;
+            println!("{name:<16} top-p 0.9, whole stage: {us:5.1} µs a call");
+        }
+    }
+
     /// The row shapes of `specula bench` as normal logits rows: name, σ of the logits, temperature.
     const BENCH_SHAPES: [(&str, f32, f32); 7] = [
         ("sigma 3.5 T 0.8", 3.5, 0.8),
