@@ -831,9 +831,9 @@ const CONFIDENT: f64 = 0.2;
 /// masked add per sixteen tokens (AVX-512), 3.8 µs a row each, and without them a kept~100k
 /// row took 13 µs longer (the band the total places lists 6,910 tokens, the narrowed one
 /// 3,008); in eight AVX2 lanes a compare, a mask and an add per eight tokens, the three levels
-/// 30 µs a row, and the same row was 5 µs faster without them (`docs/performance.md`, "Issue
-/// 28, stop 45"). Without them the first pass's total places the band, as on rows the sample
-/// does not pin.
+/// 30 µs a row, and the same row's stage took 129 µs without them against 157–160 at main
+/// (`docs/performance.md`, "Issue 28, stop 45"). Without them the first pass's total places
+/// the band, as on rows the sample does not pin.
 fn levels_pay() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
