@@ -285,9 +285,10 @@ pub(crate) struct RowHints<'a> {
     /// The bytes of the row this thread will likely sample next: asked for (into L2) while this
     /// row's chunk weights are estimated (top_p = 1), so that its first pass does not wait on
     /// memory. The top_p < 1 passes do not ask for it: they keep every token's estimate, and the
-    /// row, its estimates and the next row (1.8 MB at V = 151936) nearly fill a 2 MiB L2, which
-    /// the second pass reads the first two from; asked for there, the next row cost more than it
-    /// saved (`docs/performance.md`, "Top-p from logits at batch 64").
+    /// row and its estimates alone (1.2 MB at V = 151936) overflow a core's 1 MB L2, which the
+    /// second pass reads them from; asked for there, or its maximum folded into the second pass,
+    /// the next row cost more than it saved (`docs/performance.md`, "Top-p from logits at batch
+    /// 64" and "Issue 28, stop 45").
     pub next: &'a [u8],
 }
 
