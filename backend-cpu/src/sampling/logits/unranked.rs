@@ -1356,8 +1356,8 @@ fn classify_steps(
             masses,
             offsets: &mut offsets,
         };
-        // SAFETY: `step_loop` comes from `step_loop` (or the tests' `step_loops`), which offer
-        // only loops whose features the CPU has; the slices hold whole chunks, `offsets` a slot
+        // SAFETY: `step_loop` comes from `step_loops`, which offers only loops whose features
+        // the CPU has; the slices hold whole chunks, `offsets` a slot
         // per token.
         let (step, listed) = unsafe { step_loop(slices, band) };
         counted = counted.plus(step);
@@ -1380,35 +1380,21 @@ fn classify_steps(
 #[cfg(target_arch = "x86_64")]
 type StepLoop = unsafe fn(Step<'_>, Band) -> (Counted, usize);
 
-/// The vector loops of [`classify`] this CPU runs, best first (the tests run each).
-#[cfg(all(test, target_arch = "x86_64"))]
-fn step_loops() -> Vec<StepLoop> {
-    let mut loops: Vec<StepLoop> = Vec::new();
-    if has_avx512_vbmi2() {
-        loops.push(avx512::classify_words);
-    }
-    if has_avx512() {
-        loops.push(avx512::classify_dwords);
-    }
-    if has_avx2() {
-        loops.push(avx2::classify);
-    }
-    loops
+/// The vector loops of [`classify`], best first, each where this CPU runs it (the tests run
+/// each).
+#[cfg(target_arch = "x86_64")]
+fn step_loops() -> [Option<StepLoop>; 3] {
+    [
+        has_avx512_vbmi2().then_some(avx512::classify_words as StepLoop),
+        has_avx512().then_some(avx512::classify_dwords as StepLoop),
+        has_avx2().then_some(avx2::classify as StepLoop),
+    ]
 }
 
-/// The best vector loop of [`classify`] this CPU runs ([`step_loops`]' first), chosen without
-/// allocating.
+/// The best vector loop of [`classify`] this CPU runs.
 #[cfg(target_arch = "x86_64")]
 fn step_loop() -> Option<StepLoop> {
-    if has_avx512_vbmi2() {
-        Some(avx512::classify_words)
-    } else if has_avx512() {
-        Some(avx512::classify_dwords)
-    } else if has_avx2() {
-        Some(avx2::classify)
-    } else {
-        None
-    }
+    step_loops().into_iter().flatten().next()
 }
 
 /// Tokens per step of the vector classify loop: their logits and estimates (16 KiB) stay in L1
@@ -1504,20 +1490,27 @@ struct Step<'a> {
 
 /// The loop of both vector widths' [`classify`] over a step's whole chunks, `N` tokens at a
 /// time: `group` classifies the `N` logits and estimates at its two pointers, token `at` of the
-/// step on (into its chunk's accumulator, starting at `zero`); `finish` turns a chunk's
-/// accumulator into its estimated mass above the band, stored in its slot of `masses`. Returns
-/// the mass above the band (the caller counts the tokens and the row's sum).
+/// step on (into its chunk's accumulator, starting at `zero`), packs the offsets of their band
+/// tokens to the front of the `N` slots it is given, and returns their count; `finish` turns a
+/// chunk's accumulator into its estimated mass above the band, stored in its slot of `masses`.
+/// Returns the mass above the band (the caller counts the tokens and the row's sum) and how
+/// many offsets were listed.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn chunks_with<const N: usize, A: Copy>(
-    values: &[f32],
-    estimates: &[f32],
-    masses: &mut [f64],
+    step: Step<'_>,
     zero: A,
-    mut group: impl FnMut(*const f32, *const f32, usize, &mut A),
+    mut group: impl FnMut(*const f32, *const f32, usize, &mut A, &mut [u16]) -> usize,
     mut finish: impl FnMut(A) -> f64,
-) -> Counted {
+) -> (Counted, usize) {
+    let Step {
+        values,
+        estimates,
+        masses,
+        offsets,
+    } = step;
     let mut counted = Counted::default();
+    let mut listed = 0;
     let rows = values
         .chunks_exact(CHUNK)
         .zip(estimates.chunks_exact(CHUNK));
@@ -1526,12 +1519,16 @@ fn chunks_with<const N: usize, A: Copy>(
         for at in (0..CHUNK).step_by(N) {
             // Tokens `at .. at + N` of the chunk (`at + N ≤ CHUNK`).
             let (l, e) = (chunk[at..].as_ptr(), ests[at..].as_ptr());
-            group(l, e, c * CHUNK + at, &mut acc);
+            let at = c * CHUNK + at;
+            // At most `at` offsets precede these (one per token before them), so the `N` slots
+            // from `listed` lie inside the step's `LIST_STEP` (`at + N ≤ LIST_STEP`); the slots
+            // past the band lanes are overwritten next or never read.
+            listed += group(l, e, at, &mut acc, &mut offsets[listed..listed + N]);
         }
         *mass = finish(acc);
         counted.above += *mass;
     }
-    counted
+    (counted, listed)
 }
 
 /// The [`classify`] loops over whole chunks with AVX-512, 32 tokens at a time: per 16 tokens
@@ -1600,17 +1597,10 @@ mod avx512 {
             /// are as [`Step`] says.
             #[target_feature(enable = $features)]
             pub(super) unsafe fn $name(step: Step<'_>, band: Band) -> (Counted, usize) {
-                let Step {
-                    values,
-                    estimates,
-                    masses,
-                    offsets,
-                } = step;
                 let (high, low) = (_mm512_set1_ps(band.high), _mm512_set1_ps(band.low));
                 let (mut all0, mut all1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
                 let mut above_tokens = 0;
                 let zero = (_mm512_setzero_pd(), _mm512_setzero_pd());
-                let mut listed = 0usize;
                 // The 16 tokens at `l` and `e` into the chunk's accumulator and the row's sum;
                 // returns the mask of the band lanes.
                 let mut vector = |l: *const f32, e: *const f32, acc: &mut (__m512d, __m512d)| {
@@ -1630,19 +1620,14 @@ mod avx512 {
                     above_tokens += above.count_ones() as usize;
                     in_band
                 };
-                let group = |l: *const f32, e: *const f32, at: usize, acc: &mut _| {
+                let group = |l: *const f32, e: *const f32, at, acc: &mut _, slots: &mut [u16]| {
                     // SAFETY: `chunks_with` passes pointers to 32 f32.
                     let (b0, b1) =
                         unsafe { (vector(l, e, acc), vector(l.add(16), e.add(16), acc)) };
-                    // At most `at` offsets precede these (one per token before them), so the 32
-                    // slots from `listed` lie inside the step's `LIST_STEP` (`at + 32 ≤
-                    // LIST_STEP`); the slots past the band lanes are overwritten next or never
-                    // read.
-                    listed += $pack(b0, b1, at, &mut offsets[listed..listed + 32]);
+                    $pack(b0, b1, at, slots)
                 };
                 let finish = |(acc0, acc1)| _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
-                let mut counted =
-                    chunks_with::<32, _>(values, estimates, masses, zero, group, finish);
+                let (mut counted, listed) = chunks_with::<32, _>(step, zero, group, finish);
                 counted.above_tokens = above_tokens;
                 counted.row = _mm512_reduce_add_pd(_mm512_add_pd(all0, all1));
                 (counted, listed)
@@ -1685,18 +1670,15 @@ mod avx2 {
     /// The CPU must support AVX2 and POPCNT; the step's slices are as [`Step`] says.
     #[target_feature(enable = "avx2,fma,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn classify(step: Step<'_>, band: Band) -> (Counted, usize) {
-        let Step {
-            values,
-            estimates,
-            masses,
-            offsets,
-        } = step;
         let (high, low) = (_mm256_set1_ps(band.high), _mm256_set1_ps(band.low));
         let (mut all0, mut all1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
         let mut above_tokens = 0;
         let zero = (_mm256_setzero_pd(), _mm256_setzero_pd());
-        let mut listed = 0usize;
-        let group = |l: *const f32, e: *const f32, at: usize, acc: &mut (__m256d, __m256d)| {
+        let group = |l: *const f32,
+                     e: *const f32,
+                     at: usize,
+                     acc: &mut (__m256d, __m256d),
+                     slots: &mut [u16]| {
             // SAFETY: `chunks_with` passes pointers to 8 f32.
             let (l, e) = unsafe { (_mm256_loadu_ps(l), _mm256_loadu_ps(e)) };
             let above = _mm256_cmp_ps::<_CMP_GE_OQ>(l, high);
@@ -1713,14 +1695,13 @@ mod avx2 {
             // offsets (a step's fit words).
             let lanes = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(PACK8[in_band] as i64));
             let words = _mm_add_epi16(lanes, _mm_set1_epi16(at as u16 as i16));
-            // As in the AVX-512 loop: the 8 slots from `listed` lie inside the step's slots.
-            let slots = &mut offsets[listed..listed + 8];
+            let slots = &mut slots[..8];
             // SAFETY: the slice holds 8 words; unaligned stores are allowed.
             unsafe { _mm_storeu_si128(slots.as_mut_ptr().cast(), words) };
-            listed += in_band.count_ones() as usize;
+            in_band.count_ones() as usize
         };
         let finish = |(acc0, acc1)| reduce4(_mm256_add_pd(acc0, acc1));
-        let mut counted = chunks_with::<8, _>(values, estimates, masses, zero, group, finish);
+        let (mut counted, listed) = chunks_with::<8, _>(step, zero, group, finish);
         counted.above_tokens = above_tokens;
         counted.row = reduce4(_mm256_add_pd(all0, all1));
         (counted, listed)
@@ -2295,7 +2276,7 @@ mod tests {
             "band of {} tokens",
             scalar.0.len()
         );
-        let loops = step_loops();
+        let loops: Vec<StepLoop> = step_loops().into_iter().flatten().collect();
         println!("{} vector loops on this CPU", loops.len());
         for (l, &step_loop) in loops.iter().enumerate() {
             for parts in [1, 2] {
