@@ -1,4 +1,4 @@
-//! Sampling from logits rows (`docs/semantics.md` §4b, `docs/semantics.md` §4b): exact, without a softmax.
+//! Sampling from logits rows (`docs/semantics.md` §4b): exact, without a softmax.
 //!
 //! A token's weight depends on its logit, the row maximum and the temperature only, and weights
 //! never increase down the rank order, so the tokens of positive weight are a prefix of the rank
@@ -16,6 +16,7 @@
 
 use std::cmp::Ordering;
 
+mod floor_scan;
 pub(crate) mod lanes;
 mod unranked;
 
@@ -205,8 +206,10 @@ fn raw_max<T: FloatElement>(row: &[T]) -> f32 {
 #[inline(always)]
 fn any_not_below<T: FloatElement>(chunk: &[T], lo: f32) -> bool {
     chunk.iter().fold(false, |any, &x| {
-        let x = x.to_f32();
-        any | (x >= lo) | x.is_nan()
+        // `!(x < lo)`: at or above `lo`, or NaN — one unordered compare a lane.
+        #[allow(clippy::neg_cmp_op_on_partial_ord)]
+        let not_below = !(x.to_f32() < lo);
+        any | not_below
     })
 }
 
@@ -248,13 +251,54 @@ compiled_for!(avx512, fn top_ranked_avx512 [T: FloatElement]
 compiled_for!(avx2, fn top_ranked_avx2 [T: FloatElement]
     (row: &[T], ranked: TopRanked) -> Vec<(u32, u32)> = top_ranked_generic [T]);
 
-/// [`top_ranked`] as written.
+/// [`top_ranked`] as written: an f32 row walks from chunk to chunk with a logit not below the
+/// floor ([`top_ranked_f32`]), any other row looks at each chunk.
 #[inline(always)]
 fn top_ranked_generic<T: FloatElement>(row: &[T], mut ranked: TopRanked) -> Vec<(u32, u32)> {
+    if T::DTYPE == specula_backend_api::DType::F32
+        && let Ok(values) = bytemuck::try_cast_slice::<T, f32>(row)
+    {
+        return top_ranked_f32(values, ranked);
+    }
     for (c, chunk) in row.chunks(CHUNK).enumerate() {
         if !ranked.skips(chunk) {
             ranked.push(c * CHUNK, chunk);
         }
+    }
+    ranked.finish()
+}
+
+/// [`top_ranked`] of an f32 row: the vector walk ([`floor_scan`]) finds the next chunk with a
+/// logit not below the floor, and only that chunk's such logits are offered (one compare of
+/// their keys each); before there is a floor every logit is. The logits past the last whole
+/// chunk go through [`TopRanked::push`].
+#[inline(always)]
+fn top_ranked_f32(row: &[f32], mut ranked: TopRanked) -> Vec<(u32, u32)> {
+    let walk = floor_scan::floor_loop();
+    let whole = row.len() / CHUNK;
+    let mut c = 0;
+    while c < whole {
+        let mask = match ranked.floor {
+            None => u64::MAX,
+            Some((_, lo)) => {
+                // SAFETY: `floor_loop` returns a loop whose features the CPU has.
+                let (at, mask) = unsafe { walk(row, c, lo) };
+                c = at;
+                mask
+            }
+        };
+        let mut rest = mask;
+        while rest != 0 {
+            let id = c * CHUNK + rest.trailing_zeros() as usize;
+            ranked.offer(id, logit_key_select(row[id]));
+            rest &= rest - 1;
+        }
+        ranked.settle();
+        c += 1;
+    }
+    let tail = &row[(whole * CHUNK).min(row.len())..];
+    if !tail.is_empty() && !ranked.skips(tail) {
+        ranked.push(whole * CHUNK, tail);
     }
     ranked.finish()
 }
@@ -301,8 +345,9 @@ impl TopRanked {
         match self.floor {
             None => u64::MAX >> (64 - chunk.len().clamp(1, 64)),
             Some((_, lo)) => chunk.iter().enumerate().fold(0u64, |mask, (j, &x)| {
-                let x = x.to_f32();
-                mask | u64::from((x >= lo) | x.is_nan()) << j
+                #[allow(clippy::neg_cmp_op_on_partial_ord)]
+                let not_below = !(x.to_f32() < lo);
+                mask | u64::from(not_below) << j
             }),
         }
     }
