@@ -10,7 +10,7 @@ use super::CHUNK;
 #[cfg(target_arch = "x86_64")]
 use crate::sampling::scan::{has_avx2, has_avx512};
 
-/// A loop of [`next_not_below`]: the first whole chunk at or after `from` with a logit `x` of
+/// A loop of the walk: the first whole chunk at or after `from` with a logit `x` of
 /// `row` where `!(x < lo)`, and the mask of those logits in it (bit `j`: logit `j`); the count of
 /// whole chunks and 0 when there is none.
 ///
@@ -18,8 +18,9 @@ use crate::sampling::scan::{has_avx2, has_avx512};
 /// The CPU must have the features the loop is compiled for.
 pub(crate) type FloorLoop = unsafe fn(&[f32], usize, f32) -> (usize, u64);
 
-/// The loops of [`next_not_below`] this CPU runs, best first (the tests run each).
-pub(crate) fn floor_loops() -> Vec<FloorLoop> {
+/// The loops of [`FloorLoop`] this CPU runs, best first (the tests run each).
+#[cfg(test)]
+fn floor_loops() -> Vec<FloorLoop> {
     let mut loops: Vec<FloorLoop> = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
@@ -34,7 +35,7 @@ pub(crate) fn floor_loops() -> Vec<FloorLoop> {
     loops
 }
 
-/// The best loop of [`next_not_below`] for this CPU.
+/// The best loop of the walk for this CPU.
 pub(crate) fn floor_loop() -> FloorLoop {
     #[cfg(target_arch = "x86_64")]
     {
@@ -48,15 +49,10 @@ pub(crate) fn floor_loop() -> FloorLoop {
     next_not_below_scalar
 }
 
-/// The first whole chunk of `row` at or after chunk `from` holding a logit not below `lo` (NaN
-/// included), with the mask of those logits; `(row.len() / CHUNK, 0)` when there is none. The
-/// logits past the last whole chunk are the caller's.
-pub(crate) fn next_not_below(row: &[f32], from: usize, lo: f32) -> (usize, u64) {
-    // SAFETY: `floor_loop` returns a loop whose features the CPU has.
-    unsafe { floor_loop()(row, from, lo) }
-}
-
-/// [`next_not_below`] logit by logit.
+/// The [`FloorLoop`] logit by logit: the first whole chunk of `row` at or after chunk `from`
+/// holding a logit not below `lo` (NaN included), with the mask of those logits;
+/// `(row.len() / CHUNK, 0)` when there is none. The logits past the last whole chunk are the
+/// caller's.
 fn next_not_below_scalar(row: &[f32], from: usize, lo: f32) -> (usize, u64) {
     let whole = row.len() / CHUNK;
     for c in from..whole {
@@ -79,7 +75,7 @@ mod avx512 {
     use super::CHUNK;
     use std::arch::x86_64::*;
 
-    /// See [`super::next_not_below`].
+    /// See [`super::FloorLoop`].
     ///
     /// # Safety
     /// The CPU must have AVX-512F.
@@ -94,10 +90,8 @@ mod avx512 {
                 _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(_mm512_loadu_ps(p.add(at)), lo)
             });
             if (a | b | d | e) != 0 {
-                let mask = u64::from(a)
-                    | u64::from(b) << 16
-                    | u64::from(d) << 32
-                    | u64::from(e) << 48;
+                let mask =
+                    u64::from(a) | u64::from(b) << 16 | u64::from(d) << 32 | u64::from(e) << 48;
                 return (c, mask);
             }
         }
@@ -111,7 +105,7 @@ mod avx2 {
     use super::CHUNK;
     use std::arch::x86_64::*;
 
-    /// See [`super::next_not_below`].
+    /// See [`super::FloorLoop`].
     ///
     /// # Safety
     /// The CPU must have AVX2.
@@ -168,7 +162,15 @@ mod tests {
                     *v = specials[i % specials.len()];
                 }
             }
-            for lo in [-5.0, 0.0, 3.99, 10.5, 11.5, f32::INFINITY, f32::NEG_INFINITY] {
+            for lo in [
+                -5.0,
+                0.0,
+                3.99,
+                10.5,
+                11.5,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+            ] {
                 for from in [0, 1, 2, 9] {
                     let want = next_not_below_scalar(&row, from, lo);
                     for (i, walk) in floor_loops().into_iter().enumerate() {
@@ -179,7 +181,8 @@ mod tests {
                     // And walking on from each hit lists every chunk the scalar test keeps.
                     let (mut c, mut hits) = (from, Vec::new());
                     loop {
-                        let (at, mask) = next_not_below(&row, c, lo);
+                        // SAFETY: as above.
+                        let (at, mask) = unsafe { floor_loop()(&row, c, lo) };
                         if mask == 0 {
                             break;
                         }
