@@ -6,7 +6,8 @@
 //!
 //! - **top-k** (`0 < k < V`, `k ≤ MAX_FAST_K`): one streaming pass keeps the k best-ranked tokens
 //!   with an adaptive floor (a chunk of 64 logits is looked at only when one of them beats the
-//!   current k-th key), so the pass runs at memory speed; only those k tokens are weighed.
+//!   current k-th key; on an f32 row a vector loop walks from such chunk to such chunk,
+//!   [`floor_scan`]), so the pass runs at memory speed; only those k tokens are weighed.
 //! - **otherwise**: one pass for the row maximum, then a pass that weighs every token a float
 //!   bound cannot rule out (a logit more than `40 / c` below the maximum weighs 0).
 //!
