@@ -1896,9 +1896,7 @@ mod tests {
         }
         for (name, mut row) in [("below", below), ("above", above)] {
             row[SAMPLE_RUN + 1] = f32::NEG_INFINITY;
-            let (raw_max, clean) = max_and_clean(&row);
-            let lanes =
-                RowLanes::new(sanitize_logit(raw_max), row_scale(1.0), clean).expect("lanes");
+            let lanes = lanes_of(&row, 1.0);
             let pinned = Sample::of(&lanes, &row, &mut Vec::new());
             let levels = pinned.spread() <= CONFIDENT * pinned.total;
             assert_eq!(levels, name == "above", "{name}: the path");
@@ -1995,9 +1993,7 @@ mod tests {
                 if eighths {
                     row.iter_mut().for_each(|l| *l = (*l * 8.0).round() / 8.0);
                 }
-                let (raw_max, clean) = max_and_clean(&row);
-                let lanes =
-                    RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes");
+                let lanes = lanes_of(&row, t);
                 let sample = Sample::of(&lanes, &row, &mut s.sampled);
                 let spread = sample.spread() / sample.total;
                 assert_eq!(
@@ -2027,8 +2023,7 @@ mod tests {
                 low: 0.0,
                 high: 4.0 * sigma,
             };
-            let (raw_max, clean) = max_and_clean(&row);
-            let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes");
+            let lanes = lanes_of(&row, t);
             let levels = band.levels(&lanes);
             assert!((levels[0] - 3.0 * sigma).abs() < 1e-5, "{levels:?}");
             for (i, l) in row.iter_mut().enumerate().skip(64) {
@@ -2353,6 +2348,12 @@ mod tests {
 
     /// The least wall time of `reps` calls of `f` (after one to warm it), in µs: a loaded
     /// machine preempts some calls, not all.
+    /// The lanes of `row` at temperature `t` (its maximum and cleanliness from one pass).
+    fn lanes_of(row: &[f32], t: f32) -> RowLanes {
+        let (raw_max, clean) = max_and_clean(row);
+        RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes")
+    }
+
     fn least_us(reps: usize, f: &mut dyn FnMut()) -> f64 {
         f();
         let mut ns = f64::INFINITY;
@@ -2386,9 +2387,7 @@ mod tests {
             let max_pass = least(&mut || {
                 std::hint::black_box(segments.max_and_clean(row));
             });
-            let (raw_max, clean) = max_and_clean(row);
-            let lanes =
-                RowLanes::new(sanitize_logit(raw_max), row_scale(1.0), clean).expect("lanes");
+            let lanes = lanes_of(row, 1.0);
             let passes = Passes::unhinted(row, lanes, segments);
             let mut masses = Vec::new();
             let estimate_pass = least(&mut || passes.estimate_chunks(&mut masses));
@@ -2518,8 +2517,7 @@ mod tests {
         let mut lcg = Lcg(9);
         for (name, sigma, t) in BENCH_SHAPES {
             let row = normal_row(&mut lcg, 151_936, sigma);
-            let (raw_max, clean) = max_and_clean(&row);
-            let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes");
+            let lanes = lanes_of(&row, t);
             let passes = Passes::unhinted(&row, lanes, Segments::of(row.len(), 1));
             let mut s = Scratch::default();
             let p = top_p_fixed(0.9);
@@ -2604,8 +2602,7 @@ mod tests {
         let mut lcg = Lcg(78);
         for (name, sigma, t) in BENCH_SHAPES {
             let row = normal_row(&mut lcg, 151_936, sigma);
-            let (raw_max, clean) = max_and_clean(&row);
-            let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes");
+            let lanes = lanes_of(&row, t);
             let mut masses = vec![0.0; row.len().div_ceil(CHUNK)];
             let mut w = vec![0u64; CHUNK];
             let weights_only = least_us(200, &mut || {
@@ -2640,8 +2637,7 @@ mod tests {
         let p = top_p_fixed(0.9);
         for (name, sigma, t) in BENCH_SHAPES {
             let row = normal_row(&mut lcg, 151_936, sigma);
-            let (raw_max, clean) = max_and_clean(&row);
-            let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes");
+            let lanes = lanes_of(&row, t);
             let passes = Passes::unhinted(&row, lanes, Segments::of(row.len(), 1));
             let mut s = Scratch::default();
             let read = least(&mut || {
@@ -2790,8 +2786,7 @@ mod tests {
         ] {
             let row = normal_row(&mut lcg, 151_936, sigma);
             let mut s = Scratch::default();
-            let (raw_max, clean) = max_and_clean(&row);
-            let lanes = RowLanes::new(sanitize_logit(raw_max), row_scale(t), clean).expect("lanes");
+            let lanes = lanes_of(&row, t);
             let passes = Passes::unhinted(&row, lanes, Segments::of(row.len(), 1));
             let start = cpu_ns();
             let token = sample_top_p(&passes, top_p_fixed(0.9), 7, &mut s);
